@@ -1,0 +1,48 @@
+# lockstep build entry points.
+#   make          build the native engine (CMake) and bin/worker
+#   make run      serve the built-in sample on 4 in-process ranks (CPU engine)
+#   make test     native tests (ctest) and every Go test
+#   make bench    Go benchmarks (engine step, executor iteration, scheduler, kvpool)
+GO       ?= go
+BUILD    ?= build
+JOBS     ?= 2
+CMAKE_FLAGS ?=
+export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
+RUN_ARGS ?=
+
+.PHONY: all deps native worker run test test-native test-go bench clean
+
+all: worker
+
+deps:
+	@scripts/ensure-deps.sh
+
+native: deps
+	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS)
+	cmake --build $(BUILD) -j $(JOBS)
+
+worker: native
+	$(GO) build -tags native -o bin/worker ./cmd/worker
+
+run: worker
+	bin/worker run $(RUN_ARGS)
+
+test: worker test-native test-go
+
+test-native: native
+	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
+
+# The pure packages must build and vet without cgo; then every package is
+# tested against the native engine.
+test-go: native
+	CGO_ENABLED=0 $(GO) build ./...
+	CGO_ENABLED=0 $(GO) vet ./...
+	$(GO) vet -tags native ./...
+	$(GO) test -tags native -count=1 -timeout 30m ./...
+
+bench: worker
+	$(GO) test -tags native -run '^$$' -bench . -benchmem -benchtime 1x ./bridge/... ./executor/... ./tests/... 
+	$(GO) test -run '^$$' -bench . -benchmem ./scheduler/... ./kvpool/...
+
+clean:
+	rm -rf $(BUILD) bin

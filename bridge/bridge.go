@@ -1,0 +1,168 @@
+// Package bridge is the pure-Go face of the model engine: the Engine interface,
+// the step descriptor and result types, and the mapping of native status codes
+// to Go errors. It knows nothing of scheduling or page allocation: it speaks
+// page indices and token arrays only (DESIGN.md §1).
+package bridge
+
+import (
+	"errors"
+	"fmt"
+)
+
+// ModelShape is the shape of the synthetic Llama-architecture decoder.
+// It mirrors eng_model_shape in native/include/engine.h.
+type ModelShape struct {
+	NumLayers        int     `json:"num_layers"`
+	HiddenSize       int     `json:"hidden_size"`
+	NumHeads         int     `json:"num_heads"`
+	NumKVHeads       int     `json:"num_kv_heads"`
+	HeadDim          int     `json:"head_dim"`
+	IntermediateSize int     `json:"intermediate_size"`
+	VocabSize        int     `json:"vocab_size"`
+	RopeTheta        float32 `json:"rope_theta"`
+	RMSEps           float32 `json:"rms_eps"`
+}
+
+// KVBytesPerToken is the K and V storage of one token over every layer, given
+// the element size in bytes (4 for the CPU engine's float32, 2 for bf16).
+func (s ModelShape) KVBytesPerToken(elemBytes int) int {
+	return 2 * s.NumLayers * s.NumKVHeads * s.HeadDim * elemBytes
+}
+
+// Config describes an engine to build.
+type Config struct {
+	Preset        string     // "tiny", "llama-8b", "llama-70b"; "" uses Shape
+	Shape         ModelShape // used when Preset is ""
+	Seed          uint64     // weights are a deterministic function of (shape, seed)
+	NumPages      int        // device-tier pages
+	TokensPerPage int        // tokens per page (P)
+	NumHostPages  int        // host-tier pages; 0 = no host tier
+	DeviceID      int        // CUDA device (local rank); ignored on CPU
+	ValidateOnly  bool       // validate shape and sizes, allocate nothing, refuse steps
+}
+
+// SeqStep is one sequence of a step: its new tokens at positions
+// StartPos..StartPos+len(Tokens)-1, its block table (page indices covering at
+// least StartPos+len(Tokens) tokens), and whether its last token is sampled.
+type SeqStep struct {
+	Tokens     []int32
+	StartPos   int
+	BlockTable []int32
+	Sample     bool
+}
+
+// StepDesc is one forward step over a batch. Slices are read during the call only.
+type StepDesc struct {
+	Seqs []SeqStep
+	// WantLogits asks for the logits of every sampled row (tests only).
+	WantLogits bool
+}
+
+// StepResult is what a step returns.
+type StepResult struct {
+	Sampled  []int32   // per sequence; -1 where not sampled
+	Logits   []float32 // [num sampled rows × vocab] when WantLogits
+	DeviceMS float64   // device (or CPU compute) time of the step
+}
+
+// Tier names a page slab.
+type Tier int
+
+// Page tiers.
+const (
+	TierDevice Tier = 0
+	TierHost   Tier = 1
+)
+
+// Engine runs the model. Implementations are not safe for concurrent use:
+// one goroutine drives one engine (the native one pins its own OS thread).
+type Engine interface {
+	// Shape is the resolved model shape.
+	Shape() ModelShape
+	// Step runs one forward step. res is overwritten; its slices are reused
+	// when large enough, so a caller that keeps results must copy them.
+	Step(desc *StepDesc, res *StepResult) error
+	// CopyPages copies page src[k] of srcTier to page dst[k] of dstTier.
+	CopyPages(srcTier Tier, src []int32, dstTier Tier, dst []int32) error
+	// Close releases the engine. Further calls fail.
+	Close() error
+}
+
+// Status is a native eng_status code.
+type Status int
+
+// Status codes, identical to eng_status in engine.h.
+const (
+	StatusOK              Status = 0
+	StatusInvalidArgument Status = 1
+	StatusOutOfMemory     Status = 2
+	StatusUnsupported     Status = 3
+	StatusDeviceError     Status = 4
+	StatusCommError       Status = 5
+	StatusTimeout         Status = 6
+	StatusInternal        Status = 7
+)
+
+// Sentinel errors, one per non-OK status; match with errors.Is.
+var (
+	ErrInvalidArgument = errors.New("invalid argument")
+	ErrOutOfMemory     = errors.New("out of memory")
+	ErrUnsupported     = errors.New("unsupported")
+	ErrDeviceError     = errors.New("device error")
+	ErrCommError       = errors.New("communication error")
+	ErrTimeout         = errors.New("timeout")
+	ErrInternal        = errors.New("internal error")
+	ErrClosed          = errors.New("engine closed")
+)
+
+func (s Status) sentinel() error {
+	switch s {
+	case StatusInvalidArgument:
+		return ErrInvalidArgument
+	case StatusOutOfMemory:
+		return ErrOutOfMemory
+	case StatusUnsupported:
+		return ErrUnsupported
+	case StatusDeviceError:
+		return ErrDeviceError
+	case StatusCommError:
+		return ErrCommError
+	case StatusTimeout:
+		return ErrTimeout
+	default:
+		return ErrInternal
+	}
+}
+
+// String names the status as engine.h does.
+func (s Status) String() string {
+	names := [...]string{"OK", "INVALID_ARGUMENT", "OUT_OF_MEMORY", "UNSUPPORTED",
+		"DEVICE_ERROR", "COMM_ERROR", "TIMEOUT", "INTERNAL"}
+	if s >= 0 && int(s) < len(names) {
+		return names[s]
+	}
+	return fmt.Sprintf("STATUS(%d)", int(s))
+}
+
+// Error is a failed engine call: the operation, the native status and the
+// engine's message. errors.Is(err, ErrInvalidArgument) etc. match the status.
+type Error struct {
+	Op     string
+	Status Status
+	Msg    string
+}
+
+func (e *Error) Error() string {
+	return fmt.Sprintf("engine %s: %s: %s", e.Op, e.Status, e.Msg)
+}
+
+// Is reports whether target is the sentinel of e's status.
+func (e *Error) Is(target error) bool { return target == e.Status.sentinel() }
+
+// StatusError builds the error of a native call; nil for StatusOK.
+func StatusError(op string, s Status, msg string) error {
+	if s == StatusOK {
+		return nil
+	}
+	return &Error{Op: op, Status: s, Msg: msg}
+}

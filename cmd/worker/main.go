@@ -1,0 +1,84 @@
+// Command worker is the lockstep serving worker: one process per GPU (or
+// several in-process ranks), driving a native engine through the cgo bridge.
+//
+//	worker run       serve a trace (or the built-in sample) and print a report
+//	worker schedule  dry-run the scheduler on a scenario file
+//	worker info      print the engine backends this build supports
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+
+	_ "github.com/ianlancetaylor/cgosymbolizer" // C frames in native crash traces
+)
+
+const usage = `usage: worker <command> [flags]
+
+commands:
+  run        serve a trace (default: a built-in sample) on lockstep ranks and print a report
+  schedule   dry-run the scheduler on a scenario file (--scenario FILE.json)
+  info       print the engine backends this build supports
+  help       print this text
+
+Run "worker <command> -h" for a command's flags.
+`
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// run dispatches a command line and returns the process exit code.
+func run(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return 2
+	}
+	var err error
+	switch args[0] {
+	case "run":
+		err = runServe(args[1:], stdout, stderr)
+	case "schedule":
+		err = runSchedule(args[1:], stdout, stderr)
+	case "info":
+		err = runInfo(args[1:], stdout, stderr)
+	case "help", "-h", "--help":
+		fmt.Fprint(stdout, usage)
+		return 0
+	default:
+		fmt.Fprintf(stderr, "worker: unknown command %q (allowed: run, schedule, info, help)\n", args[0])
+		return 2
+	}
+	if err == nil {
+		return 0
+	}
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	var ue usageError
+	if errors.As(err, &ue) {
+		fmt.Fprintf(stderr, "worker %s: %v\n", args[0], err)
+		return 2
+	}
+	fmt.Fprintf(stderr, "worker %s: %v\n", args[0], err)
+	return 1
+}
+
+// usageError marks bad command-line input (exit code 2).
+type usageError struct{ error }
+
+func usageErrorf(format string, a ...any) error { return usageError{fmt.Errorf(format, a...)} }
+
+// oneOf checks a flag value against its allowed values.
+func oneOf(flagName, v string, allowed ...string) error {
+	for _, a := range allowed {
+		if v == a {
+			return nil
+		}
+	}
+	return usageErrorf("--%s %q is not allowed (allowed: %s)", flagName, v, strings.Join(allowed, ", "))
+}

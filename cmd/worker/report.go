@@ -1,0 +1,234 @@
+package main
+
+import (
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"sort"
+
+	"github.com/lockstep-ai/lockstep/executor"
+	"github.com/lockstep-ai/lockstep/workload"
+)
+
+// percentiles of a latency distribution, in milliseconds.
+type percentiles struct {
+	P50 float64 `json:"p50"`
+	P90 float64 `json:"p90"`
+	P99 float64 `json:"p99"`
+}
+
+// report is the run summary (`--report json` prints it as is).
+type report struct {
+	Engine   string `json:"engine"`
+	Model    string `json:"model"`
+	Ranks    int    `json:"ranks"`
+	Requests struct {
+		Total     int `json:"total"`
+		Completed int `json:"completed"`
+		Rejected  int `json:"rejected"`
+	} `json:"requests"`
+	Tokens struct {
+		Prompt    int64 `json:"prompt"`
+		Generated int64 `json:"generated"`
+	} `json:"tokens"`
+	Iterations      int64       `json:"iterations"`
+	IterationsTotal int64       `json:"iterations_total"`
+	TTFTMS          percentiles `json:"ttft_ms"`
+	TPOTMS          percentiles `json:"tpot_ms"`
+	E2EMS           percentiles `json:"e2e_ms"`
+	LockstepWaste   float64     `json:"lockstep_waste"`
+	Preemptions     struct {
+		Suspended int `json:"suspended"`
+		Recompute int `json:"recompute"`
+	} `json:"preemptions"`
+	WallS            float64         `json:"wall_s"`
+	OutputTokPerS    float64         `json:"output_tokens_per_s"`
+	DeviceMSPerRank  []float64       `json:"device_ms_per_rank"`
+	OutputDigest     string          `json:"output_digest"`
+	Rejections       []rejectionInfo `json:"rejections"`
+	missingResponses int
+}
+
+type rejectionInfo struct {
+	Index  uint64 `json:"index"`
+	Reason string `json:"reason"`
+}
+
+// byIndex returns the responses indexed by request id (= trace index).
+func byIndex(reqs []workload.Request, res *serveResult) []*executor.Response {
+	out := make([]*executor.Response, len(reqs))
+	for i := range res.rank0.Responses {
+		r := &res.rank0.Responses[i]
+		if r.ID < uint64(len(out)) {
+			out[r.ID] = r
+		}
+	}
+	return out
+}
+
+func buildReport(o *serveOptions, reqs []workload.Request, res *serveResult) *report {
+	rep := &report{Engine: o.engine, Model: o.model, Ranks: o.ranks, Rejections: []rejectionInfo{}}
+	rep.Requests.Total = len(reqs)
+	rep.Iterations = res.rank0.ForwardIterations
+	rep.IterationsTotal = res.rank0.Iterations
+	rep.LockstepWaste = round(res.rank0.LockstepWaste, 4)
+	rep.WallS = round(res.wall.Seconds(), 3)
+	for _, d := range res.deviceMS {
+		rep.DeviceMSPerRank = append(rep.DeviceMSPerRank, round(d, 3))
+	}
+	var ttft, tpot, e2e []float64
+	resp := byIndex(reqs, res)
+	for i, q := range reqs {
+		rep.Tokens.Prompt += int64(len(q.Prompt))
+		r := resp[i]
+		if r == nil {
+			rep.missingResponses++
+			continue
+		}
+		if r.Error != "" {
+			rep.Requests.Rejected++
+			rep.Rejections = append(rep.Rejections, rejectionInfo{Index: r.ID, Reason: r.Error})
+			continue
+		}
+		rep.Requests.Completed++
+		rep.Tokens.Generated += int64(len(r.Output))
+		rep.Preemptions.Suspended += r.Suspended
+		rep.Preemptions.Recompute += r.Recomputed
+		ttft = append(ttft, msBetween(r.ArrivalUnixNS, r.FirstTokenUnixNS))
+		e2e = append(e2e, msBetween(r.ArrivalUnixNS, r.FinishUnixNS))
+		if len(r.Output) > 1 {
+			tpot = append(tpot, msBetween(r.FirstTokenUnixNS, r.FinishUnixNS)/float64(len(r.Output)-1))
+		}
+	}
+	rep.TTFTMS, rep.TPOTMS, rep.E2EMS = pct(ttft), pct(tpot), pct(e2e)
+	if rep.WallS > 0 {
+		rep.OutputTokPerS = round(float64(rep.Tokens.Generated)/rep.WallS, 1)
+	}
+	rep.OutputDigest = outputDigest(resp)
+	return rep
+}
+
+// outputDigest is SHA-256 over the requests in trace order: each request's
+// trace index (u64 LE), its output length (u32 LE) and its token ids (u32
+// LE). A rejected or missing request contributes its index and length 0.
+func outputDigest(resp []*executor.Response) string {
+	h := sha256.New()
+	var buf []byte
+	for i, r := range resp {
+		buf = binary.LittleEndian.AppendUint64(buf[:0], uint64(i))
+		var out []int32
+		if r != nil && r.Error == "" {
+			out = r.Output
+		}
+		buf = binary.LittleEndian.AppendUint32(buf, uint32(len(out)))
+		for _, t := range out {
+			buf = binary.LittleEndian.AppendUint32(buf, uint32(t))
+		}
+		h.Write(buf)
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+func msBetween(a, b int64) float64 {
+	if b < a {
+		return 0
+	}
+	return float64(b-a) / 1e6
+}
+
+// pct computes nearest-rank percentiles.
+func pct(v []float64) percentiles {
+	if len(v) == 0 {
+		return percentiles{}
+	}
+	sort.Float64s(v)
+	at := func(p float64) float64 {
+		k := int(math.Ceil(p/100*float64(len(v)))) - 1
+		k = max(0, min(k, len(v)-1))
+		return round(v[k], 3)
+	}
+	return percentiles{P50: at(50), P90: at(90), P99: at(99)}
+}
+
+func round(x float64, digits int) float64 {
+	p := math.Pow(10, float64(digits))
+	return math.Round(x*p) / p
+}
+
+func (rep *report) writeJSON(w io.Writer) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(rep)
+}
+
+func (rep *report) writeText(w io.Writer) error {
+	p := func(format string, a ...any) { fmt.Fprintf(w, format, a...) }
+	p("lockstep run report\n")
+	p("  engine %s, model %s, %d ranks\n", rep.Engine, rep.Model, rep.Ranks)
+	p("  requests     %d total, %d completed, %d rejected\n", rep.Requests.Total, rep.Requests.Completed, rep.Requests.Rejected)
+	p("  tokens       %d prompt, %d generated\n", rep.Tokens.Prompt, rep.Tokens.Generated)
+	p("  iterations   %d with a forward (%d in all)\n", rep.Iterations, rep.IterationsTotal)
+	p("  wall         %.2f s, %.1f output tokens/s\n", rep.WallS, rep.OutputTokPerS)
+	p("  latency (ms)      p50        p90        p99\n")
+	for _, row := range []struct {
+		name string
+		v    percentiles
+	}{{"TTFT", rep.TTFTMS}, {"TPOT", rep.TPOTMS}, {"E2E", rep.E2EMS}} {
+		p("    %-8s %10.2f %10.2f %10.2f\n", row.name, row.v.P50, row.v.P90, row.v.P99)
+	}
+	p("  lockstep waste %.1f%% (mean over forward iterations of 1 - mean/max rank busy time)\n", 100*rep.LockstepWaste)
+	p("  preemptions  %d suspended, %d recompute\n", rep.Preemptions.Suspended, rep.Preemptions.Recompute)
+	for _, r := range rep.Rejections {
+		p("  rejected #%d: %s\n", r.Index, r.Reason)
+	}
+	p("  output digest %s\n", rep.OutputDigest)
+	return nil
+}
+
+// requestRecord is one line of --requests-out.
+type requestRecord struct {
+	Index        int     `json:"index"`
+	Rank         int     `json:"rank"`
+	PromptTokens int     `json:"prompt_tokens"`
+	OutputTokens int     `json:"output_tokens"`
+	TTFTMS       float64 `json:"ttft_ms"`
+	TPOTMS       float64 `json:"tpot_ms"`
+	E2EMS        float64 `json:"e2e_ms"`
+	Suspended    int     `json:"suspended"`
+	Recomputed   int     `json:"recomputed"`
+	Output       []int32 `json:"output"`
+	Error        string  `json:"error,omitempty"`
+}
+
+func writeRequests(path string, reqs []workload.Request, res *serveResult) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return fmt.Errorf("--requests-out: %w", err)
+	}
+	enc := json.NewEncoder(f)
+	for i, r := range byIndex(reqs, res) {
+		rec := requestRecord{Index: i, Rank: -1, PromptTokens: len(reqs[i].Prompt), Output: []int32{}}
+		if r != nil {
+			rec.Rank, rec.Error, rec.Suspended, rec.Recomputed = r.Rank, r.Error, r.Suspended, r.Recomputed
+			if r.Error == "" {
+				rec.Output = r.Output
+				rec.OutputTokens = len(r.Output)
+				rec.TTFTMS = round(msBetween(r.ArrivalUnixNS, r.FirstTokenUnixNS), 3)
+				rec.E2EMS = round(msBetween(r.ArrivalUnixNS, r.FinishUnixNS), 3)
+				if len(r.Output) > 1 {
+					rec.TPOTMS = round(msBetween(r.FirstTokenUnixNS, r.FinishUnixNS)/float64(len(r.Output)-1), 3)
+				}
+			}
+		}
+		if err := enc.Encode(rec); err != nil {
+			f.Close()
+			return fmt.Errorf("--requests-out: %w", err)
+		}
+	}
+	return f.Close()
+}

@@ -1,0 +1,368 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/lockstep-ai/lockstep/bridge"
+	"github.com/lockstep-ai/lockstep/bridge/fake"
+	nativeengine "github.com/lockstep-ai/lockstep/bridge/native"
+	"github.com/lockstep-ai/lockstep/executor"
+	"github.com/lockstep-ai/lockstep/kvpool"
+	"github.com/lockstep-ai/lockstep/nccl"
+	"github.com/lockstep-ai/lockstep/scheduler"
+	"github.com/lockstep-ai/lockstep/workload"
+)
+
+// serveOptions is everything `worker run` needs, after flags, the config file
+// and the environment are merged.
+type serveOptions struct {
+	engine, model                 string
+	seed                          uint64
+	ranks                         int
+	pages, tokensPerPage          int
+	hostPages, maxSeqLen          int
+	maxBatchSize, maxNumTokens    int
+	chunkUnit                     int
+	chunked                       bool
+	policy                        string
+	sched                         scheduler.Config // knobs only settable from the config file
+	trace                         string
+	limit                         int
+	lengthScale, arrivalScale     float64
+	report                        string
+	iterLog, requestsOut          string
+	configPath                    string
+	progress                      string
+	collectiveTimeout             time.Duration
+	logLevel                      string
+}
+
+func defaultServeOptions() serveOptions {
+	return serveOptions{
+		engine: "cpu", model: "tiny", seed: 1, ranks: 4,
+		pages: 4096, tokensPerPage: 16, maxBatchSize: 64, maxNumTokens: 1024,
+		chunked: true, policy: "max_utilization",
+		sched:       scheduler.Config{RecomputePause: true, PrefixAware: true},
+		lengthScale: 1, arrivalScale: 1, report: "text", progress: "auto",
+		collectiveTimeout: 60 * time.Second, logLevel: "info",
+	}
+}
+
+func (o *serveOptions) flags(fs *flag.FlagSet) {
+	fs.StringVar(&o.engine, "engine", o.engine, "engine backend: cpu (native CPU reference) or fake (pure Go, deterministic)")
+	fs.StringVar(&o.model, "model", o.model, "model preset: "+strings.Join(bridge.PresetNames(), ", "))
+	fs.Uint64Var(&o.seed, "seed", o.seed, "seed of the synthetic weights and token ids")
+	fs.IntVar(&o.ranks, "ranks", o.ranks, "in-process attention-DP ranks")
+	fs.IntVar(&o.pages, "pages", o.pages, "KV pages per rank")
+	fs.IntVar(&o.tokensPerPage, "tokens-per-page", o.tokensPerPage, "tokens per KV page")
+	fs.IntVar(&o.hostPages, "host-pages", o.hostPages, "host-tier KV pages per rank (0 = no host tier)")
+	fs.IntVar(&o.maxSeqLen, "max-seq-len", o.maxSeqLen, "longest sequence in tokens (0 = the pool's size)")
+	fs.IntVar(&o.maxBatchSize, "max-batch-size", o.maxBatchSize, "requests per iteration per rank")
+	fs.IntVar(&o.maxNumTokens, "max-num-tokens", o.maxNumTokens, "token budget per iteration per rank (0 = unlimited)")
+	fs.IntVar(&o.chunkUnit, "chunk-unit", o.chunkUnit, "chunked-prefill granularity in tokens (0 = tokens per page)")
+	fs.BoolVar(&o.chunked, "chunked-prefill", o.chunked, "split long prompts into chunks")
+	fs.StringVar(&o.policy, "policy", o.policy, "capacity policy: max_utilization or guaranteed_no_evict")
+	fs.StringVar(&o.trace, "trace", o.trace, "Mooncake JSON Lines trace (default: the built-in sample of 64 requests)")
+	fs.IntVar(&o.limit, "limit", o.limit, "serve at most N requests of the trace (0 = all)")
+	fs.Float64Var(&o.lengthScale, "length-scale", o.lengthScale, "multiply input, output and block lengths by F (at least 1 token each)")
+	fs.Float64Var(&o.arrivalScale, "arrival-scale", o.arrivalScale, "multiply trace arrival times by F (0 = every request arrives at once)")
+	fs.StringVar(&o.report, "report", o.report, "report format: text or json")
+	fs.StringVar(&o.iterLog, "iter-log", o.iterLog, "per-rank iteration log, JSON Lines ({rank} is replaced by the rank; ranks from TLLM_PROFILE_LOG_RANKS)")
+	fs.StringVar(&o.requestsOut, "requests-out", o.requestsOut, "write one JSON line per request to this file")
+	fs.StringVar(&o.configPath, "config", o.configPath, "YAML config file (flags given on the command line override it)")
+	fs.StringVar(&o.progress, "progress", o.progress, "progress display: auto, bar, lines or off")
+	fs.DurationVar(&o.collectiveTimeout, "collective-timeout", o.collectiveTimeout, "collective watchdog timeout")
+	fs.StringVar(&o.logLevel, "log-level", o.logLevel, "log level: debug, info, warn or error")
+}
+
+// validate refuses impossible configurations before any work starts.
+func (o *serveOptions) validate() error {
+	if err := oneOf("engine", o.engine, "cpu", "fake"); err != nil {
+		return err
+	}
+	if _, err := bridge.LookupPreset(o.model); err != nil {
+		return usageErrorf("--model: %v", err)
+	}
+	if err := oneOf("report", o.report, "text", "json"); err != nil {
+		return err
+	}
+	if err := oneOf("progress", o.progress, "auto", "bar", "lines", "off"); err != nil {
+		return err
+	}
+	if err := oneOf("log-level", o.logLevel, "debug", "info", "warn", "error"); err != nil {
+		return err
+	}
+	if _, err := parsePolicy(o.policy); err != nil {
+		return err
+	}
+	positive := []struct {
+		name string
+		v    int
+	}{{"ranks", o.ranks}, {"pages", o.pages}, {"tokens-per-page", o.tokensPerPage}, {"max-batch-size", o.maxBatchSize}}
+	for _, p := range positive {
+		if p.v < 1 {
+			return usageErrorf("--%s must be at least 1, got %d", p.name, p.v)
+		}
+	}
+	nonNeg := []struct {
+		name string
+		v    int
+	}{{"host-pages", o.hostPages}, {"max-seq-len", o.maxSeqLen}, {"max-num-tokens", o.maxNumTokens},
+		{"chunk-unit", o.chunkUnit}, {"limit", o.limit}}
+	for _, p := range nonNeg {
+		if p.v < 0 {
+			return usageErrorf("--%s must be non-negative, got %d", p.name, p.v)
+		}
+	}
+	if !(o.lengthScale > 0) {
+		return usageErrorf("--length-scale must be positive, got %v", o.lengthScale)
+	}
+	if o.arrivalScale < 0 {
+		return usageErrorf("--arrival-scale must be non-negative, got %v", o.arrivalScale)
+	}
+	if o.collectiveTimeout <= 0 {
+		return usageErrorf("--collective-timeout must be positive, got %v", o.collectiveTimeout)
+	}
+	return nil
+}
+
+// schedulerConfig builds the scheduler configuration (TLLM_* variables applied).
+func (o *serveOptions) schedulerConfig(getenv func(string) string) (scheduler.Config, []string, error) {
+	c := o.sched
+	c.MaxBatchSize = o.maxBatchSize
+	c.MaxNumTokens = o.maxNumTokens
+	if o.maxNumTokens == 0 {
+		c.MaxNumTokens = scheduler.Unlimited
+	}
+	c.ChunkedContext = o.chunked
+	c.ChunkUnitSize = o.chunkUnit
+	if c.ChunkUnitSize == 0 {
+		c.ChunkUnitSize = o.tokensPerPage
+	}
+	c.Policy, _ = parsePolicy(o.policy)
+	c.LedgerBlockTokens = o.tokensPerPage
+	return scheduler.ConfigFromEnv(c, getenv)
+}
+
+// runServe is `worker run`.
+func runServe(args []string, stdout, stderr io.Writer) error {
+	o := defaultServeOptions()
+	fs := flag.NewFlagSet("run", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	o.flags(fs)
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return usageError{err}
+	}
+	if fs.NArg() > 0 {
+		return usageErrorf("unexpected arguments: %v", fs.Args())
+	}
+	if o.configPath != "" {
+		set := map[string]bool{}
+		fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+		fc, err := loadFileConfig(o.configPath)
+		if err != nil {
+			return usageError{err}
+		}
+		if err := fc.apply(&o, set); err != nil {
+			return err
+		}
+	}
+	if err := o.validate(); err != nil {
+		return err
+	}
+	log, err := newLogger(stderr, o.logLevel)
+	if err != nil {
+		return err
+	}
+	defer log.Sync() //nolint:errcheck
+	sc, notes, err := o.schedulerConfig(os.Getenv)
+	if err != nil {
+		return usageError{err}
+	}
+	for _, n := range notes {
+		log.Info(n)
+	}
+	reqs, err := o.loadWorkload()
+	if err != nil {
+		return err
+	}
+	res, err := serve(&o, sc, reqs, log, stderr)
+	if err != nil {
+		return err
+	}
+	rep := buildReport(&o, reqs, res)
+	if o.requestsOut != "" {
+		if err := writeRequests(o.requestsOut, reqs, res); err != nil {
+			return err
+		}
+	}
+	if o.report == "json" {
+		return rep.writeJSON(stdout)
+	}
+	return rep.writeText(stdout)
+}
+
+func (o *serveOptions) loadWorkload() ([]workload.Request, error) {
+	shape, _ := bridge.LookupPreset(o.model)
+	opt := workload.Options{Limit: o.limit, LengthScale: o.lengthScale, VocabSize: shape.VocabSize, Seed: o.seed}
+	if o.trace == "" {
+		return workload.Sample(opt)
+	}
+	return workload.ReadFile(o.trace, opt)
+}
+
+// serveResult is what the ranks produced, as seen from rank 0.
+type serveResult struct {
+	rank0    *executor.Result
+	wall     time.Duration
+	deviceMS []float64 // per rank
+}
+
+// serve runs o.ranks in-process ranks over one local group and returns rank
+// 0's result. A failing rank closes its communicator so that its peers fail
+// fast instead of waiting for the watchdog.
+func serve(o *serveOptions, sc scheduler.Config, reqs []workload.Request, log *zap.Logger, stderr io.Writer) (*serveResult, error) {
+	if o.hostPages > 0 {
+		return nil, usageErrorf("--host-pages: the host tier is not supported yet")
+	}
+	comms := nccl.NewLocalGroup(o.ranks, nccl.LocalOptions{Timeout: o.collectiveTimeout})
+	iterLogs, closeLogs, err := openIterLogs(o.iterLog, o.ranks, os.Getenv("TLLM_PROFILE_LOG_RANKS"), log)
+	if err != nil {
+		return nil, err
+	}
+	defer closeLogs()
+
+	// Build every rank before running any, so a bad configuration fails
+	// before any collective.
+	type rank struct {
+		ex  *executor.Executor
+		eng bridge.Engine
+		kv  *kvpool.Manager
+	}
+	ranks := make([]rank, o.ranks)
+	defer func() {
+		for _, r := range ranks {
+			if r.eng != nil {
+				r.eng.Close()
+			}
+			if r.kv != nil {
+				r.kv.Close()
+			}
+		}
+	}()
+	start := time.Now()
+	source := executor.NewTraceSource(reqs, start, o.arrivalScale)
+	prog := newProgress(stderr, o.progress, len(reqs))
+	for i := range ranks {
+		eng, err := openEngine(o)
+		if err != nil {
+			return nil, err
+		}
+		ranks[i].eng = eng
+		kv, err := kvpool.New(kvpool.Config{NumPages: o.pages, TokensPerPage: o.tokensPerPage,
+			HostPages: o.hostPages, MaxSeqLen: o.maxSeqLen})
+		if err != nil {
+			return nil, usageError{err}
+		}
+		ranks[i].kv = kv
+		sch, err := scheduler.New(sc, kv)
+		if err != nil {
+			return nil, usageError{err}
+		}
+		if i == 0 {
+			log.Info("scheduler", zap.String("config", sch.Describe()))
+		}
+		cfg := executor.Config{Rank: i, Ranks: o.ranks, Scheduler: sc, MaxSeqLen: o.maxSeqLen, IterLog: iterLogs[i]}
+		deps := executor.Deps{Comm: comms[i], Engine: eng, KV: kv, Planner: sch}
+		if i == 0 {
+			deps.Source = source
+			cfg.Progress = prog.update
+		}
+		if ranks[i].ex, err = executor.New(cfg, deps); err != nil {
+			return nil, err
+		}
+	}
+	log.Info("serving", zap.Int("requests", len(reqs)), zap.Int("ranks", o.ranks),
+		zap.String("engine", o.engine), zap.String("model", o.model))
+
+	results := make([]*executor.Result, o.ranks)
+	errs := make([]error, o.ranks)
+	var wg sync.WaitGroup
+	for i := range ranks {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			results[i], errs[i] = ranks[i].ex.Run()
+			if errs[i] != nil {
+				comms[i].Close() // wake peers blocked on this rank
+			}
+		}(i)
+	}
+	wg.Wait()
+	prog.done()
+	for _, c := range comms {
+		c.Close()
+	}
+	if err := firstRootCause(errs); err != nil {
+		return nil, err
+	}
+	sr := &serveResult{rank0: results[0], wall: time.Since(start)}
+	for _, r := range results {
+		sr.deviceMS = append(sr.deviceMS, r.DeviceMS)
+	}
+	return sr, nil
+}
+
+// firstRootCause prefers an error that is not a consequence of a peer closing.
+func firstRootCause(errs []error) error {
+	var fallback error
+	for _, err := range errs {
+		if err == nil {
+			continue
+		}
+		if !errors.Is(err, nccl.ErrClosed) {
+			return err
+		}
+		if fallback == nil {
+			fallback = err
+		}
+	}
+	return fallback
+}
+
+func openEngine(o *serveOptions) (bridge.Engine, error) {
+	cfg := bridge.Config{Preset: o.model, Seed: o.seed, NumPages: o.pages, TokensPerPage: o.tokensPerPage,
+		NumHostPages: o.hostPages}
+	switch o.engine {
+	case "fake":
+		return fake.New(cfg)
+	default:
+		return nativeengine.Open(cfg)
+	}
+}
+
+func newLogger(w io.Writer, level string) (*zap.Logger, error) {
+	lvl, err := zap.ParseAtomicLevel(level)
+	if err != nil {
+		return nil, usageErrorf("--log-level: %v", err)
+	}
+	cfg := zap.NewProductionEncoderConfig()
+	cfg.TimeKey = "ts"
+	cfg.EncodeTime = zapcore.ISO8601TimeEncoder
+	cfg.EncodeLevel = zapcore.CapitalLevelEncoder
+	core := zapcore.NewCore(zapcore.NewConsoleEncoder(cfg), zapcore.AddSync(w), lvl)
+	return zap.New(core), nil
+}

@@ -1,0 +1,94 @@
+// Package executor runs one rank's iteration loop (shared/spec/executor.md):
+// intake and routing, scheduling, the agreement on whether the fleet runs a
+// forward, the engine step, applying results, responses and the iteration log.
+// Every collective sits at a fixed program point entered by every rank under a
+// condition that only depends on configuration or on agreed values (§7).
+package executor
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/lockstep-ai/lockstep/bridge"
+	"github.com/lockstep-ai/lockstep/nccl"
+	"github.com/lockstep-ai/lockstep/scheduler"
+)
+
+// KV is what the executor needs from the KV manager: the scheduler's narrow
+// interface plus the page-table rows of the batch and bookkeeping after a step.
+type KV interface {
+	scheduler.KVManager
+	// BlockTable returns id's page indices in order; valid until the next mutation.
+	BlockTable(id uint64) []int32
+	// AddDummy creates a padding sequence with capacity tokens.
+	AddDummy(r *scheduler.Request, tokens int) bool
+	// AvailableTokens is how many tokens could still be allocated.
+	AvailableTokens() int
+	// UpdateAfterContext records that r's chunk executed (ContextPosition advanced).
+	UpdateAfterContext(r *scheduler.Request)
+	// UpdateAfterGeneration records that r's generation step executed.
+	UpdateAfterGeneration(r *scheduler.Request)
+	// PagesToCompletion is ceil((PromptLen + MaxNewTokens) / ledger block).
+	PagesToCompletion(r *scheduler.Request) int
+	// TotalPages and FreePages describe the device pool.
+	TotalPages() int
+	FreePages() int
+	// TokensPerPage is P.
+	TokensPerPage() int
+}
+
+// Planner builds one rank's plan for an iteration (scheduler.Scheduler).
+type Planner interface {
+	Schedule(active []*scheduler.Request, executing []uint64) (*scheduler.Output, error)
+}
+
+// Config configures one rank's executor.
+type Config struct {
+	// Rank and Ranks: this rank's index in the attention-DP group and its size.
+	Rank, Ranks int
+	// Scheduler is the scheduler configuration (arrival validation reads it).
+	Scheduler scheduler.Config
+	// MaxSeqLen bounds prompt + 1 (arrival validation); 0 = pool tokens.
+	MaxSeqLen int
+	// IterLog receives JSON Lines iteration records; nil disables the log.
+	IterLog io.Writer
+	// Progress is called on rank 0 after each iteration with the number of
+	// responses received so far (may be nil).
+	Progress func(done int)
+	// Clock returns the wall time; nil uses time.Now.
+	Clock func() time.Time
+	// MaxIdleSleep bounds how long rank 0 sleeps waiting for the next arrival
+	// while the fleet is idle (keeps collectives well inside the watchdog).
+	MaxIdleSleep time.Duration
+}
+
+// Deps are the components one rank's executor drives.
+type Deps struct {
+	Comm    nccl.Comm     // the attention-DP group (size Ranks)
+	Engine  bridge.Engine // this rank's engine
+	KV      KV            // this rank's KV manager
+	Planner Planner       // this rank's scheduler
+	// Source provides arrivals; read on rank 0 only (may be nil elsewhere).
+	Source Source
+}
+
+func (c *Config) validate(d Deps) error {
+	switch {
+	case c.Ranks < 1:
+		return fmt.Errorf("executor: ranks must be at least 1, got %d", c.Ranks)
+	case c.Rank < 0 || c.Rank >= c.Ranks:
+		return fmt.Errorf("executor: rank %d out of range [0, %d)", c.Rank, c.Ranks)
+	case d.Comm == nil && c.Ranks > 1:
+		return errors.New("executor: a communicator is required with more than one rank")
+	case d.Comm != nil && (d.Comm.Size() != c.Ranks || d.Comm.Rank() != c.Rank):
+		return fmt.Errorf("executor: communicator is rank %d of %d, config says %d of %d",
+			d.Comm.Rank(), d.Comm.Size(), c.Rank, c.Ranks)
+	case d.Engine == nil || d.KV == nil || d.Planner == nil:
+		return errors.New("executor: engine, KV manager and planner are required")
+	case c.Rank == 0 && d.Source == nil:
+		return errors.New("executor: rank 0 needs a request source")
+	}
+	return nil
+}

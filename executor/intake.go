@@ -1,0 +1,182 @@
+package executor
+
+import (
+	"encoding/binary"
+	"fmt"
+	"time"
+
+	"github.com/lockstep-ai/lockstep/workload"
+)
+
+// Arrival is one new request as broadcast from rank 0 to every rank.
+type Arrival struct {
+	ID             uint64 // request id (the trace index)
+	ArrivalUnixNS  int64  // when the request arrived (wall clock)
+	MaxNewTokens   int
+	ConversationID string
+	Prompt         []int32
+}
+
+// Source hands rank 0 the requests that have arrived. Implementations are
+// used by rank 0's loop goroutine only.
+type Source interface {
+	// Due returns the requests that arrived by now, in arrival order.
+	Due(now time.Time) []Arrival
+	// Exhausted reports that no request will ever be due again.
+	Exhausted() bool
+	// NextArrival is when the next request arrives (zero if exhausted).
+	NextArrival() time.Time
+	// Total is the number of requests the source will ever produce.
+	Total() int
+}
+
+// TraceSource replays trace requests at their timestamps: request i arrives
+// at start + ArrivalMS·scale. scale 0 makes every request arrive at once.
+type TraceSource struct {
+	reqs  []workload.Request
+	start time.Time
+	scale float64
+	next  int
+}
+
+// NewTraceSource starts the replay clock at start.
+func NewTraceSource(reqs []workload.Request, start time.Time, scale float64) *TraceSource {
+	return &TraceSource{reqs: reqs, start: start, scale: scale}
+}
+
+func (s *TraceSource) at(i int) time.Time {
+	return s.start.Add(time.Duration(float64(s.reqs[i].ArrivalMS) * s.scale * float64(time.Millisecond)))
+}
+
+// Due implements Source.
+func (s *TraceSource) Due(now time.Time) []Arrival {
+	var out []Arrival
+	for s.next < len(s.reqs) && !s.at(s.next).After(now) {
+		r := s.reqs[s.next]
+		out = append(out, Arrival{
+			ID:             uint64(r.Index),
+			ArrivalUnixNS:  s.at(s.next).UnixNano(),
+			MaxNewTokens:   r.MaxNewTokens,
+			ConversationID: r.ConversationID,
+			Prompt:         r.Prompt,
+		})
+		s.next++
+	}
+	return out
+}
+
+// Exhausted implements Source.
+func (s *TraceSource) Exhausted() bool { return s.next >= len(s.reqs) }
+
+// NextArrival implements Source.
+func (s *TraceSource) NextArrival() time.Time {
+	if s.Exhausted() {
+		return time.Time{}
+	}
+	return s.at(s.next)
+}
+
+// Total implements Source.
+func (s *TraceSource) Total() int { return len(s.reqs) }
+
+// encodeArrivals serialises a broadcast payload (little-endian):
+// per item: id u64, arrival i64, max_new u32, conv_len u32, conv bytes,
+// n_tokens u32, tokens u32×n.
+func encodeArrivals(items []Arrival) []byte {
+	n := 0
+	for _, a := range items {
+		n += 8 + 8 + 4 + 4 + len(a.ConversationID) + 4 + 4*len(a.Prompt)
+	}
+	b := make([]byte, 0, n)
+	for _, a := range items {
+		b = binary.LittleEndian.AppendUint64(b, a.ID)
+		b = binary.LittleEndian.AppendUint64(b, uint64(a.ArrivalUnixNS))
+		b = binary.LittleEndian.AppendUint32(b, uint32(a.MaxNewTokens))
+		b = binary.LittleEndian.AppendUint32(b, uint32(len(a.ConversationID)))
+		b = append(b, a.ConversationID...)
+		b = binary.LittleEndian.AppendUint32(b, uint32(len(a.Prompt)))
+		for _, t := range a.Prompt {
+			b = binary.LittleEndian.AppendUint32(b, uint32(t))
+		}
+	}
+	return b
+}
+
+// decodeArrivals parses want items; a malformed payload means the broadcast
+// paired with an unrelated collective.
+func decodeArrivals(b []byte, want int) ([]Arrival, error) {
+	d := decoder{b: b}
+	out := make([]Arrival, 0, want)
+	for i := 0; i < want; i++ {
+		var a Arrival
+		a.ID = d.u64()
+		a.ArrivalUnixNS = int64(d.u64())
+		a.MaxNewTokens = int(d.u32())
+		a.ConversationID = string(d.bytes(int(d.u32())))
+		n := int(d.u32())
+		if d.err == nil && n > len(d.b)/4 {
+			d.err = errShort
+		}
+		if d.err != nil {
+			break
+		}
+		a.Prompt = make([]int32, n)
+		for k := range a.Prompt {
+			a.Prompt[k] = int32(d.u32())
+		}
+		out = append(out, a)
+	}
+	if d.err == nil && len(d.b) != 0 {
+		d.err = fmt.Errorf("%d trailing bytes", len(d.b))
+	}
+	if d.err != nil {
+		return nil, fmt.Errorf("collective desync: arrival payload does not decode: %w", d.err)
+	}
+	return out, nil
+}
+
+// decoder reads little-endian values, remembering the first error.
+type decoder struct {
+	b   []byte
+	err error
+}
+
+var errShort = fmt.Errorf("payload too short")
+
+func (d *decoder) need(n int) bool {
+	if d.err != nil {
+		return false
+	}
+	if len(d.b) < n {
+		d.err = errShort
+		return false
+	}
+	return true
+}
+
+func (d *decoder) u64() uint64 {
+	if !d.need(8) {
+		return 0
+	}
+	v := binary.LittleEndian.Uint64(d.b)
+	d.b = d.b[8:]
+	return v
+}
+
+func (d *decoder) u32() uint32 {
+	if !d.need(4) {
+		return 0
+	}
+	v := binary.LittleEndian.Uint32(d.b)
+	d.b = d.b[4:]
+	return v
+}
+
+func (d *decoder) bytes(n int) []byte {
+	if !d.need(n) {
+		return nil
+	}
+	v := d.b[:n]
+	d.b = d.b[n:]
+	return v
+}

@@ -1,0 +1,131 @@
+package executor
+
+import (
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/lockstep-ai/lockstep/scheduler"
+)
+
+// IterRecord is one line of the per-rank iteration log (executor.md §13.2).
+type IterRecord struct {
+	V                  int       `json:"v"`
+	Rank               int       `json:"rank"`
+	DPRank             *int      `json:"dp_rank"`
+	CPRank             *int      `json:"cp_rank"`
+	Iter               int64     `json:"iter"`
+	TSUnixMS           int64     `json:"ts_unix_ms"`
+	HostMS             float64   `json:"host_ms"`
+	DeviceMS           *float64  `json:"device_ms"`
+	WaitMS             float64   `json:"wait_ms"`
+	CanQueue           bool      `json:"can_queue"`
+	ADPDummy           bool      `json:"adp_dummy"`
+	NumCtxRequests     int       `json:"num_ctx_requests"`
+	CtxTokens          int       `json:"ctx_tokens"`
+	CtxRequestIDs      []uint64  `json:"ctx_request_ids"`
+	CtxKVStart         []int     `json:"ctx_kv_start"`
+	CtxChunkTokens     []int     `json:"ctx_chunk_tokens"`
+	CtxCachedKVTokens  int       `json:"ctx_cached_kv_tokens"`
+	NumGenRequests     int       `json:"num_gen_requests"`
+	GenTokens          int       `json:"gen_tokens"`
+	CostS              float64   `json:"cost_s"`
+	NumPaused          int       `json:"num_paused"`
+	NumRecomputePaused int       `json:"num_recompute_paused"`
+	NumSatOut          int       `json:"num_sat_out"`
+	NumDeferred        int       `json:"num_deferred"`
+	NumDemoted         int       `json:"num_demoted"`
+	StallCount         int       `json:"stall_count"`
+	KVUtil             float64   `json:"kv_util"`
+	MaxNumTokens       *int      `json:"max_num_tokens"`
+	Cost               *costInfo `json:"cost"`
+	EventsDropped      int       `json:"events_dropped"`
+}
+
+type costInfo struct {
+	Offset    int64 `json:"offset"`
+	Threshold int64 `json:"threshold"`
+	R         int64 `json:"r"`
+	Budget    int64 `json:"budget"`
+	Used      int64 `json:"used"`
+}
+
+// newIterRecord fills the plan-derived fields right after scheduling (before
+// the step changes positions).
+func (e *Executor) newIterRecord(start time.Time, out *scheduler.Output, canQueue bool) *IterRecord {
+	if e.cfg.IterLog == nil {
+		return nil
+	}
+	dp := e.cfg.Rank
+	rec := &IterRecord{V: 1, Rank: e.cfg.Rank, DPRank: &dp, Iter: e.iter, TSUnixMS: start.UnixMilli(),
+		CanQueue: canQueue, ADPDummy: e.dummy != nil, NumCtxRequests: len(out.Context),
+		CtxRequestIDs: []uint64{}, CtxKVStart: []int{}, CtxChunkTokens: []int{},
+		NumPaused: len(out.Paused), NumRecomputePaused: len(out.RecomputePaused), NumSatOut: len(out.SatOut),
+		NumDeferred: len(out.Deferred), NumDemoted: len(out.Demoted), StallCount: out.StallCount}
+	for _, r := range out.Context {
+		rec.CtxRequestIDs = append(rec.CtxRequestIDs, r.ID)
+		rec.CtxKVStart = append(rec.CtxKVStart, r.ContextPosition)
+		rec.CtxChunkTokens = append(rec.CtxChunkTokens, r.ChunkSize)
+		rec.CtxTokens += r.ChunkSize
+		rec.CtxCachedKVTokens += r.ContextPosition
+		rec.CostS += float64(r.ChunkSize) * (float64(r.ContextPosition) + float64(r.ChunkSize)/2)
+	}
+	for _, r := range out.Generation {
+		if !r.IsDummy {
+			rec.NumGenRequests++
+			rec.GenTokens++
+		}
+	}
+	if m := e.cfg.Scheduler.MaxNumTokens; m != scheduler.Unlimited {
+		rec.MaxNumTokens = &m
+	}
+	if out.CostBudget > 0 {
+		ec := e.cfg.Scheduler.EqualCost
+		rec.Cost = &costInfo{Offset: ec.KVOffset, Threshold: ec.KVDepthThreshold, R: ec.PerChunkDepthTokens,
+			Budget: out.CostBudget, Used: out.CostUsed}
+	}
+	return rec
+}
+
+// writeIterRecord completes and writes the record at the end of the iteration.
+func (e *Executor) writeIterRecord(rec *IterRecord, start time.Time) error {
+	if rec == nil {
+		return nil
+	}
+	rec.HostMS = round3(float64(e.cfg.Clock().Sub(start)) / 1e6)
+	rec.WaitMS = round3(float64(e.waitDur) / 1e6)
+	total := e.d.KV.TotalPages()
+	if total > 0 {
+		rec.KVUtil = round3(1 - float64(e.d.KV.FreePages())/float64(total))
+	}
+	b, err := json.Marshal(rec)
+	if err != nil {
+		return fmt.Errorf("iteration log: %w", err)
+	}
+	if _, err := e.cfg.IterLog.Write(append(b, '\n')); err != nil {
+		return fmt.Errorf("iteration log: %w", err)
+	}
+	return nil
+}
+
+// statsOf is this iteration's statistics, piggybacked on the next rank state (§13.3).
+func (e *Executor) statsOf(out *scheduler.Output) RankState {
+	s := RankState{HasStats: true, StatsIter: e.iter,
+		PausedAndRecomp: int64(len(out.Paused) + len(out.RecomputePaused))}
+	var cost float64
+	for _, r := range out.Context {
+		s.CtxRequests++
+		s.CtxTokens += int64(r.ChunkSize)
+		cost += float64(r.ChunkSize) * (float64(r.ContextPosition) + float64(r.ChunkSize)/2)
+	}
+	s.CostS = int64(cost)
+	for _, r := range out.Generation {
+		if !r.IsDummy {
+			s.GenRequests++
+			s.GenTokens++
+		}
+	}
+	return s
+}
+
+func round3(x float64) float64 { return float64(int64(x*1000+0.5)) / 1000 }

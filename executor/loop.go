@@ -1,0 +1,447 @@
+package executor
+
+import (
+	"encoding/binary"
+	"fmt"
+	"time"
+
+	"github.com/lockstep-ai/lockstep/bridge"
+	"github.com/lockstep-ai/lockstep/scheduler"
+)
+
+// Result is what a rank's loop returns when every rank has drained.
+type Result struct {
+	// Responses holds every finished or rejected request (rank 0 only).
+	Responses []Response
+	// Iterations is iter_counter at exit (idle iterations included).
+	Iterations int64
+	// ForwardIterations counts iterations in which the fleet ran a forward.
+	ForwardIterations int64
+	// LockstepWaste (rank 0): per forward iteration 1 − mean/max of the
+	// ranks' busy time, averaged over iterations where any rank was busy.
+	LockstepWaste float64
+	// DeviceMS is this rank's total engine time.
+	DeviceMS float64
+}
+
+// Executor is one rank's loop state. It is driven by one goroutine.
+type Executor struct {
+	cfg Config
+	d   Deps
+
+	active    []*request
+	byID      map[uint64]*request
+	sched     []*scheduler.Request // view of active handed to the planner
+	iter      int64
+	routed    uint64 // arrivals routed so far (round-robin counter; identical on every rank)
+	nextDummy uint64
+	dummy     *request // pendingDummy (§4.2)
+	shutdown  bool
+
+	pending  []Response // rejections, flushed at C8
+	finished []Response // completions of this iteration's forward, gathered at C7
+
+	step    bridge.StepDesc
+	stepRes bridge.StepResult
+	batch   []*request // the batch of this iteration, in step order
+
+	res       Result
+	wasteSum  float64
+	wasteN    int
+	waitDur   time.Duration
+	lastStats RankState
+}
+
+// New builds a rank's executor.
+func New(cfg Config, d Deps) (*Executor, error) {
+	if err := cfg.validate(d); err != nil {
+		return nil, err
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = time.Now
+	}
+	if cfg.MaxIdleSleep <= 0 {
+		cfg.MaxIdleSleep = 20 * time.Millisecond
+	}
+	if cfg.MaxSeqLen <= 0 {
+		cfg.MaxSeqLen = d.KV.TotalPages() * d.KV.TokensPerPage()
+	}
+	return &Executor{cfg: cfg, d: d, byID: map[uint64]*request{}, nextDummy: dummyIDBase,
+		lastStats: RankState{StatsIter: -1}}, nil
+}
+
+// Run drives the loop until rank 0's source is exhausted and every rank has
+// drained. Every rank returns in the same iteration.
+func (e *Executor) Run() (*Result, error) {
+	for {
+		more, err := e.iteration()
+		if err != nil {
+			return nil, fmt.Errorf("rank %d iteration %d: %w", e.cfg.Rank, e.iter, err)
+		}
+		if !more {
+			break
+		}
+	}
+	e.res.Iterations = e.iter
+	if e.wasteN > 0 {
+		e.res.LockstepWaste = e.wasteSum / float64(e.wasteN)
+	}
+	return &e.res, nil
+}
+
+func (e *Executor) multi() bool { return e.cfg.Ranks > 1 }
+
+// iteration runs one non-overlap iteration (executor.md §5). It returns false
+// when the loop exits.
+func (e *Executor) iteration() (bool, error) {
+	start := e.cfg.Clock()
+	e.waitDur = 0
+	// 1–2: fetch and route.
+	states, err := e.gatherRankStates()
+	if err != nil {
+		return false, err
+	}
+	items, err := e.fetchArrivals(start)
+	if err != nil {
+		return false, err
+	}
+	e.route(items)
+	fleetWork := len(items) > 0 || len(e.active) > 0
+	for _, s := range states {
+		fleetWork = fleetWork || s.ActiveRequests > 0
+	}
+	if e.shutdown && !fleetWork && len(e.pending) == 0 {
+		return false, nil // agreed: every rank sees the same states and broadcast
+	}
+	// 3: padding dummy.
+	if e.multi() && fleetWork {
+		e.padDummy()
+	}
+	// 4: schedule.
+	e.sched = e.sched[:0]
+	for _, r := range e.active {
+		e.sched = append(e.sched, &r.Request)
+	}
+	out, err := e.d.Planner.Schedule(e.sched, nil)
+	if err != nil {
+		return false, err
+	}
+	// 6: recompute victims are reset right after scheduling.
+	e.handlePaused(out)
+	// 7: agree on whether the fleet runs a forward.
+	canQueue, err := e.canQueue(out.NumFitting)
+	if err != nil {
+		return false, err
+	}
+	rec := e.newIterRecord(start, out, canQueue)
+	stats := e.statsOf(out)
+	// 8–10.
+	var deviceMS float64
+	if canQueue {
+		if err := e.prepareBatch(out); err != nil {
+			return false, err
+		}
+		e.dummy = nil // the dummy runs and leaves after the forward
+		if deviceMS, err = e.forward(start); err != nil {
+			return false, err
+		}
+		e.res.ForwardIterations++
+		e.res.DeviceMS += deviceMS
+		rec.DeviceMS = &deviceMS
+		if err := e.gatherResponses("responses", e.finished, 0, false); err != nil {
+			return false, err
+		}
+	} else {
+		for _, r := range out.Generation {
+			e.d.KV.RevertAllocateGeneration(r)
+		}
+		e.rollbackDummy()
+	}
+	e.finished = e.finished[:0]
+	// 11: pending responses, always (with this rank's busy time for the waste metric).
+	if err := e.gatherResponses("pending_responses", e.pending, int64(deviceMS*1000), canQueue); err != nil {
+		return false, err
+	}
+	e.pending = e.pending[:0]
+	// 12: statistics, log, pacing.
+	stats.HostUS = e.cfg.Clock().Sub(start).Microseconds()
+	e.lastStats = stats
+	if e.cfg.Rank == 0 && e.cfg.Progress != nil {
+		e.cfg.Progress(len(e.res.Responses))
+	}
+	if err := e.writeIterRecord(rec, start); err != nil {
+		return false, err
+	}
+	if !canQueue && !fleetWork {
+		e.idleWait()
+	}
+	e.iter++
+	return true, nil
+}
+
+// gatherRankStates is C1: every rank's state, indexed by its rank field.
+func (e *Executor) gatherRankStates() ([]RankState, error) {
+	mine := e.rankState()
+	if !e.multi() {
+		return []RankState{mine}, nil
+	}
+	t := e.cfg.Clock()
+	all, err := e.d.Comm.AllGather("rank_state", mine.encode())
+	e.waitDur += e.cfg.Clock().Sub(t)
+	if err != nil {
+		return nil, err
+	}
+	states := make([]RankState, e.cfg.Ranks)
+	for i, b := range all {
+		s, err := decodeRankState(b)
+		if err != nil {
+			return nil, err
+		}
+		if s.Rank < 0 || int(s.Rank) >= e.cfg.Ranks {
+			return nil, fmt.Errorf("collective desync: rank state from member %d names rank %d", i, s.Rank)
+		}
+		states[s.Rank] = s
+	}
+	return states, nil
+}
+
+func (e *Executor) rankState() RankState {
+	s := e.lastStats
+	s.Rank = int64(e.cfg.Rank)
+	s.ActiveRequests, s.ActiveTokens, s.RetiringRequests = 0, 0, 0
+	for _, r := range e.active {
+		if r.IsDummy {
+			continue
+		}
+		if r.State == scheduler.GenerationToComplete {
+			s.RetiringRequests++
+			continue
+		}
+		s.ActiveRequests++
+		s.ActiveTokens += int64(len(r.prompt))
+	}
+	return s
+}
+
+// fetchArrivals is C2/C3: rank 0 broadcasts the count (and the shutdown
+// flag), then the items only if the count is non-zero.
+func (e *Executor) fetchArrivals(now time.Time) ([]Arrival, error) {
+	var items []Arrival
+	var shut bool
+	if e.cfg.Rank == 0 {
+		items = e.d.Source.Due(now)
+		shut = e.d.Source.Exhausted()
+	}
+	if !e.multi() {
+		e.shutdown = e.shutdown || shut
+		return items, nil
+	}
+	hdr := make([]byte, 16)
+	binary.LittleEndian.PutUint64(hdr, uint64(len(items)))
+	if shut {
+		binary.LittleEndian.PutUint64(hdr[8:], 1)
+	}
+	t := e.cfg.Clock()
+	defer func() { e.waitDur += e.cfg.Clock().Sub(t) }()
+	got, err := e.d.Comm.Broadcast("arrival_count", 0, hdr)
+	if err != nil {
+		return nil, err
+	}
+	if len(got) != 16 {
+		return nil, fmt.Errorf("collective desync: arrival count of %d bytes", len(got))
+	}
+	count := int(binary.LittleEndian.Uint64(got))
+	e.shutdown = e.shutdown || binary.LittleEndian.Uint64(got[8:]) != 0
+	if count == 0 {
+		return nil, nil
+	}
+	var payload []byte
+	if e.cfg.Rank == 0 {
+		payload = encodeArrivals(items)
+	}
+	if payload, err = e.d.Comm.Broadcast("arrivals", 0, payload); err != nil {
+		return nil, err
+	}
+	if e.cfg.Rank == 0 {
+		return items, nil
+	}
+	return decodeArrivals(payload, count)
+}
+
+// route assigns arrivals round-robin over the ranks in broadcast order; the
+// counter is identical on every rank, so no decision is broadcast.
+func (e *Executor) route(items []Arrival) {
+	for _, a := range items {
+		target := int(e.routed % uint64(e.cfg.Ranks))
+		e.routed++
+		if target == e.cfg.Rank {
+			e.admit(a)
+		}
+	}
+}
+
+// admit validates an arrival (§3.4); a request that can never run is
+// rejected at once with the reason and never enters active.
+func (e *Executor) admit(a Arrival) {
+	r := newRequest(a)
+	if reason := e.neverFits(r); reason != "" {
+		e.pending = append(e.pending, Response{ID: a.ID, Rank: e.cfg.Rank, ArrivalUnixNS: a.ArrivalUnixNS,
+			FinishUnixNS: e.cfg.Clock().UnixNano(), Error: reason})
+		return
+	}
+	e.active = append(e.active, r)
+	e.byID[r.ID] = r
+}
+
+func (e *Executor) neverFits(r *request) string {
+	sc := e.cfg.Scheduler
+	poolTokens := e.d.KV.TotalPages() * e.d.KV.TokensPerPage()
+	switch {
+	case r.PromptLen < 1:
+		return "empty prompt"
+	case r.MaxNewTokens < 1:
+		return "max_new_tokens must be at least 1"
+	case !sc.ChunkedContext && sc.MaxNumTokens != scheduler.Unlimited && r.PromptLen > sc.MaxNumTokens:
+		return fmt.Sprintf("prompt of %d tokens exceeds max_num_tokens %d and chunked prefill is off", r.PromptLen, sc.MaxNumTokens)
+	case r.PromptLen+1 > e.cfg.MaxSeqLen:
+		return fmt.Sprintf("prompt of %d tokens + 1 exceeds max_seq_len %d", r.PromptLen, e.cfg.MaxSeqLen)
+	case sc.Policy == scheduler.GuaranteedNoEvict && e.d.KV.PagesToCompletion(&r.Request) > e.d.KV.TotalPages():
+		return fmt.Sprintf("needs %d pages to completion, the pool has %d", e.d.KV.PagesToCompletion(&r.Request), e.d.KV.TotalPages())
+	case r.PromptLen+r.MaxNewTokens > poolTokens:
+		return fmt.Sprintf("prompt %d + max_new_tokens %d = %d tokens can never fit the KV pool of %d tokens (%d pages × %d)",
+			r.PromptLen, r.MaxNewTokens, r.PromptLen+r.MaxNewTokens, poolTokens, e.d.KV.TotalPages(), e.d.KV.TokensPerPage())
+	}
+	return ""
+}
+
+// padDummy adds a one-token padding request when this rank has nothing
+// schedulable while the fleet has work (§4.2).
+func (e *Executor) padDummy() {
+	for _, r := range e.active {
+		if r.State.InWindow() {
+			return
+		}
+	}
+	if e.d.KV.AvailableTokens() < 1 {
+		return
+	}
+	d := newDummy(e.nextDummy)
+	if !e.d.KV.AddDummy(&d.Request, 1) {
+		return
+	}
+	e.nextDummy++
+	e.active = append(e.active, d)
+	e.byID[d.ID] = d
+	e.dummy = d
+}
+
+// rollbackDummy removes only the dummy padded in this iteration (§4.4).
+func (e *Executor) rollbackDummy() {
+	if e.dummy == nil {
+		return
+	}
+	e.d.KV.Free(&e.dummy.Request)
+	e.remove(e.dummy)
+	e.dummy = nil
+}
+
+// handlePaused counts suspensions and resets recompute victims (§11.1–11.2).
+func (e *Executor) handlePaused(out *scheduler.Output) {
+	for _, s := range out.Paused {
+		e.byID[s.ID].suspended++
+	}
+	for _, s := range out.RecomputePaused {
+		r := e.byID[s.ID]
+		if e.d.KV.HasCache(r.ID) {
+			e.d.KV.Free(&r.Request)
+		}
+		r.resetForRecompute()
+	}
+}
+
+// canQueue is C5 (§4.3): the fleet runs a forward only if every rank has a batch.
+func (e *Executor) canQueue(b int) (bool, error) {
+	if !e.multi() {
+		return b > 0, nil
+	}
+	v := make([]byte, 8)
+	binary.LittleEndian.PutUint64(v, uint64(b))
+	t := e.cfg.Clock()
+	all, err := e.d.Comm.AllGather("batch_size", v)
+	e.waitDur += e.cfg.Clock().Sub(t)
+	if err != nil {
+		return false, err
+	}
+	ok := true
+	for i, x := range all {
+		if len(x) != 8 {
+			return false, fmt.Errorf("collective desync: batch size from rank %d has %d bytes", i, len(x))
+		}
+		ok = ok && binary.LittleEndian.Uint64(x) > 0
+	}
+	return ok, nil
+}
+
+// gatherResponses sends this rank's responses to rank 0 (C7/C8). Rank 0
+// keeps them; with C8 it also accumulates the lockstep-waste metric.
+func (e *Executor) gatherResponses(name string, rs []Response, deviceUS int64, forward bool) error {
+	if !e.multi() {
+		e.res.Responses = append(e.res.Responses, rs...)
+		return nil
+	}
+	t := e.cfg.Clock()
+	all, err := e.d.Comm.AllGather(name, responseBatch{DeviceUS: deviceUS, Responses: rs}.encode())
+	e.waitDur += e.cfg.Clock().Sub(t)
+	if err != nil {
+		return err
+	}
+	if e.cfg.Rank != 0 {
+		return nil
+	}
+	var sum, max float64
+	for _, b := range all {
+		rb, err := decodeResponseBatch(b)
+		if err != nil {
+			return err
+		}
+		e.res.Responses = append(e.res.Responses, rb.Responses...)
+		us := float64(rb.DeviceUS)
+		sum += us
+		if us > max {
+			max = us
+		}
+	}
+	if name == "pending_responses" && forward && max > 0 {
+		e.wasteSum += 1 - sum/float64(len(all))/max
+		e.wasteN++
+	}
+	return nil
+}
+
+// idleWait paces an idle fleet: rank 0 sleeps until the next arrival (the
+// others wait for it in the next iteration's collectives).
+func (e *Executor) idleWait() {
+	if e.cfg.Rank != 0 || e.d.Source.Exhausted() {
+		return
+	}
+	d := e.d.Source.NextArrival().Sub(e.cfg.Clock())
+	if d > e.cfg.MaxIdleSleep {
+		d = e.cfg.MaxIdleSleep
+	}
+	if d > 0 {
+		time.Sleep(d)
+	}
+}
+
+// remove drops r from active, keeping the order of the others.
+func (e *Executor) remove(r *request) {
+	for i, x := range e.active {
+		if x == r {
+			copy(e.active[i:], e.active[i+1:])
+			e.active[len(e.active)-1] = nil
+			e.active = e.active[:len(e.active)-1]
+			break
+		}
+	}
+	delete(e.byID, r.ID)
+}

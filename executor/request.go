@@ -1,0 +1,79 @@
+package executor
+
+import "github.com/lockstep-ai/lockstep/scheduler"
+
+// dummyIDBase is the first padding-dummy id; ids ≥ 2^63 are reserved for dummies.
+const dummyIDBase uint64 = 1 << 63
+
+// request is the executor's record of one request on its rank. The embedded
+// scheduler.Request is what the scheduler and KV manager see; the rest is
+// what the client sees.
+type request struct {
+	scheduler.Request
+	prompt       []int32 // the original prompt
+	output       []int32 // every token returned to the client so far
+	maxNewTotal  int     // the original generation limit
+	arrivalNS    int64
+	firstTokenNS int64
+	suspended    int
+	recomputed   int
+}
+
+func newRequest(a Arrival) *request {
+	r := &request{prompt: a.Prompt, maxNewTotal: a.MaxNewTokens, arrivalNS: a.ArrivalUnixNS}
+	r.Request = scheduler.Request{
+		ID:               a.ID,
+		State:            scheduler.ContextInit,
+		Tokens:           a.Prompt,
+		PromptLen:        len(a.Prompt),
+		MaxNewTokens:     a.MaxNewTokens,
+		UncachedEstimate: scheduler.UnsetEstimate,
+		ConversationID:   a.ConversationID,
+		BatchIndex:       scheduler.NoBatchIndex,
+	}
+	return r
+}
+
+func newDummy(id uint64) *request {
+	r := &request{}
+	r.Request = scheduler.Request{
+		ID:               id,
+		State:            scheduler.GenerationInProgress,
+		Tokens:           []int32{0},
+		PromptLen:        1,
+		MaxNewTokens:     1 << 30,
+		UncachedEstimate: scheduler.UnsetEstimate,
+		BatchIndex:       scheduler.NoBatchIndex,
+		IsDummy:          true,
+	}
+	return r
+}
+
+// resetForRecompute turns a recompute-paused request back into a context
+// request whose prompt is the original prompt plus every token generated so
+// far (executor.md §11.2). The client keeps receiving tokens from where it
+// stopped; positions stay continuous (§11.3).
+func (r *request) resetForRecompute() {
+	n := len(r.output)
+	tokens := make([]int32, 0, len(r.prompt)+n)
+	tokens = append(append(tokens, r.prompt...), r.output...)
+	r.Tokens = tokens
+	r.PromptLen = len(tokens)
+	r.MaxNewTokens = r.maxNewTotal - n
+	r.Generated = 0
+	r.State = scheduler.ContextInit
+	r.ContextPosition = 0
+	r.ChunkSize = r.PromptLen
+	r.BatchIndex = scheduler.NoBatchIndex
+	r.HelixDecodeCount = 0
+	r.InactiveRank = false
+	r.recomputed++
+}
+
+// lastToken is the input of the next generation step.
+func (r *request) lastToken() int32 {
+	if r.IsDummy {
+		return 0
+	}
+	return r.output[len(r.output)-1]
+}

@@ -1,0 +1,87 @@
+package executor
+
+import (
+	"encoding/binary"
+	"fmt"
+)
+
+// Response is a finished (or rejected) request as rank 0 receives it.
+type Response struct {
+	ID               uint64  // request id
+	Rank             int     // the rank that served it
+	Output           []int32 // generated tokens, in order
+	ArrivalUnixNS    int64
+	FirstTokenUnixNS int64 // 0 if no token was produced
+	FinishUnixNS     int64
+	Suspended        int    // times suspended to make room
+	Recomputed       int    // times recompute-paused
+	Error            string // non-empty: rejected with this reason
+}
+
+// responseBatch is the payload of the response gathers (C7, C8): the sending
+// rank's busy time in this iteration (C8 only) and its responses.
+type responseBatch struct {
+	DeviceUS  int64
+	Responses []Response
+}
+
+func (rb responseBatch) encode() []byte {
+	b := binary.LittleEndian.AppendUint64(nil, uint64(rb.DeviceUS))
+	b = binary.LittleEndian.AppendUint32(b, uint32(len(rb.Responses)))
+	for _, r := range rb.Responses {
+		b = binary.LittleEndian.AppendUint64(b, r.ID)
+		b = binary.LittleEndian.AppendUint32(b, uint32(r.Rank))
+		for _, t := range []int64{r.ArrivalUnixNS, r.FirstTokenUnixNS, r.FinishUnixNS} {
+			b = binary.LittleEndian.AppendUint64(b, uint64(t))
+		}
+		b = binary.LittleEndian.AppendUint32(b, uint32(r.Suspended))
+		b = binary.LittleEndian.AppendUint32(b, uint32(r.Recomputed))
+		b = binary.LittleEndian.AppendUint32(b, uint32(len(r.Error)))
+		b = append(b, r.Error...)
+		b = binary.LittleEndian.AppendUint32(b, uint32(len(r.Output)))
+		for _, t := range r.Output {
+			b = binary.LittleEndian.AppendUint32(b, uint32(t))
+		}
+	}
+	return b
+}
+
+// decodeResponseBatch parses a gathered payload; failure means the gather
+// paired with an unrelated collective (executor.md §8, E-14).
+func decodeResponseBatch(b []byte) (responseBatch, error) {
+	d := decoder{b: b}
+	var rb responseBatch
+	rb.DeviceUS = int64(d.u64())
+	n := int(d.u32())
+	if d.err == nil && n > len(d.b)/40 {
+		d.err = errShort
+	}
+	for i := 0; i < n && d.err == nil; i++ {
+		var r Response
+		r.ID = d.u64()
+		r.Rank = int(d.u32())
+		r.ArrivalUnixNS = int64(d.u64())
+		r.FirstTokenUnixNS = int64(d.u64())
+		r.FinishUnixNS = int64(d.u64())
+		r.Suspended = int(d.u32())
+		r.Recomputed = int(d.u32())
+		r.Error = string(d.bytes(int(d.u32())))
+		k := int(d.u32())
+		if d.err == nil && k > len(d.b)/4 {
+			d.err = errShort
+			break
+		}
+		r.Output = make([]int32, k)
+		for j := range r.Output {
+			r.Output[j] = int32(d.u32())
+		}
+		rb.Responses = append(rb.Responses, r)
+	}
+	if d.err == nil && len(d.b) != 0 {
+		d.err = fmt.Errorf("%d trailing bytes", len(d.b))
+	}
+	if d.err != nil {
+		return responseBatch{}, fmt.Errorf("collective desync: response payload does not decode: %w", d.err)
+	}
+	return rb, nil
+}

@@ -1,0 +1,147 @@
+/*
+ * engine.h: the C ABI between the Go control plane and the native engine.
+ *
+ * Contract (see DESIGN.md §4):
+ *  - C99, opaque handles, every call returns eng_status; exceptions never cross
+ *    this boundary. A failing call on a handle leaves a human-readable message
+ *    in eng_engine_last_error(handle); a failing call without a handle (init,
+ *    preset lookup) leaves it in eng_last_error() (thread-local).
+ *  - Go decides which page holds what. The engine owns a slab of
+ *    num_pages pages (K and V of every layer for tokens_per_page tokens) and a
+ *    host-tier slab of num_host_pages pages, both addressed only by index.
+ *  - Descriptors are plain arrays of sized integers, read during the call only;
+ *    the engine keeps no pointer into caller memory after a call returns.
+ *  - One engine handle is used by one thread at a time (Go pins one goroutine).
+ */
+#ifndef LOCKSTEP_ENGINE_H
+#define LOCKSTEP_ENGINE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Bumped on every incompatible change; eng_engine_init refuses a mismatch. */
+#define ENG_ABI_VERSION 1
+
+typedef enum eng_status {
+  ENG_OK = 0,
+  ENG_INVALID_ARGUMENT = 1,
+  ENG_OUT_OF_MEMORY = 2,
+  ENG_UNSUPPORTED = 3,
+  ENG_DEVICE_ERROR = 4,
+  ENG_COMM_ERROR = 5,
+  ENG_TIMEOUT = 6,
+  ENG_INTERNAL = 7
+} eng_status;
+
+typedef enum eng_backend {
+  ENG_BACKEND_CPU = 0,
+  ENG_BACKEND_CUDA = 1
+} eng_backend;
+
+typedef struct eng_engine* eng_engine_t;
+
+/* Shape of the synthetic Llama-architecture decoder. */
+typedef struct eng_model_shape {
+  int32_t num_layers;
+  int32_t hidden_size;        /* = num_heads * head_dim */
+  int32_t num_heads;          /* query heads */
+  int32_t num_kv_heads;       /* K/V heads; num_heads % num_kv_heads == 0 (GQA) */
+  int32_t head_dim;           /* even (RoPE rotates pairs) */
+  int32_t intermediate_size;  /* SwiGLU MLP width */
+  int32_t vocab_size;
+  float rope_theta;
+  float rms_eps;
+} eng_model_shape;
+
+typedef struct eng_engine_config {
+  uint32_t abi_version;       /* must be ENG_ABI_VERSION */
+  eng_backend backend;
+  /* Preset name ("tiny", "llama-8b", "llama-70b"); NULL or "" uses `shape`. */
+  const char* preset;
+  eng_model_shape shape;
+  uint64_t seed;              /* weights are a deterministic function of (shape, seed) */
+  int32_t num_pages;          /* device-tier pages, > 0 */
+  int32_t tokens_per_page;    /* > 0 */
+  int32_t num_host_pages;     /* host-tier pages, >= 0 */
+  int32_t device_id;          /* CUDA device (local rank); ignored by the CPU backend */
+  /* Validate the shape and sizes but allocate no weights or pages (for shapes
+   * too large for the host, e.g. llama-70b on the CPU backend). A validate-only
+   * engine answers eng_engine_step with ENG_UNSUPPORTED. */
+  int32_t validate_only;
+} eng_engine_config;
+
+/* Fills *out with a preset's shape. Unknown name -> ENG_INVALID_ARGUMENT. */
+eng_status eng_preset_shape(const char* name, eng_model_shape* out);
+
+/* Thread-local message of the last failed call made without a handle. */
+const char* eng_last_error(void);
+
+/* Backends this build supports: bit i set for eng_backend i. */
+uint32_t eng_supported_backends(void);
+
+eng_status eng_engine_init(const eng_engine_config* cfg, eng_engine_t* out);
+eng_status eng_engine_free(eng_engine_t eng);
+/* Message of the last failed call on this handle; "" if none. Owned by the handle. */
+const char* eng_engine_last_error(eng_engine_t eng);
+/* The resolved shape (after preset lookup). */
+eng_status eng_engine_shape(eng_engine_t eng, eng_model_shape* out);
+
+/*
+ * One forward step over a batch of sequences.
+ *
+ * Sequence i contributes num_tokens[i] new tokens (tokens[tok_off_i ...]) at
+ * positions start_pos[i] .. start_pos[i]+num_tokens[i]-1; its block table is
+ * block_table[blk_off_i ... blk_off_i+num_blocks[i]-1], where the offsets are
+ * prefix sums. Token at position p lives in page block_table[p / P], slot p % P.
+ * The step writes the new tokens' K/V into those pages, then runs attention of
+ * every new token over positions [0, its own position] read from the pages
+ * (causal within the chunk, full over the prefix). If sample[i] != 0 the last
+ * new token of sequence i is sampled greedily (argmax, lowest index on ties)
+ * and written to sampled[i]; otherwise sampled[i] = -1.
+ *
+ * Bit-exact batch invariance: a sequence's results depend only on its own
+ * tokens and the contents of its pages, never on the rest of the batch or on
+ * how its prompt was chunked.
+ */
+typedef struct eng_step_desc {
+  int32_t num_seqs;
+  const int32_t* num_tokens;   /* [num_seqs], each >= 1 */
+  const int32_t* start_pos;    /* [num_seqs], each >= 0 */
+  const int32_t* tokens;       /* [sum num_tokens], each in [0, vocab) */
+  const int32_t* num_blocks;   /* [num_seqs] */
+  const int32_t* block_table;  /* [sum num_blocks], each in [0, num_pages) */
+  const uint8_t* sample;       /* [num_seqs] */
+} eng_step_desc;
+
+typedef struct eng_step_result {
+  int32_t* sampled;            /* [num_seqs], written by the engine */
+  /* Optional [num_sampled * vocab] logits of the sampled rows, in batch order;
+   * NULL to skip. Used by cross-backend agreement tests. */
+  float* logits;
+  double device_ms;            /* device (or CPU compute) time of the step */
+} eng_step_result;
+
+eng_status eng_engine_step(eng_engine_t eng, const eng_step_desc* desc,
+                           eng_step_result* res);
+
+/* Page copies between tiers (suspend/resume). Tier 0 = device, 1 = host. */
+typedef enum eng_tier {
+  ENG_TIER_DEVICE = 0,
+  ENG_TIER_HOST = 1
+} eng_tier;
+
+/* Copies n pages: page src[k] of src_tier to page dst[k] of dst_tier, in order.
+ * Every index is validated before anything is copied. */
+eng_status eng_engine_copy_pages(eng_engine_t eng, eng_tier src_tier,
+                                 const int32_t* src, eng_tier dst_tier,
+                                 const int32_t* dst, int32_t n);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* LOCKSTEP_ENGINE_H */

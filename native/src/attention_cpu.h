@@ -1,0 +1,32 @@
+// attention_cpu.h: paged GQA attention of one token on the CPU.
+#ifndef LOCKSTEP_NATIVE_ATTENTION_CPU_H
+#define LOCKSTEP_NATIVE_ATTENTION_CPU_H
+
+#include <cstdint>
+#include <vector>
+
+#include "page_slab.h"
+
+namespace lockstep {
+
+// Scratch reused across calls so that attention allocates nothing per token.
+struct AttnScratch {
+  std::vector<float> scores;  // [tokens_per_page]
+  std::vector<float> o_page;  // [head_dim]
+};
+
+// Attention of one query row at position pos over positions [0, pos] of a
+// sequence whose pages are blocks[0 .. pos / P] (P = slab.tokens_per_page()),
+// for `layer`. q is [num_heads][head_dim] with RoPE applied; query head h reads
+// kv head h / (num_heads / num_kv_heads). Writes out[num_heads][head_dim].
+// Accumulates page by page in page order (attention_partial.h); scale is
+// 1/sqrt(head_dim) rounded once from double.
+// Preconditions (validated by the caller): every block index is a page of
+// slab and the K/V of positions [0, pos] have been written.
+void paged_attention_row(const PageSlab& slab, int32_t layer, const int32_t* blocks,
+                         int32_t pos, const float* q, int32_t num_heads, int32_t num_kv_heads,
+                         int32_t head_dim, float* out, AttnScratch& scratch);
+
+}  // namespace lockstep
+
+#endif  // LOCKSTEP_NATIVE_ATTENTION_CPU_H

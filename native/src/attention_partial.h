@@ -1,0 +1,84 @@
+// attention_partial.h: per-page attention partials and their merge.
+//
+// Attention of one query head over a sequence's context is accumulated page by
+// page in page order:
+//   1. for each page, a partial (m, l, o) over the page's valid slots in slot
+//      order: m = max_j s_j, l = Σ_j exp(s_j - m), o = Σ_j exp(s_j - m) v_j,
+//      with s_j = (q · k_j) * scale;
+//   2. partials are merged into a running state in page order with the
+//      log-sum-exp merge (attn_merge); the result is O / L.
+// This order is part of the engine's contract: it makes a token's attention
+// independent of batch composition and chunking, and Helix context
+// parallelism computes the partials of its own pages on each rank and merges
+// them in the same global page order, bit-identically. Keep every backend's
+// arithmetic here: same operations, same order, float32, no FMA contraction.
+#ifndef LOCKSTEP_NATIVE_ATTENTION_PARTIAL_H
+#define LOCKSTEP_NATIVE_ATTENTION_PARTIAL_H
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+
+namespace lockstep {
+
+// Partial of one query head over n >= 1 slots of one page.
+//   q       [head_dim]
+//   k, v    K and V of slot 0 for this head's kv head; slot j is j*stride further
+//   scores  scratch of n floats
+// Writes *m, *l and o[0..head_dim). q·k is summed in increasing d, the
+// softmax terms in increasing slot.
+inline void attn_page_partial(const float* q, float scale, const float* k, const float* v,
+                              size_t stride, int32_t n, int32_t head_dim, float* scores,
+                              float* m, float* l, float* o) {
+  float mx = -INFINITY;
+  for (int32_t j = 0; j < n; ++j) {
+    const float* kj = k + static_cast<size_t>(j) * stride;
+    float dot = 0.0f;
+    for (int32_t d = 0; d < head_dim; ++d) dot += q[d] * kj[d];
+    const float s = dot * scale;
+    scores[j] = s;
+    if (s > mx) mx = s;
+  }
+  for (int32_t d = 0; d < head_dim; ++d) o[d] = 0.0f;
+  float sum = 0.0f;
+  for (int32_t j = 0; j < n; ++j) {
+    const float p = std::exp(scores[j] - mx);
+    sum += p;
+    const float* vj = v + static_cast<size_t>(j) * stride;
+    // Element-wise over d: each o[d] still sums in slot order, so the compiler
+    // may vectorise this loop without changing a bit.
+    for (int32_t d = 0; d < head_dim; ++d) o[d] += p * vj[d];
+  }
+  *m = mx;
+  *l = sum;
+}
+
+// Merges the partial (m, l, o) into the running state (M, L, O). A state with
+// L == 0 is empty (no page merged yet); merging into it copies the partial
+// exactly, so a single-page context costs no rounding. A partial with l == 0
+// (no slots) is ignored.
+inline void attn_merge(float* M, float* L, float* O, float m, float l, const float* o,
+                       int32_t head_dim) {
+  if (l == 0.0f) return;
+  if (*L == 0.0f) {
+    *M = m;
+    *L = l;
+    for (int32_t d = 0; d < head_dim; ++d) O[d] = o[d];
+    return;
+  }
+  const float mn = *M > m ? *M : m;
+  const float a = std::exp(*M - mn);
+  const float b = std::exp(m - mn);
+  *L = *L * a + l * b;
+  for (int32_t d = 0; d < head_dim; ++d) O[d] = O[d] * a + o[d] * b;
+  *M = mn;
+}
+
+// Normalises a merged state: out = O / L (out may alias O).
+inline void attn_finish(const float* O, float L, float* out, int32_t head_dim) {
+  for (int32_t d = 0; d < head_dim; ++d) out[d] = O[d] / L;
+}
+
+}  // namespace lockstep
+
+#endif  // LOCKSTEP_NATIVE_ATTENTION_PARTIAL_H

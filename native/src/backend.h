@@ -1,0 +1,78 @@
+// backend.h: the internal interface between the C entry points and a compute
+// backend (CPU reference here; CUDA in cuda/).
+//
+// engine.cpp validates every argument before calling a backend, so backends
+// see only well-formed batches and in-range indices, and they report failures
+// by throwing EngineError (status.h); std::bad_alloc becomes
+// ENG_OUT_OF_MEMORY at the entry point. A backend is driven by one thread at a
+// time (the pinned Go engine goroutine); a CUDA backend sets its device at the
+// start of each call.
+#ifndef LOCKSTEP_NATIVE_BACKEND_H
+#define LOCKSTEP_NATIVE_BACKEND_H
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "engine.h"
+
+namespace lockstep {
+
+// What a backend is built from: the resolved, validated shape and sizes.
+struct EngineParams {
+  eng_model_shape shape{};
+  uint64_t seed = 0;
+  int32_t num_pages = 0;
+  int32_t tokens_per_page = 0;
+  int32_t num_host_pages = 0;
+  int32_t device_id = 0;
+};
+
+// One sequence of a validated step. Pointers alias the caller's descriptor and
+// are valid during the step call only.
+struct StepSeq {
+  const int32_t* tokens;  // [num_tokens], each in [0, vocab)
+  int32_t num_tokens;     // >= 1
+  int32_t start_pos;      // >= 0; start_pos + num_tokens fits in int32
+  const int32_t* blocks;  // [num_blocks], each in [0, num_pages)
+  int32_t num_blocks;     // >= ceil((start_pos + num_tokens) / tokens_per_page)
+  bool sample;            // sample the last new token
+};
+
+// A validated step: sequences in batch order. No two sequences write the same
+// page (their write regions are disjoint), so the K/V writes of the batch do
+// not interfere.
+struct StepBatch {
+  std::vector<StepSeq> seqs;
+  int64_t num_rows = 0;     // Σ num_tokens
+  int32_t num_sampled = 0;  // sequences with sample set
+};
+
+// A compute backend: owns weights, the device page slab and the host tier.
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  // "cpu" or "cuda".
+  virtual const char* name() const = 0;
+  // Runs the forward step (contract of eng_engine_step in engine.h). Writes
+  // sampled[num_seqs] (-1 where not sampled) and, if logits is not NULL,
+  // logits[num_sampled * vocab] in batch order. Returns the compute time in
+  // milliseconds (device time on a GPU).
+  virtual double step(const StepBatch& batch, int32_t* sampled, float* logits) = 0;
+  // Copies page src[k] of src_tier to page dst[k] of dst_tier for k in
+  // [0, n), in order. Every index has been validated.
+  virtual void copy_pages(eng_tier src_tier, const int32_t* src, eng_tier dst_tier,
+                          const int32_t* dst, int32_t n) = 0;
+};
+
+// The float32 CPU reference backend (model_cpu.cpp).
+std::unique_ptr<Backend> make_cpu_backend(const EngineParams& params);
+
+#ifdef ENGINE_HAVE_CUDA
+// The CUDA backend, defined in cuda/ when the library is built with ENGINE_CUDA.
+std::unique_ptr<Backend> make_cuda_backend(const EngineParams& params);
+#endif
+
+}  // namespace lockstep
+
+#endif  // LOCKSTEP_NATIVE_BACKEND_H

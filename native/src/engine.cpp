@@ -1,0 +1,370 @@
+// engine.cpp: the C entry points of engine.h.
+//
+// Every entry point validates its arguments completely before any backend
+// work (so a rejected call changes nothing), runs inside a try/catch (no
+// exception crosses the C ABI) and records the message of a failure: on the
+// handle for calls that have one, in a thread-local string otherwise.
+#include <cinttypes>
+#include <cstdarg>
+#include <cstdio>
+#include <memory>
+#include <new>
+#include <string>
+#include <vector>
+
+#include "backend.h"
+#include "engine.h"
+#include "page_slab.h"
+#include "presets.h"
+#include "status.h"
+#include "weights.h"
+
+using lockstep::EngineError;
+using lockstep::invalid_argument;
+
+// The handle behind eng_engine_t.
+struct eng_engine {
+  lockstep::EngineParams params;
+  eng_backend backend_kind = ENG_BACKEND_CPU;
+  bool validate_only = false;
+  std::unique_ptr<lockstep::Backend> backend;  // null when validate_only
+  std::string last_error;
+  // Reused per step: the validated batch and the page → writer map of the
+  // write-conflict check ([num_pages], -1 = unwritten; reset after each check).
+  lockstep::StepBatch batch;
+  std::vector<int32_t> page_writer;
+  std::vector<int32_t> touched_pages;
+};
+
+namespace {
+
+// Host memory the CPU backend may use for weights and pages. Shapes beyond it
+// (llama-8b, llama-70b) are for validate_only or the CUDA backend.
+constexpr double kCpuMemoryLimitBytes = 8.0 * 1024 * 1024 * 1024;
+
+thread_local std::string g_last_error;
+
+// printf into a std::string.
+std::string fmt(const char* f, ...) __attribute__((format(printf, 1, 2)));
+std::string fmt(const char* f, ...) {
+  char buf[512];
+  va_list ap;
+  va_start(ap, f);
+  std::vsnprintf(buf, sizeof buf, f, ap);
+  va_end(ap);
+  return buf;
+}
+
+// Runs body, converting any exception into a status and a message stored in
+// *err. Storing the message cannot throw out of here.
+template <class Body>
+eng_status guarded(std::string* err, Body&& body) {
+  eng_status status = ENG_INTERNAL;
+  const char* msg = "internal error: unknown exception";
+  std::string what;
+  try {
+    body();
+    return ENG_OK;
+  } catch (const EngineError& e) {
+    status = e.status();
+    msg = e.what();
+    try { what = msg; } catch (...) {}
+  } catch (const std::bad_alloc&) {
+    status = ENG_OUT_OF_MEMORY;
+    msg = "out of host memory";
+  } catch (const std::exception& e) {
+    status = ENG_INTERNAL;
+    try { what = std::string("internal error: ") + e.what(); } catch (...) {}
+  } catch (...) {
+  }
+  try {
+    *err = what.empty() ? std::string(msg) : what;
+  } catch (...) {
+    err->clear();
+  }
+  return status;
+}
+
+// Resolves the shape of cfg (preset or explicit) and validates it.
+eng_model_shape resolve_shape(const eng_engine_config& cfg, std::string* label) {
+  eng_model_shape shape = cfg.shape;
+  if (cfg.preset != nullptr && cfg.preset[0] != '\0') {
+    if (!lockstep::find_preset(cfg.preset, &shape))
+      invalid_argument(fmt("unknown model preset \"%.100s\" (allowed: %s)", cfg.preset,
+                           lockstep::preset_names().c_str()));
+    *label = std::string("preset ") + cfg.preset;
+  } else {
+    *label = "custom shape";
+  }
+  lockstep::validate_shape(shape);
+  return shape;
+}
+
+bool backend_built(eng_backend b) { return (eng_supported_backends() >> b) & 1u; }
+
+// Builds eng->batch from desc, validating every field; throws EngineError
+// (ENG_INVALID_ARGUMENT) naming the field and the sequence on bad input.
+void build_batch(eng_engine* eng, const eng_step_desc* d, const eng_step_result* res) {
+  if (d == nullptr) invalid_argument("desc is NULL");
+  if (res == nullptr) invalid_argument("res is NULL");
+  const int32_t n = d->num_seqs;
+  if (n < 0) invalid_argument(fmt("desc.num_seqs must be >= 0, got %d", n));
+  lockstep::StepBatch& b = eng->batch;
+  b.seqs.clear();
+  b.num_rows = 0;
+  b.num_sampled = 0;
+  if (n == 0) return;
+
+  const char* null_field = d->num_tokens == nullptr  ? "desc.num_tokens"
+                           : d->start_pos == nullptr ? "desc.start_pos"
+                           : d->num_blocks == nullptr ? "desc.num_blocks"
+                           : d->sample == nullptr     ? "desc.sample"
+                           : res->sampled == nullptr  ? "res.sampled"
+                                                      : nullptr;
+  if (null_field != nullptr) invalid_argument(fmt("%s is NULL (num_seqs = %d)", null_field, n));
+
+  const int32_t P = eng->params.tokens_per_page;
+  const int32_t V = eng->params.shape.vocab_size;
+  const int32_t num_pages = eng->params.num_pages;
+  int64_t total_tokens = 0, total_blocks = 0;
+  for (int32_t i = 0; i < n; ++i) {
+    const int32_t nt = d->num_tokens[i], sp = d->start_pos[i], nb = d->num_blocks[i];
+    if (nt < 1) invalid_argument(fmt("num_tokens[%d] must be >= 1, got %d", i, nt));
+    if (sp < 0) invalid_argument(fmt("start_pos[%d] must be >= 0, got %d", i, sp));
+    if (nb < 0) invalid_argument(fmt("num_blocks[%d] must be >= 0, got %d", i, nb));
+    const int64_t end = int64_t{sp} + nt;
+    if (end > INT32_MAX)
+      invalid_argument(fmt("start_pos[%d] + num_tokens[%d] = %" PRId64 " exceeds the int32 position range",
+                           i, i, end));
+    const int64_t need = (end + P - 1) / P;
+    if (nb < need)
+      invalid_argument(fmt("num_blocks[%d] = %d is too short: sequence %d covers positions [0, %" PRId64
+                           ") which need %" PRId64 " pages of %d tokens",
+                           i, nb, i, end, need, P));
+    total_tokens += nt;
+    total_blocks += nb;
+  }
+  if (d->tokens == nullptr) invalid_argument(fmt("desc.tokens is NULL (%" PRId64 " tokens)", total_tokens));
+  if (d->block_table == nullptr && total_blocks > 0)
+    invalid_argument(fmt("desc.block_table is NULL (%" PRId64 " blocks)", total_blocks));
+
+  // Token ids and page indices, with the sequence they belong to.
+  int64_t tok = 0, blk = 0;
+  for (int32_t i = 0; i < n; ++i) {
+    for (int32_t t = 0; t < d->num_tokens[i]; ++t, ++tok) {
+      const int32_t id = d->tokens[tok];
+      if (id < 0 || id >= V)
+        invalid_argument(fmt("tokens[%" PRId64 "] (sequence %d, token %d) = %d is out of range [0, %d)",
+                             tok, i, t, id, V));
+    }
+    for (int32_t k = 0; k < d->num_blocks[i]; ++k, ++blk) {
+      const int32_t page = d->block_table[blk];
+      if (page < 0 || page >= num_pages)
+        invalid_argument(fmt("block_table[%" PRId64 "] (sequence %d, block %d) = %d is out of range [0, %d)",
+                             blk, i, k, page, num_pages));
+    }
+  }
+
+  // Write conflicts: a page written by two sequences of one step would make
+  // their results depend on each other (and on the order of the writes).
+  // Sequences may share pages they only read (a common prefix).
+  std::vector<int32_t>& writer = eng->page_writer;
+  std::vector<int32_t>& touched = eng->touched_pages;
+  if (writer.size() != static_cast<size_t>(num_pages)) writer.assign(num_pages, -1);
+  touched.clear();
+  std::string conflict;
+  blk = 0;
+  for (int32_t i = 0; i < n && conflict.empty(); ++i) {
+    const int32_t sp = d->start_pos[i];
+    const int32_t first = sp / P, last = static_cast<int32_t>((int64_t{sp} + d->num_tokens[i] - 1) / P);
+    for (int32_t k = first; k <= last; ++k) {
+      const int32_t page = d->block_table[blk + k];
+      if (writer[page] == -1) {
+        writer[page] = i;
+        touched.push_back(page);
+      } else if (writer[page] != i) {
+        conflict = fmt("block_table[%" PRId64 "] (sequence %d, block %d) = page %d is also written by sequence %d in this step; "
+                       "sequences of one step may share pages only for reading",
+                       blk + k, i, k, page, writer[page]);
+        break;
+      }
+    }
+    blk += d->num_blocks[i];
+  }
+  for (int32_t page : touched) writer[page] = -1;
+  if (!conflict.empty()) invalid_argument(conflict);
+
+  b.seqs.reserve(static_cast<size_t>(n));
+  tok = 0;
+  blk = 0;
+  for (int32_t i = 0; i < n; ++i) {
+    const bool sample = d->sample[i] != 0;
+    b.seqs.push_back({d->tokens + tok, d->num_tokens[i], d->start_pos[i], d->block_table + blk,
+                      d->num_blocks[i], sample});
+    tok += d->num_tokens[i];
+    blk += d->num_blocks[i];
+    if (sample) ++b.num_sampled;
+  }
+  b.num_rows = total_tokens;
+}
+
+// Validates the indices of a page copy; throws before anything is copied.
+void validate_copy(const eng_engine* eng, eng_tier src_tier, const int32_t* src, eng_tier dst_tier,
+                   const int32_t* dst, int32_t n) {
+  if (n < 0) invalid_argument(fmt("n must be >= 0, got %d", n));
+  auto tier_pages = [&](eng_tier t, const char* field) -> int32_t {
+    if (t == ENG_TIER_DEVICE) return eng->params.num_pages;
+    if (t == ENG_TIER_HOST) return eng->params.num_host_pages;
+    invalid_argument(fmt("%s = %d is not a tier (0 = device, 1 = host)", field, static_cast<int>(t)));
+  };
+  const int32_t src_pages = tier_pages(src_tier, "src_tier");
+  const int32_t dst_pages = tier_pages(dst_tier, "dst_tier");
+  if (n == 0) return;
+  if (src == nullptr) invalid_argument(fmt("src is NULL (n = %d)", n));
+  if (dst == nullptr) invalid_argument(fmt("dst is NULL (n = %d)", n));
+  const char* tier_name[] = {"device", "host"};
+  for (int32_t k = 0; k < n; ++k) {
+    if (src[k] < 0 || src[k] >= src_pages)
+      invalid_argument(fmt("src[%d] = %d is out of range [0, %d) of the %s tier", k, src[k], src_pages,
+                           tier_name[src_tier]));
+    if (dst[k] < 0 || dst[k] >= dst_pages)
+      invalid_argument(fmt("dst[%d] = %d is out of range [0, %d) of the %s tier", k, dst[k], dst_pages,
+                           tier_name[dst_tier]));
+  }
+}
+
+// A handle is required; without one the message goes to eng_last_error().
+bool check_handle(eng_engine_t eng) {
+  if (eng != nullptr) return true;
+  g_last_error = "engine handle is NULL";
+  return false;
+}
+
+}  // namespace
+
+extern "C" {
+
+const char* eng_last_error(void) { return g_last_error.c_str(); }
+
+uint32_t eng_supported_backends(void) {
+  uint32_t bits = 1u << ENG_BACKEND_CPU;
+#ifdef ENGINE_HAVE_CUDA
+  bits |= 1u << ENG_BACKEND_CUDA;
+#endif
+  return bits;
+}
+
+eng_status eng_preset_shape(const char* name, eng_model_shape* out) {
+  return guarded(&g_last_error, [&] {
+    if (name == nullptr) invalid_argument("preset name is NULL");
+    if (out == nullptr) invalid_argument("out is NULL");
+    if (!lockstep::find_preset(name, out))
+      invalid_argument(fmt("unknown model preset \"%.100s\" (allowed: %s)", name,
+                           lockstep::preset_names().c_str()));
+  });
+}
+
+eng_status eng_engine_init(const eng_engine_config* cfg, eng_engine_t* out) {
+  return guarded(&g_last_error, [&] {
+    if (out == nullptr) invalid_argument("out is NULL");
+    *out = nullptr;
+    if (cfg == nullptr) invalid_argument("cfg is NULL");
+    if (cfg->abi_version != ENG_ABI_VERSION)
+      invalid_argument(fmt("abi_version %u does not match this library's ENG_ABI_VERSION %d; "
+                           "rebuild the caller against native/include/engine.h and the library together",
+                           cfg->abi_version, ENG_ABI_VERSION));
+    if (cfg->backend != ENG_BACKEND_CPU && cfg->backend != ENG_BACKEND_CUDA)
+      invalid_argument(fmt("backend = %d is not an eng_backend (0 = cpu, 1 = cuda)", static_cast<int>(cfg->backend)));
+    std::string label;
+    const eng_model_shape shape = resolve_shape(*cfg, &label);
+    if (cfg->num_pages <= 0) invalid_argument(fmt("num_pages must be positive, got %d", cfg->num_pages));
+    if (cfg->tokens_per_page <= 0)
+      invalid_argument(fmt("tokens_per_page must be positive, got %d", cfg->tokens_per_page));
+    if (cfg->num_host_pages < 0)
+      invalid_argument(fmt("num_host_pages must be >= 0, got %d", cfg->num_host_pages));
+    if (cfg->backend == ENG_BACKEND_CUDA && cfg->device_id < 0)
+      invalid_argument(fmt("device_id must be >= 0, got %d", cfg->device_id));
+    if (!backend_built(cfg->backend))
+      throw EngineError(ENG_UNSUPPORTED,
+                        "the CUDA backend is not available: this engine library was built without CUDA "
+                        "(configure CMake with -DENGINE_CUDA=ON); supported backends: cpu");
+
+    const double kv_width = double(shape.num_kv_heads) * shape.head_dim;
+    const double bytes =
+        4.0 * (lockstep::weight_elements(shape) +
+               (double(cfg->num_pages) + cfg->num_host_pages) *
+                   lockstep::page_elements(cfg->tokens_per_page, shape.num_layers, 1) * kv_width);
+    if (!cfg->validate_only && cfg->backend == ENG_BACKEND_CPU && bytes > kCpuMemoryLimitBytes)
+      throw EngineError(ENG_OUT_OF_MEMORY,
+                        fmt("%s with %d device + %d host pages of %d tokens needs %.1f GiB of host memory for "
+                            "float32 weights and KV pages, over the CPU backend's %.0f GiB limit; use validate_only "
+                            "to check the configuration, or the CUDA backend to run it",
+                            label.c_str(), cfg->num_pages, cfg->num_host_pages, cfg->tokens_per_page,
+                            bytes / (1u << 30), kCpuMemoryLimitBytes / (1u << 30)));
+
+    auto eng = std::make_unique<eng_engine>();
+    eng->params.shape = shape;
+    eng->params.seed = cfg->seed;
+    eng->params.num_pages = cfg->num_pages;
+    eng->params.tokens_per_page = cfg->tokens_per_page;
+    eng->params.num_host_pages = cfg->num_host_pages;
+    eng->params.device_id = cfg->device_id;
+    eng->backend_kind = cfg->backend;
+    eng->validate_only = cfg->validate_only != 0;
+    if (!eng->validate_only) {
+#ifdef ENGINE_HAVE_CUDA
+      if (cfg->backend == ENG_BACKEND_CUDA) eng->backend = lockstep::make_cuda_backend(eng->params);
+#endif
+      if (cfg->backend == ENG_BACKEND_CPU) eng->backend = lockstep::make_cpu_backend(eng->params);
+    }
+    *out = eng.release();
+  });
+}
+
+eng_status eng_engine_free(eng_engine_t eng) {
+  // Freeing NULL is a no-op, as with free(3).
+  std::string ignored;
+  return guarded(&ignored, [&] { delete eng; });
+}
+
+const char* eng_engine_last_error(eng_engine_t eng) {
+  if (eng == nullptr) return "engine handle is NULL";
+  return eng->last_error.c_str();
+}
+
+eng_status eng_engine_shape(eng_engine_t eng, eng_model_shape* out) {
+  if (!check_handle(eng)) return ENG_INVALID_ARGUMENT;
+  return guarded(&eng->last_error, [&] {
+    if (out == nullptr) invalid_argument("out is NULL");
+    *out = eng->params.shape;
+  });
+}
+
+eng_status eng_engine_step(eng_engine_t eng, const eng_step_desc* desc, eng_step_result* res) {
+  if (!check_handle(eng)) return ENG_INVALID_ARGUMENT;
+  return guarded(&eng->last_error, [&] {
+    if (eng->validate_only)
+      throw EngineError(ENG_UNSUPPORTED,
+                        "this engine was created with validate_only: it holds no weights or pages and cannot step");
+    build_batch(eng, desc, res);
+    if (eng->batch.seqs.empty()) {
+      res->device_ms = 0;
+      return;
+    }
+    res->device_ms = eng->backend->step(eng->batch, res->sampled, res->logits);
+  });
+}
+
+eng_status eng_engine_copy_pages(eng_engine_t eng, eng_tier src_tier, const int32_t* src,
+                                 eng_tier dst_tier, const int32_t* dst, int32_t n) {
+  if (!check_handle(eng)) return ENG_INVALID_ARGUMENT;
+  return guarded(&eng->last_error, [&] {
+    if (eng->validate_only)
+      throw EngineError(ENG_UNSUPPORTED,
+                        "this engine was created with validate_only: it holds no pages to copy");
+    validate_copy(eng, src_tier, src, dst_tier, dst, n);
+    if (n > 0) eng->backend->copy_pages(src_tier, src, dst_tier, dst, n);
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,232 @@
+// model_cpu.cpp: forward step of the CPU reference backend (see model_cpu.h
+// for the model and its arithmetic conventions).
+#include "model_cpu.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+
+namespace lockstep {
+namespace {
+
+// y[0..out) = x[0..in) · W with W input-major (W[i * out + o]). Each y[o] is
+// summed in increasing i; the inner loop is element-wise across o, so it
+// vectorises without reordering any sum.
+void matvec(const float* __restrict x, const float* __restrict W, int64_t in, int64_t out,
+            float* __restrict y) {
+  for (int64_t o = 0; o < out; ++o) y[o] = 0.0f;
+  for (int64_t i = 0; i < in; ++i) {
+    const float xi = x[i];
+    const float* __restrict w = W + i * out;
+    for (int64_t o = 0; o < out; ++o) y[o] += xi * w[o];
+  }
+}
+
+// y = RMSNorm(x) * w over n elements (sum of squares in double).
+void rms_norm(const float* x, const float* w, int32_t n, float eps, float* y) {
+  double ss = 0.0;
+  for (int32_t i = 0; i < n; ++i) ss += static_cast<double>(x[i]) * static_cast<double>(x[i]);
+  const float inv = static_cast<float>(1.0 / std::sqrt(ss / n + static_cast<double>(eps)));
+  for (int32_t i = 0; i < n; ++i) y[i] = (x[i] * inv) * w[i];
+}
+
+// Lowest index of the maximum (NaN never wins).
+int32_t argmax(const float* x, int32_t n) {
+  int32_t best = 0;
+  for (int32_t i = 1; i < n; ++i)
+    if (x[i] > x[best]) best = i;
+  return best;
+}
+
+template <class T>
+T* grow(std::vector<T>& v, size_t n) {
+  if (v.size() < n) v.resize(n);
+  return v.data();
+}
+
+}  // namespace
+
+CpuBackend::CpuBackend(const EngineParams& p)
+    : shape_(p.shape),
+      tokens_per_page_(p.tokens_per_page),
+      weights_(generate_weights(p.shape, p.seed)),
+      device_(p.num_pages, p.tokens_per_page, p.shape.num_layers,
+              p.shape.num_kv_heads * p.shape.head_dim),
+      host_(p.num_host_pages, p.tokens_per_page, p.shape.num_layers,
+            p.shape.num_kv_heads * p.shape.head_dim) {
+  const int32_t half = shape_.head_dim / 2;
+  inv_freq_.resize(static_cast<size_t>(half));
+  for (int32_t i = 0; i < half; ++i)
+    inv_freq_[i] = std::pow(static_cast<double>(shape_.rope_theta),
+                            -2.0 * i / static_cast<double>(shape_.head_dim));
+  const size_t hidden = static_cast<size_t>(shape_.hidden_size);
+  const size_t inter = static_cast<size_t>(shape_.intermediate_size);
+  x_.resize(hidden);
+  attn_.resize(hidden);  // heads * head_dim == hidden
+  tmp_.resize(hidden);
+  gate_.resize(inter);
+  up_.resize(inter);
+  logits_.resize(static_cast<size_t>(shape_.vocab_size));
+}
+
+std::unique_ptr<Backend> make_cpu_backend(const EngineParams& params) {
+  return std::make_unique<CpuBackend>(params);
+}
+
+// Fills the row → (sequence, position) maps and each row's RoPE table.
+void CpuBackend::prepare_rows(const StepBatch& batch) {
+  const size_t rows = static_cast<size_t>(batch.num_rows);
+  const int32_t D = shape_.head_dim, half = D / 2;
+  int32_t* row_seq = grow(row_seq_, rows);
+  int32_t* row_pos = grow(row_pos_, rows);
+  float* cs = grow(rope_cs_, rows * D);
+  size_t r = 0;
+  for (size_t i = 0; i < batch.seqs.size(); ++i) {
+    const StepSeq& s = batch.seqs[i];
+    for (int32_t t = 0; t < s.num_tokens; ++t, ++r) {
+      row_seq[r] = static_cast<int32_t>(i);
+      row_pos[r] = s.start_pos + t;
+      float* c = cs + r * D;
+      for (int32_t k = 0; k < half; ++k) {
+        const double angle = static_cast<double>(row_pos[r]) * inv_freq_[k];
+        c[k] = static_cast<float>(std::cos(angle));
+        c[half + k] = static_cast<float>(std::sin(angle));
+      }
+    }
+  }
+}
+
+// Rotate-half RoPE of `heads` heads of x in place (cos_sin: cos[D/2], sin[D/2]).
+void CpuBackend::rope(float* x, int32_t heads, const float* cos_sin) const {
+  const int32_t D = shape_.head_dim, half = D / 2;
+  const float* c = cos_sin;
+  const float* s = cos_sin + half;
+  for (int32_t h = 0; h < heads; ++h) {
+    float* xh = x + static_cast<size_t>(h) * D;
+    for (int32_t i = 0; i < half; ++i) {
+      const float x0 = xh[i], x1 = xh[half + i];
+      xh[i] = x0 * c[i] - x1 * s[i];
+      xh[half + i] = x1 * c[i] + x0 * s[i];
+    }
+  }
+}
+
+// Phase 1 of a layer for every row: norm, QKV, RoPE, K/V into the pages. Runs
+// for the whole batch before any attention, so that a row of a chunk can read
+// the K/V of the earlier rows of its chunk from the pages.
+void CpuBackend::write_kv(int32_t layer, const StepBatch& batch, const float* hidden) {
+  const LayerWeights& w = weights_.layers[static_cast<size_t>(layer)];
+  const int64_t H = shape_.hidden_size, D = shape_.head_dim;
+  const int64_t qd = int64_t{shape_.num_heads} * D, kvd = int64_t{shape_.num_kv_heads} * D;
+  const int32_t P = tokens_per_page_;
+  float* q = grow(q_, static_cast<size_t>(batch.num_rows * qd));
+  for (int64_t r = 0; r < batch.num_rows; ++r) {
+    const StepSeq& s = batch.seqs[static_cast<size_t>(row_seq_[r])];
+    const int32_t pos = row_pos_[r];
+    const int32_t page = s.blocks[pos / P];
+    const size_t slot_off = static_cast<size_t>(pos % P) * kvd;
+    float* k = device_.kv(page, layer, 0) + slot_off;
+    float* v = device_.kv(page, layer, 1) + slot_off;
+    const float* cs = rope_cs_.data() + r * D;
+
+    rms_norm(hidden + r * H, w.attn_norm.data(), shape_.hidden_size, shape_.rms_eps, x_.data());
+    matvec(x_.data(), w.wq.data(), H, qd, q + r * qd);
+    matvec(x_.data(), w.wk.data(), H, kvd, k);
+    matvec(x_.data(), w.wv.data(), H, kvd, v);
+    rope(q + r * qd, shape_.num_heads, cs);
+    rope(k, shape_.num_kv_heads, cs);
+  }
+}
+
+// Phase 2 of a layer for one row: attention, output projection, MLP, both
+// residual adds, in place on h.
+void CpuBackend::attend_mlp(int32_t layer, const StepBatch& batch, int64_t row, float* h) {
+  const LayerWeights& w = weights_.layers[static_cast<size_t>(layer)];
+  const int64_t H = shape_.hidden_size, F = shape_.intermediate_size;
+  const int64_t qd = int64_t{shape_.num_heads} * shape_.head_dim;
+  const StepSeq& s = batch.seqs[static_cast<size_t>(row_seq_[row])];
+
+  paged_attention_row(device_, layer, s.blocks, row_pos_[row], q_.data() + row * qd,
+                      shape_.num_heads, shape_.num_kv_heads, shape_.head_dim, attn_.data(),
+                      attn_scratch_);
+  matvec(attn_.data(), w.wo.data(), qd, H, tmp_.data());
+  for (int64_t i = 0; i < H; ++i) h[i] += tmp_[i];
+
+  rms_norm(h, w.mlp_norm.data(), shape_.hidden_size, shape_.rms_eps, x_.data());
+  matvec(x_.data(), w.w_gate.data(), H, F, gate_.data());
+  matvec(x_.data(), w.w_up.data(), H, F, up_.data());
+  for (int64_t j = 0; j < F; ++j) {
+    const float g = gate_[j];
+    gate_[j] = g / (1.0f + std::exp(-g)) * up_[j];
+  }
+  matvec(gate_.data(), w.w_down.data(), F, H, tmp_.data());
+  for (int64_t i = 0; i < H; ++i) h[i] += tmp_[i];
+}
+
+void CpuBackend::decoder_layer(int32_t layer, const StepBatch& batch, float* hidden) {
+  prepare_rows(batch);
+  write_kv(layer, batch, hidden);
+  for (int64_t r = 0; r < batch.num_rows; ++r)
+    attend_mlp(layer, batch, r, hidden + r * shape_.hidden_size);
+}
+
+double CpuBackend::step(const StepBatch& batch, int32_t* sampled, float* logits) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const int64_t H = shape_.hidden_size, V = shape_.vocab_size;
+  prepare_rows(batch);
+
+  float* hidden = grow(hidden_, static_cast<size_t>(batch.num_rows * H));
+  int64_t r = 0;
+  for (const StepSeq& s : batch.seqs)
+    for (int32_t t = 0; t < s.num_tokens; ++t, ++r)
+      std::memcpy(hidden + r * H, weights_.embedding.data() + s.tokens[t] * H,
+                  sizeof(float) * static_cast<size_t>(H));
+
+  for (int32_t l = 0; l < shape_.num_layers; ++l) {
+    write_kv(l, batch, hidden);
+    const bool last = l == shape_.num_layers - 1;
+    int64_t first_row = 0;
+    for (const StepSeq& s : batch.seqs) {
+      // In the last layer only the sampled rows' outputs are observable.
+      const int64_t begin = last ? (s.sample ? first_row + s.num_tokens - 1 : first_row + s.num_tokens)
+                                 : first_row;
+      for (int64_t row = begin; row < first_row + s.num_tokens; ++row)
+        attend_mlp(l, batch, row, hidden + row * H);
+      first_row += s.num_tokens;
+    }
+  }
+
+  int64_t end_row = 0;
+  float* out_logits = logits;
+  for (size_t i = 0; i < batch.seqs.size(); ++i) {
+    const StepSeq& s = batch.seqs[i];
+    end_row += s.num_tokens;
+    if (!s.sample) {
+      sampled[i] = -1;
+      continue;
+    }
+    float* lg = out_logits ? out_logits : logits_.data();
+    rms_norm(hidden + (end_row - 1) * H, weights_.final_norm.data(), shape_.hidden_size,
+             shape_.rms_eps, x_.data());
+    matvec(x_.data(), weights_.lm_head.data(), H, V, lg);
+    sampled[i] = argmax(lg, shape_.vocab_size);
+    if (out_logits) out_logits += V;
+  }
+
+  const auto t1 = std::chrono::steady_clock::now();
+  return std::chrono::duration<double, std::milli>(t1 - t0).count();
+}
+
+void CpuBackend::copy_pages(eng_tier src_tier, const int32_t* src, eng_tier dst_tier,
+                            const int32_t* dst, int32_t n) {
+  PageSlab& from = src_tier == ENG_TIER_HOST ? host_ : device_;
+  PageSlab& to = dst_tier == ENG_TIER_HOST ? host_ : device_;
+  const size_t floats = device_.page_floats();
+  for (int32_t k = 0; k < n; ++k) {
+    const float* a = from.page(src[k]);
+    float* b = to.page(dst[k]);
+    if (a != b) std::memcpy(b, a, sizeof(float) * floats);
+  }
+}
+
+}  // namespace lockstep

@@ -1,0 +1,93 @@
+// model_cpu.h: the float32 CPU reference backend (the test oracle).
+//
+// Forward step of the synthetic Llama decoder, bit-exact and batch-invariant:
+// every token row is computed by the same code in a fixed operation order
+// that depends only on the row's own inputs (its token, position and the
+// contents of its sequence's pages), never on the batch around it. No BLAS, no
+// threads, no FMA contraction (-ffp-contract=off). Loops that the compiler may
+// vectorise are element-wise across outputs, so vectorisation cannot change
+// any sum's order.
+//
+// Per step:
+//   h = embedding[token]
+//   per layer:
+//     phase 1 (every row of the batch, before any attention):
+//       x = RMSNorm(h) · attn_norm; q = x·Wq; k = x·Wk; v = x·Wv
+//       RoPE(q), RoPE(k) at the row's position; k, v written to the page slot
+//     phase 2 (per row):
+//       a = paged attention of q over positions [0, pos] (attention_partial.h)
+//       h += a·Wo
+//       x = RMSNorm(h) · mlp_norm; h += (silu(x·W_gate) * (x·W_up)) · W_down
+//   for sampled rows (the last new token of a sampled sequence):
+//     logits = (RMSNorm(h) · final_norm) · lm_head; token = argmax (lowest
+//     index on ties)
+// The last layer's phase 2 runs only for sampled rows: no other row's output
+// is observable.
+//
+// Arithmetic conventions (a second backend must match them to agree):
+//   matvec    y[o] = Σ_i x[i] * W[i][o], summed from i = 0 in float32
+//   RMSNorm   ss = Σ x[i]^2 in double; inv = float(1 / sqrt(ss / n + eps));
+//             y[i] = (x[i] * inv) * w[i]
+//   RoPE      rotate-half (GPT-NeoX / Hugging Face Llama): pairs (i, i + D/2)
+//             of each head, angle = pos * theta^(-2i/D) computed in double,
+//             cos and sin rounded to float; (x0, x1) -> (x0 c - x1 s, x1 c + x0 s)
+//   SiLU      g / (1 + expf(-g))
+#ifndef LOCKSTEP_NATIVE_MODEL_CPU_H
+#define LOCKSTEP_NATIVE_MODEL_CPU_H
+
+#include <cstdint>
+#include <vector>
+
+#include "attention_cpu.h"
+#include "backend.h"
+#include "page_slab.h"
+#include "weights.h"
+
+namespace lockstep {
+
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(const EngineParams& params);
+
+  const char* name() const override { return "cpu"; }
+  double step(const StepBatch& batch, int32_t* sampled, float* logits) override;
+  void copy_pages(eng_tier src_tier, const int32_t* src, eng_tier dst_tier, const int32_t* dst,
+                  int32_t n) override;
+
+  // --- Internals exposed to the native tests (not part of the C ABI). ---
+
+  const eng_model_shape& shape() const { return shape_; }
+  const Weights& weights() const { return weights_; }
+  PageSlab& device_pages() { return device_; }
+  PageSlab& host_pages() { return host_; }
+
+  // Runs decoder layer `layer` on every row of batch (rows in batch order,
+  // hidden is [num_rows][hidden_size], updated in place): phase 1 for all
+  // rows, then phase 2 for all rows. The batch must satisfy the StepBatch
+  // contract.
+  void decoder_layer(int32_t layer, const StepBatch& batch, float* hidden);
+
+ private:
+  void prepare_rows(const StepBatch& batch);
+  void write_kv(int32_t layer, const StepBatch& batch, const float* hidden);
+  void attend_mlp(int32_t layer, const StepBatch& batch, int64_t row, float* h);
+  void rope(float* x, int32_t heads, const float* cos_sin) const;
+
+  eng_model_shape shape_;
+  int32_t tokens_per_page_;
+  Weights weights_;
+  PageSlab device_, host_;
+  std::vector<double> inv_freq_;  // [head_dim / 2]: theta^(-2i/D)
+
+  // Per-step scratch, grown on demand and reused (no allocation per token).
+  std::vector<int32_t> row_seq_, row_pos_;  // [rows]
+  std::vector<float> rope_cs_;              // [rows][head_dim]: cos[D/2], sin[D/2]
+  std::vector<float> hidden_;               // [rows][hidden]
+  std::vector<float> q_;                    // [rows][heads * head_dim]
+  std::vector<float> x_, attn_, tmp_, gate_, up_, logits_;
+  AttnScratch attn_scratch_;
+};
+
+}  // namespace lockstep
+
+#endif  // LOCKSTEP_NATIVE_MODEL_CPU_H

@@ -1,0 +1,54 @@
+// page_slab.h: a fixed slab of KV pages addressed only by page index.
+//
+// Go decides which page holds what (DESIGN.md §4); the slab only stores. A
+// page holds tokens_per_page token slots of K and V for every layer, laid out
+//   page[layer][K=0 | V=1][slot][kv_head][head_dim]   (float32)
+// so that one page is one contiguous block (a page copy is one memcpy) and a
+// token's K (or V) for one layer is kv_width = num_kv_heads*head_dim
+// contiguous floats.
+#ifndef LOCKSTEP_NATIVE_PAGE_SLAB_H
+#define LOCKSTEP_NATIVE_PAGE_SLAB_H
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace lockstep {
+
+class PageSlab {
+ public:
+  PageSlab() = default;
+  // Allocates num_pages zeroed pages (num_pages may be 0).
+  PageSlab(int32_t num_pages, int32_t tokens_per_page, int32_t num_layers, int32_t kv_width);
+
+  int32_t num_pages() const { return num_pages_; }
+  int32_t tokens_per_page() const { return tokens_per_page_; }
+  int32_t kv_width() const { return kv_width_; }
+  size_t page_floats() const { return page_floats_; }
+
+  // Whole page p (page_floats() floats). Precondition: 0 <= p < num_pages().
+  float* page(int32_t p) { return data_.data() + static_cast<size_t>(p) * page_floats_; }
+  const float* page(int32_t p) const {
+    return data_.data() + static_cast<size_t>(p) * page_floats_;
+  }
+  // K (kv = 0) or V (kv = 1) of slot 0 of `layer` in page p; slot s is
+  // s * kv_width() floats further.
+  float* kv(int32_t p, int32_t layer, int kv) {
+    return page(p) + (static_cast<size_t>(layer) * 2 + kv) * tokens_per_page_ * kv_width_;
+  }
+  const float* kv(int32_t p, int32_t layer, int kv) const {
+    return page(p) + (static_cast<size_t>(layer) * 2 + kv) * tokens_per_page_ * kv_width_;
+  }
+
+ private:
+  int32_t num_pages_ = 0, tokens_per_page_ = 0, kv_width_ = 0;
+  size_t page_floats_ = 0;
+  std::vector<float> data_;
+};
+
+// Floats in one page of a slab with this geometry (double: for sizing checks).
+double page_elements(int32_t tokens_per_page, int32_t num_layers, int32_t kv_width);
+
+}  // namespace lockstep
+
+#endif  // LOCKSTEP_NATIVE_PAGE_SLAB_H

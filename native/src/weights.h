@@ -1,0 +1,93 @@
+// weights.h: the synthetic model's weights, a deterministic function of
+// (shape, seed).
+//
+// Nothing is downloaded: every element is derived from (seed, tensor id,
+// element index) by a counter-based generator (splitmix64), so any backend can
+// regenerate the same weights (on the host or in a kernel) without a stream
+// state, and the CPU reference and the CUDA backend agree bit for bit on their
+// inputs.
+//
+// Layout. Every projection is stored input-major, W[i * out + o], and applied
+// as y = x · W (y[o] = Σ_i x[i] * W[i][o], summed in increasing i). The
+// element index fed to the generator is the index in this layout.
+//   embedding  [vocab][hidden]           scale 1
+//   attn_norm, mlp_norm, final_norm  [hidden]   1 + u/8
+//   wq [hidden][heads*head_dim], wk/wv [hidden][kv_heads*head_dim],
+//   wo [heads*head_dim][hidden], w_gate/w_up [hidden][intermediate],
+//   w_down [intermediate][hidden], lm_head [hidden][vocab]
+//                                        scale 1/sqrt(fan_in), fan_in = rows
+// with u uniform in [-1, 1) on a 2^-23 grid (exact in float32).
+#ifndef LOCKSTEP_NATIVE_WEIGHTS_H
+#define LOCKSTEP_NATIVE_WEIGHTS_H
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "engine.h"
+
+namespace lockstep {
+
+// Which tensor of the model; part of the generator's key.
+enum class TensorKind : uint32_t {
+  kEmbedding = 0,
+  kFinalNorm = 1,
+  kLMHead = 2,
+  kAttnNorm = 3,
+  kWq = 4,
+  kWk = 5,
+  kWv = 6,
+  kWo = 7,
+  kMLPNorm = 8,
+  kWGate = 9,
+  kWUp = 10,
+  kWDown = 11,
+};
+
+// splitmix64 finaliser (Steele, Lea, Flood 2014): a bijective 64-bit mixer.
+inline uint64_t splitmix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+// Stable id of a tensor: global tensors (layer < 0) are their kind, layer
+// tensors are (layer + 1) * 16 + kind.
+inline uint64_t tensor_id(TensorKind kind, int layer) {
+  const uint64_t k = static_cast<uint64_t>(kind);
+  return layer < 0 ? k : (static_cast<uint64_t>(layer) + 1) * 16 + k;
+}
+
+// Uniform in [-1, 1) with 24 bits of resolution, a pure function of the key.
+inline float uniform_pm1(uint64_t seed, uint64_t tensor, uint64_t index) {
+  const uint64_t h = splitmix64(splitmix64(seed ^ splitmix64(tensor)) + index);
+  return static_cast<float>(h >> 40) * (1.0f / 8388608.0f) - 1.0f;  // 2^-23
+}
+
+// Fills out[0..n) with tensor (kind, layer) whose fan-in is fan_in.
+void generate_tensor(float* out, size_t n, uint64_t seed, TensorKind kind, int layer,
+                     int64_t fan_in);
+
+// One decoder layer's weights (layout above).
+struct LayerWeights {
+  std::vector<float> attn_norm, wq, wk, wv, wo;
+  std::vector<float> mlp_norm, w_gate, w_up, w_down;
+};
+
+// All weights of the model, float32 on the host.
+struct Weights {
+  std::vector<float> embedding, final_norm, lm_head;
+  std::vector<LayerWeights> layers;
+};
+
+// Generates every weight of shape (validated) from seed.
+Weights generate_weights(const eng_model_shape& shape, uint64_t seed);
+
+// Number of float elements generate_weights would allocate (for sizing checks
+// without allocating). Computed in double: shapes may be huge.
+double weight_elements(const eng_model_shape& shape);
+
+}  // namespace lockstep
+
+#endif  // LOCKSTEP_NATIVE_WEIGHTS_H

@@ -1,0 +1,98 @@
+// test_engine.h: helpers to drive an engine through the C ABI in tests.
+#ifndef LOCKSTEP_NATIVE_TESTS_TEST_ENGINE_H
+#define LOCKSTEP_NATIVE_TESTS_TEST_ENGINE_H
+
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "check.h"
+#include "engine.h"
+
+// A config for `preset` with the given pages; everything else default.
+inline eng_engine_config test_config(const char* preset, int32_t num_pages, int32_t tokens_per_page,
+                                     int32_t num_host_pages = 0, uint64_t seed = 7) {
+  eng_engine_config c;
+  std::memset(&c, 0, sizeof c);
+  c.abi_version = ENG_ABI_VERSION;
+  c.backend = ENG_BACKEND_CPU;
+  c.preset = preset;
+  c.seed = seed;
+  c.num_pages = num_pages;
+  c.tokens_per_page = tokens_per_page;
+  c.num_host_pages = num_host_pages;
+  return c;
+}
+
+// Creates an engine or stops the test.
+inline eng_engine_t test_engine(const eng_engine_config& c) {
+  eng_engine_t e = nullptr;
+  const eng_status st = eng_engine_init(&c, &e);
+  if (st != ENG_OK) std::fprintf(stderr, "eng_engine_init: %d: %s\n", st, eng_last_error());
+  REQUIRE(st == ENG_OK && e != nullptr);
+  return e;
+}
+
+// One sequence of a test step.
+struct TestSeq {
+  std::vector<int32_t> tokens;
+  int32_t start_pos = 0;
+  std::vector<int32_t> blocks;
+  bool sample = false;
+};
+
+// What a test step returned.
+struct TestStepOut {
+  eng_status status = ENG_OK;
+  std::vector<int32_t> sampled;
+  std::vector<float> logits;  // [num sampled][vocab]
+};
+
+// Flattens seqs into an eng_step_desc and runs one step with logits.
+inline TestStepOut test_step(eng_engine_t e, const std::vector<TestSeq>& seqs, int32_t vocab) {
+  std::vector<int32_t> nt, sp, nb, toks, blocks;
+  std::vector<uint8_t> sample;
+  int32_t n_sampled = 0;
+  for (const TestSeq& s : seqs) {
+    nt.push_back(static_cast<int32_t>(s.tokens.size()));
+    sp.push_back(s.start_pos);
+    nb.push_back(static_cast<int32_t>(s.blocks.size()));
+    sample.push_back(s.sample ? 1 : 0);
+    toks.insert(toks.end(), s.tokens.begin(), s.tokens.end());
+    blocks.insert(blocks.end(), s.blocks.begin(), s.blocks.end());
+    n_sampled += s.sample ? 1 : 0;
+  }
+  eng_step_desc d;
+  d.num_seqs = static_cast<int32_t>(seqs.size());
+  d.num_tokens = nt.data();
+  d.start_pos = sp.data();
+  d.tokens = toks.data();
+  d.num_blocks = nb.data();
+  d.block_table = blocks.data();
+  d.sample = sample.data();
+  TestStepOut out;
+  out.sampled.assign(seqs.size(), -2);
+  out.logits.assign(static_cast<size_t>(n_sampled) * vocab, 0.0f);
+  eng_step_result r;
+  r.sampled = out.sampled.data();
+  r.logits = out.logits.data();
+  r.device_ms = -1;
+  out.status = eng_engine_step(e, &d, &r);
+  if (out.status != ENG_OK) std::fprintf(stderr, "eng_engine_step: %d: %s\n", out.status, eng_engine_last_error(e));
+  return out;
+}
+
+// Deterministic pseudo-random token ids for prompts.
+inline std::vector<int32_t> test_prompt(uint64_t seed, int32_t len, int32_t vocab) {
+  std::vector<int32_t> t;
+  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (int32_t i = 0; i < len; ++i) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    t.push_back(static_cast<int32_t>(x % static_cast<uint64_t>(vocab)));
+  }
+  return t;
+}
+
+#endif  // LOCKSTEP_NATIVE_TESTS_TEST_ENGINE_H

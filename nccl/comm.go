@@ -1,0 +1,83 @@
+// Package nccl holds the collective layer the ranks meet in every iteration:
+// the Comm interface, the in-process goroutine group used by tests and
+// simulation, and (later) the native MPI/NCCL communicators, rank detection,
+// the bootstrap store and the collective watchdog (DESIGN.md §5).
+package nccl
+
+import (
+	"errors"
+	"fmt"
+)
+
+// ReduceOp is an AllReduce operation.
+type ReduceOp int
+
+// Reduce operations.
+const (
+	ReduceSum ReduceOp = iota
+	ReduceMin
+	ReduceMax
+)
+
+// String names the operation.
+func (o ReduceOp) String() string {
+	switch o {
+	case ReduceSum:
+		return "sum"
+	case ReduceMin:
+		return "min"
+	case ReduceMax:
+		return "max"
+	}
+	return fmt.Sprintf("op(%d)", int(o))
+}
+
+// Kind is a collective's kind.
+type Kind string
+
+// Collective kinds.
+const (
+	KindAllGather Kind = "allgather"
+	KindBroadcast Kind = "broadcast"
+	KindAllReduce Kind = "allreduce"
+)
+
+// Comm is one rank's handle on a group. Every member must enter the same
+// collectives in the same order (executor.md §7); name labels the program
+// point ("rank_state", "batch_size", ...) so that a mismatch can be reported.
+// Implementations are used by one goroutine per rank.
+type Comm interface {
+	// Rank is this member's index in the group; Size the group size.
+	Rank() int
+	Size() int
+	// AllGather returns every member's data, in rank order. Sizes may differ.
+	// The returned slices are owned by the caller.
+	AllGather(name string, data []byte) ([][]byte, error)
+	// Broadcast returns root's data on every member (data is ignored off root).
+	Broadcast(name string, root int, data []byte) ([]byte, error)
+	// AllReduceInt64 reduces vals element-wise over the group. Every member
+	// must pass the same length.
+	AllReduceInt64(name string, op ReduceOp, vals []int64) ([]int64, error)
+	// Close leaves the group; peers blocked on this member fail.
+	Close() error
+}
+
+// TraceEntry is one collective as a rank entered it.
+type TraceEntry struct {
+	Seq  int    // 0-based call number on this rank
+	Kind Kind   // allgather, broadcast, allreduce
+	Name string // program point
+}
+
+// String renders the entry as "kind:name".
+func (e TraceEntry) String() string { return string(e.Kind) + ":" + e.Name }
+
+// Sentinel errors of the collective layer; match with errors.Is.
+var (
+	// ErrMismatch: the members entered different collectives at the same call.
+	ErrMismatch = errors.New("collective mismatch")
+	// ErrTimeout: the watchdog fired before every member arrived.
+	ErrTimeout = errors.New("collective timeout")
+	// ErrClosed: the group (or a peer) was closed.
+	ErrClosed = errors.New("communicator closed")
+)

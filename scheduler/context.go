@@ -1,0 +1,165 @@
+package scheduler
+
+import "fmt"
+
+// This file schedules one context request (spec §7): non-chunked and chunked
+// sizing, unit rounding, the equal-cost cap (§9.3), the policy-specific
+// allocation (§7.1 step 4, §14.2) and context preemption (§12).
+
+// scheduleContext tries to schedule the context request at index idx. On
+// SCHEDULED it returns the tokens to charge to the budget and whether the
+// chunk is the prompt's last; r.ChunkSize is set. A first-chunk admission
+// that does not end SCHEDULED is released (§7).
+func (s *Scheduler) scheduleContext(idx int) (charged int, last bool, oc outcome) {
+	r := s.list[idx]
+	r.ChunkSize = 0
+	first := r.State == ContextInit
+	if s.st.chunked {
+		charged, oc = s.chunked(idx)
+	} else {
+		charged, oc = s.nonChunked(idx)
+	}
+	if oc != scheduled {
+		r.ChunkSize = 0
+		if first && oc != aborted && s.admitted {
+			s.kv.ReleaseContextAdmission(r)
+		}
+		return 0, false, oc
+	}
+	return charged, r.ChunkSize == r.Remaining(), scheduled
+}
+
+// nonChunked sizes and allocates a whole remaining prompt (§7.1). Non-chunked
+// contexts are never cost-capped and never demoted.
+func (s *Scheduler) nonChunked(idx int) (int, outcome) {
+	r := s.list[idx]
+	s.admitted = false
+	pre := r.Remaining()
+	if !s.cfg.PrefixAware && !s.canFit(pre) {
+		return 0, stopped // strict FCFS
+	}
+	s.admitted = true
+	if !s.kv.PrepareContext(r) {
+		return 0, stopped
+	}
+	post := r.Remaining()
+	if s.cfg.PrefixAware && !s.canFit(post) {
+		return 0, stopped
+	}
+	r.ChunkSize = post
+	if oc := s.allocateContext(idx, post); oc != scheduled {
+		return 0, oc
+	}
+	if !s.cfg.PrefixAware {
+		return pre, scheduled // the budget pays for tokens reuse will skip
+	}
+	return post, scheduled
+}
+
+// chunked sizes and allocates one chunk (§7.2).
+func (s *Scheduler) chunked(idx int) (int, outcome) {
+	r := s.list[idx]
+	s.admitted = false
+	pre := r.Remaining()
+	if s.tokensLeft() < s.st.unit {
+		return 0, skipped
+	}
+	s.admitted = true
+	if !s.kv.PrepareContext(r) {
+		return 0, skipped
+	}
+	post := r.Remaining()
+	rt := pre
+	if s.cfg.PrefixAware {
+		rt = post
+	}
+	chunk := min(s.tokensLeft(), rt)
+	if s.st.maxTokens != Unlimited {
+		chunk = min(chunk, s.st.maxTokens)
+	}
+	if s.st.cost.on {
+		chunk = s.costCap(chunk, int64(r.ContextPosition))
+	}
+	if chunk < rt { // not the last chunk: round down to the unit
+		chunk = chunk / s.st.unit * s.st.unit
+	}
+	if chunk <= 0 {
+		return 0, skipped
+	}
+	r.ChunkSize = min(chunk, post)
+	if oc := s.allocateContext(idx, r.ChunkSize); oc != scheduled {
+		return 0, oc
+	}
+	return chunk, scheduled // charged before the clip to post
+}
+
+// costCap applies the equal-cost cap to a chunk of a request at KV depth p
+// (§9.3): what is affordable from the budget left, with the head-of-line
+// floor F until the first chunk of the pass is committed.
+func (s *Scheduler) costCap(chunk int, p int64) int {
+	c := &s.st.cost
+	num := c.budget - s.costUsed - c.r*p
+	var aff int64
+	if num > 0 {
+		aff = num / (c.o + p)
+	}
+	if !s.committed {
+		aff = max(aff, c.floor)
+	}
+	if aff < int64(chunk) {
+		return int(aff)
+	}
+	return chunk
+}
+
+// allocateContext allocates n tokens of KV for the chunk (§7.1 step 4).
+// MAX_UTILIZATION: resize; on failure try context preemption: STOP when a
+// victim was freed (its pages wait for this request next pass), SKIP
+// otherwise. GUARANTEED_NO_EVICT: a first chunk must reserve to completion or
+// STOP; a continuation draws from its reservation and cannot fail.
+func (s *Scheduler) allocateContext(idx, n int) outcome {
+	r := s.list[idx]
+	if s.cfg.Policy == GuaranteedNoEvict {
+		if r.State == ContextInit {
+			if s.kv.PrepareBlocksIfSchedulable(r, n) {
+				return scheduled
+			}
+			return stopped // FCFS: a later, smaller request is not tried
+		}
+		if s.kv.ResizeContext(r, n) {
+			return scheduled
+		}
+		s.fatal = fmt.Errorf("%w for request %d (continuation chunk of %d tokens)", ErrReservationViolated, r.ID, n)
+		return aborted
+	}
+	if s.kv.ResizeContext(r, n) {
+		return scheduled
+	}
+	if s.cfg.RecomputePause && !s.host && s.preemptForPages(idx) {
+		return stopped
+	}
+	return skipped
+}
+
+// preemptForPages frees the newest eligible victim for the context request
+// at requesterIdx (§12) and reports whether it found one. Protected: requests
+// scheduled in this pass and the requester. Under Helix only requests behind
+// the requester qualify (§13), so the head of the list always finishes.
+func (s *Scheduler) preemptForPages(requesterIdx int) bool {
+	for j := len(s.list) - 1; j >= 0; j-- {
+		if s.cfg.Helix && j <= requesterIdx {
+			break
+		}
+		if j == requesterIdx || s.flags[j]&(flagScheduled|flagPreempted|flagVictim) != 0 {
+			continue
+		}
+		c := s.list[j]
+		if !s.recomputeCandidate(c) || !s.kv.IsActive(c.ID) {
+			continue
+		}
+		s.recomputePause(j)
+		s.flags[j] |= flagPreempted
+		return true
+	}
+	return false
+}

@@ -1,0 +1,54 @@
+package scheduler
+
+// ReusePolicy says when prompt blocks become reusable (kvcache.md §7).
+type ReusePolicy int
+
+// Reuse policies.
+const (
+	AllReusable ReusePolicy = iota
+	PerRequest
+	PerConversation
+)
+
+// BlockKey identifies a radix-tree block (kvcache.md §6.1).
+type BlockKey [32]byte
+
+// KVManager is the narrow KV side the scheduler calls (spec §17). The
+// scheduler never touches page lists; kvpool implements it, and a scripted
+// fake drives the scheduler's tests. Every call that can fail either succeeds
+// or leaves everything unchanged.
+type KVManager interface {
+	// PrepareContext creates or resumes r's cache and, for a first chunk,
+	// claims the reusable prefix (may advance r.ContextPosition).
+	PrepareContext(r *Request) bool
+	// ResizeContext makes capacity ≥ r.ContextPosition + n.
+	ResizeContext(r *Request, n int) bool
+	// PrepareBlocksIfSchedulable is the GUARANTEED_NO_EVICT first-chunk
+	// admission: reserve pages to completion, then ResizeContext(r, n).
+	PrepareBlocksIfSchedulable(r *Request, n int) bool
+	// ReleaseContextAdmission undoes a first-chunk admission that did not end
+	// SCHEDULED: closes the cache and rewinds r.ContextPosition to 0.
+	ReleaseContextAdmission(r *Request)
+	// TryAllocateGeneration resumes a suspended cache, then grows capacity by
+	// one token (Helix: g += 1).
+	TryAllocateGeneration(r *Request) bool
+	// RevertAllocateGeneration undoes the last successful generation growth.
+	RevertAllocateGeneration(r *Request)
+	// Suspend suspends r's cache (pages held, possibly moved to the host tier).
+	Suspend(r *Request)
+	// Free closes r's cache and releases its pages and reservations.
+	Free(r *Request)
+	// IsActive reports whether id has an active cache.
+	IsActive(id uint64) bool
+	// HasCache reports whether id has a cache (active or suspended).
+	HasCache(id uint64) bool
+	// HasHostTier reports whether suspension frees device pages.
+	HasHostTier() bool
+	// BlockReuseEnabled reports whether radix reuse is on.
+	BlockReuseEnabled() bool
+	// ReusePolicy is the reuse policy in force.
+	ReusePolicy() ReusePolicy
+	// ProbeFirstNewBlockKey returns the key of the first full block of r's
+	// lookup tokens that is not on the device, if any.
+	ProbeFirstNewBlockKey(r *Request) (BlockKey, bool)
+}

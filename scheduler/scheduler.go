@@ -1,0 +1,359 @@
+package scheduler
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+)
+
+// Fatal errors of Schedule. They are wrapped with the request or the pass
+// details; match them with errors.Is.
+var (
+	// ErrStalled: the stall detector reached 1 000 consecutive stalled passes (§15).
+	ErrStalled = errors.New("scheduler stalled for 1000 consecutive passes")
+	// ErrReservationViolated: under GUARANTEED_NO_EVICT a continuation chunk
+	// or a generation step failed to draw from its reservation (§14.2).
+	ErrReservationViolated = errors.New("GUARANTEED_NO_EVICT reservation violated")
+	// ErrHelixNoRecompute: a Helix allocation failed while recompute pause is
+	// disabled (§13).
+	ErrHelixNoRecompute = errors.New("KV allocation failed under Helix and recompute pause is disabled")
+)
+
+// outcome is the result of trying to schedule one request (spec §5).
+type outcome uint8
+
+const (
+	skipped   outcome = iota // not scheduled; the walk continues
+	scheduled                // in the batch; budgets committed by the caller
+	stopped                  // not scheduled; the current phase ends
+	aborted                  // a fatal error was recorded in s.fatal; the pass ends
+)
+
+// Per-index flags of the current pass, one byte per active-list index.
+const (
+	flagVictim     uint8 = 1 << iota // recompute-paused by the generation ladder (§11.2 "victim")
+	flagPreempted                    // freed by context preemption (§12 "preempted")
+	flagScheduled                    // in Context or Generation this pass (protected, §12)
+	flagPaused                       // in Paused this pass
+	flagDemoted                      // classified DEMOTED (§10.2)
+	flagLetThrough                   // classified LET_THROUGH (§10.2)
+)
+
+// Scheduler is one rank's scheduler. It keeps only what must survive between
+// passes (the stall counter, the demotion counters, the published cost model)
+// plus scratch buffers reused by every pass, so a pass allocates nothing in
+// steady state. Not safe for concurrent use; one executor goroutine owns it.
+type Scheduler struct {
+	cfg Config
+	st  settings
+	kv  KVManager
+
+	out Output // returned by Schedule, reused
+
+	// Pass state (§4). Valid during Schedule only.
+	list       []*Request
+	end        int  // ordinary frontier of phase 1
+	frontier   int  // recompute frontier
+	host       bool // suspension frees device pages (never under Helix)
+	tokensUsed int
+	reqsUsed   int
+	costUsed   int64
+	committed  bool  // a context chunk has been committed (equal-cost floor)
+	admitted   bool  // the current context request reached PrepareContext
+	genVisited bool  // phase 1 visited a generation request in the window
+	fatal      error // first fatal error of the pass
+
+	flags     []uint8  // per list index, see flag*
+	pending   []int32  // context requests of phase 2, in list order
+	order     []int32  // phase-2 visiting order (demotion)
+	exec      []uint64 // executing ids, sorted
+	lastChunk []bool   // per Context entry: a last chunk (§16)
+	pausedIdx []int32  // list index of each Paused entry
+	sortReq   []*Request
+	sortInt   []int
+
+	prefix prefixSkip
+	demote demotionCounters
+	stall  int
+}
+
+// New validates cfg and returns a scheduler driving kv. Errors wrap
+// ErrConfig and name the offending setting.
+func New(cfg Config, kv KVManager) (*Scheduler, error) {
+	if kv == nil {
+		return nil, fmt.Errorf("%w: nil KV manager", ErrConfig)
+	}
+	st, err := validate(&cfg)
+	if err != nil {
+		return nil, err
+	}
+	s := &Scheduler{cfg: cfg, st: st, kv: kv}
+	s.prefix.keys = make(map[BlockKey]struct{})
+	s.demote.counts = make(map[uint64]demoteEntry)
+	return s, nil
+}
+
+// MaxNumRequests is the effective request budget per pass (max_num_requests).
+func (s *Scheduler) MaxNumRequests() int { return s.st.maxRequests }
+
+// MaxNumTokens is the token budget M per pass, or Unlimited.
+func (s *Scheduler) MaxNumTokens() int { return s.st.maxTokens }
+
+// ChunkUnitSize is the effective chunk unit u.
+func (s *Scheduler) ChunkUnitSize() int { return s.st.unit }
+
+// CostBudget returns B and true when equal-cost chunking is on.
+func (s *Scheduler) CostBudget() (int64, bool) { return s.st.cost.budget, s.st.cost.on }
+
+// DemotionOn reports whether long-prefill demotion is on (U > 0 and chunking);
+// the conversation-aware router publishes estimates only then.
+func (s *Scheduler) DemotionOn() bool { return s.st.demotion }
+
+// StallCount is the stall counter after the last pass.
+func (s *Scheduler) StallCount() int { return s.stall }
+
+// DemotionCount returns the aging counter of id and whether an entry exists
+// (for tests and the iteration log).
+func (s *Scheduler) DemotionCount(id uint64) (int64, bool) {
+	e, ok := s.demote.counts[id]
+	return e.count, ok
+}
+
+// DemotionEntries is the number of live demotion counters.
+func (s *Scheduler) DemotionEntries() int { return len(s.demote.counts) }
+
+// PublishCost installs O and D published by the online calibrator (CostAuto
+// only, spec §9.7); R stays the configured value. It must be called at the
+// same iteration on every rank with the same values. An O or D of 0 turns the
+// cap off again.
+func (s *Scheduler) PublishCost(o, d int64) error {
+	if s.cfg.CostMode != CostAuto {
+		return fmt.Errorf("%w: PublishCost needs ctx_cost.mode auto (have %s)", ErrConfig, s.cfg.CostMode)
+	}
+	if o < 0 || d < 0 {
+		return fmt.Errorf("%w: published cost O=%d D=%d must be ≥ 0", ErrConfig, o, d)
+	}
+	c, err := newCostParams(o, d, s.cfg.EqualCost.PerChunkDepthTokens, &s.cfg, s.st.unit)
+	if err != nil {
+		return err
+	}
+	s.st.cost = c
+	return nil
+}
+
+// Schedule runs one scheduling pass (spec §4) over the rank's active list in
+// FCFS order. executing holds the ids of the batch still on the device
+// (overlap loop; nil otherwise); those requests are scheduled normally but are
+// never victims. It allocates KV through the manager while planning.
+//
+// The returned Output is owned by s and valid until the next call. The error
+// is non-nil only for the spec's fatal errors (ErrStalled,
+// ErrReservationViolated, ErrHelixNoRecompute); the output is then nil.
+func (s *Scheduler) Schedule(active []*Request, executing []uint64) (*Output, error) {
+	s.begin(active, executing)
+	s.phase1()
+	if s.fatal == nil {
+		s.phase2()
+	}
+	if s.fatal != nil {
+		err := s.fatal
+		s.end2()
+		return nil, err
+	}
+	s.demote.update(s)
+	if err := s.detectStall(); err != nil {
+		s.end2()
+		return nil, err
+	}
+	s.sortContexts()
+	s.out.NumFitting = len(s.out.Context) + len(s.out.Generation)
+	s.out.StallCount = s.stall
+	s.out.CostUsed = s.costUsed
+	if s.st.cost.on {
+		s.out.CostBudget = s.st.cost.budget
+	}
+	s.end2()
+	return &s.out, nil
+}
+
+// begin resets the pass state and the output record (phase 0, §4.1).
+func (s *Scheduler) begin(active []*Request, executing []uint64) {
+	s.list = active
+	s.end, s.frontier = len(active), len(active)
+	s.host = !s.cfg.Helix && s.kv.HasHostTier()
+	s.tokensUsed, s.reqsUsed, s.costUsed = 0, 0, 0
+	s.committed, s.genVisited, s.fatal = false, false, nil
+
+	if cap(s.flags) < len(active) {
+		s.flags = make([]uint8, len(active), len(active)+len(active)/4)
+	}
+	s.flags = s.flags[:len(active)]
+	clear(s.flags)
+	s.pending = s.pending[:0]
+	s.order = s.order[:0]
+	s.lastChunk = s.lastChunk[:0]
+	s.pausedIdx = s.pausedIdx[:0]
+
+	// Executing ids are looked up only when a victim is considered, by binary search.
+	s.exec = append(s.exec[:0], executing...)
+	if !slices.IsSorted(s.exec) {
+		slices.Sort(s.exec)
+	}
+
+	o := &s.out
+	o.Context, o.Generation = o.Context[:0], o.Generation[:0]
+	o.Paused, o.RecomputePaused, o.SatOut = o.Paused[:0], o.RecomputePaused[:0], o.SatOut[:0]
+	o.Deferred, o.Demoted, o.Charged, o.Notes = o.Deferred[:0], o.Demoted[:0], o.Charged[:0], o.Notes[:0]
+	o.NumFitting, o.StallCount, o.CostUsed, o.CostBudget = 0, 0, 0, 0
+}
+
+// end2 drops the references of the pass so that finished requests can be collected.
+func (s *Scheduler) end2() { s.list = nil }
+
+// --- budgets (§6) ---
+
+// canFit reports whether n more tokens fit the token budget.
+func (s *Scheduler) canFit(n int) bool {
+	return s.st.maxTokens == Unlimited || s.tokensUsed+n <= s.st.maxTokens
+}
+
+// tokensLeft is M − used, or MaxInt when M is unlimited.
+func (s *Scheduler) tokensLeft() int {
+	if s.st.maxTokens == Unlimited {
+		return math.MaxInt
+	}
+	return s.st.maxTokens - s.tokensUsed
+}
+
+// requestsFull reports whether the request budget is used up.
+func (s *Scheduler) requestsFull() bool { return s.reqsUsed >= s.st.maxRequests }
+
+// isExecuting reports whether id belongs to the batch still executing.
+func (s *Scheduler) isExecuting(id uint64) bool {
+	_, ok := slices.BinarySearch(s.exec, id)
+	return ok
+}
+
+// --- phase 1: the generation walk (§4.2) ---
+
+// phase1 walks the list with the ordinary frontier end (which the suspend
+// rung shrinks) and collects context requests into pending.
+func (s *Scheduler) phase1() {
+	for i := 0; i < s.end; i++ {
+		if s.flags[i]&flagVictim != 0 {
+			continue
+		}
+		if s.requestsFull() {
+			break
+		}
+		r := s.list[i]
+		if !r.State.InWindow() {
+			continue
+		}
+		if r.State.IsContext() {
+			s.pending = append(s.pending, int32(i))
+			continue
+		}
+		s.genVisited = true
+		switch s.scheduleGeneration(i) {
+		case scheduled:
+			s.out.Generation = append(s.out.Generation, r)
+			s.flags[i] |= flagScheduled
+			s.tokensUsed++
+			s.reqsUsed++
+		case stopped, aborted:
+			return
+		}
+	}
+}
+
+// --- phase 2: pending contexts (§4.3) ---
+
+// phase2 visits the pending contexts in demotion order.
+func (s *Scheduler) phase2() {
+	order := s.demote.classify(s)
+	s.prefix.begin(s)
+	for _, idx := range order {
+		if s.requestsFull() {
+			break
+		}
+		if s.st.chunked && s.tokensLeft() < s.st.unit {
+			continue // cheap SKIP: no chunk unit fits, no KV call
+		}
+		if s.flags[idx]&flagPreempted != 0 {
+			continue
+		}
+		r := s.list[idx]
+		key, hasKey := s.prefix.probe(s, r)
+		if hasKey && s.prefix.registered(key) {
+			s.out.Deferred = append(s.out.Deferred, r.ID)
+			continue
+		}
+		charged, last, oc := s.scheduleContext(int(idx))
+		switch oc {
+		case stopped, aborted:
+			return
+		case skipped:
+			continue
+		}
+		s.commitContext(int(idx), charged, last)
+		s.prefix.register(s, r, key, hasKey)
+	}
+}
+
+// commitContext books a SCHEDULED context chunk: tokens, one request slot and
+// its cost (§9.5).
+func (s *Scheduler) commitContext(idx, charged int, last bool) {
+	r := s.list[idx]
+	s.out.Context = append(s.out.Context, r)
+	s.out.Charged = append(s.out.Charged, charged)
+	s.lastChunk = append(s.lastChunk, last)
+	s.flags[idx] |= flagScheduled
+	s.tokensUsed += charged
+	s.reqsUsed++
+	if s.st.chunked && s.st.cost.on {
+		c := &s.st.cost
+		p := int64(r.ContextPosition)
+		s.costUsed += (c.o+p)*int64(charged) + c.r*p
+		s.committed = true
+	}
+}
+
+// --- after phase 2 ---
+
+// sortContexts applies §16: when any scheduled context is not a last chunk,
+// a stable partition puts non-last chunks first; otherwise scheduling order
+// stays. Charged is permuted alongside.
+func (s *Scheduler) sortContexts() {
+	ctx := s.out.Context
+	anyChunking := false
+	for _, last := range s.lastChunk {
+		if !last {
+			anyChunking = true
+			break
+		}
+	}
+	if !anyChunking {
+		return
+	}
+	s.sortReq = append(s.sortReq[:0], ctx...)
+	s.sortInt = append(s.sortInt[:0], s.out.Charged...)
+	k := 0
+	for pass := 0; pass < 2; pass++ {
+		wantLast := pass == 1
+		for j, r := range s.sortReq {
+			if s.lastChunk[j] == wantLast {
+				ctx[k] = r
+				s.out.Charged[k] = s.sortInt[j]
+				k++
+			}
+		}
+	}
+	clear(s.sortReq) // drop references
+}
+
+// note records a log line for the caller.
+func (s *Scheduler) note(level Level, format string, args ...any) {
+	s.out.Notes = append(s.out.Notes, Note{Level: level, Text: fmt.Sprintf(format, args...)})
+}

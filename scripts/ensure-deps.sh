@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Installs the build tools lockstep needs when they are missing (Debian/Ubuntu,
+# as root or with sudo): a C++17 compiler, CMake and Ninja. Go 1.26 must be on
+# PATH already (https://go.dev/dl); Go modules come from the module proxy.
+set -euo pipefail
+missing=()
+command -v cmake >/dev/null || missing+=(cmake)
+command -v ninja >/dev/null || missing+=(ninja-build)
+command -v g++ >/dev/null || missing+=(g++)
+command -v make >/dev/null || missing+=(make)
+if ((${#missing[@]})); then
+  echo "ensure-deps: installing ${missing[*]}" >&2
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}"
+fi
+command -v go >/dev/null || { echo "ensure-deps: Go 1.26 is required on PATH" >&2; exit 1; }
