@@ -1,0 +1,157 @@
+package fake
+
+import (
+	"github.com/lockstep-ai/lockstep/bridge"
+)
+
+// Cost model of the fake engine: DeviceMS = stepMS + tokenMS·Σ new tokens +
+// contextMS·Σ attended positions (start_pos + new tokens, per sequence).
+// The values are arbitrary but fixed, so schedules that differ in batch
+// shape get different, reproducible times.
+const (
+	stepMS    = 0.05
+	tokenMS   = 0.001
+	contextMS = 0.00001
+)
+
+// FNV-1a 64-bit parameters.
+const (
+	fnvOffset uint64 = 14695981039346656037
+	fnvPrime  uint64 = 1099511628211
+)
+
+// Step validates the whole batch (nothing is written when any sequence is
+// invalid), writes every sequence's new tokens into its pages at their
+// positions, then samples: a sampled sequence gets
+// FNV-1a(seed, tokens read back from its pages at positions [0, last]) mod
+// vocab. res's slices are reused when large enough.
+func (e *Engine) Step(desc *bridge.StepDesc, res *bridge.StepResult) error {
+	if err := e.usable("step"); err != nil {
+		return err
+	}
+	if desc == nil || res == nil {
+		return invalid("step", "desc and res must not be nil")
+	}
+	for i := range desc.Seqs {
+		if err := e.validateSeq(i, &desc.Seqs[i]); err != nil {
+			return err
+		}
+	}
+	tokens, context := 0, 0
+	for i := range desc.Seqs {
+		sq := &desc.Seqs[i]
+		e.write(sq)
+		tokens += len(sq.Tokens)
+		context += sq.StartPos + len(sq.Tokens)
+	}
+	vocab := e.shape.VocabSize
+	res.Sampled = resize(res.Sampled, len(desc.Seqs))
+	res.Logits = res.Logits[:0]
+	for i := range desc.Seqs {
+		sq := &desc.Seqs[i]
+		if !sq.Sample {
+			res.Sampled[i] = -1
+			continue
+		}
+		h := e.contentHash(sq)
+		tok := int32(h % uint64(vocab))
+		res.Sampled[i] = tok
+		if desc.WantLogits {
+			res.Logits = appendLogits(res.Logits, h, tok, vocab)
+		}
+	}
+	res.DeviceMS = stepMS + tokenMS*float64(tokens) + contextMS*float64(context)
+	return nil
+}
+
+// validateSeq checks one sequence as engine.h describes; the message names
+// the field and the sequence.
+func (e *Engine) validateSeq(i int, sq *bridge.SeqStep) error {
+	n, P := len(sq.Tokens), e.cfg.TokensPerPage
+	switch {
+	case n < 1:
+		return invalid("step", "seqs[%d]: num_tokens must be >= 1, got %d", i, n)
+	case sq.StartPos < 0:
+		return invalid("step", "seqs[%d]: start_pos must be >= 0, got %d", i, sq.StartPos)
+	case sq.StartPos > len(sq.BlockTable)*P-n:
+		return invalid("step", "seqs[%d]: num_blocks %d covers %d tokens, positions up to %d need %d blocks",
+			i, len(sq.BlockTable), len(sq.BlockTable)*P, sq.StartPos+n-1, (sq.StartPos+n+P-1)/P)
+	}
+	for k, t := range sq.Tokens {
+		if t < 0 || int(t) >= e.shape.VocabSize {
+			return invalid("step", "seqs[%d]: tokens[%d] = %d outside [0, vocab_size %d)", i, k, t, e.shape.VocabSize)
+		}
+	}
+	for k, p := range sq.BlockTable {
+		if p < 0 || int(p) >= e.cfg.NumPages {
+			return invalid("step", "seqs[%d]: block_table[%d] = %d outside [0, num_pages %d)", i, k, p, e.cfg.NumPages)
+		}
+	}
+	return nil
+}
+
+// slot is the slab index of position pos through a block table.
+func (e *Engine) slot(bt []int32, pos int) int {
+	P := e.cfg.TokensPerPage
+	return int(bt[pos/P])*P + pos%P
+}
+
+// write stores the new tokens at their positions.
+func (e *Engine) write(sq *bridge.SeqStep) {
+	for k, t := range sq.Tokens {
+		e.device[e.slot(sq.BlockTable, sq.StartPos+k)] = t
+	}
+}
+
+// contentHash hashes the seed and the tokens read back from the pages at
+// positions [0, last new position]: the fake's stand-in for attention over
+// the whole prefix.
+func (e *Engine) contentHash(sq *bridge.SeqStep) uint64 {
+	h := fnvOffset
+	h = fnvWord(h, uint32(e.cfg.Seed))
+	h = fnvWord(h, uint32(e.cfg.Seed>>32))
+	last := sq.StartPos + len(sq.Tokens) - 1
+	for pos := 0; pos <= last; pos++ {
+		h = fnvWord(h, uint32(e.device[e.slot(sq.BlockTable, pos)]))
+	}
+	return h
+}
+
+// fnvWord feeds a 32-bit word, little-endian, into FNV-1a.
+func fnvWord(h uint64, w uint32) uint64 {
+	for range 4 {
+		h ^= uint64(w & 0xff)
+		h *= fnvPrime
+		w >>= 8
+	}
+	return h
+}
+
+// appendLogits appends one deterministic row: pseudo-random values in
+// [0, 1) derived from the content hash, and 2 at the sampled token, so that
+// argmax(row) is the sampled token.
+func appendLogits(dst []float32, h uint64, tok int32, vocab int) []float32 {
+	for v := range vocab {
+		x := mix64(h ^ uint64(v)*0x9e3779b97f4a7c15)
+		dst = append(dst, float32(x>>40)/float32(1<<24))
+	}
+	dst[len(dst)-vocab+int(tok)] = 2
+	return dst
+}
+
+// mix64 is the splitmix64 finaliser.
+func mix64(x uint64) uint64 {
+	x ^= x >> 30
+	x *= 0xbf58476d1ce4e5b9
+	x ^= x >> 27
+	x *= 0x94d049bb133111eb
+	return x ^ x>>31
+}
+
+// resize returns s with length n, reusing its array when large enough.
+func resize(s []int32, n int) []int32 {
+	if cap(s) >= n {
+		return s[:n]
+	}
+	return make([]int32, n)
+}

@@ -1,0 +1,158 @@
+package executor
+
+import (
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/lockstep-ai/lockstep/bridge"
+	"github.com/lockstep-ai/lockstep/bridge/fake"
+	"github.com/lockstep-ai/lockstep/kvpool"
+	"github.com/lockstep-ai/lockstep/nccl"
+	"github.com/lockstep-ai/lockstep/scheduler"
+	"github.com/lockstep-ai/lockstep/workload"
+)
+
+// fleet is an in-process group of executors over the fake engine.
+type fleet struct {
+	ranks   int
+	pages   int
+	ppt     int // tokens per page
+	sched   scheduler.Config
+	reqs    []workload.Request
+	comms   []*nccl.LocalComm
+	kvs     []*kvpool.Manager
+	execs   []*Executor
+	results []*Result
+	errs    []error
+	iterLog []*recordingWriter
+	// newEngine overrides the fake engine (fault injection).
+	newEngine func(rank int, cfg bridge.Config) (bridge.Engine, error)
+}
+
+type recordingWriter struct {
+	mu    sync.Mutex
+	lines [][]byte
+}
+
+func (w *recordingWriter) Write(b []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.lines = append(w.lines, append([]byte(nil), b...))
+	return len(b), nil
+}
+
+func defaultSched() scheduler.Config {
+	return scheduler.Config{MaxBatchSize: 16, MaxNumTokens: 64, ChunkedContext: true, ChunkUnitSize: 8,
+		Policy: scheduler.MaxUtilization, RecomputePause: true, PrefixAware: true, LedgerBlockTokens: 8}
+}
+
+// sampleRequests builds n small requests with shared prefixes, all arriving at once.
+func sampleRequests(t testing.TB, n int, scale float64) []workload.Request {
+	reqs, err := workload.Sample(workload.Options{Limit: n, LengthScale: scale, VocabSize: 512, Seed: 7})
+	require.NoError(t, err)
+	return reqs
+}
+
+func (f *fleet) run(t testing.TB) {
+	t.Helper()
+	if f.ppt == 0 {
+		f.ppt = 8
+	}
+	if f.pages == 0 {
+		f.pages = 256
+	}
+	if f.sched.MaxBatchSize == 0 {
+		f.sched = defaultSched()
+	}
+	f.sched.LedgerBlockTokens = f.ppt
+	f.comms = nccl.NewLocalGroup(f.ranks, nccl.LocalOptions{Timeout: 20 * time.Second})
+	source := NewTraceSource(f.reqs, time.Now(), 0)
+	f.execs = make([]*Executor, f.ranks)
+	f.kvs = make([]*kvpool.Manager, f.ranks)
+	f.iterLog = make([]*recordingWriter, f.ranks)
+	for i := 0; i < f.ranks; i++ {
+		cfg := bridge.Config{Preset: "tiny", NumPages: f.pages, TokensPerPage: f.ppt, Seed: 1}
+		var eng bridge.Engine
+		var err error
+		if f.newEngine != nil {
+			eng, err = f.newEngine(i, cfg)
+		} else {
+			eng, err = fake.New(cfg)
+		}
+		require.NoError(t, err)
+		kv, err := kvpool.New(kvpool.Config{NumPages: f.pages, TokensPerPage: f.ppt})
+		require.NoError(t, err)
+		f.kvs[i] = kv
+		sch, err := scheduler.New(f.sched, kv)
+		require.NoError(t, err)
+		f.iterLog[i] = &recordingWriter{}
+		d := Deps{Comm: f.comms[i], Engine: eng, KV: kv, Planner: sch}
+		if i == 0 {
+			d.Source = source
+		}
+		f.execs[i], err = New(Config{Rank: i, Ranks: f.ranks, Scheduler: f.sched, IterLog: f.iterLog[i],
+			MaxIdleSleep: time.Millisecond}, d)
+		require.NoError(t, err)
+	}
+	f.results = make([]*Result, f.ranks)
+	f.errs = make([]error, f.ranks)
+	var wg sync.WaitGroup
+	for i := range f.execs {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			f.results[i], f.errs[i] = f.execs[i].Run()
+			if f.errs[i] != nil {
+				f.comms[i].Close()
+			}
+		}(i)
+	}
+	wg.Wait()
+}
+
+// digest hashes rank 0's responses in request order.
+func (f *fleet) digest(t testing.TB) string {
+	out := make([][]int32, len(f.reqs))
+	seen := make([]bool, len(f.reqs))
+	for _, r := range f.results[0].Responses {
+		require.False(t, seen[r.ID], "request %d answered twice", r.ID)
+		require.Empty(t, r.Error, "request %d rejected", r.ID)
+		seen[r.ID] = true
+		out[r.ID] = r.Output
+	}
+	h := sha256.New()
+	for i, o := range out {
+		require.True(t, seen[i], "request %d never answered", i)
+		require.Len(t, o, f.reqs[i].MaxNewTokens, "request %d output length", i)
+		var b []byte
+		b = binary.LittleEndian.AppendUint64(b, uint64(i))
+		for _, x := range o {
+			b = binary.LittleEndian.AppendUint32(b, uint32(x))
+		}
+		h.Write(b)
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+func (f *fleet) requireNoErrors(t testing.TB) {
+	t.Helper()
+	for i, err := range f.errs {
+		require.NoError(t, err, "rank %d", i)
+	}
+}
+
+// requireEqualTraces checks that every rank entered the same collectives.
+func (f *fleet) requireEqualTraces(t testing.TB) {
+	t.Helper()
+	base := f.comms[0].Trace()
+	require.NotEmpty(t, base)
+	for i := 1; i < f.ranks; i++ {
+		require.Equal(t, base, f.comms[i].Trace(), "collective trace of rank %d differs from rank 0", i)
+	}
+}
