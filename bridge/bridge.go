@@ -39,6 +39,7 @@ type Config struct {
 	NumHostPages  int        // host-tier pages; 0 = no host tier
 	DeviceID      int        // CUDA device (local rank); ignored on CPU
 	ValidateOnly  bool       // validate shape and sizes, allocate nothing, refuse steps
+	Backend       string     // native backend: "cpu" (default when "") or "cuda"
 }
 
 // SeqStep is one sequence of a step: its new tokens at positions

@@ -147,7 +147,9 @@ func (e *Executor) iteration() (bool, error) {
 		}
 		e.res.ForwardIterations++
 		e.res.DeviceMS += deviceMS
-		rec.DeviceMS = &deviceMS
+		if rec != nil {
+			rec.DeviceMS = &deviceMS
+		}
 		if err := e.gatherResponses("responses", e.finished, 0, false); err != nil {
 			return false, err
 		}

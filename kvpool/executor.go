@@ -2,7 +2,7 @@ package kvpool
 
 import (
 	"fmt"
-	"sort"
+	"slices"
 
 	"github.com/lockstep-ai/lockstep/scheduler"
 )
@@ -96,7 +96,7 @@ func (m *Manager) sortedIDs() []uint64 {
 	for id := range m.seqs {
 		ids = append(ids, id)
 	}
-	sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
+	slices.Sort(ids)
 	return ids
 }
 

@@ -343,3 +343,25 @@ func chunks(rs []*Request) []int {
 	}
 	return out
 }
+
+// --- sim.Pool (scheduler/sim drives the fake in the scenario tests) ---
+
+// Materialize gives r an active cache holding its existing KV.
+func (f *fakeKV) Materialize(r *Request) error {
+	capacity := r.ContextPosition
+	if r.Generated > 0 {
+		capacity = r.PromptLen + r.Generated - 1
+	}
+	c := &fakeCache{state: cacheActive}
+	if !f.grow(r.ID, c, capacity) {
+		return fmt.Errorf("pool too small for %d tokens", capacity)
+	}
+	f.caches[r.ID] = c
+	return nil
+}
+
+// AfterContext has nothing to commit in the fake.
+func (f *fakeKV) AfterContext(*Request) error { return nil }
+
+// AfterGeneration has nothing to commit in the fake.
+func (f *fakeKV) AfterGeneration(*Request) error { return nil }

@@ -3,7 +3,6 @@ package main
 import (
 	"errors"
 	"flag"
-	"fmt"
 	"io"
 	"os"
 	"strings"
@@ -26,25 +25,25 @@ import (
 // serveOptions is everything `worker run` needs, after flags, the config file
 // and the environment are merged.
 type serveOptions struct {
-	engine, model                 string
-	seed                          uint64
-	ranks                         int
-	pages, tokensPerPage          int
-	hostPages, maxSeqLen          int
-	maxBatchSize, maxNumTokens    int
-	chunkUnit                     int
-	chunked                       bool
-	policy                        string
-	sched                         scheduler.Config // knobs only settable from the config file
-	trace                         string
-	limit                         int
-	lengthScale, arrivalScale     float64
-	report                        string
-	iterLog, requestsOut          string
-	configPath                    string
-	progress                      string
-	collectiveTimeout             time.Duration
-	logLevel                      string
+	engine, model              string
+	seed                       uint64
+	ranks                      int
+	pages, tokensPerPage       int
+	hostPages, maxSeqLen       int
+	maxBatchSize, maxNumTokens int
+	chunkUnit                  int
+	chunked                    bool
+	policy                     string
+	sched                      scheduler.Config // knobs only settable from the config file
+	trace                      string
+	limit                      int
+	lengthScale, arrivalScale  float64
+	report                     string
+	iterLog, requestsOut       string
+	configPath                 string
+	progress                   string
+	collectiveTimeout          time.Duration
+	logLevel                   string
 }
 
 func defaultServeOptions() serveOptions {

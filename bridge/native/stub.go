@@ -1,0 +1,27 @@
+//go:build !native
+
+package native
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/lockstep-ai/lockstep/bridge"
+)
+
+// errNotBuilt is what every entry point returns in a build without the engine.
+var errNotBuilt = errors.New("built without the native engine: build with `make` (go build -tags native)")
+
+// Open would start a native engine; this build has none, so it always fails.
+func Open(cfg bridge.Config) (bridge.Engine, error) {
+	return nil, fmt.Errorf("native engine (backend %q): %w", cfg.Backend, errNotBuilt)
+}
+
+// SupportedBackends lists the backends of the native library: none in this build.
+func SupportedBackends() []string { return nil }
+
+// PresetShape would ask the native library for a preset's shape; this build
+// has no library, so it always fails.
+func PresetShape(name string) (bridge.ModelShape, error) {
+	return bridge.ModelShape{}, fmt.Errorf("native preset %q: %w", name, errNotBuilt)
+}

@@ -1,0 +1,107 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// runJSON runs `worker run --report json` with args and decodes the report.
+func runJSON(t *testing.T, args ...string) map[string]any {
+	t.Helper()
+	var out, errb bytes.Buffer
+	full := append([]string{"run", "--report", "json", "--progress", "off", "--arrival-scale", "0"}, args...)
+	code := run(full, &out, &errb)
+	require.Equal(t, 0, code, "stderr: %s", errb.String())
+	var rep map[string]any
+	require.NoError(t, json.Unmarshal(out.Bytes(), &rep), out.String())
+	return rep
+}
+
+func field(rep map[string]any, path string) any {
+	var v any = rep
+	for _, k := range strings.Split(path, ".") {
+		v = v.(map[string]any)[k]
+	}
+	return v
+}
+
+func TestRunFakeEngineReportFields(t *testing.T) {
+	rep := runJSON(t, "--engine", "fake", "--ranks", "2", "--length-scale", "0.05")
+	for _, k := range []string{"requests.total", "requests.completed", "requests.rejected", "tokens.prompt",
+		"tokens.generated", "iterations", "ranks", "ttft_ms.p50", "ttft_ms.p90", "ttft_ms.p99", "tpot_ms.p50",
+		"e2e_ms.p99", "lockstep_waste", "preemptions.suspended", "preemptions.recompute", "output_digest"} {
+		require.NotNil(t, field(rep, k), k)
+	}
+	require.EqualValues(t, 64, field(rep, "requests.total"))
+	require.EqualValues(t, 64, field(rep, "requests.completed"))
+	require.Len(t, field(rep, "output_digest"), 64)
+}
+
+func TestRunDigestIndependentOfRanksFake(t *testing.T) {
+	a := runJSON(t, "--engine", "fake", "--ranks", "1", "--length-scale", "0.05")
+	b := runJSON(t, "--engine", "fake", "--ranks", "4", "--length-scale", "0.05")
+	require.Equal(t, a["output_digest"], b["output_digest"])
+}
+
+func TestRunRejectsBadInput(t *testing.T) {
+	dir := t.TempDir()
+	bad := filepath.Join(dir, "bad.jsonl")
+	require.NoError(t, os.WriteFile(bad, []byte("{\"timestamp\": 0, \"input_length\": 10, \"output_length\": 1, \"hash_ids\": [1]}\n{\"timestamp\": 0}\n"), 0o644))
+	cases := []struct {
+		args []string
+		want string
+		code int
+	}{
+		{[]string{"--engine", "gpu"}, `--engine "gpu" is not allowed (allowed: cpu, fake)`, 2},
+		{[]string{"--report", "xml"}, `(allowed: text, json)`, 2},
+		{[]string{"--pages", "0"}, `--pages must be at least 1`, 2},
+		{[]string{"--model", "gpt"}, `unknown model preset "gpt"`, 2},
+		{[]string{"--policy", "fifo"}, `allowed: max_utilization, guaranteed_no_evict`, 2},
+		{[]string{"--engine", "fake", "--trace", bad}, `bad.jsonl:2: field "input_length" is missing`, 1},
+		{[]string{"--engine", "fake", "--trace", filepath.Join(dir, "missing.jsonl")}, `no such file`, 1},
+		{[]string{"--bogus"}, `flag provided but not defined: -bogus`, 2},
+	}
+	for _, c := range cases {
+		var out, errb bytes.Buffer
+		code := run(append([]string{"run", "--progress", "off"}, c.args...), &out, &errb)
+		require.Equal(t, c.code, code, "%v: %s", c.args, errb.String())
+		require.Contains(t, errb.String(), c.want, "%v", c.args)
+	}
+}
+
+func TestConfigFileAndFlagsOverride(t *testing.T) {
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "c.yaml")
+	require.NoError(t, os.WriteFile(cfg, []byte("engine: fake\nranks: 3\nkv:\n  pages: 0\nworkload:\n  limit: 5\n  length_scale: 0.05\n"), 0o644))
+	var out, errb bytes.Buffer
+	code := run([]string{"run", "--config", cfg, "--progress", "off"}, &out, &errb)
+	require.Equal(t, 2, code)
+	require.Contains(t, errb.String(), "--pages must be at least 1")
+	rep := runJSON(t, "--config", cfg, "--pages", "512")
+	require.EqualValues(t, 3, rep["ranks"])
+	require.EqualValues(t, 5, field(rep, "requests.total"))
+
+	require.NoError(t, os.WriteFile(cfg, []byte("engine: fake\nrankz: 3\n"), 0o644))
+	code = run([]string{"run", "--config", cfg, "--progress", "off"}, &out, &errb)
+	require.Equal(t, 2, code)
+	require.Contains(t, errb.String(), "rankz")
+}
+
+func TestSelectLogRanks(t *testing.T) {
+	sel, w := selectLogRanks("", 4)
+	require.Equal(t, []bool{true, false, false, false}, sel)
+	require.Empty(t, w)
+	sel, _ = selectLogRanks("all", 3)
+	require.Equal(t, []bool{true, true, true}, sel)
+	sel, _ = selectLogRanks(" 0, 2", 4)
+	require.Equal(t, []bool{true, false, true, false}, sel)
+	sel, w = selectLogRanks("1,x", 3)
+	require.Equal(t, []bool{false, true, false}, sel)
+	require.Contains(t, w, `"x"`)
+}
