@@ -29,3 +29,6 @@ func (f *fakeKV) FailResize(id uint64, fail bool) {
 // SetCostFloor overrides the equal-cost floor F (the reference's one-unit
 // floor, for comparisons in W8/W13).
 func (s *Scheduler) SetCostFloor(f int64) { s.st.cost.floor = f }
+
+// Pages is the pool size (0 = unlimited).
+func (f *fakeKV) Pages() int { return f.pages }

@@ -13,8 +13,6 @@ import (
 	"io"
 	"os"
 	"strings"
-
-	_ "github.com/ianlancetaylor/cgosymbolizer" // C frames in native crash traces
 )
 
 const usage = `usage: worker <command> [flags]

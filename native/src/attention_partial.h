@@ -25,17 +25,23 @@ namespace lockstep {
 //   q       [head_dim]
 //   k, v    K and V of slot 0 for this head's kv head; slot j is j*stride further
 //   scores  scratch of n floats
-// Writes *m, *l and o[0..head_dim). q·k is summed in increasing d, the
-// softmax terms in increasing slot.
+// Writes *m, *l and o[0..head_dim). q·k is summed in increasing d (from 0.0f),
+// the softmax terms in increasing slot.
 inline void attn_page_partial(const float* q, float scale, const float* k, const float* v,
                               size_t stride, int32_t n, int32_t head_dim, float* scores,
                               float* m, float* l, float* o) {
+  // scores[j] = Σ_d q[d] * k_j[d], each summed in increasing d. The d-outer,
+  // slot-inner order keeps that per-slot order while giving the CPU n
+  // independent accumulation chains instead of one long dependent one.
+  for (int32_t j = 0; j < n; ++j) scores[j] = 0.0f;
+  for (int32_t d = 0; d < head_dim; ++d) {
+    const float qd = q[d];
+    const float* kd = k + d;
+    for (int32_t j = 0; j < n; ++j) scores[j] += qd * kd[static_cast<size_t>(j) * stride];
+  }
   float mx = -INFINITY;
   for (int32_t j = 0; j < n; ++j) {
-    const float* kj = k + static_cast<size_t>(j) * stride;
-    float dot = 0.0f;
-    for (int32_t d = 0; d < head_dim; ++d) dot += q[d] * kj[d];
-    const float s = dot * scale;
+    const float s = scores[j] * scale;
     scores[j] = s;
     if (s > mx) mx = s;
   }

@@ -93,17 +93,41 @@ func New(s *scheduler.Scheduler, pool Pool, specs []Spec) (*Sim, error) {
 		}
 	}
 	sm := &Sim{S: s, Pool: pool, prompts: map[uint64][]int32{}}
-	// Stable insertion sort by Arrive keeps file order within an iteration.
 	for _, sp := range specs {
-		at := len(sm.waiting)
-		for at > 0 && sm.waiting[at-1].Arrive > sp.Arrive {
-			at--
-		}
-		sm.waiting = append(sm.waiting, Spec{})
-		copy(sm.waiting[at+1:], sm.waiting[at:])
-		sm.waiting[at] = sp
+		sm.enqueue(sp)
 	}
 	return sm, nil
+}
+
+// Add queues one more request. An Arrive earlier than the next iteration
+// means "at the next iteration".
+func (sm *Sim) Add(sp Spec) error {
+	if err := sp.validate(); err != nil {
+		return err
+	}
+	if _, dup := sm.prompts[sp.ID]; dup {
+		return fmt.Errorf("request %d: id: duplicate", sp.ID)
+	}
+	for _, w := range sm.waiting {
+		if w.ID == sp.ID {
+			return fmt.Errorf("request %d: id: duplicate", sp.ID)
+		}
+	}
+	sp.Arrive = max(sp.Arrive, sm.iter)
+	sm.enqueue(sp)
+	return nil
+}
+
+// enqueue inserts sp after every waiting request arriving no later (stable:
+// file order within an iteration).
+func (sm *Sim) enqueue(sp Spec) {
+	at := len(sm.waiting)
+	for at > 0 && sm.waiting[at-1].Arrive > sp.Arrive {
+		at--
+	}
+	sm.waiting = append(sm.waiting, Spec{})
+	copy(sm.waiting[at+1:], sm.waiting[at:])
+	sm.waiting[at] = sp
 }
 
 func (sp Spec) validate() error {

@@ -1,0 +1,384 @@
+//go:build native
+
+package native
+
+/*
+#cgo CFLAGS: -I${SRCDIR}/../../native/include
+#cgo LDFLAGS: -L${SRCDIR}/../../build/native -lengine -lstdc++ -lm
+#include <stdlib.h>
+#include "engine.h"
+*/
+import "C"
+
+import (
+	"fmt"
+	"math"
+	"runtime"
+	"sync"
+	"unsafe"
+
+	"github.com/lockstep-ai/lockstep/bridge"
+)
+
+// engine is a native engine handle driven by its own locked goroutine.
+type engine struct {
+	mu     sync.Mutex    // serialises requests; guards closed
+	closed bool          // after Close
+	reqs   chan func()   // requests, run on the engine goroutine
+	done   chan struct{} // one signal per finished request
+
+	shape bridge.ModelShape // resolved at Open; immutable
+
+	// Owned by the engine goroutine.
+	h     C.eng_engine_t
+	bufs  stepBuffers
+	cdesc *C.eng_step_desc   // C memory: a Go local passed to C would escape
+	cres  *C.eng_step_result // to the heap, one allocation per step each
+
+	// Arguments and result of the Step request, passed through fields so that
+	// a step allocates no closure (stepFn is bound once at Open).
+	stepFn   func()
+	stepDesc *bridge.StepDesc
+	stepRes  *bridge.StepResult
+	stepErr  error
+}
+
+// Open starts a native engine of cfg's backend ("cpu" when cfg.Backend is
+// ""). The engine must be closed with Close, which frees its native memory.
+func Open(cfg bridge.Config) (bridge.Engine, error) {
+	backend, err := backendOf(cfg.Backend)
+	if err != nil {
+		return nil, err
+	}
+	e := &engine{reqs: make(chan func()), done: make(chan struct{})}
+	e.stepFn = e.doStep
+	go e.loop()
+	var initErr error
+	e.run(func() { initErr = e.init(cfg, backend) })
+	if initErr != nil {
+		close(e.reqs)
+		e.closed = true
+		return nil, initErr
+	}
+	return e, nil
+}
+
+// SupportedBackends lists the backends the linked native library was built
+// with ("cpu" always, "cuda" with ENGINE_CUDA).
+func SupportedBackends() []string {
+	bits := uint32(C.eng_supported_backends())
+	var names []string
+	if bits&(1<<C.ENG_BACKEND_CPU) != 0 {
+		names = append(names, "cpu")
+	}
+	if bits&(1<<C.ENG_BACKEND_CUDA) != 0 {
+		names = append(names, "cuda")
+	}
+	return names
+}
+
+// PresetShape returns the native library's shape of a named preset. It must
+// equal bridge.Presets[name]; tests check that it does.
+func PresetShape(name string) (bridge.ModelShape, error) {
+	cname := C.CString(name)
+	defer C.free(unsafe.Pointer(cname))
+	var s C.eng_model_shape
+	// eng_last_error is thread-local: read it on the thread that failed.
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	if st := C.eng_preset_shape(cname, &s); st != C.ENG_OK {
+		return bridge.ModelShape{}, bridge.StatusError("preset", bridge.Status(st), C.GoString(C.eng_last_error()))
+	}
+	return shapeFromC(&s), nil
+}
+
+func backendOf(name string) (C.eng_backend, error) {
+	switch name {
+	case "", "cpu":
+		return C.ENG_BACKEND_CPU, nil
+	case "cuda":
+		return C.ENG_BACKEND_CUDA, nil
+	}
+	return 0, bridge.StatusError("init", bridge.StatusInvalidArgument,
+		fmt.Sprintf("unknown backend %q (allowed: cpu, cuda)", name))
+}
+
+// loop runs requests on one OS thread for the engine's lifetime. The thread
+// stays locked when the goroutine exits, so Go destroys it rather than reuse
+// a thread that carries native per-thread state (e.g. a CUDA context).
+func (e *engine) loop() {
+	runtime.LockOSThread()
+	for fn := range e.reqs {
+		fn()
+		e.done <- struct{}{}
+	}
+}
+
+// run executes fn on the engine goroutine and waits for it. Caller holds no
+// lock; run takes e.mu so requests never interleave.
+func (e *engine) run(fn func()) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.reqs <- fn
+	<-e.done
+}
+
+// call is run for an open engine: it fails with bridge.ErrClosed after Close.
+func (e *engine) call(op string, fn func()) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		return fmt.Errorf("engine %s: %w", op, bridge.ErrClosed)
+	}
+	e.reqs <- fn
+	<-e.done
+	return nil
+}
+
+// status converts a native status of a call on the handle into an error.
+// Runs on the engine goroutine.
+func (e *engine) status(op string, st C.eng_status) error {
+	if st == C.ENG_OK {
+		return nil
+	}
+	return bridge.StatusError(op, bridge.Status(st), C.GoString(C.eng_engine_last_error(e.h)))
+}
+
+// init creates the handle. Runs on the engine goroutine.
+func (e *engine) init(cfg bridge.Config, backend C.eng_backend) error {
+	var c C.eng_engine_config
+	c.abi_version = C.ENG_ABI_VERSION
+	c.backend = backend
+	c.seed = C.uint64_t(cfg.Seed)
+	c.validate_only = 0
+	if cfg.ValidateOnly {
+		c.validate_only = 1
+	}
+	ints := []struct {
+		field string
+		v     int
+		dst   *C.int32_t
+	}{
+		{"NumPages", cfg.NumPages, &c.num_pages},
+		{"TokensPerPage", cfg.TokensPerPage, &c.tokens_per_page},
+		{"NumHostPages", cfg.NumHostPages, &c.num_host_pages},
+		{"DeviceID", cfg.DeviceID, &c.device_id},
+	}
+	for _, f := range ints {
+		if err := setInt32(f.dst, "init", "Config."+f.field, f.v); err != nil {
+			return err
+		}
+	}
+	if cfg.Preset == "" {
+		if err := shapeToC(&cfg.Shape, &c.shape); err != nil {
+			return err
+		}
+	} else {
+		c.preset = C.CString(cfg.Preset)
+		defer C.free(unsafe.Pointer(c.preset))
+	}
+	if st := C.eng_engine_init(&c, &e.h); st != C.ENG_OK {
+		return bridge.StatusError("init", bridge.Status(st), C.GoString(C.eng_last_error()))
+	}
+	var s C.eng_model_shape
+	if err := e.status("shape", C.eng_engine_shape(e.h, &s)); err != nil {
+		C.eng_engine_free(e.h)
+		e.h = nil
+		return err
+	}
+	e.shape = shapeFromC(&s)
+	e.cdesc = (*C.eng_step_desc)(C.calloc(1, C.sizeof_eng_step_desc))
+	e.cres = (*C.eng_step_result)(C.calloc(1, C.sizeof_eng_step_result))
+	return nil
+}
+
+// Shape is the resolved model shape.
+func (e *engine) Shape() bridge.ModelShape { return e.shape }
+
+// Step runs one forward step with exactly one cgo call.
+func (e *engine) Step(desc *bridge.StepDesc, res *bridge.StepResult) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		return fmt.Errorf("engine step: %w", bridge.ErrClosed)
+	}
+	e.stepDesc, e.stepRes = desc, res
+	e.reqs <- e.stepFn
+	<-e.done
+	err := e.stepErr
+	e.stepDesc, e.stepRes, e.stepErr = nil, nil, nil
+	return err
+}
+
+// doStep flattens the descriptor into the C buffers, calls eng_engine_step
+// and copies the results out. Runs on the engine goroutine.
+func (e *engine) doStep() {
+	e.stepErr = e.flattenAndStep(e.stepDesc, e.stepRes)
+}
+
+func (e *engine) flattenAndStep(desc *bridge.StepDesc, res *bridge.StepResult) error {
+	if desc == nil || res == nil {
+		return bridge.StatusError("step", bridge.StatusInvalidArgument, "desc and res must not be nil")
+	}
+	n := len(desc.Seqs)
+	var totalTok, totalBlk, sampled int
+	for i := range desc.Seqs {
+		s := &desc.Seqs[i]
+		if s.StartPos < math.MinInt32 || s.StartPos > math.MaxInt32 {
+			return bridge.StatusError("step", bridge.StatusInvalidArgument,
+				fmt.Sprintf("Seqs[%d].StartPos = %d is out of the int32 range", i, s.StartPos))
+		}
+		totalTok += len(s.Tokens)
+		totalBlk += len(s.BlockTable)
+		if s.Sample {
+			sampled++
+		}
+	}
+	if n > math.MaxInt32 || totalTok > math.MaxInt32 || totalBlk > math.MaxInt32 {
+		return bridge.StatusError("step", bridge.StatusInvalidArgument,
+			fmt.Sprintf("step too large: %d sequences, %d tokens, %d blocks (each must fit in int32)", n, totalTok, totalBlk))
+	}
+
+	b := &e.bufs
+	numTokens := b.numTokens.slice(n)
+	startPos := b.startPos.slice(n)
+	numBlocks := b.numBlocks.slice(n)
+	sample := b.sample.slice(n)
+	tokens := b.tokens.slice(totalTok)
+	blocks := b.blocks.slice(totalBlk)
+	out := b.sampled.slice(n)
+	var logits []float32
+	if desc.WantLogits {
+		logits = b.logits.slice(sampled * e.shape.VocabSize)
+	}
+	tok, blk := 0, 0
+	for i := range desc.Seqs {
+		s := &desc.Seqs[i]
+		numTokens[i] = int32(len(s.Tokens))
+		startPos[i] = int32(s.StartPos)
+		numBlocks[i] = int32(len(s.BlockTable))
+		sample[i] = 0
+		if s.Sample {
+			sample[i] = 1
+		}
+		tok += copy(tokens[tok:], s.Tokens)
+		blk += copy(blocks[blk:], s.BlockTable)
+	}
+
+	cdesc, cres := e.cdesc, e.cres
+	*cdesc = C.eng_step_desc{
+		num_seqs:    C.int32_t(n),
+		num_tokens:  b.numTokens.ptr(),
+		start_pos:   b.startPos.ptr(),
+		tokens:      b.tokens.ptr(),
+		num_blocks:  b.numBlocks.ptr(),
+		block_table: b.blocks.ptr(),
+		sample:      (*C.uint8_t)(b.sample.p),
+	}
+	*cres = C.eng_step_result{sampled: (*C.int32_t)(b.sampled.p)}
+	if desc.WantLogits {
+		cres.logits = (*C.float)(b.logits.p)
+	}
+	if err := e.status("step", C.eng_engine_step(e.h, cdesc, cres)); err != nil {
+		return err
+	}
+	res.Sampled = append(res.Sampled[:0], out...)
+	res.Logits = append(res.Logits[:0], logits...)
+	res.DeviceMS = float64(cres.device_ms)
+	return nil
+}
+
+// CopyPages copies page src[k] of srcTier to page dst[k] of dstTier.
+func (e *engine) CopyPages(srcTier bridge.Tier, src []int32, dstTier bridge.Tier, dst []int32) error {
+	if len(src) != len(dst) {
+		return bridge.StatusError("copy_pages", bridge.StatusInvalidArgument,
+			fmt.Sprintf("src has %d pages but dst has %d", len(src), len(dst)))
+	}
+	if len(src) > math.MaxInt32 {
+		return bridge.StatusError("copy_pages", bridge.StatusInvalidArgument,
+			fmt.Sprintf("%d pages do not fit in int32", len(src)))
+	}
+	var err error
+	if cerr := e.call("copy_pages", func() {
+		b := &e.bufs
+		copy(b.copySrc.slice(len(src)), src)
+		copy(b.copyDst.slice(len(dst)), dst)
+		st := C.eng_engine_copy_pages(e.h, C.eng_tier(srcTier), b.copySrc.ptr(), C.eng_tier(dstTier),
+			b.copyDst.ptr(), C.int32_t(len(src)))
+		err = e.status("copy_pages", st)
+	}); cerr != nil {
+		return cerr
+	}
+	return err
+}
+
+// Close frees the native engine and stops its goroutine. Further calls,
+// Close included, fail with bridge.ErrClosed.
+func (e *engine) Close() error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		return fmt.Errorf("engine close: %w", bridge.ErrClosed)
+	}
+	var err error
+	e.reqs <- func() {
+		err = e.status("close", C.eng_engine_free(e.h))
+		e.h = nil
+		e.bufs.free()
+		C.free(unsafe.Pointer(e.cdesc))
+		C.free(unsafe.Pointer(e.cres))
+		e.cdesc, e.cres = nil, nil
+	}
+	<-e.done
+	close(e.reqs)
+	e.closed = true
+	return err
+}
+
+// setInt32 stores v in *dst or reports that the field does not fit.
+func setInt32(dst *C.int32_t, op, field string, v int) error {
+	if v < math.MinInt32 || v > math.MaxInt32 {
+		return bridge.StatusError(op, bridge.StatusInvalidArgument,
+			fmt.Sprintf("%s = %d is out of the int32 range", field, v))
+	}
+	*dst = C.int32_t(v)
+	return nil
+}
+
+func shapeToC(s *bridge.ModelShape, c *C.eng_model_shape) error {
+	ints := []struct {
+		field string
+		v     int
+		dst   *C.int32_t
+	}{
+		{"NumLayers", s.NumLayers, &c.num_layers},
+		{"HiddenSize", s.HiddenSize, &c.hidden_size},
+		{"NumHeads", s.NumHeads, &c.num_heads},
+		{"NumKVHeads", s.NumKVHeads, &c.num_kv_heads},
+		{"HeadDim", s.HeadDim, &c.head_dim},
+		{"IntermediateSize", s.IntermediateSize, &c.intermediate_size},
+		{"VocabSize", s.VocabSize, &c.vocab_size},
+	}
+	for _, f := range ints {
+		if err := setInt32(f.dst, "init", "Shape."+f.field, f.v); err != nil {
+			return err
+		}
+	}
+	c.rope_theta = C.float(s.RopeTheta)
+	c.rms_eps = C.float(s.RMSEps)
+	return nil
+}
+
+func shapeFromC(c *C.eng_model_shape) bridge.ModelShape {
+	return bridge.ModelShape{
+		NumLayers:        int(c.num_layers),
+		HiddenSize:       int(c.hidden_size),
+		NumHeads:         int(c.num_heads),
+		NumKVHeads:       int(c.num_kv_heads),
+		HeadDim:          int(c.head_dim),
+		IntermediateSize: int(c.intermediate_size),
+		VocabSize:        int(c.vocab_size),
+		RopeTheta:        float32(c.rope_theta),
+		RMSEps:           float32(c.rms_eps),
+	}
+}

@@ -1,0 +1,93 @@
+//go:build native
+
+package tests
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// worker builds bin/worker (native engine) once per test binary.
+func worker(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "worker")
+	cmd := exec.Command("go", "build", "-tags", "native", "-o", bin, "../cmd/worker")
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, string(out))
+	return bin
+}
+
+func sharedTrace(t *testing.T, name string) string {
+	_, file, _, _ := runtime.Caller(0)
+	p := filepath.Join(filepath.Dir(file), "..", "..", "shared", "data", "mooncake", name)
+	_, err := os.Stat(p)
+	require.NoError(t, err, "the Mooncake traces are expected in ../shared/data/mooncake beside the repository")
+	return p
+}
+
+type report struct {
+	Requests struct {
+		Total, Completed, Rejected int
+	}
+	Tokens struct {
+		Prompt, Generated int
+	}
+	Ranks         int
+	OutputDigest  string  `json:"output_digest"`
+	LockstepWaste float64 `json:"lockstep_waste"`
+	Iterations    int
+	Preemptions   struct {
+		Suspended, Recompute int
+	}
+}
+
+func serve(t *testing.T, bin string, args ...string) report {
+	t.Helper()
+	var out, errb bytes.Buffer
+	cmd := exec.Command(bin, append([]string{"run", "--report", "json", "--progress", "off", "--arrival-scale", "0"}, args...)...)
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	require.NoError(t, cmd.Run(), errb.String())
+	var rep report
+	require.NoError(t, json.Unmarshal(out.Bytes(), &rep), out.String())
+	return rep
+}
+
+// TestTraceEndToEndCPUEngine serves the first 120 requests of the synthetic
+// Mooncake trace on the CPU engine: every request completes, the digest is
+// reproducible, and it does not depend on the number of ranks.
+func TestTraceEndToEndCPUEngine(t *testing.T) {
+	bin := worker(t)
+	trace := sharedTrace(t, "synthetic_trace.jsonl")
+	args := []string{"--engine", "cpu", "--trace", trace, "--limit", "120", "--length-scale", "0.01"}
+	four := serve(t, bin, append(args, "--ranks", "4")...)
+	require.Equal(t, 120, four.Requests.Total)
+	require.Equal(t, 120, four.Requests.Completed)
+	require.Zero(t, four.Requests.Rejected)
+	require.Len(t, four.OutputDigest, 64)
+	again := serve(t, bin, append(args, "--ranks", "4")...)
+	require.Equal(t, four.OutputDigest, again.OutputDigest, "a second run prints the same digest")
+	one := serve(t, bin, append(args, "--ranks", "1")...)
+	require.Equal(t, four.OutputDigest, one.OutputDigest, "--ranks 1 and --ranks 4 print the same digest")
+	// A pool small enough to force recompute preemption keeps the digest.
+	tight := serve(t, bin, append(args, "--ranks", "2", "--pages", "40", "--tokens-per-page", "16", "--max-num-tokens", "256")...)
+	require.Positive(t, tight.Preemptions.Recompute, "the 640-token pool should force recompute preemption")
+	require.Equal(t, four.OutputDigest, tight.OutputDigest, "recompute preemption must not change outputs")
+}
+
+// TestBuiltInSampleCPUEngine is README command 1 in miniature.
+func TestBuiltInSampleCPUEngine(t *testing.T) {
+	bin := worker(t)
+	rep := serve(t, bin, "--engine", "cpu", "--ranks", "4", "--length-scale", "0.25")
+	require.Equal(t, 64, rep.Requests.Completed)
+	require.Positive(t, rep.Tokens.Generated)
+	fake := serve(t, bin, "--engine", "fake", "--ranks", "4", "--length-scale", "0.25")
+	require.Equal(t, 64, fake.Requests.Completed)
+	require.NotEqual(t, rep.OutputDigest, fake.OutputDigest, "the fake engine is not the model")
+}
