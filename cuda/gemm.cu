@@ -1,0 +1,41 @@
+// gemm.cu: see gemm.h.
+#include "gemm.h"
+
+#include <string>
+
+#include "cuda_check.h"
+
+#define CUBLAS_CHECK(call)                                                                  \
+  do {                                                                                      \
+    const cublasStatus_t lockstep_st_ = (call);                                             \
+    if (lockstep_st_ != CUBLAS_STATUS_SUCCESS)                                              \
+      throw ::lockstep::EngineError(                                                        \
+          lockstep_st_ == CUBLAS_STATUS_ALLOC_FAILED ? ENG_OUT_OF_MEMORY : ENG_DEVICE_ERROR, \
+          std::string("cuBLAS error at " __FILE__ ":") + std::to_string(__LINE__) + ": " +  \
+              #call + ": " + cublasGetStatusName(lockstep_st_));                            \
+  } while (0)
+
+namespace lockstep {
+
+Gemm::Gemm(cudaStream_t stream) {
+  CUBLAS_CHECK(cublasCreate(&handle_));
+  CUBLAS_CHECK(cublasSetStream(handle_, stream));
+  // Tensor-core algorithms are the default for bf16 inputs; keep the math
+  // mode strict so that no reduced-precision accumulation is picked.
+  CUBLAS_CHECK(cublasSetMathMode(handle_, CUBLAS_DEFAULT_MATH));
+}
+
+Gemm::~Gemm() {
+  if (handle_) cublasDestroy(handle_);
+}
+
+void Gemm::bf16_f32(const __nv_bfloat16* X, int64_t rows, int64_t in, const __nv_bfloat16* W,
+                    int64_t out, float* Y, float beta) {
+  if (rows == 0) return;
+  const float alpha = 1.0f;
+  CUBLAS_CHECK(cublasGemmEx(handle_, CUBLAS_OP_N, CUBLAS_OP_N, int(out), int(rows), int(in), &alpha,
+                            W, CUDA_R_16BF, int(out), X, CUDA_R_16BF, int(in), &beta, Y,
+                            CUDA_R_32F, int(out), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+}  // namespace lockstep

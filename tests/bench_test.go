@@ -1,0 +1,95 @@
+//go:build native
+
+package tests
+
+import (
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/lockstep-ai/lockstep/bridge"
+	nativeengine "github.com/lockstep-ai/lockstep/bridge/native"
+	"github.com/lockstep-ai/lockstep/executor"
+	"github.com/lockstep-ai/lockstep/kvpool"
+	"github.com/lockstep-ai/lockstep/nccl"
+	"github.com/lockstep-ai/lockstep/scheduler"
+	"github.com/lockstep-ai/lockstep/workload"
+)
+
+// BenchmarkExecutorIterationCPU serves the built-in sample (scaled to 1/4)
+// on in-process ranks with the native CPU engine and reports the mean wall
+// time of one executor iteration (engine time included) and the engine's
+// share of it.
+func BenchmarkExecutorIterationCPU(b *testing.B) {
+	reqs, err := workload.Sample(workload.Options{LengthScale: 0.25, VocabSize: 512, Seed: 1})
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, ranks := range []int{1, 4} {
+		name := map[int]string{1: "ranks=1", 4: "ranks=4"}[ranks]
+		b.Run(name, func(b *testing.B) {
+			var iters int64
+			var wall time.Duration
+			var device float64
+			for i := 0; i < b.N; i++ {
+				start := time.Now()
+				res := runFleet(b, ranks, reqs)
+				wall += time.Since(start)
+				iters += res.Iterations
+				device += res.DeviceMS
+			}
+			b.ReportMetric(float64(wall.Nanoseconds())/float64(iters), "ns/iter")
+			b.ReportMetric(device*1e6/float64(iters), "engine-ns/iter(rank0)")
+		})
+	}
+}
+
+func runFleet(b *testing.B, ranks int, reqs []workload.Request) *executor.Result {
+	sc := scheduler.Config{MaxBatchSize: 64, MaxNumTokens: 1024, ChunkedContext: true, ChunkUnitSize: 16,
+		Policy: scheduler.MaxUtilization, RecomputePause: true, PrefixAware: true, LedgerBlockTokens: 16}
+	comms := nccl.NewLocalGroup(ranks, nccl.LocalOptions{Timeout: time.Minute})
+	source := executor.NewTraceSource(reqs, time.Now(), 0)
+	execs := make([]*executor.Executor, ranks)
+	for i := range execs {
+		eng, err := nativeengine.Open(bridge.Config{Preset: "tiny", Seed: 1, NumPages: 2048, TokensPerPage: 16})
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer eng.Close()
+		kv, err := kvpool.New(kvpool.Config{NumPages: 2048, TokensPerPage: 16})
+		if err != nil {
+			b.Fatal(err)
+		}
+		sch, err := scheduler.New(sc, kv)
+		if err != nil {
+			b.Fatal(err)
+		}
+		d := executor.Deps{Comm: comms[i], Engine: eng, KV: kv, Planner: sch}
+		if i == 0 {
+			d.Source = source
+		}
+		if execs[i], err = executor.New(executor.Config{Rank: i, Ranks: ranks, Scheduler: sc}, d); err != nil {
+			b.Fatal(err)
+		}
+	}
+	results := make([]*executor.Result, ranks)
+	errs := make([]error, ranks)
+	var wg sync.WaitGroup
+	for i := range execs {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			results[i], errs[i] = execs[i].Run()
+			if errs[i] != nil {
+				comms[i].Close()
+			}
+		}(i)
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			b.Fatal(err)
+		}
+	}
+	return results[0]
+}
