@@ -23,8 +23,8 @@ type Pool interface {
 	// ContextPosition prompt tokens, plus Generated−1 generated tokens for a
 	// generation request.
 	Materialize(r *scheduler.Request) error
-	// AfterContext is called once r's scheduled chunk (r.ChunkSize tokens at
-	// r.ContextPosition) has executed, before the position advances.
+	// AfterContext is called once r's scheduled chunk of r.ChunkSize tokens
+	// has executed and r.ContextPosition has advanced past it.
 	AfterContext(r *scheduler.Request) error
 	// AfterGeneration is called once r's generation step has executed and its
 	// token was appended (r.Generated already counts it).
@@ -253,10 +253,10 @@ func (sm *Sim) apply(out *scheduler.Output, rec *Record) error {
 		sm.resetForRecompute(r)
 	}
 	for _, r := range out.Context {
+		r.ContextPosition += r.ChunkSize
 		if err := sm.Pool.AfterContext(r); err != nil {
 			return fmt.Errorf("request %d: after context: %w", r.ID, err)
 		}
-		r.ContextPosition += r.ChunkSize
 		if r.ContextPosition < r.PromptLen {
 			r.State = scheduler.ContextInProgress
 			continue
