@@ -176,11 +176,15 @@ func TestEvictionDetails(t *testing.T) {
 	withBatch.BatchIndex = 7
 	runRows(t, []row{
 		{name: "T-EVI-01", cfg: m, kv: hostAnd(allocFail(1)), list: []*Request{gen(0), gen(99)}, gen: []uint64{0}, paused: []uint64{99},
-			check: func(t *testing.T, f *fakeKV, _ *Scheduler, _ *Output) { require.Equal(t, []string{"Suspend(99)"}, f.log) }},
+			check: func(t *testing.T, f *fakeKV, _ *Scheduler, _ *Output) {
+				require.Equal(t, []string{"Suspend(99)"}, f.log)
+			}},
 		{name: "T-EVI-02", cfg: m, kv: hostAnd(allocFail(1)), list: []*Request{gen(0), cont(99, 100)}, gen: []uint64{0}, paused: []uint64{99}},
 		{name: "T-EVI-03", cfg: m, kv: hostAnd(allocNever), list: []*Request{gen(0), ctx(99, 10)}, paused: []uint64{0}},
 		{name: "T-EVI-04", cfg: m, kv: hostAnd(allocNever), list: []*Request{withBatch}, paused: []uint64{0},
-			check: func(t *testing.T, _ *fakeKV, _ *Scheduler, _ *Output) { require.Equal(t, NoBatchIndex, withBatch.BatchIndex) }},
+			check: func(t *testing.T, _ *fakeKV, _ *Scheduler, _ *Output) {
+				require.Equal(t, NoBatchIndex, withBatch.BatchIndex)
+			}},
 		{name: "T-EVI-05", cfg: m, kv: hostAnd(allocOK(3)), list: []*Request{gen(0), gen(98), gen(99)}, gen: []uint64{0}, paused: []uint64{99, 98}},
 		{name: "T-EVI-06", cfg: m, kv: hostAnd(allocFail(1)), list: []*Request{gen(0), gen(5), ctx(6, 10)}, gen: []uint64{0}, paused: []uint64{5}},
 		{name: "T-EVI-07", cfg: m, kv: hostAnd(allocNever), list: []*Request{gen(0)}, paused: []uint64{0}},
@@ -232,7 +236,9 @@ func TestSortingAndOutput(t *testing.T) {
 		{name: "T-SRT-01", list: gens(0, 3), gen: seq(0, 3)},
 		{name: "T-SRT-02", cfg: all(tokens(600), chunked(64)), list: []*Request{ctx(0, 100), ctx(1, 1000)},
 			ctx: []uint64{1, 0}, chunks: []int{448, 100},
-			check: func(t *testing.T, _ *fakeKV, _ *Scheduler, out *Output) { require.Equal(t, []int{448, 100}, out.Charged) }},
+			check: func(t *testing.T, _ *fakeKV, _ *Scheduler, out *Output) {
+				require.Equal(t, []int{448, 100}, out.Charged)
+			}},
 		{name: "T-SRT-03", list: []*Request{ctx(0, 100), ctx(1, 200)}, ctx: []uint64{0, 1}},
 		{name: "T-OUT-01", cfg: tokens(1000), list: []*Request{gen(0), ctx(1, 100)}, gen: []uint64{0}, ctx: []uint64{1}},
 		{name: "T-OUT-02", list: []*Request{ctx(0, 100), ctx(1, 100), gen(2), gen(3), gen(4)}, gen: []uint64{2, 3, 4}, ctx: []uint64{0, 1},

@@ -261,7 +261,6 @@ func (h *transcript) run(n int) string {
 
 func (h *transcript) kvPages() bool { return h.kv.Pages() > 0 }
 
-
 func (h *transcript) state() string {
 	h.start()
 	var b strings.Builder

@@ -87,15 +87,15 @@ func runSchedule(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	if *path == "" || fs.NArg() > 0 {
-		return usageError{errors.New("schedule: --scenario FILE.json is required (and no other arguments)")}
+		return usageError{errors.New("--scenario FILE.json is required (and no other arguments)")}
 	}
 	raw, err := os.ReadFile(*path)
 	if err != nil {
-		return fmt.Errorf("schedule: %w", err)
+		return err
 	}
 	sc, err := parseScenario(raw)
 	if err != nil {
-		return fmt.Errorf("schedule: %s: %w", *path, err)
+		return fmt.Errorf("%s: %w", *path, err)
 	}
 	return dryRun(sc, stdout, stderr)
 }
@@ -105,17 +105,17 @@ func runSchedule(args []string, stdout, stderr io.Writer) error {
 func dryRun(sc *scenario, stdout, stderr io.Writer) error {
 	pool, err := kvpool.New(sc.pool)
 	if err != nil {
-		return fmt.Errorf("schedule: kv: %w", err)
+		return fmt.Errorf("kv: %w", err)
 	}
 	defer pool.Close()
 	s, err := scheduler.New(sc.cfg, pool)
 	if err != nil {
-		return fmt.Errorf("schedule: config: %w", err)
+		return fmt.Errorf("config: %w", err)
 	}
 	fmt.Fprintln(stderr, s.Describe())
 	sm, err := sim.New(s, &dryRunPool{Manager: pool, policy: sc.cfg.Policy}, sc.specs)
 	if err != nil {
-		return fmt.Errorf("schedule: %w", err)
+		return err
 	}
 	enc := json.NewEncoder(stdout)
 	n := sc.iterations
@@ -125,7 +125,7 @@ func dryRun(sc *scenario, stdout, stderr io.Writer) error {
 		}
 		rec, out, err := sm.Step()
 		if err != nil {
-			return fmt.Errorf("schedule: %w", err)
+			return err
 		}
 		for _, note := range out.Notes {
 			fmt.Fprintf(stderr, "iteration %d: %s: %s\n", rec.Iteration, note.Level, note.Text)

@@ -1,0 +1,358 @@
+// model_cuda.cu: the CUDA backend's forward step (see model_cuda.h).
+#include "model_cuda.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "kernels/argmax.cuh"
+#include "kernels/attn_chunk.cuh"
+#include "kernels/attn_decode.cuh"
+#include "kernels/attn_merge.cuh"
+#include "kernels/embed.cuh"
+#include "kernels/kv_append.cuh"
+#include "kernels/rmsnorm.cuh"
+#include "kernels/rope.cuh"
+#include "kernels/swiglu.cuh"
+#include "kernels/weights_gen.cuh"
+#include "weights.h"
+
+namespace lockstep {
+namespace {
+
+// Decode contexts up to this many keys never split (one block per kv head
+// already streams them fast enough); longer ones split to fill the GPU.
+constexpr int32_t kNoSplitContext = 1024;
+
+template <class T>
+T* at(const DeviceBuffer& b, size_t off_elems = 0) { return b.as<T>() + off_elems; }
+
+size_t round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
+
+}  // namespace
+
+template <class Body>
+void CudaBackend::guarded(const char* what, Body&& body) {
+  if (!broken_.empty())
+    throw EngineError(ENG_DEVICE_ERROR, std::string("CUDA backend unusable after an earlier device error (") +
+                                            broken_ + "); " + what + " refused: restart the worker");
+  CUDA_CHECK(cudaSetDevice(device_));
+  try {
+    body();
+  } catch (const EngineError& e) {
+    if (e.status() == ENG_DEVICE_ERROR) broken_ = e.what();
+    throw;
+  }
+}
+
+CudaBackend::CudaBackend(const EngineParams& p)
+    : shape_(p.shape), device_(p.device_id), tokens_per_page_(p.tokens_per_page) {
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess || count == 0) {
+    cudaGetLastError();
+    throw EngineError(ENG_UNSUPPORTED, std::string("CUDA backend: no CUDA device available (") +
+                                           (err != cudaSuccess ? cudaGetErrorString(err) : "0 devices") + ")");
+  }
+  if (device_ >= count)
+    throw EngineError(ENG_INVALID_ARGUMENT, "device_id " + std::to_string(device_) + " but only " +
+                                                std::to_string(count) + " CUDA devices are visible");
+  const int32_t D = shape_.head_dim, G = shape_.num_heads / shape_.num_kv_heads;
+  if (!attn_chunk_supported(D) || !attn_decode_supported(D, G))
+    throw EngineError(ENG_UNSUPPORTED, "CUDA backend: head_dim " + std::to_string(D) + " with GQA group " +
+                                           std::to_string(G) + " is not built (head_dim 16/32/64/128, group <= " +
+                                           std::to_string(kDecodeMaxGroup) + ")");
+  CUDA_CHECK(cudaSetDevice(device_));
+  CUDA_CHECK(cudaDeviceGetAttribute(&num_sms_, cudaDevAttrMultiProcessorCount, device_));
+  CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  CUDA_CHECK(cudaEventCreate(&ev_start_));
+  CUDA_CHECK(cudaEventCreate(&ev_stop_));
+  gemm_ = std::make_unique<Gemm>(stream_);
+  pages_ = std::make_unique<PagePool>(p.num_pages, p.num_host_pages, p.tokens_per_page,
+                                      shape_.num_layers, shape_.num_kv_heads, D, stream_);
+  generate_weights(p.seed);
+  CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+CudaBackend::~CudaBackend() {
+  // Best effort: queued work must finish before the buffers are freed.
+  if (stream_) {
+    cudaSetDevice(device_);
+    cudaStreamSynchronize(stream_);
+  }
+  gemm_.reset();
+  if (ev_start_) cudaEventDestroy(ev_start_);
+  if (ev_stop_) cudaEventDestroy(ev_stop_);
+  if (stream_) cudaStreamDestroy(stream_);
+}
+
+std::unique_ptr<Backend> make_cuda_backend(const EngineParams& params) {
+  return std::make_unique<CudaBackend>(params);
+}
+
+void CudaBackend::generate_weights(uint64_t seed) {
+  const int64_t H = shape_.hidden_size, D = shape_.head_dim;
+  const int64_t qd = shape_.num_heads * D, kvd = shape_.num_kv_heads * D;
+  const int64_t F = shape_.intermediate_size, V = shape_.vocab_size;
+  const size_t bf = sizeof(__nv_bfloat16);
+  // value = u * 1/sqrt(fan_in) for projections, 1 + u/8 for norms, u for the embedding.
+  auto gen = [&](TensorKind kind, int layer, int64_t rows, int64_t cols, int64_t ld, int64_t col_off) {
+    GenTensor t;
+    t.seed = seed;
+    t.tensor_id = tensor_id(kind, layer);
+    t.rows = rows;
+    t.cols = cols;
+    t.ld = ld;
+    t.col_off = col_off;
+    t.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(rows)));
+    return t;
+  };
+  auto norm = [&](TensorKind kind, int layer, DeviceBuffer& buf) {
+    buf.reserve(size_t(H) * sizeof(float));
+    GenTensor t = gen(kind, layer, 1, H, H, 0);
+    t.scale = 0.125f;
+    t.bias = 1.0f;
+    generate_f32(t, buf.as<float>(), stream_);
+  };
+
+  embedding_.reserve(size_t(V * H) * bf);
+  GenTensor e = gen(TensorKind::kEmbedding, -1, V, H, H, 0);
+  e.scale = 1.0f;
+  generate_bf16(e, embedding_.as<__nv_bfloat16>(), stream_);
+  norm(TensorKind::kFinalNorm, -1, final_norm_);
+  lm_head_.reserve(size_t(H * V) * bf);
+  generate_bf16(gen(TensorKind::kLMHead, -1, H, V, V, 0), lm_head_.as<__nv_bfloat16>(), stream_);
+
+  layers_.resize(size_t(shape_.num_layers));
+  for (int l = 0; l < shape_.num_layers; ++l) {
+    CudaLayer& L = layers_[size_t(l)];
+    norm(TensorKind::kAttnNorm, l, L.attn_norm);
+    norm(TensorKind::kMLPNorm, l, L.mlp_norm);
+    const int64_t qkv = qd + 2 * kvd;
+    L.wqkv.reserve(size_t(H * qkv) * bf);
+    generate_bf16(gen(TensorKind::kWq, l, H, qd, qkv, 0), L.wqkv.as<__nv_bfloat16>(), stream_);
+    generate_bf16(gen(TensorKind::kWk, l, H, kvd, qkv, qd), L.wqkv.as<__nv_bfloat16>(), stream_);
+    generate_bf16(gen(TensorKind::kWv, l, H, kvd, qkv, qd + kvd), L.wqkv.as<__nv_bfloat16>(), stream_);
+    L.wo.reserve(size_t(qd * H) * bf);
+    generate_bf16(gen(TensorKind::kWo, l, qd, H, H, 0), L.wo.as<__nv_bfloat16>(), stream_);
+    L.wgu.reserve(size_t(H * 2 * F) * bf);
+    generate_bf16(gen(TensorKind::kWGate, l, H, F, 2 * F, 0), L.wgu.as<__nv_bfloat16>(), stream_);
+    generate_bf16(gen(TensorKind::kWUp, l, H, F, 2 * F, F), L.wgu.as<__nv_bfloat16>(), stream_);
+    L.wdown.reserve(size_t(F * H) * bf);
+    generate_bf16(gen(TensorKind::kWDown, l, F, H, H, 0), L.wdown.as<__nv_bfloat16>(), stream_);
+  }
+
+  // RoPE inverse frequencies in double, exactly as the CPU computes them.
+  std::vector<double> inv(size_t(D / 2));
+  for (int64_t i = 0; i < D / 2; ++i)
+    inv[size_t(i)] = std::pow(static_cast<double>(shape_.rope_theta), -2.0 * i / static_cast<double>(D));
+  inv_freq_.reserve(inv.size() * sizeof(double));
+  CUDA_CHECK(cudaMemcpyAsync(inv_freq_.as<void>(), inv.data(), inv.size() * sizeof(double),
+                             cudaMemcpyHostToDevice, stream_));
+  CUDA_CHECK(cudaStreamSynchronize(stream_));  // `inv` is pageable and goes out of scope
+}
+
+// Builds every per-step descriptor in one pinned buffer and queues one copy.
+void CudaBackend::upload_descriptors(const StepBatch& b) {
+  const int32_t P = tokens_per_page_;
+  rows_ = b.num_rows;
+  num_sampled_ = b.num_sampled;
+  n_decode_ = n_chunk_ = max_chunk_tokens_ = max_decode_ctx_ = 0;
+  int64_t blocks = 0;
+  for (const StepSeq& s : b.seqs) {
+    blocks += s.num_blocks;
+    if (s.num_tokens == 1) {
+      ++n_decode_;
+      max_decode_ctx_ = std::max(max_decode_ctx_, s.start_pos + 1);
+    } else {
+      ++n_chunk_;
+      max_chunk_tokens_ = std::max(max_chunk_tokens_, s.num_tokens);
+    }
+  }
+  const size_t seq_ints = sizeof(AttnSeq) / sizeof(int32_t);
+  off_tokens_ = 0;
+  off_pos_ = off_tokens_ + size_t(rows_);
+  off_page_ = off_pos_ + size_t(rows_);
+  off_slot_ = off_page_ + size_t(rows_);
+  off_sample_ = off_slot_ + size_t(rows_);
+  off_decode_rows_ = off_sample_ + size_t(num_sampled_);
+  off_blocks_ = off_decode_rows_ + size_t(n_decode_);
+  off_dseqs_ = round_up(off_blocks_ + size_t(blocks), 8);  // AttnSeq: 32-byte aligned
+  off_cseqs_ = off_dseqs_ + size_t(n_decode_) * seq_ints;
+  const size_t total = off_cseqs_ + size_t(n_chunk_) * seq_ints;
+  host_desc_.reserve(total * sizeof(int32_t));
+  dev_desc_.reserve(total * sizeof(int32_t));
+
+  int32_t* h = host_desc_.as<int32_t>();
+  AttnSeq* dseq = reinterpret_cast<AttnSeq*>(h + off_dseqs_);
+  AttnSeq* cseq = reinterpret_cast<AttnSeq*>(h + off_cseqs_);
+  sample_seq_.clear();
+  int32_t row = 0, blk = 0, nd = 0, nc = 0, ns = 0, chunk_part = 0;
+  for (size_t i = 0; i < b.seqs.size(); ++i) {
+    const StepSeq& s = b.seqs[i];
+    for (int32_t t = 0; t < s.num_tokens; ++t) {
+      const int32_t pos = s.start_pos + t;
+      h[off_tokens_ + row + t] = s.tokens[t];
+      h[off_pos_ + row + t] = pos;
+      h[off_page_ + row + t] = s.blocks[pos / P];
+      h[off_slot_ + row + t] = pos % P;
+    }
+    std::memcpy(h + off_blocks_ + blk, s.blocks, sizeof(int32_t) * size_t(s.num_blocks));
+    AttnSeq a{row, s.num_tokens, s.start_pos, blk, 0, s.start_pos + s.num_tokens, 0, 0};
+    if (s.num_tokens == 1) {
+      a.part_row = nd;
+      h[off_decode_rows_ + nd] = row;
+      dseq[nd++] = a;
+    } else {
+      a.part_row = chunk_part;
+      chunk_part += s.num_tokens;
+      cseq[nc++] = a;
+    }
+    if (s.sample) {
+      h[off_sample_ + ns++] = row + s.num_tokens - 1;
+      sample_seq_.push_back(int32_t(i));
+    }
+    row += s.num_tokens;
+    blk += s.num_blocks;
+  }
+  CUDA_CHECK(cudaMemcpyAsync(dev_desc_.as<void>(), h, total * sizeof(int32_t),
+                             cudaMemcpyHostToDevice, stream_));
+}
+
+void CudaBackend::attention(int32_t layer) {
+  const int32_t D = shape_.head_dim, Hq = shape_.num_heads, Hkv = shape_.num_kv_heads;
+  const int64_t qkv_stride = int64_t(Hq + 2 * Hkv) * D;
+  AttnArgs a;
+  a.q = qkv_.as<float>();
+  a.q_stride = qkv_stride;
+  a.kv = pages_->view(layer);
+  a.block_tables = at<int32_t>(dev_desc_, off_blocks_);
+  a.num_heads = Hq;
+  a.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
+  a.out = attn_.as<__nv_bfloat16>();
+  a.out_stride = int64_t(Hq) * D;
+
+  if (n_chunk_ > 0) {
+    AttnArgs c = a;
+    c.seqs = reinterpret_cast<const AttnSeq*>(at<int32_t>(dev_desc_, off_cseqs_));
+    c.num_seqs = n_chunk_;
+    attn_chunk(c, max_chunk_tokens_, stream_);
+  }
+  if (n_decode_ > 0) {
+    AttnArgs d = a;
+    d.seqs = reinterpret_cast<const AttnSeq*>(at<int32_t>(dev_desc_, off_dseqs_));
+    d.num_seqs = n_decode_;
+    // Split long contexts until the grid has about two blocks per SM.
+    const int64_t blocks = int64_t(n_decode_) * Hkv;
+    int32_t splits = 1;
+    if (max_decode_ctx_ > kNoSplitContext && blocks < 2 * num_sms_) {
+      splits = int32_t(std::min<int64_t>((2 * num_sms_ + blocks - 1) / blocks, (max_decode_ctx_ + 255) / 256));
+    }
+    if (splits > 1) {
+      d.split_tokens = int32_t(round_up(size_t((max_decode_ctx_ + splits - 1) / splits), 64));
+      d.num_splits = (max_decode_ctx_ + d.split_tokens - 1) / d.split_tokens;
+      d.part_rows = n_decode_;
+      const size_t items = size_t(d.num_splits) * n_decode_ * Hq;
+      o_part_.reserve(items * D * sizeof(float));
+      lse_part_.reserve(items * sizeof(float));
+      d.o_part = o_part_.as<float>();
+      d.lse_part = lse_part_.as<float>();
+      attn_decode(d, stream_);
+      MergeArgs m;
+      m.o_part = d.o_part;
+      m.lse_part = d.lse_part;
+      m.num_parts = d.num_splits;
+      m.part_items = int64_t(n_decode_) * Hq;
+      m.num_heads = Hq;
+      m.head_dim = D;
+      m.out_rows = at<int32_t>(dev_desc_, off_decode_rows_);
+      m.out_bf16 = a.out;
+      m.out_stride = a.out_stride;
+      attn_merge(m, stream_);
+    } else {
+      attn_decode(d, stream_);
+    }
+  }
+}
+
+void CudaBackend::forward(const StepBatch& b, bool want_logits) {
+  (void)want_logits;
+  const int64_t H = shape_.hidden_size, D = shape_.head_dim, F = shape_.intermediate_size;
+  const int64_t qd = int64_t(shape_.num_heads) * D, kvd = int64_t(shape_.num_kv_heads) * D;
+  const int64_t qkv = qd + 2 * kvd, R = b.num_rows;
+  const size_t bf = sizeof(__nv_bfloat16);
+  hidden_.reserve(size_t(R * H) * sizeof(float));
+  xb_.reserve(size_t(R * std::max(H, F)) * bf);
+  qkv_.reserve(size_t(R * qkv) * sizeof(float));
+  attn_.reserve(size_t(R * qd) * bf);
+  gu_.reserve(size_t(R * 2 * F) * sizeof(float));
+  act_.reserve(size_t(R * F) * bf);
+  logits_.reserve(size_t(std::max(num_sampled_, 1)) * shape_.vocab_size * sizeof(float));
+  sampled_.reserve(size_t(std::max(num_sampled_, 1)) * sizeof(int32_t));
+
+  const int32_t* pos = at<int32_t>(dev_desc_, off_pos_);
+  float* hidden = hidden_.as<float>();
+  embed(embedding_.as<__nv_bfloat16>(), at<int32_t>(dev_desc_, off_tokens_), R, int32_t(H), hidden, stream_);
+  for (int32_t l = 0; l < shape_.num_layers; ++l) {
+    const CudaLayer& L = layers_[size_t(l)];
+    rmsnorm(hidden, nullptr, L.attn_norm.as<float>(), int32_t(H), shape_.rms_eps, R,
+            xb_.as<__nv_bfloat16>(), nullptr, stream_);
+    gemm_->bf16_f32(xb_.as<__nv_bfloat16>(), R, H, L.wqkv.as<__nv_bfloat16>(), qkv, qkv_.as<float>(), 0.0f);
+    rope(qkv_.as<float>(), qkv, shape_.num_heads, int32_t(D), pos, inv_freq_.as<double>(), R, stream_);
+    rope(qkv_.as<float>() + qd, qkv, shape_.num_kv_heads, int32_t(D), pos, inv_freq_.as<double>(), R, stream_);
+    kv_append(pages_->view(l), qkv_.as<float>() + qd, qkv_.as<float>() + qd + kvd, qkv,
+              at<int32_t>(dev_desc_, off_page_), at<int32_t>(dev_desc_, off_slot_), R, stream_);
+    attention(l);
+    gemm_->bf16_f32(attn_.as<__nv_bfloat16>(), R, qd, L.wo.as<__nv_bfloat16>(), H, hidden, 1.0f);
+    rmsnorm(hidden, nullptr, L.mlp_norm.as<float>(), int32_t(H), shape_.rms_eps, R,
+            xb_.as<__nv_bfloat16>(), nullptr, stream_);
+    gemm_->bf16_f32(xb_.as<__nv_bfloat16>(), R, H, L.wgu.as<__nv_bfloat16>(), 2 * F, gu_.as<float>(), 0.0f);
+    swiglu(gu_.as<float>(), R, int32_t(F), act_.as<__nv_bfloat16>(), stream_);
+    gemm_->bf16_f32(act_.as<__nv_bfloat16>(), R, F, L.wdown.as<__nv_bfloat16>(), H, hidden, 1.0f);
+  }
+  if (num_sampled_ > 0) {
+    rmsnorm(hidden, at<int32_t>(dev_desc_, off_sample_), final_norm_.as<float>(), int32_t(H),
+            shape_.rms_eps, num_sampled_, xb_.as<__nv_bfloat16>(), nullptr, stream_);
+    gemm_->bf16_f32(xb_.as<__nv_bfloat16>(), num_sampled_, H, lm_head_.as<__nv_bfloat16>(),
+                    shape_.vocab_size, logits_.as<float>(), 0.0f);
+    argmax_rows(logits_.as<float>(), num_sampled_, shape_.vocab_size, sampled_.as<int32_t>(), stream_);
+  }
+}
+
+double CudaBackend::step(const StepBatch& batch, int32_t* sampled, float* logits) {
+  float ms = 0.0f;
+  guarded("step", [&] {
+    upload_descriptors(batch);
+    // Scratch growth (cudaFree/cudaMalloc) happens inside forward before the
+    // first launch that uses it; the start event is recorded after it would
+    // matter only for the first steps.
+    CUDA_CHECK(cudaEventRecord(ev_start_, stream_));
+    forward(batch, logits != nullptr);
+    CUDA_CHECK(cudaEventRecord(ev_stop_, stream_));
+    const size_t V = size_t(shape_.vocab_size);
+    const size_t ns = size_t(num_sampled_);
+    host_out_.reserve(ns * sizeof(int32_t) + (logits ? ns * V * sizeof(float) : 0) + 16);
+    int32_t* h_sampled = host_out_.as<int32_t>();
+    float* h_logits = reinterpret_cast<float*>(h_sampled + round_up(ns, 4));
+    if (ns > 0) {
+      CUDA_CHECK(cudaMemcpyAsync(h_sampled, sampled_.as<void>(), ns * sizeof(int32_t),
+                                 cudaMemcpyDeviceToHost, stream_));
+      if (logits)
+        CUDA_CHECK(cudaMemcpyAsync(h_logits, logits_.as<void>(), ns * V * sizeof(float),
+                                   cudaMemcpyDeviceToHost, stream_));
+    }
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    CUDA_CHECK(cudaEventElapsedTime(&ms, ev_start_, ev_stop_));
+    for (size_t i = 0; i < batch.seqs.size(); ++i) sampled[i] = -1;
+    for (size_t k = 0; k < ns; ++k) sampled[sample_seq_[k]] = h_sampled[k];
+    if (logits && ns > 0) std::memcpy(logits, h_logits, ns * V * sizeof(float));
+  });
+  return double(ms);
+}
+
+void CudaBackend::copy_pages(eng_tier src_tier, const int32_t* src, eng_tier dst_tier,
+                             const int32_t* dst, int32_t n) {
+  guarded("copy_pages", [&] { pages_->copy(src_tier, src, dst_tier, dst, n); });
+}
+
+}  // namespace lockstep
