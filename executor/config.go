@@ -57,6 +57,8 @@ type Config struct {
 	// Progress is called on rank 0 after each iteration with the number of
 	// responses received so far (may be nil).
 	Progress func(done int)
+	// OnNote receives the scheduler's log lines of every pass (may be nil).
+	OnNote func(rank int, n scheduler.Note)
 	// Clock returns the wall time; nil uses time.Now.
 	Clock func() time.Time
 	// MaxIdleSleep bounds how long rank 0 sleeps waiting for the next arrival

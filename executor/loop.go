@@ -126,6 +126,11 @@ func (e *Executor) iteration() (bool, error) {
 	if err != nil {
 		return false, err
 	}
+	if e.cfg.OnNote != nil {
+		for _, n := range out.Notes {
+			e.cfg.OnNote(e.cfg.Rank, n)
+		}
+	}
 	// 6: recompute victims are reset right after scheduling.
 	e.handlePaused(out)
 	// 7: agree on whether the fleet runs a forward.

@@ -284,7 +284,8 @@ func serve(o *serveOptions, sc scheduler.Config, reqs []workload.Request, log *z
 		if i == 0 {
 			log.Info("scheduler", zap.String("config", sch.Describe()))
 		}
-		cfg := executor.Config{Rank: i, Ranks: o.ranks, Scheduler: sc, MaxSeqLen: o.maxSeqLen, IterLog: iterLogs[i]}
+		cfg := executor.Config{Rank: i, Ranks: o.ranks, Scheduler: sc, MaxSeqLen: o.maxSeqLen, IterLog: iterLogs[i],
+			OnNote: func(rank int, n scheduler.Note) { logNote(log, rank, n) }}
 		deps := executor.Deps{Comm: comms[i], Engine: eng, KV: kv, Planner: sch}
 		if i == 0 {
 			deps.Source = source
@@ -364,4 +365,16 @@ func newLogger(w io.Writer, level string) (*zap.Logger, error) {
 	cfg.EncodeLevel = zapcore.CapitalLevelEncoder
 	core := zapcore.NewCore(zapcore.NewConsoleEncoder(cfg), zapcore.AddSync(w), lvl)
 	return zap.New(core), nil
+}
+
+// logNote maps a scheduler log line to zap.
+func logNote(log *zap.Logger, rank int, n scheduler.Note) {
+	switch n.Level {
+	case scheduler.LevelDebug:
+		log.Debug(n.Text, zap.Int("rank", rank))
+	case scheduler.LevelInfo:
+		log.Info(n.Text, zap.Int("rank", rank))
+	default:
+		log.Warn(n.Text, zap.Int("rank", rank))
+	}
 }
