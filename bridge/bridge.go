@@ -66,6 +66,9 @@ type StepResult struct {
 	DeviceMS float64   // device (or CPU compute) time of the step
 }
 
+// MaxInflight is how many submitted steps may be outstanding (ENG_MAX_INFLIGHT).
+const MaxInflight = 2
+
 // Tier names a page slab.
 type Tier int
 
@@ -83,6 +86,14 @@ type Engine interface {
 	// Step runs one forward step. res is overwritten; its slices are reused
 	// when large enough, so a caller that keeps results must copy them.
 	Step(desc *StepDesc, res *StepResult) error
+	// Submit queues a step and returns without waiting for its compute (the
+	// overlap loop); the descriptor is copied, so the caller may reuse it at
+	// once. At most MaxInflight steps may be outstanding; Step and CopyPages
+	// are ordered after them (Step refuses while any is outstanding).
+	Submit(desc *StepDesc) error
+	// Wait blocks until the oldest submitted step finished and writes its
+	// result into res (same reuse rules as Step).
+	Wait(res *StepResult) error
 	// CopyPages copies page src[k] of srcTier to page dst[k] of dstTier.
 	CopyPages(srcTier Tier, src []int32, dstTier Tier, dst []int32) error
 	// Close releases the engine. Further calls fail.

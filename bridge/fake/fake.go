@@ -28,6 +28,10 @@ type Engine struct {
 	device []int32
 	host   []int32
 	closed bool
+	// inflight holds the results of submitted steps, oldest first. The fake
+	// computes at Submit (its compute is instant), which is indistinguishable
+	// from a stream that runs steps in submit order.
+	inflight []bridge.StepResult
 }
 
 var _ bridge.Engine = (*Engine)(nil)

@@ -32,6 +32,52 @@ func (e *Engine) Step(desc *bridge.StepDesc, res *bridge.StepResult) error {
 	if desc == nil || res == nil {
 		return invalid("step", "desc and res must not be nil")
 	}
+	if len(e.inflight) > 0 {
+		return invalid("step", "%d submitted steps have not been waited for", len(e.inflight))
+	}
+	return e.run(desc, res)
+}
+
+// Submit runs the step at once and keeps its result for Wait.
+func (e *Engine) Submit(desc *bridge.StepDesc) error {
+	if err := e.usable("submit"); err != nil {
+		return err
+	}
+	if desc == nil {
+		return invalid("submit", "desc must not be nil")
+	}
+	if len(e.inflight) >= bridge.MaxInflight {
+		return invalid("submit", "%d steps are already in flight", len(e.inflight))
+	}
+	var res bridge.StepResult
+	if err := e.run(desc, &res); err != nil {
+		return err
+	}
+	e.inflight = append(e.inflight, res)
+	return nil
+}
+
+// Wait returns the oldest submitted step's result.
+func (e *Engine) Wait(res *bridge.StepResult) error {
+	if err := e.usable("wait"); err != nil {
+		return err
+	}
+	if res == nil {
+		return invalid("wait", "res must not be nil")
+	}
+	if len(e.inflight) == 0 {
+		return invalid("wait", "no submitted step to wait for")
+	}
+	r := e.inflight[0]
+	e.inflight = e.inflight[1:]
+	res.Sampled = append(res.Sampled[:0], r.Sampled...)
+	res.Logits = append(res.Logits[:0], r.Logits...)
+	res.DeviceMS = r.DeviceMS
+	return nil
+}
+
+// run validates and executes one step.
+func (e *Engine) run(desc *bridge.StepDesc, res *bridge.StepResult) error {
 	for i := range desc.Seqs {
 		if err := e.validateSeq(i, &desc.Seqs[i]); err != nil {
 			return err

@@ -41,6 +41,15 @@ type engine struct {
 	stepDesc *bridge.StepDesc
 	stepRes  *bridge.StepResult
 	stepErr  error
+
+	// Submitted steps not yet waited for, oldest first (engine goroutine).
+	pending []pendingStep
+}
+
+// pendingStep is what Wait needs to know of a submitted step.
+type pendingStep struct {
+	seqs, sampled int
+	logits        bool
 }
 
 // Open starts a native engine of cfg's backend ("cpu" when cfg.Backend is
@@ -217,15 +226,43 @@ func (e *engine) doStep() {
 }
 
 func (e *engine) flattenAndStep(desc *bridge.StepDesc, res *bridge.StepResult) error {
-	if desc == nil || res == nil {
+	if res == nil {
 		return bridge.StatusError("step", bridge.StatusInvalidArgument, "desc and res must not be nil")
 	}
-	n := len(desc.Seqs)
-	var totalTok, totalBlk, sampled int
+	n, sampled, err := e.flatten("step", desc)
+	if err != nil {
+		return err
+	}
+	b := &e.bufs
+	out := b.sampled.slice(n)
+	var logits []float32
+	cres := e.cres
+	*cres = C.eng_step_result{sampled: (*C.int32_t)(b.sampled.p)}
+	if desc.WantLogits {
+		logits = b.logits.slice(sampled * e.shape.VocabSize)
+		cres.logits = (*C.float)(b.logits.p)
+	}
+	if err := e.status("step", C.eng_engine_step(e.h, e.cdesc, cres)); err != nil {
+		return err
+	}
+	res.Sampled = append(res.Sampled[:0], out...)
+	res.Logits = append(res.Logits[:0], logits...)
+	res.DeviceMS = float64(cres.device_ms)
+	return nil
+}
+
+// flatten copies desc into the reusable C buffers and fills e.cdesc. It
+// returns the number of sequences and of sampled sequences.
+func (e *engine) flatten(op string, desc *bridge.StepDesc) (n, sampled int, err error) {
+	if desc == nil {
+		return 0, 0, bridge.StatusError(op, bridge.StatusInvalidArgument, "desc and res must not be nil")
+	}
+	n = len(desc.Seqs)
+	var totalTok, totalBlk int
 	for i := range desc.Seqs {
 		s := &desc.Seqs[i]
 		if s.StartPos < math.MinInt32 || s.StartPos > math.MaxInt32 {
-			return bridge.StatusError("step", bridge.StatusInvalidArgument,
+			return 0, 0, bridge.StatusError(op, bridge.StatusInvalidArgument,
 				fmt.Sprintf("Seqs[%d].StartPos = %d is out of the int32 range", i, s.StartPos))
 		}
 		totalTok += len(s.Tokens)
@@ -235,10 +272,9 @@ func (e *engine) flattenAndStep(desc *bridge.StepDesc, res *bridge.StepResult) e
 		}
 	}
 	if n > math.MaxInt32 || totalTok > math.MaxInt32 || totalBlk > math.MaxInt32 {
-		return bridge.StatusError("step", bridge.StatusInvalidArgument,
+		return 0, 0, bridge.StatusError(op, bridge.StatusInvalidArgument,
 			fmt.Sprintf("step too large: %d sequences, %d tokens, %d blocks (each must fit in int32)", n, totalTok, totalBlk))
 	}
-
 	b := &e.bufs
 	numTokens := b.numTokens.slice(n)
 	startPos := b.startPos.slice(n)
@@ -246,11 +282,6 @@ func (e *engine) flattenAndStep(desc *bridge.StepDesc, res *bridge.StepResult) e
 	sample := b.sample.slice(n)
 	tokens := b.tokens.slice(totalTok)
 	blocks := b.blocks.slice(totalBlk)
-	out := b.sampled.slice(n)
-	var logits []float32
-	if desc.WantLogits {
-		logits = b.logits.slice(sampled * e.shape.VocabSize)
-	}
 	tok, blk := 0, 0
 	for i := range desc.Seqs {
 		s := &desc.Seqs[i]
@@ -264,9 +295,7 @@ func (e *engine) flattenAndStep(desc *bridge.StepDesc, res *bridge.StepResult) e
 		tok += copy(tokens[tok:], s.Tokens)
 		blk += copy(blocks[blk:], s.BlockTable)
 	}
-
-	cdesc, cres := e.cdesc, e.cres
-	*cdesc = C.eng_step_desc{
+	*e.cdesc = C.eng_step_desc{
 		num_seqs:    C.int32_t(n),
 		num_tokens:  b.numTokens.ptr(),
 		start_pos:   b.startPos.ptr(),
@@ -275,17 +304,64 @@ func (e *engine) flattenAndStep(desc *bridge.StepDesc, res *bridge.StepResult) e
 		block_table: b.blocks.ptr(),
 		sample:      (*C.uint8_t)(b.sample.p),
 	}
-	*cres = C.eng_step_result{sampled: (*C.int32_t)(b.sampled.p)}
-	if desc.WantLogits {
-		cres.logits = (*C.float)(b.logits.p)
+	return n, sampled, nil
+}
+
+// Submit queues a step on the engine's stream and returns without waiting
+// for it (one cgo call; the engine copies the descriptor).
+func (e *engine) Submit(desc *bridge.StepDesc) error {
+	var err error
+	if cerr := e.call("submit", func() {
+		n, sampled, ferr := e.flatten("submit", desc)
+		if ferr != nil {
+			err = ferr
+			return
+		}
+		want := C.int32_t(0)
+		if desc.WantLogits {
+			want = 1
+		}
+		if err = e.status("submit", C.eng_engine_submit(e.h, e.cdesc, want)); err == nil {
+			e.pending = append(e.pending, pendingStep{seqs: n, sampled: sampled, logits: desc.WantLogits})
+		}
+	}); cerr != nil {
+		return cerr
 	}
-	if err := e.status("step", C.eng_engine_step(e.h, cdesc, cres)); err != nil {
-		return err
+	return err
+}
+
+// Wait blocks until the oldest submitted step finished and writes its result.
+func (e *engine) Wait(res *bridge.StepResult) error {
+	if res == nil {
+		return bridge.StatusError("wait", bridge.StatusInvalidArgument, "res must not be nil")
 	}
-	res.Sampled = append(res.Sampled[:0], out...)
-	res.Logits = append(res.Logits[:0], logits...)
-	res.DeviceMS = float64(cres.device_ms)
-	return nil
+	var err error
+	if cerr := e.call("wait", func() {
+		if len(e.pending) == 0 {
+			err = bridge.StatusError("wait", bridge.StatusInvalidArgument, "no submitted step to wait for")
+			return
+		}
+		p := e.pending[0]
+		e.pending = e.pending[1:]
+		b := &e.bufs
+		out := b.sampled.slice(p.seqs)
+		cres := e.cres
+		*cres = C.eng_step_result{sampled: (*C.int32_t)(b.sampled.p)}
+		var logits []float32
+		if p.logits {
+			logits = b.logits.slice(p.sampled * e.shape.VocabSize)
+			cres.logits = (*C.float)(b.logits.p)
+		}
+		if err = e.status("wait", C.eng_engine_wait(e.h, cres)); err != nil {
+			return
+		}
+		res.Sampled = append(res.Sampled[:0], out...)
+		res.Logits = append(res.Logits[:0], logits...)
+		res.DeviceMS = float64(cres.device_ms)
+	}); cerr != nil {
+		return cerr
+	}
+	return err
 }
 
 // CopyPages copies page src[k] of srcTier to page dst[k] of dstTier.

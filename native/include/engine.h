@@ -128,6 +128,29 @@ typedef struct eng_step_result {
 eng_status eng_engine_step(eng_engine_t eng, const eng_step_desc* desc,
                            eng_step_result* res);
 
+/*
+ * Asynchronous steps (the executor's overlap loop).
+ *
+ * eng_engine_submit validates desc exactly like eng_engine_step (a rejected
+ * descriptor changes nothing and nothing is queued), copies it (the caller may
+ * reuse its arrays as soon as the call returns) and queues the step on the
+ * engine's stream behind every step submitted before; it returns without
+ * waiting for the compute. eng_engine_wait blocks until the OLDEST submitted
+ * step has finished and writes its result into res: res->sampled must hold
+ * that step's num_seqs entries, and res->logits (if want_logits was set at
+ * submit) num_sampled * vocab floats. A compute failure of a submitted step is
+ * reported by its eng_engine_wait. At most ENG_MAX_INFLIGHT steps may be
+ * outstanding. eng_engine_step and eng_engine_copy_pages run after every step
+ * submitted before them (stream order); eng_engine_step refuses to run while
+ * submitted steps have not been waited for, since their results would be lost.
+ */
+#define ENG_MAX_INFLIGHT 2
+
+eng_status eng_engine_submit(eng_engine_t eng, const eng_step_desc* desc, int32_t want_logits);
+eng_status eng_engine_wait(eng_engine_t eng, eng_step_result* res);
+/* Steps submitted and not yet waited for. */
+int32_t eng_engine_inflight(eng_engine_t eng);
+
 /* Page copies between tiers (suspend/resume). Tier 0 = device, 1 = host. */
 typedef enum eng_tier {
   ENG_TIER_DEVICE = 0,

@@ -4,10 +4,14 @@
 // work (so a rejected call changes nothing), runs inside a try/catch (no
 // exception crosses the C ABI) and records the message of a failure: on the
 // handle for calls that have one, in a thread-local string otherwise.
+#include <algorithm>
 #include <cinttypes>
+#include <condition_variable>
 #include <cstdarg>
 #include <cstdio>
+#include <deque>
 #include <memory>
+#include <mutex>
 #include <new>
 #include <string>
 #include <vector>
@@ -17,10 +21,32 @@
 #include "page_slab.h"
 #include "presets.h"
 #include "status.h"
+#include "stream.h"
 #include "weights.h"
 
 using lockstep::EngineError;
 using lockstep::invalid_argument;
+
+namespace {
+
+// A submitted step: an owned copy of the validated descriptor, and its
+// result once the stream ran it.
+struct AsyncStep {
+  std::vector<int32_t> tokens, blocks;
+  lockstep::StepBatch batch;  // seqs point into tokens and blocks
+  bool want_logits = false;
+  std::vector<int32_t> sampled;
+  std::vector<float> logits;
+  double device_ms = 0;
+  eng_status status = ENG_OK;
+  std::string error;
+  // Completion, signalled by the stream worker.
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+};
+
+}  // namespace
 
 // The handle behind eng_engine_t.
 struct eng_engine {
@@ -34,6 +60,11 @@ struct eng_engine {
   lockstep::StepBatch batch;
   std::vector<int32_t> page_writer;
   std::vector<int32_t> touched_pages;
+  // The overlap loop's asynchronous steps, oldest first, and the stream they
+  // run on (created at the first submit). Declared last: destroyed first, so
+  // the worker is joined before the backend goes away.
+  std::deque<std::shared_ptr<AsyncStep>> inflight;
+  std::unique_ptr<lockstep::Stream> stream;
 };
 
 namespace {
@@ -104,9 +135,10 @@ bool backend_built(eng_backend b) { return (eng_supported_backends() >> b) & 1u;
 
 // Builds eng->batch from desc, validating every field; throws EngineError
 // (ENG_INVALID_ARGUMENT) naming the field and the sequence on bad input.
-void build_batch(eng_engine* eng, const eng_step_desc* d, const eng_step_result* res) {
+// res may be NULL for a submit (the result arrives at eng_engine_wait).
+void build_batch(eng_engine* eng, const eng_step_desc* d, const eng_step_result* res, bool need_res = true) {
   if (d == nullptr) invalid_argument("desc is NULL");
-  if (res == nullptr) invalid_argument("res is NULL");
+  if (need_res && res == nullptr) invalid_argument("res is NULL");
   const int32_t n = d->num_seqs;
   if (n < 0) invalid_argument(fmt("desc.num_seqs must be >= 0, got %d", n));
   lockstep::StepBatch& b = eng->batch;
@@ -119,7 +151,7 @@ void build_batch(eng_engine* eng, const eng_step_desc* d, const eng_step_result*
                            : d->start_pos == nullptr ? "desc.start_pos"
                            : d->num_blocks == nullptr ? "desc.num_blocks"
                            : d->sample == nullptr     ? "desc.sample"
-                           : res->sampled == nullptr  ? "res.sampled"
+                           : need_res && res->sampled == nullptr ? "res.sampled"
                                                       : nullptr;
   if (null_field != nullptr) invalid_argument(fmt("%s is NULL (num_seqs = %d)", null_field, n));
 
@@ -346,6 +378,9 @@ eng_status eng_engine_step(eng_engine_t eng, const eng_step_desc* desc, eng_step
     if (eng->validate_only)
       throw EngineError(ENG_UNSUPPORTED,
                         "this engine was created with validate_only: it holds no weights or pages and cannot step");
+    if (!eng->inflight.empty())
+      invalid_argument(fmt("%zu submitted steps have not been waited for; call eng_engine_wait first",
+                           eng->inflight.size()));
     build_batch(eng, desc, res);
     if (eng->batch.seqs.empty()) {
       res->device_ms = 0;
@@ -363,8 +398,87 @@ eng_status eng_engine_copy_pages(eng_engine_t eng, eng_tier src_tier, const int3
       throw EngineError(ENG_UNSUPPORTED,
                         "this engine was created with validate_only: it holds no pages to copy");
     validate_copy(eng, src_tier, src, dst_tier, dst, n);
-    if (n > 0) eng->backend->copy_pages(src_tier, src, dst_tier, dst, n);
+    if (n == 0) return;
+    // Stream order: the copy runs after every submitted step.
+    if (eng->stream) eng->stream->drain();
+    eng->backend->copy_pages(src_tier, src, dst_tier, dst, n);
   });
+}
+
+eng_status eng_engine_submit(eng_engine_t eng, const eng_step_desc* desc, int32_t want_logits) {
+  if (!check_handle(eng)) return ENG_INVALID_ARGUMENT;
+  return guarded(&eng->last_error, [&] {
+    if (eng->validate_only)
+      throw EngineError(ENG_UNSUPPORTED,
+                        "this engine was created with validate_only: it holds no weights or pages and cannot step");
+    if (eng->inflight.size() >= ENG_MAX_INFLIGHT)
+      invalid_argument(fmt("%zu steps are already in flight (ENG_MAX_INFLIGHT = %d); call eng_engine_wait first",
+                           eng->inflight.size(), ENG_MAX_INFLIGHT));
+    build_batch(eng, desc, nullptr, /*need_res=*/false);
+    // Own a copy of the validated batch: the caller may reuse its arrays now.
+    auto job = std::make_shared<AsyncStep>();
+    int64_t nblocks = 0;
+    for (const auto& q : eng->batch.seqs) nblocks += q.num_blocks;
+    job->tokens.reserve(static_cast<size_t>(eng->batch.num_rows));
+    job->blocks.reserve(static_cast<size_t>(nblocks));
+    for (const auto& q : eng->batch.seqs) {
+      job->tokens.insert(job->tokens.end(), q.tokens, q.tokens + q.num_tokens);
+      job->blocks.insert(job->blocks.end(), q.blocks, q.blocks + q.num_blocks);
+    }
+    job->batch = eng->batch;
+    int64_t tok = 0, blk = 0;
+    for (auto& q : job->batch.seqs) {
+      q.tokens = job->tokens.data() + tok;
+      q.blocks = job->blocks.data() + blk;
+      tok += q.num_tokens;
+      blk += q.num_blocks;
+    }
+    job->want_logits = want_logits != 0;
+    job->sampled.assign(job->batch.seqs.size(), -1);
+    if (job->want_logits)
+      job->logits.assign(static_cast<size_t>(job->batch.num_sampled) * eng->params.shape.vocab_size, 0.0f);
+    if (!eng->stream) eng->stream = std::make_unique<lockstep::Stream>();
+    lockstep::Backend* backend = eng->backend.get();
+    eng->inflight.push_back(job);
+    eng->stream->enqueue([job, backend] {
+      std::string error;
+      eng_status status = guarded(&error, [&] {
+        if (job->batch.seqs.empty()) return;
+        job->device_ms = backend->step(job->batch, job->sampled.data(),
+                                       job->want_logits ? job->logits.data() : nullptr);
+      });
+      std::lock_guard<std::mutex> lk(job->mu);
+      job->status = status;
+      job->error = std::move(error);
+      job->done = true;
+      job->cv.notify_all();
+    });
+  });
+}
+
+eng_status eng_engine_wait(eng_engine_t eng, eng_step_result* res) {
+  if (!check_handle(eng)) return ENG_INVALID_ARGUMENT;
+  return guarded(&eng->last_error, [&] {
+    if (res == nullptr) invalid_argument("res is NULL");
+    if (eng->inflight.empty()) invalid_argument("no submitted step to wait for");
+    std::shared_ptr<AsyncStep> job = eng->inflight.front();
+    const size_t n = job->batch.seqs.size();
+    if (n > 0 && res->sampled == nullptr) invalid_argument(fmt("res.sampled is NULL (num_seqs = %zu)", n));
+    {
+      std::unique_lock<std::mutex> lk(job->mu);
+      job->cv.wait(lk, [&] { return job->done; });
+    }
+    eng->inflight.pop_front();
+    if (job->status != ENG_OK) throw EngineError(job->status, "submitted step failed: " + job->error);
+    std::copy(job->sampled.begin(), job->sampled.end(), res->sampled);
+    if (res->logits != nullptr && job->want_logits)
+      std::copy(job->logits.begin(), job->logits.end(), res->logits);
+    res->device_ms = job->device_ms;
+  });
+}
+
+int32_t eng_engine_inflight(eng_engine_t eng) {
+  return eng == nullptr ? 0 : static_cast<int32_t>(eng->inflight.size());
 }
 
 }  // extern "C"
