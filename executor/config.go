@@ -52,6 +52,9 @@ type Config struct {
 	Scheduler scheduler.Config
 	// MaxSeqLen bounds prompt + 1 (arrival validation); 0 = pool tokens.
 	MaxSeqLen int
+	// Overlap selects the overlap loop (§6): iteration N+1 is scheduled while
+	// N runs on the engine. Otherwise the non-overlap loop (§5).
+	Overlap bool
 	// IterLog receives JSON Lines iteration records; nil disables the log.
 	IterLog io.Writer
 	// Progress is called on rank 0 after each iteration with the number of

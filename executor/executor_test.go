@@ -13,8 +13,12 @@ import (
 func TestServesEveryRequestAndDigestIndependentOfRanks(t *testing.T) {
 	reqs := sampleRequests(t, 24, 0.05)
 	var digests []string
-	for _, ranks := range []int{1, 2, 4} {
-		f := &fleet{ranks: ranks, reqs: reqs}
+	for _, c := range []struct {
+		ranks   int
+		overlap bool
+	}{{1, false}, {2, false}, {4, false}, {1, true}, {2, true}, {4, true}} {
+		ranks := c.ranks
+		f := &fleet{ranks: ranks, reqs: reqs, overlap: c.overlap}
 		f.run(t)
 		f.requireNoErrors(t)
 		if ranks > 1 {
@@ -30,8 +34,9 @@ func TestServesEveryRequestAndDigestIndependentOfRanks(t *testing.T) {
 			require.Equal(t, f.results[0].Iterations, r.Iterations)
 		}
 	}
-	require.Equal(t, digests[0], digests[1])
-	require.Equal(t, digests[0], digests[2])
+	for i := range digests {
+		require.Equal(t, digests[0], digests[i], "run %d", i)
+	}
 }
 
 func TestRecomputeUnderPressureKeepsOutputs(t *testing.T) {
@@ -40,16 +45,22 @@ func TestRecomputeUnderPressureKeepsOutputs(t *testing.T) {
 	roomy.run(t)
 	roomy.requireNoErrors(t)
 	// A pool barely larger than the longest request forces preemption.
-	tight := &fleet{ranks: 2, reqs: reqs, pages: 24}
-	tight.run(t)
-	tight.requireNoErrors(t)
-	tight.requireEqualTraces(t)
-	recomputed := 0
-	for _, r := range tight.results[0].Responses {
-		recomputed += r.Recomputed
+	for _, overlap := range []bool{false, true} {
+		tight := &fleet{ranks: 2, reqs: reqs, pages: 24, overlap: overlap}
+		tight.run(t)
+		tight.requireNoErrors(t)
+		tight.requireEqualTraces(t)
+		recomputed := 0
+		for _, r := range tight.results[0].Responses {
+			recomputed += r.Recomputed
+		}
+		require.Positive(t, recomputed, "the tight pool should force recompute preemptions (overlap %v)", overlap)
+		require.Equal(t, roomy.digest(t), tight.digest(t), "overlap %v", overlap)
+		for i, kv := range tight.kvs {
+			require.NoError(t, kv.CheckInvariants(), "rank %d", i)
+			require.Equal(t, kv.TotalPages(), kv.FreePages(), "rank %d leaked pages", i)
+		}
 	}
-	require.Positive(t, recomputed, "the tight pool should force recompute preemptions")
-	require.Equal(t, roomy.digest(t), tight.digest(t))
 }
 
 func TestNeverFittingRequestIsRejectedAtOnce(t *testing.T) {
@@ -163,4 +174,30 @@ func longOutputRequests(n, p, g int) []workload.Request {
 		out = append(out, workload.Request{Index: i, Prompt: prompt, MaxNewTokens: g})
 	}
 	return out
+}
+
+// E-19: in the overlap loop every iteration with a forward gets one record
+// with its own device time, written one iteration late; records of all
+// iterations are present.
+func TestOverlapIterationRecords(t *testing.T) {
+	reqs := longOutputRequests(3, 16, 6)
+	f := &fleet{ranks: 1, reqs: reqs, overlap: true}
+	f.run(t)
+	f.requireNoErrors(t)
+	seen := map[int64]bool{}
+	forwards := 0
+	for _, line := range f.iterLog[0].lines {
+		var rec IterRecord
+		require.NoError(t, json.Unmarshal(line, &rec))
+		require.False(t, seen[rec.Iter], "iteration %d logged twice", rec.Iter)
+		seen[rec.Iter] = true
+		if rec.CanQueue {
+			require.NotNil(t, rec.DeviceMS, "iteration %d ran a forward", rec.Iter)
+			forwards++
+		} else {
+			require.Nil(t, rec.DeviceMS)
+		}
+	}
+	require.Len(t, seen, int(f.results[0].Iterations))
+	require.EqualValues(t, f.results[0].ForwardIterations, forwards)
 }

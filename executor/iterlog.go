@@ -40,6 +40,8 @@ type IterRecord struct {
 	MaxNumTokens       *int      `json:"max_num_tokens"`
 	Cost               *costInfo `json:"cost"`
 	EventsDropped      int       `json:"events_dropped"`
+
+	timed bool // host_ms and wait_ms already measured (overlap loop)
 }
 
 type costInfo struct {
@@ -92,8 +94,7 @@ func (e *Executor) writeIterRecord(rec *IterRecord, start time.Time) error {
 	if rec == nil {
 		return nil
 	}
-	rec.HostMS = round3(float64(e.cfg.Clock().Sub(start)) / 1e6)
-	rec.WaitMS = round3(float64(e.waitDur) / 1e6)
+	e.timeIterRecord(rec, start)
 	total := e.d.KV.TotalPages()
 	if total > 0 {
 		rec.KVUtil = round3(1 - float64(e.d.KV.FreePages())/float64(total))
@@ -106,6 +107,18 @@ func (e *Executor) writeIterRecord(rec *IterRecord, start time.Time) error {
 		return fmt.Errorf("iteration log: %w", err)
 	}
 	return nil
+}
+
+// timeIterRecord measures host_ms and wait_ms of rec's own iteration, once:
+// the overlap loop calls it at the end of the iteration that launched the
+// batch and writes the record one iteration later.
+func (e *Executor) timeIterRecord(rec *IterRecord, start time.Time) {
+	if rec == nil || rec.timed {
+		return
+	}
+	rec.HostMS = round3(float64(e.cfg.Clock().Sub(start)) / 1e6)
+	rec.WaitMS = round3(float64(e.waitDur) / 1e6)
+	rec.timed = true
 }
 
 // statsOf is this iteration's statistics, piggybacked on the next rank state (§13.3).

@@ -41,9 +41,11 @@ type Executor struct {
 	pending  []Response // rejections, flushed at C8
 	finished []Response // completions of this iteration's forward, gathered at C7
 
-	step    bridge.StepDesc
-	stepRes bridge.StepResult
-	batch   []*request // the batch of this iteration, in step order
+	step      bridge.StepDesc
+	stepRes   bridge.StepResult
+	prev      *batch   // overlap loop: launched, results not applied yet
+	spare     *batch   // recycled batch object
+	executing []uint64 // ids of prev, handed to the scheduler
 
 	res       Result
 	wasteSum  float64
@@ -82,6 +84,9 @@ func (e *Executor) Run() (*Result, error) {
 			break
 		}
 	}
+	if err := e.drain(); err != nil {
+		return nil, fmt.Errorf("rank %d: draining the last batch: %w", e.cfg.Rank, err)
+	}
 	e.res.Iterations = e.iter
 	if e.wasteN > 0 {
 		e.res.LockstepWaste = e.wasteSum / float64(e.wasteN)
@@ -91,99 +96,239 @@ func (e *Executor) Run() (*Result, error) {
 
 func (e *Executor) multi() bool { return e.cfg.Ranks > 1 }
 
-// iteration runs one non-overlap iteration (executor.md §5). It returns false
-// when the loop exits.
-func (e *Executor) iteration() (bool, error) {
-	start := e.cfg.Clock()
+// plan is the part of an iteration shared by both loops (§5 steps 1–7, §6
+// steps 1–8): fetch and route, padding, scheduling, recompute resets and the
+// agreement on whether the fleet runs a forward.
+type plan struct {
+	start            time.Time
+	out              *scheduler.Output
+	fleetWork        bool
+	canQueue         bool // agreed
+	canQueueThisRank bool // local
+	rec              *IterRecord
+	stats            RankState
+}
+
+// prologue runs the shared part. It returns nil when the loop exits.
+func (e *Executor) prologue() (*plan, error) {
+	p := &plan{start: e.cfg.Clock()}
 	e.waitDur = 0
-	// 1–2: fetch and route.
+	// Fetch and route.
 	states, err := e.gatherRankStates()
 	if err != nil {
-		return false, err
+		return nil, err
 	}
-	items, err := e.fetchArrivals(start)
+	items, err := e.fetchArrivals(p.start)
 	if err != nil {
-		return false, err
+		return nil, err
 	}
 	e.route(items)
-	fleetWork := len(items) > 0 || len(e.active) > 0
+	p.fleetWork = len(items) > 0
 	for _, s := range states {
-		fleetWork = fleetWork || s.ActiveRequests > 0
+		p.fleetWork = p.fleetWork || s.ActiveRequests > 0 || s.RetiringRequests > 0
 	}
-	if e.shutdown && !fleetWork && len(e.pending) == 0 {
-		return false, nil // agreed: every rank sees the same states and broadcast
+	if !e.multi() {
+		p.fleetWork = p.fleetWork || e.hasRealWork()
 	}
-	// 3: padding dummy.
-	if e.multi() && fleetWork {
+	if e.shutdown && !p.fleetWork {
+		return nil, nil // agreed: every rank saw the same states and broadcast
+	}
+	// Padding dummy.
+	if e.multi() && p.fleetWork {
 		e.padDummy()
 	}
-	// 4: schedule.
+	// Schedule. Requests of the executing batch are scheduled normally but
+	// are never victims.
 	e.sched = e.sched[:0]
 	for _, r := range e.active {
 		e.sched = append(e.sched, &r.Request)
 	}
-	out, err := e.d.Planner.Schedule(e.sched, nil)
-	if err != nil {
-		return false, err
+	e.executing = e.executing[:0]
+	if e.prev != nil {
+		for _, r := range e.prev.reqs {
+			e.executing = append(e.executing, r.ID)
+		}
+	}
+	if p.out, err = e.d.Planner.Schedule(e.sched, e.executing); err != nil {
+		return nil, err
 	}
 	if e.cfg.OnNote != nil {
-		for _, n := range out.Notes {
+		for _, n := range p.out.Notes {
 			e.cfg.OnNote(e.cfg.Rank, n)
 		}
 	}
-	// 6: recompute victims are reset right after scheduling.
-	e.handlePaused(out)
-	// 7: agree on whether the fleet runs a forward.
-	canQueue, err := e.canQueue(out.NumFitting)
+	// Recompute victims are reset right after scheduling (§11.1).
+	e.handlePaused(p.out)
+	if p.canQueue, p.canQueueThisRank, err = e.canQueue(p.out.NumFitting); err != nil {
+		return nil, err
+	}
+	p.rec = e.newIterRecord(p.start, p.out, p.canQueue)
+	p.stats = e.statsOf(p.out)
+	return p, nil
+}
+
+// hasRealWork reports whether this rank holds any non-dummy request.
+func (e *Executor) hasRealWork() bool {
+	for _, r := range e.active {
+		if !r.IsDummy {
+			return true
+		}
+	}
+	return false
+}
+
+// iteration runs one iteration of the configured loop. It returns false when
+// the loop exits.
+func (e *Executor) iteration() (bool, error) {
+	p, err := e.prologue()
+	if err != nil || p == nil {
+		return false, err
+	}
+	if e.cfg.Overlap {
+		err = e.overlapTail(p)
+	} else {
+		err = e.nonOverlapTail(p)
+	}
 	if err != nil {
 		return false, err
 	}
-	rec := e.newIterRecord(start, out, canQueue)
-	stats := e.statsOf(out)
-	// 8–10.
-	var deviceMS float64
-	if canQueue {
-		if err := e.prepareBatch(out); err != nil {
-			return false, err
-		}
-		e.dummy = nil // the dummy runs and leaves after the forward
-		if deviceMS, err = e.forward(start); err != nil {
-			return false, err
-		}
-		e.res.ForwardIterations++
-		e.res.DeviceMS += deviceMS
-		if rec != nil {
-			rec.DeviceMS = &deviceMS
-		}
-		if err := e.gatherResponses("responses", e.finished, 0, false); err != nil {
-			return false, err
-		}
-	} else {
-		for _, r := range out.Generation {
-			e.d.KV.RevertAllocateGeneration(r)
-		}
-		e.rollbackDummy()
-	}
-	e.finished = e.finished[:0]
-	// 11: pending responses, always (with this rank's busy time for the waste metric).
-	if err := e.gatherResponses("pending_responses", e.pending, int64(deviceMS*1000), canQueue); err != nil {
-		return false, err
-	}
-	e.pending = e.pending[:0]
-	// 12: statistics, log, pacing.
-	stats.HostUS = e.cfg.Clock().Sub(start).Microseconds()
-	e.lastStats = stats
+	p.stats.HostUS = e.cfg.Clock().Sub(p.start).Microseconds()
+	e.lastStats = p.stats
 	if e.cfg.Rank == 0 && e.cfg.Progress != nil {
 		e.cfg.Progress(len(e.res.Responses))
 	}
-	if err := e.writeIterRecord(rec, start); err != nil {
-		return false, err
-	}
-	if !canQueue && !fleetWork {
+	if !p.canQueue && !p.fleetWork {
 		e.idleWait()
 	}
 	e.iter++
 	return true, nil
+}
+
+// nonOverlapTail is §5 steps 8–12: every collective sits under the agreed
+// can_queue or runs unconditionally.
+func (e *Executor) nonOverlapTail(p *plan) error {
+	var deviceMS float64
+	if p.canQueue {
+		b, err := e.prepareBatch(p.out, p)
+		if err != nil {
+			return err
+		}
+		e.dummy = nil // the dummy runs and leaves after the forward
+		if err := e.buildStep(b); err != nil {
+			return err
+		}
+		if err := e.d.Engine.Step(&e.step, &e.stepRes); err != nil {
+			return err
+		}
+		e.markLaunched(b)
+		if deviceMS, err = e.applyResults(b, &e.stepRes); err != nil {
+			return err
+		}
+		if err := e.gatherResponses("responses", e.finished, 0, false); err != nil {
+			return err
+		}
+	} else {
+		e.revertGeneration(p.out)
+		e.rollbackDummy()
+	}
+	e.finished = e.finished[:0]
+	if err := e.gatherResponses("pending_responses", e.pending, int64(deviceMS*1000), p.canQueue); err != nil {
+		return err
+	}
+	e.pending = e.pending[:0]
+	return e.writeIterRecord(p.rec, p.start)
+}
+
+// overlapTail is §6 steps 8–17: the new batch is launched asynchronously and
+// the previous batch's results are applied around it.
+func (e *Executor) overlapTail(p *plan) error {
+	shouldProcessPrev := p.canQueue || !p.canQueueThisRank
+	var b *batch
+	var err error
+	if p.canQueue {
+		if b, err = e.prepareBatch(p.out, p); err != nil {
+			return err
+		}
+		e.dummy = nil
+	} else {
+		e.revertGeneration(p.out)
+		e.rollbackDummy()
+	}
+	// 11: apply the previous batch's sampled tokens.
+	processed := e.prev != nil && shouldProcessPrev
+	var deviceMS float64
+	if processed {
+		var res bridge.StepResult
+		if err := e.d.Engine.Wait(&res); err != nil {
+			return err
+		}
+		if deviceMS, err = e.applyResults(e.prev, &res); err != nil {
+			return err
+		}
+	}
+	// 12: pending responses, always (with the processed batch's busy time).
+	if err := e.gatherResponses("pending_responses", e.pending, int64(deviceMS*1000), processed); err != nil {
+		return err
+	}
+	e.pending = e.pending[:0]
+	// 13–14: launch, then the state updates of the launch.
+	if p.canQueue {
+		if err := e.buildStep(b); err != nil {
+			return err
+		}
+		if err := e.d.Engine.Submit(&e.step); err != nil {
+			return err
+		}
+		e.markLaunched(b)
+	}
+	// 15: exactly one response gather in either branch.
+	if processed {
+		if err := e.gatherResponses("responses", e.finished, 0, false); err != nil {
+			return err
+		}
+		if err := e.writeIterRecord(e.prev.rec, e.prev.start); err != nil {
+			return err
+		}
+	} else if err := e.gatherResponses("responses", nil, 0, false); err != nil {
+		return err
+	}
+	e.finished = e.finished[:0]
+	if !p.canQueue {
+		// An iteration without a forward logs at its own end (§13.1).
+		if err := e.writeIterRecord(p.rec, p.start); err != nil {
+			return err
+		}
+	}
+	// 17.
+	switch {
+	case p.canQueue:
+		e.timeIterRecord(p.rec, p.start)
+		e.prev = b
+	case processed:
+		e.prev = nil
+	}
+	return nil
+}
+
+// drain applies a batch still in flight when the loop exits (only dummies
+// can remain: real requests keep the fleet busy until processed).
+func (e *Executor) drain() error {
+	if e.prev == nil {
+		return nil
+	}
+	var res bridge.StepResult
+	if err := e.d.Engine.Wait(&res); err != nil {
+		return err
+	}
+	_, err := e.applyResults(e.prev, &res)
+	e.prev = nil
+	return err
+}
+
+func (e *Executor) revertGeneration(out *scheduler.Output) {
+	for _, r := range out.Generation {
+		e.d.KV.RevertAllocateGeneration(r)
+	}
 }
 
 // gatherRankStates is C1: every rank's state, indexed by its rank field.
@@ -367,9 +512,9 @@ func (e *Executor) handlePaused(out *scheduler.Output) {
 }
 
 // canQueue is C5 (§4.3): the fleet runs a forward only if every rank has a batch.
-func (e *Executor) canQueue(b int) (bool, error) {
+func (e *Executor) canQueue(b int) (canQueue, thisRank bool, err error) {
 	if !e.multi() {
-		return b > 0, nil
+		return b > 0, b > 0, nil
 	}
 	v := make([]byte, 8)
 	binary.LittleEndian.PutUint64(v, uint64(b))
@@ -377,16 +522,16 @@ func (e *Executor) canQueue(b int) (bool, error) {
 	all, err := e.d.Comm.AllGather("batch_size", v)
 	e.waitDur += e.cfg.Clock().Sub(t)
 	if err != nil {
-		return false, err
+		return false, false, err
 	}
 	ok := true
 	for i, x := range all {
 		if len(x) != 8 {
-			return false, fmt.Errorf("collective desync: batch size from rank %d has %d bytes", i, len(x))
+			return false, false, fmt.Errorf("collective desync: batch size from rank %d has %d bytes", i, len(x))
 		}
 		ok = ok && binary.LittleEndian.Uint64(x) > 0
 	}
-	return ok, nil
+	return ok, b > 0, nil
 }
 
 // gatherResponses sends this rank's responses to rank 0 (C7/C8). Rank 0

@@ -8,59 +8,158 @@ import (
 	"github.com/lockstep-ai/lockstep/scheduler"
 )
 
+// batch is one launched forward: its requests in step order, which rows
+// sample, and the iteration it belongs to (for its log record).
+type batch struct {
+	reqs   []*request
+	sample []bool
+	iter   int64
+	start  time.Time
+	rec    *IterRecord
+}
+
 // prepareBatch assigns batch slots and asserts that every scheduled request's
 // cache is active (the scheduler already allocated, in both policies).
-func (e *Executor) prepareBatch(out *scheduler.Output) error {
-	e.batch = e.batch[:0]
+func (e *Executor) prepareBatch(out *scheduler.Output, p *plan) (*batch, error) {
+	b := e.spare
+	e.spare = nil
+	if b == nil || b == e.prev {
+		b = &batch{}
+	}
+	b.reqs, b.sample = b.reqs[:0], b.sample[:0]
+	b.iter, b.start, b.rec = e.iter, p.start, p.rec
 	for _, list := range [][]*scheduler.Request{out.Context, out.Generation} {
 		for _, s := range list {
 			r := e.byID[s.ID]
 			if r == nil {
-				return fmt.Errorf("invariant prepareBatch: scheduled request %d is not active", s.ID)
+				return nil, fmt.Errorf("invariant prepareBatch: scheduled request %d is not active", s.ID)
 			}
 			if !e.d.KV.IsActive(r.ID) {
-				return fmt.Errorf("invariant prepareBatch: scheduled request %d has no active KV cache", r.ID)
+				return nil, fmt.Errorf("invariant prepareBatch: scheduled request %d has no active KV cache", r.ID)
 			}
-			r.BatchIndex = len(e.batch)
-			e.batch = append(e.batch, r)
+			r.BatchIndex = len(b.reqs)
+			b.reqs = append(b.reqs, r)
 		}
 	}
-	return nil
+	return b, nil
 }
 
-// forward builds the step descriptor (one cgo call for the whole batch), runs
-// it and applies the sampled tokens.
-func (e *Executor) forward(start time.Time) (float64, error) {
+// buildStep fills the step descriptor of b (one cgo call for the whole
+// batch). It must run after the previous batch's tokens were applied: a
+// generation row's input is the newest token of its request.
+func (e *Executor) buildStep(b *batch) error {
 	seqs := e.step.Seqs[:0]
-	for _, r := range e.batch {
+	b.sample = b.sample[:0]
+	for _, r := range b.reqs {
 		var s bridge.SeqStep
-		if r.State.IsContext() {
+		switch {
+		case r.State.IsContext():
 			pos := r.ContextPosition
 			s = bridge.SeqStep{Tokens: r.Tokens[pos : pos+r.ChunkSize], StartPos: pos,
 				Sample: pos+r.ChunkSize == r.PromptLen}
-		} else {
-			s = bridge.SeqStep{Tokens: e.tokenBuf(r), StartPos: r.PromptLen + r.Generated - 1, Sample: !r.IsDummy}
+		case r.IsDummy:
+			s = bridge.SeqStep{Tokens: r.Tokens[:1], StartPos: 0}
+		default:
+			if len(r.output) == 0 {
+				return fmt.Errorf("invariant buildStep: generation request %d has no token to feed", r.ID)
+			}
+			s = bridge.SeqStep{Tokens: r.output[len(r.output)-1:], StartPos: r.PromptLen + r.Generated - 1, Sample: true}
 		}
 		s.BlockTable = e.d.KV.BlockTable(r.ID)
 		seqs = append(seqs, s)
+		b.sample = append(b.sample, s.Sample)
 	}
 	e.step.Seqs = seqs
-	if err := e.d.Engine.Step(&e.step, &e.stepRes); err != nil {
-		return 0, err
-	}
-	if len(e.stepRes.Sampled) != len(e.batch) {
-		return 0, fmt.Errorf("engine returned %d sampled tokens for a batch of %d", len(e.stepRes.Sampled), len(e.batch))
-	}
-	now := e.cfg.Clock().UnixNano()
-	for i, r := range e.batch {
-		if err := e.apply(r, e.stepRes.Sampled[i], now); err != nil {
-			return 0, err
+	return nil
+}
+
+// markLaunched applies the state transitions of a launch (§6 step 14): a
+// context chunk advances the position (and a final chunk makes the request a
+// generation request); a step that produces the last allowed token makes the
+// request GENERATION_TO_COMPLETE.
+func (e *Executor) markLaunched(b *batch) {
+	for i, r := range b.reqs {
+		if r.IsDummy {
+			// A dummy runs once: it leaves the scheduler's window at launch.
+			r.State = scheduler.GenerationToComplete
+			continue
+		}
+		if r.State.IsContext() {
+			r.ContextPosition += r.ChunkSize
+			e.d.KV.UpdateAfterContext(&r.Request)
+			if !b.sample[i] {
+				r.State = scheduler.ContextInProgress
+				continue
+			}
+			r.State = scheduler.GenerationInProgress
+		}
+		if r.Generated+1 >= r.MaxNewTokens {
+			r.State = scheduler.GenerationToComplete
 		}
 	}
-	// Dummies and finished requests leave active after the forward.
+}
+
+// applyResults applies a finished batch's sampled tokens: outputs grow, a
+// request whose last token arrived completes (KV freed, response queued), and
+// the batch's dummies leave. It returns the batch's device time.
+func (e *Executor) applyResults(b *batch, res *bridge.StepResult) (float64, error) {
+	if len(res.Sampled) != len(b.reqs) {
+		return 0, fmt.Errorf("engine returned %d sampled tokens for a batch of %d", len(res.Sampled), len(b.reqs))
+	}
+	now := e.cfg.Clock().UnixNano()
+	removed := false
+	for i, r := range b.reqs {
+		if r.IsDummy {
+			e.d.KV.Free(&r.Request)
+			r.State = scheduler.Complete
+			removed = true
+			continue
+		}
+		if !b.sample[i] {
+			continue
+		}
+		tok := res.Sampled[i]
+		if tok < 0 {
+			return 0, fmt.Errorf("engine did not sample request %d", r.ID)
+		}
+		wasGeneration := r.Generated > 0
+		r.output = append(r.output, tok)
+		r.Generated++
+		if r.firstTokenNS == 0 {
+			r.firstTokenNS = now
+		}
+		if wasGeneration {
+			e.d.KV.UpdateAfterGeneration(&r.Request)
+		}
+		if r.State == scheduler.GenerationToComplete {
+			r.State = scheduler.Complete
+			e.d.KV.Free(&r.Request)
+			e.finished = append(e.finished, Response{ID: r.ID, Rank: e.cfg.Rank, Output: r.output,
+				ArrivalUnixNS: r.arrivalNS, FirstTokenUnixNS: r.firstTokenNS, FinishUnixNS: now,
+				Suspended: r.suspended, Recomputed: r.recomputed})
+			removed = true
+		}
+	}
+	if removed {
+		e.compactActive()
+	}
+	e.res.ForwardIterations++
+	e.res.DeviceMS += res.DeviceMS
+	if b.rec != nil {
+		ms := res.DeviceMS
+		b.rec.DeviceMS = &ms
+	}
+	if e.spare == nil {
+		e.spare = b
+	}
+	return res.DeviceMS, nil
+}
+
+// compactActive drops completed requests and spent dummies, keeping order.
+func (e *Executor) compactActive() {
 	kept := e.active[:0]
 	for _, r := range e.active {
-		if r.IsDummy || r.State == scheduler.Complete {
+		if r.State == scheduler.Complete {
 			delete(e.byID, r.ID)
 			continue
 		}
@@ -70,53 +169,4 @@ func (e *Executor) forward(start time.Time) (float64, error) {
 		e.active[i] = nil
 	}
 	e.active = kept
-	return e.stepRes.DeviceMS, nil
-}
-
-// tokenBuf returns a one-token slice holding r's next generation input.
-func (e *Executor) tokenBuf(r *request) []int32 {
-	if r.IsDummy {
-		return r.Tokens[:1]
-	}
-	return r.output[len(r.output)-1:]
-}
-
-// apply advances one request after the step (non-overlap: results are known
-// right away, so a finishing request goes straight to COMPLETE).
-func (e *Executor) apply(r *request, tok int32, now int64) error {
-	r.BatchIndex = scheduler.NoBatchIndex
-	if r.IsDummy {
-		e.d.KV.Free(&r.Request)
-		return nil
-	}
-	if r.State.IsContext() {
-		r.ContextPosition += r.ChunkSize
-		e.d.KV.UpdateAfterContext(&r.Request)
-		if r.ContextPosition < r.PromptLen {
-			r.State = scheduler.ContextInProgress
-			return nil
-		}
-		if tok < 0 {
-			return fmt.Errorf("engine did not sample the last chunk of request %d", r.ID)
-		}
-		r.State = scheduler.GenerationInProgress
-	} else {
-		e.d.KV.UpdateAfterGeneration(&r.Request)
-	}
-	if tok < 0 {
-		return fmt.Errorf("engine did not sample generation request %d", r.ID)
-	}
-	r.output = append(r.output, tok)
-	r.Generated++
-	if r.firstTokenNS == 0 {
-		r.firstTokenNS = now
-	}
-	if r.Generated >= r.MaxNewTokens {
-		r.State = scheduler.Complete
-		e.d.KV.Free(&r.Request)
-		e.finished = append(e.finished, Response{ID: r.ID, Rank: e.cfg.Rank, Output: r.output,
-			ArrivalUnixNS: r.arrivalNS, FirstTokenUnixNS: r.firstTokenNS, FinishUnixNS: now,
-			Suspended: r.suspended, Recomputed: r.recomputed})
-	}
-	return nil
 }

@@ -21,6 +21,7 @@ type fileConfig struct {
 	Model     *string          `yaml:"model"`
 	Seed      *uint64          `yaml:"seed"`
 	Ranks     *int             `yaml:"ranks"`
+	Overlap   *string          `yaml:"overlap"`
 	KV        kvFileConfig     `yaml:"kv"`
 	Scheduler schedFileConfig  `yaml:"scheduler"`
 	Workload  workloadFileConf `yaml:"workload"`
@@ -105,6 +106,7 @@ func (fc *fileConfig) apply(o *serveOptions, set map[string]bool) error {
 		o.seed = *fc.Seed
 	}
 	num("ranks", &o.ranks, fc.Ranks)
+	str("overlap", &o.overlap, fc.Overlap)
 	num("pages", &o.pages, fc.KV.Pages)
 	num("tokens-per-page", &o.tokensPerPage, fc.KV.TokensPerPage)
 	num("host-pages", &o.hostPages, fc.KV.HostPages)

@@ -44,6 +44,7 @@ type serveOptions struct {
 	progress                   string
 	collectiveTimeout          time.Duration
 	logLevel                   string
+	overlap                    string
 }
 
 func defaultServeOptions() serveOptions {
@@ -53,7 +54,7 @@ func defaultServeOptions() serveOptions {
 		chunked: true, policy: "max_utilization",
 		sched:       scheduler.Config{RecomputePause: true, PrefixAware: true},
 		lengthScale: 1, arrivalScale: 1, report: "text", progress: "auto",
-		collectiveTimeout: 60 * time.Second, logLevel: "info",
+		collectiveTimeout: 60 * time.Second, logLevel: "info", overlap: "on",
 	}
 }
 
@@ -82,6 +83,7 @@ func (o *serveOptions) flags(fs *flag.FlagSet) {
 	fs.StringVar(&o.progress, "progress", o.progress, "progress display: auto, bar, lines or off")
 	fs.DurationVar(&o.collectiveTimeout, "collective-timeout", o.collectiveTimeout, "collective watchdog timeout")
 	fs.StringVar(&o.logLevel, "log-level", o.logLevel, "log level: debug, info, warn or error")
+	fs.StringVar(&o.overlap, "overlap", o.overlap, "overlap loop: on (schedule iteration N+1 while N runs) or off")
 }
 
 // validate refuses impossible configurations before any work starts.
@@ -99,6 +101,9 @@ func (o *serveOptions) validate() error {
 		return err
 	}
 	if err := oneOf("log-level", o.logLevel, "debug", "info", "warn", "error"); err != nil {
+		return err
+	}
+	if err := oneOf("overlap", o.overlap, "on", "off"); err != nil {
 		return err
 	}
 	if _, err := parsePolicy(o.policy); err != nil {
@@ -285,7 +290,8 @@ func serve(o *serveOptions, sc scheduler.Config, reqs []workload.Request, log *z
 			log.Info("scheduler", zap.String("config", sch.Describe()))
 		}
 		cfg := executor.Config{Rank: i, Ranks: o.ranks, Scheduler: sc, MaxSeqLen: o.maxSeqLen, IterLog: iterLogs[i],
-			OnNote: func(rank int, n scheduler.Note) { logNote(log, rank, n) }}
+			Overlap: o.overlap == "on",
+			OnNote:  func(rank int, n scheduler.Note) { logNote(log, rank, n) }}
 		deps := executor.Deps{Comm: comms[i], Engine: eng, KV: kv, Planner: sch}
 		if i == 0 {
 			deps.Source = source

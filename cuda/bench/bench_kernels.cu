@@ -106,7 +106,7 @@ double attention_ms(int batch, int tokens, int depth, __nv_bfloat16* slab, int64
   const int ctx = depth + tokens, nb = (ctx + kP - 1) / kP, rows = batch * tokens;
   std::vector<int32_t> blocks(size_t(batch) * nb);
   std::iota(blocks.begin(), blocks.end(), 0);
-  std::vector<AttnSeq> seqs(size_t(batch));
+  std::vector<AttnSeq> seqs(static_cast<size_t>(batch));
   for (int s = 0; s < batch; ++s) seqs[size_t(s)] = AttnSeq{s * tokens, tokens, depth, s * nb, 0, ctx, s, 0};
   int32_t* dblocks;
   AttnSeq* dseqs;

@@ -125,7 +125,7 @@ int main() {
       // Suspend sequence 3's pages to host pages 0.. and back into the same
       // device pages after scribbling over them with another sequence's copy.
       const int n = (seqs[3].pos + kP - 1) / kP;
-      std::vector<int32_t> host(size_t(n)), dev(seqs[3].blocks.begin(), seqs[3].blocks.begin() + n);
+      std::vector<int32_t> host(static_cast<size_t>(n)), dev(seqs[3].blocks.begin(), seqs[3].blocks.begin() + n);
       for (int k = 0; k < n; ++k) host[size_t(k)] = k;
       for (eng_engine_t e : {cpu, gpu}) {
         bool ok = eng_engine_copy_pages(e, ENG_TIER_DEVICE, dev.data(), ENG_TIER_HOST, host.data(), n) == ENG_OK;

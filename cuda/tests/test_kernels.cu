@@ -54,7 +54,6 @@ std::vector<float> randv(size_t n, float scale = 1.0f) {
   for (auto& x : v) x = rnd(rng) * scale;
   return v;
 }
-float bf(float x) { return __bfloat162float(__float2bfloat16(x)); }
 std::vector<float> tof(const std::vector<__nv_bfloat16>& v) {
   std::vector<float> o(v.size());
   for (size_t i = 0; i < v.size(); ++i) o[i] = __bfloat162float(v[i]);
@@ -222,7 +221,7 @@ void test_attention(const AttnCase& c) {
   int rows = 0, pages = 0;
   for (int s = 0; s < 2; ++s) pages += (start[s] + n_tok[s] + c.P - 1) / c.P;
   pages += 3;
-  std::vector<int32_t> perm(size_t(pages));
+  std::vector<int32_t> perm(static_cast<size_t>(pages));
   std::iota(perm.begin(), perm.end(), 0);
   std::shuffle(perm.begin(), perm.end(), rng);
   int next = 0;

@@ -1,0 +1,182 @@
+package router
+
+import (
+	"fmt"
+	"math"
+)
+
+// Conversation is the conversation-aware router (spec §3): requests sharing
+// a routing key (affinity id, else conversation id) stick to the rank that
+// served the key first, so later turns find their prefix in that rank's KV
+// cache; new keys and key-less requests are spread by round-robin or
+// least-queued placement under a fair-share bound; no rank takes more than
+// H requests unless the caller skipped the pop. While demotion is on it
+// also publishes the uncached-prefill estimate (§5).
+//
+// State carried across calls (identical on every rank because every rank
+// makes the same calls): the key → rank bindings (LRU, MaxSessions), the
+// round-robin cursor and the conversation → previous prompt length history
+// (LRU, MaxSessions; only while demotion is on).
+type Conversation struct {
+	capH        int
+	multiplier  float64
+	leastQueued bool
+	demotion    bool
+	notes       []string
+
+	bind    *lru // routing key → rank
+	history *lru // conversation id → previous prompt length
+	rr      int  // round-robin cursor
+
+	// Reused per call; see Result for their lifetime.
+	count  []int
+	order  []int
+	rest   []int
+	ranks  []int
+	placed []int
+	est    []int64
+}
+
+// NewConversation builds the conversation-aware router. An unknown
+// NewConvPlacement falls back to round-robin and leaves one note.
+func NewConversation(cfg Config) (*Conversation, error) {
+	if err := cfg.validateCap(); err != nil {
+		return nil, err
+	}
+	sessions := cfg.MaxSessions
+	switch {
+	case sessions == 0:
+		sessions = DefaultMaxSessions
+	case sessions < 0:
+		return nil, fmt.Errorf("router: max_sessions must be at least 1, got %d", cfg.MaxSessions)
+	}
+	m := cfg.FairShareMultiplier
+	switch {
+	case math.IsNaN(m) || math.IsInf(m, 0):
+		return nil, fmt.Errorf("router: fair_share_multiplier must be a finite number, got %v", m)
+	case m == 0:
+		m = DefaultFairShareMultiplier
+	}
+	c := &Conversation{
+		capH:       cfg.MaxActivePerRank,
+		multiplier: max(1.0, m),
+		demotion:   cfg.Demotion,
+		bind:       newLRU(sessions),
+		history:    newLRU(sessions),
+	}
+	switch cfg.NewConvPlacement {
+	case "", PlacementRoundRobin:
+	case PlacementLeastQueued:
+		c.leastQueued = true
+	default:
+		c.notes = append(c.notes, fmt.Sprintf("router: new_conv_placement %q is unknown; using %s (allowed: %s, %s)",
+			cfg.NewConvPlacement, PlacementRoundRobin, PlacementRoundRobin, PlacementLeastQueued))
+	}
+	return c, nil
+}
+
+// Name returns NameConversation.
+func (c *Conversation) Name() string { return NameConversation }
+
+// Notes returns the construction warnings (at most one: unknown placement).
+func (c *Conversation) Notes() []string { return c.notes }
+
+// Route implements Router (spec §3.2). items are the taken requests in pop
+// order; estimates are computed in that order, before placement.
+func (c *Conversation) Route(items []Item, states []RankState) Result {
+	dp := len(states)
+	c.count = grow(c.count, dp)
+	rankVectors(states, c.count, nil)
+	c.ranks = grow(c.ranks, len(items))
+	c.placed = c.placed[:0]
+
+	var est []int64
+	if c.demotion {
+		c.est = grow(c.est, len(items))
+		for i := range items {
+			c.est[i] = c.estimate(&items[i])
+		}
+		est = c.est
+	}
+
+	// Explicit pass: a bound key always waits for the sticky pass (its home
+	// beats its target); an unbound target with room takes the item and
+	// becomes the key's home.
+	c.order = strictFirst(items, c.order)
+	c.rest = c.rest[:0]
+	for _, i := range c.order {
+		k := items[i].routingKey()
+		t := items[i].target(dp)
+		if (k == "" || !c.bind.has(k)) && t >= 0 && c.count[t] < c.capH {
+			c.place(i, t)
+			if k != "" {
+				c.bind.put(k, int64(t))
+			}
+			continue
+		}
+		c.rest = append(c.rest, i)
+	}
+	expected := expectedPerRank(c.count, len(c.rest), c.multiplier, c.capH)
+
+	// Sticky beats balance: a key goes home while home has room. A full
+	// home is not rebound, so the key returns once home drains.
+	for _, i := range c.rest {
+		k := items[i].routingKey()
+		if k != "" {
+			if home, ok := c.bind.peek(k); ok && c.count[home] < c.capH {
+				c.bind.touch(k)
+				c.place(i, int(home))
+				continue
+			}
+		}
+		chosen := c.choose(expected)
+		if k != "" && !c.bind.has(k) {
+			c.bind.put(k, int64(chosen))
+		}
+		c.place(i, chosen)
+	}
+	for _, n := range c.count {
+		expected = max(expected, n)
+	}
+	return Result{Ranks: c.ranks, Order: c.placed, Expected: expected, Estimates: est}
+}
+
+func (c *Conversation) place(i, rank int) {
+	c.ranks[i] = rank
+	c.placed = append(c.placed, i)
+	c.count[rank]++
+}
+
+// choose picks a rank for a request without a usable home (spec §3.2).
+func (c *Conversation) choose(expected int) int {
+	if !c.leastQueued {
+		dp := len(c.count)
+		for range dp {
+			r := c.rr
+			c.rr = (c.rr + 1) % dp
+			if c.count[r] < expected {
+				return r
+			}
+		}
+	}
+	if r := leastCount(c.count, expected); r >= 0 {
+		return r
+	}
+	return leastCount(c.count, int(^uint(0)>>1))
+}
+
+// estimate is the uncached-prefill estimate of §5 for one taken item, with
+// its history update. History is keyed by conversation id, never by the
+// routing key, so sub-agents sharing an affinity id keep separate histories.
+func (c *Conversation) estimate(it *Item) int64 {
+	p := int64(it.PromptLen)
+	if it.ConversationID == "" {
+		return p
+	}
+	prev, ok := c.history.peek(it.ConversationID)
+	c.history.put(it.ConversationID, p)
+	if ok && p >= prev {
+		return p - prev // growth since the previous turn's prompt
+	}
+	return p // first turn, evicted, or a rewritten (shrunk) conversation
+}
