@@ -39,7 +39,20 @@ type Config struct {
 	NumHostPages  int        // host-tier pages; 0 = no host tier
 	DeviceID      int        // CUDA device (local rank); ignored on CPU
 	ValidateOnly  bool       // validate shape and sizes, allocate nothing, refuse steps
+	// Helix makes the engine a member of a Helix CP group (nil: no Helix).
+	Helix *HelixMember
 	Backend       string     // native backend: "cpu" (default when "") or "cuda"
+}
+
+// HelixMember places an engine in a Helix context-parallel group. Group is an
+// engine-specific handle (bridge/native.CPGroup for the native engine) shared
+// by the Size members; Rank is this engine's CP rank. Under Helix, positions
+// are global and a block table lists the member's local pages, one per ledger
+// block of TokensPerPage·Size global tokens (kvcache.md §10).
+type HelixMember struct {
+	Group any
+	Rank  int
+	Size  int
 }
 
 // SeqStep is one sequence of a step: its new tokens at positions

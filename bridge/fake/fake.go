@@ -41,6 +41,10 @@ var _ bridge.Engine = (*Engine)(nil)
 // valid. NumPages and TokensPerPage must be positive, NumHostPages ≥ 0.
 // Errors match bridge.ErrInvalidArgument.
 func New(cfg bridge.Config) (*Engine, error) {
+	if cfg.Helix != nil {
+		return nil, bridge.StatusError("init", bridge.StatusUnsupported,
+			"the fake engine does not implement Helix context parallelism; use the cpu engine")
+	}
 	shape, err := resolveShape(cfg)
 	if err != nil {
 		return nil, bridge.StatusError("init", bridge.StatusInvalidArgument, err.Error())

@@ -196,6 +196,26 @@ func (e *engine) init(cfg bridge.Config, backend C.eng_backend) error {
 		return err
 	}
 	e.shape = shapeFromC(&s)
+	if h := cfg.Helix; h != nil {
+		g, ok := h.Group.(*CPGroup)
+		if !ok || g == nil {
+			C.eng_engine_free(e.h)
+			e.h = nil
+			return bridge.StatusError("init", bridge.StatusInvalidArgument,
+				fmt.Sprintf("Config.Helix.Group must be a *native.CPGroup, got %T", h.Group))
+		}
+		if g.Size() != h.Size {
+			C.eng_engine_free(e.h)
+			e.h = nil
+			return bridge.StatusError("init", bridge.StatusInvalidArgument,
+				fmt.Sprintf("Config.Helix.Size %d does not match the group's size %d", h.Size, g.Size()))
+		}
+		if err := g.join(e, h.Rank); err != nil {
+			C.eng_engine_free(e.h)
+			e.h = nil
+			return err
+		}
+	}
 	e.cdesc = (*C.eng_step_desc)(C.calloc(1, C.sizeof_eng_step_desc))
 	e.cres = (*C.eng_step_result)(C.calloc(1, C.sizeof_eng_step_result))
 	return nil

@@ -5,6 +5,7 @@ package native
 import (
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/lockstep-ai/lockstep/bridge"
 )
@@ -25,3 +26,17 @@ func SupportedBackends() []string { return nil }
 func PresetShape(name string) (bridge.ModelShape, error) {
 	return bridge.ModelShape{}, fmt.Errorf("native preset %q: %w", name, errNotBuilt)
 }
+
+// CPGroup is the native Helix CP group; this build has none.
+type CPGroup struct{}
+
+// NewCPGroup always fails in a build without the native engine.
+func NewCPGroup(size int, timeout time.Duration) (*CPGroup, error) {
+	return nil, fmt.Errorf("native Helix CP group: %w", errNotBuilt)
+}
+
+// Size is 0: the stub group has no members.
+func (g *CPGroup) Size() int { return 0 }
+
+// Close does nothing.
+func (g *CPGroup) Close() error { return nil }

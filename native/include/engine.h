@@ -151,6 +151,30 @@ eng_status eng_engine_wait(eng_engine_t eng, eng_step_result* res);
 /* Steps submitted and not yet waited for. */
 int32_t eng_engine_inflight(eng_engine_t eng);
 
+/*
+ * Helix context parallelism (aggregated Helix, in-process members).
+ *
+ * A CP group of `size` members exchanges attention partials inside every
+ * step. After eng_engine_join_cp(eng, group, rank), eng's steps run Helix
+ * attention: positions are global; global position p lives on member
+ * (p / P) % size, in the member's local page block_table[p / (P * size)] at
+ * slot p % P (one ledger block = one local page on every member); a step
+ * writes only the positions its member owns, and every layer the members
+ * exchange the partials of their pages and merge all of them in global page
+ * order, so every member (and a single-rank engine) gets bit-identical
+ * results. Every member must run the same steps (same sequences, tokens and
+ * positions; only the block tables differ). A member that does not arrive
+ * within timeout_ms makes the others fail with ENG_TIMEOUT; freeing a member
+ * makes the others fail with ENG_COMM_ERROR instead of hanging.
+ */
+typedef struct eng_cp_group* eng_cp_group_t;
+
+eng_status eng_cp_group_create(int32_t size, int32_t timeout_ms, eng_cp_group_t* out);
+/* Releases the caller's reference; members keep the group alive. */
+eng_status eng_cp_group_free(eng_cp_group_t group);
+/* Before the first step; once per engine. */
+eng_status eng_engine_join_cp(eng_engine_t eng, eng_cp_group_t group, int32_t rank);
+
 /* Page copies between tiers (suspend/resume). Tier 0 = device, 1 = host. */
 typedef enum eng_tier {
   ENG_TIER_DEVICE = 0,

@@ -42,10 +42,17 @@ struct StepSeq {
 // A validated step: sequences in batch order. No two sequences write the same
 // page (their write regions are disjoint), so the K/V writes of the batch do
 // not interfere.
+//
+// Helix (cp != nullptr): positions are global; global position p lives on CP
+// rank (p / P) % cp_size, in local page blocks[p / (P * cp_size)] at slot
+// p % P. The step writes only the positions this rank owns and exchanges
+// attention partials with the other members every layer (cp_group.h).
+class CpExchange;
 struct StepBatch {
   std::vector<StepSeq> seqs;
   int64_t num_rows = 0;     // Σ num_tokens
   int32_t num_sampled = 0;  // sequences with sample set
+  CpExchange* cp = nullptr; // Helix CP group member, or null
 };
 
 // A compute backend: owns weights, the device page slab and the host tier.

@@ -5,6 +5,7 @@
 // exception crosses the C ABI) and records the message of a failure: on the
 // handle for calls that have one, in a thread-local string otherwise.
 #include <algorithm>
+#include <chrono>
 #include <cinttypes>
 #include <condition_variable>
 #include <cstdarg>
@@ -17,6 +18,7 @@
 #include <vector>
 
 #include "backend.h"
+#include "cp_group.h"
 #include "engine.h"
 #include "page_slab.h"
 #include "presets.h"
@@ -48,6 +50,11 @@ struct AsyncStep {
 
 }  // namespace
 
+// The handle behind eng_cp_group_t: a reference to the shared group.
+struct eng_cp_group {
+  std::shared_ptr<lockstep::LocalCpGroup> group;
+};
+
 // The handle behind eng_engine_t.
 struct eng_engine {
   lockstep::EngineParams params;
@@ -60,6 +67,9 @@ struct eng_engine {
   lockstep::StepBatch batch;
   std::vector<int32_t> page_writer;
   std::vector<int32_t> touched_pages;
+  // Helix membership (null without Helix); cp_size 1 without.
+  std::unique_ptr<lockstep::CpExchange> cp;
+  int32_t cp_size = 1;
   // The overlap loop's asynchronous steps, oldest first, and the stream they
   // run on (created at the first submit). Declared last: destroyed first, so
   // the worker is joined before the backend goes away.
@@ -155,7 +165,9 @@ void build_batch(eng_engine* eng, const eng_step_desc* d, const eng_step_result*
                                                       : nullptr;
   if (null_field != nullptr) invalid_argument(fmt("%s is NULL (num_seqs = %d)", null_field, n));
 
+  // Under Helix a block-table entry is a ledger block of P * cp global tokens.
   const int32_t P = eng->params.tokens_per_page;
+  const int64_t ledger = int64_t{P} * eng->cp_size;
   const int32_t V = eng->params.shape.vocab_size;
   const int32_t num_pages = eng->params.num_pages;
   int64_t total_tokens = 0, total_blocks = 0;
@@ -168,11 +180,11 @@ void build_batch(eng_engine* eng, const eng_step_desc* d, const eng_step_result*
     if (end > INT32_MAX)
       invalid_argument(fmt("start_pos[%d] + num_tokens[%d] = %" PRId64 " exceeds the int32 position range",
                            i, i, end));
-    const int64_t need = (end + P - 1) / P;
+    const int64_t need = (end + ledger - 1) / ledger;
     if (nb < need)
       invalid_argument(fmt("num_blocks[%d] = %d is too short: sequence %d covers positions [0, %" PRId64
-                           ") which need %" PRId64 " pages of %d tokens",
-                           i, nb, i, end, need, P));
+                           ") which need %" PRId64 " pages of %" PRId64 " tokens",
+                           i, nb, i, end, need, ledger));
     total_tokens += nt;
     total_blocks += nb;
   }
@@ -209,7 +221,10 @@ void build_batch(eng_engine* eng, const eng_step_desc* d, const eng_step_result*
   for (int32_t i = 0; i < n && conflict.empty(); ++i) {
     const int32_t sp = d->start_pos[i];
     const int32_t first = sp / P, last = static_cast<int32_t>((int64_t{sp} + d->num_tokens[i] - 1) / P);
-    for (int32_t k = first; k <= last; ++k) {
+    for (int32_t g = first; g <= last; ++g) {
+      // Global page g; under Helix only the member owning it writes it.
+      if (eng->cp && g % eng->cp_size != eng->cp->rank()) continue;
+      const int32_t k = g / eng->cp_size;
       const int32_t page = d->block_table[blk + k];
       if (writer[page] == -1) {
         writer[page] = i;
@@ -238,6 +253,7 @@ void build_batch(eng_engine* eng, const eng_step_desc* d, const eng_step_result*
     if (sample) ++b.num_sampled;
   }
   b.num_rows = total_tokens;
+  b.cp = eng->cp.get();
 }
 
 // Validates the indices of a page copy; throws before anything is copied.
@@ -474,6 +490,38 @@ eng_status eng_engine_wait(eng_engine_t eng, eng_step_result* res) {
     if (res->logits != nullptr && job->want_logits)
       std::copy(job->logits.begin(), job->logits.end(), res->logits);
     res->device_ms = job->device_ms;
+  });
+}
+
+eng_status eng_cp_group_create(int32_t size, int32_t timeout_ms, eng_cp_group_t* out) {
+  return guarded(&g_last_error, [&] {
+    if (out == nullptr) invalid_argument("out is NULL");
+    *out = nullptr;
+    if (size < 1) invalid_argument(fmt("size must be >= 1, got %d", size));
+    if (timeout_ms < 1) invalid_argument(fmt("timeout_ms must be >= 1, got %d", timeout_ms));
+    auto g = std::make_unique<eng_cp_group>();
+    g->group = std::make_shared<lockstep::LocalCpGroup>(size, std::chrono::milliseconds(timeout_ms));
+    *out = g.release();
+  });
+}
+
+eng_status eng_cp_group_free(eng_cp_group_t group) {
+  std::string ignored;
+  return guarded(&ignored, [&] { delete group; });
+}
+
+eng_status eng_engine_join_cp(eng_engine_t eng, eng_cp_group_t group, int32_t rank) {
+  if (!check_handle(eng)) return ENG_INVALID_ARGUMENT;
+  return guarded(&eng->last_error, [&] {
+    if (group == nullptr) invalid_argument("group is NULL");
+    if (eng->cp) invalid_argument("this engine already joined a CP group");
+    if (!eng->inflight.empty()) invalid_argument("join the CP group before submitting steps");
+    const int32_t size = group->group->size();
+    if (rank < 0 || rank >= size) invalid_argument(fmt("rank = %d is out of range [0, %d)", rank, size));
+    if (eng->backend_kind != ENG_BACKEND_CPU)
+      throw EngineError(ENG_UNSUPPORTED, "Helix CP is implemented by the CPU backend only");
+    eng->cp = group->group->member(rank);
+    eng->cp_size = size;
   });
 }
 

@@ -6,6 +6,10 @@
 #include <cmath>
 #include <cstring>
 
+#include "attention_partial.h"
+#include "cp_group.h"
+#include "status.h"
+
 namespace lockstep {
 namespace {
 
@@ -119,14 +123,23 @@ void CpuBackend::write_kv(int32_t layer, const StepBatch& batch, const float* hi
   const int64_t H = shape_.hidden_size, D = shape_.head_dim;
   const int64_t qd = int64_t{shape_.num_heads} * D, kvd = int64_t{shape_.num_kv_heads} * D;
   const int32_t P = tokens_per_page_;
+  const int32_t cp = batch.cp ? batch.cp->size() : 1, cp_rank = batch.cp ? batch.cp->rank() : 0;
   float* q = grow(q_, static_cast<size_t>(batch.num_rows * qd));
+  float* kscratch = grow(kv_scratch_, static_cast<size_t>(2 * kvd));
   for (int64_t r = 0; r < batch.num_rows; ++r) {
     const StepSeq& s = batch.seqs[static_cast<size_t>(row_seq_[r])];
     const int32_t pos = row_pos_[r];
-    const int32_t page = s.blocks[pos / P];
-    const size_t slot_off = static_cast<size_t>(pos % P) * kvd;
-    float* k = device_.kv(page, layer, 0) + slot_off;
-    float* v = device_.kv(page, layer, 1) + slot_off;
+    // Under Helix a rank computes K/V of every row (the arithmetic is
+    // replicated) but stores only the positions it owns.
+    const bool owned = (pos / P) % cp == cp_rank;
+    float* k = kscratch;
+    float* v = kscratch + kvd;
+    if (owned) {
+      const int32_t page = s.blocks[pos / (P * cp)];
+      const size_t slot_off = static_cast<size_t>(pos % P) * kvd;
+      k = device_.kv(page, layer, 0) + slot_off;
+      v = device_.kv(page, layer, 1) + slot_off;
+    }
     const float* cs = rope_cs_.data() + r * D;
 
     rms_norm(hidden + r * H, w.attn_norm.data(), shape_.hidden_size, shape_.rms_eps, x_.data());
@@ -140,16 +153,20 @@ void CpuBackend::write_kv(int32_t layer, const StepBatch& batch, const float* hi
 
 // Phase 2 of a layer for one row: attention, output projection, MLP, both
 // residual adds, in place on h.
-void CpuBackend::attend_mlp(int32_t layer, const StepBatch& batch, int64_t row, float* h) {
+void CpuBackend::attend_mlp(int32_t layer, const StepBatch& batch, int64_t row, float* h,
+                            const float* attn) {
   const LayerWeights& w = weights_.layers[static_cast<size_t>(layer)];
   const int64_t H = shape_.hidden_size, F = shape_.intermediate_size;
   const int64_t qd = int64_t{shape_.num_heads} * shape_.head_dim;
   const StepSeq& s = batch.seqs[static_cast<size_t>(row_seq_[row])];
 
-  paged_attention_row(device_, layer, s.blocks, row_pos_[row], q_.data() + row * qd,
-                      shape_.num_heads, shape_.num_kv_heads, shape_.head_dim, attn_.data(),
-                      attn_scratch_);
-  matvec(attn_.data(), w.wo.data(), qd, H, tmp_.data());
+  if (attn == nullptr) {
+    paged_attention_row(device_, layer, s.blocks, row_pos_[row], q_.data() + row * qd,
+                        shape_.num_heads, shape_.num_kv_heads, shape_.head_dim, attn_.data(),
+                        attn_scratch_);
+    attn = attn_.data();
+  }
+  matvec(attn, w.wo.data(), qd, H, tmp_.data());
   for (int64_t i = 0; i < H; ++i) h[i] += tmp_[i];
 
   rms_norm(h, w.mlp_norm.data(), shape_.hidden_size, shape_.rms_eps, x_.data());
@@ -182,17 +199,27 @@ double CpuBackend::step(const StepBatch& batch, int32_t* sampled, float* logits)
       std::memcpy(hidden + r * H, weights_.embedding.data() + s.tokens[t] * H,
                   sizeof(float) * static_cast<size_t>(H));
 
+  const int64_t qd = int64_t{shape_.num_heads} * shape_.head_dim;
   for (int32_t l = 0; l < shape_.num_layers; ++l) {
     write_kv(l, batch, hidden);
     const bool last = l == shape_.num_layers - 1;
+    // In the last layer only the sampled rows' outputs are observable.
+    helix_rows_.clear();
     int64_t first_row = 0;
     for (const StepSeq& s : batch.seqs) {
-      // In the last layer only the sampled rows' outputs are observable.
       const int64_t begin = last ? (s.sample ? first_row + s.num_tokens - 1 : first_row + s.num_tokens)
                                  : first_row;
-      for (int64_t row = begin; row < first_row + s.num_tokens; ++row)
-        attend_mlp(l, batch, row, hidden + row * H);
+      for (int64_t row = begin; row < first_row + s.num_tokens; ++row) helix_rows_.push_back(row);
       first_row += s.num_tokens;
+    }
+    if (batch.cp != nullptr) {
+      // Every member has the same rows (identical batches), so every member
+      // makes the same number of exchanges.
+      helix_attention(l, batch, helix_rows_);
+      for (size_t i = 0; i < helix_rows_.size(); ++i)
+        attend_mlp(l, batch, helix_rows_[i], hidden + helix_rows_[i] * H, helix_attn_.data() + i * qd);
+    } else {
+      for (int64_t row : helix_rows_) attend_mlp(l, batch, row, hidden + row * H);
     }
   }
 
@@ -215,6 +242,64 @@ double CpuBackend::step(const StepBatch& batch, int32_t* sampled, float* logits)
 
   const auto t1 = std::chrono::steady_clock::now();
   return std::chrono::duration<double, std::milli>(t1 - t0).count();
+}
+
+// Helix attention of `rows` in one layer: the partials of this rank's pages
+// for every (row, head), one exchange, then every member merges all partials
+// in global page order (attention_partial.h), exactly as a single rank would.
+// Partial record: m, l, o[head_dim] as floats. Rank k's buffer holds, per row
+// in order, per head, its pages g ≡ k (mod cp) with g ≤ pos / P in order.
+void CpuBackend::helix_attention(int32_t layer, const StepBatch& batch, const std::vector<int64_t>& rows) {
+  const int32_t P = tokens_per_page_, cp = batch.cp->size(), me = batch.cp->rank();
+  const int32_t heads = shape_.num_heads, D = shape_.head_dim, group = heads / shape_.num_kv_heads;
+  const size_t rec = static_cast<size_t>(D) + 2;
+  const size_t stride = static_cast<size_t>(device_.kv_width());
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
+  const int64_t qd = int64_t{heads} * D;
+  // Pages g <= last with g % cp == k.
+  auto owned = [cp](int32_t last, int32_t k) -> int32_t { return last >= k ? (last - k) / cp + 1 : 0; };
+  size_t local_recs = 0;
+  for (int64_t row : rows) local_recs += static_cast<size_t>(heads) * owned(row_pos_[row] / P, me);
+  float* local = grow(helix_local_, local_recs * rec);
+  if (attn_scratch_.scores.size() < static_cast<size_t>(P)) attn_scratch_.scores.resize(P);
+  float* out = local;
+  for (int64_t row : rows) {
+    const StepSeq& s = batch.seqs[static_cast<size_t>(row_seq_[row])];
+    const int32_t pos = row_pos_[row], last = pos / P;
+    const float* q = q_.data() + row * qd;
+    for (int32_t h = 0; h < heads; ++h) {
+      const size_t head_off = static_cast<size_t>(h / group) * D;
+      for (int32_t g = me; g <= last; g += cp) {
+        const int32_t n = g < last ? P : pos % P + 1;
+        const int32_t page = s.blocks[g / cp];
+        attn_page_partial(q + static_cast<size_t>(h) * D, scale, device_.kv(page, layer, 0) + head_off,
+                          device_.kv(page, layer, 1) + head_off, stride, n, D, attn_scratch_.scores.data(),
+                          &out[0], &out[1], out + 2);
+        out += rec;
+      }
+    }
+  }
+  batch.cp->allgather(local, local_recs * rec * sizeof(float), &helix_all_);
+  // Merge in global page order, reading page g's partial from rank g % cp.
+  std::vector<size_t> cursor(static_cast<size_t>(cp), 0);  // per rank, in records
+  float* attn = grow(helix_attn_, rows.size() * static_cast<size_t>(qd));
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const int32_t last = row_pos_[rows[i]] / P;
+    for (int32_t h = 0; h < heads; ++h) {
+      float* O = attn + i * qd + static_cast<size_t>(h) * D;
+      float M = -INFINITY, L = 0.0f;
+      for (int32_t g = 0; g <= last; ++g) {
+        const int32_t k = g % cp;
+        const std::vector<char>& buf = helix_all_[static_cast<size_t>(k)];
+        const size_t at = cursor[static_cast<size_t>(k)]++ * rec;
+        if ((at + rec) * sizeof(float) > buf.size())
+          throw EngineError(ENG_COMM_ERROR, "Helix CP exchange: a member sent fewer attention partials than its pages");
+        const float* p = reinterpret_cast<const float*>(buf.data()) + at;
+        attn_merge(&M, &L, O, p[0], p[1], p + 2, D);
+      }
+      attn_finish(O, L, O, D);
+    }
+  }
 }
 
 void CpuBackend::copy_pages(eng_tier src_tier, const int32_t* src, eng_tier dst_tier,

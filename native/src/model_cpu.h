@@ -70,7 +70,9 @@ class CpuBackend final : public Backend {
  private:
   void prepare_rows(const StepBatch& batch);
   void write_kv(int32_t layer, const StepBatch& batch, const float* hidden);
-  void attend_mlp(int32_t layer, const StepBatch& batch, int64_t row, float* h);
+  void attend_mlp(int32_t layer, const StepBatch& batch, int64_t row, float* h,
+                  const float* attn = nullptr);
+  void helix_attention(int32_t layer, const StepBatch& batch, const std::vector<int64_t>& rows);
   void rope(float* x, int32_t heads, const float* cos_sin) const;
 
   eng_model_shape shape_;
@@ -85,7 +87,14 @@ class CpuBackend final : public Backend {
   std::vector<float> hidden_;               // [rows][hidden]
   std::vector<float> q_;                    // [rows][heads * head_dim]
   std::vector<float> x_, attn_, tmp_, gate_, up_, logits_;
+  std::vector<float> kv_scratch_;  // K and V of a position this Helix rank does not own
   AttnScratch attn_scratch_;
+  // Helix scratch: this step's rows needing attention in the current layer,
+  // their attention outputs, the local partials and the gathered ones.
+  std::vector<int64_t> helix_rows_;
+  std::vector<float> helix_attn_;   // [rows][heads * head_dim]
+  std::vector<float> helix_local_;  // partials of this rank's pages
+  std::vector<std::vector<char>> helix_all_;
 };
 
 }  // namespace lockstep
