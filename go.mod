@@ -9,4 +9,8 @@ require (
 	go.yaml.in/yaml/v3 v3.0.6
 )
 
-require go.uber.org/multierr v1.10.0 // indirect
+require (
+	github.com/NVIDIA/go-nvml v0.13.4-1 // indirect
+	go.uber.org/goleak v1.3.0 // indirect
+	go.uber.org/multierr v1.10.0 // indirect
+)

@@ -1,8 +1,5 @@
-//go:build cgo && nvml
+//go:build cgo
 
-// The nvml tag is temporary: go.mod does not require go-nvml yet. Once
-// `go get github.com/NVIDIA/go-nvml@v0.13.4-1` has landed, the constraint
-// becomes plain `cgo` (and the stub's `!cgo`).
 package main
 
 import (

@@ -1,4 +1,4 @@
-//go:build !cgo || !nvml
+//go:build !cgo
 
 package main
 

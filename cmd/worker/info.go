@@ -27,5 +27,6 @@ func runInfo(args []string, stdout, stderr io.Writer) error {
 	}
 	fmt.Fprintln(stdout)
 	fmt.Fprintf(stdout, "model presets: %s\n", strings.Join(bridge.PresetNames(), ", "))
+	gpuInfo(stdout)
 	return nil
 }
