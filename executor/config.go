@@ -14,12 +14,15 @@ import (
 	"github.com/lockstep-ai/lockstep/bridge"
 	"github.com/lockstep-ai/lockstep/nccl"
 	"github.com/lockstep-ai/lockstep/scheduler"
+	"github.com/lockstep-ai/lockstep/scheduler/router"
 )
 
 // KV is what the executor needs from the KV manager: the scheduler's narrow
 // interface plus the page-table rows of the batch and bookkeeping after a step.
 type KV interface {
 	scheduler.KVManager
+	// Capacity is id's (ledger) capacity in tokens.
+	Capacity(id uint64) int
 	// BlockTable returns id's page indices in order; valid until the next mutation.
 	BlockTable(id uint64) []int32
 	// AddDummy creates a padding sequence with capacity tokens.
@@ -52,6 +55,18 @@ type Config struct {
 	Scheduler scheduler.Config
 	// MaxSeqLen bounds prompt + 1 (arrival validation); 0 = pool tokens.
 	MaxSeqLen int
+	// Helix makes the ranks one aggregated-Helix CP group (Ranks = cp):
+	// every rank takes every request and schedules identically; attention
+	// DP is off.
+	Helix bool
+	// ScheduleCheck runs the per-iteration Helix schedule check (C4); decide
+	// it with ScheduleCheckGate and agree on it with AgreeScheduleCheck.
+	ScheduleCheck bool
+	// Router places arrivals on ranks (scheduler/router); nil: the default
+	// load-balanced router. Every rank must use an identically configured one.
+	Router router.Router
+	// MaxActivePerRank is the routers' hard cap H of active requests per rank.
+	MaxActivePerRank int
 	// Overlap selects the overlap loop (§6): iteration N+1 is scheduled while
 	// N runs on the engine. Otherwise the non-overlap loop (§5).
 	Overlap bool
@@ -92,8 +107,6 @@ func (c *Config) validate(d Deps) error {
 			d.Comm.Rank(), d.Comm.Size(), c.Rank, c.Ranks)
 	case d.Engine == nil || d.KV == nil || d.Planner == nil:
 		return errors.New("executor: engine, KV manager and planner are required")
-	case c.Rank == 0 && d.Source == nil:
-		return errors.New("executor: rank 0 needs a request source")
 	}
 	return nil
 }

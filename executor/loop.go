@@ -2,11 +2,13 @@ package executor
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"time"
 
 	"github.com/lockstep-ai/lockstep/bridge"
 	"github.com/lockstep-ai/lockstep/scheduler"
+	"github.com/lockstep-ai/lockstep/scheduler/router"
 )
 
 // Result is what a rank's loop returns when every rank has drained.
@@ -33,10 +35,13 @@ type Executor struct {
 	byID      map[uint64]*request
 	sched     []*scheduler.Request // view of active handed to the planner
 	iter      int64
-	routed    uint64 // arrivals routed so far (round-robin counter; identical on every rank)
 	nextDummy uint64
 	dummy     *request // pendingDummy (§4.2)
 	shutdown  bool
+
+	waiting      []Arrival // received, not routed yet (identical on every rank)
+	routerStates []router.RankState
+	routerItems  []router.Item
 
 	pending  []Response // rejections, flushed at C8
 	finished []Response // completions of this iteration's forward, gathered at C7
@@ -68,13 +73,35 @@ func New(cfg Config, d Deps) (*Executor, error) {
 	if cfg.MaxSeqLen <= 0 {
 		cfg.MaxSeqLen = d.KV.TotalPages() * d.KV.TokensPerPage()
 	}
+	if cfg.MaxActivePerRank <= 0 {
+		cfg.MaxActivePerRank = 1024
+	}
+	if cfg.Router == nil {
+		r, err := router.New("default", router.Config{MaxActivePerRank: cfg.MaxActivePerRank})
+		if err != nil {
+			return nil, err
+		}
+		cfg.Router = r
+	}
 	return &Executor{cfg: cfg, d: d, byID: map[uint64]*request{}, nextDummy: dummyIDBase,
 		lastStats: RankState{StatsIter: -1}}, nil
+}
+
+// SetSource gives rank 0 its request source (and a progress callback);
+// call it before Run, e.g. once every rank is built.
+func (e *Executor) SetSource(src Source, progress func(done int)) {
+	e.d.Source = src
+	if progress != nil {
+		e.cfg.Progress = progress
+	}
 }
 
 // Run drives the loop until rank 0's source is exhausted and every rank has
 // drained. Every rank returns in the same iteration.
 func (e *Executor) Run() (*Result, error) {
+	if e.cfg.Rank == 0 && e.d.Source == nil {
+		return nil, errors.New("executor: rank 0 needs a request source")
+	}
 	for {
 		more, err := e.iteration()
 		if err != nil {
@@ -94,7 +121,12 @@ func (e *Executor) Run() (*Result, error) {
 	return &e.res, nil
 }
 
+// multi: more than one rank (the world collectives C2/C3 run).
 func (e *Executor) multi() bool { return e.cfg.Ranks > 1 }
+
+// adp: attention data parallelism — each rank owns its requests and the tp
+// collectives C1, C5, C7, C8 run. Helix CP ranks hold replicas instead.
+func (e *Executor) adp() bool { return e.cfg.Ranks > 1 && !e.cfg.Helix }
 
 // plan is the part of an iteration shared by both loops (§5 steps 1–7, §6
 // steps 1–8): fetch and route, padding, scheduling, recompute resets and the
@@ -122,19 +154,27 @@ func (e *Executor) prologue() (*plan, error) {
 	if err != nil {
 		return nil, err
 	}
-	e.route(items)
-	p.fleetWork = len(items) > 0
+	if e.adp() {
+		e.route(items, states)
+	} else {
+		// Without attention DP every rank takes every request (Helix CP
+		// ranks hold replicas; every rank receives the same broadcast).
+		for _, a := range items {
+			e.admit(a, scheduler.UnsetEstimate)
+		}
+	}
+	p.fleetWork = len(items) > 0 || len(e.waiting) > 0
 	for _, s := range states {
 		p.fleetWork = p.fleetWork || s.ActiveRequests > 0 || s.RetiringRequests > 0
 	}
-	if !e.multi() {
-		p.fleetWork = p.fleetWork || e.hasRealWork()
+	if !e.adp() {
+		p.fleetWork = p.fleetWork || e.hasRealWork() // identical on every CP rank
 	}
 	if e.shutdown && !p.fleetWork {
 		return nil, nil // agreed: every rank saw the same states and broadcast
 	}
 	// Padding dummy.
-	if e.multi() && p.fleetWork {
+	if e.adp() && p.fleetWork {
 		e.padDummy()
 	}
 	// Schedule. Requests of the executing batch are scheduled normally but
@@ -155,6 +195,16 @@ func (e *Executor) prologue() (*plan, error) {
 	if e.cfg.OnNote != nil {
 		for _, n := range p.out.Notes {
 			e.cfg.OnNote(e.cfg.Rank, n)
+		}
+	}
+	// The Helix schedule check sits right after scheduling, before the
+	// recompute reset and canQueue (§11.1, §11.6).
+	if e.cfg.ScheduleCheck {
+		t := e.cfg.Clock()
+		err := checkSchedule(e.d.Comm, summarize(e.iter, p.out, e.d.KV.Capacity))
+		e.waitDur += e.cfg.Clock().Sub(t)
+		if err != nil {
+			return nil, err
 		}
 	}
 	// Recompute victims are reset right after scheduling (§11.1).
@@ -334,7 +384,7 @@ func (e *Executor) revertGeneration(out *scheduler.Output) {
 // gatherRankStates is C1: every rank's state, indexed by its rank field.
 func (e *Executor) gatherRankStates() ([]RankState, error) {
 	mine := e.rankState()
-	if !e.multi() {
+	if !e.adp() {
 		return []RankState{mine}, nil
 	}
 	t := e.cfg.Clock()
@@ -420,22 +470,52 @@ func (e *Executor) fetchArrivals(now time.Time) ([]Arrival, error) {
 	return decodeArrivals(payload, count)
 }
 
-// route assigns arrivals round-robin over the ranks in broadcast order; the
-// counter is identical on every rank, so no decision is broadcast.
-func (e *Executor) route(items []Arrival) {
-	for _, a := range items {
-		target := int(e.routed % uint64(e.cfg.Ranks))
-		e.routed++
-		if target == e.cfg.Rank {
-			e.admit(a)
+// route appends the arrivals to the waiting queue, pops what the ranks can
+// take and routes it with the deterministic router (router-and-calibration.md
+// §1): every rank runs the same calls on the same agreed inputs (the gathered
+// states, the broadcast items) and keeps its own assignments, with the
+// router's uncached-prefill estimate.
+func (e *Executor) route(items []Arrival, states []RankState) {
+	e.waiting = append(e.waiting, items...)
+	if len(e.waiting) == 0 {
+		return
+	}
+	rs := e.routerStates[:0]
+	for _, s := range states {
+		rs = append(rs, router.RankState{Rank: int(s.Rank), ActiveRequests: int(s.ActiveRequests),
+			ActiveTokens: s.ActiveTokens, RetiringRequests: int(s.RetiringRequests)})
+	}
+	e.routerStates = rs
+	items2 := e.routerItems[:0]
+	for i := range e.waiting {
+		a := &e.waiting[i]
+		items2 = append(items2, router.Item{ID: uint64(i), PromptLen: len(a.Prompt), ConversationID: a.ConversationID})
+	}
+	e.routerItems = items2
+	taken, remaining := router.PopWaiting(items2, rs, e.cfg.MaxActivePerRank)
+	res := e.cfg.Router.Route(taken, rs)
+	for _, i := range res.Order {
+		a := e.waiting[taken[i].ID]
+		if res.Ranks[i] == e.cfg.Rank {
+			e.admit(a, res.Estimate(i))
 		}
 	}
+	// Keep the put-backs (in order) and the unexamined items.
+	next := make([]Arrival, 0, len(remaining))
+	for _, it := range remaining {
+		next = append(next, e.waiting[it.ID])
+	}
+	e.waiting = next
 }
 
 // admit validates an arrival (§3.4); a request that can never run is
 // rejected at once with the reason and never enters active.
-func (e *Executor) admit(a Arrival) {
+func (e *Executor) admit(a Arrival, estimate int64) {
 	r := newRequest(a)
+	r.UncachedEstimate = estimate
+	if e.cfg.Helix {
+		r.TotalInputLenCP = r.PromptLen
+	}
 	if reason := e.neverFits(r); reason != "" {
 		e.pending = append(e.pending, Response{ID: a.ID, Rank: e.cfg.Rank, ArrivalUnixNS: a.ArrivalUnixNS,
 			FinishUnixNS: e.cfg.Clock().UnixNano(), Error: reason})
@@ -513,7 +593,7 @@ func (e *Executor) handlePaused(out *scheduler.Output) {
 
 // canQueue is C5 (§4.3): the fleet runs a forward only if every rank has a batch.
 func (e *Executor) canQueue(b int) (canQueue, thisRank bool, err error) {
-	if !e.multi() {
+	if !e.adp() {
 		return b > 0, b > 0, nil
 	}
 	v := make([]byte, 8)
@@ -537,8 +617,11 @@ func (e *Executor) canQueue(b int) (canQueue, thisRank bool, err error) {
 // gatherResponses sends this rank's responses to rank 0 (C7/C8). Rank 0
 // keeps them; with C8 it also accumulates the lockstep-waste metric.
 func (e *Executor) gatherResponses(name string, rs []Response, deviceUS int64, forward bool) error {
-	if !e.multi() {
-		e.res.Responses = append(e.res.Responses, rs...)
+	if !e.adp() {
+		// Without attention DP only rank 0 answers; the others hold replicas.
+		if e.cfg.Rank == 0 {
+			e.res.Responses = append(e.res.Responses, rs...)
+		}
 		return nil
 	}
 	t := e.cfg.Clock()

@@ -65,6 +65,11 @@ func (r *request) resetForRecompute() {
 	r.ContextPosition = 0
 	r.ChunkSize = r.PromptLen
 	r.BatchIndex = scheduler.NoBatchIndex
+	if r.TotalInputLenCP > 0 {
+		// Helix: old TotalInputLenCP plus the tokens generated since, in
+		// global arithmetic — which is the new prompt length.
+		r.TotalInputLenCP = r.PromptLen
+	}
 	r.HelixDecodeCount = 0
 	r.InactiveRank = false
 	r.recomputed++

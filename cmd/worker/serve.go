@@ -19,6 +19,7 @@ import (
 	"github.com/lockstep-ai/lockstep/kvpool"
 	"github.com/lockstep-ai/lockstep/nccl"
 	"github.com/lockstep-ai/lockstep/scheduler"
+	"github.com/lockstep-ai/lockstep/scheduler/router"
 	"github.com/lockstep-ai/lockstep/workload"
 )
 
@@ -45,6 +46,10 @@ type serveOptions struct {
 	collectiveTimeout          time.Duration
 	logLevel                   string
 	overlap                    string
+	routerName                 string
+	inferConversations         bool
+	maxActivePerRank           int
+	cp                         int
 }
 
 func defaultServeOptions() serveOptions {
@@ -55,6 +60,7 @@ func defaultServeOptions() serveOptions {
 		sched:       scheduler.Config{RecomputePause: true, PrefixAware: true},
 		lengthScale: 1, arrivalScale: 1, report: "text", progress: "auto",
 		collectiveTimeout: 60 * time.Second, logLevel: "info", overlap: "on",
+		routerName: "default", maxActivePerRank: 1024, cp: 1,
 	}
 }
 
@@ -84,6 +90,10 @@ func (o *serveOptions) flags(fs *flag.FlagSet) {
 	fs.DurationVar(&o.collectiveTimeout, "collective-timeout", o.collectiveTimeout, "collective watchdog timeout")
 	fs.StringVar(&o.logLevel, "log-level", o.logLevel, "log level: debug, info, warn or error")
 	fs.StringVar(&o.overlap, "overlap", o.overlap, "overlap loop: on (schedule iteration N+1 while N runs) or off")
+	fs.StringVar(&o.routerName, "router", o.routerName, "attention-DP router: default (load-balanced) or conversation (conversation-aware)")
+	fs.BoolVar(&o.inferConversations, "infer-conversations", o.inferConversations, "infer conversation ids of a Mooncake trace from its hash_ids prefix chains")
+	fs.IntVar(&o.maxActivePerRank, "max-active-per-rank", o.maxActivePerRank, "router hard cap of active requests per rank")
+	fs.IntVar(&o.cp, "cp", o.cp, "aggregated Helix context parallelism over this many in-process ranks (mutually exclusive with --ranks > 1)")
 }
 
 // validate refuses impossible configurations before any work starts.
@@ -108,6 +118,24 @@ func (o *serveOptions) validate() error {
 	}
 	if _, err := parsePolicy(o.policy); err != nil {
 		return err
+	}
+	if err := oneOf("router", o.routerName, "default", "conversation"); err != nil {
+		return err
+	}
+	if o.cp < 1 {
+		return usageErrorf("--cp must be at least 1, got %d", o.cp)
+	}
+	if o.cp > 1 && o.ranks > 1 {
+		return usageErrorf("--cp %d with --ranks %d: Helix and attention DP are mutually exclusive; use --ranks 1 with --cp", o.cp, o.ranks)
+	}
+	if o.cp > 1 && o.hostPages > 0 {
+		return usageErrorf("--host-pages %d with --cp %d: aggregated Helix does not support a host cache tier", o.hostPages, o.cp)
+	}
+	if o.cp > 1 && o.engine != "cpu" {
+		return usageErrorf("--cp %d needs --engine cpu (the %s engine has no Helix attention)", o.cp, o.engine)
+	}
+	if o.maxActivePerRank < 1 {
+		return usageErrorf("--max-active-per-rank must be at least 1, got %d", o.maxActivePerRank)
 	}
 	positive := []struct {
 		name string
@@ -222,10 +250,17 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 func (o *serveOptions) loadWorkload() ([]workload.Request, error) {
 	shape, _ := bridge.LookupPreset(o.model)
 	opt := workload.Options{Limit: o.limit, LengthScale: o.lengthScale, VocabSize: shape.VocabSize, Seed: o.seed}
+	var reqs []workload.Request
+	var err error
 	if o.trace == "" {
-		return workload.Sample(opt)
+		reqs, err = workload.Sample(opt)
+	} else {
+		reqs, err = workload.ReadFile(o.trace, opt)
 	}
-	return workload.ReadFile(o.trace, opt)
+	if err == nil && o.inferConversations {
+		workload.InferConversations(reqs)
+	}
+	return reqs, err
 }
 
 // serveResult is what the ranks produced, as seen from rank 0.
@@ -235,77 +270,139 @@ type serveResult struct {
 	deviceMS []float64 // per rank
 }
 
-// serve runs o.ranks in-process ranks over one local group and returns rank
-// 0's result. A failing rank closes its communicator so that its peers fail
-// fast instead of waiting for the watchdog.
-func serve(o *serveOptions, sc scheduler.Config, reqs []workload.Request, log *zap.Logger, stderr io.Writer) (*serveResult, error) {
-	if o.hostPages > 0 {
-		return nil, usageErrorf("--host-pages: the host tier is not supported yet")
+// rankParts is one rank's components.
+type rankParts struct {
+	ex  *executor.Executor
+	eng bridge.Engine
+	kv  *kvpool.Manager
+}
+
+func (r *rankParts) close() {
+	if r.eng != nil {
+		r.eng.Close()
 	}
-	comms := nccl.NewLocalGroup(o.ranks, nccl.LocalOptions{Timeout: o.collectiveTimeout})
-	iterLogs, closeLogs, err := openIterLogs(o.iterLog, o.ranks, os.Getenv("TLLM_PROFILE_LOG_RANKS"), log)
+	if r.kv != nil {
+		r.kv.Close()
+	}
+}
+
+// world is the number of ranks of the run: attention-DP ranks, or Helix CP
+// ranks (the two are mutually exclusive).
+func (o *serveOptions) world() int {
+	if o.cp > 1 {
+		return o.cp
+	}
+	return o.ranks
+}
+
+// buildRank builds rank i of a world of o.world() ranks. It runs no collective.
+func buildRank(o *serveOptions, sc scheduler.Config, i int, comm nccl.Comm, cpGroup any,
+	iterLog io.Writer, log *zap.Logger) (*rankParts, error) {
+	parts := &rankParts{}
+	helix := o.cp > 1
+	ecfg := bridge.Config{Preset: o.model, Seed: o.seed, NumPages: o.pages, TokensPerPage: o.tokensPerPage,
+		NumHostPages: o.hostPages}
+	if helix {
+		ecfg.Helix = &bridge.HelixMember{Group: cpGroup, Rank: i, Size: o.cp}
+	}
+	var err error
+	if parts.eng, err = openEngine(o.engine, ecfg); err != nil {
+		return nil, err
+	}
+	kcfg := kvpool.Config{NumPages: o.pages, TokensPerPage: o.tokensPerPage, HostPages: o.hostPages, MaxSeqLen: o.maxSeqLen}
+	if helix {
+		kcfg.CPSize, kcfg.CPRank = o.cp, i
+	}
+	if parts.kv, err = kvpool.New(kcfg); err != nil {
+		parts.close()
+		return nil, usageError{err}
+	}
+	sch, err := scheduler.New(sc, parts.kv)
+	if err != nil {
+		parts.close()
+		return nil, usageError{err}
+	}
+	if i == 0 {
+		log.Info("scheduler", zap.String("config", sch.Describe()))
+	}
+	rt, err := router.New(o.routerName, router.Config{MaxActivePerRank: o.maxActivePerRank,
+		Demotion: router.DemotionOn(sc.Demotion.UncachedTokens, sc.ChunkedContext)})
+	if err != nil {
+		parts.close()
+		return nil, usageError{err}
+	}
+	if i == 0 {
+		for _, n := range rt.Notes() {
+			log.Info(n)
+		}
+	}
+	cfg := executor.Config{Rank: i, Ranks: o.world(), Scheduler: sc, MaxSeqLen: o.maxSeqLen, IterLog: iterLog,
+		Overlap: o.overlap == "on", Router: rt, MaxActivePerRank: o.maxActivePerRank, Helix: helix,
+		OnNote: func(rank int, n scheduler.Note) { logNote(log, rank, n) }}
+	if helix {
+		on, warn := executor.ScheduleCheckGate(os.Getenv(executor.ScheduleCheckEnv), true, o.cp, 1)
+		cfg.ScheduleCheck = on
+		if warn != "" && i == 0 {
+			log.Warn(warn)
+		}
+	} else if _, warn := executor.ScheduleCheckGate(os.Getenv(executor.ScheduleCheckEnv), false, 1, 1); warn != "" && i == 0 {
+		log.Warn(warn)
+	}
+	parts.ex, err = executor.New(cfg, executor.Deps{Comm: comm, Engine: parts.eng, KV: parts.kv, Planner: sch})
+	if err != nil {
+		parts.close()
+		return nil, err
+	}
+	return parts, nil
+}
+
+// serve runs the ranks in-process over one local group and returns rank 0's
+// result. Every rank is built before any runs, so a bad configuration fails
+// before any collective; a failing rank closes its communicator so that its
+// peers fail fast instead of waiting for the watchdog.
+func serve(o *serveOptions, sc scheduler.Config, reqs []workload.Request, log *zap.Logger, stderr io.Writer) (*serveResult, error) {
+	world := o.world()
+	if o.cp > 1 {
+		sc.Helix = true
+		sc.LedgerBlockTokens = o.tokensPerPage * o.cp
+	}
+	comms := nccl.NewLocalGroup(world, nccl.LocalOptions{Timeout: o.collectiveTimeout})
+	iterLogs, closeLogs, err := openIterLogs(o.iterLog, world, os.Getenv("TLLM_PROFILE_LOG_RANKS"), log)
 	if err != nil {
 		return nil, err
 	}
 	defer closeLogs()
-
-	// Build every rank before running any, so a bad configuration fails
-	// before any collective.
-	type rank struct {
-		ex  *executor.Executor
-		eng bridge.Engine
-		kv  *kvpool.Manager
+	var cpGroup any
+	if o.cp > 1 {
+		g, err := nativeengine.NewCPGroup(o.cp, o.collectiveTimeout)
+		if err != nil {
+			return nil, err
+		}
+		defer g.Close()
+		cpGroup = g
 	}
-	ranks := make([]rank, o.ranks)
+	ranks := make([]*rankParts, world)
 	defer func() {
 		for _, r := range ranks {
-			if r.eng != nil {
-				r.eng.Close()
-			}
-			if r.kv != nil {
-				r.kv.Close()
+			if r != nil {
+				r.close()
 			}
 		}
 	}()
-	start := time.Now()
-	source := executor.NewTraceSource(reqs, start, o.arrivalScale)
-	prog := newProgress(stderr, o.progress, len(reqs))
 	for i := range ranks {
-		eng, err := openEngine(o)
-		if err != nil {
-			return nil, err
-		}
-		ranks[i].eng = eng
-		kv, err := kvpool.New(kvpool.Config{NumPages: o.pages, TokensPerPage: o.tokensPerPage,
-			HostPages: o.hostPages, MaxSeqLen: o.maxSeqLen})
-		if err != nil {
-			return nil, usageError{err}
-		}
-		ranks[i].kv = kv
-		sch, err := scheduler.New(sc, kv)
-		if err != nil {
-			return nil, usageError{err}
-		}
-		if i == 0 {
-			log.Info("scheduler", zap.String("config", sch.Describe()))
-		}
-		cfg := executor.Config{Rank: i, Ranks: o.ranks, Scheduler: sc, MaxSeqLen: o.maxSeqLen, IterLog: iterLogs[i],
-			Overlap: o.overlap == "on",
-			OnNote:  func(rank int, n scheduler.Note) { logNote(log, rank, n) }}
-		deps := executor.Deps{Comm: comms[i], Engine: eng, KV: kv, Planner: sch}
-		if i == 0 {
-			deps.Source = source
-			cfg.Progress = prog.update
-		}
-		if ranks[i].ex, err = executor.New(cfg, deps); err != nil {
+		if ranks[i], err = buildRank(o, sc, i, comms[i], cpGroup, iterLogs[i], log); err != nil {
 			return nil, err
 		}
 	}
-	log.Info("serving", zap.Int("requests", len(reqs)), zap.Int("ranks", o.ranks),
-		zap.String("engine", o.engine), zap.String("model", o.model))
+	start := time.Now()
+	prog := newProgress(stderr, o.progress, len(reqs))
+	ranks[0].ex.SetSource(executor.NewTraceSource(reqs, start, o.arrivalScale), prog.update)
+	log.Info("serving", zap.Int("requests", len(reqs)), zap.Int("ranks", o.ranks), zap.Int("cp", o.cp),
+		zap.String("engine", o.engine), zap.String("model", o.model), zap.String("router", o.routerName),
+		zap.String("overlap", o.overlap))
 
-	results := make([]*executor.Result, o.ranks)
-	errs := make([]error, o.ranks)
+	results := make([]*executor.Result, world)
+	errs := make([]error, world)
 	var wg sync.WaitGroup
 	for i := range ranks {
 		wg.Add(1)
@@ -349,10 +446,8 @@ func firstRootCause(errs []error) error {
 	return fallback
 }
 
-func openEngine(o *serveOptions) (bridge.Engine, error) {
-	cfg := bridge.Config{Preset: o.model, Seed: o.seed, NumPages: o.pages, TokensPerPage: o.tokensPerPage,
-		NumHostPages: o.hostPages}
-	switch o.engine {
+func openEngine(engine string, cfg bridge.Config) (bridge.Engine, error) {
+	switch engine {
 	case "fake":
 		return fake.New(cfg)
 	default:

@@ -123,7 +123,9 @@ func (c *Conversation) Route(items []Item, states []RankState) Result {
 	for _, i := range c.rest {
 		k := items[i].routingKey()
 		if k != "" {
-			if home, ok := c.bind.peek(k); ok && c.count[home] < c.capH {
+			// home < dp always holds while dp is fixed; the check only keeps a
+			// resized fleet from indexing out of range.
+			if home, ok := c.bind.peek(k); ok && int(home) < dp && c.count[home] < c.capH {
 				c.bind.touch(k)
 				c.place(i, int(home))
 				continue

@@ -23,8 +23,10 @@ func mkStates(active []int, tokens []int64) []RankState {
 // opt modifies a test item.
 type opt func(*Item)
 
-func strict(t int) opt  { return func(it *Item) { it.HasTarget, it.Target, it.Strict = true, t, true } }
-func relaxed(t int) opt { return func(it *Item) { it.HasTarget, it.Target, it.Strict = true, t, false } }
+func strict(t int) opt { return func(it *Item) { it.HasTarget, it.Target, it.Strict = true, t, true } }
+func relaxed(t int) opt {
+	return func(it *Item) { it.HasTarget, it.Target, it.Strict = true, t, false }
+}
 func conv(c string) opt { return func(it *Item) { it.ConversationID = c } }
 func aff(a string) opt  { return func(it *Item) { it.AffinityID = a } }
 

@@ -102,7 +102,7 @@ type Result struct {
 }
 
 // Estimate returns items[i]'s uncached-prefill estimate, or UnsetEstimate.
-func (r *Result) Estimate(i int) int64 {
+func (r Result) Estimate(i int) int64 {
 	if r.Estimates == nil {
 		return UnsetEstimate
 	}
@@ -111,7 +111,7 @@ func (r *Result) Estimate(i int) int64 {
 
 // ForRank appends to dst the indices of the items assigned to rank, in
 // placement order, and returns it.
-func (r *Result) ForRank(rank int, dst []int) []int {
+func (r Result) ForRank(rank int, dst []int) []int {
 	for _, i := range r.Order {
 		if r.Ranks[i] == rank {
 			dst = append(dst, i)
@@ -277,4 +277,11 @@ func grow[T any](s []T, n int) []T {
 		return make([]T, n)
 	}
 	return s[:n]
+}
+
+// DemotionOn is the predicate under which estimates are published: long-
+// prefill demotion is on when TLLM_V2_CTX_DEMOTE_UNCACHED_TOKENS > 0 and
+// chunked context is enabled, the scheduler's own condition.
+func DemotionOn(uncachedTokens int64, chunkedContext bool) bool {
+	return uncachedTokens > 0 && chunkedContext
 }
