@@ -87,6 +87,9 @@ func New(cfg Config, d Deps) (*Executor, error) {
 		lastStats: RankState{StatsIter: -1}}, nil
 }
 
+// ScheduleCheck reports whether the Helix schedule check is on for this rank.
+func (e *Executor) ScheduleCheck() bool { return e.cfg.ScheduleCheck }
+
 // SetSource gives rank 0 its request source (and a progress callback);
 // call it before Run, e.g. once every rank is built.
 func (e *Executor) SetSource(src Source, progress func(done int)) {

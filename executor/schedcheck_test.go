@@ -147,3 +147,27 @@ func TestScheduleCheckGate(t *testing.T) {
 	errs, _ = onRanks(2, func(rank int, c nccl.Comm) error { return AgreeScheduleCheck(c, true) })
 	require.NoError(t, errors.Join(errs...))
 }
+
+func TestInitVote(t *testing.T) {
+	// P-22: rank 1's pool allocation fails; rank 0 raises "failed on another
+	// rank", rank 1 its own error; neither gets further.
+	boom := errors.New("pool allocation failed: out of memory")
+	errs, comms := onRanks(2, func(rank int, c nccl.Comm) error {
+		st, err := InitOK, error(nil)
+		if rank == 1 {
+			st, err = InitAbort, boom
+		}
+		got, err := InitVote(c, st, err)
+		require.Equal(t, InitAbort, got)
+		return err
+	})
+	require.ErrorIs(t, errs[0], ErrInitFailedElsewhere)
+	require.ErrorIs(t, errs[1], boom)
+	require.Equal(t, comms[0].Trace(), comms[1].Trace())
+	errs, _ = onRanks(3, func(rank int, c nccl.Comm) error {
+		got, err := InitVote(c, InitOK, nil)
+		require.Equal(t, InitOK, got)
+		return err
+	})
+	require.NoError(t, errors.Join(errs...))
+}

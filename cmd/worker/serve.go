@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"flag"
+	"fmt"
 	"io"
 	"os"
 	"strings"
@@ -297,8 +298,11 @@ func (o *serveOptions) world() int {
 
 // buildRank builds rank i of a world of o.world() ranks. It runs no collective.
 func buildRank(o *serveOptions, sc scheduler.Config, i int, comm nccl.Comm, cpGroup any,
-	iterLog io.Writer, log *zap.Logger) (*rankParts, error) {
+	iterLog io.Writer, log *zap.Logger, f *fault, td *teardown) (*rankParts, error) {
 	parts := &rankParts{}
+	if f != nil && f.kind == "init" && f.rank == i {
+		return nil, fmt.Errorf("rank %d: injected initialisation failure (%s)", i, FaultEnv)
+	}
 	helix := o.cp > 1
 	ecfg := bridge.Config{Preset: o.model, Seed: o.seed, NumPages: o.pages, TokensPerPage: o.tokensPerPage,
 		NumHostPages: o.hostPages}
@@ -348,7 +352,11 @@ func buildRank(o *serveOptions, sc scheduler.Config, i int, comm nccl.Comm, cpGr
 	} else if _, warn := executor.ScheduleCheckGate(os.Getenv(executor.ScheduleCheckEnv), false, 1, 1); warn != "" && i == 0 {
 		log.Warn(warn)
 	}
-	parts.ex, err = executor.New(cfg, executor.Deps{Comm: comm, Engine: parts.eng, KV: parts.kv, Planner: sch})
+	var planner executor.Planner = sch
+	if f != nil && f.rank == i && f.kind != "init" {
+		planner = &faultyPlanner{Planner: sch, f: f, teardown: td.ch}
+	}
+	parts.ex, err = executor.New(cfg, executor.Deps{Comm: comm, Engine: parts.eng, KV: parts.kv, Planner: planner})
 	if err != nil {
 		parts.close()
 		return nil, err
@@ -381,37 +389,56 @@ func serve(o *serveOptions, sc scheduler.Config, reqs []workload.Request, log *z
 		defer g.Close()
 		cpGroup = g
 	}
-	ranks := make([]*rankParts, world)
-	defer func() {
-		for _, r := range ranks {
-			if r != nil {
-				r.close()
-			}
-		}
-	}()
-	for i := range ranks {
-		if ranks[i], err = buildRank(o, sc, i, comms[i], cpGroup, iterLogs[i], log); err != nil {
-			return nil, err
-		}
+	flt, err := parseFault(os.Getenv(FaultEnv))
+	if err != nil {
+		return nil, usageError{err}
 	}
+	td := newTeardown()
 	start := time.Now()
+	source := executor.NewTraceSource(reqs, start, o.arrivalScale)
 	prog := newProgress(stderr, o.progress, len(reqs))
-	ranks[0].ex.SetSource(executor.NewTraceSource(reqs, start, o.arrivalScale), prog.update)
 	log.Info("serving", zap.Int("requests", len(reqs)), zap.Int("ranks", o.ranks), zap.Int("cp", o.cp),
 		zap.String("engine", o.engine), zap.String("model", o.model), zap.String("router", o.routerName),
 		zap.String("overlap", o.overlap))
 
+	// Each rank builds its parts, votes on the outcome with every other rank
+	// (so one failing rank makes all of them fail, before any loop
+	// collective), then runs — as it would in a process of its own.
 	results := make([]*executor.Result, world)
 	errs := make([]error, world)
 	var wg sync.WaitGroup
-	for i := range ranks {
+	for i := 0; i < world; i++ {
 		wg.Add(1)
 		go func(i int) {
 			defer wg.Done()
-			results[i], errs[i] = ranks[i].ex.Run()
-			if errs[i] != nil {
-				comms[i].Close() // wake peers blocked on this rank
+			defer func() {
+				if errs[i] != nil {
+					td.fire()
+					comms[i].Close() // wake peers blocked on this rank
+				}
+			}()
+			parts, berr := buildRank(o, sc, i, comms[i], cpGroup, iterLogs[i], log, flt, td)
+			status := executor.InitOK
+			if berr != nil {
+				status = executor.InitAbort
 			}
+			if _, errs[i] = executor.InitVote(comms[i], status, berr); errs[i] != nil {
+				if parts != nil {
+					parts.close()
+				}
+				return
+			}
+			defer parts.close()
+			if i == 0 {
+				parts.ex.SetSource(source, prog.update)
+			}
+			if cpGroup != nil {
+				on := parts.ex.ScheduleCheck()
+				if errs[i] = executor.AgreeScheduleCheck(comms[i], on); errs[i] != nil {
+					return
+				}
+			}
+			results[i], errs[i] = parts.ex.Run()
 		}(i)
 	}
 	wg.Wait()
@@ -429,21 +456,35 @@ func serve(o *serveOptions, sc scheduler.Config, reqs []workload.Request, log *z
 	return sr, nil
 }
 
-// firstRootCause prefers an error that is not a consequence of a peer closing.
+// firstRootCause reports a failed run: the root cause first (an error that
+// is not a consequence of another rank's failure: a peer closing, the init
+// vote relaying a failure elsewhere), then what every other rank saw.
 func firstRootCause(errs []error) error {
-	var fallback error
-	for _, err := range errs {
-		if err == nil {
-			continue
-		}
-		if !errors.Is(err, nccl.ErrClosed) {
-			return err
-		}
-		if fallback == nil {
-			fallback = err
+	root := -1
+	for i, err := range errs {
+		if err != nil && !errors.Is(err, nccl.ErrClosed) && !errors.Is(err, executor.ErrInitFailedElsewhere) {
+			root = i
+			break
 		}
 	}
-	return fallback
+	for i, err := range errs {
+		if root < 0 && err != nil {
+			root = i
+		}
+	}
+	if root < 0 {
+		return nil
+	}
+	var others []string
+	for i, err := range errs {
+		if err != nil && i != root {
+			others = append(others, fmt.Sprintf("rank %d: %v", i, err))
+		}
+	}
+	if len(others) == 0 {
+		return errs[root]
+	}
+	return fmt.Errorf("%w\nother ranks:\n  %s", errs[root], strings.Join(others, "\n  "))
 }
 
 func openEngine(engine string, cfg bridge.Config) (bridge.Engine, error) {
