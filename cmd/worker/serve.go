@@ -315,7 +315,7 @@ func buildRank(o *serveOptions, sc scheduler.Config, i int, comm nccl.Comm, cpGr
 	}
 	kcfg := kvpool.Config{NumPages: o.pages, TokensPerPage: o.tokensPerPage, HostPages: o.hostPages, MaxSeqLen: o.maxSeqLen}
 	if helix {
-		kcfg.CPSize, kcfg.CPRank = o.cp, i
+		kcfg.CP, kcfg.CPRank = o.cp, i
 	}
 	if parts.kv, err = kvpool.New(kcfg); err != nil {
 		parts.close()
