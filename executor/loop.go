@@ -24,6 +24,9 @@ type Result struct {
 	LockstepWaste float64
 	// DeviceMS is this rank's total engine time.
 	DeviceMS float64
+	// CollectiveMS is this rank's total time blocked in control-plane
+	// collectives (C1–C5, C7–C9).
+	CollectiveMS float64
 }
 
 // Executor is one rank's loop state. It is driven by one goroutine.
@@ -245,6 +248,7 @@ func (e *Executor) iteration() (bool, error) {
 	if err != nil {
 		return false, err
 	}
+	e.res.CollectiveMS += float64(e.waitDur) / 1e6
 	p.stats.HostUS = e.cfg.Clock().Sub(p.start).Microseconds()
 	e.lastStats = p.stats
 	if e.cfg.Rank == 0 && e.cfg.Progress != nil {

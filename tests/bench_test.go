@@ -3,6 +3,7 @@
 package tests
 
 import (
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -25,26 +26,29 @@ func BenchmarkExecutorIterationCPU(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	for _, ranks := range []int{1, 4} {
-		name := map[int]string{1: "ranks=1", 4: "ranks=4"}[ranks]
-		b.Run(name, func(b *testing.B) {
+	for _, c := range []struct {
+		ranks   int
+		overlap bool
+	}{{1, false}, {1, true}, {4, false}, {4, true}} {
+		ranks, overlap := c.ranks, c.overlap
+		b.Run(fmt.Sprintf("ranks=%d/overlap=%v", ranks, overlap), func(b *testing.B) {
 			var iters int64
 			var wall time.Duration
 			var device float64
 			for i := 0; i < b.N; i++ {
 				start := time.Now()
-				res := runFleet(b, ranks, reqs)
+				res := runFleet(b, ranks, overlap, reqs)
 				wall += time.Since(start)
 				iters += res.Iterations
 				device += res.DeviceMS
 			}
 			b.ReportMetric(float64(wall.Nanoseconds())/float64(iters), "ns/iter")
-			b.ReportMetric(device*1e6/float64(iters), "engine-ns/iter(rank0)")
+			b.ReportMetric(device*1e6/float64(iters), "rank0-engine-ns/iter")
 		})
 	}
 }
 
-func runFleet(b *testing.B, ranks int, reqs []workload.Request) *executor.Result {
+func runFleet(b *testing.B, ranks int, overlap bool, reqs []workload.Request) *executor.Result {
 	sc := scheduler.Config{MaxBatchSize: 64, MaxNumTokens: 1024, ChunkedContext: true, ChunkUnitSize: 16,
 		Policy: scheduler.MaxUtilization, RecomputePause: true, PrefixAware: true, LedgerBlockTokens: 16}
 	comms := nccl.NewLocalGroup(ranks, nccl.LocalOptions{Timeout: time.Minute})
@@ -68,7 +72,7 @@ func runFleet(b *testing.B, ranks int, reqs []workload.Request) *executor.Result
 		if i == 0 {
 			d.Source = source
 		}
-		if execs[i], err = executor.New(executor.Config{Rank: i, Ranks: ranks, Scheduler: sc}, d); err != nil {
+		if execs[i], err = executor.New(executor.Config{Rank: i, Ranks: ranks, Scheduler: sc, Overlap: overlap}, d); err != nil {
 			b.Fatal(err)
 		}
 	}
