@@ -7,6 +7,13 @@ GO       ?= go
 BUILD    ?= build
 JOBS     ?= 2
 CMAKE_FLAGS ?=
+# ENGINE_MPI: auto (on when Open MPI's mpicc is installed), ON or OFF. The MPI
+# communicator and the mpirun tests need it; without it the engine answers
+# UNSUPPORTED for MPI and the mpirun tests skip. Recursive (=) on purpose:
+# it is evaluated when the native recipe runs, after `deps` has installed
+# Open MPI on a fresh machine.
+ENGINE_MPI ?= auto
+ENGINE_MPI_FLAG = $(if $(filter auto,$(ENGINE_MPI)),$(if $(shell command -v mpicc 2>/dev/null),ON,OFF),$(ENGINE_MPI))
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 RUN_ARGS ?=
 
@@ -18,7 +25,7 @@ deps:
 	@scripts/ensure-deps.sh
 
 native: deps
-	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS)
+	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release -DENGINE_MPI=$(ENGINE_MPI_FLAG) $(CMAKE_FLAGS)
 	cmake --build $(BUILD) -j $(JOBS)
 
 worker: native

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs the build tools lockstep needs when they are missing (Debian/Ubuntu,
-# as root or with sudo): a C++17 compiler, CMake and Ninja. Go 1.26 must be on
+# as root or with sudo): a C++17 compiler, CMake, Ninja and Open MPI. Go 1.26 must be on
 # PATH already (https://go.dev/dl); Go modules come from the module proxy.
 set -euo pipefail
 missing=()
@@ -8,6 +8,9 @@ command -v cmake >/dev/null || missing+=(cmake)
 command -v ninja >/dev/null || missing+=(ninja-build)
 command -v g++ >/dev/null || missing+=(g++)
 command -v make >/dev/null || missing+=(make)
+# Open MPI: the engine's MPI communicator (ENGINE_MPI) and the mpirun tests.
+command -v mpirun >/dev/null || missing+=(openmpi-bin)
+command -v mpicc >/dev/null || missing+=(libopenmpi-dev)
 if ((${#missing[@]})); then
   echo "ensure-deps: installing ${missing[*]}" >&2
   sudo=""

@@ -187,6 +187,62 @@ eng_status eng_engine_copy_pages(eng_engine_t eng, eng_tier src_tier,
                                  const int32_t* src, eng_tier dst_tier,
                                  const int32_t* dst, int32_t n);
 
+/*
+ * Communicator (MPI), DESIGN.md §5.
+ *
+ * One collective primitive, a variable-size allgather of bytes; the Go side
+ * (nccl.CheckedComm) carries every collective of the control plane through it
+ * with a header that makes a desynchronised program fail on every rank
+ * instead of hanging. A build without ENGINE_MPI links these functions too and
+ * answers ENG_UNSUPPORTED with a message saying how to enable MPI.
+ *
+ * Threading: MPI is initialised with MPI_THREAD_FUNNELED, so every call below
+ * must come from the thread that made the first eng_comm_init_mpi (Go pins
+ * one goroutine to an OS thread for this). Calls on one handle must not
+ * overlap.
+ *
+ * Errors: a failing call on a handle leaves its message (with MPI's error
+ * string) in eng_comm_last_error(comm); a failing eng_comm_init_mpi leaves it
+ * in eng_comm_last_error(NULL) (thread-local). MPI errors are returned, not
+ * fatal (MPI_ERRORS_RETURN on the communicator), as ENG_COMM_ERROR. Argument
+ * errors of eng_comm_allgatherv are detected after the lengths are exchanged,
+ * so every rank fails the same call instead of one rank leaving its peers
+ * blocked.
+ */
+typedef struct eng_comm* eng_comm_t;
+
+/* Initialises MPI if it is not initialised yet (MPI_Init_thread, FUNNELED;
+ * Open MPI's own SIGSEGV/SIGBUS handlers are disabled unless the user set
+ * OMPI_MCA_opal_signal, because they would take signals from the Go runtime)
+ * and returns a duplicate of MPI_COMM_WORLD in *out. Without a launcher this
+ * is a world of one process (MPI singleton). */
+eng_status eng_comm_init_mpi(eng_comm_t* out);
+/* This process's rank and the world size (-1 for a NULL handle). */
+int32_t eng_comm_rank(eng_comm_t comm);
+int32_t eng_comm_size(eng_comm_t comm);
+/*
+ * Variable-size allgather: every rank contributes send_len bytes from send
+ * (send may be NULL when send_len is 0). On ENG_OK, recv_lens[r] (caller
+ * memory, comm_size entries) holds rank r's length and *recv points to all
+ * contributions concatenated in rank order (sum of recv_lens bytes). The
+ * receive buffer is owned by the communicator and stays valid until the next
+ * call on comm or eng_comm_free; the caller copies what it keeps. Lengths are
+ * exchanged first, so every rank agrees on the layout; a total above 2^31-1
+ * bytes (MPI's int counts) fails with ENG_INVALID_ARGUMENT on every rank.
+ */
+eng_status eng_comm_allgatherv(eng_comm_t comm, const void* send, int64_t send_len,
+                               int64_t* recv_lens, const uint8_t** recv);
+/* MPI_Abort on the communicator: terminates every rank of the job with code.
+ * Returns only if the abort itself failed. */
+eng_status eng_comm_abort(eng_comm_t comm, int32_t code);
+/* Frees the communicator. Freeing the last communicator of the process
+ * finalises MPI when this library initialised it; MPI cannot be initialised
+ * again afterwards (a later eng_comm_init_mpi fails). NULL is a no-op. */
+eng_status eng_comm_free(eng_comm_t comm);
+/* Message of the last failed call on this handle; "" if none. Owned by the
+ * handle. With NULL: the last failed eng_comm_init_mpi of this thread. */
+const char* eng_comm_last_error(eng_comm_t comm);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,163 @@
+// comm_mpi.cpp: the MPI communicator (built with ENGINE_MPI).
+//
+// One process-wide MPI session: the first communicator initialises MPI
+// (MPI_THREAD_FUNNELED: the Go side makes every call from one pinned thread)
+// unless the host program already did, and freeing the last communicator
+// finalises it again if this library initialised it. Each communicator is a
+// duplicate of MPI_COMM_WORLD with MPI_ERRORS_RETURN, so an MPI failure comes
+// back as ENG_COMM_ERROR with MPI's error string instead of killing the job
+// from inside a library call.
+#include "comm_mpi.h"
+
+// Only MPI's C API is used (its C++ bindings were removed in MPI-3, and
+// Open MPI's would need libmpi_cxx at link time).
+#define OMPI_SKIP_MPICXX 1
+#define MPICH_SKIP_MPICXX 1
+#include <mpi.h>
+
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "status.h"
+
+namespace lockstep {
+namespace {
+
+// Process-wide MPI state, touched only from the MPI thread.
+int g_open_comms = 0;          // live communicators
+bool g_we_initialised = false;  // MPI_Init_thread was ours: finalise with the last comm
+
+// Throws ENG_COMM_ERROR naming what failed and MPI's message, unless rc is
+// MPI_SUCCESS.
+void check(int rc, const char* what) {
+  if (rc == MPI_SUCCESS) return;
+  char msg[MPI_MAX_ERROR_STRING] = {0};
+  int len = 0;
+  if (MPI_Error_string(rc, msg, &len) != MPI_SUCCESS) std::snprintf(msg, sizeof msg, "MPI error %d", rc);
+  throw EngineError(ENG_COMM_ERROR, std::string(what) + ": " + msg);
+}
+
+// Refuses calls from a thread other than the one that initialised MPI
+// (MPI_THREAD_FUNNELED allows only that one).
+void require_main_thread(const char* what) {
+  int is_main = 0;
+  check(MPI_Is_thread_main(&is_main), "MPI_Is_thread_main");
+  if (!is_main)
+    throw EngineError(ENG_INVALID_ARGUMENT,
+                      std::string(what) +
+                          ": called from a thread other than the one that initialised MPI "
+                          "(MPI_THREAD_FUNNELED); make every eng_comm call from that thread");
+}
+
+class MpiCommunicator final : public Communicator {
+ public:
+  explicit MpiCommunicator(MPI_Comm comm) : comm_(comm) {
+    check(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank");
+    check(MPI_Comm_size(comm_, &size_), "MPI_Comm_size");
+    lens_.resize(size_);
+    counts_.resize(size_);
+    displs_.resize(size_);
+  }
+
+  // Frees the duplicate and, with the last communicator, finalises MPI if we
+  // initialised it. Errors here cannot be reported (destructor): the process
+  // is leaving the group anyway.
+  ~MpiCommunicator() override {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) {
+      MPI_Comm_free(&comm_);
+      if (--g_open_comms == 0 && g_we_initialised) MPI_Finalize();
+    }
+  }
+
+  int32_t rank() const override { return rank_; }
+  int32_t size() const override { return size_; }
+
+  const uint8_t* allgatherv(const void* send, int64_t send_len, bool send_ok,
+                            int64_t* recv_lens) override {
+    require_main_thread("eng_comm_allgatherv");
+    // Phase 1: lengths. An invalid local argument travels as -1, so that the
+    // whole group fails this call together.
+    int64_t mine = send_ok ? send_len : -1;
+    check(MPI_Allgather(&mine, 1, MPI_INT64_T, lens_.data(), 1, MPI_INT64_T, comm_),
+          "MPI_Allgather (lengths)");
+    int64_t total = 0;
+    for (int r = 0; r < size_; ++r) {
+      if (lens_[r] < 0)
+        throw EngineError(ENG_INVALID_ARGUMENT,
+                          "eng_comm_allgatherv: rank " + std::to_string(r) +
+                              " passed invalid arguments (negative length, or NULL buffers)");
+      counts_[r] = static_cast<int>(lens_[r] > INT_MAX ? INT_MAX : lens_[r]);
+      displs_[r] = static_cast<int>(total > INT_MAX ? INT_MAX : total);
+      total += lens_[r];
+      if (total > INT_MAX)
+        throw EngineError(ENG_INVALID_ARGUMENT,
+                          "eng_comm_allgatherv: " + std::to_string(total) +
+                              "+ bytes gathered exceed MPI's 2^31-1 byte count");
+    }
+    // Phase 2: data, into a buffer the communicator owns (never empty, so
+    // that data() is a valid pointer even when every rank sends nothing).
+    recv_.resize(static_cast<size_t>(total) + 1);
+    static const uint8_t kEmpty = 0;
+    check(MPI_Allgatherv(send_len > 0 ? send : &kEmpty, static_cast<int>(send_len), MPI_BYTE,
+                         recv_.data(), counts_.data(), displs_.data(), MPI_BYTE, comm_),
+          "MPI_Allgatherv");
+    for (int r = 0; r < size_; ++r) recv_lens[r] = lens_[r];
+    return recv_.data();
+  }
+
+  void abort(int32_t code) override { check(MPI_Abort(comm_, code), "MPI_Abort"); }
+
+ private:
+  MPI_Comm comm_;
+  int rank_ = 0;
+  int size_ = 0;
+  std::vector<int64_t> lens_;
+  std::vector<int> counts_, displs_;
+  std::vector<uint8_t> recv_;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> open_mpi_world() {
+  int initialized = 0, finalized = 0;
+  check(MPI_Initialized(&initialized), "MPI_Initialized");
+  check(MPI_Finalized(&finalized), "MPI_Finalized");
+  if (finalized)
+    throw EngineError(ENG_COMM_ERROR,
+                      "MPI was already finalised in this process (the last communicator was "
+                      "freed); MPI cannot be initialised twice: keep one communicator open");
+  if (!initialized) {
+    // Open MPI installs SIGSEGV/SIGBUS/SIGFPE/SIGABRT handlers for its
+    // backtraces; in a Go process they would take the signals the Go runtime
+    // uses (nil checks, preemption) and they are not installed on the
+    // alternate signal stack Go requires. Keep a user's explicit choice.
+    setenv("OMPI_MCA_opal_signal", "", 0);
+    int provided = 0;
+    check(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided), "MPI_Init_thread");
+    g_we_initialised = true;
+    if (provided < MPI_THREAD_FUNNELED)
+      throw EngineError(ENG_COMM_ERROR, "the MPI library does not provide MPI_THREAD_FUNNELED");
+  }
+  require_main_thread("eng_comm_init_mpi");
+  // Failures of the dup itself are reported through the world's handler.
+  check(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler(world)");
+  MPI_Comm dup = MPI_COMM_NULL;
+  check(MPI_Comm_dup(MPI_COMM_WORLD, &dup), "MPI_Comm_dup(world)");
+  check(MPI_Comm_set_errhandler(dup, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
+  ++g_open_comms;
+  try {
+    // From here the destructor owns dup (and the finalise bookkeeping).
+    return std::make_unique<MpiCommunicator>(dup);
+  } catch (...) {
+    MPI_Comm_free(&dup);
+    --g_open_comms;
+    throw;
+  }
+}
+
+}  // namespace lockstep

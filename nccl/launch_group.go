@@ -1,0 +1,192 @@
+package nccl
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"strconv"
+	"time"
+)
+
+// GroupOptions configures OpenProcessGroup.
+type GroupOptions struct {
+	// CollectiveTimeout is the watchdog timeout of every collective
+	// (--collective-timeout); 0 disables it.
+	CollectiveTimeout time.Duration
+	// ConnectTimeout bounds the rendezvous (store, transport); 0 means 60s.
+	ConnectTimeout time.Duration
+	// OpenMPI opens the MPI transport (bridge/native.OpenMPI); required when
+	// the launch uses MPI. Kept as a function so that this package stays free
+	// of cgo.
+	OpenMPI func() (Transport, error)
+	// StoreHost is where rank 0 serves the watchdog's store under an MPI
+	// launch (an address every rank can reach). "" picks MASTER_ADDR when
+	// set, 127.0.0.1 when every rank runs on one node, else the host name.
+	StoreHost string
+}
+
+// ProcessGroup is this process's membership of a multi-process world: the
+// transport, the checked protocol over it, the bootstrap store and the
+// watchdog. Use Comm for every collective.
+type ProcessGroup struct {
+	// Launch is the placement the group was opened with.
+	Launch Launch
+	// Comm is the world communicator: the checked protocol under the
+	// watchdog. Call Comm.SetIteration at the start of every iteration.
+	Comm *Watchdog
+
+	checked *CheckedComm
+	server  *StoreServer // rank 0
+	client  *StoreClient
+	board   *StoreBoard
+}
+
+// OpenProcessGroup joins the world described by l:
+//
+//   - an MPI launch (mpirun, PMI, srun) opens the MPI transport with
+//     o.OpenMPI and checks that MPI agrees with the environment on the rank
+//     and world size; rank 0 serves the watchdog's store on an ephemeral
+//     port whose address travels through the transport itself;
+//   - a torchrun-style launch serves the store on MASTER_ADDR:MASTER_PORT on
+//     rank 0 and connects the TCP transport through it;
+//   - a world of one process needs no peers (no store, no board).
+//
+// Every rank must call it at the same point of start-up. On failure nothing
+// is left open.
+func OpenProcessGroup(l Launch, o GroupOptions) (g *ProcessGroup, err error) {
+	if o.ConnectTimeout <= 0 {
+		o.ConnectTimeout = 60 * time.Second
+	}
+	g = &ProcessGroup{Launch: l}
+	defer func() {
+		if err != nil {
+			g.Close()
+			g = nil
+		}
+	}()
+	var t Transport
+	switch {
+	case l.WorldSize <= 1:
+		t, err = NewTCPTransport(TCPOptions{Rank: 0, Size: 1})
+	case l.UsesMPI():
+		t, err = g.openMPI(o)
+	default:
+		t, err = g.openTCP(o)
+	}
+	if err != nil {
+		return g, err
+	}
+	g.checked = NewCheckedComm(t)
+	var board PeerBoard
+	if g.client != nil {
+		g.board = NewStoreBoard(g.client, l.Rank, l.WorldSize, "lockstep/watchdog")
+		board = g.board
+	}
+	g.Comm = NewWatchdog(g.checked, WatchdogOptions{Timeout: o.CollectiveTimeout, Board: board})
+	return g, nil
+}
+
+// openTCP is the torchrun-style rendezvous.
+func (g *ProcessGroup) openTCP(o GroupOptions) (Transport, error) {
+	l := g.Launch
+	addr := net.JoinHostPort(l.MasterAddr, strconv.Itoa(l.MasterPort))
+	if l.Rank == 0 {
+		s, err := ListenStore(addr)
+		if err != nil {
+			return nil, fmt.Errorf("rank 0 serves the bootstrap store on MASTER_ADDR:MASTER_PORT: %w", err)
+		}
+		g.server = s
+	}
+	c, err := DialStore(addr, o.ConnectTimeout)
+	if err != nil {
+		return nil, fmt.Errorf("rank %d: %w", l.Rank, err)
+	}
+	g.client = c
+	return NewTCPTransport(TCPOptions{Rank: l.Rank, Size: l.WorldSize, Store: c, Host: l.MasterAddr,
+		ConnectTimeout: o.ConnectTimeout})
+}
+
+// openMPI opens the MPI transport and the watchdog's store beside it.
+func (g *ProcessGroup) openMPI(o GroupOptions) (Transport, error) {
+	l := g.Launch
+	if o.OpenMPI == nil {
+		return nil, fmt.Errorf("started by %s with %d ranks, but this binary has no MPI transport (build with `make`, which enables ENGINE_MPI when Open MPI is installed)", l.Launcher, l.WorldSize)
+	}
+	t, err := o.OpenMPI()
+	if err != nil {
+		return nil, err
+	}
+	if t.Rank() != l.Rank || t.Size() != l.WorldSize {
+		t.Close()
+		return nil, fmt.Errorf("MPI places this process at rank %d of %d, the %s environment at rank %d of %d: was it started by another launcher?",
+			t.Rank(), t.Size(), l.Launcher, l.Rank, l.WorldSize)
+	}
+	// Rank 0 serves the store; its address reaches the others through the
+	// transport (one raw allgather, before the checked protocol starts, so it
+	// is not in any trace).
+	var addr []byte
+	if l.Rank == 0 {
+		s, err := ListenStore(net.JoinHostPort(g.storeHost(o), "0"))
+		if err == nil {
+			g.server = s
+			addr = []byte(s.Addr())
+		}
+		// On failure rank 0 sends an empty address: every rank then fails
+		// the same way instead of waiting for a store that does not exist.
+	}
+	got, err := t.AllGatherBytes(addr)
+	if err == nil && len(got[0]) == 0 {
+		err = errors.New("rank 0 could not serve the watchdog's bootstrap store (set MASTER_ADDR to an address of rank 0's node)")
+	}
+	if err == nil {
+		g.client, err = DialStore(string(got[0]), o.ConnectTimeout)
+	}
+	if err != nil {
+		t.Close()
+		return nil, fmt.Errorf("rank %d: %w", l.Rank, err)
+	}
+	return t, nil
+}
+
+// storeHost picks where rank 0 serves the store under MPI.
+func (g *ProcessGroup) storeHost(o GroupOptions) string {
+	switch {
+	case o.StoreHost != "":
+		return o.StoreHost
+	case g.Launch.MasterAddr != "":
+		return g.Launch.MasterAddr
+	case g.Launch.LocalSize == g.Launch.WorldSize || g.Launch.LocalSize == 0:
+		return "127.0.0.1"
+	}
+	if h, err := os.Hostname(); err == nil {
+		return h
+	}
+	return "127.0.0.1"
+}
+
+// Close leaves the group: the communicator (and its transport; under MPI
+// this finalises MPI), the board, the store client and, on rank 0, the
+// store. After a collective timed out, do not call Close under MPI: exit the
+// process instead (the blocked call cannot be cancelled).
+func (g *ProcessGroup) Close() error {
+	var first error
+	keep := func(err error) {
+		if first == nil {
+			first = err
+		}
+	}
+	if g.board != nil {
+		keep(g.board.Close())
+	}
+	if g.Comm != nil {
+		keep(g.Comm.Close())
+	}
+	if g.client != nil {
+		keep(g.client.Close())
+	}
+	if g.server != nil {
+		keep(g.server.Close())
+	}
+	return first
+}
