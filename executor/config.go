@@ -40,6 +40,8 @@ type KV interface {
 	FreePages() int
 	// TokensPerPage is P.
 	TokensPerPage() int
+	// LedgerBlockTokens is the bookkeeping unit: P, or P·cp under Helix.
+	LedgerBlockTokens() int
 }
 
 // Planner builds one rank's plan for an iteration (scheduler.Scheduler).

@@ -74,7 +74,7 @@ func New(cfg Config, d Deps) (*Executor, error) {
 		cfg.MaxIdleSleep = 20 * time.Millisecond
 	}
 	if cfg.MaxSeqLen <= 0 {
-		cfg.MaxSeqLen = d.KV.TotalPages() * d.KV.TokensPerPage()
+		cfg.MaxSeqLen = d.KV.TotalPages() * d.KV.LedgerBlockTokens()
 	}
 	if cfg.MaxActivePerRank <= 0 {
 		cfg.MaxActivePerRank = 1024
@@ -151,6 +151,10 @@ type plan struct {
 func (e *Executor) prologue() (*plan, error) {
 	p := &plan{start: e.cfg.Clock()}
 	e.waitDur = 0
+	// A watchdog comm names the iteration in its timeout reports.
+	if w, ok := e.d.Comm.(interface{ SetIteration(int64) }); ok {
+		w.SetIteration(e.iter)
+	}
 	// Fetch and route.
 	states, err := e.gatherRankStates()
 	if err != nil {
@@ -534,7 +538,7 @@ func (e *Executor) admit(a Arrival, estimate int64) {
 
 func (e *Executor) neverFits(r *request) string {
 	sc := e.cfg.Scheduler
-	poolTokens := e.d.KV.TotalPages() * e.d.KV.TokensPerPage()
+	poolTokens := e.d.KV.TotalPages() * e.d.KV.LedgerBlockTokens() // global tokens under Helix
 	switch {
 	case r.PromptLen < 1:
 		return "empty prompt"
@@ -548,7 +552,7 @@ func (e *Executor) neverFits(r *request) string {
 		return fmt.Sprintf("needs %d pages to completion, the pool has %d", e.d.KV.PagesToCompletion(&r.Request), e.d.KV.TotalPages())
 	case r.PromptLen+r.MaxNewTokens > poolTokens:
 		return fmt.Sprintf("prompt %d + max_new_tokens %d = %d tokens can never fit the KV pool of %d tokens (%d pages × %d)",
-			r.PromptLen, r.MaxNewTokens, r.PromptLen+r.MaxNewTokens, poolTokens, e.d.KV.TotalPages(), e.d.KV.TokensPerPage())
+			r.PromptLen, r.MaxNewTokens, r.PromptLen+r.MaxNewTokens, poolTokens, e.d.KV.TotalPages(), e.d.KV.LedgerBlockTokens())
 	}
 	return ""
 }

@@ -51,6 +51,7 @@ type serveOptions struct {
 	inferConversations         bool
 	maxActivePerRank           int
 	cp                         int
+	ranksSet                   bool // --ranks given explicitly
 }
 
 func defaultServeOptions() serveOptions {
@@ -202,6 +203,7 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 	if fs.NArg() > 0 {
 		return usageErrorf("unexpected arguments: %v", fs.Args())
 	}
+	fs.Visit(func(f *flag.Flag) { o.ranksSet = o.ranksSet || f.Name == "ranks" })
 	if o.configPath != "" {
 		set := map[string]bool{}
 		fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
@@ -212,6 +214,9 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 		if err := fc.apply(&o, set); err != nil {
 			return err
 		}
+	}
+	if o.cp > 1 && !o.ranksSet {
+		o.ranks = 1 // Helix replaces attention DP unless asked otherwise (then validate refuses)
 	}
 	if err := o.validate(); err != nil {
 		return err
@@ -232,7 +237,19 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	res, err := serve(&o, sc, reqs, log, stderr)
+	launch, err := nccl.DetectLaunch(os.Getenv)
+	if err != nil {
+		return usageError{err}
+	}
+	var res *serveResult
+	if launch.MultiProcess() {
+		res, err = serveProcess(&o, sc, reqs, launch, log, stderr)
+		if err == nil && res == nil {
+			return nil // not rank 0: rank 0 prints the report
+		}
+	} else {
+		res, err = serve(&o, sc, reqs, log, stderr)
+	}
 	if err != nil {
 		return err
 	}
@@ -454,6 +471,90 @@ func serve(o *serveOptions, sc scheduler.Config, reqs []workload.Request, log *z
 		sr.deviceMS = append(sr.deviceMS, r.DeviceMS)
 	}
 	return sr, nil
+}
+
+// serveProcess runs this process's rank of a multi-process world (mpirun,
+// srun, PMI or a torchrun-style launcher): one rank per process, the ranks
+// meet through the process group's checked collectives under the watchdog.
+// Rank 0 returns the result; the others return nil, nil.
+func serveProcess(o *serveOptions, sc scheduler.Config, reqs []workload.Request, l nccl.Launch,
+	log *zap.Logger, stderr io.Writer) (*serveResult, error) {
+	if o.cp > 1 {
+		return nil, usageErrorf("--cp %d: Helix CP groups run in one process (--cp with in-process ranks); "+
+			"multi-process Helix is not supported yet", o.cp)
+	}
+	if o.ranks != 1 && o.ranks != l.WorldSize && o.ranksSet {
+		return nil, usageErrorf("--ranks %d does not match the %s launch of %d processes (one rank per process)",
+			o.ranks, l.Launcher, l.WorldSize)
+	}
+	o.ranks = l.WorldSize
+	log = log.With(zap.Int("rank", l.Rank))
+	pg, err := nccl.OpenProcessGroup(l, nccl.GroupOptions{CollectiveTimeout: o.collectiveTimeout, OpenMPI: nativeengine.OpenMPI})
+	if err != nil {
+		return nil, fmt.Errorf("rank %d: joining the %s world of %d: %w", l.Rank, l.Launcher, l.WorldSize, err)
+	}
+	iterLogs, closeLogs, err := openIterLogs(o.iterLog, o.ranks, os.Getenv("TLLM_PROFILE_LOG_RANKS"), log)
+	if err != nil {
+		pg.Close()
+		return nil, err
+	}
+	defer closeLogs()
+	flt, err := parseFault(os.Getenv(FaultEnv))
+	if err != nil {
+		pg.Close()
+		return nil, usageError{err}
+	}
+	td := newTeardown()
+	parts, berr := buildRank(o, sc, l.Rank, pg.Comm, nil, iterLogs[l.Rank], log, flt, td)
+	status := executor.InitOK
+	if berr != nil {
+		status = executor.InitAbort
+	}
+	if _, err := executor.InitVote(pg.Comm, status, berr); err != nil {
+		if parts != nil {
+			parts.close()
+		}
+		return nil, exitAfterCollectiveError(pg, l, err)
+	}
+	defer parts.close()
+	start := time.Now()
+	if l.Rank == 0 {
+		log.Info("serving", zap.Int("requests", len(reqs)), zap.Int("ranks", o.ranks), zap.String("launcher", string(l.Launcher)),
+			zap.String("engine", o.engine), zap.String("model", o.model), zap.String("router", o.routerName),
+			zap.String("overlap", o.overlap))
+		prog := newProgress(stderr, o.progress, len(reqs))
+		parts.ex.SetSource(executor.NewTraceSource(reqs, start, o.arrivalScale), prog.update)
+		defer prog.done()
+	}
+	res, err := parts.ex.Run()
+	if err != nil {
+		return nil, exitAfterCollectiveError(pg, l, err)
+	}
+	if err := pg.Close(); err != nil {
+		return nil, err
+	}
+	if l.Rank != 0 {
+		return nil, nil
+	}
+	return &serveResult{rank0: res, wall: time.Since(start), deviceMS: []float64{res.DeviceMS}}, nil
+}
+
+// exitAfterCollectiveError handles a failed multi-process rank. After a
+// watchdog timeout a collective may still be blocked inside MPI and cannot
+// be cancelled, so the group is not closed: the caller exits non-zero (and
+// the launcher tears the other ranks down); rank 0 lingers a moment so that
+// its peers can still read the watchdog reports from its store. Any other
+// error (a mismatch, a schedule divergence, a failed init vote) leaves the
+// ranks in step, so the group closes cleanly.
+func exitAfterCollectiveError(pg *nccl.ProcessGroup, l nccl.Launch, err error) error {
+	if errors.Is(err, nccl.ErrTimeout) {
+		if l.Rank == 0 {
+			time.Sleep(time.Second)
+		}
+		return fmt.Errorf("rank %d: %w", l.Rank, err)
+	}
+	pg.Close()
+	return fmt.Errorf("rank %d: %w", l.Rank, err)
 }
 
 // firstRootCause reports a failed run: the root cause first (an error that

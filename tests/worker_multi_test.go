@@ -1,0 +1,83 @@
+//go:build native
+
+package tests
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestWorkerUnderMPIRunMatchesInProcess: the issue's command under
+// `mpirun -np 4` (one rank per process, collectives over MPI) prints the
+// same output digest as four in-process ranks, with the conversation router.
+func TestWorkerUnderMPIRunMatchesInProcess(t *testing.T) {
+	needMPIRun(t)
+	bin := worker(t)
+	trace := sharedTrace(t, "synthetic_trace.jsonl")
+	args := []string{"run", "--engine", "cpu", "--router", "conversation", "--trace", trace, "--limit", "200",
+		"--length-scale", "0.01", "--report", "json", "--progress", "off", "--arrival-scale", "0"}
+	inproc := serve(t, bin, append(args[1:], "--ranks", "4")...)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "mpirun", append([]string{"--oversubscribe", "-np", "4", bin}, args...)...)
+	cmd.Env = append(os.Environ(), "OMPI_ALLOW_RUN_AS_ROOT=1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1")
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	require.NoError(t, cmd.Run(), errb.String())
+	var rep report
+	require.NoError(t, json.Unmarshal(out.Bytes(), &rep), "exactly one report (rank 0's) on stdout: %s", out.String())
+	require.Equal(t, 4, rep.Ranks)
+	require.Equal(t, 200, rep.Requests.Completed)
+	require.Equal(t, inproc.OutputDigest, rep.OutputDigest, "mpirun -np 4 and --ranks 4 print the same digest")
+}
+
+// TestHelixMatchesSingleRankUnderPressure: aggregated Helix over 2 CP ranks
+// and a single rank print the same digest on a pool small enough that both
+// recompute-pause requests, with the per-iteration schedule check on.
+func TestHelixMatchesSingleRankUnderPressure(t *testing.T) {
+	bin := worker(t)
+	trace := sharedTrace(t, "conversation_trace.jsonl")
+	t.Setenv("TLLM_HELIX_AGG_CHECK_SCHEDULE", "1")
+	args := []string{"--engine", "cpu", "--trace", trace, "--limit", "100", "--length-scale", "0.02",
+		"--tokens-per-page", "16", "--max-num-tokens", "256"}
+	one := serve(t, bin, append(args, "--ranks", "1", "--cp", "1", "--pages", "64")...)
+	two := serve(t, bin, append(args, "--cp", "2", "--pages", "32")...)
+	require.Positive(t, one.Preemptions.Recompute)
+	require.Positive(t, two.Preemptions.Recompute, "the Helix run must also be under KV pressure")
+	require.Equal(t, one.Requests, two.Requests)
+	require.Equal(t, one.OutputDigest, two.OutputDigest, "--cp 2 and --cp 1 print the same digest")
+}
+
+// TestHelixScheduleCheckCatchesDivergence: a perturbed plan on CP rank 1 at
+// iteration 3 is caught at iteration 3 on every rank.
+func TestHelixScheduleCheckCatchesDivergence(t *testing.T) {
+	bin := worker(t)
+	stderr, _ := failRun(t, bin, []string{"TLLM_HELIX_AGG_CHECK_SCHEDULE=1", "LOCKSTEP_TEST_FAULT=perturb:1:3"},
+		"--engine", "cpu", "--cp", "2", "--length-scale", "0.1")
+	require.Contains(t, stderr, "rank 0 iteration 3: helix schedule divergence at iteration 3")
+	require.Contains(t, stderr, "rank 1: rank 1 iteration 3: helix schedule divergence at iteration 3")
+	require.Contains(t, stderr, "sat-out ids differs")
+}
+
+// TestHelixGuards: start-up guards name the option, before any collective.
+func TestHelixGuards(t *testing.T) {
+	bin := worker(t)
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--cp", "2", "--ranks", "2"}, "Helix and attention DP are mutually exclusive"},
+		{[]string{"--cp", "2", "--host-pages", "64"}, "aggregated Helix does not support a host cache tier"},
+	} {
+		stderr, _ := failRun(t, bin, nil, c.args...)
+		require.Contains(t, stderr, c.want)
+	}
+}
