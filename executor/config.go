@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/lockstep-ai/lockstep/bridge"
+	"github.com/lockstep-ai/lockstep/kvpool"
 	"github.com/lockstep-ai/lockstep/nccl"
 	"github.com/lockstep-ai/lockstep/scheduler"
 	"github.com/lockstep-ai/lockstep/scheduler/router"
@@ -40,6 +41,16 @@ type KV interface {
 	FreePages() int
 	// TokensPerPage is P.
 	TokensPerPage() int
+	// TakeCopyRuns returns the page copies decided since the last call, in
+	// the order they must run.
+	TakeCopyRuns() []kvpool.CopyRun
+	// EventsEnabled and FlushIterationEvents: the KV cache events (§9).
+	EventsEnabled() bool
+	FlushIterationEvents() []kvpool.Event
+	// PrefixStats counts prompt tokens and reused tokens at admission.
+	PrefixStats() kvpool.PrefixStats
+	// ReusableBlocks is the number of blocks in the radix tree.
+	ReusableBlocks() int
 	// LedgerBlockTokens is the bookkeeping unit: P, or P·cp under Helix.
 	LedgerBlockTokens() int
 }
@@ -69,6 +80,11 @@ type Config struct {
 	Router router.Router
 	// MaxActivePerRank is the routers' hard cap H of active requests per rank.
 	MaxActivePerRank int
+	// Events turns on the rank-symmetric KV event flush (every rank must
+	// agree); rank 0 writes the published stream to EventSink.
+	Events             bool
+	EventSink          EventSink
+	EventBufferMaxSize int // per-rank entries per flush; 0 = unlimited
 	// Overlap selects the overlap loop (§6): iteration N+1 is scheduled while
 	// N runs on the engine. Otherwise the non-overlap loop (§5).
 	Overlap bool

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/lockstep-ai/lockstep/bridge"
+	"github.com/lockstep-ai/lockstep/kvpool"
+	"github.com/lockstep-ai/lockstep/nccl"
 	"github.com/lockstep-ai/lockstep/scheduler"
 	"github.com/lockstep-ai/lockstep/scheduler/router"
 )
@@ -27,6 +29,13 @@ type Result struct {
 	// CollectiveMS is this rank's total time blocked in control-plane
 	// collectives (C1–C5, C7–C9).
 	CollectiveMS float64
+	// EventsDropped counts KV events cut from the published stream (rank 0).
+	EventsDropped int64
+	// Prefix sums every rank's prefix-reuse counters (rank 0 under
+	// attention DP; this rank's own otherwise), and LiveBlocks the blocks
+	// left in the ranks' radix trees at the end.
+	Prefix     kvpool.PrefixStats
+	LiveBlocks int64
 }
 
 // Executor is one rank's loop state. It is driven by one goroutine.
@@ -43,6 +52,8 @@ type Executor struct {
 	shutdown  bool
 
 	waiting      []Arrival // received, not routed yet (identical on every rank)
+	eventBuf     []byte
+	flushes      int // event flushes (tests)
 	routerStates []router.RankState
 	routerItems  []router.Item
 
@@ -90,6 +101,25 @@ func New(cfg Config, d Deps) (*Executor, error) {
 		lastStats: RankState{StatsIter: -1}}, nil
 }
 
+// finalStats gathers every rank's prefix-reuse counters to rank 0 once, at
+// the exit every rank agreed on (one more attention-DP collective).
+func (e *Executor) finalStats() error {
+	ps := e.d.KV.PrefixStats()
+	mine := []int64{ps.Admissions, ps.PromptTokens, ps.ReusedTokens, int64(e.d.KV.ReusableBlocks())}
+	if !e.adp() {
+		e.res.Prefix = ps
+		e.res.LiveBlocks = mine[3]
+		return nil
+	}
+	sum, err := e.d.Comm.AllReduceInt64("final_stats", nccl.ReduceSum, mine)
+	if err != nil {
+		return err
+	}
+	e.res.Prefix = kvpool.PrefixStats{Admissions: sum[0], PromptTokens: sum[1], ReusedTokens: sum[2]}
+	e.res.LiveBlocks = sum[3]
+	return nil
+}
+
 // ScheduleCheck reports whether the Helix schedule check is on for this rank.
 func (e *Executor) ScheduleCheck() bool { return e.cfg.ScheduleCheck }
 
@@ -119,6 +149,9 @@ func (e *Executor) Run() (*Result, error) {
 	}
 	if err := e.drain(); err != nil {
 		return nil, fmt.Errorf("rank %d: draining the last batch: %w", e.cfg.Rank, err)
+	}
+	if err := e.finalStats(); err != nil {
+		return nil, fmt.Errorf("rank %d: final statistics: %w", e.cfg.Rank, err)
 	}
 	e.res.Iterations = e.iter
 	if e.wasteN > 0 {
@@ -219,6 +252,11 @@ func (e *Executor) prologue() (*plan, error) {
 	}
 	// Recompute victims are reset right after scheduling (§11.1).
 	e.handlePaused(p.out)
+	// Page copies of this pass (suspend to / resume from the host tier) go
+	// to the engine before any later forward.
+	if err := e.submitCopies(); err != nil {
+		return nil, err
+	}
 	if p.canQueue, p.canQueueThisRank, err = e.canQueue(p.out.NumFitting); err != nil {
 		return nil, err
 	}
@@ -288,6 +326,10 @@ func (e *Executor) nonOverlapTail(p *plan) error {
 		if err := e.gatherResponses("responses", e.finished, 0, false); err != nil {
 			return err
 		}
+		// R6: the non-overlap loop flushes under the agreed can_queue.
+		if err := e.addKVCacheEventsSynced(true); err != nil {
+			return err
+		}
 	} else {
 		e.revertGeneration(p.out)
 		e.rollbackDummy()
@@ -354,6 +396,10 @@ func (e *Executor) overlapTail(p *plan) error {
 		return err
 	}
 	e.finished = e.finished[:0]
+	// 16: exactly once per iteration, right after the previous-batch branch.
+	if err := e.addKVCacheEventsSynced(processed); err != nil {
+		return err
+	}
 	if !p.canQueue {
 		// An iteration without a forward logs at its own end (§13.1).
 		if err := e.writeIterRecord(p.rec, p.start); err != nil {

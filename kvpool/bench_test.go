@@ -1,7 +1,11 @@
 package kvpool_test
 
 import (
+	"fmt"
 	"testing"
+
+	"github.com/lockstep-ai/lockstep/kvpool"
+	"github.com/lockstep-ai/lockstep/scheduler"
 )
 
 // BenchmarkAllocFree measures a context allocation of 64 pages followed by
@@ -30,4 +34,65 @@ func BenchmarkAllocFree(b *testing.B) {
 		m.Free(r)
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*perSeq), "ns/page")
+}
+
+// BenchmarkMatchAdmit128k measures admitting a 131 072-token prompt against
+// a warm tree that holds all of it: hashing the lookup tokens into the key
+// chain, the radix walk, claiming every block (holds, then locks on resume)
+// and the one-token ResizeContext of the last chunk. Target: ≤ 1 ms.
+func BenchmarkMatchAdmit128k(b *testing.B) {
+	for _, p := range []int{16, 64} {
+		b.Run(fmt.Sprintf("P=%d", p), func(b *testing.B) {
+			const promptLen = 128 * 1024
+			m := newCfg(b, kvpool.Config{NumPages: 2*promptLen/p + 16, TokensPerPage: p, EnableBlockReuse: true})
+			tokens := make([]int32, promptLen)
+			for i := range tokens {
+				tokens[i] = int32(i*7919) % 50_000
+			}
+			warm := preq(1, tokens, 1)
+			prefill(b, m, warm)
+			m.Free(warm)
+			b.ReportAllocs()
+			b.ResetTimer()
+			for b.Loop() {
+				r := preq(2, tokens, 1)
+				if !m.PrepareContext(r) || r.ContextPosition != promptLen-1 || !m.ResizeContext(r, 1) {
+					b.Fatalf("admission failed at position %d", r.ContextPosition)
+				}
+				b.StopTimer()
+				m.ReleaseContextAdmission(r)
+				b.StartTimer()
+			}
+		})
+	}
+}
+
+// BenchmarkFlushIterationEvents measures one iteration's event work on a
+// busy rank: 8 requests each commit 2 blocks (coalesced stored events),
+// 8 cached blocks are evicted (one removed event), then the flush and the
+// JSON Lines encoding of the batch.
+func BenchmarkFlushIterationEvents(b *testing.B) {
+	const p = 16
+	m := newCfg(b, kvpool.Config{NumPages: 24, TokensPerPage: p, EnableBlockReuse: true, EventBufferMaxSize: 64})
+	m.FlushIterationEvents()
+	var buf []byte
+	next := int32(0)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for b.Loop() {
+		var reqs []*scheduler.Request
+		for i := range 8 {
+			r := preq(uint64(i), span(next, next+2*p-1), 1)
+			next += 2 * p
+			prefill(b, m, r)
+			reqs = append(reqs, r)
+		}
+		for _, r := range reqs {
+			m.Free(r)
+		}
+		buf = buf[:0]
+		for _, e := range m.FlushIterationEvents() {
+			buf = e.AppendJSONL(buf, 1, 0)
+		}
+	}
 }

@@ -9,19 +9,37 @@ import (
 // This file holds the scheduler.KVManager side of the Manager
 // (scheduler.md §17, kvcache.md §8). Requests are identified by r.ID.
 
-// PrepareContext creates r's cache if it has none and resumes it. Without
-// prefix reuse a new cache starts empty and r.ContextPosition is unchanged.
-// It fails only after Close (no page-table row limit exists in this cut).
+// PrepareContext creates r's cache if it has none and resumes it. Creation
+// (first chunk) takes a free page-table row, matches r's lookup tokens
+// against the radix tree and claims the reusable prefix: r.ContextPosition
+// = m, so Remaining shrinks and the reused tokens skip prefill. It returns
+// false when no row is free (nothing created) or the resume is refused (the
+// created cache is kept, suspended; a later pass retries).
 func (m *Manager) PrepareContext(r *scheduler.Request) bool {
 	s, ok := m.seqs[r.ID]
 	if !ok {
 		if m.closed {
 			return false
 		}
-		s = m.create(r.ID)
+		if s = m.create(r.ID, false); s == nil {
+			return false
+		}
+		m.claimPrefix(s, r)
+		m.registerConversation(s, r)
+		if m.cfg.CP > 1 && r.TotalInputLenCP == 0 {
+			r.TotalInputLenCP = r.PromptLen
+		}
 	}
-	m.resume(s)
-	return true
+	return m.resume(s)
+}
+
+// ProbeReuse is the match of §6.3 for r's lookup tokens, in tokens, without
+// taking anything (advisory: the tree may change before PrepareContext).
+func (m *Manager) ProbeReuse(r *scheduler.Request) int {
+	if !m.cfg.EnableBlockReuse {
+		return 0
+	}
+	return m.match(r, nil).tokens(m.lb)
 }
 
 // ResizeContext makes capacity = max(capacity, r.ContextPosition+n),
@@ -38,32 +56,42 @@ func (m *Manager) ResizeContext(r *scheduler.Request, n int) bool {
 
 // PrepareBlocksIfSchedulable is the GUARANTEED_NO_EVICT first-chunk
 // admission (scheduler.md §14.2): if PagesToCompletion(r) pages are still
-// unreserved (counting pages r already holds), reserve them, then
-// ResizeContext(r, n). On false nothing changed; in particular a cache this
-// call had to create is closed again. Normally PrepareContext ran first.
+// unreserved (free + cached − reserved, counting pages r already holds),
+// reserve them, then ResizeContext(r, n). On false nothing changed; a cache
+// this call had to create is closed again and r.ContextPosition restored.
+// Normally PrepareContext ran first.
 func (m *Manager) PrepareBlocksIfSchedulable(r *scheduler.Request, n int) bool {
 	s, existed := m.seqs[r.ID]
+	oldPos := r.ContextPosition
 	if !existed {
 		if m.closed {
 			return false
 		}
-		s = m.create(r.ID)
+		if s = m.create(r.ID, false); s == nil {
+			return false
+		}
+		m.claimPrefix(s, r)
+		m.registerConversation(s, r)
 	}
-	wasSuspended := s.status == SeqSuspended
+	wasSuspended, at := s.status == SeqSuspended, s.suspendedAt
 	undo := func() bool {
 		if !existed {
 			m.closeSeq(s)
-		} else if wasSuspended {
+			r.ContextPosition = oldPos
+		} else if wasSuspended && s.status == SeqActive {
 			m.suspend(s)
+			s.suspendedAt = at
 		}
 		return false
 	}
 	target := max(s.reserveTarget, m.PagesToCompletion(r))
-	grow := max(0, target-len(s.pages)) - s.reservation()
-	if grow > m.pool.numFree()-m.reserved {
+	grow := max(0, target-len(s.blocks)) - s.reservation()
+	if grow+m.resumePages(s) > m.gpu.numFree()+m.numCached-m.reserved {
 		return undo()
 	}
-	m.resume(s)
+	if !m.resume(s) {
+		return undo()
+	}
 	oldTarget := s.reserveTarget
 	m.reserved += grow
 	s.reserveTarget = target
@@ -75,10 +103,28 @@ func (m *Manager) PrepareBlocksIfSchedulable(r *scheduler.Request, n int) bool {
 	return true
 }
 
+// resumePages is how many GPU pages resuming s allocates: one per host page
+// and one for a copy-on-resume partial block.
+func (m *Manager) resumePages(s *sequence) int {
+	if s.status == SeqActive {
+		return 0
+	}
+	n := 0
+	for _, b := range s.blocks {
+		if b.where().tier == TierHost {
+			n++
+		}
+	}
+	if s.partialPending && s.blocks[len(s.blocks)-1].where().tier == TierGPU {
+		n++
+	}
+	return n
+}
+
 // ReleaseContextAdmission undoes a first-chunk admission that did not end
-// SCHEDULED: closes r's cache (releasing pages and reservation) and rewinds
-// r.ContextPosition to 0, so that a retry cannot keep a prefix it no longer
-// holds.
+// SCHEDULED: closes r's cache (releasing pages, reservation and row) and
+// rewinds r.ContextPosition to 0, so that a retry cannot keep a prefix it
+// no longer holds (the retry matches again).
 func (m *Manager) ReleaseContextAdmission(r *scheduler.Request) {
 	if s, ok := m.seqs[r.ID]; ok {
 		m.closeSeq(s)
@@ -88,53 +134,85 @@ func (m *Manager) ReleaseContextAdmission(r *scheduler.Request) {
 
 // TryAllocateGeneration resumes r's cache if it is suspended, then grows its
 // capacity by one token and records the growth for RevertAllocateGeneration.
-// On false nothing changed (a cache resumed by this call is suspended again).
-// A request without a cache gets false.
+// Under Helix it first derives r.SeqLenThisRankCP and r.InactiveRank for
+// position TotalInputLenCP + g (§10.5) and, on success, g += 1
+// (r.HelixDecodeCount mirrors g). On false nothing changed (a cache resumed
+// by this call is suspended again). A request without a cache gets false.
 func (m *Manager) TryAllocateGeneration(r *scheduler.Request) bool {
 	s, ok := m.seqs[r.ID]
 	if !ok {
 		return false
 	}
-	resumed := s.status == SeqSuspended
-	m.resume(s)
+	resumed, at := s.status == SeqSuspended, s.suspendedAt
+	if !m.resume(s) {
+		return false
+	}
+	helix := m.cfg.CP > 1 && !s.dummy
+	if helix {
+		r.SeqLenThisRankCP, r.InactiveRank = HelixDecodeFields(helixT(r), s.g, m.cfg.CPRank, m.cfg.TokensPerPage, m.cfg.CP)
+	}
 	if !m.resize(s, s.capacity+1) {
 		if resumed {
 			m.suspend(s)
+			s.suspendedAt = at // a failed attempt is not a new suspension
 		}
 		return false
 	}
 	s.growthRecorded = true
+	if helix {
+		s.g++
+		r.HelixDecodeCount = s.g
+	}
 	return true
 }
 
 // RevertAllocateGeneration undoes the last recorded generation growth
-// (capacity − 1, releasing the tail page if it empties) and clears the
-// record; without a record it does nothing, so a second revert is a no-op.
-// The shrink cannot fail; if history already covers the token it panics.
+// (capacity − 1, releasing the tail page if it empties; Helix: g −= 1, not
+// below 0) and clears the record; without a record it does nothing, so a
+// second revert is a no-op. The shrink cannot fail; if history already
+// covers the token it panics.
 func (m *Manager) RevertAllocateGeneration(r *scheduler.Request) {
 	s, ok := m.seqs[r.ID]
 	if !ok || !s.growthRecorded {
 		return
 	}
 	s.growthRecorded = false
+	if m.cfg.CP > 1 && !s.dummy && s.g > 0 {
+		s.g--
+		r.HelixDecodeCount = s.g
+	}
 	if s.status == SeqSuspended {
 		// Shrinking needs locks; a suspend between growth and revert is
-		// unusual but harmless to undo in place.
-		m.resume(s)
-		defer m.suspend(s)
+		// unusual but harmless to undo in place (all pages stay where they
+		// are: a shrink allocates nothing).
+		at := s.suspendedAt
+		m.resumeInPlace(s)
+		defer func() { m.suspend(s); s.suspendedAt = at }()
 	}
 	m.resize(s, s.capacity-1)
 }
 
-// Suspend suspends r's cache. Without a host tier its pages stay held on the
-// device; only the status changes. No-op without an active cache.
+// resumeInPlace turns holds into locks without moving pages, for a shrink
+// of a suspended sequence. Blocks on the host stay there; the shrink only
+// releases the tail block.
+func (m *Manager) resumeInPlace(s *sequence) {
+	for _, b := range s.blocks {
+		m.holdToLock(b.where())
+	}
+	s.status = SeqActive
+}
+
+// Suspend suspends r's cache: locks become holds. With a host tier its
+// pages may then migrate to the host under GPU pressure; without one they
+// stay held on the device. No-op without an active cache.
 func (m *Manager) Suspend(r *scheduler.Request) {
 	if s, ok := m.seqs[r.ID]; ok {
 		m.suspend(s)
 	}
 }
 
-// Free closes r's cache, releasing its pages and its reservation. Idempotent.
+// Free closes r's cache, releasing its pages, its reservation and its row.
+// Committed blocks nobody else uses become cached. Idempotent.
 func (m *Manager) Free(r *scheduler.Request) {
 	if s, ok := m.seqs[r.ID]; ok {
 		m.closeSeq(s)
@@ -153,22 +231,55 @@ func (m *Manager) HasCache(id uint64) bool {
 	return ok
 }
 
-// HasHostTier is false: this cut has no host tier, so suspension frees no
-// device page.
-func (m *Manager) HasHostTier() bool { return false }
+// HasHostTier reports whether a host tier exists (HostPages > 0): only then
+// does suspension free device pages.
+func (m *Manager) HasHostTier() bool { return m.host.numPages() > 0 }
 
-// BlockReuseEnabled is false: this cut has no radix prefix reuse.
-func (m *Manager) BlockReuseEnabled() bool { return false }
+// BlockReuseEnabled reports whether radix prefix reuse is on.
+func (m *Manager) BlockReuseEnabled() bool { return m.cfg.EnableBlockReuse }
 
-// ReusePolicy is PerRequest: with reuse off nothing is ever committed and
-// history follows the context position, which is PER_REQUEST's prefill
-// behaviour (and the scheduler harness's convention for a reuse-less
-// manager). The prefix-aware skip stays off either way.
-func (m *Manager) ReusePolicy() scheduler.ReusePolicy { return scheduler.PerRequest }
+// ReusePolicy is the configured policy with reuse on. With reuse off it is
+// PerRequest: nothing is ever committed and history follows the context
+// position, and the prefix-aware skip stays off.
+func (m *Manager) ReusePolicy() scheduler.ReusePolicy {
+	if !m.cfg.EnableBlockReuse {
+		return scheduler.PerRequest
+	}
+	return m.cfg.ReusePolicy
+}
 
-// ProbeFirstNewBlockKey reports no key: without reuse no block is ever on
-// the device, and the prefix-aware skip must never defer.
-func (m *Manager) ProbeFirstNewBlockKey(*scheduler.Request) (scheduler.BlockKey, bool) {
+// ProbeFirstNewBlockKey returns the key of the first full block of r's
+// lookup tokens, at or after the block holding r.ContextPosition, that is
+// not present on the GPU; false when the lookup tokens have no such full
+// block, or reuse is off (scheduler.md §8). No state changes (a key cache
+// of r's own cache may grow).
+func (m *Manager) ProbeFirstNewBlockKey(r *scheduler.Request) (scheduler.BlockKey, bool) {
+	if !m.cfg.EnableBlockReuse {
+		return scheduler.BlockKey{}, false
+	}
+	lookup := min(len(r.Tokens), r.PromptLen) - 1
+	s := m.seqs[r.ID]
+	var parent scheduler.BlockKey
+	if root := m.rootFor(m.saltOf(r), false); root != nil {
+		parent = root.key
+	} else {
+		parent = RootKey(m.saltOf(r))
+	}
+	for k := 0; (k+1)*m.lb <= lookup; k++ {
+		var key scheduler.BlockKey
+		if s != nil && s.root != nil {
+			key = m.keyAt(s, r, k)
+		} else {
+			key = m.hasher.key(parent, r.Tokens[k*m.lb:(k+1)*m.lb])
+			parent = key
+		}
+		if k < r.ContextPosition/m.lb {
+			continue
+		}
+		if b := m.nodes[key]; b == nil || b.loc.tier != TierGPU {
+			return key, true
+		}
+	}
 	return scheduler.BlockKey{}, false
 }
 

@@ -1,6 +1,10 @@
 package kvpool
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/lockstep-ai/lockstep/scheduler"
+)
 
 // SeqStatus is a sequence's place in the status machine of kvcache.md §5.2:
 //
@@ -12,9 +16,10 @@ type SeqStatus int
 
 // Sequence statuses.
 const (
-	// SeqSuspended: pages are held, not locked; resize is refused.
+	// SeqSuspended: pages are held, not locked; resize is refused; pages may
+	// migrate to the host tier under GPU pressure.
 	SeqSuspended SeqStatus = iota + 1
-	// SeqActive: pages are locked; the sequence may run and grow.
+	// SeqActive: pages are locked on the GPU; the sequence may run and grow.
 	SeqActive
 	// SeqClosed: every page was released. A closed sequence is forgotten by
 	// the Manager, so callers only see it in SequenceInfo snapshots taken
@@ -35,63 +40,130 @@ func (s SeqStatus) String() string {
 	return fmt.Sprintf("SeqStatus(%d)", int(s))
 }
 
+// blockRef is one ledger block of a sequence: either a radix block (n != nil;
+// the page is n.loc, shared with other sequences) or a private page (loc).
+// Each blockRef is one lock (ACTIVE) or one hold (SUSPENDED) on its page.
+type blockRef struct {
+	n   *node
+	loc pageLoc
+}
+
+// where is the page of the block.
+func (b blockRef) where() pageLoc {
+	if b.n != nil {
+		return b.n.loc
+	}
+	return b.loc
+}
+
 // sequence is one request's KV cache (kvcache.md §5). Lengths obey
-// committed ≤ history ≤ capacity ≤ len(pages)·P and
-// len(pages) = ceil(capacity/P).
+// committed ≤ history ≤ capacity ≤ len(blocks)·ledger block and
+// len(blocks) = ceil(capacity / ledger block).
 //
-// Sequences are recycled by the Manager (the pages backing array survives),
-// so no pointer to one escapes the package.
+// Sequences are recycled by the Manager (slices survive), so no pointer to
+// one escapes the package.
 type sequence struct {
 	id     uint64
 	status SeqStatus
-	// pages is the block table: page indices in token order.
-	pages []int32
-	// capacity: history plus the inputs of the next step.
-	capacity int
-	// history: tokens that are final; never decreases.
-	history int
-	// committed: tokens published for reuse; always 0 without radix reuse.
-	committed int
+	dummy  bool
+	// blocks are the ledger blocks in token order.
+	blocks []blockRef
+	// table is the page-table row content: the GPU page of each block. It
+	// is exact while ACTIVE (every page of an active sequence is on the
+	// GPU) and rebuilt on every resume.
+	table []int32
+	// row is the page-table row index (§4.3).
+	row int
+
+	capacity  int // history plus the inputs of the next step
+	history   int // tokens that are final; never decreases
+	committed int // tokens published in the radix tree
+
 	// growthRecorded: the last TryAllocateGeneration succeeded and has not
 	// been reverted or made final by UpdateAfterGeneration.
 	growthRecorded bool
 	// reserveTarget: PagesToCompletion at GUARANTEED_NO_EVICT admission;
 	// 0 for a sequence without a reservation.
 	reserveTarget int
-	// dummy marks a padding sequence created by AddDummy.
-	dummy bool
+	// suspendedAt orders migration victims (§4.2 step 4): the manager tick
+	// of the last suspension (creation counts as one).
+	suspendedAt uint64
+	// g is the Helix decode counter (§10.5), owned here.
+	g int
+
+	// Prefix reuse (§6). root is the scope's root; keys[k] is the chain key
+	// of full block k once computed (a cache of the hash chain).
+	root *node
+	keys []scheduler.BlockKey
+	// reusedTokens is the match claimed at creation (m of §6.3).
+	reusedTokens int
+	// partialPending: the block after the matched full blocks is a shared
+	// partial radix block, copied into a private page on first resume
+	// (copy-on-resume, §6.4).
+	partialPending bool
+	// stopped: committing has ended (stopCommitting, a virtual stop, or
+	// reuse off).
+	stopped bool
+	// contextDone: the whole prompt ran (UpdateAfterContext at its end).
+	contextDone bool
+	// counted: the first-chunk admission was counted in PrefixStats.
+	counted bool
+	// inserted lists the radix blocks this sequence inserted (not those it
+	// reused or rebased onto): its PER_CONVERSATION drop plan (§7).
+	inserted []*node
+	// conv is the conversation this sequence is the current request of
+	// ("" = none, or ignored because another request was current).
+	conv string
 }
 
 // reservation is the pages still reserved for the sequence:
 // max(0, reserveTarget − pages held) (scheduler.md §14.2).
 func (s *sequence) reservation() int {
-	return max(0, s.reserveTarget-len(s.pages))
+	return max(0, s.reserveTarget-len(s.blocks))
 }
 
-// reset clears a recycled sequence, keeping the pages backing array.
+// reset clears a recycled sequence, keeping the backing arrays.
 func (s *sequence) reset(id uint64) {
-	*s = sequence{id: id, status: SeqSuspended, pages: s.pages[:0]}
+	*s = sequence{id: id, status: SeqSuspended, row: -1,
+		blocks: s.blocks[:0], table: s.table[:0], keys: s.keys[:0], inserted: s.inserted[:0]}
 }
 
 // SequenceInfo is a snapshot of one sequence, for tests, logs and metrics.
 type SequenceInfo struct {
 	ID        uint64
 	Status    SeqStatus
-	Capacity  int // tokens
+	Capacity  int // tokens (global under Helix)
 	History   int // tokens
-	Committed int // tokens
-	Pages     int // pages held (len of the block table)
+	Committed int // tokens published in the radix tree
+	Pages     int // ledger blocks (pages on this rank)
+	// HostPages is how many of the sequence's pages are on the host tier.
+	HostPages int
 	// ReservedPages is the GUARANTEED_NO_EVICT reservation still unallocated.
 	ReservedPages int
 	// GrowthRecorded: a generation growth can be reverted.
 	GrowthRecorded bool
 	Dummy          bool
+	// Row is the page-table row.
+	Row int
+	// ReusedTokens is the prefix claimed from the radix tree at creation.
+	ReusedTokens int
+	// Stopped: committing has ended.
+	Stopped bool
+	// HelixDecodeCount is g (§10.5).
+	HelixDecodeCount int
 }
 
 func (s *sequence) info() SequenceInfo {
+	host := 0
+	for _, b := range s.blocks {
+		if b.where().tier == TierHost {
+			host++
+		}
+	}
 	return SequenceInfo{
 		ID: s.id, Status: s.status, Capacity: s.capacity, History: s.history,
-		Committed: s.committed, Pages: len(s.pages), ReservedPages: s.reservation(),
-		GrowthRecorded: s.growthRecorded, Dummy: s.dummy,
+		Committed: s.committed, Pages: len(s.blocks), HostPages: host, ReservedPages: s.reservation(),
+		GrowthRecorded: s.growthRecorded, Dummy: s.dummy, Row: s.row, ReusedTokens: s.reusedTokens,
+		Stopped: s.stopped, HelixDecodeCount: s.g,
 	}
 }

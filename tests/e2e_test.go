@@ -50,13 +50,20 @@ type report struct {
 
 func serve(t *testing.T, bin string, args ...string) report {
 	t.Helper()
+	out := serveRaw(t, bin, args...)
+	var rep report
+	require.NoError(t, json.Unmarshal(out, &rep), string(out))
+	return rep
+}
+
+// serveRaw runs `worker run --report json` and returns the report's bytes.
+func serveRaw(t *testing.T, bin string, args ...string) []byte {
+	t.Helper()
 	var out, errb bytes.Buffer
 	cmd := exec.Command(bin, append([]string{"run", "--report", "json", "--progress", "off", "--arrival-scale", "0"}, args...)...)
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	require.NoError(t, cmd.Run(), errb.String())
-	var rep report
-	require.NoError(t, json.Unmarshal(out.Bytes(), &rep), out.String())
-	return rep
+	return out.Bytes()
 }
 
 // TestTraceEndToEndCPUEngine serves the first 120 requests of the synthetic

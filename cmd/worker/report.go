@@ -46,12 +46,25 @@ type report struct {
 		Suspended int `json:"suspended"`
 		Recompute int `json:"recompute"`
 	} `json:"preemptions"`
+	Prefix           prefixReport    `json:"prefix"`
+	EventsDropped    int64           `json:"events_dropped"`
 	WallS            float64         `json:"wall_s"`
 	OutputTokPerS    float64         `json:"output_tokens_per_s"`
 	DeviceMSPerRank  []float64       `json:"device_ms_per_rank"`
 	OutputDigest     string          `json:"output_digest"`
 	Rejections       []rejectionInfo `json:"rejections"`
 	missingResponses int
+}
+
+// prefixReport is the radix reuse summary: reused prompt tokens / prompt
+// tokens over every first-chunk admission (a recompute re-admission counts
+// again with its longer prompt), and the blocks left in the trees.
+type prefixReport struct {
+	HitRate      float64 `json:"hit_rate"`
+	ReusedTokens int64   `json:"reused_tokens"`
+	PromptTokens int64   `json:"prompt_tokens"`
+	Admissions   int64   `json:"admissions"`
+	LiveBlocks   int64   `json:"live_blocks"`
 }
 
 type rejectionInfo struct {
@@ -77,6 +90,13 @@ func buildReport(o *serveOptions, reqs []workload.Request, res *serveResult) *re
 	rep.Iterations = res.rank0.ForwardIterations
 	rep.IterationsTotal = res.rank0.Iterations
 	rep.LockstepWaste = round(res.rank0.LockstepWaste, 4)
+	ps := res.rank0.Prefix
+	rep.Prefix = prefixReport{ReusedTokens: ps.ReusedTokens, PromptTokens: ps.PromptTokens, Admissions: ps.Admissions,
+		LiveBlocks: res.rank0.LiveBlocks}
+	if ps.PromptTokens > 0 {
+		rep.Prefix.HitRate = round(float64(ps.ReusedTokens)/float64(ps.PromptTokens), 4)
+	}
+	rep.EventsDropped = res.rank0.EventsDropped
 	rep.WallS = round(res.wall.Seconds(), 3)
 	for _, d := range res.deviceMS {
 		rep.DeviceMSPerRank = append(rep.DeviceMSPerRank, round(d, 3))
@@ -183,6 +203,7 @@ func (rep *report) writeText(w io.Writer) error {
 	}
 	p("  lockstep waste %.1f%% (mean over forward iterations of 1 - mean/max rank busy time)\n", 100*rep.LockstepWaste)
 	p("  preemptions  %d suspended, %d recompute\n", rep.Preemptions.Suspended, rep.Preemptions.Recompute)
+	p("  prefix reuse %.1f%% of prompt tokens (%d reused of %d)\n", 100*rep.Prefix.HitRate, rep.Prefix.ReusedTokens, rep.Prefix.PromptTokens)
 	for _, r := range rep.Rejections {
 		p("  rejected #%d: %s\n", r.Index, r.Reason)
 	}

@@ -52,6 +52,9 @@ type serveOptions struct {
 	maxActivePerRank           int
 	cp                         int
 	ranksSet                   bool // --ranks given explicitly
+	noPrefixReuse              bool
+	kvEvents                   string
+	eventBufferMaxSize         int
 }
 
 func defaultServeOptions() serveOptions {
@@ -62,7 +65,7 @@ func defaultServeOptions() serveOptions {
 		sched:       scheduler.Config{RecomputePause: true, PrefixAware: true},
 		lengthScale: 1, arrivalScale: 1, report: "text", progress: "auto",
 		collectiveTimeout: 60 * time.Second, logLevel: "info", overlap: "on",
-		routerName: "default", maxActivePerRank: 1024, cp: 1,
+		routerName: "default", maxActivePerRank: 1024, cp: 1, eventBufferMaxSize: 1 << 20,
 	}
 }
 
@@ -95,6 +98,9 @@ func (o *serveOptions) flags(fs *flag.FlagSet) {
 	fs.StringVar(&o.routerName, "router", o.routerName, "attention-DP router: default (load-balanced) or conversation (conversation-aware)")
 	fs.BoolVar(&o.inferConversations, "infer-conversations", o.inferConversations, "infer conversation ids of a Mooncake trace from its hash_ids prefix chains")
 	fs.IntVar(&o.maxActivePerRank, "max-active-per-rank", o.maxActivePerRank, "router hard cap of active requests per rank")
+	fs.BoolVar(&o.noPrefixReuse, "no-prefix-reuse", o.noPrefixReuse, "turn radix-tree prefix reuse off")
+	fs.StringVar(&o.kvEvents, "kv-events", o.kvEvents, "write the KV cache event stream (JSON Lines) to this file")
+	fs.IntVar(&o.eventBufferMaxSize, "event-buffer-max-size", o.eventBufferMaxSize, "KV events each rank publishes per flush (older ones are dropped and counted)")
 	fs.IntVar(&o.cp, "cp", o.cp, "aggregated Helix context parallelism over this many in-process ranks (mutually exclusive with --ranks > 1)")
 }
 
@@ -135,6 +141,9 @@ func (o *serveOptions) validate() error {
 	}
 	if o.cp > 1 && o.engine != "cpu" {
 		return usageErrorf("--cp %d needs --engine cpu (the %s engine has no Helix attention)", o.cp, o.engine)
+	}
+	if o.eventBufferMaxSize < 1 {
+		return usageErrorf("--event-buffer-max-size must be at least 1, got %d", o.eventBufferMaxSize)
 	}
 	if o.maxActivePerRank < 1 {
 		return usageErrorf("--max-active-per-rank must be at least 1, got %d", o.maxActivePerRank)
@@ -315,7 +324,7 @@ func (o *serveOptions) world() int {
 
 // buildRank builds rank i of a world of o.world() ranks. It runs no collective.
 func buildRank(o *serveOptions, sc scheduler.Config, i int, comm nccl.Comm, cpGroup any,
-	iterLog io.Writer, log *zap.Logger, f *fault, td *teardown) (*rankParts, error) {
+	iterLog, eventSink io.Writer, log *zap.Logger, f *fault, td *teardown) (*rankParts, error) {
 	parts := &rankParts{}
 	if f != nil && f.kind == "init" && f.rank == i {
 		return nil, fmt.Errorf("rank %d: injected initialisation failure (%s)", i, FaultEnv)
@@ -330,9 +339,19 @@ func buildRank(o *serveOptions, sc scheduler.Config, i int, comm nccl.Comm, cpGr
 	if parts.eng, err = openEngine(o.engine, ecfg); err != nil {
 		return nil, err
 	}
-	kcfg := kvpool.Config{NumPages: o.pages, TokensPerPage: o.tokensPerPage, HostPages: o.hostPages, MaxSeqLen: o.maxSeqLen}
+	maxSeqLen := o.maxSeqLen
+	if maxSeqLen == 0 {
+		maxSeqLen = o.pages * o.tokensPerPage * o.cp // the pool's size in (global) tokens
+	}
+	kcfg := kvpool.Config{NumPages: o.pages, TokensPerPage: o.tokensPerPage, HostPages: o.hostPages, MaxSeqLen: maxSeqLen,
+		EnableBlockReuse: !o.noPrefixReuse && !helix}
+	if o.kvEvents != "" {
+		kcfg.EventBufferMaxSize = o.eventBufferMaxSize
+	}
 	if helix {
 		kcfg.CP, kcfg.CPRank = o.cp, i
+	} else if o.world() > 1 {
+		kcfg.AttentionDP, kcfg.AttentionDPRank = true, i
 	}
 	if parts.kv, err = kvpool.New(kcfg); err != nil {
 		parts.close()
@@ -359,6 +378,7 @@ func buildRank(o *serveOptions, sc scheduler.Config, i int, comm nccl.Comm, cpGr
 	}
 	cfg := executor.Config{Rank: i, Ranks: o.world(), Scheduler: sc, MaxSeqLen: o.maxSeqLen, IterLog: iterLog,
 		Overlap: o.overlap == "on", Router: rt, MaxActivePerRank: o.maxActivePerRank, Helix: helix,
+		Events: o.kvEvents != "", EventSink: eventSink, EventBufferMaxSize: o.eventBufferMaxSize,
 		OnNote: func(rank int, n scheduler.Note) { logNote(log, rank, n) }}
 	if helix {
 		on, warn := executor.ScheduleCheckGate(os.Getenv(executor.ScheduleCheckEnv), true, o.cp, 1)
@@ -410,6 +430,11 @@ func serve(o *serveOptions, sc scheduler.Config, reqs []workload.Request, log *z
 	if err != nil {
 		return nil, usageError{err}
 	}
+	events, err := openEventSink(o.kvEvents, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer events.close()
 	td := newTeardown()
 	start := time.Now()
 	source := executor.NewTraceSource(reqs, start, o.arrivalScale)
@@ -434,7 +459,7 @@ func serve(o *serveOptions, sc scheduler.Config, reqs []workload.Request, log *z
 					comms[i].Close() // wake peers blocked on this rank
 				}
 			}()
-			parts, berr := buildRank(o, sc, i, comms[i], cpGroup, iterLogs[i], log, flt, td)
+			parts, berr := buildRank(o, sc, i, comms[i], cpGroup, iterLogs[i], events.forRank(i), log, flt, td)
 			status := executor.InitOK
 			if berr != nil {
 				status = executor.InitAbort
@@ -504,8 +529,14 @@ func serveProcess(o *serveOptions, sc scheduler.Config, reqs []workload.Request,
 		pg.Close()
 		return nil, usageError{err}
 	}
+	events, err := openEventSink(o.kvEvents, l.Rank)
+	if err != nil {
+		pg.Close()
+		return nil, err
+	}
+	defer events.close()
 	td := newTeardown()
-	parts, berr := buildRank(o, sc, l.Rank, pg.Comm, nil, iterLogs[l.Rank], log, flt, td)
+	parts, berr := buildRank(o, sc, l.Rank, pg.Comm, nil, iterLogs[l.Rank], events.forRank(l.Rank), log, flt, td)
 	status := executor.InitOK
 	if berr != nil {
 		status = executor.InitAbort
@@ -555,6 +586,34 @@ func exitAfterCollectiveError(pg *nccl.ProcessGroup, l nccl.Launch, err error) e
 	}
 	pg.Close()
 	return fmt.Errorf("rank %d: %w", l.Rank, err)
+}
+
+// eventSink is the --kv-events file, opened by the process holding rank 0.
+type eventSink struct{ f *os.File }
+
+func openEventSink(path string, rank int) (*eventSink, error) {
+	if path == "" || rank != 0 {
+		return &eventSink{}, nil
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, fmt.Errorf("--kv-events: %w", err)
+	}
+	return &eventSink{f: f}, nil
+}
+
+// forRank is rank 0's writer (nil elsewhere: only rank 0 writes).
+func (s *eventSink) forRank(rank int) io.Writer {
+	if rank != 0 || s.f == nil {
+		return nil
+	}
+	return s.f
+}
+
+func (s *eventSink) close() {
+	if s.f != nil {
+		s.f.Close()
+	}
 }
 
 // firstRootCause reports a failed run: the root cause first (an error that
