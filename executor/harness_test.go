@@ -35,6 +35,14 @@ type fleet struct {
 	iterLog []*recordingWriter
 	// newEngine overrides the fake engine (fault injection).
 	newEngine func(rank int, cfg bridge.Config) (bridge.Engine, error)
+	// events > 0 turns on prefix reuse and KV events (that per-flush limit);
+	// rank 0 writes the published stream to eventLog.
+	events   int
+	eventLog *recordingWriter
+	// source replaces the all-at-once trace source; wrap wraps each rank's
+	// scheduler (fault injection, scripted skips).
+	source Source
+	wrap   func(rank int, p Planner) Planner
 }
 
 type recordingWriter struct {
@@ -74,7 +82,11 @@ func (f *fleet) run(t testing.TB) {
 	}
 	f.sched.LedgerBlockTokens = f.ppt
 	f.comms = nccl.NewLocalGroup(f.ranks, nccl.LocalOptions{Timeout: 20 * time.Second})
-	source := NewTraceSource(f.reqs, time.Now(), 0)
+	source := f.source
+	if source == nil {
+		source = NewTraceSource(f.reqs, time.Now(), 0)
+	}
+	f.eventLog = &recordingWriter{}
 	f.execs = make([]*Executor, f.ranks)
 	f.kvs = make([]*kvpool.Manager, f.ranks)
 	f.iterLog = make([]*recordingWriter, f.ranks)
@@ -88,18 +100,24 @@ func (f *fleet) run(t testing.TB) {
 			eng, err = fake.New(cfg)
 		}
 		require.NoError(t, err)
-		kv, err := kvpool.New(kvpool.Config{NumPages: f.pages, TokensPerPage: f.ppt})
+		kv, err := kvpool.New(kvpool.Config{NumPages: f.pages, TokensPerPage: f.ppt, EnableBlockReuse: f.events > 0,
+			EventBufferMaxSize: f.events, AttentionDP: f.ranks > 1, AttentionDPRank: i})
 		require.NoError(t, err)
 		f.kvs[i] = kv
 		sch, err := scheduler.New(f.sched, kv)
 		require.NoError(t, err)
 		f.iterLog[i] = &recordingWriter{}
-		d := Deps{Comm: f.comms[i], Engine: eng, KV: kv, Planner: sch}
+		var planner Planner = sch
+		if f.wrap != nil {
+			planner = f.wrap(i, sch)
+		}
+		d := Deps{Comm: f.comms[i], Engine: eng, KV: kv, Planner: planner}
 		if i == 0 {
 			d.Source = source
 		}
 		f.execs[i], err = New(Config{Rank: i, Ranks: f.ranks, Scheduler: f.sched, IterLog: f.iterLog[i],
-			MaxIdleSleep: time.Millisecond, Overlap: f.overlap}, d)
+			MaxIdleSleep: time.Millisecond, Overlap: f.overlap, Events: f.events > 0, EventSink: f.eventLog,
+			EventBufferMaxSize: f.events}, d)
 		require.NoError(t, err)
 	}
 	f.results = make([]*Result, f.ranks)

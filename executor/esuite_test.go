@@ -1,0 +1,1173 @@
+package executor
+
+// E-suite (executor.md §14) plus the shared test rig used by the P-suite,
+// rank-state and property tests: an in-process group of executors whose
+// communicator, KV manager, planner and engine are wrapped by recorders, so a
+// test can observe every collective, every KV call of interest and every
+// scheduler pass on every rank, iteration by iteration.
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/lockstep-ai/lockstep/bridge"
+	"github.com/lockstep-ai/lockstep/bridge/fake"
+	"github.com/lockstep-ai/lockstep/kvpool"
+	"github.com/lockstep-ai/lockstep/nccl"
+	"github.com/lockstep-ai/lockstep/scheduler"
+)
+
+// ---------------------------------------------------------------------------
+// Test rig
+// ---------------------------------------------------------------------------
+
+// scriptSource hands rank 0 its arrivals by iteration: call k of Due (one
+// call per iteration) returns byIter[k]. It is exhausted once every slot was
+// handed out, so the shutdown flag travels in the broadcast of iteration
+// len(byIter)−1. It never makes rank 0 sleep.
+type scriptSource struct {
+	byIter [][]Arrival
+	calls  int
+}
+
+func (s *scriptSource) Due(time.Time) []Arrival {
+	var out []Arrival
+	if s.calls < len(s.byIter) {
+		out = s.byIter[s.calls]
+	}
+	s.calls++
+	return out
+}
+func (s *scriptSource) Exhausted() bool { return s.calls >= len(s.byIter) }
+func (s *scriptSource) NextArrival() time.Time {
+	if s.Exhausted() {
+		return time.Time{}
+	}
+	return time.Now()
+}
+func (s *scriptSource) Total() int {
+	n := 0
+	for _, a := range s.byIter {
+		n += len(a)
+	}
+	return n
+}
+
+// allAtOnce is a script whose arrivals all come in iteration 0.
+func allAtOnce(items ...Arrival) *scriptSource { return &scriptSource{byIter: [][]Arrival{items}} }
+
+// arrival builds a request with a deterministic prompt of n tokens (< 512).
+func arrival(id uint64, n, maxNew int) Arrival {
+	p := make([]int32, n)
+	for i := range p {
+		p[i] = int32((int(id)*131 + i*7 + 3) % 509)
+	}
+	return Arrival{ID: id, Prompt: p, MaxNewTokens: maxNew}
+}
+
+// passRec is one scheduler pass as a rank saw it.
+type passRec struct {
+	active, executing                    []uint64
+	ctx, gen, recomputed, satOut, paused []uint64
+	numFitting, stall                    int
+	freeAfter                            int            // free GPU pages right after Schedule
+	caps                                 map[uint64]int // ledger capacity of every scheduled request after Schedule
+	realScheduled                        int            // scheduled requests that are not dummies
+}
+
+// recPlanner records every pass and the rows of the batch it implies
+// (context then generation, the order of prepareBatch).
+type recPlanner struct {
+	inner  Planner
+	kv     KV
+	passes []passRec
+	rows   []row
+	// mutate, when set, may alter the output before the executor sees it
+	// (fault injection, P-21); pass is 0-based.
+	mutate func(pass int, out *scheduler.Output)
+	// after runs right after Schedule returned (operation-order tests).
+	after func(out *scheduler.Output)
+}
+
+type row struct {
+	id  uint64
+	ctx bool
+}
+
+func idsOf(rs []*scheduler.Request) []uint64 {
+	out := []uint64{}
+	for _, r := range rs {
+		out = append(out, r.ID)
+	}
+	return out
+}
+
+func (p *recPlanner) Schedule(active []*scheduler.Request, executing []uint64) (*scheduler.Output, error) {
+	out, err := p.inner.Schedule(active, executing)
+	if err != nil {
+		return nil, err
+	}
+	if p.mutate != nil {
+		p.mutate(len(p.passes), out)
+	}
+	rec := passRec{active: idsOf(active), executing: slices.Clone(executing), ctx: idsOf(out.Context),
+		gen: idsOf(out.Generation), recomputed: idsOf(out.RecomputePaused), satOut: idsOf(out.SatOut),
+		paused: idsOf(out.Paused), numFitting: out.NumFitting, stall: out.StallCount,
+		freeAfter: p.kv.FreePages(), caps: map[uint64]int{}}
+	p.rows = p.rows[:0]
+	for _, r := range out.Context {
+		p.rows = append(p.rows, row{r.ID, true})
+	}
+	for _, r := range out.Generation {
+		p.rows = append(p.rows, row{r.ID, false})
+	}
+	for _, r := range p.rows {
+		rec.caps[r.id] = p.kv.Capacity(r.id)
+		if r.id < dummyIDBase {
+			rec.realScheduled++
+		}
+	}
+	p.passes = append(p.passes, rec)
+	if p.after != nil {
+		p.after(out)
+	}
+	return out, nil
+}
+
+// freeRec is one Free call: ledger capacity and free pages around it.
+type freeRec struct {
+	id                       uint64
+	capBefore, before, after int
+}
+
+// recKV wraps a rank's KV manager (the scheduler and the executor both call
+// through it), recording frees and reverts, counting AddDummy calls, failing
+// the next failAddDummy of them, and reporting selected calls to hook.
+type recKV struct {
+	KV
+	frees        []freeRec
+	reverts      []uint64
+	addDummies   int
+	failAddDummy int
+	hook         func(op string, id uint64)
+}
+
+func (k *recKV) Free(r *scheduler.Request) {
+	f := freeRec{id: r.ID, capBefore: k.KV.Capacity(r.ID), before: k.KV.FreePages()}
+	k.KV.Free(r)
+	f.after = k.KV.FreePages()
+	k.frees = append(k.frees, f)
+	k.note("free", r.ID)
+}
+
+func (k *recKV) RevertAllocateGeneration(r *scheduler.Request) {
+	k.reverts = append(k.reverts, r.ID)
+	k.KV.RevertAllocateGeneration(r)
+}
+
+func (k *recKV) AddDummy(r *scheduler.Request, tokens int) bool {
+	k.addDummies++
+	if k.failAddDummy > 0 {
+		k.failAddDummy--
+		return false
+	}
+	return k.KV.AddDummy(r, tokens)
+}
+
+func (k *recKV) HasCache(id uint64) bool { k.note("has_cache", id); return k.KV.HasCache(id) }
+func (k *recKV) IsActive(id uint64) bool { k.note("is_active", id); return k.KV.IsActive(id) }
+
+func (k *recKV) note(op string, id uint64) {
+	if k.hook != nil {
+		k.hook(op, id)
+	}
+}
+
+// hookComm wraps a rank's communicator: send may replace the payload of an
+// allgather (fault injection), recv observes its result, reorder may permute
+// it, and onEnter sees every collective name as the rank enters it.
+type hookComm struct {
+	*nccl.LocalComm
+	send    func(name string, data []byte) []byte
+	recv    func(name string, all [][]byte)
+	reorder func(name string, all [][]byte) [][]byte
+	onEnter func(name string)
+}
+
+func (c *hookComm) AllGather(name string, data []byte) ([][]byte, error) {
+	if c.onEnter != nil {
+		c.onEnter(name)
+	}
+	if c.send != nil {
+		data = c.send(name, data)
+	}
+	all, err := c.LocalComm.AllGather(name, data)
+	if err != nil {
+		return nil, err
+	}
+	if c.recv != nil {
+		c.recv(name, all)
+	}
+	if c.reorder != nil {
+		all = c.reorder(name, all)
+	}
+	return all, nil
+}
+
+func (c *hookComm) Broadcast(name string, root int, data []byte) ([]byte, error) {
+	if c.onEnter != nil {
+		c.onEnter(name)
+	}
+	return c.LocalComm.Broadcast(name, root, data)
+}
+
+// iterSnap is a rank's state right after one of its iterations.
+type iterSnap struct {
+	iter     int64
+	traceLen int
+	shutdown bool
+	active   int
+}
+
+// rig is an in-process group of n executors. Zero fields take defaults.
+type rig struct {
+	n       int
+	helix   bool // one aggregated-Helix CP group of n ranks (else attention DP when n > 1)
+	overlap bool
+	check   bool // Helix schedule check
+	pages   int  // pages per rank (default 256)
+	ppt     int  // tokens per page (default 8)
+	sc      scheduler.Config
+	src     Source
+	// seqEngine uses the content-checking test engine instead of the fake
+	// one (required under Helix, where the fake engine refuses to start).
+	seqEngine bool
+	wrapEng   func(rank int, e bridge.Engine) bridge.Engine
+	kvcfg     func(rank int, c *kvpool.Config)
+	// after runs on the rank's goroutine after each of its iterations.
+	after func(rr *rigRank)
+	ranks []*rigRank
+}
+
+type rigRank struct {
+	rank  int
+	comm  *nccl.LocalComm
+	hc    *hookComm
+	pool  *kvpool.Manager
+	kv    *recKV
+	plan  *recPlanner
+	eng   bridge.Engine
+	seq   *seqEngine // when rig.seqEngine
+	ex    *Executor
+	log   *recordingWriter
+	notes []scheduler.Note
+	snaps []iterSnap
+	res   *Result
+	err   error
+}
+
+// build creates every rank; tweak ranks' wrappers before drive.
+func (g *rig) build(t testing.TB) *rig {
+	t.Helper()
+	if g.n == 0 {
+		g.n = 1
+	}
+	if g.pages == 0 {
+		g.pages = 256
+	}
+	if g.ppt == 0 {
+		g.ppt = 8
+	}
+	if g.sc.MaxBatchSize == 0 {
+		g.sc = defaultSched()
+	}
+	cp := 1
+	if g.helix {
+		cp = g.n
+		g.sc.Helix = true
+		g.sc.PrefixAware = false
+		g.seqEngine = true
+	}
+	g.sc.LedgerBlockTokens = g.ppt * cp
+	comms := nccl.NewLocalGroup(g.n, nccl.LocalOptions{Timeout: 20 * time.Second})
+	g.ranks = make([]*rigRank, g.n)
+	for i := range g.ranks {
+		rr := &rigRank{rank: i, comm: comms[i], log: &recordingWriter{}}
+		rr.hc = &hookComm{LocalComm: comms[i]}
+		kc := kvpool.Config{NumPages: g.pages, TokensPerPage: g.ppt}
+		if g.helix {
+			kc.CP, kc.CPRank = cp, i
+		}
+		if g.kvcfg != nil {
+			g.kvcfg(i, &kc)
+		}
+		var err error
+		rr.pool, err = kvpool.New(kc)
+		require.NoError(t, err)
+		rr.kv = &recKV{KV: rr.pool}
+		sch, err := scheduler.New(g.sc, rr.kv)
+		require.NoError(t, err)
+		rr.plan = &recPlanner{inner: sch, kv: rr.kv}
+		if g.seqEngine {
+			rr.seq = newSeqEngine(i, cp, g.ppt, rr.plan)
+			rr.eng = rr.seq
+		} else {
+			rr.eng, err = fake.New(bridge.Config{Preset: "tiny", NumPages: g.pages, TokensPerPage: g.ppt, Seed: 1})
+			require.NoError(t, err)
+		}
+		if g.wrapEng != nil {
+			rr.eng = g.wrapEng(i, rr.eng)
+		}
+		d := Deps{Comm: rr.hc, Engine: rr.eng, KV: rr.kv, Planner: rr.plan}
+		if i == 0 {
+			d.Source = g.src
+		}
+		cfg := Config{Rank: i, Ranks: g.n, Scheduler: g.sc, Helix: g.helix, ScheduleCheck: g.check,
+			Overlap: g.overlap, IterLog: rr.log, MaxIdleSleep: time.Millisecond,
+			OnNote: func(_ int, n scheduler.Note) { rr.notes = append(rr.notes, n) }}
+		rr.ex, err = New(cfg, d)
+		require.NoError(t, err)
+		g.ranks[i] = rr
+	}
+	return g
+}
+
+// drive runs every rank on its own goroutine, iteration by iteration, like
+// Run but snapshotting each rank after every iteration. limit > 0 stops
+// every rank after that many more iterations (without draining); otherwise the
+// ranks run until the loop exits. A failing rank closes its communicator so
+// its peers fail fast.
+func (g *rig) drive(limit int) {
+	var wg sync.WaitGroup
+	for _, rr := range g.ranks {
+		wg.Add(1)
+		go func(rr *rigRank) {
+			defer wg.Done()
+			e := rr.ex
+			fail := func(err error) {
+				rr.err = fmt.Errorf("rank %d iteration %d: %w", rr.rank, e.iter, err)
+				rr.comm.Close()
+			}
+			start := len(rr.snaps)
+			for limit <= 0 || len(rr.snaps)-start < limit {
+				more, err := e.iteration()
+				if err != nil {
+					fail(err)
+					return
+				}
+				if !more {
+					if err := e.drain(); err != nil {
+						fail(err)
+						return
+					}
+					e.res.Iterations = e.iter
+					rr.res = &e.res
+					return
+				}
+				rr.snaps = append(rr.snaps, iterSnap{iter: e.iter, traceLen: len(rr.comm.Trace()),
+					shutdown: e.shutdown, active: len(e.active)})
+				if g.after != nil {
+					g.after(rr)
+				}
+				if len(rr.snaps) > 20000 {
+					fail(errors.New("test livelock limit of 20000 iterations"))
+					return
+				}
+			}
+		}(rr)
+	}
+	wg.Wait()
+}
+
+func (g *rig) requireNoErrors(t testing.TB) {
+	t.Helper()
+	var errs []error
+	for _, rr := range g.ranks {
+		errs = append(errs, rr.err)
+	}
+	require.NoError(t, errors.Join(errs...))
+}
+
+// requireEqualTraces: every rank entered the same collectives (§7).
+func (g *rig) requireEqualTraces(t testing.TB) {
+	t.Helper()
+	base := g.ranks[0].comm.Trace()
+	for _, rr := range g.ranks[1:] {
+		require.Equal(t, base, rr.comm.Trace(), "collective trace of rank %d differs from rank 0", rr.rank)
+	}
+}
+
+// outputs maps rank 0's responses by id, asserting each id answered once.
+func (g *rig) outputs(t testing.TB) map[uint64]Response {
+	t.Helper()
+	require.NotNil(t, g.ranks[0].res, "rank 0 did not finish")
+	out := map[uint64]Response{}
+	for _, r := range g.ranks[0].res.Responses {
+		_, dup := out[r.ID]
+		require.False(t, dup, "request %d answered twice", r.ID)
+		out[r.ID] = r
+	}
+	return out
+}
+
+// requireNoLeaks: every page is back and the pool is consistent.
+func (g *rig) requireNoLeaks(t testing.TB) {
+	t.Helper()
+	for _, rr := range g.ranks {
+		require.NoError(t, rr.pool.CheckInvariants(), "rank %d", rr.rank)
+		require.Equal(t, rr.pool.TotalPages(), rr.pool.FreePages(), "rank %d leaked pages", rr.rank)
+	}
+}
+
+// seqEngine is a test-only bridge.Engine that works under Helix. It knows
+// which request each row belongs to (from the planner's last pass) and
+// checks the control plane's bookkeeping on every row:
+//
+//   - positions are continuous: a context chunk starts where the request's
+//     KV ends (or at 0, a new incarnation after a recompute reset), a decode
+//     writes exactly the next position;
+//   - the block table covers the row (one page per ledger block of P·cp);
+//   - every position this CP rank owns reads back, through the block table,
+//     the token written there (a wrong or stale page is caught).
+//
+// It samples a hash of the whole token sequence up to the row's last
+// position, so its outputs depend only on content: a recompute that rebuilds
+// the same sequence yields the same tokens as an uninterrupted run.
+type seqEngine struct {
+	rank, cp, P int
+	plan        *recPlanner
+	slab        map[int32][]int32
+	life        map[uint64]*seqLife
+	inflight    []bridge.StepResult
+	steps       int
+}
+
+// seqLife is one request's history on one rank.
+type seqLife struct {
+	tokens       []int32  // current incarnation: the token at each written position
+	hashes       []uint64 // running content hash per position
+	prefills     [][2]int // every context chunk [start, end), all incarnations
+	decodes      []int    // every decode position over the request's life
+	incarnations int
+	sampled      []int32
+}
+
+func newSeqEngine(rank, cp, P int, plan *recPlanner) *seqEngine {
+	return &seqEngine{rank: rank, cp: cp, P: P, plan: plan, slab: map[int32][]int32{}, life: map[uint64]*seqLife{}}
+}
+
+func (e *seqEngine) Shape() bridge.ModelShape { return bridge.ModelShape{VocabSize: 512} }
+func (e *seqEngine) Close() error             { return nil }
+func (e *seqEngine) CopyPages(bridge.Tier, []int32, bridge.Tier, []int32) error {
+	return errors.New("seqEngine: no host tier")
+}
+
+func (e *seqEngine) Step(desc *bridge.StepDesc, res *bridge.StepResult) error {
+	if len(e.inflight) > 0 {
+		return errors.New("seqEngine: Step with submitted steps outstanding")
+	}
+	return e.run(desc, res)
+}
+
+func (e *seqEngine) Submit(desc *bridge.StepDesc) error {
+	if len(e.inflight) >= bridge.MaxInflight {
+		return errors.New("seqEngine: too many steps in flight")
+	}
+	var res bridge.StepResult
+	if err := e.run(desc, &res); err != nil {
+		return err
+	}
+	e.inflight = append(e.inflight, res)
+	return nil
+}
+
+func (e *seqEngine) Wait(res *bridge.StepResult) error {
+	if len(e.inflight) == 0 {
+		return errors.New("seqEngine: Wait without a submitted step")
+	}
+	*res = e.inflight[0]
+	e.inflight = e.inflight[1:]
+	return nil
+}
+
+func mixHash(h uint64, tok int32) uint64 {
+	h ^= uint64(uint32(tok)) + 0x9e3779b97f4a7c15 + (h << 6) + (h >> 2)
+	return h * 0x100000001b3
+}
+
+func (e *seqEngine) run(desc *bridge.StepDesc, res *bridge.StepResult) error {
+	rows := e.plan.rows
+	if len(rows) != len(desc.Seqs) {
+		return fmt.Errorf("seqEngine rank %d: %d rows but the last pass scheduled %d", e.rank, len(desc.Seqs), len(rows))
+	}
+	e.steps++
+	lb := e.P * e.cp
+	res.Sampled = make([]int32, len(desc.Seqs))
+	res.DeviceMS = 1
+	for i, sq := range desc.Seqs {
+		id := rows[i].id
+		end := sq.StartPos + len(sq.Tokens)
+		if len(sq.Tokens) == 0 || len(sq.BlockTable)*lb < end {
+			return fmt.Errorf("seqEngine rank %d: request %d row [%d, %d) with %d ledger blocks of %d tokens",
+				e.rank, id, sq.StartPos, end, len(sq.BlockTable), lb)
+		}
+		l := e.life[id]
+		if l == nil {
+			l = &seqLife{}
+			e.life[id] = l
+		}
+		if rows[i].ctx {
+			if sq.StartPos == 0 && len(l.tokens) > 0 {
+				l.tokens, l.hashes = l.tokens[:0], l.hashes[:0] // recompute: a new incarnation
+				l.incarnations++
+			}
+			l.prefills = append(l.prefills, [2]int{sq.StartPos, end})
+		} else {
+			if len(sq.Tokens) != 1 {
+				return fmt.Errorf("seqEngine rank %d: decode of request %d feeds %d tokens", e.rank, id, len(sq.Tokens))
+			}
+			l.decodes = append(l.decodes, sq.StartPos)
+		}
+		if sq.StartPos != len(l.tokens) {
+			return fmt.Errorf("seqEngine rank %d: request %d writes from position %d but its KV holds [0, %d)",
+				e.rank, id, sq.StartPos, len(l.tokens))
+		}
+		for k, tok := range sq.Tokens {
+			h := uint64(0xcbf29ce484222325)
+			if len(l.hashes) > 0 {
+				h = l.hashes[len(l.hashes)-1]
+			}
+			l.tokens = append(l.tokens, tok)
+			l.hashes = append(l.hashes, mixHash(h, tok))
+			if q := sq.StartPos + k; kvpool.HelixOwner(q, e.P, e.cp) == e.rank {
+				e.page(sq.BlockTable[q/lb])[q%e.P] = tok
+			}
+		}
+		// Read back every position this rank owns.
+		for q := 0; q < end; q++ {
+			if kvpool.HelixOwner(q, e.P, e.cp) != e.rank {
+				continue
+			}
+			if got := e.page(sq.BlockTable[q/lb])[q%e.P]; got != l.tokens[q] {
+				return fmt.Errorf("seqEngine rank %d: request %d position %d reads %d, want %d", e.rank, id, q, got, l.tokens[q])
+			}
+		}
+		res.Sampled[i] = -1
+		if sq.Sample {
+			res.Sampled[i] = int32(l.hashes[end-1] % 509)
+			l.sampled = append(l.sampled, res.Sampled[i])
+		}
+	}
+	return nil
+}
+
+func (e *seqEngine) page(p int32) []int32 {
+	s := e.slab[p]
+	if s == nil {
+		s = make([]int32, e.P)
+		for i := range s {
+			s[i] = -1
+		}
+		e.slab[p] = s
+	}
+	return s
+}
+
+// ---------------------------------------------------------------------------
+// Unit-level helpers (one executor, pieces of the loop called directly)
+// ---------------------------------------------------------------------------
+
+// unitExec builds rank `rank` of an attention-DP group of `ranks` over a
+// fresh kvpool of `pages` pages (P = 8) wrapped by a recKV.
+func unitExec(t *testing.T, rank, ranks, pages int, comm nccl.Comm) (*Executor, *recKV, *kvpool.Manager) {
+	t.Helper()
+	pool, err := kvpool.New(kvpool.Config{NumPages: pages, TokensPerPage: 8})
+	require.NoError(t, err)
+	kv := &recKV{KV: pool}
+	sc := defaultSched()
+	sch, err := scheduler.New(sc, kv)
+	require.NoError(t, err)
+	eng, err := fake.New(bridge.Config{Preset: "tiny", NumPages: pages, TokensPerPage: 8, Seed: 1})
+	require.NoError(t, err)
+	d := Deps{Comm: comm, Engine: eng, KV: kv, Planner: sch}
+	if rank == 0 {
+		d.Source = &scriptSource{byIter: make([][]Arrival, 1<<20)} // never exhausted, never due
+	}
+	e, err := New(Config{Rank: rank, Ranks: ranks, Scheduler: sc, MaxIdleSleep: time.Millisecond}, d)
+	require.NoError(t, err)
+	return e, kv, pool
+}
+
+// inject places r in e.active (bypassing intake).
+func inject(e *Executor, r *request) *request {
+	e.active = append(e.active, r)
+	e.byID[r.ID] = r
+	return r
+}
+
+// asGeneration turns r into a generation request with its prompt prefilled
+// in pool (one generated token).
+func asGeneration(t *testing.T, pool *kvpool.Manager, r *request) *request {
+	t.Helper()
+	require.True(t, pool.PrepareContext(&r.Request))
+	require.True(t, pool.ResizeContext(&r.Request, r.PromptLen))
+	r.ContextPosition = r.PromptLen
+	pool.UpdateAfterContext(&r.Request)
+	r.State = scheduler.GenerationInProgress
+	r.output = []int32{1}
+	r.Generated = 1
+	return r
+}
+
+func activeIDs(e *Executor) []uint64 {
+	out := []uint64{}
+	for _, r := range e.active {
+		out = append(out, r.ID)
+	}
+	return out
+}
+
+// onTwo runs fn(rank) on two goroutines (for pieces that enter collectives).
+func onTwo(fn func(rank int)) {
+	var wg sync.WaitGroup
+	for r := 0; r < 2; r++ {
+		wg.Add(1)
+		go func(r int) { defer wg.Done(); fn(r) }(r)
+	}
+	wg.Wait()
+}
+
+// ---------------------------------------------------------------------------
+// E-01 … E-06: padding (§4.2)
+// ---------------------------------------------------------------------------
+
+func TestESuitePadding(t *testing.T) {
+	comms := func() nccl.Comm { return nccl.NewLocalGroup(2, nccl.LocalOptions{})[0] }
+
+	t.Run("E-01 no schedulable request, capacity available: one pending dummy", func(t *testing.T) {
+		e, kv, pool := unitExec(t, 0, 2, 16, comms())
+		e.padDummy()
+		require.Len(t, e.active, 1)
+		d := e.active[0]
+		require.True(t, d.IsDummy)
+		require.Equal(t, dummyIDBase, d.ID, "the first dummy takes 2^63")
+		require.Same(t, d, e.dummy, "the dummy is pending")
+		require.Equal(t, scheduler.GenerationInProgress, d.State)
+		require.Equal(t, 1, d.PromptLen)
+		require.True(t, pool.IsActive(d.ID))
+		require.Equal(t, 1, kv.addDummies)
+		require.Equal(t, 15, pool.FreePages())
+	})
+
+	t.Run("E-02 one schedulable request: no dummy", func(t *testing.T) {
+		for _, st := range []scheduler.State{scheduler.ContextInit, scheduler.ContextInProgress, scheduler.GenerationInProgress} {
+			e, kv, _ := unitExec(t, 0, 2, 16, comms())
+			r := inject(e, newRequest(arrival(1, 4, 2)))
+			r.State = st
+			e.padDummy()
+			require.Equal(t, []uint64{1}, activeIDs(e), "state %v", st)
+			require.Nil(t, e.dummy)
+			require.Zero(t, kv.addDummies, "no AddDummy call with a schedulable request (state %v)", st)
+		}
+	})
+
+	t.Run("E-03 only GENERATION_TO_COMPLETE requests: dummy added", func(t *testing.T) {
+		e, _, _ := unitExec(t, 0, 2, 16, comms())
+		r := inject(e, newRequest(arrival(1, 4, 2)))
+		r.State = scheduler.GenerationToComplete
+		e.padDummy()
+		require.Equal(t, []uint64{1, dummyIDBase}, activeIDs(e))
+		require.Same(t, e.active[1], e.dummy)
+	})
+
+	t.Run("E-04 AvailableTokens 0: no dummy, nothing pending", func(t *testing.T) {
+		e, kv, pool := unitExec(t, 0, 2, 2, comms())
+		require.True(t, pool.AddDummy(&scheduler.Request{ID: 77}, 16)) // occupy both pages
+		require.Zero(t, pool.AvailableTokens())
+		e.padDummy()
+		require.Empty(t, e.active)
+		require.Nil(t, e.dummy)
+		require.Zero(t, kv.addDummies, "the capacity pre-check runs before AddDummy")
+	})
+
+	t.Run("E-05 AddDummy fails: no dummy, id not consumed", func(t *testing.T) {
+		e, kv, _ := unitExec(t, 0, 2, 16, comms())
+		kv.failAddDummy = 1
+		e.padDummy()
+		require.Empty(t, e.active)
+		require.Nil(t, e.dummy)
+		require.Equal(t, 1, kv.addDummies)
+		e.padDummy()
+		require.Equal(t, []uint64{dummyIDBase}, activeIDs(e), "a failed AddDummy does not consume a dummy id")
+	})
+
+	t.Run("E-06 attention-DP off: never a dummy", func(t *testing.T) {
+		// One rank (no attention DP) and a Helix CP group of two: the loop
+		// never pads, even while the rank waits for work.
+		for _, helix := range []bool{false, true} {
+			n := 1
+			if helix {
+				n = 2
+			}
+			src := &scriptSource{byIter: [][]Arrival{nil, nil, {arrival(1, 12, 3)}, nil, {arrival(2, 5, 4)}}}
+			g := (&rig{n: n, helix: helix, src: src}).build(t)
+			g.drive(0)
+			g.requireNoErrors(t)
+			for _, rr := range g.ranks {
+				require.Zero(t, rr.kv.addDummies, "helix %v rank %d", helix, rr.rank)
+				for _, p := range rr.plan.passes {
+					for _, id := range append(slices.Clone(p.ctx), p.gen...) {
+						require.Less(t, id, dummyIDBase, "helix %v rank %d scheduled a dummy", helix, rr.rank)
+					}
+				}
+				for _, line := range rr.log.lines {
+					var rec IterRecord
+					require.NoError(t, json.Unmarshal(line, &rec))
+					require.False(t, rec.ADPDummy)
+				}
+			}
+			require.Len(t, g.outputs(t), 2)
+		}
+	})
+}
+
+// ---------------------------------------------------------------------------
+// E-07 … E-09: finalising and rolling back the dummy (§4.4)
+// ---------------------------------------------------------------------------
+
+// E-07: rank 0 pads dummy #1 while rank 1's batch is empty (its AddDummy
+// fails): sizes [1, 0], can_queue false, dummy #1 rolled back and freed. In
+// the next iteration rank 0 pads dummy #2, a new object; sizes [1, 1]: it is
+// committed and stays in active behind rank 0's other requests (overlap
+// loop: it is still in flight at the end of the iteration).
+func TestE07DummyRolledBackThenCommitted(t *testing.T) {
+	g := (&rig{n: 2, overlap: true, src: &scriptSource{byIter: make([][]Arrival, 100)}}).build(t)
+	r0, r1 := g.ranks[0], g.ranks[1]
+	// Rank 0 holds a retiring request (outside the scheduler window): it
+	// keeps the fleet busy without being schedulable.
+	other := inject(r0.ex, newRequest(arrival(5, 4, 2)))
+	other.State = scheduler.GenerationToComplete
+	r1.kv.failAddDummy = 1 // rank 1 cannot pad in the first iteration
+
+	// Capture dummy #1 right after scheduling (it is pending then) and the
+	// gathered batch sizes of every iteration.
+	var first *request
+	r0.plan.after = func(*scheduler.Output) {
+		if len(r0.plan.passes) == 1 {
+			first = r0.ex.dummy
+		}
+	}
+	var sizes [][]uint64
+	r0.hc.recv = func(name string, all [][]byte) {
+		if name == "batch_size" {
+			var v []uint64
+			for _, b := range all {
+				v = append(v, binary.LittleEndian.Uint64(b))
+			}
+			sizes = append(sizes, v)
+		}
+	}
+	g.drive(1)
+	g.requireNoErrors(t)
+	require.NotNil(t, first, "rank 0 padded dummy #1")
+	require.Equal(t, dummyIDBase, first.ID)
+	require.Equal(t, [][]uint64{{1, 0}}, sizes)
+	require.Equal(t, []uint64{dummyIDBase}, r0.plan.passes[0].gen, "rank 0 scheduled its dummy")
+	require.Empty(t, r1.plan.passes[0].gen, "rank 1 scheduled nothing")
+	require.Equal(t, []uint64{5}, activeIDs(r0.ex), "dummy #1 removed from active")
+	require.Nil(t, r0.ex.dummy)
+	require.False(t, r0.pool.HasCache(dummyIDBase), "dummy #1 freed")
+	require.Equal(t, r0.pool.TotalPages(), r0.pool.FreePages())
+	require.Zero(t, r0.ex.res.ForwardIterations, "the fleet skipped the forward")
+
+	g.drive(1) // second iteration: both ranks pad, sizes [1, 1]
+	g.requireNoErrors(t)
+	require.Equal(t, []uint64{dummyIDBase + 1}, r0.plan.passes[1].gen)
+	require.Equal(t, [][]uint64{{1, 0}, {1, 1}}, sizes)
+	require.Equal(t, []uint64{5, dummyIDBase + 1}, activeIDs(r0.ex), "active = [other requests…, dummy #2]")
+	second := r0.ex.active[1]
+	require.NotSame(t, first, second, "dummy #2 is a new object")
+	require.Nil(t, r0.ex.dummy, "dummy #2 committed")
+	require.NotNil(t, r0.ex.prev, "the forward was launched")
+	require.Equal(t, int64(2), r0.ex.iter)
+	g.requireEqualTraces(t)
+}
+
+func TestE08RollbackRemovesOnlyThePendingDummy(t *testing.T) {
+	e, kv, pool := unitExec(t, 0, 2, 16, nccl.NewLocalGroup(2, nccl.LocalOptions{})[0])
+	e.padDummy()
+	older := e.dummy
+	require.Equal(t, dummyIDBase, older.ID)
+	// Commit it (can_queue was true) and launch it: it leaves the window.
+	e.dummy = nil
+	older.State = scheduler.GenerationToComplete
+	e.padDummy()
+	require.Equal(t, dummyIDBase+1, e.dummy.ID)
+	require.Equal(t, []uint64{dummyIDBase, dummyIDBase + 1}, activeIDs(e))
+	e.rollbackDummy()
+	require.Equal(t, []uint64{dummyIDBase}, activeIDs(e), "only 2^63+1 removed")
+	require.True(t, pool.HasCache(dummyIDBase), "the committed dummy keeps its KV")
+	require.False(t, pool.HasCache(dummyIDBase+1))
+	require.Len(t, kv.frees, 1)
+	require.Equal(t, dummyIDBase+1, kv.frees[0].id)
+	require.Nil(t, e.dummy)
+	e.rollbackDummy() // nothing pending: no-op
+	require.Len(t, kv.frees, 1)
+	require.Equal(t, []uint64{dummyIDBase}, activeIDs(e))
+}
+
+// E-09: this executor has no per-slot resource outside the step descriptor
+// it rebuilds every iteration, so "terminate normally" is exactly releasing
+// the KV once and dropping the request; a slot number on the dummy changes
+// nothing (no double free, no leak).
+func TestE09RollbackWithBatchSlot(t *testing.T) {
+	e, kv, pool := unitExec(t, 0, 2, 16, nccl.NewLocalGroup(2, nccl.LocalOptions{})[0])
+	e.padDummy()
+	e.dummy.BatchIndex = 3
+	e.rollbackDummy()
+	require.Empty(t, e.active)
+	require.Len(t, kv.frees, 1, "released exactly once")
+	require.Equal(t, pool.TotalPages(), pool.FreePages())
+	require.NoError(t, pool.CheckInvariants())
+}
+
+// ---------------------------------------------------------------------------
+// E-10, E-11: canQueue and the revert of generation allocations
+// ---------------------------------------------------------------------------
+
+func TestE10CanQueueTruthTable(t *testing.T) {
+	for _, c := range []struct {
+		b                 [2]int
+		canQueue, thisOne [2]bool
+	}{
+		{[2]int{1, 1}, [2]bool{true, true}, [2]bool{true, true}},    // every rank b > 0
+		{[2]int{3, 0}, [2]bool{false, false}, [2]bool{true, false}}, // some rank empty
+		{[2]int{0, 2}, [2]bool{false, false}, [2]bool{false, true}},
+		{[2]int{0, 0}, [2]bool{false, false}, [2]bool{false, false}},
+	} {
+		comms := nccl.NewLocalGroup(2, nccl.LocalOptions{Timeout: 5 * time.Second})
+		var got, mine [2]bool
+		var errs [2]error
+		onTwo(func(r int) {
+			e, _, _ := unitExec(t, r, 2, 4, comms[r])
+			got[r], mine[r], errs[r] = e.canQueue(c.b[r])
+		})
+		require.NoError(t, errors.Join(errs[:]...))
+		require.Equal(t, c.canQueue, got, "sizes %v", c.b)
+		require.Equal(t, c.thisOne, mine, "sizes %v", c.b)
+		require.Equal(t, comms[0].Trace(), comms[1].Trace())
+		require.Len(t, comms[0].Trace(), 1)
+		require.Equal(t, "allgather:batch_size", comms[0].Trace()[0].String())
+	}
+	// Without attention DP there is no collective: b > 0 on both outputs.
+	e, _, _ := unitExec(t, 0, 1, 4, nil)
+	for _, b := range []int{0, 2} {
+		cq, mine, err := e.canQueue(b)
+		require.NoError(t, err)
+		require.Equal(t, b > 0, cq)
+		require.Equal(t, b > 0, mine)
+	}
+}
+
+// E-11: rank 0 schedules two generation requests and a first context chunk;
+// rank 1's batch is empty (its dummy cannot be added), so can_queue is
+// false: exactly the two generation growths are reverted, the context
+// allocation is kept.
+func TestE11RevertOnlyGenerationAllocations(t *testing.T) {
+	g := (&rig{n: 2, src: &scriptSource{byIter: make([][]Arrival, 100)}}).build(t)
+	r0, r1 := g.ranks[0], g.ranks[1]
+	a := inject(r0.ex, asGeneration(t, r0.pool, newRequest(arrival(1, 12, 9))))
+	b := inject(r0.ex, asGeneration(t, r0.pool, newRequest(arrival(2, 16, 9))))
+	c := inject(r0.ex, newRequest(arrival(3, 20, 9)))
+	capA, capB := r0.pool.Capacity(a.ID), r0.pool.Capacity(b.ID)
+	r1.kv.failAddDummy = 1
+	g.drive(1)
+	g.requireNoErrors(t)
+	p := r0.plan.passes[0]
+	require.Equal(t, []uint64{1, 2}, p.gen)
+	require.Equal(t, []uint64{3}, p.ctx)
+	require.Equal(t, capA+1, p.caps[a.ID], "the scheduler grew A")
+	require.Equal(t, []uint64{1, 2}, r0.kv.reverts, "RevertAllocateGeneration called twice")
+	require.Equal(t, capA, r0.pool.Capacity(a.ID))
+	require.Equal(t, capB, r0.pool.Capacity(b.ID))
+	require.Equal(t, 20, r0.pool.Capacity(c.ID), "the context allocation is kept")
+	require.True(t, r0.pool.IsActive(c.ID))
+	require.Zero(t, r0.ex.res.ForwardIterations)
+	require.Empty(t, r1.kv.reverts)
+	// The next iteration schedules the same chunk again (idempotent resize)
+	// and the fleet now runs: rank 1 pads successfully.
+	g.drive(1)
+	g.requireNoErrors(t)
+	require.Equal(t, []uint64{3}, r0.plan.passes[1].ctx)
+	require.Equal(t, int64(1), r0.ex.res.ForwardIterations)
+	require.Equal(t, []uint64{1, 2}, r0.kv.reverts, "no revert when can_queue is true")
+	g.requireEqualTraces(t)
+}
+
+// E-12: prepareBatch asserts that every scheduled request's cache is active.
+func TestE12PrepareBatchRejectsSuspendedCache(t *testing.T) {
+	e, _, pool := unitExec(t, 0, 1, 16, nil)
+	r := inject(e, asGeneration(t, pool, newRequest(arrival(1, 8, 4))))
+	pool.Suspend(&r.Request)
+	require.False(t, pool.IsActive(r.ID))
+	_, err := e.prepareBatch(&scheduler.Output{Generation: []*scheduler.Request{&r.Request}}, &plan{})
+	require.ErrorContains(t, err, "invariant prepareBatch")
+	require.ErrorContains(t, err, "request 1 has no active KV cache")
+	_, err = e.prepareBatch(&scheduler.Output{Context: []*scheduler.Request{{ID: 99}}}, &plan{})
+	require.ErrorContains(t, err, "scheduled request 99 is not active")
+}
+
+// ---------------------------------------------------------------------------
+// E-13: lockstep over 16 iterations with empty and busy ranks
+// ---------------------------------------------------------------------------
+
+func TestE13IterCounterAndTracesInLockstep(t *testing.T) {
+	mixed := 0
+	for seed := uint64(0); seed < 6; seed++ {
+		for _, overlap := range []bool{false, true} {
+			rng := rand.New(rand.NewPCG(seed, 13))
+			n := 2 + rng.IntN(3)
+			// 16 iteration slots with a few short requests at random
+			// iterations: most iterations leave some ranks empty.
+			// (17 slots: the shutdown flag comes after the 16 iterations.)
+			src := &scriptSource{byIter: make([][]Arrival, 17)}
+			id := uint64(0)
+			for k := 0; k < 16; k++ {
+				for j := rng.IntN(4) - 2; j > 0; j-- {
+					src.byIter[k] = append(src.byIter[k], arrival(id, 1+rng.IntN(20), 1+rng.IntN(5)))
+					id++
+				}
+			}
+			g := (&rig{n: n, overlap: overlap, src: src}).build(t)
+			g.drive(16)
+			g.requireNoErrors(t)
+			for _, rr := range g.ranks {
+				require.Len(t, rr.snaps, 16, "seed %d rank %d", seed, rr.rank)
+				for k, s := range rr.snaps {
+					require.Equal(t, int64(k+1), s.iter, "iter_counter after iteration %d", k)
+					require.Equal(t, g.ranks[0].snaps[k].traceLen, s.traceLen,
+						"seed %d overlap %v: rank %d entered a different number of collectives by iteration %d",
+						seed, overlap, rr.rank, k)
+				}
+			}
+			g.requireEqualTraces(t)
+			for k := 0; k < 16; k++ {
+				empty, busy := false, false
+				for _, rr := range g.ranks {
+					if rr.plan.passes[k].realScheduled == 0 {
+						empty = true
+					} else {
+						busy = true
+					}
+				}
+				if empty && busy {
+					mixed++
+				}
+			}
+		}
+	}
+	require.Positive(t, mixed, "the scenario must mix empty and busy ranks in some iteration")
+}
+
+// ---------------------------------------------------------------------------
+// E-14: a gathered payload that does not decode
+// ---------------------------------------------------------------------------
+
+func TestE14UndecodablePayloadIsCollectiveDesync(t *testing.T) {
+	// Unit: every decoder rejects a payload of another collective.
+	batchSize := binary.LittleEndian.AppendUint64(nil, 3)
+	_, err := decodeResponseBatch(batchSize)
+	require.ErrorContains(t, err, "collective desync")
+	_, err = decodeResponseBatch(append(responseBatch{}.encode(), 0))
+	require.ErrorContains(t, err, "trailing bytes")
+
+	// Loop: rank 1's third response gather carries garbage; rank 0 (which
+	// decodes the gather) fails with "collective desync".
+	for _, overlap := range []bool{false, true} {
+		g := (&rig{n: 2, overlap: overlap, src: allAtOnce(arrival(0, 9, 6), arrival(1, 7, 6))}).build(t)
+		calls := 0
+		g.ranks[1].hc.send = func(name string, data []byte) []byte {
+			if name == "responses" {
+				if calls++; calls == 3 {
+					return []byte{0xde, 0xad, 0xbe}
+				}
+			}
+			return data
+		}
+		g.drive(0)
+		require.Error(t, g.ranks[0].err)
+		require.ErrorContains(t, g.ranks[0].err, "collective desync", "overlap %v", overlap)
+		require.ErrorContains(t, g.ranks[0].err, "rank 0")
+		require.Nil(t, g.ranks[0].res)
+		require.Error(t, g.ranks[1].err, "rank 1 cannot continue past a failed peer")
+	}
+
+	// A rank state of 14 values (a longer payload) is a desync on every rank.
+	g := (&rig{n: 2, src: allAtOnce(arrival(0, 9, 2))}).build(t)
+	g.ranks[1].hc.send = func(name string, data []byte) []byte {
+		if name == "rank_state" {
+			return append(data, make([]byte, 8)...)
+		}
+		return data
+	}
+	g.drive(0)
+	for _, rr := range g.ranks {
+		require.ErrorContains(t, rr.err, "collective desync", "rank %d", rr.rank)
+	}
+}
+
+// ---------------------------------------------------------------------------
+// E-15: shutdown with active requests
+// ---------------------------------------------------------------------------
+
+func TestE15ShutdownDrainsThenEveryRankExitsTogether(t *testing.T) {
+	for _, overlap := range []bool{false, true} {
+		// The source is exhausted in iteration 5 (its last arrival): the
+		// shutdown flag rides that iteration's count broadcast.
+		src := &scriptSource{byIter: [][]Arrival{{arrival(0, 20, 12), arrival(1, 9, 15)}, nil,
+			{arrival(2, 30, 10)}, nil, nil, {arrival(3, 5, 12)}}}
+		g := (&rig{n: 3, overlap: overlap, src: src}).build(t)
+		g.drive(0)
+		g.requireNoErrors(t)
+		g.requireEqualTraces(t)
+		out := g.outputs(t)
+		require.Len(t, out, 4, "every request answered")
+		for id, r := range out {
+			require.Empty(t, r.Error, "request %d", id)
+		}
+		iters := g.ranks[0].res.Iterations
+		require.Greater(t, iters, int64(6), "the loop continues after the shutdown until drained")
+		for _, rr := range g.ranks {
+			require.Equal(t, iters, rr.res.Iterations, "rank %d exits in the same iteration", rr.rank)
+			for k, s := range rr.snaps {
+				require.Equal(t, k >= 5, s.shutdown, "rank %d iteration %d: shutdown seen from iteration 5 on", rr.rank, k)
+			}
+			require.Positive(t, rr.snaps[5].active+rr.snaps[6].active, "rank %d", rr.rank)
+			require.Empty(t, rr.ex.active, "rank %d", rr.rank)
+			require.Empty(t, rr.ex.waiting, "rank %d", rr.rank)
+		}
+		busyAfterShutdown := 0
+		for _, rr := range g.ranks {
+			busyAfterShutdown += rr.snaps[5].active
+		}
+		require.Positive(t, busyAfterShutdown, "requests were active when the shutdown arrived")
+		g.requireNoLeaks(t)
+	}
+}
+
+// E-16 (crash with waiters) does not apply: this executor has no response
+// waiters; Run returns the responses (rank 0) or the error to its caller, and
+// the worker (cmd/worker) owns teardown.
+//
+// E-18 (TLLM_PROFILE_LOG_RANKS selection) is implemented and tested in
+// cmd/worker (openIterLogs); the executor only writes to the sink it is given.
+
+// ---------------------------------------------------------------------------
+// E-17: arrival validation with chunking off
+// ---------------------------------------------------------------------------
+
+func TestE17PromptOverMaxNumTokensWithoutChunking(t *testing.T) {
+	sc := defaultSched()
+	sc.ChunkedContext, sc.MaxNumTokens = false, 8192
+	g := (&rig{n: 2, sc: sc, pages: 1200, src: allAtOnce(arrival(0, 9000, 4), arrival(1, 10, 4))}).build(t)
+	var atC8, atC7 []Response
+	g.ranks[0].hc.recv = func(name string, all [][]byte) {
+		if name != "pending_responses" && name != "responses" {
+			return
+		}
+		for _, b := range all {
+			rb, err := decodeResponseBatch(b)
+			if err != nil {
+				t.Errorf("gather %s: %v", name, err)
+				return
+			}
+			switch name {
+			case "pending_responses":
+				atC8 = append(atC8, rb.Responses...)
+			case "responses":
+				atC7 = append(atC7, rb.Responses...)
+			}
+		}
+	}
+	g.drive(0)
+	g.requireNoErrors(t)
+	g.requireEqualTraces(t)
+	out := g.outputs(t)
+	require.Len(t, out, 2)
+	require.Contains(t, out[0].Error, "prompt of 9000 tokens exceeds max_num_tokens 8192 and chunked prefill is off")
+	require.Empty(t, out[0].Output)
+	require.Empty(t, out[1].Error)
+	require.Len(t, out[1].Output, 4)
+	require.Len(t, atC8, 1, "the rejection is flushed at C8")
+	require.Equal(t, uint64(0), atC8[0].ID)
+	for _, r := range atC7 {
+		require.NotEqual(t, uint64(0), r.ID, "a rejection never goes through C7")
+	}
+	for _, rr := range g.ranks {
+		for _, p := range rr.plan.passes {
+			require.NotContains(t, p.active, uint64(0), "rank %d: the rejected request entered active", rr.rank)
+		}
+	}
+}
+
+// ---------------------------------------------------------------------------
+// E-19: overlap-loop iteration records
+// ---------------------------------------------------------------------------
+
+// stampEngine gives the k-th launched step device time 10·(k+1) ms so each
+// record's device_ms identifies its iteration.
+type stampEngine struct {
+	bridge.Engine
+	launched, waited int
+}
+
+func (s *stampEngine) Submit(d *bridge.StepDesc) error { s.launched++; return s.Engine.Submit(d) }
+func (s *stampEngine) Wait(res *bridge.StepResult) error {
+	err := s.Engine.Wait(res)
+	s.waited++
+	res.DeviceMS = float64(10 * s.waited)
+	return err
+}
+
+func TestE19OverlapRecordsWrittenOneIterationLate(t *testing.T) {
+	g := (&rig{n: 1, overlap: true, src: allAtOnce(arrival(0, 8, 3)),
+		wrapEng: func(_ int, e bridge.Engine) bridge.Engine { return &stampEngine{Engine: e} }}).build(t)
+	var linesAfter []int
+	g.after = func(rr *rigRank) { linesAfter = append(linesAfter, len(rr.log.lines)) }
+	g.drive(0)
+	g.requireNoErrors(t)
+	rr := g.ranks[0]
+	var recs []IterRecord
+	for _, line := range rr.log.lines {
+		var rec IterRecord
+		require.NoError(t, json.Unmarshal(line, &rec))
+		recs = append(recs, rec)
+	}
+	// Iterations 0, 1, 2 launch (prefill + two decodes); iteration 3 has no
+	// forward and processes the last batch.
+	require.GreaterOrEqual(t, len(recs), 3)
+	for k := 0; k < 3; k++ {
+		require.Equal(t, int64(k), recs[k].Iter)
+		require.True(t, recs[k].CanQueue)
+		require.NotNil(t, recs[k].DeviceMS)
+		require.Equal(t, float64(10*(k+1)), *recs[k].DeviceMS, "iteration %d carries its own device time", k)
+	}
+	require.Equal(t, 0, linesAfter[0], "iteration 0's record is not written during iteration 0")
+	require.Equal(t, 1, linesAfter[1], "iteration 0's record is written during iteration 1")
+	require.Equal(t, 2, linesAfter[2], "iteration 1's record is written during iteration 2")
+	for _, rec := range recs[3:] {
+		require.False(t, rec.CanQueue)
+		require.Nil(t, rec.DeviceMS, "an iteration without a forward has device_ms null")
+	}
+	require.Equal(t, []int64{0, 1, 2}, []int64{recs[0].Iter, recs[1].Iter, recs[2].Iter})
+	require.Equal(t, 3, rr.eng.(*stampEngine).launched)
+}
