@@ -2,6 +2,7 @@
 #   make          build the native engine (CMake) and bin/worker
 #   make run      serve the built-in sample on 4 in-process ranks (CPU engine)
 #   make test     native tests (ctest) and every Go test
+#   make fuzz     bounded fuzzing (KV pool operations, trace parser)
 #   make bench    Go benchmarks (engine step, executor iteration, scheduler, kvpool)
 GO       ?= go
 BUILD    ?= build
@@ -17,7 +18,7 @@ ENGINE_MPI_FLAG = $(if $(filter auto,$(ENGINE_MPI)),$(if $(shell command -v mpic
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 RUN_ARGS ?=
 
-.PHONY: all deps native worker run test test-native test-go bench clean
+.PHONY: all deps native worker run test test-native test-go fuzz bench clean
 
 all: worker
 
@@ -46,6 +47,13 @@ test-go: native
 	CGO_ENABLED=0 $(GO) vet ./...
 	$(GO) vet -tags native ./...
 	$(GO) test -tags native -count=1 -timeout 30m ./...
+
+# Bounded fuzzing (CI runs it): the KV pool's operation sequences and the
+# trace parser, FUZZTIME each.
+FUZZTIME ?= 20s
+fuzz:
+	$(GO) test ./kvpool -run '^$$' -fuzz FuzzPoolOperations -fuzztime $(FUZZTIME) -parallel 1
+	$(GO) test ./workload -run '^$$' -fuzz FuzzRead -fuzztime $(FUZZTIME) -parallel 1
 
 bench: worker
 	$(GO) test -tags native -run '^$$' -bench . -benchmem -benchtime 1x ./bridge/... ./executor/... ./tests/... 

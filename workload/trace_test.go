@@ -94,3 +94,33 @@ func seq(a, b int) string {
 	}
 	return sb.String()
 }
+
+// FuzzRead: the trace parser never panics; a failure names the file and line,
+// and a success yields requests whose tokens are in the vocabulary.
+func FuzzRead(f *testing.F) {
+	f.Add(`{"timestamp": 0, "input_length": 600, "output_length": 3, "hash_ids": [7, 8]}`)
+	f.Add(`{"timestamp": 5, "input_length": 1, "output_length": 1, "hash_ids": [1], "conversation_id": 7}`)
+	f.Add(`{"timestamp": -1}`)
+	f.Add("\n\n{}")
+	f.Fuzz(func(t *testing.T, in string) {
+		o := opts()
+		o.LengthScale = 0.01
+		reqs, err := Read(strings.NewReader(in), "fuzz.jsonl", o)
+		if err != nil {
+			if !strings.HasPrefix(err.Error(), "fuzz.jsonl") {
+				t.Fatalf("error does not name the file: %v", err)
+			}
+			return
+		}
+		for _, r := range reqs {
+			if len(r.Prompt) == 0 || r.MaxNewTokens < 1 {
+				t.Fatalf("request %d: empty prompt or no output", r.Index)
+			}
+			for _, tok := range r.Prompt {
+				if tok < 0 || int(tok) >= o.VocabSize {
+					t.Fatalf("token %d out of the vocabulary", tok)
+				}
+			}
+		}
+	})
+}
