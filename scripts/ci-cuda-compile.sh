@@ -34,4 +34,18 @@ for exe in cuda/tests/cuda_kernels_test cuda/tests/cuda_e2e_test cuda/tests/cuda
 done
 LD_LIBRARY_PATH="$CUDAToolkit_ROOT/lib:$LOCKSTEP_NCCL_ROOT/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
   ctest --test-dir "$BUILD_DIR" --output-on-failure -R '^cuda_'
-echo "ci-cuda-compile: CUDA and NCCL code compiled and linked (sm_90, sm_100, compute_90 PTX)"
+
+# The Go worker links the CUDA-enabled library too: cgo links
+# build/native/libengine_link.so, so build a copy of the tree whose
+# build/native is this build's, and ask the binary which backends it has.
+if command -v go >/dev/null; then
+  tree="$(mktemp -d)"
+  trap 'rm -rf "$tree"' EXIT
+  git ls-files -z | tar --null -cf - -T - | tar -xf - -C "$tree"
+  mkdir -p "$tree/build" && ln -s "$PWD/$BUILD_DIR/native" "$tree/build/native"
+  (cd "$tree" && CGO_CFLAGS="-O2 -Wno-deprecated-declarations" go build -tags native -o "$tree/worker" ./cmd/worker)
+  LD_LIBRARY_PATH="$CUDAToolkit_ROOT/lib:$CUDAToolkit_ROOT/lib64:$LOCKSTEP_NCCL_ROOT/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+    "$tree/worker" info | tee /dev/stderr | grep -q 'native: cpu, cuda' ||
+    { echo "ci-cuda-compile: the worker linked against the CUDA library does not report the cuda backend" >&2; exit 1; }
+fi
+echo "ci-cuda-compile: CUDA and NCCL code compiled and linked (sm_90, sm_100, compute_90 PTX), worker links it"

@@ -55,6 +55,7 @@ type serveOptions struct {
 	noPrefixReuse              bool
 	kvEvents                   string
 	eventBufferMaxSize         int
+	gpuMemFraction             float64
 }
 
 func defaultServeOptions() serveOptions {
@@ -66,15 +67,17 @@ func defaultServeOptions() serveOptions {
 		lengthScale: 1, arrivalScale: 1, report: "text", progress: "auto",
 		collectiveTimeout: 60 * time.Second, logLevel: "info", overlap: "on",
 		routerName: "default", maxActivePerRank: 1024, cp: 1, eventBufferMaxSize: 1 << 20,
+		gpuMemFraction: 0.9,
 	}
 }
 
 func (o *serveOptions) flags(fs *flag.FlagSet) {
-	fs.StringVar(&o.engine, "engine", o.engine, "engine backend: cpu (native CPU reference) or fake (pure Go, deterministic)")
+	fs.StringVar(&o.engine, "engine", o.engine, "engine backend: cpu (native CPU reference), cuda (GPU; device = local rank) or fake (pure Go, deterministic)")
+	fs.Float64Var(&o.gpuMemFraction, "gpu-mem-fraction", o.gpuMemFraction, "with --engine cuda and --pages 0: share of free GPU memory (after weights) for KV pages")
 	fs.StringVar(&o.model, "model", o.model, "model preset: "+strings.Join(bridge.PresetNames(), ", "))
 	fs.Uint64Var(&o.seed, "seed", o.seed, "seed of the synthetic weights and token ids")
 	fs.IntVar(&o.ranks, "ranks", o.ranks, "in-process attention-DP ranks")
-	fs.IntVar(&o.pages, "pages", o.pages, "KV pages per rank")
+	fs.IntVar(&o.pages, "pages", o.pages, "KV pages per rank (0 with --engine cuda: size from free GPU memory)")
 	fs.IntVar(&o.tokensPerPage, "tokens-per-page", o.tokensPerPage, "tokens per KV page")
 	fs.IntVar(&o.hostPages, "host-pages", o.hostPages, "host-tier KV pages per rank (0 = no host tier)")
 	fs.IntVar(&o.maxSeqLen, "max-seq-len", o.maxSeqLen, "longest sequence in tokens (0 = the pool's size)")
@@ -106,8 +109,14 @@ func (o *serveOptions) flags(fs *flag.FlagSet) {
 
 // validate refuses impossible configurations before any work starts.
 func (o *serveOptions) validate() error {
-	if err := oneOf("engine", o.engine, "cpu", "fake"); err != nil {
+	if err := oneOf("engine", o.engine, "cpu", "cuda", "fake"); err != nil {
 		return err
+	}
+	if o.pages == 0 && o.engine != "cuda" {
+		return usageErrorf("--pages must be at least 1 (0 sizes the pool from free GPU memory and needs --engine cuda)")
+	}
+	if !(o.gpuMemFraction > 0 && o.gpuMemFraction <= 1) {
+		return usageErrorf("--gpu-mem-fraction must be in (0, 1], got %v", o.gpuMemFraction)
 	}
 	if _, err := bridge.LookupPreset(o.model); err != nil {
 		return usageErrorf("--model: %v", err)
@@ -151,7 +160,7 @@ func (o *serveOptions) validate() error {
 	positive := []struct {
 		name string
 		v    int
-	}{{"ranks", o.ranks}, {"pages", o.pages}, {"tokens-per-page", o.tokensPerPage}, {"max-batch-size", o.maxBatchSize}}
+	}{{"ranks", o.ranks}, {"tokens-per-page", o.tokensPerPage}, {"max-batch-size", o.maxBatchSize}}
 	for _, p := range positive {
 		if p.v < 1 {
 			return usageErrorf("--%s must be at least 1, got %d", p.name, p.v)
@@ -160,7 +169,7 @@ func (o *serveOptions) validate() error {
 	nonNeg := []struct {
 		name string
 		v    int
-	}{{"host-pages", o.hostPages}, {"max-seq-len", o.maxSeqLen}, {"max-num-tokens", o.maxNumTokens},
+	}{{"pages", o.pages}, {"host-pages", o.hostPages}, {"max-seq-len", o.maxSeqLen}, {"max-num-tokens", o.maxNumTokens},
 		{"chunk-unit", o.chunkUnit}, {"limit", o.limit}}
 	for _, p := range nonNeg {
 		if p.v < 0 {
@@ -323,7 +332,7 @@ func (o *serveOptions) world() int {
 }
 
 // buildRank builds rank i of a world of o.world() ranks. It runs no collective.
-func buildRank(o *serveOptions, sc scheduler.Config, i int, comm nccl.Comm, cpGroup any,
+func buildRank(o *serveOptions, sc scheduler.Config, i, device int, comm nccl.Comm, cpGroup any,
 	iterLog, eventSink io.Writer, log *zap.Logger, f *fault, td *teardown) (*rankParts, error) {
 	parts := &rankParts{}
 	if f != nil && f.kind == "init" && f.rank == i {
@@ -331,7 +340,7 @@ func buildRank(o *serveOptions, sc scheduler.Config, i int, comm nccl.Comm, cpGr
 	}
 	helix := o.cp > 1
 	ecfg := bridge.Config{Preset: o.model, Seed: o.seed, NumPages: o.pages, TokensPerPage: o.tokensPerPage,
-		NumHostPages: o.hostPages}
+		NumHostPages: o.hostPages, DeviceID: device}
 	if helix {
 		ecfg.Helix = &bridge.HelixMember{Group: cpGroup, Rank: i, Size: o.cp}
 	}
@@ -459,7 +468,11 @@ func serve(o *serveOptions, sc scheduler.Config, reqs []workload.Request, log *z
 					comms[i].Close() // wake peers blocked on this rank
 				}
 			}()
-			parts, berr := buildRank(o, sc, i, comms[i], cpGroup, iterLogs[i], events.forRank(i), log, flt, td)
+			ro, berr := rankOptions(o, i, comms[i])
+			var parts *rankParts
+			if berr == nil {
+				parts, berr = buildRank(ro, sc, i, i, comms[i], cpGroup, iterLogs[i], events.forRank(i), log, flt, td)
+			}
 			status := executor.InitOK
 			if berr != nil {
 				status = executor.InitAbort
@@ -536,7 +549,11 @@ func serveProcess(o *serveOptions, sc scheduler.Config, reqs []workload.Request,
 	}
 	defer events.close()
 	td := newTeardown()
-	parts, berr := buildRank(o, sc, l.Rank, pg.Comm, nil, iterLogs[l.Rank], events.forRank(l.Rank), log, flt, td)
+	ro, berr := rankOptions(o, l.LocalRank, pg.Comm)
+	var parts *rankParts
+	if berr == nil {
+		parts, berr = buildRank(ro, sc, l.Rank, l.LocalRank, pg.Comm, nil, iterLogs[l.Rank], events.forRank(l.Rank), log, flt, td)
+	}
 	status := executor.InitOK
 	if berr != nil {
 		status = executor.InitAbort
@@ -586,6 +603,21 @@ func exitAfterCollectiveError(pg *nccl.ProcessGroup, l nccl.Launch, err error) e
 	}
 	pg.Close()
 	return fmt.Errorf("rank %d: %w", l.Rank, err)
+}
+
+// rankOptions is o for one rank: with --pages 0 (CUDA) the pool is sized
+// from the rank's free GPU memory, the same on every rank.
+func rankOptions(o *serveOptions, device int, comm nccl.Comm) (*serveOptions, error) {
+	if o.pages > 0 {
+		return o, nil
+	}
+	n, err := poolPagesFromGPU(o, device, comm)
+	if err != nil {
+		return nil, err
+	}
+	ro := *o
+	ro.pages = n
+	return &ro, nil
 }
 
 // eventSink is the --kv-events file, opened by the process holding rank 0.
@@ -651,6 +683,9 @@ func openEngine(engine string, cfg bridge.Config) (bridge.Engine, error) {
 	switch engine {
 	case "fake":
 		return fake.New(cfg)
+	case "cuda":
+		cfg.Backend = "cuda"
+		return nativeengine.Open(cfg)
 	default:
 		return nativeengine.Open(cfg)
 	}
