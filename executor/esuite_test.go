@@ -388,6 +388,21 @@ func (g *rig) drive(limit int) {
 	wg.Wait()
 }
 
+// run runs every rank's Run on its own goroutine (the production entry).
+func (g *rig) run() {
+	var wg sync.WaitGroup
+	for _, rr := range g.ranks {
+		wg.Add(1)
+		go func(rr *rigRank) {
+			defer wg.Done()
+			if rr.res, rr.err = rr.ex.Run(); rr.err != nil {
+				rr.comm.Close()
+			}
+		}(rr)
+	}
+	wg.Wait()
+}
+
 func (g *rig) requireNoErrors(t testing.TB) {
 	t.Helper()
 	var errs []error

@@ -572,6 +572,7 @@ func (e *Executor) admit(a Arrival, estimate int64) {
 	r.UncachedEstimate = estimate
 	if e.cfg.Helix {
 		r.TotalInputLenCP = r.PromptLen
+		e.setHelixLocalLen(r)
 	}
 	if reason := e.neverFits(r); reason != "" {
 		e.pending = append(e.pending, Response{ID: a.ID, Rank: e.cfg.Rank, ArrivalUnixNS: a.ArrivalUnixNS,
@@ -645,6 +646,15 @@ func (e *Executor) handlePaused(out *scheduler.Output) {
 			e.d.KV.Free(&r.Request)
 		}
 		r.resetForRecompute()
+		e.setHelixLocalLen(r)
+	}
+}
+
+// setHelixLocalLen sets SeqLenThisRankCP = local_len(TotalInputLenCP, cp
+// rank) of a (re)admitted Helix request (executor.md §3.5, §11.2).
+func (e *Executor) setHelixLocalLen(r *request) {
+	if e.cfg.Helix {
+		r.SeqLenThisRankCP = kvpool.HelixLocalLen(r.TotalInputLenCP, e.cfg.Rank, e.d.KV.TokensPerPage(), e.cfg.Ranks)
 	}
 }
 

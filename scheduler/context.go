@@ -154,7 +154,11 @@ func (s *Scheduler) preemptForPages(requesterIdx int) bool {
 			continue
 		}
 		c := s.list[j]
-		if !s.recomputeCandidate(c) || !s.kv.IsActive(c.ID) {
+		// Deliberate difference from spec §12: without a host tier a
+		// suspended (self-evicted) cache still holds its device pages, so it
+		// is a victim like an active one; skipping it livelocks a context
+		// request behind a self-evicted generation request.
+		if !s.recomputeCandidate(c) || (!s.kv.IsActive(c.ID) && s.kv.HasHostTier()) {
 			continue
 		}
 		s.recomputePause(j)
