@@ -111,7 +111,7 @@ func turnsHistogram(reqs []Request) map[int]int {
 func TestInferConversationsMooncakeSample(t *testing.T) {
 	const path = "../../shared/data/mooncake/conversation_trace.jsonl"
 	if _, err := os.Stat(path); err != nil {
-		t.Skip("trace not available:", err)
+		t.Fatalf("the Mooncake traces are expected in ../shared/data/mooncake beside the repository: %v", err)
 	}
 	o := opts()
 	o.Limit = 300
