@@ -18,7 +18,7 @@ ENGINE_MPI_FLAG = $(if $(filter auto,$(ENGINE_MPI)),$(if $(shell command -v mpic
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 RUN_ARGS ?=
 
-.PHONY: all deps native worker run test test-native test-go fuzz bench clean
+.PHONY: all deps native worker run test test-native test-go test-race fuzz bench clean
 
 all: worker
 
@@ -35,7 +35,7 @@ worker: native
 run: worker
 	bin/worker run $(RUN_ARGS)
 
-test: worker test-native test-go
+test: worker test-native test-go test-race
 
 test-native: native
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
@@ -54,6 +54,11 @@ FUZZTIME ?= 20s
 fuzz:
 	$(GO) test ./kvpool -run '^$$' -fuzz FuzzPoolOperations -fuzztime $(FUZZTIME) -parallel 1
 	$(GO) test ./workload -run '^$$' -fuzz FuzzRead -fuzztime $(FUZZTIME) -parallel 1
+
+# The concurrent packages (collectives, executor ranks, engine goroutine)
+# once more under the race detector.
+test-race: native
+	$(GO) test -race -tags native -count=1 ./nccl/... ./executor/... ./bridge/... ./cmd/worker/...
 
 bench: worker
 	$(GO) test -tags native -run '^$$' -bench . -benchmem -benchtime 1x ./bridge/... ./executor/... ./tests/... 
