@@ -36,6 +36,8 @@ type KV interface {
 	UpdateAfterGeneration(r *scheduler.Request)
 	// PagesToCompletion is ceil((PromptLen + MaxNewTokens) / ledger block).
 	PagesToCompletion(r *scheduler.Request) int
+	// Utilization is 1 − (free + cached reusable pages) / device pages.
+	Utilization() float64
 	// TotalPages and FreePages describe the device pool.
 	TotalPages() int
 	FreePages() int

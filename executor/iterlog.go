@@ -95,10 +95,8 @@ func (e *Executor) writeIterRecord(rec *IterRecord, start time.Time) error {
 		return nil
 	}
 	e.timeIterRecord(rec, start)
-	total := e.d.KV.TotalPages()
-	if total > 0 {
-		rec.KVUtil = round3(1 - float64(e.d.KV.FreePages())/float64(total))
-	}
+	rec.KVUtil = round3(e.d.KV.Utilization())
+	rec.EventsDropped = int(e.res.EventsDropped)
 	b, err := json.Marshal(rec)
 	if err != nil {
 		return fmt.Errorf("iteration log: %w", err)
