@@ -170,3 +170,31 @@ func TestScheduleDryRunStory(t *testing.T) {
 		}
 	}
 }
+
+// TestScheduleHostTier: with a host tier, a pool that cannot hold both
+// requests suspends the newer one (rung 1) instead of recompute-pausing it;
+// both finish, and the suspended request never loses its KV.
+func TestScheduleHostTier(t *testing.T) {
+	cfg := `{"max_num_tokens": 64, "max_batch_size": 8, "chunking": {"enabled": true, "unit": 4},
+		"kv": {"pages": 10, "tokens_per_page": 4, "host_pages": 16}}`
+	two := []string{`{"id": 1, "prompt_len": 12, "max_new_tokens": 12}`, `{"id": 2, "prompt_len": 12, "max_new_tokens": 12}`}
+	recs := dryRunScenario(t, cfg, 0, two...)
+	suspended, gen := 0, map[uint64]int{}
+	for _, r := range recs {
+		require.Empty(t, r.RecomputePaused, "iteration %d: the host tier is the valve, not recompute", r.Iteration)
+		suspended += len(r.Suspended)
+		for _, id := range r.Generation {
+			gen[id]++
+		}
+	}
+	require.Positive(t, suspended)
+	require.Equal(t, 11, gen[1], "request 1: 12 tokens, the first from its context chunk")
+	require.Equal(t, 11, gen[2], "request 2 resumes and finishes")
+	// Without the host tier the same pool recompute-pauses instead.
+	recs = dryRunScenario(t, strings.Replace(cfg, `"host_pages": 16`, `"host_pages": 0`, 1), 0, two...)
+	recomputed := 0
+	for _, r := range recs {
+		recomputed += len(r.RecomputePaused)
+	}
+	require.Positive(t, recomputed)
+}
