@@ -127,7 +127,7 @@ func TestScheduleScenarioErrors(t *testing.T) {
 		{`{"config": {"max_num_tokens": -1}, "requests": []}`, "config: max_num_tokens"},
 		{`{"config": {"chunking": {"enabled": true, "unit": -2}}, "requests": []}`, "chunk_unit_size"},
 		{`{"config": {"equal_cost": {"kv_cost_offset": -1}}, "requests": []}`, "TLLM_V2_CTX_COST_KV_OFFSET"},
-		{`{"config": {"kv": {"host_pages": 4}}, "requests": []}`, "kv.host_pages"},
+		{`{"config": {"kv": {"host_pages": -1}}, "requests": []}`, "kv.host_pages: -1, want ≥ 0"},
 		{`{"config": {"max_num_tokens": 100}, "requests": [{"id": 3, "prompt_len": 200, "max_new_tokens": 1}]}`, "request 3: prompt_len"},
 		{`{"config": {"policy": "GUARANTEED_NO_EVICT", "kv": {"pages": 9, "tokens_per_page": 4}}, "requests": [{"id": 4, "prompt_len": 30, "max_new_tokens": 20}]}`, "request 4: max_new_tokens: needs 13 pages"},
 		{`{"iterations": -1}`, "iterations"},
