@@ -59,8 +59,10 @@ func (l lockedWriter) Write(b []byte) (int, error) {
 
 // openIterLogs opens one writer per selected rank ("{rank}" in path is
 // replaced by the rank; ranks sharing a path share one file). Unselected
-// ranks get nil. path "" disables the log; "-" is standard error.
-func openIterLogs(path string, ranks int, sel string, log *zap.Logger) ([]io.Writer, func(), error) {
+// ranks get nil. path "" disables the log; "-" is standard error. only >= 0
+// opens that rank's log alone (one rank per process): several processes
+// then need "{rank}" in the path, or they would truncate each other's file.
+func openIterLogs(path string, ranks int, sel string, only int, log *zap.Logger) ([]io.Writer, func(), error) {
 	out := make([]io.Writer, ranks)
 	if path == "" {
 		return out, func() {}, nil
@@ -68,6 +70,20 @@ func openIterLogs(path string, ranks int, sel string, log *zap.Logger) ([]io.Wri
 	chosen, warn := selectLogRanks(sel, ranks)
 	if warn != "" {
 		log.Warn(warn)
+	}
+	if only >= 0 {
+		n := 0
+		for _, c := range chosen {
+			if c {
+				n++
+			}
+		}
+		if n > 1 && path != "-" && !strings.Contains(path, "{rank}") {
+			return nil, nil, fmt.Errorf("--iter-log %q: %d processes would write one file; put {rank} in the path", path, n)
+		}
+		for r := range chosen {
+			chosen[r] = chosen[r] && r == only
+		}
 	}
 	files := map[string]lockedWriter{}
 	var closers []*os.File

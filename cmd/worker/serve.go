@@ -421,7 +421,7 @@ func serve(o *serveOptions, sc scheduler.Config, reqs []workload.Request, log *z
 		sc.LedgerBlockTokens = o.tokensPerPage * o.cp
 	}
 	comms := nccl.NewLocalGroup(world, nccl.LocalOptions{Timeout: o.collectiveTimeout})
-	iterLogs, closeLogs, err := openIterLogs(o.iterLog, world, os.Getenv("TLLM_PROFILE_LOG_RANKS"), log)
+	iterLogs, closeLogs, err := openIterLogs(o.iterLog, world, os.Getenv("TLLM_PROFILE_LOG_RANKS"), -1, log)
 	if err != nil {
 		return nil, err
 	}
@@ -531,7 +531,7 @@ func serveProcess(o *serveOptions, sc scheduler.Config, reqs []workload.Request,
 	if err != nil {
 		return nil, fmt.Errorf("rank %d: joining the %s world of %d: %w", l.Rank, l.Launcher, l.WorldSize, err)
 	}
-	iterLogs, closeLogs, err := openIterLogs(o.iterLog, o.ranks, os.Getenv("TLLM_PROFILE_LOG_RANKS"), log)
+	iterLogs, closeLogs, err := openIterLogs(o.iterLog, o.ranks, os.Getenv("TLLM_PROFILE_LOG_RANKS"), l.Rank, log)
 	if err != nil {
 		pg.Close()
 		return nil, err
