@@ -6,8 +6,10 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
+	"strings"
 	"testing"
 	"time"
 
@@ -80,4 +82,42 @@ func TestHelixGuards(t *testing.T) {
 		stderr, _ := failRun(t, bin, nil, c.args...)
 		require.Contains(t, stderr, c.want)
 	}
+}
+
+// mpirunWorker runs the worker under mpirun -np n with extra environment and
+// returns the combined output and the launcher's error.
+func mpirunWorker(t *testing.T, bin string, n int, env []string, args ...string) (string, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	full := []string{"--oversubscribe", "-np", fmt.Sprint(n)}
+	for _, e := range env {
+		full = append(full, "-x", strings.SplitN(e, "=", 2)[0])
+	}
+	full = append(full, bin, "run", "--engine", "cpu", "--progress", "off", "--arrival-scale", "0")
+	cmd := exec.CommandContext(ctx, "mpirun", append(full, args...)...)
+	cmd.Env = append(append(os.Environ(), "OMPI_ALLOW_RUN_AS_ROOT=1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1"), env...)
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, ctx.Err(), "mpirun did not finish: %s", out)
+	return string(out), err
+}
+
+// TestWorkerUnderMPIRunFaults: one process's initialisation fails → every
+// process fails before the loop; one process stops → the others exit after
+// the collective timeout with the watchdog's report, and mpirun fails.
+func TestWorkerUnderMPIRunFaults(t *testing.T) {
+	needMPIRun(t)
+	bin := worker(t)
+	out, err := mpirunWorker(t, bin, 3, []string{"LOCKSTEP_TEST_FAULT=init:1"})
+	require.Error(t, err)
+	require.Contains(t, out, "rank 1: injected initialisation failure")
+	// The others fail in the vote too ("KV cache manager initialisation
+	// failed on another rank"), unless mpirun tore them down first.
+
+	start := time.Now()
+	out, err = mpirunWorker(t, bin, 3, []string{"LOCKSTEP_TEST_FAULT=stop:1:3"}, "--length-scale", "0.2", "--collective-timeout", "3s")
+	require.Error(t, err)
+	require.Less(t, time.Since(start), 60*time.Second)
+	require.Contains(t, out, `allgather:"batch_size" at iteration 3 timed out after 3s`)
+	require.Contains(t, out, "rank 1 last entered")
 }

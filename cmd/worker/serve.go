@@ -595,14 +595,17 @@ func serveProcess(o *serveOptions, sc scheduler.Config, reqs []workload.Request,
 // error (a mismatch, a schedule divergence, a failed init vote) leaves the
 // ranks in step, so the group closes cleanly.
 func exitAfterCollectiveError(pg *nccl.ProcessGroup, l nccl.Launch, err error) error {
+	if !strings.HasPrefix(err.Error(), fmt.Sprintf("rank %d", l.Rank)) {
+		err = fmt.Errorf("rank %d: %w", l.Rank, err)
+	}
 	if errors.Is(err, nccl.ErrTimeout) {
 		if l.Rank == 0 {
 			time.Sleep(time.Second)
 		}
-		return fmt.Errorf("rank %d: %w", l.Rank, err)
+		return err
 	}
 	pg.Close()
-	return fmt.Errorf("rank %d: %w", l.Rank, err)
+	return err
 }
 
 // rankOptions is o for one rank: with --pages 0 (CUDA) the pool is sized
