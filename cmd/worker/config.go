@@ -22,6 +22,8 @@ type fileConfig struct {
 	Seed      *uint64          `yaml:"seed"`
 	Ranks     *int             `yaml:"ranks"`
 	Overlap   *string          `yaml:"overlap"`
+	Router    *string          `yaml:"router"`
+	CP        *int             `yaml:"cp"`
 	KV        kvFileConfig     `yaml:"kv"`
 	Scheduler schedFileConfig  `yaml:"scheduler"`
 	Workload  workloadFileConf `yaml:"workload"`
@@ -32,6 +34,9 @@ type kvFileConfig struct {
 	TokensPerPage *int `yaml:"tokens_per_page"`
 	HostPages     *int `yaml:"host_pages"`
 	MaxSeqLen     *int `yaml:"max_seq_len"`
+	// EnableBlockReuse is the spec's enable_block_reuse (default true).
+	EnableBlockReuse   *bool `yaml:"enable_block_reuse"`
+	EventBufferMaxSize *int  `yaml:"event_buffer_max_size"`
 }
 
 type schedFileConfig struct {
@@ -107,6 +112,12 @@ func (fc *fileConfig) apply(o *serveOptions, set map[string]bool) error {
 	}
 	num("ranks", &o.ranks, fc.Ranks)
 	str("overlap", &o.overlap, fc.Overlap)
+	str("router", &o.routerName, fc.Router)
+	num("cp", &o.cp, fc.CP)
+	if fc.KV.EnableBlockReuse != nil && !set["no-prefix-reuse"] {
+		o.noPrefixReuse = !*fc.KV.EnableBlockReuse
+	}
+	num("event-buffer-max-size", &o.eventBufferMaxSize, fc.KV.EventBufferMaxSize)
 	num("pages", &o.pages, fc.KV.Pages)
 	num("tokens-per-page", &o.tokensPerPage, fc.KV.TokensPerPage)
 	num("host-pages", &o.hostPages, fc.KV.HostPages)
