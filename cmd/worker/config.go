@@ -111,6 +111,9 @@ func (fc *fileConfig) apply(o *serveOptions, set map[string]bool) error {
 		o.seed = *fc.Seed
 	}
 	num("ranks", &o.ranks, fc.Ranks)
+	if fc.Ranks != nil {
+		o.ranksSet = true // an explicit rank count, as if given as a flag
+	}
 	str("overlap", &o.overlap, fc.Overlap)
 	str("router", &o.routerName, fc.Router)
 	num("cp", &o.cp, fc.CP)
