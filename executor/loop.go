@@ -432,9 +432,27 @@ func (e *Executor) drain() error {
 	return err
 }
 
+// revertGeneration undoes the KV growth of a pass that is not launched
+// (can_queue false): every generation step's growth is reverted (§5 step 8).
+//
+// Deliberate addition to executor.md §5 step 8: first chunks of the pass are
+// released as well (ReleaseContextAdmission: cache closed, position back to
+// 0), exactly as the scheduler releases a first chunk that does not end
+// SCHEDULED (scheduler.md §7). Without it a CONTEXT_INIT request keeps an
+// active cache and its pages after a pass that never launched; it is
+// neither evictable nor a recompute candidate (not started), so a generation
+// request ahead of it that needs those pages self-evicts forever and the
+// rank stalls on a workload whose every request fits the pool alone (issue
+// 9, defect 1). Continuation chunks keep their growth: they are started, so
+// the ladder can take them.
 func (e *Executor) revertGeneration(out *scheduler.Output) {
 	for _, r := range out.Generation {
 		e.d.KV.RevertAllocateGeneration(r)
+	}
+	for _, r := range out.Context {
+		if r.State == scheduler.ContextInit && !r.IsDummy {
+			e.d.KV.ReleaseContextAdmission(r)
+		}
 	}
 }
 

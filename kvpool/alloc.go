@@ -129,6 +129,15 @@ func (m *Manager) resume(s *sequence) bool {
 	if partial >= 0 {
 		need++
 	}
+	if need > 0 && !m.canObtain(need, m.reserved) && partial >= 0 && m.adoptable(s, partial) &&
+		m.canObtain(need-1, m.reserved) {
+		// Too short of pages for the copy, but s alone holds the shared
+		// partial block: without s it would be cached and evictable, so
+		// evict it for s and keep its page (and content) instead of copying.
+		m.adoptPartial(s, partial)
+		partial = -1
+		need--
+	}
 	if need > 0 {
 		if !m.canObtain(need, m.reserved) {
 			for _, b := range s.blocks {
@@ -168,5 +177,63 @@ func (m *Manager) copyOnResume(s *sequence, k int) {
 	m.queueCopy(src, dst)
 	m.dropRef(src, src.tier == TierGPU) // locked above when on the GPU, else held
 	s.blocks[k] = blockRef{loc: dst}
+	s.partialPending = false
+}
+
+// adoptable reports whether block k of s (a shared partial radix block) is
+// referenced by s alone and on the GPU: nobody else would lose it if it were
+// evicted, so s may take its page over (adoptPartial).
+func (m *Manager) adoptable(s *sequence, k int) bool {
+	b := s.blocks[k]
+	if b.n == nil || b.n.loc.tier != TierGPU || m.gpu.refs(b.n.loc.page) != 1 {
+		return false
+	}
+	// A partial match may be a prefix of a full block with descendants. A
+	// sequence using a descendant would hold this block too, so with s the
+	// only holder they are all cached; check it rather than assume it.
+	for _, c := range b.n.children {
+		if !m.unreferenced(c) {
+			return false
+		}
+	}
+	return true
+}
+
+// unreferenced reports whether no block of n's subtree is locked or held.
+func (m *Manager) unreferenced(n *node) bool {
+	if m.tierOf(n.loc.tier).refs(n.loc.page) != 0 {
+		return false
+	}
+	for _, c := range n.children {
+		if !m.unreferenced(c) {
+			return false
+		}
+	}
+	return true
+}
+
+// adoptPartial evicts the shared partial block k of s, which only s
+// references (with its cached descendants, when the match was a prefix of a
+// full block), and makes its page s's private page with its content intact:
+// the copy-on-resume of §6.4 without the copy and without a second page.
+// This is what "cached blocks that only the cache holds are always evictable
+// for a requester, including blocks the requester matched itself" means for
+// a partial match: a request that fits the pool alone must not need one
+// page more because it matched. The block leaves the radix tree (a removed
+// event when it was published), exactly as an LRU eviction would.
+func (m *Manager) adoptPartial(s *sequence, k int) {
+	n := s.blocks[k].n
+	loc := n.loc
+	for len(n.children) > 0 { // cached descendants go first (adoptable checked them)
+		if !m.dropSubtree(n.children[0]) {
+			panic("kvpool: invariant adopt-unreferenced-subtree: a descendant of an adopted block is in use")
+		}
+	}
+	if n.inTree {
+		m.ev.removed(n)
+		m.unlink(n)
+	}
+	m.gpu.owner[loc.page] = nil
+	s.blocks[k] = blockRef{loc: loc}
 	s.partialPending = false
 }

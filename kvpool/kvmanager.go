@@ -115,7 +115,9 @@ func (m *Manager) resumePages(s *sequence) int {
 			n++
 		}
 	}
-	if s.partialPending && s.blocks[len(s.blocks)-1].where().tier == TierGPU {
+	// A partial block s alone holds is adopted instead of copied when pages
+	// are short (adoptPartial), so it needs no page of its own.
+	if k := len(s.blocks) - 1; s.partialPending && s.blocks[k].where().tier == TierGPU && !m.adoptable(s, k) {
 		n++
 	}
 	return n
@@ -229,6 +231,22 @@ func (m *Manager) IsActive(id uint64) bool {
 func (m *Manager) HasCache(id uint64) bool {
 	_, ok := m.seqs[id]
 	return ok
+}
+
+// HoldsDevicePages reports whether id's cache has at least one page on the
+// device (GPU tier). Without a host tier every page of a cache is on the
+// device; with one, a suspended cache's pages may all have migrated.
+func (m *Manager) HoldsDevicePages(id uint64) bool {
+	s, ok := m.seqs[id]
+	if !ok {
+		return false
+	}
+	for _, b := range s.blocks {
+		if b.where().tier == TierGPU {
+			return true
+		}
+	}
+	return false
 }
 
 // HasHostTier reports whether a host tier exists (HostPages > 0): only then

@@ -299,7 +299,9 @@ func TestReuseOff(t *testing.T) {
 func TestCreateWithMatchIsSuspended(t *testing.T) {
 	cfg := reuseCfg(3)
 	m := newCfg(t, cfg)
-	runAndFree(t, m, preq(100, span(1, 8), 1))
+	// The owner of [1..4] → [5..8] keeps running, so the partial block is
+	// shared: r must copy it (it cannot adopt it, see TestAdoptPartialWhenShort).
+	prefill(t, m, preq(100, span(1, 8), 1))
 	hog := preq(50, span(60, 63), 1)
 	prefill(t, m, hog) // the last page
 	r := preq(1, []int32{1, 2, 3, 4, 5, 6, 9, 10, 11}, 1)
@@ -370,4 +372,88 @@ func TestSaltIsolatesTenants(t *testing.T) {
 	if m.ProbeReuse(b) != 8 {
 		t.Fatal("same salt did not reuse")
 	}
+}
+
+// TestAdoptPartialWhenShort (issue 9, defect 1): a request that fits the
+// pool alone must not need a page more because it matched. A 3-page pool
+// holds a finished request's blocks [1..4] → [5..8] (cached) and a hog on the
+// last page. r (7 tokens: 2 pages) matches [1..4] fully and [5,6] of [5..8]
+// partially: the copy of §6.4 would need a third page for r, but r alone
+// references [5..8], which without r would be an evictable cached block. r
+// takes that page over instead: no copy, the block leaves the tree with a
+// removed event, and its content (the first q tokens) serves r.
+func TestAdoptPartialWhenShort(t *testing.T) {
+	m := newCfg(t, reuseCfg(3))
+	runAndFree(t, m, preq(100, span(1, 8), 1))
+	hog := preq(50, span(60, 63), 1)
+	prefill(t, m, hog)
+	m.FlushIterationEvents()
+	partialKey := kvpool.BlockKeyOf(kvpool.BlockKeyOf(kvpool.RootKey(""), span(1, 4)), span(5, 8))
+	r := preq(1, []int32{1, 2, 3, 4, 5, 6, 9}, 1)
+	if !m.PrepareContext(r) {
+		t.Fatal("resume refused although r alone holds the partial block")
+	}
+	if r.ContextPosition != 6 {
+		t.Fatalf("position %d, want 6 (the match is kept)", r.ContextPosition)
+	}
+	if c := m.TakeCopies(); len(c) != 0 {
+		t.Fatalf("copies %+v, want none (the page is adopted)", c)
+	}
+	removed := eventsOf(m, kvpool.EventRemoved)
+	if len(removed) != 1 || len(removed[0].Hashes) != 1 || removed[0].Hashes[0] != partialKey {
+		t.Fatalf("removed events %+v, want one for [5..8]", removed)
+	}
+	if got := m.ProbeReuse(preq(2, span(1, 8), 1)); got != 4 {
+		t.Fatalf("match of [1..7] = %d after [5..8] was adopted, want 4", got)
+	}
+	// r owns the page now: it writes the rest of its prompt in place.
+	if !m.ResizeContext(r, r.PromptLen-r.ContextPosition) {
+		t.Fatal("ResizeContext after adoption failed")
+	}
+	mustCheck(t, m)
+	m.Free(r)
+	m.Free(hog)
+	mustCheck(t, m)
+	if m.FreePages()+m.CachedPages() != 3 {
+		t.Fatalf("free %d + cached %d, want 3", m.FreePages(), m.CachedPages())
+	}
+}
+
+// TestAdoptPartialOfFullBlockDropsCachedDescendants: the partial match may
+// be a prefix of a full block with cached descendants. Here a
+// GUARANTEED_NO_EVICT reservation covers the only page the copy could take,
+// so r adopts [5..8]; its cached child [9..12] is evicted first (nobody uses
+// it: a user would hold [5..8] too).
+func TestAdoptPartialOfFullBlockDropsCachedDescendants(t *testing.T) {
+	m := newCfg(t, reuseCfg(4))
+	runAndFree(t, m, preq(100, span(1, 12), 1)) // [1..4] → [5..8] → [9..12] cached, 1 free
+	x := preq(50, []int32{60, 61}, 6)             // 2 pages to completion: 1 now, 1 reserved
+	if !m.PrepareBlocksIfSchedulable(x, 2) || m.ReservedPages() != 1 {
+		t.Fatalf("GNE admission of x: reserved %d", m.ReservedPages())
+	}
+	m.FlushIterationEvents()
+	r := preq(1, []int32{1, 2, 3, 4, 5, 6, 7, 20}, 1) // 2 pages
+	if !m.PrepareContext(r) || r.ContextPosition != 7 {
+		t.Fatalf("resume refused or match lost: position %d", r.ContextPosition)
+	}
+	if c := m.TakeCopies(); len(c) != 0 {
+		t.Fatalf("copies %+v, want none (the page is adopted)", c)
+	}
+	k1 := kvpool.BlockKeyOf(kvpool.RootKey(""), span(1, 4))
+	k2 := kvpool.BlockKeyOf(k1, span(5, 8))
+	k3 := kvpool.BlockKeyOf(k2, span(9, 12))
+	var removed []scheduler.BlockKey
+	for _, e := range eventsOf(m, kvpool.EventRemoved) {
+		removed = append(removed, e.Hashes...)
+	}
+	if len(removed) != 2 || removed[0] != k3 || removed[1] != k2 {
+		t.Fatalf("removed %x, want [9..12] then [5..8]", removed)
+	}
+	if !m.ResizeContext(r, r.PromptLen-r.ContextPosition) {
+		t.Fatal("ResizeContext after adoption failed")
+	}
+	mustCheck(t, m)
+	m.Free(r)
+	m.Free(x)
+	mustCheck(t, m)
 }

@@ -20,6 +20,7 @@ func (benchKV) Free(*Request)                                 {}
 func (benchKV) IsActive(uint64) bool                          { return true }
 func (benchKV) HasCache(uint64) bool                          { return true }
 func (benchKV) HasHostTier() bool                             { return false }
+func (benchKV) HoldsDevicePages(uint64) bool                  { return true }
 func (benchKV) BlockReuseEnabled() bool                       { return false }
 func (benchKV) ReusePolicy() ReusePolicy                      { return PerRequest }
 func (benchKV) ProbeFirstNewBlockKey(*Request) (BlockKey, bool) {

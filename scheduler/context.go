@@ -113,9 +113,10 @@ func (s *Scheduler) costCap(chunk int, p int64) int {
 }
 
 // allocateContext allocates n tokens of KV for the chunk (§7.1 step 4).
-// MAX_UTILIZATION: resize; on failure try context preemption: STOP when a
-// victim was freed (its pages wait for this request next pass), SKIP
-// otherwise. GUARANTEED_NO_EVICT: a first chunk must reserve to completion or
+// MAX_UTILIZATION: resize; on failure, with a host tier, suspend victims
+// behind the requester (suspendForContext); then try context preemption:
+// STOP when a victim was freed (its pages wait for this request next pass),
+// SKIP otherwise. GUARANTEED_NO_EVICT: a first chunk must reserve to completion or
 // STOP; a continuation draws from its reservation and cannot fail.
 func (s *Scheduler) allocateContext(idx, n int) outcome {
 	r := s.list[idx]
@@ -135,10 +136,41 @@ func (s *Scheduler) allocateContext(idx, n int) outcome {
 	if s.kv.ResizeContext(r, n) {
 		return scheduled
 	}
-	if s.cfg.RecomputePause && !s.host && s.preemptForPages(idx) {
+	if s.host && s.suspendForContext(idx, n) {
+		return scheduled
+	}
+	if s.cfg.RecomputePause && s.preemptForPages(idx) {
 		return stopped
 	}
 	return skipped
+}
+
+// suspendForContext is the host-tier pressure valve for a context chunk
+// (deliberate difference from spec §12, which allows no preemption at all
+// with a host tier and leaves suspension to the generation ladder). It
+// suspends evictable requests behind the requester, newest first, retrying
+// the chunk's allocation after each (the suspended pages migrate to the
+// host on demand), like rung 1 does for a generation step (§11.1).
+//
+// Why: when only context requests hold the device pool (several chunked
+// prompts in progress, no generation request to run the ladder), every
+// chunk allocation fails and nothing ever suspends anything: the scheduler
+// stalls on a workload whose every request fits the pool alone. Taking
+// victims only from behind the requester keeps the head of the list
+// unpreemptable, so it always finishes. Requests scheduled in this pass,
+// executing, or already victims are never taken.
+func (s *Scheduler) suspendForContext(requesterIdx, n int) bool {
+	r := s.list[requesterIdx]
+	for j := len(s.list) - 1; j > requesterIdx; j-- {
+		if s.flags[j]&(flagScheduled|flagPreempted|flagVictim|flagPaused) != 0 || !s.evictable(s.list[j]) {
+			continue
+		}
+		s.suspend(j)
+		if s.kv.ResizeContext(r, n) {
+			return true
+		}
+	}
+	return false
 }
 
 // preemptForPages frees the newest eligible victim for the context request
@@ -157,8 +189,12 @@ func (s *Scheduler) preemptForPages(requesterIdx int) bool {
 		// Deliberate difference from spec §12: without a host tier a
 		// suspended (self-evicted) cache still holds its device pages, so it
 		// is a victim like an active one; skipping it livelocks a context
-		// request behind a self-evicted generation request.
-		if !s.recomputeCandidate(c) || (!s.kv.IsActive(c.ID) && s.kv.HasHostTier()) {
+		// request behind a self-evicted generation request. With a host tier
+		// (reached when suspendForContext could not free enough, e.g. the
+		// host tier is full) the rule is the same: a cache is a victim when
+		// freeing it frees a device page; one whose every page is on the
+		// host is skipped, since freeing it would only lose its KV.
+		if !s.recomputeCandidate(c) || !s.kv.HoldsDevicePages(c.ID) {
 			continue
 		}
 		s.recomputePause(j)

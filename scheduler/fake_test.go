@@ -47,6 +47,7 @@ type fakeCache struct {
 	state    cacheState
 	capacity int
 	ptc      int // pages to completion, > 0 once reserved (GNE)
+	onHost   bool // every page migrated to the host tier (suspended caches only)
 }
 
 func newFakeKV() *fakeKV {
@@ -249,6 +250,13 @@ func (f *fakeKV) IsActive(id uint64) bool {
 }
 
 func (f *fakeKV) HasCache(id uint64) bool { return f.caches[id] != nil }
+
+// HoldsDevicePages: a cache is on the device unless a test moved it to the
+// host (onHost).
+func (f *fakeKV) HoldsDevicePages(id uint64) bool {
+	c := f.caches[id]
+	return c != nil && !c.onHost
+}
 func (f *fakeKV) HasHostTier() bool       { return f.host }
 func (f *fakeKV) BlockReuseEnabled() bool { return f.reuse }
 func (f *fakeKV) ReusePolicy() ReusePolicy {
@@ -365,3 +373,14 @@ func (f *fakeKV) AfterContext(*Request) error { return nil }
 
 // AfterGeneration has nothing to commit in the fake.
 func (f *fakeKV) AfterGeneration(*Request) error { return nil }
+
+// opsOn lists the logged Suspend/Free calls on id, in order.
+func (f *fakeKV) opsOn(id uint64) []string {
+	var out []string
+	for _, l := range f.log {
+		if l == fmt.Sprintf("Suspend(%d)", id) || l == fmt.Sprintf("Free(%d)", id) {
+			out = append(out, l)
+		}
+	}
+	return out
+}

@@ -129,19 +129,25 @@ func (s *Scheduler) rung1(i int) bool {
 // behind the requester and below the recompute frontier; with a host tier,
 // falling back to the first request suspended in this pass. fallback is
 // false under Helix.
+//
+// Deliberate addition to §11.2: a candidate whose cache has no page on the
+// device (with a host tier, a suspended cache whose every page migrated) is
+// skipped: freeing it would cost the victim its KV and free no device page,
+// and the requester would self-evict anyway (issue 9, defect 12). A
+// suspended cache still on the device is a victim as the spec says (T-GEN-09).
 func (s *Scheduler) rung2(i int) bool {
 	r := s.list[i]
 	for {
 		v := -1
 		for j := s.frontier - 1; j > i; j-- {
-			if s.flags[j]&flagVictim == 0 && s.recomputeCandidate(s.list[j]) {
+			if s.flags[j]&flagVictim == 0 && s.recomputeCandidate(s.list[j]) && s.kv.HoldsDevicePages(s.list[j].ID) {
 				v = j
 				break
 			}
 		}
 		if v < 0 && s.host {
 			for _, p := range s.pausedIdx {
-				if s.flags[p]&flagVictim == 0 && s.recomputeCandidate(s.list[p]) {
+				if s.flags[p]&flagVictim == 0 && s.recomputeCandidate(s.list[p]) && s.kv.HoldsDevicePages(s.list[p].ID) {
 					v = int(p)
 					break
 				}

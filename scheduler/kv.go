@@ -42,6 +42,10 @@ type KVManager interface {
 	IsActive(id uint64) bool
 	// HasCache reports whether id has a cache (active or suspended).
 	HasCache(id uint64) bool
+	// HoldsDevicePages reports whether id's cache (active or suspended) has
+	// at least one page on the device: freeing it would free device pages.
+	// With a host tier a suspended cache may have every page on the host.
+	HoldsDevicePages(id uint64) bool
 	// HasHostTier reports whether suspension frees device pages.
 	HasHostTier() bool
 	// BlockReuseEnabled reports whether radix reuse is on.

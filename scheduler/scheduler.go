@@ -281,8 +281,8 @@ func (s *Scheduler) phase2() {
 		if s.st.chunked && s.tokensLeft() < s.st.unit {
 			continue // cheap SKIP: no chunk unit fits, no KV call
 		}
-		if s.flags[idx]&flagPreempted != 0 {
-			continue
+		if s.flags[idx]&(flagPreempted|flagPaused) != 0 {
+			continue // freed or suspended for an earlier context this pass
 		}
 		r := s.list[idx]
 		key, hasKey := s.prefix.probe(s, r)

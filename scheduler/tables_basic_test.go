@@ -89,6 +89,20 @@ func TestGenerationLadder(t *testing.T) {
 			check: func(t *testing.T, f *fakeKV, _ *Scheduler, _ *Output) {
 				require.Equal(t, []string{"Suspend(2)", "Free(3)"}, f.log)
 			}},
+		// Issue 9, defect 12: with a host tier, a suspended request whose
+		// every page is on the host frees no device page; recompute-pausing
+		// it would only lose its KV. It is skipped and gen0 self-evicts
+		// (before the fix: recompute [1], then the self-eviction anyway).
+		{name: "T-GEN-09b", kv: func(f *fakeKV) {
+			host(f)
+			f.setSuspended(1, 10)
+			f.caches[1].onHost = true
+			f.allocFn = allocNever
+		}, list: []*Request{gen(0), gen(1)}, paused: []uint64{0},
+			check: func(t *testing.T, f *fakeKV, _ *Scheduler, _ *Output) {
+				require.Zero(t, f.count("Free"))
+				require.True(t, f.HasCache(1))
+			}},
 		{name: "T-GEN-11", kv: func(f *fakeKV) {
 			f.setSuspended(1, 10)
 			f.allocFn = func(_ int, r *Request) bool { return !f.HasCache(1) }

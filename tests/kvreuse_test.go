@@ -148,3 +148,34 @@ func TestHostTierSuspension(t *testing.T) {
 		require.Equal(t, ref.OutputDigest, rep.OutputDigest, "overlap %s", overlap)
 	}
 }
+
+// TestIdenticalPromptsFitAloneWorker is issue 9's defect 1 through the
+// worker: two identical prompts (11 tokens after --length-scale 0.01, plus 3
+// new tokens) on a pool of one 16-token page. Each fits the pool alone, so
+// both complete with the digest of a roomy run without reuse, whatever the
+// reuse setting, host tier, capacity policy and loop.
+func TestIdenticalPromptsFitAloneWorker(t *testing.T) {
+	bin := worker(t)
+	trace := filepath.Join(t.TempDir(), "p1c.jsonl")
+	line := `{"timestamp":0,"input_length":1100,"output_length":300,"hash_ids":[0,1,2]}` + "\n"
+	require.NoError(t, os.WriteFile(trace, []byte(line+line), 0o644))
+	base := []string{"--trace", trace, "--length-scale", "0.01", "--ranks", "1"}
+	want := serve(t, bin, append(base, "--pages", "64", "--no-prefix-reuse")...)
+	require.Equal(t, 2, want.Requests.Completed)
+	for _, reuse := range []bool{true, false} {
+		for _, host := range []string{"0", "4"} {
+			for _, policy := range []string{"max_utilization", "guaranteed_no_evict"} {
+				for _, overlap := range []string{"on", "off"} {
+					args := append(append([]string{}, base...), "--pages", "1", "--host-pages", host,
+						"--policy", policy, "--overlap", overlap)
+					if !reuse {
+						args = append(args, "--no-prefix-reuse")
+					}
+					got := serve(t, bin, args...)
+					require.Equal(t, 2, got.Requests.Completed, "%v", args)
+					require.Equal(t, want.OutputDigest, got.OutputDigest, "%v", args)
+				}
+			}
+		}
+	}
+}

@@ -373,6 +373,7 @@ func (nopKV) Free(*scheduler.Request)                                 {}
 func (nopKV) IsActive(uint64) bool                                    { return false }
 func (nopKV) HasCache(uint64) bool                                    { return false }
 func (nopKV) HasHostTier() bool                                       { return false }
+func (nopKV) HoldsDevicePages(uint64) bool                            { return false }
 func (nopKV) BlockReuseEnabled() bool                                 { return false }
 func (nopKV) ReusePolicy() scheduler.ReusePolicy                      { return scheduler.PerRequest }
 func (nopKV) ProbeFirstNewBlockKey(*scheduler.Request) (scheduler.BlockKey, bool) {
