@@ -201,7 +201,7 @@ func TestIdenticalPromptsOnePagePool(t *testing.T) {
 				sc.Policy = pol
 				name := fmt.Sprintf("overlap %v host %d policy %v", overlap, host, pol)
 				g := (&rig{n: 1, overlap: overlap, ppt: 16, pages: 1, sc: sc,
-					src: allAtOnce(p, Arrival{ID: 1, Prompt: p.Prompt, MaxNewTokens: 3}),
+					src:   allAtOnce(p, Arrival{ID: 1, Prompt: p.Prompt, MaxNewTokens: 3}),
 					kvcfg: func(_ int, kc *kvpool.Config) { kc.EnableBlockReuse, kc.HostPages = true, host }}).build(t)
 				g.run()
 				for _, rr := range g.ranks {

@@ -427,7 +427,7 @@ func TestAdoptPartialWhenShort(t *testing.T) {
 func TestAdoptPartialOfFullBlockDropsCachedDescendants(t *testing.T) {
 	m := newCfg(t, reuseCfg(4))
 	runAndFree(t, m, preq(100, span(1, 12), 1)) // [1..4] → [5..8] → [9..12] cached, 1 free
-	x := preq(50, []int32{60, 61}, 6)             // 2 pages to completion: 1 now, 1 reserved
+	x := preq(50, []int32{60, 61}, 6)           // 2 pages to completion: 1 now, 1 reserved
 	if !m.PrepareBlocksIfSchedulable(x, 2) || m.ReservedPages() != 1 {
 		t.Fatalf("GNE admission of x: reserved %d", m.ReservedPages())
 	}

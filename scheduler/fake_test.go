@@ -46,7 +46,7 @@ const (
 type fakeCache struct {
 	state    cacheState
 	capacity int
-	ptc      int // pages to completion, > 0 once reserved (GNE)
+	ptc      int  // pages to completion, > 0 once reserved (GNE)
 	onHost   bool // every page migrated to the host tier (suspended caches only)
 }
 
