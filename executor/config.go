@@ -99,6 +99,14 @@ type Config struct {
 	OnNote func(rank int, n scheduler.Note)
 	// Clock returns the wall time; nil uses time.Now.
 	Clock func() time.Time
+	// VirtualClock runs the loop on a virtual, rank-agreed clock that starts
+	// at VirtualEpoch: an iteration lasts the slowest rank's modelled step
+	// time plus the modelled host time (overlap loop: the longer of the
+	// two), idle periods jump to the next arrival and nothing sleeps. The
+	// engine must implement StepCoster (the twin). Request timestamps, and
+	// so TTFT, TPOT and E2E, are virtual; collective waits stay wall time.
+	VirtualClock bool
+	VirtualEpoch time.Time
 	// MaxIdleSleep bounds how long rank 0 sleeps waiting for the next arrival
 	// while the fleet is idle (keeps collectives well inside the watchdog).
 	MaxIdleSleep time.Duration

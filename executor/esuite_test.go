@@ -255,6 +255,9 @@ type rig struct {
 	kvcfg     func(rank int, c *kvpool.Config)
 	// after runs on the rank's goroutine after each of its iterations.
 	after func(rr *rigRank)
+	// virtual runs the ranks on a virtual clock from this epoch (the
+	// engine must model its cost: wrap it with wrapEng).
+	virtual *time.Time
 	ranks []*rigRank
 }
 
@@ -334,6 +337,9 @@ func (g *rig) build(t testing.TB) *rig {
 		cfg := Config{Rank: i, Ranks: g.n, Scheduler: g.sc, Helix: g.helix, ScheduleCheck: g.check,
 			Overlap: g.overlap, IterLog: rr.log, MaxIdleSleep: time.Millisecond,
 			OnNote: func(_ int, n scheduler.Note) { rr.notes = append(rr.notes, n) }}
+		if g.virtual != nil {
+			cfg.VirtualClock, cfg.VirtualEpoch = true, *g.virtual
+		}
 		rr.ex, err = New(cfg, d)
 		require.NoError(t, err)
 		g.ranks[i] = rr

@@ -45,9 +45,9 @@ func (e *Executor) addKVCacheEventsSynced(processed bool) error {
 		}
 		return nil
 	}
-	t := e.cfg.Clock()
+	t := e.wall()
 	all, err := e.d.Comm.AllGather("kv_events", buf)
-	e.waitDur += e.cfg.Clock().Sub(t)
+	e.waitDur += e.wall().Sub(t)
 	if err != nil {
 		return err
 	}

@@ -41,7 +41,8 @@ type IterRecord struct {
 	Cost               *costInfo `json:"cost"`
 	EventsDropped      int       `json:"events_dropped"`
 
-	timed bool // host_ms and wait_ms already measured (overlap loop)
+	timed   bool    // host_ms and wait_ms already measured (overlap loop)
+	fleetMS float64 // virtual clock: the fleet's duration of this record's step
 }
 
 type costInfo struct {
@@ -114,8 +115,17 @@ func (e *Executor) timeIterRecord(rec *IterRecord, start time.Time) {
 	if rec == nil || rec.timed {
 		return
 	}
-	rec.HostMS = round3(float64(e.cfg.Clock().Sub(start)) / 1e6)
+	rec.HostMS = round3(float64(e.wall().Sub(start)) / 1e6)
 	rec.WaitMS = round3(float64(e.waitDur) / 1e6)
+	if e.virtual != nil {
+		// Modelled times: the host's share, and how long this rank's device
+		// waited for the slowest rank (the lockstep wait).
+		rec.HostMS = round3(e.virtual.HostMS())
+		rec.WaitMS = 0
+		if rec.DeviceMS != nil {
+			rec.WaitMS = round3(max(0, rec.fleetMS-*rec.DeviceMS))
+		}
+	}
 	rec.timed = true
 }
 

@@ -26,6 +26,10 @@ type Result struct {
 	LockstepWaste float64
 	// DeviceMS is this rank's total engine time.
 	DeviceMS float64
+	// VirtualDeviceMS is the fleet's total modelled step time (virtual
+	// clock only); VirtualEnd is the virtual clock when the loop ended.
+	VirtualDeviceMS float64
+	VirtualEnd      time.Time
 	// CollectiveMS is this rank's total time blocked in control-plane
 	// collectives (C1–C5, C7–C9).
 	CollectiveMS float64
@@ -66,7 +70,14 @@ type Executor struct {
 	spare     *batch   // recycled batch object
 	executing []uint64 // ids of prev, handed to the scheduler
 
-	res       Result
+	res Result
+	// wallClock is the wall clock (Config.Clock before a virtual clock replaces
+	// it): collective waits and host time are always measured with it.
+	wallClock func() time.Time
+	// virtual is the engine's cost model when the clock is virtual
+	// (Config.VirtualClock); vnow is then this rank's virtual time.
+	virtual   StepCoster
+	vnow      time.Time
 	wasteSum  float64
 	wasteN    int
 	waitDur   time.Duration
@@ -80,6 +91,13 @@ func New(cfg Config, d Deps) (*Executor, error) {
 	}
 	if cfg.Clock == nil {
 		cfg.Clock = time.Now
+	}
+	var coster StepCoster
+	if cfg.VirtualClock {
+		var ok bool
+		if coster, ok = d.Engine.(StepCoster); !ok {
+			return nil, fmt.Errorf("executor: a virtual clock needs an engine that models its step time (the twin), got %T", d.Engine)
+		}
 	}
 	if cfg.MaxIdleSleep <= 0 {
 		cfg.MaxIdleSleep = 20 * time.Millisecond
@@ -97,8 +115,13 @@ func New(cfg Config, d Deps) (*Executor, error) {
 		}
 		cfg.Router = r
 	}
-	return &Executor{cfg: cfg, d: d, byID: map[uint64]*request{}, nextDummy: dummyIDBase,
-		lastStats: RankState{StatsIter: -1}}, nil
+	e := &Executor{cfg: cfg, d: d, byID: map[uint64]*request{}, nextDummy: dummyIDBase,
+		lastStats: RankState{StatsIter: -1}, wallClock: cfg.Clock}
+	if coster != nil {
+		e.virtual, e.vnow = coster, cfg.VirtualEpoch
+		e.cfg.Clock = func() time.Time { return e.vnow }
+	}
+	return e, nil
 }
 
 // finalStats gathers every rank's prefix-reuse counters to rank 0 once, at
@@ -154,10 +177,22 @@ func (e *Executor) Run() (*Result, error) {
 		return nil, fmt.Errorf("rank %d: final statistics: %w", e.cfg.Rank, err)
 	}
 	e.res.Iterations = e.iter
+	if e.virtual != nil {
+		e.res.VirtualEnd = e.vnow
+	}
 	if e.wasteN > 0 {
 		e.res.LockstepWaste = e.wasteSum / float64(e.wasteN)
 	}
 	return &e.res, nil
+}
+
+// wall reads the wall clock (Config.Clock, even when a virtual clock
+// replaced it for request timestamps).
+func (e *Executor) wall() time.Time {
+	if e.wallClock != nil {
+		return e.wallClock()
+	}
+	return e.cfg.Clock()
 }
 
 // multi: more than one rank (the world collectives C2/C3 run).
@@ -171,18 +206,20 @@ func (e *Executor) adp() bool { return e.cfg.Ranks > 1 && !e.cfg.Helix }
 // steps 1–8): fetch and route, padding, scheduling, recompute resets and the
 // agreement on whether the fleet runs a forward.
 type plan struct {
-	start            time.Time
+	start            time.Time // the iteration's start on the loop's clock (virtual or wall)
+	wallStart        time.Time // the same on the wall clock (host time)
 	out              *scheduler.Output
 	fleetWork        bool
 	canQueue         bool // agreed
 	canQueueThisRank bool // local
 	rec              *IterRecord
 	stats            RankState
+	fleetMS          float64 // virtual clock: the launched step's agreed duration
 }
 
 // prologue runs the shared part. It returns nil when the loop exits.
 func (e *Executor) prologue() (*plan, error) {
-	p := &plan{start: e.cfg.Clock()}
+	p := &plan{start: e.cfg.Clock(), wallStart: e.wall()}
 	e.waitDur = 0
 	// A watchdog comm names the iteration in its timeout reports.
 	if w, ok := e.d.Comm.(interface{ SetIteration(int64) }); ok {
@@ -196,6 +233,9 @@ func (e *Executor) prologue() (*plan, error) {
 	items, err := e.fetchArrivals(p.start)
 	if err != nil {
 		return nil, err
+	}
+	if e.virtual != nil {
+		p.start = e.vnow // rank 0's clock, agreed in the arrival broadcast
 	}
 	if e.adp() {
 		e.route(items, states)
@@ -243,9 +283,9 @@ func (e *Executor) prologue() (*plan, error) {
 	// The Helix schedule check sits right after scheduling, before the
 	// recompute reset and canQueue (§11.1, §11.6).
 	if e.cfg.ScheduleCheck {
-		t := e.cfg.Clock()
+		t := e.wall()
 		err := checkSchedule(e.d.Comm, summarize(e.iter, p.out, e.d.KV.Capacity))
-		e.waitDur += e.cfg.Clock().Sub(t)
+		e.waitDur += e.wall().Sub(t)
 		if err != nil {
 			return nil, err
 		}
@@ -291,7 +331,7 @@ func (e *Executor) iteration() (bool, error) {
 		return false, err
 	}
 	e.res.CollectiveMS += float64(e.waitDur) / 1e6
-	p.stats.HostUS = e.cfg.Clock().Sub(p.start).Microseconds()
+	p.stats.HostUS = e.wall().Sub(p.wallStart).Microseconds()
 	e.lastStats = p.stats
 	if e.cfg.Rank == 0 && e.cfg.Progress != nil {
 		e.cfg.Progress(len(e.res.Responses))
@@ -319,6 +359,14 @@ func (e *Executor) nonOverlapTail(p *plan) error {
 		if err := e.d.Engine.Step(&e.step, &e.stepRes); err != nil {
 			return err
 		}
+		if e.virtual != nil {
+			// The step's results exist once the slowest rank finished it.
+			fleet, err := e.fleetStepMS(p.rec)
+			if err != nil {
+				return err
+			}
+			e.advance(fleet + e.virtual.HostMS())
+		}
 		e.markLaunched(b)
 		if deviceMS, err = e.applyResults(b, &e.stepRes); err != nil {
 			return err
@@ -333,13 +381,16 @@ func (e *Executor) nonOverlapTail(p *plan) error {
 	} else {
 		e.revertGeneration(p.out)
 		e.rollbackDummy()
+		if e.virtual != nil {
+			e.advance(e.virtual.HostMS())
+		}
 	}
 	e.finished = e.finished[:0]
 	if err := e.gatherResponses("pending_responses", e.pending, int64(deviceMS*1000), p.canQueue); err != nil {
 		return err
 	}
 	e.pending = e.pending[:0]
-	return e.writeIterRecord(p.rec, p.start)
+	return e.writeIterRecord(p.rec, p.wallStart)
 }
 
 // overlapTail is §6 steps 8–17: the new batch is launched asynchronously and
@@ -382,6 +433,11 @@ func (e *Executor) overlapTail(p *plan) error {
 		if err := e.d.Engine.Submit(&e.step); err != nil {
 			return err
 		}
+		if e.virtual != nil {
+			if p.fleetMS, err = e.fleetStepMS(p.rec); err != nil {
+				return err
+			}
+		}
 		e.markLaunched(b)
 	}
 	// 15: exactly one response gather in either branch.
@@ -402,14 +458,19 @@ func (e *Executor) overlapTail(p *plan) error {
 	}
 	if !p.canQueue {
 		// An iteration without a forward logs at its own end (§13.1).
-		if err := e.writeIterRecord(p.rec, p.start); err != nil {
+		if err := e.writeIterRecord(p.rec, p.wallStart); err != nil {
 			return err
 		}
+	}
+	// The host schedules the next iteration while the device runs this
+	// one: the iteration lasts the longer of the two.
+	if e.virtual != nil {
+		e.advance(max(p.fleetMS, e.virtual.HostMS()))
 	}
 	// 17.
 	switch {
 	case p.canQueue:
-		e.timeIterRecord(p.rec, p.start)
+		e.timeIterRecord(p.rec, p.wallStart)
 		e.prev = b
 	case processed:
 		e.prev = nil
@@ -462,9 +523,9 @@ func (e *Executor) gatherRankStates() ([]RankState, error) {
 	if !e.adp() {
 		return []RankState{mine}, nil
 	}
-	t := e.cfg.Clock()
+	t := e.wall()
 	all, err := e.d.Comm.AllGather("rank_state", mine.encode())
-	e.waitDur += e.cfg.Clock().Sub(t)
+	e.waitDur += e.wall().Sub(t)
 	if err != nil {
 		return nil, err
 	}
@@ -513,19 +574,29 @@ func (e *Executor) fetchArrivals(now time.Time) ([]Arrival, error) {
 		e.shutdown = e.shutdown || shut
 		return items, nil
 	}
-	hdr := make([]byte, 16)
+	hdrLen := 16
+	if e.virtual != nil {
+		hdrLen = 24 // + rank 0's virtual clock (configuration-dependent, identical on every rank)
+	}
+	hdr := make([]byte, hdrLen)
 	binary.LittleEndian.PutUint64(hdr, uint64(len(items)))
 	if shut {
 		binary.LittleEndian.PutUint64(hdr[8:], 1)
 	}
-	t := e.cfg.Clock()
-	defer func() { e.waitDur += e.cfg.Clock().Sub(t) }()
+	if e.virtual != nil {
+		binary.LittleEndian.PutUint64(hdr[16:], uint64(e.vnow.UnixNano()))
+	}
+	t := e.wall()
+	defer func() { e.waitDur += e.wall().Sub(t) }()
 	got, err := e.d.Comm.Broadcast("arrival_count", 0, hdr)
 	if err != nil {
 		return nil, err
 	}
-	if len(got) != 16 {
+	if len(got) != hdrLen {
 		return nil, fmt.Errorf("collective desync: arrival count of %d bytes", len(got))
+	}
+	if e.virtual != nil {
+		e.vnow = time.Unix(0, int64(binary.LittleEndian.Uint64(got[16:])))
 	}
 	count := int(binary.LittleEndian.Uint64(got))
 	e.shutdown = e.shutdown || binary.LittleEndian.Uint64(got[8:]) != 0
@@ -683,9 +754,9 @@ func (e *Executor) canQueue(b int) (canQueue, thisRank bool, err error) {
 	}
 	v := make([]byte, 8)
 	binary.LittleEndian.PutUint64(v, uint64(b))
-	t := e.cfg.Clock()
+	t := e.wall()
 	all, err := e.d.Comm.AllGather("batch_size", v)
-	e.waitDur += e.cfg.Clock().Sub(t)
+	e.waitDur += e.wall().Sub(t)
 	if err != nil {
 		return false, false, err
 	}
@@ -709,9 +780,9 @@ func (e *Executor) gatherResponses(name string, rs []Response, deviceUS int64, f
 		}
 		return nil
 	}
-	t := e.cfg.Clock()
+	t := e.wall()
 	all, err := e.d.Comm.AllGather(name, responseBatch{DeviceUS: deviceUS, Responses: rs}.encode())
-	e.waitDur += e.cfg.Clock().Sub(t)
+	e.waitDur += e.wall().Sub(t)
 	if err != nil {
 		return err
 	}
@@ -742,6 +813,14 @@ func (e *Executor) gatherResponses(name string, rs []Response, deviceUS int64, f
 // others wait for it in the next iteration's collectives).
 func (e *Executor) idleWait() {
 	if e.cfg.Rank != 0 || e.d.Source.Exhausted() {
+		return
+	}
+	if e.virtual != nil {
+		// Virtual time jumps to the next arrival; the other ranks take
+		// rank 0's clock from the next arrival broadcast.
+		if next := e.d.Source.NextArrival(); next.After(e.vnow) {
+			e.vnow = next
+		}
 		return
 	}
 	d := e.d.Source.NextArrival().Sub(e.cfg.Clock())

@@ -14,7 +14,7 @@ type batch struct {
 	reqs   []*request
 	sample []bool
 	iter   int64
-	start  time.Time
+	start  time.Time // wall-clock start of the iteration that launched it
 	rec    *IterRecord
 }
 
@@ -27,7 +27,7 @@ func (e *Executor) prepareBatch(out *scheduler.Output, p *plan) (*batch, error) 
 		b = &batch{}
 	}
 	b.reqs, b.sample = b.reqs[:0], b.sample[:0]
-	b.iter, b.start, b.rec = e.iter, p.start, p.rec
+	b.iter, b.start, b.rec = e.iter, p.wallStart, p.rec
 	for _, list := range [][]*scheduler.Request{out.Context, out.Generation} {
 		for _, s := range list {
 			r := e.byID[s.ID]

@@ -1,0 +1,56 @@
+package executor
+
+import (
+	"time"
+)
+
+// StepCoster is an engine that models the duration of its steps instead of
+// measuring them (the digital twin, bridge/twin). The executor's virtual
+// clock needs the whole fleet's view of a step: under lockstep an iteration
+// lasts as long as its slowest rank, and a mixture-of-experts layer waits
+// for every rank's attention, so every rank's cost travels to every rank.
+type StepCoster interface {
+	// AppendStepCost appends the modelled cost of the step launched last
+	// (Step or Submit) to b, encoded for the fleet allgather.
+	AppendStepCost(b []byte) []byte
+	// FleetStepMS combines every rank's encoded cost (rank order) into the
+	// step's duration on the fleet, in ms. It must be a pure function of
+	// its input, so that every rank computes the same value.
+	FleetStepMS(costs [][]byte) (float64, error)
+	// HostMS is the modelled control-plane time of one iteration, in ms.
+	HostMS() float64
+}
+
+// fleetStepMS is the virtual clock's collective ("step_cost", under the
+// agreed can_queue, only with a virtual clock: configuration-identical on
+// every rank): every rank's cost of the step it just launched, combined
+// into the fleet's step duration. The record, when logging, gets the time
+// this rank waited for the slowest one.
+func (e *Executor) fleetStepMS(rec *IterRecord) (float64, error) {
+	mine := e.virtual.AppendStepCost(nil)
+	all := [][]byte{mine}
+	if e.multi() {
+		t := e.wall()
+		var err error
+		all, err = e.d.Comm.AllGather("step_cost", mine)
+		e.waitDur += e.wall().Sub(t)
+		if err != nil {
+			return 0, err
+		}
+	}
+	fleet, err := e.virtual.FleetStepMS(all)
+	if err != nil {
+		return 0, err
+	}
+	e.res.VirtualDeviceMS += fleet
+	if rec != nil {
+		rec.fleetMS = fleet
+	}
+	return fleet, nil
+}
+
+// advance moves the virtual clock by ms (rounded to the nanosecond the same
+// way on every rank).
+func (e *Executor) advance(ms float64) {
+	e.vnow = e.vnow.Add(time.Duration(ms * float64(time.Millisecond)))
+}

@@ -1,0 +1,287 @@
+package nccl
+
+import (
+	"errors"
+	"fmt"
+	"iter"
+	"slices"
+)
+
+// A coroutine group runs every member of an in-process group as a coroutine
+// of one driving goroutine: a member runs until it enters a collective (or
+// returns), then the driver resumes the next member; once every member has
+// entered the collective, the driver checks that they match, computes the
+// result once and resumes them in rank order. Only one member runs at any
+// moment, so a collective costs a handful of coroutine switches instead of
+// waking one goroutine per member, and execution is deterministic.
+//
+// This is what makes fleets of 8 to 64 simulated ranks (the digital twin)
+// affordable on a 2-core machine; LocalGroup stays the model of real
+// concurrency (one goroutine per rank, a watchdog, per-member traces).
+//
+// Results are shared: the slices AllGather and Broadcast return are the same
+// backing arrays on every member and must be treated as read-only. They stay
+// valid after later collectives (every collective allocates its own).
+
+// CoroGroup is an in-process group of coroutine members; see RunCoroutines.
+type CoroGroup struct {
+	members []*CoroComm
+	// trace records the collectives of member 0 when tracing is on.
+	tracing bool
+	trace   []TraceEntry
+	calls   int
+}
+
+// NewCoroGroup returns a group of size members. With trace on, Trace reports
+// the collectives entered (identical on every member by construction, or the
+// run fails with a mismatch).
+func NewCoroGroup(size int, trace bool) *CoroGroup {
+	if size <= 0 {
+		panic(fmt.Sprintf("nccl: NewCoroGroup size must be positive, got %d", size))
+	}
+	g := &CoroGroup{members: make([]*CoroComm, size), tracing: trace}
+	for r := range g.members {
+		g.members[r] = &CoroComm{g: g, rank: r}
+	}
+	return g
+}
+
+// Member returns rank r's communicator.
+func (g *CoroGroup) Member(r int) *CoroComm { return g.members[r] }
+
+// Calls is the number of collectives the group completed.
+func (g *CoroGroup) Calls() int { return g.calls }
+
+// Trace returns the collectives entered so far (when tracing is on).
+func (g *CoroGroup) Trace() []TraceEntry { return slices.Clone(g.trace) }
+
+// coroCall is one member's arguments to its pending collective.
+type coroCall struct {
+	kind Kind
+	name string
+	op   ReduceOp
+	root int
+	data []byte
+	vals []int64
+}
+
+// CoroComm is one member of a CoroGroup. It implements Comm; its methods
+// must be called from the member's own coroutine (the body RunCoroutines
+// runs for it).
+type CoroComm struct {
+	g     *CoroGroup
+	rank  int
+	yield func(struct{}) bool
+	seq   int
+
+	call    coroCall
+	waiting bool // call is pending
+	exited  bool
+	closed  bool
+
+	gathered [][]byte
+	bcast    []byte
+	reduced  []int64
+	err      error
+}
+
+var _ Comm = (*CoroComm)(nil)
+
+// Rank is this member's index.
+func (c *CoroComm) Rank() int { return c.rank }
+
+// Size is the group size.
+func (c *CoroComm) Size() int { return len(c.g.members) }
+
+// AllGather returns every member's data in rank order. The result is shared
+// by every member: read-only.
+func (c *CoroComm) AllGather(name string, data []byte) ([][]byte, error) {
+	if err := c.enter(coroCall{kind: KindAllGather, name: name, data: data}); err != nil {
+		return nil, err
+	}
+	return c.gathered, nil
+}
+
+// Broadcast returns root's data on every member (shared, read-only).
+func (c *CoroComm) Broadcast(name string, root int, data []byte) ([]byte, error) {
+	if root < 0 || root >= c.Size() {
+		return nil, fmt.Errorf("nccl: broadcast %q: root %d out of range [0, %d)", name, root, c.Size())
+	}
+	if err := c.enter(coroCall{kind: KindBroadcast, name: name, root: root, data: data}); err != nil {
+		return nil, err
+	}
+	return c.bcast, nil
+}
+
+// AllReduceInt64 reduces vals element-wise; the result is the caller's own.
+func (c *CoroComm) AllReduceInt64(name string, op ReduceOp, vals []int64) ([]int64, error) {
+	if err := c.enter(coroCall{kind: KindAllReduce, name: name, op: op, vals: vals}); err != nil {
+		return nil, err
+	}
+	return slices.Clone(c.reduced), nil
+}
+
+// Close leaves the group: members waiting for this one fail with ErrClosed.
+func (c *CoroComm) Close() error {
+	c.closed = true
+	return nil
+}
+
+// enter registers the call and yields to the driver, which resumes this
+// member once the collective completed (or failed).
+func (c *CoroComm) enter(call coroCall) error {
+	if c.closed {
+		return &collectiveError{kind: ErrClosed, msg: fmt.Sprintf("rank %d: %s:%s called after Close", c.rank, call.kind, call.name)}
+	}
+	if c.yield == nil {
+		return fmt.Errorf("nccl: coroutine member %d used outside RunCoroutines", c.rank)
+	}
+	c.call, c.waiting, c.err = call, true, nil
+	if !c.yield(struct{}{}) {
+		return &collectiveError{kind: ErrClosed, msg: fmt.Sprintf("rank %d: group stopped during %s:%s", c.rank, call.kind, call.name)}
+	}
+	c.seq++
+	return c.err
+}
+
+// RunCoroutines runs body(rank) for every member of g as coroutines driven
+// by the calling goroutine, until every body returned, and returns their
+// errors by rank. A member that returns (or closes) while others wait in a
+// collective makes those fail with ErrClosed; members entering different
+// collectives at the same call number all fail with ErrMismatch naming both
+// sides.
+func RunCoroutines(g *CoroGroup, body func(rank int, c *CoroComm) error) []error {
+	n := len(g.members)
+	errs := make([]error, n)
+	nexts := make([]func() (struct{}, bool), n)
+	stops := make([]func(), n)
+	for r, c := range g.members {
+		r, c := r, c
+		seq := iter.Seq[struct{}](func(yield func(struct{}) bool) {
+			c.yield = yield
+			errs[r] = body(r, c)
+			c.exited, c.waiting = true, false
+		})
+		nexts[r], stops[r] = iter.Pull(seq)
+	}
+	defer func() {
+		for _, stop := range stops {
+			stop()
+		}
+	}()
+	for {
+		// Run every live member up to its next collective (or its end).
+		live := 0
+		for r, c := range g.members {
+			if c.exited {
+				continue
+			}
+			if _, ok := nexts[r](); !ok {
+				c.exited = true
+				continue
+			}
+			live++
+		}
+		if live == 0 {
+			return errs
+		}
+		g.complete()
+	}
+}
+
+// complete finishes the collective every live member is waiting in: the
+// result on a match, ErrClosed when some member left, ErrMismatch otherwise.
+func (g *CoroGroup) complete() {
+	first := -1
+	var gone []int
+	for r, c := range g.members {
+		switch {
+		case c.exited || c.closed && !c.waiting:
+			gone = append(gone, r)
+		case first < 0:
+			first = r
+		}
+	}
+	ref := g.members[first].call
+	if len(gone) > 0 {
+		err := &collectiveError{kind: ErrClosed, msg: fmt.Sprintf("collective #%d %s:%s: rank %d left the group before entering it",
+			g.members[first].seq, ref.kind, ref.name, gone[0])}
+		g.fail(err)
+		return
+	}
+	for r, c := range g.members {
+		if err := c.call.mismatch(ref); err != nil {
+			g.fail(&collectiveError{kind: ErrMismatch, msg: fmt.Sprintf("collective #%d: rank %d entered %s:%s, rank %d entered %s:%s (%v)",
+				c.seq, first, ref.kind, ref.name, r, c.call.kind, c.call.name, err)})
+			return
+		}
+	}
+	if g.tracing {
+		g.trace = append(g.trace, TraceEntry{Seq: g.calls, Kind: ref.kind, Name: ref.name})
+	}
+	g.calls++
+	switch ref.kind {
+	case KindAllGather:
+		total := 0
+		for _, c := range g.members {
+			total += len(c.call.data)
+		}
+		buf := make([]byte, 0, total)
+		out := make([][]byte, len(g.members))
+		for r, c := range g.members {
+			start := len(buf)
+			buf = append(buf, c.call.data...)
+			out[r] = buf[start:len(buf):len(buf)]
+		}
+		for _, c := range g.members {
+			c.gathered = out
+		}
+	case KindBroadcast:
+		b := slices.Clone(g.members[ref.root].call.data)
+		for _, c := range g.members {
+			c.bcast = b
+		}
+	case KindAllReduce:
+		out := slices.Clone(g.members[0].call.vals)
+		for _, c := range g.members[1:] {
+			for i, v := range c.call.vals {
+				switch ref.op {
+				case ReduceSum:
+					out[i] += v
+				case ReduceMin:
+					out[i] = min(out[i], v)
+				case ReduceMax:
+					out[i] = max(out[i], v)
+				}
+			}
+		}
+		for _, c := range g.members {
+			c.reduced = out
+		}
+	}
+	for _, c := range g.members {
+		c.waiting, c.call = false, coroCall{}
+	}
+}
+
+// fail ends the pending collective with err on every waiting member.
+func (g *CoroGroup) fail(err error) {
+	for _, c := range g.members {
+		if c.waiting {
+			c.err, c.waiting, c.call = err, false, coroCall{}
+		}
+	}
+}
+
+// mismatch reports how c differs from ref, or nil when they pair.
+func (c coroCall) mismatch(ref coroCall) error {
+	switch {
+	case c.kind != ref.kind || c.name != ref.name:
+		return errors.New("different collectives")
+	case c.kind == KindBroadcast && c.root != ref.root:
+		return fmt.Errorf("roots %d and %d", ref.root, c.root)
+	case c.kind == KindAllReduce && (c.op != ref.op || len(c.vals) != len(ref.vals)):
+		return fmt.Errorf("allreduce %s of %d values and %s of %d values", ref.op, len(ref.vals), c.op, len(c.vals))
+	}
+	return nil
+}
