@@ -10,25 +10,28 @@ import (
 
 // IterRecord is one line of the per-rank iteration log (executor.md §13.2).
 type IterRecord struct {
-	V                  int       `json:"v"`
-	Rank               int       `json:"rank"`
-	DPRank             *int      `json:"dp_rank"`
-	CPRank             *int      `json:"cp_rank"`
-	Iter               int64     `json:"iter"`
-	TSUnixMS           int64     `json:"ts_unix_ms"`
-	HostMS             float64   `json:"host_ms"`
-	DeviceMS           *float64  `json:"device_ms"`
-	WaitMS             float64   `json:"wait_ms"`
-	CanQueue           bool      `json:"can_queue"`
-	ADPDummy           bool      `json:"adp_dummy"`
-	NumCtxRequests     int       `json:"num_ctx_requests"`
-	CtxTokens          int       `json:"ctx_tokens"`
-	CtxRequestIDs      []uint64  `json:"ctx_request_ids"`
-	CtxKVStart         []int     `json:"ctx_kv_start"`
-	CtxChunkTokens     []int     `json:"ctx_chunk_tokens"`
-	CtxCachedKVTokens  int       `json:"ctx_cached_kv_tokens"`
-	NumGenRequests     int       `json:"num_gen_requests"`
-	GenTokens          int       `json:"gen_tokens"`
+	V                 int      `json:"v"`
+	Rank              int      `json:"rank"`
+	DPRank            *int     `json:"dp_rank"`
+	CPRank            *int     `json:"cp_rank"`
+	Iter              int64    `json:"iter"`
+	TSUnixMS          int64    `json:"ts_unix_ms"`
+	HostMS            float64  `json:"host_ms"`
+	DeviceMS          *float64 `json:"device_ms"`
+	WaitMS            float64  `json:"wait_ms"`
+	CanQueue          bool     `json:"can_queue"`
+	ADPDummy          bool     `json:"adp_dummy"`
+	NumCtxRequests    int      `json:"num_ctx_requests"`
+	CtxTokens         int      `json:"ctx_tokens"`
+	CtxRequestIDs     []uint64 `json:"ctx_request_ids"`
+	CtxKVStart        []int    `json:"ctx_kv_start"`
+	CtxChunkTokens    []int    `json:"ctx_chunk_tokens"`
+	CtxCachedKVTokens int      `json:"ctx_cached_kv_tokens"`
+	NumGenRequests    int      `json:"num_gen_requests"`
+	GenTokens         int      `json:"gen_tokens"`
+	// GenKVTokens is Σ over generation requests of the KV they attend to
+	// (prompt + generated so far): the decode attention work of the step.
+	GenKVTokens        int       `json:"gen_kv_tokens"`
 	CostS              float64   `json:"cost_s"`
 	NumPaused          int       `json:"num_paused"`
 	NumRecomputePaused int       `json:"num_recompute_paused"`
@@ -77,6 +80,7 @@ func (e *Executor) newIterRecord(start time.Time, out *scheduler.Output, canQueu
 		if !r.IsDummy {
 			rec.NumGenRequests++
 			rec.GenTokens++
+			rec.GenKVTokens += r.PromptLen + r.Generated
 		}
 	}
 	if m := e.cfg.Scheduler.MaxNumTokens; m != scheduler.Unlimited {
