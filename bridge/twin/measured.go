@@ -89,7 +89,7 @@ func ProfileFromMeasurements(base *Profile, m Measurements) (*Profile, error) {
 		if !(v > 0) || math.IsInf(v, 0) {
 			return fmt.Errorf("measurements: %s must be positive and finite, got %g", field, v)
 		}
-		val := v // an overhead, ms
+		val := v      // an overhead, ms
 		if peak > 0 { // a rate: its fraction of the datasheet peak
 			val = v * scale / peak
 			if val > 1 {
