@@ -312,22 +312,35 @@ func (p *Profile) FleetStepMS(ranks []StepCost) float64 {
 	if d.moeLayers == 0 || d.linear {
 		worst := 0.0
 		for i := range ranks {
-			worst = math.Max(worst, ranks[i].MS())
+			if ms := ranks[i].MS(); ms > worst {
+				worst = ms
+			}
 		}
 		return worst
 	}
-	var fleet, maxTok, lead, layer, tail float64
+	// Plain comparisons rather than math.Max: costs are finite and ≥ 0, and
+	// this loop runs over every rank of every simulated iteration.
+	var fleet, maxTok int
+	var lead, layer, tail float64
 	for i := range ranks {
 		r := &ranks[i]
-		fleet += float64(r.Tokens)
-		maxTok = math.Max(maxTok, float64(r.Tokens))
-		lead = math.Max(lead, r.LeadMS)
-		layer = math.Max(layer, r.MoELayerMS)
-		tail = math.Max(tail, r.TailMS)
+		fleet += r.Tokens
+		if r.Tokens > maxTok {
+			maxTok = r.Tokens
+		}
+		if r.LeadMS > lead {
+			lead = r.LeadMS
+		}
+		if r.MoELayerMS > layer {
+			layer = r.MoELayerMS
+		}
+		if r.TailMS > tail {
+			tail = r.TailMS
+		}
 	}
 	if fleet == 0 {
 		return 0
 	}
-	moe, a2a := d.moeLayer(fleet, maxTok)
+	moe, a2a := d.moeLayer(float64(fleet), float64(maxTok))
 	return lead + (d.moeLayers-1)*layer + tail + d.moeLayers*(moe+a2a)
 }

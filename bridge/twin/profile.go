@@ -238,7 +238,7 @@ func ReadProfile(r io.Reader) (*Profile, error) {
 	var head struct {
 		Version int `json:"version"`
 	}
-	if err := json.Unmarshal(data, &head); err != nil {
+	if err := json.NewDecoder(bytes.NewReader(data)).Decode(&head); err != nil {
 		return nil, fmt.Errorf("not a JSON profile: %w", err)
 	}
 	if head.Version != ProfileVersion {
@@ -357,6 +357,9 @@ func (p *Profile) validateParallelism() error {
 
 // The Coef checks name the field and require a source.
 func (c Coef) check(field string) error {
+	if c == (Coef{}) {
+		return fmt.Errorf("%s is missing: give its value and source", field)
+	}
 	if math.IsNaN(c.Value) || math.IsInf(c.Value, 0) {
 		return fmt.Errorf("%s.value must be finite, got %g", field, c.Value)
 	}
