@@ -12,8 +12,8 @@ import (
 // empty: a datasheet and the figure as printed, a paper and its table, a
 // measurement and its date, or the word "assumption" and the reasoning.
 type Coef struct {
-	Value  float64 `json:"value"`
-	Source string  `json:"source"`
+	Value  float64 `json:"value"`  // in the unit the field's name says
+	Source string  `json:"source"` // where the value comes from
 }
 
 // GPU is one accelerator's peak rates and capacity, per GPU.
@@ -24,6 +24,7 @@ type Coef struct {
 // way), and an all-to-all or ring all-reduce sends and receives at once, so
 // the per-direction rate is what bounds it.
 type GPU struct {
+	// Name is the GPU's name (a built-in's key).
 	Name string `json:"name"`
 	// BF16FLOPS is the dense (not 2:4-sparse) BF16 tensor-core rate, FLOP/s.
 	BF16FLOPS Coef `json:"bf16_flops"`

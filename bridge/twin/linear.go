@@ -14,16 +14,17 @@ import (
 // a decode one with a single new token (a 1-token chunk costs what a decode
 // costs, so it counts as one). All terms are ms per unit and ≥ 0.
 type LinearCoefficients struct {
-	OverheadMS     float64 `json:"overhead_ms"`
-	TokenMS        float64 `json:"token_ms"`
-	CtxAttentionMS float64 `json:"ctx_attention_ms"`
-	DecodeKVMS     float64 `json:"decode_kv_ms"`
-	SeqMS          float64 `json:"seq_ms"`
+	OverheadMS     float64 `json:"overhead_ms"`      // ms per step
+	TokenMS        float64 `json:"token_ms"`         // ms per new token
+	CtxAttentionMS float64 `json:"ctx_attention_ms"` // ms per causal query–key pair of a context chunk
+	DecodeKVMS     float64 `json:"decode_kv_ms"`     // ms per KV token a decode reads
+	SeqMS          float64 `json:"seq_ms"`           // ms per sequence
 }
 
 // LinearTerms are LinearCoefficients with their sources, as a linear
 // profile file holds them.
 type LinearTerms struct {
+	// The terms of LinearCoefficients, each with its source.
 	OverheadMS     Coef `json:"overhead_ms"`
 	TokenMS        Coef `json:"token_ms"`
 	CtxAttentionMS Coef `json:"ctx_attention_ms"`

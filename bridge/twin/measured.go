@@ -29,6 +29,8 @@ import (
 //
 // Rates are achieved throughputs (useful FLOPs or bytes over kernel time);
 // an optional key left out (or 0) keeps the base profile's coefficient.
+//
+// Field units: TFLOPS are 1e12 FLOP/s, GBPS 1e9 bytes/s, MS milliseconds.
 type Measurements struct {
 	Version                int     `json:"version"`
 	GPU                    string  `json:"gpu"`

@@ -13,7 +13,11 @@ import (
 // compressed latent of KVLoraRank + QKRopeHeadDim elements per token and
 // layer. The MLP is dense SwiGLU unless RoutedExperts > 0, which makes every
 // layer after the first DenseLayers a mixture of experts.
+//
+// Field units: counts of layers, heads, experts; widths in elements; element
+// sizes in bytes.
 type Model struct {
+	// Name is the model's name (a built-in's key, or a bridge preset's).
 	Name            string `json:"name"`
 	Layers          int    `json:"num_layers"`
 	Hidden          int    `json:"hidden_size"`

@@ -29,10 +29,13 @@ const (
 // also recomputes the constants StepCost uses; a Profile must not change
 // while engines use it.
 type Profile struct {
-	Version int    `json:"version"`
-	Kind    string `json:"kind"`
+	// Version is the file format, ProfileVersion.
+	Version int `json:"version"`
+	// Kind is KindRoofline or KindLinear.
+	Kind string `json:"kind"`
 	// GPU is set for roofline profiles only.
-	GPU   *GPU  `json:"gpu,omitempty"`
+	GPU *GPU `json:"gpu,omitempty"`
+	// Model is the model's shape and element sizes.
 	Model Model `json:"model"`
 	// Parallelism is the layout of one attention-DP rank (roofline; a
 	// linear profile has tp 1, ep 1).
