@@ -50,6 +50,17 @@ func TestDependencyRules(t *testing.T) {
 				require.False(t, forbidden[d], "%s imports %s: the scheduling core has no I/O, clock, randomness, goroutines or cgo", p, d)
 			}
 		}
+		// The twin engine: standard library and bridge only, and no clock
+		// or randomness (its time is modelled, its tokens a hash).
+		for _, d := range all[module+"/bridge/twin"] {
+			if strings.HasPrefix(d, module+"/") {
+				require.Equal(t, module+"/bridge", d, "bridge/twin may import only bridge, imports %s", d)
+				continue
+			}
+			require.NotContains(t, d, ".", "bridge/twin imports a non-standard package %s", d)
+			require.False(t, d == "time" || d == "math/rand" || d == "math/rand/v2" || d == "C" || d == "unsafe",
+				"bridge/twin imports %s: the twin has no clock, randomness or cgo", d)
+		}
 		for pkg, deps := range all {
 			for _, d := range deps {
 				if d == "C" {

@@ -1,0 +1,248 @@
+package twin
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/lockstep-ai/lockstep/bridge"
+)
+
+// Model is a decoder's shape as the cost model needs it. Attention is GQA
+// (NumKVHeads, HeadDim) unless KVLoraRank > 0, which makes it MLA
+// (multi-head latent attention, DeepSeek-V2/V3): the cache holds one
+// compressed latent of KVLoraRank + QKRopeHeadDim elements per token and
+// layer. The MLP is dense SwiGLU unless RoutedExperts > 0, which makes every
+// layer after the first DenseLayers a mixture of experts.
+//
+// Field units: counts of layers, heads, experts; widths in elements; element
+// sizes in bytes.
+type Model struct {
+	// Name is the model's name (a built-in's key, or a bridge preset's).
+	Name            string `json:"name"`
+	Layers          int    `json:"num_layers"`
+	Hidden          int    `json:"hidden_size"`
+	Heads           int    `json:"num_heads"`
+	KVHeads         int    `json:"num_kv_heads"`      // GQA only; 0 for MLA
+	HeadDim         int    `json:"head_dim"`          // GQA only; 0 for MLA
+	Intermediate    int    `json:"intermediate_size"` // dense SwiGLU layers
+	Vocab           int    `json:"vocab_size"`
+	QLoraRank       int    `json:"q_lora_rank"`      // MLA; 0 = no query compression
+	KVLoraRank      int    `json:"kv_lora_rank"`     // MLA when > 0
+	QKNopeHeadDim   int    `json:"qk_nope_head_dim"` // MLA
+	QKRopeHeadDim   int    `json:"qk_rope_head_dim"` // MLA
+	VHeadDim        int    `json:"v_head_dim"`       // MLA
+	RoutedExperts   int    `json:"routed_experts"`   // MoE when > 0
+	SharedExperts   int    `json:"shared_experts"`   // MoE
+	TopK            int    `json:"top_k"`            // MoE: routed experts per token
+	MoEIntermediate int    `json:"moe_intermediate_size"`
+	DenseLayers     int    `json:"dense_layers"` // MoE: leading layers with a dense MLP
+	// WeightBytes is the element size of the layers' linear weights: 2 for
+	// BF16, 1 for FP8 (whose GEMMs then run at the GPU's FP8 rate).
+	WeightBytes int `json:"weight_bytes"`
+	// EmbeddingBytes is the element size of the embedding and LM head (and
+	// of norm weights), which stay BF16 in FP8 checkpoints.
+	EmbeddingBytes int `json:"embedding_bytes"`
+	// KVBytes is the element size of the KV cache.
+	KVBytes int `json:"kv_bytes"`
+	// Source says where the shape comes from.
+	Source string `json:"source"`
+}
+
+// MLA reports whether attention is multi-head latent attention.
+func (m *Model) MLA() bool { return m.KVLoraRank > 0 }
+
+// MoE reports whether the model has routed experts.
+func (m *Model) MoE() bool { return m.RoutedExperts > 0 }
+
+// MoELayers is the number of mixture-of-experts layers (0 for dense models).
+func (m *Model) MoELayers() int {
+	if !m.MoE() {
+		return 0
+	}
+	return m.Layers - m.DenseLayers
+}
+
+const (
+	srcDeepSeekV3 = "DeepSeek-V3 config.json (huggingface.co/deepseek-ai/DeepSeek-V3) and technical report arXiv:2412.19437: " +
+		"61 layers, hidden 7168, 128 heads, q_lora_rank 1536, kv_lora_rank 512, qk_nope 128, qk_rope 64, v 128, " +
+		"256 routed + 1 shared experts, top-8, moe_intermediate 2048, first_k_dense_replace 3 (intermediate 18432), vocab 129280; " +
+		"weights shipped as FP8 (e4m3, 128x128 block scales, scales not counted), embedding/LM head BF16; KV latent cached in BF16"
+	srcKimiK2 = "Kimi K2 config.json (huggingface.co/moonshotai/Kimi-K2-Instruct): DeepSeek-V3 architecture with " +
+		"64 heads, 384 routed + 1 shared experts, top-8, first_k_dense_replace 1, vocab 163840; FP8 block-quantised weights, BF16 embedding/LM head and KV latent"
+)
+
+// builtinMLAMoE are the MLA + MoE models; the Llama-shaped ones come from
+// bridge.Presets so that they cannot drift from the engines' presets.
+var builtinMLAMoE = map[string]Model{
+	"deepseek-v3": {
+		Name: "deepseek-v3", Layers: 61, Hidden: 7168, Heads: 128, Intermediate: 18432, Vocab: 129280,
+		QLoraRank: 1536, KVLoraRank: 512, QKNopeHeadDim: 128, QKRopeHeadDim: 64, VHeadDim: 128,
+		RoutedExperts: 256, SharedExperts: 1, TopK: 8, MoEIntermediate: 2048, DenseLayers: 3,
+		WeightBytes: 1, EmbeddingBytes: 2, KVBytes: 2, Source: srcDeepSeekV3,
+	},
+	"kimi-k2": {
+		Name: "kimi-k2", Layers: 61, Hidden: 7168, Heads: 64, Intermediate: 18432, Vocab: 163840,
+		QLoraRank: 1536, KVLoraRank: 512, QKNopeHeadDim: 128, QKRopeHeadDim: 64, VHeadDim: 128,
+		RoutedExperts: 384, SharedExperts: 1, TopK: 8, MoEIntermediate: 2048, DenseLayers: 1,
+		WeightBytes: 1, EmbeddingBytes: 2, KVBytes: 2, Source: srcKimiK2,
+	},
+}
+
+// ModelNames lists the built-in models: the MLA/MoE ones and every
+// bridge preset (the Llama-shaped synthetic models, including "tiny").
+func ModelNames() []string {
+	seen := map[string]bool{}
+	for _, n := range bridge.PresetNames() {
+		seen[n] = true
+	}
+	for n := range builtinMLAMoE {
+		seen[n] = true
+	}
+	return sortedKeys(seen)
+}
+
+// BuiltinModel returns a built-in model or an error listing the allowed names.
+func BuiltinModel(name string) (Model, error) {
+	if m, ok := builtinMLAMoE[name]; ok {
+		return m, nil
+	}
+	if s, ok := bridge.Presets[name]; ok {
+		return ModelFromShape(name, s), nil
+	}
+	return Model{}, fmt.Errorf("unknown model %q (allowed: %s)", name, strings.Join(ModelNames(), ", "))
+}
+
+// ModelFromShape turns a Llama-architecture shape (GQA, dense SwiGLU MLP,
+// untied embedding and LM head) into a BF16 model with a BF16 KV cache.
+func ModelFromShape(name string, s bridge.ModelShape) Model {
+	return Model{
+		Name: name, Layers: s.NumLayers, Hidden: s.HiddenSize, Heads: s.NumHeads, KVHeads: s.NumKVHeads,
+		HeadDim: s.HeadDim, Intermediate: s.IntermediateSize, Vocab: s.VocabSize,
+		WeightBytes: 2, EmbeddingBytes: 2, KVBytes: 2,
+		Source: fmt.Sprintf("bridge.Presets[%q] (Llama architecture: GQA, SwiGLU, untied LM head); BF16 weights and KV cache", name),
+	}
+}
+
+// Shape is the bridge shape the engine reports. GQA models report their own
+// shape. MLA models report the closest GQA-equivalent: the real layer count,
+// hidden size, head count and vocabulary; HeadDim = hidden/heads (so the
+// shape validates); NumKVHeads = the divisor of the head count whose K+V
+// width 2·kv_heads·head_dim is nearest the latent width kv_lora_rank +
+// qk_rope_head_dim; IntermediateSize = the dense layers' width (equal to
+// (top_k + shared)·moe_intermediate for DeepSeek-V3 and Kimi K2). Its
+// KVBytesPerToken is therefore NOT the MLA cache size: size pools with
+// Profile.PoolPages / Profile.KVBytesPerToken.
+func (m *Model) Shape() bridge.ModelShape {
+	s := bridge.ModelShape{NumLayers: m.Layers, HiddenSize: m.Hidden, NumHeads: m.Heads, NumKVHeads: m.KVHeads,
+		HeadDim: m.HeadDim, IntermediateSize: m.Intermediate, VocabSize: m.Vocab, RopeTheta: 500000, RMSEps: 1e-5}
+	if !m.MLA() {
+		// A preset's own RoPE and norm constants when the geometry is the preset's.
+		if p, ok := bridge.Presets[m.Name]; ok {
+			q := p
+			q.RopeTheta, q.RMSEps = s.RopeTheta, s.RMSEps
+			if q == s {
+				return p
+			}
+		}
+		return s
+	}
+	s.HeadDim = m.Hidden / m.Heads
+	s.RopeTheta, s.RMSEps = 10000, 1e-6
+	latent := m.KVLoraRank + m.QKRopeHeadDim
+	best := 1
+	for kv := 1; kv <= m.Heads; kv++ {
+		if m.Heads%kv == 0 && abs(2*kv*s.HeadDim-latent) < abs(2*best*s.HeadDim-latent) {
+			best = kv
+		}
+	}
+	s.NumKVHeads = best
+	return s
+}
+
+func abs(x int) int {
+	if x < 0 {
+		return -x
+	}
+	return x
+}
+
+// validate checks the shape; the error names the JSON field.
+func (m *Model) validate() error {
+	pos := func(field string, v int) error {
+		if v <= 0 {
+			return fmt.Errorf("model.%s must be positive, got %d", field, v)
+		}
+		return nil
+	}
+	zero := func(field string, v int, why string) error {
+		if v != 0 {
+			return fmt.Errorf("model.%s must be 0 %s, got %d", field, why, v)
+		}
+		return nil
+	}
+	elem := func(field string, v int) error {
+		if v != 1 && v != 2 {
+			return fmt.Errorf("model.%s must be 1 (FP8) or 2 (BF16), got %d", field, v)
+		}
+		return nil
+	}
+	if m.Name == "" {
+		return fmt.Errorf("model.name is empty")
+	}
+	if m.Source == "" {
+		return fmt.Errorf("model.source is empty: say where the shape comes from")
+	}
+	checks := []error{
+		pos("num_layers", m.Layers), pos("hidden_size", m.Hidden), pos("num_heads", m.Heads),
+		pos("vocab_size", m.Vocab), elem("weight_bytes", m.WeightBytes),
+		elem("embedding_bytes", m.EmbeddingBytes), elem("kv_bytes", m.KVBytes),
+	}
+	if m.MLA() {
+		const why = "for an MLA model (kv_lora_rank > 0)"
+		checks = append(checks, zero("num_kv_heads", m.KVHeads, why), zero("head_dim", m.HeadDim, why),
+			pos("qk_nope_head_dim", m.QKNopeHeadDim), pos("qk_rope_head_dim", m.QKRopeHeadDim),
+			pos("v_head_dim", m.VHeadDim))
+		if m.QLoraRank < 0 {
+			checks = append(checks, fmt.Errorf("model.q_lora_rank must not be negative, got %d", m.QLoraRank))
+		}
+		if m.Hidden%m.Heads != 0 || (m.Hidden/m.Heads)%2 != 0 {
+			checks = append(checks, fmt.Errorf("model.hidden_size %d must be an even multiple of num_heads %d (for the GQA-equivalent shape)", m.Hidden, m.Heads))
+		}
+	} else {
+		const why = "for a GQA model (kv_lora_rank 0)"
+		checks = append(checks, pos("num_kv_heads", m.KVHeads), pos("head_dim", m.HeadDim),
+			zero("q_lora_rank", m.QLoraRank, why), zero("qk_nope_head_dim", m.QKNopeHeadDim, why),
+			zero("qk_rope_head_dim", m.QKRopeHeadDim, why), zero("v_head_dim", m.VHeadDim, why))
+		if m.KVHeads > 0 && m.Heads%m.KVHeads != 0 {
+			checks = append(checks, fmt.Errorf("model.num_kv_heads %d must divide num_heads %d", m.KVHeads, m.Heads))
+		}
+	}
+	if m.MoE() {
+		checks = append(checks, pos("top_k", m.TopK), pos("moe_intermediate_size", m.MoEIntermediate))
+		switch {
+		case m.TopK > m.RoutedExperts:
+			checks = append(checks, fmt.Errorf("model.top_k %d exceeds routed_experts %d", m.TopK, m.RoutedExperts))
+		case m.SharedExperts < 0:
+			checks = append(checks, fmt.Errorf("model.shared_experts must not be negative, got %d", m.SharedExperts))
+		case m.DenseLayers < 0 || m.DenseLayers >= m.Layers:
+			checks = append(checks, fmt.Errorf("model.dense_layers must be in [0, num_layers %d), got %d", m.Layers, m.DenseLayers))
+		}
+		if m.DenseLayers > 0 {
+			checks = append(checks, pos("intermediate_size", m.Intermediate))
+		}
+	} else {
+		const why = "for a dense model (routed_experts 0)"
+		checks = append(checks, pos("intermediate_size", m.Intermediate),
+			zero("shared_experts", m.SharedExperts, why), zero("top_k", m.TopK, why),
+			zero("moe_intermediate_size", m.MoEIntermediate, why), zero("dense_layers", m.DenseLayers, why))
+		if m.RoutedExperts < 0 {
+			checks = append(checks, fmt.Errorf("model.routed_experts must not be negative, got %d", m.RoutedExperts))
+		}
+	}
+	for _, err := range checks {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -1,0 +1,403 @@
+package twin
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"strings"
+)
+
+// ProfileVersion is the profile file format this package reads and writes.
+const ProfileVersion = 1
+
+// Profile kinds.
+const (
+	// KindRoofline models a GPU: per-op rooflines of the GPU's peak rates
+	// scaled by achieved-fraction coefficients.
+	KindRoofline = "roofline"
+	// KindLinear models an engine whose step time is not a GPU roofline
+	// (the CPU engine): a linear function fitted to its iteration logs.
+	KindLinear = "linear"
+)
+
+// Profile is a cost profile: one model on one GPU (roofline) or one fitted
+// engine (linear), with every coefficient and its source. It is the content
+// of a --cost-profile file. After changing any field call Validate, which
+// also recomputes the constants StepCost uses; a Profile must not change
+// while engines use it.
+type Profile struct {
+	// Version is the file format, ProfileVersion.
+	Version int `json:"version"`
+	// Kind is KindRoofline or KindLinear.
+	Kind string `json:"kind"`
+	// GPU is set for roofline profiles only.
+	GPU *GPU `json:"gpu,omitempty"`
+	// Model is the model's shape and element sizes.
+	Model Model `json:"model"`
+	// Parallelism is the layout of one attention-DP rank (roofline; a
+	// linear profile has tp 1, ep 1).
+	Parallelism Parallelism `json:"parallelism"`
+	// Roofline holds the efficiencies, overheads and memory reserve of a
+	// roofline profile.
+	Roofline *RooflineCoefficients `json:"roofline,omitempty"`
+	// Linear holds the terms of a linear profile.
+	Linear *LinearTerms `json:"linear,omitempty"`
+	// HostOverheadMS is the modelled host time of one iteration (scheduler,
+	// executor, the cgo call): not part of a step's device time. The
+	// virtual clock adds it to the device time when host and device work
+	// do not overlap, and takes the larger of the two when they do.
+	HostOverheadMS Coef `json:"host_overhead_ms"`
+
+	d     derived // constants for StepCost, rebuilt by Validate
+	ready bool
+}
+
+// Parallelism is how one attention-DP rank maps onto GPUs.
+type Parallelism struct {
+	// TP is the tensor-parallel degree of a rank: its attention heads,
+	// dense weights, embedding and LM head are split over TP GPUs, with an
+	// all-reduce over NVLink after attention and after a dense MLP.
+	TP int `json:"tp"`
+	// EP is the number of GPUs the routed experts are spread over (MoE
+	// models; normally ranks × TP, see WithRanks). Must be 1 for dense
+	// models.
+	EP int `json:"ep"`
+}
+
+// RooflineCoefficients are the achieved fractions of peak, the fixed
+// overheads and the memory reserve of a roofline profile.
+type RooflineCoefficients struct {
+	// GEMMEfficiency: achieved fraction of the tensor-core peak (BF16, or
+	// FP8 for FP8 weights) of the model's GEMMs when compute-bound.
+	GEMMEfficiency Coef `json:"gemm_efficiency"`
+	// GEMMBandwidthEfficiency: achieved fraction of HBM bandwidth when a
+	// GEMM is bound by reading its weights (decode-sized batches).
+	GEMMBandwidthEfficiency Coef `json:"gemm_bandwidth_efficiency"`
+	// PrefillAttentionEfficiency: achieved fraction of the BF16 peak of
+	// attention when compute-bound (context chunks; MLA's absorbed decode).
+	PrefillAttentionEfficiency Coef `json:"prefill_attention_efficiency"`
+	// DecodeAttentionEfficiency: achieved fraction of HBM bandwidth of
+	// attention when bound by reading the KV cache.
+	DecodeAttentionEfficiency Coef `json:"decode_attention_efficiency"`
+	// ElementwiseEfficiency: achieved fraction of HBM bandwidth of norms,
+	// RoPE, activations, residual adds and the KV-cache append.
+	ElementwiseEfficiency Coef `json:"elementwise_efficiency"`
+	// CommEfficiency: achieved fraction of the per-direction NVLink
+	// bandwidth of all-reduce and all-to-all.
+	CommEfficiency Coef `json:"comm_efficiency"`
+	// CommLatencyMS: fixed cost of one collective, ms.
+	CommLatencyMS Coef `json:"comm_latency_ms"`
+	// StepOverheadMS: fixed device-side cost of a step outside the layers
+	// (input upload, sampling, result download), ms.
+	StepOverheadMS Coef `json:"step_overhead_ms"`
+	// LayerOverheadMS: kernel-launch gaps of one layer in a step that is
+	// not a CUDA graph (any step with a context chunk), ms.
+	LayerOverheadMS Coef `json:"layer_overhead_ms"`
+	// GraphLayerOverheadMS: the same for a pure-decode step, which runs as
+	// a CUDA graph, ms.
+	GraphLayerOverheadMS Coef `json:"graph_layer_overhead_ms"`
+	// ReserveBytes: memory per GPU kept for the CUDA context, workspaces
+	// and communication buffers, bytes.
+	ReserveBytes Coef `json:"reserve_bytes"`
+	// ReserveFraction: share of what is left after weights and
+	// ReserveBytes that the KV pool leaves free (activations, allocator).
+	ReserveFraction Coef `json:"reserve_fraction"`
+}
+
+// defaultRoofline are the built-in coefficients, the same for every GPU:
+// they were measured on Hopper (and cuBLAS on B200) and are assumed for
+// Blackwell until a measured profile replaces them.
+func defaultRoofline() RooflineCoefficients {
+	return RooflineCoefficients{
+		GEMMEfficiency: Coef{0.70, "cuBLAS BF16 large GEMMs: B200 1,532-1,652 TFLOP/s at M,N,K 4096-8192 " +
+			"(pyptx.dev/performance, cuBLAS column) = 68-73% of 2,250 dense; H100 SXM commonly ~700 TFLOP/s at 8192^3 " +
+			"= ~70% of 989.5. 0.70 chosen; FP8 block-scaled GEMMs (DeepGEMM) assumed to reach the same fraction of the FP8 peak"},
+		GEMMBandwidthEfficiency: Coef{0.80, "assumption: decode-sized (skinny) GEMMs stream weights at ~80% of HBM bandwidth, " +
+			"the order memory-bound kernels reach (FlashMLA README, github.com/deepseek-ai/FlashMLA: up to 3,000 GB/s on H800 SXM5 " +
+			"of its 3,350 GB/s in the memory-bound configuration)"},
+		PrefillAttentionEfficiency: Coef{0.65, "FlashAttention-3 (Shah et al., arXiv:2407.08608): BF16 forward 'up to 740 TFLOPs/s " +
+			"(75% utilization)' on H100 SXM5 at long sequences; causal masks and the 512-2k token chunks of chunked prefill run " +
+			"lower, so 0.65 chosen; FlashMLA's compute-bound MLA decode reaches 660 TFLOP/s on H800 (67%, FlashMLA README)"},
+		DecodeAttentionEfficiency: Coef{0.75, "paged decode attention is HBM-bound: FlashMLA reaches up to 3,000 of H800's " +
+			"3,350 GB/s (90%) memory-bound (FlashMLA README); paged GQA decode (FlashInfer, Flash-Decoding) is commonly " +
+			"reported at 70-85% of bandwidth at long KV, less at short KV; 0.75 chosen"},
+		ElementwiseEfficiency: Coef{0.80, "assumption: fused RMSNorm/residual/RoPE/SiLU kernels reach ~80% of HBM bandwidth, " +
+			"as memory-bound kernels commonly do (see decode_attention_efficiency)"},
+		CommEfficiency: Coef{0.75, "DeepEP (github.com/deepseek-ai/DeepEP docs/legacy.md): intranode EP8 dispatch 153 GB/s, " +
+			"combine 158 GB/s on H800, whose NVLink is 400 GB/s both ways = 200 GB/s per direction (77-79%); DeepEP V2 README: " +
+			"726/740 GB/s on SM100 EP8 of 900 GB/s per direction (81-82%); 0.75 chosen for NCCL-class collectives"},
+		CommLatencyMS: Coef{0.015, "assumption: ~15 us fixed cost per NVLink collective (launch and synchronisation), " +
+			"the order of small-message NCCL latency inside one NVSwitch node"},
+		StepOverheadMS: Coef{0.10, "assumption: fixed per-step device work outside the layers (input, position and " +
+			"block-table upload, sampling, result download and sync) ~0.1 ms; replace with a measured profile"},
+		LayerOverheadMS: Coef{0.020, "assumption: ~10 kernels per layer x ~2 us launch gap each without CUDA graphs " +
+			"(launch cost is not hidden when kernels are short)"},
+		GraphLayerOverheadMS: Coef{0.008, "assumption: pure-decode steps replay a CUDA graph (as vLLM, SGLang and " +
+			"TensorRT-LLM do), leaving ~10 kernels x ~0.8 us of inter-kernel gap per layer"},
+		ReserveBytes: Coef{2e9, "assumption: 2 GB per GPU for the CUDA context, cuBLAS and attention workspaces and NCCL buffers"},
+		ReserveFraction: Coef{0.10, "the CUDA engine's default --gpu-mem-fraction 0.9 (cmd/worker): 10% of the memory " +
+			"left after weights and reserve_bytes stays free for activations and allocator headroom"},
+	}
+}
+
+// defaultHostOverhead is the built-in host time of one iteration.
+func defaultHostOverhead() Coef {
+	return Coef{0.20, "assumption: Go scheduler, executor and one cgo call per iteration ~0.2 ms on a server CPU; " +
+		"replace with the host_ms of an iteration log"}
+}
+
+// BuiltinProfile is the roofline profile of a built-in model on a built-in
+// GPU. A zero TP means 1; a zero EP means 1 for dense models and 8 (one
+// 8-GPU node) for MoE models; use WithRanks to spread experts over a fleet.
+func BuiltinProfile(gpu, model string, par Parallelism) (*Profile, error) {
+	g, err := BuiltinGPU(gpu)
+	if err != nil {
+		return nil, err
+	}
+	m, err := BuiltinModel(model)
+	if err != nil {
+		return nil, err
+	}
+	if par.TP == 0 {
+		par.TP = 1
+	}
+	if par.EP == 0 {
+		par.EP = 1
+		if m.MoE() {
+			par.EP = 8
+		}
+	}
+	rc := defaultRoofline()
+	p := &Profile{Version: ProfileVersion, Kind: KindRoofline, GPU: &g, Model: m, Parallelism: par,
+		Roofline: &rc, HostOverheadMS: defaultHostOverhead()}
+	if err := p.Validate(); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// WithRanks returns a copy of p for a fleet of ranks attention-DP ranks: an
+// MoE model's experts are spread over ranks × TP GPUs (EP). Dense and linear
+// profiles are returned as validated copies.
+func (p *Profile) WithRanks(ranks int) (*Profile, error) {
+	if ranks < 1 {
+		return nil, fmt.Errorf("ranks must be at least 1, got %d", ranks)
+	}
+	q := p.clone()
+	if q.Kind == KindRoofline && q.Model.MoE() {
+		q.Parallelism.EP = ranks * q.Parallelism.TP
+	}
+	if err := q.Validate(); err != nil {
+		return nil, fmt.Errorf("%d ranks: %w", ranks, err)
+	}
+	return q, nil
+}
+
+// clone copies p, including what its pointers hold.
+func (p *Profile) clone() *Profile {
+	q := *p
+	if p.GPU != nil {
+		g := *p.GPU
+		q.GPU = &g
+	}
+	if p.Roofline != nil {
+		r := *p.Roofline
+		q.Roofline = &r
+	}
+	if p.Linear != nil {
+		l := *p.Linear
+		q.Linear = &l
+	}
+	q.ready = false
+	return &q
+}
+
+// LoadProfile reads and validates a profile file.
+func LoadProfile(path string) (*Profile, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("cost profile: %w", err)
+	}
+	defer f.Close()
+	p, err := ReadProfile(f)
+	if err != nil {
+		return nil, fmt.Errorf("cost profile %s: %w", path, err)
+	}
+	return p, nil
+}
+
+// ReadProfile decodes and validates a profile. Decoding is strict: unknown
+// fields, trailing data and a version other than ProfileVersion are errors.
+func ReadProfile(r io.Reader) (*Profile, error) {
+	data, err := io.ReadAll(r)
+	if err != nil {
+		return nil, err
+	}
+	// The version first, leniently, so that a newer file is refused for
+	// its version rather than for a field this build does not know.
+	var head struct {
+		Version int `json:"version"`
+	}
+	if err := json.NewDecoder(bytes.NewReader(data)).Decode(&head); err != nil {
+		return nil, fmt.Errorf("not a JSON profile: %w", err)
+	}
+	if head.Version != ProfileVersion {
+		return nil, fmt.Errorf("version must be %d, got %d", ProfileVersion, head.Version)
+	}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	var p Profile
+	if err := dec.Decode(&p); err != nil {
+		return nil, err
+	}
+	if dec.More() {
+		return nil, fmt.Errorf("trailing data after the profile object")
+	}
+	if err := p.Validate(); err != nil {
+		return nil, err
+	}
+	return &p, nil
+}
+
+// WriteJSON writes the profile as indented JSON (the file format).
+func (p *Profile) WriteJSON(w io.Writer) error {
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false)
+	enc.SetIndent("", "  ")
+	return enc.Encode(p)
+}
+
+// Validate checks every field (the error names it) and rebuilds the
+// constants StepCost uses.
+func (p *Profile) Validate() error {
+	p.ready = false
+	if p.Version != ProfileVersion {
+		return fmt.Errorf("version must be %d, got %d", ProfileVersion, p.Version)
+	}
+	if err := p.Model.validate(); err != nil {
+		return err
+	}
+	if err := p.HostOverheadMS.nonNegative("host_overhead_ms"); err != nil {
+		return err
+	}
+	switch p.Kind {
+	case KindRoofline:
+		if err := p.validateRoofline(); err != nil {
+			return err
+		}
+	case KindLinear:
+		if err := p.validateLinear(); err != nil {
+			return err
+		}
+	default:
+		return fmt.Errorf("kind must be %q or %q, got %q", KindRoofline, KindLinear, p.Kind)
+	}
+	p.d = derive(p)
+	p.ready = true
+	return nil
+}
+
+func (p *Profile) validateRoofline() error {
+	switch {
+	case p.GPU == nil:
+		return fmt.Errorf("gpu is missing (a roofline profile needs one)")
+	case p.Roofline == nil:
+		return fmt.Errorf("roofline is missing (a roofline profile needs its coefficients)")
+	case p.Linear != nil:
+		return fmt.Errorf("linear must be absent in a roofline profile")
+	}
+	if err := p.GPU.validate(); err != nil {
+		return err
+	}
+	if err := p.validateParallelism(); err != nil {
+		return err
+	}
+	r := p.Roofline
+	checks := []error{
+		r.GEMMEfficiency.fraction("roofline.gemm_efficiency"),
+		r.GEMMBandwidthEfficiency.fraction("roofline.gemm_bandwidth_efficiency"),
+		r.PrefillAttentionEfficiency.fraction("roofline.prefill_attention_efficiency"),
+		r.DecodeAttentionEfficiency.fraction("roofline.decode_attention_efficiency"),
+		r.ElementwiseEfficiency.fraction("roofline.elementwise_efficiency"),
+		r.CommEfficiency.fraction("roofline.comm_efficiency"),
+		r.CommLatencyMS.nonNegative("roofline.comm_latency_ms"),
+		r.StepOverheadMS.nonNegative("roofline.step_overhead_ms"),
+		r.LayerOverheadMS.nonNegative("roofline.layer_overhead_ms"),
+		r.GraphLayerOverheadMS.nonNegative("roofline.graph_layer_overhead_ms"),
+		r.ReserveBytes.nonNegative("roofline.reserve_bytes"),
+		r.ReserveFraction.nonNegative("roofline.reserve_fraction"),
+	}
+	if r.ReserveFraction.Value >= 1 {
+		checks = append(checks, fmt.Errorf("roofline.reserve_fraction.value must be below 1, got %g", r.ReserveFraction.Value))
+	}
+	for _, err := range checks {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (p *Profile) validateParallelism() error {
+	tp, ep, m := p.Parallelism.TP, p.Parallelism.EP, &p.Model
+	switch {
+	case tp < 1:
+		return fmt.Errorf("parallelism.tp must be at least 1, got %d", tp)
+	case m.Heads%tp != 0:
+		return fmt.Errorf("parallelism.tp %d must divide num_heads %d", tp, m.Heads)
+	case !m.MLA() && m.KVHeads%tp != 0 && tp%m.KVHeads != 0:
+		return fmt.Errorf("parallelism.tp %d must divide num_kv_heads %d or be a multiple of it", tp, m.KVHeads)
+	case !m.MoE() && ep != 1:
+		return fmt.Errorf("parallelism.ep must be 1 for a dense model, got %d", ep)
+	case m.MoE() && (ep < 1 || ep > m.RoutedExperts):
+		return fmt.Errorf("parallelism.ep must be in [1, routed_experts %d], got %d", m.RoutedExperts, ep)
+	}
+	return nil
+}
+
+// The Coef checks name the field and require a source.
+func (c Coef) check(field string) error {
+	if c == (Coef{}) {
+		return fmt.Errorf("%s is missing: give its value and source", field)
+	}
+	if math.IsNaN(c.Value) || math.IsInf(c.Value, 0) {
+		return fmt.Errorf("%s.value must be finite, got %g", field, c.Value)
+	}
+	if strings.TrimSpace(c.Source) == "" {
+		return fmt.Errorf("%s.source is empty: say where the figure comes from", field)
+	}
+	return nil
+}
+
+func (c Coef) positive(field string) error {
+	if err := c.check(field); err != nil {
+		return err
+	}
+	if c.Value <= 0 {
+		return fmt.Errorf("%s.value must be positive, got %g", field, c.Value)
+	}
+	return nil
+}
+
+func (c Coef) nonNegative(field string) error {
+	if err := c.check(field); err != nil {
+		return err
+	}
+	if c.Value < 0 {
+		return fmt.Errorf("%s.value must not be negative, got %g", field, c.Value)
+	}
+	return nil
+}
+
+func (c Coef) fraction(field string) error {
+	if err := c.check(field); err != nil {
+		return err
+	}
+	if !(c.Value > 0 && c.Value <= 1) {
+		return fmt.Errorf("%s.value must be in (0, 1] (a fraction of the peak), got %g", field, c.Value)
+	}
+	return nil
+}
