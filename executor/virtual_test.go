@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/lockstep-ai/lockstep/bridge"
+	"github.com/lockstep-ai/lockstep/bridge/twin"
 	"github.com/lockstep-ai/lockstep/workload"
 )
 
@@ -143,3 +144,6 @@ func TestVirtualClockRanksAgree(t *testing.T) {
 		require.Equal(t, int(g.ranks[0].res.ForwardIterations), steps)
 	}
 }
+
+// The twin engine is the production StepCoster.
+var _ StepCoster = (*twin.Engine)(nil)

@@ -27,6 +27,10 @@ type Engine struct {
 
 	works []Work   // reused per step
 	last  StepCost // of the step most recently returned by Step or Wait
+	// launched is the cost of the step most recently launched (Step or
+	// Submit): what the virtual clock agrees on (virtual.go).
+	launched StepCost
+	fleet    []StepCost // reused by FleetStepMS
 	// writer[page] is 1 + the sequence writing page in the step being
 	// validated (0: none); touched lists the pages to reset. Allocated at
 	// the first step.
@@ -114,7 +118,7 @@ func (e *Engine) Step(desc *bridge.StepDesc, res *bridge.StepResult) error {
 	if err != nil {
 		return err
 	}
-	e.last = cost
+	e.last, e.launched = cost, cost
 	return nil
 }
 
@@ -135,6 +139,7 @@ func (e *Engine) Submit(desc *bridge.StepDesc) error {
 		return err
 	}
 	slot.cost = cost
+	e.launched = cost
 	e.n++
 	return nil
 }

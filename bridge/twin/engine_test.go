@@ -290,3 +290,4 @@ func TestCallOrderAndLifecycle(t *testing.T) {
 		t.Errorf("validate-only step: %v", err)
 	}
 }
+
