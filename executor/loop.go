@@ -539,7 +539,10 @@ func (e *Executor) fetchArrivals(now time.Time) ([]Arrival, error) {
 // billions of tokens costs nothing and a length that does not fit the
 // 32-bit wire format never reaches it.
 func (e *Executor) screenArrivals(items []Arrival, now time.Time) []Arrival {
-	kept := items[:0]
+	if len(items) == 0 {
+		return nil
+	}
+	kept := make([]Arrival, 0, len(items)) // the source may keep its slice: never write to it
 	for _, a := range items {
 		if reason := e.adm.NeverFits(a.promptLen(), a.MaxNewTokens); reason != "" {
 			e.pending = append(e.pending, Response{ID: a.ID, Rank: NoRank, ArrivalUnixNS: a.ArrivalUnixNS,

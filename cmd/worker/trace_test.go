@@ -315,3 +315,49 @@ func TestTraceAttentionDPRankPinning(t *testing.T) {
 	require.Equal(t, 1, code, stderr)
 	require.Contains(t, stderr, `t.jsonl:2: field "attention_dp_rank": rank 2 is out of range: the run has 2 attention-DP ranks (allowed: 0 to 1)`)
 }
+
+// The up-front check and the ranks apply the same rule (executor.Admission)
+// to the same configuration: at the boundary a request that fits runs, and
+// one token more is refused before any rank starts.
+func TestUpFrontCheckMatchesTheRanks(t *testing.T) {
+	cases := []struct {
+		name          string
+		args          []string
+		input, output int
+		want          string // "" = served
+	}{
+		{"pool exactly", nil, 60, 4, ""},
+		{"pool + 1", nil, 61, 4, "prompt 61 + max_new_tokens 4 = 65 tokens can never fit the KV pool of 64 tokens (4 pages × 16)"},
+		{"max_seq_len", []string{"--max-seq-len", "40"}, 40, 1, "prompt of 40 tokens + 1 exceeds max_seq_len 40"},
+		{"max_seq_len exactly", []string{"--max-seq-len", "40"}, 39, 1, ""},
+		{"guaranteed no evict", []string{"--policy", "guaranteed_no_evict", "--tokens-per-page", "10", "--pages", "6"}, 55, 6,
+			"needs 7 pages to completion, the pool has 6"},
+		{"chunking off", []string{"--chunked-prefill=false", "--max-num-tokens", "32"}, 33, 1,
+			"prompt of 33 tokens exceeds max_num_tokens 32 and chunked prefill is off"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			trace := writeTrace(t, traceLine(0, c.input, c.output, ""))
+			args := append([]string{"run", "--engine", "fake", "--ranks", "2", "--pages", "4", "--tokens-per-page", "16",
+				"--trace", trace, "--arrival-scale", "0", "--report", "json", "--progress", "off"}, c.args...)
+			code, stdout, stderr := runCode(args...)
+			if c.want == "" {
+				require.Equal(t, 0, code, stderr)
+				require.Contains(t, stdout, `"completed": 1`)
+				return
+			}
+			require.Equal(t, 1, code, stderr)
+			require.Contains(t, stderr, "none of the 1 requests can ever be served")
+			require.Contains(t, stderr, "t.jsonl:1: "+c.want)
+			// Beside a request that fits, the ranks reject it with the same reason.
+			args[10] = writeTrace(t, traceLine(0, 8, 1, ""), traceLine(0, c.input, c.output, "")) // after --trace
+			code, stdout, stderr = runCode(args...)
+			require.Equal(t, 0, code, stderr)
+			var rep report
+			require.NoError(t, json.Unmarshal([]byte(stdout), &rep), stdout)
+			require.Equal(t, 1, rep.Requests.Completed)
+			require.Len(t, rep.Rejections, 1)
+			require.Equal(t, c.want, rep.Rejections[0].Reason)
+		})
+	}
+}
