@@ -162,7 +162,7 @@ func TestReadRoutingFields(t *testing.T) {
 		{`, "attention_dp_rank": 0, "attention_dp_relax": false`, 4, Routing{HasRank: true, Strict: true}, ""},
 		{`, "attention_dp_rank": 2, "attention_dp_relax": true`, 4, Routing{HasRank: true, Rank: 2}, ""},
 		{`, "attention_dp_rank": 7`, 0, Routing{HasRank: true, Rank: 7}, ""}, // ranks unknown: unchecked
-		{`, "attention_dp_relax": false`, 4, Routing{Strict: true}, ""},     // strict without a rank: sorts first (spec §1.6)
+		{`, "attention_dp_relax": false`, 4, Routing{Strict: true}, ""},      // strict without a rank: sorts first (spec §1.6)
 		{`, "attention_dp_rank": 4`, 4, Routing{},
 			`t.jsonl:1: field "attention_dp_rank": rank 4 is out of range: the run has 4 attention-DP ranks (allowed: 0 to 3)`},
 		{`, "attention_dp_rank": -1`, 4, Routing{}, `t.jsonl:1: field "attention_dp_rank" must be a whole number in [0, 2147483647], got -1`},
