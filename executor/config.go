@@ -68,7 +68,8 @@ type Config struct {
 	Rank, Ranks int
 	// Scheduler is the scheduler configuration (arrival validation reads it).
 	Scheduler scheduler.Config
-	// MaxSeqLen bounds prompt + 1 (arrival validation); 0 = pool tokens.
+	// MaxSeqLen bounds prompt + 1 (arrival validation); 0 = unset: the KV
+	// pool bounds the whole sequence instead.
 	MaxSeqLen int
 	// Helix makes the ranks one aggregated-Helix CP group (Ranks = cp):
 	// every rank takes every request and schedules identically; attention

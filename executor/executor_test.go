@@ -125,7 +125,7 @@ func TestIterationLogRecords(t *testing.T) {
 	}
 	prompt := 0
 	for _, r := range reqs {
-		prompt += len(r.Prompt)
+		prompt += r.Len()
 	}
 	require.Equal(t, prompt, ctxTokens, "every prompt token is prefilled exactly once without preemption")
 }

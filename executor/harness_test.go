@@ -84,7 +84,7 @@ func (f *fleet) run(t testing.TB) {
 	f.comms = nccl.NewLocalGroup(f.ranks, nccl.LocalOptions{Timeout: 20 * time.Second})
 	source := f.source
 	if source == nil {
-		source = NewTraceSource(f.reqs, time.Now(), 0)
+		source = NewTraceSource(f.reqs, time.Now())
 	}
 	f.eventLog = &recordingWriter{}
 	f.execs = make([]*Executor, f.ranks)

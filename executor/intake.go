@@ -3,6 +3,7 @@ package executor
 import (
 	"encoding/binary"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/lockstep-ai/lockstep/workload"
@@ -14,7 +15,27 @@ type Arrival struct {
 	ArrivalUnixNS  int64  // when the request arrived (wall clock)
 	MaxNewTokens   int
 	ConversationID string
-	Prompt         []int32
+	// Routing is the optional attention-DP routing (affinity id, target
+	// rank, strictness); every rank routes with it, so it is broadcast.
+	Routing workload.Routing
+	// Prompt is the prompt's tokens. A source may leave it nil and set
+	// PromptLen and Synthesize instead: rank 0 then checks the lengths
+	// (Admission) and calls Synthesize only for a request that can be
+	// served, so a request too long to serve never has its tokens made.
+	Prompt []int32
+	// PromptLen is the prompt length when Prompt is nil (ignored otherwise).
+	PromptLen int
+	// Synthesize returns the PromptLen tokens of a lazy prompt. It runs on
+	// rank 0 only and never crosses the wire (the broadcast carries Prompt).
+	Synthesize func() []int32
+}
+
+// promptLen is the prompt length, whether the tokens exist yet or not.
+func (a *Arrival) promptLen() int {
+	if a.Prompt != nil || a.Synthesize == nil {
+		return len(a.Prompt)
+	}
+	return a.PromptLen
 }
 
 // Source hands rank 0 the requests that have arrived. Implementations are
@@ -30,36 +51,41 @@ type Source interface {
 	Total() int
 }
 
-// TraceSource replays trace requests at their timestamps: request i arrives
-// at start + ArrivalMS·scale. scale 0 makes every request arrive at once.
+// TraceSource replays trace requests at their arrival times: request i
+// arrives at start + reqs[i].Arrival (the workload package has scaled and
+// bounded it). Prompts are lazy: a request's tokens are synthesised only
+// once rank 0 has found that it can be served.
 type TraceSource struct {
 	reqs  []workload.Request
 	start time.Time
-	scale float64
 	next  int
 }
 
 // NewTraceSource starts the replay clock at start.
-func NewTraceSource(reqs []workload.Request, start time.Time, scale float64) *TraceSource {
-	return &TraceSource{reqs: reqs, start: start, scale: scale}
+func NewTraceSource(reqs []workload.Request, start time.Time) *TraceSource {
+	return &TraceSource{reqs: reqs, start: start}
 }
 
-func (s *TraceSource) at(i int) time.Time {
-	return s.start.Add(time.Duration(float64(s.reqs[i].ArrivalMS) * s.scale * float64(time.Millisecond)))
-}
+func (s *TraceSource) at(i int) time.Time { return s.start.Add(s.reqs[i].Arrival) }
 
 // Due implements Source.
 func (s *TraceSource) Due(now time.Time) []Arrival {
 	var out []Arrival
 	for s.next < len(s.reqs) && !s.at(s.next).After(now) {
-		r := s.reqs[s.next]
-		out = append(out, Arrival{
+		r := &s.reqs[s.next]
+		a := Arrival{
 			ID:             uint64(r.Index),
 			ArrivalUnixNS:  s.at(s.next).UnixNano(),
 			MaxNewTokens:   r.MaxNewTokens,
 			ConversationID: r.ConversationID,
-			Prompt:         r.Prompt,
-		})
+			Routing:        r.Routing,
+		}
+		if r.Prompt != nil {
+			a.Prompt = r.Prompt
+		} else {
+			a.PromptLen, a.Synthesize = r.PromptLen, r.Tokens
+		}
+		out = append(out, a)
 		s.next++
 	}
 	return out
@@ -79,21 +105,44 @@ func (s *TraceSource) NextArrival() time.Time {
 // Total implements Source.
 func (s *TraceSource) Total() int { return len(s.reqs) }
 
+// Routing flags of the arrival payload.
+const (
+	arrivalHasRank = 1 << iota
+	arrivalStrict
+)
+
 // encodeArrivals serialises a broadcast payload (little-endian):
 // per item: id u64, arrival i64, max_new u32, conv_len u32, conv bytes,
-// n_tokens u32, tokens u32×n.
+// affinity_len u32, affinity bytes, flags u8 (arrivalHasRank,
+// arrivalStrict), target rank u32, n_tokens u32, tokens u32×n. Rank 0 has
+// screened the items (Admission), so max_new and the prompt length fit 32
+// bits; an item that does not is a broken invariant.
 func encodeArrivals(items []Arrival) []byte {
 	n := 0
 	for _, a := range items {
-		n += 8 + 8 + 4 + 4 + len(a.ConversationID) + 4 + 4*len(a.Prompt)
+		n += 8 + 8 + 4 + 4 + len(a.ConversationID) + 4 + len(a.Routing.AffinityID) + 1 + 4 + 4 + 4*len(a.Prompt)
 	}
 	b := make([]byte, 0, n)
 	for _, a := range items {
+		if a.MaxNewTokens < 0 || a.MaxNewTokens > MaxSequenceTokens || a.Routing.Rank < 0 || a.Routing.Rank > math.MaxInt32 {
+			panic(fmt.Sprintf("executor: arrival %d was not screened: max_new_tokens %d, target rank %d", a.ID, a.MaxNewTokens, a.Routing.Rank))
+		}
 		b = binary.LittleEndian.AppendUint64(b, a.ID)
 		b = binary.LittleEndian.AppendUint64(b, uint64(a.ArrivalUnixNS))
 		b = binary.LittleEndian.AppendUint32(b, uint32(a.MaxNewTokens))
 		b = binary.LittleEndian.AppendUint32(b, uint32(len(a.ConversationID)))
 		b = append(b, a.ConversationID...)
+		b = binary.LittleEndian.AppendUint32(b, uint32(len(a.Routing.AffinityID)))
+		b = append(b, a.Routing.AffinityID...)
+		var flags byte
+		if a.Routing.HasRank {
+			flags |= arrivalHasRank
+		}
+		if a.Routing.Strict {
+			flags |= arrivalStrict
+		}
+		b = append(b, flags)
+		b = binary.LittleEndian.AppendUint32(b, uint32(a.Routing.Rank))
 		b = binary.LittleEndian.AppendUint32(b, uint32(len(a.Prompt)))
 		for _, t := range a.Prompt {
 			b = binary.LittleEndian.AppendUint32(b, uint32(t))
@@ -113,6 +162,10 @@ func decodeArrivals(b []byte, want int) ([]Arrival, error) {
 		a.ArrivalUnixNS = int64(d.u64())
 		a.MaxNewTokens = int(d.u32())
 		a.ConversationID = string(d.bytes(int(d.u32())))
+		a.Routing.AffinityID = string(d.bytes(int(d.u32())))
+		flags := d.u8()
+		a.Routing.HasRank, a.Routing.Strict = flags&arrivalHasRank != 0, flags&arrivalStrict != 0
+		a.Routing.Rank = int(d.u32())
 		n := int(d.u32())
 		if d.err == nil && n > len(d.b)/4 {
 			d.err = errShort
@@ -169,6 +222,15 @@ func (d *decoder) u32() uint32 {
 	}
 	v := binary.LittleEndian.Uint32(d.b)
 	d.b = d.b[4:]
+	return v
+}
+
+func (d *decoder) u8() byte {
+	if !d.need(1) {
+		return 0
+	}
+	v := d.b[0]
+	d.b = d.b[1:]
 	return v
 }
 

@@ -46,6 +46,7 @@ type Result struct {
 type Executor struct {
 	cfg Config
 	d   Deps
+	adm Admission // arrival validation, from cfg and the KV pool
 
 	active    []*request
 	byID      map[uint64]*request
@@ -102,9 +103,8 @@ func New(cfg Config, d Deps) (*Executor, error) {
 	if cfg.MaxIdleSleep <= 0 {
 		cfg.MaxIdleSleep = 20 * time.Millisecond
 	}
-	if cfg.MaxSeqLen <= 0 {
-		cfg.MaxSeqLen = d.KV.TotalPages() * d.KV.LedgerBlockTokens()
-	}
+	adm := Admission{Pages: d.KV.TotalPages(), LedgerBlockTokens: d.KV.LedgerBlockTokens(), MaxSeqLen: max(0, cfg.MaxSeqLen),
+		Scheduler: cfg.Scheduler}
 	if cfg.MaxActivePerRank <= 0 {
 		cfg.MaxActivePerRank = 1024
 	}
@@ -115,7 +115,7 @@ func New(cfg Config, d Deps) (*Executor, error) {
 		}
 		cfg.Router = r
 	}
-	e := &Executor{cfg: cfg, d: d, byID: map[uint64]*request{}, nextDummy: dummyIDBase,
+	e := &Executor{cfg: cfg, d: d, adm: adm, byID: map[uint64]*request{}, nextDummy: dummyIDBase,
 		lastStats: RankState{StatsIter: -1}, wallClock: cfg.Clock}
 	if coster != nil {
 		e.virtual, e.vnow = coster, cfg.VirtualEpoch
@@ -567,8 +567,11 @@ func (e *Executor) fetchArrivals(now time.Time) ([]Arrival, error) {
 	var items []Arrival
 	var shut bool
 	if e.cfg.Rank == 0 {
-		items = e.d.Source.Due(now)
-		shut = e.d.Source.Exhausted()
+		items = e.screenArrivals(e.d.Source.Due(now), now)
+		// Rejections made here are gathered at this iteration's C8; hold the
+		// shutdown back one iteration so that the loop cannot exit first
+		// (they are not fleet work: the other ranks never see them).
+		shut = e.d.Source.Exhausted() && len(e.pending) == 0
 	}
 	if !e.multi() {
 		e.shutdown = e.shutdown || shut
@@ -616,6 +619,37 @@ func (e *Executor) fetchArrivals(now time.Time) ([]Arrival, error) {
 	return decodeArrivals(payload, count)
 }
 
+// screenArrivals is rank 0's length check before the broadcast: an arrival
+// that can never be served anywhere (Admission: every rank has the same
+// pool and rules) gets its rejection in pendingResponses, with Rank NoRank,
+// and is neither synthesised nor broadcast nor routed; a lazy prompt of the
+// others is synthesised now. This extends executor.md §3 step 4, which the
+// owning rank still runs after routing, so that a trace request of
+// billions of tokens costs nothing and a length that does not fit the
+// 32-bit wire format never reaches it.
+func (e *Executor) screenArrivals(items []Arrival, now time.Time) []Arrival {
+	if len(items) == 0 {
+		return nil
+	}
+	kept := make([]Arrival, 0, len(items)) // the source may keep its slice: never write to it
+	for _, a := range items {
+		if reason := e.adm.NeverFits(a.promptLen(), a.MaxNewTokens); reason != "" {
+			e.pending = append(e.pending, Response{ID: a.ID, Rank: NoRank, ArrivalUnixNS: a.ArrivalUnixNS,
+				FinishUnixNS: max(now.UnixNano(), a.ArrivalUnixNS), Error: reason})
+			continue
+		}
+		if a.Prompt == nil && a.Synthesize != nil {
+			a.Prompt = a.Synthesize()
+			if len(a.Prompt) != a.PromptLen {
+				panic(fmt.Sprintf("executor: arrival %d synthesised %d tokens, PromptLen says %d", a.ID, len(a.Prompt), a.PromptLen))
+			}
+		}
+		a.Synthesize = nil
+		kept = append(kept, a)
+	}
+	return kept
+}
+
 // route appends the arrivals to the waiting queue, pops what the ranks can
 // take and routes it with the deterministic router (router-and-calibration.md
 // §1): every rank runs the same calls on the same agreed inputs (the gathered
@@ -635,7 +669,8 @@ func (e *Executor) route(items []Arrival, states []RankState) {
 	items2 := e.routerItems[:0]
 	for i := range e.waiting {
 		a := &e.waiting[i]
-		items2 = append(items2, router.Item{ID: uint64(i), PromptLen: len(a.Prompt), ConversationID: a.ConversationID})
+		items2 = append(items2, router.Item{ID: uint64(i), PromptLen: len(a.Prompt), ConversationID: a.ConversationID,
+			AffinityID: a.Routing.AffinityID, HasTarget: a.Routing.HasRank, Target: a.Routing.Rank, Strict: a.Routing.Strict})
 	}
 	e.routerItems = items2
 	taken, remaining := router.PopWaiting(items2, rs, e.cfg.MaxActivePerRank)
@@ -672,25 +707,9 @@ func (e *Executor) admit(a Arrival, estimate int64) {
 	e.byID[r.ID] = r
 }
 
+// neverFits is arrival validation on the owning rank (executor.md §3 step 4).
 func (e *Executor) neverFits(r *request) string {
-	sc := e.cfg.Scheduler
-	poolTokens := e.d.KV.TotalPages() * e.d.KV.LedgerBlockTokens() // global tokens under Helix
-	switch {
-	case r.PromptLen < 1:
-		return "empty prompt"
-	case r.MaxNewTokens < 1:
-		return "max_new_tokens must be at least 1"
-	case !sc.ChunkedContext && sc.MaxNumTokens != scheduler.Unlimited && r.PromptLen > sc.MaxNumTokens:
-		return fmt.Sprintf("prompt of %d tokens exceeds max_num_tokens %d and chunked prefill is off", r.PromptLen, sc.MaxNumTokens)
-	case r.PromptLen+1 > e.cfg.MaxSeqLen:
-		return fmt.Sprintf("prompt of %d tokens + 1 exceeds max_seq_len %d", r.PromptLen, e.cfg.MaxSeqLen)
-	case sc.Policy == scheduler.GuaranteedNoEvict && e.d.KV.PagesToCompletion(&r.Request) > e.d.KV.TotalPages():
-		return fmt.Sprintf("needs %d pages to completion, the pool has %d", e.d.KV.PagesToCompletion(&r.Request), e.d.KV.TotalPages())
-	case r.PromptLen+r.MaxNewTokens > poolTokens:
-		return fmt.Sprintf("prompt %d + max_new_tokens %d = %d tokens can never fit the KV pool of %d tokens (%d pages × %d)",
-			r.PromptLen, r.MaxNewTokens, r.PromptLen+r.MaxNewTokens, poolTokens, e.d.KV.TotalPages(), e.d.KV.LedgerBlockTokens())
-	}
-	return ""
+	return e.adm.NeverFits(r.PromptLen, r.MaxNewTokens)
 }
 
 // padDummy adds a one-token padding request when this rank has nothing

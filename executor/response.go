@@ -8,7 +8,7 @@ import (
 // Response is a finished (or rejected) request as rank 0 receives it.
 type Response struct {
 	ID               uint64  // request id
-	Rank             int     // the rank that served it
+	Rank             int     // the rank that served it; NoRank if it was rejected before routing
 	Output           []int32 // generated tokens, in order
 	ArrivalUnixNS    int64
 	FirstTokenUnixNS int64 // 0 if no token was produced
@@ -17,6 +17,10 @@ type Response struct {
 	Recomputed       int    // times recompute-paused
 	Error            string // non-empty: rejected with this reason
 }
+
+// NoRank is the Rank of a response rejected before routing (rank 0 screens
+// arrivals that can never be served before it broadcasts them).
+const NoRank = -1
 
 // responseBatch is the payload of the response gathers (C7, C8): the sending
 // rank's busy time in this iteration (C8 only) and its responses.
@@ -30,7 +34,7 @@ func (rb responseBatch) encode() []byte {
 	b = binary.LittleEndian.AppendUint32(b, uint32(len(rb.Responses)))
 	for _, r := range rb.Responses {
 		b = binary.LittleEndian.AppendUint64(b, r.ID)
-		b = binary.LittleEndian.AppendUint32(b, uint32(r.Rank))
+		b = binary.LittleEndian.AppendUint32(b, uint32(int32(r.Rank))) // NoRank travels as -1
 		for _, t := range []int64{r.ArrivalUnixNS, r.FirstTokenUnixNS, r.FinishUnixNS} {
 			b = binary.LittleEndian.AppendUint64(b, uint64(t))
 		}
@@ -59,7 +63,7 @@ func decodeResponseBatch(b []byte) (responseBatch, error) {
 	for i := 0; i < n && d.err == nil; i++ {
 		var r Response
 		r.ID = d.u64()
-		r.Rank = int(d.u32())
+		r.Rank = int(int32(d.u32()))
 		r.ArrivalUnixNS = int64(d.u64())
 		r.FirstTokenUnixNS = int64(d.u64())
 		r.FinishUnixNS = int64(d.u64())

@@ -36,7 +36,7 @@ func (s *iterSource) Due(time.Time) []Arrival {
 	var out []Arrival
 	for _, i := range s.arrivals[s.calls] {
 		r := s.reqs[i]
-		out = append(out, Arrival{ID: uint64(r.Index), MaxNewTokens: r.MaxNewTokens, Prompt: r.Prompt})
+		out = append(out, Arrival{ID: uint64(r.Index), MaxNewTokens: r.MaxNewTokens, Prompt: r.Tokens()})
 		s.left--
 	}
 	s.calls++

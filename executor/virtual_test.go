@@ -62,7 +62,7 @@ func (c *costEngine) FleetStepMS(costs [][]byte) (float64, error) {
 func (c *costEngine) HostMS() float64 { return 0.25 }
 
 func traceSource(epoch time.Time, reqs ...workload.Request) *TraceSource {
-	return NewTraceSource(reqs, epoch, 1)
+	return NewTraceSource(reqs, epoch)
 }
 
 // TestVirtualClockTimeline pins the virtual timeline of one request: an
@@ -73,7 +73,7 @@ func TestVirtualClockTimeline(t *testing.T) {
 	epoch := time.Unix(1_000_000, 0)
 	p := arrival(0, 8, 3).Prompt
 	for _, overlap := range []bool{false, true} {
-		src := traceSource(epoch, workload.Request{Index: 0, ArrivalMS: 10_000, Prompt: p, MaxNewTokens: 3})
+		src := traceSource(epoch, workload.Request{Index: 0, Arrival: 10 * time.Second, Prompt: p, MaxNewTokens: 3})
 		g := (&rig{n: 1, overlap: overlap, src: src, virtual: &epoch,
 			wrapEng: func(_ int, e bridge.Engine) bridge.Engine { return &costEngine{Engine: e} }}).build(t)
 		start := time.Now()
@@ -110,7 +110,7 @@ func TestVirtualClockRanksAgree(t *testing.T) {
 	for i := 0; i < 9; i++ {
 		a := arrival(uint64(i), 4+5*i, 2+i%3)
 		arrivals = append(arrivals, a)
-		reqs = append(reqs, workload.Request{Index: i, ArrivalMS: int64(100 * (i / 3)), Prompt: a.Prompt, MaxNewTokens: a.MaxNewTokens})
+		reqs = append(reqs, workload.Request{Index: i, Arrival: time.Duration(i/3) * 100 * time.Millisecond, Prompt: a.Prompt, MaxNewTokens: a.MaxNewTokens})
 	}
 	ref := (&rig{n: 1, src: allAtOnce(arrivals...)}).build(t)
 	ref.run()

@@ -52,7 +52,7 @@ func runFleet(b *testing.B, ranks int, overlap bool, reqs []workload.Request) *e
 	sc := scheduler.Config{MaxBatchSize: 64, MaxNumTokens: 1024, ChunkedContext: true, ChunkUnitSize: 16,
 		Policy: scheduler.MaxUtilization, RecomputePause: true, PrefixAware: true, LedgerBlockTokens: 16}
 	comms := nccl.NewLocalGroup(ranks, nccl.LocalOptions{Timeout: time.Minute})
-	source := executor.NewTraceSource(reqs, time.Now(), 0)
+	source := executor.NewTraceSource(reqs, time.Now())
 	execs := make([]*executor.Executor, ranks)
 	for i := range execs {
 		eng, err := nativeengine.Open(bridge.Config{Preset: "tiny", Seed: 1, NumPages: 2048, TokensPerPage: 16})

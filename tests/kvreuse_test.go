@@ -44,7 +44,7 @@ func expectedReusable(reqs []workload.Request) (prompt, reused int64) {
 	key := func(h []uint64) string { b, _ := json.Marshal(h); return string(b) }
 	for _, r := range reqs {
 		h, bt, n := r.HashIDs, r.BlockTokens, len(r.HashIDs)
-		last := len(r.Prompt) - bt*(n-1)
+		last := r.Len() - bt*(n-1)
 		full := n - 1
 		if last == bt {
 			full = n
@@ -61,8 +61,8 @@ func expectedReusable(reqs []workload.Request) (prompt, reused int64) {
 			}
 			tokens += min(partial[key(h[:m+1])], own)
 		}
-		prompt += int64(len(r.Prompt))
-		reused += int64(min(tokens, len(r.Prompt)-1))
+		prompt += int64(r.Len())
+		reused += int64(min(tokens, r.Len()-1))
 		for k := 1; k <= full; k++ {
 			seen[key(h[:k])] = true
 		}

@@ -1,5 +1,7 @@
 package workload
 
+import "fmt"
+
 // SampleName labels the built-in sample in reports and errors.
 const SampleName = "built-in sample"
 
@@ -43,14 +45,20 @@ func itoa(n int) string {
 	return string(b)
 }
 
-// Sample returns the built-in sample as requests (respecting opt.Limit).
+// Sample returns the built-in sample as requests (respecting opt.Limit);
+// like Read, it synthesises no token (see Request.Tokens). Errors name the
+// option, or SampleName and the request for a scaled value out of range.
 func Sample(opt Options) ([]Request, error) {
 	if err := opt.Validate(); err != nil {
 		return nil, err
 	}
 	var out []Request
 	for _, rec := range SampleRecords() {
-		out = append(out, Synthesize(len(out), rec, opt))
+		r, err := FromRecord(len(out), rec, opt)
+		if err != nil {
+			return nil, fmt.Errorf("%s, request %d: %w", SampleName, len(out), err)
+		}
+		out = append(out, r)
 		if opt.Limit > 0 && len(out) >= opt.Limit {
 			break
 		}

@@ -157,9 +157,11 @@ func (fc *fileConfig) apply(o *serveOptions, set map[string]bool) error {
 	num("limit", &o.limit, w.Limit)
 	if w.LengthScale != nil && !set["length-scale"] {
 		o.lengthScale = *w.LengthScale
+		o.setOrigin("length-scale", "workload.length_scale")
 	}
 	if w.ArrivalScale != nil && !set["arrival-scale"] {
 		o.arrivalScale = *w.ArrivalScale
+		o.setOrigin("arrival-scale", "workload.arrival_scale")
 	}
 	return nil
 }

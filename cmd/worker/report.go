@@ -103,8 +103,7 @@ func buildReport(o *serveOptions, reqs []workload.Request, res *serveResult) *re
 	}
 	var ttft, tpot, e2e []float64
 	resp := byIndex(reqs, res)
-	for i, q := range reqs {
-		rep.Tokens.Prompt += int64(len(q.Prompt))
+	for i := range reqs {
 		r := resp[i]
 		if r == nil {
 			rep.missingResponses++
@@ -116,6 +115,10 @@ func buildReport(o *serveOptions, reqs []workload.Request, res *serveResult) *re
 			continue
 		}
 		rep.Requests.Completed++
+		// Prompt tokens count served requests only, like generated tokens:
+		// a rejected request's (scaled) prompt may be billions of tokens
+		// that never existed.
+		rep.Tokens.Prompt += int64(reqs[i].Len())
 		rep.Tokens.Generated += int64(len(r.Output))
 		rep.Preemptions.Suspended += r.Suspended
 		rep.Preemptions.Recompute += r.Recomputed
@@ -154,11 +157,29 @@ func outputDigest(resp []*executor.Response) string {
 	return hex.EncodeToString(h.Sum(nil))
 }
 
+// msBetween is the latency from a to b (Unix nanoseconds) in milliseconds,
+// never negative: a wall clock stepped backwards reads as 0, and the
+// difference is taken in uint64, where b − a cannot overflow for b ≥ a
+// (int64 subtraction wrapped for stamps more than 292 years apart).
 func msBetween(a, b int64) float64 {
 	if b < a {
 		return 0
 	}
-	return float64(b-a) / 1e6
+	return float64(uint64(b)-uint64(a)) / 1e6
+}
+
+// nothingServed is the run's error when requests were given but none
+// completed (every one was rejected or lost), after the report is printed.
+// Runs whose pool is known up front fail earlier, in checkServable.
+func (rep *report) nothingServed() error {
+	if rep.Requests.Total == 0 || rep.Requests.Completed > 0 {
+		return nil
+	}
+	first := ""
+	if len(rep.Rejections) > 0 {
+		first = fmt.Sprintf(" (first: request %d: %s)", rep.Rejections[0].Index, rep.Rejections[0].Reason)
+	}
+	return fmt.Errorf("no request was served: %d of %d rejected%s", rep.Requests.Rejected, rep.Requests.Total, first)
 }
 
 // pct computes nearest-rank percentiles.
@@ -233,7 +254,7 @@ func writeRequests(path string, reqs []workload.Request, res *serveResult) error
 	}
 	enc := json.NewEncoder(f)
 	for i, r := range byIndex(reqs, res) {
-		rec := requestRecord{Index: i, Rank: -1, PromptTokens: len(reqs[i].Prompt), Output: []int32{}}
+		rec := requestRecord{Index: i, Rank: executor.NoRank, PromptTokens: reqs[i].Len(), Output: []int32{}}
 		if r != nil {
 			rec.Rank, rec.Error, rec.Suspended, rec.Recomputed = r.Rank, r.Error, r.Suspended, r.Recomputed
 			if r.Error == "" {

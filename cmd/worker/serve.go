@@ -56,6 +56,10 @@ type serveOptions struct {
 	kvEvents                   string
 	eventBufferMaxSize         int
 	gpuMemFraction             float64
+	// origin maps a flag name to the config key that set its value (for
+	// error messages; see settingName). Flags given on the command line
+	// have no entry.
+	origin map[string]string
 }
 
 func defaultServeOptions() serveOptions {
@@ -176,11 +180,8 @@ func (o *serveOptions) validate() error {
 			return usageErrorf("--%s must be non-negative, got %d", p.name, p.v)
 		}
 	}
-	if !(o.lengthScale > 0) {
-		return usageErrorf("--length-scale must be positive, got %v", o.lengthScale)
-	}
-	if o.arrivalScale < 0 {
-		return usageErrorf("--arrival-scale must be non-negative, got %v", o.arrivalScale)
+	if err := o.validateScales(); err != nil {
+		return err
 	}
 	if o.collectiveTimeout <= 0 {
 		return usageErrorf("--collective-timeout must be positive, got %v", o.collectiveTimeout)
@@ -251,13 +252,16 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 	for _, n := range notes {
 		log.Info(n)
 	}
-	reqs, err := o.loadWorkload()
-	if err != nil {
-		return err
-	}
 	launch, err := nccl.DetectLaunch(os.Getenv)
 	if err != nil {
 		return usageError{err}
+	}
+	reqs, err := o.loadWorkload(o.attentionDPRanks(launch))
+	if err != nil {
+		return err
+	}
+	if err := o.checkServable(sc, reqs); err != nil {
+		return err
 	}
 	var res *serveResult
 	if launch.MultiProcess() {
@@ -277,26 +281,14 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 	}
+	write := rep.writeText
 	if o.report == "json" {
-		return rep.writeJSON(stdout)
+		write = rep.writeJSON
 	}
-	return rep.writeText(stdout)
-}
-
-func (o *serveOptions) loadWorkload() ([]workload.Request, error) {
-	shape, _ := bridge.LookupPreset(o.model)
-	opt := workload.Options{Limit: o.limit, LengthScale: o.lengthScale, VocabSize: shape.VocabSize, Seed: o.seed}
-	var reqs []workload.Request
-	var err error
-	if o.trace == "" {
-		reqs, err = workload.Sample(opt)
-	} else {
-		reqs, err = workload.ReadFile(o.trace, opt)
+	if err := write(stdout); err != nil {
+		return err
 	}
-	if err == nil && o.inferConversations {
-		workload.InferConversations(reqs)
-	}
-	return reqs, err
+	return rep.nothingServed()
 }
 
 // serveResult is what the ranks produced, as seen from rank 0.
@@ -446,7 +438,7 @@ func serve(o *serveOptions, sc scheduler.Config, reqs []workload.Request, log *z
 	defer events.close()
 	td := newTeardown()
 	start := time.Now()
-	source := executor.NewTraceSource(reqs, start, o.arrivalScale)
+	source := executor.NewTraceSource(reqs, start)
 	prog := newProgress(stderr, o.progress, len(reqs))
 	log.Info("serving", zap.Int("requests", len(reqs)), zap.Int("ranks", o.ranks), zap.Int("cp", o.cp),
 		zap.String("engine", o.engine), zap.String("model", o.model), zap.String("router", o.routerName),
@@ -571,7 +563,7 @@ func serveProcess(o *serveOptions, sc scheduler.Config, reqs []workload.Request,
 			zap.String("engine", o.engine), zap.String("model", o.model), zap.String("router", o.routerName),
 			zap.String("overlap", o.overlap))
 		prog := newProgress(stderr, o.progress, len(reqs))
-		parts.ex.SetSource(executor.NewTraceSource(reqs, start, o.arrivalScale), prog.update)
+		parts.ex.SetSource(executor.NewTraceSource(reqs, start), prog.update)
 		defer prog.done()
 	}
 	res, err := parts.ex.Run()
