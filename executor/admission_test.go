@@ -112,7 +112,7 @@ func TestArrivalRoutingReachesTheRouter(t *testing.T) {
 	}
 	got, err := decodeArrivals(encodeArrivals(items), len(items))
 	require.NoError(t, err)
-	require.Equal(t, items, got)
+	require.Equal(t, items, materialized(got))
 
 	var reqs []Arrival
 	for i := range 6 {

@@ -135,6 +135,11 @@ func TestArrivalPayloadRoundTripAndDesync(t *testing.T) {
 		{ID: 9, Prompt: []int32{7}}}
 	got, err := decodeArrivals(encodeArrivals(items), 2)
 	require.NoError(t, err)
+	// Decoded prompts are lazy: the tokens are made when a rank admits the
+	// request (only the owning rank under attention DP).
+	require.Nil(t, got[0].Prompt)
+	require.Equal(t, 3, got[0].promptLen())
+	got = materialized(got)
 	require.Equal(t, items[0], got[0])
 	require.Equal(t, items[1].Prompt, got[1].Prompt)
 	_, err = decodeArrivals([]byte{1, 2, 3}, 1)
@@ -200,4 +205,16 @@ func TestOverlapIterationRecords(t *testing.T) {
 	}
 	require.Len(t, seen, int(f.results[0].Iterations))
 	require.EqualValues(t, f.results[0].ForwardIterations, forwards)
+}
+
+// materialized decodes every lazy prompt of arrivals, as admit does.
+func materialized(arrivals []Arrival) []Arrival {
+	out := make([]Arrival, len(arrivals))
+	for i, a := range arrivals {
+		if a.Prompt == nil && a.Synthesize != nil {
+			a.Prompt, a.Synthesize, a.PromptLen = a.Synthesize(), nil, 0
+		}
+		out[i] = a
+	}
+	return out
 }

@@ -25,8 +25,10 @@ type Arrival struct {
 	Prompt []int32
 	// PromptLen is the prompt length when Prompt is nil (ignored otherwise).
 	PromptLen int
-	// Synthesize returns the PromptLen tokens of a lazy prompt. It runs on
-	// rank 0 only and never crosses the wire (the broadcast carries Prompt).
+	// Synthesize returns the PromptLen tokens of a lazy prompt. On rank 0
+	// it runs only for a request that can be served; on the other ranks it
+	// decodes the broadcast tokens when the request is admitted there. It
+	// never crosses the wire (the broadcast carries Prompt).
 	Synthesize func() []int32
 }
 
@@ -173,9 +175,19 @@ func decodeArrivals(b []byte, want int) ([]Arrival, error) {
 		if d.err != nil {
 			break
 		}
-		a.Prompt = make([]int32, n)
-		for k := range a.Prompt {
-			a.Prompt[k] = int32(d.u32())
+		// The tokens stay encoded until the request is admitted here: under
+		// attention DP only the owning rank needs them, so a fleet of R
+		// ranks decodes each prompt once instead of R − 1 times. The
+		// payload is this rank's (or, in a coroutine group, shared and
+		// read-only) and never written, so the closure may keep it.
+		raw := d.bytes(4 * n)
+		a.PromptLen = n
+		a.Synthesize = func() []int32 {
+			p := make([]int32, n)
+			for k := range p {
+				p[k] = int32(binary.LittleEndian.Uint32(raw[4*k:]))
+			}
+			return p
 		}
 		out = append(out, a)
 	}

@@ -669,7 +669,7 @@ func (e *Executor) route(items []Arrival, states []RankState) {
 	items2 := e.routerItems[:0]
 	for i := range e.waiting {
 		a := &e.waiting[i]
-		items2 = append(items2, router.Item{ID: uint64(i), PromptLen: len(a.Prompt), ConversationID: a.ConversationID,
+		items2 = append(items2, router.Item{ID: uint64(i), PromptLen: a.promptLen(), ConversationID: a.ConversationID,
 			AffinityID: a.Routing.AffinityID, HasTarget: a.Routing.HasRank, Target: a.Routing.Rank, Strict: a.Routing.Strict})
 	}
 	e.routerItems = items2
@@ -692,6 +692,9 @@ func (e *Executor) route(items []Arrival, states []RankState) {
 // admit validates an arrival (§3.4); a request that can never run is
 // rejected at once with the reason and never enters active.
 func (e *Executor) admit(a Arrival, estimate int64) {
+	if a.Prompt == nil && a.Synthesize != nil {
+		a.Prompt = a.Synthesize()
+	}
 	r := newRequest(a)
 	r.UncachedEstimate = estimate
 	if e.cfg.Helix {
