@@ -163,3 +163,15 @@ func TestObserveFleetMedianWall(t *testing.T) {
 	c.ObserveFleet(1, 0, []RankSample{{N: 10, S: 40 * BucketTokens * 5, CtxTokens: 5, WallMS: 1}, {N: 3, WallMS: 1}})
 	assert.Equal(t, int64(5), c.hist[40])
 }
+
+// TestObserveFleetAllocationFree: between refits the per-iteration call
+// allocates nothing once its scratch has grown (the executor calls it every
+// iteration on every rank).
+func TestObserveFleetAllocationFree(t *testing.T) {
+	s := ocSettings()
+	s.RefreshInterval = 1 << 30
+	c := mustNewCal(t, s)
+	v := newOCGen(13, ocA, ocC2).fleetIteration(8)
+	c.ObserveFleet(0, 0, v)
+	assert.Zero(t, testing.AllocsPerRun(100, func() { c.ObserveFleet(1, 0, v) }))
+}

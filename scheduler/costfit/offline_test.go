@@ -272,3 +272,19 @@ func TestFitErrors(t *testing.T) {
 	_, err = Fit(workedExample(20, nil), o)
 	require.ErrorIs(t, err, ErrNoFit)
 }
+
+// TestFormatWithoutWasteIterations: when no iteration after the warm-up has
+// context work on every rank, waste and gain print as n/a.
+func TestFormatWithoutWasteIterations(t *testing.T) {
+	recs := workedExample(20, nil)
+	for i := range recs {
+		if r := &recs[i]; r.Rank == 1 {
+			r.NumCtxRequests, r.CtxRequestIDs, r.CtxKVStart, r.CtxTokens, r.CostS = 0, nil, nil, 0, 0
+		}
+	}
+	res, err := Fit(recs, DefaultOptions())
+	require.NoError(t, err)
+	out := format(t, res)
+	assert.Contains(t, out, "lockstep waste: mean n/a p90 n/a over 0 iterations\npredicted gain (saturated upper bound): p50 n/a\n")
+	assert.Contains(t, out, "kv_depth_threshold: p50 = 502400 recommended 502000\n", "rank 0's depths only: element 7 of 15 is iteration 12")
+}
