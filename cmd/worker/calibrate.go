@@ -75,6 +75,10 @@ flags:
 	if err != nil {
 		return err
 	}
+	if len(recs) == 0 {
+		return fmt.Errorf("no iteration-log records in %s (was the run started with --iter-log and TLLM_PROFILE_LOG_RANKS=all?)",
+			strings.Join(files, ", "))
+	}
 	if logM > 0 && logM != opt.MaxNumTokens {
 		fmt.Fprintf(stderr, "worker calibrate: warning: the logs record max_num_tokens %d but the fit uses M = %d; pass --max-num-tokens %d\n",
 			logM, opt.MaxNumTokens, logM)
@@ -260,6 +264,10 @@ func parseIterLogLine(b []byte) (costfit.Record, int64, error) {
 		return costfit.Record{}, 0, errors.New(`a record needs "rank" and "iter" (is this an iteration log written by --iter-log?)`)
 	case len(l.CtxRequestIDs) != len(l.CtxKVStart):
 		return costfit.Record{}, 0, fmt.Errorf("ctx_request_ids has %d entries but ctx_kv_start %d", len(l.CtxRequestIDs), len(l.CtxKVStart))
+	case l.NumCtxRequests < 0 || l.CtxTokens < 0 || l.CtxCachedKVTokens < 0 || l.CostS < 0:
+		return costfit.Record{}, 0, errors.New("num_ctx_requests, ctx_tokens, ctx_cached_kv_tokens and cost_s must be ≥ 0")
+	case slices.ContainsFunc(l.CtxKVStart, func(kv int64) bool { return kv < 0 }):
+		return costfit.Record{}, 0, errors.New("ctx_kv_start entries must be ≥ 0")
 	}
 	r := costfit.Record{Rank: *l.Rank, Iter: *l.Iter, NumCtxRequests: l.NumCtxRequests,
 		CtxRequestIDs: l.CtxRequestIDs, CtxKVStart: l.CtxKVStart, CtxTokens: l.CtxTokens,

@@ -17,6 +17,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/lockstep-ai/lockstep/executor"
+	"github.com/lockstep-ai/lockstep/scheduler/costfit"
 )
 
 // calM is the token budget of the logged runs in these tests.
@@ -116,6 +117,12 @@ func TestCalibrateUnreadableExit1(t *testing.T) {
 	code, _, errOut = calibrate(path)
 	assert.Equal(t, 1, code)
 	assert.Contains(t, errOut, path+`:2: a record needs "rank" and "iter"`)
+
+	empty := filepath.Join(dir, "empty.jsonl")
+	require.NoError(t, os.WriteFile(empty, []byte("\n"), 0o644))
+	code, _, errOut = calibrate(empty)
+	assert.Equal(t, 1, code)
+	assert.Contains(t, errOut, "no iteration-log records in "+empty)
 
 	code, _, errOut = calibrate(filepath.Join(dir, "missing.jsonl"))
 	assert.Equal(t, 1, code)
@@ -275,4 +282,31 @@ func TestCalibrateRecoversKnownCost(t *testing.T) {
 	assert.InEpsilon(t, 0.825*trueA/trueSlope, res.Offset, 0.10)
 	slices.Sort(trueDepths)
 	assert.InEpsilon(t, trueDepths[len(trueDepths)/2], res.Threshold, 0.10)
+}
+
+// FuzzCalibrateLine: any line either is refused with an error or yields a
+// record the fit digests without panicking (and whose result encodes).
+func FuzzCalibrateLine(f *testing.F) {
+	rec, _ := json.Marshal(logChunk(0, 3, 5000, 1, 400_000))
+	f.Add(string(rec))
+	f.Add(`{"rank":1,"iter":0,"device_ms":null,"num_ctx_requests":2,"ctx_request_ids":[1,2],"ctx_kv_start":[0,5]}`)
+	f.Add(`{"rank":0,"iter":-4,"ctx_tokens":1,"cost_s":1e300}`)
+	f.Fuzz(func(t *testing.T, line string) {
+		r, _, err := parseIterLogLine([]byte(line))
+		if err != nil {
+			return
+		}
+		// The record, its successor and a peer: enough for every step to run.
+		next := r
+		next.Iter++
+		peer := r
+		peer.Rank++
+		opt := costfit.DefaultOptions()
+		opt.MinSpan, opt.WarmupIters = 1, 0
+		res, err := costfit.Fit([]costfit.Record{r, next, peer}, opt)
+		if err == nil {
+			var b bytes.Buffer
+			require.NoError(t, res.Format(&b))
+		}
+	})
 }
