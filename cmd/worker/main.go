@@ -20,6 +20,7 @@ const usage = `usage: worker <command> [flags]
 commands:
   run        serve a trace (default: a built-in sample) on lockstep ranks and print a report
   schedule   dry-run the scheduler on a scenario file (--scenario FILE.json)
+  calibrate  fit kv_cost_offset and kv_depth_threshold from iteration logs (docs/calibration.md)
   info       print the engine backends this build supports
   help       print this text
 
@@ -42,6 +43,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = runServe(args[1:], stdout, stderr)
 	case "schedule":
 		err = runSchedule(args[1:], stdout, stderr)
+	case "calibrate":
+		err = runCalibrate(args[1:], stdout, stderr)
 	case "info":
 		err = runInfo(args[1:], stdout, stderr)
 	case "help", "-h", "--help":
