@@ -524,11 +524,18 @@ func (e *Executor) gatherRankStates() ([]RankState, error) {
 		return []RankState{mine}, nil
 	}
 	t := e.wall()
-	all, err := e.d.Comm.AllGather("rank_state", mine.encode())
+	v, err := e.allGatherDecoded("rank_state", mine.encode(), e.decodeRankStates)
 	e.waitDur += e.wall().Sub(t)
 	if err != nil {
 		return nil, err
 	}
+	return v.([]RankState), nil // shared with the other ranks of a coroutine fleet: read-only
+}
+
+// decodeRankStates decodes the gathered rank states, indexed by their rank
+// field. It reads only its argument (and the configured rank count), so a
+// coroutine fleet runs it once for every rank.
+func (e *Executor) decodeRankStates(all [][]byte) (any, error) {
 	states := make([]RankState, e.cfg.Ranks)
 	for i, b := range all {
 		s, err := decodeRankState(b)
@@ -541,6 +548,21 @@ func (e *Executor) gatherRankStates() ([]RankState, error) {
 		states[s.Rank] = s
 	}
 	return states, nil
+}
+
+// allGatherDecoded is an allgather followed by decode. On a communicator
+// that shares results between in-process members (nccl.SharedGatherer),
+// decode runs once for the whole fleet and the result is shared, so decode
+// must depend on its argument only and its result must be read-only.
+func (e *Executor) allGatherDecoded(name string, data []byte, decode func([][]byte) (any, error)) (any, error) {
+	if sg, ok := e.d.Comm.(nccl.SharedGatherer); ok {
+		return sg.AllGatherDecoded(name, data, decode)
+	}
+	all, err := e.d.Comm.AllGather(name, data)
+	if err != nil {
+		return nil, err
+	}
+	return decode(all)
 }
 
 func (e *Executor) rankState() RankState {

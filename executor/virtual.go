@@ -28,19 +28,25 @@ type StepCoster interface {
 // this rank waited for the slowest one.
 func (e *Executor) fleetStepMS(rec *IterRecord) (float64, error) {
 	mine := e.virtual.AppendStepCost(nil)
-	all := [][]byte{mine}
+	var fleet float64
 	if e.multi() {
+		// Every rank's engine models the same profile, so the fleet's
+		// duration is the same whichever rank's engine computes it: a
+		// coroutine fleet computes it once.
 		t := e.wall()
-		var err error
-		all, err = e.d.Comm.AllGather("step_cost", mine)
+		v, err := e.allGatherDecoded("step_cost", mine, func(all [][]byte) (any, error) {
+			return e.virtual.FleetStepMS(all)
+		})
 		e.waitDur += e.wall().Sub(t)
 		if err != nil {
 			return 0, err
 		}
-	}
-	fleet, err := e.virtual.FleetStepMS(all)
-	if err != nil {
-		return 0, err
+		fleet = v.(float64)
+	} else {
+		var err error
+		if fleet, err = e.virtual.FleetStepMS([][]byte{mine}); err != nil {
+			return 0, err
+		}
 	}
 	e.res.VirtualDeviceMS += fleet
 	if rec != nil {

@@ -62,6 +62,14 @@ type Comm interface {
 	Close() error
 }
 
+// SharedGatherer is implemented by in-process groups whose members can share
+// one decoded result of an allgather (CoroComm): decode runs once for the
+// whole group and every member receives its (read-only) result. Callers
+// fall back to AllGather and their own decode on other communicators.
+type SharedGatherer interface {
+	AllGatherDecoded(name string, data []byte, decode func([][]byte) (any, error)) (any, error)
+}
+
 // TraceEntry is one collective as a rank entered it.
 type TraceEntry struct {
 	Seq  int    // 0-based call number on this rank

@@ -57,12 +57,13 @@ func (g *CoroGroup) Trace() []TraceEntry { return slices.Clone(g.trace) }
 
 // coroCall is one member's arguments to its pending collective.
 type coroCall struct {
-	kind Kind
-	name string
-	op   ReduceOp
-	root int
-	data []byte
-	vals []int64
+	kind   Kind
+	name   string
+	op     ReduceOp
+	root   int
+	data   []byte
+	vals   []int64
+	decode func([][]byte) (any, error) // AllGatherDecoded
 }
 
 // CoroComm is one member of a CoroGroup. It implements Comm; its methods
@@ -80,6 +81,7 @@ type CoroComm struct {
 	closed  bool
 
 	gathered [][]byte
+	decoded  any
 	bcast    []byte
 	reduced  []int64
 	err      error
@@ -100,6 +102,18 @@ func (c *CoroComm) AllGather(name string, data []byte) ([][]byte, error) {
 		return nil, err
 	}
 	return c.gathered, nil
+}
+
+// AllGatherDecoded is AllGather followed by decode, with decode run once
+// for the whole group (the first member's function) and its result handed
+// to every member: fleets of many in-process ranks decode what every rank
+// gathered once instead of once per rank. The result is shared: read-only.
+// A decode error is every member's error.
+func (c *CoroComm) AllGatherDecoded(name string, data []byte, decode func([][]byte) (any, error)) (any, error) {
+	if err := c.enter(coroCall{kind: KindAllGather, name: name, data: data, decode: decode}); err != nil {
+		return nil, err
+	}
+	return c.decoded, nil
 }
 
 // Broadcast returns root's data on every member (shared, read-only).
@@ -233,8 +247,22 @@ func (g *CoroGroup) complete() {
 			buf = append(buf, c.call.data...)
 			out[r] = buf[start:len(buf):len(buf)]
 		}
+		var decoded any
+		var derr error
 		for _, c := range g.members {
-			c.gathered = out
+			if c.call.decode != nil {
+				decoded, derr = c.call.decode(out)
+				break
+			}
+		}
+		for _, c := range g.members {
+			c.gathered, c.decoded = out, nil
+			if c.call.decode != nil {
+				c.decoded = decoded
+				if derr != nil && c.err == nil {
+					c.err = derr
+				}
+			}
 		}
 	case KindBroadcast:
 		b := slices.Clone(g.members[ref.root].call.data)

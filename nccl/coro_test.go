@@ -127,3 +127,32 @@ func BenchmarkCollectiveRound(b *testing.B) {
 		})
 	}
 }
+
+// TestCoroAllGatherDecodedRunsOnce: the group decodes once and every member
+// receives the same value; a decode error reaches every member.
+func TestCoroAllGatherDecodedRunsOnce(t *testing.T) {
+	g := NewCoroGroup(4, false)
+	calls := 0
+	got := make([]any, 4)
+	errs := RunCoroutines(g, func(rank int, c *CoroComm) error {
+		v, err := c.AllGatherDecoded("x", []byte{byte(rank)}, func(all [][]byte) (any, error) {
+			calls++
+			s := 0
+			for _, b := range all {
+				s += int(b[0])
+			}
+			return s, nil
+		})
+		got[rank] = v
+		if err != nil {
+			return err
+		}
+		_, err = c.AllGatherDecoded("y", nil, func([][]byte) (any, error) { return nil, errors.New("bad payload") })
+		return err
+	})
+	require.Equal(t, 2, calls)
+	require.Equal(t, []any{6, 6, 6, 6}, got)
+	for _, err := range errs {
+		require.ErrorContains(t, err, "bad payload")
+	}
+}

@@ -1,0 +1,243 @@
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/lockstep-ai/lockstep/bridge"
+	"github.com/lockstep-ai/lockstep/bridge/twin"
+)
+
+// The digital twin in the worker (docs/twin.md): `--engine twin` runs the
+// production executor, scheduler, router, KV pool and collectives over the
+// twin engine, whose steps cost what a GPU × model cost profile says, on a
+// virtual clock; `worker twin-profile` prints a built-in profile or fits a
+// linear one to a real engine's iteration logs.
+
+// twinEpoch is the virtual clock's start: the same constant in every process
+// of a run, so that every rank's timestamps agree under any launcher. Any
+// instant works (latencies are differences); it must not be the zero Unix
+// time, which the response records reserve for "no token".
+var twinEpoch = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// twinProfile builds the run's cost profile: the --cost-profile file, or
+// the built-in profile of --gpu × --model (with --tp), with expert
+// parallelism over the run's ranks for an MoE model.
+func (o *serveOptions) twinProfile() (*twin.Profile, error) {
+	var p *twin.Profile
+	var err error
+	if o.costProfile != "" {
+		if p, err = twin.LoadProfile(o.costProfile); err != nil {
+			return nil, usageErrorf("--cost-profile: %v", err)
+		}
+	} else if p, err = twin.BuiltinProfile(o.gpu, o.model, twin.Parallelism{TP: o.tp}); err != nil {
+		return nil, usageErrorf("--engine twin: %v", err)
+	}
+	if p, err = p.WithRanks(o.world()); err != nil {
+		return nil, usageErrorf("--engine twin: %v", err)
+	}
+	return p, nil
+}
+
+// modelShape is the shape of --model: a bridge preset, or (twin only) the
+// twin's model of that name or of the --cost-profile.
+func (o *serveOptions) modelShape() (bridge.ModelShape, error) {
+	if o.engine == "twin" {
+		p, err := o.twinProfile()
+		if err != nil {
+			return bridge.ModelShape{}, err
+		}
+		return p.Model.Shape(), nil
+	}
+	s, err := bridge.LookupPreset(o.model)
+	if err != nil {
+		return bridge.ModelShape{}, usageErrorf("--model: %v", err)
+	}
+	return s, nil
+}
+
+// twinPoolPages sizes each rank's pool from the profile's GPU memory
+// (--pages 0 with --engine twin): the GPU's memory minus the rank's share
+// of the weights and the stated reserve. A model that does not fit is
+// refused with the numbers.
+func twinPoolPages(p *twin.Profile, tokensPerPage int) (int, error) {
+	n, err := p.PoolPages(tokensPerPage)
+	if err != nil {
+		return 0, usageErrorf("--pages 0 with --engine twin: %v", err)
+	}
+	return n, nil
+}
+
+// runTwinProfile is `worker twin-profile`.
+func runTwinProfile(args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("twin-profile", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	gpu := fs.String("gpu", "h200", "GPU: "+strings.Join(twin.GPUNames(), ", "))
+	model := fs.String("model", "llama-8b", "model: "+strings.Join(twin.ModelNames(), ", "))
+	tp := fs.Int("tp", 1, "tensor-parallel GPUs per attention-DP rank")
+	ranks := fs.Int("ranks", 1, "attention-DP ranks (expert parallelism of an MoE model spans them)")
+	fit := fs.Bool("fit", false, "fit a linear profile of the engine that wrote the iteration logs given as arguments "+
+		"(files, or one path with {rank}); --model names the model they ran")
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, "usage: worker twin-profile [--gpu G] [--model M] [--tp N] [--ranks R]\n"+
+			"       worker twin-profile --fit [--model M] ITER_LOG...\n\n"+
+			"Prints a cost profile of the digital twin as JSON (docs/twin.md).")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return usageError{err}
+	}
+	if !*fit {
+		if fs.NArg() > 0 {
+			return usageErrorf("unexpected arguments %v (iteration logs go with --fit)", fs.Args())
+		}
+		p, err := twin.BuiltinProfile(*gpu, *model, twin.Parallelism{TP: *tp})
+		if err != nil {
+			return usageError{err}
+		}
+		if p, err = p.WithRanks(*ranks); err != nil {
+			return usageError{err}
+		}
+		return p.WriteJSON(stdout)
+	}
+	if fs.NArg() == 0 {
+		return usageErrorf("--fit needs the iteration logs of a run (e.g. 'DIR/iter.{rank}.jsonl')")
+	}
+	files, err := expandLogPaths(fs.Args())
+	if err != nil {
+		return usageError{err}
+	}
+	m, err := twin.BuiltinModel(*model)
+	if err != nil {
+		return usageError{err}
+	}
+	p, st, err := fitLinearProfile(files, m)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stderr, "fit: %d steps from %d files; per-step error: mean %.1f%%, p90 %.1f%%; host %.3f ms per iteration\n",
+		st.samples, len(files), 100*st.meanAbsErr, 100*st.p90AbsErr, p.HostOverheadMS.Value)
+	return p.WriteJSON(stdout)
+}
+
+// fitStats describes a linear fit: steps used and the in-sample relative
+// error of the fitted step times.
+type fitStats struct {
+	samples                int
+	meanAbsErr, p90AbsErr  float64
+	hostMedianMS           float64
+	coefficients           twin.LinearCoefficients
+	measuredMS, predictedMS []float64
+}
+
+// stepLogLine is what the linear fit reads from an iteration-log record.
+type stepLogLine struct {
+	Iter           *int64   `json:"iter"`
+	DeviceMS       *float64 `json:"device_ms"`
+	HostMS         float64  `json:"host_ms"`
+	WaitMS         float64  `json:"wait_ms"`
+	CanQueue       bool     `json:"can_queue"`
+	ADPDummy       bool     `json:"adp_dummy"`
+	NumCtxRequests int      `json:"num_ctx_requests"`
+	CtxTokens      int64    `json:"ctx_tokens"`
+	NumGenRequests int      `json:"num_gen_requests"`
+	GenTokens      int64    `json:"gen_tokens"`
+	GenKVTokens    *int64   `json:"gen_kv_tokens"`
+	CostS          float64  `json:"cost_s"`
+}
+
+// fitLinearProfile fits the linear cost model of docs/twin.md to every step
+// the logs record (an iteration with a forward and a measured device time):
+// features from the record (new tokens, Σ n·(kv + n/2) of the context
+// chunks, Σ KV of the decodes, sequences; an attention-DP dummy counts as a
+// one-token decode at depth 0), the measured device_ms as the target. The
+// host time per iteration is the median of host_ms − device_ms − wait_ms
+// (the loop's own work: scheduling, step building, result application).
+func fitLinearProfile(files []string, m twin.Model) (*twin.Profile, fitStats, error) {
+	var samples []twin.LinearSample
+	var hosts []float64
+	for _, path := range files {
+		f, err := os.Open(path)
+		if err != nil {
+			return nil, fitStats{}, err
+		}
+		sc := bufio.NewScanner(f)
+		sc.Buffer(make([]byte, 0, 1<<16), 1<<26)
+		line := 0
+		for sc.Scan() {
+			line++
+			text := strings.TrimSpace(sc.Text())
+			if text == "" {
+				continue
+			}
+			var l stepLogLine
+			if err := json.Unmarshal([]byte(text), &l); err != nil || l.Iter == nil {
+				f.Close()
+				return nil, fitStats{}, fmt.Errorf("%s:%d: not an iteration-log record (written by --iter-log)", path, line)
+			}
+			if l.DeviceMS == nil || *l.DeviceMS <= 0 {
+				continue
+			}
+			if l.GenKVTokens == nil {
+				f.Close()
+				return nil, fitStats{}, fmt.Errorf("%s:%d: the record has no gen_kv_tokens (a log of an older worker): rerun with this one", path, line)
+			}
+			s := twin.LinearSample{Tokens: float64(l.CtxTokens + l.GenTokens), CtxWork: l.CostS,
+				DecodeKV: float64(*l.GenKVTokens), Seqs: float64(l.NumCtxRequests + l.NumGenRequests), MS: *l.DeviceMS}
+			if l.ADPDummy {
+				s.Tokens++
+				s.DecodeKV++
+				s.Seqs++
+			}
+			samples = append(samples, s)
+			hosts = append(hosts, max(0, l.HostMS-*l.DeviceMS-l.WaitMS))
+		}
+		err = sc.Err()
+		f.Close()
+		if err != nil {
+			return nil, fitStats{}, fmt.Errorf("%s: %w", path, err)
+		}
+	}
+	if len(samples) < 10 {
+		return nil, fitStats{}, fmt.Errorf("the logs hold %d steps with a device time; a fit needs at least 10", len(samples))
+	}
+	c, err := twin.FitLinear(samples)
+	if err != nil {
+		return nil, fitStats{}, fmt.Errorf("linear fit: %w", err)
+	}
+	st := fitStats{samples: len(samples), coefficients: c}
+	errs := make([]float64, len(samples))
+	for i, s := range samples {
+		pred := c.Predict(s)
+		st.measuredMS = append(st.measuredMS, s.MS)
+		st.predictedMS = append(st.predictedMS, pred)
+		errs[i] = math.Abs(pred-s.MS) / s.MS
+		st.meanAbsErr += errs[i] / float64(len(errs))
+	}
+	slices.Sort(errs)
+	st.p90AbsErr = errs[min(len(errs)-1, len(errs)*9/10)]
+	slices.Sort(hosts)
+	st.hostMedianMS = hosts[len(hosts)/2]
+	p, err := twin.NewLinearProfile(m, c, fmt.Sprintf("fitted by worker twin-profile --fit to %d steps of %s", len(samples), strings.Join(files, ", ")))
+	if err != nil {
+		return nil, fitStats{}, err
+	}
+	p.HostOverheadMS = twin.Coef{Value: math.Round(st.hostMedianMS*1000) / 1000,
+		Source: "median host time per iteration (host_ms − device_ms − wait_ms) of the fitted logs"}
+	if err := p.Validate(); err != nil {
+		return nil, fitStats{}, err
+	}
+	return p, st, nil
+}
