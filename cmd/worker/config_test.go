@@ -189,6 +189,7 @@ func TestConfigErrorsNameTheirOrigin(t *testing.T) {
 			"c.yaml:3 scheduler.equal_cost.kv_cost_offset = -5, want ≥ 0", "TLLM_V2_CTX_COST_KV_OFFSET"},
 		{"demotion", "scheduler:\n  demotion:\n    max_iters: -1\n", nil,
 			"c.yaml:3 scheduler.demotion.max_iters = -1, want ≥ 0", "TLLM_V2"},
+		{"pages beyond the index type", "kv:\n  host_pages: 2147483648\n", nil, "c.yaml:2 kv.host_pages must be at most 2147483647 (int32 page indices)", "kvpool"},
 		{"flag wins and is named", "kv:\n  pages: 64\n", []string{"--pages", "-1"}, "--pages must be non-negative, got -1", "c.yaml"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -32,6 +32,10 @@ const (
 	dryRunTokensPerPage = 64
 )
 
+// maxPoolPages is the most pages a pool holds (kvpool: page indices are
+// int32, the engine's block-table element type).
+const maxPoolPages = 1<<31 - 1
+
 // dryRunMaxIterations bounds every dry run: "iterations" may not ask for
 // more, and a run until done that reaches it with requests unfinished is an
 // error naming them. A variable so that tests can lower it.
@@ -111,7 +115,7 @@ func runSchedule(args []string, stdout, stderr io.Writer) error {
 func dryRun(sc *scenario, stdout, stderr io.Writer) error {
 	pool, err := kvpool.New(sc.pool)
 	if err != nil {
-		return fmt.Errorf("kv: %w", err)
+		return fmt.Errorf("config.kv: %w", err)
 	}
 	defer pool.Close()
 	s, err := scheduler.New(sc.cfg, pool)
@@ -411,17 +415,27 @@ func (sc *scenario) parseConfig(raw json.RawMessage) error {
 	sc.cfg = cfg
 
 	pages := c.KV.Pages
-	if pages == 0 { // never short: every request to completion at once
-		for _, sp := range sc.specs {
-			pages += (sp.PromptLen + sp.MaxNewTokens + page - 1) / page
-		}
-		pages = max(pages, 1)
-	}
-	if pages < 0 {
+	switch {
+	case pages < 0:
 		return fmt.Errorf("config: kv.pages: %d, want ≥ 1 (or 0/omitted for a pool that never runs short)", pages)
+	case pages > maxPoolPages:
+		return fmt.Errorf("config: kv.pages: %d, want at most %d (int32 page indices)", pages, maxPoolPages)
+	case pages == 0: // never short: every request to completion at once
+		total := uint64(0)
+		for _, sp := range sc.specs { // each term < 2^63; stop before the sum can wrap
+			total += (uint64(sp.PromptLen) + uint64(sp.MaxNewTokens) + uint64(page) - 1) / uint64(page)
+			if total > maxPoolPages {
+				return fmt.Errorf("config: kv.pages: omitted, and a pool holding every request to completion at once "+
+					"needs more than %d pages (int32 page indices); set kv.pages", maxPoolPages)
+			}
+		}
+		pages = max(int(total), 1)
 	}
-	if c.KV.HostPages < 0 {
-		return fmt.Errorf("config: kv.host_pages: %d, want ≥ 0 (0 = no host tier)", c.KV.HostPages)
+	switch h := c.KV.HostPages; {
+	case h < 0:
+		return fmt.Errorf("config: kv.host_pages: %d, want ≥ 0 (0 = no host tier)", h)
+	case h > maxPoolPages:
+		return fmt.Errorf("config: kv.host_pages: %d, want at most %d (int32 page indices)", h, maxPoolPages)
 	}
 	sc.pool = kvpool.Config{NumPages: pages, TokensPerPage: page, HostPages: c.KV.HostPages}
 	return nil

@@ -151,6 +151,10 @@ func TestScheduleScenarioErrors(t *testing.T) {
 			"request 1: max_new_tokens: 5000000 tokens need at least 5000000 iterations, beyond the dry run's limit of 1000000"},
 		{`{"config": {"max_num_tokens": 64, "chunking": {"enabled": true}}, "requests": [{"id": 5, "arrive": 10, "prompt_len": 640, "max_new_tokens": 999990}]}`,
 			"request 5: max_new_tokens: 999990 tokens need at least 1000009 iterations"},
+		{`{"config": {"chunking": {"enabled": true}, "max_num_tokens": null}, "requests": [{"id": 1, "prompt_len": 9000000000000000000, "max_new_tokens": 9000000000000000000}], "iterations": 1}`,
+			"config: kv.pages: omitted, and a pool holding every request to completion at once needs more than 2147483647 pages"},
+		{`{"config": {"kv": {"pages": 2147483648}}}`, "config: kv.pages: 2147483648, want at most 2147483647"},
+		{`{"config": {"kv": {"host_pages": 2147483648}}}`, "config: kv.host_pages: 2147483648, want at most 2147483647"},
 		// Type errors are JSON terms, never Go types.
 		{`{"config": {"chunking": 5}}`, "config: chunking: got a JSON number, want an object"},
 		{`{"config": {"max_batch_size": "x"}}`, "config: max_batch_size: got a JSON string, want an integer"},

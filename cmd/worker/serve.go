@@ -190,6 +190,14 @@ func (o *serveOptions) validate() error {
 			return usageErrorf("%s must be non-negative, got %d", o.src(p.name), p.v)
 		}
 	}
+	for _, p := range []struct {
+		name string
+		v    int
+	}{{"pages", o.pages}, {"host-pages", o.hostPages}} {
+		if p.v > maxPoolPages {
+			return usageErrorf("%s must be at most %d (int32 page indices), got %d", o.src(p.name), maxPoolPages, p.v)
+		}
+	}
 	if !(o.lengthScale > 0) {
 		return usageErrorf("%s must be positive, got %v", o.src("length-scale"), o.lengthScale)
 	}
