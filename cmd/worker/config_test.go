@@ -221,4 +221,18 @@ func TestConfigDocumentsEveryKey(t *testing.T) {
 		require.True(t, strings.Contains(string(doc), parts[len(parts)-1]+":"), "docs/config.md lacks %s", p)
 	}
 	require.False(t, strings.Contains(string(doc), " kv_offset:"), "the equal-cost key is kv_cost_offset")
+
+	// The example is a valid file, and its values are the defaults.
+	_, example, ok := strings.Cut(string(doc), "```yaml\n")
+	require.True(t, ok)
+	example, _, _ = strings.Cut(example, "```")
+	fc, err := parseFileConfig("docs/config.md", []byte(example))
+	require.NoError(t, err)
+	require.Len(t, fc.settings, len(fileKeys), "the example shows every key")
+	o, want := defaultServeOptions(), defaultServeOptions()
+	fc.apply(&o, map[string]bool{})
+	require.NoError(t, o.validate())
+	o.origin, o.ranksSet, want.ranksSet, o.reuseOnBy = nil, false, false, ""
+	o.sched.Names = want.sched.Names
+	require.Equal(t, want, o, "the example's values are the defaults")
 }
