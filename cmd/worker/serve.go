@@ -541,12 +541,12 @@ func serve(o *serveOptions, sc scheduler.Config, reqs []workload.Request, log *z
 func serveProcess(o *serveOptions, sc scheduler.Config, reqs []workload.Request, l nccl.Launch,
 	log *zap.Logger, stderr io.Writer) (*serveResult, error) {
 	if o.cp > 1 {
-		return nil, usageErrorf("--cp %d: Helix CP groups run in one process (--cp with in-process ranks); "+
-			"multi-process Helix is not supported yet", o.cp)
+		return nil, usageErrorf("%s %d: Helix CP groups run in one process (--cp with in-process ranks); "+
+			"multi-process Helix is not supported yet", o.src("cp"), o.cp)
 	}
 	if o.ranks != 1 && o.ranks != l.WorldSize && o.ranksSet {
-		return nil, usageErrorf("--ranks %d does not match the %s launch of %d processes (one rank per process)",
-			o.ranks, l.Launcher, l.WorldSize)
+		return nil, usageErrorf("%s %d does not match the %s launch of %d processes (one rank per process)",
+			o.src("ranks"), o.ranks, l.Launcher, l.WorldSize)
 	}
 	o.ranks = l.WorldSize
 	log = log.With(zap.Int("rank", l.Rank))

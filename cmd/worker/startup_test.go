@@ -168,6 +168,31 @@ func TestStartupEnvironmentChecks(t *testing.T) {
 	require.NotContains(t, stderr, "serving")
 }
 
+// TestLaunchConflictsRefusedAtStartup: under a launcher, settings that
+// contradict the launch are refused before any work, naming their origin.
+func TestLaunchConflictsRefusedAtStartup(t *testing.T) {
+	path := writeConfig(t, "ranks: 3\n")
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--config", path}, path + ":1 ranks 3 does not match the mpirun launch of 2 processes"},
+		{[]string{"--cp", "2"}, "--cp 2: Helix CP groups run in one process"},
+	} {
+		o := defaultServeOptions()
+		fs := flag.NewFlagSet("run", flag.ContinueOnError)
+		o.flags(fs)
+		require.NoError(t, fs.Parse(tc.args))
+		set := map[string]bool{}
+		fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+		require.NoError(t, o.mergeConfig(set))
+		sc, _, err := o.schedulerConfig(func(string) string { return "" })
+		require.NoError(t, err)
+		_, err = o.startupChecks(sc, nccl.Launch{Launcher: "mpirun", WorldSize: 2, Rank: 1}, func(string) string { return "" })
+		require.ErrorContains(t, err, tc.want)
+	}
+}
+
 // TestFaultThatNeverFiresWarns: a fault whose iteration the run never
 // reaches is reported when the run ends instead of passing silently.
 func TestFaultThatNeverFiresWarns(t *testing.T) {
