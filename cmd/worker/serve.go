@@ -278,7 +278,7 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 	if o.out, err = o.openOutputs(launch, log); err != nil {
 		return err
 	}
-	defer o.out.close() //nolint:errcheck // reported by finishOutputs
+	defer o.out.close() //nolint:errcheck // closed again below, where its errors are reported
 	reqs, err := o.loadWorkload()
 	if err != nil {
 		return err
