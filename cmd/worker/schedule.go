@@ -101,7 +101,7 @@ func runSchedule(args []string, stdout, stderr io.Writer) error {
 	}
 	raw, err := os.ReadFile(*path)
 	if err != nil {
-		return err
+		return fmt.Errorf("--scenario: %w", err)
 	}
 	sc, err := parseScenario(raw)
 	if err != nil {
@@ -120,7 +120,7 @@ func dryRun(sc *scenario, stdout, stderr io.Writer) error {
 	defer pool.Close()
 	s, err := scheduler.New(sc.cfg, pool)
 	if err != nil {
-		return fmt.Errorf("config: %w", err)
+		return err // names the scenario's keys (scenarioNames)
 	}
 	fmt.Fprintln(stderr, s.Describe())
 	sm, err := sim.New(s, &dryRunPool{Manager: pool, policy: sc.cfg.Policy}, sc.specs)
