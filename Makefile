@@ -49,14 +49,15 @@ test-go: native
 	$(GO) test -tags native -count=1 -timeout 30m ./...
 
 # Bounded fuzzing (CI runs it): the KV pool's operation sequences, the
-# trace parser, the worker's YAML config and the dry-run scenario JSON,
-# FUZZTIME each.
+# trace parser, the worker's YAML config, the dry-run scenario JSON and
+# dry runs of generated scenarios, FUZZTIME each.
 FUZZTIME ?= 20s
 fuzz:
 	$(GO) test ./kvpool -run '^$$' -fuzz FuzzPoolOperations -fuzztime $(FUZZTIME) -parallel 1
 	$(GO) test ./workload -run '^$$' -fuzz FuzzRead -fuzztime $(FUZZTIME) -parallel 1
 	$(GO) test ./cmd/worker -run '^$$' -fuzz '^FuzzConfigYAML$$' -fuzztime $(FUZZTIME) -parallel 1
 	$(GO) test ./cmd/worker -run '^$$' -fuzz '^FuzzScenario$$' -fuzztime $(FUZZTIME) -parallel 1
+	$(GO) test ./cmd/worker -run '^$$' -fuzz '^FuzzScenarioRun$$' -fuzztime $(FUZZTIME) -parallel 1
 
 # The concurrent packages (collectives, executor ranks, engine goroutine)
 # once more under the race detector.
