@@ -22,6 +22,21 @@ var (
 // ScheduleCheckEnv is the variable that turns the check on.
 const ScheduleCheckEnv = "TLLM_HELIX_AGG_CHECK_SCHEDULE"
 
+// ParseScheduleCheckEnv reads ScheduleCheckEnv: "1" turns the check on,
+// unset, empty or "0" leave it off. Any other value is an error naming the
+// variable and the allowed values, so a typo never silently disables a
+// debugging aid the user asked for.
+func ParseScheduleCheckEnv(value string) (bool, error) {
+	switch value {
+	case "1":
+		return true, nil
+	case "", "0":
+		return false, nil
+	}
+	return false, fmt.Errorf("%s=%q is not allowed (allowed: \"1\" to check every iteration, \"0\" or unset for off)",
+		ScheduleCheckEnv, value)
+}
+
 // ScheduleCheckGate decides at start-up whether the check applies: the
 // variable is "1", Helix is on, cp > 1 and pp == 1. When the variable is
 // set but another condition fails it returns a warning to log once.

@@ -107,8 +107,9 @@ func newCostParams(o, d, r int64, cfg *Config, unit int) (costParams, error) {
 	b, ok := costBudget(o, d, r, cfg.MaxNumTokens)
 	if !ok {
 		return costParams{}, fmt.Errorf("%w: equal-cost budget B = (O + D)·M + R·D must be below 2^62 "+
-			"(O=%d, D=%d, R=%d, M=%d); lower the TLLM_V2_CTX_COST_* values or max_num_tokens",
-			ErrConfig, o, d, r, cfg.MaxNumTokens)
+			"(O=%d from %s, D=%d from %s, R=%d from %s, M=%d from %s); lower them",
+			ErrConfig, o, cfg.Name(SettingKVCostOffset), d, cfg.Name(SettingKVDepthThreshold),
+			r, cfg.Name(SettingPerChunkDepthTokens), cfg.MaxNumTokens, cfg.Name(SettingMaxNumTokens))
 	}
 	floor := int64(cfg.MaxNumTokens / 4)
 	if int64(unit) > floor {
@@ -118,45 +119,45 @@ func newCostParams(o, d, r int64, cfg *Config, unit int) (costParams, error) {
 }
 
 // validate checks cfg and derives the effective settings. Errors name the
-// setting (config key or environment variable) and say what is allowed.
+// setting as the caller's user knows it (Config.Name) and say what is allowed.
 func validate(cfg *Config) (settings, error) {
 	var st settings
-	bad := func(name string, v any, want string) (settings, error) {
-		return st, fmt.Errorf("%w: %s = %v, want %s", ErrConfig, name, v, want)
+	bad := func(s Setting, v any, want string) (settings, error) {
+		return st, fmt.Errorf("%w: %s = %v, want %s", ErrConfig, cfg.Name(s), v, want)
 	}
 	if cfg.MaxBatchSize < 0 {
-		return bad("max_batch_size", cfg.MaxBatchSize, "≥ 0")
+		return bad(SettingMaxBatchSize, cfg.MaxBatchSize, "≥ 0")
 	}
 	if cfg.SchedulerCapacity < 0 {
-		return bad("scheduler_capacity", cfg.SchedulerCapacity, "≥ 0")
+		return bad(SettingSchedulerCapacity, cfg.SchedulerCapacity, "≥ 0")
 	}
 	if cfg.MaxNumTokens < 0 && cfg.MaxNumTokens != Unlimited {
-		return bad("max_num_tokens", cfg.MaxNumTokens, "≥ 0 or unlimited")
+		return bad(SettingMaxNumTokens, cfg.MaxNumTokens, "≥ 0 or unlimited")
 	}
 	if cfg.LedgerBlockTokens < 0 {
-		return bad("ledger block tokens", cfg.LedgerBlockTokens, "≥ 0")
+		return st, fmt.Errorf("%w: ledger block tokens = %d, want ≥ 0", ErrConfig, cfg.LedgerBlockTokens)
 	}
 	if cfg.ChunkUnitSize < 0 {
-		return bad("chunk_unit_size", cfg.ChunkUnitSize, "≥ 1")
+		return bad(SettingChunkUnitSize, cfg.ChunkUnitSize, "≥ 1")
 	}
 	if cfg.Policy != MaxUtilization && cfg.Policy != GuaranteedNoEvict {
-		return bad("capacity_policy", int(cfg.Policy), "MAX_UTILIZATION or GUARANTEED_NO_EVICT")
+		return bad(SettingPolicy, int(cfg.Policy), "MAX_UTILIZATION or GUARANTEED_NO_EVICT")
 	}
 	if cfg.CostMode < CostOff || cfg.CostMode > CostAuto {
-		return bad("ctx_cost.mode", int(cfg.CostMode), "off, manual or auto")
+		return st, fmt.Errorf("%w: ctx_cost.mode = %d, want off, manual or auto", ErrConfig, int(cfg.CostMode))
 	}
 	for _, v := range []struct {
-		name string
-		val  int64
+		s   Setting
+		val int64
 	}{
-		{EnvCostKVOffset, cfg.EqualCost.KVOffset},
-		{EnvCostKVDepthThreshold, cfg.EqualCost.KVDepthThreshold},
-		{EnvCostPerChunkDepthTokens, cfg.EqualCost.PerChunkDepthTokens},
-		{EnvDemoteUncachedTokens, cfg.Demotion.UncachedTokens},
-		{EnvDemoteMaxIters, cfg.Demotion.MaxIters},
+		{SettingKVCostOffset, cfg.EqualCost.KVOffset},
+		{SettingKVDepthThreshold, cfg.EqualCost.KVDepthThreshold},
+		{SettingPerChunkDepthTokens, cfg.EqualCost.PerChunkDepthTokens},
+		{SettingDemoteUncachedTokens, cfg.Demotion.UncachedTokens},
+		{SettingDemoteMaxIters, cfg.Demotion.MaxIters},
 	} {
 		if v.val < 0 {
-			return bad(v.name, v.val, "≥ 0")
+			return bad(v.s, v.val, "≥ 0")
 		}
 	}
 
@@ -172,7 +173,7 @@ func validate(cfg *Config) (settings, error) {
 		st.unit = cfg.LedgerBlockTokens
 	}
 	if st.unit < 1 {
-		return bad("chunk_unit_size", cfg.ChunkUnitSize, "≥ 1 (or a ledger block size to default to)")
+		return bad(SettingChunkUnitSize, cfg.ChunkUnitSize, "≥ 1 (or a ledger block size to default to)")
 	}
 	st.chunked = cfg.ChunkedContext
 	st.demotion = cfg.Demotion.UncachedTokens > 0 && cfg.ChunkedContext
@@ -212,25 +213,37 @@ func ConfigFromEnv(base Config, getenv func(string) string) (Config, []string, e
 		}
 		return v, true, nil
 	}
+	vars := [5]struct {
+		name string
+		s    Setting
+	}{
+		{EnvCostKVOffset, SettingKVCostOffset}, {EnvCostKVDepthThreshold, SettingKVDepthThreshold},
+		{EnvCostPerChunkDepthTokens, SettingPerChunkDepthTokens}, {EnvDemoteUncachedTokens, SettingDemoteUncachedTokens},
+		{EnvDemoteMaxIters, SettingDemoteMaxIters},
+	}
 	vals := [5]int64{}
 	set := [5]bool{}
-	for i, name := range []string{EnvCostKVOffset, EnvCostKVDepthThreshold, EnvCostPerChunkDepthTokens,
-		EnvDemoteUncachedTokens, EnvDemoteMaxIters} {
-		v, ok, err := read(name)
+	for i, v := range vars {
+		val, ok, err := read(v.name)
 		if err != nil {
 			return base, nil, err
 		}
-		vals[i], set[i] = v, ok
+		vals[i], set[i] = val, ok
+	}
+	// apply sets variable i's value and makes the variable the setting's name.
+	apply := func(i int, dst *int64) {
+		*dst = vals[i]
+		cfg.Names[vars[i].s] = vars[i].name
 	}
 	if cfg.CostMode == CostOff {
 		if set[0] {
-			cfg.EqualCost.KVOffset = vals[0]
+			apply(0, &cfg.EqualCost.KVOffset)
 		}
 		if set[1] {
-			cfg.EqualCost.KVDepthThreshold = vals[1]
+			apply(1, &cfg.EqualCost.KVDepthThreshold)
 		}
 		if set[2] {
-			cfg.EqualCost.PerChunkDepthTokens = vals[2]
+			apply(2, &cfg.EqualCost.PerChunkDepthTokens)
 		}
 	} else {
 		for i, name := range []string{EnvCostKVOffset, EnvCostKVDepthThreshold} {
@@ -239,43 +252,75 @@ func ConfigFromEnv(base Config, getenv func(string) string) (Config, []string, e
 			}
 		}
 		if set[2] && cfg.EqualCost.PerChunkDepthTokens == 0 {
-			cfg.EqualCost.PerChunkDepthTokens = vals[2]
+			apply(2, &cfg.EqualCost.PerChunkDepthTokens)
 		}
 	}
 	if set[3] {
-		cfg.Demotion.UncachedTokens = vals[3]
+		apply(3, &cfg.Demotion.UncachedTokens)
 	}
 	if set[4] {
-		cfg.Demotion.MaxIters = vals[4]
+		apply(4, &cfg.Demotion.MaxIters)
 	}
 
 	if cfg.CostMode != CostAuto {
 		o, d := cfg.EqualCost.KVOffset, cfg.EqualCost.KVDepthThreshold
-		oName, dName := EnvCostKVOffset, EnvCostKVDepthThreshold
-		if cfg.CostMode == CostManual {
-			oName, dName = "ctx_cost.kv_offset", "ctx_cost.kv_depth_threshold"
-		}
+		oName, dName := cfg.Name(SettingKVCostOffset), cfg.Name(SettingKVDepthThreshold)
 		switch {
 		case o > 0 && d == 0:
 			notes = append(notes, "equal-cost cap stays off: "+dName+" is 0")
 		case d > 0 && o == 0:
 			notes = append(notes, "equal-cost cap stays off: "+oName+" is 0")
 		case o > 0 && d > 0 && cfg.MaxNumTokens == Unlimited:
-			notes = append(notes, "equal-cost cap stays off: max_num_tokens is unlimited")
+			notes = append(notes, "equal-cost cap stays off: "+cfg.Name(SettingMaxNumTokens)+" is unlimited")
 		case o > 0 && d > 0 && !cfg.ChunkedContext:
-			notes = append(notes, "equal-cost cap stays off: enable_chunked_context is false")
+			notes = append(notes, "equal-cost cap stays off: "+cfg.Name(SettingChunkedContext)+" is false")
 		}
 	}
 	if cfg.Demotion.UncachedTokens > 0 && !cfg.ChunkedContext {
-		notes = append(notes, "long-prefill demotion stays off: enable_chunked_context is false")
+		notes = append(notes, "long-prefill demotion stays off: "+cfg.Name(SettingChunkedContext)+" is false")
 	}
 	if cfg.Demotion.MaxIters > 0 && cfg.Demotion.UncachedTokens == 0 {
-		notes = append(notes, EnvDemoteMaxIters+" has no effect: "+EnvDemoteUncachedTokens+" is 0")
+		notes = append(notes, cfg.Name(SettingDemoteMaxIters)+" has no effect: "+cfg.Name(SettingDemoteUncachedTokens)+" is 0")
 	}
 	if _, err := validate(&cfg); err != nil {
 		return base, nil, err
 	}
 	return cfg, notes, nil
+}
+
+// CheckServable reports a configuration under which requests that arrive
+// could never be scheduled, naming the settings in conflict (Config.Name).
+// New accepts such configurations because the spec's scenarios use them
+// (§6: M = 0 schedules nothing; T-CHK-03: a unit above M schedules no
+// chunk), but a deployment that serves requests must refuse them at
+// startup instead of stalling (§15) after its first arrival:
+//
+//   - M = 0, or no request slot (max_num_requests 0);
+//   - chunking on with a finite M below the chunk unit u: a chunk that is
+//     not a prompt's last is rounded down to a multiple of u (§7.2 step 6),
+//     so a prompt with more than M tokens left would never get one.
+//
+// It returns New's validation error, if any, first.
+func (c Config) CheckServable() error {
+	st, err := validate(&c)
+	if err != nil {
+		return err
+	}
+	switch {
+	case st.maxTokens == 0:
+		return fmt.Errorf("%w: %s = 0 schedules nothing, so no request could ever run; want ≥ 1 (or unlimited)",
+			ErrConfig, c.Name(SettingMaxNumTokens))
+	case st.maxRequests == 0:
+		return fmt.Errorf("%w: %s = 0 leaves no request slot per iteration, so no request could ever run; want ≥ 1",
+			ErrConfig, c.Name(SettingMaxBatchSize))
+	case st.chunked && st.maxTokens != Unlimited && st.unit > st.maxTokens:
+		return fmt.Errorf("%w: chunk unit %s = %d is larger than the token budget %s = %d: with chunked prefill "+
+			"a chunk that is not a prompt's last is a multiple of the unit, so a prompt with more than %d tokens "+
+			"left would never be scheduled; lower the chunk unit to at most %d or raise the token budget to at least %d",
+			ErrConfig, c.Name(SettingChunkUnitSize), st.unit, c.Name(SettingMaxNumTokens), st.maxTokens,
+			st.maxTokens, st.maxTokens, st.unit)
+	}
+	return nil
 }
 
 // Describe returns the one startup info line listing what is on (spec §1):

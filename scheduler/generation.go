@@ -183,8 +183,8 @@ func (s *Scheduler) helixLadder(i int) outcome {
 	r := s.list[i]
 	if !s.cfg.RecomputePause {
 		s.fatal = fmt.Errorf("%w: KV allocation failed for request %d under Helix and recompute pause is disabled; "+
-			"enable recompute pause or size the pool with max_gpu_total_bytes (rank-local bytes) or max_tokens "+
-			"(global ledger tokens)", ErrHelixNoRecompute, r.ID)
+			"enable recompute pause (%s) or size the pool with %s", ErrHelixNoRecompute, r.ID,
+			s.cfg.Name(SettingRecomputePause), s.cfg.Name(SettingPoolSize))
 		return aborted
 	}
 	if s.rung2(i) { // s.host is false under Helix: no fallback, no rung 1

@@ -53,6 +53,10 @@ type Config struct {
 	// CostMode says where O and D come from (spec §9.7). In CostAuto the cap
 	// stays off until the calibrator calls Scheduler.PublishCost.
 	CostMode CostMode
+	// Names says how the caller's user knows each setting (a flag, a config
+	// file key with its line, an environment variable), for errors and
+	// notes; see Setting. ConfigFromEnv records the variables it applies.
+	Names SettingNames
 }
 
 // CostMode is ctx_cost.mode (spec §9.7).

@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"os"
 	"os/exec"
+	"strings"
 	"testing"
 	"time"
 
@@ -50,4 +51,10 @@ func TestFaultStoppedRankTimesOut(t *testing.T) {
 	require.Contains(t, stderr, "iteration 3")
 	require.Contains(t, stderr, `allgather:"batch_size" timed out after 2s`)
 	require.Contains(t, stderr, "rank 1 last entered")
+	// The first line of the error names the rank where the failure began
+	// (the stopped one), not the first peer whose watchdog fired.
+	_, errText, found := strings.Cut(stderr, "worker run: ")
+	require.True(t, found, stderr)
+	first, _, _ := strings.Cut(errText, "\n")
+	require.Equal(t, "rank 1 iteration 3: injected fault: rank 1 stopped at iteration 3", first)
 }

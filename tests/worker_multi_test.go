@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -78,10 +79,27 @@ func TestHelixGuards(t *testing.T) {
 	}{
 		{[]string{"--cp", "2", "--ranks", "2"}, "Helix and attention DP are mutually exclusive"},
 		{[]string{"--cp", "2", "--host-pages", "64"}, "aggregated Helix does not support a host cache tier"},
+		{[]string{"--cp", "2", "--no-prefix-reuse=false"}, "--no-prefix-reuse=false turns block reuse on with --cp 2: aggregated Helix does not support block reuse"},
 	} {
 		stderr, _ := failRun(t, bin, nil, c.args...)
 		require.Contains(t, stderr, c.want)
+		require.NotContains(t, stderr, "serving", "refused before any work")
 	}
+}
+
+// TestHelixFatalNamesWorkerSettings (defect 11): with recompute pause off,
+// a Helix pool that runs out fails naming the worker's own settings (where
+// they came from), not a quota setting this worker does not have.
+func TestHelixFatalNamesWorkerSettings(t *testing.T) {
+	bin := worker(t)
+	cfg := filepath.Join(t.TempDir(), "helix.yaml")
+	require.NoError(t, os.WriteFile(cfg, []byte("cp: 2\nkv:\n  pages: 24\nscheduler:\n  enable_recompute_pause: false\n"), 0o644))
+	stderr, _ := failRun(t, bin, nil, "--config", cfg, "--length-scale", "0.3", "--limit", "32")
+	require.Contains(t, stderr, "recompute pause is disabled")
+	require.Contains(t, stderr, "enable recompute pause ("+cfg+":5 scheduler.enable_recompute_pause)")
+	require.Contains(t, stderr, "size the pool with "+cfg+":3 kv.pages (KV pages per rank) and --tokens-per-page")
+	require.NotContains(t, stderr, "max_gpu_total_bytes")
+	require.NotContains(t, stderr, "max_tokens")
 }
 
 // mpirunWorker runs the worker under mpirun -np n with extra environment and

@@ -1,11 +1,24 @@
 package main
 
+// The YAML configuration file of `worker run` (--config, docs/config.md).
+//
+// The file is read into a yaml.Node and walked against a fixed table of
+// keys instead of being decoded into a struct, because struct decoding is
+// lenient in ways that hide mistakes (yaml.v3 truncates 1.5 into an int,
+// reads 017 as octal, ignores documents after the first and duplicate keys)
+// and cannot say on which line a value was set. Every value therefore keeps
+// its origin ("FILE:LINE key"), and later errors about it name that origin
+// instead of the flag it stands in for.
+
 import (
 	"bytes"
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
+	"sort"
+	"strconv"
 	"strings"
 
 	"go.yaml.in/yaml/v3"
@@ -13,72 +26,448 @@ import (
 	"github.com/lockstep-ai/lockstep/scheduler"
 )
 
-// fileConfig is the YAML configuration file (--config). Flags given on the
-// command line override it; the TLLM_* environment variables override the
-// scheduler section.
+// valueKind is the type a config key accepts.
+type valueKind int
+
+const (
+	kindInt    valueKind = iota // base-10 integer that fits an int64
+	kindUint64                  // base-10 non-negative integer that fits a uint64
+	kindBool                    // true or false
+	kindString                  // a YAML string (quote numbers: "8")
+	kindFloat                   // finite number
+)
+
+// want says what a kind accepts, for errors.
+func (k valueKind) want() string {
+	switch k {
+	case kindInt:
+		return "a base-10 integer"
+	case kindUint64:
+		return "a non-negative base-10 integer"
+	case kindBool:
+		return "true or false"
+	case kindString:
+		return "a string"
+	default:
+		return "a finite number"
+	}
+}
+
+// fileValue is one parsed scalar; the field of the key's kind is set.
+type fileValue struct {
+	i int64
+	u uint64
+	b bool
+	s string
+	f float64
+}
+
+// fileKey is one setting of the config file.
+type fileKey struct {
+	path string // dotted: "scheduler.max_num_tokens"
+	kind valueKind
+	// flag is the command-line flag for the same option: given on the
+	// command line it wins over the file. "" for file-only settings.
+	flag string
+	// setting is the scheduler setting a file-only key configures, so that
+	// scheduler errors name the key (-1 for none).
+	setting scheduler.Setting
+	set     func(o *serveOptions, v fileValue)
+}
+
+// fileKeys are every key of the file, in the order of docs/config.md.
+var fileKeys = []fileKey{
+	{path: "engine", kind: kindString, flag: "engine", set: func(o *serveOptions, v fileValue) { o.engine = v.s }},
+	{path: "model", kind: kindString, flag: "model", set: func(o *serveOptions, v fileValue) { o.model = v.s }},
+	{path: "seed", kind: kindUint64, flag: "seed", set: func(o *serveOptions, v fileValue) { o.seed = v.u }},
+	{path: "ranks", kind: kindInt, flag: "ranks", set: func(o *serveOptions, v fileValue) { o.ranks = int(v.i) }},
+	{path: "cp", kind: kindInt, flag: "cp", set: func(o *serveOptions, v fileValue) { o.cp = int(v.i) }},
+	{path: "router", kind: kindString, flag: "router", set: func(o *serveOptions, v fileValue) { o.routerName = v.s }},
+	{path: "overlap", kind: kindString, flag: "overlap", set: func(o *serveOptions, v fileValue) { o.overlap = v.s }},
+	{path: "kv.pages", kind: kindInt, flag: "pages", set: func(o *serveOptions, v fileValue) { o.pages = int(v.i) }},
+	{path: "kv.tokens_per_page", kind: kindInt, flag: "tokens-per-page", set: func(o *serveOptions, v fileValue) { o.tokensPerPage = int(v.i) }},
+	{path: "kv.host_pages", kind: kindInt, flag: "host-pages", set: func(o *serveOptions, v fileValue) { o.hostPages = int(v.i) }},
+	{path: "kv.enable_block_reuse", kind: kindBool, flag: "no-prefix-reuse", set: func(o *serveOptions, v fileValue) { o.noPrefixReuse = !v.b }},
+	{path: "kv.event_buffer_max_size", kind: kindInt, flag: "event-buffer-max-size", set: func(o *serveOptions, v fileValue) { o.eventBufferMaxSize = int(v.i) }},
+	{path: "kv.max_seq_len", kind: kindInt, flag: "max-seq-len", set: func(o *serveOptions, v fileValue) { o.maxSeqLen = int(v.i) }},
+	{path: "scheduler.max_batch_size", kind: kindInt, flag: "max-batch-size", set: func(o *serveOptions, v fileValue) { o.maxBatchSize = int(v.i) }},
+	{path: "scheduler.scheduler_capacity", kind: kindInt, setting: scheduler.SettingSchedulerCapacity,
+		set: func(o *serveOptions, v fileValue) { o.sched.SchedulerCapacity = int(v.i) }},
+	{path: "scheduler.max_num_tokens", kind: kindInt, flag: "max-num-tokens", set: func(o *serveOptions, v fileValue) { o.maxNumTokens = int(v.i) }},
+	{path: "scheduler.enable_chunked_context", kind: kindBool, flag: "chunked-prefill", set: func(o *serveOptions, v fileValue) { o.chunked = v.b }},
+	{path: "scheduler.chunk_unit_size", kind: kindInt, flag: "chunk-unit", set: func(o *serveOptions, v fileValue) { o.chunkUnit = int(v.i) }},
+	{path: "scheduler.capacity_policy", kind: kindString, flag: "policy", set: func(o *serveOptions, v fileValue) { o.policy = v.s }},
+	{path: "scheduler.enable_recompute_pause", kind: kindBool, setting: scheduler.SettingRecomputePause,
+		set: func(o *serveOptions, v fileValue) { o.sched.RecomputePause = v.b }},
+	{path: "scheduler.enable_prefix_aware_scheduling", kind: kindBool, setting: -1,
+		set: func(o *serveOptions, v fileValue) { o.sched.PrefixAware = v.b }},
+	{path: "scheduler.equal_cost.kv_cost_offset", kind: kindInt, setting: scheduler.SettingKVCostOffset,
+		set: func(o *serveOptions, v fileValue) { o.sched.EqualCost.KVOffset = v.i }},
+	{path: "scheduler.equal_cost.kv_depth_threshold", kind: kindInt, setting: scheduler.SettingKVDepthThreshold,
+		set: func(o *serveOptions, v fileValue) { o.sched.EqualCost.KVDepthThreshold = v.i }},
+	{path: "scheduler.equal_cost.per_chunk_depth_tokens", kind: kindInt, setting: scheduler.SettingPerChunkDepthTokens,
+		set: func(o *serveOptions, v fileValue) { o.sched.EqualCost.PerChunkDepthTokens = v.i }},
+	{path: "scheduler.demotion.uncached_tokens", kind: kindInt, setting: scheduler.SettingDemoteUncachedTokens,
+		set: func(o *serveOptions, v fileValue) { o.sched.Demotion.UncachedTokens = v.i }},
+	{path: "scheduler.demotion.max_iters", kind: kindInt, setting: scheduler.SettingDemoteMaxIters,
+		set: func(o *serveOptions, v fileValue) { o.sched.Demotion.MaxIters = v.i }},
+	{path: "workload.trace", kind: kindString, flag: "trace", set: func(o *serveOptions, v fileValue) { o.trace = v.s }},
+	{path: "workload.limit", kind: kindInt, flag: "limit", set: func(o *serveOptions, v fileValue) { o.limit = int(v.i) }},
+	{path: "workload.length_scale", kind: kindFloat, flag: "length-scale", set: func(o *serveOptions, v fileValue) { o.lengthScale = v.f }},
+	{path: "workload.arrival_scale", kind: kindFloat, flag: "arrival-scale", set: func(o *serveOptions, v fileValue) { o.arrivalScale = v.f }},
+}
+
+// renamedKeys are keys of earlier versions, refused with their new name
+// rather than as unknown (a stale file must not silently lose a setting).
+var renamedKeys = map[string]string{
+	"scheduler.equal_cost.kv_offset": "scheduler.equal_cost.kv_cost_offset",
+}
+
+// fileSetting is one key set in the file.
+type fileSetting struct {
+	key   *fileKey
+	line  int
+	value fileValue
+}
+
+// fileConfig is a parsed config file: the keys it sets, in file order.
 type fileConfig struct {
-	Engine    *string          `yaml:"engine"`
-	Model     *string          `yaml:"model"`
-	Seed      *uint64          `yaml:"seed"`
-	Ranks     *int             `yaml:"ranks"`
-	Overlap   *string          `yaml:"overlap"`
-	Router    *string          `yaml:"router"`
-	CP        *int             `yaml:"cp"`
-	KV        kvFileConfig     `yaml:"kv"`
-	Scheduler schedFileConfig  `yaml:"scheduler"`
-	Workload  workloadFileConf `yaml:"workload"`
+	path     string
+	settings []fileSetting
 }
 
-type kvFileConfig struct {
-	Pages         *int `yaml:"pages"`
-	TokensPerPage *int `yaml:"tokens_per_page"`
-	HostPages     *int `yaml:"host_pages"`
-	MaxSeqLen     *int `yaml:"max_seq_len"`
-	// EnableBlockReuse is the spec's enable_block_reuse (default true).
-	EnableBlockReuse   *bool `yaml:"enable_block_reuse"`
-	EventBufferMaxSize *int  `yaml:"event_buffer_max_size"`
+// origin names where s was set: "FILE:LINE key".
+func (fc *fileConfig) origin(s fileSetting) string {
+	return fmt.Sprintf("%s:%d %s", fc.path, s.line, s.key.path)
 }
 
-type schedFileConfig struct {
-	MaxBatchSize      *int    `yaml:"max_batch_size"`
-	SchedulerCapacity *int    `yaml:"scheduler_capacity"`
-	MaxNumTokens      *int    `yaml:"max_num_tokens"` // 0 or negative = unlimited
-	ChunkedContext    *bool   `yaml:"enable_chunked_context"`
-	ChunkUnitSize     *int    `yaml:"chunk_unit_size"`
-	Policy            *string `yaml:"capacity_policy"`
-	RecomputePause    *bool   `yaml:"enable_recompute_pause"`
-	PrefixAware       *bool   `yaml:"enable_prefix_aware_scheduling"`
-	EqualCost         struct {
-		KVOffset            *int64 `yaml:"kv_offset"`
-		KVDepthThreshold    *int64 `yaml:"kv_depth_threshold"`
-		PerChunkDepthTokens *int64 `yaml:"per_chunk_depth_tokens"`
-	} `yaml:"equal_cost"`
-	Demotion struct {
-		UncachedTokens *int64 `yaml:"uncached_tokens"`
-		MaxIters       *int64 `yaml:"max_iters"`
-	} `yaml:"demotion"`
-}
-
-type workloadFileConf struct {
-	Trace        *string  `yaml:"trace"`
-	Limit        *int     `yaml:"limit"`
-	LengthScale  *float64 `yaml:"length_scale"`
-	ArrivalScale *float64 `yaml:"arrival_scale"`
-}
-
-// loadFileConfig reads a YAML config; unknown keys are errors naming them.
+// loadFileConfig reads and checks a config file. Errors are user-facing
+// text naming FILE:LINE and the key.
 func loadFileConfig(path string) (*fileConfig, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
-		return nil, fmt.Errorf("config: %w", err)
+		return nil, fmt.Errorf("--config: %w", err)
 	}
-	var fc fileConfig
-	dec := yaml.NewDecoder(bytes.NewReader(b))
-	dec.KnownFields(true)
-	if err := dec.Decode(&fc); err != nil && !errors.Is(err, io.EOF) {
-		return nil, fmt.Errorf("config %s: %v", path, err)
+	return parseFileConfig(path, b)
+}
+
+// parseFileConfig checks the text of a config file named path (for
+// messages): exactly one YAML document whose top level is a mapping of the
+// keys of fileKeys, each set once, with a value of its kind. An empty file
+// (or one holding only comments) sets nothing.
+func parseFileConfig(path string, text []byte) (*fileConfig, error) {
+	fc := &fileConfig{path: path}
+	dec := yaml.NewDecoder(bytes.NewReader(text))
+	var doc yaml.Node
+	if err := dec.Decode(&doc); err != nil {
+		if errors.Is(err, io.EOF) {
+			return fc, nil
+		}
+		return nil, fc.syntaxError(err)
 	}
-	return &fc, nil
+	var next yaml.Node
+	switch err := dec.Decode(&next); {
+	case errors.Is(err, io.EOF):
+	case err != nil:
+		return nil, fc.syntaxError(err)
+	default:
+		return nil, fmt.Errorf("%s:%d: a second YAML document starts here; the config file must hold exactly one",
+			path, docLine(&next))
+	}
+	if len(doc.Content) == 0 {
+		return fc, nil
+	}
+	if err := fc.walk(doc.Content[0], ""); err != nil {
+		return nil, err
+	}
+	return fc, nil
+}
+
+// docLine is the line where a document starts.
+func docLine(n *yaml.Node) int {
+	if len(n.Content) > 0 && n.Content[0].Line > 0 {
+		return n.Content[0].Line
+	}
+	return max(n.Line, 1)
+}
+
+// syntaxError rewrites a yaml.v3 parse error ("yaml: line 3: …") as
+// "FILE:3: …".
+func (fc *fileConfig) syntaxError(err error) error {
+	msg := strings.TrimPrefix(err.Error(), "yaml: ")
+	if rest, ok := strings.CutPrefix(msg, "line "); ok {
+		if n, after, ok := strings.Cut(rest, ": "); ok {
+			if _, err := strconv.Atoi(n); err == nil {
+				return fmt.Errorf("%s:%s: invalid YAML: %s", fc.path, n, after)
+			}
+		}
+	}
+	return fmt.Errorf("%s: invalid YAML: %s", fc.path, msg)
+}
+
+// resolve follows aliases to the node they name. Anchors are defined before
+// their aliases, so the chain ends; the walk visits only the fixed key
+// table, so an alias cannot make it loop or blow up.
+func resolve(n *yaml.Node) *yaml.Node {
+	for n.Kind == yaml.AliasNode && n.Alias != nil {
+		n = n.Alias
+	}
+	return n
+}
+
+// isSection reports whether path is a mapping of keys ("" is the top level).
+func isSection(path string) bool {
+	if path == "" {
+		return true
+	}
+	for i := range fileKeys {
+		if strings.HasPrefix(fileKeys[i].path, path+".") {
+			return true
+		}
+	}
+	return false
+}
+
+// lookupKey returns the key at path, or nil.
+func lookupKey(path string) *fileKey {
+	for i := range fileKeys {
+		if fileKeys[i].path == path {
+			return &fileKeys[i]
+		}
+	}
+	return nil
+}
+
+// allowedIn lists the names a section accepts, for errors.
+func allowedIn(section string) string {
+	seen := map[string]bool{}
+	var names []string
+	prefix := ""
+	if section != "" {
+		prefix = section + "."
+	}
+	for _, k := range fileKeys {
+		rest, ok := strings.CutPrefix(k.path, prefix)
+		if !ok {
+			continue
+		}
+		name, _, _ := strings.Cut(rest, ".")
+		if !seen[name] {
+			seen[name] = true
+			names = append(names, name)
+		}
+	}
+	return strings.Join(names, ", ")
+}
+
+// join appends a key to a section path.
+func join(section, key string) string {
+	if section == "" {
+		return key
+	}
+	return section + "." + key
+}
+
+// walk checks the mapping n of section and records its settings.
+func (fc *fileConfig) walk(n *yaml.Node, section string) error {
+	n = resolve(n)
+	where := "the top level"
+	if section != "" {
+		where = section
+	}
+	if n.Kind == yaml.ScalarNode && n.ShortTag() == "!!null" {
+		return nil // an empty section ("kv:" with every key commented out)
+	}
+	if n.Kind != yaml.MappingNode {
+		return fmt.Errorf("%s:%d: %s: want a mapping of settings (allowed keys: %s), got %s",
+			fc.path, n.Line, where, allowedIn(section), describeNode(n))
+	}
+	seen := map[string]int{}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k, v := resolve(n.Content[i]), n.Content[i+1]
+		if k.Kind != yaml.ScalarNode {
+			return fmt.Errorf("%s:%d: %s: a key must be a plain name, got %s", fc.path, k.Line, where, describeNode(k))
+		}
+		path := join(section, k.Value)
+		if first, dup := seen[k.Value]; dup {
+			return fmt.Errorf("%s:%d: %s is set twice (first at line %d)", fc.path, k.Line, path, first)
+		}
+		seen[k.Value] = k.Line
+		if isSection(path) {
+			if err := fc.walk(v, path); err != nil {
+				return err
+			}
+			continue
+		}
+		key := lookupKey(path)
+		if key == nil {
+			if to, ok := renamedKeys[path]; ok {
+				return fmt.Errorf("%s:%d: %s was renamed to %s", fc.path, k.Line, path, to)
+			}
+			return fmt.Errorf("%s:%d: unknown key %s (allowed in %s: %s)", fc.path, k.Line, strconv.Quote(path),
+				where, allowedIn(section))
+		}
+		val, err := parseScalar(resolve(v), key.kind)
+		if err != nil {
+			return fmt.Errorf("%s:%d: %s: %v", fc.path, resolve(v).Line, path, err)
+		}
+		fc.settings = append(fc.settings, fileSetting{key: key, line: k.Line, value: val})
+	}
+	return nil
+}
+
+// parseScalar reads a value of kind from n. Integers are base-10 only (as
+// the TLLM_* variables): 1.5, 1e3, 0x10, 017 and "5" are refused, never
+// truncated or reinterpreted.
+func parseScalar(n *yaml.Node, kind valueKind) (fileValue, error) {
+	var v fileValue
+	bad := func() (fileValue, error) {
+		return v, fmt.Errorf("want %s, got %s", kind.want(), describeNode(n))
+	}
+	if n.Kind != yaml.ScalarNode {
+		return bad()
+	}
+	tag := n.ShortTag()
+	if tag == "!!int" && leadingZero(n.Value) {
+		return bad() // 017: octal in YAML 1.1, 17 in base 10; refuse the ambiguity
+	}
+	switch kind {
+	case kindInt:
+		if tag != "!!int" {
+			return bad()
+		}
+		i, err := strconv.ParseInt(n.Value, 10, 64)
+		if err != nil {
+			return bad()
+		}
+		v.i = i
+	case kindUint64:
+		if tag != "!!int" {
+			return bad()
+		}
+		u, err := strconv.ParseUint(strings.TrimPrefix(n.Value, "+"), 10, 64)
+		if err != nil {
+			return bad()
+		}
+		v.u = u
+	case kindBool:
+		if tag != "!!bool" {
+			return bad()
+		}
+		v.b = strings.EqualFold(n.Value, "true")
+	case kindString:
+		if tag != "!!str" {
+			return bad()
+		}
+		v.s = n.Value
+	case kindFloat:
+		if tag != "!!int" && tag != "!!float" {
+			return bad()
+		}
+		f, err := strconv.ParseFloat(strings.ReplaceAll(n.Value, "_", ""), 64)
+		if err != nil || math.IsInf(f, 0) || math.IsNaN(f) {
+			return bad()
+		}
+		v.f = f
+	}
+	return v, nil
+}
+
+// leadingZero reports an integer literal with a leading zero ("017", "-01").
+func leadingZero(v string) bool {
+	v = strings.TrimLeft(v, "+-")
+	return len(v) > 1 && v[0] == '0'
+}
+
+// describeNode says what a node holds, in YAML terms, for errors.
+func describeNode(n *yaml.Node) string {
+	switch n.Kind {
+	case yaml.MappingNode:
+		return "a mapping"
+	case yaml.SequenceNode:
+		return "a list"
+	case yaml.AliasNode:
+		return "an alias"
+	case yaml.DocumentNode:
+		return "a document"
+	}
+	v := n.Value
+	if len(v) > 40 {
+		v = v[:40] + "…"
+	}
+	switch n.ShortTag() {
+	case "!!null":
+		return "nothing (null)"
+	case "!!str":
+		return "the string " + strconv.Quote(v)
+	case "!!int", "!!float", "!!bool":
+		return v
+	}
+	return fmt.Sprintf("%s (tagged %s)", strconv.Quote(v), n.Tag)
+}
+
+// mergeConfig applies the config file (if any) under the flags given on the
+// command line (set: flag name → given) and records where every value came
+// from (serveOptions.src).
+func (o *serveOptions) mergeConfig(set map[string]bool) error {
+	o.ranksSet = set["ranks"]
+	if set["no-prefix-reuse"] && !o.noPrefixReuse {
+		o.reuseOnBy = "--no-prefix-reuse=false"
+	}
+	if o.configPath == "" {
+		return nil
+	}
+	fc, err := loadFileConfig(o.configPath)
+	if err != nil {
+		return usageError{err}
+	}
+	fc.apply(o, set)
+	return nil
+}
+
+// apply copies every setting of the file into o, unless its flag was given
+// on the command line (set[flag]), and records its origin.
+func (fc *fileConfig) apply(o *serveOptions, set map[string]bool) {
+	for _, s := range fc.settings {
+		k := s.key
+		if k.path == "ranks" {
+			o.ranksSet = true // an explicit rank count, as if given as a flag
+		}
+		if k.flag != "" && set[k.flag] {
+			continue
+		}
+		k.set(o, s.value)
+		origin := fc.origin(s)
+		if k.flag != "" {
+			o.setOrigin(k.flag, origin)
+		} else if k.setting >= 0 {
+			o.sched.Names[k.setting] = origin
+		}
+		if k.path == "kv.enable_block_reuse" {
+			o.reuseOnBy = ""
+			if s.value.b {
+				o.reuseOnBy = origin
+			}
+		}
+	}
+}
+
+// setOrigin records that flag's value came from origin instead of the
+// command line.
+func (o *serveOptions) setOrigin(flag, origin string) {
+	if o.origin == nil {
+		o.origin = map[string]string{}
+	}
+	o.origin[flag] = origin
+}
+
+// src names where the value of flag's option came from, for messages: the
+// config file's "FILE:LINE key", or "--flag" (given or default).
+func (o *serveOptions) src(flag string) string {
+	if s, ok := o.origin[flag]; ok {
+		return s
+	}
+	return "--" + flag
 }
 
 // parsePolicy accepts the spec's names, case-insensitively.
@@ -89,79 +478,15 @@ func parsePolicy(s string) (scheduler.Policy, error) {
 	case "guaranteed_no_evict":
 		return scheduler.GuaranteedNoEvict, nil
 	}
-	return 0, usageErrorf("capacity policy %q is not allowed (allowed: max_utilization, guaranteed_no_evict)", s)
+	return 0, fmt.Errorf("capacity policy %q is not allowed (allowed: max_utilization, guaranteed_no_evict)", s)
 }
 
-// apply copies every set field of the file config into opts, unless the
-// corresponding flag was given on the command line (set[flag] true).
-func (fc *fileConfig) apply(o *serveOptions, set map[string]bool) error {
-	str := func(flag string, dst *string, v *string) {
-		if v != nil && !set[flag] {
-			*dst = *v
-		}
+// fileKeyPaths lists every key path, sorted (tests, docs).
+func fileKeyPaths() []string {
+	out := make([]string, 0, len(fileKeys))
+	for _, k := range fileKeys {
+		out = append(out, k.path)
 	}
-	num := func(flag string, dst *int, v *int) {
-		if v != nil && !set[flag] {
-			*dst = *v
-		}
-	}
-	str("engine", &o.engine, fc.Engine)
-	str("model", &o.model, fc.Model)
-	if fc.Seed != nil && !set["seed"] {
-		o.seed = *fc.Seed
-	}
-	num("ranks", &o.ranks, fc.Ranks)
-	if fc.Ranks != nil {
-		o.ranksSet = true // an explicit rank count, as if given as a flag
-	}
-	str("overlap", &o.overlap, fc.Overlap)
-	str("router", &o.routerName, fc.Router)
-	num("cp", &o.cp, fc.CP)
-	if fc.KV.EnableBlockReuse != nil && !set["no-prefix-reuse"] {
-		o.noPrefixReuse = !*fc.KV.EnableBlockReuse
-	}
-	num("event-buffer-max-size", &o.eventBufferMaxSize, fc.KV.EventBufferMaxSize)
-	num("pages", &o.pages, fc.KV.Pages)
-	num("tokens-per-page", &o.tokensPerPage, fc.KV.TokensPerPage)
-	num("host-pages", &o.hostPages, fc.KV.HostPages)
-	num("max-seq-len", &o.maxSeqLen, fc.KV.MaxSeqLen)
-	s := fc.Scheduler
-	num("max-batch-size", &o.maxBatchSize, s.MaxBatchSize)
-	num("max-num-tokens", &o.maxNumTokens, s.MaxNumTokens)
-	num("chunk-unit", &o.chunkUnit, s.ChunkUnitSize)
-	if s.SchedulerCapacity != nil {
-		o.sched.SchedulerCapacity = *s.SchedulerCapacity
-	}
-	if s.ChunkedContext != nil && !set["chunked-prefill"] {
-		o.chunked = *s.ChunkedContext
-	}
-	str("policy", &o.policy, s.Policy)
-	if s.RecomputePause != nil {
-		o.sched.RecomputePause = *s.RecomputePause
-	}
-	if s.PrefixAware != nil {
-		o.sched.PrefixAware = *s.PrefixAware
-	}
-	set64 := func(dst *int64, v *int64) {
-		if v != nil {
-			*dst = *v
-		}
-	}
-	set64(&o.sched.EqualCost.KVOffset, s.EqualCost.KVOffset)
-	set64(&o.sched.EqualCost.KVDepthThreshold, s.EqualCost.KVDepthThreshold)
-	set64(&o.sched.EqualCost.PerChunkDepthTokens, s.EqualCost.PerChunkDepthTokens)
-	set64(&o.sched.Demotion.UncachedTokens, s.Demotion.UncachedTokens)
-	set64(&o.sched.Demotion.MaxIters, s.Demotion.MaxIters)
-	w := fc.Workload
-	str("trace", &o.trace, w.Trace)
-	num("limit", &o.limit, w.Limit)
-	if w.LengthScale != nil && !set["length-scale"] {
-		o.lengthScale = *w.LengthScale
-		o.setOrigin("length-scale", "workload.length_scale")
-	}
-	if w.ArrivalScale != nil && !set["arrival-scale"] {
-		o.arrivalScale = *w.ArrivalScale
-		o.setOrigin("arrival-scale", "workload.arrival_scale")
-	}
-	return nil
+	sort.Strings(out)
+	return out
 }

@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/lockstep-ai/lockstep/executor"
 	"github.com/lockstep-ai/lockstep/scheduler"
@@ -17,12 +18,19 @@ import (
 //	perturb:RANK:ITER  rank RANK's plan of iteration ITER differs from its peers'
 //
 // They prove that the other ranks exit with a clear error instead of hanging.
+// A fault that could never fire is refused at startup (checkFault), and one
+// whose iteration the run never reached is reported when the run ends
+// (unfiredWarning), so that a test cannot pass without its fault.
 const FaultEnv = "LOCKSTEP_TEST_FAULT"
 
 type fault struct {
+	spec string // the variable's value, for messages
 	kind string
 	rank int
 	iter int64
+	// hosted: a rank of this process carries the fault; fired: it was
+	// injected. Set by the rank goroutines, read after they finish.
+	hosted, fired atomic.Bool
 }
 
 func parseFault(v string) (*fault, error) {
@@ -30,22 +38,58 @@ func parseFault(v string) (*fault, error) {
 		return nil, nil
 	}
 	parts := strings.Split(v, ":")
-	f := &fault{kind: parts[0]}
-	bad := fmt.Errorf("%s=%q: want init:RANK, stop:RANK:ITER or perturb:RANK:ITER", FaultEnv, v)
+	f := &fault{spec: v, kind: parts[0]}
+	bad := func(why string) error {
+		return fmt.Errorf("%s=%q: %s (want init:RANK, stop:RANK:ITER or perturb:RANK:ITER)", FaultEnv, v, why)
+	}
 	want := map[string]int{"init": 2, "stop": 3, "perturb": 3}[f.kind]
-	if want == 0 || len(parts) != want {
-		return nil, bad
+	if want == 0 {
+		return nil, bad(fmt.Sprintf("unknown kind %q", f.kind))
+	}
+	if len(parts) != want {
+		return nil, bad(fmt.Sprintf("%s takes %d fields, got %d", f.kind, want, len(parts)))
 	}
 	var err error
 	if f.rank, err = strconv.Atoi(parts[1]); err != nil || f.rank < 0 {
-		return nil, bad
+		return nil, bad(fmt.Sprintf("rank %q is not a non-negative integer", parts[1]))
 	}
 	if want == 3 {
 		if f.iter, err = strconv.ParseInt(parts[2], 10, 64); err != nil || f.iter < 0 {
-			return nil, bad
+			return nil, bad(fmt.Sprintf("iteration %q is not a non-negative integer", parts[2]))
 		}
 	}
 	return f, nil
+}
+
+// checkFault refuses a fault that could never fire in this run: a rank
+// outside the world, or a perturbed plan that nothing compares (only the
+// Helix schedule check, --cp > 1 with TLLM_HELIX_AGG_CHECK_SCHEDULE=1,
+// compares plans across ranks; under attention DP every rank plans for its
+// own requests).
+func checkFault(f *fault, world int, helixScheduleCheck bool) error {
+	if f == nil {
+		return nil
+	}
+	if f.rank >= world {
+		return fmt.Errorf("%s=%q: rank %d is outside the world of %d ranks (0–%d); the fault would never fire",
+			FaultEnv, f.spec, f.rank, world, world-1)
+	}
+	if f.kind == "perturb" && !helixScheduleCheck {
+		return fmt.Errorf("%s=%q: perturb changes one rank's plan, which only the Helix schedule check compares; "+
+			"it needs --cp > 1 and %s=1 (under attention DP, or without the check, nothing would notice)",
+			FaultEnv, f.spec, executor.ScheduleCheckEnv)
+	}
+	return nil
+}
+
+// unfiredWarning is the warning for a fault hosted by this process that
+// the run ended without injecting ("" otherwise).
+func (f *fault) unfiredWarning() string {
+	if f == nil || !f.hosted.Load() || f.fired.Load() {
+		return ""
+	}
+	return fmt.Sprintf("%s=%q: the run ended before rank %d reached iteration %d; nothing was injected",
+		FaultEnv, f.spec, f.rank, f.iter)
 }
 
 // faultyPlanner wraps a rank's scheduler to stop or perturb at an iteration.
@@ -59,6 +103,9 @@ type faultyPlanner struct {
 func (p *faultyPlanner) Schedule(active []*scheduler.Request, executing []uint64) (*scheduler.Output, error) {
 	it := p.iter
 	p.iter++
+	if it == p.f.iter {
+		p.f.fired.Store(true)
+	}
 	if p.f.kind == "stop" && it == p.f.iter {
 		<-p.teardown // stop entering collectives until the run is torn down
 		return nil, fmt.Errorf("injected fault: rank %d stopped at iteration %d", p.f.rank, it)

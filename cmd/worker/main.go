@@ -74,12 +74,13 @@ type usageError struct{ error }
 
 func usageErrorf(format string, a ...any) error { return usageError{fmt.Errorf(format, a...)} }
 
-// oneOf checks a flag value against its allowed values.
-func oneOf(flagName, v string, allowed ...string) error {
+// oneOf checks a value against its allowed values; name says where it came
+// from ("--engine", or a config file's "FILE:LINE key").
+func oneOf(name, v string, allowed ...string) error {
 	for _, a := range allowed {
 		if v == a {
 			return nil
 		}
 	}
-	return usageErrorf("--%s %q is not allowed (allowed: %s)", flagName, v, strings.Join(allowed, ", "))
+	return usageErrorf("%s %q is not allowed (allowed: %s)", name, v, strings.Join(allowed, ", "))
 }

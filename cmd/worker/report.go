@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"os"
 	"sort"
 
 	"github.com/lockstep-ai/lockstep/executor"
@@ -247,12 +246,10 @@ type requestRecord struct {
 	Error        string  `json:"error,omitempty"`
 }
 
-func writeRequests(path string, reqs []workload.Request, res *serveResult) error {
-	f, err := os.Create(path)
-	if err != nil {
-		return fmt.Errorf("--requests-out: %w", err)
-	}
-	enc := json.NewEncoder(f)
+// writeRequests writes one JSON line per request of the trace, in trace
+// order (--requests-out).
+func writeRequests(w io.Writer, reqs []workload.Request, res *serveResult) error {
+	enc := json.NewEncoder(w)
 	for i, r := range byIndex(reqs, res) {
 		rec := requestRecord{Index: i, Rank: executor.NoRank, PromptTokens: reqs[i].Len(), Output: []int32{}}
 		if r != nil {
@@ -268,9 +265,8 @@ func writeRequests(path string, reqs []workload.Request, res *serveResult) error
 			}
 		}
 		if err := enc.Encode(rec); err != nil {
-			f.Close()
 			return fmt.Errorf("--requests-out: %w", err)
 		}
 	}
-	return f.Close()
+	return nil
 }

@@ -14,7 +14,10 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"reflect"
 	"sort"
+	"strconv"
+	"strings"
 
 	"github.com/lockstep-ai/lockstep/kvpool"
 	"github.com/lockstep-ai/lockstep/scheduler"
@@ -27,9 +30,16 @@ const (
 	dryRunMaxBatchSize  = 100
 	dryRunMaxNumTokens  = 1024
 	dryRunTokensPerPage = 64
-	// dryRunMaxIterations bounds "run until done" (iterations omitted or 0).
-	dryRunMaxIterations = 1_000_000
 )
+
+// maxPoolPages is the most pages a pool holds (kvpool: page indices are
+// int32, the engine's block-table element type).
+const maxPoolPages = 1<<31 - 1
+
+// dryRunMaxIterations bounds every dry run: "iterations" may not ask for
+// more, and a run until done that reaches it with requests unfinished is an
+// error naming them. A variable so that tests can lower it.
+var dryRunMaxIterations = 1_000_000
 
 // scenarioConfig is the scenario's "config" block; its keys are fixed by the
 // dry-run format, whatever the YAML config calls the same settings.
@@ -91,7 +101,7 @@ func runSchedule(args []string, stdout, stderr io.Writer) error {
 	}
 	raw, err := os.ReadFile(*path)
 	if err != nil {
-		return err
+		return fmt.Errorf("--scenario: %w", err)
 	}
 	sc, err := parseScenario(raw)
 	if err != nil {
@@ -105,12 +115,12 @@ func runSchedule(args []string, stdout, stderr io.Writer) error {
 func dryRun(sc *scenario, stdout, stderr io.Writer) error {
 	pool, err := kvpool.New(sc.pool)
 	if err != nil {
-		return fmt.Errorf("kv: %w", err)
+		return fmt.Errorf("config.kv: %w", err)
 	}
 	defer pool.Close()
 	s, err := scheduler.New(sc.cfg, pool)
 	if err != nil {
-		return fmt.Errorf("config: %w", err)
+		return err // names the scenario's keys (scenarioNames)
 	}
 	fmt.Fprintln(stderr, s.Describe())
 	sm, err := sim.New(s, &dryRunPool{Manager: pool, policy: sc.cfg.Policy}, sc.specs)
@@ -120,8 +130,11 @@ func dryRun(sc *scenario, stdout, stderr io.Writer) error {
 	enc := json.NewEncoder(stdout)
 	n := sc.iterations
 	for i := 0; n == 0 || i < n; i++ {
-		if n == 0 && (sm.Done() || i == dryRunMaxIterations) {
+		if n == 0 && sm.Done() {
 			break
+		}
+		if n == 0 && i == dryRunMaxIterations {
+			return unfinishedError(sm.Unfinished())
 		}
 		rec, out, err := sm.Step()
 		if err != nil {
@@ -138,6 +151,25 @@ func dryRun(sc *scenario, stdout, stderr io.Writer) error {
 		}
 	}
 	return nil
+}
+
+// unfinishedError reports a run until done that reached the iteration
+// limit, naming the unfinished requests (the first 20).
+func unfinishedError(ids []uint64) error {
+	names := make([]string, 0, min(len(ids), 21))
+	for i, id := range ids {
+		if i == 20 {
+			names = append(names, "…")
+			break
+		}
+		names = append(names, strconv.FormatUint(id, 10))
+	}
+	plural := "s"
+	if len(ids) == 1 {
+		plural = ""
+	}
+	return fmt.Errorf("reached the dry run's limit of %d iterations with %d request%s unfinished: %s "+
+		"(set \"iterations\" to look at the first ones)", dryRunMaxIterations, len(ids), plural, strings.Join(names, ", "))
 }
 
 // dryRunPool adapts kvpool.Manager to sim.Pool.
@@ -196,12 +228,19 @@ func parseScenario(raw []byte) (*scenario, error) {
 		Iterations *int              `json:"iterations"`
 	}
 	if err := strictDecode(raw, &top); err != nil {
-		return nil, err
+		field, reason := jsonReason(err)
+		if field == "" {
+			field = "the scenario"
+		}
+		return nil, fmt.Errorf("%s: %s", field, reason)
 	}
 	sc := &scenario{}
 	if top.Iterations != nil {
-		if *top.Iterations < 0 {
-			return nil, fmt.Errorf("iterations: %d is negative", *top.Iterations)
+		switch n := *top.Iterations; {
+		case n < 0:
+			return nil, fmt.Errorf("iterations: %d is negative", n)
+		case n > dryRunMaxIterations:
+			return nil, fmt.Errorf("iterations: %d is beyond the dry run's limit of %d iterations", n, dryRunMaxIterations)
 		}
 		sc.iterations = *top.Iterations
 	}
@@ -212,10 +251,16 @@ func parseScenario(raw []byte) (*scenario, error) {
 		}
 		sc.specs = append(sc.specs, sp)
 	}
+	if err := sim.Validate(sc.specs); err != nil {
+		return nil, err
+	}
 	if err := sc.parseConfig(top.Config); err != nil {
 		return nil, err
 	}
-	return sc, sc.checkArrivals()
+	if err := sc.checkArrivals(); err != nil {
+		return nil, err
+	}
+	return sc, sc.checkLimit()
 }
 
 // strictDecode decodes one JSON value, rejecting unknown keys and trailing data.
@@ -236,7 +281,8 @@ func strictDecode(raw []byte, v any) error {
 func parseRequest(i int, raw json.RawMessage) (sim.Spec, error) {
 	var fields map[string]json.RawMessage
 	if err := json.Unmarshal(raw, &fields); err != nil {
-		return sim.Spec{}, fmt.Errorf("requests[%d]: %w", i, err)
+		_, reason := jsonReason(err)
+		return sim.Spec{}, fmt.Errorf("requests[%d]: %s", i, reason)
 	}
 	var id uint64
 	if err := json.Unmarshal(fields["id"], &id); err != nil || fields["id"] == nil {
@@ -251,7 +297,8 @@ func parseRequest(i int, raw json.RawMessage) (sim.Spec, error) {
 	for _, k := range keys {
 		one, _ := json.Marshal(map[string]json.RawMessage{k: fields[k]})
 		if err := strictDecode(one, &r); err != nil {
-			return sim.Spec{}, fmt.Errorf("request %d: %s: %v", id, k, jsonReason(err))
+			_, reason := jsonReason(err)
+			return sim.Spec{}, fmt.Errorf("request %d: %s: %s", id, k, reason)
 		}
 	}
 	sp := sim.Spec{ID: r.ID, Arrive: r.Arrive, PromptLen: r.PromptLen, Position: r.Position,
@@ -266,13 +313,48 @@ func parseRequest(i int, raw json.RawMessage) (sim.Spec, error) {
 	return sp, nil
 }
 
-// jsonReason shortens encoding/json errors to what a user acts on.
-func jsonReason(err error) string {
+// jsonReason turns an encoding/json error into what a user acts on, in JSON
+// terms (never a Go type): the dotted field it is about ("" for none or
+// unknown) and the reason.
+func jsonReason(err error) (field, reason string) {
 	var te *json.UnmarshalTypeError
 	if errors.As(err, &te) {
-		return fmt.Sprintf("got a JSON %s, want %s", te.Value, te.Type)
+		return te.Field, fmt.Sprintf("got a JSON %s, want %s", te.Value, jsonWant(te.Type))
 	}
-	return err.Error()
+	switch {
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		return "", "unexpected end of JSON input"
+	case errors.Is(err, io.EOF):
+		return "", "no JSON value (the file is empty); want an object"
+	}
+	var se *json.SyntaxError
+	if errors.As(err, &se) {
+		return "", fmt.Sprintf("invalid JSON at byte %d: %s", se.Offset, strings.TrimPrefix(se.Error(), "json: "))
+	}
+	return "", strings.TrimPrefix(err.Error(), "json: ")
+}
+
+// jsonWant names the JSON value a Go type decodes from.
+func jsonWant(t reflect.Type) string {
+	switch t.Kind() {
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
+		return "an integer"
+	case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return "a non-negative integer"
+	case reflect.Float32, reflect.Float64:
+		return "a number"
+	case reflect.Bool:
+		return "true or false"
+	case reflect.String:
+		return "a string"
+	case reflect.Struct, reflect.Map:
+		return "an object"
+	case reflect.Slice, reflect.Array:
+		return "an array"
+	case reflect.Pointer:
+		return jsonWant(t.Elem())
+	}
+	return "another JSON value"
 }
 
 // parseConfig fills the scheduler and pool configs from the config block.
@@ -280,7 +362,11 @@ func (sc *scenario) parseConfig(raw json.RawMessage) error {
 	var c scenarioConfig
 	if len(raw) > 0 {
 		if err := strictDecode(raw, &c); err != nil {
-			return fmt.Errorf("config: %v", jsonReason(err))
+			field, reason := jsonReason(err)
+			if field != "" {
+				return fmt.Errorf("config: %s: %s", field, reason)
+			}
+			return fmt.Errorf("config: %s", reason)
 		}
 	}
 	cfg := scheduler.DefaultConfig()
@@ -317,23 +403,39 @@ func (sc *scenario) parseConfig(raw json.RawMessage) error {
 	cfg.EqualCost = scheduler.EqualCost{KVOffset: c.EqualCost.KVCostOffset,
 		KVDepthThreshold: c.EqualCost.KVDepthThreshold, PerChunkDepthTokens: c.EqualCost.PerChunkDepthTokens}
 	cfg.Demotion = scheduler.Demotion{UncachedTokens: c.Demotion.UncachedTokens, MaxIters: c.Demotion.MaxIters}
+	cfg.Names = scenarioNames(c.Chunking.Unit != 0)
 	if _, err := scheduler.New(cfg, nopKV{}); err != nil {
-		return fmt.Errorf("config: %w", err)
+		return err
+	}
+	if len(sc.specs) > 0 {
+		if err := cfg.CheckServable(); err != nil {
+			return err
+		}
 	}
 	sc.cfg = cfg
 
 	pages := c.KV.Pages
-	if pages == 0 { // never short: every request to completion at once
-		for _, sp := range sc.specs {
-			pages += (sp.PromptLen + sp.MaxNewTokens + page - 1) / page
-		}
-		pages = max(pages, 1)
-	}
-	if pages < 0 {
+	switch {
+	case pages < 0:
 		return fmt.Errorf("config: kv.pages: %d, want ≥ 1 (or 0/omitted for a pool that never runs short)", pages)
+	case pages > maxPoolPages:
+		return fmt.Errorf("config: kv.pages: %d, want at most %d (int32 page indices)", pages, maxPoolPages)
+	case pages == 0: // never short: every request to completion at once
+		total := uint64(0)
+		for _, sp := range sc.specs { // each term < 2^63; stop before the sum can wrap
+			total += (uint64(sp.PromptLen) + uint64(sp.MaxNewTokens) + uint64(page) - 1) / uint64(page)
+			if total > maxPoolPages {
+				return fmt.Errorf("config: kv.pages: omitted, and a pool holding every request to completion at once "+
+					"needs more than %d pages (int32 page indices); set kv.pages", maxPoolPages)
+			}
+		}
+		pages = max(int(total), 1)
 	}
-	if c.KV.HostPages < 0 {
-		return fmt.Errorf("config: kv.host_pages: %d, want ≥ 0 (0 = no host tier)", c.KV.HostPages)
+	switch h := c.KV.HostPages; {
+	case h < 0:
+		return fmt.Errorf("config: kv.host_pages: %d, want ≥ 0 (0 = no host tier)", h)
+	case h > maxPoolPages:
+		return fmt.Errorf("config: kv.host_pages: %d, want at most %d (int32 page indices)", h, maxPoolPages)
 	}
 	sc.pool = kvpool.Config{NumPages: pages, TokensPerPage: page, HostPages: c.KV.HostPages}
 	return nil
@@ -354,6 +456,63 @@ func (sc *scenario) checkArrivals() error {
 				return fmt.Errorf("request %d: max_new_tokens: needs %d pages to completion, more than kv.pages %d "+
 					"(GUARANTEED_NO_EVICT rejects it on arrival)", sp.ID, need, sc.pool.NumPages)
 			}
+		}
+	}
+	return nil
+}
+
+// scenarioNames are the scenario's keys for the scheduler's settings, so
+// that its errors name them (never a TLLM_* variable, which the dry run
+// does not read). unitSet: the config gives chunking.unit.
+func scenarioNames(unitSet bool) scheduler.SettingNames {
+	var n scheduler.SettingNames
+	n[scheduler.SettingMaxBatchSize] = "config.max_batch_size"
+	n[scheduler.SettingMaxNumTokens] = "config.max_num_tokens"
+	n[scheduler.SettingChunkedContext] = "config.chunking.enabled"
+	n[scheduler.SettingChunkUnitSize] = "config.chunking.unit"
+	if !unitSet {
+		n[scheduler.SettingChunkUnitSize] = "config.kv.tokens_per_page (the chunk unit while config.chunking.unit is 0)"
+	}
+	n[scheduler.SettingPolicy] = "config.policy"
+	n[scheduler.SettingRecomputePause] = "recompute pause (always on in the dry run)"
+	n[scheduler.SettingSchedulerCapacity] = "scheduler_capacity (not set by a scenario)"
+	n[scheduler.SettingKVCostOffset] = "config.equal_cost.kv_cost_offset"
+	n[scheduler.SettingKVDepthThreshold] = "config.equal_cost.kv_depth_threshold"
+	n[scheduler.SettingPerChunkDepthTokens] = "config.equal_cost.per_chunk_depth_tokens"
+	n[scheduler.SettingDemoteUncachedTokens] = "config.demotion.uncached_tokens"
+	n[scheduler.SettingDemoteMaxIters] = "config.demotion.max_iters"
+	n[scheduler.SettingPoolSize] = "config.kv.pages and config.kv.tokens_per_page"
+	return n
+}
+
+// checkLimit refuses requests that could never finish within the dry run's
+// iteration limit: an arrival at or beyond it, and, when the run goes until
+// done, a request whose fewest possible iterations exceed it. The fewest
+// iterations are its arrival, one pass per chunk of at most
+// max_num_tokens (one pass without chunking), and one per token still to
+// generate after the one the last chunk samples.
+func (sc *scenario) checkLimit() error {
+	limit := int64(dryRunMaxIterations)
+	for _, sp := range sc.specs {
+		if int64(sp.Arrive) >= limit {
+			return fmt.Errorf("request %d: arrive: %d is beyond the dry run's limit of %d iterations", sp.ID, sp.Arrive, limit)
+		}
+		if sc.iterations > 0 {
+			continue // a bounded look: unfinished requests are expected
+		}
+		var prefill, decode int64
+		if rest := int64(sp.PromptLen - sp.Position); rest > 0 {
+			prefill = 1
+			if m := int64(sc.cfg.MaxNumTokens); sc.cfg.ChunkedContext && sc.cfg.MaxNumTokens != scheduler.Unlimited && m > 0 {
+				prefill = (rest + m - 1) / m
+			}
+			decode = int64(sp.MaxNewTokens) - 1
+		} else {
+			decode = int64(sp.MaxNewTokens - sp.Generated)
+		}
+		if need := int64(sp.Arrive) + prefill + decode; need > limit {
+			return fmt.Errorf("request %d: max_new_tokens: %d tokens need at least %d iterations, beyond the dry run's "+
+				"limit of %d (set \"iterations\" to look at the first ones)", sp.ID, sp.MaxNewTokens, need, limit)
 		}
 	}
 	return nil

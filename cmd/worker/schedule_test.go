@@ -125,18 +125,57 @@ func TestScheduleScenarioErrors(t *testing.T) {
 		{`{"requests": [{"id": 1, "prompt_len": 10, "max_new_tokens": 2}, {"id": 1, "prompt_len": 10, "max_new_tokens": 2}]}`, "request 1: id: duplicate"},
 		{`{"config": {"policy": "static_batch"}, "requests": []}`, "config: policy"},
 		{`{"config": {"max_num_tokens": -1}, "requests": []}`, "config: max_num_tokens"},
-		{`{"config": {"chunking": {"enabled": true, "unit": -2}}, "requests": []}`, "chunk_unit_size"},
-		{`{"config": {"equal_cost": {"kv_cost_offset": -1}}, "requests": []}`, "TLLM_V2_CTX_COST_KV_OFFSET"},
+		{`{"config": {"chunking": {"enabled": true, "unit": -2}}, "requests": []}`, "config.chunking.unit = -2, want ≥ 1"},
+		{`{"config": {"equal_cost": {"kv_cost_offset": -1}}, "requests": []}`, "config.equal_cost.kv_cost_offset = -1, want ≥ 0"},
+		{`{"config": {"demotion": {"uncached_tokens": -1}}, "requests": []}`, "config.demotion.uncached_tokens = -1, want ≥ 0"},
+		{`{"config": {"demotion": {"max_iters": -2}}, "requests": []}`, "config.demotion.max_iters = -2, want ≥ 0"},
+		{`{"config": {"equal_cost": {"kv_cost_offset": 1, "kv_depth_threshold": 4611686018427387904}, "chunking": {"enabled": true}}, "requests": []}`,
+			"D=4611686018427387904 from config.equal_cost.kv_depth_threshold"},
 		{`{"config": {"kv": {"host_pages": -1}}, "requests": []}`, "kv.host_pages: -1, want ≥ 0"},
 		{`{"config": {"max_num_tokens": 100}, "requests": [{"id": 3, "prompt_len": 200, "max_new_tokens": 1}]}`, "request 3: prompt_len"},
 		{`{"config": {"policy": "GUARANTEED_NO_EVICT", "kv": {"pages": 9, "tokens_per_page": 4}}, "requests": [{"id": 4, "prompt_len": 30, "max_new_tokens": 20}]}`, "request 4: max_new_tokens: needs 13 pages"},
 		{`{"iterations": -1}`, "iterations"},
+		// Impossible scenarios are refused up front (defect 7).
+		{`{"iterations": 1000000000}`, "iterations: 1000000000 is beyond the dry run's limit of 1000000 iterations"},
+		{`{"config": {"max_batch_size": 0}, "requests": [{"id": 1, "prompt_len": 10, "max_new_tokens": 1}]}`,
+			"config.max_batch_size = 0 leaves no request slot per iteration"},
+		{`{"config": {"max_num_tokens": 0}, "requests": [{"id": 1, "prompt_len": 10, "max_new_tokens": 1}]}`,
+			"config.max_num_tokens = 0 schedules nothing"},
+		{`{"config": {"max_num_tokens": 4, "chunking": {"enabled": true}}, "requests": [{"id": 1, "prompt_len": 10, "max_new_tokens": 1}]}`,
+			"chunk unit config.kv.tokens_per_page (the chunk unit while config.chunking.unit is 0) = 64 is larger than the token budget config.max_num_tokens = 4"},
+		{`{"config": {"max_num_tokens": 100, "chunking": {"enabled": true, "unit": 128}}, "requests": [{"id": 1, "prompt_len": 10, "max_new_tokens": 1}]}`,
+			"chunk unit config.chunking.unit = 128 is larger than the token budget config.max_num_tokens = 100"},
+		{`{"requests": [{"id": 1, "arrive": 2000000, "prompt_len": 10, "max_new_tokens": 1}]}`,
+			"request 1: arrive: 2000000 is beyond the dry run's limit of 1000000 iterations"},
+		{`{"requests": [{"id": 1, "prompt_len": 10, "max_new_tokens": 5000000}]}`,
+			"request 1: max_new_tokens: 5000000 tokens need at least 5000000 iterations, beyond the dry run's limit of 1000000"},
+		{`{"config": {"max_num_tokens": 64, "chunking": {"enabled": true}}, "requests": [{"id": 5, "arrive": 10, "prompt_len": 640, "max_new_tokens": 999990}]}`,
+			"request 5: max_new_tokens: 999990 tokens need at least 1000009 iterations"},
+		{`{"config": {"chunking": {"enabled": true}, "max_num_tokens": null}, "requests": [{"id": 1, "prompt_len": 9000000000000000000, "max_new_tokens": 9000000000000000000}], "iterations": 1}`,
+			"config: kv.pages: omitted, and a pool holding every request to completion at once needs more than 2147483647 pages"},
+		{`{"config": {"kv": {"pages": 2147483648}}}`, "config: kv.pages: 2147483648, want at most 2147483647"},
+		{`{"config": {"kv": {"host_pages": 2147483648}}}`, "config: kv.host_pages: 2147483648, want at most 2147483647"},
+		// Type errors are JSON terms, never Go types.
+		{`{"config": {"chunking": 5}}`, "config: chunking: got a JSON number, want an object"},
+		{`{"config": {"max_batch_size": "x"}}`, "config: max_batch_size: got a JSON string, want an integer"},
+		{`{"config": {"kv": {"pages": 1.5}}}`, "config: kv.pages: got a JSON number 1.5, want an integer"},
+		{`{"requests": [{"id": 1, "prompt_len": 1.5, "max_new_tokens": 1}]}`, "request 1: prompt_len: got a JSON number 1.5, want an integer"},
+		{`{"requests": [{"id": 1, "prompt_len": 5, "max_new_tokens": 1, "in_flight": 1}]}`, "request 1: in_flight: got a JSON number, want true or false"},
+		{`{"requests": {"id": 1}}`, "requests: got a JSON object, want an array"},
+		{`{"requests": [7]}`, "requests[0]: got a JSON number, want an object"},
+		{`[1]`, "the scenario: got a JSON array, want an object"},
+		{`{"iterations": 2} {}`, "trailing data after the JSON value"},
+		{`{"iterations": `, "the scenario: unexpected end of JSON input"},
+		{``, "the scenario: no JSON value (the file is empty); want an object"},
+		{`{"iterations": 1,}`, "the scenario: invalid JSON at byte 18: invalid character '}'"},
 	} {
 		path := filepath.Join(t.TempDir(), "bad.json")
 		require.NoError(t, os.WriteFile(path, []byte(tc.text), 0o644))
 		var stdout, stderr bytes.Buffer
 		err := runSchedule([]string{"--scenario", path}, &stdout, &stderr)
 		require.ErrorContains(t, err, tc.want, tc.text)
+		requireUserFacing(t, err.Error())
+		require.Empty(t, stdout.String(), "refused before the first iteration: %s", tc.text)
 	}
 	var stdout, stderr bytes.Buffer
 	require.Error(t, runSchedule(nil, &stdout, &stderr), "--scenario is required")
@@ -197,4 +236,28 @@ func TestScheduleHostTier(t *testing.T) {
 		recomputed += len(r.RecomputePaused)
 	}
 	require.Positive(t, recomputed)
+}
+
+// TestScheduleLimitReachedIsAnError (defect 7): a run until done that hits
+// the iteration limit with requests unfinished exits non-zero naming them,
+// after printing the iterations it ran.
+func TestScheduleLimitReachedIsAnError(t *testing.T) {
+	defer func(n int) { dryRunMaxIterations = n }(dryRunMaxIterations)
+	dryRunMaxIterations = 50
+	// Each request alone finishes in 40 iterations, but one at a time they
+	// need 80.
+	path := filepath.Join(t.TempDir(), "s.json")
+	require.NoError(t, os.WriteFile(path, []byte(`{"config": {"max_batch_size": 1}, "requests": [
+		{"id": 1, "prompt_len": 8, "max_new_tokens": 40}, {"id": 2, "prompt_len": 8, "max_new_tokens": 40},
+		{"id": 3, "arrive": 49, "prompt_len": 8, "max_new_tokens": 1}]}`), 0o644))
+	var stdout, stderr bytes.Buffer
+	err := runSchedule([]string{"--scenario", path}, &stdout, &stderr)
+	require.ErrorContains(t, err, "reached the dry run's limit of 50 iterations with 2 requests unfinished: 2, 3")
+	require.Equal(t, 50, strings.Count(stdout.String(), "\n"), "the iterations that ran are printed")
+	require.Equal(t, 1, run([]string{"schedule", "--scenario", path}, &stdout, &stderr), "exit status 1")
+
+	// With an explicit iteration count, stopping early is what was asked.
+	require.NoError(t, os.WriteFile(path, []byte(`{"config": {"max_batch_size": 1}, "requests": [
+		{"id": 1, "prompt_len": 8, "max_new_tokens": 40}], "iterations": 3}`), 0o644))
+	require.NoError(t, runSchedule([]string{"--scenario", path}, &stdout, &stderr))
 }

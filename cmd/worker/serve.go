@@ -16,6 +16,7 @@ import (
 	"github.com/lockstep-ai/lockstep/bridge"
 	"github.com/lockstep-ai/lockstep/bridge/fake"
 	nativeengine "github.com/lockstep-ai/lockstep/bridge/native"
+	"github.com/lockstep-ai/lockstep/bridge/twin"
 	"github.com/lockstep-ai/lockstep/executor"
 	"github.com/lockstep-ai/lockstep/kvpool"
 	"github.com/lockstep-ai/lockstep/nccl"
@@ -56,10 +57,16 @@ type serveOptions struct {
 	kvEvents                   string
 	eventBufferMaxSize         int
 	gpuMemFraction             float64
-	// origin maps a flag name to the config key that set its value (for
-	// error messages; see settingName). Flags given on the command line
-	// have no entry.
-	origin map[string]string
+	gpu, costProfile           string // --engine twin: built-in GPU, or a cost profile file
+	tp                         int    // --engine twin: tensor-parallel GPUs per rank
+
+	// origin: flag name → the config file's "FILE:LINE key" for values
+	// the file set (see src); reuseOnBy names what turned block reuse on
+	// explicitly ("" when it is at its default).
+	origin    map[string]string
+	reuseOnBy string
+	fault     *fault       // LOCKSTEP_TEST_FAULT, checked at startup
+	out       *outputFiles // opened before any work
 }
 
 func defaultServeOptions() serveOptions {
@@ -71,12 +78,16 @@ func defaultServeOptions() serveOptions {
 		lengthScale: 1, arrivalScale: 1, report: "text", progress: "auto",
 		collectiveTimeout: 60 * time.Second, logLevel: "info", overlap: "on",
 		routerName: "default", maxActivePerRank: 1024, cp: 1, eventBufferMaxSize: 1 << 20,
-		gpuMemFraction: 0.9,
+		gpuMemFraction: 0.9, gpu: "h200", tp: 1,
 	}
 }
 
 func (o *serveOptions) flags(fs *flag.FlagSet) {
-	fs.StringVar(&o.engine, "engine", o.engine, "engine backend: cpu (native CPU reference), cuda (GPU; device = local rank) or fake (pure Go, deterministic)")
+	fs.StringVar(&o.engine, "engine", o.engine, "engine backend: cpu (native CPU reference), cuda (GPU; device = local rank), "+
+		"twin (digital twin: modelled GPU time on a virtual clock, docs/twin.md) or fake (pure Go, deterministic)")
+	fs.StringVar(&o.gpu, "gpu", o.gpu, "with --engine twin: the GPU the twin models ("+strings.Join(twin.GPUNames(), ", ")+")")
+	fs.StringVar(&o.costProfile, "cost-profile", o.costProfile, "with --engine twin: a cost profile file (JSON, docs/twin.md) instead of --gpu and --model")
+	fs.IntVar(&o.tp, "tp", o.tp, "with --engine twin: tensor-parallel GPUs per attention-DP rank")
 	fs.Float64Var(&o.gpuMemFraction, "gpu-mem-fraction", o.gpuMemFraction, "with --engine cuda and --pages 0: share of free GPU memory (after weights) for KV pages")
 	fs.StringVar(&o.model, "model", o.model, "model preset: "+strings.Join(bridge.PresetNames(), ", "))
 	fs.Uint64Var(&o.seed, "seed", o.seed, "seed of the synthetic weights and token ids")
@@ -112,54 +123,60 @@ func (o *serveOptions) flags(fs *flag.FlagSet) {
 }
 
 // validate refuses impossible configurations before any work starts.
+// Errors name where each value came from (src): the flag, or the config
+// file's FILE:LINE key.
 func (o *serveOptions) validate() error {
-	if err := oneOf("engine", o.engine, "cpu", "cuda", "fake"); err != nil {
+	if err := oneOf(o.src("engine"), o.engine, "cpu", "cuda", "fake"); err != nil {
 		return err
 	}
 	if o.pages == 0 && o.engine != "cuda" {
-		return usageErrorf("--pages must be at least 1 (0 sizes the pool from free GPU memory and needs --engine cuda)")
+		return usageErrorf("%s must be at least 1 (0 sizes the pool from free GPU memory and needs --engine cuda)",
+			o.src("pages"))
 	}
 	if !(o.gpuMemFraction > 0 && o.gpuMemFraction <= 1) {
-		return usageErrorf("--gpu-mem-fraction must be in (0, 1], got %v", o.gpuMemFraction)
+		return usageErrorf("%s must be in (0, 1], got %v", o.src("gpu-mem-fraction"), o.gpuMemFraction)
 	}
 	if _, err := bridge.LookupPreset(o.model); err != nil {
-		return usageErrorf("--model: %v", err)
+		return usageErrorf("%s: %v", o.src("model"), err)
 	}
-	if err := oneOf("report", o.report, "text", "json"); err != nil {
+	if err := oneOf(o.src("report"), o.report, "text", "json"); err != nil {
 		return err
 	}
-	if err := oneOf("progress", o.progress, "auto", "bar", "lines", "off"); err != nil {
+	if err := oneOf(o.src("progress"), o.progress, "auto", "bar", "lines", "off"); err != nil {
 		return err
 	}
-	if err := oneOf("log-level", o.logLevel, "debug", "info", "warn", "error"); err != nil {
+	if err := oneOf(o.src("log-level"), o.logLevel, "debug", "info", "warn", "error"); err != nil {
 		return err
 	}
-	if err := oneOf("overlap", o.overlap, "on", "off"); err != nil {
+	if err := oneOf(o.src("overlap"), o.overlap, "on", "off"); err != nil {
 		return err
 	}
 	if _, err := parsePolicy(o.policy); err != nil {
-		return err
+		return usageErrorf("%s: %v", o.src("policy"), err)
 	}
-	if err := oneOf("router", o.routerName, "default", "conversation"); err != nil {
+	if err := oneOf(o.src("router"), o.routerName, "default", "conversation"); err != nil {
 		return err
 	}
 	if o.cp < 1 {
-		return usageErrorf("--cp must be at least 1, got %d", o.cp)
+		return usageErrorf("%s must be at least 1, got %d", o.src("cp"), o.cp)
 	}
 	if o.cp > 1 && o.ranks > 1 {
-		return usageErrorf("--cp %d with --ranks %d: Helix and attention DP are mutually exclusive; use --ranks 1 with --cp", o.cp, o.ranks)
+		return usageErrorf("%s %d with %s %d: Helix and attention DP are mutually exclusive; use --ranks 1 with --cp",
+			o.src("cp"), o.cp, o.src("ranks"), o.ranks)
 	}
 	if o.cp > 1 && o.hostPages > 0 {
-		return usageErrorf("--host-pages %d with --cp %d: aggregated Helix does not support a host cache tier", o.hostPages, o.cp)
+		return usageErrorf("%s %d with %s %d: aggregated Helix does not support a host cache tier",
+			o.src("host-pages"), o.hostPages, o.src("cp"), o.cp)
 	}
 	if o.cp > 1 && o.engine != "cpu" {
-		return usageErrorf("--cp %d needs --engine cpu (the %s engine has no Helix attention)", o.cp, o.engine)
+		return usageErrorf("%s %d needs --engine cpu (the %s engine of %s has no Helix attention)",
+			o.src("cp"), o.cp, o.engine, o.src("engine"))
 	}
 	if o.eventBufferMaxSize < 1 {
-		return usageErrorf("--event-buffer-max-size must be at least 1, got %d", o.eventBufferMaxSize)
+		return usageErrorf("%s must be at least 1, got %d", o.src("event-buffer-max-size"), o.eventBufferMaxSize)
 	}
 	if o.maxActivePerRank < 1 {
-		return usageErrorf("--max-active-per-rank must be at least 1, got %d", o.maxActivePerRank)
+		return usageErrorf("%s must be at least 1, got %d", o.src("max-active-per-rank"), o.maxActivePerRank)
 	}
 	positive := []struct {
 		name string
@@ -167,7 +184,7 @@ func (o *serveOptions) validate() error {
 	}{{"ranks", o.ranks}, {"tokens-per-page", o.tokensPerPage}, {"max-batch-size", o.maxBatchSize}}
 	for _, p := range positive {
 		if p.v < 1 {
-			return usageErrorf("--%s must be at least 1, got %d", p.name, p.v)
+			return usageErrorf("%s must be at least 1, got %d", o.src(p.name), p.v)
 		}
 	}
 	nonNeg := []struct {
@@ -177,14 +194,22 @@ func (o *serveOptions) validate() error {
 		{"chunk-unit", o.chunkUnit}, {"limit", o.limit}}
 	for _, p := range nonNeg {
 		if p.v < 0 {
-			return usageErrorf("--%s must be non-negative, got %d", p.name, p.v)
+			return usageErrorf("%s must be non-negative, got %d", o.src(p.name), p.v)
+		}
+	}
+	for _, p := range []struct {
+		name string
+		v    int
+	}{{"pages", o.pages}, {"host-pages", o.hostPages}} {
+		if p.v > maxPoolPages {
+			return usageErrorf("%s must be at most %d (int32 page indices), got %d", o.src(p.name), maxPoolPages, p.v)
 		}
 	}
 	if err := o.validateScales(); err != nil {
 		return err
 	}
 	if o.collectiveTimeout <= 0 {
-		return usageErrorf("--collective-timeout must be positive, got %v", o.collectiveTimeout)
+		return usageErrorf("%s must be positive, got %v", o.src("collective-timeout"), o.collectiveTimeout)
 	}
 	return nil
 }
@@ -204,6 +229,7 @@ func (o *serveOptions) schedulerConfig(getenv func(string) string) (scheduler.Co
 	}
 	c.Policy, _ = parsePolicy(o.policy)
 	c.LedgerBlockTokens = o.tokensPerPage
+	o.nameSchedulerSettings(&c)
 	return scheduler.ConfigFromEnv(c, getenv)
 }
 
@@ -222,17 +248,10 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 	if fs.NArg() > 0 {
 		return usageErrorf("unexpected arguments: %v", fs.Args())
 	}
-	fs.Visit(func(f *flag.Flag) { o.ranksSet = o.ranksSet || f.Name == "ranks" })
-	if o.configPath != "" {
-		set := map[string]bool{}
-		fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
-		fc, err := loadFileConfig(o.configPath)
-		if err != nil {
-			return usageError{err}
-		}
-		if err := fc.apply(&o, set); err != nil {
-			return err
-		}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if err := o.mergeConfig(set); err != nil {
+		return err
 	}
 	if o.cp > 1 && !o.ranksSet {
 		o.ranks = 1 // Helix replaces attention DP unless asked otherwise (then validate refuses)
@@ -249,13 +268,21 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return usageError{err}
 	}
-	for _, n := range notes {
-		log.Info(n)
-	}
 	launch, err := nccl.DetectLaunch(os.Getenv)
 	if err != nil {
 		return usageError{err}
 	}
+	more, err := o.startupChecks(sc, launch, os.Getenv)
+	if err != nil {
+		return err
+	}
+	for _, n := range append(notes, more...) {
+		log.Info(n)
+	}
+	if o.out, err = o.openOutputs(launch, log); err != nil {
+		return err
+	}
+	defer o.out.close() //nolint:errcheck // closed again below, where its errors are reported
 	reqs, err := o.loadWorkload(o.attentionDPRanks(launch))
 	if err != nil {
 		return err
@@ -266,26 +293,33 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 	var res *serveResult
 	if launch.MultiProcess() {
 		res, err = serveProcess(&o, sc, reqs, launch, log, stderr)
-		if err == nil && res == nil {
-			return nil // not rank 0: rank 0 prints the report
-		}
 	} else {
 		res, err = serve(&o, sc, reqs, log, stderr)
 	}
 	if err != nil {
 		return err
 	}
+	if w := o.fault.unfiredWarning(); w != "" {
+		log.Warn(w)
+	}
+	if res == nil {
+		return o.out.close() // not rank 0: rank 0 prints the report
+	}
 	rep := buildReport(&o, reqs, res)
-	if o.requestsOut != "" {
-		if err := writeRequests(o.requestsOut, reqs, res); err != nil {
-			return err
-		}
+	if w := o.out.requestsWriter(); w != nil {
+		writeRequests(w, reqs, res) //nolint:errcheck // an output keeps its first error for close
 	}
-	write := rep.writeText
+	// The report is printed even when an output failed: the results exist.
+	outErr := o.out.close()
 	if o.report == "json" {
-		write = rep.writeJSON
+		err = rep.writeJSON(stdout)
+	} else {
+		err = rep.writeText(stdout)
 	}
-	if err := write(stdout); err != nil {
+	if outErr != nil {
+		return errors.Join(err, fmt.Errorf("the run finished (report printed) but an output is incomplete: %w", outErr))
+	}
+	if err != nil {
 		return err
 	}
 	return rep.nothingServed()
@@ -327,7 +361,11 @@ func (o *serveOptions) world() int {
 func buildRank(o *serveOptions, sc scheduler.Config, i, device int, comm nccl.Comm, cpGroup any,
 	iterLog, eventSink io.Writer, log *zap.Logger, f *fault, td *teardown) (*rankParts, error) {
 	parts := &rankParts{}
+	if f != nil && f.rank == i {
+		f.hosted.Store(true)
+	}
 	if f != nil && f.kind == "init" && f.rank == i {
+		f.fired.Store(true)
 		return nil, fmt.Errorf("rank %d: injected initialisation failure (%s)", i, FaultEnv)
 	}
 	helix := o.cp > 1
@@ -413,11 +451,6 @@ func serve(o *serveOptions, sc scheduler.Config, reqs []workload.Request, log *z
 		sc.LedgerBlockTokens = o.tokensPerPage * o.cp
 	}
 	comms := nccl.NewLocalGroup(world, nccl.LocalOptions{Timeout: o.collectiveTimeout})
-	iterLogs, closeLogs, err := openIterLogs(o.iterLog, world, os.Getenv("TLLM_PROFILE_LOG_RANKS"), -1, log)
-	if err != nil {
-		return nil, err
-	}
-	defer closeLogs()
 	var cpGroup any
 	if o.cp > 1 {
 		g, err := nativeengine.NewCPGroup(o.cp, o.collectiveTimeout)
@@ -427,15 +460,7 @@ func serve(o *serveOptions, sc scheduler.Config, reqs []workload.Request, log *z
 		defer g.Close()
 		cpGroup = g
 	}
-	flt, err := parseFault(os.Getenv(FaultEnv))
-	if err != nil {
-		return nil, usageError{err}
-	}
-	events, err := openEventSink(o.kvEvents, 0)
-	if err != nil {
-		return nil, err
-	}
-	defer events.close()
+	flt := o.fault
 	td := newTeardown()
 	start := time.Now()
 	source := executor.NewTraceSource(reqs, start)
@@ -463,7 +488,7 @@ func serve(o *serveOptions, sc scheduler.Config, reqs []workload.Request, log *z
 			ro, berr := rankOptions(o, i, comms[i])
 			var parts *rankParts
 			if berr == nil {
-				parts, berr = buildRank(ro, sc, i, i, comms[i], cpGroup, iterLogs[i], events.forRank(i), log, flt, td)
+				parts, berr = buildRank(ro, sc, i, i, comms[i], cpGroup, o.out.iterLog(i), o.out.eventSink(i), log, flt, td)
 			}
 			status := executor.InitOK
 			if berr != nil {
@@ -510,12 +535,12 @@ func serve(o *serveOptions, sc scheduler.Config, reqs []workload.Request, log *z
 func serveProcess(o *serveOptions, sc scheduler.Config, reqs []workload.Request, l nccl.Launch,
 	log *zap.Logger, stderr io.Writer) (*serveResult, error) {
 	if o.cp > 1 {
-		return nil, usageErrorf("--cp %d: Helix CP groups run in one process (--cp with in-process ranks); "+
-			"multi-process Helix is not supported yet", o.cp)
+		return nil, usageErrorf("%s %d: Helix CP groups run in one process (--cp with in-process ranks); "+
+			"multi-process Helix is not supported yet", o.src("cp"), o.cp)
 	}
 	if o.ranks != 1 && o.ranks != l.WorldSize && o.ranksSet {
-		return nil, usageErrorf("--ranks %d does not match the %s launch of %d processes (one rank per process)",
-			o.ranks, l.Launcher, l.WorldSize)
+		return nil, usageErrorf("%s %d does not match the %s launch of %d processes (one rank per process)",
+			o.src("ranks"), o.ranks, l.Launcher, l.WorldSize)
 	}
 	o.ranks = l.WorldSize
 	log = log.With(zap.Int("rank", l.Rank))
@@ -523,28 +548,12 @@ func serveProcess(o *serveOptions, sc scheduler.Config, reqs []workload.Request,
 	if err != nil {
 		return nil, fmt.Errorf("rank %d: joining the %s world of %d: %w", l.Rank, l.Launcher, l.WorldSize, err)
 	}
-	iterLogs, closeLogs, err := openIterLogs(o.iterLog, o.ranks, os.Getenv("TLLM_PROFILE_LOG_RANKS"), l.Rank, log)
-	if err != nil {
-		pg.Close()
-		return nil, err
-	}
-	defer closeLogs()
-	flt, err := parseFault(os.Getenv(FaultEnv))
-	if err != nil {
-		pg.Close()
-		return nil, usageError{err}
-	}
-	events, err := openEventSink(o.kvEvents, l.Rank)
-	if err != nil {
-		pg.Close()
-		return nil, err
-	}
-	defer events.close()
+	flt := o.fault
 	td := newTeardown()
 	ro, berr := rankOptions(o, l.LocalRank, pg.Comm)
 	var parts *rankParts
 	if berr == nil {
-		parts, berr = buildRank(ro, sc, l.Rank, l.LocalRank, pg.Comm, nil, iterLogs[l.Rank], events.forRank(l.Rank), log, flt, td)
+		parts, berr = buildRank(ro, sc, l.Rank, l.LocalRank, pg.Comm, nil, o.out.iterLog(l.Rank), o.out.eventSink(l.Rank), log, flt, td)
 	}
 	status := executor.InitOK
 	if berr != nil {
@@ -615,48 +624,32 @@ func rankOptions(o *serveOptions, device int, comm nccl.Comm) (*serveOptions, er
 	return &ro, nil
 }
 
-// eventSink is the --kv-events file, opened by the process holding rank 0.
-type eventSink struct{ f *os.File }
-
-func openEventSink(path string, rank int) (*eventSink, error) {
-	if path == "" || rank != 0 {
-		return &eventSink{}, nil
-	}
-	f, err := os.Create(path)
-	if err != nil {
-		return nil, fmt.Errorf("--kv-events: %w", err)
-	}
-	return &eventSink{f: f}, nil
-}
-
-// forRank is rank 0's writer (nil elsewhere: only rank 0 writes).
-func (s *eventSink) forRank(rank int) io.Writer {
-	if rank != 0 || s.f == nil {
-		return nil
-	}
-	return s.f
-}
-
-func (s *eventSink) close() {
-	if s.f != nil {
-		s.f.Close()
-	}
-}
-
-// firstRootCause reports a failed run: the root cause first (an error that
-// is not a consequence of another rank's failure: a peer closing, the init
-// vote relaying a failure elsewhere), then what every other rank saw.
+// firstRootCause reports a failed run: the root cause first, then what
+// every other rank saw. The root is the rank where the failure began: an
+// error that is not a consequence of another rank's failure. A peer
+// closing or the init vote relaying a failure elsewhere are consequences;
+// so is a collective timeout when some rank failed for a reason of its own
+// (a rank that stops entering collectives makes its peers time out before
+// it is torn down and reports why). Only when every error is a consequence
+// does the first timeout, then the first error, lead.
 func firstRootCause(errs []error) error {
 	root := -1
-	for i, err := range errs {
-		if err != nil && !errors.Is(err, nccl.ErrClosed) && !errors.Is(err, executor.ErrInitFailedElsewhere) {
-			root = i
-			break
+	for _, consequence := range []func(error) bool{
+		func(err error) bool {
+			return errors.Is(err, nccl.ErrClosed) || errors.Is(err, executor.ErrInitFailedElsewhere) ||
+				errors.Is(err, nccl.ErrTimeout)
+		},
+		func(err error) bool { return !errors.Is(err, nccl.ErrTimeout) },
+		func(error) bool { return false },
+	} {
+		for i, err := range errs {
+			if err != nil && !consequence(err) {
+				root = i
+				break
+			}
 		}
-	}
-	for i, err := range errs {
-		if root < 0 && err != nil {
-			root = i
+		if root >= 0 {
+			break
 		}
 	}
 	if root < 0 {

@@ -82,7 +82,7 @@ func TestConfigFileAndFlagsOverride(t *testing.T) {
 	var out, errb bytes.Buffer
 	code := run([]string{"run", "--config", cfg, "--progress", "off"}, &out, &errb)
 	require.Equal(t, 2, code)
-	require.Contains(t, errb.String(), "--pages must be at least 1")
+	require.Contains(t, errb.String(), cfg+":4 kv.pages must be at least 1", "the file's value is named as the file's key")
 	rep := runJSON(t, "--config", cfg, "--pages", "512")
 	require.EqualValues(t, 3, rep["ranks"])
 	require.EqualValues(t, 5, field(rep, "requests.total"))

@@ -135,10 +135,10 @@ func runTwinProfile(args []string, stdout, stderr io.Writer) error {
 // fitStats describes a linear fit: steps used and the in-sample relative
 // error of the fitted step times.
 type fitStats struct {
-	samples                int
-	meanAbsErr, p90AbsErr  float64
-	hostMedianMS           float64
-	coefficients           twin.LinearCoefficients
+	samples                 int
+	meanAbsErr, p90AbsErr   float64
+	hostMedianMS            float64
+	coefficients            twin.LinearCoefficients
 	measuredMS, predictedMS []float64
 }
 

@@ -12,22 +12,9 @@ import (
 )
 
 // settingName names a setting in errors by where its value came from: the
-// flag ("--length-scale"), or the config key that set it
-// ("workload.length_scale (from c.yaml)").
-func (o *serveOptions) settingName(flag string) string {
-	if key, ok := o.origin[flag]; ok {
-		return fmt.Sprintf("%s (from %s)", key, o.configPath)
-	}
-	return "--" + flag
-}
-
-// setOrigin records that the config key set the value of flag.
-func (o *serveOptions) setOrigin(flag, key string) {
-	if o.origin == nil {
-		o.origin = map[string]string{}
-	}
-	o.origin[flag] = key
-}
+// flag ("--length-scale"), or the config file's "FILE:LINE key" that set it
+// (src).
+func (o *serveOptions) settingName(flag string) string { return o.src(flag) }
 
 // validateScales checks --length-scale and --arrival-scale (or the config
 // keys that set them) with the workload package's rules, so that flags,

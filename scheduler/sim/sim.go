@@ -82,21 +82,43 @@ type Sim struct {
 // are admitted in FCFS order: by Arrive, then by their order in specs.
 // Errors name the request id and field.
 func New(s *scheduler.Scheduler, pool Pool, specs []Spec) (*Sim, error) {
-	seen := map[uint64]bool{}
-	for _, sp := range specs {
-		if seen[sp.ID] {
-			return nil, fmt.Errorf("request %d: id: duplicate", sp.ID)
-		}
-		seen[sp.ID] = true
-		if err := sp.validate(); err != nil {
-			return nil, err
-		}
+	if err := Validate(specs); err != nil {
+		return nil, err
 	}
 	sm := &Sim{S: s, Pool: pool, prompts: map[uint64][]int32{}}
 	for _, sp := range specs {
 		sm.enqueue(sp)
 	}
 	return sm, nil
+}
+
+// Validate checks specs as New does: unique ids and consistent fields.
+// Errors name the request id and field.
+func Validate(specs []Spec) error {
+	seen := map[uint64]bool{}
+	for _, sp := range specs {
+		if seen[sp.ID] {
+			return fmt.Errorf("request %d: id: duplicate", sp.ID)
+		}
+		seen[sp.ID] = true
+		if err := sp.validate(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Unfinished returns the ids of the requests that have not finished: the
+// active ones in FCFS order, then those not arrived yet.
+func (sm *Sim) Unfinished() []uint64 {
+	ids := make([]uint64, 0, len(sm.Active)+len(sm.waiting))
+	for _, r := range sm.Active {
+		ids = append(ids, r.ID)
+	}
+	for _, sp := range sm.waiting {
+		ids = append(ids, sp.ID)
+	}
+	return ids
 }
 
 // Add queues one more request. An Arrive earlier than the next iteration

@@ -1,0 +1,238 @@
+package main
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/lockstep-ai/lockstep/scheduler"
+)
+
+// writeConfig writes a YAML config file and returns its path.
+func writeConfig(t *testing.T, text string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "c.yaml")
+	require.NoError(t, os.WriteFile(path, []byte(text), 0o644))
+	return path
+}
+
+// runCLI runs the worker's command line and returns its exit code, stdout
+// and stderr.
+func runCLI(t *testing.T, args ...string) (int, string, string) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	code := run(args, &out, &errb)
+	return code, out.String(), errb.String()
+}
+
+// goIsms are fragments of Go's own error texts (type names, struct dumps,
+// decoder internals) that a user-facing config error must never show.
+var goIsms = []string{"main.", "struct {", "interface {", "*int", "[]uint8", "yaml: unmarshal", "reflect", "json:\""}
+
+// requireUserFacing fails when msg shows a Go-ism.
+func requireUserFacing(t *testing.T, msg string) {
+	t.Helper()
+	for _, g := range goIsms {
+		require.NotContains(t, msg, g, "a config error shows a Go internal: %s", msg)
+	}
+}
+
+// TestConfigFileStrict: every value of the file has its kind exactly —
+// integers are base-10 integers (1.5, 1e3, 0x10, 017 and "5" are refused,
+// never truncated or reinterpreted) — and the file holds one document of
+// known keys, each set once. Errors name FILE:LINE and the key.
+func TestConfigFileStrict(t *testing.T) {
+	for _, tc := range []struct {
+		name, text string
+		want       []string
+	}{
+		{"float pages", "kv:\n  pages: 1.5\n", []string{"c.yaml:2: kv.pages: want a base-10 integer, got 1.5"}},
+		{"float ranks", "ranks: 2.7\n", []string{"c.yaml:1: ranks: want a base-10 integer, got 2.7"}},
+		{"exponent", "kv:\n  pages: 1e3\n", []string{"kv.pages: want a base-10 integer, got 1e3"}},
+		{"hex", "kv:\n  pages: 0x10\n", []string{"kv.pages: want a base-10 integer, got 0x10"}},
+		{"yaml 1.1 octal", "scheduler:\n  max_num_tokens: 017\n", []string{"c.yaml:2: scheduler.max_num_tokens: want a base-10 integer, got 017"}},
+		{"quoted number", "kv:\n  pages: \"5\"\n", []string{`kv.pages: want a base-10 integer, got the string "5"`}},
+		{"overflow", "kv:\n  pages: 99999999999999999999\n", []string{"kv.pages: want a base-10 integer"}},
+		{"negative seed", "seed: -1\n", []string{"seed: want a non-negative base-10 integer, got -1"}},
+		{"null value", "kv:\n  pages:\n", []string{"c.yaml:2: kv.pages: want a base-10 integer, got nothing (null)"}},
+		{"bool as yes", "kv:\n  enable_block_reuse: yes\n", []string{`kv.enable_block_reuse: want true or false, got the string "yes"`}},
+		{"string as number", "engine: 5\n", []string{"c.yaml:1: engine: want a string, got 5"}},
+		{"infinite scale", "workload:\n  length_scale: .inf\n", []string{"workload.length_scale: want a finite number, got .inf"}},
+		{"list value", "ranks: [1, 2]\n", []string{"ranks: want a base-10 integer, got a list"}},
+		{"second document", "engine: fake\n---\nbogus: 1\nranks: -7\n", []string{"c.yaml:3: a second YAML document starts here; the config file must hold exactly one"}},
+		{"empty second document", "engine: fake\n---\n", []string{"a second YAML document"}},
+		{"unknown key", "rankz: 3\n", []string{`c.yaml:1: unknown key "rankz" (allowed in the top level: engine, model, seed, ranks, cp, router, overlap, kv, scheduler, workload)`}},
+		{"unknown nested key", "kv:\n  pagez: 3\n", []string{`c.yaml:2: unknown key "kv.pagez" (allowed in kv: pages, tokens_per_page`}},
+		{"renamed key", "scheduler:\n  equal_cost:\n    kv_offset: 35000\n", []string{"c.yaml:3: scheduler.equal_cost.kv_offset was renamed to scheduler.equal_cost.kv_cost_offset"}},
+		{"duplicate key", "ranks: 2\nengine: fake\nranks: 3\n", []string{"c.yaml:3: ranks is set twice (first at line 1)"}},
+		{"section not a mapping", "scheduler: 5\n", []string{"c.yaml:1: scheduler: want a mapping of settings (allowed keys: max_batch_size"}},
+		{"section is a list", "kv: [1]\n", []string{"c.yaml:1: kv: want a mapping of settings", "got a list"}},
+		{"top level list", "- 1\n- 2\n", []string{"c.yaml:1: the top level: want a mapping of settings"}},
+		{"top level scalar", "hello\n", []string{`the top level: want a mapping of settings (allowed keys: engine`, `got the string "hello"`}},
+		{"complex key", "? [a]\n: 1\n", []string{"c.yaml:1: the top level: a key must be a plain name, got a list"}},
+		{"syntax", "kv: [1\n", []string{"c.yaml:1: invalid YAML: did not find expected ',' or ']'"}},
+		{"merge key", "base: &b\n  pages: 1\nkv:\n  <<: *b\n", []string{`unknown key "base"`}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := parseFileConfig("c.yaml", []byte(tc.text))
+			require.Error(t, err)
+			for _, w := range tc.want {
+				require.ErrorContains(t, err, w)
+			}
+			requireUserFacing(t, err.Error())
+		})
+	}
+}
+
+// TestConfigFileValues: a valid file sets what it says, each with its origin.
+func TestConfigFileValues(t *testing.T) {
+	text := `# every key once
+engine: fake
+model: tiny
+seed: 18446744073709551615
+ranks: 3
+cp: 1
+router: conversation
+overlap: off
+kv:
+  pages: 512
+  tokens_per_page: 32
+  host_pages: 0
+  enable_block_reuse: false
+  event_buffer_max_size: 64
+  max_seq_len: 0
+scheduler:
+  max_batch_size: 8
+  scheduler_capacity: 6
+  max_num_tokens: +2048
+  enable_chunked_context: true
+  chunk_unit_size: 64
+  capacity_policy: GUARANTEED_NO_EVICT
+  enable_recompute_pause: false
+  enable_prefix_aware_scheduling: false
+  equal_cost:
+    kv_cost_offset: 35000
+    kv_depth_threshold: 250000
+    per_chunk_depth_tokens: 3
+  demotion: &dem
+    uncached_tokens: 32768
+    max_iters: 2
+workload:
+  trace: t.jsonl
+  limit: 5
+  length_scale: 0.05
+  arrival_scale: 0
+`
+	fc, err := parseFileConfig("c.yaml", []byte(text))
+	require.NoError(t, err)
+	require.Len(t, fc.settings, len(fileKeys), "every key of the table is in the example")
+	o := defaultServeOptions()
+	fc.apply(&o, map[string]bool{"limit": true})
+	require.Equal(t, "fake", o.engine)
+	require.Equal(t, uint64(18446744073709551615), o.seed)
+	require.Equal(t, 3, o.ranks)
+	require.True(t, o.ranksSet)
+	require.Equal(t, "off", o.overlap)
+	require.Equal(t, 512, o.pages)
+	require.Equal(t, 32, o.tokensPerPage)
+	require.True(t, o.noPrefixReuse)
+	require.Equal(t, 2048, o.maxNumTokens)
+	require.Equal(t, 6, o.sched.SchedulerCapacity)
+	require.False(t, o.sched.RecomputePause)
+	require.False(t, o.sched.PrefixAware)
+	require.Equal(t, int64(35000), o.sched.EqualCost.KVOffset)
+	require.Equal(t, int64(3), o.sched.EqualCost.PerChunkDepthTokens)
+	require.Equal(t, int64(32768), o.sched.Demotion.UncachedTokens)
+	require.Equal(t, int64(2), o.sched.Demotion.MaxIters)
+	require.Equal(t, "t.jsonl", o.trace)
+	require.Equal(t, 0, o.limit, "a flag given on the command line wins over the file")
+	require.Equal(t, 0.05, o.lengthScale)
+	require.Equal(t, 0.0, o.arrivalScale)
+	// Origins: the file's FILE:LINE key, or the flag.
+	require.Equal(t, "c.yaml:10 kv.pages", o.src("pages"))
+	require.Equal(t, "c.yaml:19 scheduler.max_num_tokens", o.src("max-num-tokens"))
+	require.Equal(t, "--limit", o.src("limit"))
+	require.Equal(t, "--report", o.src("report"))
+	require.Equal(t, "c.yaml:26 scheduler.equal_cost.kv_cost_offset", o.sched.Names[scheduler.SettingKVCostOffset])
+
+	// Empty files, comment-only files and empty sections set nothing.
+	for _, empty := range []string{"", "# nothing\n", "---\n", "kv:\n"} {
+		fc, err := parseFileConfig("c.yaml", []byte(empty))
+		require.NoError(t, err, "%q", empty)
+		require.Empty(t, fc.settings)
+	}
+	// Aliases are followed.
+	fc, err = parseFileConfig("c.yaml", []byte("kv: &k\n  pages: 7\nscheduler:\n  max_batch_size: &n 9\n  max_num_tokens: *n\n"))
+	require.NoError(t, err)
+	require.Len(t, fc.settings, 3)
+}
+
+// TestConfigErrorsNameTheirOrigin: a value from the file is reported as the
+// file's FILE:LINE key, never as the flag it stands in for or as a TLLM_*
+// variable; the same value from a flag names the flag.
+func TestConfigErrorsNameTheirOrigin(t *testing.T) {
+	for _, tc := range []struct {
+		name, text string
+		args       []string
+		want       string
+		not        string
+	}{
+		{"pages", "engine: fake\nkv:\n  pages: 0\n", nil, "c.yaml:3 kv.pages must be at least 1", "--pages must"},
+		{"max_num_tokens", "scheduler:\n  max_num_tokens: -5\n", nil, "c.yaml:2 scheduler.max_num_tokens must be non-negative, got -5", "--max-num-tokens"},
+		{"engine", "engine: gpu\n", nil, `c.yaml:1 engine "gpu" is not allowed (allowed: cpu, cuda, fake)`, "--engine"},
+		{"policy", "scheduler:\n  capacity_policy: fifo\n", nil, `c.yaml:2 scheduler.capacity_policy: capacity policy "fifo" is not allowed`, "--policy"},
+		{"equal cost", "scheduler:\n  equal_cost:\n    kv_cost_offset: -5\n", nil,
+			"c.yaml:3 scheduler.equal_cost.kv_cost_offset = -5, want ≥ 0", "TLLM_V2_CTX_COST_KV_OFFSET"},
+		{"demotion", "scheduler:\n  demotion:\n    max_iters: -1\n", nil,
+			"c.yaml:3 scheduler.demotion.max_iters = -1, want ≥ 0", "TLLM_V2"},
+		{"pages beyond the index type", "kv:\n  host_pages: 2147483648\n", nil, "c.yaml:2 kv.host_pages must be at most 2147483647 (int32 page indices)", "kvpool"},
+		{"flag wins and is named", "kv:\n  pages: 64\n", []string{"--pages", "-1"}, "--pages must be non-negative, got -1", "c.yaml"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			path := writeConfig(t, tc.text)
+			code, _, stderr := runCLI(t, append([]string{"run", "--progress", "off", "--config", path}, tc.args...)...)
+			require.Equal(t, 2, code, stderr)
+			want := strings.ReplaceAll(tc.want, "c.yaml", path)
+			require.Contains(t, stderr, want)
+			require.NotContains(t, stderr, tc.not)
+			require.NotContains(t, stderr, "serving", "refused before any work")
+			requireUserFacing(t, stderr)
+		})
+	}
+	// A TLLM_* variable overriding the file is named as the variable.
+	t.Setenv("TLLM_V2_CTX_COST_KV_OFFSET", "-3")
+	path := writeConfig(t, "scheduler:\n  equal_cost:\n    kv_cost_offset: 5\n")
+	code, _, stderr := runCLI(t, "run", "--progress", "off", "--config", path)
+	require.Equal(t, 2, code)
+	require.Contains(t, stderr, "TLLM_V2_CTX_COST_KV_OFFSET=-3 is negative")
+}
+
+// TestConfigDocumentsEveryKey: docs/config.md shows every key of the file
+// under its own name (the example is the reference users copy).
+func TestConfigDocumentsEveryKey(t *testing.T) {
+	doc, err := os.ReadFile("../../docs/config.md")
+	require.NoError(t, err)
+	for _, p := range fileKeyPaths() {
+		parts := strings.Split(p, ".")
+		require.True(t, strings.Contains(string(doc), parts[len(parts)-1]+":"), "docs/config.md lacks %s", p)
+	}
+	require.False(t, strings.Contains(string(doc), " kv_offset:"), "the equal-cost key is kv_cost_offset")
+
+	// The example is a valid file, and its values are the defaults.
+	_, example, ok := strings.Cut(string(doc), "```yaml\n")
+	require.True(t, ok)
+	example, _, _ = strings.Cut(example, "```")
+	fc, err := parseFileConfig("docs/config.md", []byte(example))
+	require.NoError(t, err)
+	require.Len(t, fc.settings, len(fileKeys), "the example shows every key")
+	o, want := defaultServeOptions(), defaultServeOptions()
+	fc.apply(&o, map[string]bool{})
+	require.NoError(t, o.validate())
+	o.origin, o.ranksSet, want.ranksSet, o.reuseOnBy = nil, false, false, ""
+	o.sched.Names = want.sched.Names
+	require.Equal(t, want, o, "the example's values are the defaults")
+}

@@ -1,0 +1,196 @@
+package main
+
+// The files `worker run` writes: --requests-out, --iter-log and
+// --kv-events. They are created before any work starts, so that a path that
+// cannot be written fails the run at once, naming the flag and the path,
+// instead of after the results exist. A write that fails later (a full
+// disk) does not stop serving either: the file keeps its first error, the
+// run finishes, the report is printed, and only then does the worker exit
+// non-zero naming the flag and the path.
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"sync"
+
+	"go.uber.org/zap"
+
+	"github.com/lockstep-ai/lockstep/nccl"
+)
+
+// outputFile is one output. Writes are serialised (ranks of one process
+// share a file when its path has no {rank}) and never fail: the first error
+// is kept for close and reported once through onFail.
+type outputFile struct {
+	flag, path string
+	w          io.Writer
+	f          *os.File // nil for standard error, which is not closed
+	onFail     func(error)
+
+	mu     sync.Mutex
+	err    error
+	closed bool
+}
+
+// createOutput creates (or truncates) path for flag. "-" is standard error
+// where allowStderr is set.
+func createOutput(flag, path string, allowStderr bool, onFail func(error)) (*outputFile, error) {
+	out := &outputFile{flag: flag, path: path, onFail: onFail}
+	if path == "-" && allowStderr {
+		out.w = os.Stderr
+		return out, nil
+	}
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("%s %q cannot be written: %w", flag, path, err)
+	}
+	out.w, out.f = f, f
+	return out, nil
+}
+
+// Write implements io.Writer; see outputFile.
+func (o *outputFile) Write(b []byte) (int, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.err == nil && !o.closed {
+		if _, err := o.w.Write(b); err != nil {
+			o.err = fmt.Errorf("%s: writing %s failed: %w", o.flag, o.path, err)
+			if o.onFail != nil {
+				o.onFail(o.err)
+			}
+		}
+	}
+	return len(b), nil
+}
+
+// close closes the file once and returns its first error (write or close).
+func (o *outputFile) close() error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if !o.closed {
+		o.closed = true
+		if o.f != nil {
+			if err := o.f.Close(); err != nil && o.err == nil {
+				o.err = fmt.Errorf("%s: closing %s failed: %w", o.flag, o.path, err)
+			}
+		}
+	}
+	return o.err
+}
+
+// outputFiles are this process's outputs.
+type outputFiles struct {
+	requests *outputFile   // --requests-out; nil when unset or not rank 0's process
+	events   *outputFile   // --kv-events; nil when unset or not rank 0's process
+	iterLogs []*outputFile // --iter-log per rank; nil for ranks not logged here
+	all      []*outputFile
+}
+
+// openOutputs creates this process's outputs for a world of world ranks.
+// only is the process's rank under a launcher (one rank per process), or
+// -1 when every rank runs in this process. Rank 0's process writes the
+// requests and the event stream. warn reports one-off warnings (ignored
+// TLLM_PROFILE_LOG_RANKS entries, a write that failed during the run).
+func openOutputs(o *serveOptions, world, only int, logRanks string, warn func(string)) (*outputFiles, error) {
+	outs := &outputFiles{iterLogs: make([]*outputFile, world)}
+	onFail := func(err error) { warn(err.Error() + "; the run goes on, the file is incomplete") }
+	open := func(flag, path string, allowStderr bool) (*outputFile, error) {
+		f, err := createOutput(flag, path, allowStderr, onFail)
+		if err != nil {
+			outs.close() //nolint:errcheck // the open error is the one to report
+			return nil, usageError{err}
+		}
+		outs.all = append(outs.all, f)
+		return f, nil
+	}
+	var err error
+	if o.requestsOut != "" && only <= 0 {
+		if outs.requests, err = open("--requests-out", o.requestsOut, false); err != nil {
+			return nil, err
+		}
+	}
+	if o.kvEvents != "" && only <= 0 {
+		if outs.events, err = open("--kv-events", o.kvEvents, false); err != nil {
+			return nil, err
+		}
+	}
+	if o.iterLog == "" {
+		return outs, nil
+	}
+	chosen, w := selectLogRanks(logRanks, world)
+	if w != "" {
+		warn(w)
+	}
+	paths, err := iterLogPaths(o.iterLog, chosen, only)
+	if err != nil {
+		return nil, usageError{err}
+	}
+	byPath := map[string]*outputFile{}
+	for r, p := range paths {
+		if p == "" {
+			continue
+		}
+		if f, ok := byPath[p]; ok { // ranks sharing a path share the file
+			outs.iterLogs[r] = f
+			continue
+		}
+		f, err := open("--iter-log", p, true)
+		if err != nil {
+			return nil, err
+		}
+		byPath[p] = f
+		outs.iterLogs[r] = f
+	}
+	return outs, nil
+}
+
+// iterLog is rank's iteration log writer, nil (a nil interface, which the
+// executor reads as "no log") when the rank is not logged here.
+func (s *outputFiles) iterLog(rank int) io.Writer {
+	if s == nil || rank < 0 || rank >= len(s.iterLogs) || s.iterLogs[rank] == nil {
+		return nil
+	}
+	return s.iterLogs[rank]
+}
+
+// eventSink is rank 0's KV event writer (nil elsewhere: only rank 0 writes).
+func (s *outputFiles) eventSink(rank int) io.Writer {
+	if s == nil || rank != 0 || s.events == nil {
+		return nil
+	}
+	return s.events
+}
+
+// requestsWriter is the --requests-out writer, nil when there is none.
+func (s *outputFiles) requestsWriter() io.Writer {
+	if s == nil || s.requests == nil {
+		return nil
+	}
+	return s.requests
+}
+
+// close closes every file and returns their errors, joined.
+func (s *outputFiles) close() error {
+	if s == nil {
+		return nil
+	}
+	var errs []error
+	for _, f := range s.all {
+		if err := f.close(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// openOutputs opens o's outputs for this process under launch l: every
+// rank's in-process, or the launcher's rank alone.
+func (o *serveOptions) openOutputs(l nccl.Launch, log *zap.Logger) (*outputFiles, error) {
+	world, only := o.world(), -1
+	if l.MultiProcess() {
+		world, only = l.WorldSize, l.Rank
+	}
+	return openOutputs(o, world, only, os.Getenv("TLLM_PROFILE_LOG_RANKS"), func(w string) { log.Warn(w) })
+}

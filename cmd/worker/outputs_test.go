@@ -1,0 +1,80 @@
+package main
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestUnwritableOutputsRefusedBeforeServing (defect 8): every output path is
+// opened before any work, so a path that cannot be written fails the run at
+// once, naming the flag and the path.
+func TestUnwritableOutputsRefusedBeforeServing(t *testing.T) {
+	missing := filepath.Join(t.TempDir(), "no-such-dir", "out.jsonl")
+	for _, flag := range []string{"--requests-out", "--iter-log", "--kv-events"} {
+		code, stdout, stderr := runCLI(t, append(append([]string{}, fakeRun...), flag, missing)...)
+		require.Equal(t, 2, code, stderr)
+		require.Contains(t, stderr, flag+` "`+missing+`" cannot be written`)
+		require.Contains(t, stderr, "no such file or directory")
+		require.NotContains(t, stderr, "serving", "refused before any work")
+		require.Empty(t, stdout)
+	}
+	// Every rank's iteration log path is opened: rank 2's is the bad one.
+	dir := t.TempDir()
+	require.NoError(t, os.Mkdir(filepath.Join(dir, "it-2.jsonl"), 0o755)) // a directory where rank 2's file goes
+	t.Setenv("TLLM_PROFILE_LOG_RANKS", "all")
+	code, _, stderr := runCLI(t, append(append([]string{}, fakeRun...), "--ranks", "4", "--iter-log", filepath.Join(dir, "it-{rank}.jsonl"))...)
+	require.Equal(t, 2, code, stderr)
+	require.Contains(t, stderr, `--iter-log "`+filepath.Join(dir, "it-2.jsonl")+`" cannot be written`)
+	require.NotContains(t, stderr, "serving")
+}
+
+// TestFailedOutputStillPrintsTheReport (defect 8): a write that fails during
+// or after the run (here: a full device) does not lose the results: the
+// report is printed, then the worker exits non-zero naming the flag and
+// the path.
+func TestFailedOutputStillPrintsTheReport(t *testing.T) {
+	if _, err := os.Stat("/dev/full"); err != nil {
+		t.Skip("no /dev/full")
+	}
+	for _, flag := range []string{"--requests-out", "--iter-log", "--kv-events"} {
+		code, stdout, stderr := runCLI(t, append(append([]string{}, fakeRun...), "--report", "json", flag, "/dev/full")...)
+		require.Equal(t, 1, code, stderr)
+		var rep map[string]any
+		require.NoError(t, json.Unmarshal([]byte(stdout), &rep), "the report is printed: %q", stdout)
+		require.EqualValues(t, 8, field(rep, "requests.completed"))
+		require.Contains(t, stderr, "the run finished (report printed) but an output is incomplete: "+flag+": writing /dev/full failed")
+		require.Contains(t, stderr, "no space left on device")
+		if flag != "--requests-out" { // written during the run: one warning when it fails
+			require.Equal(t, 1, strings.Count(stderr, "the run goes on, the file is incomplete"), stderr)
+		}
+	}
+}
+
+// TestOutputsWritten: the outputs hold what they should when all is well,
+// with several ranks sharing one iteration log file.
+func TestOutputsWritten(t *testing.T) {
+	dir := t.TempDir()
+	reqs, iters, events := filepath.Join(dir, "r.jsonl"), filepath.Join(dir, "it.jsonl"), filepath.Join(dir, "ev.jsonl")
+	t.Setenv("TLLM_PROFILE_LOG_RANKS", "all")
+	code, _, stderr := runCLI(t, append(append([]string{}, fakeRun...), "--ranks", "2", "--requests-out", reqs,
+		"--iter-log", iters, "--kv-events", events)...)
+	require.Equal(t, 0, code, stderr)
+	b, err := os.ReadFile(reqs)
+	require.NoError(t, err)
+	require.Equal(t, 8, strings.Count(string(b), "\n"))
+	b, err = os.ReadFile(iters)
+	require.NoError(t, err)
+	require.Contains(t, string(b), `"rank":0`)
+	require.Contains(t, string(b), `"rank":1`)
+	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		require.True(t, json.Valid([]byte(line)), "whole records, never interleaved: %q", line)
+	}
+	b, err = os.ReadFile(events)
+	require.NoError(t, err)
+	require.NotEmpty(t, b)
+}

@@ -1,0 +1,113 @@
+package main
+
+// Startup checks of `worker run` that need more than one option: the
+// merged options, the scheduler configuration (TLLM_* applied), the launch
+// and the environment. They run before any work (no workload read, no
+// engine built, no collective), refuse what could never work with an error
+// naming where each value came from, and return the notes that explain a
+// setting that is accepted but has no effect.
+
+import (
+	"fmt"
+
+	"github.com/lockstep-ai/lockstep/executor"
+	"github.com/lockstep-ai/lockstep/nccl"
+	"github.com/lockstep-ai/lockstep/scheduler"
+)
+
+// startupChecks checks o with its scheduler configuration sc under launch
+// l; getenv reads the environment. It returns the startup notes to log and
+// records the test fault in o.fault.
+func (o *serveOptions) startupChecks(sc scheduler.Config, l nccl.Launch, getenv func(string) string) ([]string, error) {
+	var notes []string
+	if err := sc.CheckServable(); err != nil {
+		return nil, usageError{err}
+	}
+	helix := o.cp > 1
+	// kvcache.md §10 / executor.md §11.4 P-08: block reuse with Helix is a
+	// construction error naming the option. Reuse at its default is turned
+	// off with a note, as the automatic host tier is (kvcache.md §3.4).
+	if helix && o.reuseOnBy != "" {
+		return nil, usageErrorf("%s turns block reuse on with %s %d: aggregated Helix does not support block reuse "+
+			"(a ledger block's bytes span CP ranks); remove the setting or set it to false", o.reuseOnBy, o.src("cp"), o.cp)
+	}
+	if helix && !o.noPrefixReuse {
+		notes = append(notes, "aggregated Helix turns block reuse off (a ledger block's bytes span CP ranks)")
+	}
+	check, err := executor.ParseScheduleCheckEnv(getenv(executor.ScheduleCheckEnv))
+	if err != nil {
+		return nil, usageError{err}
+	}
+	world := o.world()
+	if l.MultiProcess() {
+		world = l.WorldSize
+		// serveProcess refuses these too; here they fail before the
+		// outputs are created and the workload is read.
+		if helix {
+			return nil, usageErrorf("%s %d: Helix CP groups run in one process (--cp with in-process ranks); "+
+				"multi-process Helix is not supported yet", o.src("cp"), o.cp)
+		}
+		if o.ranks != 1 && o.ranks != l.WorldSize && o.ranksSet {
+			return nil, usageErrorf("%s %d does not match the %s launch of %d processes (one rank per process)",
+				o.src("ranks"), o.ranks, l.Launcher, l.WorldSize)
+		}
+	}
+	if o.fault, err = parseFault(getenv(FaultEnv)); err != nil {
+		return nil, usageError{err}
+	}
+	if err := checkFault(o.fault, world, helix && check); err != nil {
+		return nil, usageError{err}
+	}
+	if n := o.demotionNote(sc, world); n != "" {
+		notes = append(notes, n)
+	}
+	return notes, nil
+}
+
+// demotionNote explains why long-prefill demotion, configured and on in the
+// scheduler, will demote nothing: only the conversation-aware router
+// publishes the uncached-prefill estimates it reads, and a router runs only
+// under attention DP over more than one rank (scheduler.md §10.1,
+// router-and-calibration.md §5). "" when demotion can work.
+func (o *serveOptions) demotionNote(sc scheduler.Config, world int) string {
+	if sc.Demotion.UncachedTokens <= 0 || !sc.ChunkedContext {
+		return "" // off, and ConfigFromEnv already said why
+	}
+	var why string
+	switch {
+	case o.cp > 1:
+		why = fmt.Sprintf("Helix CP (%s %d) runs no router", o.src("cp"), o.cp)
+	case world <= 1:
+		why = fmt.Sprintf("one rank (%s %d) runs no router", o.src("ranks"), world)
+	case o.routerName != "conversation":
+		why = fmt.Sprintf("the %s router (%s) publishes none", o.routerName, o.src("router"))
+	default:
+		return ""
+	}
+	return fmt.Sprintf("long-prefill demotion (%s = %d) will demote nothing: it needs the uncached-prefill estimates "+
+		"of the conversation-aware router, and %s; to use it run --router conversation with --ranks > 1",
+		sc.Name(scheduler.SettingDemoteUncachedTokens), sc.Demotion.UncachedTokens, why)
+}
+
+// nameSchedulerSettings tells the scheduler where its flag-backed settings
+// came from, so that its errors and notes name the flag or the config
+// file's key (the file-only settings were named by fileConfig.apply; the
+// TLLM_* variables name themselves in ConfigFromEnv).
+func (o *serveOptions) nameSchedulerSettings(c *scheduler.Config) {
+	c.Names[scheduler.SettingMaxBatchSize] = o.src("max-batch-size")
+	c.Names[scheduler.SettingMaxNumTokens] = o.src("max-num-tokens")
+	c.Names[scheduler.SettingChunkedContext] = o.src("chunked-prefill")
+	c.Names[scheduler.SettingChunkUnitSize] = o.src("chunk-unit")
+	if o.chunkUnit == 0 {
+		c.Names[scheduler.SettingChunkUnitSize] = fmt.Sprintf("%s (the chunk unit while %s is 0)",
+			o.src("tokens-per-page"), o.src("chunk-unit"))
+	}
+	c.Names[scheduler.SettingPolicy] = o.src("policy")
+	if c.Names[scheduler.SettingRecomputePause] == "" {
+		c.Names[scheduler.SettingRecomputePause] = "scheduler.enable_recompute_pause in --config"
+	}
+	if c.Names[scheduler.SettingSchedulerCapacity] == "" {
+		c.Names[scheduler.SettingSchedulerCapacity] = "scheduler.scheduler_capacity in --config"
+	}
+	c.Names[scheduler.SettingPoolSize] = fmt.Sprintf("%s (KV pages per rank) and %s", o.src("pages"), o.src("tokens-per-page"))
+}
