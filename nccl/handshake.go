@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"syscall"
 )
 
 // Every connection to the bootstrap store and to rank 0's TCP data port
@@ -166,7 +167,7 @@ func (s *helloServer) serveHello(conn net.Conn, r *bufio.Reader) (helloClaim, er
 	}
 	frame, err := readFrame(r, helloLen)
 	if err != nil {
-		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET) {
 			return helloClaim{}, fmt.Errorf("closed before completing the hello (%w)", err)
 		}
 		return helloClaim{}, fmt.Errorf("reading the hello: %w", err)

@@ -87,6 +87,9 @@ func NewTCPTransport(o TCPOptions) (*TCPTransport, error) {
 	if o.Host == "" {
 		o.Host = "127.0.0.1"
 	}
+	if o.Logger == nil {
+		o.Logger = zap.NewNop()
+	}
 	if o.HelloTimeout <= 0 {
 		o.HelloTimeout = defaultTCPHelloTimeout
 	}

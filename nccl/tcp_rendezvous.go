@@ -7,6 +7,8 @@ import (
 	"net"
 	"sync"
 	"time"
+
+	"go.uber.org/zap"
 )
 
 // Rendezvous bounds at rank 0.
@@ -72,6 +74,8 @@ func (t *TCPTransport) acceptPeers(o TCPOptions) error {
 				res.peer.conn.Close()
 				continue
 			}
+			o.Logger.Debug("tcp transport: a rank joined the rendezvous", zap.Int("peer_rank", res.claim.rank),
+				zap.String("remote", res.peer.conn.RemoteAddr().String()))
 			res.peer.conn.SetDeadline(deadline)
 			t.peers[res.claim.rank] = res.peer
 			accepted[res.claim.rank] = res
