@@ -95,6 +95,14 @@ func (t *TCPTransport) acceptPeers(o TCPOptions) error {
 	ln.Close()
 	h.stop()
 	if err != nil {
+		// Tell the ranks already admitted why they will not be acknowledged,
+		// rather than leave them to their own timeout.
+		for _, res := range accepted {
+			if res.peer != nil {
+				res.peer.conn.SetWriteDeadline(time.Now().Add(tcpRejectWrite))
+				writeFrame(res.peer.conn, rejectVerdict(fmt.Errorf("rank 0 gave up: %w", err)))
+			}
+		}
 		return err
 	}
 	// Everyone is here: acknowledge, with rank 0's proof, so that no rank
