@@ -2,7 +2,7 @@
 #   make          build the native engine (CMake) and bin/worker
 #   make run      serve the built-in sample on 4 in-process ranks (CPU engine)
 #   make test     native tests (ctest) and every Go test
-#   make fuzz     bounded fuzzing (KV pool operations, trace parser)
+#   make fuzz     bounded fuzzing (KV pool operations, trace parser, store frames, hellos, collective headers)
 #   make bench    Go benchmarks (engine step, executor iteration, scheduler, kvpool)
 GO       ?= go
 BUILD    ?= build
@@ -48,12 +48,17 @@ test-go: native
 	$(GO) vet -tags native ./...
 	$(GO) test -tags native -count=1 -timeout 30m ./...
 
-# Bounded fuzzing (CI runs it): the KV pool's operation sequences and the
-# trace parser, FUZZTIME each.
+# Bounded fuzzing (CI runs it): the KV pool's operation sequences, the
+# trace parser, the bootstrap store's request frames, the store's and TCP
+# transport's hello, and the checked protocol's collective headers,
+# FUZZTIME each.
 FUZZTIME ?= 20s
 fuzz:
 	$(GO) test ./kvpool -run '^$$' -fuzz FuzzPoolOperations -fuzztime $(FUZZTIME) -parallel 1
 	$(GO) test ./workload -run '^$$' -fuzz FuzzRead -fuzztime $(FUZZTIME) -parallel 1
+	$(GO) test ./nccl -run '^$$' -fuzz FuzzStoreFrames -fuzztime $(FUZZTIME) -parallel 1
+	$(GO) test ./nccl -run '^$$' -fuzz FuzzTransportHello -fuzztime $(FUZZTIME) -parallel 1
+	$(GO) test ./nccl -run '^$$' -fuzz FuzzCollectiveHeader -fuzztime $(FUZZTIME) -parallel 1
 
 # The concurrent packages (collectives, executor ranks, engine goroutine)
 # once more under the race detector.

@@ -112,7 +112,8 @@ func (s *storeState) handle(id int, req []byte) []byte {
 		}
 		ms, err := strconv.ParseInt(string(args[0]), 10, 64)
 		if err != nil || ms < 0 || ms > maxStoreWait.Milliseconds() {
-			return storeStatus(storeBad, fmt.Sprintf("bad wait timeout %q (milliseconds in [0, %d])", args[0], maxStoreWait.Milliseconds()))
+			arg := args[0][:min(len(args[0]), 32)] // a message bounded whatever was sent
+			return storeStatus(storeBad, fmt.Sprintf("bad wait timeout %q (milliseconds in [0, %d])", arg, maxStoreWait.Milliseconds()))
 		}
 		if s.wait(args[1:], time.Duration(ms)*time.Millisecond) {
 			return []byte{storeOK}
