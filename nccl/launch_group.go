@@ -59,6 +59,13 @@ type ProcessGroup struct {
 //     rank 0 and connects the TCP transport through it;
 //   - a world of one process needs no peers (no store, no board).
 //
+// Rank 0's store and TCP data port admit a connection only after the hello
+// (handshake.go): with l.JobToken set, a challenge–response over it (the
+// same token must be set on every rank); without one, a start-up warning
+// goes to o.Logger under a torchrun-style launch, where any process that
+// reaches the ports could take part. Under MPI the store uses a session
+// token drawn by rank 0 when l.JobToken is unset.
+//
 // Every rank must call it at the same point of start-up. On failure nothing
 // is left open.
 func OpenProcessGroup(l Launch, o GroupOptions) (g *ProcessGroup, err error) {

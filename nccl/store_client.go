@@ -84,7 +84,7 @@ func DialStore(addr string, o StoreClientOptions) (*StoreClient, error) {
 		if errors.As(err, &ne) && ne.Timeout() {
 			err = fmt.Errorf("%w: %w", err, ErrTimeout)
 		}
-		return nil, fmt.Errorf("rank %d joining the bootstrap store at %s: %w", o.Rank, addr, err)
+		return nil, fmt.Errorf("bootstrap store at %s: %w", addr, err)
 	}
 	conn.SetDeadline(time.Time{})
 	c.maxRequest = int(min(ch.limit, maxStoreResponse))
