@@ -2,7 +2,8 @@
 #   make          build the native engine (CMake) and bin/worker
 #   make run      serve the built-in sample on 4 in-process ranks (CPU engine)
 #   make test     native tests (ctest) and every Go test
-#   make fuzz     bounded fuzzing (KV pool operations, trace parser, config YAML, scenario JSON)
+#   make fuzz     bounded fuzzing (KV pool operations, trace parser, config YAML, scenario JSON,
+#                 store frames, hellos, collective headers)
 #   make bench    Go benchmarks (engine step, executor iteration, scheduler, kvpool)
 GO       ?= go
 BUILD    ?= build
@@ -50,7 +51,9 @@ test-go: native
 
 # Bounded fuzzing (CI runs it): the KV pool's operation sequences, the
 # trace parser, the worker's YAML config, the dry-run scenario JSON and
-# dry runs of generated scenarios, FUZZTIME each.
+# dry runs of generated scenarios, the bootstrap store's request frames, the
+# store's and TCP transport's hello, and the checked protocol's collective
+# headers, FUZZTIME each.
 FUZZTIME ?= 20s
 fuzz:
 	$(GO) test ./kvpool -run '^$$' -fuzz FuzzPoolOperations -fuzztime $(FUZZTIME) -parallel 1
@@ -58,6 +61,9 @@ fuzz:
 	$(GO) test ./cmd/worker -run '^$$' -fuzz '^FuzzConfigYAML$$' -fuzztime $(FUZZTIME) -parallel 1
 	$(GO) test ./cmd/worker -run '^$$' -fuzz '^FuzzScenario$$' -fuzztime $(FUZZTIME) -parallel 1
 	$(GO) test ./cmd/worker -run '^$$' -fuzz '^FuzzScenarioRun$$' -fuzztime $(FUZZTIME) -parallel 1
+	$(GO) test ./nccl -run '^$$' -fuzz FuzzStoreFrames -fuzztime $(FUZZTIME) -parallel 1
+	$(GO) test ./nccl -run '^$$' -fuzz FuzzTransportHello -fuzztime $(FUZZTIME) -parallel 1
+	$(GO) test ./nccl -run '^$$' -fuzz FuzzCollectiveHeader -fuzztime $(FUZZTIME) -parallel 1
 
 # The concurrent packages (collectives, executor ranks, engine goroutine)
 # once more under the race detector.

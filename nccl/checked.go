@@ -233,7 +233,9 @@ func checkHeaders(hdrs []header, bodies [][]byte, size int) error {
 				ref.Seq, quoted(ref.entry()), ref.Op)}
 		}
 		for r, b := range bodies {
-			if int64(len(b)) != 8*ref.Len {
+			// Divided, not multiplied: 8*Len overflows for a Len from a
+			// corrupt header, and a wrapped product could match.
+			if ref.Len < 0 || len(b)%8 != 0 || int64(len(b)/8) != ref.Len {
 				return &collectiveError{kind: ErrMismatch, msg: fmt.Sprintf(
 					"collective #%d %s: rank %d sent %d bytes for %d int64 values",
 					ref.Seq, quoted(ref.entry()), r, len(b), ref.Len)}
@@ -295,12 +297,14 @@ func (h *header) decode(p []byte) (int, error) {
 	h.Op = ReduceOp(p[11])
 	h.Len = int64(binary.LittleEndian.Uint64(p[12:]))
 	h.Root = int64(binary.LittleEndian.Uint64(p[20:]))
-	n := int(binary.LittleEndian.Uint32(p[28:]))
-	if n > len(p)-headerFixed {
+	// Compared as uint64: converted to int first, a length of 2³¹ or more
+	// would be negative on 32-bit platforms and pass the check.
+	n := binary.LittleEndian.Uint32(p[28:])
+	if uint64(n) > uint64(len(p)-headerFixed) {
 		return 0, fmt.Errorf("name length %d beyond the %d-byte payload", n, len(p))
 	}
-	h.Name = string(p[headerFixed : headerFixed+n])
-	return headerFixed + n, nil
+	h.Name = string(p[headerFixed : headerFixed+int(n)])
+	return headerFixed + int(n), nil
 }
 
 // entry is the header as a trace entry.

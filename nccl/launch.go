@@ -39,6 +39,10 @@ type Launch struct {
 	// also read, when set, under the other launchers).
 	MasterAddr string
 	MasterPort int
+	// JobToken is LOCKSTEP_JOB_TOKEN (the zero token when unset): the secret
+	// that authenticates the ranks to each other at rank 0's bootstrap store
+	// and TCP data port. It renders as "[job token set]" in every format.
+	JobToken JobToken
 }
 
 // UsesMPI reports whether the processes should meet through MPI (started by
@@ -154,6 +158,7 @@ func (lv launcherVars) detect(getenv func(string) string) (Launch, error) {
 		return fail("%s=%d is outside [0, %s=%d)", localRankVar, l.LocalRank, lv.size, l.WorldSize)
 	}
 	l.MasterAddr = strings.TrimSpace(getenv("MASTER_ADDR"))
+	l.JobToken = NewJobToken(getenv(JobTokenEnv))
 	if l.MasterPort, err = envInt(getenv, "MASTER_PORT", false); err != nil {
 		return fail("%v", err)
 	}

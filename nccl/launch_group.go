@@ -7,6 +7,8 @@ import (
 	"os"
 	"strconv"
 	"time"
+
+	"go.uber.org/zap"
 )
 
 // GroupOptions configures OpenProcessGroup.
@@ -24,6 +26,11 @@ type GroupOptions struct {
 	// launch (an address every rank can reach). "" picks MASTER_ADDR when
 	// set, 127.0.0.1 when every rank runs on one node, else the host name.
 	StoreHost string
+	// Logger receives the start-up warnings about the job token (unset
+	// while rank 0's store and TCP data port accept connections, or short)
+	// and, on rank 0, one line per connection closed for failing the hello.
+	// nil logs nothing.
+	Logger *zap.Logger
 }
 
 // ProcessGroup is this process's membership of a multi-process world: the
@@ -52,11 +59,21 @@ type ProcessGroup struct {
 //     rank 0 and connects the TCP transport through it;
 //   - a world of one process needs no peers (no store, no board).
 //
+// Rank 0's store and TCP data port admit a connection only after the hello
+// (handshake.go): with l.JobToken set, a challenge–response over it (the
+// same token must be set on every rank); without one, a start-up warning
+// goes to o.Logger under a torchrun-style launch, where any process that
+// reaches the ports could take part. Under MPI the store uses a session
+// token drawn by rank 0 when l.JobToken is unset.
+//
 // Every rank must call it at the same point of start-up. On failure nothing
 // is left open.
 func OpenProcessGroup(l Launch, o GroupOptions) (g *ProcessGroup, err error) {
 	if o.ConnectTimeout <= 0 {
 		o.ConnectTimeout = 60 * time.Second
+	}
+	if o.Logger == nil {
+		o.Logger = zap.NewNop()
 	}
 	g = &ProcessGroup{Launch: l}
 	defer func() {
@@ -87,27 +104,58 @@ func OpenProcessGroup(l Launch, o GroupOptions) (g *ProcessGroup, err error) {
 	return g, nil
 }
 
-// openTCP is the torchrun-style rendezvous.
+// openTCP is the torchrun-style rendezvous: rank 0 serves the store on
+// MASTER_ADDR:MASTER_PORT and talks to it in process; the others dial it.
+// Both the store and the TCP transport authenticate with the job token when
+// it is set.
 func (g *ProcessGroup) openTCP(o GroupOptions) (Transport, error) {
 	l := g.Launch
 	addr := net.JoinHostPort(l.MasterAddr, strconv.Itoa(l.MasterPort))
+	warnJobToken(o.Logger, l.JobToken, addr)
+	var err error
 	if l.Rank == 0 {
-		s, err := ListenStore(addr)
+		g.server, err = ListenStore(addr, StoreOptions{WorldSize: l.WorldSize, Token: l.JobToken, Logger: o.Logger})
 		if err != nil {
 			return nil, fmt.Errorf("rank 0 serves the bootstrap store on MASTER_ADDR:MASTER_PORT: %w", err)
 		}
-		g.server = s
+		g.client, err = g.server.LocalClient(o.ConnectTimeout)
+	} else {
+		g.client, err = DialStore(addr, StoreClientOptions{Rank: l.Rank, WorldSize: l.WorldSize, Token: l.JobToken,
+			Timeout: o.ConnectTimeout})
 	}
-	c, err := DialStore(addr, o.ConnectTimeout)
 	if err != nil {
 		return nil, fmt.Errorf("rank %d: %w", l.Rank, err)
 	}
-	g.client = c
-	return NewTCPTransport(TCPOptions{Rank: l.Rank, Size: l.WorldSize, Store: c, Host: l.MasterAddr,
-		ConnectTimeout: o.ConnectTimeout})
+	t, err := NewTCPTransport(TCPOptions{Rank: l.Rank, Size: l.WorldSize, Store: g.client, Host: l.MasterAddr,
+		ConnectTimeout: o.ConnectTimeout, Token: l.JobToken, Logger: o.Logger})
+	if err != nil && g.server != nil {
+		// A rank whose token differs failed at the store; say so in rank
+		// 0's timeout too.
+		if s := g.server.rejectSummary(); s != "" {
+			err = fmt.Errorf("%w; %s", err, s)
+		}
+	}
+	return t, err
+}
+
+// warnJobToken logs what the user should know about the job token of a job
+// whose rank 0 serves the store at addr.
+func warnJobToken(log *zap.Logger, token JobToken, addr string) {
+	if !token.IsSet() {
+		log.Warn(noTokenWarning(addr))
+	} else if w := token.Warning(); w != "" {
+		log.Warn(w)
+	}
 }
 
 // openMPI opens the MPI transport and the watchdog's store beside it.
+//
+// The store is authenticated even without LOCKSTEP_JOB_TOKEN: rank 0 then
+// draws a random session token and hands it to the other ranks with the
+// store's address, through MPI (a channel the launcher set up, which no
+// process outside the job is part of). A token set by the user is never
+// sent. Every rank also states whether it has a token, so that a token set
+// on some ranks only fails every rank with the same error.
 func (g *ProcessGroup) openMPI(o GroupOptions) (Transport, error) {
 	l := g.Launch
 	if o.OpenMPI == nil {
@@ -122,31 +170,83 @@ func (g *ProcessGroup) openMPI(o GroupOptions) (Transport, error) {
 		return nil, fmt.Errorf("MPI places this process at rank %d of %d, the %s environment at rank %d of %d: was it started by another launcher?",
 			t.Rank(), t.Size(), l.Launcher, l.Rank, l.WorldSize)
 	}
-	// Rank 0 serves the store; its address reaches the others through the
-	// transport (one raw allgather, before the checked protocol starts, so it
-	// is not in any trace).
-	var addr []byte
+	if w := l.JobToken.Warning(); w != "" {
+		o.Logger.Warn(w)
+	}
+	// Rank 0 serves the store; its address (and the session token) reach
+	// the others through the transport (one raw allgather, before the
+	// checked protocol starts, so it is not in any trace).
+	token := l.JobToken
+	payload := [][]byte{[]byte("0")}
+	if token.IsSet() {
+		payload[0] = []byte("1")
+	}
 	if l.Rank == 0 {
-		s, err := ListenStore(net.JoinHostPort(g.storeHost(o), "0"))
+		var session []byte
+		if !token.IsSet() {
+			token = newSessionToken()
+			session = token.secret
+		}
+		s, err := ListenStore(net.JoinHostPort(g.storeHost(o), "0"), StoreOptions{WorldSize: l.WorldSize, Token: token, Logger: o.Logger})
 		if err == nil {
 			g.server = s
-			addr = []byte(s.Addr())
+			payload = append(payload, []byte(s.Addr()), session)
 		}
-		// On failure rank 0 sends an empty address: every rank then fails
-		// the same way instead of waiting for a store that does not exist.
+		// On failure rank 0 sends no address: every rank then fails the
+		// same way instead of waiting for a store that does not exist.
 	}
-	got, err := t.AllGatherBytes(addr)
-	if err == nil && len(got[0]) == 0 {
-		err = errors.New("rank 0 could not serve the watchdog's bootstrap store (set MASTER_ADDR to an address of rank 0's node)")
-	}
+	got, err := t.AllGatherBytes(appendStrings(nil, payload...))
+	var addr, session []byte
 	if err == nil {
-		g.client, err = DialStore(string(got[0]), o.ConnectTimeout)
+		addr, session, err = parseMPIRendezvous(got)
+	}
+	switch {
+	case err != nil:
+	case l.Rank == 0:
+		g.client, err = g.server.LocalClient(o.ConnectTimeout)
+	default:
+		if !token.IsSet() {
+			token = JobToken{secret: session}
+		}
+		g.client, err = DialStore(string(addr), StoreClientOptions{Rank: l.Rank, WorldSize: l.WorldSize, Token: token,
+			Timeout: o.ConnectTimeout})
 	}
 	if err != nil {
 		t.Close()
 		return nil, fmt.Errorf("rank %d: %w", l.Rank, err)
 	}
 	return t, nil
+}
+
+// parseMPIRendezvous reads the allgather of openMPI: every rank's token flag,
+// and rank 0's store address and session token (empty when the user set a
+// token). The checks depend only on the gathered vector, so every rank
+// reaches the same verdict.
+func parseMPIRendezvous(got [][]byte) (addr, session []byte, err error) {
+	var with, without []int
+	var root [][]byte
+	for r, p := range got {
+		strs, err := splitStrings(p)
+		if err != nil || len(strs) == 0 {
+			return nil, nil, fmt.Errorf("rank %d sent a malformed store rendezvous (is every rank running the same program?)", r)
+		}
+		if string(strs[0]) == "1" {
+			with = append(with, r)
+		} else {
+			without = append(without, r)
+		}
+		if r == 0 {
+			root = strs
+		}
+	}
+	if len(with) > 0 && len(without) > 0 {
+		return nil, nil, &authError{fmt.Sprintf("%s is set on ranks %v and not on ranks %v: set the same token on every rank, or on none",
+			JobTokenEnv, with, without)}
+	}
+	if len(root) != 3 {
+		return nil, nil, errors.New("rank 0 could not serve the watchdog's bootstrap store (set MASTER_ADDR to an address of rank 0's node)")
+	}
+	return root[1], root[2], nil
 }
 
 // storeHost picks where rank 0 serves the store under MPI.

@@ -43,6 +43,13 @@ func TestDetectLaunch(t *testing.T) {
 			"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"},
 			want: nccl.Launch{Launcher: nccl.LauncherTorchrun, Rank: 3, WorldSize: 4, LocalRank: 3, LocalSize: 4,
 				MasterAddr: "10.0.0.1", MasterPort: 29500}},
+		{name: "torchrun with a job token", env: map[string]string{"RANK": "1", "WORLD_SIZE": "2",
+			"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500", "LOCKSTEP_JOB_TOKEN": " s3cret\n"},
+			want: nccl.Launch{Launcher: nccl.LauncherTorchrun, Rank: 1, WorldSize: 2, LocalRank: 1,
+				MasterAddr: "10.0.0.1", MasterPort: 29500, JobToken: nccl.NewJobToken("s3cret")}},
+		{name: "open mpi with a job token", env: map[string]string{"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "2",
+			"LOCKSTEP_JOB_TOKEN": "s3cret"},
+			want: nccl.Launch{Launcher: nccl.LauncherOpenMPI, WorldSize: 2, JobToken: nccl.NewJobToken("s3cret")}, mpi: true},
 		{name: "torchrun world of one needs no master", env: map[string]string{"RANK": "0", "WORLD_SIZE": "1"},
 			want: nccl.Launch{Launcher: nccl.LauncherTorchrun, WorldSize: 1, LocalSize: 1}},
 
@@ -81,6 +88,7 @@ func TestDetectLaunch(t *testing.T) {
 			}
 			require.NoError(t, err)
 			require.Equal(t, tc.want, got)
+			require.Equal(t, tc.want.JobToken.IsSet(), got.JobToken.IsSet())
 			require.Equal(t, tc.mpi, got.UsesMPI())
 		})
 	}

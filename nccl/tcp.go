@@ -2,13 +2,14 @@ package nccl
 
 import (
 	"bufio"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"sync"
 	"time"
+
+	"go.uber.org/zap"
 )
 
 // TCPOptions configures a TCP transport (torchrun-style launches without MPI).
@@ -28,13 +29,18 @@ type TCPOptions struct {
 	// OpTimeout is a backstop I/O deadline of one collective; 0 means none
 	// (the watchdog bounds collectives; it closes the transport on expiry).
 	OpTimeout time.Duration
+	// Token, when set, authenticates every connection to rank 0 both ways
+	// (see JobToken); it must be the same on every rank, or unset on all.
+	Token JobToken
+	// HelloTimeout bounds one connection's hello at rank 0; 0 means 10s.
+	HelloTimeout time.Duration
+	// Logger receives, on rank 0, one line per connection closed for failing
+	// the hello; nil logs nothing.
+	Logger *zap.Logger
 }
 
 // maxTransportFrame bounds one frame of the TCP transport.
 const maxTransportFrame = 1 << 30
-
-// tcpHello is the first frame a rank sends to rank 0: magic, rank, size.
-const tcpHelloMagic = "LSTCP1"
 
 // TCPTransport is a Transport over TCP, a star through rank 0: every rank
 // sends its payload to rank 0, which answers each with the gathered vector.
@@ -59,11 +65,15 @@ type tcpPeer struct {
 
 var _ Transport = (*TCPTransport)(nil)
 
-// NewTCPTransport connects the group: rank 0 listens on Host, publishes the
-// address in the store and accepts Size-1 connections; the other ranks wait
-// for the address, connect and announce their rank. It returns once every
-// rank is connected (rank 0 acknowledges each connection only then), or fails
-// after ConnectTimeout naming what was missing.
+// NewTCPTransport connects the group: rank 0 listens on Host (and nowhere
+// wider), publishes the address in the store and admits Size-1 connections
+// that pass the hello (handshake.go); the other ranks wait for the address,
+// connect and prove their rank. It returns once every rank is connected
+// (rank 0 acknowledges each connection only then), or fails after
+// ConnectTimeout naming the ranks that were missing and the connections rank
+// 0 turned away. A connection that fails the hello (garbage, a wrong or
+// missing token, a rank out of range or already taken, a connect-and-close)
+// is closed and logged, and rank 0 keeps waiting for the real peers.
 func NewTCPTransport(o TCPOptions) (*TCPTransport, error) {
 	if o.Size <= 0 || o.Rank < 0 || o.Rank >= o.Size {
 		return nil, fmt.Errorf("tcp transport: rank %d of size %d is not a valid placement", o.Rank, o.Size)
@@ -76,6 +86,12 @@ func NewTCPTransport(o TCPOptions) (*TCPTransport, error) {
 	}
 	if o.Host == "" {
 		o.Host = "127.0.0.1"
+	}
+	if o.Logger == nil {
+		o.Logger = zap.NewNop()
+	}
+	if o.HelloTimeout <= 0 {
+		o.HelloTimeout = defaultTCPHelloTimeout
 	}
 	t := &TCPTransport{rank: o.Rank, size: o.Size, opTimeout: o.OpTimeout}
 	if o.Size == 1 {
@@ -95,112 +111,6 @@ func NewTCPTransport(o TCPOptions) (*TCPTransport, error) {
 		return nil, err
 	}
 	return t, nil
-}
-
-// acceptPeers is rank 0's side of the rendezvous.
-func (t *TCPTransport) acceptPeers(o TCPOptions) error {
-	ln, err := net.Listen("tcp", net.JoinHostPort(o.Host, "0"))
-	if err != nil {
-		return fmt.Errorf("tcp transport: rank 0 listen on %s: %w", o.Host, err)
-	}
-	t.ln = ln
-	if err := o.Store.Set(o.Key+"/addr", []byte(ln.Addr().String())); err != nil {
-		return fmt.Errorf("tcp transport: publish address: %w", err)
-	}
-	deadline := time.Now().Add(o.ConnectTimeout)
-	if err := ln.(*net.TCPListener).SetDeadline(deadline); err != nil {
-		return err
-	}
-	t.peers = make([]*tcpPeer, o.Size)
-	for n := 1; n < o.Size; n++ {
-		conn, err := ln.Accept()
-		if err != nil {
-			return fmt.Errorf("tcp transport: rank 0 waited %v for the other ranks, missing %v: %w",
-				o.ConnectTimeout, t.missing(), ErrTimeout)
-		}
-		p := &tcpPeer{conn: conn, r: bufio.NewReader(conn)}
-		conn.SetDeadline(deadline)
-		hello, err := readFrame(p.r, 64)
-		r, size, herr := parseHello(hello)
-		switch {
-		case err != nil:
-			err = fmt.Errorf("tcp transport: reading a peer's hello: %w", err)
-		case herr != nil:
-			err = fmt.Errorf("tcp transport: a peer from %s: %w", conn.RemoteAddr(), herr)
-		case size != o.Size:
-			err = fmt.Errorf("tcp transport: rank %d believes the world has %d ranks, rank 0 believes %d", r, size, o.Size)
-		case r <= 0 || r >= o.Size:
-			err = fmt.Errorf("tcp transport: a peer announced rank %d, outside [1, %d)", r, o.Size)
-		case t.peers[r] != nil:
-			err = fmt.Errorf("tcp transport: two processes announced rank %d (check RANK)", r)
-		}
-		if err != nil {
-			conn.Close()
-			return err
-		}
-		t.peers[r] = p
-	}
-	// Everyone is here: acknowledge, so that no rank starts before the group
-	// is complete, and clear the rendezvous deadlines.
-	for _, p := range t.peers[1:] {
-		if err := writeFrame(p.conn, []byte("ok")); err != nil {
-			return fmt.Errorf("tcp transport: acknowledging a peer: %w", err)
-		}
-		p.conn.SetDeadline(time.Time{})
-	}
-	return nil
-}
-
-// missing lists the ranks that have not connected yet (rank 0, during accept).
-func (t *TCPTransport) missing() []int {
-	var out []int
-	for r := 1; r < t.size; r++ {
-		if t.peers[r] == nil {
-			out = append(out, r)
-		}
-	}
-	return out
-}
-
-// connectRoot is a non-zero rank's side of the rendezvous.
-func (t *TCPTransport) connectRoot(o TCPOptions) error {
-	deadline := time.Now().Add(o.ConnectTimeout)
-	key := o.Key + "/addr"
-	if err := o.Store.Wait([]string{key}, o.ConnectTimeout); err != nil {
-		return fmt.Errorf("tcp transport: rank %d waiting for rank 0's address: %w", o.Rank, err)
-	}
-	got, err := o.Store.Get(key)
-	if err != nil {
-		return err
-	}
-	conn, err := dialRetry(string(got[key]), time.Until(deadline))
-	if err != nil {
-		return fmt.Errorf("tcp transport: rank %d connecting to rank 0 at %s: %w", o.Rank, got[key], err)
-	}
-	p := &tcpPeer{conn: conn, r: bufio.NewReader(conn)}
-	t.peers = []*tcpPeer{p}
-	conn.SetDeadline(deadline)
-	hello := append([]byte(tcpHelloMagic), binary.LittleEndian.AppendUint32(
-		binary.LittleEndian.AppendUint32(nil, uint32(o.Rank)), uint32(o.Size))...)
-	if err := writeFrame(conn, hello); err != nil {
-		return fmt.Errorf("tcp transport: rank %d hello: %w", o.Rank, err)
-	}
-	ack, err := readFrame(p.r, 64)
-	if err != nil || string(ack) != "ok" {
-		return fmt.Errorf("tcp transport: rank %d: rank 0 did not complete the group within %v (%v): %w",
-			o.Rank, o.ConnectTimeout, err, ErrTimeout)
-	}
-	conn.SetDeadline(time.Time{})
-	return nil
-}
-
-// parseHello decodes a hello frame.
-func parseHello(b []byte) (rank, size int, err error) {
-	if len(b) != len(tcpHelloMagic)+8 || string(b[:len(tcpHelloMagic)]) != tcpHelloMagic {
-		return 0, 0, errors.New("not a lockstep TCP transport hello")
-	}
-	b = b[len(tcpHelloMagic):]
-	return int(binary.LittleEndian.Uint32(b)), int(binary.LittleEndian.Uint32(b[4:])), nil
 }
 
 // Rank is this member's index.

@@ -16,15 +16,13 @@ import (
 // end of the test.
 func tcpGroup(t *testing.T, size int, opTimeout time.Duration) []*nccl.TCPTransport {
 	t.Helper()
-	s := startStore(t)
+	token := nccl.NewJobToken("tcp group test token, 32 bytes+")
+	s := startStore(t, nccl.StoreOptions{WorldSize: size, Token: token})
+	cs := storeClients(t, s, size, token)
 	ts := make([]*nccl.TCPTransport, size)
 	errs := runAll(t, size, func(r int) error {
-		c, err := nccl.DialStore(s.Addr(), 5*time.Second)
-		if err != nil {
-			return err
-		}
-		t.Cleanup(func() { c.Close() })
-		ts[r], err = nccl.NewTCPTransport(nccl.TCPOptions{Rank: r, Size: size, Store: c,
+		var err error
+		ts[r], err = nccl.NewTCPTransport(nccl.TCPOptions{Rank: r, Size: size, Store: cs[r], Token: token,
 			Host: "127.0.0.1", ConnectTimeout: 5 * time.Second, OpTimeout: opTimeout})
 		return err
 	})
@@ -119,32 +117,39 @@ func TestTCPPeerGone(t *testing.T) {
 }
 
 // TestTCPRendezvousFailures: a missing rank and a wrong world size are
-// reported within the connect timeout.
+// reported within the connect timeout; the rank with the wrong size fails at
+// once, and rank 0 names it in its timeout.
 func TestTCPRendezvousFailures(t *testing.T) {
 	noLeaks(t)
-	s := startStore(t)
-	c := dialStore(t, s.Addr())
+	s := startStore(t, nccl.StoreOptions{WorldSize: 3})
+	c := localStore(t, s)
 	start := time.Now()
 	_, err := nccl.NewTCPTransport(nccl.TCPOptions{Rank: 0, Size: 3, Store: c, ConnectTimeout: 200 * time.Millisecond})
 	require.ErrorIs(t, err, nccl.ErrTimeout)
 	require.Contains(t, err.Error(), "missing [1 2]")
 	require.Less(t, time.Since(start), 3*time.Second)
 
-	s2 := startStore(t)
+	s2 := startStore(t, nccl.StoreOptions{WorldSize: 2})
+	cs := storeClients(t, s2, 2, nccl.JobToken{})
+	elapsed := make([]time.Duration, 2)
 	errs := runAll(t, 2, func(r int) error {
-		c := dialStore(t, s2.Addr())
 		size := 2
 		if r == 1 {
 			size = 3
 		}
-		tr, err := nccl.NewTCPTransport(nccl.TCPOptions{Rank: r, Size: size, Store: c, Key: "k", ConnectTimeout: time.Second})
+		start := time.Now()
+		tr, err := nccl.NewTCPTransport(nccl.TCPOptions{Rank: r, Size: size, Store: cs[r], Key: "k", ConnectTimeout: time.Second})
+		elapsed[r] = time.Since(start)
 		if err == nil {
 			tr.Close()
 		}
 		return err
 	})
+	require.ErrorIs(t, errs[0], nccl.ErrTimeout)
+	require.ErrorContains(t, errs[0], "missing [1] (tcp transport rejected 1 connection(s): 127.0.0.1:")
 	require.ErrorContains(t, errs[0], "rank 1 believes the world has 3 ranks, rank 0 believes 2")
-	require.Error(t, errs[1])
+	require.ErrorContains(t, errs[1], "rank 0 believes the world has 2 ranks, rank 1 believes 3")
+	require.Less(t, elapsed[1], 900*time.Millisecond, "the misplaced rank fails at once")
 
 	_, err = nccl.NewTCPTransport(nccl.TCPOptions{Rank: 2, Size: 2})
 	require.ErrorContains(t, err, "rank 2 of size 2 is not a valid placement")

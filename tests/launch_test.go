@@ -89,6 +89,18 @@ func TestTorchrunLaunch(t *testing.T) {
 		}
 	})
 
+	// With a job token the store and the transport authenticate every
+	// rank (handshake in nccl); the launch works the same.
+	t.Run("ok with a job token", func(t *testing.T) {
+		t.Setenv("LOCKSTEP_JOB_TOKEN", "launch test token 0123456789abcdef")
+		codes, dir := launchRanks(t, bin, size, nil, "-scenario", "ok")
+		lines, _ := rankResults(t, dir, size)
+		for r := range size {
+			require.Equal(t, 0, codes[r], "rank %d", r)
+			require.True(t, strings.HasPrefix(lines[r], "OK "), "rank %d: %s", r, lines[r])
+		}
+	})
+
 	t.Run("mismatch", func(t *testing.T) {
 		codes, dir := launchRanks(t, bin, size, nil, "-scenario", "mismatch")
 		lines, _ := rankResults(t, dir, size)
