@@ -10,6 +10,7 @@ import (
 	"math"
 	"sort"
 
+	"github.com/lockstep-ai/lockstep/bridge/twin"
 	"github.com/lockstep-ai/lockstep/executor"
 	"github.com/lockstep-ai/lockstep/workload"
 )
@@ -23,10 +24,18 @@ type percentiles struct {
 
 // report is the run summary (`--report json` prints it as is).
 type report struct {
-	Engine   string `json:"engine"`
-	Model    string `json:"model"`
-	Ranks    int    `json:"ranks"`
-	Requests struct {
+	Engine string `json:"engine"`
+	Model  string `json:"model"`
+	Ranks  int    `json:"ranks"`
+	// GPU is the GPU the twin models (--engine twin only).
+	GPU string `json:"gpu,omitempty"`
+	// Clock says which clock the latencies and throughputs use: "wall",
+	// or "virtual" (the twin: modelled time, docs/twin.md).
+	Clock string `json:"clock"`
+	// DurationS is the run's duration on that clock (from the replay's start
+	// to the last response); wall_s is always the real elapsed time.
+	DurationS float64 `json:"duration_s"`
+	Requests  struct {
 		Total     int `json:"total"`
 		Completed int `json:"completed"`
 		Rejected  int `json:"rejected"`
@@ -45,10 +54,13 @@ type report struct {
 		Suspended int `json:"suspended"`
 		Recompute int `json:"recompute"`
 	} `json:"preemptions"`
-	Prefix           prefixReport    `json:"prefix"`
-	EventsDropped    int64           `json:"events_dropped"`
-	WallS            float64         `json:"wall_s"`
-	OutputTokPerS    float64         `json:"output_tokens_per_s"`
+	Prefix        prefixReport `json:"prefix"`
+	EventsDropped int64        `json:"events_dropped"`
+	WallS         float64      `json:"wall_s"`
+	OutputTokPerS float64      `json:"output_tokens_per_s"`
+	// PrefillTokPerS counts the prompt tokens computed (not reused) per
+	// second of duration_s.
+	PrefillTokPerS   float64         `json:"prefill_tokens_per_s"`
 	DeviceMSPerRank  []float64       `json:"device_ms_per_rank"`
 	OutputDigest     string          `json:"output_digest"`
 	Rejections       []rejectionInfo `json:"rejections"`
@@ -84,7 +96,13 @@ func byIndex(reqs []workload.Request, res *serveResult) []*executor.Response {
 }
 
 func buildReport(o *serveOptions, reqs []workload.Request, res *serveResult) *report {
-	rep := &report{Engine: o.engine, Model: o.model, Ranks: o.ranks, Rejections: []rejectionInfo{}}
+	rep := &report{Engine: o.engine, Model: o.model, Ranks: o.ranks, Clock: "wall", Rejections: []rejectionInfo{}}
+	if o.engine == "twin" {
+		rep.Clock, rep.Model = "virtual", o.profile.Model.Name
+		if o.profile.Kind == twin.KindRoofline {
+			rep.GPU = o.profile.GPU.Name
+		}
+	}
 	rep.Requests.Total = len(reqs)
 	rep.Iterations = res.rank0.ForwardIterations
 	rep.IterationsTotal = res.rank0.Iterations
@@ -128,8 +146,13 @@ func buildReport(o *serveOptions, reqs []workload.Request, res *serveResult) *re
 		}
 	}
 	rep.TTFTMS, rep.TPOTMS, rep.E2EMS = pct(ttft), pct(tpot), pct(e2e)
-	if rep.WallS > 0 {
-		rep.OutputTokPerS = round(float64(rep.Tokens.Generated)/rep.WallS, 1)
+	rep.DurationS = rep.WallS
+	if rep.Clock == "virtual" {
+		rep.DurationS = round(res.rank0.VirtualEnd.Sub(twinEpoch).Seconds(), 3)
+	}
+	if rep.DurationS > 0 {
+		rep.OutputTokPerS = round(float64(rep.Tokens.Generated)/rep.DurationS, 1)
+		rep.PrefillTokPerS = round(float64(ps.PromptTokens-ps.ReusedTokens)/rep.DurationS, 1)
 	}
 	rep.OutputDigest = outputDigest(resp)
 	return rep
@@ -209,11 +232,20 @@ func (rep *report) writeJSON(w io.Writer) error {
 func (rep *report) writeText(w io.Writer) error {
 	p := func(format string, a ...any) { fmt.Fprintf(w, format, a...) }
 	p("lockstep run report\n")
-	p("  engine %s, model %s, %d ranks\n", rep.Engine, rep.Model, rep.Ranks)
+	p("  engine %s, model %s, %d ranks", rep.Engine, rep.Model, rep.Ranks)
+	if rep.GPU != "" {
+		p(", gpu %s", rep.GPU)
+	}
+	p(", %s clock\n", rep.Clock)
 	p("  requests     %d total, %d completed, %d rejected\n", rep.Requests.Total, rep.Requests.Completed, rep.Requests.Rejected)
 	p("  tokens       %d prompt, %d generated\n", rep.Tokens.Prompt, rep.Tokens.Generated)
 	p("  iterations   %d with a forward (%d in all)\n", rep.Iterations, rep.IterationsTotal)
-	p("  wall         %.2f s, %.1f output tokens/s\n", rep.WallS, rep.OutputTokPerS)
+	if rep.Clock == "virtual" {
+		p("  virtual time %.2f s (modelled), %.1f output tokens/s, %.1f prefill tokens/s; wall %.2f s\n",
+			rep.DurationS, rep.OutputTokPerS, rep.PrefillTokPerS, rep.WallS)
+	} else {
+		p("  wall         %.2f s, %.1f output tokens/s, %.1f prefill tokens/s\n", rep.WallS, rep.OutputTokPerS, rep.PrefillTokPerS)
+	}
 	p("  latency (ms)      p50        p90        p99\n")
 	for _, row := range []struct {
 		name string

@@ -57,8 +57,9 @@ type serveOptions struct {
 	kvEvents                   string
 	eventBufferMaxSize         int
 	gpuMemFraction             float64
-	gpu, costProfile           string // --engine twin: built-in GPU, or a cost profile file
-	tp                         int    // --engine twin: tensor-parallel GPUs per rank
+	gpu, costProfile           string        // --engine twin: built-in GPU, or a cost profile file
+	tp                         int           // --engine twin: tensor-parallel GPUs per rank
+	profile                    *twin.Profile // --engine twin: the cost profile (set by validate)
 
 	// origin: flag name → the config file's "FILE:LINE key" for values
 	// the file set (see src); reuseOnBy names what turned block reuse on
@@ -126,18 +127,23 @@ func (o *serveOptions) flags(fs *flag.FlagSet) {
 // Errors name where each value came from (src): the flag, or the config
 // file's FILE:LINE key.
 func (o *serveOptions) validate() error {
-	if err := oneOf(o.src("engine"), o.engine, "cpu", "cuda", "fake"); err != nil {
+	if err := oneOf(o.src("engine"), o.engine, "cpu", "cuda", "twin", "fake"); err != nil {
 		return err
 	}
-	if o.pages == 0 && o.engine != "cuda" {
-		return usageErrorf("%s must be at least 1 (0 sizes the pool from free GPU memory and needs --engine cuda)",
+	if o.pages == 0 && o.engine != "cuda" && o.engine != "twin" {
+		return usageErrorf("%s must be at least 1 (0 sizes the pool from GPU memory and needs --engine cuda or twin)",
 			o.src("pages"))
 	}
 	if !(o.gpuMemFraction > 0 && o.gpuMemFraction <= 1) {
 		return usageErrorf("%s must be in (0, 1], got %v", o.src("gpu-mem-fraction"), o.gpuMemFraction)
 	}
-	if _, err := bridge.LookupPreset(o.model); err != nil {
-		return usageErrorf("%s: %v", o.src("model"), err)
+	if err := o.validateTwin(); err != nil {
+		return err
+	}
+	if o.engine != "twin" {
+		if _, err := bridge.LookupPreset(o.model); err != nil {
+			return usageErrorf("%s: %v", o.src("model"), err)
+		}
 	}
 	if err := oneOf(o.src("report"), o.report, "text", "json"); err != nil {
 		return err
@@ -375,7 +381,13 @@ func buildRank(o *serveOptions, sc scheduler.Config, i, device int, comm nccl.Co
 		ecfg.Helix = &bridge.HelixMember{Group: cpGroup, Rank: i, Size: o.cp}
 	}
 	var err error
-	if parts.eng, err = openEngine(o.engine, ecfg); err != nil {
+	if o.engine == "twin" {
+		ecfg.Preset = "" // the profile's model (its name need not be a preset)
+		parts.eng, err = twin.New(ecfg, o.profile)
+	} else {
+		parts.eng, err = openEngine(o.engine, ecfg)
+	}
+	if err != nil {
 		return nil, err
 	}
 	maxSeqLen := o.maxSeqLen
@@ -419,6 +431,9 @@ func buildRank(o *serveOptions, sc scheduler.Config, i, device int, comm nccl.Co
 		Overlap: o.overlap == "on", Router: rt, MaxActivePerRank: o.maxActivePerRank, Helix: helix,
 		Events: o.kvEvents != "", EventSink: eventSink, EventBufferMaxSize: o.eventBufferMaxSize,
 		OnNote: func(rank int, n scheduler.Note) { logNote(log, rank, n) }}
+	if o.engine == "twin" {
+		cfg.VirtualClock, cfg.VirtualEpoch = true, twinEpoch
+	}
 	if helix {
 		on, warn := executor.ScheduleCheckGate(os.Getenv(executor.ScheduleCheckEnv), true, o.cp, 1)
 		cfg.ScheduleCheck = on
@@ -450,7 +465,21 @@ func serve(o *serveOptions, sc scheduler.Config, reqs []workload.Request, log *z
 		sc.Helix = true
 		sc.LedgerBlockTokens = o.tokensPerPage * o.cp
 	}
-	comms := nccl.NewLocalGroup(world, nccl.LocalOptions{Timeout: o.collectiveTimeout})
+	// The twin's ranks run as coroutines of one goroutine (cheap
+	// collectives for fleets of many ranks, deterministic); the other
+	// engines' ranks each get a goroutine, as they would a process.
+	var comms []nccl.Comm
+	var coro *nccl.CoroGroup
+	if o.engine == "twin" {
+		coro = nccl.NewCoroGroup(world, false)
+		for i := range world {
+			comms = append(comms, coro.Member(i))
+		}
+	} else {
+		for _, c := range nccl.NewLocalGroup(world, nccl.LocalOptions{Timeout: o.collectiveTimeout}) {
+			comms = append(comms, c)
+		}
+	}
 	var cpGroup any
 	if o.cp > 1 {
 		g, err := nativeengine.NewCPGroup(o.cp, o.collectiveTimeout)
@@ -463,7 +492,7 @@ func serve(o *serveOptions, sc scheduler.Config, reqs []workload.Request, log *z
 	flt := o.fault
 	td := newTeardown()
 	start := time.Now()
-	source := executor.NewTraceSource(reqs, start)
+	source := executor.NewTraceSource(reqs, o.replayStart(start))
 	prog := newProgress(stderr, o.progress, len(reqs))
 	log.Info("serving", zap.Int("requests", len(reqs)), zap.Int("ranks", o.ranks), zap.Int("cp", o.cp),
 		zap.String("engine", o.engine), zap.String("model", o.model), zap.String("router", o.routerName),
@@ -474,11 +503,8 @@ func serve(o *serveOptions, sc scheduler.Config, reqs []workload.Request, log *z
 	// collective), then runs — as it would in a process of its own.
 	results := make([]*executor.Result, world)
 	errs := make([]error, world)
-	var wg sync.WaitGroup
-	for i := 0; i < world; i++ {
-		wg.Add(1)
-		go func(i int) {
-			defer wg.Done()
+	runRank := func(i int) {
+		{
 			defer func() {
 				if errs[i] != nil {
 					td.fire()
@@ -511,9 +537,21 @@ func serve(o *serveOptions, sc scheduler.Config, reqs []workload.Request, log *z
 				}
 			}
 			results[i], errs[i] = parts.ex.Run()
-		}(i)
+		}
 	}
-	wg.Wait()
+	if coro != nil {
+		nccl.RunCoroutines(coro, func(i int, _ *nccl.CoroComm) error { runRank(i); return nil })
+	} else {
+		var wg sync.WaitGroup
+		for i := 0; i < world; i++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				runRank(i)
+			}()
+		}
+		wg.Wait()
+	}
 	prog.done()
 	for _, c := range comms {
 		c.Close()
@@ -572,7 +610,7 @@ func serveProcess(o *serveOptions, sc scheduler.Config, reqs []workload.Request,
 			zap.String("engine", o.engine), zap.String("model", o.model), zap.String("router", o.routerName),
 			zap.String("overlap", o.overlap))
 		prog := newProgress(stderr, o.progress, len(reqs))
-		parts.ex.SetSource(executor.NewTraceSource(reqs, start), prog.update)
+		parts.ex.SetSource(executor.NewTraceSource(reqs, o.replayStart(start)), prog.update)
 		defer prog.done()
 	}
 	res, err := parts.ex.Run()

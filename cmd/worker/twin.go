@@ -52,9 +52,12 @@ func (o *serveOptions) twinProfile() (*twin.Profile, error) {
 // twin's model of that name or of the --cost-profile.
 func (o *serveOptions) modelShape() (bridge.ModelShape, error) {
 	if o.engine == "twin" {
-		p, err := o.twinProfile()
-		if err != nil {
-			return bridge.ModelShape{}, err
+		p := o.profile
+		if p == nil {
+			var err error
+			if p, err = o.twinProfile(); err != nil {
+				return bridge.ModelShape{}, err
+			}
 		}
 		return p.Model.Shape(), nil
 	}
@@ -240,4 +243,48 @@ func fitLinearProfile(files []string, m twin.Model) (*twin.Profile, fitStats, er
 		return nil, fitStats{}, err
 	}
 	return p, st, nil
+}
+
+// validateTwin checks the twin's settings and builds its cost profile; with
+// --pages 0 it sizes the pool from the profile's GPU memory here, the same
+// for every rank of every process. Other engines refuse the twin's flags.
+func (o *serveOptions) validateTwin() error {
+	if o.engine != "twin" {
+		for _, f := range []struct {
+			name string
+			set  bool
+		}{{"gpu", o.gpu != "h200"}, {"cost-profile", o.costProfile != ""}, {"tp", o.tp != 1}} {
+			if f.set {
+				return usageErrorf("%s is a setting of the digital twin: it needs --engine twin (got %s %s)",
+					o.src(f.name), o.src("engine"), o.engine)
+			}
+		}
+		return nil
+	}
+	if o.tp < 1 {
+		return usageErrorf("%s must be at least 1, got %d", o.src("tp"), o.tp)
+	}
+	if o.cp > 1 {
+		return usageErrorf("%s %d with --engine twin: the twin models attention-DP ranks only (no Helix)", o.src("cp"), o.cp)
+	}
+	p, err := o.twinProfile()
+	if err != nil {
+		return err
+	}
+	o.profile = p
+	if o.pages == 0 {
+		if o.pages, err = twinPoolPages(p, o.tokensPerPage); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// replayStart is the instant a trace replay starts from: now on a wall
+// clock, the twin's epoch on its virtual clock.
+func (o *serveOptions) replayStart(now time.Time) time.Time {
+	if o.engine == "twin" {
+		return twinEpoch
+	}
+	return now
 }

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/lockstep-ai/lockstep/bridge"
 	"github.com/lockstep-ai/lockstep/executor"
 	"github.com/lockstep-ai/lockstep/nccl"
 	"github.com/lockstep-ai/lockstep/scheduler"
@@ -55,7 +54,7 @@ func (o *serveOptions) workloadName() string {
 // checked, for a run of adpRanks attention-DP ranks. No token is made here:
 // rank 0 synthesises a request's prompt when it arrives and can be served.
 func (o *serveOptions) loadWorkload(adpRanks int) ([]workload.Request, error) {
-	shape, _ := bridge.LookupPreset(o.model)
+	shape, _ := o.modelShape() // validated
 	opt := workload.Options{Limit: o.limit, LengthScale: o.lengthScale, ArrivalScale: o.arrivalScale,
 		VocabSize: shape.VocabSize, Seed: o.seed, Ranks: adpRanks,
 		LengthScaleName: o.settingName("length-scale"), ArrivalScaleName: o.settingName("arrival-scale")}
