@@ -183,7 +183,7 @@ func TestConfigErrorsNameTheirOrigin(t *testing.T) {
 	}{
 		{"pages", "engine: fake\nkv:\n  pages: 0\n", nil, "c.yaml:3 kv.pages must be at least 1", "--pages must"},
 		{"max_num_tokens", "scheduler:\n  max_num_tokens: -5\n", nil, "c.yaml:2 scheduler.max_num_tokens must be non-negative, got -5", "--max-num-tokens"},
-		{"engine", "engine: gpu\n", nil, `c.yaml:1 engine "gpu" is not allowed (allowed: cpu, cuda, fake)`, "--engine"},
+		{"engine", "engine: gpu\n", nil, `c.yaml:1 engine "gpu" is not allowed (allowed: cpu, cuda, twin, fake)`, "--engine"},
 		{"policy", "scheduler:\n  capacity_policy: fifo\n", nil, `c.yaml:2 scheduler.capacity_policy: capacity policy "fifo" is not allowed`, "--policy"},
 		{"equal cost", "scheduler:\n  equal_cost:\n    kv_cost_offset: -5\n", nil,
 			"c.yaml:3 scheduler.equal_cost.kv_cost_offset = -5, want ≥ 0", "TLLM_V2_CTX_COST_KV_OFFSET"},

@@ -58,7 +58,7 @@ func TestRunRejectsBadInput(t *testing.T) {
 		want string
 		code int
 	}{
-		{[]string{"--engine", "gpu"}, `--engine "gpu" is not allowed (allowed: cpu, cuda, fake)`, 2},
+		{[]string{"--engine", "gpu"}, `--engine "gpu" is not allowed (allowed: cpu, cuda, twin, fake)`, 2},
 		{[]string{"--report", "xml"}, `(allowed: text, json)`, 2},
 		{[]string{"--pages", "0"}, `--pages must be at least 1`, 2},
 		{[]string{"--model", "gpt"}, `unknown model preset "gpt"`, 2},
