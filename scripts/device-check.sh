@@ -82,6 +82,41 @@ step "benchmarks"
 timeout 240 "$BUILD_DIR/cuda/bench/cuda_bench" "$LOGS/bench.tsv" >"$LOGS/bench.log" 2>&1 || { tail -20 "$LOGS/bench.log"; fail "cuda_bench"; }
 PYTHONUNBUFFERED=1 timeout 150 "$PY" cuda/bench/sdpa_bench.py "$LOGS/bench.tsv" >"$LOGS/table.txt" 2>"$LOGS/sdpa.log" ||
   { tail -20 "$LOGS/sdpa.log"; echo "(PyTorch comparison failed; our numbers:)"; cat "$LOGS/bench.tsv"; fail "sdpa_bench"; }
+step "measured twin profile"
+# The twin's cost model re-based on this card (docs/twin.md, "Measured
+# profiles"): achieved GEMM rate (the matmul ceiling), prefill attention
+# rate (median of the chunk rows of 2k tokens and more), decode attention
+# bandwidth (median of the decode rows at 4k context and more), and the
+# step overhead left when the llama-8b "decode 64 x 2k" iteration's weight
+# and KV reads at those rates are taken away. With bin/worker carried to
+# the machine it also writes the re-based llama-8b profile.
+GPU_NAME="$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
+"$PY" - "$LOGS/bench.tsv" "$LOGS/measured.json" "$GPU_NAME" <<'PY' || fail "measured profile"
+import json, sys, statistics, datetime
+tsv, out, name = sys.argv[1], sys.argv[2], sys.argv[3]
+rows = [l.rstrip("\n").split("\t") for l in open(tsv) if l.strip()]
+ceil = {r[1]: float(r[2]) for r in rows if r[0] == "ceiling"}
+chunk = [float(r[4]) for r in rows if r[0] == "chunk" and r[3] != "skipped" and int(r[1]) >= 2048]
+decode = [float(r[4]) for r in rows if r[0] == "decode" and r[3] != "skipped" and int(r[2]) >= 4096]
+iters = {r[1]: float(r[2]) for r in rows if r[0] == "iteration"}
+gpu = next((g for g in ("gb300", "b200", "h200", "h100") if g in name.lower().replace(" ", "")), name.lower())
+m = {"version": 1, "gpu": gpu,
+     "source": f"scripts/device-check.sh on {name}, {datetime.date.today().isoformat()} (our CUDA engine's kernels)",
+     "gemm_tflops": ceil["matmul"], "prefill_attention_tflops": statistics.median(chunk),
+     "decode_attention_gbps": statistics.median(decode), "gemm_weight_gbps": ceil["copy"]}
+# llama-8b: bf16 weights of 8.03e9 parameters; KV of 64 sequences × 2048
+# tokens × 32 layers × 8 heads × 128 dims × 2 (K, V) × 2 bytes.
+weights, kv = 8.03e9 * 2, 64 * 2048 * 32 * 8 * 128 * 2 * 2
+it = iters.get("decode 64 x 2k", 0.0)
+m["step_overhead_ms"] = round(max(0.01, it - weights / (ceil["copy"] * 1e6) - kv / (m["decode_attention_gbps"] * 1e6)), 3)
+json.dump(m, open(out, "w"), indent=2)
+print(json.dumps(m))
+PY
+if [[ -x bin/worker ]]; then
+  bin/worker twin-profile --gpu "$("$PY" -c 'import json,sys; print(json.load(open(sys.argv[1]))["gpu"])' "$LOGS/measured.json")" \
+    --model llama-8b --measured "$LOGS/measured.json" >"$LOGS/twin-profile.json" || fail "twin-profile --measured"
+  echo "twin profile re-based on this card: $LOGS/twin-profile.json"
+fi
 step "done in $((SECONDS - START))s; every correctness test passed"
 echo
 cat "$LOGS/table.txt"

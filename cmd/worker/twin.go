@@ -88,10 +88,12 @@ func runTwinProfile(args []string, stdout, stderr io.Writer) error {
 	model := fs.String("model", "llama-8b", "model: "+strings.Join(twin.ModelNames(), ", "))
 	tp := fs.Int("tp", 1, "tensor-parallel GPUs per attention-DP rank")
 	ranks := fs.Int("ranks", 1, "attention-DP ranks (expert parallelism of an MoE model spans them)")
+	measured := fs.String("measured", "", "re-base the built-in profile on a GPU's measured rates (the measured.json "+
+		"scripts/device-check.sh writes: achieved GEMM and attention rates, decode bandwidth, step overhead)")
 	fit := fs.Bool("fit", false, "fit a linear profile of the engine that wrote the iteration logs given as arguments "+
 		"(files, or one path with {rank}); --model names the model they ran")
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: worker twin-profile [--gpu G] [--model M] [--tp N] [--ranks R]\n"+
+		fmt.Fprintln(stderr, "usage: worker twin-profile [--gpu G] [--model M] [--tp N] [--ranks R] [--measured FILE]\n"+
 			"       worker twin-profile --fit [--model M] ITER_LOG...\n\n"+
 			"Prints a cost profile of the digital twin as JSON (docs/twin.md).")
 		fs.PrintDefaults()
@@ -112,6 +114,15 @@ func runTwinProfile(args []string, stdout, stderr io.Writer) error {
 		}
 		if p, err = p.WithRanks(*ranks); err != nil {
 			return usageError{err}
+		}
+		if *measured != "" {
+			m, err := twin.LoadMeasurements(*measured)
+			if err != nil {
+				return usageErrorf("--measured: %v", err)
+			}
+			if p, err = twin.ProfileFromMeasurements(p, m); err != nil {
+				return usageErrorf("--measured %s: %v", *measured, err)
+			}
 		}
 		return p.WriteJSON(stdout)
 	}
