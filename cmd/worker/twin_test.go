@@ -1,0 +1,118 @@
+package main
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/lockstep-ai/lockstep/bridge/twin"
+)
+
+// twinRun is a small twin run of the built-in sample (arrivals replayed on
+// the virtual clock, so no --arrival-scale 0 needed: nothing sleeps).
+var twinRun = []string{"run", "--engine", "twin", "--model", "llama-8b", "--progress", "off", "--report", "json", "--limit", "24"}
+
+type twinReport struct {
+	Clock         string  `json:"clock"`
+	GPU           string  `json:"gpu"`
+	DurationS     float64 `json:"duration_s"`
+	WallS         float64 `json:"wall_s"`
+	LockstepWaste float64 `json:"lockstep_waste"`
+	OutputDigest  string  `json:"output_digest"`
+	Requests      struct{ Completed int }
+	TTFT          struct{ P50 float64 } `json:"ttft_ms"`
+}
+
+func runTwin(t *testing.T, args ...string) twinReport {
+	t.Helper()
+	code, stdout, stderr := runCLI(t, append(append([]string{}, twinRun...), args...)...)
+	require.Equal(t, 0, code, stderr)
+	var r twinReport
+	require.NoError(t, json.Unmarshal([]byte(stdout), &r), stdout)
+	return r
+}
+
+// TestTwinRunIsVirtualAndDeterministic: the twin reports virtual time, a
+// rerun prints the same digest and latencies, the rank count changes
+// neither the digest (tokens depend only on content) nor breaks the run,
+// and the modelled times respond to the GPU.
+func TestTwinRunIsVirtualAndDeterministic(t *testing.T) {
+	a := runTwin(t, "--ranks", "4", "--pages", "0")
+	require.Equal(t, "virtual", a.Clock)
+	require.Equal(t, "h200", a.GPU)
+	require.Equal(t, 24, a.Requests.Completed)
+	require.Greater(t, a.DurationS, 0.0)
+	require.Greater(t, a.TTFT.P50, 0.0)
+	b := runTwin(t, "--ranks", "4", "--pages", "0")
+	require.Equal(t, a, func() twinReport { b.WallS = a.WallS; return b }(), "a rerun is identical in virtual time")
+	one := runTwin(t, "--ranks", "1", "--pages", "0", "--overlap", "off")
+	require.Equal(t, a.OutputDigest, one.OutputDigest)
+	slow := runTwin(t, "--ranks", "4", "--pages", "0", "--gpu", "h100")
+	require.Equal(t, a.OutputDigest, slow.OutputDigest)
+	require.Greater(t, slow.TTFT.P50, a.TTFT.P50, "an H100 has less memory bandwidth than an H200")
+}
+
+// TestTwinRefusals: a model that does not fit the GPU is refused with the
+// numbers; twin flags need the twin; a bad profile names the key.
+func TestTwinRefusals(t *testing.T) {
+	code, _, stderr := runCLI(t, append(append([]string{}, twinRun...), "--model", "llama-70b", "--pages", "0")...)
+	require.Equal(t, 2, code, stderr)
+	require.Contains(t, stderr, "141.1 GB of weights per GPU")
+	require.Contains(t, stderr, "--tp 2")
+	code, _, stderr = runCLI(t, append(append([]string{}, twinRun...), "--model", "llama-70b", "--pages", "0", "--tp", "2")...)
+	require.Equal(t, 0, code, stderr)
+
+	code, _, stderr = runCLI(t, "run", "--engine", "fake", "--gpu", "b200")
+	require.Equal(t, 2, code)
+	require.Contains(t, stderr, "--gpu is a setting of the digital twin")
+
+	bad := filepath.Join(t.TempDir(), "p.json")
+	require.NoError(t, os.WriteFile(bad, []byte(`{"version": 2}`), 0o644))
+	code, _, stderr = runCLI(t, append(append([]string{}, twinRun...), "--cost-profile", bad)...)
+	require.Equal(t, 2, code)
+	require.Contains(t, stderr, "--cost-profile")
+	require.Contains(t, stderr, "version")
+}
+
+// TestTwinProfileCommand: the built-in profile prints and loads back; a
+// measured file re-bases it; the fit reads iteration logs.
+func TestTwinProfileCommand(t *testing.T) {
+	code, stdout, stderr := runCLI(t, "twin-profile", "--gpu", "b200", "--model", "deepseek-v3", "--ranks", "8")
+	require.Equal(t, 0, code, stderr)
+	path := filepath.Join(t.TempDir(), "p.json")
+	require.NoError(t, os.WriteFile(path, []byte(stdout), 0o644))
+	p, err := twin.LoadProfile(path)
+	require.NoError(t, err)
+	require.Equal(t, "b200", p.GPU.Name)
+	require.Equal(t, 8, p.Parallelism.EP)
+
+	m := filepath.Join(t.TempDir(), "m.json")
+	require.NoError(t, os.WriteFile(m, []byte(`{"version": 1, "gpu": "h200", "source": "test card", "gemm_tflops": 600,
+		"prefill_attention_tflops": 450, "decode_attention_gbps": 3000, "step_overhead_ms": 0.5}`), 0o644))
+	code, stdout, stderr = runCLI(t, "twin-profile", "--gpu", "h200", "--measured", m)
+	require.Equal(t, 0, code, stderr)
+	require.Contains(t, stdout, "measured: test card")
+
+	// A fit of the twin's own logs recovers a profile that runs.
+	dir := t.TempDir()
+	t.Setenv("TLLM_PROFILE_LOG_RANKS", "all")
+	code, _, stderr = runCLI(t, append(append([]string{}, twinRun...), "--ranks", "2", "--pages", "0", "--limit", "64",
+		"--iter-log", filepath.Join(dir, "iter.{rank}.jsonl"))...)
+	require.Equal(t, 0, code, stderr)
+	code, stdout, stderr = runCLI(t, "twin-profile", "--fit", "--model", "llama-8b", filepath.Join(dir, "iter.{rank}.jsonl"))
+	require.Equal(t, 0, code, stderr)
+	require.Contains(t, stderr, "per-step error")
+	require.True(t, strings.Contains(stdout, `"kind": "linear"`), stdout)
+	fitted := filepath.Join(dir, "fit.json")
+	require.NoError(t, os.WriteFile(fitted, []byte(stdout), 0o644))
+	code, _, stderr = runCLI(t, append(append([]string{}, twinRun...), "--cost-profile", fitted, "--pages", "4096")...)
+	require.Equal(t, 0, code, stderr)
+
+	code, _, stderr = runCLI(t, "twin-profile", "--fit", filepath.Join(dir, "nothing.{rank}.jsonl"))
+	require.Equal(t, 2, code)
+	require.Contains(t, stderr, "no file matches")
+}
