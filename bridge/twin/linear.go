@@ -114,8 +114,14 @@ func (p *Profile) validateLinear() error {
 const numLinear = 5
 
 // FitLinear fits LinearCoefficients to measured steps by non-negative least
-// squares (a time is never reduced by more work). Method: each feature
-// column (1, tokens, ctx work, decode KV, sequences) is scaled to unit RMS,
+// squares of the relative error, Σ ((predicted − measured) / measured)² (a
+// time is never reduced by more work). Relative, because a real engine's
+// steps span three or more orders of magnitude (a lone decode against a full
+// prefill chunk): an absolute fit lets the long steps decide everything and
+// misses the short ones, which are most of the iterations of a decode-heavy
+// run, by several times. Samples whose measured time is 0 are skipped.
+// Method: each row is divided by its measured time (the target becomes 1),
+// each feature column (1, tokens, ctx work, decode KV, sequences) is scaled to unit RMS,
 // the 5×5 normal equations are formed, and the Lawson–Hanson active-set
 // algorithm solves them under x ≥ 0 (a tiny ridge keeps collinear features,
 // e.g. tokens = sequences in a decode-only log, solvable). A feature that is
@@ -126,18 +132,26 @@ func FitLinear(samples []LinearSample) (LinearCoefficients, error) {
 		return LinearCoefficients{}, fmt.Errorf("fit needs at least 2 samples, got %d", len(samples))
 	}
 	var scale [numLinear]float64
+	used := 0
 	for i, s := range samples {
 		row := s.features()
-		for j, v := range append(row[:], s.MS) {
+		for _, v := range append(row[:], s.MS) {
 			if math.IsNaN(v) || math.IsInf(v, 0) || v < 0 {
 				return LinearCoefficients{}, fmt.Errorf("sample %d: every feature and ms must be finite and non-negative, got %+v", i, s)
 			}
-			if j < numLinear {
-				scale[j] += v * v
-			}
+		}
+		if s.MS == 0 {
+			continue
+		}
+		used++
+		for j, v := range row {
+			scale[j] += (v / s.MS) * (v / s.MS)
 		}
 	}
-	n := float64(len(samples))
+	if used < 2 {
+		return LinearCoefficients{}, fmt.Errorf("fit needs at least 2 samples with a measured time above 0, got %d", used)
+	}
+	n := float64(used)
 	for j := range scale {
 		scale[j] = math.Sqrt(scale[j] / n)
 	}
@@ -145,14 +159,18 @@ func FitLinear(samples []LinearSample) (LinearCoefficients, error) {
 	var G [numLinear][numLinear]float64
 	var g [numLinear]float64
 	for _, s := range samples {
+		if s.MS == 0 {
+			continue
+		}
 		row := s.features()
 		for j := range row {
+			row[j] /= s.MS // relative error: the target is 1
 			if scale[j] > 0 {
 				row[j] /= scale[j]
 			}
 		}
 		for i := range row {
-			g[i] += row[i] * s.MS / n
+			g[i] += row[i] / n
 			for j := range row {
 				G[i][j] += row[i] * row[j] / n
 			}
