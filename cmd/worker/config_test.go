@@ -65,7 +65,7 @@ func TestConfigFileStrict(t *testing.T) {
 		{"list value", "ranks: [1, 2]\n", []string{"ranks: want a base-10 integer, got a list"}},
 		{"second document", "engine: fake\n---\nbogus: 1\nranks: -7\n", []string{"c.yaml:3: a second YAML document starts here; the config file must hold exactly one"}},
 		{"empty second document", "engine: fake\n---\n", []string{"a second YAML document"}},
-		{"unknown key", "rankz: 3\n", []string{`c.yaml:1: unknown key "rankz" (allowed in the top level: engine, model, seed, ranks, cp, router, overlap, kv, scheduler, workload)`}},
+		{"unknown key", "rankz: 3\n", []string{`c.yaml:1: unknown key "rankz" (allowed in the top level: engine, model, seed, ranks, cp, router, overlap, kv, scheduler, twin, workload)`}},
 		{"unknown nested key", "kv:\n  pagez: 3\n", []string{`c.yaml:2: unknown key "kv.pagez" (allowed in kv: pages, tokens_per_page`}},
 		{"renamed key", "scheduler:\n  equal_cost:\n    kv_offset: 35000\n", []string{"c.yaml:3: scheduler.equal_cost.kv_offset was renamed to scheduler.equal_cost.kv_cost_offset"}},
 		{"duplicate key", "ranks: 2\nengine: fake\nranks: 3\n", []string{"c.yaml:3: ranks is set twice (first at line 1)"}},
@@ -121,6 +121,10 @@ scheduler:
   demotion: &dem
     uncached_tokens: 32768
     max_iters: 2
+twin:
+  gpu: b200
+  cost_profile: p.json
+  tp: 2
 workload:
   trace: t.jsonl
   limit: 5
