@@ -15,6 +15,7 @@ import (
 	"github.com/lockstep-ai/lockstep/kvpool"
 	"github.com/lockstep-ai/lockstep/nccl"
 	"github.com/lockstep-ai/lockstep/scheduler"
+	"github.com/lockstep-ai/lockstep/scheduler/costfit"
 	"github.com/lockstep-ai/lockstep/scheduler/router"
 )
 
@@ -108,6 +109,11 @@ type Config struct {
 	// so TTFT, TPOT and E2E, are virtual; collective waits stay wall time.
 	VirtualClock bool
 	VirtualEpoch time.Time
+	// CostCalibration, when set, runs the online context-cost calibrator
+	// (Scheduler.CostMode must be auto): every rank feeds the gathered
+	// statistics of the previous iteration and publishes the fitted (O, D)
+	// to its planner (router-and-calibration.md §9–§10).
+	CostCalibration *costfit.Settings
 	// MaxIdleSleep bounds how long rank 0 sleeps waiting for the next arrival
 	// while the fleet is idle (keeps collectives well inside the watchdog).
 	MaxIdleSleep time.Duration

@@ -258,7 +258,7 @@ type rig struct {
 	// virtual runs the ranks on a virtual clock from this epoch (the
 	// engine must model its cost: wrap it with wrapEng).
 	virtual *time.Time
-	ranks []*rigRank
+	ranks   []*rigRank
 }
 
 type rigRank struct {

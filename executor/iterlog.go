@@ -42,10 +42,23 @@ type IterRecord struct {
 	KVUtil             float64   `json:"kv_util"`
 	MaxNumTokens       *int      `json:"max_num_tokens"`
 	Cost               *costInfo `json:"cost"`
+	// CostPublication is the online calibrator's publication made at the
+	// start of this iteration (ctx_cost.mode auto), absent otherwise.
+	CostPublication *costPublication `json:"cost_publication,omitempty"`
 	EventsDropped      int       `json:"events_dropped"`
 
 	timed   bool    // host_ms and wait_ms already measured (overlap loop)
 	fleetMS float64 // virtual clock: the fleet's duration of this record's step
+}
+
+// costPublication is one publication of the online calibrator.
+type costPublication struct {
+	Offset       int64   `json:"offset"`
+	Threshold    int64   `json:"threshold"`
+	Budget       int64   `json:"budget"`
+	A            float64 `json:"a_ms"`
+	C2           float64 `json:"c2_ms_per_token_kv"`
+	Observations int64   `json:"observations"`
 }
 
 type costInfo struct {
@@ -90,6 +103,14 @@ func (e *Executor) newIterRecord(start time.Time, out *scheduler.Output, canQueu
 		ec := e.cfg.Scheduler.EqualCost
 		rec.Cost = &costInfo{Offset: ec.KVOffset, Threshold: ec.KVDepthThreshold, R: ec.PerChunkDepthTokens,
 			Budget: out.CostBudget, Used: out.CostUsed}
+		if e.calib != nil && e.calib.current != nil {
+			rec.Cost.Offset, rec.Cost.Threshold = e.calib.current.Offset, e.calib.current.Threshold
+		}
+	}
+	if e.calib != nil && e.calib.fresh {
+		p := e.calib.current
+		rec.CostPublication = &costPublication{Offset: p.Offset, Threshold: p.Threshold, Budget: p.Budget,
+			A: p.A, C2: p.C2, Observations: p.Observations}
 	}
 	return rec
 }

@@ -77,8 +77,10 @@ type Executor struct {
 	wallClock func() time.Time
 	// virtual is the engine's cost model when the clock is virtual
 	// (Config.VirtualClock); vnow is then this rank's virtual time.
-	virtual   StepCoster
-	vnow      time.Time
+	virtual StepCoster
+	vnow    time.Time
+	// calib is the online context-cost calibrator (Config.CostCalibration).
+	calib     *calibrator
 	wasteSum  float64
 	wasteN    int
 	waitDur   time.Duration
@@ -120,6 +122,15 @@ func New(cfg Config, d Deps) (*Executor, error) {
 	if coster != nil {
 		e.virtual, e.vnow = coster, cfg.VirtualEpoch
 		e.cfg.Clock = func() time.Time { return e.vnow }
+	}
+	if cfg.CostCalibration != nil {
+		if cfg.Scheduler.CostMode != scheduler.CostAuto {
+			return nil, fmt.Errorf("executor: the online cost calibrator needs ctx_cost.mode auto (have %s)", cfg.Scheduler.CostMode)
+		}
+		var err error
+		if e.calib, err = newCalibrator(*cfg.CostCalibration); err != nil {
+			return nil, err
+		}
 	}
 	return e, nil
 }
@@ -237,6 +248,13 @@ func (e *Executor) prologue() (*plan, error) {
 	if e.virtual != nil {
 		p.start = e.vnow // rank 0's clock, agreed in the arrival broadcast
 	}
+	// The online calibrator sees the previous iteration's gathered
+	// statistics before this pass is planned (§9.2, §10.2).
+	if e.calib != nil {
+		if err := e.observeCost(states); err != nil {
+			return nil, err
+		}
+	}
 	if e.adp() {
 		e.route(items, states)
 	} else {
@@ -332,6 +350,10 @@ func (e *Executor) iteration() (bool, error) {
 	}
 	e.res.CollectiveMS += float64(e.waitDur) / 1e6
 	p.stats.HostUS = e.wall().Sub(p.wallStart).Microseconds()
+	if e.virtual != nil {
+		// The iteration's time on the virtual clock: what the fleet took.
+		p.stats.HostUS = e.vnow.Sub(p.start).Microseconds()
+	}
 	e.lastStats = p.stats
 	if e.cfg.Rank == 0 && e.cfg.Progress != nil {
 		e.cfg.Progress(len(e.res.Responses))

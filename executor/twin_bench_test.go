@@ -14,6 +14,7 @@ import (
 	"github.com/lockstep-ai/lockstep/kvpool"
 	"github.com/lockstep-ai/lockstep/nccl"
 	"github.com/lockstep-ai/lockstep/scheduler"
+	"github.com/lockstep-ai/lockstep/scheduler/costfit"
 	"github.com/lockstep-ai/lockstep/scheduler/router"
 	"github.com/lockstep-ai/lockstep/workload"
 )
@@ -28,6 +29,10 @@ type twinFleet struct {
 	reqs    []workload.Request
 	overlap bool
 	sched   scheduler.Config
+	// costCal runs the online calibrator (sched.CostMode must be auto);
+	// notes collects every rank's notes.
+	costCal *costfit.Settings
+	notes   [][]string
 }
 
 // run returns rank 0's result and the summed scheduler passes of every rank.
@@ -49,6 +54,7 @@ func (f *twinFleet) run(tb testing.TB) (*Result, int64) {
 	g := nccl.NewCoroGroup(f.ranks, false)
 	results := make([]*Result, f.ranks)
 	passes := make([]int64, f.ranks)
+	f.notes = make([][]string, f.ranks)
 	errs := nccl.RunCoroutines(g, func(i int, c *nccl.CoroComm) error {
 		kv, err := kvpool.New(kvpool.Config{NumPages: pages, TokensPerPage: ppt, EnableBlockReuse: true,
 			AttentionDP: f.ranks > 1, AttentionDPRank: i, PageTableRows: 2*f.sched.MaxBatchSize + 1})
@@ -71,7 +77,9 @@ func (f *twinFleet) run(tb testing.TB) (*Result, int64) {
 		}
 		counter := &countingPlanner{inner: sch}
 		ex, err := New(Config{Rank: i, Ranks: f.ranks, Scheduler: sc, Overlap: f.overlap, Router: rt,
-			VirtualClock: true, VirtualEpoch: epoch}, Deps{Comm: c, Engine: eng, KV: kv, Planner: counter})
+			VirtualClock: true, VirtualEpoch: epoch, CostCalibration: f.costCal,
+			OnNote: func(rank int, n scheduler.Note) { f.notes[rank] = append(f.notes[rank], n.Text) }},
+			Deps{Comm: c, Engine: eng, KV: kv, Planner: counter})
 		if err != nil {
 			return err
 		}
@@ -96,6 +104,11 @@ func (f *twinFleet) run(tb testing.TB) (*Result, int64) {
 type countingPlanner struct {
 	inner  Planner
 	passes int64
+}
+
+// PublishCost forwards the calibrator's publications.
+func (p *countingPlanner) PublishCost(o, d int64) error {
+	return p.inner.(CostPublisher).PublishCost(o, d)
 }
 
 func (p *countingPlanner) Schedule(active []*scheduler.Request, executing []uint64) (*scheduler.Output, error) {

@@ -1,0 +1,47 @@
+package executor
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/lockstep-ai/lockstep/scheduler"
+	"github.com/lockstep-ai/lockstep/scheduler/costfit"
+)
+
+// TestOnlineCalibratorPublishesIdenticallyOnEveryRank is LC-06 end to end
+// (router-and-calibration.md §10.3): 4 in-process attention-DP ranks of the
+// twin, the first 600 requests of the conversation trace at real lengths
+// with arrivals compressed 20×, ctx_cost.mode auto with the lockstep
+// correction. Every rank publishes, at the same iteration, the same
+// (O, D, B), and the scheduler uses it (the iteration logs would show the
+// cap; here the notes carry every publication).
+func TestOnlineCalibratorPublishesIdenticallyOnEveryRank(t *testing.T) {
+	reqs := conversationTrace(t, 600)
+	for i := range reqs {
+		reqs[i].Arrival /= 20
+	}
+	sc := scheduler.Config{MaxBatchSize: 128, MaxNumTokens: 8192, ChunkedContext: true, ChunkUnitSize: 32,
+		Policy: scheduler.MaxUtilization, RecomputePause: true, PrefixAware: true, CostMode: scheduler.CostAuto}
+	set := costfit.DefaultSettings(8192)
+	set.MinSamples, set.Window, set.RefreshInterval = 64, 512, 64
+	f := &twinFleet{ranks: 4, gpu: "h200", model: "llama-8b", reqs: reqs, overlap: true, sched: sc, costCal: &set}
+	res, _ := f.run(t)
+	require.Len(t, res.Responses, 600)
+	pubs := func(notes []string) []string {
+		var out []string
+		for _, n := range notes {
+			if strings.HasPrefix(n, "ctx_cost auto: published") {
+				out = append(out, n)
+			}
+		}
+		return out
+	}
+	base := pubs(f.notes[0])
+	require.NotEmpty(t, base, "the calibrator never published on a saturated fleet")
+	t.Logf("%d publications, first: %s", len(base), base[0])
+	for r := 1; r < 4; r++ {
+		require.Equal(t, base, pubs(f.notes[r]), "rank %d published differently", r)
+	}
+}
