@@ -80,7 +80,13 @@ func (e *Executor) observeCost(states []RankState) error {
 	}
 	c.current, c.fresh = &pub, true
 	if e.cfg.OnNote != nil {
-		e.cfg.OnNote(e.cfg.Rank, scheduler.Note{Level: scheduler.LevelInfo, Text: fmt.Sprintf(
+		// Every rank publishes the same values at the same iteration with
+		// the lockstep correction: rank 0 says it at info level.
+		level := scheduler.LevelInfo
+		if e.cfg.Rank != 0 && c.cal.Settings().LockstepCorrection {
+			level = scheduler.LevelDebug
+		}
+		e.cfg.OnNote(e.cfg.Rank, scheduler.Note{Level: level, Text: fmt.Sprintf(
 			"ctx_cost auto: published kv_cost_offset=%d kv_depth_threshold=%d budget=%d (A=%.1f ms, c2=%.3g ms per token·KV, %d observations, stats of iteration %d)",
 			pub.Offset, pub.Threshold, pub.Budget, pub.A, pub.C2, pub.Observations, it)})
 	}

@@ -121,6 +121,14 @@ scheduler:
   demotion: &dem
     uncached_tokens: 32768
     max_iters: 2
+  ctx_cost:
+    mode: auto
+    percentile: 50
+    min_samples: 64
+    window: 512
+    refresh_interval: 64
+    hysteresis: 0
+    lockstep_correction: false
 twin:
   gpu: b200
   cost_profile: p.json

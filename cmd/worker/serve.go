@@ -60,6 +60,8 @@ type serveOptions struct {
 	gpu, costProfile           string        // --engine twin: built-in GPU, or a cost profile file
 	tp                         int           // --engine twin: tensor-parallel GPUs per rank
 	profile                    *twin.Profile // --engine twin: the cost profile (set by validate)
+	ctxCost                    string        // --ctx-cost off | manual | auto
+	calib                      calibSettings // scheduler.ctx_cost.* (auto mode)
 
 	// origin: flag name → the config file's "FILE:LINE key" for values
 	// the file set (see src); reuseOnBy names what turned block reuse on
@@ -79,7 +81,7 @@ func defaultServeOptions() serveOptions {
 		lengthScale: 1, arrivalScale: 1, report: "text", progress: "auto",
 		collectiveTimeout: 60 * time.Second, logLevel: "info", overlap: "on",
 		routerName: "default", maxActivePerRank: 1024, cp: 1, eventBufferMaxSize: 1 << 20,
-		gpuMemFraction: 0.9, gpu: "h200", tp: 1,
+		gpuMemFraction: 0.9, gpu: "h200", tp: 1, ctxCost: "off", calib: defaultCalibSettings(),
 	}
 }
 
@@ -89,6 +91,9 @@ func (o *serveOptions) flags(fs *flag.FlagSet) {
 	fs.StringVar(&o.gpu, "gpu", o.gpu, "with --engine twin: the GPU the twin models ("+strings.Join(twin.GPUNames(), ", ")+")")
 	fs.StringVar(&o.costProfile, "cost-profile", o.costProfile, "with --engine twin: a cost profile file (JSON, docs/twin.md) instead of --gpu and --model")
 	fs.IntVar(&o.tp, "tp", o.tp, "with --engine twin: tensor-parallel GPUs per attention-DP rank")
+	fs.StringVar(&o.ctxCost, "ctx-cost", o.ctxCost, "where equal-cost chunking's kv_cost_offset and kv_depth_threshold come from: "+
+		"off (scheduler.equal_cost or the TLLM_V2_CTX_COST_* variables), manual (scheduler.equal_cost only) or "+
+		"auto (the online calibrator, docs/calibration.md)")
 	fs.Float64Var(&o.gpuMemFraction, "gpu-mem-fraction", o.gpuMemFraction, "with --engine cuda and --pages 0: share of free GPU memory (after weights) for KV pages")
 	fs.StringVar(&o.model, "model", o.model, "model preset: "+strings.Join(bridge.PresetNames(), ", "))
 	fs.Uint64Var(&o.seed, "seed", o.seed, "seed of the synthetic weights and token ids")
@@ -138,6 +143,9 @@ func (o *serveOptions) validate() error {
 		return usageErrorf("%s must be in (0, 1], got %v", o.src("gpu-mem-fraction"), o.gpuMemFraction)
 	}
 	if err := o.validateTwin(); err != nil {
+		return err
+	}
+	if err := o.validateCtxCost(); err != nil {
 		return err
 	}
 	if o.engine != "twin" {
@@ -235,6 +243,7 @@ func (o *serveOptions) schedulerConfig(getenv func(string) string) (scheduler.Co
 	}
 	c.Policy, _ = parsePolicy(o.policy)
 	c.LedgerBlockTokens = o.tokensPerPage
+	c.CostMode, _ = scheduler.ParseCostMode(o.ctxCost) // validated
 	o.nameSchedulerSettings(&c)
 	return scheduler.ConfigFromEnv(c, getenv)
 }
@@ -433,6 +442,10 @@ func buildRank(o *serveOptions, sc scheduler.Config, i, device int, comm nccl.Co
 		OnNote: func(rank int, n scheduler.Note) { logNote(log, rank, n) }}
 	if o.engine == "twin" {
 		cfg.VirtualClock, cfg.VirtualEpoch = true, twinEpoch
+	}
+	if sc.CostMode == scheduler.CostAuto {
+		set := o.calib.settings(int64(sc.MaxNumTokens))
+		cfg.CostCalibration = &set
 	}
 	if helix {
 		on, warn := executor.ScheduleCheckGate(os.Getenv(executor.ScheduleCheckEnv), true, o.cp, 1)

@@ -15,6 +15,8 @@ import (
 
 	"github.com/lockstep-ai/lockstep/bridge"
 	"github.com/lockstep-ai/lockstep/bridge/twin"
+	"github.com/lockstep-ai/lockstep/scheduler"
+	"github.com/lockstep-ai/lockstep/scheduler/costfit"
 )
 
 // The digital twin in the worker (docs/twin.md): `--engine twin` runs the
@@ -298,4 +300,52 @@ func (o *serveOptions) replayStart(now time.Time) time.Time {
 		return twinEpoch
 	}
 	return now
+}
+
+// calibSettings are the online calibrator's settings from the config file
+// (scheduler.ctx_cost.*), with the defaults of §9.1. The lockstep
+// correction is on by default: with one rank it changes nothing (§10.2).
+type calibSettings struct {
+	percentile, hysteresis      float64
+	minSamples, window, refresh int
+	correction                  bool
+}
+
+func defaultCalibSettings() calibSettings {
+	return calibSettings{percentile: costfit.DefaultOnlinePercentile, hysteresis: costfit.DefaultHysteresis,
+		minSamples: costfit.DefaultMinSamples, window: costfit.DefaultWindow, refresh: costfit.DefaultRefreshInterval,
+		correction: true}
+}
+
+// settings resolves the calibrator's settings for a token budget m.
+func (c calibSettings) settings(m int64) costfit.Settings {
+	s := costfit.DefaultSettings(m)
+	s.Percentile, s.Hysteresis = c.percentile, c.hysteresis
+	s.MinSamples, s.Window, s.RefreshInterval = c.minSamples, c.window, c.refresh
+	s.LockstepCorrection = c.correction
+	return s
+}
+
+// validateCtxCost checks --ctx-cost and, in auto mode, that equal-cost
+// chunking can act (chunked prefill and a finite token budget) and that the
+// calibrator's settings are valid, naming where each came from.
+func (o *serveOptions) validateCtxCost() error {
+	mode, err := scheduler.ParseCostMode(o.ctxCost)
+	if err != nil {
+		return usageErrorf("%s %q is not allowed (allowed: off, manual, auto)", o.src("ctx-cost"), o.ctxCost)
+	}
+	if mode != scheduler.CostAuto {
+		return nil
+	}
+	switch {
+	case !o.chunked:
+		return usageErrorf("%s auto needs chunked prefill (%s is off): equal-cost chunking caps chunks", o.src("ctx-cost"), o.src("chunked-prefill"))
+	case o.maxNumTokens == 0:
+		return usageErrorf("%s auto needs a token budget (%s is 0, unlimited): the calibrator fits full-budget iterations",
+			o.src("ctx-cost"), o.src("max-num-tokens"))
+	}
+	if _, err := costfit.New(o.calib.settings(int64(o.maxNumTokens))); err != nil {
+		return usageErrorf("scheduler.ctx_cost in %s: %v", o.configPath, err)
+	}
+	return nil
 }
