@@ -114,6 +114,9 @@ type Config struct {
 	// statistics of the previous iteration and publishes the fitted (O, D)
 	// to its planner (router-and-calibration.md §9–§10).
 	CostCalibration *costfit.Settings
+	// RecordBusy keeps every forward iteration's per-rank busy time on rank
+	// 0 (Result.Busy; attention DP only).
+	RecordBusy bool
 	// MaxIdleSleep bounds how long rank 0 sleeps waiting for the next arrival
 	// while the fleet is idle (keeps collectives well inside the watchdog).
 	MaxIdleSleep time.Duration

@@ -30,6 +30,10 @@ type Result struct {
 	// clock only); VirtualEnd is the virtual clock when the loop ended.
 	VirtualDeviceMS float64
 	VirtualEnd      time.Time
+	// Busy (rank 0, Config.RecordBusy, attention DP): every forward
+	// iteration's busy time of each rank in ms, rank order — the input of
+	// the lockstep-waste distribution and timeline.
+	Busy [][]float32
 	// CollectiveMS is this rank's total time blocked in control-plane
 	// collectives (C1–C5, C7–C9).
 	CollectiveMS float64
@@ -856,7 +860,12 @@ func (e *Executor) gatherResponses(name string, rs []Response, deviceUS int64, f
 		return nil
 	}
 	var sum, max float64
-	for _, b := range all {
+	record := e.cfg.RecordBusy && name == "pending_responses" && forward
+	var busy []float32
+	if record {
+		busy = make([]float32, len(all))
+	}
+	for i, b := range all {
 		rb, err := decodeResponseBatch(b)
 		if err != nil {
 			return err
@@ -867,6 +876,12 @@ func (e *Executor) gatherResponses(name string, rs []Response, deviceUS int64, f
 		if us > max {
 			max = us
 		}
+		if record {
+			busy[i] = float32(us / 1000)
+		}
+	}
+	if record {
+		e.res.Busy = append(e.res.Busy, busy)
 	}
 	if name == "pending_responses" && forward && max > 0 {
 		e.wasteSum += 1 - sum/float64(len(all))/max

@@ -17,6 +17,8 @@ type request struct {
 	firstTokenNS int64
 	suspended    int
 	recomputed   int
+	reused       int  // prompt prefix the first admission reused (ReusedTokens)
+	reusedSet    bool // reused is final
 }
 
 func newRequest(a Arrival) *request {

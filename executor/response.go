@@ -15,6 +15,10 @@ type Response struct {
 	FinishUnixNS     int64
 	Suspended        int    // times suspended to make room
 	Recomputed       int    // times recompute-paused
+	// ReusedTokens is the prompt prefix its first admission took from the
+	// radix cache (prefill skipped): PromptLen − ReusedTokens is its
+	// uncached prompt.
+	ReusedTokens int
 	Error            string // non-empty: rejected with this reason
 }
 
@@ -40,6 +44,7 @@ func (rb responseBatch) encode() []byte {
 		}
 		b = binary.LittleEndian.AppendUint32(b, uint32(r.Suspended))
 		b = binary.LittleEndian.AppendUint32(b, uint32(r.Recomputed))
+		b = binary.LittleEndian.AppendUint32(b, uint32(r.ReusedTokens))
 		b = binary.LittleEndian.AppendUint32(b, uint32(len(r.Error)))
 		b = append(b, r.Error...)
 		b = binary.LittleEndian.AppendUint32(b, uint32(len(r.Output)))
@@ -57,7 +62,7 @@ func decodeResponseBatch(b []byte) (responseBatch, error) {
 	var rb responseBatch
 	rb.DeviceUS = int64(d.u64())
 	n := int(d.u32())
-	if d.err == nil && n > len(d.b)/40 {
+	if d.err == nil && n > len(d.b)/44 {
 		d.err = errShort
 	}
 	for i := 0; i < n && d.err == nil; i++ {
@@ -69,6 +74,7 @@ func decodeResponseBatch(b []byte) (responseBatch, error) {
 		r.FinishUnixNS = int64(d.u64())
 		r.Suspended = int(d.u32())
 		r.Recomputed = int(d.u32())
+		r.ReusedTokens = int(d.u32())
 		r.Error = string(d.bytes(int(d.u32())))
 		k := int(d.u32())
 		if d.err == nil && k > len(d.b)/4 {

@@ -85,6 +85,9 @@ func (e *Executor) markLaunched(b *batch) {
 			continue
 		}
 		if r.State.IsContext() {
+			if r.State == scheduler.ContextInit && !r.reusedSet {
+				r.reused, r.reusedSet = r.ContextPosition, true // the claimed prefix, before the first chunk
+			}
 			r.ContextPosition += r.ChunkSize
 			e.d.KV.UpdateAfterContext(&r.Request)
 			if !b.sample[i] {
@@ -136,7 +139,7 @@ func (e *Executor) applyResults(b *batch, res *bridge.StepResult) (float64, erro
 			e.d.KV.Free(&r.Request)
 			e.finished = append(e.finished, Response{ID: r.ID, Rank: e.cfg.Rank, Output: r.output,
 				ArrivalUnixNS: r.arrivalNS, FirstTokenUnixNS: r.firstTokenNS, FinishUnixNS: now,
-				Suspended: r.suspended, Recomputed: r.recomputed})
+				Suspended: r.suspended, Recomputed: r.recomputed, ReusedTokens: r.reused})
 			removed = true
 		}
 	}
