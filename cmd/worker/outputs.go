@@ -187,10 +187,10 @@ func (s *outputFiles) close() error {
 
 // openOutputs opens o's outputs for this process under launch l: every
 // rank's in-process, or the launcher's rank alone.
-func (o *serveOptions) openOutputs(l nccl.Launch, log *zap.Logger) (*outputFiles, error) {
+func (o *serveOptions) openOutputs(l nccl.Launch, log *zap.Logger, getenv func(string) string) (*outputFiles, error) {
 	world, only := o.world(), -1
 	if l.MultiProcess() {
 		world, only = l.WorldSize, l.Rank
 	}
-	return openOutputs(o, world, only, os.Getenv("TLLM_PROFILE_LOG_RANKS"), func(w string) { log.Warn(w) })
+	return openOutputs(o, world, only, getenv("TLLM_PROFILE_LOG_RANKS"), func(w string) { log.Warn(w) })
 }

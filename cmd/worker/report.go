@@ -274,6 +274,9 @@ type requestRecord struct {
 	E2EMS        float64 `json:"e2e_ms"`
 	Suspended    int     `json:"suspended"`
 	Recomputed   int     `json:"recomputed"`
+	// ReusedTokens is the prompt prefix the first admission reused from the
+	// radix cache; prompt_tokens − reused_tokens is the uncached prompt.
+	ReusedTokens int     `json:"reused_tokens"`
 	Output       []int32 `json:"output"`
 	Error        string  `json:"error,omitempty"`
 }
@@ -285,7 +288,7 @@ func writeRequests(w io.Writer, reqs []workload.Request, res *serveResult) error
 	for i, r := range byIndex(reqs, res) {
 		rec := requestRecord{Index: i, Rank: executor.NoRank, PromptTokens: reqs[i].Len(), Output: []int32{}}
 		if r != nil {
-			rec.Rank, rec.Error, rec.Suspended, rec.Recomputed = r.Rank, r.Error, r.Suspended, r.Recomputed
+			rec.Rank, rec.Error, rec.Suspended, rec.Recomputed, rec.ReusedTokens = r.Rank, r.Error, r.Suspended, r.Recomputed, r.ReusedTokens
 			if r.Error == "" {
 				rec.Output = r.Output
 				rec.OutputTokens = len(r.Output)

@@ -62,6 +62,7 @@ type serveOptions struct {
 	profile                    *twin.Profile // --engine twin: the cost profile (set by validate)
 	ctxCost                    string        // --ctx-cost off | manual | auto
 	calib                      calibSettings // scheduler.ctx_cost.* (auto mode)
+	recordBusy                 bool          // keep per-iteration busy times (worker eval)
 
 	// origin: flag name → the config file's "FILE:LINE key" for values
 	// the file set (see src); reuseOnBy names what turned block reuse on
@@ -250,94 +251,124 @@ func (o *serveOptions) schedulerConfig(getenv func(string) string) (scheduler.Co
 
 // runServe is `worker run`.
 func runServe(args []string, stdout, stderr io.Writer) error {
+	o, err := parseRunOptions(args, stderr)
+	if err != nil {
+		return err
+	}
+	out, err := o.execute(stderr, os.Getenv)
+	if err != nil || out == nil {
+		return err // out == nil: not rank 0, which prints the report
+	}
+	// The report is printed even when an output failed: the results exist.
+	if o.report == "json" {
+		err = out.rep.writeJSON(stdout)
+	} else {
+		err = out.rep.writeText(stdout)
+	}
+	if out.outErr != nil {
+		return errors.Join(err, fmt.Errorf("the run finished (report printed) but an output is incomplete: %w", out.outErr))
+	}
+	if err != nil {
+		return err
+	}
+	return out.rep.nothingServed()
+}
+
+// parseRunOptions reads `worker run`'s flags and config file and validates
+// the result.
+func parseRunOptions(args []string, stderr io.Writer) (*serveOptions, error) {
 	o := defaultServeOptions()
 	fs := flag.NewFlagSet("run", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	o.flags(fs)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
-			return err
+			return nil, err
 		}
-		return usageError{err}
+		return nil, usageError{err}
 	}
 	if fs.NArg() > 0 {
-		return usageErrorf("unexpected arguments: %v", fs.Args())
+		return nil, usageErrorf("unexpected arguments: %v", fs.Args())
 	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	if err := o.mergeConfig(set); err != nil {
-		return err
+		return nil, err
 	}
 	if o.cp > 1 && !o.ranksSet {
 		o.ranks = 1 // Helix replaces attention DP unless asked otherwise (then validate refuses)
 	}
 	if err := o.validate(); err != nil {
-		return err
+		return nil, err
 	}
+	return &o, nil
+}
+
+// runOutcome is a finished run as rank 0's process sees it: the report,
+// the ranks' result, the workload, and the first error of an output file
+// (the run itself succeeded).
+type runOutcome struct {
+	rep    *report
+	res    *serveResult
+	reqs   []workload.Request
+	outErr error
+}
+
+// execute runs validated options: scheduler configuration (getenv supplies
+// the TLLM_* variables), startup checks, outputs, workload, the ranks, the
+// report. It returns nil, nil on a process that is not rank 0.
+func (o *serveOptions) execute(stderr io.Writer, getenv func(string) string) (*runOutcome, error) {
 	log, err := newLogger(stderr, o.logLevel)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer log.Sync() //nolint:errcheck
-	sc, notes, err := o.schedulerConfig(os.Getenv)
+	sc, notes, err := o.schedulerConfig(getenv)
 	if err != nil {
-		return usageError{err}
+		return nil, usageError{err}
 	}
-	launch, err := nccl.DetectLaunch(os.Getenv)
+	launch, err := nccl.DetectLaunch(getenv)
 	if err != nil {
-		return usageError{err}
+		return nil, usageError{err}
 	}
-	more, err := o.startupChecks(sc, launch, os.Getenv)
+	more, err := o.startupChecks(sc, launch, getenv)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	for _, n := range append(notes, more...) {
 		log.Info(n)
 	}
-	if o.out, err = o.openOutputs(launch, log); err != nil {
-		return err
+	if o.out, err = o.openOutputs(launch, log, getenv); err != nil {
+		return nil, err
 	}
 	defer o.out.close() //nolint:errcheck // closed again below, where its errors are reported
 	reqs, err := o.loadWorkload(o.attentionDPRanks(launch))
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if err := o.checkServable(sc, reqs); err != nil {
-		return err
+		return nil, err
 	}
 	var res *serveResult
 	if launch.MultiProcess() {
-		res, err = serveProcess(&o, sc, reqs, launch, log, stderr)
+		res, err = serveProcess(o, sc, reqs, launch, log, stderr)
 	} else {
-		res, err = serve(&o, sc, reqs, log, stderr)
+		res, err = serve(o, sc, reqs, log, stderr)
 	}
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if w := o.fault.unfiredWarning(); w != "" {
 		log.Warn(w)
 	}
 	if res == nil {
-		return o.out.close() // not rank 0: rank 0 prints the report
+		return nil, o.out.close() // not rank 0: rank 0 prints the report
 	}
-	rep := buildReport(&o, reqs, res)
+	rep := buildReport(o, reqs, res)
 	if w := o.out.requestsWriter(); w != nil {
 		writeRequests(w, reqs, res) //nolint:errcheck // an output keeps its first error for close
 	}
-	// The report is printed even when an output failed: the results exist.
-	outErr := o.out.close()
-	if o.report == "json" {
-		err = rep.writeJSON(stdout)
-	} else {
-		err = rep.writeText(stdout)
-	}
-	if outErr != nil {
-		return errors.Join(err, fmt.Errorf("the run finished (report printed) but an output is incomplete: %w", outErr))
-	}
-	if err != nil {
-		return err
-	}
-	return rep.nothingServed()
+	return &runOutcome{rep: rep, res: res, reqs: reqs, outErr: o.out.close()}, nil
 }
 
 // serveResult is what the ranks produced, as seen from rank 0.
@@ -443,6 +474,7 @@ func buildRank(o *serveOptions, sc scheduler.Config, i, device int, comm nccl.Co
 	if o.engine == "twin" {
 		cfg.VirtualClock, cfg.VirtualEpoch = true, twinEpoch
 	}
+	cfg.RecordBusy = o.recordBusy
 	if sc.CostMode == scheduler.CostAuto {
 		set := o.calib.settings(int64(sc.MaxNumTokens))
 		cfg.CostCalibration = &set
