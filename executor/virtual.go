@@ -19,6 +19,11 @@ type StepCoster interface {
 	FleetStepMS(costs [][]byte) (float64, error)
 	// HostMS is the modelled control-plane time of one iteration, in ms.
 	HostMS() float64
+	// CoupledForward reports whether the ranks' forwards synchronise
+	// inside the step (mixture-of-experts layers wait for every rank), so
+	// that a GPU would measure the fleet's step time as every rank's device
+	// time. Dense models' forwards are rank-local.
+	CoupledForward() bool
 }
 
 // fleetStepMS is the virtual clock's collective ("step_cost", under the

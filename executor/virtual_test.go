@@ -61,6 +61,8 @@ func (c *costEngine) FleetStepMS(costs [][]byte) (float64, error) {
 
 func (c *costEngine) HostMS() float64 { return 0.25 }
 
+func (c *costEngine) CoupledForward() bool { return false }
+
 func traceSource(epoch time.Time, reqs ...workload.Request) *TraceSource {
 	return NewTraceSource(reqs, epoch)
 }

@@ -74,3 +74,7 @@ func (e *Engine) FleetStepMS(costs [][]byte) (float64, error) {
 // HostMS is the profile's modelled host time of one iteration
 // (executor.StepCoster).
 func (e *Engine) HostMS() float64 { return e.p.HostOverheadMS.Value }
+
+// CoupledForward reports whether the ranks' forwards synchronise inside
+// the step: an MoE model's layers wait for every rank (executor.StepCoster).
+func (e *Engine) CoupledForward() bool { return e.p.Kind == KindRoofline && e.p.Model.MoE() }
