@@ -79,6 +79,7 @@ func (e *Executor) observeCost(states []RankState) error {
 		return fmt.Errorf("ctx_cost auto: publishing O=%d D=%d: %w", pub.Offset, pub.Threshold, err)
 	}
 	c.current, c.fresh = &pub, true
+	e.res.CostPublications = append(e.res.CostPublications, pub)
 	if e.cfg.OnNote != nil {
 		// Every rank publishes the same values at the same iteration with
 		// the lockstep correction: rank 0 says it at info level.

@@ -10,6 +10,7 @@ import (
 	"github.com/lockstep-ai/lockstep/kvpool"
 	"github.com/lockstep-ai/lockstep/nccl"
 	"github.com/lockstep-ai/lockstep/scheduler"
+	"github.com/lockstep-ai/lockstep/scheduler/costfit"
 	"github.com/lockstep-ai/lockstep/scheduler/router"
 )
 
@@ -34,6 +35,9 @@ type Result struct {
 	// iteration's busy time of each rank in ms, rank order — the input of
 	// the lockstep-waste distribution and timeline.
 	Busy [][]float32
+	// CostPublications are the online calibrator's publications, in order
+	// (ctx_cost.mode auto).
+	CostPublications []costfit.Publication
 	// CollectiveMS is this rank's total time blocked in control-plane
 	// collectives (C1–C5, C7–C9).
 	CollectiveMS float64

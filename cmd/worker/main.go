@@ -21,6 +21,7 @@ commands:
   run        serve a trace (default: a built-in sample) on lockstep ranks and print a report
   schedule   dry-run the scheduler on a scenario file (--scenario FILE.json)
   calibrate  fit kv_cost_offset and kv_depth_threshold from iteration logs (docs/calibration.md)
+  eval       run the equal-cost / demotion / online-calibrator configurations side by side on the twin (docs/eval.md)
   twin-profile  print the digital twin's cost profile of a GPU and model, or fit one to iteration logs (docs/twin.md)
   info       print the engine backends this build supports
   help       print this text
@@ -46,6 +47,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = runSchedule(args[1:], stdout, stderr)
 	case "calibrate":
 		err = runCalibrate(args[1:], stdout, stderr)
+	case "eval":
+		err = runEval(args[1:], stdout, stderr)
 	case "twin-profile":
 		err = runTwinProfile(args[1:], stdout, stderr)
 	case "info":
@@ -54,7 +57,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprint(stdout, usage)
 		return 0
 	default:
-		fmt.Fprintf(stderr, "worker: unknown command %q (allowed: run, schedule, calibrate, twin-profile, info, help)\n", args[0])
+		fmt.Fprintf(stderr, "worker: unknown command %q (allowed: run, schedule, calibrate, eval, twin-profile, info, help)\n", args[0])
 		return 2
 	}
 	if err == nil {

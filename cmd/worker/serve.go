@@ -50,6 +50,7 @@ type serveOptions struct {
 	overlap                    string
 	routerName                 string
 	inferConversations         bool
+	contextOnly                bool // every request generates its first token only (a context server)
 	maxActivePerRank           int
 	cp                         int
 	ranksSet                   bool // --ranks given explicitly
@@ -122,6 +123,8 @@ func (o *serveOptions) flags(fs *flag.FlagSet) {
 	fs.StringVar(&o.overlap, "overlap", o.overlap, "overlap loop: on (schedule iteration N+1 while N runs) or off")
 	fs.StringVar(&o.routerName, "router", o.routerName, "attention-DP router: default (load-balanced) or conversation (conversation-aware)")
 	fs.BoolVar(&o.inferConversations, "infer-conversations", o.inferConversations, "infer conversation ids of a Mooncake trace from its hash_ids prefix chains")
+	fs.BoolVar(&o.contextOnly, "context-only", o.contextOnly, "serve as a disaggregated context server: every request generates its first token only "+
+		"(prefill, as the ranks the equal-cost calibration was designed on; docs/calibration.md)")
 	fs.IntVar(&o.maxActivePerRank, "max-active-per-rank", o.maxActivePerRank, "router hard cap of active requests per rank")
 	fs.BoolVar(&o.noPrefixReuse, "no-prefix-reuse", o.noPrefixReuse, "turn radix-tree prefix reuse off")
 	fs.StringVar(&o.kvEvents, "kv-events", o.kvEvents, "write the KV cache event stream (JSON Lines) to this file")

@@ -65,6 +65,11 @@ func (o *serveOptions) loadWorkload(adpRanks int) ([]workload.Request, error) {
 	} else {
 		reqs, err = workload.ReadFile(o.trace, opt)
 	}
+	if err == nil && o.contextOnly {
+		for i := range reqs {
+			reqs[i].MaxNewTokens = 1
+		}
+	}
 	if err == nil && o.inferConversations {
 		workload.InferConversations(reqs)
 	}

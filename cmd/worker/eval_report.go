@@ -1,0 +1,352 @@
+package main
+
+import (
+	"fmt"
+	"image/color"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"gonum.org/v1/plot"
+	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/vg"
+	"gonum.org/v1/plot/vg/draw"
+	"gonum.org/v1/plot/vg/vgimg"
+)
+
+// The evaluation's report directory: report.md (one table, the commands,
+// the fit, what each plot shows), summary.json, and the PNG plots.
+
+// configColours tell the configurations apart in every plot.
+var configColours = map[string]color.RGBA{
+	"A": {31, 119, 180, 255}, "B": {255, 127, 14, 255}, "C": {44, 160, 44, 255}, "D": {214, 39, 40, 255},
+}
+
+// write writes report.md, summary.json and the plots.
+func (ev *evaluation) write() error {
+	out := ev.opt.out
+	f, err := os.Create(filepath.Join(out, "summary.json"))
+	if err != nil {
+		return err
+	}
+	if err := ev.writeSummary(f); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	var plots []string
+	for _, p := range []struct {
+		name string
+		draw func(string) (bool, error)
+	}{
+		{"ttft_cdf.png", ev.plotTTFT},
+		{"timeline.png", ev.plotTimeline},
+		{"waste.png", ev.plotWaste},
+	} {
+		ok, err := p.draw(filepath.Join(out, p.name))
+		if err != nil {
+			return fmt.Errorf("%s: %w", p.name, err)
+		}
+		if ok {
+			plots = append(plots, p.name)
+		}
+	}
+	return os.WriteFile(filepath.Join(out, "report.md"), []byte(ev.markdown(plots)), 0o644)
+}
+
+// find returns the run of a configuration, workload, load and engine.
+func (ev *evaluation) find(config, workload, load, engine string) *evalRun {
+	for _, r := range ev.runs {
+		if r.Config == config && r.Workload == workload && r.Load == load && r.Engine == engine {
+			return r
+		}
+	}
+	return nil
+}
+
+// markdown renders report.md.
+func (ev *evaluation) markdown(plots []string) string {
+	e := ev.opt
+	var b strings.Builder
+	p := func(format string, a ...any) { fmt.Fprintf(&b, format, a...) }
+	p("# Equal-cost chunking, long-prefill demotion and the online calibrator on the twin\n\n")
+	p("`worker eval --engine twin --gpu %s --model %s --ranks %d --trace %s --limit %d` (%.0f s of wall time).\n\n",
+		e.gpu, e.model, e.ranks, e.trace, e.limit, ev.wall.Seconds())
+	p("Configurations: **A** token budget only (M = %d); **B** equal-cost chunking with the (O, D) `worker calibrate` fitted "+
+		"from A's iteration logs; **C** B + long-prefill demotion (U = %d uncached tokens) + the conversation-aware router "+
+		"(conversations inferred from `hash_ids`); **D** C with `--ctx-cost auto` (the online calibrator with the lockstep "+
+		"correction) instead of the fitted values.\n\n", e.maxNumTokens, e.demote)
+	p("Workloads: **context** — disaggregated context servers (every request generates its first token only: prefill, as " +
+		"on the ranks the calibration was designed on; A's logs come from this workload); **aggregated** — prefill and decode on " +
+		"the same ranks.\n\n")
+	p("Loads: the fleet's context capacity, measured with every request of the slice arriving at once on context servers "+
+		"(configuration A), is **%.0f prefill tokens/s**; the trace slice offers **%.0f prompt tokens/s** at its own pace "+
+		"(load %.2f). The **saturated** runs replay it at `--arrival-scale %.4g` (offered load %.2f× the capacity).\n\n",
+		ev.capacity, ev.demand, ev.demand/ev.capacity, ev.satScale, e.saturation)
+	p("Split: a **long prefill** is a request whose uncached prompt (prompt minus the prefix its first admission reused) is at "+
+		"least %d tokens; every other request is a **short turn**.\n\n", e.longPrefill)
+	p("Lockstep waste: per forward iteration, 1 − mean/max of the ranks' busy (modelled device) time; mean and p90 over " +
+		"iterations. Latencies are virtual (the twin's clock).\n\n")
+	ev.table(&b, "twin")
+	if ev.fit != nil {
+		p("\n## Calibration (from A on context servers)\n\n")
+		if ev.fit.err != nil {
+			p("No fit: %v. B and C were not run.\n", ev.fit.err)
+		} else {
+			p("`bin/worker calibrate --max-num-tokens %d '%s'`:\n\n```\n%s```\n\n![calibration](calibration.png)\n\n"+
+				"The calibration plot: left, the monopoly samples (one colour per span: the iteration time while one deep rank "+
+				"holds the only full-budget chunk) with the fitted line T = A + slope·depth and the recommended threshold; "+
+				"right, the token-weighted distribution of the context work's midpoint depth, whose percentile is D.\n",
+				e.maxNumTokens, ev.fit.logs, ev.fit.text)
+		}
+	}
+	if slices.Contains(plots, "ttft_cdf.png") {
+		p("\n## TTFT\n\n![TTFT CDFs](ttft_cdf.png)\n\nTTFT CDFs of the aggregated workload at the saturated load, one line per " +
+			"configuration: short turns on the left, long prefills on the right (log scale).\n")
+	}
+	if slices.Contains(plots, "timeline.png") {
+		p("\n## Lockstep timeline\n\n![timeline](timeline.png)\n\nPer-rank busy time over 60 consecutive forward iterations " +
+			"of context servers at the saturated load (the window starts at the middle of the run), A beside B: one line " +
+			"per rank, the dashed line is the slowest rank, which every rank waits for.\n")
+	}
+	if slices.Contains(plots, "waste.png") {
+		p("\n## Waste distribution\n\n![waste](waste.png)\n\nThe distribution (CDF) of the per-iteration lockstep waste of each " +
+			"configuration at the saturated load: context servers left, aggregated serving right.\n")
+	}
+	if e.cpu {
+		p("\n## CPU engine (real compute, wall clock)\n\nTwo in-process ranks of the tiny model on the first 160 requests " +
+			"(lengths × 0.05), everything arriving at once. ")
+		if ev.cpuNote != "" {
+			p("%s.\n\n", ev.cpuNote)
+		} else {
+			p("\n\n")
+		}
+		ev.table(&b, "cpu")
+	}
+	p("\n## Commands\n\n")
+	for _, r := range ev.runs {
+		p("- %s / %s / %s (%s): `%s`\n", r.Config, r.Workload, r.Load, r.Engine, r.Command)
+	}
+	return b.String()
+}
+
+// table writes the figures of every run of one engine.
+func (ev *evaluation) table(b *strings.Builder, engine string) {
+	p := func(format string, a ...any) { fmt.Fprintf(b, format, a...) }
+	p("| config | workload | load | waste mean | waste p90 | prefill tok/s | output tok/s | TTFT short p50/p90/p99 (ms) | TTFT long p50/p90/p99 (ms) | E2E long p50 (ms) | TPOT p50/p90 (ms) | preempt | O, D |\n")
+	p("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	for _, r := range ev.runs {
+		if r.Engine != engine || r.Config == "capacity" {
+			continue
+		}
+		od := "—"
+		switch {
+		case r.Config == "D" && r.Published:
+			od = fmt.Sprintf("%d, %d (published)", r.Offset, r.Threshold)
+		case r.Config == "D":
+			od = "none published"
+		case r.Offset > 0:
+			od = fmt.Sprintf("%d, %d (fitted)", r.Offset, r.Threshold)
+		}
+		p("| %s | %s | %s | %.1f%% | %.1f%% | %.0f | %.1f | %s (%d) | %s (%d) | %s | %s | %d | %s |\n",
+			r.Config, r.Workload, r.Load, 100*r.WasteMean, 100*r.WasteP90, r.PrefillTokPerS, r.OutputTokPerS,
+			trio(r.TTFTShort), r.ShortN, trio(r.TTFTLong), r.LongN, num(r.E2ELong.P50), pair(r.TPOT), r.Preemptions, od)
+	}
+}
+
+func num(v float64) string {
+	switch {
+	case v >= 10000:
+		return fmt.Sprintf("%.0f", v)
+	case v >= 100:
+		return fmt.Sprintf("%.0f", v)
+	}
+	return fmt.Sprintf("%.1f", v)
+}
+func trio(q percentiles) string { return num(q.P50) + " / " + num(q.P90) + " / " + num(q.P99) }
+func pair(q percentiles) string { return num(q.P50) + " / " + num(q.P90) }
+
+// savePlots lays plots out in one row and writes a PNG.
+func savePlots(path string, widthPx, heightPx int, plots ...*plot.Plot) error {
+	pt := func(px int) vg.Length { return vg.Length(px) * vg.Inch / 96 }
+	img := vgimg.NewWith(vgimg.UseWH(pt(widthPx), pt(heightPx)), vgimg.UseDPI(96))
+	dc := draw.New(img)
+	tiles := draw.Tiles{Rows: 1, Cols: len(plots), PadX: vg.Centimeter, PadTop: vg.Millimeter * 4,
+		PadBottom: vg.Millimeter * 4, PadLeft: vg.Millimeter * 4, PadRight: vg.Millimeter * 6}
+	canvases := plot.Align([][]*plot.Plot{plots}, tiles, dc)
+	for i, pl := range plots {
+		pl.Draw(canvases[0][i])
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if _, err := (vgimg.PngCanvas{Canvas: img}).WriteTo(f); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+// cdf returns the empirical CDF of v as points (x sorted, y in (0, 1]).
+func cdf(v []float64) plotter.XYs {
+	s := slices.Clone(v)
+	slices.Sort(s)
+	pts := make(plotter.XYs, len(s))
+	for i, x := range s {
+		pts[i] = plotter.XY{X: x, Y: float64(i+1) / float64(len(s))}
+	}
+	return pts
+}
+
+// plotTTFT: TTFT CDFs per configuration, short turns beside long prefills
+// (aggregated workload, saturated load).
+func (ev *evaluation) plotTTFT(path string) (bool, error) {
+	short, long := plot.New(), plot.New()
+	short.Title.Text, long.Title.Text = "TTFT, short turns (aggregated, saturated)", "TTFT, long prefills (aggregated, saturated)"
+	any := false
+	for _, pl := range []*plot.Plot{short, long} {
+		pl.X.Label.Text, pl.Y.Label.Text = "TTFT (ms, log scale)", "fraction of requests"
+		pl.X.Scale, pl.X.Tick.Marker = plot.LogScale{}, plot.LogTicks{Prec: -1}
+		pl.Y.Min, pl.Y.Max = 0, 1
+		pl.Add(plotter.NewGrid())
+		pl.Legend.Top, pl.Legend.Left = true, true
+	}
+	for _, c := range []string{"A", "B", "C", "D"} {
+		r := ev.find(c, "aggregated", "saturated", "twin")
+		if r == nil {
+			continue
+		}
+		for _, side := range []struct {
+			pl *plot.Plot
+			v  []float64
+		}{{short, r.ttftS}, {long, r.ttftL}} {
+			pts := cdf(positive(side.v))
+			if len(pts) == 0 {
+				continue
+			}
+			l, err := plotter.NewLine(pts)
+			if err != nil {
+				return false, err
+			}
+			l.Color, l.Width = configColours[c], vg.Points(2)
+			side.pl.Add(l)
+			side.pl.Legend.Add(c, l)
+			any = true
+		}
+	}
+	if !any {
+		return false, nil
+	}
+	return true, savePlots(path, 1600, 640, short, long)
+}
+
+// positive drops values ≤ 0 (a log axis cannot show them).
+func positive(v []float64) []float64 {
+	out := make([]float64, 0, len(v))
+	for _, x := range v {
+		if x > 0 {
+			out = append(out, x)
+		}
+	}
+	return out
+}
+
+// plotTimeline: per-rank busy time over 60 consecutive forward iterations,
+// A beside B (context servers, saturated load).
+func (ev *evaluation) plotTimeline(path string) (bool, error) {
+	var panels []*plot.Plot
+	yMax := 0.0
+	for _, c := range []string{"A", "B"} {
+		r := ev.find(c, "context", "saturated", "twin")
+		if r == nil || len(r.busy) < 2 {
+			continue
+		}
+		start := max(0, len(r.busy)/2-30)
+		end := min(len(r.busy), start+60)
+		pl := plot.New()
+		pl.Title.Text = fmt.Sprintf("%s: per-rank busy time, forward iterations %d–%d (context servers, saturated)", c, start, end-1)
+		pl.X.Label.Text, pl.Y.Label.Text = "forward iteration", "busy time (ms)"
+		pl.Add(plotter.NewGrid())
+		ranks := len(r.busy[start])
+		for k := 0; k < ranks; k++ {
+			pts := make(plotter.XYs, 0, end-start)
+			for i := start; i < end; i++ {
+				pts = append(pts, plotter.XY{X: float64(i), Y: float64(r.busy[i][k])})
+				yMax = max(yMax, float64(r.busy[i][k]))
+			}
+			l, err := plotter.NewLine(pts)
+			if err != nil {
+				return false, err
+			}
+			l.Color = spanColours[k%len(spanColours)]
+			if k < 8 {
+				pl.Legend.Add(fmt.Sprintf("rank %d", k), l)
+			}
+			pl.Add(l)
+		}
+		env := make(plotter.XYs, 0, end-start)
+		for i := start; i < end; i++ {
+			m := float32(0)
+			for _, b := range r.busy[i] {
+				m = max(m, b)
+			}
+			env = append(env, plotter.XY{X: float64(i), Y: float64(m)})
+		}
+		l, err := plotter.NewLine(env)
+		if err != nil {
+			return false, err
+		}
+		l.Color, l.Width, l.Dashes = color.RGBA{A: 255}, vg.Points(2), []vg.Length{vg.Points(5), vg.Points(3)}
+		pl.Add(l)
+		pl.Legend.Add("slowest rank (the iteration)", l)
+		pl.Legend.Top = true
+		panels = append(panels, pl)
+	}
+	if len(panels) == 0 {
+		return false, nil
+	}
+	for _, pl := range panels {
+		pl.Y.Min, pl.Y.Max = 0, yMax*1.45 // room for the legend
+	}
+	return true, savePlots(path, 1600, 640, panels...)
+}
+
+// plotWaste: CDFs of the per-iteration lockstep waste per configuration,
+// context servers beside aggregated serving (saturated load).
+func (ev *evaluation) plotWaste(path string) (bool, error) {
+	var panels []*plot.Plot
+	for _, w := range []string{"context", "aggregated"} {
+		pl := plot.New()
+		pl.Title.Text = fmt.Sprintf("per-iteration lockstep waste (%s, saturated)", w)
+		pl.X.Label.Text, pl.Y.Label.Text = "waste: 1 − mean/max busy time over ranks", "fraction of forward iterations"
+		pl.X.Min, pl.X.Max, pl.Y.Min, pl.Y.Max = 0, 1, 0, 1
+		pl.Add(plotter.NewGrid())
+		pl.Legend.Top, pl.Legend.Left = true, true
+		n := 0
+		for _, c := range []string{"A", "B", "C", "D"} {
+			r := ev.find(c, w, "saturated", "twin")
+			if r == nil || len(r.waste) == 0 {
+				continue
+			}
+			l, err := plotter.NewLine(cdf(r.waste))
+			if err != nil {
+				return false, err
+			}
+			l.Color, l.Width = configColours[c], vg.Points(2)
+			pl.Add(l)
+			pl.Legend.Add(fmt.Sprintf("%s (mean %.0f%%)", c, 100*r.WasteMean), l)
+			n++
+		}
+		if n > 0 {
+			panels = append(panels, pl)
+		}
+	}
+	if len(panels) == 0 {
+		return false, nil
+	}
+	return true, savePlots(path, 1600, 640, panels...)
+}

@@ -1,0 +1,61 @@
+package main
+
+import (
+	"encoding/json"
+	"image/png"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestEvalWritesTheReport runs a small evaluation on the twin (a slice of
+// the conversation trace, a small MoE fleet) and checks the report
+// directory: the table with every configuration, the calibration and its
+// plot, the plots as real PNGs, the JSON summary and the commands.
+func TestEvalWritesTheReport(t *testing.T) {
+	trace := filepath.Join("..", "..", "..", "shared", "data", "mooncake", "conversation_trace.jsonl")
+	if _, err := os.Stat(trace); err != nil {
+		t.Fatalf("the Mooncake traces are expected in ../shared/data/mooncake beside the repository: %v", err)
+	}
+	out := t.TempDir()
+	code, stdout, stderr := runCLI(t, "eval", "--trace", trace, "--out", out, "--limit", "800", "--ranks", "8",
+		"--cpu=false", "--json")
+	require.Equal(t, 0, code, stderr)
+	var sum struct {
+		Capacity float64 `json:"context_capacity_prefill_tokens_per_s"`
+		Runs     []struct {
+			Config, Workload, Load, Command string
+			Completed                       int
+		} `json:"runs"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(stdout), &sum), stdout)
+	require.Greater(t, sum.Capacity, 0.0)
+	seen := map[string]bool{}
+	for _, r := range sum.Runs {
+		require.Equal(t, 800, r.Completed, "%s %s %s", r.Config, r.Workload, r.Load)
+		require.True(t, strings.HasPrefix(r.Command, "bin/worker run") || strings.Contains(r.Command, " bin/worker run "), r.Command)
+		seen[r.Config+"/"+r.Workload+"/"+r.Load] = true
+	}
+	for _, c := range []string{"A", "B", "C", "D"} {
+		for _, w := range []string{"context/saturated", "aggregated/trace", "aggregated/saturated"} {
+			require.True(t, seen[c+"/"+w], "run %s/%s missing (a failed fit skips B and C: check the calibration)", c, w)
+		}
+	}
+	md, err := os.ReadFile(filepath.Join(out, "report.md"))
+	require.NoError(t, err)
+	for _, want := range []string{"| A | context | saturated |", "| D | aggregated | trace |", "export TLLM_V2_CTX_COST_KV_OFFSET=",
+		"![TTFT CDFs](ttft_cdf.png)", "![timeline](timeline.png)", "![waste](waste.png)", "## Commands"} {
+		require.Contains(t, string(md), want)
+	}
+	for _, name := range []string{"calibration.png", "ttft_cdf.png", "timeline.png", "waste.png"} {
+		f, err := os.Open(filepath.Join(out, name))
+		require.NoError(t, err, name)
+		img, err := png.Decode(f)
+		f.Close()
+		require.NoError(t, err, name)
+		require.Equal(t, 1600, img.Bounds().Dx(), name)
+	}
+}
