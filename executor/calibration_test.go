@@ -1,6 +1,7 @@
 package executor
 
 import (
+	"encoding/json"
 	"strings"
 	"testing"
 
@@ -43,5 +44,42 @@ func TestOnlineCalibratorPublishesIdenticallyOnEveryRank(t *testing.T) {
 	t.Logf("%d publications, first: %s", len(base), base[0])
 	for r := 1; r < 4; r++ {
 		require.Equal(t, base, pubs(f.notes[r]), "rank %d published differently", r)
+	}
+}
+
+// TestCoupledForwardLogsTheFleetTime: with a mixture-of-experts model every
+// rank's forward waits for every rank, so each rank's iteration log shows
+// the fleet's step time as its device time (what a GPU measures, and the
+// T(it) the offline calibration reads), in the overlap loop too, where the
+// record is completed one iteration after its step was launched.
+func TestCoupledForwardLogsTheFleetTime(t *testing.T) {
+	reqs := conversationTrace(t, 200)
+	sc := scheduler.Config{MaxBatchSize: 64, MaxNumTokens: 8192, ChunkedContext: true, ChunkUnitSize: 32,
+		Policy: scheduler.MaxUtilization, RecomputePause: true, PrefixAware: true}
+	for _, overlap := range []bool{true, false} {
+		f := &twinFleet{ranks: 8, gpu: "h200", model: "deepseek-v3", reqs: reqs, overlap: overlap, sched: sc}
+		f.logs = make([]*recordingWriter, 8)
+		for i := range f.logs {
+			f.logs[i] = &recordingWriter{}
+		}
+		f.run(t)
+		byIter := map[int64]map[float64]bool{}
+		for _, w := range f.logs {
+			for _, line := range w.lines {
+				var rec IterRecord
+				require.NoError(t, json.Unmarshal(line, &rec))
+				if rec.DeviceMS == nil {
+					continue
+				}
+				if byIter[rec.Iter] == nil {
+					byIter[rec.Iter] = map[float64]bool{}
+				}
+				byIter[rec.Iter][*rec.DeviceMS] = true
+			}
+		}
+		require.NotEmpty(t, byIter)
+		for it, vals := range byIter {
+			require.Len(t, vals, 1, "overlap %v iteration %d: ranks log different device times %v", overlap, it, vals)
+		}
 	}
 }

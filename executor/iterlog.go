@@ -121,6 +121,24 @@ func (e *Executor) writeIterRecord(rec *IterRecord, start time.Time) error {
 		return nil
 	}
 	e.timeIterRecord(rec, start)
+	if e.virtual != nil {
+		// Modelled times: the host's share, and how long this rank's device
+		// waited for the slowest rank (the lockstep wait). With coupled
+		// forwards (MoE) the wait is inside the forward: device_ms is the
+		// fleet's step time on every rank, as a GPU would measure it (the
+		// offline calibration's T(it) reads it so, router-and-calibration.md
+		// §8.2); the rank's own busy time still feeds the lockstep waste.
+		rec.HostMS = round3(e.virtual.HostMS())
+		rec.WaitMS = 0
+		if rec.DeviceMS != nil {
+			if e.virtual.CoupledForward() {
+				f := round3(rec.fleetMS)
+				rec.DeviceMS = &f
+			} else {
+				rec.WaitMS = round3(max(0, rec.fleetMS-*rec.DeviceMS))
+			}
+		}
+	}
 	rec.KVUtil = round3(e.d.KV.Utilization())
 	rec.EventsDropped = int(e.res.EventsDropped)
 	b, err := json.Marshal(rec)
@@ -142,24 +160,6 @@ func (e *Executor) timeIterRecord(rec *IterRecord, start time.Time) {
 	}
 	rec.HostMS = round3(float64(e.wall().Sub(start)) / 1e6)
 	rec.WaitMS = round3(float64(e.waitDur) / 1e6)
-	if e.virtual != nil {
-		// Modelled times: the host's share, and how long this rank's device
-		// waited for the slowest rank (the lockstep wait). With coupled
-		// forwards (MoE) the wait is inside the forward: device_ms is the
-		// fleet's step time on every rank, as a GPU would measure it (the
-		// offline calibration's T(it) reads it so, router-and-calibration.md
-		// §8.2); the rank's own busy time still feeds the lockstep waste.
-		rec.HostMS = round3(e.virtual.HostMS())
-		rec.WaitMS = 0
-		if rec.DeviceMS != nil {
-			if e.virtual.CoupledForward() {
-				f := round3(rec.fleetMS)
-				rec.DeviceMS = &f
-			} else {
-				rec.WaitMS = round3(max(0, rec.fleetMS-*rec.DeviceMS))
-			}
-		}
-	}
 	rec.timed = true
 }
 

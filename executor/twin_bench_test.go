@@ -3,6 +3,7 @@ package executor
 import (
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -33,6 +34,8 @@ type twinFleet struct {
 	// notes collects every rank's notes.
 	costCal *costfit.Settings
 	notes   [][]string
+	// logs, when set, receive every rank's iteration log.
+	logs []*recordingWriter
 }
 
 // run returns rank 0's result and the summed scheduler passes of every rank.
@@ -77,7 +80,7 @@ func (f *twinFleet) run(tb testing.TB) (*Result, int64) {
 		}
 		counter := &countingPlanner{inner: sch}
 		ex, err := New(Config{Rank: i, Ranks: f.ranks, Scheduler: sc, Overlap: f.overlap, Router: rt,
-			VirtualClock: true, VirtualEpoch: epoch, CostCalibration: f.costCal,
+			VirtualClock: true, VirtualEpoch: epoch, CostCalibration: f.costCal, IterLog: f.iterLog(i),
 			OnNote: func(rank int, n scheduler.Note) { f.notes[rank] = append(f.notes[rank], n.Text) }},
 			Deps{Comm: c, Engine: eng, KV: kv, Planner: counter})
 		if err != nil {
@@ -98,6 +101,14 @@ func (f *twinFleet) run(tb testing.TB) (*Result, int64) {
 		total += n
 	}
 	return results[0], total
+}
+
+// iterLog is rank i's iteration log writer, or nil.
+func (f *twinFleet) iterLog(i int) io.Writer {
+	if f.logs == nil {
+		return nil
+	}
+	return f.logs[i]
 }
 
 // countingPlanner counts scheduler passes.
