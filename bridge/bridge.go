@@ -40,8 +40,8 @@ type Config struct {
 	DeviceID      int        // CUDA device (local rank); ignored on CPU
 	ValidateOnly  bool       // validate shape and sizes, allocate nothing, refuse steps
 	// Helix makes the engine a member of a Helix CP group (nil: no Helix).
-	Helix *HelixMember
-	Backend       string     // native backend: "cpu" (default when "") or "cuda"
+	Helix   *HelixMember
+	Backend string // native backend: "cpu" (default when "") or "cuda"
 }
 
 // HelixMember places an engine in a Helix context-parallel group. Group is an

@@ -45,7 +45,7 @@ type IterRecord struct {
 	// CostPublication is the online calibrator's publication made at the
 	// start of this iteration (ctx_cost.mode auto), absent otherwise.
 	CostPublication *costPublication `json:"cost_publication,omitempty"`
-	EventsDropped      int       `json:"events_dropped"`
+	EventsDropped   int              `json:"events_dropped"`
 
 	timed   bool    // host_ms and wait_ms already measured (overlap loop)
 	fleetMS float64 // virtual clock: the fleet's duration of this record's step

@@ -13,13 +13,13 @@ type Response struct {
 	ArrivalUnixNS    int64
 	FirstTokenUnixNS int64 // 0 if no token was produced
 	FinishUnixNS     int64
-	Suspended        int    // times suspended to make room
-	Recomputed       int    // times recompute-paused
+	Suspended        int // times suspended to make room
+	Recomputed       int // times recompute-paused
 	// ReusedTokens is the prompt prefix its first admission took from the
 	// radix cache (prefill skipped): PromptLen − ReusedTokens is its
 	// uncached prompt.
 	ReusedTokens int
-	Error            string // non-empty: rejected with this reason
+	Error        string // non-empty: rejected with this reason
 }
 
 // NoRank is the Rank of a response rejected before routing (rank 0 screens

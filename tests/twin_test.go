@@ -17,8 +17,8 @@ import (
 // twinRep is the part of the report the twin tests compare.
 type twinRep struct {
 	report
-	Clock     string  `json:"clock"`
-	DurationS float64 `json:"duration_s"`
+	Clock     string                     `json:"clock"`
+	DurationS float64                    `json:"duration_s"`
 	TTFT      struct{ P50, P90 float64 } `json:"ttft_ms"`
 	E2E       struct{ P50, P90 float64 } `json:"e2e_ms"`
 }

@@ -290,4 +290,3 @@ func TestCallOrderAndLifecycle(t *testing.T) {
 		t.Errorf("validate-only step: %v", err)
 	}
 }
-
