@@ -1,6 +1,6 @@
 module github.com/lockstep-ai/lockstep
 
-go 1.26
+go 1.26.0
 
 require (
 	github.com/NVIDIA/go-nvml v0.13.4-1
