@@ -15,6 +15,7 @@
 #include "kernels/rope.cuh"
 #include "kernels/swiglu.cuh"
 #include "kernels/weights_gen.cuh"
+#include "checkpoint.h"
 #include "weights.h"
 
 namespace lockstep {
@@ -70,7 +71,11 @@ CudaBackend::CudaBackend(const EngineParams& p)
   gemm_ = std::make_unique<Gemm>(stream_);
   pages_ = std::make_unique<PagePool>(p.num_pages, p.num_host_pages, p.tokens_per_page,
                                       shape_.num_layers, shape_.num_kv_heads, D, stream_);
-  generate_weights(p.seed);
+  if (p.num_tensors > 0)
+    load_weights(p.tensors, p.num_tensors);
+  else
+    generate_weights(p.seed);
+  upload_inv_freq();
   CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
@@ -142,10 +147,75 @@ void CudaBackend::generate_weights(uint64_t seed) {
     generate_bf16(gen(TensorKind::kWDown, l, F, H, H, 0), L.wdown.as<__nv_bfloat16>(), stream_);
   }
 
-  // RoPE inverse frequencies in double, exactly as the CPU computes them.
-  std::vector<double> inv(size_t(D / 2));
-  for (int64_t i = 0; i < D / 2; ++i)
-    inv[size_t(i)] = std::pow(static_cast<double>(shape_.rope_theta), -2.0 * i / static_cast<double>(D));
+}
+
+// Checkpoint weights (validated by engine.cpp): each tensor is converted on
+// the host, one at a time, to float32 in the CPU backend's input-major layout
+// (checkpoint.h), rounded to bf16 (norms stay float32) and copied into its
+// place in the fused device buffers.
+void CudaBackend::load_weights(const eng_tensor* tensors, int32_t n) {
+  const int64_t H = shape_.hidden_size, D = shape_.head_dim;
+  const int64_t qd = shape_.num_heads * D, kvd = shape_.num_kv_heads * D;
+  const int64_t F = shape_.intermediate_size, V = shape_.vocab_size, qkv = qd + 2 * kvd;
+  const size_t bf = sizeof(__nv_bfloat16);
+  embedding_.reserve(size_t(V * H) * bf);
+  lm_head_.reserve(size_t(H * V) * bf);
+  final_norm_.reserve(size_t(H) * sizeof(float));
+  layers_.resize(size_t(shape_.num_layers));
+  for (CudaLayer& L : layers_) {
+    L.attn_norm.reserve(size_t(H) * sizeof(float));
+    L.mlp_norm.reserve(size_t(H) * sizeof(float));
+    L.wqkv.reserve(size_t(H * qkv) * bf);
+    L.wo.reserve(size_t(qd * H) * bf);
+    L.wgu.reserve(size_t(H * 2 * F) * bf);
+    L.wdown.reserve(size_t(F * H) * bf);
+  }
+  std::vector<float> host;
+  std::vector<__nv_bfloat16> host_bf;
+  // Copies the [in][out] float matrix `host` as bf16 into dst (row pitch ld
+  // elements, starting at column col_off).
+  auto put_bf16 = [&](DeviceBuffer& dst, int64_t in, int64_t out, int64_t ld, int64_t col_off) {
+    host_bf.resize(host.size());
+    for (size_t i = 0; i < host.size(); ++i) host_bf[i] = __float2bfloat16(host[i]);
+    CUDA_CHECK(cudaMemcpy2D(dst.as<__nv_bfloat16>() + col_off, size_t(ld) * bf, host_bf.data(), size_t(out) * bf,
+                            size_t(out) * bf, size_t(in), cudaMemcpyHostToDevice));
+  };
+  auto put_f32 = [&](DeviceBuffer& dst) {
+    CUDA_CHECK(cudaMemcpy(dst.as<float>(), host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice));
+  };
+  for (int32_t i = 0; i < n; ++i) {
+    const eng_tensor& t = tensors[i];
+    host.resize(size_t(t.rows * t.cols));
+    tensor_to_input_major(t, int32_t(D), host.data());  // [cols][rows]
+    const int64_t in = t.cols, out = t.rows;
+    switch (t.kind) {
+      case ENG_WEIGHT_EMBEDDING:
+        // The lookup table is [vocab][hidden]: the tensor's own layout.
+        host_bf.resize(host.size());
+        for (int64_t r = 0; r < V; ++r)
+          for (int64_t c = 0; c < H; ++c) host_bf[size_t(r * H + c)] = __float2bfloat16(host[size_t(c * V + r)]);
+        CUDA_CHECK(cudaMemcpy(embedding_.as<void>(), host_bf.data(), host_bf.size() * bf, cudaMemcpyHostToDevice));
+        if (shape_.tied_embeddings) put_bf16(lm_head_, in, out, V, 0);
+        break;
+      case ENG_WEIGHT_LM_HEAD: put_bf16(lm_head_, in, out, V, 0); break;
+      case ENG_WEIGHT_FINAL_NORM: put_f32(final_norm_); break;
+      case ENG_WEIGHT_ATTN_NORM: put_f32(layers_[size_t(t.layer)].attn_norm); break;
+      case ENG_WEIGHT_MLP_NORM: put_f32(layers_[size_t(t.layer)].mlp_norm); break;
+      case ENG_WEIGHT_WQ: put_bf16(layers_[size_t(t.layer)].wqkv, in, out, qkv, 0); break;
+      case ENG_WEIGHT_WK: put_bf16(layers_[size_t(t.layer)].wqkv, in, out, qkv, qd); break;
+      case ENG_WEIGHT_WV: put_bf16(layers_[size_t(t.layer)].wqkv, in, out, qkv, qd + kvd); break;
+      case ENG_WEIGHT_WO: put_bf16(layers_[size_t(t.layer)].wo, in, out, H, 0); break;
+      case ENG_WEIGHT_W_GATE: put_bf16(layers_[size_t(t.layer)].wgu, in, out, 2 * F, 0); break;
+      case ENG_WEIGHT_W_UP: put_bf16(layers_[size_t(t.layer)].wgu, in, out, 2 * F, F); break;
+      case ENG_WEIGHT_W_DOWN: put_bf16(layers_[size_t(t.layer)].wdown, in, out, H, 0); break;
+    }
+  }
+}
+
+void CudaBackend::upload_inv_freq() {
+  // RoPE inverse frequencies in double, exactly as the CPU computes them
+  // (with Llama-3 scaling when the shape has it).
+  const std::vector<double> inv = rope_inv_freq(shape_);
   inv_freq_.reserve(inv.size() * sizeof(double));
   CUDA_CHECK(cudaMemcpyAsync(inv_freq_.as<void>(), inv.data(), inv.size() * sizeof(double),
                              cudaMemcpyHostToDevice, stream_));

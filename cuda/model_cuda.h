@@ -65,6 +65,8 @@ class CudaBackend final : public Backend {
   template <class Body>
   void guarded(const char* what, Body&& body);
   void generate_weights(uint64_t seed);
+  void load_weights(const eng_tensor* tensors, int32_t n);
+  void upload_inv_freq();
   void upload_descriptors(const StepBatch& batch);
   void forward(const StepBatch& batch, bool want_logits);
   void attention(int32_t layer);

@@ -24,7 +24,7 @@ extern "C" {
 #endif
 
 /* Bumped on every incompatible change; eng_engine_init refuses a mismatch. */
-#define ENG_ABI_VERSION 1
+#define ENG_ABI_VERSION 2
 
 typedef enum eng_status {
   ENG_OK = 0,
@@ -44,7 +44,7 @@ typedef enum eng_backend {
 
 typedef struct eng_engine* eng_engine_t;
 
-/* Shape of the synthetic Llama-architecture decoder. */
+/* Shape of a Llama-architecture decoder (synthetic or loaded). */
 typedef struct eng_model_shape {
   int32_t num_layers;
   int32_t hidden_size;        /* = num_heads * head_dim */
@@ -55,7 +55,66 @@ typedef struct eng_model_shape {
   int32_t vocab_size;
   float rope_theta;
   float rms_eps;
+  /* Llama-3-style RoPE frequency scaling (rope_scaling.rope_type = "llama3"):
+   * 0 = none; else factor > 1, low_freq_factor >= 1, high_freq_factor >
+   * low_freq_factor and original_max_positions > 0. */
+  float rope_scaling_factor;
+  float rope_low_freq_factor;
+  float rope_high_freq_factor;
+  int32_t rope_original_max_positions;
+  /* 1: the output projection is the embedding matrix (no separate lm_head). */
+  int32_t tied_embeddings;
 } eng_model_shape;
+
+/*
+ * Checkpoint weights (real models). A tensor is a row-major matrix
+ * [rows][cols] with cols contiguous, as checkpoints store them: a linear
+ * layer's weight is [out][in] (Hugging Face and GGUF alike), the embedding is
+ * [vocab][hidden], a norm gain is [1][hidden]. Quantised types store each row
+ * as blocks of 32 consecutive elements (ggml's Q8_0, Q4_0 and Q4_1 layouts);
+ * cols must then be a multiple of 32. The engine converts every tensor to its
+ * own weight type and layout while eng_engine_init runs and keeps no pointer
+ * to the caller's memory, so `data` may point into a memory-mapped file.
+ */
+typedef enum eng_dtype {
+  ENG_DTYPE_F32 = 0,
+  ENG_DTYPE_F16 = 1,
+  ENG_DTYPE_BF16 = 2,
+  ENG_DTYPE_Q8_0 = 3,  /* 34-byte blocks: f16 d, int8 q[32]; x = d*q */
+  ENG_DTYPE_Q4_0 = 4,  /* 18-byte blocks: f16 d, 16 bytes of nibbles; x = d*(q-8) */
+  ENG_DTYPE_Q4_1 = 5   /* 20-byte blocks: f16 d, f16 m, 16 bytes; x = d*q + m */
+} eng_dtype;
+
+/* Which weight a tensor is (global tensors have layer -1). */
+typedef enum eng_weight {
+  ENG_WEIGHT_EMBEDDING = 0,  /* [vocab][hidden] */
+  ENG_WEIGHT_FINAL_NORM = 1, /* [1][hidden] */
+  ENG_WEIGHT_LM_HEAD = 2,    /* [vocab][hidden]; absent when tied_embeddings */
+  ENG_WEIGHT_ATTN_NORM = 3,  /* [1][hidden] */
+  ENG_WEIGHT_WQ = 4,         /* [heads*head_dim][hidden] */
+  ENG_WEIGHT_WK = 5,         /* [kv_heads*head_dim][hidden] */
+  ENG_WEIGHT_WV = 6,         /* [kv_heads*head_dim][hidden] */
+  ENG_WEIGHT_WO = 7,         /* [hidden][heads*head_dim] */
+  ENG_WEIGHT_MLP_NORM = 8,   /* [1][hidden] */
+  ENG_WEIGHT_W_GATE = 9,     /* [intermediate][hidden] */
+  ENG_WEIGHT_W_UP = 10,      /* [intermediate][hidden] */
+  ENG_WEIGHT_W_DOWN = 11     /* [hidden][intermediate] */
+} eng_weight;
+
+typedef struct eng_tensor {
+  int32_t kind;   /* eng_weight */
+  int32_t layer;  /* 0..num_layers-1, or -1 for a global tensor */
+  int32_t dtype;  /* eng_dtype */
+  /* WQ/WK only: > 0 when the rows of each of this many heads are in the
+   * interleaved RoPE order of llama.cpp's GGUF conversion (row 2i+s of a head
+   * is Hugging Face's row s*head_dim/2+i); the engine restores the
+   * rotate-half order. 0 otherwise. */
+  int32_t interleaved_rope_heads;
+  int64_t rows;
+  int64_t cols;
+  const void* data;
+  int64_t nbytes; /* must equal the size rows x cols occupy in dtype */
+} eng_tensor;
 
 typedef struct eng_engine_config {
   uint32_t abi_version;       /* must be ENG_ABI_VERSION */
@@ -63,7 +122,7 @@ typedef struct eng_engine_config {
   /* Preset name ("tiny", "llama-8b", "llama-70b"); NULL or "" uses `shape`. */
   const char* preset;
   eng_model_shape shape;
-  uint64_t seed;              /* weights are a deterministic function of (shape, seed) */
+  uint64_t seed;              /* synthetic weights are a deterministic function of (shape, seed) */
   int32_t num_pages;          /* device-tier pages, > 0 */
   int32_t tokens_per_page;    /* > 0 */
   int32_t num_host_pages;     /* host-tier pages, >= 0 */
@@ -72,6 +131,10 @@ typedef struct eng_engine_config {
    * too large for the host, e.g. llama-70b on the CPU backend). A validate-only
    * engine answers eng_engine_step with ENG_UNSUPPORTED. */
   int32_t validate_only;
+  /* Checkpoint weights: every tensor of the shape exactly once (12 kinds,
+   * minus LM_HEAD when tied). num_tensors 0 = synthetic weights from seed. */
+  const eng_tensor* tensors;
+  int32_t num_tensors;
 } eng_engine_config;
 
 /* Fills *out with a preset's shape. Unknown name -> ENG_INVALID_ARGUMENT. */

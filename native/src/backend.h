@@ -26,6 +26,10 @@ struct EngineParams {
   int32_t tokens_per_page = 0;
   int32_t num_host_pages = 0;
   int32_t device_id = 0;
+  // Checkpoint weights (validated), valid during backend construction only;
+  // none = synthetic weights from seed.
+  const eng_tensor* tensors = nullptr;
+  int32_t num_tensors = 0;
 };
 
 // One sequence of a validated step. Pointers alias the caller's descriptor and

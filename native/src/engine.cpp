@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "backend.h"
+#include "checkpoint.h"
 #include "cp_group.h"
 #include "engine.h"
 #include "page_slab.h"
@@ -332,6 +333,11 @@ eng_status eng_engine_init(const eng_engine_config* cfg, eng_engine_t* out) {
       invalid_argument(fmt("num_host_pages must be >= 0, got %d", cfg->num_host_pages));
     if (cfg->backend == ENG_BACKEND_CUDA && cfg->device_id < 0)
       invalid_argument(fmt("device_id must be >= 0, got %d", cfg->device_id));
+    if (cfg->num_tensors != 0 || cfg->tensors != nullptr) {
+      if (cfg->num_tensors <= 0)
+        invalid_argument(fmt("num_tensors must be positive when tensors is set, got %d", cfg->num_tensors));
+      lockstep::validate_tensors(shape, cfg->tensors, cfg->num_tensors);
+    }
     if (!backend_built(cfg->backend))
       throw EngineError(ENG_UNSUPPORTED,
                         "the CUDA backend is not available: this engine library was built without CUDA "
@@ -357,6 +363,8 @@ eng_status eng_engine_init(const eng_engine_config* cfg, eng_engine_t* out) {
     eng->params.tokens_per_page = cfg->tokens_per_page;
     eng->params.num_host_pages = cfg->num_host_pages;
     eng->params.device_id = cfg->device_id;
+    eng->params.tensors = cfg->tensors;
+    eng->params.num_tensors = cfg->num_tensors;
     eng->backend_kind = cfg->backend;
     eng->validate_only = cfg->validate_only != 0;
     if (!eng->validate_only) {
@@ -365,6 +373,9 @@ eng_status eng_engine_init(const eng_engine_config* cfg, eng_engine_t* out) {
 #endif
       if (cfg->backend == ENG_BACKEND_CPU) eng->backend = lockstep::make_cpu_backend(eng->params);
     }
+    // The caller's tensors are read during init only.
+    eng->params.tensors = nullptr;
+    eng->params.num_tensors = 0;
     *out = eng.release();
   });
 }

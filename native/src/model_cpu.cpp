@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "attention_partial.h"
+#include "checkpoint.h"
 #include "cp_group.h"
 #include "status.h"
 
@@ -53,16 +54,13 @@ T* grow(std::vector<T>& v, size_t n) {
 CpuBackend::CpuBackend(const EngineParams& p)
     : shape_(p.shape),
       tokens_per_page_(p.tokens_per_page),
-      weights_(generate_weights(p.shape, p.seed)),
+      weights_(p.num_tensors > 0 ? load_weights(p.shape, p.tensors, p.num_tensors)
+                                 : generate_weights(p.shape, p.seed)),
       device_(p.num_pages, p.tokens_per_page, p.shape.num_layers,
               p.shape.num_kv_heads * p.shape.head_dim),
       host_(p.num_host_pages, p.tokens_per_page, p.shape.num_layers,
             p.shape.num_kv_heads * p.shape.head_dim) {
-  const int32_t half = shape_.head_dim / 2;
-  inv_freq_.resize(static_cast<size_t>(half));
-  for (int32_t i = 0; i < half; ++i)
-    inv_freq_[i] = std::pow(static_cast<double>(shape_.rope_theta),
-                            -2.0 * i / static_cast<double>(shape_.head_dim));
+  inv_freq_ = rope_inv_freq(shape_);
   const size_t hidden = static_cast<size_t>(shape_.hidden_size);
   const size_t inter = static_cast<size_t>(shape_.intermediate_size);
   x_.resize(hidden);
@@ -196,8 +194,7 @@ double CpuBackend::step(const StepBatch& batch, int32_t* sampled, float* logits)
   int64_t r = 0;
   for (const StepSeq& s : batch.seqs)
     for (int32_t t = 0; t < s.num_tokens; ++t, ++r)
-      std::memcpy(hidden + r * H, weights_.embedding.data() + s.tokens[t] * H,
-                  sizeof(float) * static_cast<size_t>(H));
+      weights_.embed(s.tokens[t], H, V, hidden + r * H);
 
   const int64_t qd = int64_t{shape_.num_heads} * shape_.head_dim;
   for (int32_t l = 0; l < shape_.num_layers; ++l) {

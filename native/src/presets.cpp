@@ -19,11 +19,11 @@ struct NamedShape {
 // rope_theta, rms_eps.
 const NamedShape kPresets[] = {
     // llama-70b: Llama 3 70B shape (GQA 8:1).
-    {"llama-70b", {80, 8192, 64, 8, 128, 28672, 128256, 500000.0f, 1e-5f}},
+    {"llama-70b", {80, 8192, 64, 8, 128, 28672, 128256, 500000.0f, 1e-5f, 0, 0, 0, 0, 0}},
     // llama-8b: Llama 3 8B shape (GQA 4:1).
-    {"llama-8b", {32, 4096, 32, 8, 128, 14336, 128256, 500000.0f, 1e-5f}},
+    {"llama-8b", {32, 4096, 32, 8, 128, 14336, 128256, 500000.0f, 1e-5f, 0, 0, 0, 0, 0}},
     // tiny: fast on the CPU engine; GQA 2:1.
-    {"tiny", {2, 64, 4, 2, 16, 128, 512, 10000.0f, 1e-5f}},
+    {"tiny", {2, 64, 4, 2, 16, 128, 512, 10000.0f, 1e-5f, 0, 0, 0, 0, 0}},
 };
 
 std::string format(const char* fmt, double a, double b = 0) {
@@ -78,6 +78,20 @@ void validate_shape(const eng_model_shape& s) {
     invalid_argument(p + format("rope_theta must be positive, got %g", s.rope_theta));
   if (!(s.rms_eps > 0))
     invalid_argument(p + format("rms_eps must be positive, got %g", s.rms_eps));
+  if (s.rope_scaling_factor != 0) {
+    if (!(s.rope_scaling_factor > 1))
+      invalid_argument(p + format("rope_scaling_factor must be 0 (none) or > 1, got %g", s.rope_scaling_factor));
+    if (!(s.rope_low_freq_factor >= 1))
+      invalid_argument(p + format("rope_low_freq_factor must be >= 1, got %g", s.rope_low_freq_factor));
+    if (!(s.rope_high_freq_factor > s.rope_low_freq_factor))
+      invalid_argument(p + format("rope_high_freq_factor must exceed rope_low_freq_factor (%g), got %g",
+                                  s.rope_low_freq_factor, s.rope_high_freq_factor));
+    if (s.rope_original_max_positions <= 0)
+      invalid_argument(p + format("rope_original_max_positions must be positive, got %.0f",
+                                  s.rope_original_max_positions));
+  }
+  if (s.tied_embeddings != 0 && s.tied_embeddings != 1)
+    invalid_argument(p + format("tied_embeddings must be 0 or 1, got %.0f", s.tied_embeddings));
 }
 
 }  // namespace lockstep

@@ -67,7 +67,7 @@ double weight_elements(const eng_model_shape& s) {
                kvd = double(s.num_kv_heads) * s.head_dim, f = s.intermediate_size,
                v = s.vocab_size;
   const double per_layer = 2 * h + h * qd + 2 * h * kvd + qd * h + 3 * h * f;
-  return 2 * v * h + h + double(s.num_layers) * per_layer;
+  return (s.tied_embeddings ? 1 : 2) * v * h + h + double(s.num_layers) * per_layer;
 }
 
 }  // namespace lockstep

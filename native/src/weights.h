@@ -75,10 +75,24 @@ struct LayerWeights {
   std::vector<float> mlp_norm, w_gate, w_up, w_down;
 };
 
-// All weights of the model, float32 on the host.
+// All weights of the model, float32 on the host. With tied embeddings
+// (checkpoint.h) the embedding lives only in lm_head and `embedding` is empty.
 struct Weights {
   std::vector<float> embedding, final_norm, lm_head;
   std::vector<LayerWeights> layers;
+  bool tied = false;
+
+  // out[0..hidden) = the embedding of token (a row of `embedding`, or column
+  // `token` of the [hidden][vocab] lm_head when tied).
+  void embed(int32_t token, int64_t hidden, int64_t vocab, float* out) const {
+    if (!tied) {
+      const float* row = embedding.data() + static_cast<int64_t>(token) * hidden;
+      for (int64_t i = 0; i < hidden; ++i) out[i] = row[i];
+      return;
+    }
+    const float* col = lm_head.data() + token;
+    for (int64_t i = 0; i < hidden; ++i) out[i] = col[i * vocab];
+  }
 };
 
 // Generates every weight of shape (validated) from seed.

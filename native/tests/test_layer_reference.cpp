@@ -51,7 +51,7 @@ void rope(Vec& x, int heads, int D, int pos, double theta) {
 
 int main() {
   EngineParams p;
-  p.shape = {2, 32, 4, 2, 8, 48, 64, 10000.0f, 1e-5f};
+  p.shape = {2, 32, 4, 2, 8, 48, 64, 10000.0f, 1e-5f, 0, 0, 0, 0, 0};
   p.seed = 99;
   p.num_pages = 10;
   p.tokens_per_page = 4;

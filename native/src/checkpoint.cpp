@@ -1,0 +1,287 @@
+// checkpoint.cpp: conversion of checkpoint tensors (see checkpoint.h).
+#include "checkpoint.h"
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include "status.h"
+
+namespace lockstep {
+namespace {
+
+constexpr int64_t kBlock = 32;  // elements per quantised block
+
+const char* kind_name(int32_t kind) {
+  static const char* const names[] = {"embedding", "final_norm", "lm_head", "attn_norm",
+                                      "wq",        "wk",         "wv",      "wo",
+                                      "mlp_norm",  "w_gate",     "w_up",    "w_down"};
+  return kind >= 0 && kind < 12 ? names[kind] : "unknown";
+}
+
+std::string label(const eng_tensor& t, int32_t index) {
+  char buf[96];
+  if (t.layer < 0)
+    std::snprintf(buf, sizeof buf, "tensors[%d] (%s)", index, kind_name(t.kind));
+  else
+    std::snprintf(buf, sizeof buf, "tensors[%d] (layer %d %s)", index, t.layer, kind_name(t.kind));
+  return buf;
+}
+
+std::string fmt(const char* f, long long a = 0, long long b = 0, long long c = 0, long long d = 0) {
+  char buf[256];
+  std::snprintf(buf, sizeof buf, f, a, b, c, d);
+  return buf;
+}
+
+uint16_t load_u16(const uint8_t* p) { return static_cast<uint16_t>(p[0] | (p[1] << 8)); }
+
+// The [rows][cols] a kind must have.
+void expected_dims(const eng_model_shape& s, int32_t kind, int64_t* rows, int64_t* cols) {
+  const int64_t H = s.hidden_size, qd = int64_t{s.num_heads} * s.head_dim,
+                kvd = int64_t{s.num_kv_heads} * s.head_dim, F = s.intermediate_size, V = s.vocab_size;
+  switch (kind) {
+    case ENG_WEIGHT_EMBEDDING: case ENG_WEIGHT_LM_HEAD: *rows = V; *cols = H; return;
+    case ENG_WEIGHT_FINAL_NORM: case ENG_WEIGHT_ATTN_NORM: case ENG_WEIGHT_MLP_NORM: *rows = 1; *cols = H; return;
+    case ENG_WEIGHT_WQ: *rows = qd; *cols = H; return;
+    case ENG_WEIGHT_WK: case ENG_WEIGHT_WV: *rows = kvd; *cols = H; return;
+    case ENG_WEIGHT_WO: *rows = H; *cols = qd; return;
+    case ENG_WEIGHT_W_GATE: case ENG_WEIGHT_W_UP: *rows = F; *cols = H; return;
+    case ENG_WEIGHT_W_DOWN: *rows = H; *cols = F; return;
+  }
+  *rows = *cols = -1;
+}
+
+bool is_global(int32_t kind) {
+  return kind == ENG_WEIGHT_EMBEDDING || kind == ENG_WEIGHT_FINAL_NORM || kind == ENG_WEIGHT_LM_HEAD;
+}
+
+// Index of a tensor in the slot table: globals 0..2, then 9 per layer.
+int64_t slot_of(int32_t kind, int32_t layer) {
+  if (is_global(kind)) return kind;
+  static const int per_layer[] = {-1, -1, -1, 0, 1, 2, 3, 4, 5, 6, 7, 8};
+  return 3 + int64_t{layer} * 9 + per_layer[kind];
+}
+
+}  // namespace
+
+float half_to_float(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1Fu, man = h & 0x3FFu;
+  uint32_t u;
+  if (exp == 0) {
+    if (man == 0) {
+      u = sign;
+    } else {  // subnormal: normalise
+      int e = -1;
+      uint32_t m = man;
+      do {
+        ++e;
+        m <<= 1;
+      } while ((m & 0x400u) == 0);
+      u = sign | ((127 - 15 - e) << 23) | ((m & 0x3FFu) << 13);
+    }
+  } else if (exp == 31) {
+    u = sign | 0x7F800000u | (man << 13);
+  } else {
+    u = sign | ((exp + 127 - 15) << 23) | (man << 13);
+  }
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+const char* dtype_name(int32_t dtype) {
+  switch (dtype) {
+    case ENG_DTYPE_F32: return "F32";
+    case ENG_DTYPE_F16: return "F16";
+    case ENG_DTYPE_BF16: return "BF16";
+    case ENG_DTYPE_Q8_0: return "Q8_0";
+    case ENG_DTYPE_Q4_0: return "Q4_0";
+    case ENG_DTYPE_Q4_1: return "Q4_1";
+  }
+  return "unknown dtype";
+}
+
+int64_t dtype_row_bytes(int32_t dtype, int64_t cols) {
+  switch (dtype) {
+    case ENG_DTYPE_F32: return 4 * cols;
+    case ENG_DTYPE_F16: case ENG_DTYPE_BF16: return 2 * cols;
+    case ENG_DTYPE_Q8_0: return cols % kBlock ? -1 : cols / kBlock * 34;
+    case ENG_DTYPE_Q4_0: return cols % kBlock ? -1 : cols / kBlock * 18;
+    case ENG_DTYPE_Q4_1: return cols % kBlock ? -1 : cols / kBlock * 20;
+  }
+  return -2;
+}
+
+void dequantize_row(int32_t dtype, const void* src, int64_t cols, float* out) {
+  const uint8_t* p = static_cast<const uint8_t*>(src);
+  switch (dtype) {
+    case ENG_DTYPE_F32:
+      std::memcpy(out, p, sizeof(float) * static_cast<size_t>(cols));
+      return;
+    case ENG_DTYPE_F16:
+      for (int64_t i = 0; i < cols; ++i) out[i] = half_to_float(load_u16(p + 2 * i));
+      return;
+    case ENG_DTYPE_BF16:
+      for (int64_t i = 0; i < cols; ++i) out[i] = bf16_to_float(load_u16(p + 2 * i));
+      return;
+    case ENG_DTYPE_Q8_0:
+      for (int64_t b = 0; b < cols / kBlock; ++b, p += 34) {
+        const float d = half_to_float(load_u16(p));
+        const int8_t* q = reinterpret_cast<const int8_t*>(p + 2);
+        for (int j = 0; j < kBlock; ++j) out[b * kBlock + j] = d * static_cast<float>(q[j]);
+      }
+      return;
+    case ENG_DTYPE_Q4_0:
+      for (int64_t b = 0; b < cols / kBlock; ++b, p += 18) {
+        const float d = half_to_float(load_u16(p));
+        const uint8_t* q = p + 2;
+        for (int j = 0; j < 16; ++j) {
+          out[b * kBlock + j] = d * static_cast<float>((q[j] & 0xF) - 8);
+          out[b * kBlock + 16 + j] = d * static_cast<float>((q[j] >> 4) - 8);
+        }
+      }
+      return;
+    case ENG_DTYPE_Q4_1:
+      for (int64_t b = 0; b < cols / kBlock; ++b, p += 20) {
+        const float d = half_to_float(load_u16(p)), m = half_to_float(load_u16(p + 2));
+        const uint8_t* q = p + 4;
+        for (int j = 0; j < 16; ++j) {
+          out[b * kBlock + j] = d * static_cast<float>(q[j] & 0xF) + m;
+          out[b * kBlock + 16 + j] = d * static_cast<float>(q[j] >> 4) + m;
+        }
+      }
+      return;
+  }
+  invalid_argument(fmt("dequantize_row: unknown dtype %lld", dtype));
+}
+
+void validate_tensors(const eng_model_shape& s, const eng_tensor* tensors, int32_t n) {
+  if (n < 0) invalid_argument(fmt("num_tensors must be >= 0, got %lld", n));
+  if (n > 0 && tensors == nullptr) invalid_argument(fmt("tensors is NULL (num_tensors = %lld)", n));
+  const int64_t slots = 3 + int64_t{s.num_layers} * 9;
+  std::vector<int32_t> seen(static_cast<size_t>(slots), -1);
+  for (int32_t i = 0; i < n; ++i) {
+    const eng_tensor& t = tensors[i];
+    if (t.kind < 0 || t.kind > ENG_WEIGHT_W_DOWN)
+      invalid_argument(fmt("tensors[%lld]: kind %lld is not an eng_weight (0..11)", i, t.kind));
+    const std::string name = label(t, i);
+    if (is_global(t.kind) ? t.layer != -1 : (t.layer < 0 || t.layer >= s.num_layers))
+      invalid_argument(name + fmt(": layer %lld out of range (global tensors use -1, layer tensors 0..%lld)",
+                                  t.layer, s.num_layers - 1));
+    if (t.kind == ENG_WEIGHT_LM_HEAD && s.tied_embeddings)
+      invalid_argument(name + ": an lm_head was given but the shape has tied_embeddings set");
+    const int64_t slot = slot_of(t.kind, t.layer);
+    if (seen[static_cast<size_t>(slot)] >= 0)
+      invalid_argument(name + fmt(": duplicate of tensors[%lld]", seen[static_cast<size_t>(slot)]));
+    seen[static_cast<size_t>(slot)] = i;
+    int64_t rows, cols;
+    expected_dims(s, t.kind, &rows, &cols);
+    if (t.rows != rows || t.cols != cols)
+      invalid_argument(name + fmt(": is [%lld][%lld], the shape needs [%lld][%lld]", t.rows, t.cols, rows, cols));
+    const int64_t rb = dtype_row_bytes(t.dtype, t.cols);
+    if (rb == -2) invalid_argument(name + fmt(": dtype %lld is not an eng_dtype (0..5)", t.dtype));
+    if (rb == -1)
+      invalid_argument(name + ": " + dtype_name(t.dtype) +
+                       fmt(" needs cols to be a multiple of 32, got %lld", t.cols));
+    if (t.nbytes != rb * t.rows)
+      invalid_argument(name + fmt(": nbytes = %lld, but [%lld][%lld] of ", t.nbytes, t.rows, t.cols) +
+                       dtype_name(t.dtype) + fmt(" is %lld bytes", rb * t.rows));
+    if (t.data == nullptr) invalid_argument(name + ": data is NULL");
+    if (t.interleaved_rope_heads != 0) {
+      const int32_t want = t.kind == ENG_WEIGHT_WQ ? s.num_heads : t.kind == ENG_WEIGHT_WK ? s.num_kv_heads : 0;
+      if (t.interleaved_rope_heads != want)
+        invalid_argument(name + fmt(": interleaved_rope_heads = %lld, want 0 or %lld (wq: num_heads, wk: "
+                                    "num_kv_heads, others: 0)",
+                                    t.interleaved_rope_heads, want));
+    }
+  }
+  for (int64_t slot = 0; slot < slots; ++slot) {
+    if (seen[static_cast<size_t>(slot)] >= 0) continue;
+    if (slot == ENG_WEIGHT_LM_HEAD && s.tied_embeddings) continue;
+    if (slot < 3)
+      invalid_argument(std::string("missing tensor: ") + kind_name(static_cast<int32_t>(slot)) +
+                       (slot == ENG_WEIGHT_LM_HEAD ? " (or set tied_embeddings)" : ""));
+    static const int32_t kinds[] = {3, 4, 5, 6, 7, 8, 9, 10, 11};
+    invalid_argument(fmt("missing tensor: layer %lld ", (slot - 3) / 9) + kind_name(kinds[(slot - 3) % 9]));
+  }
+}
+
+void tensor_to_input_major(const eng_tensor& t, int32_t head_dim, float* out) {
+  const int64_t rows = t.rows, cols = t.cols;
+  const int64_t rb = dtype_row_bytes(t.dtype, cols);
+  const int32_t half = head_dim / 2;
+  std::vector<float> row(static_cast<size_t>(cols));
+  const uint8_t* base = static_cast<const uint8_t*>(t.data);
+  for (int64_t r = 0; r < rows; ++r) {
+    dequantize_row(t.dtype, base + r * rb, cols, row.data());
+    int64_t o = r;
+    if (t.interleaved_rope_heads > 0) {
+      // GGUF row 2i+s of a head holds Hugging Face's row s*half+i.
+      const int64_t head = r / head_dim, j = r % head_dim;
+      o = head * head_dim + (j % 2) * half + j / 2;
+    }
+    for (int64_t c = 0; c < cols; ++c) out[c * rows + o] = row[static_cast<size_t>(c)];
+  }
+}
+
+Weights load_weights(const eng_model_shape& s, const eng_tensor* tensors, int32_t n) {
+  Weights w;
+  w.tied = s.tied_embeddings != 0;
+  w.layers.resize(static_cast<size_t>(s.num_layers));
+  for (int32_t i = 0; i < n; ++i) {
+    const eng_tensor& t = tensors[i];
+    std::vector<float>* dst = nullptr;
+    if (t.kind == ENG_WEIGHT_EMBEDDING && !w.tied) {
+      // Kept row-major [vocab][hidden]: a lookup reads one row.
+      w.embedding.resize(static_cast<size_t>(t.rows * t.cols));
+      const int64_t rb = dtype_row_bytes(t.dtype, t.cols);
+      for (int64_t r = 0; r < t.rows; ++r)
+        dequantize_row(t.dtype, static_cast<const uint8_t*>(t.data) + r * rb, t.cols,
+                       w.embedding.data() + r * t.cols);
+      continue;
+    }
+    switch (t.kind) {
+      case ENG_WEIGHT_EMBEDDING: case ENG_WEIGHT_LM_HEAD: dst = &w.lm_head; break;
+      case ENG_WEIGHT_FINAL_NORM: dst = &w.final_norm; break;
+      default: {
+        LayerWeights& L = w.layers[static_cast<size_t>(t.layer)];
+        std::vector<float>* per[] = {nullptr, nullptr, nullptr, &L.attn_norm, &L.wq, &L.wk, &L.wv,
+                                     &L.wo,   &L.mlp_norm, &L.w_gate, &L.w_up, &L.w_down};
+        dst = per[t.kind];
+      }
+    }
+    dst->resize(static_cast<size_t>(t.rows * t.cols));
+    tensor_to_input_major(t, s.head_dim, dst->data());
+  }
+  return w;
+}
+
+std::vector<double> rope_inv_freq(const eng_model_shape& s) {
+  const int32_t half = s.head_dim / 2;
+  std::vector<double> f(static_cast<size_t>(half));
+  for (int32_t i = 0; i < half; ++i)
+    f[i] = std::pow(static_cast<double>(s.rope_theta), -2.0 * i / static_cast<double>(s.head_dim));
+  if (s.rope_scaling_factor == 0) return f;
+  // Llama 3.1: long wavelengths are divided by the factor, short ones kept,
+  // and the band between interpolated smoothly.
+  const double factor = s.rope_scaling_factor, lo = s.rope_low_freq_factor, hi = s.rope_high_freq_factor;
+  const double old_ctx = s.rope_original_max_positions;
+  const double low_wavelen = old_ctx / lo, high_wavelen = old_ctx / hi;
+  const double pi = 3.14159265358979323846;
+  for (double& x : f) {
+    const double wavelen = 2 * pi / x;
+    if (wavelen < high_wavelen) continue;
+    if (wavelen > low_wavelen) {
+      x /= factor;
+    } else {
+      const double smooth = (old_ctx / wavelen - lo) / (hi - lo);
+      x = (1 - smooth) * x / factor + smooth * x;
+    }
+  }
+  return f;
+}
+
+}  // namespace lockstep

@@ -1,0 +1,64 @@
+// checkpoint.h: real model weights handed over the C ABI (eng_tensor) and the
+// RoPE frequencies of a shape.
+//
+// A checkpoint tensor arrives row-major [rows][cols] in one of the eng_dtype
+// encodings, possibly pointing into a memory-mapped file. validate_tensors
+// checks the whole set against the shape before anything is allocated;
+// load_weights then converts each tensor, one row at a time, straight into the
+// backend's float32 input-major layout (weights.h), so the float weights exist
+// once and nothing of the caller's memory is kept.
+#ifndef LOCKSTEP_NATIVE_CHECKPOINT_H
+#define LOCKSTEP_NATIVE_CHECKPOINT_H
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "engine.h"
+#include "weights.h"
+
+namespace lockstep {
+
+// Bytes one row of `cols` elements occupies in dtype; -1 for a quantised
+// dtype whose block size does not divide cols, -2 for an unknown dtype.
+int64_t dtype_row_bytes(int32_t dtype, int64_t cols);
+
+// Name of a dtype ("F32", "Q4_1", ...) or "dtype(N)".
+const char* dtype_name(int32_t dtype);
+
+// Converts one row of `cols` elements of dtype at src to float32.
+void dequantize_row(int32_t dtype, const void* src, int64_t cols, float* out);
+
+// Half and bfloat16 bits to float (exact).
+float half_to_float(uint16_t h);
+inline float bf16_to_float(uint16_t b) {
+  const uint32_t u = static_cast<uint32_t>(b) << 16;
+  float f;
+  __builtin_memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+// Throws EngineError(ENG_INVALID_ARGUMENT) naming the first bad tensor: an
+// unknown kind or dtype, a layer out of range, a duplicate, a missing tensor,
+// rows/cols that do not match the shape, nbytes that does not match dtype, a
+// NULL data pointer, or an lm_head given with tied_embeddings.
+void validate_tensors(const eng_model_shape& shape, const eng_tensor* tensors, int32_t n);
+
+// Converts validated tensors into the backend layout of weights.h. With tied
+// embeddings, the embedding is stored once, as lm_head ([hidden][vocab]) and
+// Weights::embedding stays empty (Weights::embed reads the column).
+Weights load_weights(const eng_model_shape& shape, const eng_tensor* tensors, int32_t n);
+
+// Converts one validated tensor to float32 input-major W[c * rows + r] =
+// tensor[r][c] (a linear layer's x·W layout), restoring the rotate-half row
+// order of interleaved WQ/WK; norms come out as their [cols] vector. out holds
+// rows*cols floats.
+void tensor_to_input_major(const eng_tensor& t, int32_t head_dim, float* out);
+
+// The RoPE inverse frequencies theta^(-2i/D), i < D/2, with Llama-3-style
+// scaling applied when shape.rope_scaling_factor is set. In double.
+std::vector<double> rope_inv_freq(const eng_model_shape& shape);
+
+}  // namespace lockstep
+
+#endif  // LOCKSTEP_NATIVE_CHECKPOINT_H

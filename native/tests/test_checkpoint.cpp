@@ -1,0 +1,334 @@
+// test_checkpoint.cpp: checkpoint tensors over the C ABI (eng_tensor).
+//
+//  - dequantisation of every eng_dtype against hand-computed values;
+//  - an engine built from tensors equal to the synthetic weights (F32 and
+//    BF16-representable values as BF16) steps bit-identically to the
+//    synthetic engine;
+//  - interleaved (GGUF) WQ/WK rows give the same results as rotate-half rows;
+//  - tied embeddings equal an untied model whose lm_head is the embedding;
+//  - every malformed tensor set is refused, naming the tensor.
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "checkpoint.h"
+#include "test_engine.h"
+#include "weights.h"
+
+using namespace lockstep;
+
+namespace {
+
+uint16_t f2h_bits(float f);  // defined below: round-to-nearest half for test data
+
+// The synthetic tiny model's weights as checkpoint matrices [out][in] (F32).
+struct Checkpoint {
+  eng_model_shape shape{};
+  std::vector<std::vector<float>> store;  // keeps every matrix alive
+  std::vector<eng_tensor> tensors;
+
+  // Adds W (input-major [in][out], as weights.h stores it) as [out][in].
+  void add(int32_t kind, int32_t layer, const std::vector<float>& W, int64_t in, int64_t out) {
+    std::vector<float> m(static_cast<size_t>(in * out));
+    for (int64_t i = 0; i < in; ++i)
+      for (int64_t o = 0; o < out; ++o) m[static_cast<size_t>(o * in + i)] = W[static_cast<size_t>(i * out + o)];
+    store.push_back(std::move(m));
+    eng_tensor t{};
+    t.kind = kind;
+    t.layer = layer;
+    t.dtype = ENG_DTYPE_F32;
+    t.rows = out;
+    t.cols = in;
+    t.data = store.back().data();
+    t.nbytes = in * out * 4;
+    tensors.push_back(t);
+  }
+  // Re-points every tensor at its matrix (store may have moved).
+  void fix() {
+    for (size_t i = 0; i < tensors.size(); ++i) tensors[i].data = store[i].data();
+  }
+};
+
+Checkpoint from_synthetic(const eng_model_shape& s, uint64_t seed) {
+  const Weights w = generate_weights(s, seed);
+  const int64_t H = s.hidden_size, qd = int64_t{s.num_heads} * s.head_dim,
+                kvd = int64_t{s.num_kv_heads} * s.head_dim, F = s.intermediate_size, V = s.vocab_size;
+  Checkpoint c;
+  c.shape = s;
+  c.store.reserve(64);
+  // The embedding [vocab][hidden] is already "[out][in]" with in = hidden:
+  // as input-major it is [hidden][vocab], i.e. its transpose.
+  std::vector<float> embT(static_cast<size_t>(V * H));
+  for (int64_t v = 0; v < V; ++v)
+    for (int64_t h = 0; h < H; ++h) embT[static_cast<size_t>(h * V + v)] = w.embedding[static_cast<size_t>(v * H + h)];
+  c.add(ENG_WEIGHT_EMBEDDING, -1, embT, H, V);
+  c.add(ENG_WEIGHT_FINAL_NORM, -1, w.final_norm, H, 1);
+  c.add(ENG_WEIGHT_LM_HEAD, -1, w.lm_head, H, V);
+  for (int32_t l = 0; l < s.num_layers; ++l) {
+    const LayerWeights& L = w.layers[static_cast<size_t>(l)];
+    c.add(ENG_WEIGHT_ATTN_NORM, l, L.attn_norm, H, 1);
+    c.add(ENG_WEIGHT_WQ, l, L.wq, H, qd);
+    c.add(ENG_WEIGHT_WK, l, L.wk, H, kvd);
+    c.add(ENG_WEIGHT_WV, l, L.wv, H, kvd);
+    c.add(ENG_WEIGHT_WO, l, L.wo, qd, H);
+    c.add(ENG_WEIGHT_MLP_NORM, l, L.mlp_norm, H, 1);
+    c.add(ENG_WEIGHT_W_GATE, l, L.w_gate, H, F);
+    c.add(ENG_WEIGHT_W_UP, l, L.w_up, H, F);
+    c.add(ENG_WEIGHT_W_DOWN, l, L.w_down, F, H);
+  }
+  c.fix();
+  return c;
+}
+
+eng_engine_config config_for(const Checkpoint& c) {
+  eng_engine_config cfg = test_config(nullptr, 32, 4);
+  cfg.shape = c.shape;
+  cfg.tensors = c.tensors.data();
+  cfg.num_tensors = static_cast<int32_t>(c.tensors.size());
+  return cfg;
+}
+
+// A prompt prefill then three decode steps; the sampled tokens and logits.
+std::vector<float> run(eng_engine_t e, int32_t vocab) {
+  std::vector<float> all;
+  TestSeq s;
+  s.tokens = test_prompt(3, 11, vocab);
+  s.blocks = {0, 1, 2, 3, 4};
+  s.sample = true;
+  for (int step = 0; step < 4; ++step) {
+    TestStepOut o = test_step(e, {s}, vocab);
+    REQUIRE(o.status == ENG_OK);
+    all.insert(all.end(), o.logits.begin(), o.logits.end());
+    all.push_back(static_cast<float>(o.sampled[0]));
+    s.start_pos += static_cast<int32_t>(s.tokens.size());
+    s.tokens = {o.sampled[0]};
+  }
+  return all;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+void expect_refused(const char* what, const Checkpoint& c, const std::string& needle) {
+  eng_engine_config cfg = config_for(c);
+  eng_engine_t e = nullptr;
+  const eng_status st = eng_engine_init(&cfg, &e);
+  const std::string msg = eng_last_error();
+  CHECKF(st == ENG_INVALID_ARGUMENT && e == nullptr, "%s: status %d", what, st);
+  CHECKF(msg.find(needle) != std::string::npos, "%s: message %s lacks \"%s\"", what, msg.c_str(), needle.c_str());
+  if (e) eng_engine_free(e);
+}
+
+uint16_t f2h_bits(float f) {
+  // Test data only uses values exactly representable in half.
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  const uint32_t sign = (u >> 16) & 0x8000u;
+  const int32_t exp = static_cast<int32_t>((u >> 23) & 0xFF) - 127 + 15;
+  if ((u & 0x7FFFFFFFu) == 0) return static_cast<uint16_t>(sign);
+  return static_cast<uint16_t>(sign | (static_cast<uint32_t>(exp) << 10) | ((u >> 13) & 0x3FFu));
+}
+
+void test_dequantize() {
+  CHECK(half_to_float(0x3C00) == 1.0f);
+  CHECK(half_to_float(0xC000) == -2.0f);
+  CHECK(half_to_float(0x0001) == std::ldexp(1.0f, -24));  // smallest subnormal
+  CHECK(half_to_float(0x7BFF) == 65504.0f);
+  CHECK(std::isinf(half_to_float(0x7C00)));
+  CHECK(bf16_to_float(0x3F80) == 1.0f);
+  CHECK(std::strcmp(dtype_name(ENG_DTYPE_Q4_1), "Q4_1") == 0);
+
+  // Q8_0: d = 0.5, q = j - 16.
+  uint8_t q8[34];
+  const uint16_t half05 = f2h_bits(0.5f);
+  std::memcpy(q8, &half05, 2);
+  for (int j = 0; j < 32; ++j) q8[2 + j] = static_cast<uint8_t>(static_cast<int8_t>(j - 16));
+  float out[32];
+  dequantize_row(ENG_DTYPE_Q8_0, q8, 32, out);
+  for (int j = 0; j < 32; ++j) CHECKF(out[j] == 0.5f * (j - 16), "q8_0[%d] = %g", j, out[j]);
+
+  // Q4_0: d = 2, element j is the low nibble of byte j (j < 16), else the high nibble of byte j-16.
+  uint8_t q40[18];
+  const uint16_t half2 = f2h_bits(2.0f);
+  std::memcpy(q40, &half2, 2);
+  for (int j = 0; j < 16; ++j) q40[2 + j] = static_cast<uint8_t>((j & 0xF) | ((15 - j) << 4));
+  dequantize_row(ENG_DTYPE_Q4_0, q40, 32, out);
+  for (int j = 0; j < 16; ++j) {
+    CHECKF(out[j] == 2.0f * (j - 8), "q4_0[%d] = %g", j, out[j]);
+    CHECKF(out[16 + j] == 2.0f * ((15 - j) - 8), "q4_0[%d] = %g", 16 + j, out[16 + j]);
+  }
+
+  // Q4_1: d = 0.25, m = -1.
+  uint8_t q41[20];
+  const uint16_t hd = f2h_bits(0.25f), hm = f2h_bits(-1.0f);
+  std::memcpy(q41, &hd, 2);
+  std::memcpy(q41 + 2, &hm, 2);
+  for (int j = 0; j < 16; ++j) q41[4 + j] = static_cast<uint8_t>(j | ((j ^ 5) << 4));
+  dequantize_row(ENG_DTYPE_Q4_1, q41, 32, out);
+  for (int j = 0; j < 16; ++j) {
+    CHECKF(out[j] == 0.25f * j - 1.0f, "q4_1[%d] = %g", j, out[j]);
+    CHECKF(out[16 + j] == 0.25f * (j ^ 5) - 1.0f, "q4_1[%d] = %g", 16 + j, out[16 + j]);
+  }
+  // F16 and BF16 rows.
+  const uint16_t h16[3] = {0x3C00, 0xC000, 0x3800};
+  dequantize_row(ENG_DTYPE_F16, h16, 3, out);
+  CHECK(out[0] == 1.0f && out[1] == -2.0f && out[2] == 0.5f);
+  const uint16_t b16[2] = {0x3F80, 0xC040};
+  dequantize_row(ENG_DTYPE_BF16, b16, 2, out);
+  CHECK(out[0] == 1.0f && out[1] == -3.0f);
+  CHECK(dtype_row_bytes(ENG_DTYPE_Q4_1, 64) == 40);
+  CHECK(dtype_row_bytes(ENG_DTYPE_Q4_1, 48) == -1);
+}
+
+}  // namespace
+
+int main() {
+  test_dequantize();
+
+  eng_model_shape tiny;
+  REQUIRE(eng_preset_shape("tiny", &tiny) == ENG_OK);
+  const int32_t V = tiny.vocab_size;
+
+  // Synthetic engine vs the same weights as F32 checkpoint tensors.
+  eng_engine_config syn = test_config("tiny", 32, 4);
+  eng_engine_t e_syn = test_engine(syn);
+  const std::vector<float> want = run(e_syn, V);
+  eng_engine_free(e_syn);
+
+  Checkpoint c = from_synthetic(tiny, 7);
+  {
+    eng_engine_t e = test_engine(config_for(c));
+    CHECKF(same_bits(run(e, V), want), "F32 checkpoint differs from the synthetic weights");
+    eng_engine_free(e);
+  }
+
+  // Interleaved WQ/WK (GGUF order) restore to the same results.
+  {
+    Checkpoint g = from_synthetic(tiny, 7);
+    const int64_t D = tiny.head_dim, half = D / 2, H = tiny.hidden_size;
+    for (size_t i = 0; i < g.tensors.size(); ++i) {
+      eng_tensor& t = g.tensors[i];
+      if (t.kind != ENG_WEIGHT_WQ && t.kind != ENG_WEIGHT_WK) continue;
+      std::vector<float>& m = g.store[i];
+      std::vector<float> p(m.size());
+      for (int64_t r = 0; r < t.rows; ++r) {  // GGUF row 2i+s <- HF row s*half+i
+        const int64_t head = r / D, j = r % D;
+        const int64_t src = head * D + (j % 2) * half + j / 2;
+        std::memcpy(&p[static_cast<size_t>(r * H)], &m[static_cast<size_t>(src * H)], sizeof(float) * H);
+      }
+      m = p;
+      t.interleaved_rope_heads = t.kind == ENG_WEIGHT_WQ ? tiny.num_heads : tiny.num_kv_heads;
+    }
+    g.fix();
+    eng_engine_t e = test_engine(config_for(g));
+    CHECKF(same_bits(run(e, V), want), "interleaved WQ/WK differ from rotate-half");
+    eng_engine_free(e);
+  }
+
+  // BF16: weights rounded to bf16 run identically as F32 or as BF16 tensors.
+  {
+    Checkpoint f = from_synthetic(tiny, 7), b = from_synthetic(tiny, 7);
+    std::vector<std::vector<uint16_t>> bits(b.tensors.size());
+    for (size_t i = 0; i < f.tensors.size(); ++i) {
+      for (float& x : f.store[i]) {
+        uint32_t u;
+        std::memcpy(&u, &x, 4);
+        u &= 0xFFFF0000u;  // truncate: exactly representable in bf16
+        std::memcpy(&x, &u, 4);
+        bits[i].push_back(static_cast<uint16_t>(u >> 16));
+      }
+      b.tensors[i].dtype = ENG_DTYPE_BF16;
+      b.tensors[i].data = bits[i].data();
+      b.tensors[i].nbytes = b.tensors[i].rows * b.tensors[i].cols * 2;
+    }
+    eng_engine_t ef = test_engine(config_for(f));
+    eng_engine_t eb = test_engine(config_for(b));
+    CHECKF(same_bits(run(ef, V), run(eb, V)), "BF16 tensors differ from their F32 values");
+    eng_engine_free(ef);
+    eng_engine_free(eb);
+  }
+
+  // Tied embeddings == an untied model whose lm_head is the embedding.
+  {
+    Checkpoint u = from_synthetic(tiny, 7);
+    u.store[2] = u.store[0];  // lm_head [vocab][hidden] := embedding
+    u.fix();
+    Checkpoint t = from_synthetic(tiny, 7);
+    t.shape.tied_embeddings = 1;
+    t.tensors.erase(t.tensors.begin() + 2);
+    t.store.erase(t.store.begin() + 2);
+    t.fix();
+    eng_engine_t eu = test_engine(config_for(u));
+    eng_engine_t et = test_engine(config_for(t));
+    CHECKF(same_bits(run(eu, V), run(et, V)), "tied embeddings differ from an untied copy");
+    eng_engine_free(eu);
+    eng_engine_free(et);
+
+    // With tied embeddings an lm_head is refused.
+    Checkpoint bad = from_synthetic(tiny, 7);
+    bad.shape.tied_embeddings = 1;
+    expect_refused("lm_head with tied", bad, "tied_embeddings");
+  }
+
+  // Refusals name the tensor.
+  {
+    Checkpoint m = from_synthetic(tiny, 7);
+    m.tensors.pop_back();  // layer 1 w_down
+    m.store.pop_back();
+    expect_refused("missing", m, "missing tensor: layer 1 w_down");
+  }
+  {
+    Checkpoint m = from_synthetic(tiny, 7);
+    m.tensors[4].rows += 1;
+    expect_refused("dims", m, "layer 0 wq");
+  }
+  {
+    Checkpoint m = from_synthetic(tiny, 7);
+    m.tensors[5].nbytes -= 4;
+    expect_refused("nbytes", m, "nbytes");
+  }
+  {
+    Checkpoint m = from_synthetic(tiny, 7);
+    m.tensors[6] = m.tensors[5];
+    expect_refused("duplicate", m, "duplicate of tensors[5]");
+  }
+  {
+    Checkpoint m = from_synthetic(tiny, 7);
+    m.tensors[4].dtype = ENG_DTYPE_Q4_1;  // cols 64 fine, nbytes wrong
+    expect_refused("dtype size", m, "Q4_1");
+    m = from_synthetic(tiny, 7);
+    m.tensors[4].dtype = 42;
+    expect_refused("dtype", m, "not an eng_dtype");
+    m = from_synthetic(tiny, 7);
+    m.tensors[4].layer = 9;
+    expect_refused("layer", m, "layer 9");
+    m = from_synthetic(tiny, 7);
+    m.tensors[4].data = nullptr;
+    expect_refused("null", m, "data is NULL");
+    m = from_synthetic(tiny, 7);
+    m.tensors[6].interleaved_rope_heads = 2;  // wv
+    expect_refused("interleave on wv", m, "interleaved_rope_heads");
+  }
+
+  // Llama-3 RoPE scaling: short wavelengths kept, long ones divided by the factor.
+  {
+    eng_model_shape s = tiny;
+    s.head_dim = 128;
+    s.rope_theta = 500000.0f;
+    const std::vector<double> plain = rope_inv_freq(s);
+    s.rope_scaling_factor = 8;
+    s.rope_low_freq_factor = 1;
+    s.rope_high_freq_factor = 4;
+    s.rope_original_max_positions = 8192;
+    const std::vector<double> scaled = rope_inv_freq(s);
+    CHECK(scaled[0] == plain[0]);
+    CHECK(std::fabs(scaled[63] - plain[63] / 8) < 1e-18);
+    int mid = 0;
+    for (size_t i = 0; i < plain.size(); ++i)
+      if (scaled[i] != plain[i] && std::fabs(scaled[i] - plain[i] / 8) > 1e-18 * plain[i]) ++mid;
+    CHECK(mid > 0);  // the smooth band exists
+  }
+  return check_exit_code("test_checkpoint");
+}
