@@ -9,8 +9,9 @@ import (
 	"fmt"
 )
 
-// ModelShape is the shape of the synthetic Llama-architecture decoder.
-// It mirrors eng_model_shape in native/include/engine.h.
+// ModelShape is the shape of a Llama-architecture decoder, synthetic or
+// loaded from a checkpoint. It mirrors eng_model_shape in
+// native/include/engine.h.
 type ModelShape struct {
 	NumLayers        int     `json:"num_layers"`
 	HiddenSize       int     `json:"hidden_size"`
@@ -21,6 +22,93 @@ type ModelShape struct {
 	VocabSize        int     `json:"vocab_size"`
 	RopeTheta        float32 `json:"rope_theta"`
 	RMSEps           float32 `json:"rms_eps"`
+	// RopeScaling is Llama-3-style RoPE frequency scaling; nil = none.
+	RopeScaling *RopeScaling `json:"rope_scaling,omitempty"`
+	// TiedEmbeddings: the output projection is the embedding matrix.
+	TiedEmbeddings bool `json:"tied_embeddings,omitempty"`
+}
+
+// RopeScaling is Hugging Face's rope_scaling of rope_type "llama3".
+type RopeScaling struct {
+	Factor               float32 `json:"factor"`
+	LowFreqFactor        float32 `json:"low_freq_factor"`
+	HighFreqFactor       float32 `json:"high_freq_factor"`
+	OriginalMaxPositions int     `json:"original_max_position_embeddings"`
+}
+
+// DType is a checkpoint tensor's element encoding (eng_dtype).
+type DType int32
+
+// Tensor encodings. Quantised types store each row as blocks of 32
+// elements in ggml's layouts.
+const (
+	DTypeF32  DType = 0
+	DTypeF16  DType = 1
+	DTypeBF16 DType = 2
+	DTypeQ8_0 DType = 3
+	DTypeQ4_0 DType = 4
+	DTypeQ4_1 DType = 5
+)
+
+var dtypeNames = [...]string{"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1"}
+
+func (d DType) String() string {
+	if d >= 0 && int(d) < len(dtypeNames) {
+		return dtypeNames[d]
+	}
+	return fmt.Sprintf("DType(%d)", int32(d))
+}
+
+// RowBytes is the size of one row of cols elements, or an error when a
+// quantised type's 32-element blocks do not divide cols.
+func (d DType) RowBytes(cols int64) (int64, error) {
+	switch d {
+	case DTypeF32:
+		return 4 * cols, nil
+	case DTypeF16, DTypeBF16:
+		return 2 * cols, nil
+	case DTypeQ8_0, DTypeQ4_0, DTypeQ4_1:
+		if cols%32 != 0 {
+			return 0, fmt.Errorf("%s rows need a multiple of 32 elements, got %d", d, cols)
+		}
+		return cols / 32 * map[DType]int64{DTypeQ8_0: 34, DTypeQ4_0: 18, DTypeQ4_1: 20}[d], nil
+	}
+	return 0, fmt.Errorf("unknown tensor type %s", d)
+}
+
+// WeightKind says which weight a tensor is (eng_weight).
+type WeightKind int32
+
+// Weight kinds; Embedding, FinalNorm and LMHead are global (Layer -1).
+const (
+	WeightEmbedding WeightKind = 0  // [vocab][hidden]
+	WeightFinalNorm WeightKind = 1  // [1][hidden]
+	WeightLMHead    WeightKind = 2  // [vocab][hidden]; absent when TiedEmbeddings
+	WeightAttnNorm  WeightKind = 3  // [1][hidden]
+	WeightQ         WeightKind = 4  // [heads*head_dim][hidden]
+	WeightK         WeightKind = 5  // [kv_heads*head_dim][hidden]
+	WeightV         WeightKind = 6  // [kv_heads*head_dim][hidden]
+	WeightO         WeightKind = 7  // [hidden][heads*head_dim]
+	WeightMLPNorm   WeightKind = 8  // [1][hidden]
+	WeightGate      WeightKind = 9  // [intermediate][hidden]
+	WeightUp        WeightKind = 10 // [intermediate][hidden]
+	WeightDown      WeightKind = 11 // [hidden][intermediate]
+)
+
+// WeightTensor is one checkpoint tensor handed to an engine at creation: a
+// row-major [Rows][Cols] matrix (a linear layer's [out][in]) in DType. Data
+// is read while the engine is created only, typically straight from a
+// memory-mapped file.
+type WeightTensor struct {
+	Name  string // the checkpoint's name, for messages
+	Kind  WeightKind
+	Layer int // -1 for global tensors
+	DType DType
+	// InterleavedRopeHeads > 0 marks WQ/WK rows in llama.cpp's interleaved
+	// RoPE order (GGUF); the engine restores rotate-half order.
+	InterleavedRopeHeads int
+	Rows, Cols           int64
+	Data                 []byte
 }
 
 // KVBytesPerToken is the K and V storage of one token over every layer, given
@@ -31,14 +119,17 @@ func (s ModelShape) KVBytesPerToken(elemBytes int) int {
 
 // Config describes an engine to build.
 type Config struct {
-	Preset        string     // "tiny", "llama-8b", "llama-70b"; "" uses Shape
-	Shape         ModelShape // used when Preset is ""
-	Seed          uint64     // weights are a deterministic function of (shape, seed)
-	NumPages      int        // device-tier pages
-	TokensPerPage int        // tokens per page (P)
-	NumHostPages  int        // host-tier pages; 0 = no host tier
-	DeviceID      int        // CUDA device (local rank); ignored on CPU
-	ValidateOnly  bool       // validate shape and sizes, allocate nothing, refuse steps
+	Preset string     // "tiny", "llama-8b", "llama-70b"; "" uses Shape
+	Shape  ModelShape // used when Preset is ""
+	Seed   uint64     // synthetic weights are a deterministic function of (shape, seed)
+	// Tensors are checkpoint weights (every tensor of Shape once); nil =
+	// synthetic weights from Seed. Requires Preset "".
+	Tensors       []WeightTensor
+	NumPages      int  // device-tier pages
+	TokensPerPage int  // tokens per page (P)
+	NumHostPages  int  // host-tier pages; 0 = no host tier
+	DeviceID      int  // CUDA device (local rank); ignored on CPU
+	ValidateOnly  bool // validate shape and sizes, allocate nothing, refuse steps
 	// Helix makes the engine a member of a Helix CP group (nil: no Helix).
 	Helix   *HelixMember
 	Backend string // native backend: "cpu" (default when "") or "cuda"

@@ -61,5 +61,17 @@ func (s ModelShape) Validate() error {
 	case !(s.RMSEps > 0):
 		return fmt.Errorf("model shape: rms_eps must be positive, got %g", s.RMSEps)
 	}
+	if r := s.RopeScaling; r != nil {
+		switch {
+		case !(r.Factor > 1):
+			return fmt.Errorf("model shape: rope_scaling factor must be > 1, got %g", r.Factor)
+		case !(r.LowFreqFactor >= 1):
+			return fmt.Errorf("model shape: rope_scaling low_freq_factor must be >= 1, got %g", r.LowFreqFactor)
+		case !(r.HighFreqFactor > r.LowFreqFactor):
+			return fmt.Errorf("model shape: rope_scaling high_freq_factor must exceed low_freq_factor (%g), got %g", r.LowFreqFactor, r.HighFreqFactor)
+		case r.OriginalMaxPositions <= 0:
+			return fmt.Errorf("model shape: rope_scaling original_max_position_embeddings must be positive, got %d", r.OriginalMaxPositions)
+		}
+	}
 	return nil
 }

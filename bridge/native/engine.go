@@ -13,7 +13,9 @@ import "C"
 import (
 	"fmt"
 	"math"
+	"regexp"
 	"runtime"
+	"strconv"
 	"sync"
 	"unsafe"
 
@@ -186,8 +188,39 @@ func (e *engine) init(cfg bridge.Config, backend C.eng_backend) error {
 		c.preset = C.CString(cfg.Preset)
 		defer C.free(unsafe.Pointer(c.preset))
 	}
+	if len(cfg.Tensors) > 0 {
+		if cfg.Preset != "" {
+			return bridge.StatusError("init", bridge.StatusInvalidArgument, "Config.Tensors need Preset \"\" and the checkpoint's Shape")
+		}
+		// The descriptors live in C memory; the tensors' data (a mapped
+		// file, or pinned Go memory) is read during eng_engine_init only.
+		n := len(cfg.Tensors)
+		ts := (*[1 << 28]C.eng_tensor)(C.calloc(C.size_t(n), C.sizeof_eng_tensor))[:n:n]
+		defer C.free(unsafe.Pointer(&ts[0]))
+		var pin runtime.Pinner
+		defer pin.Unpin()
+		for i, t := range cfg.Tensors {
+			if err := setInt32(&ts[i].layer, "init", fmt.Sprintf("Tensors[%d] (%s).Layer", i, t.Name), t.Layer); err != nil {
+				return err
+			}
+			if err := setInt32(&ts[i].interleaved_rope_heads, "init", fmt.Sprintf("Tensors[%d] (%s).InterleavedRopeHeads", i, t.Name), t.InterleavedRopeHeads); err != nil {
+				return err
+			}
+			ts[i].kind = C.int32_t(t.Kind)
+			ts[i].dtype = C.int32_t(t.DType)
+			ts[i].rows = C.int64_t(t.Rows)
+			ts[i].cols = C.int64_t(t.Cols)
+			ts[i].nbytes = C.int64_t(len(t.Data))
+			if len(t.Data) > 0 {
+				pin.Pin(&t.Data[0])
+				ts[i].data = unsafe.Pointer(&t.Data[0])
+			}
+		}
+		c.tensors = &ts[0]
+		c.num_tensors = C.int32_t(n)
+	}
 	if st := C.eng_engine_init(&c, &e.h); st != C.ENG_OK {
-		return bridge.StatusError("init", bridge.Status(st), C.GoString(C.eng_last_error()))
+		return bridge.StatusError("init", bridge.Status(st), nameTensors(C.GoString(C.eng_last_error()), cfg.Tensors))
 	}
 	var s C.eng_model_shape
 	if err := e.status("shape", C.eng_engine_shape(e.h, &s)); err != nil {
@@ -431,6 +464,20 @@ func (e *engine) Close() error {
 	return err
 }
 
+var tensorIndex = regexp.MustCompile(`tensors\[(\d+)\]`)
+
+// nameTensors adds the checkpoint's name to a native message that names a
+// tensor by its index.
+func nameTensors(msg string, ts []bridge.WeightTensor) string {
+	return tensorIndex.ReplaceAllStringFunc(msg, func(m string) string {
+		i, err := strconv.Atoi(tensorIndex.FindStringSubmatch(m)[1])
+		if err != nil || i >= len(ts) || ts[i].Name == "" {
+			return m
+		}
+		return fmt.Sprintf("%s %q", m, ts[i].Name)
+	})
+}
+
 // setInt32 stores v in *dst or reports that the field does not fit.
 func setInt32(dst *C.int32_t, op, field string, v int) error {
 	if v < math.MinInt32 || v > math.MaxInt32 {
@@ -462,11 +509,22 @@ func shapeToC(s *bridge.ModelShape, c *C.eng_model_shape) error {
 	}
 	c.rope_theta = C.float(s.RopeTheta)
 	c.rms_eps = C.float(s.RMSEps)
+	if r := s.RopeScaling; r != nil {
+		c.rope_scaling_factor = C.float(r.Factor)
+		c.rope_low_freq_factor = C.float(r.LowFreqFactor)
+		c.rope_high_freq_factor = C.float(r.HighFreqFactor)
+		if err := setInt32(&c.rope_original_max_positions, "init", "Shape.RopeScaling.OriginalMaxPositions", r.OriginalMaxPositions); err != nil {
+			return err
+		}
+	}
+	if s.TiedEmbeddings {
+		c.tied_embeddings = 1
+	}
 	return nil
 }
 
 func shapeFromC(c *C.eng_model_shape) bridge.ModelShape {
-	return bridge.ModelShape{
+	s := bridge.ModelShape{
 		NumLayers:        int(c.num_layers),
 		HiddenSize:       int(c.hidden_size),
 		NumHeads:         int(c.num_heads),
@@ -476,5 +534,15 @@ func shapeFromC(c *C.eng_model_shape) bridge.ModelShape {
 		VocabSize:        int(c.vocab_size),
 		RopeTheta:        float32(c.rope_theta),
 		RMSEps:           float32(c.rms_eps),
+		TiedEmbeddings:   c.tied_embeddings != 0,
 	}
+	if c.rope_scaling_factor != 0 {
+		s.RopeScaling = &bridge.RopeScaling{
+			Factor:               float32(c.rope_scaling_factor),
+			LowFreqFactor:        float32(c.rope_low_freq_factor),
+			HighFreqFactor:       float32(c.rope_high_freq_factor),
+			OriginalMaxPositions: int(c.rope_original_max_positions),
+		}
+	}
+	return s
 }

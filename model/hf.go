@@ -1,0 +1,254 @@
+package model
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strconv"
+
+	"github.com/edsrzf/mmap-go"
+	"github.com/nlpodyssey/safetensors"
+
+	"github.com/lockstep-ai/lockstep/bridge"
+)
+
+// hfConfig is the part of a Hugging Face config.json a Llama model uses.
+type hfConfig struct {
+	ModelType             string          `json:"model_type"`
+	Architectures         []string        `json:"architectures"`
+	NumHiddenLayers       int             `json:"num_hidden_layers"`
+	HiddenSize            int             `json:"hidden_size"`
+	NumAttentionHeads     int             `json:"num_attention_heads"`
+	NumKeyValueHeads      int             `json:"num_key_value_heads"`
+	HeadDim               int             `json:"head_dim"`
+	IntermediateSize      int             `json:"intermediate_size"`
+	VocabSize             int             `json:"vocab_size"`
+	RopeTheta             float64         `json:"rope_theta"`
+	RMSNormEps            float64         `json:"rms_norm_eps"`
+	TieWordEmbeddings     bool            `json:"tie_word_embeddings"`
+	MaxPositionEmbeddings int             `json:"max_position_embeddings"`
+	HiddenAct             string          `json:"hidden_act"`
+	AttentionBias         bool            `json:"attention_bias"`
+	MLPBias               bool            `json:"mlp_bias"`
+	RopeScaling           json.RawMessage `json:"rope_scaling"`
+	NameOrPath            string          `json:"_name_or_path"`
+}
+
+var hfLayerTensor = map[string]bridge.WeightKind{
+	"input_layernorm": bridge.WeightAttnNorm, "self_attn.q_proj": bridge.WeightQ,
+	"self_attn.k_proj": bridge.WeightK, "self_attn.v_proj": bridge.WeightV,
+	"self_attn.o_proj": bridge.WeightO, "post_attention_layernorm": bridge.WeightMLPNorm,
+	"mlp.gate_proj": bridge.WeightGate, "mlp.up_proj": bridge.WeightUp, "mlp.down_proj": bridge.WeightDown,
+}
+
+var hfGlobalTensor = map[string]bridge.WeightKind{
+	"model.embed_tokens.weight": bridge.WeightEmbedding, "model.norm.weight": bridge.WeightFinalNorm,
+	"lm_head.weight": bridge.WeightLMHead,
+}
+
+var hfLayerName = regexp.MustCompile(`^model\.layers\.(\d+)\.(.+)\.weight$`)
+
+var safetensorsTypes = map[safetensors.DType]bridge.DType{
+	safetensors.F32: bridge.DTypeF32, safetensors.F16: bridge.DTypeF16, safetensors.BF16: bridge.DTypeBF16,
+}
+
+// hfShape reads config.json.
+func hfShape(dir string) (bridge.ModelShape, hfConfig, error) {
+	var c hfConfig
+	raw, err := os.ReadFile(filepath.Join(dir, "config.json"))
+	if err != nil {
+		return bridge.ModelShape{}, c, fmt.Errorf("model %s: %w (a Hugging Face directory needs config.json)", dir, err)
+	}
+	if err := json.Unmarshal(raw, &c); err != nil {
+		return bridge.ModelShape{}, c, fmt.Errorf("model %s: config.json: %w", dir, err)
+	}
+	bad := func(format string, a ...any) (bridge.ModelShape, hfConfig, error) {
+		return bridge.ModelShape{}, c, fmt.Errorf("model %s: config.json: "+format, append([]any{dir}, a...)...)
+	}
+	if c.ModelType != "llama" {
+		return bad("model_type %q is not supported (supported: llama)", c.ModelType)
+	}
+	if c.HiddenAct != "" && c.HiddenAct != "silu" {
+		return bad("hidden_act %q is not supported (Llama uses silu)", c.HiddenAct)
+	}
+	if c.AttentionBias || c.MLPBias {
+		return bad("attention_bias / mlp_bias are not supported")
+	}
+	if c.NumKeyValueHeads == 0 {
+		c.NumKeyValueHeads = c.NumAttentionHeads
+	}
+	if c.RopeTheta == 0 {
+		c.RopeTheta = 10000
+	}
+	s := bridge.ModelShape{NumLayers: c.NumHiddenLayers, HiddenSize: c.HiddenSize, NumHeads: c.NumAttentionHeads,
+		NumKVHeads: c.NumKeyValueHeads, IntermediateSize: c.IntermediateSize, VocabSize: c.VocabSize,
+		RopeTheta: float32(c.RopeTheta), RMSEps: float32(c.RMSNormEps), TiedEmbeddings: c.TieWordEmbeddings}
+	if c.NumAttentionHeads > 0 {
+		s.HeadDim = c.HiddenSize / c.NumAttentionHeads
+	}
+	if c.HeadDim != 0 && c.HeadDim != s.HeadDim {
+		return bad("head_dim %d differs from hidden_size / num_attention_heads = %d (not supported)", c.HeadDim, s.HeadDim)
+	}
+	if len(c.RopeScaling) > 0 && string(c.RopeScaling) != "null" {
+		var r struct {
+			RopeType       string  `json:"rope_type"`
+			Type           string  `json:"type"`
+			Factor         float32 `json:"factor"`
+			LowFreqFactor  float32 `json:"low_freq_factor"`
+			HighFreqFactor float32 `json:"high_freq_factor"`
+			Original       int     `json:"original_max_position_embeddings"`
+		}
+		if err := json.Unmarshal(c.RopeScaling, &r); err != nil {
+			return bad("rope_scaling: %v", err)
+		}
+		t := r.RopeType
+		if t == "" {
+			t = r.Type
+		}
+		switch t {
+		case "default", "":
+		case "llama3":
+			s.RopeScaling = &bridge.RopeScaling{Factor: r.Factor, LowFreqFactor: r.LowFreqFactor,
+				HighFreqFactor: r.HighFreqFactor, OriginalMaxPositions: r.Original}
+		default:
+			return bad("rope_scaling type %q is not supported (supported: llama3)", t)
+		}
+	}
+	if err := s.Validate(); err != nil {
+		return bad("%v", err)
+	}
+	return s, c, nil
+}
+
+// safetensorsFiles lists the weight files: the shards of
+// model.safetensors.index.json, else model.safetensors, else every
+// *.safetensors file.
+func safetensorsFiles(dir string) ([]string, error) {
+	if raw, err := os.ReadFile(filepath.Join(dir, "model.safetensors.index.json")); err == nil {
+		var idx struct {
+			WeightMap map[string]string `json:"weight_map"`
+		}
+		if err := json.Unmarshal(raw, &idx); err != nil {
+			return nil, fmt.Errorf("model.safetensors.index.json: %w", err)
+		}
+		set := map[string]bool{}
+		for _, f := range idx.WeightMap {
+			if filepath.Base(f) != f {
+				return nil, fmt.Errorf("model.safetensors.index.json: shard %q is not a file name in the directory", f)
+			}
+			set[f] = true
+		}
+		files := make([]string, 0, len(set))
+		for f := range set {
+			files = append(files, f)
+		}
+		sort.Strings(files)
+		if len(files) == 0 {
+			return nil, fmt.Errorf("model.safetensors.index.json has an empty weight_map")
+		}
+		return files, nil
+	}
+	if _, err := os.Stat(filepath.Join(dir, "model.safetensors")); err == nil {
+		return []string{"model.safetensors"}, nil
+	}
+	matches, _ := filepath.Glob(filepath.Join(dir, "*.safetensors"))
+	if len(matches) == 0 {
+		return nil, fmt.Errorf("no *.safetensors files")
+	}
+	files := make([]string, len(matches))
+	for i, m := range matches {
+		files[i] = filepath.Base(m)
+	}
+	sort.Strings(files)
+	return files, nil
+}
+
+func loadHF(dir string) (m *Model, err error) {
+	shape, cfg, err := hfShape(dir)
+	if err != nil {
+		return nil, err
+	}
+	tok, err := LoadHFTokenizer(dir)
+	if err != nil {
+		return nil, fmt.Errorf("model %s: %w", dir, err)
+	}
+	if tok.VocabSize() > shape.VocabSize {
+		return nil, fmt.Errorf("model %s: the tokenizer has %d tokens, more than config.json's vocab_size %d", dir, tok.VocabSize(), shape.VocabSize)
+	}
+	files, err := safetensorsFiles(dir)
+	if err != nil {
+		return nil, fmt.Errorf("model %s: %w", dir, err)
+	}
+	name := cfg.NameOrPath
+	if name == "" {
+		name = filepath.Base(filepath.Clean(dir))
+	}
+	m = &Model{Path: dir, Format: "safetensors", Name: name, Shape: shape, ContextLength: cfg.MaxPositionEmbeddings, Tokenizer: tok}
+	defer func() {
+		if err != nil {
+			m.Close()
+			m = nil
+		}
+	}()
+	for _, file := range files {
+		path := filepath.Join(dir, file)
+		f, err := os.Open(path)
+		if err != nil {
+			return nil, fmt.Errorf("model %s: %w", dir, err)
+		}
+		mm, err := mmap.Map(f, mmap.RDONLY, 0)
+		f.Close()
+		if err != nil {
+			return nil, fmt.Errorf("model %s: mapping %s: %w", dir, file, err)
+		}
+		m.mappings = append(m.mappings, closerFunc(mm.Unmap))
+		st, err := safetensors.Deserialize(mm)
+		if err != nil {
+			return nil, fmt.Errorf("model %s: %s: %w", dir, file, err)
+		}
+		for _, nt := range st.Tensors() {
+			name, tv := nt.Name, nt.TensorView
+			kind, layer := bridge.WeightKind(-1), -1
+			if k, ok := hfGlobalTensor[name]; ok {
+				kind = k
+			} else if sm := hfLayerName.FindStringSubmatch(name); sm != nil {
+				k, ok := hfLayerTensor[sm[2]]
+				l, _ := strconv.Atoi(sm[1])
+				if !ok || l >= shape.NumLayers {
+					return nil, fmt.Errorf("model %s: %s: tensor %s is not part of a Llama decoder (unsupported architecture variant)", dir, file, name)
+				}
+				kind, layer = k, l
+			} else if regexp.MustCompile(`rotary_emb\.inv_freq$`).MatchString(name) {
+				continue // derived, recomputed by the engine
+			} else {
+				return nil, fmt.Errorf("model %s: %s: tensor %s is not part of a Llama decoder (unsupported architecture variant)", dir, file, name)
+			}
+			if kind == bridge.WeightLMHead && shape.TiedEmbeddings {
+				continue // tied: the embedding serves as the output projection
+			}
+			dt, ok := safetensorsTypes[tv.DType()]
+			if !ok {
+				return nil, fmt.Errorf("model %s: %s: tensor %s has dtype %v; supported: F32, F16, BF16", dir, file, name, tv.DType())
+			}
+			sh := tv.Shape()
+			var rows, cols int64
+			switch len(sh) {
+			case 1:
+				rows, cols = 1, int64(sh[0])
+			case 2:
+				rows, cols = int64(sh[0]), int64(sh[1])
+			default:
+				return nil, fmt.Errorf("model %s: %s: tensor %s has %d dimensions, want 1 or 2", dir, file, name, len(sh))
+			}
+			m.Tensors = append(m.Tensors, bridge.WeightTensor{Name: name, Kind: kind, Layer: layer, DType: dt,
+				Rows: rows, Cols: cols, Data: tv.Data()})
+		}
+	}
+	if err := checkTensors(shape, m.Tensors); err != nil {
+		return nil, fmt.Errorf("model %s: %w", dir, err)
+	}
+	return m, nil
+}

@@ -1,0 +1,151 @@
+// Package model turns checkpoints into what the engines and the worker need:
+// the architecture (bridge.ModelShape), the weights (bridge.WeightTensor,
+// read straight from a memory-mapped file), the tokenizer and the chat
+// template. Two formats: a GGUF file (llama.cpp) and a Hugging Face directory
+// (config.json, *.safetensors possibly sharded, tokenizer.json,
+// tokenizer_config.json). Only Llama-architecture decoders are accepted;
+// anything else is refused with a message naming what is unsupported.
+//
+// Weights are never copied on the Go side: a tensor's Data aliases the
+// mapping, the engine converts it once at creation (dequantising GGUF block
+// types into its own weight type), and Close unmaps the file.
+package model
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/lockstep-ai/lockstep/bridge"
+)
+
+// Model is a loaded checkpoint.
+type Model struct {
+	Path   string // the file or directory given
+	Format string // "gguf" or "safetensors"
+	Name   string // the checkpoint's own name, else the file's
+	Shape  bridge.ModelShape
+	// ContextLength is the model's trained context (0 when unknown).
+	ContextLength int
+	// Tensors alias the mapped files: valid until Close.
+	Tensors   []bridge.WeightTensor
+	Tokenizer *Tokenizer
+
+	mappings []interface{ Close() error }
+}
+
+// Close unmaps the checkpoint's files. Tensors must not be used afterwards;
+// engines created from them keep their own converted copy.
+func (m *Model) Close() error {
+	var errs []error
+	for _, c := range m.mappings {
+		errs = append(errs, c.Close())
+	}
+	m.mappings = nil
+	m.Tensors = nil
+	return errors.Join(errs...)
+}
+
+// WeightBytes is the size of the tensors as stored in the checkpoint.
+func (m *Model) WeightBytes() int64 {
+	var n int64
+	for _, t := range m.Tensors {
+		n += int64(len(t.Data))
+	}
+	return n
+}
+
+// IsPath reports whether a --model value names a checkpoint rather than a
+// preset: it contains a path separator, ends in .gguf, or exists.
+func IsPath(s string) bool {
+	if strings.ContainsRune(s, '/') || strings.ContainsRune(s, filepath.Separator) || strings.HasSuffix(strings.ToLower(s), ".gguf") {
+		return true
+	}
+	_, err := os.Stat(s)
+	return err == nil
+}
+
+// Load opens a GGUF file or a Hugging Face directory.
+func Load(path string) (*Model, error) {
+	st, err := os.Stat(path)
+	if err != nil {
+		return nil, fmt.Errorf("model %s: %w", path, err)
+	}
+	if st.IsDir() {
+		return loadHF(path)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("model %s: %w", path, err)
+	}
+	var magic [4]byte
+	_, err = io.ReadFull(f, magic[:])
+	f.Close()
+	if err != nil || string(magic[:]) != "GGUF" {
+		return nil, fmt.Errorf("model %s: not a GGUF file (magic %q) and not a directory; give a .gguf file or a Hugging Face directory with config.json and *.safetensors", path, magic[:])
+	}
+	return loadGGUF(path)
+}
+
+// checkTensors verifies that the tensors cover the shape exactly once with
+// the right dimensions and sizes, naming the first offender. The engine
+// checks the same; checking here gives the checkpoint's own names before any
+// engine is built.
+func checkTensors(s bridge.ModelShape, ts []bridge.WeightTensor) error {
+	H, qd, kvd := int64(s.HiddenSize), int64(s.NumHeads*s.HeadDim), int64(s.NumKVHeads*s.HeadDim)
+	F, V := int64(s.IntermediateSize), int64(s.VocabSize)
+	dims := map[bridge.WeightKind][2]int64{
+		bridge.WeightEmbedding: {V, H}, bridge.WeightLMHead: {V, H}, bridge.WeightFinalNorm: {1, H},
+		bridge.WeightAttnNorm: {1, H}, bridge.WeightMLPNorm: {1, H}, bridge.WeightQ: {qd, H},
+		bridge.WeightK: {kvd, H}, bridge.WeightV: {kvd, H}, bridge.WeightO: {H, qd},
+		bridge.WeightGate: {F, H}, bridge.WeightUp: {F, H}, bridge.WeightDown: {H, F},
+	}
+	type key struct {
+		k bridge.WeightKind
+		l int
+	}
+	seen := map[key]string{}
+	for _, t := range ts {
+		d := dims[t.Kind]
+		if t.Rows != d[0] || t.Cols != d[1] {
+			return fmt.Errorf("tensor %s is [%d][%d] (rows × cols), the architecture needs [%d][%d]", t.Name, t.Rows, t.Cols, d[0], d[1])
+		}
+		rb, err := t.DType.RowBytes(t.Cols)
+		if err != nil {
+			return fmt.Errorf("tensor %s: %w", t.Name, err)
+		}
+		if int64(len(t.Data)) != rb*t.Rows {
+			return fmt.Errorf("tensor %s: %d bytes of data, [%d][%d] %s needs %d (truncated file?)", t.Name, len(t.Data), t.Rows, t.Cols, t.DType, rb*t.Rows)
+		}
+		if prev, dup := seen[key{t.Kind, t.Layer}]; dup {
+			return fmt.Errorf("tensors %s and %s are the same weight", prev, t.Name)
+		}
+		seen[key{t.Kind, t.Layer}] = t.Name
+	}
+	for _, k := range []bridge.WeightKind{bridge.WeightEmbedding, bridge.WeightFinalNorm} {
+		if _, ok := seen[key{k, -1}]; !ok {
+			return fmt.Errorf("missing tensor: %s", kindNames[k])
+		}
+	}
+	if _, ok := seen[key{bridge.WeightLMHead, -1}]; !ok && !s.TiedEmbeddings {
+		return fmt.Errorf("missing tensor: %s (and the embeddings are not tied)", kindNames[bridge.WeightLMHead])
+	}
+	for l := 0; l < s.NumLayers; l++ {
+		for k := bridge.WeightAttnNorm; k <= bridge.WeightDown; k++ {
+			if _, ok := seen[key{k, l}]; !ok {
+				return fmt.Errorf("missing tensor: layer %d %s", l, kindNames[k])
+			}
+		}
+	}
+	return nil
+}
+
+var kindNames = map[bridge.WeightKind]string{
+	bridge.WeightEmbedding: "token embedding", bridge.WeightFinalNorm: "final norm", bridge.WeightLMHead: "output (lm_head)",
+	bridge.WeightAttnNorm: "attention norm", bridge.WeightQ: "q projection", bridge.WeightK: "k projection",
+	bridge.WeightV: "v projection", bridge.WeightO: "output projection", bridge.WeightMLPNorm: "MLP norm",
+	bridge.WeightGate: "gate projection", bridge.WeightUp: "up projection", bridge.WeightDown: "down projection",
+}
