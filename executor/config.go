@@ -67,6 +67,9 @@ type Planner interface {
 type Config struct {
 	// Rank and Ranks: this rank's index in the attention-DP group and its size.
 	Rank, Ranks int
+	// StopTokens are the model's end-of-generation tokens: a request whose
+	// Arrival.StopAtEOS is set completes when it samples one.
+	StopTokens []int32
 	// Scheduler is the scheduler configuration (arrival validation reads it).
 	Scheduler scheduler.Config
 	// MaxSeqLen bounds prompt + 1 (arrival validation); 0 = unset: the KV

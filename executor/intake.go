@@ -18,6 +18,10 @@ type Arrival struct {
 	// Routing is the optional attention-DP routing (affinity id, target
 	// rank, strictness); every rank routes with it, so it is broadcast.
 	Routing workload.Routing
+	// StopAtEOS ends generation at the model's stop tokens
+	// (Config.StopTokens) as well as at MaxNewTokens. Trace replays leave it
+	// off: their output lengths are part of the workload.
+	StopAtEOS bool
 	// Prompt is the prompt's tokens. A source may leave it nil and set
 	// PromptLen and Synthesize instead: rank 0 then checks the lengths
 	// (Admission) and calls Synthesize only for a request that can be
@@ -81,6 +85,7 @@ func (s *TraceSource) Due(now time.Time) []Arrival {
 			MaxNewTokens:   r.MaxNewTokens,
 			ConversationID: r.ConversationID,
 			Routing:        r.Routing,
+			StopAtEOS:      r.StopAtEOS,
 		}
 		if r.Prompt != nil {
 			a.Prompt = r.Prompt
@@ -111,12 +116,13 @@ func (s *TraceSource) Total() int { return len(s.reqs) }
 const (
 	arrivalHasRank = 1 << iota
 	arrivalStrict
+	arrivalStopAtEOS
 )
 
 // encodeArrivals serialises a broadcast payload (little-endian):
 // per item: id u64, arrival i64, max_new u32, conv_len u32, conv bytes,
 // affinity_len u32, affinity bytes, flags u8 (arrivalHasRank,
-// arrivalStrict), target rank u32, n_tokens u32, tokens u32×n. Rank 0 has
+// arrivalStrict, arrivalStopAtEOS), target rank u32, n_tokens u32, tokens u32×n. Rank 0 has
 // screened the items (Admission), so max_new and the prompt length fit 32
 // bits; an item that does not is a broken invariant.
 func encodeArrivals(items []Arrival) []byte {
@@ -143,6 +149,9 @@ func encodeArrivals(items []Arrival) []byte {
 		if a.Routing.Strict {
 			flags |= arrivalStrict
 		}
+		if a.StopAtEOS {
+			flags |= arrivalStopAtEOS
+		}
 		b = append(b, flags)
 		b = binary.LittleEndian.AppendUint32(b, uint32(a.Routing.Rank))
 		b = binary.LittleEndian.AppendUint32(b, uint32(len(a.Prompt)))
@@ -167,6 +176,7 @@ func decodeArrivals(b []byte, want int) ([]Arrival, error) {
 		a.Routing.AffinityID = string(d.bytes(int(d.u32())))
 		flags := d.u8()
 		a.Routing.HasRank, a.Routing.Strict = flags&arrivalHasRank != 0, flags&arrivalStrict != 0
+		a.StopAtEOS = flags&arrivalStopAtEOS != 0
 		a.Routing.Rank = int(d.u32())
 		n := int(d.u32())
 		if d.err == nil && n > len(d.b)/4 {

@@ -19,10 +19,13 @@ type request struct {
 	recomputed   int
 	reused       int  // prompt prefix the first admission reused (ReusedTokens)
 	reusedSet    bool // reused is final
+	stopAtEOS    bool // a stop token (Config.StopTokens) ends generation
+	stopped      bool // a stop token was sampled
+	pending      int  // batches holding this request whose results are not applied yet
 }
 
 func newRequest(a Arrival) *request {
-	r := &request{prompt: a.Prompt, maxNewTotal: a.MaxNewTokens, arrivalNS: a.ArrivalUnixNS}
+	r := &request{prompt: a.Prompt, maxNewTotal: a.MaxNewTokens, arrivalNS: a.ArrivalUnixNS, stopAtEOS: a.StopAtEOS}
 	r.Request = scheduler.Request{
 		ID:               a.ID,
 		State:            scheduler.ContextInit,

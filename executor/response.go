@@ -19,7 +19,10 @@ type Response struct {
 	// radix cache (prefill skipped): PromptLen − ReusedTokens is its
 	// uncached prompt.
 	ReusedTokens int
-	Error        string // non-empty: rejected with this reason
+	// Stopped: generation ended at a stop token (the last of Output), not
+	// at the length limit.
+	Stopped bool
+	Error   string // non-empty: rejected with this reason
 }
 
 // NoRank is the Rank of a response rejected before routing (rank 0 screens
@@ -45,6 +48,11 @@ func (rb responseBatch) encode() []byte {
 		b = binary.LittleEndian.AppendUint32(b, uint32(r.Suspended))
 		b = binary.LittleEndian.AppendUint32(b, uint32(r.Recomputed))
 		b = binary.LittleEndian.AppendUint32(b, uint32(r.ReusedTokens))
+		var flags byte
+		if r.Stopped {
+			flags = 1
+		}
+		b = append(b, flags)
 		b = binary.LittleEndian.AppendUint32(b, uint32(len(r.Error)))
 		b = append(b, r.Error...)
 		b = binary.LittleEndian.AppendUint32(b, uint32(len(r.Output)))
@@ -62,7 +70,7 @@ func decodeResponseBatch(b []byte) (responseBatch, error) {
 	var rb responseBatch
 	rb.DeviceUS = int64(d.u64())
 	n := int(d.u32())
-	if d.err == nil && n > len(d.b)/44 {
+	if d.err == nil && n > len(d.b)/45 {
 		d.err = errShort
 	}
 	for i := 0; i < n && d.err == nil; i++ {
@@ -75,6 +83,7 @@ func decodeResponseBatch(b []byte) (responseBatch, error) {
 		r.Suspended = int(d.u32())
 		r.Recomputed = int(d.u32())
 		r.ReusedTokens = int(d.u32())
+		r.Stopped = d.u8()&1 != 0
 		r.Error = string(d.bytes(int(d.u32())))
 		k := int(d.u32())
 		if d.err == nil && k > len(d.b)/4 {

@@ -38,6 +38,7 @@ func (e *Executor) prepareBatch(out *scheduler.Output, p *plan) (*batch, error) 
 				return nil, fmt.Errorf("invariant prepareBatch: scheduled request %d has no active KV cache", r.ID)
 			}
 			r.BatchIndex = len(b.reqs)
+			r.pending++
 			b.reqs = append(b.reqs, r)
 		}
 	}
@@ -118,12 +119,23 @@ func (e *Executor) applyResults(b *batch, res *bridge.StepResult) (float64, erro
 			removed = true
 			continue
 		}
+		r.pending--
 		if !b.sample[i] {
 			continue
 		}
 		tok := res.Sampled[i]
 		if tok < 0 {
 			return 0, fmt.Errorf("engine did not sample request %d", r.ID)
+		}
+		if r.stopped {
+			// A step launched before its stop token was seen (overlap
+			// loop): the token is dropped, and the request completes once
+			// no launched step holds it.
+			if r.pending == 0 {
+				e.complete(r, now)
+				removed = true
+			}
+			continue
 		}
 		wasGeneration := r.Generated > 0
 		r.output = append(r.output, tok)
@@ -134,12 +146,17 @@ func (e *Executor) applyResults(b *batch, res *bridge.StepResult) (float64, erro
 		if wasGeneration {
 			e.d.KV.UpdateAfterGeneration(&r.Request)
 		}
+		if r.State != scheduler.GenerationToComplete && r.stopAtEOS && e.isStopToken(tok) {
+			// Out of the scheduling window from now on; a step already
+			// launched with it finishes first (its token is dropped).
+			r.stopped = true
+			r.State = scheduler.GenerationToComplete
+			if r.pending > 0 {
+				continue
+			}
+		}
 		if r.State == scheduler.GenerationToComplete {
-			r.State = scheduler.Complete
-			e.d.KV.Free(&r.Request)
-			e.finished = append(e.finished, Response{ID: r.ID, Rank: e.cfg.Rank, Output: r.output,
-				ArrivalUnixNS: r.arrivalNS, FirstTokenUnixNS: r.firstTokenNS, FinishUnixNS: now,
-				Suspended: r.suspended, Recomputed: r.recomputed, ReusedTokens: r.reused})
+			e.complete(r, now)
 			removed = true
 		}
 	}
@@ -156,6 +173,25 @@ func (e *Executor) applyResults(b *batch, res *bridge.StepResult) (float64, erro
 		e.spare = b
 	}
 	return res.DeviceMS, nil
+}
+
+// complete frees a finished request's KV and queues its response.
+func (e *Executor) complete(r *request, now int64) {
+	r.State = scheduler.Complete
+	e.d.KV.Free(&r.Request)
+	e.finished = append(e.finished, Response{ID: r.ID, Rank: e.cfg.Rank, Output: r.output,
+		ArrivalUnixNS: r.arrivalNS, FirstTokenUnixNS: r.firstTokenNS, FinishUnixNS: now,
+		Suspended: r.suspended, Recomputed: r.recomputed, ReusedTokens: r.reused, Stopped: r.stopped})
+}
+
+// isStopToken reports whether tok is one of the model's stop tokens.
+func (e *Executor) isStopToken(tok int32) bool {
+	for _, s := range e.cfg.StopTokens {
+		if s == tok {
+			return true
+		}
+	}
+	return false
 }
 
 // compactActive drops completed requests and spent dummies, keeping order.

@@ -100,6 +100,9 @@ type Request struct {
 	// Prompt, when non-nil, is the prompt itself (requests built in code);
 	// trace requests leave it nil and Tokens synthesises theirs.
 	Prompt []int32
+	// StopAtEOS ends the request at the model's stop tokens as well as at
+	// MaxNewTokens (text prompts); trace requests keep their lengths.
+	StopAtEOS bool
 
 	vocab int
 	seed  uint64
