@@ -15,8 +15,8 @@ import (
 	"github.com/lockstep-ai/lockstep/bridge"
 )
 
-// hfConfig is the part of a Hugging Face config.json a Llama model uses.
-type hfConfig struct {
+// hfModelConfig is the part of a Hugging Face config.json a Llama model uses.
+type hfModelConfig struct {
 	ModelType             string          `json:"model_type"`
 	Architectures         []string        `json:"architectures"`
 	NumHiddenLayers       int             `json:"num_hidden_layers"`
@@ -56,8 +56,8 @@ var safetensorsTypes = map[safetensors.DType]bridge.DType{
 }
 
 // hfShape reads config.json.
-func hfShape(dir string) (bridge.ModelShape, hfConfig, error) {
-	var c hfConfig
+func hfShape(dir string) (bridge.ModelShape, hfModelConfig, error) {
+	var c hfModelConfig
 	raw, err := os.ReadFile(filepath.Join(dir, "config.json"))
 	if err != nil {
 		return bridge.ModelShape{}, c, fmt.Errorf("model %s: %w (a Hugging Face directory needs config.json)", dir, err)
@@ -65,7 +65,7 @@ func hfShape(dir string) (bridge.ModelShape, hfConfig, error) {
 	if err := json.Unmarshal(raw, &c); err != nil {
 		return bridge.ModelShape{}, c, fmt.Errorf("model %s: config.json: %w", dir, err)
 	}
-	bad := func(format string, a ...any) (bridge.ModelShape, hfConfig, error) {
+	bad := func(format string, a ...any) (bridge.ModelShape, hfModelConfig, error) {
 		return bridge.ModelShape{}, c, fmt.Errorf("model %s: config.json: "+format, append([]any{dir}, a...)...)
 	}
 	if c.ModelType != "llama" {
