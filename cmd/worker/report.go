@@ -60,9 +60,11 @@ type report struct {
 	OutputTokPerS float64      `json:"output_tokens_per_s"`
 	// PrefillTokPerS counts the prompt tokens computed (not reused) per
 	// second of duration_s.
-	PrefillTokPerS   float64         `json:"prefill_tokens_per_s"`
-	DeviceMSPerRank  []float64       `json:"device_ms_per_rank"`
-	OutputDigest     string          `json:"output_digest"`
+	PrefillTokPerS  float64   `json:"prefill_tokens_per_s"`
+	DeviceMSPerRank []float64 `json:"device_ms_per_rank"`
+	OutputDigest    string    `json:"output_digest"`
+	// Outputs are the completions of a prompt run (--prompt, --prompts).
+	Outputs          []promptOutput  `json:"outputs,omitempty"`
 	Rejections       []rejectionInfo `json:"rejections"`
 	missingResponses int
 }
@@ -97,6 +99,12 @@ func byIndex(reqs []workload.Request, res *serveResult) []*executor.Response {
 
 func buildReport(o *serveOptions, reqs []workload.Request, res *serveResult) *report {
 	rep := &report{Engine: o.engine, Model: o.model, Ranks: o.ranks, Clock: "wall", Rejections: []rejectionInfo{}}
+	if o.loaded != nil {
+		rep.Model = o.loaded.Name
+		if o.text.active() {
+			rep.Outputs = o.promptOutputs(res)
+		}
+	}
 	if o.engine == "twin" {
 		rep.Clock, rep.Model = "virtual", o.profile.Model.Name
 		if o.profile.Kind == twin.KindRoofline {

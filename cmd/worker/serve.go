@@ -19,6 +19,7 @@ import (
 	"github.com/lockstep-ai/lockstep/bridge/twin"
 	"github.com/lockstep-ai/lockstep/executor"
 	"github.com/lockstep-ai/lockstep/kvpool"
+	"github.com/lockstep-ai/lockstep/model"
 	"github.com/lockstep-ai/lockstep/nccl"
 	"github.com/lockstep-ai/lockstep/scheduler"
 	"github.com/lockstep-ai/lockstep/scheduler/router"
@@ -72,6 +73,10 @@ type serveOptions struct {
 	reuseOnBy string
 	fault     *fault       // LOCKSTEP_TEST_FAULT, checked at startup
 	out       *outputFiles // opened before any work
+
+	text     promptOptions    // --prompt, --prompts, --chat, --max-tokens
+	loaded   *model.Model     // --model PATH, opened by validate
+	rendered []renderedPrompt // the tokenised prompts of a prompt run
 }
 
 func defaultServeOptions() serveOptions {
@@ -97,7 +102,8 @@ func (o *serveOptions) flags(fs *flag.FlagSet) {
 		"off (scheduler.equal_cost or the TLLM_V2_CTX_COST_* variables), manual (scheduler.equal_cost only) or "+
 		"auto (the online calibrator, docs/calibration.md)")
 	fs.Float64Var(&o.gpuMemFraction, "gpu-mem-fraction", o.gpuMemFraction, "with --engine cuda and --pages 0: share of free GPU memory (after weights) for KV pages")
-	fs.StringVar(&o.model, "model", o.model, "model preset: "+strings.Join(bridge.PresetNames(), ", "))
+	fs.StringVar(&o.model, "model", o.model, "a checkpoint (GGUF file or Hugging Face directory) or a synthetic preset: "+strings.Join(bridge.PresetNames(), ", "))
+	o.text.flags(fs)
 	fs.Uint64Var(&o.seed, "seed", o.seed, "seed of the synthetic weights and token ids")
 	fs.IntVar(&o.ranks, "ranks", o.ranks, "in-process attention-DP ranks")
 	fs.IntVar(&o.pages, "pages", o.pages, "KV pages per rank (0 with --engine cuda: size from free GPU memory)")
@@ -152,10 +158,16 @@ func (o *serveOptions) validate() error {
 	if err := o.validateCtxCost(); err != nil {
 		return err
 	}
-	if o.engine != "twin" {
+	if err := o.openModel(); err != nil {
+		return err
+	}
+	if o.engine != "twin" && o.loaded == nil {
 		if _, err := bridge.LookupPreset(o.model); err != nil {
-			return usageErrorf("%s: %v", o.src("model"), err)
+			return usageErrorf("%s: %v (or give a checkpoint path)", o.src("model"), err)
 		}
+	}
+	if err := o.validatePrompts(); err != nil {
+		return err
 	}
 	if err := oneOf(o.src("report"), o.report, "text", "json"); err != nil {
 		return err
@@ -266,7 +278,10 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 	if o.report == "json" {
 		err = out.rep.writeJSON(stdout)
 	} else {
-		err = out.rep.writeText(stdout)
+		if out.rep.Outputs != nil {
+			err = writePromptOutputs(stdout, out.rep.Outputs)
+		}
+		err = errors.Join(err, out.rep.writeText(stdout))
 	}
 	if out.outErr != nil {
 		return errors.Join(err, fmt.Errorf("the run finished (report printed) but an output is incomplete: %w", out.outErr))
@@ -340,6 +355,12 @@ func (o *serveOptions) execute(stderr io.Writer, getenv func(string) string) (*r
 	}
 	for _, n := range append(notes, more...) {
 		log.Info(n)
+	}
+	if o.loaded != nil {
+		defer o.loaded.Close() //nolint:errcheck // read-only mapping
+		log.Info("model", zap.String("path", o.loaded.Path), zap.String("name", o.loaded.Name),
+			zap.String("format", o.loaded.Format), zap.Int64("weight_bytes", o.loaded.WeightBytes()),
+			zap.Any("shape", o.loaded.Shape))
 	}
 	if o.out, err = o.openOutputs(launch, log, getenv); err != nil {
 		return nil, err
@@ -420,6 +441,9 @@ func buildRank(o *serveOptions, sc scheduler.Config, i, device int, comm nccl.Co
 	helix := o.cp > 1
 	ecfg := bridge.Config{Preset: o.model, Seed: o.seed, NumPages: o.pages, TokensPerPage: o.tokensPerPage,
 		NumHostPages: o.hostPages, DeviceID: device}
+	if o.loaded != nil {
+		ecfg.Preset, ecfg.Shape, ecfg.Tensors = "", o.loaded.Shape, o.loaded.Tensors
+	}
 	if helix {
 		ecfg.Helix = &bridge.HelixMember{Group: cpGroup, Rank: i, Size: o.cp}
 	}
@@ -471,7 +495,7 @@ func buildRank(o *serveOptions, sc scheduler.Config, i, device int, comm nccl.Co
 		}
 	}
 	cfg := executor.Config{Rank: i, Ranks: o.world(), Scheduler: sc, MaxSeqLen: o.maxSeqLen, IterLog: iterLog,
-		Overlap: o.overlap == "on", Router: rt, MaxActivePerRank: o.maxActivePerRank, Helix: helix,
+		Overlap: o.overlap == "on", Router: rt, StopTokens: o.stopTokens(), MaxActivePerRank: o.maxActivePerRank, Helix: helix,
 		Events: o.kvEvents != "", EventSink: eventSink, EventBufferMaxSize: o.eventBufferMaxSize,
 		OnNote: func(rank int, n scheduler.Note) { logNote(log, rank, n) }}
 	if o.engine == "twin" {

@@ -23,7 +23,7 @@ func weightBytes(s bridge.ModelShape) uint64 {
 // allreduce runs on every rank whenever --pages is 0 — a configuration
 // value, identical everywhere.
 func poolPagesFromGPU(o *serveOptions, device int, comm nccl.Comm) (int, error) {
-	shape, err := bridge.LookupPreset(o.model)
+	shape, err := o.modelShape()
 	if err != nil {
 		return 0, err
 	}

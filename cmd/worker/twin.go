@@ -53,6 +53,9 @@ func (o *serveOptions) twinProfile() (*twin.Profile, error) {
 // modelShape is the shape of --model: a bridge preset, or (twin only) the
 // twin's model of that name or of the --cost-profile.
 func (o *serveOptions) modelShape() (bridge.ModelShape, error) {
+	if o.loaded != nil {
+		return o.loaded.Shape, nil
+	}
 	if o.engine == "twin" {
 		p := o.profile
 		if p == nil {

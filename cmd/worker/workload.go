@@ -44,6 +44,9 @@ func (o *serveOptions) attentionDPRanks(l nccl.Launch) int {
 // workloadName labels the workload in messages: the trace path or the
 // built-in sample.
 func (o *serveOptions) workloadName() string {
+	if o.text.active() {
+		return "prompts"
+	}
 	if o.trace == "" {
 		return workload.SampleName
 	}
@@ -54,6 +57,9 @@ func (o *serveOptions) workloadName() string {
 // checked, for a run of adpRanks attention-DP ranks. No token is made here:
 // rank 0 synthesises a request's prompt when it arrives and can be served.
 func (o *serveOptions) loadWorkload(adpRanks int) ([]workload.Request, error) {
+	if o.text.active() {
+		return o.promptWorkload()
+	}
 	shape, _ := o.modelShape() // validated
 	opt := workload.Options{Limit: o.limit, LengthScale: o.lengthScale, ArrivalScale: o.arrivalScale,
 		VocabSize: shape.VocabSize, Seed: o.seed, Ranks: adpRanks,
@@ -126,4 +132,12 @@ func requestPlace(name string, r *workload.Request) string {
 		return fmt.Sprintf("%s:%d", name, r.Line)
 	}
 	return fmt.Sprintf("%s request %d", name, r.Index)
+}
+
+// stopTokens are the model's end-of-generation tokens (none for presets).
+func (o *serveOptions) stopTokens() []int32 {
+	if o.loaded == nil {
+		return nil
+	}
+	return o.loaded.Tokenizer.StopTokens()
 }

@@ -1,0 +1,284 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+
+	"github.com/lockstep-ai/lockstep/model"
+	"github.com/lockstep-ai/lockstep/workload"
+)
+
+// promptOptions are the text-input flags of `worker run` with a real model.
+type promptOptions struct {
+	prompt      string // --prompt
+	promptsFile string // --prompts
+	chat        bool   // --chat: --prompt is a user message rendered with the chat template
+	system      string // --system: a system message for --chat
+	maxTokens   int    // --max-tokens
+	prompts     []promptInput
+}
+
+// promptInput is one prompt: a text, or chat messages.
+type promptInput struct {
+	Text      string              `json:"prompt,omitempty"`
+	Messages  []model.ChatMessage `json:"messages,omitempty"`
+	MaxTokens int                 `json:"max_tokens,omitempty"`
+	place     string              // "--prompt" or "FILE:LINE", for messages
+}
+
+func (p *promptOptions) flags(fs *flag.FlagSet) {
+	fs.StringVar(&p.prompt, "prompt", "", "with --model PATH: generate a continuation of this text (printed with the report)")
+	fs.StringVar(&p.promptsFile, "prompts", "", "with --model PATH: JSON Lines of prompts, each {\"prompt\": TEXT} or {\"messages\": [{\"role\", \"content\"}...]}, optional \"max_tokens\"")
+	fs.BoolVar(&p.chat, "chat", false, "render --prompt as a user message with the model's chat template")
+	fs.StringVar(&p.system, "system", "", "with --chat: a system message before the user's")
+	fs.IntVar(&p.maxTokens, "max-tokens", 128, "with --prompt or --prompts: most tokens to generate per prompt (a stop token of the model ends generation earlier)")
+}
+
+// active reports whether the run's workload is text prompts.
+func (p *promptOptions) active() bool { return p.prompt != "" || p.promptsFile != "" }
+
+// readPrompts reads a prompts file: one JSON object per line, blank lines
+// skipped. Every line is checked before anything runs.
+func readPrompts(path string) ([]promptInput, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, usageErrorf("--prompts: %v", err)
+	}
+	defer f.Close()
+	var out []promptInput
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 1<<20), 64<<20)
+	for line := 1; sc.Scan(); line++ {
+		b := bytes.TrimSpace(sc.Bytes())
+		if len(b) == 0 {
+			continue
+		}
+		place := fmt.Sprintf("%s:%d", path, line)
+		var raw map[string]json.RawMessage
+		if err := json.Unmarshal(b, &raw); err != nil {
+			return nil, usageErrorf("%s: not a JSON object: %v", place, err)
+		}
+		for k := range raw {
+			switch k {
+			case "prompt", "text", "messages", "max_tokens":
+			default:
+				return nil, usageErrorf("%s: unknown field %q (allowed: prompt, text, messages, max_tokens)", place, k)
+			}
+		}
+		var p struct {
+			Prompt    *string             `json:"prompt"`
+			Text      *string             `json:"text"`
+			Messages  []model.ChatMessage `json:"messages"`
+			MaxTokens *int                `json:"max_tokens"`
+		}
+		if err := json.Unmarshal(b, &p); err != nil {
+			return nil, usageErrorf("%s: %v", place, err)
+		}
+		in := promptInput{Messages: p.Messages, place: place}
+		n := 0
+		for _, s := range []*string{p.Prompt, p.Text} {
+			if s != nil {
+				in.Text = *s
+				n++
+			}
+		}
+		if p.Messages != nil {
+			n++
+		}
+		if n != 1 {
+			return nil, usageErrorf("%s: give exactly one of \"prompt\" (or \"text\") and \"messages\"", place)
+		}
+		if p.Messages != nil && len(p.Messages) == 0 {
+			return nil, usageErrorf("%s: \"messages\" is empty", place)
+		}
+		for i, m := range p.Messages {
+			if m.Role == "" {
+				return nil, usageErrorf("%s: messages[%d] has no \"role\"", place, i)
+			}
+		}
+		if p.MaxTokens != nil {
+			if *p.MaxTokens < 1 {
+				return nil, usageErrorf("%s: max_tokens must be at least 1, got %d", place, *p.MaxTokens)
+			}
+			in.MaxTokens = *p.MaxTokens
+		}
+		out = append(out, in)
+	}
+	if err := sc.Err(); err != nil {
+		return nil, usageErrorf("--prompts %s: %v", path, err)
+	}
+	if len(out) == 0 {
+		return nil, usageErrorf("--prompts %s: no prompts", path)
+	}
+	return out, nil
+}
+
+// validatePrompts checks the prompt flags against the rest of the options
+// (after the model is open).
+func (o *serveOptions) validatePrompts() error {
+	p := &o.text
+	if !p.active() {
+		if p.chat || p.system != "" {
+			return usageErrorf("--chat and --system need --prompt")
+		}
+		return nil
+	}
+	if o.loaded == nil {
+		return usageErrorf("--prompt and --prompts need a real model: --model PATH (a GGUF file or a Hugging Face directory); %s %q is a synthetic preset without a tokenizer", o.src("model"), o.model)
+	}
+	if p.prompt != "" && p.promptsFile != "" {
+		return usageErrorf("--prompt and --prompts are mutually exclusive")
+	}
+	if o.trace != "" {
+		return usageErrorf("--prompt/--prompts and %s are mutually exclusive (text prompts or a trace)", o.src("trace"))
+	}
+	if p.maxTokens < 1 {
+		return usageErrorf("--max-tokens must be at least 1, got %d", p.maxTokens)
+	}
+	if p.system != "" && !p.chat {
+		return usageErrorf("--system needs --chat")
+	}
+	if p.promptsFile != "" {
+		if p.chat {
+			return usageErrorf("--chat applies to --prompt; a prompts file gives chat prompts as \"messages\"")
+		}
+		var err error
+		if p.prompts, err = readPrompts(p.promptsFile); err != nil {
+			return err
+		}
+		return nil
+	}
+	in := promptInput{Text: p.prompt, place: "--prompt"}
+	if p.chat {
+		if p.system != "" {
+			in.Messages = append(in.Messages, model.ChatMessage{Role: "system", Content: p.system})
+		}
+		in.Messages = append(in.Messages, model.ChatMessage{Role: "user", Content: p.prompt})
+		in.Text = ""
+	}
+	p.prompts = []promptInput{in}
+	return nil
+}
+
+// openModel loads --model when it names a checkpoint (validate).
+func (o *serveOptions) openModel() error {
+	if !model.IsPath(o.model) {
+		return nil
+	}
+	if o.engine == "twin" {
+		return usageErrorf("%s %s: the twin models the presets of its cost profiles; a checkpoint needs --engine cpu, cuda or fake", o.src("model"), o.model)
+	}
+	m, err := model.Load(o.model)
+	if err != nil {
+		return usageErrorf("%s: %v", o.src("model"), err)
+	}
+	o.loaded = m
+	return nil
+}
+
+// renderedPrompt is a prompt as the engine sees it.
+type renderedPrompt struct {
+	input promptInput
+	text  string // the text tokenised (chat: the rendered template)
+	ids   []int32
+}
+
+// promptWorkload tokenises the prompts into requests that arrive at once and
+// stop at the model's stop tokens.
+func (o *serveOptions) promptWorkload() ([]workload.Request, error) {
+	tok := o.loaded.Tokenizer
+	o.rendered = o.rendered[:0]
+	reqs := make([]workload.Request, 0, len(o.text.prompts))
+	for i, in := range o.text.prompts {
+		r := renderedPrompt{input: in, text: in.Text}
+		var ids []int32
+		if in.Messages != nil {
+			tmpl := tok.ChatTemplate()
+			if tmpl == "" {
+				return nil, usageErrorf("%s: the model %s has no chat template", in.place, o.loaded.Name)
+			}
+			text, err := model.RenderChat(tmpl, in.Messages, true, tok.TokenText(tok.BOS()), tok.TokenText(tok.EOS()))
+			if err != nil {
+				return nil, usageErrorf("%s: chat template: %v", in.place, err)
+			}
+			r.text = text
+			// The template writes its own special tokens (BOS included).
+			ids = tok.Encode(text, model.EncodeOptions{ParseSpecial: true})
+		} else {
+			ids = tok.Encode(in.Text, model.EncodeOptions{AddSpecial: true})
+		}
+		if len(ids) == 0 {
+			return nil, usageErrorf("%s: the prompt is empty (no tokens)", in.place)
+		}
+		r.ids = ids
+		max := o.text.maxTokens
+		if in.MaxTokens > 0 {
+			max = in.MaxTokens
+		}
+		reqs = append(reqs, workload.Request{Index: i, PromptLen: len(ids), MaxNewTokens: max, Prompt: ids, StopAtEOS: true})
+		o.rendered = append(o.rendered, r)
+	}
+	return reqs, nil
+}
+
+// promptOutput is one prompt's result in the report.
+type promptOutput struct {
+	Index        int    `json:"index"`
+	Prompt       string `json:"prompt"`
+	PromptTokens int    `json:"prompt_tokens"`
+	Text         string `json:"text"`
+	Tokens       int    `json:"completion_tokens"`
+	FinishReason string `json:"finish_reason"` // "stop" or "length"
+	Error        string `json:"error,omitempty"`
+}
+
+// promptOutputs decodes the responses of a prompt run.
+func (o *serveOptions) promptOutputs(res *serveResult) []promptOutput {
+	tok := o.loaded.Tokenizer
+	out := make([]promptOutput, len(o.rendered))
+	for i, r := range o.rendered {
+		out[i] = promptOutput{Index: i, Prompt: r.text, PromptTokens: len(r.ids), Error: "no response"}
+	}
+	for _, r := range res.rank0.Responses {
+		if int(r.ID) >= len(out) {
+			continue
+		}
+		p := &out[r.ID]
+		p.Error = r.Error
+		ids := r.Output
+		p.Tokens = len(ids)
+		p.FinishReason = "length"
+		if r.Stopped {
+			p.FinishReason = "stop"
+			ids = ids[:len(ids)-1] // the stop token is not text
+		}
+		p.Text = tok.Decode(ids)
+	}
+	return out
+}
+
+// writePromptOutputs prints each prompt and its completion.
+func writePromptOutputs(w io.Writer, outs []promptOutput) error {
+	var errs []error
+	for _, p := range outs {
+		_, err := fmt.Fprintf(w, "--- prompt %d (%d tokens) ---\n%s\n--- completion (%d tokens, %s) ---\n%s\n",
+			p.Index, p.PromptTokens, strings.TrimRight(p.Prompt, "\n"), p.Tokens, finishOrError(p), p.Text)
+		errs = append(errs, err)
+	}
+	_, err := fmt.Fprintln(w)
+	return errors.Join(append(errs, err)...)
+}
+
+func finishOrError(p promptOutput) string {
+	if p.Error != "" {
+		return "error: " + p.Error
+	}
+	return p.FinishReason
+}
