@@ -68,7 +68,9 @@ const invalidRune rune = -2
 
 // character classes, decided on the decoded rune; an invalid byte is
 // neither letter, number nor space.
-func isL(r rune) bool  { return r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= 0x80 && unicode.IsLetter(r) }
+func isL(r rune) bool {
+	return r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= 0x80 && unicode.IsLetter(r)
+}
 func isN(r rune) bool  { return r >= '0' && r <= '9' || r >= 0x80 && unicode.IsNumber(r) }
 func isS(r rune) bool  { return unicode.IsSpace(r) }
 func isCR(r rune) bool { return r == '\r' || r == '\n' }

@@ -50,8 +50,8 @@ type DecodeOptions struct {
 
 // Tokenizer is a byte-level BPE tokenizer. It is safe for concurrent use.
 type Tokenizer struct {
-	spec   TokenizerSpec
-	pre    preKind
+	spec         TokenizerSpec
+	pre          preKind
 	ignoreMerges bool // a pre-token that is itself in the vocabulary is emitted whole (Llama-3)
 
 	vocab    map[string]int32

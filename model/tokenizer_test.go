@@ -309,3 +309,72 @@ func ExampleTokenizer_NewStream() {
 	fmt.Println("ok")
 	// Output: ok
 }
+
+// TestSmolDigitSplitMatters: the smollm pre-tokeniser (digits split first)
+// is what the reference does; plain GPT-2 splitting differs when whitespace
+// precedes digits.
+func TestSmolDigitSplitMatters(t *testing.T) {
+	tok := smol(t)
+	spec := tok.Spec()
+	spec.Pre = "gpt2"
+	gpt2 := mustTok(t, spec)
+	cases := readJSONL[tokCase](t, "testdata/smollm2/tokenizer_cases.jsonl")
+	differ := 0
+	for _, c := range cases {
+		if !slices.Equal(gpt2.Encode(c.Text, EncodeOptions{ParseSpecial: c.ParseSpecial}), c.IDs) {
+			differ++
+		}
+	}
+	if differ == 0 {
+		t.Fatal("fixture does not distinguish the smollm pre-tokeniser from GPT-2")
+	}
+	t.Logf("GPT-2 splitting differs from the reference on %d of %d cases", differ, len(cases))
+}
+
+// TestSmolConcurrent: Encode is safe for concurrent use (shared word cache).
+func TestSmolConcurrent(t *testing.T) {
+	tok := smol(t)
+	cases := readJSONL[tokCase](t, "testdata/smollm2/tokenizer_cases.jsonl")
+	var wg sync.WaitGroup
+	for g := 0; g < 4; g++ {
+		wg.Add(1)
+		go func(g int) {
+			defer wg.Done()
+			for i := g; i < len(cases); i += 2 {
+				c := cases[i]
+				if got := tok.Encode(c.Text, EncodeOptions{ParseSpecial: c.ParseSpecial}); !slices.Equal(got, c.IDs) {
+					t.Errorf("concurrent Encode(%q) differs", c.Text)
+					return
+				}
+			}
+		}(g)
+	}
+	wg.Wait()
+}
+
+// TestSmolEncodeSpeedUnique: throughput on text with few repeated words (word cache mostly missing).
+func TestSmolEncodeSpeedUnique(t *testing.T) {
+	tok := smol(t)
+	rng := rand.New(rand.NewSource(5))
+	var sb strings.Builder
+	alpha := []rune("abcdefghijklmnopqrstuvwxyzéèàüöß東京北海道日本語")
+	for sb.Len() < 1<<20 {
+		n := 2 + rng.Intn(10)
+		for i := 0; i < n; i++ {
+			sb.WriteRune(alpha[rng.Intn(len(alpha))])
+		}
+		sb.WriteString([]string{" ", ", ", ".\n", " ", " 1234 "}[rng.Intn(5)])
+	}
+	cold, err := NewTokenizer(tok.Spec())
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := sb.String()
+	start := time.Now()
+	ids := cold.Encode(text, EncodeOptions{})
+	el := time.Since(start)
+	t.Logf("unique words: %d bytes -> %d tokens in %v: %.1f MB/s", len(text), len(ids), el, float64(len(text))/1e6/el.Seconds())
+	if d := cold.Decode(ids); d != text {
+		t.Fatal("round trip failed")
+	}
+}

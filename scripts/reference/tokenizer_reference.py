@@ -6,6 +6,8 @@ Writes, for the SmolLM2-135M-Instruct GGUF (scripts/fetch-model.sh):
   model/testdata/smollm2/tokenizer_cases.jsonl   {"text", "ids"[, "parse_special": true]}
   model/testdata/smollm2/chat_cases.jsonl        {"messages", "add_generation_prompt", "text", "ids"}
   model/testdata/smollm2/tokenizer_versions.json tool versions, counts, cross-check results
+  model/testdata/pretok_cases.jsonl              {"pre", "text", "pieces"}: the split regexes
+                                                 (GPT-2, Llama-3, Qwen2) run by tokenizers' Split
 
 The reference tokenizer is the HF `tokenizers` library (Rust) configured the
 way SmolLM2's published tokenizer.json is: BPE over the GGUF's vocabulary and
@@ -286,6 +288,30 @@ def main():
             f.write(json.dumps({"messages": messages, "add_generation_prompt": agp, "text": text, "ids": ids},
                                ensure_ascii=False) + "\n")
 
+    # pre-tokeniser splits by the standard regexes, run by tokenizers (Oniguruma)
+    from tokenizers import Regex
+    gpt2_re = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+    llama3_re = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+                 r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+    qwen2_re = llama3_re.replace(r"\p{N}{1,3}", r"\p{N}")
+    splitters = {
+        "gpt2": pre_tokenizers.Split(Regex(gpt2_re), behavior="isolated"),
+        "llama-bpe": pre_tokenizers.Split(Regex(llama3_re), behavior="isolated"),
+        "qwen2": pre_tokenizers.Split(Regex(qwen2_re), behavior="isolated"),
+        "smollm": pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
+                                           pre_tokenizers.Split(Regex(gpt2_re), behavior="isolated")]),
+    }
+    n_pretok = 0
+    with open(os.path.join(ROOT, "model", "testdata", "pretok_cases.jsonl"), "w", encoding="utf-8") as f:
+        for i, text in enumerate(cases):
+            if i % 2 and len(text) > 40:
+                continue
+            for name, sp in splitters.items():
+                pieces = [p for p, _ in sp.pre_tokenize_str(text)]
+                assert "".join(pieces) == text, (name, text)
+                f.write(json.dumps({"pre": name, "text": text, "pieces": pieces}, ensure_ascii=False) + "\n")
+                n_pretok += 1
+
     versions = {
         "model": NAME,
         "reference": "tokenizers.Tokenizer: BPE(GGUF vocab, merges) + Sequence[Digits(individual_digits=True), "
@@ -299,6 +325,7 @@ def main():
         "cases": len(cases),
         "special_cases": len(SPECIAL_CASES),
         "chat_cases": len(CONVERSATIONS),
+        "pretok_cases": n_pretok,
         "transformers_gguf_converter_agreement": f"{agree}/{len(cases)}",
         "transformers_gguf_converter_disagreement_examples": disagree[:10],
         "note": "transformers' GGUF converter has no entry for pre='smollm' and uses plain ByteLevel (no digit split); "
