@@ -1,0 +1,352 @@
+package model
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+)
+
+// HF tokenizer.json, only the parts a byte-level BPE tokenizer uses.
+type hfTokenizerJSON struct {
+	AddedTokens []struct {
+		ID      int32  `json:"id"`
+		Content string `json:"content"`
+		Special bool   `json:"special"`
+	} `json:"added_tokens"`
+	Normalizer    json.RawMessage `json:"normalizer"`
+	PreTokenizer  json.RawMessage `json:"pre_tokenizer"`
+	PostProcessor json.RawMessage `json:"post_processor"`
+	Decoder       json.RawMessage `json:"decoder"`
+	Model         struct {
+		Type                    string            `json:"type"`
+		Vocab                   map[string]int32  `json:"vocab"`
+		Merges                  []json.RawMessage `json:"merges"`
+		UnkToken                *string           `json:"unk_token"`
+		ContinuingSubwordPrefix *string           `json:"continuing_subword_prefix"`
+		EndOfWordSuffix         *string           `json:"end_of_word_suffix"`
+		ByteFallback            bool              `json:"byte_fallback"`
+		IgnoreMerges            bool              `json:"ignore_merges"`
+		Dropout                 *float64          `json:"dropout"`
+	} `json:"model"`
+}
+
+type hfComponent struct {
+	Type           string          `json:"type"`
+	AddPrefixSpace *bool           `json:"add_prefix_space"`
+	UseRegex       *bool           `json:"use_regex"`
+	IndividualDig  bool            `json:"individual_digits"`
+	Pattern        json.RawMessage `json:"pattern"`
+	Behavior       string          `json:"behavior"`
+	Invert         bool            `json:"invert"`
+	Pretokenizers  []hfComponent   `json:"pretokenizers"`
+	Decoders       []hfComponent   `json:"decoders"`
+	Single         []struct {
+		SpecialToken *struct {
+			ID string `json:"id"`
+		} `json:"SpecialToken"`
+	} `json:"single"`
+	Processors []hfComponent `json:"processors"`
+}
+
+// The split regexes of the pre-tokenisers NewTokenizer knows, as HF
+// tokenizer.json files spell them in a Split pre-tokenizer.
+var hfSplitRegexes = map[string]string{
+	`'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+`:                                          "gpt2",
+	`(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`: "llama-bpe",
+	`(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`:      "qwen2",
+}
+
+// LoadHFTokenizer builds a tokenizer from a Hugging Face model directory:
+// tokenizer.json (model.type "BPE", byte-level pre-tokenizer and decoder)
+// and, if present, tokenizer_config.json (bos/eos/pad token,
+// add_bos_token, add_eos_token, chat_template) or chat_template.jinja.
+// Anything else is refused with the reason.
+func LoadHFTokenizer(dir string) (*Tokenizer, error) {
+	raw, err := os.ReadFile(filepath.Join(dir, "tokenizer.json"))
+	if err != nil {
+		return nil, fmt.Errorf("model: %w", err)
+	}
+	var tj hfTokenizerJSON
+	if err := json.Unmarshal(raw, &tj); err != nil {
+		return nil, fmt.Errorf("model: tokenizer.json: %w", err)
+	}
+	spec, ignoreMerges, err := hfSpec(&tj)
+	if err != nil {
+		return nil, fmt.Errorf("model: %s/tokenizer.json: %w", dir, err)
+	}
+	vocab := make(map[string]int32, len(spec.Tokens))
+	for i, tok := range spec.Tokens {
+		if _, dup := vocab[tok]; !dup {
+			vocab[tok] = int32(i)
+		}
+	}
+	if err := hfConfig(dir, &spec, vocab); err != nil {
+		return nil, fmt.Errorf("model: %s/tokenizer_config.json: %w", dir, err)
+	}
+	if spec.AddBOS == false && spec.BOS >= 0 {
+		spec.AddBOS = hfPostAddsBOS(tj.PostProcessor, spec.Tokens[spec.BOS])
+	}
+	t, err := NewTokenizer(spec)
+	if err != nil {
+		return nil, err
+	}
+	t.ignoreMerges = ignoreMerges
+	return t, nil
+}
+
+func hfSpec(tj *hfTokenizerJSON) (TokenizerSpec, bool, error) {
+	spec := TokenizerSpec{Model: "gpt2", BOS: -1, EOS: -1, UNK: -1, PAD: -1, EOT: -1}
+	m := &tj.Model
+	if m.Type != "BPE" {
+		if m.Type == "" {
+			return spec, false, errors.New("model.type is missing (only BPE is supported)")
+		}
+		return spec, false, fmt.Errorf("model.type %q is not supported (only byte-level BPE)", m.Type)
+	}
+	if m.ByteFallback {
+		return spec, false, errors.New("BPE with byte_fallback (a sentencepiece-style vocabulary) is not supported")
+	}
+	if m.ContinuingSubwordPrefix != nil && *m.ContinuingSubwordPrefix != "" || m.EndOfWordSuffix != nil && *m.EndOfWordSuffix != "" {
+		return spec, false, errors.New("BPE with continuing_subword_prefix or end_of_word_suffix is not supported")
+	}
+	if m.Dropout != nil && *m.Dropout != 0 {
+		return spec, false, errors.New("BPE dropout is not supported")
+	}
+	if n := strings.TrimSpace(string(tj.Normalizer)); n != "" && n != "null" {
+		var c hfComponent
+		_ = json.Unmarshal(tj.Normalizer, &c)
+		return spec, false, fmt.Errorf("normalizer %q is not supported", c.Type)
+	}
+	pre, err := hfPre(tj.PreTokenizer)
+	if err != nil {
+		return spec, false, err
+	}
+	spec.Pre = pre
+	if err := hfDecoder(tj.Decoder); err != nil {
+		return spec, false, err
+	}
+
+	n := int32(0)
+	for _, id := range m.Vocab {
+		n = max(n, id+1)
+	}
+	for _, at := range tj.AddedTokens {
+		n = max(n, at.ID+1)
+	}
+	if n == 0 {
+		return spec, false, errors.New("empty vocabulary")
+	}
+	spec.Tokens = make([]string, n)
+	spec.TokenTypes = make([]int32, n)
+	seen := make([]bool, n)
+	for tok, id := range m.Vocab {
+		if id < 0 {
+			return spec, false, fmt.Errorf("vocab entry %q has id %d", tok, id)
+		}
+		spec.Tokens[id], spec.TokenTypes[id], seen[id] = tok, TokenNormal, true
+	}
+	for _, at := range tj.AddedTokens {
+		if at.ID < 0 {
+			return spec, false, fmt.Errorf("added token %q has id %d", at.Content, at.ID)
+		}
+		typ := int32(TokenUserDefined)
+		if at.Special {
+			typ = TokenControl
+		}
+		spec.Tokens[at.ID], spec.TokenTypes[at.ID], seen[at.ID] = at.Content, typ, true
+	}
+	for i, ok := range seen {
+		if !ok {
+			spec.TokenTypes[i] = TokenUnused
+		}
+	}
+	spec.Merges = make([]string, 0, len(m.Merges))
+	for i, raw := range m.Merges {
+		var s string
+		if err := json.Unmarshal(raw, &s); err == nil {
+			spec.Merges = append(spec.Merges, s)
+			continue
+		}
+		var pair []string
+		if err := json.Unmarshal(raw, &pair); err != nil || len(pair) != 2 {
+			return spec, false, fmt.Errorf("merge %d is neither \"a b\" nor [a, b]: %s", i, raw)
+		}
+		spec.Merges = append(spec.Merges, pair[0]+" "+pair[1])
+	}
+	if m.UnkToken != nil {
+		if id, ok := m.Vocab[*m.UnkToken]; ok {
+			spec.UNK = id
+		}
+	}
+	return spec, m.IgnoreMerges, nil
+}
+
+// hfPre maps a pre_tokenizer to a tokenizer.ggml.pre name.
+func hfPre(raw json.RawMessage) (string, error) {
+	var c hfComponent
+	if err := json.Unmarshal(raw, &c); err != nil || c.Type == "" {
+		return "", errors.New("pre_tokenizer is missing (a byte-level BPE needs ByteLevel)")
+	}
+	byteLevel := func(c hfComponent, regex bool) error {
+		if c.Type != "ByteLevel" {
+			return fmt.Errorf("pre_tokenizer %q is not supported", c.Type)
+		}
+		if c.AddPrefixSpace != nil && *c.AddPrefixSpace {
+			return errors.New("ByteLevel pre_tokenizer with add_prefix_space is not supported")
+		}
+		if useRegex := c.UseRegex == nil || *c.UseRegex; useRegex != regex {
+			return fmt.Errorf("ByteLevel pre_tokenizer with use_regex=%v is not supported here", useRegex)
+		}
+		return nil
+	}
+	switch {
+	case c.Type == "ByteLevel":
+		return "gpt2", byteLevel(c, true)
+	case c.Type == "Sequence" && len(c.Pretokenizers) == 2:
+		first, second := c.Pretokenizers[0], c.Pretokenizers[1]
+		if first.Type == "Digits" && first.IndividualDig {
+			return "smollm", byteLevel(second, true)
+		}
+		if first.Type == "Split" {
+			var pat struct {
+				Regex string `json:"Regex"`
+			}
+			_ = json.Unmarshal(first.Pattern, &pat)
+			name, ok := hfSplitRegexes[pat.Regex]
+			if !ok || first.Invert || !strings.EqualFold(first.Behavior, "Isolated") {
+				return "", fmt.Errorf("pre_tokenizer Split with regex %q (behavior %q) is not supported", pat.Regex, first.Behavior)
+			}
+			return name, byteLevel(second, false)
+		}
+	}
+	types := []string{c.Type}
+	for _, p := range c.Pretokenizers {
+		types = append(types, p.Type)
+	}
+	return "", fmt.Errorf("pre_tokenizer %s is not supported (ByteLevel, Digits+ByteLevel or Split+ByteLevel)", strings.Join(types, "/"))
+}
+
+func hfDecoder(raw json.RawMessage) error {
+	var c hfComponent
+	if err := json.Unmarshal(raw, &c); err != nil || c.Type == "" {
+		return errors.New("decoder is missing (a byte-level BPE needs ByteLevel)")
+	}
+	if c.Type == "ByteLevel" {
+		return nil
+	}
+	if c.Type == "Sequence" && len(c.Decoders) == 1 && c.Decoders[0].Type == "ByteLevel" {
+		return nil
+	}
+	return fmt.Errorf("decoder %q is not supported (only ByteLevel)", c.Type)
+}
+
+// hfPostAddsBOS: a TemplateProcessing post-processor whose single-sequence
+// template starts with the BOS token adds BOS (Llama 3 does this instead of
+// setting add_bos_token).
+func hfPostAddsBOS(raw json.RawMessage, bos string) bool {
+	var c hfComponent
+	if json.Unmarshal(raw, &c) != nil {
+		return false
+	}
+	procs := []hfComponent{c}
+	if c.Type == "Sequence" {
+		procs = c.Processors
+	}
+	for _, p := range procs {
+		if p.Type == "TemplateProcessing" && len(p.Single) > 0 && p.Single[0].SpecialToken != nil {
+			return p.Single[0].SpecialToken.ID == bos
+		}
+	}
+	return false
+}
+
+// hfConfig reads tokenizer_config.json (optional) and chat_template.jinja (optional).
+func hfConfig(dir string, spec *TokenizerSpec, vocab map[string]int32) error {
+	raw, err := os.ReadFile(filepath.Join(dir, "tokenizer_config.json"))
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	if err == nil {
+		var cfg map[string]json.RawMessage
+		if err := json.Unmarshal(raw, &cfg); err != nil {
+			return err
+		}
+		for _, f := range []struct {
+			key string
+			dst *int32
+		}{{"bos_token", &spec.BOS}, {"eos_token", &spec.EOS}, {"pad_token", &spec.PAD}, {"unk_token", &spec.UNK}} {
+			text, ok, err := hfTokenText(cfg[f.key])
+			if err != nil {
+				return fmt.Errorf("%s: %w", f.key, err)
+			}
+			if !ok {
+				continue
+			}
+			id, found := vocab[text]
+			if !found {
+				return fmt.Errorf("%s %q is not in the vocabulary", f.key, text)
+			}
+			*f.dst = id
+		}
+		for _, f := range []struct {
+			key string
+			dst *bool
+		}{{"add_bos_token", &spec.AddBOS}, {"add_eos_token", &spec.AddEOS}} {
+			if v, ok := cfg[f.key]; ok && string(v) != "null" {
+				if err := json.Unmarshal(v, f.dst); err != nil {
+					return fmt.Errorf("%s: %w", f.key, err)
+				}
+			}
+		}
+		if v, ok := cfg["chat_template"]; ok && string(v) != "null" {
+			var s string
+			if json.Unmarshal(v, &s) == nil {
+				spec.ChatTemplate = s
+			} else {
+				var named []struct {
+					Name     string `json:"name"`
+					Template string `json:"template"`
+				}
+				if err := json.Unmarshal(v, &named); err != nil {
+					return fmt.Errorf("chat_template is neither a string nor a list of named templates")
+				}
+				found := false
+				for _, nt := range named {
+					if nt.Name == "default" {
+						spec.ChatTemplate, found = nt.Template, true
+					}
+				}
+				if !found {
+					return fmt.Errorf("chat_template list has no template named \"default\"")
+				}
+			}
+		}
+	}
+	if spec.ChatTemplate == "" {
+		if b, err := os.ReadFile(filepath.Join(dir, "chat_template.jinja")); err == nil {
+			spec.ChatTemplate = string(b)
+		}
+	}
+	return nil
+}
+
+// hfTokenText reads a special token given as a string or an AddedToken object.
+func hfTokenText(v json.RawMessage) (string, bool, error) {
+	if len(v) == 0 || string(v) == "null" {
+		return "", false, nil
+	}
+	var s string
+	if json.Unmarshal(v, &s) == nil {
+		return s, true, nil
+	}
+	var obj struct {
+		Content *string `json:"content"`
+	}
+	if err := json.Unmarshal(v, &obj); err != nil || obj.Content == nil {
+		return "", false, fmt.Errorf("neither a string nor {\"content\": ...}: %s", v)
+	}
+	return *obj.Content, true, nil
+}

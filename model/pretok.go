@@ -1,0 +1,290 @@
+package model
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+	"unicode"
+	"unicode/utf8"
+)
+
+// preKind selects a hand-written pre-tokeniser. Go's regexp has no
+// lookahead, so each standard split regex is reproduced as a small scanner
+// that follows the regex's alternation order and backtracking exactly.
+type preKind int
+
+const (
+	// preGPT2: 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
+	preGPT2 preKind = iota
+	// preLlama3: (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|
+	// ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
+	preLlama3
+	// preQwen2: the Llama-3 regex with \p{N} instead of \p{N}{1,3}.
+	preQwen2
+	// preDigitsGPT2: every \p{N} is its own piece, then the GPT-2 regex on
+	// the text between digits (llama.cpp's smollm/starcoder/refact; HF
+	// Digits(individual_digits=True) + ByteLevel).
+	preDigitsGPT2
+)
+
+// preNames maps tokenizer.ggml.pre values to scanners.
+var preNames = map[string]preKind{
+	"":          preGPT2,
+	"default":   preGPT2,
+	"gpt2":      preGPT2,
+	"gpt-2":     preGPT2,
+	"llama-bpe": preLlama3,
+	"llama3":    preLlama3,
+	"llama-v3":  preLlama3,
+	"smaug-bpe": preLlama3,
+	"qwen2":     preQwen2,
+	"smollm":    preDigitsGPT2,
+	"starcoder": preDigitsGPT2,
+	"refact":    preDigitsGPT2,
+}
+
+func supportedPre() string {
+	names := make([]string, 0, len(preNames))
+	for n := range preNames {
+		if n != "" {
+			names = append(names, fmt.Sprintf("%q", n))
+		}
+	}
+	sort.Strings(names)
+	return strings.Join(names, ", ")
+}
+
+func lookupPre(name string) (preKind, error) {
+	k, ok := preNames[name]
+	if !ok {
+		return 0, fmt.Errorf("model: unsupported pre-tokenizer %q (supported: %s, or empty for GPT-2)", name, supportedPre())
+	}
+	return k, nil
+}
+
+// invalidRune stands for a byte that is not UTF-8; it is outside Unicode, so
+// it is neither letter, number nor space.
+const invalidRune rune = -2
+
+// character classes, decided on the decoded rune; an invalid byte is
+// neither letter, number nor space.
+func isL(r rune) bool {
+	return r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= 0x80 && unicode.IsLetter(r)
+}
+func isN(r rune) bool  { return r >= '0' && r <= '9' || r >= 0x80 && unicode.IsNumber(r) }
+func isS(r rune) bool  { return unicode.IsSpace(r) }
+func isCR(r rune) bool { return r == '\r' || r == '\n' }
+
+// at returns the rune at byte offset i of s (limited to end) and its width;
+// (-1, 0) at or past end.
+func at(s string, i, end int) (rune, int) {
+	if i >= end {
+		return -1, 0
+	}
+	c := s[i]
+	if c < utf8.RuneSelf {
+		return rune(c), 1
+	}
+	r, w := utf8.DecodeRuneInString(s[i:end])
+	if r == utf8.RuneError && w == 1 {
+		return invalidRune, 1 // an invalid byte: a class of its own
+	}
+	return r, w
+}
+
+// split calls emit for each pre-token of s in order.
+func (k preKind) split(s string, emit func(string)) {
+	switch k {
+	case preGPT2:
+		splitGPT2(s, 0, len(s), emit)
+	case preDigitsGPT2:
+		start := 0
+		for i := 0; i < len(s); {
+			r, w := at(s, i, len(s))
+			if isN(r) {
+				if start < i {
+					splitGPT2(s, start, i, emit)
+				}
+				emit(s[i : i+w])
+				start = i + w
+			}
+			i += w
+		}
+		if start < len(s) {
+			splitGPT2(s, start, len(s), emit)
+		}
+	case preLlama3:
+		splitLlama3(s, 3, emit)
+	case preQwen2:
+		splitLlama3(s, 1, emit)
+	}
+}
+
+// contraction returns the width of 's|'t|'re|'ve|'m|'ll|'d at i (0 if none).
+func contraction(s string, i, end int, fold bool) int {
+	if i >= end || s[i] != '\'' || i+1 >= end {
+		return 0
+	}
+	lower := func(c byte) byte {
+		if fold && c >= 'A' && c <= 'Z' {
+			return c + 32
+		}
+		return c
+	}
+	c := lower(s[i+1])
+	switch c {
+	case 's', 't', 'm', 'd':
+		return 2
+	}
+	if i+2 < end {
+		c2 := lower(s[i+2])
+		if c == 'r' && c2 == 'e' || c == 'v' && c2 == 'e' || c == 'l' && c2 == 'l' {
+			return 3
+		}
+	}
+	return 0
+}
+
+// spaceRun matches \s+(?!\S)|\s+ at i, where r (width w) is the whitespace
+// rune at i, and returns the end of the match.
+func spaceRun(s string, i, end int) int {
+	j := i
+	last := i // start of the last whitespace rune in the run
+	n := 0
+	for {
+		r, w := at(s, j, end)
+		if w == 0 || !isS(r) {
+			break
+		}
+		last = j
+		j += w
+		n++
+	}
+	if j >= end || n == 1 {
+		// at end: \s+(?!\S) takes the whole run; a single space before
+		// non-space: \s+(?!\S) fails, \s+ takes it.
+		return j
+	}
+	return last // leave the last space to prefix the next token
+}
+
+func splitGPT2(s string, i, end int, emit func(string)) {
+	for i < end {
+		start := i
+		if n := contraction(s, i, end, false); n > 0 {
+			emit(s[i : i+n])
+			i += n
+			continue
+		}
+		r, w := at(s, i, end)
+		j := i
+		if r == ' ' {
+			// the optional leading space of the next three alternatives
+			if r2, _ := at(s, i+1, end); r2 != -1 && !isS(r2) {
+				j = i + 1
+				r, w = at(s, j, end)
+			}
+		}
+		switch {
+		case isL(r):
+			j = scan(s, j, end, isL)
+		case isN(r):
+			j = scan(s, j, end, isN)
+		case !isS(r):
+			j = scan(s, j, end, func(r rune) bool { return !isS(r) && !isL(r) && !isN(r) })
+		default:
+			j = spaceRun(s, i, end)
+		}
+		_ = w
+		emit(s[start:j])
+		i = j
+	}
+}
+
+func scan(s string, i, end int, f func(rune) bool) int {
+	for i < end {
+		r, w := at(s, i, end)
+		if !f(r) {
+			break
+		}
+		i += w
+	}
+	return i
+}
+
+func splitLlama3(s string, maxDigits int, emit func(string)) {
+	end := len(s)
+	for i := 0; i < end; {
+		if n := contraction(s, i, end, true); n > 0 {
+			emit(s[i : i+n])
+			i += n
+			continue
+		}
+		r, w := at(s, i, end)
+		// [^\r\n\p{L}\p{N}]?\p{L}+
+		if isL(r) {
+			j := scan(s, i, end, isL)
+			emit(s[i:j])
+			i = j
+			continue
+		}
+		if !isCR(r) && !isN(r) {
+			if r2, _ := at(s, i+w, end); isL(r2) {
+				j := scan(s, i+w, end, isL)
+				emit(s[i:j])
+				i = j
+				continue
+			}
+		}
+		// \p{N}{1,maxDigits}
+		if isN(r) {
+			j := i
+			for k := 0; k < maxDigits; k++ {
+				r2, w2 := at(s, j, end)
+				if !isN(r2) {
+					break
+				}
+				j += w2
+			}
+			emit(s[i:j])
+			i = j
+			continue
+		}
+		//  ?[^\s\p{L}\p{N}]+[\r\n]*
+		punct := func(r rune) bool { return w != 0 && !isS(r) && !isL(r) && !isN(r) }
+		j := i
+		if r == ' ' {
+			if r2, _ := at(s, i+1, end); r2 != -1 && punct(r2) {
+				j = i + 1
+			}
+		}
+		if r3, _ := at(s, j, end); r3 != -1 && punct(r3) {
+			j = scan(s, j, end, punct)
+			j = scan(s, j, end, isCR)
+			emit(s[i:j])
+			i = j
+			continue
+		}
+		// here r is whitespace. \s*[\r\n]+: up to the last \r or \n of the run.
+		k := i
+		lastCR := -1
+		for {
+			r2, w2 := at(s, k, end)
+			if w2 == 0 || !isS(r2) {
+				break
+			}
+			if isCR(r2) {
+				lastCR = k + w2
+			}
+			k += w2
+		}
+		if lastCR > 0 {
+			emit(s[i:lastCR])
+			i = lastCR
+			continue
+		}
+		j = spaceRun(s, i, end)
+		emit(s[i:j])
+		i = j
+	}
+}
