@@ -564,7 +564,6 @@ func serve(o *serveOptions, sc scheduler.Config, reqs []workload.Request, log *z
 	flt := o.fault
 	td := newTeardown()
 	start := time.Now()
-	source := executor.NewTraceSource(reqs, o.replayStart(start))
 	prog := newProgress(stderr, o.progress, len(reqs))
 	log.Info("serving", zap.Int("requests", len(reqs)), zap.Int("ranks", o.ranks), zap.Int("cp", o.cp),
 		zap.String("engine", o.engine), zap.String("model", o.model), zap.String("router", o.routerName),
@@ -600,7 +599,10 @@ func serve(o *serveOptions, sc scheduler.Config, reqs []workload.Request, log *z
 			}
 			defer parts.close()
 			if i == 0 {
-				parts.ex.SetSource(source, prog.update)
+				// The replay starts once every rank is built (InitVote is
+				// a collective): engine creation, e.g. converting a
+				// checkpoint's weights, is not request latency.
+				parts.ex.SetSource(executor.NewTraceSource(reqs, o.replayStart(time.Now())), prog.update)
 			}
 			if cpGroup != nil {
 				on := parts.ex.ScheduleCheck()

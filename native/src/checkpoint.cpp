@@ -1,6 +1,7 @@
 // checkpoint.cpp: conversion of checkpoint tensors (see checkpoint.h).
 #include "checkpoint.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -213,17 +214,28 @@ void tensor_to_input_major(const eng_tensor& t, int32_t head_dim, float* out) {
   const int64_t rows = t.rows, cols = t.cols;
   const int64_t rb = dtype_row_bytes(t.dtype, cols);
   const int32_t half = head_dim / 2;
-  std::vector<float> row(static_cast<size_t>(cols));
+  // Rows are converted kBlockRows at a time so that the transposed writes
+  // fill whole cache lines (out[c * rows + o .. o + kBlockRows)).
+  constexpr int64_t kBlockRows = 16;
+  std::vector<float> block(static_cast<size_t>(kBlockRows * cols));
+  int64_t dest[kBlockRows];
   const uint8_t* base = static_cast<const uint8_t*>(t.data);
-  for (int64_t r = 0; r < rows; ++r) {
-    dequantize_row(t.dtype, base + r * rb, cols, row.data());
-    int64_t o = r;
-    if (t.interleaved_rope_heads > 0) {
-      // GGUF row 2i+s of a head holds Hugging Face's row s*half+i.
-      const int64_t head = r / head_dim, j = r % head_dim;
-      o = head * head_dim + (j % 2) * half + j / 2;
+  for (int64_t r0 = 0; r0 < rows; r0 += kBlockRows) {
+    const int64_t n = std::min(kBlockRows, rows - r0);
+    for (int64_t k = 0; k < n; ++k) {
+      const int64_t r = r0 + k;
+      dequantize_row(t.dtype, base + r * rb, cols, block.data() + k * cols);
+      dest[k] = r;
+      if (t.interleaved_rope_heads > 0) {
+        // GGUF row 2i+s of a head holds Hugging Face's row s*half+i.
+        const int64_t head = r / head_dim, j = r % head_dim;
+        dest[k] = head * head_dim + (j % 2) * half + j / 2;
+      }
     }
-    for (int64_t c = 0; c < cols; ++c) out[c * rows + o] = row[static_cast<size_t>(c)];
+    for (int64_t c = 0; c < cols; ++c) {
+      float* col = out + c * rows;
+      for (int64_t k = 0; k < n; ++k) col[dest[k]] = block[static_cast<size_t>(k * cols + c)];
+    }
   }
 }
 
