@@ -3,7 +3,6 @@ package model
 import (
 	"bufio"
 	"encoding/json"
-	"fmt"
 	"math/rand"
 	"os"
 	"path/filepath"
@@ -302,12 +301,6 @@ func BenchmarkSmolEncode(b *testing.B) {
 	for b.Loop() {
 		tok.Encode(text, EncodeOptions{})
 	}
-}
-
-func ExampleTokenizer_NewStream() {
-	// (documentation only; needs the model file)
-	fmt.Println("ok")
-	// Output: ok
 }
 
 // TestSmolDigitSplitMatters: the smollm pre-tokeniser (digits split first)
