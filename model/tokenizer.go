@@ -1,6 +1,18 @@
 // Package model holds what a checkpoint says about its text side: the
 // byte-level BPE tokenizer (from GGUF metadata or an HF tokenizer.json),
 // a streaming decoder, and chat-template rendering.
+//
+// Encoding follows llama.cpp / HF tokenizers for byte-level BPE: special
+// token texts are cut out first (leftmost, longest match; control and
+// unknown tokens only with ParseSpecial, user-defined tokens always), the
+// rest is split by the pre-tokeniser named by tokenizer.ggml.pre (hand-written
+// scanners equal to the standard split regexes), each piece is spelled in
+// the GPT-2 byte alphabet and merged by rank (lowest first, leftmost on
+// ties). Chat prompts rendered by RenderChat are encoded with ParseSpecial.
+//
+// Not modelled: HF added-token options lstrip, rstrip and single_word;
+// normalizers (refused); llama.cpp's own "default" pre-tokeniser regexes
+// ("default" here is the GPT-2 regex).
 package model
 
 import (
@@ -125,8 +137,10 @@ func NewTokenizer(spec TokenizerSpec) (*Tokenizer, error) {
 		switch typ {
 		case TokenControl, TokenUserDefined, TokenUnknown:
 			t.pieces[i] = []byte(tok)
-			if tok != "" && typ != TokenUnknown {
-				t.specials = append(t.specials, special{text: tok, id: int32(i), control: typ == TokenControl})
+			if tok != "" {
+				// as llama.cpp: control and unknown texts are matched only
+				// with ParseSpecial, user-defined ones always
+				t.specials = append(t.specials, special{text: tok, id: int32(i), control: typ != TokenUserDefined})
 			}
 		case TokenUnused:
 		default:

@@ -3,7 +3,6 @@ package model
 import (
 	"bufio"
 	"encoding/json"
-	"fmt"
 	"math/rand"
 	"os"
 	"path/filepath"
@@ -304,12 +303,6 @@ func BenchmarkSmolEncode(b *testing.B) {
 	}
 }
 
-func ExampleTokenizer_NewStream() {
-	// (documentation only; needs the model file)
-	fmt.Println("ok")
-	// Output: ok
-}
-
 // TestSmolDigitSplitMatters: the smollm pre-tokeniser (digits split first)
 // is what the reference does; plain GPT-2 splitting differs when whitespace
 // precedes digits.
@@ -376,5 +369,62 @@ func TestSmolEncodeSpeedUnique(t *testing.T) {
 	t.Logf("unique words: %d bytes -> %d tokens in %v: %.1f MB/s", len(text), len(ids), el, float64(len(text))/1e6/el.Seconds())
 	if d := cold.Decode(ids); d != text {
 		t.Fatal("round trip failed")
+	}
+}
+
+// TestSmolViaHFTokenizerJSON: the SmolLM2 vocabulary written as an HF
+// tokenizer.json (the layout SmolLM2 publishes: Digits + ByteLevel, merges
+// as pairs, control tokens as special added tokens) loads to the same ids.
+func TestSmolViaHFTokenizerJSON(t *testing.T) {
+	tok := smol(t)
+	spec := tok.Spec()
+	vocab := map[string]int32{}
+	var added []map[string]any
+	for i, s := range spec.Tokens {
+		vocab[s] = int32(i)
+		if spec.TokenTypes[i] == TokenControl {
+			added = append(added, map[string]any{"id": i, "content": s, "special": true, "normalized": false})
+		}
+	}
+	merges := make([][2]string, len(spec.Merges))
+	for i, m := range spec.Merges {
+		l, r, _ := strings.Cut(m, " ")
+		merges[i] = [2]string{l, r}
+	}
+	unk := spec.Tokens[spec.UNK]
+	tj := map[string]any{
+		"version": "1.0", "added_tokens": added, "normalizer": nil,
+		"pre_tokenizer": map[string]any{"type": "Sequence", "pretokenizers": []any{
+			map[string]any{"type": "Digits", "individual_digits": true},
+			map[string]any{"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true}}},
+		"post_processor": map[string]any{"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": false, "use_regex": true},
+		"decoder":        map[string]any{"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
+		"model": map[string]any{"type": "BPE", "dropout": nil, "unk_token": unk, "fuse_unk": false, "byte_fallback": false,
+			"ignore_merges": false, "vocab": vocab, "merges": merges},
+	}
+	cfg := map[string]any{"bos_token": "<|im_start|>", "eos_token": "<|im_end|>", "unk_token": unk, "pad_token": "<|im_end|>",
+		"add_bos_token": false, "chat_template": spec.ChatTemplate}
+	dir := t.TempDir()
+	for name, v := range map[string]any{"tokenizer.json": tj, "tokenizer_config.json": cfg} {
+		b, err := json.Marshal(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, name), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	hf, err := LoadHFTokenizer(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if hf.VocabSize() != tok.VocabSize() || hf.BOS() != 1 || hf.EOS() != 2 || hf.AddBOS() || hf.ChatTemplate() != spec.ChatTemplate ||
+		!slices.Equal(hf.StopTokens(), tok.StopTokens()) {
+		t.Fatalf("HF spec differs: vocab %d bos %d eos %d stops %v", hf.VocabSize(), hf.BOS(), hf.EOS(), hf.StopTokens())
+	}
+	for _, c := range readJSONL[tokCase](t, "testdata/smollm2/tokenizer_cases.jsonl") {
+		if got := hf.Encode(c.Text, EncodeOptions{ParseSpecial: c.ParseSpecial}); !slices.Equal(got, c.IDs) {
+			t.Fatalf("HF Encode(%q) = %v, want %v", c.Text, got, c.IDs)
+		}
 	}
 }

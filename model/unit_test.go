@@ -9,7 +9,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-	"unicode/utf8"
 )
 
 // tinySpec: the 256 byte tokens (ids 0..255, in byte order), a few merges,
@@ -445,5 +444,4 @@ func TestRenderChatFunctions(t *testing.T) {
 	if _, err := RenderChat("", nil, false, "", ""); err == nil {
 		t.Fatal("empty template accepted")
 	}
-	_ = utf8.RuneError
 }
