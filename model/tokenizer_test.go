@@ -268,7 +268,7 @@ func TestSmolRandomBytes(t *testing.T) {
 	}
 }
 
-func TestSmolEncodeSpeed(t *testing.T) {
+func TestSmolEncodeLargeText(t *testing.T) {
 	tok := smol(t)
 	cases := readJSONL[tokCase](t, "testdata/smollm2/tokenizer_cases.jsonl")
 	var sb strings.Builder
@@ -289,8 +289,9 @@ func TestSmolEncodeSpeed(t *testing.T) {
 	el := time.Since(start)
 	mbs := float64(len(text)) / 1e6 / el.Seconds()
 	t.Logf("encoded %d bytes into %d tokens in %v: %.1f MB/s", len(text), len(ids), el, mbs)
-	if mbs < 1 && !testing.Short() && os.Getenv("LOCKSTEP_SLOW_OK") == "" {
-		t.Errorf("encode speed %.2f MB/s < 1 MB/s", mbs)
+	// Speed is measured by BenchmarkSmolEncode (make bench), not asserted here.
+	if d := cold.Decode(ids); d != text {
+		t.Fatal("round trip of 1 MB failed")
 	}
 }
 
