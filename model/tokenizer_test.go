@@ -3,6 +3,7 @@ package model
 import (
 	"bufio"
 	"encoding/json"
+	"github.com/lockstep-ai/lockstep/model/modeltest"
 	"math/rand"
 	"os"
 	"path/filepath"
@@ -33,10 +34,7 @@ var (
 // smol loads the SmolLM2 tokenizer once, skipping when the model is absent.
 func smol(t testing.TB) *Tokenizer {
 	t.Helper()
-	path := filepath.Join(modelCache(), smolName)
-	if _, err := os.Stat(path); err != nil {
-		t.Skipf("%s not found: run scripts/fetch-model.sh (cache: LOCKSTEP_MODEL_CACHE or ~/.cache/lockstep/models)", path)
-	}
+	path := modeltest.SmolLM2(t)
 	smolOnce.Do(func() { smolTok, smolErr = LoadGGUFTokenizer(path) })
 	if smolErr != nil {
 		t.Fatal(smolErr)
