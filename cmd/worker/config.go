@@ -421,6 +421,7 @@ func describeNode(n *yaml.Node) string {
 // from (serveOptions.src).
 func (o *serveOptions) mergeConfig(set map[string]bool) error {
 	o.ranksSet = set["ranks"]
+	o.pagesSet = set["pages"]
 	if set["no-prefix-reuse"] && !o.noPrefixReuse {
 		o.reuseOnBy = "--no-prefix-reuse=false"
 	}
@@ -442,6 +443,9 @@ func (fc *fileConfig) apply(o *serveOptions, set map[string]bool) {
 		k := s.key
 		if k.path == "ranks" {
 			o.ranksSet = true // an explicit rank count, as if given as a flag
+		}
+		if k.flag == "pages" {
+			o.pagesSet = true
 		}
 		if k.flag != "" && set[k.flag] {
 			continue

@@ -183,6 +183,24 @@ func (o *serveOptions) openModel() error {
 	return nil
 }
 
+// checkpointKVBudget is the float32 KV memory per rank that sizes the CPU
+// engine's pool for a checkpoint when --pages is not given: the preset
+// default (4096 pages) would be gigabytes for a real model's layers.
+const checkpointKVBudget = 1 << 30
+
+// defaultCheckpointPages sizes --pages for a checkpoint on the CPU engine
+// when it was not given: checkpointKVBudget of float32 pages, at most the
+// preset default.
+func (o *serveOptions) defaultCheckpointPages() {
+	if o.loaded == nil || o.pagesSet || o.engine != "cpu" {
+		return
+	}
+	page := o.tokensPerPage * o.loaded.Shape.KVBytesPerToken(4)
+	if page > 0 {
+		o.pages = max(1, min(o.pages, checkpointKVBudget/page))
+	}
+}
+
 // renderedPrompt is a prompt as the engine sees it.
 type renderedPrompt struct {
 	input promptInput

@@ -55,6 +55,7 @@ type serveOptions struct {
 	maxActivePerRank           int
 	cp                         int
 	ranksSet                   bool // --ranks given explicitly
+	pagesSet                   bool // --pages given (flag or config)
 	noPrefixReuse              bool
 	kvEvents                   string
 	eventBufferMaxSize         int
@@ -161,6 +162,7 @@ func (o *serveOptions) validate() error {
 	if err := o.openModel(); err != nil {
 		return err
 	}
+	o.defaultCheckpointPages()
 	if o.engine != "twin" && o.loaded == nil {
 		if _, err := bridge.LookupPreset(o.model); err != nil {
 			return usageErrorf("%s: %v (or give a checkpoint path)", o.src("model"), err)

@@ -1,0 +1,129 @@
+//go:build native
+
+package tests
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/lockstep-ai/lockstep/model/modeltest"
+)
+
+// promptReport is the part of a prompt run's JSON report these tests read.
+type promptReport struct {
+	report
+	Model   string
+	Outputs []struct {
+		Prompt           string
+		PromptTokens     int `json:"prompt_tokens"`
+		Text             string
+		CompletionTokens int    `json:"completion_tokens"`
+		FinishReason     string `json:"finish_reason"`
+		Error            string
+	}
+}
+
+func servePrompts(t *testing.T, bin string, args ...string) promptReport {
+	t.Helper()
+	out := serveRaw(t, bin, args...)
+	var rep promptReport
+	require.NoError(t, json.Unmarshal(out, &rep), string(out))
+	return rep
+}
+
+// TestRealModelCompletes: the issue's command on SmolLM2-135M: the greedy
+// continuation of "The capital of France is" starts with " Paris." (as in
+// llama.cpp), and --chat renders the model's own ChatML template.
+func TestRealModelCompletes(t *testing.T) {
+	m := modeltest.SmolLM2(t)
+	bin := worker(t)
+	rep := servePrompts(t, bin, "--model", m, "--prompt", "The capital of France is", "--max-tokens", "6", "--ranks", "1")
+	require.Len(t, rep.Outputs, 1)
+	require.Equal(t, 5, rep.Outputs[0].PromptTokens)
+	require.True(t, strings.HasPrefix(rep.Outputs[0].Text, " Paris."), "continuation %q", rep.Outputs[0].Text)
+	require.Equal(t, "length", rep.Outputs[0].FinishReason)
+
+	rep = servePrompts(t, bin, "--model", m, "--chat", "--prompt", "What is 2+2?", "--max-tokens", "32", "--ranks", "1")
+	require.Equal(t, "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"+
+		"<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n", rep.Outputs[0].Prompt)
+	require.Equal(t, "stop", rep.Outputs[0].FinishReason, "the answer ends at <|im_end|>: %q", rep.Outputs[0].Text)
+	require.NotContains(t, rep.Outputs[0].Text, "<|im_end|>")
+}
+
+// TestRealModelDigestRule: the same prompts give the same tokens on 1, 2
+// and 4 ranks, chunked or not, with and without prefix reuse, under
+// recompute preemption, in both loops, with Helix CP 2, and under mpirun.
+func TestRealModelDigestRule(t *testing.T) {
+	m := modeltest.SmolLM2(t)
+	bin := worker(t)
+	base := []string{"--model", m, "--prompts", "testdata/smollm2_prompts.jsonl", "--max-tokens", "24"}
+	want := servePrompts(t, bin, append(base, "--ranks", "1", "--pages", "256", "--no-prefix-reuse",
+		"--chunked-prefill=false", "--overlap", "off")...)
+	require.Equal(t, 8, want.Requests.Completed)
+	stops := 0
+	for _, o := range want.Outputs {
+		require.Empty(t, o.Error)
+		require.NotEmpty(t, o.Text)
+		if o.FinishReason == "stop" {
+			stops++
+		}
+	}
+	require.Positive(t, stops, "some chat answers end at the model's stop token")
+	for _, c := range []struct {
+		name    string
+		args    []string
+		preempt bool
+	}{
+		{"4 ranks, chunked, prefix reuse, overlap", []string{"--ranks", "4", "--max-num-tokens", "48"}, false},
+		{"2 ranks under recompute pressure", []string{"--ranks", "2", "--pages", "8", "--max-num-tokens", "64"}, true},
+		{"1 rank under pressure, overlap off", []string{"--ranks", "1", "--pages", "8", "--overlap", "off", "--chunked-prefill=false"}, true},
+		{"Helix CP 2 under pressure", []string{"--cp", "2", "--pages", "5", "--max-num-tokens", "64"}, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			got := servePrompts(t, bin, append(base, c.args...)...)
+			require.Equal(t, want.OutputDigest, got.OutputDigest)
+			for i := range want.Outputs {
+				require.Equal(t, want.Outputs[i].Text, got.Outputs[i].Text, "prompt %d", i)
+			}
+			if c.preempt {
+				require.Positive(t, got.Preemptions.Recompute+got.Preemptions.Suspended, "the pool must force preemption")
+			}
+		})
+	}
+	t.Run("mpirun -np 2", func(t *testing.T) {
+		needMPIRun(t)
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		defer cancel()
+		args := append([]string{"--oversubscribe", "-np", "2", bin, "run", "--report", "json", "--progress", "off",
+			"--arrival-scale", "0", "--pages", "8"}, base...)
+		cmd := exec.CommandContext(ctx, "mpirun", args...)
+		cmd.Env = append(os.Environ(), "OMPI_ALLOW_RUN_AS_ROOT=1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1")
+		var out, errb bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &errb
+		require.NoError(t, cmd.Run(), errb.String())
+		var got promptReport
+		require.NoError(t, json.Unmarshal(out.Bytes(), &got), out.String())
+		require.Equal(t, want.OutputDigest, got.OutputDigest)
+	})
+}
+
+// TestRealModelTrace: a Mooncake trace still runs on a real model (token
+// ids synthesised within its vocabulary, output lengths as the trace says).
+func TestRealModelTrace(t *testing.T) {
+	m := modeltest.SmolLM2(t)
+	bin := worker(t)
+	trace := sharedTrace(t, "conversation_trace.jsonl")
+	args := []string{"--model", m, "--trace", trace, "--limit", "6", "--length-scale", "0.01"}
+	one := serve(t, bin, append(args, "--ranks", "1")...)
+	two := serve(t, bin, append(args, "--ranks", "2")...)
+	require.Equal(t, 6, one.Requests.Completed)
+	require.Equal(t, one.OutputDigest, two.OutputDigest)
+}
