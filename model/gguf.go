@@ -39,7 +39,7 @@ var ggufArchitectures = map[string]bool{"llama": true}
 func loadGGUF(path string) (m *Model, err error) {
 	gf, err := gguf.ParseGGUFFile(path, gguf.UseMMap())
 	if err != nil {
-		return nil, fmt.Errorf("model %s: reading GGUF: %w", path, err)
+		return nil, fmt.Errorf("model %s: reading GGUF (truncated or corrupt file?): %w", path, err)
 	}
 	kvs := gf.Header.MetadataKV
 	str := func(k string) string {
@@ -141,12 +141,14 @@ func loadGGUF(path string) (m *Model, err error) {
 	}
 	m = &Model{Path: path, Format: "gguf", Name: str("general.name"), ContextLength: int(ctx), Tokenizer: tok,
 		mappings: []interface{ Close() error }{closerFunc(mm.Unmap)}}
-	defer func() {
+	// Unmap on failure. The model is passed in: by the time this runs, an
+	// error return has already set m to nil.
+	defer func(partial *Model) {
 		if err != nil {
-			m.Close()
+			partial.Close()
 			m = nil
 		}
-	}()
+	}(m)
 	if m.Name == "" {
 		m.Name = strings.TrimSuffix(filepath.Base(path), filepath.Ext(path))
 	}

@@ -187,12 +187,14 @@ func loadHF(dir string) (m *Model, err error) {
 		name = filepath.Base(filepath.Clean(dir))
 	}
 	m = &Model{Path: dir, Format: "safetensors", Name: name, Shape: shape, ContextLength: cfg.MaxPositionEmbeddings, Tokenizer: tok}
-	defer func() {
+	// Unmap on failure. The model is passed in: by the time this runs, an
+	// error return has already set m to nil.
+	defer func(partial *Model) {
 		if err != nil {
-			m.Close()
+			partial.Close()
 			m = nil
 		}
-	}()
+	}(m)
 	for _, file := range files {
 		path := filepath.Join(dir, file)
 		f, err := os.Open(path)

@@ -1,0 +1,450 @@
+package model
+
+// Cross-format tests: the same tiny random Llama written as a GGUF file and
+// as a Hugging Face directory (ckptwrite_test.go) must load into the same
+// shape, the same tokenizer, the same float weights, and — run through the
+// native CPU engine (with -tags native) — bit-identical logits and greedy
+// tokens. Without the native engine the engine comparison is skipped; the
+// weight comparison still runs.
+
+import (
+	"encoding/binary"
+	"math"
+	"os"
+	"path/filepath"
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/lockstep-ai/lockstep/bridge"
+	"github.com/lockstep-ai/lockstep/bridge/native"
+)
+
+func loadOK(t *testing.T, path string) *Model {
+	t.Helper()
+	m, err := Load(path)
+	if err != nil {
+		t.Fatalf("Load(%s): %v", path, err)
+	}
+	t.Cleanup(func() {
+		if err := m.Close(); err != nil {
+			t.Errorf("Close(%s): %v", path, err)
+		}
+	})
+	return m
+}
+
+type weightKey struct {
+	kind  bridge.WeightKind
+	layer int
+}
+
+// hfFloats decodes a loaded tensor to float32 in Hugging Face row order
+// (undoing GGUF's Q/K interleave), as the engine does.
+func hfFloats(t *testing.T, w bridge.WeightTensor, headDim int64) []float32 {
+	t.Helper()
+	rb, err := w.DType.RowBytes(w.Cols)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := make([]float32, w.Rows*w.Cols)
+	for r := int64(0); r < w.Rows; r++ {
+		row := w.Data[r*rb : (r+1)*rb]
+		dst := r
+		if w.InterleavedRopeHeads > 0 {
+			h, j := r/headDim, r%headDim
+			dst = h*headDim + (j%2)*(headDim/2) + j/2
+		}
+		o := out[dst*w.Cols : (dst+1)*w.Cols]
+		for c := range o {
+			switch w.DType {
+			case bridge.DTypeF32:
+				o[c] = math.Float32frombits(binary.LittleEndian.Uint32(row[4*c:]))
+			case bridge.DTypeF16:
+				o[c] = f16ToF32(binary.LittleEndian.Uint16(row[2*c:]))
+			case bridge.DTypeBF16:
+				o[c] = math.Float32frombits(uint32(binary.LittleEndian.Uint16(row[2*c:])) << 16)
+			case bridge.DTypeQ8_0:
+				blk := row[c/32*34:]
+				o[c] = f16ToF32(binary.LittleEndian.Uint16(blk)) * float32(int8(blk[2+c%32]))
+			default:
+				t.Fatalf("%s: dtype %s not decoded here", w.Name, w.DType)
+			}
+		}
+	}
+	return out
+}
+
+func weightsOf(t *testing.T, m *Model) map[weightKey][]float32 {
+	t.Helper()
+	ws := map[weightKey][]float32{}
+	for _, w := range m.Tensors {
+		k := weightKey{w.Kind, w.Layer}
+		if _, dup := ws[k]; dup {
+			t.Fatalf("%s: weight %v twice", m.Path, k)
+		}
+		ws[k] = hfFloats(t, w, int64(m.Shape.HeadDim))
+	}
+	return ws
+}
+
+var crossTexts = []string{
+	"hello world",
+	"Hello, World! The tiny model in 2024: 12345 tokens.",
+	"<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n",
+	"  the  model\n\n\tin ün 😀 <|endoftext|>",
+}
+
+// requireSameModel: same shape, context, name, tokenizer and float weights.
+func requireSameModel(t *testing.T, a, b *Model) {
+	t.Helper()
+	if !reflect.DeepEqual(a.Shape, b.Shape) {
+		t.Fatalf("shapes differ:\n%s: %+v\n%s: %+v", a.Path, a.Shape, b.Path, b.Shape)
+	}
+	if a.ContextLength != b.ContextLength || a.Name != b.Name {
+		t.Errorf("context/name differ: %d %q vs %d %q", a.ContextLength, a.Name, b.ContextLength, b.Name)
+	}
+	if sa, sb := a.Tokenizer.Spec(), b.Tokenizer.Spec(); !reflect.DeepEqual(sa, sb) {
+		t.Errorf("tokenizer specs differ:\n%+v\n%+v", sa, sb)
+	}
+	for _, text := range crossTexts {
+		for _, o := range []EncodeOptions{{}, {AddSpecial: true, ParseSpecial: true}} {
+			ea, eb := a.Tokenizer.Encode(text, o), b.Tokenizer.Encode(text, o)
+			if !slices.Equal(ea, eb) {
+				t.Errorf("Encode(%q, %+v): %v vs %v", text, o, ea, eb)
+			}
+		}
+	}
+	wa, wb := weightsOf(t, a), weightsOf(t, b)
+	if len(wa) != len(wb) {
+		t.Fatalf("%d weights vs %d", len(wa), len(wb))
+	}
+	for k, va := range wa {
+		vb, ok := wb[k]
+		if !ok {
+			t.Fatalf("weight %v only in %s", k, a.Path)
+		}
+		for i := range va {
+			if math.Float32bits(va[i]) != math.Float32bits(vb[i]) {
+				t.Fatalf("weight %v [%d]: %v vs %v", k, i, va[i], vb[i])
+			}
+		}
+	}
+}
+
+// engineRun is a prefill and five greedy decode steps.
+type engineRun struct {
+	sampled []int32
+	logits  [][]float32
+}
+
+func crossPrompt(t *testing.T, m *Model) []int32 {
+	p := m.Tokenizer.Encode("<|im_start|>user\nhello world, the model<|im_end|>\n<|im_start|>assistant\n",
+		EncodeOptions{AddSpecial: true, ParseSpecial: true})
+	t.Logf("prompt of %d tokens", len(p))
+	if len(p) < 16 || len(p) > 24 {
+		t.Fatalf("prompt of %d tokens", len(p))
+	}
+	return p
+}
+
+func runEngine(t *testing.T, m *Model, prompt []int32) engineRun {
+	t.Helper()
+	if !haveEngine() {
+		t.Skip("built without the native engine (go test -tags native)")
+	}
+	const P, pages = 4, 8 // 32 positions: the prompt and five decoded tokens
+	eng, err := native.Open(bridge.Config{Shape: m.Shape, Tensors: m.Tensors, NumPages: pages, TokensPerPage: P})
+	if err != nil {
+		t.Fatalf("%s: %v", m.Path, err)
+	}
+	defer eng.Close()
+	table := make([]int32, pages)
+	for i := range table {
+		table[i] = int32(i)
+	}
+	var run engineRun
+	var res bridge.StepResult
+	seq := bridge.SeqStep{Tokens: prompt, BlockTable: table, Sample: true}
+	for step := 0; step < 6; step++ {
+		if err := eng.Step(&bridge.StepDesc{Seqs: []bridge.SeqStep{seq}, WantLogits: true}, &res); err != nil {
+			t.Fatalf("%s: step %d: %v", m.Path, step, err)
+		}
+		if len(res.Logits) != m.Shape.VocabSize {
+			t.Fatalf("%d logits, want %d", len(res.Logits), m.Shape.VocabSize)
+		}
+		tok := res.Sampled[0]
+		if best := int32(argmax(res.Logits)); best != tok {
+			t.Fatalf("step %d sampled %d, argmax %d", step, tok, best)
+		}
+		run.sampled = append(run.sampled, tok)
+		run.logits = append(run.logits, slices.Clone(res.Logits))
+		seq = bridge.SeqStep{Tokens: []int32{tok}, StartPos: seq.StartPos + len(seq.Tokens), BlockTable: table, Sample: true}
+	}
+	return run
+}
+
+func argmax(xs []float32) int {
+	best := 0
+	for i, x := range xs {
+		if x > xs[best] {
+			best = i
+		}
+	}
+	return best
+}
+
+func requireSameRun(t *testing.T, a, b engineRun) {
+	t.Helper()
+	if !slices.Equal(a.sampled, b.sampled) {
+		t.Fatalf("sampled %v vs %v", a.sampled, b.sampled)
+	}
+	for s := range a.logits {
+		for i := range a.logits[s] {
+			if math.Float32bits(a.logits[s][i]) != math.Float32bits(b.logits[s][i]) {
+				t.Fatalf("step %d logit %d: %v vs %v", s, i, a.logits[s][i], b.logits[s][i])
+			}
+		}
+	}
+	if len(a.logits) == 0 {
+		return // no engine
+	}
+	// The logits must carry information: finite and not all equal.
+	lo, hi := a.logits[0][0], a.logits[0][0]
+	for _, x := range a.logits[0] {
+		if math.IsNaN(float64(x)) || math.IsInf(float64(x), 0) {
+			t.Fatalf("logit %v", x)
+		}
+		lo, hi = min(lo, x), max(hi, x)
+	}
+	if !(hi-lo > 1e-3) {
+		t.Fatalf("flat logits [%v, %v]", lo, hi)
+	}
+}
+
+func haveEngine() bool { return len(native.SupportedBackends()) > 0 }
+
+// crossCheck loads both checkpoints, requires the same model, then runs the
+// engine on both and requires bit-identical results. Without the native
+// engine it stops after the model comparison and returns an empty run.
+func crossCheck(t *testing.T, pathA, pathB string) engineRun {
+	t.Helper()
+	a, b := loadOK(t, pathA), loadOK(t, pathB)
+	requireSameModel(t, a, b)
+	if !haveEngine() {
+		t.Log("built without the native engine (go test -tags native): engine comparison skipped")
+		return engineRun{}
+	}
+	prompt := crossPrompt(t, a)
+	ra := runEngine(t, a, prompt)
+	rb := runEngine(t, b, prompt)
+	requireSameRun(t, ra, rb)
+	return ra
+}
+
+func requireDTypes(t *testing.T, path string, want func(bridge.WeightKind) bridge.DType) {
+	t.Helper()
+	m := loadOK(t, path)
+	for _, w := range m.Tensors {
+		if w.DType != want(w.Kind) {
+			t.Fatalf("%s: %s is %s, want %s", path, w.Name, w.DType, want(w.Kind))
+		}
+		if want := map[bridge.WeightKind]int{bridge.WeightQ: m.Shape.NumHeads, bridge.WeightK: m.Shape.NumKVHeads}[w.Kind]; m.Format == "gguf" && w.InterleavedRopeHeads != want {
+			t.Fatalf("%s: %s interleaved heads %d, want %d", path, w.Name, w.InterleavedRopeHeads, want)
+		}
+	}
+}
+
+func allDType(d bridge.DType) func(bridge.WeightKind) bridge.DType {
+	return func(bridge.WeightKind) bridge.DType { return d }
+}
+
+func TestCrossFormatGGUFvsHF(t *testing.T) {
+	for _, tied := range []bool{false, true} {
+		name := map[bool]string{false: "untied", true: "tied"}[tied]
+		t.Run(name, func(t *testing.T) {
+			m := newTinyModel(1, tied)
+			gg := writeGGUF(t, m, ggufOptions{})
+			hf := writeHF(t, m, hfOptions{})
+			requireDTypes(t, gg, allDType(bridge.DTypeF32))
+			ref := crossCheck(t, gg, hf)
+			if tied {
+				// An lm_head.weight next to tie_word_embeddings is ignored.
+				stray := newTinyModel(99, false)
+				m.strayLMHead = stray.tensors[len(stray.tensors)-1].data
+				hf2 := writeHF(t, m, hfOptions{})
+				requireSameRun(t, ref, crossCheck(t, gg, hf2))
+			} else {
+				// One model.safetensors instead of shards.
+				hf1 := writeHF(t, m, hfOptions{shards: 1})
+				requireSameRun(t, ref, crossCheck(t, gg, hf1))
+			}
+		})
+	}
+}
+
+func TestCrossFormatQ8_0(t *testing.T) {
+	for _, tied := range []bool{false, true} {
+		name := map[bool]string{false: "untied", true: "tied"}[tied]
+		t.Run(name, func(t *testing.T) {
+			m := newTinyModel(2, tied)
+			m.quantiseProjections()
+			gg := writeGGUF(t, m, ggufOptions{})
+			hf := writeHF(t, m, hfOptions{}) // F32 of the dequantised values
+			requireDTypes(t, gg, func(k bridge.WeightKind) bridge.DType {
+				if isProjection(k) {
+					return bridge.DTypeQ8_0
+				}
+				return bridge.DTypeF32
+			})
+			crossCheck(t, gg, hf)
+		})
+	}
+}
+
+func TestCrossFormatHalfPrecision(t *testing.T) {
+	m := newTinyModel(3, false)
+	f32 := writeHF(t, m, hfOptions{dtype: "F32"})
+	for _, c := range []struct {
+		dtype string
+		dt    bridge.DType
+	}{{"BF16", bridge.DTypeBF16}, {"F16", bridge.DTypeF16}} {
+		t.Run(c.dtype, func(t *testing.T) {
+			half := writeHF(t, m, hfOptions{dtype: c.dtype})
+			requireDTypes(t, half, allDType(c.dt))
+			crossCheck(t, f32, half)
+		})
+	}
+}
+
+func TestCrossFormatRopeScaling(t *testing.T) {
+	m := newTinyModel(4, false)
+	plain := writeHF(t, m, hfOptions{})
+	want := &bridge.RopeScaling{Factor: 8, LowFreqFactor: 1, HighFreqFactor: 4, OriginalMaxPositions: 64}
+	m.shape.RopeScaling = want
+	f32 := writeHF(t, m, hfOptions{})
+	bf16 := writeHF(t, m, hfOptions{dtype: "BF16"})
+	if s := loadOK(t, f32).Shape; !reflect.DeepEqual(s.RopeScaling, want) {
+		t.Fatalf("rope scaling %+v, want %+v", s.RopeScaling, want)
+	}
+	if s := loadOK(t, plain).Shape; s.RopeScaling != nil {
+		t.Fatalf("unscaled checkpoint loaded with rope scaling %+v", s.RopeScaling)
+	}
+	scaled := crossCheck(t, f32, bf16)
+	p := loadOK(t, plain)
+	if !haveEngine() {
+		t.Skip("built without the native engine (go test -tags native)")
+	}
+	unscaled := runEngine(t, p, crossPrompt(t, p))
+	// The prefill's last position is ~20: the scaled low frequencies must
+	// change its logits.
+	same := true
+	for i := range scaled.logits[0] {
+		same = same && scaled.logits[0][i] == unscaled.logits[0][i]
+	}
+	if same {
+		t.Fatal("llama3 rope_scaling left the logits unchanged")
+	}
+}
+
+func TestLoadRefusals(t *testing.T) {
+	m := newTinyModel(5, false)
+	cfg := func(k string, v any) hfOptions {
+		return hfOptions{config: func(c map[string]any) { c[k] = v }}
+	}
+	edit := func(f func(shard int, ts []stTensor) []stTensor) hfOptions { return hfOptions{edit: f} }
+	for _, c := range []struct {
+		name string
+		path func(t *testing.T) string
+		want []string
+	}{
+		{"mistral", func(t *testing.T) string { return writeHF(t, m, cfg("model_type", "mistral")) }, []string{`model_type "mistral"`, "llama"}},
+		{"qwen2", func(t *testing.T) string { return writeHF(t, m, cfg("model_type", "qwen2")) }, []string{`model_type "qwen2"`}},
+		{"head_dim", func(t *testing.T) string { return writeHF(t, m, cfg("head_dim", 32)) }, []string{"head_dim 32", "16"}},
+		{"missing shard", func(t *testing.T) string {
+			dir := writeHF(t, m, hfOptions{})
+			if err := os.Remove(filepath.Join(dir, "model-00002-of-00002.safetensors")); err != nil {
+				t.Fatal(err)
+			}
+			return dir
+		}, []string{"model-00002-of-00002.safetensors"}},
+		{"I32 tensor", func(t *testing.T) string {
+			return writeHF(t, m, edit(func(_ int, ts []stTensor) []stTensor {
+				for i := range ts {
+					if ts[i].name == "model.layers.0.self_attn.q_proj.weight" {
+						ts[i].dtype = "I32"
+					}
+				}
+				return ts
+			}))
+		}, []string{"model.layers.0.self_attn.q_proj.weight", "I32"}},
+		{"bias", func(t *testing.T) string {
+			return writeHF(t, m, edit(func(shard int, ts []stTensor) []stTensor {
+				if shard == 0 {
+					ts = append(ts, stTensor{"model.layers.0.self_attn.q_proj.bias", "F32", []int{64}, make([]byte, 256)})
+				}
+				return ts
+			}))
+		}, []string{"model.layers.0.self_attn.q_proj.bias", "not part of a Llama decoder"}},
+		{"missing layer tensor", func(t *testing.T) string {
+			return writeHF(t, m, edit(func(_ int, ts []stTensor) []stTensor {
+				return slices.DeleteFunc(ts, func(x stTensor) bool { return x.name == "model.layers.1.mlp.down_proj.weight" })
+			}))
+		}, []string{"missing tensor: layer 1 down projection"}},
+		{"gguf qwen2", func(t *testing.T) string { return writeGGUF(t, m, ggufOptions{arch: "qwen2"}) }, []string{`architecture "qwen2"`}},
+		{"gguf Q4_K", func(t *testing.T) string {
+			return writeGGUF(t, m, ggufOptions{typeOverride: map[string]struct {
+				typ      uint32
+				rowBytes int
+			}{"blk.0.attn_q.weight": {ggmlQ4_K, 144 * 64 / 256}}})
+		}, []string{"blk.0.attn_q.weight", "Q4_K"}},
+		{"gguf truncated", func(t *testing.T) string {
+			path := writeGGUF(t, m, ggufOptions{})
+			st, err := os.Stat(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Truncate(path, st.Size()-1000); err != nil {
+				t.Fatal(err)
+			}
+			return path
+		}, []string{"truncated"}},
+		{"gguf truncated header", func(t *testing.T) string {
+			path := writeGGUF(t, m, ggufOptions{})
+			if err := os.Truncate(path, 200); err != nil {
+				t.Fatal(err)
+			}
+			return path
+		}, []string{"reading GGUF"}},
+		{"not gguf", func(t *testing.T) string {
+			path := filepath.Join(t.TempDir(), "weights.bin")
+			if err := os.WriteFile(path, []byte("PK\x03\x04 not a checkpoint"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			return path
+		}, []string{"not a GGUF file", "not a directory"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			path := c.path(t)
+			got, err := Load(path)
+			if err == nil {
+				got.Close()
+				t.Fatalf("Load accepted %s", path)
+			}
+			if got != nil {
+				t.Errorf("Load returned a model with its error")
+			}
+			t.Log(err)
+			msg := strings.ReplaceAll(err.Error(), path, "PATH") // the temporary path names the case
+			for _, w := range c.want {
+				if !strings.Contains(msg, w) {
+					t.Errorf("error %q does not mention %q", err, w)
+				}
+			}
+		})
+	}
+	// The unedited checkpoints load (the refusals are the edits').
+	loadOK(t, writeHF(t, m, hfOptions{}))
+	loadOK(t, writeGGUF(t, m, ggufOptions{}))
+}
