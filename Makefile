@@ -4,7 +4,8 @@
 #   make test     native tests (ctest) and every Go test
 #   make fuzz     bounded fuzzing (KV pool operations, trace parser, config YAML, scenario JSON,
 #                 store frames, hellos, collective headers)
-#   make bench    Go benchmarks (engine step, executor iteration, scheduler, kvpool)
+#   make bench    Go benchmarks (engine step, executor iteration, scheduler, kvpool),
+#                 then the native CPU GEMM and forward-step benchmarks
 GO       ?= go
 BUILD    ?= build
 JOBS     ?= 2
@@ -73,6 +74,8 @@ test-race: native
 bench: worker
 	$(GO) test -tags native -run '^$$' -bench . -benchmem -benchtime 1x ./bridge/... ./executor/... ./tests/... 
 	$(GO) test -run '^$$' -bench . -benchmem ./scheduler/... ./kvpool/...
+	$(BUILD)/native/tests/bench_gemm
+	$(BUILD)/native/tests/bench_forward
 
 clean:
 	rm -rf $(BUILD) bin

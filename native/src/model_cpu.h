@@ -70,8 +70,8 @@ class CpuBackend final : public Backend {
  private:
   void prepare_rows(const StepBatch& batch);
   void write_kv(int32_t layer, const StepBatch& batch, const float* hidden);
-  void attend_mlp(int32_t layer, const StepBatch& batch, int64_t row, float* h,
-                  const float* attn = nullptr);
+  void attend_mlp(int32_t layer, const StepBatch& batch, const int64_t* rows, int64_t n,
+                  float* hidden, const float* attn = nullptr);
   void helix_attention(int32_t layer, const StepBatch& batch, const std::vector<int64_t>& rows);
   void rope(float* x, int32_t heads, const float* cos_sin) const;
 
