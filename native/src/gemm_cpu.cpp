@@ -26,6 +26,13 @@ namespace {
 // Floats of W one column block may hold (about 384 KiB: well inside L2).
 constexpr int64_t kBlockFloats = 96 * 1024;
 
+// The vector kernels prefetch the W row this many rows ahead of the one they
+// multiply: a panel walks W with a stride of a whole row, which the hardware
+// prefetchers follow poorly when W streams from memory (the LM head; every
+// weight when decoding a few rows). Prefetches never fault, so running past
+// the end of W is harmless. About 2x on the LM head at 8 rows.
+constexpr int64_t kPrefetchRows = 32;
+
 // Columns per block: a multiple of the panel width, at least one panel.
 int64_t column_block(int64_t in, int64_t panel) {
   int64_t nc = in > 0 ? kBlockFloats / in : kBlockFloats;
@@ -157,6 +164,9 @@ struct Avx2 {
       const float* w = W + i * ldw;
       __m256 wv[V];
 #pragma GCC unroll 4
+      for (int v = 0; v < V; ++v)
+        _mm_prefetch(reinterpret_cast<const char*>(w + kPrefetchRows * ldw + 8 * v), _MM_HINT_T0);
+#pragma GCC unroll 4
       for (int v = 0; v < V; ++v) wv[v] = _mm256_loadu_ps(w + 8 * v);
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
@@ -197,6 +207,9 @@ struct Avx512 {
     for (int64_t i = 0; i < in; ++i) {
       const float* w = W + i * ldw;
       __m512 wv[V];
+#pragma GCC unroll 4
+      for (int v = 0; v < V; ++v)
+        _mm_prefetch(reinterpret_cast<const char*>(w + kPrefetchRows * ldw + 16 * v), _MM_HINT_T0);
 #pragma GCC unroll 4
       for (int v = 0; v < V; ++v)
         wv[v] = Masked ? _mm512_maskz_loadu_ps(mask, w + 16 * v) : _mm512_loadu_ps(w + 16 * v);
