@@ -94,12 +94,23 @@ void random_shapes() {
     for (float& v : W) v = rand_float();
     check_shape(X, rows, in, W, out);
   }
+  // Few rows and many columns: the AVX-512 streaming driver's column slabs,
+  // reduction slabs and the masked column tail together.
+  const int64_t fixed[][3] = {{5, 37, 4133}, {8, 100, 2051}, {1, 17, 2048 + 48 + 7}, {9, 33, 2101}};
+  for (const auto& f : fixed) {
+    std::vector<float> X(static_cast<size_t>(f[0] * f[1])), W(static_cast<size_t>(f[1] * f[2]));
+    for (float& v : X) v = rand_float();
+    for (float& v : W) v = rand_float();
+    check_shape(X, f[0], f[1], W, f[2]);
+  }
   // in == 0: every output is +0.
-  std::vector<float> X(4), W(1), Y(3 * 5, 1.0f);
-  for (GemmIsa isa : kAll) {
-    if (!lockstep::gemm_isa_supported(isa)) continue;
-    lockstep::gemm_rows_isa(isa, X.data(), 3, 0, W.data(), 5, Y.data());
-    for (float y : Y) CHECK(y == 0.0f && !std::signbit(y));
+  for (int64_t out : {5, 40, 2100}) {
+    std::vector<float> X(4), W(1), Y(static_cast<size_t>(3 * out), 1.0f);
+    for (GemmIsa isa : kAll) {
+      if (!lockstep::gemm_isa_supported(isa)) continue;
+      lockstep::gemm_rows_isa(isa, X.data(), 3, 0, W.data(), out, Y.data());
+      for (float y : Y) CHECK(y == 0.0f && !std::signbit(y));
+    }
   }
 }
 
