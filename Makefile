@@ -5,7 +5,8 @@
 #   make model    install the test model into the model cache
 #   make fuzz     bounded fuzzing (KV pool operations, trace parser, config YAML, scenario JSON,
 #                 store frames, hellos, collective headers)
-#   make bench    Go benchmarks (engine step, executor iteration, scheduler, kvpool)
+#   make bench    Go benchmarks (engine step, executor iteration, scheduler, kvpool),
+#                 then the native CPU GEMM and forward-step benchmarks
 GO       ?= go
 BUILD    ?= build
 JOBS     ?= 2
@@ -81,6 +82,8 @@ bench: worker
 	$(GO) test -tags native -run '^$$' -bench . -benchmem -benchtime 1x ./bridge/... ./executor/... ./tests/... 
 	$(GO) test -run '^$$' -bench . -benchmem ./model/...
 	$(GO) test -run '^$$' -bench . -benchmem ./scheduler/... ./kvpool/...
+	$(BUILD)/native/tests/bench_gemm
+	$(BUILD)/native/tests/bench_forward
 
 clean:
 	rm -rf $(BUILD) bin

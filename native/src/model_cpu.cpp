@@ -9,23 +9,17 @@
 #include "attention_partial.h"
 #include "checkpoint.h"
 #include "cp_group.h"
+#include "gemm_cpu.h"
 #include "status.h"
 
 namespace lockstep {
 namespace {
 
-// y[0..out) = x[0..in) · W with W input-major (W[i * out + o]). Each y[o] is
-// summed in increasing i; the inner loop is element-wise across o, so it
-// vectorises without reordering any sum.
-void matvec(const float* __restrict x, const float* __restrict W, int64_t in, int64_t out,
-            float* __restrict y) {
-  for (int64_t o = 0; o < out; ++o) y[o] = 0.0f;
-  for (int64_t i = 0; i < in; ++i) {
-    const float xi = x[i];
-    const float* __restrict w = W + i * out;
-    for (int64_t o = 0; o < out; ++o) y[o] += xi * w[o];
-  }
-}
+// Rows per GEMM pass of a layer's phases (and sampled rows per LM-head pass):
+// bounds the per-step scratch. Rows never interact (gemm_cpu.h), so how the
+// rows are cut into passes changes no result.
+constexpr int64_t kRowChunk = 256;
+constexpr int64_t kLogitChunk = 64;
 
 // y = RMSNorm(x) * w over n elements (sum of squares in double).
 void rms_norm(const float* x, const float* w, int32_t n, float eps, float* y) {
@@ -115,7 +109,8 @@ void CpuBackend::rope(float* x, int32_t heads, const float* cos_sin) const {
 
 // Phase 1 of a layer for every row: norm, QKV, RoPE, K/V into the pages. Runs
 // for the whole batch before any attention, so that a row of a chunk can read
-// the K/V of the earlier rows of its chunk from the pages.
+// the K/V of the earlier rows of its chunk from the pages. The projections are
+// GEMMs over passes of up to kRowChunk rows.
 void CpuBackend::write_kv(int32_t layer, const StepBatch& batch, const float* hidden) {
   const LayerWeights& w = weights_.layers[static_cast<size_t>(layer)];
   const int64_t H = shape_.hidden_size, D = shape_.head_dim;
@@ -123,66 +118,87 @@ void CpuBackend::write_kv(int32_t layer, const StepBatch& batch, const float* hi
   const int32_t P = tokens_per_page_;
   const int32_t cp = batch.cp ? batch.cp->size() : 1, cp_rank = batch.cp ? batch.cp->rank() : 0;
   float* q = grow(q_, static_cast<size_t>(batch.num_rows * qd));
-  float* kscratch = grow(kv_scratch_, static_cast<size_t>(2 * kvd));
-  for (int64_t r = 0; r < batch.num_rows; ++r) {
-    const StepSeq& s = batch.seqs[static_cast<size_t>(row_seq_[r])];
-    const int32_t pos = row_pos_[r];
-    // Under Helix a rank computes K/V of every row (the arithmetic is
-    // replicated) but stores only the positions it owns.
-    const bool owned = (pos / P) % cp == cp_rank;
-    float* k = kscratch;
-    float* v = kscratch + kvd;
-    if (owned) {
+  for (int64_t r0 = 0; r0 < batch.num_rows; r0 += kRowChunk) {
+    const int64_t n = batch.num_rows - r0 < kRowChunk ? batch.num_rows - r0 : kRowChunk;
+    float* x = grow(x_, static_cast<size_t>(n * H));
+    float* k = grow(kv_scratch_, static_cast<size_t>(2 * n * kvd));
+    float* v = k + n * kvd;
+    for (int64_t j = 0; j < n; ++j)
+      rms_norm(hidden + (r0 + j) * H, w.attn_norm.data(), shape_.hidden_size, shape_.rms_eps, x + j * H);
+    gemm_rows(x, n, H, w.wq.data(), qd, q + r0 * qd);
+    gemm_rows(x, n, H, w.wk.data(), kvd, k);
+    gemm_rows(x, n, H, w.wv.data(), kvd, v);
+    for (int64_t j = 0; j < n; ++j) {
+      const int64_t r = r0 + j;
+      const StepSeq& s = batch.seqs[static_cast<size_t>(row_seq_[r])];
+      const int32_t pos = row_pos_[r];
+      const float* cs = rope_cs_.data() + r * D;
+      rope(q + r * qd, shape_.num_heads, cs);
+      rope(k + j * kvd, shape_.num_kv_heads, cs);
+      // Under Helix a rank computes K/V of every row (the arithmetic is
+      // replicated) but stores only the positions it owns.
+      if ((pos / P) % cp != cp_rank) continue;
       const int32_t page = s.blocks[pos / (P * cp)];
       const size_t slot_off = static_cast<size_t>(pos % P) * kvd;
-      k = device_.kv(page, layer, 0) + slot_off;
-      v = device_.kv(page, layer, 1) + slot_off;
+      std::memcpy(device_.kv(page, layer, 0) + slot_off, k + j * kvd, sizeof(float) * kvd);
+      std::memcpy(device_.kv(page, layer, 1) + slot_off, v + j * kvd, sizeof(float) * kvd);
     }
-    const float* cs = rope_cs_.data() + r * D;
-
-    rms_norm(hidden + r * H, w.attn_norm.data(), shape_.hidden_size, shape_.rms_eps, x_.data());
-    matvec(x_.data(), w.wq.data(), H, qd, q + r * qd);
-    matvec(x_.data(), w.wk.data(), H, kvd, k);
-    matvec(x_.data(), w.wv.data(), H, kvd, v);
-    rope(q + r * qd, shape_.num_heads, cs);
-    rope(k, shape_.num_kv_heads, cs);
   }
 }
 
-// Phase 2 of a layer for one row: attention, output projection, MLP, both
-// residual adds, in place on h.
-void CpuBackend::attend_mlp(int32_t layer, const StepBatch& batch, int64_t row, float* h,
-                            const float* attn) {
+// Phase 2 of a layer for rows[0..n) (ascending batch rows): attention (or
+// attn[n][heads * head_dim] when given, the Helix path), output projection,
+// MLP, both residual adds, in place on hidden[row]. Every projection is a GEMM
+// over passes of up to kRowChunk of the rows.
+void CpuBackend::attend_mlp(int32_t layer, const StepBatch& batch, const int64_t* rows, int64_t n,
+                            float* hidden, const float* attn) {
   const LayerWeights& w = weights_.layers[static_cast<size_t>(layer)];
   const int64_t H = shape_.hidden_size, F = shape_.intermediate_size;
   const int64_t qd = int64_t{shape_.num_heads} * shape_.head_dim;
-  const StepSeq& s = batch.seqs[static_cast<size_t>(row_seq_[row])];
-
-  if (attn == nullptr) {
-    paged_attention_row(device_, layer, s.blocks, row_pos_[row], q_.data() + row * qd,
-                        shape_.num_heads, shape_.num_kv_heads, shape_.head_dim, attn_.data(),
-                        attn_scratch_);
-    attn = attn_.data();
+  for (int64_t c0 = 0; c0 < n; c0 += kRowChunk) {
+    const int64_t m = n - c0 < kRowChunk ? n - c0 : kRowChunk;
+    const int64_t* rr = rows + c0;
+    const float* a = attn != nullptr ? attn + c0 * qd : nullptr;
+    if (a == nullptr) {
+      float* out = grow(attn_, static_cast<size_t>(m * qd));
+      for (int64_t j = 0; j < m; ++j) {
+        const StepSeq& s = batch.seqs[static_cast<size_t>(row_seq_[rr[j]])];
+        paged_attention_row(device_, layer, s.blocks, row_pos_[rr[j]], q_.data() + rr[j] * qd,
+                            shape_.num_heads, shape_.num_kv_heads, shape_.head_dim, out + j * qd,
+                            attn_scratch_);
+      }
+      a = out;
+    }
+    float* t = grow(tmp_, static_cast<size_t>(m * H));
+    gemm_rows(a, m, qd, w.wo.data(), H, t);
+    float* x = grow(x_, static_cast<size_t>(m * H));
+    for (int64_t j = 0; j < m; ++j) {
+      float* h = hidden + rr[j] * H;
+      for (int64_t i = 0; i < H; ++i) h[i] += t[j * H + i];
+      rms_norm(h, w.mlp_norm.data(), shape_.hidden_size, shape_.rms_eps, x + j * H);
+    }
+    float* gate = grow(gate_, static_cast<size_t>(m * F));
+    float* up = grow(up_, static_cast<size_t>(m * F));
+    gemm_rows(x, m, H, w.w_gate.data(), F, gate);
+    gemm_rows(x, m, H, w.w_up.data(), F, up);
+    for (int64_t j = 0; j < m * F; ++j) {
+      const float g = gate[j];
+      gate[j] = g / (1.0f + std::exp(-g)) * up[j];
+    }
+    gemm_rows(gate, m, F, w.w_down.data(), H, t);
+    for (int64_t j = 0; j < m; ++j) {
+      float* h = hidden + rr[j] * H;
+      for (int64_t i = 0; i < H; ++i) h[i] += t[j * H + i];
+    }
   }
-  matvec(attn, w.wo.data(), qd, H, tmp_.data());
-  for (int64_t i = 0; i < H; ++i) h[i] += tmp_[i];
-
-  rms_norm(h, w.mlp_norm.data(), shape_.hidden_size, shape_.rms_eps, x_.data());
-  matvec(x_.data(), w.w_gate.data(), H, F, gate_.data());
-  matvec(x_.data(), w.w_up.data(), H, F, up_.data());
-  for (int64_t j = 0; j < F; ++j) {
-    const float g = gate_[j];
-    gate_[j] = g / (1.0f + std::exp(-g)) * up_[j];
-  }
-  matvec(gate_.data(), w.w_down.data(), F, H, tmp_.data());
-  for (int64_t i = 0; i < H; ++i) h[i] += tmp_[i];
 }
 
 void CpuBackend::decoder_layer(int32_t layer, const StepBatch& batch, float* hidden) {
   prepare_rows(batch);
   write_kv(layer, batch, hidden);
-  for (int64_t r = 0; r < batch.num_rows; ++r)
-    attend_mlp(layer, batch, r, hidden + r * shape_.hidden_size);
+  helix_rows_.resize(static_cast<size_t>(batch.num_rows));
+  for (int64_t r = 0; r < batch.num_rows; ++r) helix_rows_[static_cast<size_t>(r)] = r;
+  attend_mlp(layer, batch, helix_rows_.data(), batch.num_rows, hidden);
 }
 
 double CpuBackend::step(const StepBatch& batch, int32_t* sampled, float* logits) {
@@ -196,7 +212,6 @@ double CpuBackend::step(const StepBatch& batch, int32_t* sampled, float* logits)
     for (int32_t t = 0; t < s.num_tokens; ++t, ++r)
       weights_.embed(s.tokens[t], H, V, hidden + r * H);
 
-  const int64_t qd = int64_t{shape_.num_heads} * shape_.head_dim;
   for (int32_t l = 0; l < shape_.num_layers; ++l) {
     write_kv(l, batch, hidden);
     const bool last = l == shape_.num_layers - 1;
@@ -213,28 +228,36 @@ double CpuBackend::step(const StepBatch& batch, int32_t* sampled, float* logits)
       // Every member has the same rows (identical batches), so every member
       // makes the same number of exchanges.
       helix_attention(l, batch, helix_rows_);
-      for (size_t i = 0; i < helix_rows_.size(); ++i)
-        attend_mlp(l, batch, helix_rows_[i], hidden + helix_rows_[i] * H, helix_attn_.data() + i * qd);
+      attend_mlp(l, batch, helix_rows_.data(), static_cast<int64_t>(helix_rows_.size()), hidden,
+                 helix_attn_.data());
     } else {
-      for (int64_t row : helix_rows_) attend_mlp(l, batch, row, hidden + row * H);
+      attend_mlp(l, batch, helix_rows_.data(), static_cast<int64_t>(helix_rows_.size()), hidden);
     }
   }
 
+  // LM head: the sampled rows (the last row of each sampled sequence), in
+  // batch order, as GEMMs of up to kLogitChunk rows, straight into the
+  // caller's logits when it wants them.
+  std::vector<int64_t>& srows = helix_rows_;  // reused: the layers are done
+  srows.clear();
   int64_t end_row = 0;
-  float* out_logits = logits;
   for (size_t i = 0; i < batch.seqs.size(); ++i) {
     const StepSeq& s = batch.seqs[i];
     end_row += s.num_tokens;
-    if (!s.sample) {
-      sampled[i] = -1;
-      continue;
-    }
-    float* lg = out_logits ? out_logits : logits_.data();
-    rms_norm(hidden + (end_row - 1) * H, weights_.final_norm.data(), shape_.hidden_size,
-             shape_.rms_eps, x_.data());
-    matvec(x_.data(), weights_.lm_head.data(), H, V, lg);
-    sampled[i] = argmax(lg, shape_.vocab_size);
-    if (out_logits) out_logits += V;
+    sampled[i] = -1;
+    if (s.sample) srows.push_back(end_row - 1);
+  }
+  const int64_t ns = static_cast<int64_t>(srows.size());
+  for (int64_t c0 = 0; c0 < ns; c0 += kLogitChunk) {
+    const int64_t m = ns - c0 < kLogitChunk ? ns - c0 : kLogitChunk;
+    float* x = grow(x_, static_cast<size_t>(m * H));
+    for (int64_t j = 0; j < m; ++j)
+      rms_norm(hidden + srows[static_cast<size_t>(c0 + j)] * H, weights_.final_norm.data(),
+               shape_.hidden_size, shape_.rms_eps, x + j * H);
+    float* lg = logits != nullptr ? logits + c0 * V : grow(logits_, static_cast<size_t>(m * V));
+    gemm_rows(x, m, H, weights_.lm_head.data(), V, lg);
+    for (int64_t j = 0; j < m; ++j)
+      sampled[row_seq_[srows[static_cast<size_t>(c0 + j)]]] = argmax(lg + j * V, shape_.vocab_size);
   }
 
   const auto t1 = std::chrono::steady_clock::now();

@@ -6,7 +6,10 @@
 // contents of its sequence's pages), never on the batch around it. No BLAS, no
 // threads, no FMA contraction (-ffp-contract=off). Loops that the compiler may
 // vectorise are element-wise across outputs, so vectorisation cannot change
-// any sum's order.
+// any sum's order. The projections run as GEMMs over the step's rows
+// (gemm_cpu.h: register-blocked, vectorised, runtime-dispatched kernels) that
+// compute every element in the matvec order below, so a row's result is the
+// same bits whatever rows share its GEMM.
 //
 // Per step:
 //   h = embedding[token]
@@ -14,7 +17,7 @@
 //     phase 1 (every row of the batch, before any attention):
 //       x = RMSNorm(h) · attn_norm; q = x·Wq; k = x·Wk; v = x·Wv
 //       RoPE(q), RoPE(k) at the row's position; k, v written to the page slot
-//     phase 2 (per row):
+//     phase 2 (the rows; each projection a GEMM over them):
 //       a = paged attention of q over positions [0, pos] (attention_partial.h)
 //       h += a·Wo
 //       x = RMSNorm(h) · mlp_norm; h += (silu(x·W_gate) * (x·W_up)) · W_down
@@ -25,7 +28,8 @@
 // is observable.
 //
 // Arithmetic conventions (a second backend must match them to agree):
-//   matvec    y[o] = Σ_i x[i] * W[i][o], summed from i = 0 in float32
+//   matvec    y[o] = Σ_i x[i] * W[i][o], summed from i = 0 in float32: from
+//             +0.0f, per i the rounded product, then the add (never fused)
 //   RMSNorm   ss = Σ x[i]^2 in double; inv = float(1 / sqrt(ss / n + eps));
 //             y[i] = (x[i] * inv) * w[i]
 //   RoPE      rotate-half (GPT-NeoX / Hugging Face Llama): pairs (i, i + D/2)
@@ -63,15 +67,15 @@ class CpuBackend final : public Backend {
 
   // Runs decoder layer `layer` on every row of batch (rows in batch order,
   // hidden is [num_rows][hidden_size], updated in place): phase 1 for all
-  // rows, then phase 2 for all rows. The batch must satisfy the StepBatch
-  // contract.
+  // rows, then phase 2 for all rows (projections as GEMMs over the rows).
+  // The batch must satisfy the StepBatch contract.
   void decoder_layer(int32_t layer, const StepBatch& batch, float* hidden);
 
  private:
   void prepare_rows(const StepBatch& batch);
   void write_kv(int32_t layer, const StepBatch& batch, const float* hidden);
-  void attend_mlp(int32_t layer, const StepBatch& batch, int64_t row, float* h,
-                  const float* attn = nullptr);
+  void attend_mlp(int32_t layer, const StepBatch& batch, const int64_t* rows, int64_t n,
+                  float* hidden, const float* attn = nullptr);
   void helix_attention(int32_t layer, const StepBatch& batch, const std::vector<int64_t>& rows);
   void rope(float* x, int32_t heads, const float* cos_sin) const;
 
