@@ -22,7 +22,7 @@ import (
 // Face transformers in float32 on the same dequantised weights: every
 // compared logit within this absolute distance. Both compute in float32 and
 // differ only in summation order (observed maximum: see the test's log).
-const referenceLogitTol = 2e-3
+const referenceLogitTol = 1e-3
 
 type refRun struct {
 	Tokens   []int32        `json:"tokens"`
