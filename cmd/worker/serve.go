@@ -146,6 +146,9 @@ func (o *serveOptions) validate() error {
 	if err := oneOf(o.src("engine"), o.engine, "cpu", "cuda", "twin", "fake"); err != nil {
 		return err
 	}
+	if err := o.openModel(); err != nil {
+		return err
+	}
 	if o.pages == 0 && o.engine != "cuda" && o.engine != "twin" {
 		return usageErrorf("%s must be at least 1 (0 sizes the pool from GPU memory and needs --engine cuda or twin)",
 			o.src("pages"))
@@ -157,9 +160,6 @@ func (o *serveOptions) validate() error {
 		return err
 	}
 	if err := o.validateCtxCost(); err != nil {
-		return err
-	}
-	if err := o.openModel(); err != nil {
 		return err
 	}
 	o.defaultCheckpointPages()
