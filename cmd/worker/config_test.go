@@ -244,7 +244,7 @@ func TestConfigDocumentsEveryKey(t *testing.T) {
 	o, want := defaultServeOptions(), defaultServeOptions()
 	fc.apply(&o, map[string]bool{})
 	require.NoError(t, o.validate())
-	o.origin, o.ranksSet, want.ranksSet, o.reuseOnBy = nil, false, false, ""
+	o.origin, o.ranksSet, want.ranksSet, o.pagesSet, o.reuseOnBy = nil, false, false, false, ""
 	o.sched.Names = want.sched.Names
 	require.Equal(t, want, o, "the example's values are the defaults")
 }
