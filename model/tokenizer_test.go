@@ -15,16 +15,6 @@ import (
 	"unicode/utf8"
 )
 
-const smolName = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-func modelCache() string {
-	if d := os.Getenv("LOCKSTEP_MODEL_CACHE"); d != "" {
-		return d
-	}
-	home, _ := os.UserHomeDir()
-	return filepath.Join(home, ".cache", "lockstep", "models")
-}
-
 var (
 	smolOnce sync.Once
 	smolTok  *Tokenizer
