@@ -177,6 +177,13 @@ struct Portable {
 // ---------------------------------------------------------------------------
 // AVX2: 4 rows x 3 vectors of 8 = 12 accumulators (+3 W vectors and a
 // broadcast: 16 ymm registers).
+// The address `elems` floats past w, for a prefetch hint. Computed in
+// integers: near the end of W it lies past the array, where forming the
+// pointer by pointer arithmetic would be undefined (a prefetch never faults).
+inline const char* ahead(const float* w, int64_t elems) {
+  return reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(w) + static_cast<uintptr_t>(elems) * sizeof(float));
+}
+
 struct Avx2 {
   static constexpr int kRows = 4, kVecs = 3, kWidth = 8;
   template <int R, int V>
@@ -192,7 +199,7 @@ struct Avx2 {
       __m256 wv[V];
 #pragma GCC unroll 4
       for (int v = 0; v < V; ++v)
-        _mm_prefetch(reinterpret_cast<const char*>(w + kPrefetchRows * ldw + 8 * v), _MM_HINT_T0);
+        _mm_prefetch(ahead(w, kPrefetchRows * ldw + 8 * v), _MM_HINT_T0);
 #pragma GCC unroll 4
       for (int v = 0; v < V; ++v) wv[v] = _mm256_loadu_ps(w + 8 * v);
 #pragma GCC unroll 8
@@ -241,7 +248,7 @@ struct Avx512 {
       __m512 wv[V];
 #pragma GCC unroll 4
       for (int v = 0; v < V; ++v)
-        _mm_prefetch(reinterpret_cast<const char*>(w + kPrefetchRows * ldw + 16 * v), _MM_HINT_T0);
+        _mm_prefetch(ahead(w, kPrefetchRows * ldw + 16 * v), _MM_HINT_T0);
 #pragma GCC unroll 4
       for (int v = 0; v < V; ++v)
         wv[v] = Masked ? _mm512_maskz_loadu_ps(mask, w + 16 * v) : _mm512_loadu_ps(w + 16 * v);
