@@ -20,6 +20,11 @@ ENGINE_MPI ?= auto
 ENGINE_MPI_FLAG = $(if $(filter auto,$(ENGINE_MPI)),$(if $(shell command -v mpicc 2>/dev/null),ON,OFF),$(ENGINE_MPI))
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 RUN_ARGS ?=
+# Go does not see a change of libengine.a (cgo links it as an external
+# library), so a rebuilt engine would leave bin/worker and the test binaries
+# linked against the old one. Stamping the library's hash into the link
+# makes every Go binary relink when the engine changes.
+ENGINE_STAMP = -ldflags "-X github.com/lockstep-ai/lockstep/bridge/native.EngineLibrary=$$(sha256sum $(BUILD)/native/libengine.a | cut -c1-16)"
 
 .PHONY: all deps model native worker run test test-native test-go test-race fuzz bench clean
 
@@ -39,7 +44,7 @@ native: deps
 	cmake --build $(BUILD) -j $(JOBS)
 
 worker: native
-	$(GO) build -tags native -o bin/worker ./cmd/worker
+	$(GO) build -tags native $(ENGINE_STAMP) -o bin/worker ./cmd/worker
 
 run: worker
 	bin/worker run $(RUN_ARGS)
@@ -55,7 +60,7 @@ test-go: native model
 	CGO_ENABLED=0 $(GO) build ./...
 	CGO_ENABLED=0 $(GO) vet ./...
 	$(GO) vet -tags native ./...
-	LOCKSTEP_REQUIRE_MODEL=1 $(GO) test -tags native -count=1 -timeout 30m ./...
+	LOCKSTEP_REQUIRE_MODEL=1 $(GO) test -tags native $(ENGINE_STAMP) -count=1 -timeout 30m ./...
 
 # Bounded fuzzing (CI runs it): the KV pool's operation sequences, the
 # trace parser, the worker's YAML config, the dry-run scenario JSON and
@@ -76,10 +81,10 @@ fuzz:
 # The concurrent packages (collectives, executor ranks, engine goroutine)
 # once more under the race detector.
 test-race: native
-	$(GO) test -race -tags native -count=1 ./nccl/... ./executor/... ./bridge/... ./cmd/worker/...
+	$(GO) test -race -tags native $(ENGINE_STAMP) -count=1 ./nccl/... ./executor/... ./bridge/... ./cmd/worker/...
 
 bench: worker
-	$(GO) test -tags native -run '^$$' -bench . -benchmem -benchtime 1x ./bridge/... ./executor/... ./tests/... 
+	$(GO) test -tags native $(ENGINE_STAMP) -run '^$$' -bench . -benchmem -benchtime 1x ./bridge/... ./executor/... ./tests/... 
 	$(GO) test -run '^$$' -bench . -benchmem ./model/...
 	$(GO) test -run '^$$' -bench . -benchmem ./scheduler/... ./kvpool/...
 	$(BUILD)/native/tests/bench_gemm

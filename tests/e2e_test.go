@@ -4,7 +4,9 @@ package tests
 
 import (
 	"bytes"
+	"crypto/sha256"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -18,7 +20,12 @@ import (
 func worker(t *testing.T) string {
 	t.Helper()
 	bin := filepath.Join(t.TempDir(), "worker")
-	cmd := exec.Command("go", "build", "-tags", "native", "-o", bin, "../cmd/worker")
+	// The engine library's hash in the link, as the Makefile does: Go does
+	// not notice a rebuilt libengine.a by itself.
+	lib, err := os.ReadFile("../build/native/libengine.a")
+	require.NoError(t, err, "build the engine first (make native)")
+	stamp := fmt.Sprintf("-X github.com/lockstep-ai/lockstep/bridge/native.EngineLibrary=%x", sha256.Sum256(lib))
+	cmd := exec.Command("go", "build", "-tags", "native", "-ldflags", stamp, "-o", bin, "../cmd/worker")
 	out, err := cmd.CombinedOutput()
 	require.NoError(t, err, string(out))
 	return bin

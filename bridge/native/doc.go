@@ -14,3 +14,8 @@
 // same thread (a CUDA backend's current device, thread-local last errors),
 // and a step costs exactly one cgo call.
 package native
+
+// EngineLibrary is the hash of the libengine.a this binary links, stamped
+// by the Makefile (-ldflags -X) so that Go relinks when the native library
+// changes; "" when built without the stamp.
+var EngineLibrary string

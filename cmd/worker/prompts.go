@@ -183,10 +183,10 @@ func (o *serveOptions) openModel() error {
 	return nil
 }
 
-// checkpointKVBudget is the float32 KV memory per rank that sizes the CPU
+// checkpointKVBudget (512 MiB) is the float32 KV memory per rank that sizes the CPU
 // engine's pool for a checkpoint when --pages is not given: the preset
 // default (4096 pages) would be gigabytes for a real model's layers.
-const checkpointKVBudget = 1 << 30
+const checkpointKVBudget = 512 << 20
 
 // defaultCheckpointPages sizes --pages for a checkpoint on the CPU engine
 // when it was not given: checkpointKVBudget of float32 pages, at most the

@@ -5,6 +5,8 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <string>
 
 #include "status.h"
@@ -268,6 +270,47 @@ Weights load_weights(const eng_model_shape& s, const eng_tensor* tensors, int32_
     dst->resize(static_cast<size_t>(t.rows * t.cols));
     tensor_to_input_major(t, s.head_dim, dst->data());
   }
+  return w;
+}
+
+namespace {
+
+// A 64-bit hash of bytes (8-byte words mixed by multiply and xor-shift).
+uint64_t hash_bytes(const uint8_t* p, int64_t n, uint64_t h) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    uint64_t w;
+    std::memcpy(&w, p + i, 8);
+    h = (h ^ w) * 0x9E3779B97F4A7C15ull;
+    h ^= h >> 29;
+  }
+  for (; i < n; ++i) h = (h ^ p[i]) * 0x100000001B3ull;
+  return h;
+}
+
+}  // namespace
+
+std::shared_ptr<const Weights> shared_weights(const eng_model_shape& s, const eng_tensor* tensors, int32_t n) {
+  // The key: the shape, then per tensor its description and content hash.
+  std::string key(reinterpret_cast<const char*>(&s), sizeof s);
+  for (int32_t i = 0; i < n; ++i) {
+    const eng_tensor& t = tensors[i];
+    const int64_t desc[] = {t.kind, t.layer, t.dtype, t.interleaved_rope_heads, t.rows, t.cols, t.nbytes,
+                            static_cast<int64_t>(hash_bytes(static_cast<const uint8_t*>(t.data), t.nbytes, 0x51u))};
+    key.append(reinterpret_cast<const char*>(desc), sizeof desc);
+  }
+  static std::mutex mu;
+  static std::map<std::string, std::weak_ptr<const Weights>> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  for (auto it = cache.begin(); it != cache.end();) {  // drop entries whose engines are gone
+    if (it->second.expired())
+      it = cache.erase(it);
+    else
+      ++it;
+  }
+  if (auto w = cache[key].lock()) return w;
+  auto w = std::make_shared<const Weights>(load_weights(s, tensors, n));
+  cache[key] = w;
   return w;
 }
 

@@ -12,6 +12,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "engine.h"
@@ -48,6 +49,12 @@ void validate_tensors(const eng_model_shape& shape, const eng_tensor* tensors, i
 // embeddings, the embedding is stored once, as lm_head ([hidden][vocab]) and
 // Weights::embedding stays empty (Weights::embed reads the column).
 Weights load_weights(const eng_model_shape& shape, const eng_tensor* tensors, int32_t n);
+
+// load_weights, shared: engines of this process built from tensors of the
+// same shape, kinds, types and contents (a content hash, so the same file
+// mapped twice matches and a different file at a reused address does not)
+// share one Weights while any of them lives.
+std::shared_ptr<const Weights> shared_weights(const eng_model_shape& shape, const eng_tensor* tensors, int32_t n);
 
 // Converts one validated tensor to float32 input-major W[c * rows + r] =
 // tensor[r][c] (a linear layer's x·W layout), restoring the rotate-half row

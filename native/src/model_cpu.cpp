@@ -48,8 +48,8 @@ T* grow(std::vector<T>& v, size_t n) {
 CpuBackend::CpuBackend(const EngineParams& p)
     : shape_(p.shape),
       tokens_per_page_(p.tokens_per_page),
-      weights_(p.num_tensors > 0 ? load_weights(p.shape, p.tensors, p.num_tensors)
-                                 : generate_weights(p.shape, p.seed)),
+      weights_(p.num_tensors > 0 ? shared_weights(p.shape, p.tensors, p.num_tensors)
+                                 : std::make_shared<const Weights>(generate_weights(p.shape, p.seed))),
       device_(p.num_pages, p.tokens_per_page, p.shape.num_layers,
               p.shape.num_kv_heads * p.shape.head_dim),
       host_(p.num_host_pages, p.tokens_per_page, p.shape.num_layers,
@@ -112,7 +112,7 @@ void CpuBackend::rope(float* x, int32_t heads, const float* cos_sin) const {
 // the K/V of the earlier rows of its chunk from the pages. The projections are
 // GEMMs over passes of up to kRowChunk rows.
 void CpuBackend::write_kv(int32_t layer, const StepBatch& batch, const float* hidden) {
-  const LayerWeights& w = weights_.layers[static_cast<size_t>(layer)];
+  const LayerWeights& w = weights_->layers[static_cast<size_t>(layer)];
   const int64_t H = shape_.hidden_size, D = shape_.head_dim;
   const int64_t qd = int64_t{shape_.num_heads} * D, kvd = int64_t{shape_.num_kv_heads} * D;
   const int32_t P = tokens_per_page_;
@@ -152,7 +152,7 @@ void CpuBackend::write_kv(int32_t layer, const StepBatch& batch, const float* hi
 // over passes of up to kRowChunk of the rows.
 void CpuBackend::attend_mlp(int32_t layer, const StepBatch& batch, const int64_t* rows, int64_t n,
                             float* hidden, const float* attn) {
-  const LayerWeights& w = weights_.layers[static_cast<size_t>(layer)];
+  const LayerWeights& w = weights_->layers[static_cast<size_t>(layer)];
   const int64_t H = shape_.hidden_size, F = shape_.intermediate_size;
   const int64_t qd = int64_t{shape_.num_heads} * shape_.head_dim;
   for (int64_t c0 = 0; c0 < n; c0 += kRowChunk) {
@@ -210,7 +210,7 @@ double CpuBackend::step(const StepBatch& batch, int32_t* sampled, float* logits)
   int64_t r = 0;
   for (const StepSeq& s : batch.seqs)
     for (int32_t t = 0; t < s.num_tokens; ++t, ++r)
-      weights_.embed(s.tokens[t], H, V, hidden + r * H);
+      weights_->embed(s.tokens[t], H, V, hidden + r * H);
 
   for (int32_t l = 0; l < shape_.num_layers; ++l) {
     write_kv(l, batch, hidden);
@@ -252,10 +252,10 @@ double CpuBackend::step(const StepBatch& batch, int32_t* sampled, float* logits)
     const int64_t m = ns - c0 < kLogitChunk ? ns - c0 : kLogitChunk;
     float* x = grow(x_, static_cast<size_t>(m * H));
     for (int64_t j = 0; j < m; ++j)
-      rms_norm(hidden + srows[static_cast<size_t>(c0 + j)] * H, weights_.final_norm.data(),
+      rms_norm(hidden + srows[static_cast<size_t>(c0 + j)] * H, weights_->final_norm.data(),
                shape_.hidden_size, shape_.rms_eps, x + j * H);
     float* lg = logits != nullptr ? logits + c0 * V : grow(logits_, static_cast<size_t>(m * V));
-    gemm_rows(x, m, H, weights_.lm_head.data(), V, lg);
+    gemm_rows(x, m, H, weights_->lm_head.data(), V, lg);
     for (int64_t j = 0; j < m; ++j)
       sampled[row_seq_[srows[static_cast<size_t>(c0 + j)]]] = argmax(lg + j * V, shape_.vocab_size);
   }

@@ -40,6 +40,7 @@
 #define LOCKSTEP_NATIVE_MODEL_CPU_H
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "attention_cpu.h"
@@ -61,7 +62,7 @@ class CpuBackend final : public Backend {
   // --- Internals exposed to the native tests (not part of the C ABI). ---
 
   const eng_model_shape& shape() const { return shape_; }
-  const Weights& weights() const { return weights_; }
+  const Weights& weights() const { return *weights_; }
   PageSlab& device_pages() { return device_; }
   PageSlab& host_pages() { return host_; }
 
@@ -81,7 +82,9 @@ class CpuBackend final : public Backend {
 
   eng_model_shape shape_;
   int32_t tokens_per_page_;
-  Weights weights_;
+  // Checkpoint weights are shared by the engines of one process built from
+  // the same tensors (in-process ranks: one float copy, not one per rank).
+  std::shared_ptr<const Weights> weights_;
   PageSlab device_, host_;
   std::vector<double> inv_freq_;  // [head_dim / 2]: theta^(-2i/D)
 

@@ -272,6 +272,17 @@ int main() {
     expect_refused("lm_head with tied", bad, "tied_embeddings");
   }
 
+  // Engines built from the same tensors share one float copy; different
+  // contents do not.
+  {
+    Checkpoint a = from_synthetic(tiny, 7), b = from_synthetic(tiny, 7), c = from_synthetic(tiny, 8);
+    auto wa = shared_weights(a.shape, a.tensors.data(), static_cast<int32_t>(a.tensors.size()));
+    auto wb = shared_weights(b.shape, b.tensors.data(), static_cast<int32_t>(b.tensors.size()));
+    auto wc = shared_weights(c.shape, c.tensors.data(), static_cast<int32_t>(c.tensors.size()));
+    CHECK(wa.get() == wb.get());
+    CHECK(wa.get() != wc.get());
+  }
+
   // Refusals name the tensor.
   {
     Checkpoint m = from_synthetic(tiny, 7);
