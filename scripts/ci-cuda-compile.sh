@@ -44,8 +44,11 @@ if command -v go >/dev/null; then
   git ls-files -z | tar --null -cf - -T - | tar -xf - -C "$tree"
   mkdir -p "$tree/build" && ln -s "$PWD/$BUILD_DIR/native" "$tree/build/native"
   (cd "$tree" && CGO_CFLAGS="-O2 -Wno-deprecated-declarations" go build -tags native -o "$tree/worker" ./cmd/worker)
-  LD_LIBRARY_PATH="$CUDAToolkit_ROOT/lib:$CUDAToolkit_ROOT/lib64:$LOCKSTEP_NCCL_ROOT/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
-    "$tree/worker" info | tee /dev/stderr | grep 'native: cpu, cuda' >/dev/null ||
+  # (Not `tee /dev/stderr`: reopening stderr truncates a log file it points to.)
+  info="$(LD_LIBRARY_PATH="$CUDAToolkit_ROOT/lib:$CUDAToolkit_ROOT/lib64:$LOCKSTEP_NCCL_ROOT/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+    "$tree/worker" info)"
+  echo "$info" >&2
+  grep 'native: cpu, cuda' >/dev/null <<<"$info" ||
     { echo "ci-cuda-compile: the worker linked against the CUDA library does not report the cuda backend" >&2; exit 1; }
 fi
 echo "ci-cuda-compile: CUDA and NCCL code compiled and linked (sm_90, sm_100, compute_90 PTX), worker links it"
