@@ -13,6 +13,8 @@ namespace lockstep {
 struct AttnScratch {
   std::vector<float> scores;  // [tokens_per_page]
   std::vector<float> o_page;  // [head_dim]
+  std::vector<float> kt;      // [head_dim][tokens_per_page]: one page's K of one kv head, transposed
+  std::vector<float> ml;      // [rows][heads][2]: running max and sum
 };
 
 // Attention of one query row at position pos over positions [0, pos] of a
@@ -26,6 +28,16 @@ struct AttnScratch {
 void paged_attention_row(const PageSlab& slab, int32_t layer, const int32_t* blocks,
                          int32_t pos, const float* q, int32_t num_heads, int32_t num_kv_heads,
                          int32_t head_dim, float* out, AttnScratch& scratch);
+
+// paged_attention_row for n rows of ONE sequence (same block table) at
+// positions pos[0..n): q row r at q + r * q_stride, output row r at
+// out + r * out_stride. Every row gets exactly the bits paged_attention_row
+// would give it (same partials, merged in the same page order); the rows
+// and the query heads of a kv head share each page's K, read once and
+// transposed, which is what makes a prefill chunk's attention fast.
+void paged_attention_rows(const PageSlab& slab, int32_t layer, const int32_t* blocks, const int32_t* pos,
+                          int32_t n, const float* q, size_t q_stride, int32_t num_heads, int32_t num_kv_heads,
+                          int32_t head_dim, float* out, size_t out_stride, AttnScratch& scratch);
 
 }  // namespace lockstep
 

@@ -59,6 +59,60 @@ inline void attn_page_partial(const float* q, float scale, const float* k, const
   *l = sum;
 }
 
+// attn_page_partial with the page's K transposed: kt[d * ldk + j] is slot
+// j's K element d. The same operations in the same order per element (so the
+// same bits), blocked so that the accumulators live in registers: 16 slots'
+// scores at a time over d, then 16 output elements at a time over the slots.
+__attribute__((always_inline)) inline void attn_page_partial_kt(const float* __restrict q, float scale, const float* __restrict kt, size_t ldk,
+                                 const float* __restrict v, size_t stride, int32_t n, int32_t head_dim,
+                                 float* __restrict scores, float* m, float* l, float* __restrict o) {
+  constexpr int32_t kB = 16;
+  int32_t j0 = 0;
+  for (; j0 + kB <= n; j0 += kB) {
+    float acc[kB] = {};
+    for (int32_t d = 0; d < head_dim; ++d) {
+      const float qd = q[d];
+      const float* kd = kt + static_cast<size_t>(d) * ldk + j0;
+      for (int32_t jj = 0; jj < kB; ++jj) acc[jj] += qd * kd[jj];
+    }
+    for (int32_t jj = 0; jj < kB; ++jj) scores[j0 + jj] = acc[jj];
+  }
+  for (int32_t j = j0; j < n; ++j) {
+    float acc = 0.0f;
+    for (int32_t d = 0; d < head_dim; ++d) acc += q[d] * kt[static_cast<size_t>(d) * ldk + j];
+    scores[j] = acc;
+  }
+  float mx = -INFINITY;
+  for (int32_t j = 0; j < n; ++j) {
+    const float s = scores[j] * scale;
+    scores[j] = s;
+    if (s > mx) mx = s;
+  }
+  float sum = 0.0f;
+  for (int32_t j = 0; j < n; ++j) {
+    const float p = std::exp(scores[j] - mx);
+    scores[j] = p;
+    sum += p;
+  }
+  int32_t d0 = 0;
+  for (; d0 + kB <= head_dim; d0 += kB) {
+    float acc[kB] = {};
+    for (int32_t j = 0; j < n; ++j) {
+      const float p = scores[j];
+      const float* vj = v + static_cast<size_t>(j) * stride + d0;
+      for (int32_t dd = 0; dd < kB; ++dd) acc[dd] += p * vj[dd];
+    }
+    for (int32_t dd = 0; dd < kB; ++dd) o[d0 + dd] = acc[dd];
+  }
+  for (int32_t d = d0; d < head_dim; ++d) {
+    float acc = 0.0f;
+    for (int32_t j = 0; j < n; ++j) acc += scores[j] * v[static_cast<size_t>(j) * stride + d];
+    o[d] = acc;
+  }
+  *m = mx;
+  *l = sum;
+}
+
 // Merges the partial (m, l, o) into the running state (M, L, O). A state with
 // L == 0 is empty (no page merged yet); merging into it copies the partial
 // exactly, so a single-page context costs no rounding. A partial with l == 0

@@ -161,11 +161,20 @@ void CpuBackend::attend_mlp(int32_t layer, const StepBatch& batch, const int64_t
     const float* a = attn != nullptr ? attn + c0 * qd : nullptr;
     if (a == nullptr) {
       float* out = grow(attn_, static_cast<size_t>(m * qd));
-      for (int64_t j = 0; j < m; ++j) {
-        const StepSeq& s = batch.seqs[static_cast<size_t>(row_seq_[rr[j]])];
-        paged_attention_row(device_, layer, s.blocks, row_pos_[rr[j]], q_.data() + rr[j] * qd,
-                            shape_.num_heads, shape_.num_kv_heads, shape_.head_dim, out + j * qd,
-                            attn_scratch_);
+      // Runs of consecutive rows of one sequence share its pages.
+      int32_t* pos = grow(run_pos_, static_cast<size_t>(m));
+      for (int64_t j = 0; j < m;) {
+        const int32_t seq = row_seq_[rr[j]];
+        int64_t e = j;
+        while (e < m && row_seq_[rr[e]] == seq && (e == j || rr[e] == rr[e - 1] + 1)) {
+          pos[e - j] = row_pos_[rr[e]];
+          ++e;
+        }
+        const StepSeq& s = batch.seqs[static_cast<size_t>(seq)];
+        paged_attention_rows(device_, layer, s.blocks, pos, static_cast<int32_t>(e - j), q_.data() + rr[j] * qd,
+                             static_cast<size_t>(qd), shape_.num_heads, shape_.num_kv_heads, shape_.head_dim,
+                             out + j * qd, static_cast<size_t>(qd), attn_scratch_);
+        j = e;
       }
       a = out;
     }

@@ -96,6 +96,7 @@ class CpuBackend final : public Backend {
   std::vector<float> x_, attn_, tmp_, gate_, up_, logits_;
   std::vector<float> kv_scratch_;  // K and V of a position this Helix rank does not own
   AttnScratch attn_scratch_;
+  std::vector<int32_t> run_pos_;  // positions of a run of one sequence's rows (attention)
   // Helix scratch: this step's rows needing attention in the current layer,
   // their attention outputs, the local partials and the gathered ones.
   std::vector<int64_t> helix_rows_;
