@@ -1,7 +1,9 @@
 // (a) Paged GQA attention (float32, page-by-page partials merged in page
 // order) against a straightforward float64 softmax attention, for several page
 // sizes and head groupings, at every position of a chunk that follows a prefix.
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <cstdint>
 #include <vector>
 
@@ -86,6 +88,43 @@ void run_case(const Case& c, uint64_t seed) {
               c.kv_heads, c.head_dim, ctx, c.q_scale, worst);
 }
 
+// paged_attention_rows over a chunk's rows (any run of them) gives every row
+// exactly the bits paged_attention_row gives it alone.
+void rows_equal_row(const Case& c, uint64_t seed) {
+  const int32_t layers = 2, layer = 0;
+  const int32_t ctx = c.prefix + c.chunk, P = c.tokens_per_page;
+  const int32_t num_blocks = (ctx + P - 1) / P, num_pages = num_blocks + 1;
+  const int32_t kvw = c.kv_heads * c.head_dim, qd = c.heads * c.head_dim;
+  PageSlab slab(num_pages, P, layers, kvw);
+  uint64_t x = seed;
+  for (int32_t p = 0; p < num_pages; ++p)
+    for (size_t i = 0; i < slab.page_floats(); ++i) slab.page(p)[i] = rnd(x);
+  std::vector<int32_t> blocks;
+  for (int32_t b = 0; b < num_blocks; ++b) blocks.push_back(num_pages - 1 - b);
+  std::vector<float> q(static_cast<size_t>(c.chunk) * qd), want(q.size()), got(q.size());
+  for (auto& v : q) v = rnd(x) * c.q_scale;
+  std::vector<int32_t> pos(c.chunk);
+  AttnScratch a, b;
+  for (int32_t r = 0; r < c.chunk; ++r) {
+    pos[r] = c.prefix + r;
+    paged_attention_row(slab, layer, blocks.data(), pos[r], q.data() + r * qd, c.heads, c.kv_heads, c.head_dim,
+                        want.data() + r * qd, a);
+  }
+  // The whole chunk at once, then in runs of 3 rows.
+  paged_attention_rows(slab, layer, blocks.data(), pos.data(), c.chunk, q.data(), qd, c.heads, c.kv_heads,
+                       c.head_dim, got.data(), qd, b);
+  CHECKF(std::memcmp(want.data(), got.data(), sizeof(float) * want.size()) == 0,
+         "rows != row (P %d, heads %d/%d, D %d, prefix %d, chunk %d)", P, c.heads, c.kv_heads, c.head_dim, c.prefix,
+         c.chunk);
+  std::fill(got.begin(), got.end(), 0.0f);
+  for (int32_t r0 = 0; r0 < c.chunk; r0 += 3) {
+    const int32_t n = std::min(3, c.chunk - r0);
+    paged_attention_rows(slab, layer, blocks.data(), pos.data() + r0, n, q.data() + r0 * qd, qd, c.heads,
+                         c.kv_heads, c.head_dim, got.data() + r0 * qd, qd, b);
+  }
+  CHECKF(std::memcmp(want.data(), got.data(), sizeof(float) * want.size()) == 0, "runs of 3 rows != row");
+}
+
 }  // namespace
 
 int main() {
@@ -96,5 +135,10 @@ int main() {
   };
   uint64_t seed = 12345;
   for (const Case& c : cases) run_case(c, seed++);
+  for (const Case& c : cases) rows_equal_row(c, seed++);
+  // Real shapes: head_dim 64 and 128 (register blocks of 16 with and without tails).
+  const Case real[] = {{16, 9, 3, 64, 40, 37, 1.0f}, {16, 8, 2, 128, 0, 33, 2.0f}, {32, 4, 4, 64, 17, 50, 1.0f},
+                       {8, 4, 2, 72, 3, 19, 1.0f}};
+  for (const Case& c : real) rows_equal_row(c, seed++);
   return check_exit_code("test_attention_reference");
 }
