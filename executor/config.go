@@ -70,6 +70,18 @@ type Config struct {
 	// StopTokens are the model's end-of-generation tokens: a request whose
 	// Arrival.StopAtEOS is set completes when it samples one.
 	StopTokens []int32
+	// Serving (serving.go). Stream gathers every produced token to rank 0
+	// each iteration, where OnTokens receives them (request order within a
+	// rank, ranks in order). OnResponse receives each answer on rank 0 as
+	// it arrives; DiscardResponses then keeps them out of Result (a server
+	// runs for ever). OnIteration receives the fleet's state on rank 0 at
+	// the end of every iteration. The callbacks run on rank 0's loop
+	// goroutine and must not block.
+	Stream           bool
+	OnTokens         func(deltas []TokenDelta)
+	OnResponse       func(Response)
+	DiscardResponses bool
+	OnIteration      func(FleetStats)
 	// Scheduler is the scheduler configuration (arrival validation reads it).
 	Scheduler scheduler.Config
 	// MaxSeqLen bounds prompt + 1 (arrival validation); 0 = unset: the KV

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/lockstep-ai/lockstep/bridge"
@@ -88,11 +89,20 @@ type Executor struct {
 	virtual StepCoster
 	vnow    time.Time
 	// calib is the online context-cost calibrator (Config.CostCalibration).
-	calib     *calibrator
-	wasteSum  float64
-	wasteN    int
-	waitDur   time.Duration
-	lastStats RankState
+	calib    *calibrator
+	wasteSum float64
+	wasteN   int
+	// Serving (serving.go): this rank's cumulative preemptions, the tokens
+	// produced since the last response gather (Config.Stream), answers
+	// handed over on rank 0, and this iteration's per-rank busy time and
+	// loads (rank 0, Config.OnIteration).
+	suspends, recomputes int64
+	deltas               []TokenDelta
+	answered             int
+	iterBusy             []float64
+	iterLoads            []RankLoad
+	waitDur              time.Duration
+	lastStats            RankState
 }
 
 // New builds a rank's executor.
@@ -364,7 +374,10 @@ func (e *Executor) iteration() (bool, error) {
 	}
 	e.lastStats = p.stats
 	if e.cfg.Rank == 0 && e.cfg.Progress != nil {
-		e.cfg.Progress(len(e.res.Responses))
+		e.cfg.Progress(e.answered)
+	}
+	if e.cfg.Rank == 0 && e.cfg.OnIteration != nil {
+		e.reportIteration(p)
 	}
 	if !p.canQueue && !p.fleetWork {
 		e.idleWait()
@@ -617,9 +630,13 @@ func (e *Executor) rankState() RankState {
 // flag), then the items only if the count is non-zero.
 func (e *Executor) fetchArrivals(now time.Time) ([]Arrival, error) {
 	var items []Arrival
+	var cancels []uint64
 	var shut bool
 	if e.cfg.Rank == 0 {
 		items = e.screenArrivals(e.d.Source.Due(now), now)
+		if c, ok := e.d.Source.(Canceller); ok {
+			cancels = c.Cancelled()
+		}
 		// Rejections made here are gathered at this iteration's C8; hold the
 		// shutdown back one iteration so that the loop cannot exit first
 		// (they are not fleet work: the other ranks never see them).
@@ -627,19 +644,22 @@ func (e *Executor) fetchArrivals(now time.Time) ([]Arrival, error) {
 	}
 	if !e.multi() {
 		e.shutdown = e.shutdown || shut
+		e.cancelRequests(cancels)
 		return items, nil
 	}
-	hdrLen := 16
+	// Header: arrivals, shutdown, cancellations, [rank 0's virtual clock].
+	hdrLen := 24
 	if e.virtual != nil {
-		hdrLen = 24 // + rank 0's virtual clock (configuration-dependent, identical on every rank)
+		hdrLen = 32 // + rank 0's virtual clock (configuration-dependent, identical on every rank)
 	}
 	hdr := make([]byte, hdrLen)
 	binary.LittleEndian.PutUint64(hdr, uint64(len(items)))
 	if shut {
 		binary.LittleEndian.PutUint64(hdr[8:], 1)
 	}
+	binary.LittleEndian.PutUint64(hdr[16:], uint64(len(cancels)))
 	if e.virtual != nil {
-		binary.LittleEndian.PutUint64(hdr[16:], uint64(e.vnow.UnixNano()))
+		binary.LittleEndian.PutUint64(hdr[24:], uint64(e.vnow.UnixNano()))
 	}
 	t := e.wall()
 	defer func() { e.waitDur += e.wall().Sub(t) }()
@@ -651,10 +671,25 @@ func (e *Executor) fetchArrivals(now time.Time) ([]Arrival, error) {
 		return nil, fmt.Errorf("collective desync: arrival count of %d bytes", len(got))
 	}
 	if e.virtual != nil {
-		e.vnow = time.Unix(0, int64(binary.LittleEndian.Uint64(got[16:])))
+		e.vnow = time.Unix(0, int64(binary.LittleEndian.Uint64(got[24:])))
 	}
 	count := int(binary.LittleEndian.Uint64(got))
 	e.shutdown = e.shutdown || binary.LittleEndian.Uint64(got[8:]) != 0
+	if nc := binary.LittleEndian.Uint64(got[16:]); nc > 0 {
+		// Every rank withdraws them here, before this iteration schedules.
+		if nc > 1<<20 {
+			return nil, fmt.Errorf("collective desync: %d cancellations announced", nc)
+		}
+		raw, err := e.d.Comm.Broadcast("cancellations", 0, encodeIDs(cancels))
+		if err != nil {
+			return nil, err
+		}
+		ids, err := decodeIDs(raw, int(nc))
+		if err != nil {
+			return nil, err
+		}
+		e.cancelRequests(ids)
+	}
 	if count == 0 {
 		return nil, nil
 	}
@@ -802,8 +837,10 @@ func (e *Executor) rollbackDummy() {
 func (e *Executor) handlePaused(out *scheduler.Output) {
 	for _, s := range out.Paused {
 		e.byID[s.ID].suspended++
+		e.suspends++
 	}
 	for _, s := range out.RecomputePaused {
+		e.recomputes++
 		r := e.byID[s.ID]
 		if e.d.KV.HasCache(r.ID) {
 			e.d.KV.Free(&r.Request)
@@ -847,15 +884,32 @@ func (e *Executor) canQueue(b int) (canQueue, thisRank bool, err error) {
 // gatherResponses sends this rank's responses to rank 0 (C7/C8). Rank 0
 // keeps them; with C8 it also accumulates the lockstep-waste metric.
 func (e *Executor) gatherResponses(name string, rs []Response, deviceUS int64, forward bool) error {
+	// The produced tokens ride the "responses" gather (after the step's
+	// results were applied), the loads the "pending_responses" one.
+	var deltas []TokenDelta
+	if name == "responses" {
+		deltas, e.deltas = e.deltas, e.deltas[:0]
+	}
+	var load RankLoad
+	if name == "pending_responses" && e.cfg.OnIteration != nil {
+		load = e.load()
+	}
 	if !e.adp() {
 		// Without attention DP only rank 0 answers; the others hold replicas.
 		if e.cfg.Rank == 0 {
-			e.res.Responses = append(e.res.Responses, rs...)
+			e.deliver(deltas, rs)
+			if name == "pending_responses" {
+				e.iterLoads = append(e.iterLoads[:0], load)
+				e.iterBusy = e.iterBusy[:0]
+				if forward {
+					e.iterBusy = append(e.iterBusy, float64(deviceUS)/1000)
+				}
+			}
 		}
 		return nil
 	}
 	t := e.wall()
-	all, err := e.d.Comm.AllGather(name, responseBatch{DeviceUS: deviceUS, Responses: rs}.encode())
+	all, err := e.d.Comm.AllGather(name, responseBatch{DeviceUS: deviceUS, Responses: rs, Deltas: deltas, Load: load}.encode())
 	e.waitDur += e.wall().Sub(t)
 	if err != nil {
 		return err
@@ -869,12 +923,15 @@ func (e *Executor) gatherResponses(name string, rs []Response, deviceUS int64, f
 	if record {
 		busy = make([]float32, len(all))
 	}
+	if name == "pending_responses" {
+		e.iterLoads, e.iterBusy = e.iterLoads[:0], e.iterBusy[:0]
+	}
 	for i, b := range all {
 		rb, err := decodeResponseBatch(b)
 		if err != nil {
 			return err
 		}
-		e.res.Responses = append(e.res.Responses, rb.Responses...)
+		e.deliver(rb.Deltas, rb.Responses)
 		us := float64(rb.DeviceUS)
 		sum += us
 		if us > max {
@@ -882,6 +939,12 @@ func (e *Executor) gatherResponses(name string, rs []Response, deviceUS int64, f
 		}
 		if record {
 			busy[i] = float32(us / 1000)
+		}
+		if name == "pending_responses" {
+			e.iterLoads = append(e.iterLoads, rb.Load)
+			if forward {
+				e.iterBusy = append(e.iterBusy, us/1000)
+			}
 		}
 	}
 	if record {
@@ -892,6 +955,41 @@ func (e *Executor) gatherResponses(name string, rs []Response, deviceUS int64, f
 		e.wasteN++
 	}
 	return nil
+}
+
+// deliver hands rank 0's gathered tokens and answers over: to the serving
+// callbacks, and to Result unless Config.DiscardResponses.
+func (e *Executor) deliver(deltas []TokenDelta, rs []Response) {
+	if len(deltas) > 0 && e.cfg.OnTokens != nil {
+		e.cfg.OnTokens(deltas)
+	}
+	e.answered += len(rs)
+	if !e.cfg.DiscardResponses {
+		e.res.Responses = append(e.res.Responses, rs...)
+	}
+	if e.cfg.OnResponse != nil {
+		for _, r := range rs {
+			e.cfg.OnResponse(r)
+		}
+	}
+}
+
+// reportIteration hands the iteration's fleet state to Config.OnIteration.
+func (e *Executor) reportIteration(p *plan) {
+	st := FleetStats{Iter: e.iter, Forward: len(e.iterBusy) > 0, Ranks: append([]RankLoad(nil), e.iterLoads...),
+		IterationMS: float64(e.wall().Sub(p.wallStart).Microseconds()) / 1000, CostPublications: len(e.res.CostPublications)}
+	if st.Forward {
+		st.BusyMS = append([]float64(nil), e.iterBusy...)
+		var sum, max float64
+		for _, b := range st.BusyMS {
+			sum += b
+			max = math.Max(max, b)
+		}
+		if max > 0 {
+			st.LockstepWaste = 1 - sum/float64(len(st.BusyMS))/max
+		}
+	}
+	e.cfg.OnIteration(st)
 }
 
 // idleWait paces an idle fleet: rank 0 sleeps until the next arrival (the

@@ -15,12 +15,14 @@ type request struct {
 	maxNewTotal  int     // the original generation limit
 	arrivalNS    int64
 	firstTokenNS int64
+	scheduledNS  int64 // when its first chunk was launched (queue time ends)
 	suspended    int
 	recomputed   int
 	reused       int  // prompt prefix the first admission reused (ReusedTokens)
 	reusedSet    bool // reused is final
 	stopAtEOS    bool // a stop token (Config.StopTokens) ends generation
-	stopped      bool // a stop token was sampled
+	stopped      bool // a stop token was sampled, or the request was cancelled: no more tokens
+	cancelled    bool // withdrawn by the client (Canceller)
 	pending      int  // batches holding this request whose results are not applied yet
 }
 

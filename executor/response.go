@@ -11,6 +11,7 @@ type Response struct {
 	Rank             int     // the rank that served it; NoRank if it was rejected before routing
 	Output           []int32 // generated tokens, in order
 	ArrivalUnixNS    int64
+	ScheduledUnixNS  int64 // its first chunk was launched (0 if never): the queue time ends
 	FirstTokenUnixNS int64 // 0 if no token was produced
 	FinishUnixNS     int64
 	Suspended        int // times suspended to make room
@@ -30,19 +31,37 @@ type Response struct {
 const NoRank = -1
 
 // responseBatch is the payload of the response gathers (C7, C8): the sending
-// rank's busy time in this iteration (C8 only) and its responses.
+// rank's busy time in this iteration (C8 only) and its responses; with
+// Config.Stream, the tokens its requests produced (C7); with
+// Config.OnIteration, its load (C8).
 type responseBatch struct {
 	DeviceUS  int64
 	Responses []Response
+	Deltas    []TokenDelta
+	Load      RankLoad
+}
+
+// TokenDelta is one token a request produced in an iteration (streaming).
+type TokenDelta struct {
+	ID    uint64
+	Token int32
 }
 
 func (rb responseBatch) encode() []byte {
 	b := binary.LittleEndian.AppendUint64(nil, uint64(rb.DeviceUS))
+	for _, v := range rb.Load.fields() {
+		b = binary.LittleEndian.AppendUint64(b, uint64(v))
+	}
+	b = binary.LittleEndian.AppendUint32(b, uint32(len(rb.Deltas)))
+	for _, d := range rb.Deltas {
+		b = binary.LittleEndian.AppendUint64(b, d.ID)
+		b = binary.LittleEndian.AppendUint32(b, uint32(d.Token))
+	}
 	b = binary.LittleEndian.AppendUint32(b, uint32(len(rb.Responses)))
 	for _, r := range rb.Responses {
 		b = binary.LittleEndian.AppendUint64(b, r.ID)
 		b = binary.LittleEndian.AppendUint32(b, uint32(int32(r.Rank))) // NoRank travels as -1
-		for _, t := range []int64{r.ArrivalUnixNS, r.FirstTokenUnixNS, r.FinishUnixNS} {
+		for _, t := range []int64{r.ArrivalUnixNS, r.ScheduledUnixNS, r.FirstTokenUnixNS, r.FinishUnixNS} {
 			b = binary.LittleEndian.AppendUint64(b, uint64(t))
 		}
 		b = binary.LittleEndian.AppendUint32(b, uint32(r.Suspended))
@@ -69,8 +88,20 @@ func decodeResponseBatch(b []byte) (responseBatch, error) {
 	d := decoder{b: b}
 	var rb responseBatch
 	rb.DeviceUS = int64(d.u64())
+	f := rb.Load.fields()
+	for i := range f {
+		f[i] = int64(d.u64())
+	}
+	rb.Load.setFields(f)
+	nd := int(d.u32())
+	if d.err == nil && nd > len(d.b)/12 {
+		d.err = errShort
+	}
+	for i := 0; i < nd && d.err == nil; i++ {
+		rb.Deltas = append(rb.Deltas, TokenDelta{ID: d.u64(), Token: int32(d.u32())})
+	}
 	n := int(d.u32())
-	if d.err == nil && n > len(d.b)/45 {
+	if d.err == nil && n > len(d.b)/53 {
 		d.err = errShort
 	}
 	for i := 0; i < n && d.err == nil; i++ {
@@ -78,6 +109,7 @@ func decodeResponseBatch(b []byte) (responseBatch, error) {
 		r.ID = d.u64()
 		r.Rank = int(int32(d.u32()))
 		r.ArrivalUnixNS = int64(d.u64())
+		r.ScheduledUnixNS = int64(d.u64())
 		r.FirstTokenUnixNS = int64(d.u64())
 		r.FinishUnixNS = int64(d.u64())
 		r.Suspended = int(d.u32())
@@ -103,4 +135,22 @@ func decodeResponseBatch(b []byte) (responseBatch, error) {
 		return responseBatch{}, fmt.Errorf("collective desync: response payload does not decode: %w", d.err)
 	}
 	return rb, nil
+}
+
+// RankLoad is one rank's state at the end of an iteration, for metrics
+// (Config.OnIteration): requests holding a slot, requests waiting for their
+// first chunk, device pages in use and in all, and the cumulative
+// preemptions of its requests.
+type RankLoad struct {
+	Running, Waiting     int64
+	UsedPages, Pages     int64
+	Suspended, Recompute int64
+}
+
+func (l RankLoad) fields() []int64 {
+	return []int64{l.Running, l.Waiting, l.UsedPages, l.Pages, l.Suspended, l.Recompute}
+}
+
+func (l *RankLoad) setFields(f []int64) {
+	l.Running, l.Waiting, l.UsedPages, l.Pages, l.Suspended, l.Recompute = f[0], f[1], f[2], f[3], f[4], f[5]
 }

@@ -88,6 +88,7 @@ func (e *Executor) markLaunched(b *batch) {
 		if r.State.IsContext() {
 			if r.State == scheduler.ContextInit && !r.reusedSet {
 				r.reused, r.reusedSet = r.ContextPosition, true // the claimed prefix, before the first chunk
+				r.scheduledNS = e.cfg.Clock().UnixNano()
 			}
 			r.ContextPosition += r.ChunkSize
 			e.d.KV.UpdateAfterContext(&r.Request)
@@ -120,6 +121,16 @@ func (e *Executor) applyResults(b *batch, res *bridge.StepResult) (float64, erro
 			continue
 		}
 		r.pending--
+		if r.stopped {
+			// A step launched before its stop token was seen or before it
+			// was cancelled (overlap loop): its token is dropped, and the
+			// request completes once no launched step holds it.
+			if r.pending == 0 {
+				e.complete(r, now)
+				removed = true
+			}
+			continue
+		}
 		if !b.sample[i] {
 			continue
 		}
@@ -127,18 +138,11 @@ func (e *Executor) applyResults(b *batch, res *bridge.StepResult) (float64, erro
 		if tok < 0 {
 			return 0, fmt.Errorf("engine did not sample request %d", r.ID)
 		}
-		if r.stopped {
-			// A step launched before its stop token was seen (overlap
-			// loop): the token is dropped, and the request completes once
-			// no launched step holds it.
-			if r.pending == 0 {
-				e.complete(r, now)
-				removed = true
-			}
-			continue
-		}
 		wasGeneration := r.Generated > 0
 		r.output = append(r.output, tok)
+		if e.cfg.Stream {
+			e.deltas = append(e.deltas, TokenDelta{ID: r.ID, Token: tok})
+		}
 		r.Generated++
 		if r.firstTokenNS == 0 {
 			r.firstTokenNS = now
@@ -179,9 +183,13 @@ func (e *Executor) applyResults(b *batch, res *bridge.StepResult) (float64, erro
 func (e *Executor) complete(r *request, now int64) {
 	r.State = scheduler.Complete
 	e.d.KV.Free(&r.Request)
-	e.finished = append(e.finished, Response{ID: r.ID, Rank: e.cfg.Rank, Output: r.output,
-		ArrivalUnixNS: r.arrivalNS, FirstTokenUnixNS: r.firstTokenNS, FinishUnixNS: now,
-		Suspended: r.suspended, Recomputed: r.recomputed, ReusedTokens: r.reused, Stopped: r.stopped})
+	resp := Response{ID: r.ID, Rank: e.cfg.Rank, Output: r.output,
+		ArrivalUnixNS: r.arrivalNS, ScheduledUnixNS: r.scheduledNS, FirstTokenUnixNS: r.firstTokenNS, FinishUnixNS: now,
+		Suspended: r.suspended, Recomputed: r.recomputed, ReusedTokens: r.reused, Stopped: r.stopped && !r.cancelled}
+	if r.cancelled {
+		resp.Error = CancelledError
+	}
+	e.finished = append(e.finished, resp)
 }
 
 // isStopToken reports whether tok is one of the model's stop tokens.

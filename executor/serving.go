@@ -1,0 +1,105 @@
+package executor
+
+import (
+	"encoding/binary"
+	"fmt"
+
+	"github.com/lockstep-ai/lockstep/scheduler"
+)
+
+// Serving hooks: what an online server on rank 0 needs beyond a trace
+// replay. Tokens stream to rank 0 as they are produced (Config.Stream,
+// Config.OnTokens), every answer is handed over when it is known
+// (Config.OnResponse), the fleet's load is reported every iteration
+// (Config.OnIteration), and a client's cancellation reaches every rank at
+// the same program point (Canceller): the arrival broadcast carries it, so
+// every rank drops the request in the same iteration and frees its pages.
+
+// Canceller is implemented by a Source whose requests can be withdrawn.
+type Canceller interface {
+	// Cancelled returns the ids withdrawn since the last call. It is called
+	// right after Due, and the ranks withdraw before they admit Due's
+	// arrivals: an id first handed out by that same Due call must be
+	// returned by a later call instead (or never handed out). An id that
+	// already finished is ignored.
+	Cancelled() []uint64
+}
+
+// CancelledError is the Error of the response of a cancelled request.
+const CancelledError = "cancelled"
+
+// FleetStats is rank 0's view of one iteration (Config.OnIteration).
+type FleetStats struct {
+	Iter    int64
+	Forward bool // the fleet ran a forward step
+	// BusyMS is each rank's engine time in the iteration (nil without a
+	// forward); LockstepWaste is 1 − mean/max of it.
+	BusyMS        []float64
+	LockstepWaste float64
+	// Ranks is each rank's load at the iteration's end (rank order; one
+	// entry without attention DP).
+	Ranks []RankLoad
+	// IterationMS is the iteration's wall time on rank 0.
+	IterationMS float64
+	// CostPublications counts the online calibrator's publications so far.
+	CostPublications int
+}
+
+// load is this rank's RankLoad now.
+func (e *Executor) load() RankLoad {
+	l := RankLoad{UsedPages: int64(e.d.KV.TotalPages() - e.d.KV.FreePages()), Pages: int64(e.d.KV.TotalPages()),
+		Suspended: e.suspends, Recompute: e.recomputes}
+	for _, r := range e.active {
+		switch {
+		case r.IsDummy || r.State == scheduler.Complete:
+		case r.State == scheduler.ContextInit:
+			l.Waiting++
+		default:
+			l.Running++
+		}
+	}
+	return l
+}
+
+// cancelRequests withdraws ids on this rank (every rank runs it at the same
+// point, with the same ids). A request in a launched step that has not come
+// back yet completes when it does (its tokens are dropped).
+func (e *Executor) cancelRequests(ids []uint64) {
+	now := e.cfg.Clock().UnixNano()
+	removed := false
+	for _, id := range ids {
+		r := e.byID[id]
+		if r == nil || r.IsDummy || r.State == scheduler.Complete {
+			continue
+		}
+		r.cancelled, r.stopped = true, true
+		r.State = scheduler.GenerationToComplete // out of the scheduling window
+		if r.pending == 0 {
+			e.complete(r, now)
+			removed = true
+		}
+	}
+	if removed {
+		e.compactActive()
+	}
+}
+
+// encodeIDs and decodeIDs carry cancelled ids in the arrival broadcast.
+func encodeIDs(ids []uint64) []byte {
+	b := make([]byte, 0, 8*len(ids))
+	for _, id := range ids {
+		b = binary.LittleEndian.AppendUint64(b, id)
+	}
+	return b
+}
+
+func decodeIDs(b []byte, want int) ([]uint64, error) {
+	if len(b) != 8*want {
+		return nil, fmt.Errorf("collective desync: %d bytes of cancellations, want %d ids", len(b), want)
+	}
+	ids := make([]uint64, want)
+	for i := range ids {
+		ids[i] = binary.LittleEndian.Uint64(b[8*i:])
+	}
+	return ids, nil
+}
