@@ -19,6 +19,7 @@ const usage = `usage: worker <command> [flags]
 
 commands:
   run        serve a trace (default: a built-in sample) on lockstep ranks and print a report
+  serve      an OpenAI-compatible HTTP API on rank 0 of the same fleet (docs/serving.md)
   schedule   dry-run the scheduler on a scenario file (--scenario FILE.json)
   calibrate  fit kv_cost_offset and kv_depth_threshold from iteration logs (docs/calibration.md)
   eval       run the equal-cost / demotion / online-calibrator configurations side by side on the twin (docs/eval.md)
@@ -43,6 +44,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	switch args[0] {
 	case "run":
 		err = runServe(args[1:], stdout, stderr)
+	case "serve":
+		err = runAPIServe(args[1:], stdout, stderr)
 	case "schedule":
 		err = runSchedule(args[1:], stdout, stderr)
 	case "calibrate":
@@ -57,7 +60,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprint(stdout, usage)
 		return 0
 	default:
-		fmt.Fprintf(stderr, "worker: unknown command %q (allowed: run, schedule, calibrate, eval, twin-profile, info, help)\n", args[0])
+		fmt.Fprintf(stderr, "worker: unknown command %q (allowed: run, serve, schedule, calibrate, eval, twin-profile, info, help)\n", args[0])
 		return 2
 	}
 	if err == nil {

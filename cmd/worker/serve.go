@@ -76,6 +76,7 @@ type serveOptions struct {
 	out       *outputFiles // opened before any work
 
 	text     promptOptions    // --prompt, --prompts, --chat, --max-tokens
+	api      *apiServer       // worker serve: the HTTP API on rank 0 (nil for run)
 	loaded   *model.Model     // --model PATH, opened by validate
 	rendered []renderedPrompt // the tokenised prompts of a prompt run
 }
@@ -503,6 +504,12 @@ func buildRank(o *serveOptions, sc scheduler.Config, i, device int, comm nccl.Co
 	if o.engine == "twin" {
 		cfg.VirtualClock, cfg.VirtualEpoch = true, twinEpoch
 	}
+	if o.api != nil {
+		cfg.Stream = true // every rank: the same gathers
+		if i == 0 {
+			o.api.srv.Hooks(&cfg)
+		}
+	}
 	cfg.RecordBusy = o.recordBusy
 	if sc.CostMode == scheduler.CostAuto {
 		set := o.calib.settings(int64(sc.MaxNumTokens))
@@ -604,7 +611,12 @@ func serve(o *serveOptions, sc scheduler.Config, reqs []workload.Request, log *z
 				// The replay starts once every rank is built (InitVote is
 				// a collective): engine creation, e.g. converting a
 				// checkpoint's weights, is not request latency.
-				parts.ex.SetSource(executor.NewTraceSource(reqs, o.replayStart(time.Now())), prog.update)
+				if o.api != nil {
+					parts.ex.SetSource(o.api.srv.Source(), nil)
+					o.api.srv.SetReady()
+				} else {
+					parts.ex.SetSource(executor.NewTraceSource(reqs, o.replayStart(time.Now())), prog.update)
+				}
 			}
 			if cpGroup != nil {
 				on := parts.ex.ScheduleCheck()
@@ -685,9 +697,14 @@ func serveProcess(o *serveOptions, sc scheduler.Config, reqs []workload.Request,
 		log.Info("serving", zap.Int("requests", len(reqs)), zap.Int("ranks", o.ranks), zap.String("launcher", string(l.Launcher)),
 			zap.String("engine", o.engine), zap.String("model", o.model), zap.String("router", o.routerName),
 			zap.String("overlap", o.overlap))
-		prog := newProgress(stderr, o.progress, len(reqs))
-		parts.ex.SetSource(executor.NewTraceSource(reqs, o.replayStart(start)), prog.update)
-		defer prog.done()
+		if o.api != nil {
+			parts.ex.SetSource(o.api.srv.Source(), nil)
+			o.api.srv.SetReady()
+		} else {
+			prog := newProgress(stderr, o.progress, len(reqs))
+			parts.ex.SetSource(executor.NewTraceSource(reqs, o.replayStart(start)), prog.update)
+			defer prog.done()
+		}
 	}
 	res, err := parts.ex.Run()
 	if err != nil {

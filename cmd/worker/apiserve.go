@@ -1,0 +1,151 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/lockstep-ai/lockstep/nccl"
+	httpapi "github.com/lockstep-ai/lockstep/serve"
+)
+
+// apiServer is `worker serve`'s HTTP side (rank 0 only listens).
+type apiServer struct {
+	addr     string
+	apiKey   string
+	maxQueue int
+	drain    time.Duration
+	name     string
+	srv      *httpapi.Server
+	http     *http.Server
+}
+
+// runAPIServe is `worker serve`: the fleet of `worker run` (same engine,
+// rank, launcher and scheduler flags) behind an OpenAI-compatible API on
+// rank 0. Requests enter the arrival collective; SIGTERM (or SIGINT) drains:
+// no new request, the accepted ones finish within --drain-timeout, the rest
+// are cancelled on every rank, and the process exits 0.
+func runAPIServe(args []string, stdout, stderr io.Writer) error {
+	o := defaultServeOptions()
+	o.progress = "off"
+	api := &apiServer{addr: "127.0.0.1:8000", maxQueue: 1024, drain: 30 * time.Second}
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	o.flags(fs)
+	fs.StringVar(&api.addr, "http", api.addr, "address of the HTTP API (rank 0)")
+	fs.StringVar(&api.apiKey, "api-key", os.Getenv("LOCKSTEP_API_KEY"), "require this Bearer token on every route but /health (default $LOCKSTEP_API_KEY)")
+	fs.IntVar(&api.maxQueue, "max-queue", api.maxQueue, "requests in flight (accepted, unfinished) before new ones get 429")
+	fs.DurationVar(&api.drain, "drain-timeout", api.drain, "on SIGTERM, how long accepted requests may still run before they are cancelled")
+	fs.StringVar(&api.name, "served-model-name", "", "the model's name in the API (default: the checkpoint's name, or the preset)")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return usageError{err}
+	}
+	if fs.NArg() > 0 {
+		return usageErrorf("unexpected arguments: %v", fs.Args())
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if err := o.mergeConfig(set); err != nil {
+		return err
+	}
+	if o.cp > 1 && !o.ranksSet {
+		o.ranks = 1
+	}
+	if err := o.validate(); err != nil {
+		return err
+	}
+	if o.trace != "" || o.text.active() {
+		return usageErrorf("serve takes its requests over HTTP: --trace, --prompt and --prompts belong to `worker run`")
+	}
+	if api.maxQueue < 1 {
+		return usageErrorf("--max-queue must be at least 1, got %d", api.maxQueue)
+	}
+	if api.drain < 0 {
+		return usageErrorf("--drain-timeout must not be negative, got %v", api.drain)
+	}
+	sc, _, err := o.schedulerConfig(os.Getenv)
+	if err != nil {
+		return usageError{err}
+	}
+	launch, err := nccl.DetectLaunch(os.Getenv)
+	if err != nil {
+		return usageError{err}
+	}
+	shape, err := o.modelShape()
+	if err != nil {
+		return err
+	}
+	if api.name == "" {
+		// The file's (or directory's) base name: what users type, without
+		// spaces (a checkpoint's own general.name often has them).
+		api.name = strings.TrimSuffix(filepath.Base(filepath.Clean(o.model)), ".gguf")
+	}
+	cfg := httpapi.Config{ModelName: api.name, VocabSize: shape.VocabSize, MaxQueue: api.maxQueue, APIKey: api.apiKey,
+		MaxModelLen: o.pages * o.tokensPerPage * o.cp}
+	if o.loaded != nil {
+		cfg.Tokenizer = o.loaded.Tokenizer
+	}
+	if adm, ok := o.admission(sc); ok {
+		cfg.NeverFits = adm.NeverFits
+	} else {
+		cfg.NeverFits = func(int, int) string { return "" }
+	}
+	cfg.Metrics = newServeMetrics(api.name, o.world())
+	api.srv = httpapi.New(cfg)
+	o.api = api
+
+	rank0 := !launch.MultiProcess() || launch.Rank == 0
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
+	defer signal.Stop(sigs)
+	if rank0 {
+		ln, err := net.Listen("tcp", api.addr)
+		if err != nil {
+			return usageErrorf("--http %s: %v", api.addr, err)
+		}
+		api.http = &http.Server{Handler: api.srv.Handler(), ReadHeaderTimeout: 30 * time.Second}
+		go api.http.Serve(ln) //nolint:errcheck // ends with Shutdown
+		fmt.Fprintf(stderr, "worker serve: listening on http://%s (model %q); /health turns ready once every rank has initialised\n", ln.Addr(), api.name)
+		go func() {
+			for range sigs {
+				fmt.Fprintf(stderr, "worker serve: draining (at most %v)\n", api.drain)
+				ctx, cancel := context.WithTimeout(context.Background(), api.drain)
+				api.srv.Drain(ctx)
+				cancel()
+				return
+			}
+		}()
+	} else {
+		// The other ranks follow rank 0's drain through the collectives.
+		go func() {
+			for range sigs {
+			}
+		}()
+	}
+	_, runErr := o.execute(stderr, os.Getenv)
+	if runErr != nil {
+		api.srv.Fail(runErr)
+	}
+	if api.http != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		api.http.Shutdown(ctx) //nolint:errcheck
+		cancel()
+	}
+	if runErr == nil && rank0 {
+		fmt.Fprintln(stderr, "worker serve: drained, exiting")
+	}
+	return runErr
+}

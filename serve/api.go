@@ -1,0 +1,277 @@
+package serve
+
+import (
+	"encoding/json"
+	"fmt"
+	"math"
+	"net/http"
+
+	"github.com/lockstep-ai/lockstep/model"
+)
+
+// apiError is an OpenAI-shaped error answer.
+type apiError struct {
+	Status  int
+	Message string
+	Type    string
+	Param   string
+}
+
+func (e *apiError) Error() string { return e.Message }
+
+func badRequest(param, format string, a ...any) *apiError {
+	return &apiError{Status: http.StatusBadRequest, Message: fmt.Sprintf(format, a...), Type: "invalid_request_error", Param: param}
+}
+
+func writeError(w http.ResponseWriter, e *apiError) {
+	body := map[string]any{"error": map[string]any{"message": e.Message, "type": e.Type, "param": nullable(e.Param), "code": e.Status}}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(e.Status)
+	json.NewEncoder(w).Encode(body) //nolint:errcheck // the client may be gone
+}
+
+func nullable(s string) any {
+	if s == "" {
+		return nil
+	}
+	return s
+}
+
+// genParams are the generation settings of a request, checked.
+type genParams struct {
+	MaxTokens     int
+	Temperature   float64
+	TopP          float64
+	TopK          int
+	Seed          uint64
+	HasSeed       bool
+	Stop          []string
+	Stream        bool
+	IncludeUsage  bool
+	IgnoreEOS     bool
+	ReturnTokenID bool
+}
+
+// rawParams is the JSON of the settings shared by both endpoints.
+type rawParams struct {
+	Model               string          `json:"model"`
+	MaxTokens           *int            `json:"max_tokens"`
+	MaxCompletionTokens *int            `json:"max_completion_tokens"`
+	Temperature         *float64        `json:"temperature"`
+	TopP                *float64        `json:"top_p"`
+	TopK                *int            `json:"top_k"`
+	Seed                *int64          `json:"seed"`
+	Stop                json.RawMessage `json:"stop"`
+	Stream              bool            `json:"stream"`
+	StreamOptions       *struct {
+		IncludeUsage bool `json:"include_usage"`
+	} `json:"stream_options"`
+	N                *int            `json:"n"`
+	BestOf           *int            `json:"best_of"`
+	Logprobs         json.RawMessage `json:"logprobs"`
+	TopLogprobs      *int            `json:"top_logprobs"`
+	Echo             bool            `json:"echo"`
+	Suffix           *string         `json:"suffix"`
+	IgnoreEOS        bool            `json:"ignore_eos"`
+	MinTokens        *int            `json:"min_tokens"`
+	ReturnTokenIDs   bool            `json:"return_token_ids"`
+	Tools            json.RawMessage `json:"tools"`
+	ResponseFormat   json.RawMessage `json:"response_format"`
+	PresencePenalty  *float64        `json:"presence_penalty"`
+	FrequencyPenalty *float64        `json:"frequency_penalty"`
+}
+
+// check turns the raw settings into genParams, naming the first bad field.
+func (r *rawParams) check(defaultMax int) (genParams, *apiError) {
+	p := genParams{MaxTokens: defaultMax, TopP: 1, Stream: r.Stream, IgnoreEOS: r.IgnoreEOS, ReturnTokenID: r.ReturnTokenIDs}
+	if r.MaxCompletionTokens != nil {
+		r.MaxTokens = r.MaxCompletionTokens
+	}
+	if r.MaxTokens != nil {
+		if *r.MaxTokens < 1 {
+			return p, badRequest("max_tokens", "max_tokens must be at least 1, got %d", *r.MaxTokens)
+		}
+		p.MaxTokens = *r.MaxTokens
+	}
+	if r.Temperature != nil {
+		t := *r.Temperature
+		if math.IsNaN(t) || t < 0 || t > 2 {
+			return p, badRequest("temperature", "temperature must be in [0, 2], got %v", t)
+		}
+		p.Temperature = t
+	}
+	if r.TopP != nil {
+		t := *r.TopP
+		if math.IsNaN(t) || t <= 0 || t > 1 {
+			return p, badRequest("top_p", "top_p must be in (0, 1], got %v", t)
+		}
+		p.TopP = t
+	}
+	if r.TopK != nil {
+		if *r.TopK < -1 {
+			return p, badRequest("top_k", "top_k must be -1 or 0 (all tokens) or positive, got %d", *r.TopK)
+		}
+		p.TopK = max(*r.TopK, 0)
+	}
+	if r.Seed != nil {
+		p.Seed, p.HasSeed = uint64(*r.Seed), true
+	}
+	if len(r.Stop) > 0 && string(r.Stop) != "null" {
+		var one string
+		if err := json.Unmarshal(r.Stop, &one); err == nil {
+			p.Stop = []string{one}
+		} else if err := json.Unmarshal(r.Stop, &p.Stop); err != nil {
+			return p, badRequest("stop", "stop must be a string or a list of strings")
+		}
+		if len(p.Stop) > 4 {
+			return p, badRequest("stop", "at most 4 stop sequences, got %d", len(p.Stop))
+		}
+		for _, s := range p.Stop {
+			if s == "" {
+				return p, badRequest("stop", "stop sequences must not be empty")
+			}
+		}
+	}
+	if r.StreamOptions != nil {
+		if !r.Stream {
+			return p, badRequest("stream_options", "stream_options needs stream: true")
+		}
+		p.IncludeUsage = r.StreamOptions.IncludeUsage
+	}
+	switch {
+	case r.N != nil && *r.N != 1:
+		return p, badRequest("n", "only n = 1 is supported, got %d", *r.N)
+	case r.BestOf != nil && *r.BestOf != 1:
+		return p, badRequest("best_of", "only best_of = 1 is supported, got %d", *r.BestOf)
+	case len(r.Logprobs) > 0 && string(r.Logprobs) != "null" && string(r.Logprobs) != "false" && string(r.Logprobs) != "0":
+		return p, badRequest("logprobs", "logprobs are not supported")
+	case r.TopLogprobs != nil && *r.TopLogprobs != 0:
+		return p, badRequest("top_logprobs", "logprobs are not supported")
+	case r.Echo:
+		return p, badRequest("echo", "echo is not supported")
+	case r.Suffix != nil && *r.Suffix != "":
+		return p, badRequest("suffix", "suffix is not supported")
+	case len(r.Tools) > 0 && string(r.Tools) != "null" && string(r.Tools) != "[]":
+		return p, badRequest("tools", "tools are not supported")
+	case len(r.ResponseFormat) > 0 && string(r.ResponseFormat) != "null" && !jsonTypeText(r.ResponseFormat):
+		return p, badRequest("response_format", "only the text response format is supported")
+	case r.PresencePenalty != nil && *r.PresencePenalty != 0:
+		return p, badRequest("presence_penalty", "presence_penalty is not supported")
+	case r.FrequencyPenalty != nil && *r.FrequencyPenalty != 0:
+		return p, badRequest("frequency_penalty", "frequency_penalty is not supported")
+	case r.MinTokens != nil && *r.MinTokens > 1 && !(r.IgnoreEOS && *r.MinTokens <= p.MaxTokens):
+		return p, badRequest("min_tokens", "min_tokens is supported only with ignore_eos (every request then generates max_tokens)")
+	}
+	return p, nil
+}
+
+func jsonTypeText(raw json.RawMessage) bool {
+	var f struct {
+		Type string `json:"type"`
+	}
+	return json.Unmarshal(raw, &f) == nil && f.Type == "text"
+}
+
+// completionRequest is POST /v1/completions.
+type completionRequest struct {
+	rawParams
+	Prompt json.RawMessage `json:"prompt"`
+}
+
+// prompt returns the prompt's token ids: a string is tokenised (special
+// tokens not parsed), a list of ids is taken as is; a list of one string or
+// of one list of ids is accepted too.
+func (r *completionRequest) prompt(tok *model.Tokenizer, vocab int) ([]int32, string, *apiError) {
+	raw := r.Prompt
+	if len(raw) == 0 || string(raw) == "null" {
+		return nil, "", badRequest("prompt", "prompt is required")
+	}
+	var text string
+	if json.Unmarshal(raw, &text) == nil {
+		return encodeText(tok, text)
+	}
+	var ids []int64
+	if json.Unmarshal(raw, &ids) == nil {
+		return checkIDs(ids, vocab)
+	}
+	var texts []string
+	if json.Unmarshal(raw, &texts) == nil {
+		if len(texts) != 1 {
+			return nil, "", badRequest("prompt", "one prompt per request (got %d); send several requests", len(texts))
+		}
+		return encodeText(tok, texts[0])
+	}
+	var lists [][]int64
+	if json.Unmarshal(raw, &lists) == nil {
+		if len(lists) != 1 {
+			return nil, "", badRequest("prompt", "one prompt per request (got %d); send several requests", len(lists))
+		}
+		return checkIDs(lists[0], vocab)
+	}
+	return nil, "", badRequest("prompt", "prompt must be a string, a list of token ids, or a list of one of those")
+}
+
+func encodeText(tok *model.Tokenizer, text string) ([]int32, string, *apiError) {
+	if tok == nil {
+		return nil, "", badRequest("prompt", "this model has no tokenizer (a synthetic preset): send the prompt as token ids")
+	}
+	ids := tok.Encode(text, model.EncodeOptions{AddSpecial: true})
+	if len(ids) == 0 {
+		return nil, "", badRequest("prompt", "the prompt is empty")
+	}
+	return ids, text, nil
+}
+
+func checkIDs(ids []int64, vocab int) ([]int32, string, *apiError) {
+	if len(ids) == 0 {
+		return nil, "", badRequest("prompt", "the prompt is empty")
+	}
+	out := make([]int32, len(ids))
+	for i, id := range ids {
+		if id < 0 || id >= int64(vocab) {
+			return nil, "", badRequest("prompt", "token id %d at position %d is outside the vocabulary [0, %d)", id, i, vocab)
+		}
+		out[i] = int32(id)
+	}
+	return out, "", nil
+}
+
+// chatRequest is POST /v1/chat/completions.
+type chatRequest struct {
+	rawParams
+	Messages []struct {
+		Role    string          `json:"role"`
+		Content json.RawMessage `json:"content"`
+	} `json:"messages"`
+}
+
+// messages returns the conversation with text contents.
+func (r *chatRequest) messages() ([]model.ChatMessage, *apiError) {
+	if len(r.Messages) == 0 {
+		return nil, badRequest("messages", "messages must not be empty")
+	}
+	out := make([]model.ChatMessage, len(r.Messages))
+	for i, m := range r.Messages {
+		if m.Role == "" {
+			return nil, badRequest(fmt.Sprintf("messages[%d].role", i), "messages[%d] has no role", i)
+		}
+		var text string
+		if err := json.Unmarshal(m.Content, &text); err != nil {
+			var parts []struct {
+				Type string `json:"type"`
+				Text string `json:"text"`
+			}
+			if err := json.Unmarshal(m.Content, &parts); err != nil {
+				return nil, badRequest(fmt.Sprintf("messages[%d].content", i), "messages[%d].content must be a string or a list of text parts", i)
+			}
+			for _, p := range parts {
+				if p.Type != "text" {
+					return nil, badRequest(fmt.Sprintf("messages[%d].content", i), "messages[%d].content: part type %q is not supported (text only)", i, p.Type)
+				}
+				text += p.Text
+			}
+		}
+		out[i] = model.ChatMessage{Role: m.Role, Content: text}
+	}
+	return out, nil
+}

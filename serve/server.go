@@ -1,0 +1,462 @@
+package serve
+
+import (
+	"context"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/lockstep-ai/lockstep/executor"
+	"github.com/lockstep-ai/lockstep/model"
+)
+
+// MetricsSink receives the server's events (Metrics implements it).
+type MetricsSink interface {
+	RequestReceived(endpoint string)
+	RequestRejected(endpoint string, status int)
+	OnResponse(r executor.Response, promptTokens int, finishReason string)
+	OnIteration(s executor.FleetStats)
+	SetReady(ready bool)
+	Handler() http.Handler
+}
+
+// Config configures a server.
+type Config struct {
+	// ModelName is the model's name in the API (requests must name it).
+	ModelName string
+	// Tokenizer turns text into ids and back; nil for a synthetic preset
+	// (prompts as token ids only, completions carry token ids only).
+	Tokenizer *model.Tokenizer
+	VocabSize int
+	// MaxModelLen is reported by /v1/models (0: unknown).
+	MaxModelLen int
+	// NeverFits is the fleet's admission check (413 when it says no).
+	NeverFits func(promptLen, maxNewTokens int) string
+	// MaxQueue bounds the accepted, unfinished requests (429 beyond).
+	MaxQueue int
+	// APIKey, when set, is required as a Bearer token except on /health.
+	APIKey  string
+	Metrics MetricsSink
+	// Now is the clock (tests); time.Now when nil.
+	Now func() time.Time
+}
+
+// Server is the HTTP API on rank 0.
+type Server struct {
+	cfg      Config
+	src      *source
+	nextID   atomic.Uint64
+	mu       sync.Mutex
+	calls    map[uint64]*call
+	ready    atomic.Bool
+	draining atomic.Bool
+	failed   atomic.Pointer[error]
+	idle     chan struct{} // closed when draining and no call is left
+	stops    map[int32]bool
+}
+
+// New builds a server; wire Source and Hooks into rank 0's executor.
+func New(cfg Config) *Server {
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	s := &Server{cfg: cfg, src: newSource(), calls: map[uint64]*call{}, stops: map[int32]bool{}}
+	if cfg.Tokenizer != nil {
+		for _, t := range cfg.Tokenizer.StopTokens() {
+			s.stops[t] = true
+		}
+	}
+	return s
+}
+
+// Source is rank 0's executor.Source.
+func (s *Server) Source() executor.Source { return s.src }
+
+// Hooks sets the serving callbacks on rank 0's executor configuration.
+// Every rank's configuration needs Stream = true (the same gathers).
+func (s *Server) Hooks(c *executor.Config) {
+	c.Stream = true
+	c.DiscardResponses = true
+	c.OnTokens = s.onTokens
+	c.OnResponse = s.onResponse
+	if s.cfg.Metrics != nil {
+		c.OnIteration = s.cfg.Metrics.OnIteration
+	}
+}
+
+// SetReady marks the fleet initialised (every rank passed init): /health
+// answers 200 from now on.
+func (s *Server) SetReady() {
+	s.ready.Store(true)
+	if s.cfg.Metrics != nil {
+		s.cfg.Metrics.SetReady(true)
+	}
+}
+
+// Fail answers every waiting client with a 500 naming err (the fleet
+// stopped) and refuses new requests.
+func (s *Server) Fail(err error) {
+	s.failed.Store(&err)
+	s.ready.Store(false)
+	s.mu.Lock()
+	for _, c := range s.calls {
+		c.signal()
+	}
+	s.mu.Unlock()
+	s.src.close()
+}
+
+// Drain stops accepting requests, lets the accepted ones finish until ctx
+// is done, cancels what is left, then ends the source so that the loop
+// exits once the ranks have withdrawn them.
+func (s *Server) Drain(ctx context.Context) {
+	s.draining.Store(true)
+	for {
+		s.mu.Lock()
+		n := len(s.calls)
+		s.mu.Unlock()
+		if n == 0 {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			s.mu.Lock()
+			for id, c := range s.calls {
+				c.abort(errDrained)
+				s.src.cancel(id)
+			}
+			s.mu.Unlock()
+			// Give the ranks a moment to withdraw them before the source ends.
+			time.Sleep(50 * time.Millisecond)
+			s.src.close()
+			return
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	s.src.close()
+}
+
+var errDrained = errors.New("the server is shutting down")
+
+// call is one request in flight.
+type call struct {
+	id     uint64
+	wake   chan struct{}
+	mu     sync.Mutex
+	toks   []int32
+	resp   *executor.Response
+	err    error
+	prompt int
+}
+
+func (c *call) signal() {
+	select {
+	case c.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (c *call) abort(err error) {
+	c.mu.Lock()
+	if c.err == nil {
+		c.err = err
+	}
+	c.mu.Unlock()
+	c.signal()
+}
+
+// take returns the tokens and the answer that arrived since the last call.
+func (c *call) take() ([]int32, *executor.Response, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	t := c.toks
+	c.toks = nil
+	return t, c.resp, c.err
+}
+
+func (s *Server) onTokens(deltas []executor.TokenDelta) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, d := range deltas {
+		if c := s.calls[d.ID]; c != nil {
+			c.mu.Lock()
+			c.toks = append(c.toks, d.Token)
+			c.mu.Unlock()
+			c.signal()
+		}
+	}
+}
+
+func (s *Server) onResponse(r executor.Response) {
+	s.src.finished(r.ID)
+	s.mu.Lock()
+	c := s.calls[r.ID]
+	s.mu.Unlock()
+	if c == nil {
+		return // its client is gone (cancelled, or ended at a stop string)
+	}
+	c.mu.Lock()
+	c.resp = &r
+	c.mu.Unlock()
+	c.signal()
+}
+
+// Handler is the HTTP API.
+func (s *Server) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /health", s.health)
+	mux.HandleFunc("GET /v1/models", s.auth(s.models))
+	mux.HandleFunc("POST /v1/completions", s.auth(s.completions))
+	mux.HandleFunc("POST /v1/chat/completions", s.auth(s.chat))
+	if s.cfg.Metrics != nil {
+		mux.Handle("GET /metrics", s.auth(s.cfg.Metrics.Handler().ServeHTTP))
+	}
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, &apiError{Status: http.StatusNotFound, Type: "not_found_error",
+			Message: fmt.Sprintf("no route %s %s (see /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics)", r.Method, r.URL.Path)})
+	})
+	return mux
+}
+
+func (s *Server) auth(h http.HandlerFunc) http.HandlerFunc {
+	if s.cfg.APIKey == "" {
+		return h
+	}
+	want := []byte("Bearer " + s.cfg.APIKey)
+	return func(w http.ResponseWriter, r *http.Request) {
+		if subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), want) != 1 {
+			writeError(w, &apiError{Status: http.StatusUnauthorized, Type: "authentication_error",
+				Message: "missing or wrong API key (Authorization: Bearer <key>)"})
+			return
+		}
+		h(w, r)
+	}
+}
+
+func (s *Server) health(w http.ResponseWriter, _ *http.Request) {
+	switch {
+	case s.failed.Load() != nil:
+		http.Error(w, "failed: "+(*s.failed.Load()).Error(), http.StatusServiceUnavailable)
+	case s.draining.Load():
+		http.Error(w, "draining", http.StatusServiceUnavailable)
+	case !s.ready.Load():
+		http.Error(w, "starting: not every rank has passed init", http.StatusServiceUnavailable)
+	default:
+		w.Write([]byte("ok\n")) //nolint:errcheck
+	}
+}
+
+func (s *Server) models(w http.ResponseWriter, _ *http.Request) {
+	m := map[string]any{"id": s.cfg.ModelName, "object": "model", "created": 0, "owned_by": "lockstep"}
+	if s.cfg.MaxModelLen > 0 {
+		m["max_model_len"] = s.cfg.MaxModelLen
+	}
+	w.Header().Set("Content-Type", "application/json")
+	json.NewEncoder(w).Encode(map[string]any{"object": "list", "data": []any{m}}) //nolint:errcheck
+}
+
+func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
+	var req completionRequest
+	s.handle(w, r, "completions", &req, &req.rawParams, 16, func() ([]int32, string, *apiError) {
+		return req.prompt(s.cfg.Tokenizer, s.cfg.VocabSize)
+	})
+}
+
+func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
+	var req chatRequest
+	s.handle(w, r, "chat", &req, &req.rawParams, 512, func() ([]int32, string, *apiError) {
+		msgs, e := req.messages()
+		if e != nil {
+			return nil, "", e
+		}
+		tok := s.cfg.Tokenizer
+		if tok == nil || tok.ChatTemplate() == "" {
+			return nil, "", badRequest("messages", "the model %s has no chat template: use /v1/completions", s.cfg.ModelName)
+		}
+		text, err := model.RenderChat(tok.ChatTemplate(), msgs, true, tok.TokenText(tok.BOS()), tok.TokenText(tok.EOS()))
+		if err != nil {
+			return nil, "", badRequest("messages", "the chat template failed: %v", err)
+		}
+		return tok.Encode(text, model.EncodeOptions{ParseSpecial: true}), text, nil
+	})
+}
+
+// handle is both endpoints: parse, check, admit, then answer (streaming or
+// not) from the tokens the fleet produces.
+func (s *Server) handle(w http.ResponseWriter, r *http.Request, endpoint string, req any, raw *rawParams,
+	defaultMax int, prompt func() ([]int32, string, *apiError)) {
+	if s.cfg.Metrics != nil {
+		s.cfg.Metrics.RequestReceived(endpoint)
+	}
+	fail := func(e *apiError) {
+		if s.cfg.Metrics != nil {
+			s.cfg.Metrics.RequestRejected(endpoint, e.Status)
+		}
+		writeError(w, e)
+	}
+	if p := s.failed.Load(); p != nil {
+		fail(&apiError{Status: http.StatusInternalServerError, Type: "server_error", Message: "the fleet failed: " + (*p).Error()})
+		return
+	}
+	if s.draining.Load() {
+		fail(&apiError{Status: http.StatusServiceUnavailable, Type: "server_error", Message: "the server is shutting down"})
+		return
+	}
+	if !s.ready.Load() {
+		fail(&apiError{Status: http.StatusServiceUnavailable, Type: "server_error", Message: "the fleet is starting: not every rank has passed init"})
+		return
+	}
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 64<<20))
+	if err := dec.Decode(req); err != nil {
+		fail(badRequest("", "the body is not a valid JSON request: %v", err))
+		return
+	}
+	if raw.Model != "" && raw.Model != s.cfg.ModelName {
+		fail(&apiError{Status: http.StatusNotFound, Type: "invalid_request_error", Param: "model",
+			Message: fmt.Sprintf("the model %q does not exist; this server serves %q", raw.Model, s.cfg.ModelName)})
+		return
+	}
+	p, e := raw.check(defaultMax)
+	if e != nil {
+		fail(e)
+		return
+	}
+	ids, _, e := prompt()
+	if e != nil {
+		fail(e)
+		return
+	}
+	if why := s.cfg.NeverFits(len(ids), p.MaxTokens); why != "" {
+		fail(&apiError{Status: http.StatusRequestEntityTooLarge, Type: "invalid_request_error", Param: "max_tokens",
+			Message: fmt.Sprintf("%d prompt tokens + max_tokens %d can never be served: %s", len(ids), p.MaxTokens, why)})
+		return
+	}
+	a := executor.Arrival{ID: s.nextID.Add(1) - 1, ArrivalUnixNS: s.cfg.Now().UnixNano(), MaxNewTokens: p.MaxTokens,
+		Prompt: ids, StopAtEOS: !p.IgnoreEOS}
+	if e := setSampling(&a, p); e != nil {
+		fail(e)
+		return
+	}
+	c := &call{id: a.ID, wake: make(chan struct{}, 1), prompt: len(ids)}
+	s.mu.Lock()
+	if s.cfg.MaxQueue > 0 && len(s.calls) >= s.cfg.MaxQueue {
+		s.mu.Unlock()
+		fail(&apiError{Status: http.StatusTooManyRequests, Type: "rate_limit_error",
+			Message: fmt.Sprintf("%d requests in flight, the server's bound (--max-queue); retry later", s.cfg.MaxQueue)})
+		return
+	}
+	s.calls[a.ID] = c
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		delete(s.calls, a.ID)
+		s.mu.Unlock()
+	}()
+	if !s.src.push(a) {
+		fail(&apiError{Status: http.StatusServiceUnavailable, Type: "server_error", Message: "the server is shutting down"})
+		return
+	}
+	s.answer(w, r, endpoint, c, p)
+}
+
+// answer streams or collects the completion of c.
+func (s *Server) answer(w http.ResponseWriter, r *http.Request, endpoint string, c *call, p genParams) {
+	out := newWriter(w, endpoint, s.cfg.ModelName, c.id, s.cfg.Now().Unix(), p)
+	var stream *model.StreamDecoder
+	if s.cfg.Tokenizer != nil {
+		stream = s.cfg.Tokenizer.NewStream()
+	}
+	var text strings.Builder
+	var all []int32
+	finish := ""
+	for finish == "" {
+		select {
+		case <-r.Context().Done():
+			// The client went away: every rank withdraws the request.
+			s.src.cancel(c.id)
+			if s.cfg.Metrics != nil {
+				s.cfg.Metrics.OnResponse(executor.Response{ID: c.id}, c.prompt, "cancelled")
+			}
+			return
+		case <-c.wake:
+		}
+		if pf := s.failed.Load(); pf != nil {
+			out.fail(&apiError{Status: http.StatusInternalServerError, Type: "server_error", Message: "the fleet failed: " + (*pf).Error()})
+			return
+		}
+		toks, resp, err := c.take()
+		if err != nil {
+			out.fail(&apiError{Status: http.StatusServiceUnavailable, Type: "server_error", Message: err.Error()})
+			return
+		}
+		var piece strings.Builder
+		var pieceIDs []int32
+		for _, t := range toks {
+			all = append(all, t)
+			pieceIDs = append(pieceIDs, t)
+			if stream == nil || (s.stops[t] && !p.IgnoreEOS) {
+				continue
+			}
+			piece.WriteString(stream.Next(t))
+		}
+		chunk := piece.String()
+		if len(p.Stop) > 0 {
+			// A stop string ends the completion where it starts; the ranks
+			// withdraw the request.
+			before := text.Len()
+			text.WriteString(chunk)
+			if at := firstStop(text.String(), p.Stop, before); at >= 0 {
+				chunk = text.String()[before:at]
+				s.src.cancel(c.id)
+				finish = "stop"
+			}
+		} else {
+			text.WriteString(chunk)
+		}
+		if resp != nil && finish == "" {
+			if resp.Error != "" {
+				out.fail(&apiError{Status: http.StatusInternalServerError, Type: "server_error",
+					Message: fmt.Sprintf("rank %d: %s", resp.Rank, resp.Error)})
+				return
+			}
+			if stream != nil {
+				tail := stream.Flush()
+				chunk += tail
+				text.WriteString(tail)
+			}
+			finish = "length"
+			if resp.Stopped {
+				finish = "stop"
+			}
+			if s.cfg.Metrics != nil {
+				s.cfg.Metrics.OnResponse(*resp, c.prompt, finish)
+			}
+		} else if finish != "" && s.cfg.Metrics != nil {
+			s.cfg.Metrics.OnResponse(executor.Response{ID: c.id, Output: all}, c.prompt, finish)
+		}
+		if err := out.delta(chunk, pieceIDs); err != nil {
+			s.src.cancel(c.id)
+			return
+		}
+	}
+	out.done(text.String(), all, finish, usage{Prompt: c.prompt, Completion: len(all), Total: c.prompt + len(all)})
+}
+
+// firstStop is the earliest start of a stop string in text that ends at or
+// after from (earlier text was checked already), or -1.
+func firstStop(text string, stops []string, from int) int {
+	best := -1
+	for _, st := range stops {
+		lo := max(0, from-len(st)+1)
+		if i := strings.Index(text[lo:], st); i >= 0 && (best < 0 || lo+i < best) {
+			best = lo + i
+		}
+	}
+	return best
+}
