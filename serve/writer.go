@@ -132,5 +132,5 @@ func (wr *writer) fail(e *apiError) {
 		return
 	}
 	wr.event(map[string]any{"error": map[string]any{"message": e.Message, "type": e.Type, "code": e.Status}}) //nolint:errcheck
-	fmt.Fprint(wr.w, "data: [DONE]\n\n")                                                                    //nolint:errcheck
+	fmt.Fprint(wr.w, "data: [DONE]\n\n")                                                                      //nolint:errcheck
 }
