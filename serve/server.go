@@ -412,7 +412,13 @@ func (s *Server) answer(w http.ResponseWriter, r *http.Request, endpoint string,
 			before := text.Len()
 			text.WriteString(chunk)
 			if at := firstStop(text.String(), p.Stop, before); at >= 0 {
-				chunk = text.String()[before:at]
+				kept := text.String()[:at]
+				chunk = "" // a stop string that began in streamed text: what was sent stays sent
+				if at > before {
+					chunk = kept[before:]
+				}
+				text.Reset()
+				text.WriteString(kept)
 				s.src.cancel(c.id)
 				finish = "stop"
 			}

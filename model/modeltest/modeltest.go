@@ -9,8 +9,12 @@ import (
 	"testing"
 )
 
-// SmolLM2Name is the test model's file name in the cache.
-const SmolLM2Name = "SmolLM2-135M-Instruct.Q4_1.gguf"
+// SmolLM2Name is the test model's file name in the cache; SmolLM2Base is
+// its name in `worker serve`'s API (the file name without .gguf).
+const (
+	SmolLM2Name = "SmolLM2-135M-Instruct.Q4_1.gguf"
+	SmolLM2Base = "SmolLM2-135M-Instruct.Q4_1"
+)
 
 // CacheDir is $LOCKSTEP_MODEL_CACHE, default ~/.cache/lockstep/models.
 func CacheDir() string {

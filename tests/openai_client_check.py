@@ -1,0 +1,72 @@
+"""The official openai client against `worker serve` (run by tests/serve_test.go).
+
+usage: python openai_client_check.py BASE_URL API_KEY MODEL
+Exits non-zero with a message on the first failed check; prints OK last.
+"""
+import sys
+
+import openai
+from openai import OpenAI
+
+base, key, model = sys.argv[1], sys.argv[2], sys.argv[3]
+client = OpenAI(base_url=base + "/v1", api_key=key, max_retries=0, timeout=120)
+
+
+def check(cond, what):
+    if not cond:
+        sys.exit("FAIL: " + what)
+
+
+ids = [m.id for m in client.models.list().data]
+check(model in ids, f"models.list has {model}: {ids}")
+
+# Completions, not streaming and streaming: the same greedy text.
+c = client.completions.create(model=model, prompt="The capital of France is", max_tokens=8, temperature=0)
+check(c.choices[0].text.startswith(" Paris."), f"completion text {c.choices[0].text!r}")
+check(c.choices[0].finish_reason == "length", f"finish_reason {c.choices[0].finish_reason}")
+check(c.usage.prompt_tokens == 5 and c.usage.completion_tokens == 8, f"usage {c.usage}")
+parts, usage = [], None
+for chunk in client.completions.create(model=model, prompt="The capital of France is", max_tokens=8, temperature=0,
+                                       stream=True, stream_options={"include_usage": True}):
+    if chunk.usage is not None:
+        usage = chunk.usage
+    for ch in chunk.choices:
+        parts.append(ch.text)
+check("".join(parts) == c.choices[0].text, f"streamed {''.join(parts)!r} != {c.choices[0].text!r}")
+check(usage is not None and usage.completion_tokens == 8, f"stream usage {usage}")
+
+# Token-id prompts and stop strings.
+c2 = client.completions.create(model=model, prompt=[504, 3575, 282, 4649, 314], max_tokens=8, temperature=0, stop=["."])
+check(c2.choices[0].text == " Paris" and c2.choices[0].finish_reason == "stop", f"stop string: {c2.choices[0]}")
+
+# Chat, not streaming and streaming.
+msgs = [{"role": "user", "content": "What is 2+2?"}]
+r = client.chat.completions.create(model=model, messages=msgs, max_tokens=48, temperature=0)
+answer = r.choices[0].message.content
+check(r.choices[0].message.role == "assistant" and "4" in answer, f"chat answer {answer!r}")
+check(r.choices[0].finish_reason == "stop", f"chat finish_reason {r.choices[0].finish_reason}")
+text, role, finish = "", None, None
+for chunk in client.chat.completions.create(model=model, messages=msgs, max_tokens=48, temperature=0, stream=True):
+    for ch in chunk.choices:
+        role = role or ch.delta.role
+        text += ch.delta.content or ""
+        finish = ch.finish_reason or finish
+check(text == answer and role == "assistant" and finish == "stop", f"streamed chat {text!r} {role} {finish}")
+
+# Errors, in OpenAI's shape and with the right statuses.
+def expect(exc, status, fn):
+    try:
+        fn()
+    except exc as e:
+        check(e.status_code == status, f"{exc.__name__}: status {e.status_code}, want {status}")
+        return
+    sys.exit(f"FAIL: no {exc.__name__}")
+
+
+expect(openai.BadRequestError, 400, lambda: client.completions.create(model=model, prompt="x", max_tokens=0))
+expect(openai.BadRequestError, 400, lambda: client.completions.create(model=model, prompt="x", n=2))
+expect(openai.NotFoundError, 404, lambda: client.completions.create(model="no-such-model", prompt="x"))
+expect(openai.APIStatusError, 413, lambda: client.completions.create(model=model, prompt="x", max_tokens=10_000_000))
+bad = OpenAI(base_url=base + "/v1", api_key="wrong", max_retries=0)
+expect(openai.AuthenticationError, 401, lambda: bad.completions.create(model=model, prompt="x"))
+print("OK")

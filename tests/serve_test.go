@@ -1,0 +1,154 @@
+//go:build native
+
+package tests
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/lockstep-ai/lockstep/model/modeltest"
+)
+
+func freeAddr(t *testing.T) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := ln.Addr().String()
+	ln.Close()
+	return addr
+}
+
+// startServe starts `worker serve` (through launcher when given, e.g.
+// mpirun) and waits until /health is ready.
+func startServe(t *testing.T, launcher []string, bin string, args ...string) (*exec.Cmd, string, *bytes.Buffer) {
+	t.Helper()
+	addr := freeAddr(t)
+	full := append(append(launcher, bin, "serve", "--http", addr, "--log-level", "warn"), args...)
+	cmd := exec.Command(full[0], full[1:]...)
+	cmd.Env = append(os.Environ(), "OMPI_ALLOW_RUN_AS_ROOT=1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1")
+	var errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &errb, &errb
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() { cmd.Process.Kill() }) //nolint:errcheck
+	deadline := time.Now().Add(90 * time.Second)
+	for {
+		resp, err := http.Get("http://" + addr + "/health")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				return cmd, "http://" + addr, &errb
+			}
+		}
+		require.True(t, time.Now().Before(deadline), "the server never became ready: %s", errb.String())
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// stopServe sends SIGTERM (to rank 0's process when pid > 0: mpirun
+// itself tears a job down on SIGTERM) and requires a clean exit.
+func stopServe(t *testing.T, cmd *exec.Cmd, out *bytes.Buffer, pid ...int) {
+	t.Helper()
+	if len(pid) > 0 {
+		require.NoError(t, syscall.Kill(pid[0], syscall.SIGTERM))
+	} else {
+		require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		require.NoError(t, err, "worker serve must drain and exit 0 on SIGTERM: %s", out.String())
+	case <-time.After(60 * time.Second):
+		t.Fatalf("worker serve did not exit after SIGTERM: %s", out.String())
+	}
+}
+
+func complete(t *testing.T, base, body string) map[string]any {
+	t.Helper()
+	resp, err := http.Post(base+"/v1/completions", "application/json", strings.NewReader(body))
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	require.Equal(t, 200, resp.StatusCode, string(b))
+	var out map[string]any
+	require.NoError(t, json.Unmarshal(b, &out))
+	return out
+}
+
+func completionText(m map[string]any) string {
+	return m["choices"].([]any)[0].(map[string]any)["text"].(string)
+}
+
+// TestOpenAIClientAgainstServe: the official openai Python client
+// (scripts/ensure-pyclient.sh) against `worker serve` on SmolLM2 with 2
+// ranks: completions and chat, streaming and not, token-id prompts, stop
+// strings, and the error statuses; then SIGTERM drains and exits 0.
+func TestOpenAIClientAgainstServe(t *testing.T) {
+	m := modeltest.SmolLM2(t)
+	py, err := exec.Command("../scripts/ensure-pyclient.sh").Output()
+	require.NoError(t, err, "installing the openai client")
+	bin := worker(t)
+	cmd, base, out := startServe(t, nil, bin, "--model", m, "--ranks", "2", "--api-key", "sekrit")
+	check := exec.Command(strings.TrimSpace(string(py)), "openai_client_check.py", base, "sekrit", modeltest.SmolLM2Base)
+	res, err := check.CombinedOutput()
+	require.NoError(t, err, "%s\nserver:\n%s", res, out.String())
+	require.Contains(t, string(res), "OK")
+	stopServe(t, cmd, out)
+}
+
+// TestServeUnderMPIRun: `mpirun -np 2 bin/worker serve` answers over HTTP
+// from rank 0 with the same greedy text as in-process ranks, and the whole
+// job exits 0 on SIGTERM.
+func TestServeUnderMPIRun(t *testing.T) {
+	m := modeltest.SmolLM2(t)
+	needMPIRun(t)
+	bin := worker(t)
+	body := `{"prompt": "Once upon a time", "max_tokens": 12}`
+	cmd, base, out := startServe(t, nil, bin, "--model", m, "--ranks", "2")
+	want := completionText(complete(t, base, body))
+	stopServe(t, cmd, out)
+
+	cmd, base, out = startServe(t, []string{"mpirun", "--oversubscribe", "-np", "2"}, bin, "--model", m)
+	var got []string
+	for i := 0; i < 4; i++ { // several, so both ranks serve some
+		got = append(got, completionText(complete(t, base, body)))
+	}
+	for i, g := range got {
+		require.Equal(t, want, g, "request %d", i)
+	}
+	stopServe(t, cmd, out, rankZeroPID(t, bin))
+}
+
+// rankZeroPID finds the process of bin that Open MPI started as rank 0.
+func rankZeroPID(t *testing.T, bin string) int {
+	t.Helper()
+	dirs, err := os.ReadDir("/proc")
+	require.NoError(t, err)
+	for _, d := range dirs {
+		var pid int
+		if _, err := fmt.Sscan(d.Name(), &pid); err != nil {
+			continue
+		}
+		cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		if err != nil || !bytes.HasPrefix(cmdline, []byte(bin+"\x00serve")) {
+			continue
+		}
+		env, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
+		if err == nil && bytes.Contains(env, []byte("\x00OMPI_COMM_WORLD_RANK=0\x00")) {
+			return pid
+		}
+	}
+	t.Fatal("rank 0's process not found")
+	return 0
+}
