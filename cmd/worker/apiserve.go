@@ -103,7 +103,7 @@ func runAPIServe(args []string, stdout, stderr io.Writer) error {
 	} else {
 		cfg.NeverFits = func(int, int) string { return "" }
 	}
-	cfg.Metrics = newServeMetrics(api.name, o.world())
+	cfg.Metrics = newServeMetrics(api.name, o.attentionDPRanks(launch))
 	api.srv = httpapi.New(cfg)
 	o.api = api
 
