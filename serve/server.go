@@ -153,6 +153,12 @@ type call struct {
 	resp   *executor.Response
 	err    error
 	prompt int
+	// detached: the client's answer is over (it went away, or a stop
+	// string ended it) and the ranks were told to withdraw the request;
+	// the call stays registered until their answer arrives, then finish
+	// is what the metrics record.
+	detached bool
+	finish   string
 }
 
 func (c *call) signal() {
@@ -197,9 +203,18 @@ func (s *Server) onResponse(r executor.Response) {
 	s.src.finished(r.ID)
 	s.mu.Lock()
 	c := s.calls[r.ID]
+	if c != nil && c.detached {
+		delete(s.calls, r.ID)
+	}
 	s.mu.Unlock()
 	if c == nil {
-		return // its client is gone (cancelled, or ended at a stop string)
+		return
+	}
+	if c.detached {
+		if s.cfg.Metrics != nil {
+			s.cfg.Metrics.OnResponse(r, c.prompt, c.finish)
+		}
+		return
 	}
 	c.mu.Lock()
 	c.resp = &r
@@ -355,7 +370,9 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request, endpoint string,
 	s.mu.Unlock()
 	defer func() {
 		s.mu.Lock()
-		delete(s.calls, a.ID)
+		if !c.detached {
+			delete(s.calls, a.ID)
+		}
 		s.mu.Unlock()
 	}()
 	if !s.src.push(a) {
@@ -379,10 +396,7 @@ func (s *Server) answer(w http.ResponseWriter, r *http.Request, endpoint string,
 		select {
 		case <-r.Context().Done():
 			// The client went away: every rank withdraws the request.
-			s.src.cancel(c.id)
-			if s.cfg.Metrics != nil {
-				s.cfg.Metrics.OnResponse(executor.Response{ID: c.id}, c.prompt, "cancelled")
-			}
+			s.detach(c, "cancelled")
 			return
 		case <-c.wake:
 		}
@@ -419,7 +433,7 @@ func (s *Server) answer(w http.ResponseWriter, r *http.Request, endpoint string,
 				}
 				text.Reset()
 				text.WriteString(kept)
-				s.src.cancel(c.id)
+				s.detach(c, "stop")
 				finish = "stop"
 			}
 		} else {
@@ -443,15 +457,27 @@ func (s *Server) answer(w http.ResponseWriter, r *http.Request, endpoint string,
 			if s.cfg.Metrics != nil {
 				s.cfg.Metrics.OnResponse(*resp, c.prompt, finish)
 			}
-		} else if finish != "" && s.cfg.Metrics != nil {
-			s.cfg.Metrics.OnResponse(executor.Response{ID: c.id, Output: all}, c.prompt, finish)
 		}
 		if err := out.delta(chunk, pieceIDs); err != nil {
-			s.src.cancel(c.id)
+			s.detach(c, "cancelled")
 			return
 		}
 	}
 	out.done(text.String(), all, finish, usage{Prompt: c.prompt, Completion: len(all), Total: c.prompt + len(all)})
+}
+
+// detach ends c's answer early and asks the ranks to withdraw the request
+// (its metrics are recorded when their answer comes back). A request still
+// queued is dropped at once.
+func (s *Server) detach(c *call, finish string) {
+	s.mu.Lock()
+	c.detached, c.finish = true, finish
+	s.mu.Unlock()
+	if s.src.cancel(c.id) {
+		s.mu.Lock()
+		delete(s.calls, c.id)
+		s.mu.Unlock()
+	}
 }
 
 // firstStop is the earliest start of a stop string in text that ends at or

@@ -42,8 +42,9 @@ func (s *source) push(a executor.Arrival) bool {
 }
 
 // cancel withdraws id: dropped from the queue if the loop has not taken it
-// yet (true), else announced to the ranks at the next intake (false).
-func (s *source) cancel(id uint64) (dropped bool) {
+// yet, or already finished (true: no answer will come), else announced to
+// the ranks at the next intake (false: their answer will come).
+func (s *source) cancel(id uint64) (gone bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for i, a := range s.queue {
@@ -59,9 +60,10 @@ func (s *source) cancel(id uint64) (dropped bool) {
 	for _, j := range s.just {
 		if j == id {
 			s.later = append(s.later, id)
+			return false
 		}
 	}
-	return false
+	return true
 }
 
 // finished forgets id (its answer arrived).

@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/common/expfmt"
+	promodel "github.com/prometheus/common/model"
 	"github.com/stretchr/testify/require"
 
 	"github.com/lockstep-ai/lockstep/model/modeltest"
@@ -151,4 +153,85 @@ func rankZeroPID(t *testing.T, bin string) int {
 	}
 	t.Fatal("rank 0's process not found")
 	return 0
+}
+
+// scrape reads /metrics and returns every sample as "name{labels}" → value.
+func scrape(t *testing.T, base, key string) map[string]float64 {
+	t.Helper()
+	req, _ := http.NewRequest("GET", base+"/metrics", nil)
+	if key != "" {
+		req.Header.Set("Authorization", "Bearer "+key)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	require.Equal(t, 200, resp.StatusCode)
+	parser := expfmt.NewTextParser(promodel.UTF8Validation)
+	fams, err := parser.TextToMetricFamilies(resp.Body)
+	require.NoError(t, err, "the Prometheus text format parses")
+	out := map[string]float64{}
+	for name, f := range fams {
+		for _, m := range f.GetMetric() {
+			var labels []string
+			for _, l := range m.GetLabel() {
+				if l.GetName() != "model" {
+					labels = append(labels, l.GetName()+"="+l.GetValue())
+				}
+			}
+			key := name + "{" + strings.Join(labels, ",") + "}"
+			switch {
+			case m.Counter != nil:
+				out[key] = m.GetCounter().GetValue()
+			case m.Gauge != nil:
+				out[key] = m.GetGauge().GetValue()
+			case m.Histogram != nil:
+				out[key+"_count"] = float64(m.GetHistogram().GetSampleCount())
+			}
+		}
+	}
+	return out
+}
+
+// TestServeCancelOnDisconnectAndQueueBound: clients that go away mid-stream
+// have their requests withdrawn on every rank (no page left in use, seen
+// through /metrics), a full queue answers 429, and /metrics parses.
+func TestServeCancelOnDisconnectAndQueueBound(t *testing.T) {
+	m := modeltest.SmolLM2(t)
+	bin := worker(t)
+	cmd, base, out := startServe(t, nil, bin, "--model", m, "--ranks", "2", "--no-prefix-reuse", "--max-queue", "4")
+	body := `{"prompt": "Write a long story about the sea.", "max_tokens": 400, "stream": true, "ignore_eos": true}`
+	var streams []*http.Response
+	for i := 0; i < 4; i++ {
+		resp, err := http.Post(base+"/v1/completions", "application/json", strings.NewReader(body))
+		require.NoError(t, err)
+		require.Equal(t, 200, resp.StatusCode)
+		buf := make([]byte, 64)
+		_, err = resp.Body.Read(buf) // the first event: the request is running
+		require.NoError(t, err)
+		streams = append(streams, resp)
+	}
+	// Four in flight: the fifth is over --max-queue.
+	resp, err := http.Post(base+"/v1/completions", "application/json", strings.NewReader(body))
+	require.NoError(t, err)
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.Equal(t, http.StatusTooManyRequests, resp.StatusCode, string(b))
+	require.Contains(t, string(b), `"error"`)
+	for _, s := range streams {
+		s.Body.Close() // the client goes away
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		mt := scrape(t, base, "")
+		idle := mt["lockstep_requests_running{}"] == 0 && mt["lockstep_requests_waiting{}"] == 0 &&
+			mt["lockstep_rank_kv_cache_used_pages{rank=0}"] == 0 && mt["lockstep_rank_kv_cache_used_pages{rank=1}"] == 0
+		if idle && mt["lockstep_requests_finished_total{finish_reason=cancelled}"] >= 4 {
+			require.Equal(t, 1.0, mt["lockstep_ready{}"])
+			require.Positive(t, mt["lockstep_time_to_first_token_seconds{}_count"])
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "cancelled requests still hold the fleet: %v", mt)
+		time.Sleep(200 * time.Millisecond)
+	}
+	stopServe(t, cmd, out)
 }
