@@ -148,13 +148,20 @@ type HelixMember struct {
 
 // SeqStep is one sequence of a step: its new tokens at positions
 // StartPos..StartPos+len(Tokens)-1, its block table (page indices covering at
-// least StartPos+len(Tokens) tokens), and whether its last token is sampled.
+// least StartPos+len(Tokens) tokens), whether its last token is sampled, and
+// how (the zero Sampling is greedy). A sampled token is drawn for absolute
+// position StartPos+len(Tokens) (SamplePos).
 type SeqStep struct {
 	Tokens     []int32
 	StartPos   int
 	BlockTable []int32
 	Sample     bool
+	Sampling   SamplingParams
 }
+
+// SamplePos is the absolute position of the token this step samples: the
+// position of the last input token + 1 (the Philox counter).
+func (s *SeqStep) SamplePos() int64 { return int64(s.StartPos) + int64(len(s.Tokens)) }
 
 // StepDesc is one forward step over a batch. Slices are read during the call only.
 type StepDesc struct {

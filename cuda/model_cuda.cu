@@ -16,6 +16,7 @@
 #include "kernels/swiglu.cuh"
 #include "kernels/weights_gen.cuh"
 #include "checkpoint.h"
+#include "sampling.h"
 #include "weights.h"
 
 namespace lockstep {
@@ -401,20 +402,36 @@ double CudaBackend::step(const StepBatch& batch, int32_t* sampled, float* logits
     CUDA_CHECK(cudaEventRecord(ev_stop_, stream_));
     const size_t V = size_t(shape_.vocab_size);
     const size_t ns = size_t(num_sampled_);
-    host_out_.reserve(ns * sizeof(int32_t) + (logits ? ns * V * sizeof(float) : 0) + 16);
+    // Rows with temperature > 0 are sampled on the host from their logits
+    // with the native procedure (sampling.h), exactly as the CPU backend
+    // does; greedy rows keep the device argmax.
+    const bool host_rows = logits != nullptr || batch.num_stochastic > 0;
+    host_out_.reserve(ns * sizeof(int32_t) + (host_rows ? ns * V * sizeof(float) : 0) + 16);
     int32_t* h_sampled = host_out_.as<int32_t>();
     float* h_logits = reinterpret_cast<float*>(h_sampled + round_up(ns, 4));
     if (ns > 0) {
       CUDA_CHECK(cudaMemcpyAsync(h_sampled, sampled_.as<void>(), ns * sizeof(int32_t),
                                  cudaMemcpyDeviceToHost, stream_));
-      if (logits)
+      if (logits) {
         CUDA_CHECK(cudaMemcpyAsync(h_logits, logits_.as<void>(), ns * V * sizeof(float),
                                    cudaMemcpyDeviceToHost, stream_));
+      } else if (batch.num_stochastic > 0) {
+        for (size_t k = 0; k < ns; ++k)
+          if (batch.seqs[size_t(sample_seq_[k])].sampling.temperature > 0.0f)
+            CUDA_CHECK(cudaMemcpyAsync(h_logits + k * V, logits_.as<float>() + k * V, V * sizeof(float),
+                                       cudaMemcpyDeviceToHost, stream_));
+      }
     }
     CUDA_CHECK(cudaStreamSynchronize(stream_));
     CUDA_CHECK(cudaEventElapsedTime(&ms, ev_start_, ev_stop_));
     for (size_t i = 0; i < batch.seqs.size(); ++i) sampled[i] = -1;
-    for (size_t k = 0; k < ns; ++k) sampled[sample_seq_[k]] = h_sampled[k];
+    for (size_t k = 0; k < ns; ++k) {
+      const StepSeq& s = batch.seqs[size_t(sample_seq_[k])];
+      sampled[sample_seq_[k]] = s.sampling.temperature > 0.0f
+                                    ? sample_token(h_logits + k * V, shape_.vocab_size, s.sampling,
+                                                   s.sample_pos(), &sampling_)
+                                    : h_sampled[k];
+    }
     if (logits && ns > 0) std::memcpy(logits, h_logits, ns * V * sizeof(float));
   });
   return double(ms);

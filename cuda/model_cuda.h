@@ -35,6 +35,7 @@
 #include "gemm.h"
 #include "kernels/attn_common.cuh"
 #include "page_pool.h"
+#include "sampling.h"
 
 namespace lockstep {
 
@@ -94,6 +95,7 @@ class CudaBackend final : public Backend {
   size_t off_tokens_ = 0, off_pos_ = 0, off_page_ = 0, off_slot_ = 0, off_sample_ = 0,
          off_decode_rows_ = 0, off_blocks_ = 0, off_dseqs_ = 0, off_cseqs_ = 0;
   std::vector<int32_t> sample_seq_;  // batch index of each sampled row
+  SamplingScratch sampling_;         // host sampling of rows with temperature > 0
 
   // Per-step scratch (grown on demand).
   DeviceBuffer hidden_, xb_, qkv_, attn_, gu_, act_, logits_, sampled_, o_part_, lse_part_;

@@ -6,6 +6,7 @@ import (
 	"math"
 	"time"
 
+	"github.com/lockstep-ai/lockstep/bridge"
 	"github.com/lockstep-ai/lockstep/workload"
 )
 
@@ -22,6 +23,12 @@ type Arrival struct {
 	// (Config.StopTokens) as well as at MaxNewTokens. Trace replays leave it
 	// off: their output lengths are part of the workload.
 	StopAtEOS bool
+	// Sampling is how the request's tokens are drawn (the zero value is
+	// greedy). A request's tokens depend only on its prompt, its Sampling
+	// (Seed included) and the positions it samples (docs/sampling.md), so
+	// they are the same on any rank count, batch, chunking or preemption.
+	// Rank 0 rejects invalid parameters before the broadcast.
+	Sampling bridge.SamplingParams
 	// Prompt is the prompt's tokens. A source may leave it nil and set
 	// PromptLen and Synthesize instead: rank 0 then checks the lengths
 	// (Admission) and calls Synthesize only for a request that can be
@@ -117,23 +124,29 @@ const (
 	arrivalHasRank = 1 << iota
 	arrivalStrict
 	arrivalStopAtEOS
+	arrivalSampling // the sampling fields follow the target rank
 )
 
 // encodeArrivals serialises a broadcast payload (little-endian):
 // per item: id u64, arrival i64, max_new u32, conv_len u32, conv bytes,
 // affinity_len u32, affinity bytes, flags u8 (arrivalHasRank,
-// arrivalStrict, arrivalStopAtEOS), target rank u32, n_tokens u32, tokens u32×n. Rank 0 has
-// screened the items (Admission), so max_new and the prompt length fit 32
-// bits; an item that does not is a broken invariant.
+// arrivalStrict, arrivalStopAtEOS, arrivalSampling), target rank u32,
+// [with arrivalSampling: temperature f32 bits u32, top_k u32, top_p f32
+// bits u32, seed u64], n_tokens u32, tokens u32×n. Rank 0 has screened the
+// items (Admission, valid sampling parameters), so max_new, top_k and the
+// prompt length fit 32 bits; an item that does not is a broken invariant.
 func encodeArrivals(items []Arrival) []byte {
 	n := 0
 	for _, a := range items {
-		n += 8 + 8 + 4 + 4 + len(a.ConversationID) + 4 + len(a.Routing.AffinityID) + 1 + 4 + 4 + 4*len(a.Prompt)
+		n += 8 + 8 + 4 + 4 + len(a.ConversationID) + 4 + len(a.Routing.AffinityID) + 1 + 4 + 20 + 4 + 4*len(a.Prompt)
 	}
 	b := make([]byte, 0, n)
 	for _, a := range items {
 		if a.MaxNewTokens < 0 || a.MaxNewTokens > MaxSequenceTokens || a.Routing.Rank < 0 || a.Routing.Rank > math.MaxInt32 {
 			panic(fmt.Sprintf("executor: arrival %d was not screened: max_new_tokens %d, target rank %d", a.ID, a.MaxNewTokens, a.Routing.Rank))
+		}
+		if err := a.Sampling.Validate(); err != nil {
+			panic(fmt.Sprintf("executor: arrival %d was not screened: %v", a.ID, err))
 		}
 		b = binary.LittleEndian.AppendUint64(b, a.ID)
 		b = binary.LittleEndian.AppendUint64(b, uint64(a.ArrivalUnixNS))
@@ -152,8 +165,18 @@ func encodeArrivals(items []Arrival) []byte {
 		if a.StopAtEOS {
 			flags |= arrivalStopAtEOS
 		}
+		if a.Sampling != (bridge.SamplingParams{}) {
+			flags |= arrivalSampling
+		}
 		b = append(b, flags)
 		b = binary.LittleEndian.AppendUint32(b, uint32(a.Routing.Rank))
+		if flags&arrivalSampling != 0 {
+			s := &a.Sampling
+			b = binary.LittleEndian.AppendUint32(b, math.Float32bits(s.Temperature))
+			b = binary.LittleEndian.AppendUint32(b, uint32(s.TopK))
+			b = binary.LittleEndian.AppendUint32(b, math.Float32bits(s.TopP))
+			b = binary.LittleEndian.AppendUint64(b, s.Seed)
+		}
 		b = binary.LittleEndian.AppendUint32(b, uint32(len(a.Prompt)))
 		for _, t := range a.Prompt {
 			b = binary.LittleEndian.AppendUint32(b, uint32(t))
@@ -178,6 +201,19 @@ func decodeArrivals(b []byte, want int) ([]Arrival, error) {
 		a.Routing.HasRank, a.Routing.Strict = flags&arrivalHasRank != 0, flags&arrivalStrict != 0
 		a.StopAtEOS = flags&arrivalStopAtEOS != 0
 		a.Routing.Rank = int(d.u32())
+		if flags&arrivalSampling != 0 {
+			s := &a.Sampling
+			s.Temperature = math.Float32frombits(d.u32())
+			s.TopK = int(d.u32())
+			s.TopP = math.Float32frombits(d.u32())
+			s.Seed = d.u64()
+			if err := s.Validate(); d.err == nil && err != nil {
+				d.err = fmt.Errorf("arrival %d: %w", a.ID, err)
+			}
+		}
+		if d.err == nil && flags&^(arrivalHasRank|arrivalStrict|arrivalStopAtEOS|arrivalSampling) != 0 {
+			d.err = fmt.Errorf("arrival %d: unknown flags %#x", a.ID, flags)
+		}
 		n := int(d.u32())
 		if d.err == nil && n > len(d.b)/4 {
 			d.err = errShort

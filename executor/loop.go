@@ -720,7 +720,11 @@ func (e *Executor) screenArrivals(items []Arrival, now time.Time) []Arrival {
 	}
 	kept := make([]Arrival, 0, len(items)) // the source may keep its slice: never write to it
 	for _, a := range items {
-		if reason := e.adm.NeverFits(a.promptLen(), a.MaxNewTokens); reason != "" {
+		reason := e.adm.NeverFits(a.promptLen(), a.MaxNewTokens)
+		if err := a.Sampling.Validate(); reason == "" && err != nil {
+			reason = "invalid sampling parameters: " + err.Error()
+		}
+		if reason != "" {
 			e.pending = append(e.pending, Response{ID: a.ID, Rank: NoRank, ArrivalUnixNS: a.ArrivalUnixNS,
 				FinishUnixNS: max(now.UnixNano(), a.ArrivalUnixNS), Error: reason})
 			continue

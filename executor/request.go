@@ -1,6 +1,9 @@
 package executor
 
-import "github.com/lockstep-ai/lockstep/scheduler"
+import (
+	"github.com/lockstep-ai/lockstep/bridge"
+	"github.com/lockstep-ai/lockstep/scheduler"
+)
 
 // dummyIDBase is the first padding-dummy id; ids ≥ 2^63 are reserved for dummies.
 const dummyIDBase uint64 = 1 << 63
@@ -24,10 +27,12 @@ type request struct {
 	stopped      bool // a stop token was sampled, or the request was cancelled: no more tokens
 	cancelled    bool // withdrawn by the client (Canceller)
 	pending      int  // batches holding this request whose results are not applied yet
+	sampling     bridge.SamplingParams
 }
 
 func newRequest(a Arrival) *request {
-	r := &request{prompt: a.Prompt, maxNewTotal: a.MaxNewTokens, arrivalNS: a.ArrivalUnixNS, stopAtEOS: a.StopAtEOS}
+	r := &request{prompt: a.Prompt, maxNewTotal: a.MaxNewTokens, arrivalNS: a.ArrivalUnixNS, stopAtEOS: a.StopAtEOS,
+		sampling: a.Sampling}
 	r.Request = scheduler.Request{
 		ID:               a.ID,
 		State:            scheduler.ContextInit,

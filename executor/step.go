@@ -66,6 +66,9 @@ func (e *Executor) buildStep(b *batch) error {
 			}
 			s = bridge.SeqStep{Tokens: r.output[len(r.output)-1:], StartPos: r.PromptLen + r.Generated - 1, Sample: true}
 		}
+		if s.Sample {
+			s.Sampling = r.sampling
+		}
 		s.BlockTable = e.d.KV.BlockTable(r.ID)
 		seqs = append(seqs, s)
 		b.sample = append(b.sample, s.Sample)

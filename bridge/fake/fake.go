@@ -32,6 +32,7 @@ type Engine struct {
 	// computes at Submit (its compute is instant), which is indistinguishable
 	// from a stream that runs steps in submit order.
 	inflight []bridge.StepResult
+	row      []float32 // a pseudo-logits row to sample from, reused
 }
 
 var _ bridge.Engine = (*Engine)(nil)

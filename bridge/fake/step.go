@@ -24,7 +24,9 @@ const (
 // invalid), writes every sequence's new tokens into its pages at their
 // positions, then samples: a sampled sequence gets
 // FNV-1a(seed, tokens read back from its pages at positions [0, last]) mod
-// vocab. res's slices are reused when large enough.
+// vocab when greedy; with sampling parameters (SeqStep.Sampling) it is
+// bridge.Sample of the pseudo-logits row (appendLogits) at the sampled
+// position. res's slices are reused when large enough.
 func (e *Engine) Step(desc *bridge.StepDesc, res *bridge.StepResult) error {
 	if err := e.usable("step"); err != nil {
 		return err
@@ -101,7 +103,13 @@ func (e *Engine) run(desc *bridge.StepDesc, res *bridge.StepResult) error {
 		}
 		h := e.contentHash(sq)
 		tok := int32(h % uint64(vocab))
-		res.Sampled[i] = tok
+		if sq.Sampling.IsGreedy() {
+			res.Sampled[i] = tok
+		} else {
+			// Sample from the pseudo-logits row (whose argmax is tok).
+			e.row = appendLogits(e.row[:0], h, tok, vocab)
+			res.Sampled[i] = bridge.Sample(e.row, sq.Sampling, sq.SamplePos())
+		}
 		if desc.WantLogits {
 			res.Logits = appendLogits(res.Logits, h, tok, vocab)
 		}
@@ -122,6 +130,9 @@ func (e *Engine) validateSeq(i int, sq *bridge.SeqStep) error {
 	case sq.StartPos > len(sq.BlockTable)*P-n:
 		return invalid("step", "seqs[%d]: num_blocks %d covers %d tokens, positions up to %d need %d blocks",
 			i, len(sq.BlockTable), len(sq.BlockTable)*P, sq.StartPos+n-1, (sq.StartPos+n+P-1)/P)
+	}
+	if err := sq.Sampling.Validate(); err != nil {
+		return invalid("step", "seqs[%d]: %v", i, err)
 	}
 	for k, t := range sq.Tokens {
 		if t < 0 || int(t) >= e.shape.VocabSize {

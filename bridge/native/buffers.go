@@ -54,6 +54,7 @@ type stepBuffers struct {
 	sample                                                  cbuf[uint8]
 	logits                                                  cbuf[float32]
 	copySrc, copyDst                                        cbuf[int32]
+	sampling                                                samplingBuf
 }
 
 func (s *stepBuffers) free() {
@@ -63,4 +64,5 @@ func (s *stepBuffers) free() {
 	}
 	s.sample.free()
 	s.logits.free()
+	s.sampling.free()
 }

@@ -335,6 +335,26 @@ func (e *engine) flatten(op string, desc *bridge.StepDesc) (n, sampled int, err 
 	sample := b.sample.slice(n)
 	tokens := b.tokens.slice(totalTok)
 	blocks := b.blocks.slice(totalBlk)
+	// The sampling array is passed only when some sequence samples
+	// stochastically; NULL = every sequence greedy.
+	var csampling *C.eng_sampling
+	for i := range desc.Seqs {
+		s := &desc.Seqs[i]
+		if err := s.Sampling.Validate(); err != nil {
+			return 0, 0, bridge.StatusError(op, bridge.StatusInvalidArgument, fmt.Sprintf("Seqs[%d]: %v", i, err))
+		}
+		if s.Sample && !s.Sampling.IsGreedy() {
+			csampling = b.sampling.slice(n)
+		}
+	}
+	if csampling != nil {
+		cs := unsafe.Slice(csampling, n)
+		for i := range desc.Seqs {
+			p := &desc.Seqs[i].Sampling
+			cs[i] = C.eng_sampling{temperature: C.float(p.Temperature), top_k: C.int32_t(p.TopK),
+				top_p: C.float(p.NativeTopP()), seed: C.uint64_t(p.Seed)}
+		}
+	}
 	tok, blk := 0, 0
 	for i := range desc.Seqs {
 		s := &desc.Seqs[i]
@@ -356,6 +376,7 @@ func (e *engine) flatten(op string, desc *bridge.StepDesc) (n, sampled int, err 
 		num_blocks:  b.numBlocks.ptr(),
 		block_table: b.blocks.ptr(),
 		sample:      (*C.uint8_t)(b.sample.p),
+		sampling:    csampling,
 	}
 	return n, sampled, nil
 }

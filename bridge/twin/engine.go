@@ -13,7 +13,8 @@ import (
 // O(context): it scales to fleets of ranks with long contexts.
 //
 // Sampled tokens are a hash of (seed, the sequence's last input token, that
-// token's position) modulo the vocabulary. They therefore do not depend on
+// token's position) modulo the vocabulary (with SeqStep.Sampling: drawn by
+// bridge.Sample from a row whose argmax is that token). They therefore do not depend on
 // batching, chunking, rank count, preemption or recompute — the property the
 // CPU engine has — but, unlike the CPU and fake engines, not on the earlier
 // tokens or the pages either: a wrong block table goes unnoticed beyond the
@@ -36,6 +37,7 @@ type Engine struct {
 	// the first step.
 	writer  []int32
 	touched []int32
+	row     []float32 // a logits row to sample from, reused
 
 	// inflight is a ring of submitted steps' results, oldest at head. The
 	// twin computes at Submit, which is indistinguishable from a stream
@@ -195,7 +197,14 @@ func (e *Engine) run(op string, desc *bridge.StepDesc, res *bridge.StepResult) (
 		n := len(sq.Tokens)
 		h := tokenHash(e.cfg.Seed, sq.Tokens[n-1], sq.StartPos+n-1)
 		tok := int32(h % uint64(vocab))
-		res.Sampled[i] = tok
+		if sq.Sampling.IsGreedy() {
+			res.Sampled[i] = tok
+		} else {
+			// Sample from the row whose argmax is tok: O(vocab) for this
+			// sequence, only when it asks for sampling.
+			e.row = appendLogits(e.row[:0], h, tok, vocab)
+			res.Sampled[i] = bridge.Sample(e.row, sq.Sampling, sq.SamplePos())
+		}
 		if desc.WantLogits {
 			res.Logits = appendLogits(res.Logits, h, tok, vocab)
 		}
@@ -220,6 +229,9 @@ func (e *Engine) validateSeq(op string, i int, sq *bridge.SeqStep) error {
 	case sq.StartPos+n > len(sq.BlockTable)*P:
 		return invalid(op, "seqs[%d]: num_blocks %d covers %d tokens, positions up to %d need %d blocks",
 			i, len(sq.BlockTable), len(sq.BlockTable)*P, sq.StartPos+n-1, (sq.StartPos+n+P-1)/P)
+	}
+	if err := sq.Sampling.Validate(); err != nil {
+		return invalid(op, "seqs[%d]: %v", i, err)
 	}
 	for k, t := range sq.Tokens {
 		if t < 0 || int(t) >= e.shape.VocabSize {

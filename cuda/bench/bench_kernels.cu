@@ -206,7 +206,7 @@ void iteration_bench() {
     for (int i = 0; i < m.decode; ++i) add(1, m.ctx - 1);
     if (m.chunk) add(m.chunk, 0);
     std::vector<int32_t> sampled(nt.size());
-    eng_step_desc d{int32_t(nt.size()), nt.data(), sp.data(), toks.data(), nb.data(), bt.data(), sample.data()};
+    eng_step_desc d{int32_t(nt.size()), nt.data(), sp.data(), toks.data(), nb.data(), bt.data(), sample.data(), nullptr};
     std::vector<double> t;
     for (int rep = 0; rep < 7; ++rep) {
       eng_step_result r{sampled.data(), nullptr, 0};

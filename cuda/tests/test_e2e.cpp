@@ -61,7 +61,7 @@ void step(eng_engine_t e, std::vector<Seq*> seqs, const std::vector<std::vector<
   }
   sampled->assign(seqs.size(), -2);
   logits->assign(seqs.size() * size_t(vocab), NAN);
-  eng_step_desc d{int32_t(seqs.size()), nt.data(), sp.data(), all.data(), nb.data(), bt.data(), sample.data()};
+  eng_step_desc d{int32_t(seqs.size()), nt.data(), sp.data(), all.data(), nb.data(), bt.data(), sample.data(), nullptr};
   eng_step_result r{sampled->data(), logits->data(), 0};
   if (eng_engine_step(e, &d, &r) != ENG_OK) {
     std::printf("FAIL: step: %s\n", eng_engine_last_error(e));

@@ -24,7 +24,7 @@ extern "C" {
 #endif
 
 /* Bumped on every incompatible change; eng_engine_init refuses a mismatch. */
-#define ENG_ABI_VERSION 2
+#define ENG_ABI_VERSION 3
 
 typedef enum eng_status {
   ENG_OK = 0,
@@ -163,13 +163,37 @@ eng_status eng_engine_shape(eng_engine_t eng, eng_model_shape* out);
  * The step writes the new tokens' K/V into those pages, then runs attention of
  * every new token over positions [0, its own position] read from the pages
  * (causal within the chunk, full over the prefix). If sample[i] != 0 the last
- * new token of sequence i is sampled greedily (argmax, lowest index on ties)
- * and written to sampled[i]; otherwise sampled[i] = -1.
+ * new token of sequence i is sampled and written to sampled[i]; otherwise
+ * sampled[i] = -1. Sampling is greedy (argmax, lowest index on ties) unless
+ * sampling is set and sampling[i].temperature > 0 (see eng_sampling).
  *
  * Bit-exact batch invariance: a sequence's results depend only on its own
  * tokens and the contents of its pages, never on the rest of the batch or on
  * how its prompt was chunked.
  */
+/*
+ * Per-sequence sampling parameters (docs/sampling.md). temperature 0 =
+ * greedy argmax (the other fields are then unused but still validated);
+ * top_k 0 = no top-k; top_p 1 = no top-p. Every field must be finite,
+ * temperature >= 0, top_k >= 0 and 0 < top_p <= 1.
+ *
+ * The draw is Philox4x32-10 keyed by seed {low, high word}, with counter
+ * {pos low, pos high, 0, 0} where pos is the absolute position of the token
+ * being sampled (start_pos + num_tokens of the sequence): a sequence's token
+ * depends only on its logits, its parameters and that position, so a
+ * re-batched, re-chunked or recomputed request draws the same token.
+ * Procedure: logits / temperature (float32), keep the top_k largest (ties:
+ * lower id), softmax in double over them in descending order, keep the
+ * smallest prefix whose cumulative probability >= top_p, renormalise, pick
+ * the first whose cumulative probability exceeds u = (out[0] >> 8) / 2^24.
+ */
+typedef struct eng_sampling {
+  float temperature;
+  int32_t top_k;
+  float top_p;
+  uint64_t seed;
+} eng_sampling;
+
 typedef struct eng_step_desc {
   int32_t num_seqs;
   const int32_t* num_tokens;   /* [num_seqs], each >= 1 */
@@ -178,6 +202,7 @@ typedef struct eng_step_desc {
   const int32_t* num_blocks;   /* [num_seqs] */
   const int32_t* block_table;  /* [sum num_blocks], each in [0, num_pages) */
   const uint8_t* sample;       /* [num_seqs] */
+  const eng_sampling* sampling; /* [num_seqs] or NULL = every sequence greedy */
 } eng_step_desc;
 
 typedef struct eng_step_result {
@@ -190,6 +215,13 @@ typedef struct eng_step_result {
 
 eng_status eng_engine_step(eng_engine_t eng, const eng_step_desc* desc,
                            eng_step_result* res);
+
+/* Samples one logits row [vocab] exactly as a step samples a sequence whose
+ * sampled token is at absolute position pos (>= 0); writes the token to *out.
+ * For cross-checks of other implementations of the procedure (bridge/sampling.go).
+ * Errors leave their message in eng_last_error(). */
+eng_status eng_sample_row(const float* logits, int32_t vocab, const eng_sampling* params,
+                          int64_t pos, int32_t* out);
 
 /*
  * Asynchronous steps (the executor's overlap loop).

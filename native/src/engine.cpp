@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cinttypes>
+#include <cmath>
 #include <condition_variable>
 #include <cstdarg>
 #include <cstdio>
@@ -23,6 +24,7 @@
 #include "engine.h"
 #include "page_slab.h"
 #include "presets.h"
+#include "sampling.h"
 #include "status.h"
 #include "stream.h"
 #include "weights.h"
@@ -142,6 +144,9 @@ eng_model_shape resolve_shape(const eng_engine_config& cfg, std::string* label) 
   return shape;
 }
 
+// Greedy sampling parameters (a NULL desc.sampling).
+constexpr eng_sampling kGreedy{0.0f, 0, 1.0f, 0};
+
 bool backend_built(eng_backend b) { return (eng_supported_backends() >> b) & 1u; }
 
 // Builds eng->batch from desc, validating every field; throws EngineError
@@ -156,6 +161,7 @@ void build_batch(eng_engine* eng, const eng_step_desc* d, const eng_step_result*
   b.seqs.clear();
   b.num_rows = 0;
   b.num_sampled = 0;
+  b.num_stochastic = 0;
   if (n == 0) return;
 
   const char* null_field = d->num_tokens == nullptr  ? "desc.num_tokens"
@@ -242,13 +248,31 @@ void build_batch(eng_engine* eng, const eng_step_desc* d, const eng_step_result*
   for (int32_t page : touched) writer[page] = -1;
   if (!conflict.empty()) invalid_argument(conflict);
 
+  // Sampling parameters (optional array): every field of every sequence.
+  if (d->sampling != nullptr) {
+    for (int32_t i = 0; i < n; ++i) {
+      const eng_sampling& s = d->sampling[i];
+      if (!std::isfinite(s.temperature) || s.temperature < 0.0f)
+        invalid_argument(fmt("sampling[%d].temperature (sequence %d) must be finite and >= 0, got %g", i, i,
+                             static_cast<double>(s.temperature)));
+      if (s.top_k < 0)
+        invalid_argument(fmt("sampling[%d].top_k (sequence %d) must be >= 0 (0 = all tokens), got %d", i, i,
+                             s.top_k));
+      if (!std::isfinite(s.top_p) || !(s.top_p > 0.0f) || s.top_p > 1.0f)
+        invalid_argument(fmt("sampling[%d].top_p (sequence %d) must be in (0, 1] (1 = all tokens), got %g", i, i,
+                             static_cast<double>(s.top_p)));
+    }
+  }
+
   b.seqs.reserve(static_cast<size_t>(n));
   tok = 0;
   blk = 0;
   for (int32_t i = 0; i < n; ++i) {
     const bool sample = d->sample[i] != 0;
+    const eng_sampling sp = d->sampling != nullptr ? d->sampling[i] : kGreedy;
     b.seqs.push_back({d->tokens + tok, d->num_tokens[i], d->start_pos[i], d->block_table + blk,
-                      d->num_blocks[i], sample});
+                      d->num_blocks[i], sample, sp});
+    if (sample && sp.temperature > 0.0f) ++b.num_stochastic;
     tok += d->num_tokens[i];
     blk += d->num_blocks[i];
     if (sample) ++b.num_sampled;
@@ -414,6 +438,25 @@ eng_status eng_engine_step(eng_engine_t eng, const eng_step_desc* desc, eng_step
       return;
     }
     res->device_ms = eng->backend->step(eng->batch, res->sampled, res->logits);
+  });
+}
+
+eng_status eng_sample_row(const float* logits, int32_t vocab, const eng_sampling* params, int64_t pos,
+                          int32_t* out) {
+  return guarded(&g_last_error, [&] {
+    if (logits == nullptr) invalid_argument("logits is NULL");
+    if (params == nullptr) invalid_argument("params is NULL");
+    if (out == nullptr) invalid_argument("out is NULL");
+    if (vocab < 1) invalid_argument(fmt("vocab must be >= 1, got %d", vocab));
+    if (pos < 0) invalid_argument(fmt("pos must be >= 0, got %" PRId64, pos));
+    const eng_sampling& s = *params;
+    if (!std::isfinite(s.temperature) || s.temperature < 0.0f)
+      invalid_argument(fmt("params.temperature must be finite and >= 0, got %g", static_cast<double>(s.temperature)));
+    if (s.top_k < 0) invalid_argument(fmt("params.top_k must be >= 0, got %d", s.top_k));
+    if (!std::isfinite(s.top_p) || !(s.top_p > 0.0f) || s.top_p > 1.0f)
+      invalid_argument(fmt("params.top_p must be in (0, 1], got %g", static_cast<double>(s.top_p)));
+    lockstep::SamplingScratch scratch;
+    *out = lockstep::sample_token(logits, vocab, s, pos, &scratch);
   });
 }
 

@@ -10,6 +10,7 @@
 #include "checkpoint.h"
 #include "cp_group.h"
 #include "gemm_cpu.h"
+#include "sampling.h"
 #include "status.h"
 
 namespace lockstep {
@@ -27,14 +28,6 @@ void rms_norm(const float* x, const float* w, int32_t n, float eps, float* y) {
   for (int32_t i = 0; i < n; ++i) ss += static_cast<double>(x[i]) * static_cast<double>(x[i]);
   const float inv = static_cast<float>(1.0 / std::sqrt(ss / n + static_cast<double>(eps)));
   for (int32_t i = 0; i < n; ++i) y[i] = (x[i] * inv) * w[i];
-}
-
-// Lowest index of the maximum (NaN never wins).
-int32_t argmax(const float* x, int32_t n) {
-  int32_t best = 0;
-  for (int32_t i = 1; i < n; ++i)
-    if (x[i] > x[best]) best = i;
-  return best;
 }
 
 template <class T>
@@ -265,8 +258,11 @@ double CpuBackend::step(const StepBatch& batch, int32_t* sampled, float* logits)
                shape_.hidden_size, shape_.rms_eps, x + j * H);
     float* lg = logits != nullptr ? logits + c0 * V : grow(logits_, static_cast<size_t>(m * V));
     gemm_rows(x, m, H, weights_->lm_head.data(), V, lg);
-    for (int64_t j = 0; j < m; ++j)
-      sampled[row_seq_[srows[static_cast<size_t>(c0 + j)]]] = argmax(lg + j * V, shape_.vocab_size);
+    for (int64_t j = 0; j < m; ++j) {
+      const int32_t seq = row_seq_[srows[static_cast<size_t>(c0 + j)]];
+      const StepSeq& s = batch.seqs[static_cast<size_t>(seq)];
+      sampled[seq] = sample_token(lg + j * V, shape_.vocab_size, s.sampling, s.sample_pos(), &sampling_);
+    }
   }
 
   const auto t1 = std::chrono::steady_clock::now();

@@ -46,6 +46,7 @@
 #include "attention_cpu.h"
 #include "backend.h"
 #include "page_slab.h"
+#include "sampling.h"
 #include "weights.h"
 
 namespace lockstep {
@@ -94,6 +95,7 @@ class CpuBackend final : public Backend {
   std::vector<float> hidden_;               // [rows][hidden]
   std::vector<float> q_;                    // [rows][heads * head_dim]
   std::vector<float> x_, attn_, tmp_, gate_, up_, logits_;
+  SamplingScratch sampling_;  // sample_token's buffers
   std::vector<float> kv_scratch_;  // K and V of a position this Helix rank does not own
   AttnScratch attn_scratch_;
   std::vector<int32_t> run_pos_;  // positions of a run of one sequence's rows (attention)

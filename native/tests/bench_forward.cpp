@@ -72,6 +72,7 @@ int main(int argc, char** argv) {
     d.num_blocks = nb.data();
     d.block_table = blocks.data();
     d.sample = sample.data();
+    d.sampling = nullptr;
     eng_step_result r;
     r.sampled = last.data();
     r.logits = logits.data();

@@ -1,6 +1,7 @@
 // (d) Validation at the C ABI: every bad argument returns ENG_INVALID_ARGUMENT
 // (or the documented status) with a message naming the field, nothing
 // crashes, and a rejected call leaves the engine usable.
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <functional>
@@ -33,10 +34,12 @@ struct Desc {
   std::vector<int32_t> nt{3, 2}, sp{0, 5}, tok{1, 2, 3, 4, 5}, nb{1, 2}, bt{0, 1, 2};
   std::vector<uint8_t> sample{1, 1};
   std::vector<int32_t> sampled{0, 0};
+  std::vector<eng_sampling> sampling{{0.8f, 40, 0.9f, 1}, {0.0f, 0, 1.0f, 2}};
   eng_step_desc d{};
   eng_step_result r{};
   void bind() {
-    d = {static_cast<int32_t>(nt.size()), nt.data(), sp.data(), tok.data(), nb.data(), bt.data(), sample.data()};
+    d = {static_cast<int32_t>(nt.size()), nt.data(), sp.data(), tok.data(), nb.data(), bt.data(), sample.data(),
+         sampling.data()};
     r = {sampled.data(), nullptr, 0};
   }
 };
@@ -182,6 +185,18 @@ int main() {
   check_step(e, "block table short", [](Desc& x) { x.sp[1] = 7; }, {"num_blocks[1]", "too short"});
   check_step(e, "num_blocks < 0", [](Desc& x) { x.nb[0] = -1; }, {"num_blocks[0]"});
   check_step(e, "position overflow", [](Desc& x) { x.sp[0] = INT32_MAX - 1; }, {"start_pos[0]", "int32"});
+  check_step(e, "temperature < 0", [](Desc& x) { x.sampling[1].temperature = -1; },
+             {"sampling[1].temperature", "sequence 1", "-1"});
+  check_step(e, "temperature NaN", [](Desc& x) { x.sampling[0].temperature = NAN; },
+             {"sampling[0].temperature", "finite"});
+  check_step(e, "temperature inf", [](Desc& x) { x.sampling[0].temperature = INFINITY; },
+             {"sampling[0].temperature", "finite"});
+  check_step(e, "top_k < 0", [](Desc& x) { x.sampling[1].top_k = -3; }, {"sampling[1].top_k", "sequence 1", "-3"});
+  check_step(e, "top_p 0", [](Desc& x) { x.sampling[0].top_p = 0; }, {"sampling[0].top_p", "(0, 1]"});
+  check_step(e, "top_p > 1", [](Desc& x) { x.sampling[1].top_p = 1.5f; }, {"sampling[1].top_p", "1.5"});
+  check_step(e, "top_p NaN", [](Desc& x) { x.sampling[1].top_p = NAN; }, {"sampling[1].top_p"});
+  check_step(e, "greedy top_p invalid", [](Desc& x) { x.sampling[1].temperature = 0; x.sampling[1].top_p = -1; },
+             {"sampling[1].top_p"});
   check_step(e, "write conflict", [](Desc& x) { x.bt = {1, 1, 2}; x.sp[1] = 2; }, {"page 1", "sequence 0", "block_table[1]"});
   // Two sequences may share a page that only one of them writes: sequence 0
   // writes page 0, sequence 1 reads page 0 (a shared prefix) and writes page 2.

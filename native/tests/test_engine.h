@@ -39,6 +39,7 @@ struct TestSeq {
   int32_t start_pos = 0;
   std::vector<int32_t> blocks;
   bool sample = false;
+  eng_sampling sampling{0.0f, 0, 1.0f, 0};  // temperature 0: greedy
 };
 
 // What a test step returned.
@@ -52,8 +53,12 @@ struct TestStepOut {
 inline TestStepOut test_step(eng_engine_t e, const std::vector<TestSeq>& seqs, int32_t vocab) {
   std::vector<int32_t> nt, sp, nb, toks, blocks;
   std::vector<uint8_t> sample;
+  std::vector<eng_sampling> sampling;
+  bool any_sampling = false;
   int32_t n_sampled = 0;
   for (const TestSeq& s : seqs) {
+    sampling.push_back(s.sampling);
+    any_sampling = any_sampling || s.sampling.temperature != 0.0f;
     nt.push_back(static_cast<int32_t>(s.tokens.size()));
     sp.push_back(s.start_pos);
     nb.push_back(static_cast<int32_t>(s.blocks.size()));
@@ -70,6 +75,7 @@ inline TestStepOut test_step(eng_engine_t e, const std::vector<TestSeq>& seqs, i
   d.num_blocks = nb.data();
   d.block_table = blocks.data();
   d.sample = sample.data();
+  d.sampling = any_sampling ? sampling.data() : nullptr;
   TestStepOut out;
   out.sampled.assign(seqs.size(), -2);
   out.logits.assign(static_cast<size_t>(n_sampled) * vocab, 0.0f);

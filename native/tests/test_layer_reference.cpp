@@ -66,7 +66,7 @@ int main() {
   std::vector<int32_t> prompt;
   for (int i = 0; i < prefix; ++i) prompt.push_back((i * 13 + 5) % s.vocab_size);
   StepBatch pre;
-  pre.seqs.push_back({prompt.data(), prefix, 0, blocks.data(), 5, false});
+  pre.seqs.push_back({prompt.data(), prefix, 0, blocks.data(), 5, false, {0.0f, 0, 1.0f, 0}});
   pre.num_rows = prefix;
   int32_t sampled = 0;
   be.step(pre, &sampled, nullptr);
@@ -86,7 +86,7 @@ int main() {
   for (size_t i = 0; i < hidden.size(); ++i) hidden[i] = std::sin(0.37 * double(i) + 0.1) * 1.5f;
   std::vector<int32_t> chunk_tokens(chunk, 1);  // unused by a single layer
   StepBatch b;
-  b.seqs.push_back({chunk_tokens.data(), chunk, prefix, blocks.data(), 5, true});
+  b.seqs.push_back({chunk_tokens.data(), chunk, prefix, blocks.data(), 5, true, {0.0f, 0, 1.0f, 0}});
   b.num_rows = chunk;
 
   // Reference, float64.

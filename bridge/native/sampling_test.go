@@ -1,0 +1,98 @@
+//go:build native
+
+package native
+
+import (
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/lockstep-ai/lockstep/bridge"
+)
+
+// TestSampleAgreesWithNative: bridge.Sample (pure Go, the fake and twin
+// engines) and the native procedure (eng_sample_row, the CPU and CUDA
+// backends) pick the same token on random logits for many seeds, positions
+// and parameters, including ties, -Inf/NaN logits and tiny temperatures.
+func TestSampleAgreesWithNative(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 11))
+	temps := []float32{0, 1e-3, 0.3, 0.8, 1, 1.7, 5}
+	topKs := []int{0, 1, 2, 40, 299, 300, 1000}
+	topPs := []float32{0, 1e-4, 0.5, 0.9, 0.95, 1}
+	cases, sampled := 0, 0
+	for c := range 3000 {
+		V := 1 + rng.IntN(300)
+		lg := make([]float32, V)
+		scale := []float64{0.01, 1, 4, 30}[c%4]
+		for i := range lg {
+			lg[i] = float32(rng.NormFloat64() * scale)
+		}
+		switch c % 7 { // special rows
+		case 1:
+			for i := range lg {
+				lg[i] = float32(math.Round(float64(lg[i]))) // many ties
+			}
+		case 2:
+			lg[rng.IntN(V)] = float32(math.Inf(-1))
+			lg[rng.IntN(V)] = float32(math.NaN())
+		case 3:
+			lg[rng.IntN(V)] = float32(math.Inf(1))
+		}
+		p := bridge.SamplingParams{Temperature: temps[rng.IntN(len(temps))], TopK: topKs[rng.IntN(len(topKs))],
+			TopP: topPs[rng.IntN(len(topPs))], Seed: rng.Uint64()}
+		pos := rng.Int64N(1 << 40)
+		want, err := SampleRow(lg, p, pos)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := bridge.Sample(lg, p, pos); got != want {
+			t.Fatalf("case %d (V %d, %+v, pos %d): Go picked %d, native %d", c, V, p, pos, got, want)
+		}
+		cases++
+		if !p.IsGreedy() && want != bridge.Argmax(lg) {
+			sampled++
+		}
+	}
+	if sampled < cases/6 {
+		t.Errorf("only %d of %d cases picked a non-argmax token: the test exercises too little", sampled, cases)
+	}
+	if _, err := SampleRow([]float32{1}, bridge.SamplingParams{TopP: 2}, 0); err == nil {
+		t.Error("SampleRow accepted top_p 2")
+	}
+}
+
+// TestStepSamplingMatchesGo: a CPU-engine step that samples picks what
+// bridge.Sample picks on the logits it returns, and temperature 0 is the
+// greedy step.
+func TestStepSamplingMatchesGo(t *testing.T) {
+	e, err := Open(bridge.Config{Preset: "tiny", NumPages: 16, TokensPerPage: 8, Seed: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	prompt := []int32{5, 17, 99, 3, 250, 11, 42, 7, 8, 1}
+	var res bridge.StepResult
+	for s := range 40 {
+		p := bridge.SamplingParams{Temperature: 0.9, TopK: []int{0, 40}[s%2], TopP: []float32{0, 0.9}[s/2%2], Seed: uint64(s)}
+		desc := &bridge.StepDesc{WantLogits: true, Seqs: []bridge.SeqStep{
+			{Tokens: prompt, BlockTable: []int32{0, 1}, Sample: true, Sampling: p},
+			{Tokens: prompt[:4], BlockTable: []int32{2}, Sample: true}, // greedy next to it
+		}}
+		if err := e.Step(desc, &res); err != nil {
+			t.Fatal(err)
+		}
+		V := e.Shape().VocabSize
+		if got, want := res.Sampled[0], bridge.Sample(res.Logits[:V], p, int64(len(prompt))); got != want {
+			t.Fatalf("seed %d: engine sampled %d, bridge.Sample %d", s, got, want)
+		}
+		if got, want := res.Sampled[1], bridge.Argmax(res.Logits[V:2*V]); got != want {
+			t.Fatalf("greedy row: %d, argmax %d", got, want)
+		}
+	}
+	// Invalid parameters are refused with the sequence named.
+	err = e.Step(&bridge.StepDesc{Seqs: []bridge.SeqStep{{Tokens: prompt, BlockTable: []int32{0, 1}, Sample: true,
+		Sampling: bridge.SamplingParams{Temperature: -1}}}}, &res)
+	if err == nil {
+		t.Fatal("temperature -1 accepted")
+	}
+}

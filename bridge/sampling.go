@@ -1,0 +1,190 @@
+package bridge
+
+import (
+	"fmt"
+	"math"
+	"slices"
+)
+
+// SamplingParams is how a sequence's sampled token is drawn (eng_sampling in
+// native/include/engine.h; docs/sampling.md). The zero value is greedy and
+// valid: Temperature 0 is greedy argmax (lowest index on ties), TopK 0 keeps
+// every token and TopP 0 means "no top-p" (the native ABI's top_p 1).
+type SamplingParams struct {
+	Temperature float32 // 0 = greedy; > 0 divides the logits
+	TopK        int     // keep the TopK largest logits; 0 = all
+	TopP        float32 // nucleus mass in (0, 1]; 0 or 1 = all
+	Seed        uint64  // the request's seed: key of the Philox draw
+}
+
+// IsGreedy reports whether p picks the argmax (Temperature 0).
+func (p SamplingParams) IsGreedy() bool { return p.Temperature == 0 }
+
+// Validate checks every field: finite, Temperature ≥ 0, TopK ≥ 0 and
+// 0 ≤ TopP ≤ 1 (0 = no top-p). A greedy p is validated too.
+func (p SamplingParams) Validate() error {
+	t, tp := float64(p.Temperature), float64(p.TopP)
+	switch {
+	case math.IsNaN(t) || math.IsInf(t, 0) || t < 0:
+		return fmt.Errorf("sampling temperature must be finite and >= 0, got %g", t)
+	case p.TopK < 0 || p.TopK > math.MaxInt32:
+		return fmt.Errorf("sampling top_k must be in [0, %d] (0 = all tokens), got %d", math.MaxInt32, p.TopK)
+	case math.IsNaN(tp) || tp < 0 || tp > 1:
+		return fmt.Errorf("sampling top_p must be in [0, 1] (0 or 1 = all tokens), got %g", tp)
+	}
+	return nil
+}
+
+// NativeTopP is TopP as the native ABI takes it: 0 becomes 1 (no top-p).
+func (p SamplingParams) NativeTopP() float32 {
+	if p.TopP == 0 {
+		return 1
+	}
+	return p.TopP
+}
+
+// Philox4x32 is Philox4x32-10 (Salmon et al., "Parallel random numbers: as
+// easy as 1, 2, 3", SC'11): counter ctr, key key → four output words.
+func Philox4x32(ctr [4]uint32, key [2]uint32) [4]uint32 {
+	const (
+		m0, m1 = 0xD2511F53, 0xCD9E8D57 // round multipliers
+		w0, w1 = 0x9E3779B9, 0xBB67AE85 // Weyl key increments
+	)
+	c0, c1, c2, c3 := ctr[0], ctr[1], ctr[2], ctr[3]
+	k0, k1 := key[0], key[1]
+	for round := range 10 {
+		if round > 0 {
+			k0 += w0
+			k1 += w1
+		}
+		p0, p1 := uint64(m0)*uint64(c0), uint64(m1)*uint64(c2)
+		c0, c1, c2, c3 = uint32(p1>>32)^c1^k0, uint32(p1), uint32(p0>>32)^c3^k1, uint32(p0)
+	}
+	return [4]uint32{c0, c1, c2, c3}
+}
+
+// SamplingUniform is the uniform in [0, 1) of the draw at absolute position
+// pos: the top 24 bits of the first word of Philox4x32-10 with key
+// {seed low, seed high} and counter {pos low, pos high, 0, 0}.
+func SamplingUniform(seed uint64, pos int64) float64 {
+	out := Philox4x32([4]uint32{uint32(pos), uint32(uint64(pos) >> 32), 0, 0}, [2]uint32{uint32(seed), uint32(seed >> 32)})
+	return float64(out[0]>>8) * (1.0 / 16777216.0)
+}
+
+// samplingExp is exp(x) for x ≤ 0 with +, −, × and exact scaling only,
+// rounding exactly as native/src/sampling.cpp's sampling_exp (every product
+// is rounded before the add: the float64 conversions forbid fused
+// multiply-adds). 0 for x < −700.
+func samplingExp(x float64) float64 {
+	if !(x >= -700) {
+		return 0
+	}
+	if x > 0 {
+		x = 0
+	}
+	const (
+		log2e = 1.44269504088896338700e+00
+		ln2Hi = 6.93147180369123816490e-01
+		ln2Lo = 1.90821492927058770002e-10
+	)
+	k := math.Floor(float64(x*log2e) + 0.5)
+	r := float64(x-float64(k*ln2Hi)) - float64(k*ln2Lo)
+	p := 1.0 / 6227020800.0
+	for _, c := range [...]float64{1.0 / 479001600.0, 1.0 / 39916800.0, 1.0 / 3628800.0, 1.0 / 362880.0,
+		1.0 / 40320.0, 1.0 / 5040.0, 1.0 / 720.0, 1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0} {
+		p = float64(p*r) + c
+	}
+	return p * math.Float64frombits(uint64(int64(k)+1023)<<52)
+}
+
+// Argmax is the greedy pick: the lowest index of the maximum (NaN never wins).
+func Argmax(logits []float32) int32 {
+	best := 0
+	for i := 1; i < len(logits); i++ {
+		if logits[i] > logits[best] {
+			best = i
+		}
+	}
+	return int32(best)
+}
+
+// Sample picks the token of one logits row under p for the token at
+// absolute position pos (the position of the last input token + 1), with
+// exactly the procedure of the native engines (docs/sampling.md):
+// logits/temperature in float32 (NaN → −Inf, +Inf → MaxFloat32), keep the
+// TopK largest (ties: lower id), softmax in float64 over them in descending
+// order, keep the smallest prefix whose cumulative probability ≥ TopP,
+// renormalise, and take the first token whose cumulative probability
+// exceeds SamplingUniform(p.Seed, pos). p must be valid; Temperature 0 is
+// Argmax.
+func Sample(logits []float32, p SamplingParams, pos int64) int32 {
+	if p.IsGreedy() {
+		return Argmax(logits)
+	}
+	V := len(logits)
+	scaled := make([]float32, V)
+	for i, l := range logits {
+		v := l / p.Temperature
+		if v != v {
+			v = float32(math.Inf(-1))
+		}
+		if v > math.MaxFloat32 {
+			v = math.MaxFloat32
+		}
+		scaled[i] = v
+	}
+	order := make([]int32, V)
+	for i := range order {
+		order[i] = int32(i)
+	}
+	slices.SortFunc(order, func(a, b int32) int {
+		switch {
+		case scaled[a] > scaled[b]:
+			return -1
+		case scaled[a] < scaled[b]:
+			return 1
+		}
+		return int(a) - int(b)
+	})
+	k := V
+	if p.TopK > 0 && p.TopK < V {
+		k = p.TopK
+	}
+	m := float64(scaled[order[0]])
+	if math.IsInf(m, -1) {
+		return order[0]
+	}
+	prob := make([]float64, k)
+	sum := 0.0
+	for j := range k {
+		prob[j] = samplingExp(float64(scaled[order[j]]) - m)
+		sum += prob[j]
+	}
+	for j := range prob {
+		prob[j] /= sum
+	}
+	n := k
+	if topP := p.NativeTopP(); topP < 1 {
+		cum := 0.0
+		for j := range k {
+			cum += prob[j]
+			if cum >= float64(topP) {
+				n = j + 1
+				break
+			}
+		}
+	}
+	total := 0.0
+	for j := range n {
+		total += prob[j]
+	}
+	u := SamplingUniform(p.Seed, pos)
+	cum := 0.0
+	for j := range n {
+		cum += prob[j] / total
+		if cum > u {
+			return order[j]
+		}
+	}
+	return order[n-1]
+}

@@ -1,0 +1,84 @@
+// sampling.h: per-request stochastic sampling (temperature, top-k, top-p)
+// with a counter-based generator, shared by every native backend. The Go
+// twin of this file is bridge/sampling.go; both implement the procedure of
+// docs/sampling.md bit for bit (bridge/native's tests check that they pick
+// the same tokens).
+//
+// Determinism rule: the token drawn for a sequence depends only on its
+// logits row, its eng_sampling parameters and the absolute position of the
+// token being sampled (the position of the last input token + 1), never on
+// the batch, the rank, the chunking or on how often the request was
+// recomputed. The random number is Philox4x32-10 (Salmon et al., SC'11)
+// keyed by the request seed with the position as counter, so nothing is
+// stateful.
+#ifndef LOCKSTEP_NATIVE_SAMPLING_H
+#define LOCKSTEP_NATIVE_SAMPLING_H
+
+#include <cstdint>
+#include <vector>
+
+#include "engine.h"
+
+namespace lockstep {
+
+// Philox4x32 with 10 rounds: counter ctr[4], key key[2] -> out[4].
+inline void philox4x32_10(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4]) {
+  const uint32_t kM0 = 0xD2511F53u, kM1 = 0xCD9E8D57u;  // round multipliers
+  const uint32_t kW0 = 0x9E3779B9u, kW1 = 0xBB67AE85u;  // Weyl key increments
+  uint32_t c0 = ctr[0], c1 = ctr[1], c2 = ctr[2], c3 = ctr[3];
+  uint32_t k0 = key[0], k1 = key[1];
+  for (int round = 0; round < 10; ++round) {
+    if (round > 0) {
+      k0 += kW0;
+      k1 += kW1;
+    }
+    const uint64_t p0 = uint64_t{kM0} * c0, p1 = uint64_t{kM1} * c2;
+    const uint32_t hi0 = static_cast<uint32_t>(p0 >> 32), lo0 = static_cast<uint32_t>(p0);
+    const uint32_t hi1 = static_cast<uint32_t>(p1 >> 32), lo1 = static_cast<uint32_t>(p1);
+    c0 = hi1 ^ c1 ^ k0;
+    c1 = lo1;
+    c2 = hi0 ^ c3 ^ k1;
+    c3 = lo0;
+  }
+  out[0] = c0;
+  out[1] = c1;
+  out[2] = c2;
+  out[3] = c3;
+}
+
+// The uniform of a draw: u in [0, 1) from the top 24 bits of the first
+// output word of Philox4x32-10 with key {seed low, seed high} and counter
+// {pos low, pos high, 0, 0}.
+inline double sampling_uniform(uint64_t seed, int64_t pos) {
+  const uint64_t p = static_cast<uint64_t>(pos);
+  const uint32_t ctr[4] = {static_cast<uint32_t>(p), static_cast<uint32_t>(p >> 32), 0u, 0u};
+  const uint32_t key[2] = {static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32)};
+  uint32_t out[4];
+  philox4x32_10(ctr, key, out);
+  return static_cast<double>(out[0] >> 8) * (1.0 / 16777216.0);
+}
+
+// exp(x) for x <= 0 with only +, -, * and exact scaling (no libm), so that
+// the C++ and Go implementations round identically; relative error < 1e-15.
+// Returns 0 for x < -700.
+double sampling_exp(double x);
+
+// Lowest index of the maximum (NaN never wins): the greedy pick.
+int32_t sampling_argmax(const float* logits, int32_t vocab);
+
+// Reusable buffers of sample_token (one per backend; not thread-safe).
+struct SamplingScratch {
+  std::vector<float> scaled;
+  std::vector<int32_t> order;
+  std::vector<double> prob;
+};
+
+// Picks the token of one logits row under p at absolute position pos (the
+// position of the token being sampled), following docs/sampling.md.
+// p must be valid (engine.cpp validates it); temperature 0 is greedy.
+int32_t sample_token(const float* logits, int32_t vocab, const eng_sampling& p, int64_t pos,
+                     SamplingScratch* scratch);
+
+}  // namespace lockstep
+
+#endif  // LOCKSTEP_NATIVE_SAMPLING_H

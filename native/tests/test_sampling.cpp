@@ -1,0 +1,229 @@
+// test_sampling: Philox4x32-10 against Random123's known-answer vectors, the
+// portable exp against libm, the sampling procedure's properties (greedy at
+// temperature 0, top-k and top-p supports, frequencies follow the softmax,
+// one draw per (seed, position)), and through the C ABI: sampled tokens
+// independent of chunking and batching, asynchronous steps own their
+// parameters, temperature 0 equals a step without a sampling array.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "check.h"
+#include "sampling.h"
+#include "test_engine.h"
+
+using lockstep::philox4x32_10;
+using lockstep::sample_token;
+using lockstep::SamplingScratch;
+
+namespace {
+
+constexpr int32_t kVocab = 512;  // tiny preset
+constexpr int32_t kP = 8;
+
+// Random logits in [-scale, scale) from a xorshift stream.
+std::vector<float> random_logits(uint64_t seed, int32_t n, float scale) {
+  std::vector<float> v(static_cast<size_t>(n));
+  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 12345;
+  for (auto& f : v) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    f = (static_cast<float>(x >> 40) / 16777216.0f * 2.0f - 1.0f) * scale;
+  }
+  return v;
+}
+
+void test_philox_kat() {
+  // Random123 tests/kat_vectors, "philox4x32 10": ctr[4] key[2] -> out[4].
+  struct Kat {
+    uint32_t ctr[4], key[2], out[4];
+  } kats[] = {
+      {{0, 0, 0, 0}, {0, 0}, {0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8}},
+      {{0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff},
+       {0xffffffff, 0xffffffff},
+       {0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd}},
+      {{0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344},
+       {0xa4093822, 0x299f31d0},
+       {0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1}},
+  };
+  for (const Kat& k : kats) {
+    uint32_t out[4];
+    philox4x32_10(k.ctr, k.key, out);
+    for (int i = 0; i < 4; ++i) CHECKF(out[i] == k.out[i], "word %d: %08x, want %08x", i, out[i], k.out[i]);
+  }
+  // The uniform: top 24 bits of word 0 of counter {pos, 0, 0, 0}, key {seed}.
+  const double u = lockstep::sampling_uniform(0, 0);
+  CHECK(u == (0x6627e8d5u >> 8) / 16777216.0);
+}
+
+void test_exp() {
+  double worst = 0;
+  for (double x = -700; x <= 0; x += 0.0137) {
+    const double got = lockstep::sampling_exp(x), want = std::exp(x);
+    worst = std::fmax(worst, std::fabs(got - want) / want);
+  }
+  CHECKF(worst < 1e-14, "relative error %g", worst);
+  CHECK(lockstep::sampling_exp(0) == 1.0);
+  CHECK(lockstep::sampling_exp(-701) == 0.0);
+  CHECK(lockstep::sampling_exp(-INFINITY) == 0.0);
+}
+
+void test_procedure() {
+  SamplingScratch s;
+  for (uint64_t c = 0; c < 200; ++c) {
+    const std::vector<float> lg = random_logits(c, kVocab, 4.0f);
+    const int32_t greedy = lockstep::sampling_argmax(lg.data(), kVocab);
+    eng_sampling g{0.0f, 7, 0.5f, c};
+    CHECK(sample_token(lg.data(), kVocab, g, 10, &s) == greedy);
+    eng_sampling k1{1.5f, 1, 1.0f, c};
+    CHECK(sample_token(lg.data(), kVocab, k1, 10, &s) == greedy);
+    eng_sampling p0{1.5f, 0, 1e-6f, c};
+    CHECK(sample_token(lg.data(), kVocab, p0, 10, &s) == greedy);
+    // top-k 3: only the three largest.
+    std::vector<int32_t> idx(kVocab);
+    for (int32_t i = 0; i < kVocab; ++i) idx[i] = i;
+    std::sort(idx.begin(), idx.end(), [&](int32_t a, int32_t b) { return lg[a] > lg[b] || (lg[a] == lg[b] && a < b); });
+    eng_sampling k3{2.0f, 3, 1.0f, c};
+    for (int64_t pos = 0; pos < 20; ++pos) {
+      const int32_t t = sample_token(lg.data(), kVocab, k3, pos, &s);
+      CHECK(t == idx[0] || t == idx[1] || t == idx[2]);
+      // Same (seed, pos): same token.
+      CHECK(sample_token(lg.data(), kVocab, k3, pos, &s) == t);
+    }
+  }
+  // Frequencies follow the softmax: logits {0, ln 2, ln 4, -inf...} at
+  // temperature 1 give 1/7, 2/7, 4/7.
+  std::vector<float> lg(16, -INFINITY);
+  lg[0] = 0.0f;
+  lg[1] = std::log(2.0f);
+  lg[2] = std::log(4.0f);
+  int counts[3] = {0, 0, 0};
+  const int N = 70000;
+  eng_sampling t1{1.0f, 0, 1.0f, 99};
+  for (int64_t pos = 0; pos < N; ++pos) {
+    const int32_t t = sample_token(lg.data(), 16, t1, pos, &s);
+    REQUIRE(t >= 0 && t < 3);
+    ++counts[t];
+  }
+  for (int i = 0; i < 3; ++i) {
+    const double want = N * (1 << i) / 7.0;
+    CHECKF(std::fabs(counts[i] - want) < 5 * std::sqrt(want), "token %d: %d draws, want ~%.0f", i, counts[i], want);
+  }
+  // top_p 0.5 keeps only token 2 (4/7 >= 0.5); top_p 0.6 keeps 2 and 1.
+  eng_sampling p5{1.0f, 0, 0.5f, 99}, p6{1.0f, 0, 0.6f, 99};
+  bool saw1 = false;
+  for (int64_t pos = 0; pos < 200; ++pos) {
+    CHECK(sample_token(lg.data(), 16, p5, pos, &s) == 2);
+    const int32_t t = sample_token(lg.data(), 16, p6, pos, &s);
+    CHECK(t == 1 || t == 2);
+    saw1 = saw1 || t == 1;
+  }
+  CHECK(saw1);
+  // Different seeds draw differently.
+  const std::vector<float> flat = random_logits(5, kVocab, 0.5f);
+  int differ = 0;
+  for (int64_t pos = 0; pos < 50; ++pos) {
+    eng_sampling a{1.0f, 0, 1.0f, 1}, b{1.0f, 0, 1.0f, 2};
+    differ += sample_token(flat.data(), kVocab, a, pos, &s) != sample_token(flat.data(), kVocab, b, pos, &s);
+  }
+  CHECKF(differ > 40, "only %d of 50 draws differ between seeds", differ);
+  // All -inf/NaN: the lowest id.
+  std::vector<float> bad(8, NAN);
+  CHECK(sample_token(bad.data(), 8, t1, 3, &s) == 0);
+}
+
+// Generates `gen` tokens for prompt through the ABI with prompt chunks of
+// `chunk` tokens, next to a companion sequence when `batched`.
+std::vector<int32_t> generate(const std::vector<int32_t>& prompt, int32_t chunk, bool batched, eng_sampling sp,
+                              int gen) {
+  eng_engine_t e = test_engine(test_config("tiny", 32, kP));
+  std::vector<int32_t> pages{3, 4, 5, 6}, other_pages{10, 11, 12, 13};
+  const std::vector<int32_t> other = test_prompt(77, 9, kVocab);
+  std::vector<int32_t> out;
+  int32_t fed = 0, ofed = 0;
+  const int32_t plen = static_cast<int32_t>(prompt.size());
+  while (static_cast<int>(out.size()) < gen) {
+    std::vector<TestSeq> batch;
+    TestSeq s;
+    s.blocks = pages;
+    s.sampling = sp;
+    if (fed < plen) {
+      const int32_t c = std::min(chunk, plen - fed);
+      s.tokens.assign(prompt.begin() + fed, prompt.begin() + fed + c);
+      s.start_pos = fed;
+      fed += c;
+      s.sample = fed == plen;
+    } else {
+      s.tokens = {out.back()};
+      s.start_pos = plen + static_cast<int32_t>(out.size()) - 1;
+      s.sample = true;
+    }
+    if (batched && ofed < 9) {
+      TestSeq o;
+      o.blocks = other_pages;
+      o.tokens.assign(other.begin() + ofed, other.begin() + ofed + 3);
+      o.start_pos = ofed;
+      ofed += 3;
+      o.sample = ofed == 9;
+      o.sampling = {1.0f, 0, 1.0f, 4242};
+      batch.push_back(o);
+    }
+    batch.push_back(s);
+    const TestStepOut r = test_step(e, batch, kVocab);
+    REQUIRE(r.status == ENG_OK);
+    if (s.sample) out.push_back(r.sampled.back());
+  }
+  eng_engine_free(e);
+  return out;
+}
+
+void test_engine_invariance() {
+  const std::vector<int32_t> prompt = test_prompt(3, 13, kVocab);
+  const eng_sampling sp{0.8f, 40, 0.9f, 123456789};
+  const std::vector<int32_t> ref = generate(prompt, 13, false, sp, 8);
+  CHECK(generate(prompt, 1, false, sp, 8) == ref);
+  CHECK(generate(prompt, 5, true, sp, 8) == ref);
+  const eng_sampling other{0.8f, 40, 0.9f, 987654321};
+  CHECK(generate(prompt, 13, false, other, 8) != ref);
+  // Temperature 0 (with other fields set) equals a greedy step.
+  const std::vector<int32_t> greedy = generate(prompt, 13, false, {0.0f, 0, 1.0f, 0}, 8);
+  CHECK(generate(prompt, 4, true, {0.0f, 5, 0.5f, 77}, 8) == greedy);
+  CHECK(greedy != ref);
+}
+
+void test_async_owns_sampling() {
+  eng_engine_t e = test_engine(test_config("tiny", 32, kP));
+  const std::vector<int32_t> prompt = test_prompt(11, 10, kVocab);
+  std::vector<int32_t> nt{10}, sp{0}, nb{2}, bt{0, 1};
+  std::vector<uint8_t> sample{1};
+  std::vector<eng_sampling> sampling{{1.3f, 0, 1.0f, 555}};
+  eng_step_desc d{1, nt.data(), sp.data(), prompt.data(), nb.data(), bt.data(), sample.data(), sampling.data()};
+  REQUIRE(eng_engine_submit(e, &d, 1) == ENG_OK);
+  sampling[0] = {0.0f, 0, 1.0f, 0};  // the queued step must not see this
+  int32_t got = -2;
+  std::vector<float> logits(kVocab);
+  eng_step_result r{&got, logits.data(), 0};
+  REQUIRE(eng_engine_wait(e, &r) == ENG_OK);
+  int32_t want = -3;
+  const eng_sampling p{1.3f, 0, 1.0f, 555};
+  REQUIRE(eng_sample_row(logits.data(), kVocab, &p, 10, &want) == ENG_OK);
+  CHECK(got == want);
+  // eng_sample_row validates.
+  const eng_sampling badp{1.0f, 0, 0.0f, 1};
+  CHECK(eng_sample_row(logits.data(), kVocab, &badp, 10, &want) == ENG_INVALID_ARGUMENT);
+  CHECK(eng_sample_row(logits.data(), kVocab, &p, -1, &want) == ENG_INVALID_ARGUMENT);
+  eng_engine_free(e);
+}
+
+}  // namespace
+
+int main() {
+  test_philox_kat();
+  test_exp();
+  test_procedure();
+  test_engine_invariance();
+  test_async_owns_sampling();
+  return check_exit_code("test_sampling");
+}
