@@ -53,6 +53,17 @@ for chunk in client.chat.completions.create(model=model, messages=msgs, max_toke
         finish = ch.finish_reason or finish
 check(text == answer and role == "assistant" and finish == "stop", f"streamed chat {text!r} {role} {finish}")
 
+# Sampling: a seed makes a sampled completion reproducible; another seed
+# gives another text.
+def sampled(seed):
+    return client.completions.create(model=model, prompt="Once upon a time", max_tokens=16, temperature=0.9,
+                                     top_p=0.95, seed=seed).choices[0].text
+
+
+a, b, c3 = sampled(7), sampled(7), sampled(8)
+check(a == b, f"same seed, different texts: {a!r} {b!r}")
+check(a != c3, f"seeds 7 and 8 gave the same text {a!r}")
+
 # Errors, in OpenAI's shape and with the right statuses.
 def expect(exc, status, fn):
     try:
@@ -65,6 +76,7 @@ def expect(exc, status, fn):
 
 expect(openai.BadRequestError, 400, lambda: client.completions.create(model=model, prompt="x", max_tokens=0))
 expect(openai.BadRequestError, 400, lambda: client.completions.create(model=model, prompt="x", n=2))
+expect(openai.BadRequestError, 400, lambda: client.completions.create(model=model, prompt="x", temperature=3))
 expect(openai.NotFoundError, 404, lambda: client.completions.create(model="no-such-model", prompt="x"))
 expect(openai.APIStatusError, 413, lambda: client.completions.create(model=model, prompt="x", max_tokens=10_000_000))
 bad = OpenAI(base_url=base + "/v1", api_key="wrong", max_retries=0)
