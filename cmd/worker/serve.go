@@ -684,6 +684,10 @@ func serveProcess(o *serveOptions, sc scheduler.Config, reqs []workload.Request,
 	status := executor.InitOK
 	if berr != nil {
 		status = executor.InitAbort
+		// Said before the vote: once the others learn of the failure they
+		// exit, and a launcher may tear this process down before its
+		// final message.
+		log.Error("initialisation failed", zap.Error(berr))
 	}
 	if _, err := executor.InitVote(pg.Comm, status, berr); err != nil {
 		if parts != nil {
