@@ -77,12 +77,12 @@ func (o *loadgenOptions) flags(fs *flag.FlagSet) {
 	fs.StringVar(&o.tokens, "tokens", o.tokens, "how a trace's synthesised prompt is sent: ids (a token-id array; completions only) "+
 		"or text (one common word per token, lengths approximate); default ids, text with --endpoint chat")
 	fs.BoolVar(&o.stream, "stream", o.stream, "stream responses (SSE); --stream=false measures E2E only")
-	fs.BoolVar(&o.returnTokenIDs, "return-token-ids", o.returnTokenIDs, "ask for the output token ids (\"return_token_ids\": true, lockstep's server) "+
-		"to compute output_digest as `worker run` does")
+	fs.BoolVar(&o.returnTokenIDs, "return-token-ids", o.returnTokenIDs, "ask for the output token ids (\"return_token_ids\": true: lockstep's server, recent vLLM) "+
+		"to compute output_digest as worker run does")
 	fs.BoolVar(&o.ignoreEOS, "ignore-eos", o.ignoreEOS, "trace requests: send \"ignore_eos\": true and \"min_tokens\" = max_tokens so that output lengths match the trace")
 	fs.IntVar(&o.maxTokens, "max-tokens", o.maxTokens, "with --prompts: max_tokens of a prompt that does not give its own")
 	fs.IntVar(&o.vocabSize, "vocab-size", o.vocabSize, fmt.Sprintf("trace prompt ids are in [0, N) (0: the preset's when --model names a lockstep preset, else %d)", defaultVocabSize))
-	fs.Uint64Var(&o.seed, "seed", o.seed, "seed of the synthesised prompt ids (as `worker run --seed`)")
+	fs.Uint64Var(&o.seed, "seed", o.seed, "seed of the synthesised prompt ids (as worker run --seed)")
 }
 
 func (o *loadgenOptions) validate(getenv func(string) string) error {
@@ -199,6 +199,12 @@ type generator struct {
 func runLoadgen(args []string, stdout, stderr io.Writer) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	// The first signal stops the replay (the report covers what finished);
+	// a second one kills the process as usual.
+	go func() {
+		<-ctx.Done()
+		stop()
+	}()
 	return loadgenMain(ctx, args, stdout, stderr, os.Getenv)
 }
 

@@ -344,6 +344,7 @@ func TestLoadgenTextReportWithoutTokenIDs(t *testing.T) {
 	})
 	require.NoError(t, err, errb.String())
 	s := out.String()
+	t.Log("\n" + s)
 	require.Contains(t, s, "lockstep loadgen report")
 	require.Contains(t, s, "3 total, 3 completed, 0 rejected")
 	require.Contains(t, s, "output digest none: 3 of 3 completed responses carried no token ids (--return-token-ids")
