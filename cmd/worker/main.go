@@ -2,6 +2,7 @@
 // several in-process ranks), driving a native engine through the cgo bridge.
 //
 //	worker run       serve a trace (or the built-in sample) and print a report
+//	worker loadgen   replay a trace against an OpenAI-compatible server
 //	worker schedule  dry-run the scheduler on a scenario file
 //	worker info      print the engine backends this build supports
 package main
@@ -24,6 +25,7 @@ commands:
   calibrate  fit kv_cost_offset and kv_depth_threshold from iteration logs (docs/calibration.md)
   eval       run the equal-cost / demotion / online-calibrator configurations side by side on the twin (docs/eval.md)
   twin-profile  print the digital twin's cost profile of a GPU and model, or fit one to iteration logs (docs/twin.md)
+  loadgen    replay a trace or prompts against an OpenAI-compatible server and report latencies (docs/loadgen.md)
   info       print the engine backends this build supports
   help       print this text
 
@@ -54,13 +56,15 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = runEval(args[1:], stdout, stderr)
 	case "twin-profile":
 		err = runTwinProfile(args[1:], stdout, stderr)
+	case "loadgen":
+		err = runLoadgen(args[1:], stdout, stderr)
 	case "info":
 		err = runInfo(args[1:], stdout, stderr)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return 0
 	default:
-		fmt.Fprintf(stderr, "worker: unknown command %q (allowed: run, serve, schedule, calibrate, eval, twin-profile, info, help)\n", args[0])
+		fmt.Fprintf(stderr, "worker: unknown command %q (allowed: run, serve, schedule, calibrate, eval, twin-profile, loadgen, info, help)\n", args[0])
 		return 2
 	}
 	if err == nil {

@@ -26,7 +26,9 @@ type percentiles struct {
 type report struct {
 	Engine string `json:"engine"`
 	Model  string `json:"model"`
-	Ranks  int    `json:"ranks"`
+	// URL is the server `worker loadgen` measured (engine "remote").
+	URL   string `json:"url,omitempty"`
+	Ranks int    `json:"ranks"`
 	// GPU is the GPU the twin models (--engine twin only).
 	GPU string `json:"gpu,omitempty"`
 	// Clock says which clock the latencies and throughputs use: "wall",
@@ -39,6 +41,11 @@ type report struct {
 		Total     int `json:"total"`
 		Completed int `json:"completed"`
 		Rejected  int `json:"rejected"`
+		// NotSent and Cancelled are `worker loadgen`'s: requests that could
+		// not start within --duration, and requests cut short (SIGINT, or
+		// still running when --duration's grace ran out).
+		NotSent   int `json:"not_sent,omitempty"`
+		Cancelled int `json:"cancelled,omitempty"`
 	} `json:"requests"`
 	Tokens struct {
 		Prompt    int64 `json:"prompt"`
@@ -63,6 +70,13 @@ type report struct {
 	PrefillTokPerS  float64   `json:"prefill_tokens_per_s"`
 	DeviceMSPerRank []float64 `json:"device_ms_per_rank"`
 	OutputDigest    string    `json:"output_digest"`
+	// OutputDigestNote says why output_digest is empty (`worker loadgen`:
+	// a response without token ids).
+	OutputDigestNote string `json:"output_digest_note,omitempty"`
+	// RequestsPerS and InputTokPerS are `worker loadgen`'s: completed
+	// requests and their prompt tokens per second of duration_s.
+	RequestsPerS float64 `json:"requests_per_s,omitempty"`
+	InputTokPerS float64 `json:"input_tokens_per_s,omitempty"`
 	// Outputs are the completions of a prompt run (--prompt, --prompts).
 	Outputs          []promptOutput  `json:"outputs,omitempty"`
 	Rejections       []rejectionInfo `json:"rejections"`
@@ -166,20 +180,30 @@ func buildReport(o *serveOptions, reqs []workload.Request, res *serveResult) *re
 	return rep
 }
 
-// outputDigest is SHA-256 over the requests in trace order: each request's
-// trace index (u64 LE), its output length (u32 LE) and its token ids (u32
-// LE). A rejected or missing request contributes its index and length 0.
+// outputDigest is SHA-256 over the requests in trace order (digestOutputs):
+// a rejected or missing request contributes its index and length 0.
 func outputDigest(resp []*executor.Response) string {
+	return digestOutputs(len(resp), func(i int) []int32 {
+		if r := resp[i]; r != nil && r.Error == "" {
+			return r.Output
+		}
+		return nil
+	})
+}
+
+// digestOutputs is SHA-256 over n requests in trace order: each request's
+// trace index (u64 LE), its output length (u32 LE) and its token ids (u32
+// LE), where out(i) is request i's output (nil: rejected, missing or not
+// sent). `worker run` and `worker loadgen` both use it, so a replay of the
+// same trace on lockstep's server digests to the same value as the run.
+func digestOutputs(n int, out func(i int) []int32) string {
 	h := sha256.New()
 	var buf []byte
-	for i, r := range resp {
+	for i := range n {
+		o := out(i)
 		buf = binary.LittleEndian.AppendUint64(buf[:0], uint64(i))
-		var out []int32
-		if r != nil && r.Error == "" {
-			out = r.Output
-		}
-		buf = binary.LittleEndian.AppendUint32(buf, uint32(len(out)))
-		for _, t := range out {
+		buf = binary.LittleEndian.AppendUint32(buf, uint32(len(o)))
+		for _, t := range o {
 			buf = binary.LittleEndian.AppendUint32(buf, uint32(t))
 		}
 		h.Write(buf)
@@ -254,13 +278,7 @@ func (rep *report) writeText(w io.Writer) error {
 	} else {
 		p("  wall         %.2f s, %.1f output tokens/s, %.1f prefill tokens/s\n", rep.WallS, rep.OutputTokPerS, rep.PrefillTokPerS)
 	}
-	p("  latency (ms)      p50        p90        p99\n")
-	for _, row := range []struct {
-		name string
-		v    percentiles
-	}{{"TTFT", rep.TTFTMS}, {"TPOT", rep.TPOTMS}, {"E2E", rep.E2EMS}} {
-		p("    %-8s %10.2f %10.2f %10.2f\n", row.name, row.v.P50, row.v.P90, row.v.P99)
-	}
+	rep.writeLatencies(w)
 	p("  lockstep waste %.1f%% (mean over forward iterations of 1 - mean/max rank busy time)\n", 100*rep.LockstepWaste)
 	p("  preemptions  %d suspended, %d recompute\n", rep.Preemptions.Suspended, rep.Preemptions.Recompute)
 	p("  prefix reuse %.1f%% of prompt tokens (%d reused of %d)\n", 100*rep.Prefix.HitRate, rep.Prefix.ReusedTokens, rep.Prefix.PromptTokens)
@@ -269,6 +287,17 @@ func (rep *report) writeText(w io.Writer) error {
 	}
 	p("  output digest %s\n", rep.OutputDigest)
 	return nil
+}
+
+// writeLatencies prints the TTFT, TPOT and E2E percentiles as a table.
+func (rep *report) writeLatencies(w io.Writer) {
+	fmt.Fprintf(w, "  latency (ms)      p50        p90        p99\n")
+	for _, row := range []struct {
+		name string
+		v    percentiles
+	}{{"TTFT", rep.TTFTMS}, {"TPOT", rep.TPOTMS}, {"E2E", rep.E2EMS}} {
+		fmt.Fprintf(w, "    %-8s %10.2f %10.2f %10.2f\n", row.name, row.v.P50, row.v.P90, row.v.P99)
+	}
 }
 
 // requestRecord is one line of --requests-out.
