@@ -235,3 +235,27 @@ func TestServeCancelOnDisconnectAndQueueBound(t *testing.T) {
 	}
 	stopServe(t, cmd, out)
 }
+
+// TestLoadgenOverHTTPMatchesRun: `worker loadgen` replaying the
+// conversation trace against `worker serve` (2 ranks) gets back, through
+// the token ids of the API, the same outputs as `worker run` on that trace
+// (1 rank): the digest rule holds over HTTP.
+func TestLoadgenOverHTTPMatchesRun(t *testing.T) {
+	m := modeltest.SmolLM2(t)
+	bin := worker(t)
+	trace := sharedTrace(t, "conversation_trace.jsonl")
+	args := []string{"--trace", trace, "--limit", "40", "--length-scale", "0.01"}
+	want := serve(t, bin, append(args, "--model", m, "--ranks", "1")...)
+	require.Equal(t, 40, want.Requests.Completed)
+
+	cmd, base, out := startServe(t, nil, bin, "--model", m, "--ranks", "2")
+	lg := exec.Command(bin, append([]string{"loadgen", "--url", base, "--arrival-scale", "0", "--vocab-size", "49152",
+		"--seed", "1", "--return-token-ids", "--report", "json"}, args...)...)
+	res, err := lg.Output()
+	require.NoError(t, err, string(res))
+	var got report
+	require.NoError(t, json.Unmarshal(res, &got), string(res))
+	require.Equal(t, 40, got.Requests.Completed)
+	require.Equal(t, want.OutputDigest, got.OutputDigest, "loadgen over HTTP and worker run")
+	stopServe(t, cmd, out)
+}
