@@ -1,14 +1,30 @@
 #!/usr/bin/env bash
-# ensure-pyclient.sh: a Python virtual environment with the official openai
-# client (pinned) for the serving integration test. Prints the interpreter.
-#   scripts/ensure-pyclient.sh [DIR]     (default build/pyclient)
+# ensure-pyclient.sh: the official openai Python client (pinned), installed
+# from the package registry into DIR (default build/pyclient) for the serving
+# integration test. Prints the interpreter to run it with: DIR's venv, or,
+# where the venv module is missing (Debian without python3-venv), python3
+# with the package installed by pip --target (the test sets PYTHONPATH from
+# the second line printed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DIR="${1:-build/pyclient}"
 PY="${PYTHON:-python3}"
-if [ ! -x "$DIR/bin/python" ] || ! "$DIR/bin/python" -c 'import openai, sys; sys.exit(openai.__version__ != "3.51.0")' 2>/dev/null; then
-  rm -rf "$DIR"
-  "$PY" -m venv "$DIR" >&2
-  "$DIR/bin/pip" install --quiet --disable-pip-version-check openai==3.51.0 >&2
+VERSION=3.51.0
+ok() { "$@" -c "import openai, sys; sys.exit(openai.__version__ != '$VERSION')" 2>/dev/null; }
+abs() { echo "$(cd "$1" && pwd)"; }
+if [ -x "$DIR/bin/python" ] && ok "$DIR/bin/python"; then
+  echo "$(abs "$DIR")/bin/python"; exit 0
 fi
-echo "$(cd "$DIR" && pwd)/bin/python"
+if [ -d "$DIR/site" ] && PYTHONPATH="$DIR/site" ok "$PY"; then
+  echo "$PY"; echo "$(abs "$DIR")/site"; exit 0
+fi
+rm -rf "$DIR"
+if "$PY" -m venv "$DIR" >&2 2>/dev/null; then
+  "$DIR/bin/pip" install --quiet --disable-pip-version-check "openai==$VERSION" >&2
+  echo "$(abs "$DIR")/bin/python"
+else
+  rm -rf "$DIR"
+  mkdir -p "$DIR/site"
+  "$PY" -m pip install --quiet --disable-pip-version-check --target "$DIR/site" "openai==$VERSION" >&2
+  echo "$PY"; echo "$(abs "$DIR")/site"
+fi

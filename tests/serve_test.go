@@ -102,7 +102,11 @@ func TestOpenAIClientAgainstServe(t *testing.T) {
 	require.NoError(t, err, "installing the openai client")
 	bin := worker(t)
 	cmd, base, out := startServe(t, nil, bin, "--model", m, "--ranks", "2", "--api-key", "sekrit")
-	check := exec.Command(strings.TrimSpace(string(py)), "openai_client_check.py", base, "sekrit", modeltest.SmolLM2Base)
+	lines := strings.Fields(string(py)) // the interpreter, and a PYTHONPATH when pip --target was used
+	check := exec.Command(lines[0], "openai_client_check.py", base, "sekrit", modeltest.SmolLM2Base)
+	if len(lines) > 1 {
+		check.Env = append(os.Environ(), "PYTHONPATH="+lines[1])
+	}
 	res, err := check.CombinedOutput()
 	require.NoError(t, err, "%s\nserver:\n%s", res, out.String())
 	require.Contains(t, string(res), "OK")
