@@ -69,14 +69,14 @@ test-go: native model
 # headers, FUZZTIME each.
 FUZZTIME ?= 20s
 fuzz:
-	$(GO) test ./kvpool -run '^$$' -fuzz FuzzPoolOperations -fuzztime $(FUZZTIME) -parallel 1
-	$(GO) test ./workload -run '^$$' -fuzz FuzzRead -fuzztime $(FUZZTIME) -parallel 1
-	$(GO) test ./cmd/worker -run '^$$' -fuzz '^FuzzConfigYAML$$' -fuzztime $(FUZZTIME) -parallel 1
-	$(GO) test ./cmd/worker -run '^$$' -fuzz '^FuzzScenario$$' -fuzztime $(FUZZTIME) -parallel 1
-	$(GO) test ./cmd/worker -run '^$$' -fuzz '^FuzzScenarioRun$$' -fuzztime $(FUZZTIME) -parallel 1
-	$(GO) test ./nccl -run '^$$' -fuzz FuzzStoreFrames -fuzztime $(FUZZTIME) -parallel 1
-	$(GO) test ./nccl -run '^$$' -fuzz FuzzTransportHello -fuzztime $(FUZZTIME) -parallel 1
-	$(GO) test ./nccl -run '^$$' -fuzz FuzzCollectiveHeader -fuzztime $(FUZZTIME) -parallel 1
+	GO=$(GO) scripts/fuzz-one.sh ./kvpool 'FuzzPoolOperations' $(FUZZTIME)
+	GO=$(GO) scripts/fuzz-one.sh ./workload 'FuzzRead' $(FUZZTIME)
+	GO=$(GO) scripts/fuzz-one.sh ./cmd/worker '^FuzzConfigYAML$$' $(FUZZTIME)
+	GO=$(GO) scripts/fuzz-one.sh ./cmd/worker '^FuzzScenario$$' $(FUZZTIME)
+	GO=$(GO) scripts/fuzz-one.sh ./cmd/worker '^FuzzScenarioRun$$' $(FUZZTIME)
+	GO=$(GO) scripts/fuzz-one.sh ./nccl 'FuzzStoreFrames' $(FUZZTIME)
+	GO=$(GO) scripts/fuzz-one.sh ./nccl 'FuzzTransportHello' $(FUZZTIME)
+	GO=$(GO) scripts/fuzz-one.sh ./nccl 'FuzzCollectiveHeader' $(FUZZTIME)
 
 # The concurrent packages (collectives, executor ranks, engine goroutine)
 # once more under the race detector.
