@@ -67,6 +67,9 @@ func runAPIServe(args []string, stdout, stderr io.Writer) error {
 	if err := o.validate(); err != nil {
 		return err
 	}
+	if o.engine == "twin" {
+		return usageErrorf("serve needs a real engine (cpu, cuda or fake): the twin runs on a virtual clock, which HTTP clients do not share")
+	}
 	if o.trace != "" || o.text.active() {
 		return usageErrorf("serve takes its requests over HTTP: --trace, --prompt and --prompts belong to `worker run`")
 	}

@@ -80,3 +80,20 @@ func TestPromptsFileChecked(t *testing.T) {
 	require.True(t, strings.HasPrefix(o.rendered[1].text, "<|im_start|>system\n"), o.rendered[1].text)
 	require.Equal(t, []int32{19556}, reqs[0].Prompt) // "Hello"
 }
+
+func TestServeRefusesWhatItCannotServe(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--engine", "twin"}, "serve needs a real engine"},
+		{[]string{"--trace", "x.jsonl"}, "serve takes its requests over HTTP"},
+		{[]string{"--max-queue", "0"}, "--max-queue must be at least 1"},
+		{[]string{"--drain-timeout", "-1s"}, "--drain-timeout must not be negative"},
+		{[]string{"--http", "256.0.0.1:1", "--engine", "fake"}, "--http 256.0.0.1:1"},
+	} {
+		err := runAPIServe(c.args, io.Discard, io.Discard)
+		require.Error(t, err, "%v", c.args)
+		require.Contains(t, err.Error(), c.want, "%v", c.args)
+	}
+}
