@@ -93,6 +93,9 @@ const (
 	WeightGate      WeightKind = 9  // [intermediate][hidden]
 	WeightUp        WeightKind = 10 // [intermediate][hidden]
 	WeightDown      WeightKind = 11 // [hidden][intermediate]
+	// WeightRopeFreqs is optional, [1][head_dim/2]: llama.cpp's
+	// per-dimension RoPE divisors (its GGUF form of Llama-3 scaling).
+	WeightRopeFreqs WeightKind = 12
 )
 
 // WeightTensor is one checkpoint tensor handed to an engine at creation: a

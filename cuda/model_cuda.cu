@@ -209,6 +209,7 @@ void CudaBackend::load_weights(const eng_tensor* tensors, int32_t n) {
       case ENG_WEIGHT_W_GATE: put_bf16(layers_[size_t(t.layer)].wgu, in, out, 2 * F, 0); break;
       case ENG_WEIGHT_W_UP: put_bf16(layers_[size_t(t.layer)].wgu, in, out, 2 * F, F); break;
       case ENG_WEIGHT_W_DOWN: put_bf16(layers_[size_t(t.layer)].wdown, in, out, H, 0); break;
+      case ENG_WEIGHT_ROPE_FREQS: rope_freqs_ = host; break;  // applied by upload_inv_freq
     }
   }
 }
@@ -216,7 +217,7 @@ void CudaBackend::load_weights(const eng_tensor* tensors, int32_t n) {
 void CudaBackend::upload_inv_freq() {
   // RoPE inverse frequencies in double, exactly as the CPU computes them
   // (with Llama-3 scaling when the shape has it).
-  const std::vector<double> inv = rope_inv_freq(shape_);
+  const std::vector<double> inv = rope_inv_freq(shape_, rope_freqs_);
   inv_freq_.reserve(inv.size() * sizeof(double));
   CUDA_CHECK(cudaMemcpyAsync(inv_freq_.as<void>(), inv.data(), inv.size() * sizeof(double),
                              cudaMemcpyHostToDevice, stream_));

@@ -68,6 +68,7 @@ class CudaBackend final : public Backend {
   void generate_weights(uint64_t seed);
   void load_weights(const eng_tensor* tensors, int32_t n);
   void upload_inv_freq();
+  std::vector<float> rope_freqs_;  // a checkpoint's per-dimension RoPE divisors (may be empty)
   void upload_descriptors(const StepBatch& batch);
   void forward(const StepBatch& batch, bool want_logits);
   void attention(int32_t layer);

@@ -423,6 +423,8 @@ type ggufOptions struct {
 	}
 	// kvs edits the metadata before it is written.
 	kvs func([]ggufKV) []ggufKV
+	// ropeFreqs, when set, is written as rope_freqs.weight (F32).
+	ropeFreqs []float32
 }
 
 type ggufWriter struct{ bytes.Buffer }
@@ -552,6 +554,12 @@ func writeGGUF(t *testing.T, m *tinyModel, o ggufOptions) string {
 			}
 		}
 		in.start = off
+		off += (uint64(len(in.data)) + 31) / 32 * 32
+		infos = append(infos, in)
+	}
+	if o.ropeFreqs != nil {
+		in := info{name: "rope_freqs.weight", dims: []uint64{uint64(len(o.ropeFreqs))}, typ: ggmlF32,
+			data: encode(t, "F32", o.ropeFreqs), start: off}
 		off += (uint64(len(in.data)) + 31) / 32 * 32
 		infos = append(infos, in)
 	}

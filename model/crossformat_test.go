@@ -448,3 +448,78 @@ func TestLoadRefusals(t *testing.T) {
 	loadOK(t, writeHF(t, m, hfOptions{}))
 	loadOK(t, writeGGUF(t, m, ggufOptions{}))
 }
+
+// llama3Divisors are the per-dimension divisors llama.cpp's converter
+// writes as rope_freqs.weight for a Llama-3 rope_scaling: the unscaled
+// inverse frequency over the scaled one, in float32.
+func llama3Divisors(s bridge.ModelShape, r bridge.RopeScaling) []float32 {
+	half := s.HeadDim / 2
+	out := make([]float32, half)
+	lowWave := float64(r.OriginalMaxPositions) / float64(r.LowFreqFactor)
+	highWave := float64(r.OriginalMaxPositions) / float64(r.HighFreqFactor)
+	for i := range out {
+		inv := math.Pow(float64(s.RopeTheta), -2*float64(i)/float64(s.HeadDim))
+		wave := 2 * math.Pi / inv
+		scaled := inv
+		switch {
+		case wave < highWave:
+		case wave > lowWave:
+			scaled = inv / float64(r.Factor)
+		default:
+			smooth := (float64(r.OriginalMaxPositions)/wave - float64(r.LowFreqFactor)) / float64(r.HighFreqFactor-r.LowFreqFactor)
+			scaled = (1-smooth)*inv/float64(r.Factor) + smooth*inv
+		}
+		out[i] = float32(inv / scaled)
+	}
+	return out
+}
+
+// TestGGUFRopeFreqs: a Llama 3.1-style GGUF (rope_freqs.weight) loads; all
+// divisors 1 change nothing, bit for bit; the divisors of a llama3
+// rope_scaling give the scaled Hugging Face checkpoint's greedy tokens and
+// logits within 1e-4 (the float32 divisors round the frequencies).
+func TestGGUFRopeFreqs(t *testing.T) {
+	m := newTinyModel(6, false)
+	plain := writeGGUF(t, m, ggufOptions{})
+	ones := make([]float32, m.shape.HeadDim/2)
+	for i := range ones {
+		ones[i] = 1
+	}
+	withOnes := writeGGUF(t, m, ggufOptions{ropeFreqs: ones})
+	r := bridge.RopeScaling{Factor: 8, LowFreqFactor: 1, HighFreqFactor: 4, OriginalMaxPositions: 64}
+	withLlama3 := writeGGUF(t, m, ggufOptions{ropeFreqs: llama3Divisors(m.shape, r)})
+	m.shape.RopeScaling = &r
+	hf := writeHF(t, m, hfOptions{})
+
+	g := loadOK(t, withLlama3)
+	found := false
+	for _, x := range g.Tensors {
+		found = found || x.Kind == bridge.WeightRopeFreqs
+	}
+	if !found {
+		t.Fatal("rope_freqs.weight was not loaded")
+	}
+	if !haveEngine() {
+		t.Skip("built without the native engine (go test -tags native)")
+	}
+	p, o := loadOK(t, plain), loadOK(t, withOnes)
+	rp, ro := runEngine(t, p, crossPrompt(t, p)), runEngine(t, o, crossPrompt(t, o))
+	if !reflect.DeepEqual(rp, ro) {
+		t.Fatal("rope_freqs of ones changed the tokens or logits")
+	}
+	a, b := loadOK(t, withLlama3), loadOK(t, hf)
+	ra, rb := runEngine(t, a, crossPrompt(t, a)), runEngine(t, b, crossPrompt(t, b))
+	if !reflect.DeepEqual(ra.sampled, rb.sampled) {
+		t.Fatalf("greedy tokens %v (rope_freqs) vs %v (rope_scaling)", ra.sampled, rb.sampled)
+	}
+	worst := 0.0
+	for s := range ra.logits {
+		for i := range ra.logits[s] {
+			worst = math.Max(worst, math.Abs(float64(ra.logits[s][i]-rb.logits[s][i])))
+		}
+	}
+	t.Logf("max |Δlogit| rope_freqs vs rope_scaling: %.2e", worst)
+	if worst > 1e-4 {
+		t.Fatalf("max |Δlogit| %.2e > 1e-4", worst)
+	}
+}

@@ -113,7 +113,7 @@ func loadGGUF(path string) (m *Model, err error) {
 		return nil, fmt.Errorf("model %s: mixture-of-experts checkpoints (%s.expert_count = %v) are not supported", path, arch, experts)
 	}
 	if t := str(arch + ".rope.scaling.type"); t != "" && t != "none" {
-		return nil, fmt.Errorf("model %s: RoPE scaling type %q is not supported (GGUF Llama-3 scaling arrives as rope_freqs.weight, also unsupported; use the Hugging Face checkpoint)", path, t)
+		return nil, fmt.Errorf("model %s: RoPE scaling type %q is not supported (llama.cpp writes Llama-3 scaling as the rope_freqs.weight tensor, which is supported)", path, t)
 	}
 	ctx, _ := num("context_length", 0, false)
 
@@ -168,7 +168,8 @@ func loadGGUF(path string) (m *Model, err error) {
 			}
 			kind, layer = k, l
 		} else if ti.Name == "rope_freqs.weight" {
-			return nil, fmt.Errorf("model %s: per-dimension RoPE frequency factors (rope_freqs.weight, Llama 3.1 GGUF) are not supported; use the Hugging Face checkpoint, whose rope_scaling is", path)
+			// Llama 3.1/3.2 GGUF: the Llama-3 scaling as per-dimension divisors.
+			kind = bridge.WeightRopeFreqs
 		} else {
 			return nil, fmt.Errorf("model %s: tensor %s is not part of a Llama decoder (unsupported architecture variant)", path, ti.Name)
 		}

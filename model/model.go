@@ -102,6 +102,7 @@ func checkTensors(s bridge.ModelShape, ts []bridge.WeightTensor) error {
 		bridge.WeightAttnNorm: {1, H}, bridge.WeightMLPNorm: {1, H}, bridge.WeightQ: {qd, H},
 		bridge.WeightK: {kvd, H}, bridge.WeightV: {kvd, H}, bridge.WeightO: {H, qd},
 		bridge.WeightGate: {F, H}, bridge.WeightUp: {F, H}, bridge.WeightDown: {H, F},
+		bridge.WeightRopeFreqs: {1, int64(s.HeadDim / 2)},
 	}
 	type key struct {
 		k bridge.WeightKind
@@ -148,4 +149,5 @@ var kindNames = map[bridge.WeightKind]string{
 	bridge.WeightAttnNorm: "attention norm", bridge.WeightQ: "q projection", bridge.WeightK: "k projection",
 	bridge.WeightV: "v projection", bridge.WeightO: "output projection", bridge.WeightMLPNorm: "MLP norm",
 	bridge.WeightGate: "gate projection", bridge.WeightUp: "up projection", bridge.WeightDown: "down projection",
+	bridge.WeightRopeFreqs: "RoPE frequency factors",
 }

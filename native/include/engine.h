@@ -24,7 +24,7 @@ extern "C" {
 #endif
 
 /* Bumped on every incompatible change; eng_engine_init refuses a mismatch. */
-#define ENG_ABI_VERSION 3
+#define ENG_ABI_VERSION 4
 
 typedef enum eng_status {
   ENG_OK = 0,
@@ -98,7 +98,11 @@ typedef enum eng_weight {
   ENG_WEIGHT_MLP_NORM = 8,   /* [1][hidden] */
   ENG_WEIGHT_W_GATE = 9,     /* [intermediate][hidden] */
   ENG_WEIGHT_W_UP = 10,      /* [intermediate][hidden] */
-  ENG_WEIGHT_W_DOWN = 11     /* [hidden][intermediate] */
+  ENG_WEIGHT_W_DOWN = 11,    /* [hidden][intermediate] */
+  /* Optional [1][head_dim/2]: llama.cpp's per-dimension RoPE divisors (how
+   * its GGUF files carry Llama-3 scaling): inv_freq[i] /= rope_freqs[i].
+   * Not together with rope_scaling_factor. */
+  ENG_WEIGHT_ROPE_FREQS = 12
 } eng_weight;
 
 typedef struct eng_tensor {
@@ -131,8 +135,8 @@ typedef struct eng_engine_config {
    * too large for the host, e.g. llama-70b on the CPU backend). A validate-only
    * engine answers eng_engine_step with ENG_UNSUPPORTED. */
   int32_t validate_only;
-  /* Checkpoint weights: every tensor of the shape exactly once (12 kinds,
-   * minus LM_HEAD when tied). num_tensors 0 = synthetic weights from seed. */
+  /* Checkpoint weights: every tensor of the shape exactly once (kinds 0-11,
+   * minus LM_HEAD when tied; ROPE_FREQS optional). num_tensors 0 = synthetic weights from seed. */
   const eng_tensor* tensors;
   int32_t num_tensors;
 } eng_engine_config;

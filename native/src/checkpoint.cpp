@@ -17,10 +17,10 @@ namespace {
 constexpr int64_t kBlock = 32;  // elements per quantised block
 
 const char* kind_name(int32_t kind) {
-  static const char* const names[] = {"embedding", "final_norm", "lm_head", "attn_norm",
-                                      "wq",        "wk",         "wv",      "wo",
-                                      "mlp_norm",  "w_gate",     "w_up",    "w_down"};
-  return kind >= 0 && kind < 12 ? names[kind] : "unknown";
+  static const char* const names[] = {"embedding", "final_norm", "lm_head", "attn_norm", "wq",
+                                      "wk",        "wv",         "wo",      "mlp_norm",  "w_gate",
+                                      "w_up",      "w_down",     "rope_freqs"};
+  return kind >= 0 && kind < 13 ? names[kind] : "unknown";
 }
 
 std::string label(const eng_tensor& t, int32_t index) {
@@ -52,16 +52,20 @@ void expected_dims(const eng_model_shape& s, int32_t kind, int64_t* rows, int64_
     case ENG_WEIGHT_WO: *rows = H; *cols = qd; return;
     case ENG_WEIGHT_W_GATE: case ENG_WEIGHT_W_UP: *rows = F; *cols = H; return;
     case ENG_WEIGHT_W_DOWN: *rows = H; *cols = F; return;
+    case ENG_WEIGHT_ROPE_FREQS: *rows = 1; *cols = s.head_dim / 2; return;
   }
   *rows = *cols = -1;
 }
 
 bool is_global(int32_t kind) {
-  return kind == ENG_WEIGHT_EMBEDDING || kind == ENG_WEIGHT_FINAL_NORM || kind == ENG_WEIGHT_LM_HEAD;
+  return kind == ENG_WEIGHT_EMBEDDING || kind == ENG_WEIGHT_FINAL_NORM || kind == ENG_WEIGHT_LM_HEAD ||
+         kind == ENG_WEIGHT_ROPE_FREQS;
 }
 
-// Index of a tensor in the slot table: globals 0..2, then 9 per layer.
-int64_t slot_of(int32_t kind, int32_t layer) {
+// Index of a tensor in the slot table: globals 0..2, then 9 per layer, then
+// the optional rope_freqs (the last slot).
+int64_t slot_of(int32_t kind, int32_t layer, int32_t num_layers) {
+  if (kind == ENG_WEIGHT_ROPE_FREQS) return 3 + int64_t{num_layers} * 9;
   if (is_global(kind)) return kind;
   static const int per_layer[] = {-1, -1, -1, 0, 1, 2, 3, 4, 5, 6, 7, 8};
   return 3 + int64_t{layer} * 9 + per_layer[kind];
@@ -164,19 +168,21 @@ void dequantize_row(int32_t dtype, const void* src, int64_t cols, float* out) {
 void validate_tensors(const eng_model_shape& s, const eng_tensor* tensors, int32_t n) {
   if (n < 0) invalid_argument(fmt("num_tensors must be >= 0, got %lld", n));
   if (n > 0 && tensors == nullptr) invalid_argument(fmt("tensors is NULL (num_tensors = %lld)", n));
-  const int64_t slots = 3 + int64_t{s.num_layers} * 9;
+  const int64_t slots = 4 + int64_t{s.num_layers} * 9;  // + rope_freqs
   std::vector<int32_t> seen(static_cast<size_t>(slots), -1);
   for (int32_t i = 0; i < n; ++i) {
     const eng_tensor& t = tensors[i];
-    if (t.kind < 0 || t.kind > ENG_WEIGHT_W_DOWN)
-      invalid_argument(fmt("tensors[%lld]: kind %lld is not an eng_weight (0..11)", i, t.kind));
+    if (t.kind < 0 || t.kind > ENG_WEIGHT_ROPE_FREQS)
+      invalid_argument(fmt("tensors[%lld]: kind %lld is not an eng_weight (0..12)", i, t.kind));
     const std::string name = label(t, i);
     if (is_global(t.kind) ? t.layer != -1 : (t.layer < 0 || t.layer >= s.num_layers))
       invalid_argument(name + fmt(": layer %lld out of range (global tensors use -1, layer tensors 0..%lld)",
                                   t.layer, s.num_layers - 1));
     if (t.kind == ENG_WEIGHT_LM_HEAD && s.tied_embeddings)
       invalid_argument(name + ": an lm_head was given but the shape has tied_embeddings set");
-    const int64_t slot = slot_of(t.kind, t.layer);
+    if (t.kind == ENG_WEIGHT_ROPE_FREQS && s.rope_scaling_factor != 0)
+      invalid_argument(name + ": rope_freqs and rope_scaling_factor both scale RoPE; give one");
+    const int64_t slot = slot_of(t.kind, t.layer, s.num_layers);
     if (seen[static_cast<size_t>(slot)] >= 0)
       invalid_argument(name + fmt(": duplicate of tensors[%lld]", seen[static_cast<size_t>(slot)]));
     seen[static_cast<size_t>(slot)] = i;
@@ -201,7 +207,7 @@ void validate_tensors(const eng_model_shape& s, const eng_tensor* tensors, int32
                                     t.interleaved_rope_heads, want));
     }
   }
-  for (int64_t slot = 0; slot < slots; ++slot) {
+  for (int64_t slot = 0; slot < slots - 1; ++slot) {  // rope_freqs (last) is optional
     if (seen[static_cast<size_t>(slot)] >= 0) continue;
     if (slot == ENG_WEIGHT_LM_HEAD && s.tied_embeddings) continue;
     if (slot < 3)
@@ -258,6 +264,7 @@ Weights load_weights(const eng_model_shape& s, const eng_tensor* tensors, int32_
       continue;
     }
     switch (t.kind) {
+      case ENG_WEIGHT_ROPE_FREQS: dst = &w.rope_freqs; break;
       case ENG_WEIGHT_EMBEDDING: case ENG_WEIGHT_LM_HEAD: dst = &w.lm_head; break;
       case ENG_WEIGHT_FINAL_NORM: dst = &w.final_norm; break;
       default: {
@@ -270,6 +277,10 @@ Weights load_weights(const eng_model_shape& s, const eng_tensor* tensors, int32_
     dst->resize(static_cast<size_t>(t.rows * t.cols));
     tensor_to_input_major(t, s.head_dim, dst->data());
   }
+  for (size_t i = 0; i < w.rope_freqs.size(); ++i)
+    if (!(w.rope_freqs[i] > 0) || !std::isfinite(w.rope_freqs[i]))
+      invalid_argument(fmt("rope_freqs[%lld] must be a positive finite divisor, got ", static_cast<long long>(i)) +
+                       std::to_string(w.rope_freqs[i]));
   return w;
 }
 
@@ -314,11 +325,15 @@ std::shared_ptr<const Weights> shared_weights(const eng_model_shape& s, const en
   return w;
 }
 
-std::vector<double> rope_inv_freq(const eng_model_shape& s) {
+std::vector<double> rope_inv_freq(const eng_model_shape& s, const std::vector<float>& rope_freqs) {
   const int32_t half = s.head_dim / 2;
   std::vector<double> f(static_cast<size_t>(half));
   for (int32_t i = 0; i < half; ++i)
     f[i] = std::pow(static_cast<double>(s.rope_theta), -2.0 * i / static_cast<double>(s.head_dim));
+  if (!rope_freqs.empty()) {
+    for (int32_t i = 0; i < half; ++i) f[i] /= static_cast<double>(rope_freqs[static_cast<size_t>(i)]);
+    return f;
+  }
   if (s.rope_scaling_factor == 0) return f;
   // Llama 3.1: long wavelengths are divided by the factor, short ones kept,
   // and the band between interpolated smoothly.

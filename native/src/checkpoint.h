@@ -63,8 +63,9 @@ std::shared_ptr<const Weights> shared_weights(const eng_model_shape& shape, cons
 void tensor_to_input_major(const eng_tensor& t, int32_t head_dim, float* out);
 
 // The RoPE inverse frequencies theta^(-2i/D), i < D/2, with Llama-3-style
-// scaling applied when shape.rope_scaling_factor is set. In double.
-std::vector<double> rope_inv_freq(const eng_model_shape& shape);
+// scaling applied when shape.rope_scaling_factor is set, each divided by
+// rope_freqs[i] when those are given (a checkpoint's ROPE_FREQS). In double.
+std::vector<double> rope_inv_freq(const eng_model_shape& shape, const std::vector<float>& rope_freqs = {});
 
 }  // namespace lockstep
 

@@ -47,7 +47,7 @@ CpuBackend::CpuBackend(const EngineParams& p)
               p.shape.num_kv_heads * p.shape.head_dim),
       host_(p.num_host_pages, p.tokens_per_page, p.shape.num_layers,
             p.shape.num_kv_heads * p.shape.head_dim) {
-  inv_freq_ = rope_inv_freq(shape_);
+  inv_freq_ = rope_inv_freq(shape_, weights_->rope_freqs);
   const size_t hidden = static_cast<size_t>(shape_.hidden_size);
   const size_t inter = static_cast<size_t>(shape_.intermediate_size);
   x_.resize(hidden);

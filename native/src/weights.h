@@ -81,6 +81,8 @@ struct Weights {
   std::vector<float> embedding, final_norm, lm_head;
   std::vector<LayerWeights> layers;
   bool tied = false;
+  // Checkpoint only, optional: per-dimension RoPE divisors [head_dim / 2].
+  std::vector<float> rope_freqs;
 
   // out[0..hidden) = the embedding of token (a row of `embedding`, or column
   // `token` of the [hidden][vocab] lm_head when tied).

@@ -283,6 +283,48 @@ int main() {
     CHECK(wa.get() != wc.get());
   }
 
+  // rope_freqs: all ones change nothing (bit for bit); twos change the
+  // logits; rope_freqs with rope_scaling_factor, or a zero divisor, is refused.
+  {
+    const int64_t half = tiny.head_dim / 2;
+    std::vector<float> ones(static_cast<size_t>(half), 1.0f), twos(static_cast<size_t>(half), 2.0f),
+        zero(static_cast<size_t>(half), 1.0f);
+    zero[1] = 0.0f;
+    auto with = [&](const std::vector<float>& f) {
+      Checkpoint c = from_synthetic(tiny, 7);
+      c.store.push_back(f);
+      eng_tensor t{};
+      t.kind = ENG_WEIGHT_ROPE_FREQS;
+      t.layer = -1;
+      t.dtype = ENG_DTYPE_F32;
+      t.rows = 1;
+      t.cols = half;
+      t.nbytes = half * 4;
+      c.tensors.push_back(t);
+      c.fix();
+      return c;
+    };
+    Checkpoint c1 = with(ones);
+    eng_engine_t e1 = test_engine(config_for(c1));
+    CHECKF(same_bits(run(e1, V), want), "rope_freqs of ones changed the results");
+    eng_engine_free(e1);
+    Checkpoint c2 = with(twos);
+    eng_engine_t e2 = test_engine(config_for(c2));
+    CHECKF(!same_bits(run(e2, V), want), "rope_freqs of twos left the results unchanged");
+    eng_engine_free(e2);
+    Checkpoint c3 = with(ones);
+    c3.shape.rope_scaling_factor = 8;
+    c3.shape.rope_low_freq_factor = 1;
+    c3.shape.rope_high_freq_factor = 4;
+    c3.shape.rope_original_max_positions = 64;
+    expect_refused("rope_freqs with scaling", c3, "give one");
+    Checkpoint c4 = with(zero);
+    eng_engine_config cfg4 = config_for(c4);
+    eng_engine_t e4 = nullptr;
+    CHECK(eng_engine_init(&cfg4, &e4) == ENG_INVALID_ARGUMENT);
+    CHECK(std::string(eng_last_error()).find("rope_freqs[1]") != std::string::npos);
+  }
+
   // Refusals name the tensor.
   {
     Checkpoint m = from_synthetic(tiny, 7);
