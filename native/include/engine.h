@@ -24,7 +24,7 @@ extern "C" {
 #endif
 
 /* Bumped on every incompatible change; eng_engine_init refuses a mismatch. */
-#define ENG_ABI_VERSION 4
+#define ENG_ABI_VERSION 5
 
 typedef enum eng_status {
   ENG_OK = 0,
@@ -251,7 +251,8 @@ eng_status eng_engine_wait(eng_engine_t eng, eng_step_result* res);
 int32_t eng_engine_inflight(eng_engine_t eng);
 
 /*
- * Helix context parallelism (aggregated Helix, in-process members).
+ * Helix context parallelism (aggregated Helix): in-process members, or one
+ * member per process over MPI.
  *
  * A CP group of `size` members exchanges attention partials inside every
  * step. After eng_engine_join_cp(eng, group, rank), eng's steps run Helix
@@ -268,7 +269,26 @@ int32_t eng_engine_inflight(eng_engine_t eng);
  */
 typedef struct eng_cp_group* eng_cp_group_t;
 
+/* An in-process group: every member is an engine of this process. */
 eng_status eng_cp_group_create(int32_t size, int32_t timeout_ms, eng_cp_group_t* out);
+/*
+ * A group of one member per process over MPI: the processes of
+ * MPI_COMM_WORLD that pass the same color, ranked by world rank; this
+ * process's engine joins it as eng_cp_group_local_rank(group). Collective:
+ * every process of the world calls it (from any thread) with its color.
+ * Initialises MPI if needed (as eng_comm_init_mpi does). The group has an MPI
+ * communicator of its own and its exchanges run on the engine's thread, so
+ * it needs MPI_THREAD_MULTIPLE (ENG_UNSUPPORTED otherwise, and in a build
+ * without ENGINE_MPI). Each exchange carries its kind, layer and round: a
+ * member whose step diverged fails with ENG_COMM_ERROR naming both sides,
+ * and a wait beyond timeout_ms fails with ENG_TIMEOUT naming the exchange
+ * and, per missing peer, the last exchange received from it.
+ */
+eng_status eng_cp_group_create_mpi(int32_t color, int32_t timeout_ms, eng_cp_group_t* out);
+/* Members of the group (-1 for NULL); the rank this process must join as
+ * (-1 for an in-process group, whose members are all local). */
+int32_t eng_cp_group_size(eng_cp_group_t group);
+int32_t eng_cp_group_local_rank(eng_cp_group_t group);
 /* Releases the caller's reference; members keep the group alive. */
 eng_status eng_cp_group_free(eng_cp_group_t group);
 /* Before the first step; once per engine. */

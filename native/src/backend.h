@@ -56,7 +56,8 @@ struct StepSeq {
 // rank (p / P) % cp_size, in local page blocks[p / (P * cp_size)] at slot
 // p % P. The step writes only the positions this rank owns and exchanges
 // attention partials with the other members every layer (cp_group.h).
-class CpExchange;
+class Exchange;
+using CpExchange = Exchange;
 struct StepBatch {
   std::vector<StepSeq> seqs;
   int64_t num_rows = 0;     // Σ num_tokens

@@ -1,9 +1,11 @@
 // comm_mpi.cpp: the MPI communicator (built with ENGINE_MPI).
 //
-// One process-wide MPI session: the first communicator initialises MPI
-// (MPI_THREAD_FUNNELED: the Go side makes every call from one pinned thread)
-// unless the host program already did, and freeing the last communicator
-// finalises it again if this library initialised it. Each communicator is a
+// One process-wide MPI session: the first communicator or exchange group
+// initialises MPI unless the host program already did, asking for
+// MPI_THREAD_MULTIPLE (the control plane's communicator is driven from one
+// pinned Go thread, while the Helix and MoE exchanges of exchange groups run
+// on engine threads, each group on a communicator of its own), and freeing
+// the last of them finalises it again if this library initialised it. Each communicator is a
 // duplicate of MPI_COMM_WORLD with MPI_ERRORS_RETURN, so an MPI failure comes
 // back as ENG_COMM_ERROR with MPI's error string instead of killing the job
 // from inside a library call.
@@ -18,17 +20,21 @@
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
+#include <mutex>
 #include <string>
 #include <vector>
 
+#include "mpi_session.h"
 #include "status.h"
 
 namespace lockstep {
 namespace {
 
-// Process-wide MPI state, touched only from the MPI thread.
-int g_open_comms = 0;          // live communicators
+// Process-wide MPI state.
+std::mutex g_mu;
+int g_open_comms = 0;          // live communicators and exchange groups
 bool g_we_initialised = false;  // MPI_Init_thread was ours: finalise with the last comm
+int g_provided = -1;            // the thread level MPI provides
 
 // Throws ENG_COMM_ERROR naming what failed and MPI's message, unless rc is
 // MPI_SUCCESS.
@@ -40,16 +46,18 @@ void check(int rc, const char* what) {
   throw EngineError(ENG_COMM_ERROR, std::string(what) + ": " + msg);
 }
 
-// Refuses calls from a thread other than the one that initialised MPI
-// (MPI_THREAD_FUNNELED allows only that one).
+// Refuses calls from a thread other than the one that initialised MPI when
+// MPI provides less than MPI_THREAD_MULTIPLE.
 void require_main_thread(const char* what) {
+  if (g_provided >= MPI_THREAD_MULTIPLE) return;
   int is_main = 0;
   check(MPI_Is_thread_main(&is_main), "MPI_Is_thread_main");
   if (!is_main)
     throw EngineError(ENG_INVALID_ARGUMENT,
                       std::string(what) +
                           ": called from a thread other than the one that initialised MPI "
-                          "(MPI_THREAD_FUNNELED); make every eng_comm call from that thread");
+                          "(the MPI library provides no MPI_THREAD_MULTIPLE); make every eng_comm "
+                          "call from that thread");
 }
 
 class MpiCommunicator final : public Communicator {
@@ -65,14 +73,7 @@ class MpiCommunicator final : public Communicator {
   // Frees the duplicate and, with the last communicator, finalises MPI if we
   // initialised it. Errors here cannot be reported (destructor): the process
   // is leaving the group anyway.
-  ~MpiCommunicator() override {
-    int finalized = 0;
-    MPI_Finalized(&finalized);
-    if (!finalized) {
-      MPI_Comm_free(&comm_);
-      if (--g_open_comms == 0 && g_we_initialised) MPI_Finalize();
-    }
-  }
+  ~MpiCommunicator() override { mpi_release_comm(&comm_); }
 
   int32_t rank() const override { return rank_; }
   int32_t size() const override { return size_; }
@@ -123,7 +124,10 @@ class MpiCommunicator final : public Communicator {
 
 }  // namespace
 
-std::unique_ptr<Communicator> open_mpi_world() {
+void mpi_check(int rc, const char* what) { check(rc, what); }
+
+int mpi_session_open() {
+  std::lock_guard<std::mutex> lk(g_mu);
   int initialized = 0, finalized = 0;
   check(MPI_Initialized(&initialized), "MPI_Initialized");
   check(MPI_Finalized(&finalized), "MPI_Finalized");
@@ -138,24 +142,43 @@ std::unique_ptr<Communicator> open_mpi_world() {
     // alternate signal stack Go requires. Keep a user's explicit choice.
     setenv("OMPI_MCA_opal_signal", "", 0);
     int provided = 0;
-    check(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided), "MPI_Init_thread");
+    check(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided), "MPI_Init_thread");
     g_we_initialised = true;
     if (provided < MPI_THREAD_FUNNELED)
       throw EngineError(ENG_COMM_ERROR, "the MPI library does not provide MPI_THREAD_FUNNELED");
   }
-  require_main_thread("eng_comm_init_mpi");
-  // Failures of the dup itself are reported through the world's handler.
+  if (g_provided < 0) check(MPI_Query_thread(&g_provided), "MPI_Query_thread");
+  // Failures of a dup itself are reported through the world's handler.
   check(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler(world)");
+  return g_provided;
+}
+
+void mpi_adopt_comm() {
+  std::lock_guard<std::mutex> lk(g_mu);
+  ++g_open_comms;
+}
+
+void mpi_release_comm(MPI_Comm* comm) {
+  std::lock_guard<std::mutex> lk(g_mu);
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized) return;
+  if (*comm != MPI_COMM_NULL) MPI_Comm_free(comm);
+  if (--g_open_comms == 0 && g_we_initialised) MPI_Finalize();
+}
+
+std::unique_ptr<Communicator> open_mpi_world() {
+  mpi_session_open();
+  require_main_thread("eng_comm_init_mpi");
   MPI_Comm dup = MPI_COMM_NULL;
   check(MPI_Comm_dup(MPI_COMM_WORLD, &dup), "MPI_Comm_dup(world)");
   check(MPI_Comm_set_errhandler(dup, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
-  ++g_open_comms;
+  mpi_adopt_comm();
   try {
     // From here the destructor owns dup (and the finalise bookkeeping).
     return std::make_unique<MpiCommunicator>(dup);
   } catch (...) {
-    MPI_Comm_free(&dup);
-    --g_open_comms;
+    mpi_release_comm(&dup);
     throw;
   }
 }

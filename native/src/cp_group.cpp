@@ -6,30 +6,102 @@
 #include "status.h"
 
 namespace lockstep {
+
+const char* exchange_kind_name(ExchangeKind k) {
+  switch (k) {
+    case ExchangeKind::kHelixAttention: return "Helix attention";
+    case ExchangeKind::kMoeDispatch: return "MoE dispatch";
+    case ExchangeKind::kMoeCombine: return "MoE combine";
+    case ExchangeKind::kTest: return "test";
+  }
+  return "unknown";
+}
+
+std::string describe(const ExchangeTag& t) {
+  std::string s = std::string(exchange_kind_name(t.kind)) + " exchange";
+  if (t.layer >= 0) s += " at layer " + std::to_string(t.layer);
+  return s;
+}
+
+std::string describe(const ExchangeTag& t, uint64_t round) {
+  return describe(t) + " (round " + std::to_string(round) + ")";
+}
+
 namespace {
 
-class LocalMember final : public CpExchange {
+class LocalMember final : public Exchange {
  public:
   LocalMember(std::shared_ptr<LocalCpGroup> g, int32_t rank) : g_(std::move(g)), rank_(rank) {}
-  ~LocalMember() override { g_->abort("a CP member was freed"); }
+  ~LocalMember() override { g_->abort("a member was freed"); }
   int32_t rank() const override { return rank_; }
   int32_t size() const override { return g_->size(); }
-  void allgather(const void* data, size_t bytes, std::vector<std::vector<char>>* out) override {
-    g_->allgather(rank_, data, bytes, out);
+  void allgather(const ExchangeTag& tag, const void* data, size_t bytes,
+                 std::vector<std::vector<char>>* out) override {
+    g_->allgather(rank_, tag, data, bytes, out);
+    ++exchanges_;
+    bytes_sent_ += bytes * static_cast<size_t>(size() - 1);
+    for (int32_t r = 0; r < size(); ++r)
+      if (r != rank_) bytes_received_ += (*out)[static_cast<size_t>(r)].size();
+  }
+  // One allgather of every member's per-destination blocks (a length table,
+  // then the blocks); each member keeps the blocks addressed to it. The bytes
+  // counted are those a point-to-point transport would move.
+  void alltoallv(const ExchangeTag& tag, const std::vector<std::vector<char>>& send,
+                 std::vector<std::vector<char>>* out) override {
+    const int32_t n = size();
+    if (static_cast<int32_t>(send.size()) != n)
+      throw EngineError(ENG_INTERNAL, describe(tag) + ": alltoallv with " + std::to_string(send.size()) +
+                                          " blocks in a group of " + std::to_string(n));
+    size_t total = sizeof(uint64_t) * static_cast<size_t>(n);
+    for (const auto& b : send) total += b.size();
+    blob_.resize(total);
+    char* p = blob_.data();
+    for (const auto& b : send) {
+      const uint64_t len = b.size();
+      std::memcpy(p, &len, sizeof len);
+      p += sizeof len;
+    }
+    for (const auto& b : send) {
+      if (!b.empty()) std::memcpy(p, b.data(), b.size());
+      p += b.size();
+    }
+    g_->allgather(rank_, tag, blob_.data(), blob_.size(), &all_);
+    out->resize(static_cast<size_t>(n));
+    for (int32_t r = 0; r < n; ++r) {
+      const std::vector<char>& from = all_[static_cast<size_t>(r)];
+      if (from.size() < sizeof(uint64_t) * static_cast<size_t>(n))
+        throw EngineError(ENG_COMM_ERROR, describe(tag) + ": member " + std::to_string(r) + " sent a short table");
+      size_t off = sizeof(uint64_t) * static_cast<size_t>(n), len = 0;
+      for (int32_t d = 0; d <= rank_; ++d) {
+        uint64_t l = 0;
+        std::memcpy(&l, from.data() + sizeof(uint64_t) * static_cast<size_t>(d), sizeof l);
+        if (d < rank_) off += l; else len = l;
+      }
+      if (off + len > from.size())
+        throw EngineError(ENG_COMM_ERROR, describe(tag) + ": member " + std::to_string(r) + " sent a bad table");
+      (*out)[static_cast<size_t>(r)].assign(from.data() + off, from.data() + off + len);
+      if (r != rank_) {
+        bytes_received_ += len;
+        bytes_sent_ += send[static_cast<size_t>(r)].size();
+      }
+    }
+    ++exchanges_;
   }
 
  private:
   std::shared_ptr<LocalCpGroup> g_;
   int32_t rank_;
+  std::vector<char> blob_;
+  std::vector<std::vector<char>> all_;
 };
 
 }  // namespace
 
 LocalCpGroup::LocalCpGroup(int32_t size, std::chrono::milliseconds timeout)
     : size_(size), timeout_(timeout), slots_(static_cast<size_t>(size)),
-      member_round_(static_cast<size_t>(size), 0) {}
+      member_round_(static_cast<size_t>(size), 0), member_tag_(static_cast<size_t>(size)) {}
 
-std::unique_ptr<CpExchange> LocalCpGroup::member(int32_t rank) {
+std::unique_ptr<Exchange> LocalCpGroup::member(int32_t rank) {
   return std::make_unique<LocalMember>(shared_from_this(), rank);
 }
 
@@ -42,18 +114,43 @@ void LocalCpGroup::abort(const char* why) {
   cv_.notify_all();
 }
 
-void LocalCpGroup::allgather(int32_t rank, const void* data, size_t bytes,
+void LocalCpGroup::allgather(int32_t rank, const ExchangeTag& tag, const void* data, size_t bytes,
                              std::vector<std::vector<char>>* out) {
   std::unique_lock<std::mutex> lk(mu_);
   const uint64_t my_round = member_round_[static_cast<size_t>(rank)]++;
+  member_tag_[static_cast<size_t>(rank)] = tag;
+  const std::string what = describe(tag, my_round) + " (member " + std::to_string(rank) + ")";
   auto fail = [&](eng_status st, const std::string& msg) { throw EngineError(st, msg); };
-  if (aborted_) fail(ENG_COMM_ERROR, std::string("Helix CP group aborted: ") + abort_reason_);
+  auto aborted = [&] { fail(ENG_COMM_ERROR, what + ": the group was aborted: " + abort_reason_); };
+  // Which members have not entered this round, and what each last entered.
+  auto missing = [&] {
+    std::string s;
+    for (int32_t r = 0; r < size_; ++r) {
+      const uint64_t entered = member_round_[static_cast<size_t>(r)];
+      if (entered > my_round) continue;
+      s += s.empty() ? "; waiting for " : ", ";
+      s += "member " + std::to_string(r);
+      s += entered == 0 ? " (no exchange yet)"
+                        : " (last entered " + describe(member_tag_[static_cast<size_t>(r)], entered - 1) + ")";
+    }
+    return s;
+  };
+  if (aborted_) aborted();
   // A member can be at most one round ahead of the last completed round:
   // round my_round opens once round my_round - 1 completed.
   const auto deadline = std::chrono::steady_clock::now() + timeout_;
   if (!cv_.wait_until(lk, deadline, [&] { return aborted_ || round_ >= my_round; }))
-    fail(ENG_TIMEOUT, "Helix CP exchange: timed out waiting for the previous round to complete");
-  if (aborted_) fail(ENG_COMM_ERROR, std::string("Helix CP group aborted: ") + abort_reason_);
+    fail(ENG_TIMEOUT, what + ": timed out waiting for the previous round to complete" + missing());
+  if (aborted_) aborted();
+  if (arrived_ == 0) {
+    round_tag_ = tag;
+  } else if (round_tag_ != tag) {
+    aborted_ = true;
+    abort_reason_ = "members disagreed on an exchange";
+    cv_.notify_all();
+    fail(ENG_COMM_ERROR, what + ": another member entered " + describe(round_tag_, my_round) +
+                             " (the members' steps diverged)");
+  }
   std::vector<char>& slot = slots_[static_cast<size_t>(rank)];
   slot.assign(static_cast<const char*>(data), static_cast<const char*>(data) + bytes);
   if (++arrived_ == size_) {
@@ -63,14 +160,13 @@ void LocalCpGroup::allgather(int32_t rank, const void* data, size_t bytes,
     ++round_;
     cv_.notify_all();
   } else if (!cv_.wait_until(lk, deadline, [&] { return aborted_ || round_ > my_round; })) {
+    const std::string m = missing();
     aborted_ = true;
     abort_reason_ = "a member timed out";
     cv_.notify_all();
-    fail(ENG_TIMEOUT, "Helix CP exchange (member " + std::to_string(rank) + ", round " +
-                          std::to_string(my_round) + "): timed out after " +
-                          std::to_string(timeout_.count()) + " ms waiting for the other members");
+    fail(ENG_TIMEOUT, what + ": timed out after " + std::to_string(timeout_.count()) + " ms" + m);
   }
-  if (aborted_ && round_ <= my_round) fail(ENG_COMM_ERROR, std::string("Helix CP group aborted: ") + abort_reason_);
+  if (aborted_ && round_ <= my_round) aborted();
   *out = result_;  // result_ stays until every member entered the next round
 }
 

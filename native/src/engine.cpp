@@ -55,7 +55,7 @@ struct AsyncStep {
 
 // The handle behind eng_cp_group_t: a reference to the shared group.
 struct eng_cp_group {
-  std::shared_ptr<lockstep::LocalCpGroup> group;
+  std::shared_ptr<lockstep::ExchangeGroup> group;
 };
 
 // The handle behind eng_engine_t.
@@ -559,6 +559,24 @@ eng_status eng_cp_group_create(int32_t size, int32_t timeout_ms, eng_cp_group_t*
   });
 }
 
+eng_status eng_cp_group_create_mpi(int32_t color, int32_t timeout_ms, eng_cp_group_t* out) {
+  return guarded(&g_last_error, [&] {
+    if (out == nullptr) invalid_argument("out is NULL");
+    *out = nullptr;
+    if (color < 0) invalid_argument(fmt("color must be >= 0, got %d", color));
+    if (timeout_ms < 1) invalid_argument(fmt("timeout_ms must be >= 1, got %d", timeout_ms));
+    auto g = std::make_unique<eng_cp_group>();
+    g->group = lockstep::open_mpi_exchange_group(color, std::chrono::milliseconds(timeout_ms));
+    *out = g.release();
+  });
+}
+
+int32_t eng_cp_group_size(eng_cp_group_t group) { return group == nullptr ? -1 : group->group->size(); }
+
+int32_t eng_cp_group_local_rank(eng_cp_group_t group) {
+  return group == nullptr ? -1 : group->group->local_rank();
+}
+
 eng_status eng_cp_group_free(eng_cp_group_t group) {
   std::string ignored;
   return guarded(&ignored, [&] { delete group; });
@@ -572,6 +590,10 @@ eng_status eng_engine_join_cp(eng_engine_t eng, eng_cp_group_t group, int32_t ra
     if (!eng->inflight.empty()) invalid_argument("join the CP group before submitting steps");
     const int32_t size = group->group->size();
     if (rank < 0 || rank >= size) invalid_argument(fmt("rank = %d is out of range [0, %d)", rank, size));
+    const int32_t local = group->group->local_rank();
+    if (local >= 0 && rank != local)
+      invalid_argument(fmt("this process is rank %d of its %s group; it cannot join as rank %d", local,
+                           group->group->transport(), rank));
     if (eng->backend_kind != ENG_BACKEND_CPU)
       throw EngineError(ENG_UNSUPPORTED, "Helix CP is implemented by the CPU backend only");
     eng->cp = group->group->member(rank);

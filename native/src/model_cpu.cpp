@@ -304,7 +304,8 @@ void CpuBackend::helix_attention(int32_t layer, const StepBatch& batch, const st
       }
     }
   }
-  batch.cp->allgather(local, local_recs * rec * sizeof(float), &helix_all_);
+  batch.cp->allgather(ExchangeTag{ExchangeKind::kHelixAttention, layer}, local, local_recs * rec * sizeof(float),
+                      &helix_all_);
   // Merge in global page order, reading page g's partial from rank g % cp.
   std::vector<size_t> cursor(static_cast<size_t>(cp), 0);  // per rank, in records
   float* attn = grow(helix_attn_, rows.size() * static_cast<size_t>(qd));
