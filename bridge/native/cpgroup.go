@@ -16,13 +16,17 @@ import (
 	"github.com/lockstep-ai/lockstep/bridge"
 )
 
-// CPGroup is an in-process Helix context-parallel group: engines that join it
-// exchange attention partials inside every step (engine.h, "Helix"). Pass it
-// as bridge.Config.Helix.Group to Open for each member.
+// CPGroup is an exchange group: engines that join it exchange data inside
+// every step (engine.h, "Helix"): attention partials under Helix CP. Pass it
+// as bridge.Config.Helix.Group to Open for each member. NewCPGroup makes an
+// in-process group (every member an engine of this process); NewMPICPGroup
+// a group of one member per process over MPI.
 type CPGroup struct {
 	mu   sync.Mutex
 	h    C.eng_cp_group_t
 	size int
+	// local is the only rank this process may join (-1: any, in-process).
+	local int
 }
 
 // NewCPGroup creates a group of size members; a member that does not arrive
@@ -36,7 +40,7 @@ func NewCPGroup(size int, timeout time.Duration) (*CPGroup, error) {
 	if size < 1 || size > 1<<20 {
 		return nil, bridge.StatusError("cp_group", bridge.StatusInvalidArgument, fmt.Sprintf("size must be >= 1, got %d", size))
 	}
-	g := &CPGroup{size: size}
+	g := &CPGroup{size: size, local: -1}
 	runtime.LockOSThread() // eng_last_error is thread-local
 	defer runtime.UnlockOSThread()
 	if st := C.eng_cp_group_create(C.int32_t(size), C.int32_t(ms), &g.h); st != C.ENG_OK {
@@ -44,6 +48,37 @@ func NewCPGroup(size int, timeout time.Duration) (*CPGroup, error) {
 	}
 	return g, nil
 }
+
+// NewMPICPGroup creates a group of one member per process over MPI: the
+// processes of the MPI world that pass the same color, ranked by world rank;
+// this process joins as LocalRank. Collective: every process of the world
+// calls it. Members that do not arrive within timeout fail the others' steps
+// with bridge.ErrTimeout, naming the exchange and the missing peers. Fails
+// with bridge.StatusUnsupported in a build without MPI or when MPI lacks
+// MPI_THREAD_MULTIPLE.
+func NewMPICPGroup(color int, timeout time.Duration) (*CPGroup, error) {
+	ms := timeout.Milliseconds()
+	if ms < 1 || ms > 1<<31-1 {
+		return nil, bridge.StatusError("cp_group_mpi", bridge.StatusInvalidArgument,
+			fmt.Sprintf("timeout %v out of range [1ms, 2^31 ms)", timeout))
+	}
+	if color < 0 || color > 1<<30 {
+		return nil, bridge.StatusError("cp_group_mpi", bridge.StatusInvalidArgument, fmt.Sprintf("color must be in [0, 2^30], got %d", color))
+	}
+	g := &CPGroup{}
+	runtime.LockOSThread() // eng_last_error is thread-local
+	defer runtime.UnlockOSThread()
+	if st := C.eng_cp_group_create_mpi(C.int32_t(color), C.int32_t(ms), &g.h); st != C.ENG_OK {
+		return nil, bridge.StatusError("cp_group_mpi", bridge.Status(st), C.GoString(C.eng_last_error()))
+	}
+	g.size = int(C.eng_cp_group_size(g.h))
+	g.local = int(C.eng_cp_group_local_rank(g.h))
+	return g, nil
+}
+
+// LocalRank is the rank this process joins as in a group of one member per
+// process, or -1 for an in-process group.
+func (g *CPGroup) LocalRank() int { return g.local }
 
 // Size is the number of members.
 func (g *CPGroup) Size() int { return g.size }

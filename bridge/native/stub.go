@@ -38,5 +38,13 @@ func NewCPGroup(size int, timeout time.Duration) (*CPGroup, error) {
 // Size is 0: the stub group has no members.
 func (g *CPGroup) Size() int { return 0 }
 
+// NewMPICPGroup always fails in a build without the native engine.
+func NewMPICPGroup(color int, timeout time.Duration) (*CPGroup, error) {
+	return nil, fmt.Errorf("native MPI exchange group: %w", errNotBuilt)
+}
+
+// LocalRank is -1: this build has no groups.
+func (g *CPGroup) LocalRank() int { return -1 }
+
 // Close does nothing.
 func (g *CPGroup) Close() error { return nil }
