@@ -18,7 +18,12 @@ type IterRecord struct {
 	TSUnixMS          int64    `json:"ts_unix_ms"`
 	HostMS            float64  `json:"host_ms"`
 	DeviceMS          *float64 `json:"device_ms"`
-	WaitMS            float64  `json:"wait_ms"`
+	// MoEWaitMS (MoE models only) is the part of device_ms this rank's
+	// engine spent in MoE exchanges (dispatch and combine): waiting for the
+	// slowest rank's layer and moving tokens. device_ms − moe_wait_ms is
+	// the rank's compute.
+	MoEWaitMS *float64 `json:"moe_wait_ms,omitempty"`
+	WaitMS    float64  `json:"wait_ms"`
 	CanQueue          bool     `json:"can_queue"`
 	ADPDummy          bool     `json:"adp_dummy"`
 	NumCtxRequests    int      `json:"num_ctx_requests"`

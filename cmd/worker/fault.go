@@ -16,6 +16,10 @@ import (
 //	init:RANK          rank RANK's initialisation fails
 //	stop:RANK:ITER     rank RANK stops entering collectives at iteration ITER
 //	perturb:RANK:ITER  rank RANK's plan of iteration ITER differs from its peers'
+//	moe-stop:RANK:ITER:LAYER  rank RANK's engine stops at the MoE dispatch of
+//	                   layer LAYER in its first step from iteration ITER on (its
+//	                   peers wait inside that exchange), for three collective
+//	                   timeouts, then fails (a MoE model under expert parallelism)
 //
 // They prove that the other ranks exit with a clear error instead of hanging.
 // A fault that could never fire is refused at startup (checkFault), and one
@@ -25,9 +29,10 @@ const FaultEnv = "LOCKSTEP_TEST_FAULT"
 
 type fault struct {
 	spec string // the variable's value, for messages
-	kind string
-	rank int
-	iter int64
+	kind  string
+	rank  int
+	iter  int64
+	layer int // moe-stop
 	// hosted: a rank of this process carries the fault; fired: it was
 	// injected. Set by the rank goroutines, read after they finish.
 	hosted, fired atomic.Bool
@@ -40,9 +45,9 @@ func parseFault(v string) (*fault, error) {
 	parts := strings.Split(v, ":")
 	f := &fault{spec: v, kind: parts[0]}
 	bad := func(why string) error {
-		return fmt.Errorf("%s=%q: %s (want init:RANK, stop:RANK:ITER or perturb:RANK:ITER)", FaultEnv, v, why)
+		return fmt.Errorf("%s=%q: %s (want init:RANK, stop:RANK:ITER, perturb:RANK:ITER or moe-stop:RANK:ITER:LAYER)", FaultEnv, v, why)
 	}
-	want := map[string]int{"init": 2, "stop": 3, "perturb": 3}[f.kind]
+	want := map[string]int{"init": 2, "stop": 3, "perturb": 3, "moe-stop": 4}[f.kind]
 	if want == 0 {
 		return nil, bad(fmt.Sprintf("unknown kind %q", f.kind))
 	}
@@ -53,9 +58,14 @@ func parseFault(v string) (*fault, error) {
 	if f.rank, err = strconv.Atoi(parts[1]); err != nil || f.rank < 0 {
 		return nil, bad(fmt.Sprintf("rank %q is not a non-negative integer", parts[1]))
 	}
-	if want == 3 {
+	if want >= 3 {
 		if f.iter, err = strconv.ParseInt(parts[2], 10, 64); err != nil || f.iter < 0 {
 			return nil, bad(fmt.Sprintf("iteration %q is not a non-negative integer", parts[2]))
+		}
+	}
+	if want == 4 {
+		if f.layer, err = strconv.Atoi(parts[3]); err != nil || f.layer < 0 {
+			return nil, bad(fmt.Sprintf("layer %q is not a non-negative integer", parts[3]))
 		}
 	}
 	return f, nil
@@ -98,6 +108,8 @@ type faultyPlanner struct {
 	f        *fault
 	iter     int64
 	teardown <-chan struct{} // closed when the run is torn down
+	// stallEngine injects the moe-stop fault into the rank's engine.
+	stallEngine func() error
 }
 
 func (p *faultyPlanner) Schedule(active []*scheduler.Request, executing []uint64) (*scheduler.Output, error) {
@@ -109,6 +121,11 @@ func (p *faultyPlanner) Schedule(active []*scheduler.Request, executing []uint64
 	if p.f.kind == "stop" && it == p.f.iter {
 		<-p.teardown // stop entering collectives until the run is torn down
 		return nil, fmt.Errorf("injected fault: rank %d stopped at iteration %d", p.f.rank, it)
+	}
+	if p.f.kind == "moe-stop" && it == p.f.iter {
+		if err := p.stallEngine(); err != nil {
+			return nil, fmt.Errorf("injecting %s=%q: %w", FaultEnv, p.f.spec, err)
+		}
 	}
 	out, err := p.Planner.Schedule(active, executing)
 	if err == nil && p.f.kind == "perturb" && it == p.f.iter {

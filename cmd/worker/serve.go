@@ -79,6 +79,9 @@ type serveOptions struct {
 	api      *apiServer       // worker serve: the HTTP API on rank 0 (nil for run)
 	loaded   *model.Model     // --model PATH, opened by validate
 	rendered []renderedPrompt // the tokenised prompts of a prompt run
+	// epGroup is the expert-parallel group of a MoE run (openEPGroup), set
+	// before the ranks are built; nil without expert parallelism.
+	epGroup *nativeengine.CPGroup
 }
 
 func defaultServeOptions() serveOptions {
@@ -450,6 +453,9 @@ func buildRank(o *serveOptions, sc scheduler.Config, i, device int, comm nccl.Co
 	if helix {
 		ecfg.Helix = &bridge.HelixMember{Group: cpGroup, Rank: i, Size: o.cp}
 	}
+	if o.epGroup != nil {
+		ecfg.Expert = &bridge.ExpertMember{Group: o.epGroup, Rank: i, Size: o.world()}
+	}
 	var err error
 	if o.engine == "twin" {
 		ecfg.Preset = "" // the profile's model (its name need not be a preset)
@@ -500,7 +506,7 @@ func buildRank(o *serveOptions, sc scheduler.Config, i, device int, comm nccl.Co
 	cfg := executor.Config{Rank: i, Ranks: o.world(), Scheduler: sc, MaxSeqLen: o.maxSeqLen, IterLog: iterLog,
 		Overlap: o.overlap == "on", Router: rt, StopTokens: o.stopTokens(), MaxActivePerRank: o.maxActivePerRank, Helix: helix,
 		Events: o.kvEvents != "", EventSink: eventSink, EventBufferMaxSize: o.eventBufferMaxSize,
-		OnNote: func(rank int, n scheduler.Note) { logNote(log, rank, n) }}
+		OnNote: func(rank int, n scheduler.Note) { logNote(log, rank, n) }, MoE: o.moe() && o.engine != "twin"}
 	if o.engine == "twin" {
 		cfg.VirtualClock, cfg.VirtualEpoch = true, twinEpoch
 	}
@@ -526,7 +532,11 @@ func buildRank(o *serveOptions, sc scheduler.Config, i, device int, comm nccl.Co
 	}
 	var planner executor.Planner = sch
 	if f != nil && f.rank == i && f.kind != "init" {
-		planner = &faultyPlanner{Planner: sch, f: f, teardown: td.ch}
+		fp := &faultyPlanner{Planner: sch, f: f, teardown: td.ch}
+		if f.kind == "moe-stop" {
+			fp.stallEngine = o.moeStall(parts.eng)
+		}
+		planner = fp
 	}
 	parts.ex, err = executor.New(cfg, executor.Deps{Comm: comm, Engine: parts.eng, KV: parts.kv, Planner: planner})
 	if err != nil {
@@ -560,6 +570,12 @@ func serve(o *serveOptions, sc scheduler.Config, reqs []workload.Request, log *z
 		for _, c := range nccl.NewLocalGroup(world, nccl.LocalOptions{Timeout: o.collectiveTimeout}) {
 			comms = append(comms, c)
 		}
+	}
+	if g, err := o.openEPGroup(world, false); err != nil {
+		return nil, err
+	} else if g != nil {
+		defer g.Close()
+		o.epGroup = g
 	}
 	var cpGroup any
 	if o.cp > 1 {
@@ -674,6 +690,12 @@ func serveProcess(o *serveOptions, sc scheduler.Config, reqs []workload.Request,
 	if err != nil {
 		return nil, fmt.Errorf("rank %d: joining the %s world of %d: %w", l.Rank, l.Launcher, l.WorldSize, err)
 	}
+	if g, err := o.openEPGroup(l.WorldSize, true); err != nil {
+		return nil, exitAfterCollectiveError(pg, l, err)
+	} else if g != nil {
+		defer g.Close()
+		o.epGroup = g
+	}
 	flt := o.fault
 	td := newTeardown()
 	ro, berr := rankOptions(o, l.LocalRank, pg.Comm)
@@ -734,7 +756,9 @@ func exitAfterCollectiveError(pg *nccl.ProcessGroup, l nccl.Launch, err error) e
 	if !strings.HasPrefix(err.Error(), fmt.Sprintf("rank %d", l.Rank)) {
 		err = fmt.Errorf("rank %d: %w", l.Rank, err)
 	}
-	if errors.Is(err, nccl.ErrTimeout) {
+	// A timeout inside the engine's MoE exchanges leaves a peer's step
+	// blocked in its own group the same way.
+	if errors.Is(err, nccl.ErrTimeout) || errors.Is(err, bridge.ErrTimeout) {
 		if l.Rank == 0 {
 			time.Sleep(time.Second)
 		}

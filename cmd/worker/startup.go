@@ -58,6 +58,9 @@ func (o *serveOptions) startupChecks(sc scheduler.Config, l nccl.Launch, getenv 
 	if err := checkFault(o.fault, world, helix && check); err != nil {
 		return nil, usageError{err}
 	}
+	if err := o.checkMoE(world); err != nil {
+		return nil, usageError{err}
+	}
 	if n := o.demotionNote(sc, world); n != "" {
 		notes = append(notes, n)
 	}

@@ -345,6 +345,13 @@ typedef struct eng_moe_stats {
 } eng_moe_stats;
 eng_status eng_engine_moe_stats(eng_engine_t eng, eng_moe_stats* out);
 
+/* Tests only (fault injection, LOCKSTEP_TEST_FAULT=moe-stop): the engine's
+ * next step stops where it would enter the MoE dispatch exchange of `layer`,
+ * stays there stall_ms (its EP peers wait for it inside that exchange, and
+ * time out) and then fails with ENG_INTERNAL "injected fault". Needs an EP
+ * member and a layer of the model. */
+eng_status eng_engine_test_moe_stall(eng_engine_t eng, int32_t layer, int32_t stall_ms);
+
 /* Page copies between tiers (suspend/resume). Tier 0 = device, 1 = host. */
 typedef enum eng_tier {
   ENG_TIER_DEVICE = 0,

@@ -658,6 +658,18 @@ eng_status eng_engine_moe_stats(eng_engine_t eng, eng_moe_stats* out) {
   });
 }
 
+eng_status eng_engine_test_moe_stall(eng_engine_t eng, int32_t layer, int32_t stall_ms) {
+  if (!check_handle(eng)) return ENG_INVALID_ARGUMENT;
+  return guarded(&eng->last_error, [&] {
+    if (!eng->ep || !eng->backend) invalid_argument("a MoE stall needs an engine that joined an EP group");
+    if (layer < 0 || layer >= eng->params.shape.num_layers)
+      invalid_argument(fmt("layer = %d is out of range [0, %d)", layer, eng->params.shape.num_layers));
+    if (stall_ms < 0) invalid_argument(fmt("stall_ms must be >= 0, got %d", stall_ms));
+    if (eng->stream) eng->stream->drain();  // the backend is not running a step
+    eng->backend->inject_moe_stall(layer, stall_ms);
+  });
+}
+
 int32_t eng_engine_inflight(eng_engine_t eng) {
   return eng == nullptr ? 0 : static_cast<int32_t>(eng->inflight.size());
 }
