@@ -795,10 +795,12 @@ func firstRootCause(errs []error) error {
 	root := -1
 	for _, consequence := range []func(error) bool{
 		func(err error) bool {
+			// An engine's exchange group (Helix, MoE) times out or is
+			// aborted when a peer stops: a consequence too.
 			return errors.Is(err, nccl.ErrClosed) || errors.Is(err, executor.ErrInitFailedElsewhere) ||
-				errors.Is(err, nccl.ErrTimeout)
+				errors.Is(err, nccl.ErrTimeout) || errors.Is(err, bridge.ErrTimeout) || errors.Is(err, bridge.ErrCommError)
 		},
-		func(err error) bool { return !errors.Is(err, nccl.ErrTimeout) },
+		func(err error) bool { return !errors.Is(err, nccl.ErrTimeout) && !errors.Is(err, bridge.ErrTimeout) },
 		func(error) bool { return false },
 	} {
 		for i, err := range errs {
