@@ -28,7 +28,7 @@ import (
 const FaultEnv = "LOCKSTEP_TEST_FAULT"
 
 type fault struct {
-	spec string // the variable's value, for messages
+	spec  string // the variable's value, for messages
 	kind  string
 	rank  int
 	iter  int64

@@ -75,7 +75,7 @@ type report struct {
 	// device time less it is compute.
 	MoEWaitMS    *float64 `json:"moe_wait_ms,omitempty"`
 	MoEWaitShare *float64 `json:"moe_wait_share,omitempty"`
-	OutputDigest    string    `json:"output_digest"`
+	OutputDigest string   `json:"output_digest"`
 	// OutputDigestNote says why output_digest is empty (`worker loadgen`:
 	// a response without token ids).
 	OutputDigestNote string `json:"output_digest_note,omitempty"`
