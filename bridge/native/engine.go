@@ -652,3 +652,35 @@ func InjectMoEStall(eng bridge.Engine, layer int, stall time.Duration) error {
 	}
 	return err
 }
+
+// MoELayerStats are one MoE layer's exchange counters of an engine: steps
+// that ran it, bytes sent to other EP members by its dispatch and combine,
+// and the time inside each.
+type MoELayerStats struct {
+	Calls                       uint64
+	DispatchBytes, CombineBytes uint64
+	DispatchMS, CombineMS       float64
+}
+
+// EngineMoELayerStats returns layer's MoE counters of a native engine.
+func EngineMoELayerStats(eng bridge.Engine, layer int) (MoELayerStats, error) {
+	e, ok := eng.(*engine)
+	if !ok {
+		return MoELayerStats{}, fmt.Errorf("MoE statistics need a native engine, got %T", eng)
+	}
+	if layer < 0 || layer > math.MaxInt32 {
+		return MoELayerStats{}, fmt.Errorf("layer %d out of range", layer)
+	}
+	var out MoELayerStats
+	var err error
+	if cerr := e.call("moe_layer_stats", func() {
+		var st C.eng_moe_layer_stats
+		if err = e.status("moe_layer_stats", C.eng_engine_moe_layer_stats(e.h, C.int32_t(layer), &st)); err == nil {
+			out = MoELayerStats{Calls: uint64(st.calls), DispatchBytes: uint64(st.dispatch_bytes),
+				CombineBytes: uint64(st.combine_bytes), DispatchMS: float64(st.dispatch_ms), CombineMS: float64(st.combine_ms)}
+		}
+	}); cerr != nil {
+		return MoELayerStats{}, cerr
+	}
+	return out, err
+}

@@ -344,6 +344,14 @@ typedef struct eng_moe_stats {
   double wait_ms;           /* time inside exchanges */
 } eng_moe_stats;
 eng_status eng_engine_moe_stats(eng_engine_t eng, eng_moe_stats* out);
+/* Per MoE layer (benchmarks): bytes this engine sent to other members and
+ * the time it spent in that layer's dispatch and combine, over `calls` steps. */
+typedef struct eng_moe_layer_stats {
+  uint64_t calls;
+  uint64_t dispatch_bytes, combine_bytes;
+  double dispatch_ms, combine_ms;
+} eng_moe_layer_stats;
+eng_status eng_engine_moe_layer_stats(eng_engine_t eng, int32_t layer, eng_moe_layer_stats* out);
 
 /* Tests only (fault injection, LOCKSTEP_TEST_FAULT=moe-stop): the engine's
  * next step stops where it would enter the MoE dispatch exchange of `layer`,

@@ -658,6 +658,22 @@ eng_status eng_engine_moe_stats(eng_engine_t eng, eng_moe_stats* out) {
   });
 }
 
+eng_status eng_engine_moe_layer_stats(eng_engine_t eng, int32_t layer, eng_moe_layer_stats* out) {
+  if (!check_handle(eng)) return ENG_INVALID_ARGUMENT;
+  return guarded(&eng->last_error, [&] {
+    if (out == nullptr) invalid_argument("out is NULL");
+    if (layer < 0 || layer >= eng->params.shape.num_layers)
+      invalid_argument(fmt("layer = %d is out of range [0, %d)", layer, eng->params.shape.num_layers));
+    *out = eng_moe_layer_stats{};
+    if (!eng->backend) return;
+    if (eng->stream) eng->stream->drain();
+    const lockstep::MoeStats& m = eng->backend->moe_stats();
+    if (static_cast<size_t>(layer) >= m.layers.size()) return;  // a dense model
+    const lockstep::MoeLayerStats& l = m.layers[static_cast<size_t>(layer)];
+    *out = eng_moe_layer_stats{l.calls, l.dispatch_bytes, l.combine_bytes, l.dispatch_ms, l.combine_ms};
+  });
+}
+
 eng_status eng_engine_test_moe_stall(eng_engine_t eng, int32_t layer, int32_t stall_ms) {
   if (!check_handle(eng)) return ENG_INVALID_ARGUMENT;
   return guarded(&eng->last_error, [&] {
