@@ -12,6 +12,7 @@
 # calibrate.txt but does not use it).
 #
 #   scripts/moe-wait-share.sh [OUT_DIR]      (needs bin/worker built with MPI)
+#   EXTRA_ARGS=--context-only scripts/moe-wait-share.sh   # prefill only: the chunks equal-cost caps
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-$(mktemp -d)}
@@ -22,7 +23,7 @@ LENGTH_SCALE=${LENGTH_SCALE:-0.1}
 M=${MAX_NUM_TOKENS:-256}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 TLLM_PROFILE_LOG_RANKS=all
 args=(run --model moe-tiny --trace "$TRACE" --limit "$LIMIT" --length-scale "$LENGTH_SCALE" --arrival-scale 0
-  --max-num-tokens "$M" --pages 8192 --report json --progress off)
+  --max-num-tokens "$M" --pages 8192 --report json --progress off ${EXTRA_ARGS:-})
 run() { # name, extra mpirun -x flags...
   local name=$1
   shift
@@ -39,7 +40,7 @@ print(f"{sys.argv[1]:>15}: moe_wait_share {d['moe_wait_share']:.4f}  moe_wait_ms
 PY
 }
 run off
-bin/worker calibrate -max-num-tokens "$M" "$OUT/off.{rank}.jsonl" >"$OUT/calibrate.txt"
+bin/worker calibrate -max-num-tokens "$M" "$OUT/off.{rank}.jsonl" >"$OUT/calibrate.txt" 2>&1 || true
 O=${KV_OFFSET:-1000}
 D=${KV_DEPTH_THRESHOLD:-1000}
 export TLLM_V2_CTX_COST_KV_OFFSET=$O TLLM_V2_CTX_COST_KV_DEPTH_THRESHOLD=$D
