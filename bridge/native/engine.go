@@ -17,6 +17,7 @@ import (
 	"runtime"
 	"strconv"
 	"sync"
+	"time"
 	"unsafe"
 
 	"github.com/lockstep-ai/lockstep/bridge"
@@ -566,4 +567,21 @@ func shapeFromC(c *C.eng_model_shape) bridge.ModelShape {
 		}
 	}
 	return s
+}
+
+// StallNextExchange implements bridge.ExchangeStaller (fault injection for
+// tests): the engine's next in-step exchange of kind (-1 any) at layer (-1
+// any) first sleeps for d, as a member that stopped inside it would.
+func (e *engine) StallNextExchange(kind bridge.ExchangeKind, layer int, d time.Duration) error {
+	ms := d.Milliseconds()
+	if ms < 1 || ms > 1<<31-1 {
+		return bridge.StatusError("test_stall", bridge.StatusInvalidArgument, fmt.Sprintf("duration %v out of range [1ms, 2^31 ms)", d))
+	}
+	var err error
+	if cerr := e.call("test_stall", func() {
+		err = e.status("test_stall", C.eng_engine_test_stall(e.h, C.int32_t(kind), C.int32_t(layer), C.int32_t(ms)))
+	}); cerr != nil {
+		return cerr
+	}
+	return err
 }

@@ -526,7 +526,7 @@ func buildRank(o *serveOptions, sc scheduler.Config, i, device int, comm nccl.Co
 	}
 	var planner executor.Planner = sch
 	if f != nil && f.rank == i && f.kind != "init" {
-		planner = &faultyPlanner{Planner: sch, f: f, teardown: td.ch}
+		planner = &faultyPlanner{Planner: sch, f: f, teardown: td.ch, eng: parts.eng, stallFor: 3 * o.collectiveTimeout}
 	}
 	parts.ex, err = executor.New(cfg, executor.Deps{Comm: comm, Engine: parts.eng, KV: parts.kv, Planner: planner})
 	if err != nil {
@@ -660,26 +660,49 @@ func serve(o *serveOptions, sc scheduler.Config, reqs []workload.Request, log *z
 // Rank 0 returns the result; the others return nil, nil.
 func serveProcess(o *serveOptions, sc scheduler.Config, reqs []workload.Request, l nccl.Launch,
 	log *zap.Logger, stderr io.Writer) (*serveResult, error) {
+	if err := o.checkMultiProcessHelix(l); err != nil {
+		return nil, err
+	}
 	if o.cp > 1 {
-		return nil, usageErrorf("%s %d: Helix CP groups run in one process (--cp with in-process ranks); "+
-			"multi-process Helix is not supported yet", o.src("cp"), o.cp)
+		sc.Helix = true
+		sc.LedgerBlockTokens = o.tokensPerPage * o.cp
+	} else {
+		if o.ranks != 1 && o.ranks != l.WorldSize && o.ranksSet {
+			return nil, usageErrorf("%s %d does not match the %s launch of %d processes (one rank per process)",
+				o.src("ranks"), o.ranks, l.Launcher, l.WorldSize)
+		}
+		o.ranks = l.WorldSize
 	}
-	if o.ranks != 1 && o.ranks != l.WorldSize && o.ranksSet {
-		return nil, usageErrorf("%s %d does not match the %s launch of %d processes (one rank per process)",
-			o.src("ranks"), o.ranks, l.Launcher, l.WorldSize)
-	}
-	o.ranks = l.WorldSize
 	log = log.With(zap.Int("rank", l.Rank))
 	pg, err := nccl.OpenProcessGroup(l, nccl.GroupOptions{CollectiveTimeout: o.collectiveTimeout, OpenMPI: nativeengine.OpenMPI, Logger: log})
 	if err != nil {
 		return nil, fmt.Errorf("rank %d: joining the %s world of %d: %w", l.Rank, l.Launcher, l.WorldSize, err)
+	}
+	// The Helix CP group: one member per process over MPI, made before
+	// anything that can fail on one rank only (its creation is an MPI
+	// collective without a timeout; every rank that opened the process
+	// group reaches it).
+	var cpGroup any
+	if o.cp > 1 {
+		g, gerr := nativeengine.NewMPICPGroup(0, o.collectiveTimeout)
+		if gerr == nil && (g.Size() != l.WorldSize || g.LocalRank() != l.Rank) {
+			gerr = fmt.Errorf("the MPI exchange group places this process at rank %d of %d, the %s launch at rank %d of %d",
+				g.LocalRank(), g.Size(), l.Launcher, l.Rank, l.WorldSize)
+			g.Close()
+		}
+		if gerr != nil {
+			pg.Close()
+			return nil, fmt.Errorf("rank %d: opening the Helix CP exchange group: %w", l.Rank, gerr)
+		}
+		defer g.Close()
+		cpGroup = g
 	}
 	flt := o.fault
 	td := newTeardown()
 	ro, berr := rankOptions(o, l.LocalRank, pg.Comm)
 	var parts *rankParts
 	if berr == nil {
-		parts, berr = buildRank(ro, sc, l.Rank, l.LocalRank, pg.Comm, nil, o.out.iterLog(l.Rank), o.out.eventSink(l.Rank), log, flt, td)
+		parts, berr = buildRank(ro, sc, l.Rank, l.LocalRank, pg.Comm, cpGroup, o.out.iterLog(l.Rank), o.out.eventSink(l.Rank), log, flt, td)
 	}
 	status := executor.InitOK
 	if berr != nil {
@@ -698,7 +721,7 @@ func serveProcess(o *serveOptions, sc scheduler.Config, reqs []workload.Request,
 	defer parts.close()
 	start := time.Now()
 	if l.Rank == 0 {
-		log.Info("serving", zap.Int("requests", len(reqs)), zap.Int("ranks", o.ranks), zap.String("launcher", string(l.Launcher)),
+		log.Info("serving", zap.Int("requests", len(reqs)), zap.Int("ranks", o.ranks), zap.Int("cp", o.cp), zap.String("launcher", string(l.Launcher)),
 			zap.String("engine", o.engine), zap.String("model", o.model), zap.String("router", o.routerName),
 			zap.String("overlap", o.overlap))
 		if o.api != nil {
@@ -708,6 +731,11 @@ func serveProcess(o *serveOptions, sc scheduler.Config, reqs []workload.Request,
 			prog := newProgress(stderr, o.progress, len(reqs))
 			parts.ex.SetSource(executor.NewTraceSource(reqs, o.replayStart(start)), prog.update)
 			defer prog.done()
+		}
+	}
+	if cpGroup != nil {
+		if err := executor.AgreeScheduleCheck(pg.Comm, parts.ex.ScheduleCheck()); err != nil {
+			return nil, exitAfterCollectiveError(pg, l, err)
 		}
 	}
 	res, err := parts.ex.Run()
@@ -723,6 +751,34 @@ func serveProcess(o *serveOptions, sc scheduler.Config, reqs []workload.Request,
 	return &serveResult{rank0: res, wall: time.Since(start), deviceMS: []float64{res.DeviceMS}}, nil
 }
 
+// checkMultiProcessHelix checks --cp under a multi-process launch: one CP
+// rank per process, every process in one CP group (world = cp), and an MPI
+// launch, since the per-layer exchange of attention partials runs over MPI.
+func (o *serveOptions) checkMultiProcessHelix(l nccl.Launch) error {
+	if o.cp <= 1 {
+		return nil
+	}
+	if o.ranksSet && o.ranks != 1 {
+		return usageErrorf("%s %d with %s %d: attention DP together with Helix (world = dp x cp) is not supported; "+
+			"launch exactly %d processes, one CP rank each, without %s", o.src("ranks"), o.ranks, o.src("cp"), o.cp, o.cp, o.src("ranks"))
+	}
+	if l.WorldSize != o.cp {
+		if l.WorldSize%o.cp == 0 {
+			return usageErrorf("%s %d under a %s launch of %d processes: attention DP together with Helix "+
+				"(%d DP groups of %d CP ranks) is not supported; launch exactly %d processes, one CP rank each",
+				o.src("cp"), o.cp, l.Launcher, l.WorldSize, l.WorldSize/o.cp, o.cp, o.cp)
+		}
+		return usageErrorf("%s %d under a %s launch of %d processes: Helix runs one CP rank per process; launch exactly %d processes",
+			o.src("cp"), o.cp, l.Launcher, l.WorldSize, o.cp)
+	}
+	if !l.UsesMPI() {
+		return usageErrorf("%s %d under a %s launch: the CP ranks exchange attention partials every layer over MPI; "+
+			"start them with mpirun (or srun with PMI), or use in-process CP ranks (%s %d on one process)",
+			o.src("cp"), o.cp, l.Launcher, o.src("cp"), o.cp)
+	}
+	return nil
+}
+
 // exitAfterCollectiveError handles a failed multi-process rank. After a
 // watchdog timeout a collective may still be blocked inside MPI and cannot
 // be cancelled, so the group is not closed: the caller exits non-zero (and
@@ -734,7 +790,7 @@ func exitAfterCollectiveError(pg *nccl.ProcessGroup, l nccl.Launch, err error) e
 	if !strings.HasPrefix(err.Error(), fmt.Sprintf("rank %d", l.Rank)) {
 		err = fmt.Errorf("rank %d: %w", l.Rank, err)
 	}
-	if errors.Is(err, nccl.ErrTimeout) {
+	if errors.Is(err, nccl.ErrTimeout) || errors.Is(err, bridge.ErrTimeout) {
 		if l.Rank == 0 {
 			time.Sleep(time.Second)
 		}

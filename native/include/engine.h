@@ -294,6 +294,15 @@ eng_status eng_cp_group_free(eng_cp_group_t group);
 /* Before the first step; once per engine. */
 eng_status eng_engine_join_cp(eng_engine_t eng, eng_cp_group_t group, int32_t rank);
 
+/*
+ * Fault injection for tests: the engine's next exchange with its groups
+ * (Helix CP) of the given kind (0 Helix attention, 1 MoE dispatch, 2 MoE
+ * combine, -1 any) at the given layer (-1 any) sleeps ms milliseconds before
+ * it starts, as a member that stopped inside it would. Thread-safe (it only
+ * arms a flag the step reads). ENG_INVALID_ARGUMENT for an engine in no group.
+ */
+eng_status eng_engine_test_stall(eng_engine_t eng, int32_t kind, int32_t layer, int32_t ms);
+
 /* Page copies between tiers (suspend/resume). Tier 0 = device, 1 = host. */
 typedef enum eng_tier {
   ENG_TIER_DEVICE = 0,

@@ -601,6 +601,18 @@ eng_status eng_engine_join_cp(eng_engine_t eng, eng_cp_group_t group, int32_t ra
   });
 }
 
+eng_status eng_engine_test_stall(eng_engine_t eng, int32_t kind, int32_t layer, int32_t ms) {
+  if (!check_handle(eng)) return ENG_INVALID_ARGUMENT;
+  return guarded(&eng->last_error, [&] {
+    if (kind < -1 || kind > static_cast<int32_t>(lockstep::ExchangeKind::kTest))
+      invalid_argument(fmt("kind = %d is not an exchange kind (or -1 for any)", kind));
+    if (layer < -1) invalid_argument(fmt("layer = %d must be >= -1", layer));
+    if (ms < 1) invalid_argument(fmt("ms = %d must be >= 1", ms));
+    if (!eng->cp) invalid_argument("this engine is in no exchange group: nothing to stall");
+    eng->cp->arm_stall(kind, layer, ms);
+  });
+}
+
 int32_t eng_engine_inflight(eng_engine_t eng) {
   return eng == nullptr ? 0 : static_cast<int32_t>(eng->inflight.size());
 }
