@@ -182,7 +182,7 @@ func TestLaunchConflictsRefusedAtStartup(t *testing.T) {
 		want string
 	}{
 		{[]string{"--config", path}, path + ":1 ranks 3 does not match the mpirun launch of 2 processes"},
-		{[]string{"--cp", "2"}, "--cp 2: Helix CP groups run in one process"},
+		{[]string{"--cp", "4"}, "--cp 4 under a mpirun launch of 2 processes: Helix runs one CP rank per process; launch exactly 4 processes"},
 	} {
 		o := defaultServeOptions()
 		fs := flag.NewFlagSet("run", flag.ContinueOnError)
