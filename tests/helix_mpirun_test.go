@@ -9,6 +9,7 @@ import (
 	"errors"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"testing"
 	"time"
@@ -119,6 +120,22 @@ func TestHelixUnderLaunchersRefused(t *testing.T) {
 	var ee *exec.ExitError
 	require.True(t, errors.As(err, &ee), stderr)
 	require.Contains(t, stderr, "--cp 2 under a openmpi launch of 4 processes: attention DP together with Helix (2 DP groups of 2 CP ranks) is not supported")
+	// The seed's Helix guards hold across processes too.
+	cfg := filepath.Join(t.TempDir(), "helix.yaml")
+	require.NoError(t, os.WriteFile(cfg, []byte("cp: 2\nkv:\n  pages: 24\nscheduler:\n  enable_recompute_pause: false\n"), 0o644))
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--engine", "cpu", "--cp", "2", "--host-pages", "64"}, "--host-pages 64 with --cp 2: aggregated Helix does not support a host cache tier"},
+		{[]string{"--engine", "cpu", "--cp", "2", "--no-prefix-reuse=false"}, "--no-prefix-reuse=false turns block reuse on with --cp 2: aggregated Helix does not support block reuse"},
+		{[]string{"--engine", "cpu", "--config", cfg, "--length-scale", "0.3", "--limit", "32"},
+			"under Helix and recompute pause is disabled; enable recompute pause (" + cfg + ":5 scheduler.enable_recompute_pause)"},
+	} {
+		_, stderr, err, _ := mpirunRun(t, bin, 2, nil, tc.args...)
+		require.True(t, errors.As(err, &ee), stderr)
+		require.Contains(t, stderr, tc.want)
+	}
 	// A torchrun-style launch has no MPI for the per-layer exchange.
 	var errb bytes.Buffer
 	cmd := exec.Command(bin, "run", "--engine", "cpu", "--cp", "2", "--progress", "off")
