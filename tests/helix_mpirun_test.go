@@ -7,6 +7,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -136,14 +138,67 @@ func TestHelixUnderLaunchersRefused(t *testing.T) {
 		require.True(t, errors.As(err, &ee), stderr)
 		require.Contains(t, stderr, tc.want)
 	}
-	// A torchrun-style launch has no MPI for the per-layer exchange.
-	var errb bytes.Buffer
-	cmd := exec.Command(bin, "run", "--engine", "cpu", "--cp", "2", "--progress", "off")
-	cmd.Env = append(os.Environ(), "RANK=0", "LOCAL_RANK=0", "WORLD_SIZE=2", "LOCAL_WORLD_SIZE=2",
-		"MASTER_ADDR=127.0.0.1", "MASTER_PORT=1") // refused before any connection
-	cmd.Stderr = &errb
-	err = cmd.Run()
-	require.True(t, errors.As(err, &ee), errb.String())
-	require.Equal(t, 2, ee.ExitCode(), errb.String())
-	require.Contains(t, errb.String(), "--cp 2 under a torchrun launch: the CP ranks exchange attention partials every layer over MPI")
+}
+
+// torchrunWorkers starts `bin/worker run` as n processes with torchrun-style
+// variables (the TCP control plane and, for Helix, the TCP exchange mesh)
+// and returns rank 0's stdout and every rank's stderr and exit error.
+func torchrunWorkers(t *testing.T, bin string, n int, env []string, args ...string) (string, []string, []error, time.Duration) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	port := ln.Addr().(*net.TCPAddr).Port
+	ln.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	cmds := make([]*exec.Cmd, n)
+	outs := make([]bytes.Buffer, n)
+	errbs := make([]bytes.Buffer, n)
+	start := time.Now()
+	for r := range n {
+		cmd := exec.CommandContext(ctx, bin, append([]string{"run", "--progress", "off", "--arrival-scale", "0"}, args...)...)
+		cmd.Env = append(append(os.Environ(), fmt.Sprintf("RANK=%d", r), fmt.Sprintf("LOCAL_RANK=%d", r),
+			fmt.Sprintf("WORLD_SIZE=%d", n), fmt.Sprintf("LOCAL_WORLD_SIZE=%d", n), "MASTER_ADDR=127.0.0.1",
+			fmt.Sprintf("MASTER_PORT=%d", port), "LOCKSTEP_JOB_TOKEN=helix-tcp-test-token-0123456789ab"), env...)
+		cmd.Stdout, cmd.Stderr = &outs[r], &errbs[r]
+		require.NoError(t, cmd.Start())
+		cmds[r] = cmd
+	}
+	errs := make([]error, n)
+	stderrs := make([]string, n)
+	for r, cmd := range cmds {
+		errs[r] = cmd.Wait()
+		stderrs[r] = errbs[r].String()
+	}
+	require.NoError(t, ctx.Err(), "the ranks did not finish: %v", stderrs)
+	return outs[0].String(), stderrs, errs, time.Since(start)
+}
+
+// TestHelixUnderTorchrunMatchesSingleRank (issue 15): a torchrun-style launch
+// (no MPI) exchanges the attention partials over the engines' TCP mesh and
+// prints the same digest as one rank, for cp 2 and 4, under pressure with the
+// schedule check on; a CP rank that stops inside the exchange makes its peers
+// fail within the timeout, naming the exchange and the rank.
+func TestHelixUnderTorchrunMatchesSingleRank(t *testing.T) {
+	bin := worker(t)
+	t.Setenv("TLLM_HELIX_AGG_CHECK_SCHEDULE", "1")
+	args := helixPressureArgs(t)
+	one := serve(t, bin, append(args, "--cp", "1", "--pages", "64")...)
+	for _, cp := range []int{2, 4} {
+		out, stderrs, errs, _ := torchrunWorkers(t, bin, cp, nil, append(args, "--report", "json", "--cp", strconv.Itoa(cp),
+			"--pages", strconv.Itoa(64/cp))...)
+		for r, err := range errs {
+			require.NoError(t, err, "rank %d: %s", r, stderrs[r])
+		}
+		var rep report
+		require.NoError(t, json.Unmarshal([]byte(out), &rep), out)
+		require.Positive(t, rep.Preemptions.Recompute)
+		require.Equal(t, one.OutputDigest, rep.OutputDigest, "torchrun --cp %d and --cp 1 print the same digest", cp)
+	}
+	_, stderrs, errs, took := torchrunWorkers(t, bin, 2, []string{"LOCKSTEP_TEST_FAULT=stall:1:5"},
+		append(args, "--cp", "2", "--pages", "32", "--collective-timeout", "2s")...)
+	require.Error(t, errs[0])
+	require.Less(t, took, 30*time.Second)
+	require.Contains(t, stderrs[0], "engine wait: TIMEOUT")
+	require.Contains(t, stderrs[0], "(rank 0 of 2, TCP): timed out after 2000 ms; waiting for rank 1 (last received from it: Helix attention exchange at layer")
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"crypto/rand"
 	"errors"
 	"flag"
 	"fmt"
@@ -678,18 +679,12 @@ func serveProcess(o *serveOptions, sc scheduler.Config, reqs []workload.Request,
 	if err != nil {
 		return nil, fmt.Errorf("rank %d: joining the %s world of %d: %w", l.Rank, l.Launcher, l.WorldSize, err)
 	}
-	// The Helix CP group: one member per process over MPI, made before
-	// anything that can fail on one rank only (its creation is an MPI
-	// collective without a timeout; every rank that opened the process
+	// The Helix CP group, made before anything that can fail on one rank
+	// only (its creation is collective; every rank that opened the process
 	// group reaches it).
 	var cpGroup any
 	if o.cp > 1 {
-		g, gerr := nativeengine.NewMPICPGroup(0, o.collectiveTimeout)
-		if gerr == nil && (g.Size() != l.WorldSize || g.LocalRank() != l.Rank) {
-			gerr = fmt.Errorf("the MPI exchange group places this process at rank %d of %d, the %s launch at rank %d of %d",
-				g.LocalRank(), g.Size(), l.Launcher, l.Rank, l.WorldSize)
-			g.Close()
-		}
+		g, gerr := openProcessExchangeGroup(l, pg.Comm, o.collectiveTimeout, os.Getenv)
 		if gerr != nil {
 			pg.Close()
 			return nil, fmt.Errorf("rank %d: opening the Helix CP exchange group: %w", l.Rank, gerr)
@@ -771,12 +766,57 @@ func (o *serveOptions) checkMultiProcessHelix(l nccl.Launch) error {
 		return usageErrorf("%s %d under a %s launch of %d processes: Helix runs one CP rank per process; launch exactly %d processes",
 			o.src("cp"), o.cp, l.Launcher, l.WorldSize, o.cp)
 	}
-	if !l.UsesMPI() {
-		return usageErrorf("%s %d under a %s launch: the CP ranks exchange attention partials every layer over MPI; "+
-			"start them with mpirun (or srun with PMI), or use in-process CP ranks (%s %d on one process)",
-			o.src("cp"), o.cp, l.Launcher, o.src("cp"), o.cp)
-	}
 	return nil
+}
+
+// ExchangeHostEnv overrides the address a process listens on and advertises
+// for the engines' in-step exchanges over TCP (launches without MPI).
+const ExchangeHostEnv = "LOCKSTEP_EXCHANGE_HOST"
+
+// openProcessExchangeGroup opens the group over which this process's engine
+// exchanges data inside its steps with the other processes (one member per
+// process, ranked as the launch ranks them): MPI under an MPI launch, else a
+// TCP mesh whose addresses and secret travel through comm (the control
+// plane, authenticated). The TCP listener binds $LOCKSTEP_EXCHANGE_HOST, else
+// 127.0.0.1 when every rank runs on this node, else this host's name.
+func openProcessExchangeGroup(l nccl.Launch, comm nccl.Comm, timeout time.Duration,
+	getenv func(string) string) (*nativeengine.CPGroup, error) {
+	if l.UsesMPI() {
+		g, err := nativeengine.NewMPICPGroup(0, timeout)
+		if err != nil {
+			return nil, err
+		}
+		if g.Size() != l.WorldSize || g.LocalRank() != l.Rank {
+			g.Close()
+			return nil, fmt.Errorf("the MPI exchange group places this process at rank %d of %d, the %s launch at rank %d of %d",
+				g.LocalRank(), g.Size(), l.Launcher, l.Rank, l.WorldSize)
+		}
+		return g, nil
+	}
+	host := getenv(ExchangeHostEnv)
+	if host == "" {
+		if l.LocalSize == l.WorldSize || l.LocalSize == 0 {
+			host = "127.0.0.1"
+		} else if h, err := os.Hostname(); err == nil {
+			host = h
+		} else {
+			return nil, fmt.Errorf("no host to listen on for the exchange group (%v); set %s", err, ExchangeHostEnv)
+		}
+	}
+	var secret []byte
+	if l.Rank == 0 {
+		secret = make([]byte, 32)
+		if _, err := rand.Read(secret); err != nil {
+			return nil, err
+		}
+	}
+	secret, err := comm.Broadcast("exchange_group_secret", 0, secret)
+	if err != nil {
+		return nil, err
+	}
+	return nativeengine.NewTCPCPGroup(l.Rank, l.WorldSize, host, secret, timeout, func(addr []byte) ([][]byte, error) {
+		return comm.AllGather("exchange_group_addrs", addr)
+	})
 }
 
 // exitAfterCollectiveError handles a failed multi-process rank. After a

@@ -288,7 +288,7 @@ func TestFirstRootCause(t *testing.T) {
 }
 
 // TestMultiProcessHelixChecks: --cp under a launcher runs one CP rank per
-// process over MPI; the shapes it cannot run are refused at startup, naming
+// process (exchanging over MPI or TCP); the shapes it cannot run are refused at startup, naming
 // the flag, the launch and what to do instead.
 func TestMultiProcessHelixChecks(t *testing.T) {
 	mpi := func(n int) nccl.Launch { return nccl.Launch{Launcher: nccl.LauncherOpenMPI, WorldSize: n} }
@@ -303,8 +303,7 @@ func TestMultiProcessHelixChecks(t *testing.T) {
 		{[]string{"--cp", "2"}, mpi(4), "--cp 2 under a openmpi launch of 4 processes: attention DP together with Helix (2 DP groups of 2 CP ranks) is not supported"},
 		{[]string{"--cp", "4"}, mpi(2), "Helix runs one CP rank per process; launch exactly 4 processes"},
 		{[]string{"--cp", "3"}, mpi(4), "launch exactly 3 processes"},
-		{[]string{"--cp", "2"}, nccl.Launch{Launcher: nccl.LauncherTorchrun, WorldSize: 2},
-			"--cp 2 under a torchrun launch: the CP ranks exchange attention partials every layer over MPI; start them with mpirun"},
+		{[]string{"--cp", "2"}, nccl.Launch{Launcher: nccl.LauncherTorchrun, WorldSize: 2}, ""},
 	} {
 		o := defaultServeOptions()
 		fs := flag.NewFlagSet("run", flag.ContinueOnError)

@@ -285,6 +285,24 @@ eng_status eng_cp_group_create(int32_t size, int32_t timeout_ms, eng_cp_group_t*
  * and, per missing peer, the last exchange received from it.
  */
 eng_status eng_cp_group_create_mpi(int32_t color, int32_t timeout_ms, eng_cp_group_t* out);
+/*
+ * A group of one member per process over TCP, for launches without MPI:
+ * every member first listens (eng_tcp_listen: host "" = every interface;
+ * the chosen port in *port), the caller exchanges the "host:port" addresses
+ * and a random 32-byte secret among the members through its control plane,
+ * then each calls eng_cp_group_create_tcp with its rank, every member's
+ * address in rank order and the secret. The members connect into a full
+ * mesh (each connection starts with a hello carrying the secret; others are
+ * closed); the call fails with ENG_TIMEOUT when the mesh is not complete
+ * within timeout_ms, which also bounds each exchange. The listener is only
+ * borrowed; free it afterwards. Exchanges behave as over MPI, and a member
+ * that exits fails its peers' exchange at once (ENG_COMM_ERROR).
+ */
+typedef struct eng_tcp_listener* eng_tcp_listener_t;
+eng_status eng_tcp_listen(const char* host, int32_t* port, eng_tcp_listener_t* out);
+eng_status eng_tcp_listener_free(eng_tcp_listener_t ln);
+eng_status eng_cp_group_create_tcp(eng_tcp_listener_t ln, int32_t rank, int32_t size, const char* const* addrs,
+                                   const uint8_t* secret, int32_t timeout_ms, eng_cp_group_t* out);
 /* Members of the group (-1 for NULL); the rank this process must join as
  * (-1 for an in-process group, whose members are all local). */
 int32_t eng_cp_group_size(eng_cp_group_t group);

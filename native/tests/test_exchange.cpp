@@ -23,8 +23,13 @@
 #include "mpi_session.h"
 #endif
 
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include "check.h"
 #include "cp_group.h"
+#include "exchange_tcp.h"
 #include "status.h"
 
 using lockstep::EngineError;
@@ -178,6 +183,99 @@ void test_local_mismatch_timeout_and_stall() {
   }
 }
 
+// Forms a TCP group of n members on loopback, one thread each, and runs fn
+// on each member; returns each member's error ("" = none). Before the mesh
+// forms, an intruder connects to member 0 with the wrong secret.
+std::vector<std::string> run_tcp(int32_t n, int32_t timeout_ms, const std::function<void(Exchange&)>& fn) {
+  std::vector<std::unique_ptr<lockstep::TcpListener>> ls;
+  std::vector<std::string> addrs;
+  for (int32_t r = 0; r < n; ++r) {
+    ls.push_back(std::make_unique<lockstep::TcpListener>("127.0.0.1"));
+    addrs.push_back("127.0.0.1:" + std::to_string(ls.back()->port()));
+  }
+  uint8_t secret[lockstep::kTcpSecretBytes];
+  for (int i = 0; i < lockstep::kTcpSecretBytes; ++i) secret[i] = static_cast<uint8_t>(i * 7 + 3);
+  {  // the intruder: a hello with a wrong secret, then silence
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<uint16_t>(ls[0]->port()));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) {
+      char junk[44] = {0};
+      (void)!::write(fd, junk, sizeof junk);
+    }
+    ::close(fd);
+  }
+  std::vector<std::string> errs(static_cast<size_t>(n));
+  std::vector<std::thread> threads;
+  for (int32_t r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        auto g = lockstep::open_tcp_exchange_group(ls[static_cast<size_t>(r)].get(), r, addrs, secret,
+                                                   std::chrono::milliseconds(timeout_ms));
+        auto x = g->member(r);
+        fn(*x);
+      } catch (const EngineError& e) {
+        errs[static_cast<size_t>(r)] = std::string(e.status() == ENG_TIMEOUT ? "TIMEOUT: " : "ERROR: ") + e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  return errs;
+}
+
+void test_tcp() {
+  for (int32_t n : {2, 3, 4}) {
+    std::vector<int> ok(static_cast<size_t>(n), 0);
+    auto errs = run_tcp(n, 20000, [&](Exchange& x) {
+      ok[static_cast<size_t>(x.rank())] = run_script(x, 20) && x.bytes_sent() == expected_sent(x.rank(), n, 20);
+    });
+    for (int32_t r = 0; r < n; ++r)
+      CHECKF(ok[static_cast<size_t>(r)] && errs[static_cast<size_t>(r)].empty(), "tcp n=%d member %d: %s", n, r,
+             errs[static_cast<size_t>(r)].c_str());
+  }
+  {  // member 2 stays but never enters round 1: the others time out naming it
+    auto errs = run_tcp(3, 600, [](Exchange& x) {
+      std::vector<std::vector<char>> out;
+      const char c = 1;
+      x.allgather(ExchangeTag{ExchangeKind::kHelixAttention, 0}, &c, 1, &out);
+      if (x.rank() == 2) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+        return;
+      }
+      x.allgather(ExchangeTag{ExchangeKind::kHelixAttention, 1}, &c, 1, &out);
+    });
+    for (int r = 0; r < 2; ++r)
+      CHECKF(contains(errs[static_cast<size_t>(r)], "TIMEOUT: Helix attention exchange at layer 1 (round 1) (rank " +
+                                                        std::to_string(r) + " of 3, TCP): timed out after 600 ms; "
+                                                        "waiting for rank 2 (last received from it: Helix attention "
+                                                        "exchange at layer 0 (round 0))"),
+             "member %d: %s", r, errs[static_cast<size_t>(r)].c_str());
+  }
+  {  // member 1 leaves (its sockets close): the others fail at once
+    const auto start = std::chrono::steady_clock::now();
+    auto errs = run_tcp(3, 20000, [](Exchange& x) {
+      std::vector<std::vector<char>> out;
+      const char c = 1;
+      x.allgather(ExchangeTag{ExchangeKind::kMoeCombine, 2}, &c, 1, &out);
+      if (x.rank() == 1) return;
+      x.allgather(ExchangeTag{ExchangeKind::kMoeCombine, 3}, &c, 1, &out);
+    });
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    CHECKF(s < 10.0, "no waiting for the timeout (%.1f s)", s);
+    // Each fails at once; at least one names rank 1 (the other may first
+    // find that the one who named it is gone).
+    int named = 0;
+    for (int r : {0, 2}) {
+      const std::string& e = errs[static_cast<size_t>(r)];
+      CHECKF(contains(e, "ERROR: MoE combine exchange at layer 3 (round 1)") && contains(e, "did it exit?"),
+             "member %d: %s", r, e.c_str());
+      named += contains(e, "rank 1 closed its connection (did it exit?)") || contains(e, "sending to rank 1 failed");
+    }
+    CHECKF(named >= 1, "%s | %s", errs[0].c_str(), errs[2].c_str());
+  }
+}
+
 #ifdef ENGINE_HAVE_MPI
 int mpi_main() {
   auto g = lockstep::open_mpi_exchange_group(0, std::chrono::milliseconds(1500));
@@ -259,5 +357,6 @@ int main(int argc, char** argv) {
   }
   test_local_delivery();
   test_local_mismatch_timeout_and_stall();
+  test_tcp();
   return check_exit_code("test_exchange");
 }
