@@ -1,7 +1,9 @@
 // bench_exchange: the per-layer Helix exchange of the CPU engine, bytes and
 // time per iteration, over the CPU transports (make bench).
 //
-//   bench_exchange            in-process groups of C = 2 and 4 members (threads)
+//   bench_exchange            in-process groups of C = 2 and 4 members (threads),
+//                             and TCP meshes of C = 2 and 4 members on loopback
+//                             (one thread per member, as one process per member would)
 //   mpirun -np C bench_exchange mpi
 //                             one member per process over MPI (the world's size)
 //
@@ -22,6 +24,7 @@
 #include <vector>
 
 #include "cp_group.h"
+#include "exchange_tcp.h"
 #include "status.h"
 
 namespace {
@@ -98,6 +101,34 @@ void bench_local() {
   }
 }
 
+void bench_tcp() {
+  for (int32_t c : {2, 4}) {
+    for (const Scenario& s : kScenarios) {
+      std::vector<std::unique_ptr<lockstep::TcpListener>> ls;
+      std::vector<std::string> addrs;
+      for (int32_t r = 0; r < c; ++r) {
+        ls.push_back(std::make_unique<lockstep::TcpListener>("127.0.0.1"));
+        addrs.push_back("127.0.0.1:" + std::to_string(ls.back()->port()));
+      }
+      uint8_t secret[lockstep::kTcpSecretBytes] = {1, 2, 3};
+      std::vector<std::vector<double>> t(static_cast<size_t>(c));
+      std::vector<uint64_t> sent(static_cast<size_t>(c));
+      std::vector<std::thread> th;
+      for (int32_t r = 0; r < c; ++r)
+        th.emplace_back([&, r] {
+          auto g = lockstep::open_tcp_exchange_group(ls[static_cast<size_t>(r)].get(), r, addrs, secret,
+                                                     std::chrono::milliseconds(600000));
+          auto x = g->member(r);
+          t[static_cast<size_t>(r)] = run(*x, s, 1 + iters_for(s));
+          sent[static_cast<size_t>(r)] = x->bytes_sent();
+        });
+      for (auto& x : th) x.join();
+      std::vector<double> t0(t[0].begin() + 1, t[0].end());
+      print_row("TCP loopback", c, s, sent[0] / (1 + iters_for(s)), median(t0));
+    }
+  }
+}
+
 #ifdef ENGINE_HAVE_MPI
 int bench_mpi() {
   auto g = lockstep::open_mpi_exchange_group(0, std::chrono::milliseconds(600000));
@@ -129,5 +160,6 @@ int main(int argc, char** argv) {
 #endif
   }
   bench_local();
+  bench_tcp();
   return 0;
 }
