@@ -27,10 +27,12 @@ import (
 // was built with ENGINE_MPI (nothing more without), so this package links
 // the same way either way.
 
-// mpiRequests carries work to the process's single MPI goroutine. MPI is
-// initialised with MPI_THREAD_FUNNELED: every MPI call of the process must be
-// made by the thread that initialised it, so one goroutine, locked to its OS
-// thread for the life of the process, makes them all.
+// mpiRequests carries work to the process's single MPI goroutine. The
+// control plane's MPI calls are all made by the thread that initialised MPI
+// (all MPI_THREAD_FUNNELED would allow), so one goroutine, locked to its OS
+// thread for the life of the process, makes them all. (MPI is initialised
+// asking for MPI_THREAD_MULTIPLE, for the engines' exchange groups, which
+// run on engine threads over communicators of their own.)
 var (
 	mpiStart    sync.Once
 	mpiRequests chan func()
@@ -72,7 +74,7 @@ type MPITransport struct {
 
 var _ nccl.Transport = (*MPITransport)(nil)
 
-// OpenMPI initialises MPI on first use (MPI_THREAD_FUNNELED, on this
+// OpenMPI initialises MPI on first use (MPI_THREAD_MULTIPLE requested, on this
 // package's MPI goroutine) and returns a transport over every process of the
 // job. Started without mpirun it is a world of one (MPI singleton). MPI can be
 // initialised once per process: after the last transport is closed (which

@@ -342,10 +342,12 @@ eng_status eng_engine_copy_pages(eng_engine_t eng, eng_tier src_tier,
  * instead of hanging. A build without ENGINE_MPI links these functions too and
  * answers ENG_UNSUPPORTED with a message saying how to enable MPI.
  *
- * Threading: MPI is initialised with MPI_THREAD_FUNNELED, so every call below
- * must come from the thread that made the first eng_comm_init_mpi (Go pins
- * one goroutine to an OS thread for this). Calls on one handle must not
- * overlap.
+ * Threading: MPI is initialised asking for MPI_THREAD_MULTIPLE (the exchange
+ * groups of eng_cp_group_create_mpi need it); the communicator still expects
+ * every call below from the thread that made the first eng_comm_init_mpi
+ * (Go pins one goroutine to an OS thread for this), and refuses other
+ * threads when MPI provides less than MPI_THREAD_MULTIPLE. Calls on one
+ * handle must not overlap.
  *
  * Errors: a failing call on a handle leaves its message (with MPI's error
  * string) in eng_comm_last_error(comm); a failing eng_comm_init_mpi leaves it
@@ -357,7 +359,7 @@ eng_status eng_engine_copy_pages(eng_engine_t eng, eng_tier src_tier,
  */
 typedef struct eng_comm* eng_comm_t;
 
-/* Initialises MPI if it is not initialised yet (MPI_Init_thread, FUNNELED;
+/* Initialises MPI if it is not initialised yet (MPI_Init_thread, MULTIPLE;
  * Open MPI's own SIGSEGV/SIGBUS handlers are disabled unless the user set
  * OMPI_MCA_opal_signal, because they would take signals from the Go runtime)
  * and returns a duplicate of MPI_COMM_WORLD in *out. Without a launcher this
