@@ -47,8 +47,11 @@ void CudaBackend::guarded(const char* what, Body&& body) {
   }
 }
 
-CudaBackend::CudaBackend(const EngineParams& p)
-    : shape_(p.shape), device_(p.device_id), tokens_per_page_(p.tokens_per_page) {
+namespace {
+// Checks that device_id names a visible device and makes it current; runs
+// before the members that create CUDA objects (stream, events), so that
+// they are made on that device.
+int32_t select_device(int32_t device_id) {
   int count = 0;
   const cudaError_t err = cudaGetDeviceCount(&count);
   if (err != cudaSuccess || count == 0) {
@@ -56,19 +59,23 @@ CudaBackend::CudaBackend(const EngineParams& p)
     throw EngineError(ENG_UNSUPPORTED, std::string("CUDA backend: no CUDA device available (") +
                                            (err != cudaSuccess ? cudaGetErrorString(err) : "0 devices") + ")");
   }
-  if (device_ >= count)
-    throw EngineError(ENG_INVALID_ARGUMENT, "device_id " + std::to_string(device_) + " but only " +
+  if (device_id >= count)
+    throw EngineError(ENG_INVALID_ARGUMENT, "device_id " + std::to_string(device_id) + " but only " +
                                                 std::to_string(count) + " CUDA devices are visible");
+  CUDA_CHECK(cudaSetDevice(device_id));
+  return device_id;
+}
+}  // namespace
+
+CudaBackend::CudaBackend(const EngineParams& p)
+    : shape_(p.shape), device_(select_device(p.device_id)), tokens_per_page_(p.tokens_per_page) {
   const int32_t D = shape_.head_dim, G = shape_.num_heads / shape_.num_kv_heads;
   if (!attn_chunk_supported(D) || !attn_decode_supported(D, G))
     throw EngineError(ENG_UNSUPPORTED, "CUDA backend: head_dim " + std::to_string(D) + " with GQA group " +
                                            std::to_string(G) + " is not built (head_dim 16/32/64/128, group <= " +
                                            std::to_string(kDecodeMaxGroup) + ")");
-  CUDA_CHECK(cudaSetDevice(device_));
   CUDA_CHECK(cudaDeviceGetAttribute(&num_sms_, cudaDevAttrMultiProcessorCount, device_));
-  CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-  CUDA_CHECK(cudaEventCreate(&ev_start_));
-  CUDA_CHECK(cudaEventCreate(&ev_stop_));
+  stream_ = stream_holder_.get();
   gemm_ = std::make_unique<Gemm>(stream_);
   pages_ = std::make_unique<PagePool>(p.num_pages, p.num_host_pages, p.tokens_per_page,
                                       shape_.num_layers, shape_.num_kv_heads, D, stream_);
@@ -86,10 +93,7 @@ CudaBackend::~CudaBackend() {
     cudaSetDevice(device_);
     cudaStreamSynchronize(stream_);
   }
-  gemm_.reset();
-  if (ev_start_) cudaEventDestroy(ev_start_);
-  if (ev_stop_) cudaEventDestroy(ev_stop_);
-  if (stream_) cudaStreamDestroy(stream_);
+  // The members (buffers, cuBLAS handle, events, stream) free themselves.
 }
 
 std::unique_ptr<Backend> make_cuda_backend(const EngineParams& params) {
@@ -398,9 +402,9 @@ double CudaBackend::step(const StepBatch& batch, int32_t* sampled, float* logits
     // Scratch growth (cudaFree/cudaMalloc) happens inside forward before the
     // first launch that uses it; the start event is recorded after it would
     // matter only for the first steps.
-    CUDA_CHECK(cudaEventRecord(ev_start_, stream_));
+    CUDA_CHECK(cudaEventRecord(ev_start_.get(), stream_));
     forward(batch, logits != nullptr);
-    CUDA_CHECK(cudaEventRecord(ev_stop_, stream_));
+    CUDA_CHECK(cudaEventRecord(ev_stop_.get(), stream_));
     const size_t V = size_t(shape_.vocab_size);
     const size_t ns = size_t(num_sampled_);
     // Rows with temperature > 0 are sampled on the host from their logits
@@ -424,7 +428,7 @@ double CudaBackend::step(const StepBatch& batch, int32_t* sampled, float* logits
       }
     }
     CUDA_CHECK(cudaStreamSynchronize(stream_));
-    CUDA_CHECK(cudaEventElapsedTime(&ms, ev_start_, ev_stop_));
+    CUDA_CHECK(cudaEventElapsedTime(&ms, ev_start_.get(), ev_stop_.get()));
     for (size_t i = 0; i < batch.seqs.size(); ++i) sampled[i] = -1;
     for (size_t k = 0; k < ns; ++k) {
       const StepSeq& s = batch.seqs[size_t(sample_seq_[k])];

@@ -76,8 +76,12 @@ class CudaBackend final : public Backend {
   eng_model_shape shape_;
   int32_t device_, tokens_per_page_, num_sms_ = 0;
   std::string broken_;  // first sticky error; empty while healthy
-  cudaStream_t stream_ = nullptr;
-  cudaEvent_t ev_start_ = nullptr, ev_stop_ = nullptr;
+  // RAII handles, declared before everything that uses them: a constructor
+  // that throws part-way frees what it made (buffers, cuBLAS handle, pages
+  // first, then events and stream).
+  CudaStream stream_holder_;
+  CudaEvent ev_start_, ev_stop_;
+  cudaStream_t stream_ = nullptr;  // stream_holder_.get()
   std::unique_ptr<Gemm> gemm_;
   std::unique_ptr<PagePool> pages_;
 

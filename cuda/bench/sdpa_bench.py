@@ -91,7 +91,7 @@ def main():
             sdpa = "out of memory"
         out.append(f"{batch:>6} {ctx:>8} | {ms:>9.4f} {gbs:>7.0f} {pct:>6.1f}% | {sdpa}")
     out.append("")
-    out.append("context-chunk attention (batch 1, 32 q heads, GQA 8:1, D 128, causal in the chunk)")
+    out.append("context-chunk attention (batch 1, 32 q heads, GQA 4:1, D 128, causal in the chunk)")
     out.append(f"{'chunk':>6} {'depth':>7} | {'ours ms':>9} {'TFLOP/s':>8} {'% mm':>6} | "
                f"{'sdpa ms':>9} {'TFLOP/s':>8} {'% mm':>6} | {'speedup':>7} note")
     for r in rows:

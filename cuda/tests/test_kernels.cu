@@ -13,6 +13,7 @@
 #include <numeric>
 
 #include "kernels/argmax.cuh"
+#include "sampling.h"
 #include "kernels/attn_chunk.cuh"
 #include "kernels/attn_decode.cuh"
 #include "kernels/attn_merge.cuh"
@@ -140,25 +141,29 @@ void test_swiglu_residual() {
 }
 
 void test_argmax() {
-  const int n = 128256, rows = 4;
+  // The reference is the CPU engine's own greedy argmax (sampling_argmax), so
+  // the NaN and tie rules are the CPU's, whatever they are.
+  const int n = 128256, rows = 7;
   auto x = randv(size_t(rows) * n);
   x[0 * n + 100] = 5.0f;  // tie: the lower index wins
   x[0 * n + 7] = 5.0f;
   std::fill(x.begin() + n, x.begin() + 2 * n, 0.25f);  // all equal -> 0
   x[3 * n + 3] = NAN;                                   // NaN never wins
   x[3 * n + 90000] = 7.0f;
+  x[4 * n + 0] = NAN;                                   // NaN at 0: the CPU answers 0
+  x[4 * n + 500] = 9.0f;
+  std::fill(x.begin() + 5 * n, x.begin() + 6 * n, NAN);       // all NaN -> 0
+  std::fill(x.begin() + 6 * n, x.begin() + 7 * n, -INFINITY);  // all -inf -> 0
+  x[6 * n + 4] = NAN;
   std::vector<int32_t> want(rows);
-  want[0] = 7;
-  want[1] = 0;
-  want[2] = int32_t(std::max_element(x.begin() + 2 * n, x.begin() + 3 * n) - (x.begin() + 2 * n));
-  want[3] = 90000;
+  for (int r = 0; r < rows; ++r) want[size_t(r)] = lockstep::sampling_argmax(x.data() + size_t(r) * n, n);
   Dev<float> dx(x);
   Dev<int32_t> out(rows);
   out.poison();
   argmax_rows(dx.p, rows, n, out.p, nullptr);
   const auto got = out.get();
   for (int r = 0; r < rows; ++r) {
-    std::snprintf(buf, sizeof buf, "argmax row %d: got %d want %d", r, got[r], want[r]);
+    std::snprintf(buf, sizeof buf, "argmax row %d: got %d want %d (CPU sampling_argmax)", r, got[r], want[r]);
     report.check(got[r] == want[r], buf);
   }
 }
