@@ -240,12 +240,12 @@ if ((rc != 0)); then
   fail "cuda_bench: $(describe_exit "$rc" 240) (log: bench.log)"
 fi
 rc=0
-PYTHONUNBUFFERED=1 timeout 150 "$PY" cuda/bench/sdpa_bench.py "$LOGS/bench.tsv" >"$LOGS/table.txt" 2>"$LOGS/sdpa.log" || rc=$?
+PYTHONUNBUFFERED=1 timeout 210 "$PY" cuda/bench/sdpa_bench.py "$LOGS/bench.tsv" >"$LOGS/table.txt" 2>"$LOGS/sdpa.log" || rc=$?
 if ((rc != 0)); then
   tail -n 20 "$LOGS/sdpa.log" >&2 || true
   echo "(PyTorch comparison failed; our numbers:)" >&2
   cat "$LOGS/bench.tsv" >&2
-  fail "sdpa_bench: $(describe_exit "$rc" 150) (log: sdpa.log)"
+  fail "sdpa_bench: $(describe_exit "$rc" 210) (log: sdpa.log)"
 fi
 
 step "measured twin profile"
