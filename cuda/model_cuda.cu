@@ -11,6 +11,7 @@
 #include "kernels/attn_merge.cuh"
 #include "kernels/embed.cuh"
 #include "kernels/kv_append.cuh"
+#include "kernels/q_pack.cuh"
 #include "kernels/rmsnorm.cuh"
 #include "kernels/rope.cuh"
 #include "kernels/swiglu.cuh"
@@ -79,6 +80,9 @@ CudaBackend::CudaBackend(const EngineParams& p)
   gemm_ = std::make_unique<Gemm>(stream_);
   pages_ = std::make_unique<PagePool>(p.num_pages, p.num_host_pages, p.tokens_per_page,
                                       shape_.num_layers, shape_.num_kv_heads, D, stream_);
+  if (FlashInferAttention::supported(D, G))
+    fi_ = std::make_unique<FlashInferAttention>(shape_.num_heads, shape_.num_kv_heads, D, tokens_per_page_,
+                                                pages_->page_elems(), stream_);
   if (p.num_tensors > 0)
     load_weights(p.tensors, p.num_tensors);
   else
@@ -262,10 +266,16 @@ void CudaBackend::upload_descriptors(const StepBatch& b) {
   int32_t* h = host_desc_.as<int32_t>();
   AttnSeq* dseq = reinterpret_cast<AttnSeq*>(h + off_dseqs_);
   AttnSeq* cseq = reinterpret_cast<AttnSeq*>(h + off_cseqs_);
+  // Rows: decode sequences first, then the chunks (see the header).
   sample_seq_.clear();
-  int32_t row = 0, blk = 0, nd = 0, nc = 0, ns = 0, chunk_part = 0;
+  fi_decode_.clear();
+  fi_chunks_.clear();
+  int32_t decode_row = 0, chunk_row = n_decode_, blk = 0, nd = 0, nc = 0, ns = 0, chunk_part = 0;
   for (size_t i = 0; i < b.seqs.size(); ++i) {
     const StepSeq& s = b.seqs[i];
+    const bool is_decode = s.num_tokens == 1;
+    const int32_t row = is_decode ? decode_row++ : chunk_row;
+    if (!is_decode) chunk_row += s.num_tokens;
     for (int32_t t = 0; t < s.num_tokens; ++t) {
       const int32_t pos = s.start_pos + t;
       h[off_tokens_ + row + t] = s.tokens[t];
@@ -275,24 +285,29 @@ void CudaBackend::upload_descriptors(const StepBatch& b) {
     }
     std::memcpy(h + off_blocks_ + blk, s.blocks, sizeof(int32_t) * size_t(s.num_blocks));
     AttnSeq a{row, s.num_tokens, s.start_pos, blk, 0, s.start_pos + s.num_tokens, 0, 0};
-    if (s.num_tokens == 1) {
+    const FiSeq f{s.num_tokens, s.start_pos + s.num_tokens, s.blocks};
+    if (is_decode) {
       a.part_row = nd;
       h[off_decode_rows_ + nd] = row;
       dseq[nd++] = a;
+      fi_decode_.push_back(f);
     } else {
       a.part_row = chunk_part;
       chunk_part += s.num_tokens;
       cseq[nc++] = a;
+      fi_chunks_.push_back(f);
     }
+    // Sampled rows in batch order (the logits are returned in that order).
     if (s.sample) {
       h[off_sample_ + ns++] = row + s.num_tokens - 1;
       sample_seq_.push_back(int32_t(i));
     }
-    row += s.num_tokens;
     blk += s.num_blocks;
   }
   CUDA_CHECK(cudaMemcpyAsync(dev_desc_.as<void>(), h, total * sizeof(int32_t),
                              cudaMemcpyHostToDevice, stream_));
+  // FlashInfer's work split for this step (host), shared by every layer.
+  if (fi_) fi_->plan(fi_decode_.data(), n_decode_, fi_chunks_.data(), n_chunk_, /*graph_safe=*/false);
 }
 
 void CudaBackend::attention(int32_t layer) {
@@ -307,6 +322,13 @@ void CudaBackend::attention(int32_t layer) {
   a.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
   a.out = attn_.as<__nv_bfloat16>();
   a.out_stride = int64_t(Hq) * D;
+
+  if (fi_) {
+    // FlashInfer reads bf16 queries packed [rows][Hq][D].
+    q_pack(qkv_.as<float>(), qkv_stride, rows_, Hq * D, q_bf16_.as<__nv_bfloat16>(), stream_);
+    fi_->run(pages_->device_page(0), layer, q_bf16_.as<__nv_bfloat16>(), a.out, /*lse=*/nullptr);
+    return;
+  }
 
   if (n_chunk_ > 0) {
     AttnArgs c = a;
@@ -361,6 +383,7 @@ void CudaBackend::forward(const StepBatch& b, bool want_logits) {
   xb_.reserve(size_t(R * std::max(H, F)) * bf);
   qkv_.reserve(size_t(R * qkv) * sizeof(float));
   attn_.reserve(size_t(R * qd) * bf);
+  if (fi_) q_bf16_.reserve(size_t(R * qd) * bf);
   gu_.reserve(size_t(R * 2 * F) * sizeof(float));
   act_.reserve(size_t(R * F) * bf);
   logits_.reserve(size_t(std::max(num_sampled_, 1)) * shape_.vocab_size * sizeof(float));
