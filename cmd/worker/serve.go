@@ -675,7 +675,8 @@ func serveProcess(o *serveOptions, sc scheduler.Config, reqs []workload.Request,
 		o.ranks = l.WorldSize
 	}
 	log = log.With(zap.Int("rank", l.Rank))
-	pg, err := nccl.OpenProcessGroup(l, nccl.GroupOptions{CollectiveTimeout: o.collectiveTimeout, OpenMPI: nativeengine.OpenMPI, Logger: log})
+	pg, err := nccl.OpenProcessGroup(l, nccl.GroupOptions{CollectiveTimeout: o.collectiveTimeout, OpenMPI: nativeengine.OpenMPI,
+		NCCL: controlPlaneNCCL(o.engine, l.LocalRank, o.collectiveTimeout), Logger: log})
 	if err != nil {
 		return nil, fmt.Errorf("rank %d: joining the %s world of %d: %w", l.Rank, l.Launcher, l.WorldSize, err)
 	}

@@ -391,6 +391,27 @@ eng_status eng_comm_free(eng_comm_t comm);
  * handle. With NULL: the last failed eng_comm_init_mpi of this thread. */
 const char* eng_comm_last_error(eng_comm_t comm);
 
+/*
+ * NCCL transport for the control plane (GPU deployments). The same
+ * eng_comm_t handle and calls (eng_comm_rank/size/allgatherv/free/
+ * last_error) over an NCCL communicator on CUDA device device_id, with host
+ * staging on its own stream. Every wait is bounded by timeout_ms (> 0): past
+ * it the NCCL communicator is aborted (ncclCommAbort) and the call returns
+ * ENG_TIMEOUT naming the collective; the handle then only answers
+ * ENG_COMM_ERROR. eng_comm_abort on it returns ENG_UNSUPPORTED (exit the
+ * process instead). A library built without ENGINE_NCCL links both functions
+ * and answers ENG_UNSUPPORTED with a message saying how to build it.
+ *
+ * Bootstrap: rank 0 calls eng_comm_nccl_unique_id and sends the 128 bytes to
+ * every rank over another transport (MPI or TCP); every rank then calls
+ * eng_comm_init_nccl with the same id. Failures of init leave their message in
+ * eng_comm_last_error(NULL).
+ */
+#define ENG_NCCL_UNIQUE_ID_BYTES 128
+eng_status eng_comm_nccl_unique_id(uint8_t out[ENG_NCCL_UNIQUE_ID_BYTES]);
+eng_status eng_comm_init_nccl(const uint8_t id[ENG_NCCL_UNIQUE_ID_BYTES], int32_t rank, int32_t size,
+                              int32_t device_id, int32_t timeout_ms, eng_comm_t* out);
+
 #ifdef __cplusplus
 }
 #endif
