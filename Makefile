@@ -6,7 +6,8 @@
 #   make fuzz     bounded fuzzing (KV pool operations, trace parser, config YAML, scenario JSON,
 #                 store frames, hellos, collective headers)
 #   make bench    Go benchmarks (engine step, executor iteration, scheduler, kvpool),
-#                 then the native CPU GEMM and forward-step benchmarks
+#                 then the native CPU GEMM, forward-step and Helix exchange benchmarks
+#                 (the exchange in-process and, with MPI, under mpirun -np 2 and 4)
 GO       ?= go
 BUILD    ?= build
 JOBS     ?= 2
@@ -89,6 +90,11 @@ bench: worker
 	$(GO) test -run '^$$' -bench . -benchmem ./scheduler/... ./kvpool/...
 	$(BUILD)/native/tests/bench_gemm
 	$(BUILD)/native/tests/bench_forward
+	$(BUILD)/native/tests/bench_exchange
+	@if command -v mpirun >/dev/null && grep -q 'ENGINE_MPI:BOOL=ON' $(BUILD)/CMakeCache.txt; then \
+	  for np in 2 4; do OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+	    mpirun --oversubscribe -np $$np $(BUILD)/native/tests/bench_exchange mpi || exit 1; done; \
+	else echo "bench_exchange: no MPI build or mpirun; MPI rows skipped"; fi
 
 clean:
 	rm -rf $(BUILD) bin

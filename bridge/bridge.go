@@ -7,6 +7,7 @@ package bridge
 import (
 	"errors"
 	"fmt"
+	"time"
 )
 
 // ModelShape is the shape of a Llama-architecture decoder, synthetic or
@@ -200,6 +201,24 @@ type ExpertMember struct {
 	Group any
 	Rank  int
 	Size  int
+}
+
+// ExchangeKind names an engine's in-step exchange with its group's members.
+type ExchangeKind int
+
+const (
+	AnyExchange            ExchangeKind = -1
+	HelixAttentionExchange ExchangeKind = 0 // Helix CP: attention partials
+	MoEDispatchExchange    ExchangeKind = 1 // MoE EP: tokens to their experts' ranks
+	MoECombineExchange     ExchangeKind = 2 // MoE EP: expert outputs back
+)
+
+// ExchangeStaller is implemented by engines whose steps exchange data with
+// other members (Helix, MoE) and can inject a stall for fault tests: the next
+// exchange of kind (AnyExchange: any) at layer (-1: any) sleeps for d before
+// it starts, as a member that stopped inside it would.
+type ExchangeStaller interface {
+	StallNextExchange(kind ExchangeKind, layer int, d time.Duration) error
 }
 
 // SeqStep is one sequence of a step: its new tokens at positions

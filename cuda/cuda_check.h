@@ -12,6 +12,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include <atomic>
+#include <cstdint>
 #include <string>
 
 #include "status.h"
@@ -50,5 +52,24 @@ namespace lockstep {
 #else
 #define CUDA_CHECK_LAUNCH() CUDA_CHECK(cudaGetLastError())
 #endif
+
+namespace lockstep {
+
+// Runs configure() once per device for one call site (`done` is that site's
+// static bitmask of devices already configured). Function attributes such as
+// cudaFuncAttributeMaxDynamicSharedMemorySize belong to a device's context,
+// so a process driving several GPUs (in-process ranks) must set them on each;
+// configure() is idempotent, so two threads racing here are harmless.
+template <class Configure>
+void once_per_device(std::atomic<uint64_t>& done, Configure&& configure) {
+  int dev = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  const uint64_t bit = dev < 64 ? uint64_t{1} << dev : 0;
+  if (bit != 0 && (done.load(std::memory_order_acquire) & bit)) return;
+  configure();
+  done.fetch_or(bit, std::memory_order_release);
+}
+
+}  // namespace lockstep
 
 #endif  // LOCKSTEP_CUDA_CHECK_H

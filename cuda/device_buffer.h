@@ -87,6 +87,34 @@ class PinnedBuffer {
   size_t bytes_ = 0;
 };
 
+// A CUDA stream (non-blocking) owned for the object's lifetime. As a member
+// it is destroyed even when the owner's constructor throws later on (a raw
+// handle would leak then).
+class CudaStream {
+ public:
+  CudaStream() { CUDA_CHECK(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking)); }
+  ~CudaStream() { if (s_) cudaStreamDestroy(s_); }
+  CudaStream(const CudaStream&) = delete;
+  CudaStream& operator=(const CudaStream&) = delete;
+  cudaStream_t get() const { return s_; }
+
+ private:
+  cudaStream_t s_ = nullptr;
+};
+
+// A CUDA event (timing enabled) owned for the object's lifetime.
+class CudaEvent {
+ public:
+  CudaEvent() { CUDA_CHECK(cudaEventCreate(&e_)); }
+  ~CudaEvent() { if (e_) cudaEventDestroy(e_); }
+  CudaEvent(const CudaEvent&) = delete;
+  CudaEvent& operator=(const CudaEvent&) = delete;
+  cudaEvent_t get() const { return e_; }
+
+ private:
+  cudaEvent_t e_ = nullptr;
+};
+
 }  // namespace lockstep
 
 #endif  // LOCKSTEP_CUDA_DEVICE_BUFFER_H

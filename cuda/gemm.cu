@@ -19,10 +19,16 @@ namespace lockstep {
 
 Gemm::Gemm(cudaStream_t stream) {
   CUBLAS_CHECK(cublasCreate(&handle_));
-  CUBLAS_CHECK(cublasSetStream(handle_, stream));
-  // Tensor-core algorithms are the default for bf16 inputs; keep the math
-  // mode strict so that no reduced-precision accumulation is picked.
-  CUBLAS_CHECK(cublasSetMathMode(handle_, CUBLAS_DEFAULT_MATH));
+  try {
+    CUBLAS_CHECK(cublasSetStream(handle_, stream));
+    // Tensor-core algorithms are the default for bf16 inputs; keep the math
+    // mode strict so that no reduced-precision accumulation is picked.
+    CUBLAS_CHECK(cublasSetMathMode(handle_, CUBLAS_DEFAULT_MATH));
+  } catch (...) {
+    cublasDestroy(handle_);  // the destructor does not run for a throwing constructor
+    handle_ = nullptr;
+    throw;
+  }
 }
 
 Gemm::~Gemm() {

@@ -11,6 +11,7 @@
 #include "kernels/attn_merge.cuh"
 #include "kernels/embed.cuh"
 #include "kernels/kv_append.cuh"
+#include "kernels/q_pack.cuh"
 #include "kernels/rmsnorm.cuh"
 #include "kernels/rope.cuh"
 #include "kernels/swiglu.cuh"
@@ -47,8 +48,11 @@ void CudaBackend::guarded(const char* what, Body&& body) {
   }
 }
 
-CudaBackend::CudaBackend(const EngineParams& p)
-    : shape_(p.shape), device_(p.device_id), tokens_per_page_(p.tokens_per_page) {
+namespace {
+// Checks that device_id names a visible device and makes it current; runs
+// before the members that create CUDA objects (stream, events), so that
+// they are made on that device.
+int32_t select_device(int32_t device_id) {
   int count = 0;
   const cudaError_t err = cudaGetDeviceCount(&count);
   if (err != cudaSuccess || count == 0) {
@@ -56,22 +60,29 @@ CudaBackend::CudaBackend(const EngineParams& p)
     throw EngineError(ENG_UNSUPPORTED, std::string("CUDA backend: no CUDA device available (") +
                                            (err != cudaSuccess ? cudaGetErrorString(err) : "0 devices") + ")");
   }
-  if (device_ >= count)
-    throw EngineError(ENG_INVALID_ARGUMENT, "device_id " + std::to_string(device_) + " but only " +
+  if (device_id >= count)
+    throw EngineError(ENG_INVALID_ARGUMENT, "device_id " + std::to_string(device_id) + " but only " +
                                                 std::to_string(count) + " CUDA devices are visible");
+  CUDA_CHECK(cudaSetDevice(device_id));
+  return device_id;
+}
+}  // namespace
+
+CudaBackend::CudaBackend(const EngineParams& p)
+    : shape_(p.shape), device_(select_device(p.device_id)), tokens_per_page_(p.tokens_per_page) {
   const int32_t D = shape_.head_dim, G = shape_.num_heads / shape_.num_kv_heads;
   if (!attn_chunk_supported(D) || !attn_decode_supported(D, G))
     throw EngineError(ENG_UNSUPPORTED, "CUDA backend: head_dim " + std::to_string(D) + " with GQA group " +
                                            std::to_string(G) + " is not built (head_dim 16/32/64/128, group <= " +
                                            std::to_string(kDecodeMaxGroup) + ")");
-  CUDA_CHECK(cudaSetDevice(device_));
   CUDA_CHECK(cudaDeviceGetAttribute(&num_sms_, cudaDevAttrMultiProcessorCount, device_));
-  CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-  CUDA_CHECK(cudaEventCreate(&ev_start_));
-  CUDA_CHECK(cudaEventCreate(&ev_stop_));
+  stream_ = stream_holder_.get();
   gemm_ = std::make_unique<Gemm>(stream_);
   pages_ = std::make_unique<PagePool>(p.num_pages, p.num_host_pages, p.tokens_per_page,
                                       shape_.num_layers, shape_.num_kv_heads, D, stream_);
+  if (FlashInferAttention::supported(D, G))
+    fi_ = std::make_unique<FlashInferAttention>(shape_.num_heads, shape_.num_kv_heads, D, tokens_per_page_,
+                                                pages_->page_elems(), stream_);
   if (p.num_tensors > 0)
     load_weights(p.tensors, p.num_tensors);
   else
@@ -86,10 +97,7 @@ CudaBackend::~CudaBackend() {
     cudaSetDevice(device_);
     cudaStreamSynchronize(stream_);
   }
-  gemm_.reset();
-  if (ev_start_) cudaEventDestroy(ev_start_);
-  if (ev_stop_) cudaEventDestroy(ev_stop_);
-  if (stream_) cudaStreamDestroy(stream_);
+  // The members (buffers, cuBLAS handle, events, stream) free themselves.
 }
 
 std::unique_ptr<Backend> make_cuda_backend(const EngineParams& params) {
@@ -265,10 +273,16 @@ void CudaBackend::upload_descriptors(const StepBatch& b) {
   int32_t* h = host_desc_.as<int32_t>();
   AttnSeq* dseq = reinterpret_cast<AttnSeq*>(h + off_dseqs_);
   AttnSeq* cseq = reinterpret_cast<AttnSeq*>(h + off_cseqs_);
+  // Rows: decode sequences first, then the chunks (see the header).
   sample_seq_.clear();
-  int32_t row = 0, blk = 0, nd = 0, nc = 0, ns = 0, chunk_part = 0;
+  fi_decode_.clear();
+  fi_chunks_.clear();
+  int32_t decode_row = 0, chunk_row = n_decode_, blk = 0, nd = 0, nc = 0, ns = 0, chunk_part = 0;
   for (size_t i = 0; i < b.seqs.size(); ++i) {
     const StepSeq& s = b.seqs[i];
+    const bool is_decode = s.num_tokens == 1;
+    const int32_t row = is_decode ? decode_row++ : chunk_row;
+    if (!is_decode) chunk_row += s.num_tokens;
     for (int32_t t = 0; t < s.num_tokens; ++t) {
       const int32_t pos = s.start_pos + t;
       h[off_tokens_ + row + t] = s.tokens[t];
@@ -278,24 +292,29 @@ void CudaBackend::upload_descriptors(const StepBatch& b) {
     }
     std::memcpy(h + off_blocks_ + blk, s.blocks, sizeof(int32_t) * size_t(s.num_blocks));
     AttnSeq a{row, s.num_tokens, s.start_pos, blk, 0, s.start_pos + s.num_tokens, 0, 0};
-    if (s.num_tokens == 1) {
+    const FiSeq f{s.num_tokens, s.start_pos + s.num_tokens, s.blocks};
+    if (is_decode) {
       a.part_row = nd;
       h[off_decode_rows_ + nd] = row;
       dseq[nd++] = a;
+      fi_decode_.push_back(f);
     } else {
       a.part_row = chunk_part;
       chunk_part += s.num_tokens;
       cseq[nc++] = a;
+      fi_chunks_.push_back(f);
     }
+    // Sampled rows in batch order (the logits are returned in that order).
     if (s.sample) {
       h[off_sample_ + ns++] = row + s.num_tokens - 1;
       sample_seq_.push_back(int32_t(i));
     }
-    row += s.num_tokens;
     blk += s.num_blocks;
   }
   CUDA_CHECK(cudaMemcpyAsync(dev_desc_.as<void>(), h, total * sizeof(int32_t),
                              cudaMemcpyHostToDevice, stream_));
+  // FlashInfer's work split for this step (host), shared by every layer.
+  if (fi_) fi_->plan(fi_decode_.data(), n_decode_, fi_chunks_.data(), n_chunk_, /*graph_safe=*/false);
 }
 
 void CudaBackend::attention(int32_t layer) {
@@ -310,6 +329,13 @@ void CudaBackend::attention(int32_t layer) {
   a.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
   a.out = attn_.as<__nv_bfloat16>();
   a.out_stride = int64_t(Hq) * D;
+
+  if (fi_) {
+    // FlashInfer reads bf16 queries packed [rows][Hq][D].
+    q_pack(qkv_.as<float>(), qkv_stride, rows_, Hq * D, q_bf16_.as<__nv_bfloat16>(), stream_);
+    fi_->run(pages_->device_page(0), layer, q_bf16_.as<__nv_bfloat16>(), a.out, /*lse=*/nullptr);
+    return;
+  }
 
   if (n_chunk_ > 0) {
     AttnArgs c = a;
@@ -364,6 +390,7 @@ void CudaBackend::forward(const StepBatch& b, bool want_logits) {
   xb_.reserve(size_t(R * std::max(H, F)) * bf);
   qkv_.reserve(size_t(R * qkv) * sizeof(float));
   attn_.reserve(size_t(R * qd) * bf);
+  if (fi_) q_bf16_.reserve(size_t(R * qd) * bf);
   gu_.reserve(size_t(R * 2 * F) * sizeof(float));
   act_.reserve(size_t(R * F) * bf);
   logits_.reserve(size_t(std::max(num_sampled_, 1)) * shape_.vocab_size * sizeof(float));
@@ -405,9 +432,9 @@ double CudaBackend::step(const StepBatch& batch, int32_t* sampled, float* logits
     // Scratch growth (cudaFree/cudaMalloc) happens inside forward before the
     // first launch that uses it; the start event is recorded after it would
     // matter only for the first steps.
-    CUDA_CHECK(cudaEventRecord(ev_start_, stream_));
+    CUDA_CHECK(cudaEventRecord(ev_start_.get(), stream_));
     forward(batch, logits != nullptr);
-    CUDA_CHECK(cudaEventRecord(ev_stop_, stream_));
+    CUDA_CHECK(cudaEventRecord(ev_stop_.get(), stream_));
     const size_t V = size_t(shape_.vocab_size);
     const size_t ns = size_t(num_sampled_);
     // Rows with temperature > 0 are sampled on the host from their logits
@@ -431,7 +458,7 @@ double CudaBackend::step(const StepBatch& batch, int32_t* sampled, float* logits
       }
     }
     CUDA_CHECK(cudaStreamSynchronize(stream_));
-    CUDA_CHECK(cudaEventElapsedTime(&ms, ev_start_, ev_stop_));
+    CUDA_CHECK(cudaEventElapsedTime(&ms, ev_start_.get(), ev_stop_.get()));
     for (size_t i = 0; i < batch.seqs.size(); ++i) sampled[i] = -1;
     for (size_t k = 0; k < ns; ++k) {
       const StepSeq& s = batch.seqs[size_t(sample_seq_[k])];

@@ -8,12 +8,24 @@
 // bf16 tolerance and the same greedy tokens on >= 99% of steps
 // (cuda/tests/test_e2e.cpp). Per step, on the engine's one stream:
 //   embed -> per layer: RMSNorm -> QKV GEMM -> RoPE(q, k) -> K/V into pages ->
-//   attention (decode kernel for 1-token sequences, chunk kernel otherwise,
-//   split-KV + merge for long decode contexts) -> Wo GEMM (+= residual) ->
+//   attention (FlashInfer: paged decode with split-KV for 1-token sequences,
+//   paged causal prefill for chunks; attention/flashinfer_attn.h) -> Wo GEMM
+//   (+= residual) ->
 //   RMSNorm -> gate/up GEMM -> SwiGLU -> down GEMM (+= residual)
 //   -> final RMSNorm of the sampled rows -> LM head GEMM -> argmax.
 // All step descriptors go to the device in one pinned host-to-device copy;
 // results come back in one device-to-host copy.
+//
+// Row order. Inside a step the rows are ordered decode sequences first (one
+// row each, in batch order), then the chunks' rows (in batch order): the
+// layout FlashInfer's decode and prefill take. Every other stage is per row,
+// so only the sampled rows map back to batch order (sample_seq_).
+//
+// Attention paths. FlashInfer serves head dims 64 and 128 (every real model:
+// SmolLM2 64, Llama 3 128, and the llama-8b/70b presets). The hand-written
+// kernels (kernels/attn_*.cu) remain as the cross-check of the kernel tests
+// and serve only shapes FlashInfer is not instantiated for (head dim 16/32:
+// the `tiny` test preset).
 //
 // TODO(cuda-graph): decode-only steps have a fixed launch sequence for a given
 // (batch size, max context bucket); capturing it once per bucket and
@@ -31,6 +43,7 @@
 #include <vector>
 
 #include "backend.h"
+#include "attention/flashinfer_attn.h"
 #include "device_buffer.h"
 #include "gemm.h"
 #include "kernels/attn_common.cuh"
@@ -76,10 +89,16 @@ class CudaBackend final : public Backend {
   eng_model_shape shape_;
   int32_t device_, tokens_per_page_, num_sms_ = 0;
   std::string broken_;  // first sticky error; empty while healthy
-  cudaStream_t stream_ = nullptr;
-  cudaEvent_t ev_start_ = nullptr, ev_stop_ = nullptr;
+  // RAII handles, declared before everything that uses them: a constructor
+  // that throws part-way frees what it made (buffers, cuBLAS handle, pages
+  // first, then events and stream).
+  CudaStream stream_holder_;
+  CudaEvent ev_start_, ev_stop_;
+  cudaStream_t stream_ = nullptr;  // stream_holder_.get()
   std::unique_ptr<Gemm> gemm_;
   std::unique_ptr<PagePool> pages_;
+  std::unique_ptr<FlashInferAttention> fi_;  // null for head dims FlashInfer is not built for
+  std::vector<FiSeq> fi_decode_, fi_chunks_;
 
   DeviceBuffer embedding_, final_norm_, lm_head_, inv_freq_;
   std::vector<CudaLayer> layers_;
@@ -99,7 +118,7 @@ class CudaBackend final : public Backend {
   SamplingScratch sampling_;         // host sampling of rows with temperature > 0
 
   // Per-step scratch (grown on demand).
-  DeviceBuffer hidden_, xb_, qkv_, attn_, gu_, act_, logits_, sampled_, o_part_, lse_part_;
+  DeviceBuffer hidden_, xb_, qkv_, attn_, gu_, act_, logits_, sampled_, o_part_, lse_part_, q_bf16_;
 };
 
 }  // namespace lockstep

@@ -1,28 +1,30 @@
 // nccl_comm.h: the engine-side NCCL communicator behind nccl.Comm
-// (DESIGN.md §5) -- collectives of host byte buffers staged through device
-// buffers owned here, on the engine's stream.
+// (DESIGN.md §5): collectives of host byte buffers staged through device
+// buffers owned here, on one stream, with bounded waits.
 //
-// Internal C++ API; the C ABI for it is a later issue. What engine.h will need
-// (proposal, to be added with ENG_ABI_VERSION 2):
-//   typedef struct eng_comm* eng_comm_t;
-//   eng_status eng_comm_unique_id(uint8_t out[128]);          // rank 0 only
-//   eng_status eng_comm_init(eng_engine_t eng, const uint8_t id[128], int32_t rank,
-//                            int32_t world, eng_comm_t* out);   // device = the engine's
-//   eng_status eng_comm_free(eng_comm_t c);
-//   const char* eng_comm_last_error(eng_comm_t c);
-//   eng_status eng_comm_allgather(eng_comm_t c, const void* in, uint64_t bytes,
-//                                 void* out, uint64_t* out_sizes);   // variable size
-//   eng_status eng_comm_broadcast(eng_comm_t c, void* buf, uint64_t bytes, int32_t root);
-//   eng_status eng_comm_allreduce(eng_comm_t c, void* buf, uint64_t count,
-//                                 int32_t dtype, int32_t op);
-// The unique id (ncclUniqueId, 128 bytes) travels through the Go bootstrap
-// (MPI broadcast or the TCP store) as plain bytes.
+// Its C ABI is eng_comm_init_nccl / eng_comm_nccl_unique_id (engine.h), which
+// wrap it as a lockstep::Communicator (comm_nccl.h, open_nccl_comm): the Go
+// side's checked collective protocol then runs over it exactly as over MPI
+// or TCP (nccl.OpenProcessGroup with GroupOptions.OpenNCCL). The unique id
+// (ncclUniqueId, 128 bytes) travels through the Go bootstrap (the MPI or TCP
+// transport) as plain bytes.
+//
+// Bounded waits. The communicator is created non-blocking (ncclConfig_t
+// blocking = 0) and every wait polls: the group's creation
+// (ncclCommGetAsyncError until it leaves ncclInProgress) and each
+// collective's completion (cudaStreamQuery, and ncclCommGetAsyncError for a
+// failed peer). Past timeout_ms the communicator is aborted (ncclCommAbort:
+// the queued NCCL kernels return) and the call throws ENG_TIMEOUT naming the
+// collective; the communicator is unusable afterwards. The Go watchdog's own
+// timeout should be shorter, so that it reports the stuck collective (with
+// every peer's last entry) before this backstop fires.
 #ifndef LOCKSTEP_CUDA_NCCL_COMM_H
 #define LOCKSTEP_CUDA_NCCL_COMM_H
 
 #include <cuda_runtime_api.h>
 
 #include <array>
+#include <string>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -39,15 +41,18 @@ enum class ReduceOp { kSum, kMax, kMin };
 
 // One rank of an NCCL group, bound to one device and stream. Every call is a
 // collective: all ranks must make the same calls in the same order (the Go
-// side's golden rule). Failures throw EngineError(ENG_COMM_ERROR) naming the
-// collective, or ENG_DEVICE_ERROR for CUDA failures. Calls block until the
+// side's golden rule). Failures throw EngineError: ENG_COMM_ERROR naming the
+// collective, ENG_TIMEOUT after a bounded wait expired (the communicator is
+// then aborted), ENG_DEVICE_ERROR for CUDA failures. Calls block until the
 // result is in host memory.
 class NcclComm {
  public:
   // A fresh unique id (on the rank that bootstraps the group).
   static NcclUniqueIdBytes new_unique_id();
 
-  NcclComm(const NcclUniqueIdBytes& id, int rank, int world, int device, cudaStream_t stream);
+  // timeout_ms <= 0: wait without bound (tests of one rank).
+  NcclComm(const NcclUniqueIdBytes& id, int rank, int world, int device, cudaStream_t stream,
+           int timeout_ms = 0);
   ~NcclComm();
   NcclComm(const NcclComm&) = delete;
   NcclComm& operator=(const NcclComm&) = delete;
@@ -57,18 +62,29 @@ class NcclComm {
 
   // Variable-size allgather: rank r contributes `bytes` bytes; on return
   // out holds every rank's bytes concatenated in rank order and sizes[r] its
-  // length. (Two collectives: the sizes, then the payload padded to the max.)
-  void allgather(const void* in, size_t bytes, std::vector<uint8_t>* out, std::vector<uint64_t>* sizes);
-  // Broadcast of `bytes` bytes from root into buf on every rank.
+  // length. (Two collectives: the sizes, then the payload padded to the max;
+  // the payload collective runs even when every size is 0.) A rank passing
+  // bytes_ok = false still joins the size exchange (as length -1) and then
+  // every rank throws ENG_INVALID_ARGUMENT, so no peer is left waiting.
+  void allgather(const void* in, size_t bytes, std::vector<uint8_t>* out, std::vector<uint64_t>* sizes,
+                 bool bytes_ok = true);
+  // Broadcast of `bytes` bytes from root into buf on every rank. Zero bytes
+  // still run a (one-byte) collective: every rank issues the same sequence.
   void broadcast(void* buf, size_t bytes, int root);
-  // In-place allreduce of count elements.
+  // In-place allreduce of count elements (count 0 still runs a one-element
+  // collective on a zero).
   void allreduce(void* buf, size_t count, ReduceDType dtype, ReduceOp op);
 
  private:
   void stage(size_t bytes);
+  // Waits for the stream's queued work (the collective `what`) within the
+  // timeout; aborts the communicator and throws on expiry or NCCL error.
+  void wait(const char* what);
+  [[noreturn]] void abort_and_throw(int status, const std::string& msg);
 
   void* comm_ = nullptr;  // ncclComm_t (kept opaque so this header needs no nccl.h)
-  int rank_, world_, device_;
+  int rank_, world_, device_, timeout_ms_;
+  bool aborted_ = false;
   cudaStream_t stream_;
   DeviceBuffer send_, recv_;
   PinnedBuffer host_;

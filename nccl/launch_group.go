@@ -26,6 +26,13 @@ type GroupOptions struct {
 	// launch (an address every rank can reach). "" picks MASTER_ADDR when
 	// set, 127.0.0.1 when every rank runs on one node, else the host name.
 	StoreHost string
+	// NCCL, when set, carries the world's collectives (the checked protocol)
+	// over an NCCL communicator: GPU deployments with --engine cuda on a
+	// library built with NCCL. The MPI or TCP transport is still opened
+	// first: it bootstraps the NCCL group (the unique id) and rank 0's store.
+	// Nil keeps the CPU transports (MPI, TCP). A world of one process never
+	// uses NCCL (it has no peers).
+	NCCL *NCCLOptions
 	// Logger receives the start-up warnings about the job token (unset
 	// while rank 0's store and TCP data port accept connections, or short)
 	// and, on rank 0, one line per connection closed for failing the hello.
@@ -42,6 +49,8 @@ type ProcessGroup struct {
 	// Comm is the world communicator: the checked protocol under the
 	// watchdog. Call Comm.SetIteration at the start of every iteration.
 	Comm *Watchdog
+	// Transport names what carries the collectives: "nccl", "mpi" or "tcp".
+	Transport string
 
 	checked *CheckedComm
 	server  *StoreServer // rank 0
@@ -94,6 +103,19 @@ func OpenProcessGroup(l Launch, o GroupOptions) (g *ProcessGroup, err error) {
 	if err != nil {
 		return g, err
 	}
+	if o.NCCL != nil && l.WorldSize > 1 {
+		nt, err := openNCCLOver(t, *o.NCCL)
+		switch {
+		case errors.Is(err, errNCCLFallback):
+			o.Logger.Warn("control plane stays on the CPU transport", zap.Error(err))
+		case err != nil:
+			t.Close()
+			return g, err
+		default:
+			t = nt
+		}
+	}
+	g.Transport = transportName(t)
 	g.checked = NewCheckedComm(t)
 	var board PeerBoard
 	if g.client != nil {
@@ -102,6 +124,17 @@ func OpenProcessGroup(l Launch, o GroupOptions) (g *ProcessGroup, err error) {
 	}
 	g.Comm = NewWatchdog(g.checked, WatchdogOptions{Timeout: o.CollectiveTimeout, Board: board})
 	return g, nil
+}
+
+// transportName names the transport t for reports and logs.
+func transportName(t Transport) string {
+	switch t.(type) {
+	case *ncclTransport:
+		return "nccl"
+	case *TCPTransport:
+		return "tcp"
+	}
+	return "mpi"
 }
 
 // openTCP is the torchrun-style rendezvous: rank 0 serves the store on

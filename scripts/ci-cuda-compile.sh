@@ -6,7 +6,10 @@
 # sm_90 and sm_100 machine code plus compute_90 PTX, builds libengine.a, the
 # CUDA tests and the benchmark (which link cudart, cuBLAS/cuBLASLt and NCCL),
 # and runs the CUDA tests, which print "SKIP: no CUDA device" here.
-# About 2-4 minutes on 2 cores after the first install (~1 GiB of wheels).
+# About 5 minutes on 2 cores after the first install (~1 GiB of wheels plus
+# the FlashInfer headers): the FlashInfer attention units (decode for head
+# dims 64/128, causal paged prefill for 64/128 x query tiles 16/64/128, at
+# three targets each) are most of it.
 #
 #   BUILD_DIR   build directory (default build-cuda)
 #   JOBS        parallel compile jobs (default 2)
@@ -27,8 +30,11 @@ cmake --build "$BUILD_DIR" -j "$JOBS"
 # The archive must hold the CUDA backend, and the test binaries must have
 # resolved the CUDA libraries (link only: nothing runs on a device here).
 # (grep without -q: an early exit would SIGPIPE nm and trip pipefail.)
-nm -C "$BUILD_DIR/native/libengine.a" | grep 'lockstep::make_cuda_backend' >/dev/null ||
-  { echo "ci-cuda-compile: libengine.a lacks make_cuda_backend" >&2; exit 1; }
+syms="$(nm -C "$BUILD_DIR/native/libengine.a")"
+for sym in 'lockstep::make_cuda_backend' 'lockstep::FlashInferAttention::run' 'lockstep::open_nccl_comm' \
+  'flashinfer::BatchDecodeWithPagedKVCacheDispatched<128u' 'flashinfer::BatchPrefillWithPagedKVCacheDispatched<true, 64u, 64u'; do
+  grep -F "$sym" >/dev/null <<<"$syms" || { echo "ci-cuda-compile: libengine.a lacks $sym" >&2; exit 1; }
+done
 for exe in cuda/tests/cuda_kernels_test cuda/tests/cuda_e2e_test cuda/tests/cuda_nccl_test cuda/bench/cuda_bench; do
   [[ -x "$BUILD_DIR/$exe" ]] || { echo "ci-cuda-compile: $exe was not linked" >&2; exit 1; }
 done

@@ -19,6 +19,18 @@
 # The versions are pinned to the CUDA 13.0 line, the one the H200 machines'
 # driver (580) and nvcc (13.0) speak, so that what CI compiles is what the
 # device check compiles there.
+#
+# FlashInfer (the attention kernels, header-only) goes into <prefix>/flashinfer
+# with its own stamp, from wheels pinned by version and sha256; only headers
+# are extracted (about 55 MB):
+#   include/              flashinfer-python's flashinfer/data/include
+#   cutlass/include, cutlass/tools/util/include   its CUTLASS (the sm_90a FA3 path)
+#   cccl/                 nvidia-cuda-cccl 13.2's include/cccl: FlashInfer needs newer
+#                         CCCL than nvcc 13.0 ships; it goes FIRST on the include path
+#   curand/include/       nvidia-curand's headers (CUTLASS utilities include curand_kernel.h)
+#   LOCKSTEP_FLASHINFER_ROOT=<prefix>/flashinfer   (in the env file)
+#   scripts/install-cuda.sh --headers-only   installs only these (for carrying to
+#                                            a device machine without network)
 set -euo pipefail
 
 PREFIX="${LOCKSTEP_CUDA_HOME:-/opt/lockstep-cuda}"
@@ -35,6 +47,72 @@ PINS=(
   nvidia-nccl-cu13==2.28.9
 )
 STAMP_TEXT="${PINS[*]}"
+
+# FlashInfer and the headers it needs: "name==version sha256" of each wheel.
+FI_WHEELS=(
+  "flashinfer-python==0.7.2.post1 bfdc18b9e1e4d8d0730fe4343dc0e284cd0c160086de80f99888bc4867922d49"
+  "nvidia-cuda-cccl==13.2.86 35da671cf0cecd3539da214a11bb8e7634366c9e950da9c5feecf6c490a65b20"
+  "nvidia-curand==10.4.5.25 22bb226a857e5888fe6b54ae465fc4371296bcff13a35f79e19691bcf454f529"
+)
+FI_STAMP="${FI_WHEELS[*]}"
+
+# Installs the FlashInfer headers into $PREFIX/flashinfer unless its stamp
+# matches. pip verifies every wheel against its pinned sha256
+# (--require-hashes); only header trees are extracted.
+install_flashinfer() {
+  local dest="$PREFIX/flashinfer"
+  if [[ -f "$dest/.stamp" && "$(cat "$dest/.stamp")" == "$FI_STAMP" ]]; then
+    echo "install-cuda: reusing $dest" >&2
+    return
+  fi
+  echo "install-cuda: installing FlashInfer headers into $dest" >&2
+  local tmp
+  tmp="$(mktemp -d)"
+  local req="$tmp/requirements.txt" w
+  for w in "${FI_WHEELS[@]}"; do echo "${w% *} --hash=sha256:${w#* }" >>"$req"; done
+  "$PYTHON" -m pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
+    --require-hashes -r "$req" -d "$tmp/wheels"
+  rm -rf "$dest.tmp"
+  mkdir -p "$dest.tmp"
+  "$PYTHON" - "$tmp/wheels" "$dest.tmp" <<'PY'
+import glob, os, sys, zipfile
+wheels, dest = sys.argv[1], sys.argv[2]
+# (wheel name prefix, path prefix inside the wheel, destination directory)
+trees = [("flashinfer_python", "flashinfer/data/include/", "include"),
+         ("flashinfer_python", "flashinfer/data/cutlass/include/", "cutlass/include"),
+         ("flashinfer_python", "flashinfer/data/cutlass/tools/util/include/", "cutlass/tools/util/include"),
+         ("nvidia_cuda_cccl", "nvidia/cu13/include/cccl/", "cccl"),
+         ("nvidia_curand", "nvidia/cu13/include/", "curand/include")]
+for wheel_prefix, inner, out in trees:
+    found = glob.glob(os.path.join(wheels, wheel_prefix + "-*.whl"))
+    if len(found) != 1:
+        sys.exit(f"install-cuda: expected one {wheel_prefix} wheel, found {found}")
+    n = 0
+    with zipfile.ZipFile(found[0]) as z:
+        for name in z.namelist():
+            if name.startswith(inner) and not name.endswith("/"):
+                target = os.path.join(dest, out, name[len(inner):])
+                os.makedirs(os.path.dirname(target), exist_ok=True)
+                with z.open(name) as src, open(target, "wb") as dst:
+                    dst.write(src.read())
+                n += 1
+    if n == 0:
+        sys.exit(f"install-cuda: {found[0]} has nothing under {inner}")
+PY
+  [[ -f "$dest.tmp/include/flashinfer/attention/decode.cuh" && -f "$dest.tmp/curand/include/curand_kernel.h" ]] ||
+    { echo "install-cuda: FlashInfer headers incomplete in $dest.tmp" >&2; exit 1; }
+  echo "$FI_STAMP" >"$dest.tmp/.stamp"
+  rm -rf "$dest"
+  mv "$dest.tmp" "$dest"
+  rm -rf "$tmp"
+}
+
+if [[ "${1:-}" == "--headers-only" ]]; then
+  mkdir -p "$PREFIX"
+  install_flashinfer
+  echo "export LOCKSTEP_FLASHINFER_ROOT=\"$PREFIX/flashinfer\""
+  exit 0
+fi
 
 print_env() {
   cat "$PREFIX/env.sh"
@@ -79,6 +157,9 @@ export PATH="$PREFIX/cuda/bin:\$PATH"
 EOF
   echo "$STAMP_TEXT" >"$PREFIX/.stamp"
 fi
+install_flashinfer
+grep -q LOCKSTEP_FLASHINFER_ROOT "$PREFIX/env.sh" ||
+  echo "export LOCKSTEP_FLASHINFER_ROOT=\"$PREFIX/flashinfer\"" >>"$PREFIX/env.sh"
 
 "$PREFIX/cuda/bin/nvcc" --version | tail -n 2 >&2
 if [[ "${1:-}" == "--env" ]]; then print_env; fi

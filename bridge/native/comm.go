@@ -12,10 +12,12 @@ import "C"
 
 import (
 	"fmt"
+	"math"
 	"os"
 	"runtime"
 	"sync"
 	"sync/atomic"
+	"time"
 	"unsafe"
 
 	"github.com/lockstep-ai/lockstep/bridge"
@@ -27,10 +29,12 @@ import (
 // was built with ENGINE_MPI (nothing more without), so this package links
 // the same way either way.
 
-// mpiRequests carries work to the process's single MPI goroutine. MPI is
-// initialised with MPI_THREAD_FUNNELED: every MPI call of the process must be
-// made by the thread that initialised it, so one goroutine, locked to its OS
-// thread for the life of the process, makes them all.
+// mpiRequests carries work to the process's single MPI goroutine. The
+// control plane's MPI calls are all made by the thread that initialised MPI
+// (all MPI_THREAD_FUNNELED would allow), so one goroutine, locked to its OS
+// thread for the life of the process, makes them all. (MPI is initialised
+// asking for MPI_THREAD_MULTIPLE, for the engines' exchange groups, which
+// run on engine threads over communicators of their own.)
 var (
 	mpiStart    sync.Once
 	mpiRequests chan func()
@@ -72,7 +76,7 @@ type MPITransport struct {
 
 var _ nccl.Transport = (*MPITransport)(nil)
 
-// OpenMPI initialises MPI on first use (MPI_THREAD_FUNNELED, on this
+// OpenMPI initialises MPI on first use (MPI_THREAD_MULTIPLE requested, on this
 // package's MPI goroutine) and returns a transport over every process of the
 // job. Started without mpirun it is a world of one (MPI singleton). MPI can be
 // initialised once per process: after the last transport is closed (which
@@ -167,5 +171,120 @@ func (t *MPITransport) Close() error {
 	}
 	t.closed = true
 	onMPIThread(func() { C.eng_comm_free(t.h) })
+	return nil
+}
+
+// NCCLTransport is an nccl.Transport over the native library's NCCL
+// communicator (eng_comm_init_nccl): host staging on its own stream of the
+// rank's device, every wait bounded (past the timeout the NCCL communicator
+// is aborted and the call fails with bridge.ErrTimeout naming the
+// collective). nccl.OpenProcessGroup uses it through GroupOptions.NCCL
+// (NCCLGroupOptions).
+type NCCLTransport struct {
+	h          C.eng_comm_t
+	rank, size int
+	lens       []int64
+
+	mu     sync.Mutex // serialises calls; guards closed
+	closed bool
+}
+
+var _ nccl.Transport = (*NCCLTransport)(nil)
+
+// NCCLUniqueID makes a fresh NCCL unique id (rank 0 of a group). A library
+// built without NCCL answers with an error wrapping bridge.ErrUnsupported.
+func NCCLUniqueID() ([]byte, error) {
+	id := make([]byte, C.ENG_NCCL_UNIQUE_ID_BYTES)
+	if st := C.eng_comm_nccl_unique_id((*C.uint8_t)(unsafe.Pointer(&id[0]))); st != C.ENG_OK {
+		return nil, bridge.StatusError("nccl unique id", bridge.Status(st), C.GoString(C.eng_comm_last_error(nil)))
+	}
+	return id, nil
+}
+
+// OpenNCCL joins the NCCL group named by id as rank of size on CUDA device
+// device (the local rank), every wait bounded by timeout (> 0). A library
+// built without NCCL answers with an error wrapping bridge.ErrUnsupported.
+func OpenNCCL(id []byte, rank, size, device int, timeout time.Duration) (nccl.Transport, error) {
+	if len(id) != C.ENG_NCCL_UNIQUE_ID_BYTES {
+		return nil, fmt.Errorf("nccl init: the unique id has %d bytes, want %d", len(id), C.ENG_NCCL_UNIQUE_ID_BYTES)
+	}
+	ms := timeout.Milliseconds()
+	if ms <= 0 || ms > math.MaxInt32 {
+		return nil, fmt.Errorf("nccl init: timeout %v must be between 1ms and %dms", timeout, math.MaxInt32)
+	}
+	runtime.LockOSThread() // NCCL and CUDA calls of one call stay on one thread
+	defer runtime.UnlockOSThread()
+	t := &NCCLTransport{}
+	st := C.eng_comm_init_nccl((*C.uint8_t)(unsafe.Pointer(&id[0])), C.int32_t(rank), C.int32_t(size),
+		C.int32_t(device), C.int32_t(ms), &t.h)
+	if st != C.ENG_OK {
+		return nil, bridge.StatusError("nccl init", bridge.Status(st), C.GoString(C.eng_comm_last_error(nil)))
+	}
+	t.rank, t.size = int(C.eng_comm_rank(t.h)), int(C.eng_comm_size(t.h))
+	t.lens = make([]int64, t.size)
+	return t, nil
+}
+
+// NCCLGroupOptions is what nccl.OpenProcessGroup needs to run the control
+// plane over NCCL on CUDA device `device`, with the native waits bounded by
+// timeout (give it more than the watchdog's collective timeout, so that the
+// watchdog names a stuck collective first).
+func NCCLGroupOptions(device int, timeout time.Duration) *nccl.NCCLOptions {
+	return &nccl.NCCLOptions{
+		UniqueID: NCCLUniqueID,
+		Open: func(id []byte, rank, size int) (nccl.Transport, error) {
+			return OpenNCCL(id, rank, size, device, timeout)
+		},
+	}
+}
+
+// Rank is this process's rank in the NCCL group.
+func (t *NCCLTransport) Rank() int { return t.rank }
+
+// Size is the group size.
+func (t *NCCLTransport) Size() int { return t.size }
+
+// AllGatherBytes is one eng_comm_allgatherv over NCCL (one cgo call).
+func (t *NCCLTransport) AllGatherBytes(payload []byte) ([][]byte, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return nil, fmt.Errorf("nccl transport: %w", nccl.ErrClosed)
+	}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	var send unsafe.Pointer
+	if len(payload) > 0 {
+		send = unsafe.Pointer(&payload[0]) // read during the call only
+	}
+	var recv *C.uint8_t
+	st := C.eng_comm_allgatherv(t.h, send, C.int64_t(len(payload)), (*C.int64_t)(unsafe.Pointer(&t.lens[0])), &recv)
+	if st != C.ENG_OK {
+		return nil, bridge.StatusError("nccl allgather", bridge.Status(st), C.GoString(C.eng_comm_last_error(t.h)))
+	}
+	total := int64(0)
+	for _, n := range t.lens {
+		total += n
+	}
+	all := C.GoBytes(unsafe.Pointer(recv), C.int(total))
+	out := make([][]byte, t.size)
+	off := int64(0)
+	for r, n := range t.lens {
+		out[r] = all[off : off+n : off+n]
+		off += n
+	}
+	return out, nil
+}
+
+// Close frees the NCCL communicator (finalize, or abort when that does not
+// complete within the timeout). Idempotent.
+func (t *NCCLTransport) Close() error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return nil
+	}
+	t.closed = true
+	C.eng_comm_free(t.h)
 	return nil
 }

@@ -5,6 +5,7 @@ package native
 import (
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -52,4 +53,34 @@ func TestOpenMPISingleton(t *testing.T) {
 	_, err = OpenMPI()
 	require.ErrorIs(t, err, bridge.ErrCommError)
 	require.ErrorContains(t, err, "already finalised")
+}
+
+// TestNCCLUnsupportedWithoutNCCL: a library built without NCCL (the CPU
+// build) links the NCCL entry points and answers ErrUnsupported with a
+// message saying how to build it, for the id and for init; bad arguments are
+// refused before the library is called. With NCCL built (and no device
+// here) the test only checks that errors are clean.
+func TestNCCLUnsupportedWithoutNCCL(t *testing.T) {
+	id, err := NCCLUniqueID()
+	if err == nil {
+		require.Len(t, id, 128)
+		t.Skip("engine library built with NCCL: the unsupported path is not in this build")
+	}
+	require.ErrorIs(t, err, bridge.ErrUnsupported)
+	require.ErrorContains(t, err, "built without NCCL")
+	require.ErrorContains(t, err, "ENGINE_NCCL=ON")
+
+	_, err = OpenNCCL(make([]byte, 128), 0, 2, 0, time.Second)
+	require.ErrorIs(t, err, bridge.ErrUnsupported)
+	require.ErrorContains(t, err, "built without NCCL")
+
+	_, err = OpenNCCL(make([]byte, 5), 0, 2, 0, time.Second)
+	require.EqualError(t, err, "nccl init: the unique id has 5 bytes, want 128")
+	_, err = OpenNCCL(make([]byte, 128), 0, 2, 0, 0)
+	require.ErrorContains(t, err, "timeout 0s must be between 1ms")
+
+	// Through the process group: every rank fails with rank 0's reason.
+	o := NCCLGroupOptions(0, time.Second)
+	_, err = o.UniqueID()
+	require.ErrorIs(t, err, bridge.ErrUnsupported)
 }

@@ -3,15 +3,19 @@
 package native
 
 /*
+#include <stdlib.h>
 #include "engine.h"
 */
 import "C"
 
 import (
 	"fmt"
+	"net"
 	"runtime"
+	"strconv"
 	"sync"
 	"time"
+	"unsafe"
 
 	"github.com/lockstep-ai/lockstep/bridge"
 )
@@ -114,4 +118,65 @@ func (g *CPGroup) joinEP(e *engine, rank int) error {
 		return bridge.StatusError("join_ep", bridge.StatusInvalidArgument, "the EP group was closed before every member joined")
 	}
 	return e.status("join_ep", C.eng_engine_join_ep(e.h, g.h, C.int32_t(rank)))
+}
+
+// NewTCPCPGroup creates a group of one member per process over TCP, for
+// launches without MPI: this process listens on host (an address of this
+// node its peers can reach; "" for every interface), gather exchanges every
+// member's "host:port" in rank order through the control plane (an
+// allgather), and the members connect into a full mesh authenticated by
+// secret (the same 32 random bytes on every member, shared through the
+// control plane). The mesh must form within timeout, which also bounds
+// each exchange. Collective: every member calls it.
+func NewTCPCPGroup(rank, size int, host string, secret []byte, timeout time.Duration,
+	gather func(addr []byte) ([][]byte, error)) (*CPGroup, error) {
+	ms := timeout.Milliseconds()
+	if ms < 1 || ms > 1<<31-1 {
+		return nil, bridge.StatusError("cp_group_tcp", bridge.StatusInvalidArgument,
+			fmt.Sprintf("timeout %v out of range [1ms, 2^31 ms)", timeout))
+	}
+	if len(secret) != 32 {
+		return nil, bridge.StatusError("cp_group_tcp", bridge.StatusInvalidArgument,
+			fmt.Sprintf("the secret has %d bytes, want 32", len(secret)))
+	}
+	if size < 1 || rank < 0 || rank >= size {
+		return nil, bridge.StatusError("cp_group_tcp", bridge.StatusInvalidArgument,
+			fmt.Sprintf("rank %d of %d is out of range", rank, size))
+	}
+	runtime.LockOSThread() // eng_last_error is thread-local
+	defer runtime.UnlockOSThread()
+	chost := C.CString(host)
+	defer C.free(unsafe.Pointer(chost))
+	var ln C.eng_tcp_listener_t
+	var port C.int32_t
+	if st := C.eng_tcp_listen(chost, &port, &ln); st != C.ENG_OK {
+		return nil, bridge.StatusError("cp_group_tcp", bridge.Status(st), C.GoString(C.eng_last_error()))
+	}
+	defer C.eng_tcp_listener_free(ln)
+	advertise := host
+	if advertise == "" {
+		advertise = "127.0.0.1"
+	}
+	addrs, err := gather([]byte(net.JoinHostPort(advertise, strconv.Itoa(int(port)))))
+	if err != nil {
+		return nil, fmt.Errorf("exchanging the exchange group's addresses: %w", err)
+	}
+	if len(addrs) != size {
+		return nil, fmt.Errorf("exchanging the exchange group's addresses: got %d, want %d", len(addrs), size)
+	}
+	caddrs := C.malloc(C.size_t(size) * C.size_t(unsafe.Sizeof(uintptr(0))))
+	defer C.free(caddrs)
+	cs := unsafe.Slice((**C.char)(caddrs), size)
+	for i, a := range addrs {
+		cs[i] = C.CString(string(a))
+		defer C.free(unsafe.Pointer(cs[i]))
+	}
+	csecret := C.CBytes(secret)
+	defer C.free(csecret)
+	g := &CPGroup{size: size, local: rank}
+	if st := C.eng_cp_group_create_tcp(ln, C.int32_t(rank), C.int32_t(size), (**C.char)(caddrs),
+		(*C.uint8_t)(csecret), C.int32_t(ms), &g.h); st != C.ENG_OK {
+		return nil, bridge.StatusError("cp_group_tcp", bridge.Status(st), C.GoString(C.eng_last_error()))
+	}
+	return g, nil
 }

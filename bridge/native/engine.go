@@ -631,22 +631,17 @@ func EngineMoEStats(eng bridge.Engine) (MoEStats, error) {
 	return out, err
 }
 
-// InjectMoEStall is for fault tests only (LOCKSTEP_TEST_FAULT=moe-stop): a
-// native engine that joined an EP group stops at the MoE dispatch of layer
-// in its next step, for stall (its peers wait inside that exchange), then
-// fails that step.
-func InjectMoEStall(eng bridge.Engine, layer int, stall time.Duration) error {
-	e, ok := eng.(*engine)
-	if !ok {
-		return fmt.Errorf("a MoE stall needs a native engine, got %T", eng)
-	}
-	ms := stall.Milliseconds()
-	if ms > math.MaxInt32 || layer > math.MaxInt32 {
-		return fmt.Errorf("MoE stall: layer %d or %v out of range", layer, stall)
+// StallNextExchange implements bridge.ExchangeStaller (fault injection for
+// tests): the engine's next in-step exchange of kind (-1 any) at layer (-1
+// any) first sleeps for d, as a member that stopped inside it would.
+func (e *engine) StallNextExchange(kind bridge.ExchangeKind, layer int, d time.Duration) error {
+	ms := d.Milliseconds()
+	if ms < 1 || ms > 1<<31-1 {
+		return bridge.StatusError("test_stall", bridge.StatusInvalidArgument, fmt.Sprintf("duration %v out of range [1ms, 2^31 ms)", d))
 	}
 	var err error
-	if cerr := e.call("test_moe_stall", func() {
-		err = e.status("test_moe_stall", C.eng_engine_test_moe_stall(e.h, C.int32_t(layer), C.int32_t(ms)))
+	if cerr := e.call("test_stall", func() {
+		err = e.status("test_stall", C.eng_engine_test_stall(e.h, C.int32_t(kind), C.int32_t(layer), C.int32_t(ms)))
 	}); cerr != nil {
 		return cerr
 	}

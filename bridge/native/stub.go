@@ -43,6 +43,12 @@ func NewMPICPGroup(color int, timeout time.Duration) (*CPGroup, error) {
 	return nil, fmt.Errorf("native MPI exchange group: %w", errNotBuilt)
 }
 
+// NewTCPCPGroup always fails in a build without the native engine.
+func NewTCPCPGroup(rank, size int, host string, secret []byte, timeout time.Duration,
+	gather func(addr []byte) ([][]byte, error)) (*CPGroup, error) {
+	return nil, fmt.Errorf("native TCP exchange group: %w", errNotBuilt)
+}
+
 // LocalRank is -1: this build has no groups.
 func (g *CPGroup) LocalRank() int { return -1 }
 
@@ -61,9 +67,4 @@ type MoEStats struct {
 // EngineMoEStats always fails in a build without the native engine.
 func EngineMoEStats(eng bridge.Engine) (MoEStats, error) {
 	return MoEStats{}, fmt.Errorf("native MoE statistics: %w", errNotBuilt)
-}
-
-// InjectMoEStall always fails in a build without the native engine.
-func InjectMoEStall(eng bridge.Engine, layer int, stall time.Duration) error {
-	return fmt.Errorf("native MoE stall: %w", errNotBuilt)
 }

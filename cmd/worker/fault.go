@@ -6,6 +6,9 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
+
+	"github.com/lockstep-ai/lockstep/bridge"
 
 	"github.com/lockstep-ai/lockstep/executor"
 	"github.com/lockstep-ai/lockstep/scheduler"
@@ -16,10 +19,11 @@ import (
 //	init:RANK          rank RANK's initialisation fails
 //	stop:RANK:ITER     rank RANK stops entering collectives at iteration ITER
 //	perturb:RANK:ITER  rank RANK's plan of iteration ITER differs from its peers'
-//	moe-stop:RANK:ITER:LAYER  rank RANK's engine stops at the MoE dispatch of
-//	                   layer LAYER in its first step from iteration ITER on (its
-//	                   peers wait inside that exchange), for three collective
-//	                   timeouts, then fails (a MoE model under expert parallelism)
+//	stall:RANK:ITER    rank RANK's engine stops inside its next in-step exchange
+//	                   (Helix attention partials, MoE dispatch or combine) from
+//	                   iteration ITER, for three collective timeouts
+//	moe-stop:RANK:ITER:LAYER  the same at layer LAYER's MoE dispatch (a MoE
+//	                   model under expert parallelism)
 //
 // They prove that the other ranks exit with a clear error instead of hanging.
 // A fault that could never fire is refused at startup (checkFault), and one
@@ -45,9 +49,9 @@ func parseFault(v string) (*fault, error) {
 	parts := strings.Split(v, ":")
 	f := &fault{spec: v, kind: parts[0]}
 	bad := func(why string) error {
-		return fmt.Errorf("%s=%q: %s (want init:RANK, stop:RANK:ITER, perturb:RANK:ITER or moe-stop:RANK:ITER:LAYER)", FaultEnv, v, why)
+		return fmt.Errorf("%s=%q: %s (want init:RANK, stop:RANK:ITER, perturb:RANK:ITER, stall:RANK:ITER or moe-stop:RANK:ITER:LAYER)", FaultEnv, v, why)
 	}
-	want := map[string]int{"init": 2, "stop": 3, "perturb": 3, "moe-stop": 4}[f.kind]
+	want := map[string]int{"init": 2, "stop": 3, "perturb": 3, "stall": 3, "moe-stop": 4}[f.kind]
 	if want == 0 {
 		return nil, bad(fmt.Sprintf("unknown kind %q", f.kind))
 	}
@@ -76,7 +80,10 @@ func parseFault(v string) (*fault, error) {
 // Helix schedule check, --cp > 1 with TLLM_HELIX_AGG_CHECK_SCHEDULE=1,
 // compares plans across ranks; under attention DP every rank plans for its
 // own requests).
-func checkFault(f *fault, world int, helixScheduleCheck bool) error {
+//
+// A stall needs an engine whose steps exchange data with other ranks (Helix
+// CP, exchanges true).
+func checkFault(f *fault, world int, helixScheduleCheck, exchanges bool) error {
 	if f == nil {
 		return nil
 	}
@@ -88,6 +95,10 @@ func checkFault(f *fault, world int, helixScheduleCheck bool) error {
 		return fmt.Errorf("%s=%q: perturb changes one rank's plan, which only the Helix schedule check compares; "+
 			"it needs --cp > 1 and %s=1 (under attention DP, or without the check, nothing would notice)",
 			FaultEnv, f.spec, executor.ScheduleCheckEnv)
+	}
+	if f.kind == "stall" && !exchanges {
+		return fmt.Errorf("%s=%q: stall stops a rank inside an exchange of its engine's step, which only "+
+			"Helix CP (--cp > 1) and MoE expert parallelism (a MoE model on --engine cpu with --ranks > 1) make", FaultEnv, f.spec)
 	}
 	return nil
 }
@@ -108,8 +119,9 @@ type faultyPlanner struct {
 	f        *fault
 	iter     int64
 	teardown <-chan struct{} // closed when the run is torn down
-	// stallEngine injects the moe-stop fault into the rank's engine.
-	stallEngine func() error
+	// stall: the rank's engine and how long it stops inside the exchange.
+	eng      bridge.Engine
+	stallFor time.Duration
 }
 
 func (p *faultyPlanner) Schedule(active []*scheduler.Request, executing []uint64) (*scheduler.Output, error) {
@@ -122,9 +134,17 @@ func (p *faultyPlanner) Schedule(active []*scheduler.Request, executing []uint64
 		<-p.teardown // stop entering collectives until the run is torn down
 		return nil, fmt.Errorf("injected fault: rank %d stopped at iteration %d", p.f.rank, it)
 	}
-	if p.f.kind == "moe-stop" && it == p.f.iter {
-		if err := p.stallEngine(); err != nil {
-			return nil, fmt.Errorf("injecting %s=%q: %w", FaultEnv, p.f.spec, err)
+	if (p.f.kind == "stall" || p.f.kind == "moe-stop") && it == p.f.iter {
+		st, ok := p.eng.(bridge.ExchangeStaller)
+		if !ok {
+			return nil, fmt.Errorf("injected fault: the %T engine cannot stall inside an exchange", p.eng)
+		}
+		kind, layer := bridge.AnyExchange, -1
+		if p.f.kind == "moe-stop" {
+			kind, layer = bridge.MoEDispatchExchange, p.f.layer
+		}
+		if err := st.StallNextExchange(kind, layer, p.stallFor); err != nil {
+			return nil, fmt.Errorf("injected fault: %w", err)
 		}
 	}
 	out, err := p.Planner.Schedule(active, executing)

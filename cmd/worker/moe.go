@@ -2,9 +2,7 @@ package main
 
 import (
 	"fmt"
-	"time"
 
-	"github.com/lockstep-ai/lockstep/bridge"
 	nativeengine "github.com/lockstep-ai/lockstep/bridge/native"
 )
 
@@ -44,33 +42,16 @@ func (o *serveOptions) checkMoE(world int) error {
 	return nil
 }
 
-// openEPGroup opens the expert-parallel group of a run with world ranks:
-// in-process members, or (multiProcess) one member per process over MPI,
-// collective over every process. Nil when the run has no expert parallelism.
-func (o *serveOptions) openEPGroup(world int, multiProcess bool) (*nativeengine.CPGroup, error) {
+// openEPGroup opens the expert-parallel group of an in-process run with
+// world ranks; nil when the run has no expert parallelism (a process of a
+// multi-process run opens its member with openProcessExchangeGroup).
+func (o *serveOptions) openEPGroup(world int) (*nativeengine.CPGroup, error) {
 	if !o.expertParallel(world) {
 		return nil, nil
-	}
-	if multiProcess {
-		// Color 2: distinct from any other exchange group a process opens.
-		g, err := nativeengine.NewMPICPGroup(2, o.collectiveTimeout)
-		if err != nil {
-			return nil, fmt.Errorf("opening the expert-parallel MPI group: %w", err)
-		}
-		return g, nil
 	}
 	g, err := nativeengine.NewCPGroup(world, o.collectiveTimeout)
 	if err != nil {
 		return nil, fmt.Errorf("opening the expert-parallel group: %w", err)
 	}
 	return g, nil
-}
-
-// moeStall is the moe-stop fault's injection into a rank's engine: the
-// engine stops at the fault's layer for three collective timeouts (its peers
-// time out inside that exchange first).
-func (o *serveOptions) moeStall(eng bridge.Engine) func() error {
-	return func() error {
-		return nativeengine.InjectMoEStall(eng, o.fault.layer, 3*max(o.collectiveTimeout, time.Second))
-	}
 }

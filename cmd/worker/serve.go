@@ -1,6 +1,7 @@
 package main
 
 import (
+	"crypto/rand"
 	"errors"
 	"flag"
 	"fmt"
@@ -532,11 +533,7 @@ func buildRank(o *serveOptions, sc scheduler.Config, i, device int, comm nccl.Co
 	}
 	var planner executor.Planner = sch
 	if f != nil && f.rank == i && f.kind != "init" {
-		fp := &faultyPlanner{Planner: sch, f: f, teardown: td.ch}
-		if f.kind == "moe-stop" {
-			fp.stallEngine = o.moeStall(parts.eng)
-		}
-		planner = fp
+		planner = &faultyPlanner{Planner: sch, f: f, teardown: td.ch, eng: parts.eng, stallFor: 3 * o.collectiveTimeout}
 	}
 	parts.ex, err = executor.New(cfg, executor.Deps{Comm: comm, Engine: parts.eng, KV: parts.kv, Planner: planner})
 	if err != nil {
@@ -571,7 +568,7 @@ func serve(o *serveOptions, sc scheduler.Config, reqs []workload.Request, log *z
 			comms = append(comms, c)
 		}
 	}
-	if g, err := o.openEPGroup(world, false); err != nil {
+	if g, err := o.openEPGroup(world); err != nil {
 		return nil, err
 	} else if g != nil {
 		defer g.Close()
@@ -676,23 +673,46 @@ func serve(o *serveOptions, sc scheduler.Config, reqs []workload.Request, log *z
 // Rank 0 returns the result; the others return nil, nil.
 func serveProcess(o *serveOptions, sc scheduler.Config, reqs []workload.Request, l nccl.Launch,
 	log *zap.Logger, stderr io.Writer) (*serveResult, error) {
+	if err := o.checkMultiProcessHelix(l); err != nil {
+		return nil, err
+	}
 	if o.cp > 1 {
-		return nil, usageErrorf("%s %d: Helix CP groups run in one process (--cp with in-process ranks); "+
-			"multi-process Helix is not supported yet", o.src("cp"), o.cp)
+		sc.Helix = true
+		sc.LedgerBlockTokens = o.tokensPerPage * o.cp
+	} else {
+		if o.ranks != 1 && o.ranks != l.WorldSize && o.ranksSet {
+			return nil, usageErrorf("%s %d does not match the %s launch of %d processes (one rank per process)",
+				o.src("ranks"), o.ranks, l.Launcher, l.WorldSize)
+		}
+		o.ranks = l.WorldSize
 	}
-	if o.ranks != 1 && o.ranks != l.WorldSize && o.ranksSet {
-		return nil, usageErrorf("%s %d does not match the %s launch of %d processes (one rank per process)",
-			o.src("ranks"), o.ranks, l.Launcher, l.WorldSize)
-	}
-	o.ranks = l.WorldSize
 	log = log.With(zap.Int("rank", l.Rank))
-	pg, err := nccl.OpenProcessGroup(l, nccl.GroupOptions{CollectiveTimeout: o.collectiveTimeout, OpenMPI: nativeengine.OpenMPI, Logger: log})
+	pg, err := nccl.OpenProcessGroup(l, nccl.GroupOptions{CollectiveTimeout: o.collectiveTimeout, OpenMPI: nativeengine.OpenMPI,
+		NCCL: controlPlaneNCCL(o.engine, l.LocalRank, o.collectiveTimeout), Logger: log})
 	if err != nil {
 		return nil, fmt.Errorf("rank %d: joining the %s world of %d: %w", l.Rank, l.Launcher, l.WorldSize, err)
 	}
-	if g, err := o.openEPGroup(l.WorldSize, true); err != nil {
-		return nil, exitAfterCollectiveError(pg, l, err)
-	} else if g != nil {
+	// The Helix CP group, made before anything that can fail on one rank
+	// only (its creation is collective; every rank that opened the process
+	// group reaches it).
+	var cpGroup any
+	if o.cp > 1 {
+		g, gerr := openProcessExchangeGroup(l, pg.Comm, o.collectiveTimeout, os.Getenv)
+		if gerr != nil {
+			pg.Close()
+			return nil, fmt.Errorf("rank %d: opening the Helix CP exchange group: %w", l.Rank, gerr)
+		}
+		defer g.Close()
+		cpGroup = g
+	}
+	// The expert-parallel group of a MoE model (EP and Helix exclude each
+	// other), collective like the CP group's.
+	if o.expertParallel(l.WorldSize) {
+		g, gerr := openProcessExchangeGroup(l, pg.Comm, o.collectiveTimeout, os.Getenv)
+		if gerr != nil {
+			pg.Close()
+			return nil, fmt.Errorf("rank %d: opening the expert-parallel exchange group: %w", l.Rank, gerr)
+		}
 		defer g.Close()
 		o.epGroup = g
 	}
@@ -701,7 +721,7 @@ func serveProcess(o *serveOptions, sc scheduler.Config, reqs []workload.Request,
 	ro, berr := rankOptions(o, l.LocalRank, pg.Comm)
 	var parts *rankParts
 	if berr == nil {
-		parts, berr = buildRank(ro, sc, l.Rank, l.LocalRank, pg.Comm, nil, o.out.iterLog(l.Rank), o.out.eventSink(l.Rank), log, flt, td)
+		parts, berr = buildRank(ro, sc, l.Rank, l.LocalRank, pg.Comm, cpGroup, o.out.iterLog(l.Rank), o.out.eventSink(l.Rank), log, flt, td)
 	}
 	status := executor.InitOK
 	if berr != nil {
@@ -720,7 +740,7 @@ func serveProcess(o *serveOptions, sc scheduler.Config, reqs []workload.Request,
 	defer parts.close()
 	start := time.Now()
 	if l.Rank == 0 {
-		log.Info("serving", zap.Int("requests", len(reqs)), zap.Int("ranks", o.ranks), zap.String("launcher", string(l.Launcher)),
+		log.Info("serving", zap.Int("requests", len(reqs)), zap.Int("ranks", o.ranks), zap.Int("cp", o.cp), zap.String("launcher", string(l.Launcher)),
 			zap.String("engine", o.engine), zap.String("model", o.model), zap.String("router", o.routerName),
 			zap.String("overlap", o.overlap))
 		if o.api != nil {
@@ -730,6 +750,11 @@ func serveProcess(o *serveOptions, sc scheduler.Config, reqs []workload.Request,
 			prog := newProgress(stderr, o.progress, len(reqs))
 			parts.ex.SetSource(executor.NewTraceSource(reqs, o.replayStart(start)), prog.update)
 			defer prog.done()
+		}
+	}
+	if cpGroup != nil {
+		if err := executor.AgreeScheduleCheck(pg.Comm, parts.ex.ScheduleCheck()); err != nil {
+			return nil, exitAfterCollectiveError(pg, l, err)
 		}
 	}
 	res, err := parts.ex.Run()
@@ -743,6 +768,79 @@ func serveProcess(o *serveOptions, sc scheduler.Config, reqs []workload.Request,
 		return nil, nil
 	}
 	return &serveResult{rank0: res, wall: time.Since(start), deviceMS: []float64{res.DeviceMS}}, nil
+}
+
+// checkMultiProcessHelix checks --cp under a multi-process launch: one CP
+// rank per process, every process in one CP group (world = cp), and an MPI
+// launch, since the per-layer exchange of attention partials runs over MPI.
+func (o *serveOptions) checkMultiProcessHelix(l nccl.Launch) error {
+	if o.cp <= 1 {
+		return nil
+	}
+	if o.ranksSet && o.ranks != 1 {
+		return usageErrorf("%s %d with %s %d: attention DP together with Helix (world = dp x cp) is not supported; "+
+			"launch exactly %d processes, one CP rank each, without %s", o.src("ranks"), o.ranks, o.src("cp"), o.cp, o.cp, o.src("ranks"))
+	}
+	if l.WorldSize != o.cp {
+		if l.WorldSize%o.cp == 0 {
+			return usageErrorf("%s %d under a %s launch of %d processes: attention DP together with Helix "+
+				"(%d DP groups of %d CP ranks) is not supported; launch exactly %d processes, one CP rank each",
+				o.src("cp"), o.cp, l.Launcher, l.WorldSize, l.WorldSize/o.cp, o.cp, o.cp)
+		}
+		return usageErrorf("%s %d under a %s launch of %d processes: Helix runs one CP rank per process; launch exactly %d processes",
+			o.src("cp"), o.cp, l.Launcher, l.WorldSize, o.cp)
+	}
+	return nil
+}
+
+// ExchangeHostEnv overrides the address a process listens on and advertises
+// for the engines' in-step exchanges over TCP (launches without MPI).
+const ExchangeHostEnv = "LOCKSTEP_EXCHANGE_HOST"
+
+// openProcessExchangeGroup opens the group over which this process's engine
+// exchanges data inside its steps with the other processes (one member per
+// process, ranked as the launch ranks them): MPI under an MPI launch, else a
+// TCP mesh whose addresses and secret travel through comm (the control
+// plane, authenticated). The TCP listener binds $LOCKSTEP_EXCHANGE_HOST, else
+// 127.0.0.1 when every rank runs on this node, else this host's name.
+func openProcessExchangeGroup(l nccl.Launch, comm nccl.Comm, timeout time.Duration,
+	getenv func(string) string) (*nativeengine.CPGroup, error) {
+	if l.UsesMPI() {
+		g, err := nativeengine.NewMPICPGroup(0, timeout)
+		if err != nil {
+			return nil, err
+		}
+		if g.Size() != l.WorldSize || g.LocalRank() != l.Rank {
+			g.Close()
+			return nil, fmt.Errorf("the MPI exchange group places this process at rank %d of %d, the %s launch at rank %d of %d",
+				g.LocalRank(), g.Size(), l.Launcher, l.Rank, l.WorldSize)
+		}
+		return g, nil
+	}
+	host := getenv(ExchangeHostEnv)
+	if host == "" {
+		if l.LocalSize == l.WorldSize || l.LocalSize == 0 {
+			host = "127.0.0.1"
+		} else if h, err := os.Hostname(); err == nil {
+			host = h
+		} else {
+			return nil, fmt.Errorf("no host to listen on for the exchange group (%v); set %s", err, ExchangeHostEnv)
+		}
+	}
+	var secret []byte
+	if l.Rank == 0 {
+		secret = make([]byte, 32)
+		if _, err := rand.Read(secret); err != nil {
+			return nil, err
+		}
+	}
+	secret, err := comm.Broadcast("exchange_group_secret", 0, secret)
+	if err != nil {
+		return nil, err
+	}
+	return nativeengine.NewTCPCPGroup(l.Rank, l.WorldSize, host, secret, timeout, func(addr []byte) ([][]byte, error) {
+		return comm.AllGather("exchange_group_addrs", addr)
+	})
 }
 
 // exitAfterCollectiveError handles a failed multi-process rank. After a

@@ -43,11 +43,10 @@ func (o *serveOptions) startupChecks(sc scheduler.Config, l nccl.Launch, getenv 
 		world = l.WorldSize
 		// serveProcess refuses these too; here they fail before the
 		// outputs are created and the workload is read.
-		if helix {
-			return nil, usageErrorf("%s %d: Helix CP groups run in one process (--cp with in-process ranks); "+
-				"multi-process Helix is not supported yet", o.src("cp"), o.cp)
+		if err := o.checkMultiProcessHelix(l); err != nil {
+			return nil, err
 		}
-		if o.ranks != 1 && o.ranks != l.WorldSize && o.ranksSet {
+		if !helix && o.ranks != 1 && o.ranks != l.WorldSize && o.ranksSet {
 			return nil, usageErrorf("%s %d does not match the %s launch of %d processes (one rank per process)",
 				o.src("ranks"), o.ranks, l.Launcher, l.WorldSize)
 		}
@@ -55,7 +54,7 @@ func (o *serveOptions) startupChecks(sc scheduler.Config, l nccl.Launch, getenv 
 	if o.fault, err = parseFault(getenv(FaultEnv)); err != nil {
 		return nil, usageError{err}
 	}
-	if err := checkFault(o.fault, world, helix && check); err != nil {
+	if err := checkFault(o.fault, world, helix && check, helix || o.expertParallel(world)); err != nil {
 		return nil, usageError{err}
 	}
 	if err := o.checkMoE(world); err != nil {

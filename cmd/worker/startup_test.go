@@ -182,7 +182,7 @@ func TestLaunchConflictsRefusedAtStartup(t *testing.T) {
 		want string
 	}{
 		{[]string{"--config", path}, path + ":1 ranks 3 does not match the mpirun launch of 2 processes"},
-		{[]string{"--cp", "2"}, "--cp 2: Helix CP groups run in one process"},
+		{[]string{"--cp", "4"}, "--cp 4 under a mpirun launch of 2 processes: Helix runs one CP rank per process; launch exactly 4 processes"},
 	} {
 		o := defaultServeOptions()
 		fs := flag.NewFlagSet("run", flag.ContinueOnError)
@@ -285,4 +285,37 @@ func TestFirstRootCause(t *testing.T) {
 		require.True(t, strings.HasPrefix(first, tc.first), "first line %q, want %q", first, tc.first)
 	}
 	require.NoError(t, firstRootCause([]error{nil, nil}))
+}
+
+// TestMultiProcessHelixChecks: --cp under a launcher runs one CP rank per
+// process (exchanging over MPI or TCP); the shapes it cannot run are refused at startup, naming
+// the flag, the launch and what to do instead.
+func TestMultiProcessHelixChecks(t *testing.T) {
+	mpi := func(n int) nccl.Launch { return nccl.Launch{Launcher: nccl.LauncherOpenMPI, WorldSize: n} }
+	for _, tc := range []struct {
+		args   []string
+		launch nccl.Launch
+		want   string // "" = accepted
+	}{
+		{[]string{"--cp", "2"}, mpi(2), ""},
+		{[]string{"--cp", "4"}, mpi(4), ""},
+		{[]string{"--cp", "4"}, nccl.Launch{Launcher: nccl.LauncherSlurm, WorldSize: 4}, ""},
+		{[]string{"--cp", "2"}, mpi(4), "--cp 2 under a openmpi launch of 4 processes: attention DP together with Helix (2 DP groups of 2 CP ranks) is not supported"},
+		{[]string{"--cp", "4"}, mpi(2), "Helix runs one CP rank per process; launch exactly 4 processes"},
+		{[]string{"--cp", "3"}, mpi(4), "launch exactly 3 processes"},
+		{[]string{"--cp", "2"}, nccl.Launch{Launcher: nccl.LauncherTorchrun, WorldSize: 2}, ""},
+	} {
+		o := defaultServeOptions()
+		fs := flag.NewFlagSet("run", flag.ContinueOnError)
+		o.flags(fs)
+		require.NoError(t, fs.Parse(tc.args))
+		err := o.checkMultiProcessHelix(tc.launch)
+		if tc.want == "" {
+			require.NoError(t, err, "%v %v", tc.args, tc.launch)
+			continue
+		}
+		require.ErrorContains(t, err, tc.want, "%v %v", tc.args, tc.launch)
+		var ue usageError
+		require.True(t, errors.As(err, &ue), "a usage error (exit 2)")
+	}
 }

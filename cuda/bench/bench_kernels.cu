@@ -5,7 +5,7 @@
 //              bf16 cuBLAS matmul (8192^3)
 //   decode     batch 1/16/64/256 x context 1k/8k/32k/128k, llama-8b heads
 //              (32 q, 8 kv, D 128), page 32: time, GB/s of K+V read
-//   chunk      chunk 512/2k/8k x depth 0/32k/128k, GQA 8:1: time, TFLOP/s
+//   chunk      chunk 512/2k/8k x depth 0/32k/128k, GQA 4:1 (32 q heads over 8 kv heads): time, TFLOP/s
 //   iteration  one full llama-8b step through engine.h at a few batch mixes
 // Usage: cuda_bench OUT.tsv
 #include <cublas_v2.h>
@@ -31,6 +31,17 @@ using namespace lockstep;
 namespace {
 
 FILE* tsv = nullptr;
+
+// A failing cuBLAS call must stop the benchmark: an unchecked GEMM that did
+// nothing would report a bogus (huge) matmul ceiling.
+#define BLAS_CHECK(call)                                                                        \
+  do {                                                                                          \
+    const cublasStatus_t st_ = (call);                                                          \
+    if (st_ != CUBLAS_STATUS_SUCCESS) {                                                         \
+      std::printf("FAIL: %s:%d: %s: %s\n", __FILE__, __LINE__, #call, cublasGetStatusName(st_)); \
+      std::exit(1);                                                                             \
+    }                                                                                           \
+  } while (0)
 
 // Median milliseconds of fn over reps after 2 warm-ups.
 double time_ms(const std::function<void()>& fn, int reps = 7) {
@@ -84,14 +95,15 @@ void ceilings(double* copy_gbs, double* mm_tflops) {
   fill_random(A, size_t(n) * n, 1);
   fill_random(B, size_t(n) * n, 2);
   cublasHandle_t h;
-  cublasCreate(&h);
+  BLAS_CHECK(cublasCreate(&h));
   const float one = 1, zero = 0;
   const double mm = time_ms([&] {
-    cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, A, CUDA_R_16BF, n, B, CUDA_R_16BF, n, &zero, C,
-                 CUDA_R_16BF, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    BLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, A, CUDA_R_16BF, n, B, CUDA_R_16BF, n,
+                            &zero, C, CUDA_R_16BF, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   }, 10);
+  TCHECK(cudaGetLastError());
   *mm_tflops = 2.0 * n * n * double(n) / (mm * 1e9);
-  cublasDestroy(h);
+  BLAS_CHECK(cublasDestroy(h));
   cudaFree(A);
   cudaFree(B);
   cudaFree(C);
@@ -181,9 +193,8 @@ void iteration_bench() {
   cfg.tokens_per_page = kP;
   eng_engine_t e;
   if (eng_engine_init(&cfg, &e) != ENG_OK) {
-    std::printf("iteration bench: init failed: %s\n", eng_last_error());
-    std::fprintf(tsv, "iteration\tinit failed\t0\tms\n");
-    return;
+    std::printf("FAIL: iteration bench: llama-8b engine init failed: %s\n", eng_last_error());
+    std::exit(1);
   }
   struct Mix { const char* name; int decode, ctx, chunk; };
   const Mix mixes[] = {{"decode 64 x 2k", 64, 2048, 0},
@@ -211,7 +222,7 @@ void iteration_bench() {
     for (int rep = 0; rep < 7; ++rep) {
       eng_step_result r{sampled.data(), nullptr, 0};
       if (eng_engine_step(e, &d, &r) != ENG_OK) {
-        std::printf("iteration bench %s: %s\n", m.name, eng_engine_last_error(e));
+        std::printf("FAIL: iteration bench %s: %s\n", m.name, eng_engine_last_error(e));
         std::exit(1);
       }
       if (rep >= 2) t.push_back(r.device_ms);

@@ -11,6 +11,12 @@ constexpr int kThreads = 512;
 
 // (v, i) beats (bv, bi) if larger, or equal with a lower index. NaN compares
 // false both ways, so it never beats anything.
+//
+// Parity with the CPU's sampling_argmax (native/src/sampling.cpp), which
+// scans `if (x[i] > x[best]) best = i` from best = 0: NaN never wins, ties go
+// to the lowest index, an all -inf (or all NaN) row gives 0 -- and a NaN at
+// index 0 gives 0, because nothing compares greater than NaN. The kernel
+// reproduces that last case explicitly.
 __device__ inline void take_best(float v, int32_t i, float& bv, int32_t& bi) {
   if (v > bv || (v == bv && i < bi)) {
     bv = v;
@@ -38,7 +44,7 @@ __global__ void __launch_bounds__(kThreads) argmax_kernel(const float* x, int32_
   __syncthreads();
   if (threadIdx.x == 0) {
     for (int w = 1; w < kThreads / 32; ++w) take_best(sv[w], si[w], bv, bi);
-    out[blockIdx.x] = bi == INT_MAX ? 0 : bi;
+    out[blockIdx.x] = bi == INT_MAX || isnan(xr[0]) ? 0 : bi;
   }
 }
 

@@ -193,12 +193,11 @@ template <int D>
 void launch(const AttnArgs& a, int32_t max_tokens, cudaStream_t stream) {
   const int G = a.num_heads / a.kv.num_kv_heads;
   const size_t smem = ChunkSmem<D>::total;
-  static bool configured = false;
-  if (!configured) {
+  static std::atomic<uint64_t> configured{0};  // per D instantiation and device
+  once_per_device(configured, [&] {
     CUDA_CHECK(cudaFuncSetAttribute(attn_chunk_kernel<D>,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    configured = true;
-  }
+  });
   const int64_t tiles = (int64_t(max_tokens) * G + kM - 1) / kM;
   const dim3 grid(unsigned(tiles), unsigned(a.kv.num_kv_heads * a.num_splits), unsigned(a.num_seqs));
   attn_chunk_kernel<D><<<grid, kThreads, smem, stream>>>(a);

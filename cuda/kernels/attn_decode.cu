@@ -142,12 +142,11 @@ void launch(const AttnArgs& a, cudaStream_t stream) {
   const int G = a.num_heads / a.kv.num_kv_heads;
   const size_t smem = 2 * kTile * (D + 8) * sizeof(__nv_bfloat16) +
                       (G * D + G * kTile + 3 * G) * sizeof(float);
-  static bool configured = false;  // per D instantiation; the attribute is per device function
-  if (!configured) {
+  static std::atomic<uint64_t> configured{0};  // per D instantiation and device
+  once_per_device(configured, [&] {
     CUDA_CHECK(cudaFuncSetAttribute(attn_decode_kernel<D>,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, 96 * 1024));
-    configured = true;
-  }
+  });
   const dim3 grid(a.num_splits, a.kv.num_kv_heads, a.num_seqs);
   attn_decode_kernel<D><<<grid, kThreads, smem, stream>>>(a);
   CUDA_CHECK_LAUNCH();

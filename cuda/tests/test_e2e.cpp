@@ -1,5 +1,7 @@
-// test_e2e.cpp: the tiny model on the CUDA engine against the CPU engine,
-// through the C ABI (engine.h). Both engines are fed the same tokens (the CPU
+// test_e2e.cpp: small models on the CUDA engine against the CPU engine,
+// through the C ABI (engine.h): the `tiny` preset (head dim 16: the
+// hand-written attention kernels) and a tiny shape with SmolLM2's head dim 64
+// and GQA group 3 (FlashInfer, the production attention path). Both engines are fed the same tokens (the CPU
 // engine's greedy choice, teacher forcing) so one disagreement does not
 // cascade; per step the sampled logits must agree within a bf16 tolerance and
 // the greedy tokens must agree on >= 99% of steps. Also checks a batch of
@@ -22,11 +24,25 @@ constexpr int kP = 16, kPages = 64, kHostPages = 16;
 // (float32) logits of the tiny model.
 constexpr double kLogitTol = 3e-2;
 
-eng_engine_t make(eng_backend b) {
+// A shape with SmolLM2-135M's attention geometry (head dim 64, 9:3 heads ->
+// group 3) at the tiny model's size: the CUDA engine runs it through FlashInfer.
+eng_model_shape fi_shape() {
+  eng_model_shape s{};
+  eng_preset_shape("tiny", &s);
+  s.num_heads = 6;
+  s.num_kv_heads = 2;
+  s.head_dim = 64;
+  s.hidden_size = 6 * 64;
+  s.intermediate_size = 256;
+  return s;
+}
+
+eng_engine_t make(eng_backend b, const char* preset) {
   eng_engine_config cfg{};
   cfg.abi_version = ENG_ABI_VERSION;
   cfg.backend = b;
-  cfg.preset = "tiny";
+  cfg.preset = preset;
+  if (preset == nullptr) cfg.shape = fi_shape();
   cfg.seed = 1234;
   cfg.num_pages = kPages;
   cfg.tokens_per_page = kP;
@@ -79,12 +95,9 @@ double rel(const float* a, const float* b, int n) {
   return std::sqrt(num / den);
 }
 
-}  // namespace
-
-int main() {
-  skip_without_device("cuda_e2e_test");
-  Report report;
-  eng_engine_t cpu = make(ENG_BACKEND_CPU), gpu = make(ENG_BACKEND_CUDA);
+// Runs the comparison for one model (preset, or fi_shape() when null).
+void run_model(const char* label, const char* preset, Report& report) {
+  eng_engine_t cpu = make(ENG_BACKEND_CPU, preset), gpu = make(ENG_BACKEND_CUDA, preset);
   eng_model_shape shape;
   eng_engine_shape(cpu, &shape);
   const int V = shape.vocab_size;
@@ -98,27 +111,36 @@ int main() {
   for (int s = 0; s < 4; ++s)
     for (int t = 0; t < 20 + 9 * s; ++t) prompts[size_t(s)].push_back((t * 37 + s * 101 + 5) % V);
 
-  // Prefill all four in one batch (mixed lengths), then 120 decode steps with
-  // every sequence in the batch; sequence 3 is suspended to the host tier and
-  // resumed half way.
+  // Prefill: sequences 1-3 whole and the first 10 tokens of sequence 0; then
+  // one mixed step (sequence 0's remaining chunk first in batch order, the
+  // others decoding: the engine reorders rows decode-first internally); then
+  // 120 decode steps with every sequence in the batch; sequence 3 is
+  // suspended to the host tier and resumed half way.
   int steps = 0, agree = 0;
   double worst = 0;
   std::vector<int32_t> sc, sg;
   std::vector<float> lc, lg;
   std::vector<Seq*> all = {&seqs[0], &seqs[1], &seqs[2], &seqs[3]};
-  step(cpu, all, prompts, &sc, &lc, V);
-  step(gpu, all, prompts, &sg, &lg, V);
+  std::vector<std::vector<int32_t>> first = prompts;
+  first[0].resize(10);
+  step(cpu, all, first, &sc, &lc, V);
+  step(gpu, all, first, &sg, &lg, V);
   std::vector<std::vector<int32_t>> next(4);
-  auto compare = [&](size_t n) {
-    for (size_t i = 0; i < n; ++i) {
+  auto compare = [&](size_t from, size_t n) {
+    for (size_t i = from; i < n; ++i) {
       worst = std::max(worst, rel(&lg[i * V], &lc[i * V], V));
       agree += sc[i] == sg[i];
       ++steps;
       next[i] = {sc[i]};  // teacher forcing with the CPU's token
     }
   };
-  compare(4);
-  for (int s = 0; s < 4; ++s) seqs[size_t(s)].pos += int32_t(prompts[size_t(s)].size());
+  compare(1, 4);  // sequence 0's token is mid-prompt
+  for (int s = 0; s < 4; ++s) seqs[size_t(s)].pos += int32_t(first[size_t(s)].size());
+  next[0].assign(prompts[0].begin() + 10, prompts[0].end());
+  step(cpu, all, next, &sc, &lc, V);
+  step(gpu, all, next, &sg, &lg, V);
+  for (int s = 0; s < 4; ++s) seqs[size_t(s)].pos += int32_t(next[size_t(s)].size());
+  compare(0, 4);
 
   for (int it = 0; it < 120; ++it) {
     if (it == 60) {
@@ -137,15 +159,24 @@ int main() {
     }
     step(cpu, all, next, &sc, &lc, V);
     step(gpu, all, next, &sg, &lg, V);
-    compare(4);
+    compare(0, 4);
     for (auto& s : seqs) s.pos += 1;
   }
   char buf[256];
-  std::snprintf(buf, sizeof buf, "tiny model CUDA vs CPU: worst logits rel %.2e (tol %.0e)", worst, kLogitTol);
+  std::snprintf(buf, sizeof buf, "%s CUDA vs CPU: worst logits rel %.2e (tol %.0e)", label, worst, kLogitTol);
   report.check(worst <= kLogitTol, buf);
-  std::snprintf(buf, sizeof buf, "tiny model CUDA vs CPU: greedy tokens agree on %d of %d steps", agree, steps);
+  std::snprintf(buf, sizeof buf, "%s CUDA vs CPU: greedy tokens agree on %d of %d steps", label, agree, steps);
   report.check(agree * 100 >= steps * 99, buf);
   eng_engine_free(cpu);
   eng_engine_free(gpu);
+}
+
+}  // namespace
+
+int main() {
+  skip_without_device("cuda_e2e_test");
+  Report report;
+  run_model("tiny model (hand-written attention)", "tiny", report);
+  run_model("head-dim-64 group-3 model (FlashInfer attention)", nullptr, report);
   return report.finish();
 }

@@ -12,7 +12,10 @@
 #include <cstring>
 #include <numeric>
 
+#include "attention/flashinfer_attn.h"
 #include "kernels/argmax.cuh"
+#include "kernels/q_pack.cuh"
+#include "sampling.h"
 #include "kernels/attn_chunk.cuh"
 #include "kernels/attn_decode.cuh"
 #include "kernels/attn_merge.cuh"
@@ -140,25 +143,29 @@ void test_swiglu_residual() {
 }
 
 void test_argmax() {
-  const int n = 128256, rows = 4;
+  // The reference is the CPU engine's own greedy argmax (sampling_argmax), so
+  // the NaN and tie rules are the CPU's, whatever they are.
+  const int n = 128256, rows = 7;
   auto x = randv(size_t(rows) * n);
   x[0 * n + 100] = 5.0f;  // tie: the lower index wins
   x[0 * n + 7] = 5.0f;
   std::fill(x.begin() + n, x.begin() + 2 * n, 0.25f);  // all equal -> 0
   x[3 * n + 3] = NAN;                                   // NaN never wins
   x[3 * n + 90000] = 7.0f;
+  x[4 * n + 0] = NAN;                                   // NaN at 0: the CPU answers 0
+  x[4 * n + 500] = 9.0f;
+  std::fill(x.begin() + 5 * n, x.begin() + 6 * n, NAN);       // all NaN -> 0
+  std::fill(x.begin() + 6 * n, x.begin() + 7 * n, -INFINITY);  // all -inf -> 0
+  x[6 * n + 4] = NAN;
   std::vector<int32_t> want(rows);
-  want[0] = 7;
-  want[1] = 0;
-  want[2] = int32_t(std::max_element(x.begin() + 2 * n, x.begin() + 3 * n) - (x.begin() + 2 * n));
-  want[3] = 90000;
+  for (int r = 0; r < rows; ++r) want[size_t(r)] = lockstep::sampling_argmax(x.data() + size_t(r) * n, n);
   Dev<float> dx(x);
   Dev<int32_t> out(rows);
   out.poison();
   argmax_rows(dx.p, rows, n, out.p, nullptr);
   const auto got = out.get();
   for (int r = 0; r < rows; ++r) {
-    std::snprintf(buf, sizeof buf, "argmax row %d: got %d want %d", r, got[r], want[r]);
+    std::snprintf(buf, sizeof buf, "argmax row %d: got %d want %d (CPU sampling_argmax)", r, got[r], want[r]);
     report.check(got[r] == want[r], buf);
   }
 }
@@ -208,6 +215,10 @@ void test_kv_append() {
 struct AttnCase {
   int P, G, D, chunk, depth, splits;
   bool decode;  // decode kernel (chunk must be 1) instead of the chunk kernel
+  // FlashInfer (the production path: attention/flashinfer_attn.h) instead of
+  // the hand-written kernels: decode plan + run, or the paged prefill; LSE
+  // always checked. `splits` is ignored (FlashInfer's planner splits).
+  bool fi = false;
 };
 
 // Attention of two sequences (chunk, depth) and (ceil(chunk/2), depth/3) over
@@ -264,9 +275,22 @@ void test_attention(const AttnCase& c) {
     a.lse_part = lse_part.p;
     a.part_rows = rows;
   }
-  if (c.decode) attn_decode(a, nullptr);
-  else attn_chunk(a, std::max(n_tok[0], n_tok[1]), nullptr);
-  if (splits > 1) {
+  if (c.fi) {
+    Dev<__nv_bfloat16> qb(size_t(rows) * Hq * D);
+    q_pack(dq.p, int64_t(Hq) * D, rows, Hq * D, qb.p, nullptr);
+    FlashInferAttention fa(Hq, kvh, D, c.P, slab.page_elems, nullptr);
+    std::vector<FiSeq> fs;
+    for (int s = 0; s < 2; ++s) fs.push_back(FiSeq{n_tok[s], start[s] + n_tok[s], blocks.data() + seqs[s].block_off});
+    if (c.decode) fa.plan(fs.data(), 2, nullptr, 0, false);
+    else fa.plan(nullptr, 0, fs.data(), 2, false);
+    fa.run(dslab.p, 1, qb.p, out.p, lse_out.p);
+    TCHECK(cudaDeviceSynchronize());
+  } else if (c.decode) {
+    attn_decode(a, nullptr);
+  } else {
+    attn_chunk(a, std::max(n_tok[0], n_tok[1]), nullptr);
+  }
+  if (splits > 1 && !c.fi) {
     MergeArgs m;
     m.o_part = o_part.p;
     m.lse_part = lse_part.p;
@@ -330,12 +354,13 @@ void test_attention(const AttnCase& c) {
   }
   const double e = rel_err(sub.data(), ref.data(), ref.size());
   double e_lse = 0;
-  if (splits > 1) e_lse = rel_err(sub_lse.data(), lse_ref.data(), lse_ref.size());
+  if (splits > 1 || c.fi) e_lse = rel_err(sub_lse.data(), lse_ref.data(), lse_ref.size());
   std::snprintf(buf, sizeof buf,
-                "attention %s P=%d G=%d D=%d chunk=%d depth=%d splits=%d: rel %.2e lse rel %.2e%s",
-                c.decode ? "decode" : "chunk", c.P, c.G, D, c.chunk, c.depth, splits, e, e_lse,
-                all_written ? "" : " (UNWRITTEN OUTPUT)");
-  report.check(all_written && e <= 1e-2 && e_lse <= 1e-3, buf);
+                "attention %s%s P=%d G=%d D=%d chunk=%d depth=%d splits=%d: rel %.2e lse rel %.2e%s",
+                c.fi ? "flashinfer " : "", c.decode ? "decode" : "chunk", c.P, c.G, D, c.chunk, c.depth, splits, e,
+                e_lse, all_written ? "" : " (UNWRITTEN OUTPUT)");
+  // FlashInfer takes bf16 queries (ours float32): a looser LSE bound.
+  report.check(all_written && e <= 1e-2 && e_lse <= (c.fi ? 5e-3 : 1e-3), buf);
 }
 
 }  // namespace
@@ -364,6 +389,21 @@ int main(int argc, char** argv) {
     test_attention({16, 2, 16, 40, 23, 1, false});  // the tiny model's head_dim
     test_attention({16, 2, 16, 1, 23, 1, true});
     test_attention({32, 4, 64, 65, 129, 2, false});
+    // FlashInfer, the production path: Llama (D 128, G 4) and SmolLM2 (D 64,
+    // G 3) shapes, every page size, decode short/split-KV and chunks over a
+    // prefix.
+    struct GroupDim { int G, D; };
+    const GroupDim fi_shapes[] = {{4, 128}, {3, 64}, {8, 128}};
+    for (int P : pages)
+      for (const GroupDim& gd : fi_shapes) {
+        const int G = gd.G, D = gd.D;
+        test_attention({P, G, D, 1, 37, 1, true, true});
+        test_attention({P, G, D, 1, 3000, 1, true, true});
+        test_attention({P, G, D, 77, 200, 1, false, true});
+        test_attention({P, G, D, 300, 0, 1, false, true});
+        test_attention({P, G, D, 130, 2500, 1, false, true});
+        test_attention({P, G, D, 5, 900, 1, false, true});
+      }
     if (full) {
       for (int chunk : {1, 512, 2048, 8192})
         for (int depth : {0, 32768, 131072 - 8192}) {
@@ -372,6 +412,9 @@ int main(int argc, char** argv) {
         }
       test_attention({64, 4, 128, 4096, 16384, 4, false});
       test_attention({16, 1, 128, 1, 131071, 32, true});
+      for (int chunk : {512, 8192})
+        for (int depth : {0, 32768}) test_attention({32, 4, 128, chunk, depth, 1, false, true});
+      test_attention({32, 4, 128, 1, 131071, 1, true, true});
     }
   } catch (const EngineError& e) {
     std::printf("FAIL: %s\n", e.what());

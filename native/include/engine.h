@@ -310,6 +310,24 @@ eng_status eng_cp_group_create(int32_t size, int32_t timeout_ms, eng_cp_group_t*
  * and, per missing peer, the last exchange received from it.
  */
 eng_status eng_cp_group_create_mpi(int32_t color, int32_t timeout_ms, eng_cp_group_t* out);
+/*
+ * A group of one member per process over TCP, for launches without MPI:
+ * every member first listens (eng_tcp_listen: host "" = every interface;
+ * the chosen port in *port), the caller exchanges the "host:port" addresses
+ * and a random 32-byte secret among the members through its control plane,
+ * then each calls eng_cp_group_create_tcp with its rank, every member's
+ * address in rank order and the secret. The members connect into a full
+ * mesh (each connection starts with a hello carrying the secret; others are
+ * closed); the call fails with ENG_TIMEOUT when the mesh is not complete
+ * within timeout_ms, which also bounds each exchange. The listener is only
+ * borrowed; free it afterwards. Exchanges behave as over MPI, and a member
+ * that exits fails its peers' exchange at once (ENG_COMM_ERROR).
+ */
+typedef struct eng_tcp_listener* eng_tcp_listener_t;
+eng_status eng_tcp_listen(const char* host, int32_t* port, eng_tcp_listener_t* out);
+eng_status eng_tcp_listener_free(eng_tcp_listener_t ln);
+eng_status eng_cp_group_create_tcp(eng_tcp_listener_t ln, int32_t rank, int32_t size, const char* const* addrs,
+                                   const uint8_t* secret, int32_t timeout_ms, eng_cp_group_t* out);
 /* Members of the group (-1 for NULL); the rank this process must join as
  * (-1 for an in-process group, whose members are all local). */
 int32_t eng_cp_group_size(eng_cp_group_t group);
@@ -353,12 +371,14 @@ typedef struct eng_moe_layer_stats {
 } eng_moe_layer_stats;
 eng_status eng_engine_moe_layer_stats(eng_engine_t eng, int32_t layer, eng_moe_layer_stats* out);
 
-/* Tests only (fault injection, LOCKSTEP_TEST_FAULT=moe-stop): the engine's
- * next step stops where it would enter the MoE dispatch exchange of `layer`,
- * stays there stall_ms (its EP peers wait for it inside that exchange, and
- * time out) and then fails with ENG_INTERNAL "injected fault". Needs an EP
- * member and a layer of the model. */
-eng_status eng_engine_test_moe_stall(eng_engine_t eng, int32_t layer, int32_t stall_ms);
+/*
+ * Fault injection for tests: the engine's next exchange with its groups
+ * (Helix CP, MoE EP) of the given kind (0 Helix attention, 1 MoE dispatch, 2 MoE
+ * combine, -1 any) at the given layer (-1 any) sleeps ms milliseconds before
+ * it starts, as a member that stopped inside it would. Thread-safe (it only
+ * arms a flag the step reads). ENG_INVALID_ARGUMENT for an engine in no group.
+ */
+eng_status eng_engine_test_stall(eng_engine_t eng, int32_t kind, int32_t layer, int32_t ms);
 
 /* Page copies between tiers (suspend/resume). Tier 0 = device, 1 = host. */
 typedef enum eng_tier {
@@ -381,10 +401,12 @@ eng_status eng_engine_copy_pages(eng_engine_t eng, eng_tier src_tier,
  * instead of hanging. A build without ENGINE_MPI links these functions too and
  * answers ENG_UNSUPPORTED with a message saying how to enable MPI.
  *
- * Threading: MPI is initialised with MPI_THREAD_FUNNELED, so every call below
- * must come from the thread that made the first eng_comm_init_mpi (Go pins
- * one goroutine to an OS thread for this). Calls on one handle must not
- * overlap.
+ * Threading: MPI is initialised asking for MPI_THREAD_MULTIPLE (the exchange
+ * groups of eng_cp_group_create_mpi need it); the communicator still expects
+ * every call below from the thread that made the first eng_comm_init_mpi
+ * (Go pins one goroutine to an OS thread for this), and refuses other
+ * threads when MPI provides less than MPI_THREAD_MULTIPLE. Calls on one
+ * handle must not overlap.
  *
  * Errors: a failing call on a handle leaves its message (with MPI's error
  * string) in eng_comm_last_error(comm); a failing eng_comm_init_mpi leaves it
@@ -396,7 +418,7 @@ eng_status eng_engine_copy_pages(eng_engine_t eng, eng_tier src_tier,
  */
 typedef struct eng_comm* eng_comm_t;
 
-/* Initialises MPI if it is not initialised yet (MPI_Init_thread, FUNNELED;
+/* Initialises MPI if it is not initialised yet (MPI_Init_thread, MULTIPLE;
  * Open MPI's own SIGSEGV/SIGBUS handlers are disabled unless the user set
  * OMPI_MCA_opal_signal, because they would take signals from the Go runtime)
  * and returns a duplicate of MPI_COMM_WORLD in *out. Without a launcher this
@@ -427,6 +449,27 @@ eng_status eng_comm_free(eng_comm_t comm);
 /* Message of the last failed call on this handle; "" if none. Owned by the
  * handle. With NULL: the last failed eng_comm_init_mpi of this thread. */
 const char* eng_comm_last_error(eng_comm_t comm);
+
+/*
+ * NCCL transport for the control plane (GPU deployments). The same
+ * eng_comm_t handle and calls (eng_comm_rank/size/allgatherv/free/
+ * last_error) over an NCCL communicator on CUDA device device_id, with host
+ * staging on its own stream. Every wait is bounded by timeout_ms (> 0): past
+ * it the NCCL communicator is aborted (ncclCommAbort) and the call returns
+ * ENG_TIMEOUT naming the collective; the handle then only answers
+ * ENG_COMM_ERROR. eng_comm_abort on it returns ENG_UNSUPPORTED (exit the
+ * process instead). A library built without ENGINE_NCCL links both functions
+ * and answers ENG_UNSUPPORTED with a message saying how to build it.
+ *
+ * Bootstrap: rank 0 calls eng_comm_nccl_unique_id and sends the 128 bytes to
+ * every rank over another transport (MPI or TCP); every rank then calls
+ * eng_comm_init_nccl with the same id. Failures of init leave their message in
+ * eng_comm_last_error(NULL).
+ */
+#define ENG_NCCL_UNIQUE_ID_BYTES 128
+eng_status eng_comm_nccl_unique_id(uint8_t out[ENG_NCCL_UNIQUE_ID_BYTES]);
+eng_status eng_comm_init_nccl(const uint8_t id[ENG_NCCL_UNIQUE_ID_BYTES], int32_t rank, int32_t size,
+                              int32_t device_id, int32_t timeout_ms, eng_comm_t* out);
 
 #ifdef __cplusplus
 }

@@ -104,12 +104,6 @@ class Backend {
     (void)size;
     (void)rank;
   }
-  // Tests only: the next step stops before layer's MoE dispatch for
-  // stall_ms, then throws (eng_engine_test_moe_stall).
-  virtual void inject_moe_stall(int32_t layer, int32_t stall_ms) {
-    (void)layer;
-    (void)stall_ms;
-  }
   // MoE exchange counters (zero without EP).
   virtual const MoeStats& moe_stats() const {
     static const MoeStats none;

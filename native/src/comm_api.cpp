@@ -10,6 +10,7 @@
 #include <string>
 
 #include "comm_mpi.h"
+#include "comm_nccl.h"
 #include "engine.h"
 #include "status.h"
 
@@ -100,6 +101,25 @@ eng_status eng_comm_free(eng_comm_t comm) {
 
 const char* eng_comm_last_error(eng_comm_t comm) {
   return comm == nullptr ? g_comm_init_error.c_str() : comm->last_error.c_str();
+}
+
+eng_status eng_comm_nccl_unique_id(uint8_t out[ENG_NCCL_UNIQUE_ID_BYTES]) {
+  return comm_guarded(&g_comm_init_error, [&] {
+    if (out == nullptr) lockstep::invalid_argument("eng_comm_nccl_unique_id: out is NULL");
+    lockstep::nccl_unique_id(out);
+  });
+}
+
+eng_status eng_comm_init_nccl(const uint8_t id[ENG_NCCL_UNIQUE_ID_BYTES], int32_t rank, int32_t size,
+                              int32_t device_id, int32_t timeout_ms, eng_comm_t* out) {
+  return comm_guarded(&g_comm_init_error, [&] {
+    if (out == nullptr) lockstep::invalid_argument("eng_comm_init_nccl: out is NULL");
+    *out = nullptr;
+    if (id == nullptr) lockstep::invalid_argument("eng_comm_init_nccl: id is NULL");
+    auto comm = std::make_unique<eng_comm>();
+    comm->impl = lockstep::open_nccl_comm(id, rank, size, device_id, timeout_ms);
+    *out = comm.release();
+  });
 }
 
 }  // extern "C"

@@ -2,6 +2,7 @@
 
 #include <cstring>
 #include <string>
+#include <thread>
 
 #include "status.h"
 
@@ -27,6 +28,22 @@ std::string describe(const ExchangeTag& t, uint64_t round) {
   return describe(t) + " (round " + std::to_string(round) + ")";
 }
 
+void Exchange::arm_stall(int32_t kind, int32_t layer, int32_t ms) {
+  stall_kind_.store(kind);
+  stall_layer_.store(layer);
+  stall_ms_.store(ms);  // last: arms
+}
+
+void Exchange::maybe_stall(const ExchangeTag& tag) {
+  const int32_t ms = stall_ms_.load();
+  if (ms <= 0) return;
+  const int32_t kind = stall_kind_.load(), layer = stall_layer_.load();
+  if (kind >= 0 && kind != static_cast<int32_t>(tag.kind)) return;
+  if (layer >= 0 && layer != tag.layer) return;
+  if (stall_ms_.exchange(0) <= 0) return;
+  std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+}
+
 namespace {
 
 class LocalMember final : public Exchange {
@@ -37,6 +54,7 @@ class LocalMember final : public Exchange {
   int32_t size() const override { return g_->size(); }
   void allgather(const ExchangeTag& tag, const void* data, size_t bytes,
                  std::vector<std::vector<char>>* out) override {
+    maybe_stall(tag);
     g_->allgather(rank_, tag, data, bytes, out);
     ++exchanges_;
     bytes_sent_ += bytes * static_cast<size_t>(size() - 1);
@@ -48,6 +66,7 @@ class LocalMember final : public Exchange {
   // counted are those a point-to-point transport would move.
   void alltoallv(const ExchangeTag& tag, const std::vector<std::vector<char>>& send,
                  std::vector<std::vector<char>>* out) override {
+    maybe_stall(tag);
     const int32_t n = size();
     if (static_cast<int32_t>(send.size()) != n)
       throw EngineError(ENG_INTERNAL, describe(tag) + ": alltoallv with " + std::to_string(send.size()) +

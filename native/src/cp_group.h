@@ -20,6 +20,7 @@
 #ifndef LOCKSTEP_NATIVE_CP_GROUP_H
 #define LOCKSTEP_NATIVE_CP_GROUP_H
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
@@ -72,8 +73,19 @@ class Exchange {
   uint64_t bytes_received() const { return bytes_received_; }
   uint64_t exchanges() const { return exchanges_; }
 
+  // Fault injection for tests (eng_engine_test_stall): the next exchange
+  // matching kind and layer (-1 = any) first sleeps for ms, as a member that
+  // stopped inside it would, so that its peers' bounded waits are exercised.
+  // May be called from any thread.
+  void arm_stall(int32_t kind, int32_t layer, int32_t ms);
+
  protected:
+  // Called by each transport on entry to an exchange.
+  void maybe_stall(const ExchangeTag& tag);
   uint64_t bytes_sent_ = 0, bytes_received_ = 0, exchanges_ = 0;
+
+ private:
+  std::atomic<int32_t> stall_ms_{0}, stall_kind_{-1}, stall_layer_{-1};
 };
 using CpExchange = Exchange;
 

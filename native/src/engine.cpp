@@ -21,6 +21,7 @@
 #include "backend.h"
 #include "checkpoint.h"
 #include "cp_group.h"
+#include "exchange_tcp.h"
 #include "engine.h"
 #include "page_slab.h"
 #include "presets.h"
@@ -573,6 +574,43 @@ eng_status eng_cp_group_create(int32_t size, int32_t timeout_ms, eng_cp_group_t*
   });
 }
 
+eng_status eng_tcp_listen(const char* host, int32_t* port, eng_tcp_listener_t* out) {
+  return guarded(&g_last_error, [&] {
+    if (out == nullptr || port == nullptr) invalid_argument("out or port is NULL");
+    *out = nullptr;
+    auto l = std::make_unique<lockstep::TcpListener>(host == nullptr ? "" : host);
+    *port = l->port();
+    *out = reinterpret_cast<eng_tcp_listener_t>(l.release());
+  });
+}
+
+eng_status eng_tcp_listener_free(eng_tcp_listener_t ln) {
+  std::string ignored;
+  return guarded(&ignored, [&] { delete reinterpret_cast<lockstep::TcpListener*>(ln); });
+}
+
+eng_status eng_cp_group_create_tcp(eng_tcp_listener_t ln, int32_t rank, int32_t size, const char* const* addrs,
+                                   const uint8_t* secret, int32_t timeout_ms, eng_cp_group_t* out) {
+  return guarded(&g_last_error, [&] {
+    if (out == nullptr) invalid_argument("out is NULL");
+    *out = nullptr;
+    if (ln == nullptr) invalid_argument("listener is NULL");
+    if (size < 1) invalid_argument(fmt("size must be >= 1, got %d", size));
+    if (rank < 0 || rank >= size) invalid_argument(fmt("rank = %d is out of range [0, %d)", rank, size));
+    if (addrs == nullptr || secret == nullptr) invalid_argument("addrs or secret is NULL");
+    if (timeout_ms < 1) invalid_argument(fmt("timeout_ms must be >= 1, got %d", timeout_ms));
+    std::vector<std::string> a;
+    for (int32_t r = 0; r < size; ++r) {
+      if (addrs[r] == nullptr) invalid_argument(fmt("addrs[%d] is NULL", r));
+      a.emplace_back(addrs[r]);
+    }
+    auto g = std::make_unique<eng_cp_group>();
+    g->group = lockstep::open_tcp_exchange_group(reinterpret_cast<lockstep::TcpListener*>(ln), rank, a, secret,
+                                                 std::chrono::milliseconds(timeout_ms));
+    *out = g.release();
+  });
+}
+
 eng_status eng_cp_group_create_mpi(int32_t color, int32_t timeout_ms, eng_cp_group_t* out) {
   return guarded(&g_last_error, [&] {
     if (out == nullptr) invalid_argument("out is NULL");
@@ -674,15 +712,16 @@ eng_status eng_engine_moe_layer_stats(eng_engine_t eng, int32_t layer, eng_moe_l
   });
 }
 
-eng_status eng_engine_test_moe_stall(eng_engine_t eng, int32_t layer, int32_t stall_ms) {
+eng_status eng_engine_test_stall(eng_engine_t eng, int32_t kind, int32_t layer, int32_t ms) {
   if (!check_handle(eng)) return ENG_INVALID_ARGUMENT;
   return guarded(&eng->last_error, [&] {
-    if (!eng->ep || !eng->backend) invalid_argument("a MoE stall needs an engine that joined an EP group");
-    if (layer < 0 || layer >= eng->params.shape.num_layers)
-      invalid_argument(fmt("layer = %d is out of range [0, %d)", layer, eng->params.shape.num_layers));
-    if (stall_ms < 0) invalid_argument(fmt("stall_ms must be >= 0, got %d", stall_ms));
-    if (eng->stream) eng->stream->drain();  // the backend is not running a step
-    eng->backend->inject_moe_stall(layer, stall_ms);
+    if (kind < -1 || kind > static_cast<int32_t>(lockstep::ExchangeKind::kTest))
+      invalid_argument(fmt("kind = %d is not an exchange kind (or -1 for any)", kind));
+    if (layer < -1) invalid_argument(fmt("layer = %d must be >= -1", layer));
+    if (ms < 1) invalid_argument(fmt("ms = %d must be >= 1", ms));
+    if (!eng->cp && !eng->ep) invalid_argument("this engine is in no exchange group: nothing to stall");
+    if (eng->cp) eng->cp->arm_stall(kind, layer, ms);
+    if (eng->ep) eng->ep->arm_stall(kind, layer, ms);
   });
 }
 

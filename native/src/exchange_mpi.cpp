@@ -45,6 +45,11 @@ class MpiMember final : public Exchange {
             std::chrono::milliseconds timeout)
       : g_(std::move(g)), comm_(comm), rank_(rank), size_(size), timeout_(timeout),
         last_(static_cast<size_t>(size)), heard_(static_cast<size_t>(size), false) {}
+  // A member whose last exchange failed with sends in flight leaks its send
+  // buffers and its group's communicator: MPI cannot cancel those sends, and
+  // a peer may still read the buffers (single-copy transports read them in
+  // place). The process is about to exit anyway.
+  ~MpiMember() override;
   int32_t rank() const override { return rank_; }
   int32_t size() const override { return size_; }
 
@@ -89,6 +94,7 @@ class MpiMember final : public Exchange {
   // One exchange: send_[0] to every peer (shared) or send_[r] to peer r,
   // and one message from every peer into out[r].
   void run(const ExchangeTag& tag, bool shared, std::vector<std::vector<char>>* out) {
+    maybe_stall(tag);
     const uint64_t round = round_++;
     const std::string what = describe(tag, round) + " (rank " + std::to_string(rank_) + " of " +
                              std::to_string(size_) + ", MPI)";
@@ -109,6 +115,7 @@ class MpiMember final : public Exchange {
     const auto start = std::chrono::steady_clock::now();
     const auto deadline = start + timeout_;
     bool sends_done = reqs_.empty();
+    sends_in_flight_ = !sends_done;
     for (uint64_t polls = 0;; ++polls) {
       bool progress = false;
       for (size_t i = 0; i < pending.size();) {
@@ -148,6 +155,7 @@ class MpiMember final : public Exchange {
         mpi_check(MPI_Testall(static_cast<int>(reqs_.size()), reqs_.data(), &flag, MPI_STATUSES_IGNORE),
                   (what + ": MPI_Testall").c_str());
         sends_done = flag != 0;
+        sends_in_flight_ = !sends_done;
       }
       if (pending.empty() && sends_done) break;
       const auto now = std::chrono::steady_clock::now();
@@ -169,6 +177,7 @@ class MpiMember final : public Exchange {
     ++exchanges_;
   }
 
+  bool sends_in_flight_ = false;
   struct Last {
     ExchangeTag tag;
     uint64_t round = 0;
@@ -191,7 +200,11 @@ class MpiExchangeGroup final : public ExchangeGroup, public std::enable_shared_f
     mpi_check(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank");
     mpi_check(MPI_Comm_size(comm_, &size_), "MPI_Comm_size");
   }
-  ~MpiExchangeGroup() override { mpi_release_comm(&comm_); }
+  ~MpiExchangeGroup() override {
+    if (!leak_) mpi_release_comm(&comm_);
+  }
+  // Keeps the communicator (and MPI) alive to the end of the process.
+  void leak() { leak_ = true; }
   int32_t size() const override { return size_; }
   int32_t local_rank() const override { return rank_; }
   const char* transport() const override { return "MPI"; }
@@ -207,7 +220,14 @@ class MpiExchangeGroup final : public ExchangeGroup, public std::enable_shared_f
   MPI_Comm comm_;
   std::chrono::milliseconds timeout_;
   int rank_ = 0, size_ = 0;
+  bool leak_ = false;
 };
+
+MpiMember::~MpiMember() {
+  if (!sends_in_flight_) return;
+  g_->leak();
+  new std::vector<std::vector<char>>(std::move(send_));  // deliberately leaked, see above
+}
 
 }  // namespace
 

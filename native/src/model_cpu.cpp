@@ -7,7 +7,6 @@
 #include <cmath>
 #include <cstring>
 #include <string>
-#include <thread>
 
 #include "attention_partial.h"
 #include "checkpoint.h"
@@ -468,13 +467,6 @@ void CpuBackend::moe_block(int32_t layer, const StepBatch& batch, int64_t n, con
     moe_stats_.bytes_received += batch.ep->bytes_received() - recv0;
     ++moe_stats_.exchanges;
   };
-  if (stall_layer_ == layer) {
-    stall_layer_ = -1;
-    std::this_thread::sleep_for(std::chrono::milliseconds(stall_ms_));
-    throw EngineError(ENG_INTERNAL, "injected fault: stopped at the " +
-                                        describe(ExchangeTag{ExchangeKind::kMoeDispatch, layer}) + " for " +
-                                        std::to_string(stall_ms_) + " ms");
-  }
   exchange(ExchangeKind::kMoeDispatch, &ls.dispatch_ms, &ls.dispatch_bytes);
 
   // Expert compute: every owned expert over the rows it received, in

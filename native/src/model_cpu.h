@@ -77,10 +77,6 @@ class CpuBackend final : public Backend {
   const char* name() const override { return "cpu"; }
   void join_ep(int32_t size, int32_t rank) override;
   const MoeStats& moe_stats() const override { return moe_stats_; }
-  void inject_moe_stall(int32_t layer, int32_t stall_ms) override {
-    stall_layer_ = layer;
-    stall_ms_ = stall_ms;
-  }
   double step(const StepBatch& batch, int32_t* sampled, float* logits) override;
   void copy_pages(eng_tier src_tier, const int32_t* src, eng_tier dst_tier, const int32_t* dst,
                   int32_t n) override;
@@ -140,7 +136,6 @@ class CpuBackend final : public Backend {
   std::vector<float> helix_local_;  // partials of this rank's pages
   std::vector<std::vector<char>> helix_all_;
   int32_t ep_size_ = 1, ep_rank_ = 0;
-  int32_t stall_layer_ = -1, stall_ms_ = 0;  // injected fault (tests)
   // MoE scratch: normed rows of the layer, their block outputs, the router's
   // choices (expert ids ascending per row, and weights), exchange buffers.
   std::vector<float> moe_x_, moe_out_, moe_logits_, moe_rows_, moe_y_;
