@@ -24,6 +24,11 @@ Gemm::Gemm(cudaStream_t stream) {
     // Tensor-core algorithms are the default for bf16 inputs; keep the math
     // mode strict so that no reduced-precision accumulation is picked.
     CUBLAS_CHECK(cublasSetMathMode(handle_, CUBLAS_DEFAULT_MATH));
+    // An explicit workspace (after cublasSetStream, which resets it): a
+    // captured decode graph then uses the same memory and the same algorithm
+    // choices as the eager path, instead of an allocation inside each capture.
+    workspace_.reserve(kWorkspaceBytes);
+    CUBLAS_CHECK(cublasSetWorkspace(handle_, workspace_.as<void>(), kWorkspaceBytes));
   } catch (...) {
     cublasDestroy(handle_);  // the destructor does not run for a throwing constructor
     handle_ = nullptr;

@@ -13,6 +13,8 @@
 
 #include <cstdint>
 
+#include "device_buffer.h"
+
 namespace lockstep {
 
 class Gemm {
@@ -29,6 +31,8 @@ class Gemm {
                 int64_t out, float* Y, float beta);
 
  private:
+  static constexpr size_t kWorkspaceBytes = size_t(32) << 20;  // cuBLAS's recommendation for sm_90
+  DeviceBuffer workspace_;  // declared before the handle: freed after it
   cublasHandle_t handle_ = nullptr;
 };
 

@@ -2,6 +2,7 @@
 #include "model_cuda.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 
@@ -89,6 +90,7 @@ CudaBackend::CudaBackend(const EngineParams& p)
     generate_weights(p.seed);
   upload_inv_freq();
   CUDA_CHECK(cudaStreamSynchronize(stream_));
+  init_decode_graphs();
 }
 
 CudaBackend::~CudaBackend() {
@@ -380,11 +382,13 @@ void CudaBackend::attention(int32_t layer) {
   }
 }
 
-void CudaBackend::forward(const StepBatch& b, bool want_logits) {
-  (void)want_logits;
+// Grows the per-step scratch to `rows` rows and `num_sampled` sampled rows
+// (the decode graphs reserve their largest bucket here once, so that a
+// captured step never reallocates).
+void CudaBackend::reserve_scratch(int64_t R, int32_t num_sampled) {
   const int64_t H = shape_.hidden_size, D = shape_.head_dim, F = shape_.intermediate_size;
   const int64_t qd = int64_t(shape_.num_heads) * D, kvd = int64_t(shape_.num_kv_heads) * D;
-  const int64_t qkv = qd + 2 * kvd, R = b.num_rows;
+  const int64_t qkv = qd + 2 * kvd;
   const size_t bf = sizeof(__nv_bfloat16);
   hidden_.reserve(size_t(R * H) * sizeof(float));
   xb_.reserve(size_t(R * std::max(H, F)) * bf);
@@ -393,8 +397,20 @@ void CudaBackend::forward(const StepBatch& b, bool want_logits) {
   if (fi_) q_bf16_.reserve(size_t(R * qd) * bf);
   gu_.reserve(size_t(R * 2 * F) * sizeof(float));
   act_.reserve(size_t(R * F) * bf);
-  logits_.reserve(size_t(std::max(num_sampled_, 1)) * shape_.vocab_size * sizeof(float));
-  sampled_.reserve(size_t(std::max(num_sampled_, 1)) * sizeof(int32_t));
+  logits_.reserve(size_t(std::max(num_sampled, 1)) * shape_.vocab_size * sizeof(float));
+  sampled_.reserve(size_t(std::max(num_sampled, 1)) * sizeof(int32_t));
+}
+
+// The step set up by upload_descriptors (or upload_graph_descriptors): rows_
+// rows, num_sampled_ sampled rows. Only launches and cuBLAS calls once the
+// scratch has its size, so that a decode graph can capture it.
+void CudaBackend::forward(const StepBatch& b, bool want_logits) {
+  (void)b;
+  (void)want_logits;
+  const int64_t H = shape_.hidden_size, D = shape_.head_dim, F = shape_.intermediate_size;
+  const int64_t qd = int64_t(shape_.num_heads) * D, kvd = int64_t(shape_.num_kv_heads) * D;
+  const int64_t qkv = qd + 2 * kvd, R = rows_;
+  reserve_scratch(R, num_sampled_);
 
   const int32_t* pos = at<int32_t>(dev_desc_, off_pos_);
   float* hidden = hidden_.as<float>();
@@ -428,6 +444,12 @@ void CudaBackend::forward(const StepBatch& b, bool want_logits) {
 double CudaBackend::step(const StepBatch& batch, int32_t* sampled, float* logits) {
   float ms = 0.0f;
   guarded("step", [&] {
+    if (graph_eligible(batch)) {
+      graph_step(batch, sampled, logits, &ms);
+      return;
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    if (graphs_on_) ++graph_stats_.eager;
     upload_descriptors(batch);
     // Scratch growth (cudaFree/cudaMalloc) happens inside forward before the
     // first launch that uses it; the start event is recorded after it would
@@ -435,6 +457,7 @@ double CudaBackend::step(const StepBatch& batch, int32_t* sampled, float* logits
     CUDA_CHECK(cudaEventRecord(ev_start_.get(), stream_));
     forward(batch, logits != nullptr);
     CUDA_CHECK(cudaEventRecord(ev_stop_.get(), stream_));
+    last_host_us_ = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
     const size_t V = size_t(shape_.vocab_size);
     const size_t ns = size_t(num_sampled_);
     // Rows with temperature > 0 are sampled on the host from their logits

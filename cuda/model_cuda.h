@@ -27,17 +27,28 @@
 // and serve only shapes FlashInfer is not instantiated for (head dim 16/32:
 // the `tiny` test preset).
 //
-// TODO(cuda-graph): decode-only steps have a fixed launch sequence for a given
-// (batch size, max context bucket); capturing it once per bucket and
-// replaying saves the ~10 us/launch host overhead that dominates small
-// batches. Not done yet: the scratch buffers must first become fixed-size per
-// bucket so that captured pointers stay valid.
+// CUDA graphs (decode_graph.cu). A decode-only step (every sequence one
+// token, FlashInfer attention, no Helix, at most kMaxGraphBatch sequences) is
+// padded to a batch-size bucket and replayed from a graph captured once per
+// bucket: the whole forward is one cudaGraphLaunch instead of ~13 launches
+// per layer. What stays fixed for a bucket B: the descriptor layout (rows_ =
+// num_sampled_ = n_decode_ = B, offsets from B alone), the scratch buffers
+// (reserved for kMaxGraphBatch rows before the first capture) and
+// FlashInfer's graph-safe plan (re-planned before every replay into fixed
+// buffers). Padding rows write no KV (page -1) and attend one key of a page
+// the batch already uses. Any change of a captured address (a scratch buffer
+// grown by a larger eager step, FlashInfer's generation(), the page slab)
+// drops every graph; they are re-captured on use. A failed capture falls back
+// to the eager path for that bucket, with one logged line.
+// LOCKSTEP_CUDA_GRAPHS=0 turns graphs off.
 #ifndef LOCKSTEP_CUDA_MODEL_CUDA_H
 #define LOCKSTEP_CUDA_MODEL_CUDA_H
 
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
+#include <array>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -54,6 +65,38 @@ namespace lockstep {
 
 // Device weights of one decoder layer. Fused: wqkv = [Wq | Wk | Wv] and
 // wgu = [W_gate | W_up] along the output dimension.
+// Counters of the decode-graph path (tests, benchmarks, the device check).
+struct DecodeGraphStats {
+  int64_t captures = 0;   // graphs captured and instantiated
+  int64_t replays = 0;    // steps run by cudaGraphLaunch
+  int64_t warmups = 0;    // padded steps run eagerly before a bucket's first capture
+  int64_t drops = 0;      // times every graph was dropped (a captured address moved)
+  int64_t failures = 0;   // captures that failed (that bucket then runs eagerly)
+  int64_t eager = 0;      // steps not eligible for a graph (chunks, Helix, too large, graphs off)
+};
+
+// An instantiated graph, destroyed with its owner.
+class GraphExec {
+ public:
+  GraphExec() = default;
+  ~GraphExec() { reset(); }
+  GraphExec(const GraphExec&) = delete;
+  GraphExec& operator=(const GraphExec&) = delete;
+  GraphExec(GraphExec&& o) noexcept : g_(o.g_) { o.g_ = nullptr; }
+  GraphExec& operator=(GraphExec&& o) noexcept {
+    std::swap(g_, o.g_);
+    return *this;
+  }
+  void reset(cudaGraphExec_t g = nullptr) {
+    if (g_) cudaGraphExecDestroy(g_);
+    g_ = g;
+  }
+  cudaGraphExec_t get() const { return g_; }
+
+ private:
+  cudaGraphExec_t g_ = nullptr;
+};
+
 struct CudaLayer {
   DeviceBuffer attn_norm, mlp_norm;  // float32 [hidden]
   DeviceBuffer wqkv, wo, wgu, wdown; // bf16, input-major
@@ -72,6 +115,21 @@ class CudaBackend final : public Backend {
   // --- Internals for the CUDA tests and benchmarks (not part of the C ABI). ---
   cudaStream_t stream() const { return stream_; }
   PagePool& pages() { return *pages_; }
+  // Decode graphs: whether they are on (and why not), turning them on or off
+  // (off drops every graph; on is refused, staying off, where they cannot run:
+  // no FlashInfer attention for this shape, or a sync-check build).
+  bool decode_graphs_on() const { return graphs_on_; }
+  const std::string& decode_graphs_note() const { return graphs_note_; }
+  void set_decode_graphs(bool on);
+  const DecodeGraphStats& decode_graph_stats() const { return graph_stats_; }
+  // Host time of the last step from its entry until its last launch (or
+  // graph launch) was queued, in microseconds: what the CPU spends per step
+  // besides waiting for the device.
+  double last_host_us() const { return last_host_us_; }
+  // The batch-size buckets (ascending; the last is the largest graph batch).
+  static constexpr std::array<int32_t, 15> kGraphBuckets = {1,  2,   4,   8,   16,  24,  32, 48,
+                                                            64, 96, 128, 160, 192, 224, 256};
+  static constexpr int32_t kMaxGraphBatch = 256;
 
  private:
   // Runs body with the device set; a failure marks the backend broken (a
@@ -83,8 +141,36 @@ class CudaBackend final : public Backend {
   void upload_inv_freq();
   std::vector<float> rope_freqs_;  // a checkpoint's per-dimension RoPE divisors (may be empty)
   void upload_descriptors(const StepBatch& batch);
+  void reserve_scratch(int64_t rows, int32_t num_sampled);
   void forward(const StepBatch& batch, bool want_logits);
   void attention(int32_t layer);
+
+  // --- Decode graphs (decode_graph.cu). ---
+  // One bucket's graph, and whether it has run once eagerly (warm-up: lazy
+  // module loading and cuBLAS heuristics happen outside a capture) or failed
+  // to capture (then it stays eager until the graphs are dropped).
+  struct GraphSlot {
+    GraphExec exec;
+    bool warmed = false, failed = false;
+  };
+  // Every device address a captured graph holds, besides the weights (which
+  // never move after construction).
+  using GraphKey = std::array<const void*, 11>;
+  void init_decode_graphs();
+  bool graph_eligible(const StepBatch& batch) const;
+  void graph_step(const StepBatch& batch, int32_t* sampled, float* logits, float* ms);
+  void upload_graph_descriptors(const StepBatch& batch, int32_t bucket_rows);
+  GraphKey graph_key() const;
+  void drop_decode_graphs();
+  bool capture_decode_graph(GraphSlot& slot, const StepBatch& batch, std::string* why);
+  bool graphs_on_ = false;
+  std::string graphs_note_;
+  std::vector<GraphSlot> graph_slots_;  // one per kGraphBuckets entry
+  GraphKey graph_key_{};
+  uint64_t graph_fi_generation_ = 0;
+  DecodeGraphStats graph_stats_;
+  std::vector<FiSeq> graph_fi_seqs_;   // the padded decode list of a graph step
+  double last_host_us_ = 0.0;
 
   eng_model_shape shape_;
   int32_t device_, tokens_per_page_, num_sms_ = 0;

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Device check for an H200 (or any sm_90 GPU) machine, in one command of at
 # most 8 minutes: builds the engine and the CUDA tests there with the
-# machine's nvcc, runs the kernel and end-to-end tests (the tiny preset
+# machine's nvcc, runs the kernel, decode-graph and end-to-end tests (the tiny preset
 # through engine.h, and SmolLM2 on the CUDA engine against the CPU engine
 # through bin/worker), measures the card's two ceilings (copy bandwidth, bf16
 # matmul), the attention tables beside PyTorch SDPA (naming the SDPA backend
-# that ran), a llama-8b iteration table and a measured cost profile for the
+# that ran), a llama-8b iteration table, host time per decode iteration with
+# and without CUDA graphs, and a measured cost profile for the
 # twin. The last lines are a one-screen summary.
 #
 # Failing loudly is the point: every failure -- a test's non-zero exit, a
@@ -175,6 +176,7 @@ run_test() {
 }
 run_test cuda_kernels_test
 run_test cuda_e2e_test
+run_test cuda_graphs_test
 if [[ -x "$BUILD_DIR/cuda/tests/cuda_nccl_test" || "${SKIP_BUILD:-0}" != 1 ]]; then run_test cuda_nccl_test; fi
 
 # SmolLM2-135M (GGUF) on the CUDA engine against the CPU engine, greedy, through
@@ -238,6 +240,18 @@ timeout --kill-after=10 240 "$BENCH" "$LOGS/bench.tsv" >"$LOGS/bench.log" 2>&1 |
 if ((rc != 0)); then
   tail -n 20 "$LOGS/bench.log" >&2 || true
   fail "cuda_bench: $(describe_exit "$rc" 240) (log: bench.log)"
+fi
+GRAPH_BENCH="$BUILD_DIR/cuda/bench/cuda_graph_bench"
+[[ -x "$GRAPH_BENCH" ]] || fail "benchmark binary $GRAPH_BENCH is missing"
+rc=0
+timeout --kill-after=10 120 "$GRAPH_BENCH" "$LOGS/bench.tsv" >"$LOGS/graph-bench.log" 2>&1 || rc=$?
+if ((rc != 0)); then
+  tail -n 20 "$LOGS/graph-bench.log" >&2 || true
+  fail "cuda_graph_bench: $(describe_exit "$rc" 120) (log: graph-bench.log)"
+fi
+if grep -q '^\(SKIP\|FAIL\)' "$LOGS/graph-bench.log"; then
+  grep -m 5 '^\(SKIP\|FAIL\)' "$LOGS/graph-bench.log" >&2 || true
+  fail "cuda_graph_bench: SKIP or FAIL lines (log: graph-bench.log)"
 fi
 rc=0
 PYTHONUNBUFFERED=1 timeout 210 "$PY" cuda/bench/sdpa_bench.py "$LOGS/bench.tsv" >"$LOGS/table.txt" 2>"$LOGS/sdpa.log" || rc=$?
@@ -303,6 +317,11 @@ for r in rows:
         print(f"chunk 8k over 32k: {r[3]} ms, {r[5]}% of matmul (target >= 50%)")
     if r[0] == "iteration":
         print(f"llama-8b {r[1]}: {r[2]} ms")
+host = {(r[1], r[2]): float(r[3]) for r in rows if r[0] == "hostgraph"}
+for b in ("1", "64", "256"):
+    if (b, "eager") in host and (b, "graphs") in host:
+        print(f"host us per decode iteration, batch {b}: {host[(b, 'eager')]:.0f} eager, "
+              f"{host[(b, 'graphs')]:.0f} with graphs (goal <= 100 with the Go side)")
 PY
 if ((${#DEFERRED[@]} > 0)); then
   for d in "${DEFERRED[@]}"; do summary "NOT RUN: $d"; done

@@ -27,7 +27,7 @@ fake_build() {
   local dir="$1" body="$2"
   mkdir -p "$dir/cuda/tests" "$dir/cuda/bench"
   printf '#!/usr/bin/env bash\n%s\n' "$body" >"$dir/cuda/tests/cuda_kernels_test"
-  for t in cuda_e2e_test cuda_nccl_test; do
+  for t in cuda_e2e_test cuda_graphs_test cuda_nccl_test; do
     printf '#!/bin/sh\necho "3 passed, 0 failed"\n' >"$dir/cuda/tests/$t"
   done
   chmod +x "$dir"/cuda/tests/*

@@ -97,3 +97,69 @@ func runFleet(b *testing.B, ranks int, overlap bool, reqs []workload.Request) *e
 	}
 	return results[0]
 }
+
+// BenchmarkDecodeHostOverheadCPU measures the host side of a decode
+// iteration, everything but the forward's compute: intake, scheduling,
+// the (one-rank) agreement collectives, step building, the cgo call with
+// its descriptor packing and validation, and result application. One rank,
+// the sequential loop (nothing overlapped), the native CPU engine with the
+// tiny preset; `batch` requests decode together (16-token prompts, 256 new
+// tokens each, so nearly every iteration is a decode of the whole batch).
+// host-ns/iter = (wall of Run - the engine's own compute time) / forward
+// iterations: the part the CUDA engine's decode graphs cannot remove, to
+// set beside the device check's host time per iteration (docs/cuda.md; goal
+// for the whole host path: <= 100 us).
+func BenchmarkDecodeHostOverheadCPU(b *testing.B) {
+	for _, batch := range []int{64, 256} {
+		b.Run(fmt.Sprintf("batch=%d", batch), func(b *testing.B) {
+			var reqs []workload.Request
+			for i := 0; i < batch; i++ {
+				prompt := workload.AppendBlockTokens(nil, uint64(100+i), 16, 512, 3)
+				reqs = append(reqs, workload.Request{Index: i, Prompt: prompt, MaxNewTokens: 256})
+			}
+			sc := scheduler.Config{MaxBatchSize: batch, MaxNumTokens: 4096, ChunkedContext: true, ChunkUnitSize: 16,
+				Policy: scheduler.MaxUtilization, PrefixAware: true, LedgerBlockTokens: 16}
+			const pages = 8192
+			var wall time.Duration
+			var engineMS float64
+			var forwards int64
+			for i := 0; i < b.N; i++ {
+				eng, err := nativeengine.Open(bridge.Config{Preset: "tiny", Seed: 1, NumPages: pages, TokensPerPage: 16})
+				if err != nil {
+					b.Fatal(err)
+				}
+				kv, err := kvpool.New(kvpool.Config{NumPages: pages, TokensPerPage: 16})
+				if err != nil {
+					b.Fatal(err)
+				}
+				sch, err := scheduler.New(sc, kv)
+				if err != nil {
+					b.Fatal(err)
+				}
+				comms := nccl.NewLocalGroup(1, nccl.LocalOptions{Timeout: time.Minute})
+				ex, err := executor.New(executor.Config{Rank: 0, Ranks: 1, Scheduler: sc},
+					executor.Deps{Comm: comms[0], Engine: eng, KV: kv, Planner: sch,
+						Source: executor.NewTraceSource(reqs, time.Now())})
+				if err != nil {
+					b.Fatal(err)
+				}
+				start := time.Now()
+				res, err := ex.Run()
+				wall += time.Since(start)
+				eng.Close()
+				if err != nil {
+					b.Fatal(err)
+				}
+				engineMS += res.DeviceMS
+				forwards += res.ForwardIterations
+			}
+			if forwards == 0 {
+				b.Fatal("no forward iterations")
+			}
+			b.ReportMetric(float64(wall.Nanoseconds())/float64(forwards), "wall-ns/iter")
+			b.ReportMetric(engineMS*1e6/float64(forwards), "engine-ns/iter")
+			b.ReportMetric((float64(wall.Nanoseconds())-engineMS*1e6)/float64(forwards), "host-ns/iter")
+			b.ReportMetric(float64(forwards)/float64(b.N), "forwards/run")
+		})
+	}
+}

@@ -132,8 +132,11 @@ void FlashInferAttention::plan(const FiSeq* decode, int32_t nd, const FiSeq* chu
   // The device lists' address is captured by a CUDA graph of run(); when it
   // has to grow, generation() changes and the backend drops its graphs.
   const void* before = m.dev_lists.as<void>();
-  m.host_lists.reserve(total * sizeof(int32_t));
-  m.dev_lists.reserve(total * sizeof(int32_t));
+  // Graph steps grow the lists with headroom (twice the need), so that
+  // contexts growing step by step re-capture a few times, not every page.
+  const size_t want = total * sizeof(int32_t) > m.dev_lists.bytes() && graph_safe ? 2 * total : total;
+  m.host_lists.reserve(want * sizeof(int32_t));
+  m.dev_lists.reserve(want * sizeof(int32_t));
   if (m.dev_lists.as<void>() != before) ++m.generation;
   int32_t* h = m.host_lists.as<int32_t>();
   auto fill = [&](const FiSeq* seqs, int32_t n, size_t off_indptr, size_t off_last, size_t off_idx) {

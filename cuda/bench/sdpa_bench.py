@@ -5,7 +5,8 @@ and PyTorch's side by side.
 
     python3 sdpa_bench.py BENCH.tsv
 
-BENCH.tsv is cuda_bench's output (ceilings, decode, chunk, iteration rows).
+BENCH.tsv is cuda_bench's output (ceilings, decode, chunk, iteration rows) and
+cuda_graph_bench's (hostgraph rows: host time per decode iteration).
 PyTorch gets contiguous K/V (no paging) with GQA expanded by enable_gqa; the
 chunk shapes with a prefix use an explicit boolean causal mask (SDPA's
 is_causal aligns the mask top-left, which is wrong when depth > 0), which can
@@ -135,6 +136,14 @@ def main():
     for r in rows:
         if r[0] == "iteration":
             out.append(f"  {r[1]:<30} {r[2]:>9} {r[3]}")
+    host = [r for r in rows if r[0] == "hostgraph"]
+    if host:
+        out.append("")
+        out.append("llama-8b decode, host time per iteration (descriptors + plan + launches; goal <= 100 us "
+                   "with the Go side), median of 15")
+        out.append(f"  {'batch':>5} {'mode':>7} {'host us':>9} {'wall us':>9} {'device ms':>10}")
+        for r in host:
+            out.append(f"  {r[1]:>5} {r[2]:>7} {float(r[3]):>9.1f} {float(r[4]):>9.1f} {float(r[5]):>10.3f}")
     print("\n".join(out))
 
 

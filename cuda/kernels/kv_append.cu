@@ -11,6 +11,7 @@ __global__ void kv_append_kernel(PagedKV kv, const float* k, const float* v, int
   const int64_t r = blockIdx.x;
   const int width = kv.num_kv_heads * kv.head_dim;
   const int32_t page = row_page[r];
+  if (page < 0) return;  // a padding row of a decode graph: writes nothing
   const int64_t slot = int64_t(row_slot[r]) * kv.head_dim;
   for (int i = threadIdx.x; i < width; i += blockDim.x) {
     const int h = i / kv.head_dim, d = i % kv.head_dim;

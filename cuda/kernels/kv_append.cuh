@@ -9,7 +9,8 @@ namespace lockstep {
 
 // Row r goes to slot row_slot[r] of page row_page[r] of layer kv.layer:
 // K from k[r * stride + h * D + d], V from v[r * stride + h * D + d].
-// Rows write disjoint slots (engine.cpp rejects batches that would not).
+// Rows write disjoint slots (engine.cpp rejects batches that would not). A
+// row with row_page[r] < 0 (a decode graph's padding row) writes nothing.
 void kv_append(const PagedKV& kv, const float* k, const float* v, int64_t stride,
                const int32_t* row_page, const int32_t* row_slot, int64_t rows,
                cudaStream_t stream);
