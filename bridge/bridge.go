@@ -27,6 +27,43 @@ type ModelShape struct {
 	RopeScaling *RopeScaling `json:"rope_scaling,omitempty"`
 	// TiedEmbeddings: the output projection is the embedding matrix.
 	TiedEmbeddings bool `json:"tied_embeddings,omitempty"`
+	// Mixture of experts (docs/moe.md). NumExperts 0 = dense (the other
+	// MoE fields are then 0). With NumExperts > 0 every layer's MLP is a
+	// MoE block: a router over NumExperts, NumExpertsPerTok routed SwiGLU
+	// experts of width MoEIntermediateSize per token (summed in expert-id
+	// order), plus NumSharedExperts always-on experts of the same width;
+	// IntermediateSize is then unused by the engines.
+	NumExperts          int        `json:"num_experts,omitempty"`
+	NumExpertsPerTok    int        `json:"num_experts_per_tok,omitempty"`
+	MoEIntermediateSize int        `json:"moe_intermediate_size,omitempty"`
+	NumSharedExperts    int        `json:"num_shared_experts,omitempty"`
+	RouterNorm          RouterNorm `json:"router_norm,omitempty"`
+}
+
+// MoE reports whether the shape is a mixture of experts.
+func (s ModelShape) MoE() bool { return s.NumExperts > 0 }
+
+// RouterNorm is how a MoE router weights its top-k experts (eng_router_norm).
+// Both pick the largest logits, ties to the lower expert id.
+type RouterNorm int32
+
+// Router normalisations.
+const (
+	// RouterSoftmaxTopK: softmax over every expert, top-k, renormalised
+	// over the k (Qwen3-MoE with norm_topk_prob).
+	RouterSoftmaxTopK RouterNorm = 0
+	// RouterTopKSoftmax: top-k logits, softmax over the k (Mixtral).
+	RouterTopKSoftmax RouterNorm = 1
+)
+
+func (r RouterNorm) String() string {
+	switch r {
+	case RouterSoftmaxTopK:
+		return "softmax_topk"
+	case RouterTopKSoftmax:
+		return "topk_softmax"
+	}
+	return fmt.Sprintf("RouterNorm(%d)", int32(r))
 }
 
 // RopeScaling is Hugging Face's rope_scaling of rope_type "llama3".
@@ -135,7 +172,10 @@ type Config struct {
 	DeviceID      int  // CUDA device (local rank); ignored on CPU
 	ValidateOnly  bool // validate shape and sizes, allocate nothing, refuse steps
 	// Helix makes the engine a member of a Helix CP group (nil: no Helix).
-	Helix   *HelixMember
+	Helix *HelixMember
+	// Expert makes the engine a member of an expert-parallel group (MoE
+	// shapes only; nil: every expert local).
+	Expert  *ExpertMember
 	Backend string // native backend: "cpu" (default when "") or "cuda"
 }
 
@@ -145,6 +185,19 @@ type Config struct {
 // are global and a block table lists the member's local pages, one per ledger
 // block of TokensPerPage·Size global tokens (kvcache.md §10).
 type HelixMember struct {
+	Group any
+	Rank  int
+	Size  int
+}
+
+// ExpertMember places an engine in an expert-parallel group of a MoE model
+// (docs/moe.md): routed expert e lives on member e % Size, and every MoE
+// layer dispatches each token to its experts' members and combines the
+// outputs, inside the step. Group is an engine-specific handle (the same
+// bridge/native.CPGroup type as Helix's) shared by the Size members; Rank is
+// this engine's member rank. Every member must step whenever any does
+// (an empty step joins the exchanges with zero tokens).
+type ExpertMember struct {
 	Group any
 	Rank  int
 	Size  int
@@ -197,6 +250,9 @@ type StepResult struct {
 	Sampled  []int32   // per sequence; -1 where not sampled
 	Logits   []float32 // [num sampled rows × vocab] when WantLogits
 	DeviceMS float64   // device (or CPU compute) time of the step
+	// MoEWaitMS is the part of DeviceMS spent in MoE exchanges (waiting for
+	// the slowest member and moving tokens); 0 without expert parallelism.
+	MoEWaitMS float64
 }
 
 // MaxInflight is how many submitted steps may be outstanding (ENG_MAX_INFLIGHT).

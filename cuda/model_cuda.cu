@@ -103,6 +103,13 @@ CudaBackend::~CudaBackend() {
 }
 
 std::unique_ptr<Backend> make_cuda_backend(const EngineParams& params) {
+  // Refused before any device memory is touched (docs/moe.md).
+  if (params.shape.num_experts > 0)
+    throw EngineError(ENG_UNSUPPORTED,
+                      "the CUDA backend has no mixture-of-experts layers yet (num_experts > 0); run MoE models on "
+                      "the cpu engine, or model them with --engine twin");
+  if (int64_t{params.shape.num_heads} * params.shape.head_dim != params.shape.hidden_size)
+    throw EngineError(ENG_UNSUPPORTED, "the CUDA backend needs hidden_size == num_heads * head_dim");
   return std::make_unique<CudaBackend>(params);
 }
 

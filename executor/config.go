@@ -91,6 +91,12 @@ type Config struct {
 	// every rank takes every request and schedules identically; attention
 	// DP is off.
 	Helix bool
+	// MoE: the model is a mixture of experts whose engines exchange tokens
+	// inside every step (expert parallelism over the attention-DP ranks).
+	// Every rank already steps in every forward iteration (a rank without
+	// work runs its padding dummy, C5), which the exchanges need; with MoE
+	// the iteration log records moe_wait_ms.
+	MoE bool
 	// ScheduleCheck runs the per-iteration Helix schedule check (C4); decide
 	// it with ScheduleCheckGate and agree on it with AgreeScheduleCheck.
 	ScheduleCheck bool

@@ -10,14 +10,19 @@ import (
 
 // IterRecord is one line of the per-rank iteration log (executor.md §13.2).
 type IterRecord struct {
-	V                 int      `json:"v"`
-	Rank              int      `json:"rank"`
-	DPRank            *int     `json:"dp_rank"`
-	CPRank            *int     `json:"cp_rank"`
-	Iter              int64    `json:"iter"`
-	TSUnixMS          int64    `json:"ts_unix_ms"`
-	HostMS            float64  `json:"host_ms"`
-	DeviceMS          *float64 `json:"device_ms"`
+	V        int      `json:"v"`
+	Rank     int      `json:"rank"`
+	DPRank   *int     `json:"dp_rank"`
+	CPRank   *int     `json:"cp_rank"`
+	Iter     int64    `json:"iter"`
+	TSUnixMS int64    `json:"ts_unix_ms"`
+	HostMS   float64  `json:"host_ms"`
+	DeviceMS *float64 `json:"device_ms"`
+	// MoEWaitMS (MoE models only) is the part of device_ms this rank's
+	// engine spent in MoE exchanges (dispatch and combine): waiting for the
+	// slowest rank's layer and moving tokens. device_ms − moe_wait_ms is
+	// the rank's compute.
+	MoEWaitMS         *float64 `json:"moe_wait_ms,omitempty"`
 	WaitMS            float64  `json:"wait_ms"`
 	CanQueue          bool     `json:"can_queue"`
 	ADPDummy          bool     `json:"adp_dummy"`

@@ -26,8 +26,14 @@ type Result struct {
 	// LockstepWaste (rank 0): per forward iteration 1 − mean/max of the
 	// ranks' busy time, averaged over iterations where any rank was busy.
 	LockstepWaste float64
-	// DeviceMS is this rank's total engine time.
-	DeviceMS float64
+	// DeviceMS is this rank's total engine time, and MoEWaitMS the part of
+	// it spent in MoE exchanges.
+	DeviceMS  float64
+	MoEWaitMS float64
+	// FleetDeviceMS and FleetMoEWaitMS are the sums of every rank's
+	// DeviceMS and MoEWaitMS (gathered once at exit under attention DP;
+	// this rank's own otherwise).
+	FleetDeviceMS, FleetMoEWaitMS float64
 	// VirtualDeviceMS is the fleet's total modelled step time (virtual
 	// clock only); VirtualEnd is the virtual clock when the loop ended.
 	VirtualDeviceMS float64
@@ -157,10 +163,12 @@ func New(cfg Config, d Deps) (*Executor, error) {
 // the exit every rank agreed on (one more attention-DP collective).
 func (e *Executor) finalStats() error {
 	ps := e.d.KV.PrefixStats()
-	mine := []int64{ps.Admissions, ps.PromptTokens, ps.ReusedTokens, int64(e.d.KV.ReusableBlocks())}
+	mine := []int64{ps.Admissions, ps.PromptTokens, ps.ReusedTokens, int64(e.d.KV.ReusableBlocks()),
+		int64(e.res.DeviceMS * 1000), int64(e.res.MoEWaitMS * 1000)}
 	if !e.adp() {
 		e.res.Prefix = ps
 		e.res.LiveBlocks = mine[3]
+		e.res.FleetDeviceMS, e.res.FleetMoEWaitMS = e.res.DeviceMS, e.res.MoEWaitMS
 		return nil
 	}
 	sum, err := e.d.Comm.AllReduceInt64("final_stats", nccl.ReduceSum, mine)
@@ -169,6 +177,7 @@ func (e *Executor) finalStats() error {
 	}
 	e.res.Prefix = kvpool.PrefixStats{Admissions: sum[0], PromptTokens: sum[1], ReusedTokens: sum[2]}
 	e.res.LiveBlocks = sum[3]
+	e.res.FleetDeviceMS, e.res.FleetMoEWaitMS = float64(sum[4])/1000, float64(sum[5])/1000
 	return nil
 }
 

@@ -109,7 +109,8 @@ func (e *Executor) markLaunched(b *batch) {
 
 // applyResults applies a finished batch's sampled tokens: outputs grow, a
 // request whose last token arrived completes (KV freed, response queued), and
-// the batch's dummies leave. It returns the batch's device time.
+// the batch's dummies leave. It returns the batch's compute time: device
+// time less the time spent waiting in MoE exchanges.
 func (e *Executor) applyResults(b *batch, res *bridge.StepResult) (float64, error) {
 	if len(res.Sampled) != len(b.reqs) {
 		return 0, fmt.Errorf("engine returned %d sampled tokens for a batch of %d", len(res.Sampled), len(b.reqs))
@@ -172,14 +173,21 @@ func (e *Executor) applyResults(b *batch, res *bridge.StepResult) (float64, erro
 	}
 	e.res.ForwardIterations++
 	e.res.DeviceMS += res.DeviceMS
+	e.res.MoEWaitMS += res.MoEWaitMS
 	if b.rec != nil {
 		ms := res.DeviceMS
 		b.rec.DeviceMS = &ms
+		if e.cfg.MoE {
+			w := round3(res.MoEWaitMS)
+			b.rec.MoEWaitMS = &w
+		}
 	}
 	if e.spare == nil {
 		e.spare = b
 	}
-	return res.DeviceMS, nil
+	// The rank's busy time (lockstep waste) is its compute: the time it
+	// waited in MoE exchanges for slower ranks is the waste itself.
+	return max(0, res.DeviceMS-res.MoEWaitMS), nil
 }
 
 // complete frees a finished request's KV and queues its response.

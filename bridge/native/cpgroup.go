@@ -21,7 +21,8 @@ import (
 )
 
 // CPGroup is an exchange group: engines that join it exchange data inside
-// every step (engine.h, "Helix"): attention partials under Helix CP. Pass it
+// every step (engine.h, "Helix"): attention partials under Helix CP, or
+// tokens and expert outputs under expert parallelism (bridge.Config.Expert). Pass it
 // as bridge.Config.Helix.Group to Open for each member. NewCPGroup makes an
 // in-process group (every member an engine of this process); NewMPICPGroup
 // a group of one member per process over MPI.
@@ -106,6 +107,17 @@ func (g *CPGroup) join(e *engine, rank int) error {
 		return bridge.StatusError("join_cp", bridge.StatusInvalidArgument, "the CP group was closed before every member joined")
 	}
 	return e.status("join_cp", C.eng_engine_join_cp(e.h, g.h, C.int32_t(rank)))
+}
+
+// joinEP makes engine handle h member rank of the group as an
+// expert-parallel group (MoE). Runs on the engine goroutine.
+func (g *CPGroup) joinEP(e *engine, rank int) error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.h == nil {
+		return bridge.StatusError("join_ep", bridge.StatusInvalidArgument, "the EP group was closed before every member joined")
+	}
+	return e.status("join_ep", C.eng_engine_join_ep(e.h, g.h, C.int32_t(rank)))
 }
 
 // NewTCPCPGroup creates a group of one member per process over TCP, for

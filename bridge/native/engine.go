@@ -250,6 +250,25 @@ func (e *engine) init(cfg bridge.Config, backend C.eng_backend) error {
 			return err
 		}
 	}
+	if x := cfg.Expert; x != nil {
+		g, ok := x.Group.(*CPGroup)
+		var err error
+		switch {
+		case !ok || g == nil:
+			err = bridge.StatusError("init", bridge.StatusInvalidArgument,
+				fmt.Sprintf("Config.Expert.Group must be a *native.CPGroup, got %T", x.Group))
+		case g.Size() != x.Size:
+			err = bridge.StatusError("init", bridge.StatusInvalidArgument,
+				fmt.Sprintf("Config.Expert.Size %d does not match the group's size %d", x.Size, g.Size()))
+		default:
+			err = g.joinEP(e, x.Rank)
+		}
+		if err != nil {
+			C.eng_engine_free(e.h)
+			e.h = nil
+			return err
+		}
+	}
 	e.cdesc = (*C.eng_step_desc)(C.calloc(1, C.sizeof_eng_step_desc))
 	e.cres = (*C.eng_step_result)(C.calloc(1, C.sizeof_eng_step_result))
 	return nil
@@ -302,6 +321,7 @@ func (e *engine) flattenAndStep(desc *bridge.StepDesc, res *bridge.StepResult) e
 	res.Sampled = append(res.Sampled[:0], out...)
 	res.Logits = append(res.Logits[:0], logits...)
 	res.DeviceMS = float64(cres.device_ms)
+	res.MoEWaitMS = float64(cres.moe_wait_ms)
 	return nil
 }
 
@@ -433,6 +453,7 @@ func (e *engine) Wait(res *bridge.StepResult) error {
 		res.Sampled = append(res.Sampled[:0], out...)
 		res.Logits = append(res.Logits[:0], logits...)
 		res.DeviceMS = float64(cres.device_ms)
+		res.MoEWaitMS = float64(cres.moe_wait_ms)
 	}); cerr != nil {
 		return cerr
 	}
@@ -523,6 +544,11 @@ func shapeToC(s *bridge.ModelShape, c *C.eng_model_shape) error {
 		{"HeadDim", s.HeadDim, &c.head_dim},
 		{"IntermediateSize", s.IntermediateSize, &c.intermediate_size},
 		{"VocabSize", s.VocabSize, &c.vocab_size},
+		{"NumExperts", s.NumExperts, &c.num_experts},
+		{"NumExpertsPerTok", s.NumExpertsPerTok, &c.num_experts_per_tok},
+		{"MoEIntermediateSize", s.MoEIntermediateSize, &c.moe_intermediate_size},
+		{"NumSharedExperts", s.NumSharedExperts, &c.num_shared_experts},
+		{"RouterNorm", int(s.RouterNorm), &c.router_norm},
 	}
 	for _, f := range ints {
 		if err := setInt32(f.dst, "init", "Shape."+f.field, f.v); err != nil {
@@ -557,6 +583,12 @@ func shapeFromC(c *C.eng_model_shape) bridge.ModelShape {
 		RopeTheta:        float32(c.rope_theta),
 		RMSEps:           float32(c.rms_eps),
 		TiedEmbeddings:   c.tied_embeddings != 0,
+
+		NumExperts:          int(c.num_experts),
+		NumExpertsPerTok:    int(c.num_experts_per_tok),
+		MoEIntermediateSize: int(c.moe_intermediate_size),
+		NumSharedExperts:    int(c.num_shared_experts),
+		RouterNorm:          bridge.RouterNorm(c.router_norm),
 	}
 	if c.rope_scaling_factor != 0 {
 		s.RopeScaling = &bridge.RopeScaling{
@@ -567,6 +599,36 @@ func shapeFromC(c *C.eng_model_shape) bridge.ModelShape {
 		}
 	}
 	return s
+}
+
+// MoEStats are an engine's cumulative MoE exchange counters (eng_moe_stats).
+type MoEStats struct {
+	Exchanges     uint64  // dispatches + combines
+	BytesSent     uint64  // to other EP members
+	BytesReceived uint64  // from other EP members
+	TokensRouted  uint64  // (token, expert) pairs this engine dispatched
+	WaitMS        float64 // time inside exchanges
+}
+
+// EngineMoEStats returns a native engine's MoE counters (after its
+// submitted steps finished); an error for an engine that is not native.
+func EngineMoEStats(eng bridge.Engine) (MoEStats, error) {
+	e, ok := eng.(*engine)
+	if !ok {
+		return MoEStats{}, fmt.Errorf("MoE statistics need a native engine, got %T", eng)
+	}
+	var out MoEStats
+	var err error
+	if cerr := e.call("moe_stats", func() {
+		var st C.eng_moe_stats
+		if err = e.status("moe_stats", C.eng_engine_moe_stats(e.h, &st)); err == nil {
+			out = MoEStats{Exchanges: uint64(st.exchanges), BytesSent: uint64(st.bytes_sent),
+				BytesReceived: uint64(st.bytes_received), TokensRouted: uint64(st.tokens_routed), WaitMS: float64(st.wait_ms)}
+		}
+	}); cerr != nil {
+		return MoEStats{}, cerr
+	}
+	return out, err
 }
 
 // StallNextExchange implements bridge.ExchangeStaller (fault injection for
@@ -584,4 +646,36 @@ func (e *engine) StallNextExchange(kind bridge.ExchangeKind, layer int, d time.D
 		return cerr
 	}
 	return err
+}
+
+// MoELayerStats are one MoE layer's exchange counters of an engine: steps
+// that ran it, bytes sent to other EP members by its dispatch and combine,
+// and the time inside each.
+type MoELayerStats struct {
+	Calls                       uint64
+	DispatchBytes, CombineBytes uint64
+	DispatchMS, CombineMS       float64
+}
+
+// EngineMoELayerStats returns layer's MoE counters of a native engine.
+func EngineMoELayerStats(eng bridge.Engine, layer int) (MoELayerStats, error) {
+	e, ok := eng.(*engine)
+	if !ok {
+		return MoELayerStats{}, fmt.Errorf("MoE statistics need a native engine, got %T", eng)
+	}
+	if layer < 0 || layer > math.MaxInt32 {
+		return MoELayerStats{}, fmt.Errorf("layer %d out of range", layer)
+	}
+	var out MoELayerStats
+	var err error
+	if cerr := e.call("moe_layer_stats", func() {
+		var st C.eng_moe_layer_stats
+		if err = e.status("moe_layer_stats", C.eng_engine_moe_layer_stats(e.h, C.int32_t(layer), &st)); err == nil {
+			out = MoELayerStats{Calls: uint64(st.calls), DispatchBytes: uint64(st.dispatch_bytes),
+				CombineBytes: uint64(st.combine_bytes), DispatchMS: float64(st.dispatch_ms), CombineMS: float64(st.combine_ms)}
+		}
+	}); cerr != nil {
+		return MoELayerStats{}, cerr
+	}
+	return out, err
 }

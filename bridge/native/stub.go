@@ -54,3 +54,17 @@ func (g *CPGroup) LocalRank() int { return -1 }
 
 // Close does nothing.
 func (g *CPGroup) Close() error { return nil }
+
+// MoEStats are a native engine's MoE exchange counters; see the native build.
+type MoEStats struct {
+	Exchanges     uint64
+	BytesSent     uint64
+	BytesReceived uint64
+	TokensRouted  uint64
+	WaitMS        float64
+}
+
+// EngineMoEStats always fails in a build without the native engine.
+func EngineMoEStats(eng bridge.Engine) (MoEStats, error) {
+	return MoEStats{}, fmt.Errorf("native MoE statistics: %w", errNotBuilt)
+}

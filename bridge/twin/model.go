@@ -114,13 +114,22 @@ func BuiltinModel(name string) (Model, error) {
 
 // ModelFromShape turns a Llama-architecture shape (GQA, dense SwiGLU MLP,
 // untied embedding and LM head) into a BF16 model with a BF16 KV cache.
+// A MoE shape (NumExperts > 0) becomes a model whose every layer is a
+// mixture of experts (DenseLayers 0) with the shape's experts, top-k and
+// shared experts.
 func ModelFromShape(name string, s bridge.ModelShape) Model {
-	return Model{
+	m := Model{
 		Name: name, Layers: s.NumLayers, Hidden: s.HiddenSize, Heads: s.NumHeads, KVHeads: s.NumKVHeads,
 		HeadDim: s.HeadDim, Intermediate: s.IntermediateSize, Vocab: s.VocabSize,
 		WeightBytes: 2, EmbeddingBytes: 2, KVBytes: 2,
 		Source: fmt.Sprintf("bridge.Presets[%q] (Llama architecture: GQA, SwiGLU, untied LM head); BF16 weights and KV cache", name),
 	}
+	if s.MoE() {
+		m.RoutedExperts, m.TopK, m.MoEIntermediate, m.SharedExperts = s.NumExperts, s.NumExpertsPerTok, s.MoEIntermediateSize, s.NumSharedExperts
+		m.Source = fmt.Sprintf("bridge.Presets[%q] (Llama-architecture attention, every layer a mixture of %d experts, top-%d, %d shared); "+
+			"BF16 weights and KV cache", name, s.NumExperts, s.NumExpertsPerTok, s.NumSharedExperts)
+	}
+	return m
 }
 
 // Shape is the bridge shape the engine reports. GQA models report their own
@@ -135,11 +144,14 @@ func ModelFromShape(name string, s bridge.ModelShape) Model {
 func (m *Model) Shape() bridge.ModelShape {
 	s := bridge.ModelShape{NumLayers: m.Layers, HiddenSize: m.Hidden, NumHeads: m.Heads, NumKVHeads: m.KVHeads,
 		HeadDim: m.HeadDim, IntermediateSize: m.Intermediate, VocabSize: m.Vocab, RopeTheta: 500000, RMSEps: 1e-5}
+	if m.MoE() && m.DenseLayers == 0 && !m.MLA() {
+		s.NumExperts, s.NumExpertsPerTok, s.MoEIntermediateSize, s.NumSharedExperts = m.RoutedExperts, m.TopK, m.MoEIntermediate, m.SharedExperts
+	}
 	if !m.MLA() {
-		// A preset's own RoPE and norm constants when the geometry is the preset's.
+		// A preset's own RoPE, norm and router constants when the geometry is the preset's.
 		if p, ok := bridge.Presets[m.Name]; ok {
 			q := p
-			q.RopeTheta, q.RMSEps = s.RopeTheta, s.RMSEps
+			q.RopeTheta, q.RMSEps, q.RouterNorm = s.RopeTheta, s.RMSEps, s.RouterNorm
 			if q == s {
 				return p
 			}

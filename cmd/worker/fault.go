@@ -20,8 +20,10 @@ import (
 //	stop:RANK:ITER     rank RANK stops entering collectives at iteration ITER
 //	perturb:RANK:ITER  rank RANK's plan of iteration ITER differs from its peers'
 //	stall:RANK:ITER    rank RANK's engine stops inside its next in-step exchange
-//	                   (Helix attention partials) from iteration ITER, for three
-//	                   collective timeouts
+//	                   (Helix attention partials, MoE dispatch or combine) from
+//	                   iteration ITER, for three collective timeouts
+//	moe-stop:RANK:ITER:LAYER  the same at layer LAYER's MoE dispatch (a MoE
+//	                   model under expert parallelism)
 //
 // They prove that the other ranks exit with a clear error instead of hanging.
 // A fault that could never fire is refused at startup (checkFault), and one
@@ -30,10 +32,11 @@ import (
 const FaultEnv = "LOCKSTEP_TEST_FAULT"
 
 type fault struct {
-	spec string // the variable's value, for messages
-	kind string
-	rank int
-	iter int64
+	spec  string // the variable's value, for messages
+	kind  string
+	rank  int
+	iter  int64
+	layer int // moe-stop
 	// hosted: a rank of this process carries the fault; fired: it was
 	// injected. Set by the rank goroutines, read after they finish.
 	hosted, fired atomic.Bool
@@ -46,9 +49,9 @@ func parseFault(v string) (*fault, error) {
 	parts := strings.Split(v, ":")
 	f := &fault{spec: v, kind: parts[0]}
 	bad := func(why string) error {
-		return fmt.Errorf("%s=%q: %s (want init:RANK, stop:RANK:ITER, perturb:RANK:ITER or stall:RANK:ITER)", FaultEnv, v, why)
+		return fmt.Errorf("%s=%q: %s (want init:RANK, stop:RANK:ITER, perturb:RANK:ITER, stall:RANK:ITER or moe-stop:RANK:ITER:LAYER)", FaultEnv, v, why)
 	}
-	want := map[string]int{"init": 2, "stop": 3, "perturb": 3, "stall": 3}[f.kind]
+	want := map[string]int{"init": 2, "stop": 3, "perturb": 3, "stall": 3, "moe-stop": 4}[f.kind]
 	if want == 0 {
 		return nil, bad(fmt.Sprintf("unknown kind %q", f.kind))
 	}
@@ -59,9 +62,14 @@ func parseFault(v string) (*fault, error) {
 	if f.rank, err = strconv.Atoi(parts[1]); err != nil || f.rank < 0 {
 		return nil, bad(fmt.Sprintf("rank %q is not a non-negative integer", parts[1]))
 	}
-	if want == 3 {
+	if want >= 3 {
 		if f.iter, err = strconv.ParseInt(parts[2], 10, 64); err != nil || f.iter < 0 {
 			return nil, bad(fmt.Sprintf("iteration %q is not a non-negative integer", parts[2]))
+		}
+	}
+	if want == 4 {
+		if f.layer, err = strconv.Atoi(parts[3]); err != nil || f.layer < 0 {
+			return nil, bad(fmt.Sprintf("layer %q is not a non-negative integer", parts[3]))
 		}
 	}
 	return f, nil
@@ -90,7 +98,7 @@ func checkFault(f *fault, world int, helixScheduleCheck, exchanges bool) error {
 	}
 	if f.kind == "stall" && !exchanges {
 		return fmt.Errorf("%s=%q: stall stops a rank inside an exchange of its engine's step, which only "+
-			"Helix CP (--cp > 1) makes", FaultEnv, f.spec)
+			"Helix CP (--cp > 1) and MoE expert parallelism (a MoE model on --engine cpu with --ranks > 1) make", FaultEnv, f.spec)
 	}
 	return nil
 }
@@ -126,12 +134,16 @@ func (p *faultyPlanner) Schedule(active []*scheduler.Request, executing []uint64
 		<-p.teardown // stop entering collectives until the run is torn down
 		return nil, fmt.Errorf("injected fault: rank %d stopped at iteration %d", p.f.rank, it)
 	}
-	if p.f.kind == "stall" && it == p.f.iter {
+	if (p.f.kind == "stall" || p.f.kind == "moe-stop") && it == p.f.iter {
 		st, ok := p.eng.(bridge.ExchangeStaller)
 		if !ok {
 			return nil, fmt.Errorf("injected fault: the %T engine cannot stall inside an exchange", p.eng)
 		}
-		if err := st.StallNextExchange(bridge.AnyExchange, -1, p.stallFor); err != nil {
+		kind, layer := bridge.AnyExchange, -1
+		if p.f.kind == "moe-stop" {
+			kind, layer = bridge.MoEDispatchExchange, p.f.layer
+		}
+		if err := st.StallNextExchange(kind, layer, p.stallFor); err != nil {
 			return nil, fmt.Errorf("injected fault: %w", err)
 		}
 	}

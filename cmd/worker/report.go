@@ -69,7 +69,13 @@ type report struct {
 	// second of duration_s.
 	PrefillTokPerS  float64   `json:"prefill_tokens_per_s"`
 	DeviceMSPerRank []float64 `json:"device_ms_per_rank"`
-	OutputDigest    string    `json:"output_digest"`
+	// MoE (mixture-of-experts runs with expert parallelism): every rank's
+	// time inside MoE exchanges summed (waiting for the slowest rank's layer
+	// and moving tokens), and its share of every rank's device time summed;
+	// device time less it is compute.
+	MoEWaitMS    *float64 `json:"moe_wait_ms,omitempty"`
+	MoEWaitShare *float64 `json:"moe_wait_share,omitempty"`
+	OutputDigest string   `json:"output_digest"`
 	// OutputDigestNote says why output_digest is empty (`worker loadgen`:
 	// a response without token ids).
 	OutputDigestNote string `json:"output_digest_note,omitempty"`
@@ -137,6 +143,13 @@ func buildReport(o *serveOptions, reqs []workload.Request, res *serveResult) *re
 	}
 	rep.EventsDropped = res.rank0.EventsDropped
 	rep.WallS = round(res.wall.Seconds(), 3)
+	if o.moe() && o.engine != "twin" {
+		w, share := round(res.rank0.FleetMoEWaitMS, 3), 0.0
+		if res.rank0.FleetDeviceMS > 0 {
+			share = round(res.rank0.FleetMoEWaitMS/res.rank0.FleetDeviceMS, 4)
+		}
+		rep.MoEWaitMS, rep.MoEWaitShare = &w, &share
+	}
 	for _, d := range res.deviceMS {
 		rep.DeviceMSPerRank = append(rep.DeviceMSPerRank, round(d, 3))
 	}

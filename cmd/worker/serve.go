@@ -80,6 +80,9 @@ type serveOptions struct {
 	api      *apiServer       // worker serve: the HTTP API on rank 0 (nil for run)
 	loaded   *model.Model     // --model PATH, opened by validate
 	rendered []renderedPrompt // the tokenised prompts of a prompt run
+	// epGroup is the expert-parallel group of a MoE run (openEPGroup), set
+	// before the ranks are built; nil without expert parallelism.
+	epGroup *nativeengine.CPGroup
 }
 
 func defaultServeOptions() serveOptions {
@@ -451,6 +454,9 @@ func buildRank(o *serveOptions, sc scheduler.Config, i, device int, comm nccl.Co
 	if helix {
 		ecfg.Helix = &bridge.HelixMember{Group: cpGroup, Rank: i, Size: o.cp}
 	}
+	if o.epGroup != nil {
+		ecfg.Expert = &bridge.ExpertMember{Group: o.epGroup, Rank: i, Size: o.world()}
+	}
 	var err error
 	if o.engine == "twin" {
 		ecfg.Preset = "" // the profile's model (its name need not be a preset)
@@ -501,7 +507,7 @@ func buildRank(o *serveOptions, sc scheduler.Config, i, device int, comm nccl.Co
 	cfg := executor.Config{Rank: i, Ranks: o.world(), Scheduler: sc, MaxSeqLen: o.maxSeqLen, IterLog: iterLog,
 		Overlap: o.overlap == "on", Router: rt, StopTokens: o.stopTokens(), MaxActivePerRank: o.maxActivePerRank, Helix: helix,
 		Events: o.kvEvents != "", EventSink: eventSink, EventBufferMaxSize: o.eventBufferMaxSize,
-		OnNote: func(rank int, n scheduler.Note) { logNote(log, rank, n) }}
+		OnNote: func(rank int, n scheduler.Note) { logNote(log, rank, n) }, MoE: o.moe() && o.engine != "twin"}
 	if o.engine == "twin" {
 		cfg.VirtualClock, cfg.VirtualEpoch = true, twinEpoch
 	}
@@ -561,6 +567,12 @@ func serve(o *serveOptions, sc scheduler.Config, reqs []workload.Request, log *z
 		for _, c := range nccl.NewLocalGroup(world, nccl.LocalOptions{Timeout: o.collectiveTimeout}) {
 			comms = append(comms, c)
 		}
+	}
+	if g, err := o.openEPGroup(world); err != nil {
+		return nil, err
+	} else if g != nil {
+		defer g.Close()
+		o.epGroup = g
 	}
 	var cpGroup any
 	if o.cp > 1 {
@@ -692,6 +704,17 @@ func serveProcess(o *serveOptions, sc scheduler.Config, reqs []workload.Request,
 		}
 		defer g.Close()
 		cpGroup = g
+	}
+	// The expert-parallel group of a MoE model (EP and Helix exclude each
+	// other), collective like the CP group's.
+	if o.expertParallel(l.WorldSize) {
+		g, gerr := openProcessExchangeGroup(l, pg.Comm, o.collectiveTimeout, os.Getenv)
+		if gerr != nil {
+			pg.Close()
+			return nil, fmt.Errorf("rank %d: opening the expert-parallel exchange group: %w", l.Rank, gerr)
+		}
+		defer g.Close()
+		o.epGroup = g
 	}
 	flt := o.fault
 	td := newTeardown()
@@ -831,6 +854,8 @@ func exitAfterCollectiveError(pg *nccl.ProcessGroup, l nccl.Launch, err error) e
 	if !strings.HasPrefix(err.Error(), fmt.Sprintf("rank %d", l.Rank)) {
 		err = fmt.Errorf("rank %d: %w", l.Rank, err)
 	}
+	// A timeout inside the engine's MoE exchanges leaves a peer's step
+	// blocked in its own group the same way.
 	if errors.Is(err, nccl.ErrTimeout) || errors.Is(err, bridge.ErrTimeout) {
 		if l.Rank == 0 {
 			time.Sleep(time.Second)
@@ -868,10 +893,12 @@ func firstRootCause(errs []error) error {
 	root := -1
 	for _, consequence := range []func(error) bool{
 		func(err error) bool {
+			// An engine's exchange group (Helix, MoE) times out or is
+			// aborted when a peer stops: a consequence too.
 			return errors.Is(err, nccl.ErrClosed) || errors.Is(err, executor.ErrInitFailedElsewhere) ||
-				errors.Is(err, nccl.ErrTimeout)
+				errors.Is(err, nccl.ErrTimeout) || errors.Is(err, bridge.ErrTimeout) || errors.Is(err, bridge.ErrCommError)
 		},
-		func(err error) bool { return !errors.Is(err, nccl.ErrTimeout) },
+		func(err error) bool { return !errors.Is(err, nccl.ErrTimeout) && !errors.Is(err, bridge.ErrTimeout) },
 		func(error) bool { return false },
 	} {
 		for i, err := range errs {

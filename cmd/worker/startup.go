@@ -54,7 +54,10 @@ func (o *serveOptions) startupChecks(sc scheduler.Config, l nccl.Launch, getenv 
 	if o.fault, err = parseFault(getenv(FaultEnv)); err != nil {
 		return nil, usageError{err}
 	}
-	if err := checkFault(o.fault, world, helix && check, helix); err != nil {
+	if err := checkFault(o.fault, world, helix && check, helix || o.expertParallel(world)); err != nil {
+		return nil, usageError{err}
+	}
+	if err := o.checkMoE(world); err != nil {
 		return nil, usageError{err}
 	}
 	if n := o.demotionNote(sc, world); n != "" {

@@ -165,6 +165,7 @@ type fitStats struct {
 type stepLogLine struct {
 	Iter           *int64   `json:"iter"`
 	DeviceMS       *float64 `json:"device_ms"`
+	MoEWaitMS      float64  `json:"moe_wait_ms"`
 	HostMS         float64  `json:"host_ms"`
 	WaitMS         float64  `json:"wait_ms"`
 	CanQueue       bool     `json:"can_queue"`
@@ -181,7 +182,8 @@ type stepLogLine struct {
 // the logs record (an iteration with a forward and a measured device time):
 // features from the record (new tokens, Σ n·(kv + n/2) of the context
 // chunks, Σ KV of the decodes, sequences; an attention-DP dummy counts as a
-// one-token decode at depth 0), the measured device_ms as the target. The
+// one-token decode at depth 0), the measured device_ms as the target (less
+// moe_wait_ms for a MoE model under expert parallelism: compute). The
 // host time per iteration is the median of host_ms − device_ms − wait_ms
 // (the loop's own work: scheduling, step building, result application).
 func fitLinearProfile(files []string, m twin.Model) (*twin.Profile, fitStats, error) {
@@ -213,8 +215,15 @@ func fitLinearProfile(files []string, m twin.Model) (*twin.Profile, fitStats, er
 				f.Close()
 				return nil, fitStats{}, fmt.Errorf("%s:%d: the record has no gen_kv_tokens (a log of an older worker): rerun with this one", path, line)
 			}
+			// A MoE rank's own cost is its compute: the time it waited in
+			// MoE exchanges belongs to the slowest rank (the twin's fleet
+			// step, the max over ranks, adds it back).
+			compute := *l.DeviceMS - l.MoEWaitMS
+			if compute <= 0 {
+				continue
+			}
 			s := twin.LinearSample{Tokens: float64(l.CtxTokens + l.GenTokens), CtxWork: l.CostS,
-				DecodeKV: float64(*l.GenKVTokens), Seqs: float64(l.NumCtxRequests + l.NumGenRequests), MS: *l.DeviceMS}
+				DecodeKV: float64(*l.GenKVTokens), Seqs: float64(l.NumCtxRequests + l.NumGenRequests), MS: compute}
 			if l.ADPDummy {
 				s.Tokens++
 				s.DecodeKV++

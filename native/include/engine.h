@@ -24,7 +24,7 @@ extern "C" {
 #endif
 
 /* Bumped on every incompatible change; eng_engine_init refuses a mismatch. */
-#define ENG_ABI_VERSION 5
+#define ENG_ABI_VERSION 6
 
 typedef enum eng_status {
   ENG_OK = 0,
@@ -64,7 +64,29 @@ typedef struct eng_model_shape {
   int32_t rope_original_max_positions;
   /* 1: the output projection is the embedding matrix (no separate lm_head). */
   int32_t tied_embeddings;
+  /* Mixture of experts (docs/moe.md); num_experts 0 = dense (the other MoE
+   * fields must then be 0). With num_experts > 0 every layer's MLP is a MoE
+   * block: a router (linear hidden -> num_experts), num_experts_per_tok
+   * routed SwiGLU experts of width moe_intermediate_size per token, summed
+   * in expert-id order with the router's weights, plus num_shared_experts
+   * always-on experts (one SwiGLU of width num_shared_experts *
+   * moe_intermediate_size); intermediate_size is then unused. */
+  int32_t num_experts;
+  int32_t num_experts_per_tok;   /* top-k, in [1, num_experts] */
+  int32_t moe_intermediate_size;
+  int32_t num_shared_experts;    /* >= 0 */
+  int32_t router_norm;           /* eng_router_norm */
 } eng_model_shape;
+
+/* How the router turns the chosen experts' scores into weights. Top-k picks
+ * the largest logits, ties to the lower expert id, in both. */
+typedef enum eng_router_norm {
+  /* softmax over every expert, top-k, renormalised over the k (Qwen3-MoE,
+   * norm_topk_prob = true) */
+  ENG_ROUTER_SOFTMAX_TOPK = 0,
+  /* top-k logits, softmax over the k (Mixtral) */
+  ENG_ROUTER_TOPK_SOFTMAX = 1
+} eng_router_norm;
 
 /*
  * Checkpoint weights (real models). A tensor is a row-major matrix
@@ -215,6 +237,9 @@ typedef struct eng_step_result {
    * NULL to skip. Used by cross-backend agreement tests. */
   float* logits;
   double device_ms;            /* device (or CPU compute) time of the step */
+  /* Of device_ms, the time spent in MoE exchanges (dispatch and combine:
+   * waiting for the slowest member and moving the tokens); 0 without EP. */
+  double moe_wait_ms;
 } eng_step_result;
 
 eng_status eng_engine_step(eng_engine_t eng, const eng_step_desc* desc,
@@ -313,8 +338,42 @@ eng_status eng_cp_group_free(eng_cp_group_t group);
 eng_status eng_engine_join_cp(eng_engine_t eng, eng_cp_group_t group, int32_t rank);
 
 /*
+ * Expert parallelism (MoE models, docs/moe.md): the routed experts are dealt
+ * to the members of an exchange group (the same handle type as a CP group):
+ * expert e lives on member e % size. After eng_engine_join_ep(eng, group,
+ * rank) the engine keeps only its own experts, and every MoE layer of every
+ * step sends each token's activations to the members owning its experts
+ * (dispatch) and the expert outputs back (combine); the token's rank sums
+ * them in expert-id order, so results do not depend on the group's size.
+ * Every member must run a step whenever any member does (a member with no
+ * sequences runs an empty step and joins every exchange with zero tokens);
+ * batches may differ. An engine may be in a CP group and an EP group, not in
+ * both with more than one member each. Before the first step; once per
+ * engine; ENG_INVALID_ARGUMENT for a dense model.
+ */
+eng_status eng_engine_join_ep(eng_engine_t eng, eng_cp_group_t group, int32_t rank);
+
+/* Cumulative MoE exchange counters of an engine (all zero without EP). */
+typedef struct eng_moe_stats {
+  uint64_t exchanges;       /* dispatches + combines */
+  uint64_t bytes_sent;      /* to other members */
+  uint64_t bytes_received;  /* from other members */
+  uint64_t tokens_routed;   /* (token, expert) pairs this engine dispatched */
+  double wait_ms;           /* time inside exchanges */
+} eng_moe_stats;
+eng_status eng_engine_moe_stats(eng_engine_t eng, eng_moe_stats* out);
+/* Per MoE layer (benchmarks): bytes this engine sent to other members and
+ * the time it spent in that layer's dispatch and combine, over `calls` steps. */
+typedef struct eng_moe_layer_stats {
+  uint64_t calls;
+  uint64_t dispatch_bytes, combine_bytes;
+  double dispatch_ms, combine_ms;
+} eng_moe_layer_stats;
+eng_status eng_engine_moe_layer_stats(eng_engine_t eng, int32_t layer, eng_moe_layer_stats* out);
+
+/*
  * Fault injection for tests: the engine's next exchange with its groups
- * (Helix CP) of the given kind (0 Helix attention, 1 MoE dispatch, 2 MoE
+ * (Helix CP, MoE EP) of the given kind (0 Helix attention, 1 MoE dispatch, 2 MoE
  * combine, -1 any) at the given layer (-1 any) sleeps ms milliseconds before
  * it starts, as a member that stopped inside it would. Thread-safe (it only
  * arms a flag the step reads). ENG_INVALID_ARGUMENT for an engine in no group.

@@ -64,6 +64,23 @@ struct StepBatch {
   int32_t num_sampled = 0;  // sequences with sample set
   int32_t num_stochastic = 0;  // sampled sequences with temperature > 0
   CpExchange* cp = nullptr; // Helix CP group member, or null
+  // Expert-parallel group member (MoE), or null: every MoE layer dispatches
+  // tokens to their experts' members and combines the outputs (docs/moe.md).
+  // A member runs every step, an empty one included.
+  Exchange* ep = nullptr;
+};
+
+// Counters of a backend's MoE exchanges (eng_moe_stats), and per MoE layer.
+struct MoeLayerStats {
+  uint64_t dispatch_bytes = 0, combine_bytes = 0;  // sent to other members
+  double dispatch_ms = 0, combine_ms = 0;          // inside the exchanges
+  uint64_t calls = 0;                              // steps that ran the layer
+};
+struct MoeStats {
+  uint64_t exchanges = 0, bytes_sent = 0, bytes_received = 0, tokens_routed = 0;
+  double wait_ms = 0;
+  double last_step_wait_ms = 0;  // of the most recent step
+  std::vector<MoeLayerStats> layers;
 };
 
 // A compute backend: owns weights, the device page slab and the host tier.
@@ -81,7 +98,21 @@ class Backend {
   // [0, n), in order. Every index has been validated.
   virtual void copy_pages(eng_tier src_tier, const int32_t* src, eng_tier dst_tier,
                           const int32_t* dst, int32_t n) = 0;
+  // Expert parallelism: keep only the routed experts member `rank` of
+  // `size` owns (expert e on member e % size). Before the first step.
+  virtual void join_ep(int32_t size, int32_t rank) {
+    (void)size;
+    (void)rank;
+  }
+  // MoE exchange counters (zero without EP).
+  virtual const MoeStats& moe_stats() const {
+    static const MoeStats none;
+    return none;
+  }
 };
+
+// The member that owns routed expert e in an EP group of `size` members.
+inline int32_t expert_owner(int32_t expert, int32_t size) { return expert % size; }
 
 // The float32 CPU reference backend (model_cpu.cpp).
 std::unique_ptr<Backend> make_cpu_backend(const EngineParams& params);

@@ -168,6 +168,10 @@ void dequantize_row(int32_t dtype, const void* src, int64_t cols, float* out) {
 void validate_tensors(const eng_model_shape& s, const eng_tensor* tensors, int32_t n) {
   if (n < 0) invalid_argument(fmt("num_tensors must be >= 0, got %lld", n));
   if (n > 0 && tensors == nullptr) invalid_argument(fmt("tensors is NULL (num_tensors = %lld)", n));
+  if (s.num_experts > 0 && n > 0)
+    throw EngineError(ENG_UNSUPPORTED,
+                      "checkpoint weights of a mixture-of-experts shape (num_experts > 0) are not supported: the ABI "
+                      "has no router or expert tensor kinds yet; MoE runs use synthetic weights (docs/moe.md)");
   const int64_t slots = 4 + int64_t{s.num_layers} * 9;  // + rope_freqs
   std::vector<int32_t> seen(static_cast<size_t>(slots), -1);
   for (int32_t i = 0; i < n; ++i) {

@@ -44,6 +44,7 @@ struct AsyncStep {
   std::vector<int32_t> sampled;
   std::vector<float> logits;
   double device_ms = 0;
+  double moe_wait_ms = 0;
   eng_status status = ENG_OK;
   std::string error;
   // Completion, signalled by the stream worker.
@@ -74,6 +75,9 @@ struct eng_engine {
   // Helix membership (null without Helix); cp_size 1 without.
   std::unique_ptr<lockstep::CpExchange> cp;
   int32_t cp_size = 1;
+  // Expert-parallel membership (MoE; null without EP).
+  std::unique_ptr<lockstep::Exchange> ep;
+  bool stepped = false;  // a step ran or was submitted (joins come before)
   // The overlap loop's asynchronous steps, oldest first, and the stream they
   // run on (created at the first submit). Declared last: destroyed first, so
   // the worker is joined before the backend goes away.
@@ -163,6 +167,8 @@ void build_batch(eng_engine* eng, const eng_step_desc* d, const eng_step_result*
   b.num_rows = 0;
   b.num_sampled = 0;
   b.num_stochastic = 0;
+  b.cp = eng->cp.get();
+  b.ep = eng->ep.get();
   if (n == 0) return;
 
   const char* null_field = d->num_tokens == nullptr  ? "desc.num_tokens"
@@ -434,11 +440,16 @@ eng_status eng_engine_step(eng_engine_t eng, const eng_step_desc* desc, eng_step
       invalid_argument(fmt("%zu submitted steps have not been waited for; call eng_engine_wait first",
                            eng->inflight.size()));
     build_batch(eng, desc, res);
-    if (eng->batch.seqs.empty()) {
+    eng->stepped = true;
+    res->moe_wait_ms = 0;
+    // An EP member runs even an empty step: its peers need it in every
+    // MoE exchange.
+    if (eng->batch.seqs.empty() && !eng->ep) {
       res->device_ms = 0;
       return;
     }
     res->device_ms = eng->backend->step(eng->batch, res->sampled, res->logits);
+    res->moe_wait_ms = eng->backend->moe_stats().last_step_wait_ms;
   });
 }
 
@@ -486,6 +497,7 @@ eng_status eng_engine_submit(eng_engine_t eng, const eng_step_desc* desc, int32_
       invalid_argument(fmt("%zu steps are already in flight (ENG_MAX_INFLIGHT = %d); call eng_engine_wait first",
                            eng->inflight.size(), ENG_MAX_INFLIGHT));
     build_batch(eng, desc, nullptr, /*need_res=*/false);
+    eng->stepped = true;
     // Own a copy of the validated batch: the caller may reuse its arrays now.
     auto job = std::make_shared<AsyncStep>();
     int64_t nblocks = 0;
@@ -514,9 +526,10 @@ eng_status eng_engine_submit(eng_engine_t eng, const eng_step_desc* desc, int32_
     eng->stream->enqueue([job, backend] {
       std::string error;
       eng_status status = guarded(&error, [&] {
-        if (job->batch.seqs.empty()) return;
+        if (job->batch.seqs.empty() && job->batch.ep == nullptr) return;
         job->device_ms = backend->step(job->batch, job->sampled.data(),
                                        job->want_logits ? job->logits.data() : nullptr);
+        job->moe_wait_ms = backend->moe_stats().last_step_wait_ms;
       });
       std::lock_guard<std::mutex> lk(job->mu);
       job->status = status;
@@ -545,6 +558,7 @@ eng_status eng_engine_wait(eng_engine_t eng, eng_step_result* res) {
     if (res->logits != nullptr && job->want_logits)
       std::copy(job->logits.begin(), job->logits.end(), res->logits);
     res->device_ms = job->device_ms;
+    res->moe_wait_ms = job->moe_wait_ms;
   });
 }
 
@@ -625,6 +639,9 @@ eng_status eng_engine_join_cp(eng_engine_t eng, eng_cp_group_t group, int32_t ra
   return guarded(&eng->last_error, [&] {
     if (group == nullptr) invalid_argument("group is NULL");
     if (eng->cp) invalid_argument("this engine already joined a CP group");
+    if (eng->ep && eng->ep->size() > 1 && group->group->size() > 1)
+      throw EngineError(ENG_UNSUPPORTED, "Helix CP together with expert parallelism over more than one member is not "
+                                         "supported: a CP group's members hold every expert (docs/moe.md)");
     if (!eng->inflight.empty()) invalid_argument("join the CP group before submitting steps");
     const int32_t size = group->group->size();
     if (rank < 0 || rank >= size) invalid_argument(fmt("rank = %d is out of range [0, %d)", rank, size));
@@ -639,6 +656,62 @@ eng_status eng_engine_join_cp(eng_engine_t eng, eng_cp_group_t group, int32_t ra
   });
 }
 
+eng_status eng_engine_join_ep(eng_engine_t eng, eng_cp_group_t group, int32_t rank) {
+  if (!check_handle(eng)) return ENG_INVALID_ARGUMENT;
+  return guarded(&eng->last_error, [&] {
+    if (group == nullptr) invalid_argument("group is NULL");
+    if (eng->ep) invalid_argument("this engine already joined an EP group");
+    if (eng->stepped || !eng->inflight.empty()) invalid_argument("join the EP group before the first step");
+    if (eng->params.shape.num_experts == 0)
+      invalid_argument("expert parallelism needs a mixture-of-experts model (num_experts > 0); this shape is dense");
+    const int32_t size = group->group->size();
+    if (rank < 0 || rank >= size) invalid_argument(fmt("rank = %d is out of range [0, %d)", rank, size));
+    const int32_t local = group->group->local_rank();
+    if (local >= 0 && rank != local)
+      invalid_argument(fmt("this process is rank %d of its %s group; it cannot join as rank %d", local,
+                           group->group->transport(), rank));
+    if (eng->cp && eng->cp_size > 1 && size > 1)
+      throw EngineError(ENG_UNSUPPORTED, "Helix CP together with expert parallelism over more than one member is not "
+                                         "supported: a CP group's members hold every expert (docs/moe.md)");
+    if (eng->validate_only) {
+      eng->ep = group->group->member(rank);
+      return;
+    }
+    if (eng->backend_kind != ENG_BACKEND_CPU)
+      throw EngineError(ENG_UNSUPPORTED, "expert parallelism is implemented by the CPU backend only");
+    eng->ep = group->group->member(rank);
+    eng->backend->join_ep(size, rank);
+  });
+}
+
+eng_status eng_engine_moe_stats(eng_engine_t eng, eng_moe_stats* out) {
+  if (!check_handle(eng)) return ENG_INVALID_ARGUMENT;
+  return guarded(&eng->last_error, [&] {
+    if (out == nullptr) invalid_argument("out is NULL");
+    *out = eng_moe_stats{};
+    if (!eng->backend) return;
+    if (eng->stream) eng->stream->drain();  // counters of submitted steps
+    const lockstep::MoeStats& m = eng->backend->moe_stats();
+    *out = eng_moe_stats{m.exchanges, m.bytes_sent, m.bytes_received, m.tokens_routed, m.wait_ms};
+  });
+}
+
+eng_status eng_engine_moe_layer_stats(eng_engine_t eng, int32_t layer, eng_moe_layer_stats* out) {
+  if (!check_handle(eng)) return ENG_INVALID_ARGUMENT;
+  return guarded(&eng->last_error, [&] {
+    if (out == nullptr) invalid_argument("out is NULL");
+    if (layer < 0 || layer >= eng->params.shape.num_layers)
+      invalid_argument(fmt("layer = %d is out of range [0, %d)", layer, eng->params.shape.num_layers));
+    *out = eng_moe_layer_stats{};
+    if (!eng->backend) return;
+    if (eng->stream) eng->stream->drain();
+    const lockstep::MoeStats& m = eng->backend->moe_stats();
+    if (static_cast<size_t>(layer) >= m.layers.size()) return;  // a dense model
+    const lockstep::MoeLayerStats& l = m.layers[static_cast<size_t>(layer)];
+    *out = eng_moe_layer_stats{l.calls, l.dispatch_bytes, l.combine_bytes, l.dispatch_ms, l.combine_ms};
+  });
+}
+
 eng_status eng_engine_test_stall(eng_engine_t eng, int32_t kind, int32_t layer, int32_t ms) {
   if (!check_handle(eng)) return ENG_INVALID_ARGUMENT;
   return guarded(&eng->last_error, [&] {
@@ -646,8 +719,9 @@ eng_status eng_engine_test_stall(eng_engine_t eng, int32_t kind, int32_t layer, 
       invalid_argument(fmt("kind = %d is not an exchange kind (or -1 for any)", kind));
     if (layer < -1) invalid_argument(fmt("layer = %d must be >= -1", layer));
     if (ms < 1) invalid_argument(fmt("ms = %d must be >= 1", ms));
-    if (!eng->cp) invalid_argument("this engine is in no exchange group: nothing to stall");
-    eng->cp->arm_stall(kind, layer, ms);
+    if (!eng->cp && !eng->ep) invalid_argument("this engine is in no exchange group: nothing to stall");
+    if (eng->cp) eng->cp->arm_stall(kind, layer, ms);
+    if (eng->ep) eng->ep->arm_stall(kind, layer, ms);
   });
 }
 

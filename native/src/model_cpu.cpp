@@ -2,9 +2,11 @@
 // for the model and its arithmetic conventions).
 #include "model_cpu.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <string>
 
 #include "attention_partial.h"
 #include "checkpoint.h"
@@ -41,13 +43,15 @@ T* grow(std::vector<T>& v, size_t n) {
 CpuBackend::CpuBackend(const EngineParams& p)
     : shape_(p.shape),
       tokens_per_page_(p.tokens_per_page),
-      weights_(p.num_tensors > 0 ? shared_weights(p.shape, p.tensors, p.num_tensors)
-                                 : std::make_shared<const Weights>(generate_weights(p.shape, p.seed))),
+      own_weights_(p.num_tensors > 0 ? nullptr : std::make_shared<Weights>(generate_weights(p.shape, p.seed))),
       device_(p.num_pages, p.tokens_per_page, p.shape.num_layers,
               p.shape.num_kv_heads * p.shape.head_dim),
       host_(p.num_host_pages, p.tokens_per_page, p.shape.num_layers,
             p.shape.num_kv_heads * p.shape.head_dim) {
+  weights_ = own_weights_ ? std::shared_ptr<const Weights>(own_weights_)
+                          : shared_weights(p.shape, p.tensors, p.num_tensors);
   inv_freq_ = rope_inv_freq(shape_, weights_->rope_freqs);
+  if (shape_.num_experts > 0) moe_stats_.layers.resize(static_cast<size_t>(shape_.num_layers));
   const size_t hidden = static_cast<size_t>(shape_.hidden_size);
   const size_t inter = static_cast<size_t>(shape_.intermediate_size);
   x_.resize(hidden);
@@ -148,6 +152,10 @@ void CpuBackend::attend_mlp(int32_t layer, const StepBatch& batch, const int64_t
   const LayerWeights& w = weights_->layers[static_cast<size_t>(layer)];
   const int64_t H = shape_.hidden_size, F = shape_.intermediate_size;
   const int64_t qd = int64_t{shape_.num_heads} * shape_.head_dim;
+  // A MoE layer collects every row's normed x first: its exchanges happen
+  // once per layer, however many passes the rows take.
+  const bool moe = shape_.num_experts > 0;
+  float* moe_x = moe ? grow(moe_x_, static_cast<size_t>(n * H)) : nullptr;
   for (int64_t c0 = 0; c0 < n; c0 += kRowChunk) {
     const int64_t m = n - c0 < kRowChunk ? n - c0 : kRowChunk;
     const int64_t* rr = rows + c0;
@@ -179,6 +187,10 @@ void CpuBackend::attend_mlp(int32_t layer, const StepBatch& batch, const int64_t
       for (int64_t i = 0; i < H; ++i) h[i] += t[j * H + i];
       rms_norm(h, w.mlp_norm.data(), shape_.hidden_size, shape_.rms_eps, x + j * H);
     }
+    if (moe) {
+      std::memcpy(moe_x + c0 * H, x, sizeof(float) * static_cast<size_t>(m * H));
+      continue;
+    }
     float* gate = grow(gate_, static_cast<size_t>(m * F));
     float* up = grow(up_, static_cast<size_t>(m * F));
     gemm_rows(x, m, H, w.w_gate.data(), F, gate);
@@ -193,6 +205,14 @@ void CpuBackend::attend_mlp(int32_t layer, const StepBatch& batch, const int64_t
       for (int64_t i = 0; i < H; ++i) h[i] += t[j * H + i];
     }
   }
+  if (moe) {
+    float* mo = grow(moe_out_, static_cast<size_t>(n * H));
+    moe_block(layer, batch, n, moe_x, mo);
+    for (int64_t j = 0; j < n; ++j) {
+      float* h = hidden + rows[j] * H;
+      for (int64_t i = 0; i < H; ++i) h[i] += mo[j * H + i];
+    }
+  }
 }
 
 void CpuBackend::decoder_layer(int32_t layer, const StepBatch& batch, float* hidden) {
@@ -205,6 +225,7 @@ void CpuBackend::decoder_layer(int32_t layer, const StepBatch& batch, float* hid
 
 double CpuBackend::step(const StepBatch& batch, int32_t* sampled, float* logits) {
   const auto t0 = std::chrono::steady_clock::now();
+  moe_stats_.last_step_wait_ms = 0;
   const int64_t H = shape_.hidden_size, V = shape_.vocab_size;
   prepare_rows(batch);
 
@@ -324,6 +345,188 @@ void CpuBackend::helix_attention(int32_t layer, const StepBatch& batch, const st
         attn_merge(&M, &L, O, p[0], p[1], p + 2, D);
       }
       attn_finish(O, L, O, D);
+    }
+  }
+}
+
+void CpuBackend::join_ep(int32_t size, int32_t rank) {
+  ep_size_ = size;
+  ep_rank_ = rank;
+  // Other members' experts are never read again: free them (synthetic
+  // weights; checkpoint MoE weights are refused at init).
+  if (own_weights_)
+    for (LayerWeights& L : own_weights_->layers)
+      for (size_t e = 0; e < L.experts.size(); ++e)
+        if (expert_owner(static_cast<int32_t>(e), size) != rank) L.experts[e] = ExpertWeights{};
+}
+
+void CpuBackend::swiglu(const ExpertWeights& w, int64_t width, int64_t n, const float* x, float* y) {
+  const int64_t H = shape_.hidden_size;
+  for (int64_t r0 = 0; r0 < n; r0 += kRowChunk) {
+    const int64_t m = n - r0 < kRowChunk ? n - r0 : kRowChunk;
+    float* gate = grow(gate_, static_cast<size_t>(m * width));
+    float* up = grow(up_, static_cast<size_t>(m * width));
+    gemm_rows(x + r0 * H, m, H, w.gate.data(), width, gate);
+    gemm_rows(x + r0 * H, m, H, w.up.data(), width, up);
+    for (int64_t j = 0; j < m * width; ++j) {
+      const float g = gate[j];
+      gate[j] = g / (1.0f + std::exp(-g)) * up[j];
+    }
+    gemm_rows(gate, m, width, w.down.data(), H, y + r0 * H);
+  }
+}
+
+void moe_route_row(const float* logits, int32_t E, int32_t K, int32_t norm, int32_t* experts, float* weights,
+               std::vector<char>& taken) {
+  taken.assign(static_cast<size_t>(E), 0);
+  for (int32_t k = 0; k < K; ++k) {
+    int32_t best = -1;
+    for (int32_t e = 0; e < E; ++e)
+      if (!taken[static_cast<size_t>(e)] && (best < 0 || logits[e] > logits[best])) best = e;
+    taken[static_cast<size_t>(best)] = 1;
+    experts[k] = best;
+  }
+  std::sort(experts, experts + K);
+  double p[512];  // K <= E; K above 512 is refused by moe_block
+  if (norm == ENG_ROUTER_SOFTMAX_TOPK) {
+    // Softmax over every expert (max-subtracted, in double), then the
+    // chosen probabilities renormalised over the k.
+    double mx = logits[0];
+    for (int32_t e = 1; e < E; ++e) mx = std::max(mx, static_cast<double>(logits[e]));
+    double all = 0;
+    for (int32_t e = 0; e < E; ++e) all += std::exp(static_cast<double>(logits[e]) - mx);
+    double sum = 0;
+    for (int32_t k = 0; k < K; ++k) sum += p[k] = std::exp(static_cast<double>(logits[experts[k]]) - mx) / all;
+    for (int32_t k = 0; k < K; ++k) weights[k] = static_cast<float>(p[k] / sum);
+  } else {
+    // Softmax over the k chosen logits.
+    double mx = logits[experts[0]];
+    for (int32_t k = 1; k < K; ++k) mx = std::max(mx, static_cast<double>(logits[experts[k]]));
+    double sum = 0;
+    for (int32_t k = 0; k < K; ++k) sum += p[k] = std::exp(static_cast<double>(logits[experts[k]]) - mx);
+    for (int32_t k = 0; k < K; ++k) weights[k] = static_cast<float>(p[k] / sum);
+  }
+}
+
+// One MoE block over n rows (see model_cpu.h). Dispatch record: int32 expert
+// id, then the row's x [hidden] as floats; member d receives, from each
+// member, the (row, expert) pairs it owns in (row, expert id) order, and
+// answers each record with y [hidden] in the same order.
+void CpuBackend::moe_block(int32_t layer, const StepBatch& batch, int64_t n, const float* x, float* out) {
+  const LayerWeights& w = weights_->layers[static_cast<size_t>(layer)];
+  const int64_t H = shape_.hidden_size, Fm = shape_.moe_intermediate_size;
+  const int32_t E = shape_.num_experts, K = shape_.num_experts_per_tok;
+  const int32_t ep = batch.ep != nullptr ? batch.ep->size() : 1, me = batch.ep != nullptr ? batch.ep->rank() : 0;
+  if (ep != ep_size_ || me != ep_rank_)
+    throw EngineError(ENG_INTERNAL, "MoE step with an EP group the engine did not join");
+  if (K > 512) throw EngineError(ENG_UNSUPPORTED, "num_experts_per_tok above 512");
+  MoeLayerStats& ls = moe_stats_.layers[static_cast<size_t>(layer)];
+  ++ls.calls;
+
+  // Router, top-k and weights of every row.
+  float* logits = grow(moe_logits_, static_cast<size_t>(n * E));
+  for (int64_t r0 = 0; r0 < n; r0 += kRowChunk) {
+    const int64_t m = n - r0 < kRowChunk ? n - r0 : kRowChunk;
+    gemm_rows(x + r0 * H, m, H, w.router.data(), E, logits + r0 * E);
+  }
+  int32_t* ex = grow(moe_experts_, static_cast<size_t>(n * K));
+  float* wt = grow(moe_weights_, static_cast<size_t>(n * K));
+  std::vector<char> taken;
+  for (int64_t i = 0; i < n; ++i) moe_route_row(logits + i * E, E, K, shape_.router_norm, ex + i * K, wt + i * K, taken);
+
+  // Dispatch.
+  const size_t xrec = sizeof(float) * static_cast<size_t>(H);
+  const size_t rec = sizeof(int32_t) + xrec;
+  moe_send_.resize(static_cast<size_t>(ep));
+  for (auto& b : moe_send_) b.clear();
+  for (int64_t i = 0; i < n; ++i)
+    for (int32_t k = 0; k < K; ++k) {
+      const int32_t e = ex[i * K + k];
+      std::vector<char>& b = moe_send_[static_cast<size_t>(expert_owner(e, ep))];
+      const size_t at = b.size();
+      b.resize(at + rec);
+      std::memcpy(b.data() + at, &e, sizeof e);
+      std::memcpy(b.data() + at + sizeof e, x + i * H, xrec);
+    }
+  moe_stats_.tokens_routed += static_cast<uint64_t>(n * K);
+  auto exchange = [&](ExchangeKind kind, double* ms, uint64_t* bytes) {
+    if (batch.ep == nullptr) {
+      moe_recv_.swap(moe_send_);
+      moe_recv_.resize(1);
+      return;
+    }
+    const uint64_t sent0 = batch.ep->bytes_sent(), recv0 = batch.ep->bytes_received();
+    const auto t0 = std::chrono::steady_clock::now();
+    batch.ep->alltoallv(ExchangeTag{kind, layer}, moe_send_, &moe_recv_);
+    const double dt = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    *ms += dt;
+    *bytes += batch.ep->bytes_sent() - sent0;
+    moe_stats_.wait_ms += dt;
+    moe_stats_.last_step_wait_ms += dt;
+    moe_stats_.bytes_sent += batch.ep->bytes_sent() - sent0;
+    moe_stats_.bytes_received += batch.ep->bytes_received() - recv0;
+    ++moe_stats_.exchanges;
+  };
+  exchange(ExchangeKind::kMoeDispatch, &ls.dispatch_ms, &ls.dispatch_bytes);
+
+  // Expert compute: every owned expert over the rows it received, in
+  // (source member, record) order; the answers go back in record order.
+  const int32_t members = static_cast<int32_t>(moe_recv_.size());
+  std::vector<std::vector<std::pair<int32_t, int64_t>>> by_expert(static_cast<size_t>(E));
+  for (int32_t s = 0; s < members; ++s) {
+    const std::vector<char>& b = moe_recv_[static_cast<size_t>(s)];
+    if (b.size() % rec != 0)
+      throw EngineError(ENG_COMM_ERROR, describe(ExchangeTag{ExchangeKind::kMoeDispatch, layer}) + ": member " +
+                                            std::to_string(s) + " sent " + std::to_string(b.size()) +
+                                            " bytes, not a whole number of token records");
+    for (int64_t r = 0; r < static_cast<int64_t>(b.size() / rec); ++r) {
+      int32_t e = -1;
+      std::memcpy(&e, b.data() + r * rec, sizeof e);
+      if (e < 0 || e >= E || expert_owner(e, ep) != me)
+        throw EngineError(ENG_COMM_ERROR, describe(ExchangeTag{ExchangeKind::kMoeDispatch, layer}) + ": member " +
+                                              std::to_string(s) + " sent a token for expert " + std::to_string(e) +
+                                              ", which member " + std::to_string(me) + " does not own");
+      by_expert[static_cast<size_t>(e)].emplace_back(s, r);
+    }
+  }
+  moe_send_.resize(static_cast<size_t>(members));
+  for (int32_t s = 0; s < members; ++s)
+    moe_send_[static_cast<size_t>(s)].resize(moe_recv_[static_cast<size_t>(s)].size() / rec * xrec);
+  for (int32_t e = 0; e < E; ++e) {
+    const auto& list = by_expert[static_cast<size_t>(e)];
+    if (list.empty()) continue;
+    const int64_t cnt = static_cast<int64_t>(list.size());
+    float* rows = grow(moe_rows_, static_cast<size_t>(cnt * H));
+    for (int64_t j = 0; j < cnt; ++j)
+      std::memcpy(rows + j * H, moe_recv_[static_cast<size_t>(list[j].first)].data() + list[j].second * rec + sizeof(int32_t),
+                  xrec);
+    float* y = grow(moe_y_, static_cast<size_t>(cnt * H));
+    swiglu(w.experts[static_cast<size_t>(e)], Fm, cnt, rows, y);
+    for (int64_t j = 0; j < cnt; ++j)
+      std::memcpy(moe_send_[static_cast<size_t>(list[j].first)].data() + list[j].second * xrec, y + j * H, xrec);
+  }
+
+  // Combine, then every row's sum: the shared expert, then the routed
+  // experts in ascending id, each answer read from its owner in order.
+  exchange(ExchangeKind::kMoeCombine, &ls.combine_ms, &ls.combine_bytes);
+  if (shape_.num_shared_experts > 0) {
+    swiglu(w.shared, int64_t{shape_.num_shared_experts} * Fm, n, x, out);
+  } else {
+    std::fill(out, out + n * H, 0.0f);
+  }
+  std::vector<size_t> cursor(static_cast<size_t>(ep), 0);
+  for (int64_t i = 0; i < n; ++i) {
+    float* o = out + i * H;
+    for (int32_t k = 0; k < K; ++k) {
+      const int32_t d = expert_owner(ex[i * K + k], ep);
+      const std::vector<char>& b = moe_recv_[static_cast<size_t>(d)];
+      const size_t at = cursor[static_cast<size_t>(d)]++ * xrec;
+      if (at + xrec > b.size())
+        throw EngineError(ENG_COMM_ERROR, describe(ExchangeTag{ExchangeKind::kMoeCombine, layer}) + ": member " +
+                                              std::to_string(d) + " answered fewer tokens than were dispatched to it");
+      const float* y = reinterpret_cast<const float*>(b.data() + at);
+      const float g = wt[i * K + k];
+      for (int64_t c = 0; c < H; ++c) o[c] += g * y[c];
     }
   }
 }

@@ -21,6 +21,18 @@
 //       a = paged attention of q over positions [0, pos] (attention_partial.h)
 //       h += a·Wo
 //       x = RMSNorm(h) · mlp_norm; h += (silu(x·W_gate) * (x·W_up)) · W_down
+//     MoE layer (shape.num_experts > 0), instead of the dense MLP, on every
+//     row's x (one pass over all rows of the layer: one dispatch and one
+//     combine per layer, whatever the rows):
+//       logits = x·W_router; top-k experts (largest logits, ties to the lower
+//       id), weighted per router_norm (softmax/top-k/renormalise, or
+//       top-k/softmax; in double, rounded once to float); each (row, expert)
+//       goes to expert_owner(expert) (dispatch), which computes
+//       y_e = SwiGLU_e(x) as a GEMM over every row it received for e, and
+//       sends y_e back (combine); the row's rank then forms
+//       m = shared(x) (or +0.0f), m += w_e · y_e for its experts in ascending
+//       id (float multiply, then add), and h += m. Nothing depends on which
+//       member computed y_e or on the rows around it.
 //   for sampled rows (the last new token of a sampled sequence):
 //     logits = (RMSNorm(h) · final_norm) · lm_head; token = argmax (lowest
 //     index on ties)
@@ -51,11 +63,20 @@
 
 namespace lockstep {
 
+// The router's choice for one row of logits[E]: the top-k experts (largest
+// logit, ties to the lower id) into experts[K] in ascending id order, and
+// their weights into weights[K] per norm (eng_router_norm), computed in
+// double and rounded once. taken is scratch. K <= 512.
+void moe_route_row(const float* logits, int32_t E, int32_t K, int32_t norm, int32_t* experts, float* weights,
+                   std::vector<char>& taken);
+
 class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(const EngineParams& params);
 
   const char* name() const override { return "cpu"; }
+  void join_ep(int32_t size, int32_t rank) override;
+  const MoeStats& moe_stats() const override { return moe_stats_; }
   double step(const StepBatch& batch, int32_t* sampled, float* logits) override;
   void copy_pages(eng_tier src_tier, const int32_t* src, eng_tier dst_tier, const int32_t* dst,
                   int32_t n) override;
@@ -80,11 +101,20 @@ class CpuBackend final : public Backend {
                   float* hidden, const float* attn = nullptr);
   void helix_attention(int32_t layer, const StepBatch& batch, const std::vector<int64_t>& rows);
   void rope(float* x, int32_t heads, const float* cos_sin) const;
+  // MoE block of a layer over n rows: x [n][hidden] (normed) → out
+  // [n][hidden] (to be added to the residual). Makes exactly one dispatch
+  // and one combine exchange when batch.ep is set, also for n == 0.
+  void moe_block(int32_t layer, const StepBatch& batch, int64_t n, const float* x, float* out);
+  // SwiGLU of rows x[n][hidden] through gate/up [hidden][width], down
+  // [width][hidden] into y[n][hidden] (GEMMs in passes of kRowChunk rows).
+  void swiglu(const ExpertWeights& w, int64_t width, int64_t n, const float* x, float* y);
 
   eng_model_shape shape_;
   int32_t tokens_per_page_;
   // Checkpoint weights are shared by the engines of one process built from
   // the same tensors (in-process ranks: one float copy, not one per rank).
+  // Synthetic weights are owned here (join_ep frees other members' experts).
+  std::shared_ptr<Weights> own_weights_;
   std::shared_ptr<const Weights> weights_;
   PageSlab device_, host_;
   std::vector<double> inv_freq_;  // [head_dim / 2]: theta^(-2i/D)
@@ -105,6 +135,14 @@ class CpuBackend final : public Backend {
   std::vector<float> helix_attn_;   // [rows][heads * head_dim]
   std::vector<float> helix_local_;  // partials of this rank's pages
   std::vector<std::vector<char>> helix_all_;
+  int32_t ep_size_ = 1, ep_rank_ = 0;
+  // MoE scratch: normed rows of the layer, their block outputs, the router's
+  // choices (expert ids ascending per row, and weights), exchange buffers.
+  std::vector<float> moe_x_, moe_out_, moe_logits_, moe_rows_, moe_y_;
+  std::vector<int32_t> moe_experts_;  // [rows][top_k]
+  std::vector<float> moe_weights_;    // [rows][top_k]
+  std::vector<std::vector<char>> moe_send_, moe_recv_;
+  MoeStats moe_stats_;
 };
 
 }  // namespace lockstep

@@ -55,18 +55,47 @@ Weights generate_weights(const eng_model_shape& s, uint64_t seed) {
     L.wv = tensor(h, kvd, seed, TensorKind::kWv, l);
     L.wo = tensor(qd, h, seed, TensorKind::kWo, l);
     L.mlp_norm = tensor(1, h, seed, TensorKind::kMLPNorm, l);
-    L.w_gate = tensor(h, f, seed, TensorKind::kWGate, l);
-    L.w_up = tensor(h, f, seed, TensorKind::kWUp, l);
-    L.w_down = tensor(f, h, seed, TensorKind::kWDown, l);
+    if (s.num_experts == 0) {
+      L.w_gate = tensor(h, f, seed, TensorKind::kWGate, l);
+      L.w_up = tensor(h, f, seed, TensorKind::kWUp, l);
+      L.w_down = tensor(f, h, seed, TensorKind::kWDown, l);
+      continue;
+    }
+    L.router = tensor(h, s.num_experts, seed, TensorKind::kRouter, l);
+    if (s.num_shared_experts > 0) {
+      const int64_t fs = int64_t{s.num_shared_experts} * s.moe_intermediate_size;
+      L.shared.gate = tensor(h, fs, seed, TensorKind::kSharedGate, l);
+      L.shared.up = tensor(h, fs, seed, TensorKind::kSharedUp, l);
+      L.shared.down = tensor(fs, h, seed, TensorKind::kSharedDown, l);
+    }
+    L.experts.resize(static_cast<size_t>(s.num_experts));
+    for (int e = 0; e < s.num_experts; ++e) L.experts[static_cast<size_t>(e)] = generate_expert(s, seed, l, e);
   }
   return w;
+}
+
+ExpertWeights generate_expert(const eng_model_shape& s, uint64_t seed, int layer, int expert) {
+  const int64_t h = s.hidden_size, fm = s.moe_intermediate_size;
+  auto t = [&](int64_t rows, int64_t cols, TensorKind kind) {
+    std::vector<float> v(static_cast<size_t>(rows * cols));
+    const uint64_t id = expert_tensor_id(kind, layer, expert);
+    const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(rows)));
+    for (size_t i = 0; i < v.size(); ++i) v[i] = uniform_pm1(seed, id, i) * scale;
+    return v;
+  };
+  return ExpertWeights{t(h, fm, TensorKind::kExpertGate), t(h, fm, TensorKind::kExpertUp),
+                       t(fm, h, TensorKind::kExpertDown)};
 }
 
 double weight_elements(const eng_model_shape& s) {
   const double h = s.hidden_size, qd = double(s.num_heads) * s.head_dim,
                kvd = double(s.num_kv_heads) * s.head_dim, f = s.intermediate_size,
                v = s.vocab_size;
-  const double per_layer = 2 * h + h * qd + 2 * h * kvd + qd * h + 3 * h * f;
+  const double mlp = s.num_experts == 0
+                         ? 3 * h * f
+                         : h * s.num_experts + 3 * h * double(s.moe_intermediate_size) *
+                                                   (double(s.num_experts) + s.num_shared_experts);
+  const double per_layer = 2 * h + h * qd + 2 * h * kvd + qd * h + mlp;
   return (s.tied_embeddings ? 1 : 2) * v * h + h + double(s.num_layers) * per_layer;
 }
 

@@ -42,6 +42,15 @@ enum class TensorKind : uint32_t {
   kWGate = 9,
   kWUp = 10,
   kWDown = 11,
+  // MoE layers (tensor_id's 16 slots per layer hold them too).
+  kRouter = 12,      // [hidden][num_experts]
+  kSharedGate = 13,  // [hidden][shared * moe_intermediate]
+  kSharedUp = 14,
+  kSharedDown = 15,  // [shared * moe_intermediate][hidden]
+  // Routed experts: keyed by expert_tensor_id, not tensor_id.
+  kExpertGate = 16,  // [hidden][moe_intermediate]
+  kExpertUp = 17,
+  kExpertDown = 18,  // [moe_intermediate][hidden]
 };
 
 // splitmix64 finaliser (Steele, Lea, Flood 2014): a bijective 64-bit mixer.
@@ -59,6 +68,13 @@ inline uint64_t tensor_id(TensorKind kind, int layer) {
   return layer < 0 ? k : (static_cast<uint64_t>(layer) + 1) * 16 + k;
 }
 
+// Stable id of routed expert `expert`'s tensor (kExpertGate/Up/Down) of a
+// layer: outside tensor_id's range (bit 40 set).
+inline uint64_t expert_tensor_id(TensorKind kind, int layer, int expert) {
+  return (uint64_t{1} << 40) | (static_cast<uint64_t>(layer) << 24) | (static_cast<uint64_t>(expert) << 4) |
+         (static_cast<uint64_t>(kind) - 16);
+}
+
 // Uniform in [-1, 1) with 24 bits of resolution, a pure function of the key.
 inline float uniform_pm1(uint64_t seed, uint64_t tensor, uint64_t index) {
   const uint64_t h = splitmix64(splitmix64(seed ^ splitmix64(tensor)) + index);
@@ -69,11 +85,25 @@ inline float uniform_pm1(uint64_t seed, uint64_t tensor, uint64_t index) {
 void generate_tensor(float* out, size_t n, uint64_t seed, TensorKind kind, int layer,
                      int64_t fan_in);
 
-// One decoder layer's weights (layout above).
+// One SwiGLU expert: gate/up [hidden][width], down [width][hidden].
+struct ExpertWeights {
+  std::vector<float> gate, up, down;
+};
+
+// One decoder layer's weights (layout above). A MoE layer (shape.num_experts
+// > 0) has no w_gate/w_up/w_down but a router [hidden][num_experts], an
+// optional shared expert and the routed experts this engine owns
+// (experts[e] is empty for an expert another EP member owns).
 struct LayerWeights {
   std::vector<float> attn_norm, wq, wk, wv, wo;
   std::vector<float> mlp_norm, w_gate, w_up, w_down;
+  std::vector<float> router;
+  ExpertWeights shared;
+  std::vector<ExpertWeights> experts;
 };
+
+// Generates routed expert `expert` of `layer` (synthetic weights).
+ExpertWeights generate_expert(const eng_model_shape& shape, uint64_t seed, int layer, int expert);
 
 // All weights of the model, float32 on the host. With tied embeddings
 // (checkpoint.h) the embedding lives only in lm_head and `embedding` is empty.

@@ -70,7 +70,7 @@ int main() {
   CHECK(eng_preset_shape("llama-70b", &s) == ENG_OK);
   CHECK(s.num_layers == 80 && s.hidden_size == 8192 && s.intermediate_size == 28672);
   CHECK(eng_preset_shape("gpt-5", &s) == ENG_INVALID_ARGUMENT);
-  CHECK(contains(eng_last_error(), "gpt-5") && contains(eng_last_error(), "llama-70b, llama-8b, tiny"));
+  CHECK(contains(eng_last_error(), "gpt-5") && contains(eng_last_error(), "llama-70b, llama-8b, mixtral-8x7b, moe-tiny, qwen3-30b-a3b, tiny"));
   CHECK(eng_preset_shape(nullptr, &s) == ENG_INVALID_ARGUMENT);
   CHECK(eng_preset_shape("tiny", nullptr) == ENG_INVALID_ARGUMENT);
   CHECK((eng_supported_backends() & 1u) == 1u);
@@ -109,8 +109,24 @@ int main() {
              {"num_kv_heads", "3"});
   check_init("head_dim", custom([](eng_model_shape& s) { s.head_dim = 15; }), ENG_INVALID_ARGUMENT,
              {"head_dim"});
-  check_init("hidden_size", custom([](eng_model_shape& s) { s.hidden_size = 65; }), ENG_INVALID_ARGUMENT,
-             {"hidden_size", "65"});
+  check_init("hidden_size", custom([](eng_model_shape& s) { s.hidden_size = -65; }), ENG_INVALID_ARGUMENT,
+             {"hidden_size", "-65"});
+  check_init("num_experts", custom([](eng_model_shape& s) { s.num_experts = -1; }), ENG_INVALID_ARGUMENT,
+             {"num_experts"});
+  check_init("dense with top-k", custom([](eng_model_shape& s) { s.num_experts_per_tok = 2; }),
+             ENG_INVALID_ARGUMENT, {"dense"});
+  check_init("top-k above experts", custom([](eng_model_shape& s) {
+               s.num_experts = 4, s.num_experts_per_tok = 5, s.moe_intermediate_size = 8;
+             }),
+             ENG_INVALID_ARGUMENT, {"num_experts_per_tok", "5"});
+  check_init("moe_intermediate_size", custom([](eng_model_shape& s) {
+               s.num_experts = 4, s.num_experts_per_tok = 2;
+             }),
+             ENG_INVALID_ARGUMENT, {"moe_intermediate_size"});
+  check_init("router_norm", custom([](eng_model_shape& s) {
+               s.num_experts = 4, s.num_experts_per_tok = 2, s.moe_intermediate_size = 8, s.router_norm = 2;
+             }),
+             ENG_INVALID_ARGUMENT, {"router_norm", "2"});
   check_init("intermediate_size", custom([](eng_model_shape& s) { s.intermediate_size = 0; }),
              ENG_INVALID_ARGUMENT, {"intermediate_size"});
   check_init("vocab_size", custom([](eng_model_shape& s) { s.vocab_size = 1; }), ENG_INVALID_ARGUMENT,
