@@ -111,6 +111,17 @@ func TestMoEDigestIndependentOfExpertParallelism(t *testing.T) {
 		require.Equal(t, one.OutputDigest, rep.OutputDigest, "mpirun -np 4 and --ranks 1 print the same digest")
 		require.Positive(t, *rep.MoEWaitMS, "the fleet's wait is gathered from every process")
 	})
+	t.Run("torchrun-style, 2 processes (TCP exchange)", func(t *testing.T) {
+		out, stderrs, errs, _ := torchrunWorkers(t, bin, 2, nil, append(args, "--report", "json")...)
+		for r, err := range errs {
+			require.NoError(t, err, "rank %d: %s", r, stderrs[r])
+		}
+		var rep moeReport
+		require.NoError(t, json.Unmarshal([]byte(out), &rep), out)
+		require.Equal(t, 200, rep.Requests.Completed)
+		require.Equal(t, one.OutputDigest, rep.OutputDigest, "torchrun-style 2 processes and --ranks 1 print the same digest")
+		require.Positive(t, *rep.MoEWaitMS)
+	})
 }
 
 // TestMoEStoppedRankInsideExchange: rank 1's engine stops at layer 1's MoE
