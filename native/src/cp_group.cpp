@@ -1,5 +1,7 @@
 #include "cp_group.h"
 
+#include "exchange_wire.h"
+
 #include <cstring>
 #include <string>
 #include <thread>
@@ -187,6 +189,41 @@ void LocalCpGroup::allgather(int32_t rank, const ExchangeTag& tag, const void* d
   }
   if (aborted_ && round_ <= my_round) aborted();
   *out = result_;  // result_ stays until every member entered the next round
+}
+
+PeerLedger::PeerLedger(int32_t rank, int32_t size, const char* transport, uint32_t magic)
+    : rank_(rank), size_(size), transport_(transport), magic_(magic), last_(static_cast<size_t>(size)) {}
+
+WireHeader PeerLedger::header(const ExchangeTag& tag, uint64_t round, uint64_t bytes) const {
+  return WireHeader{magic_, static_cast<int32_t>(tag.kind), tag.layer, rank_, round, bytes};
+}
+
+std::string PeerLedger::what(const ExchangeTag& tag, uint64_t round) const {
+  return describe(tag, round) + " (rank " + std::to_string(rank_) + " of " + std::to_string(size_) + ", " +
+         transport_ + ")";
+}
+
+void PeerLedger::accept(const std::string& what, int32_t r, const WireHeader& h, const ExchangeTag& tag,
+                        uint64_t round, uint64_t max_bytes) {
+  if (h.magic != magic_ || h.sender != r || h.bytes > max_bytes)
+    throw EngineError(ENG_COMM_ERROR, what + ": rank " + std::to_string(r) + " sent a malformed message");
+  const ExchangeTag got{static_cast<ExchangeKind>(h.kind), h.layer};
+  last_[static_cast<size_t>(r)] = Last{got, h.round, true};
+  if (got != tag || h.round != round)
+    throw EngineError(ENG_COMM_ERROR, what + ": rank " + std::to_string(r) + " is in " + describe(got, h.round) +
+                                          " (the members' steps diverged)");
+}
+
+void PeerLedger::timed_out(const std::string& what, std::chrono::milliseconds timeout,
+                           const std::vector<int32_t>& pending) const {
+  std::string msg = what + ": timed out after " + std::to_string(timeout.count()) + " ms";
+  for (size_t i = 0; i < pending.size(); ++i) {
+    const Last& l = last_[static_cast<size_t>(pending[i])];
+    msg += (i == 0 ? "; waiting for rank " : ", rank ") + std::to_string(pending[i]) + " (" +
+           (l.heard ? "last received from it: " + describe(l.tag, l.round) : "nothing received from it yet") + ")";
+  }
+  if (pending.empty()) msg += "; every peer's message arrived but this rank's sends did not complete";
+  throw EngineError(ENG_TIMEOUT, msg);
 }
 
 }  // namespace lockstep

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "cp_group.h"
+#include "exchange_wire.h"
 #include "mpi_session.h"
 #include "status.h"
 
@@ -27,15 +28,7 @@ namespace {
 
 constexpr int kTag = 7;
 constexpr uint32_t kMagic = 0x4c4b5850;  // "LKXP"
-
-struct Header {
-  uint32_t magic;
-  int32_t kind;
-  int32_t layer;
-  int32_t sender;
-  uint64_t round;
-  uint64_t bytes;
-};
+using Header = WireHeader;
 
 class MpiExchangeGroup;
 
@@ -44,7 +37,7 @@ class MpiMember final : public Exchange {
   MpiMember(std::shared_ptr<MpiExchangeGroup> g, MPI_Comm comm, int32_t rank, int32_t size,
             std::chrono::milliseconds timeout)
       : g_(std::move(g)), comm_(comm), rank_(rank), size_(size), timeout_(timeout),
-        last_(static_cast<size_t>(size)), heard_(static_cast<size_t>(size), false) {}
+        ledger_(rank, size, "MPI", kMagic) {}
   // A member whose last exchange failed with sends in flight leaks its send
   // buffers and its group's communicator: MPI cannot cancel those sends, and
   // a peer may still read the buffers (single-copy transports read them in
@@ -79,16 +72,10 @@ class MpiMember final : public Exchange {
     if (bytes > static_cast<size_t>(INT_MAX) - sizeof(Header))
       throw EngineError(ENG_INVALID_ARGUMENT, describe(tag) + ": " + std::to_string(bytes) +
                                                   " bytes exceed one MPI message (2^31-1 bytes)");
-    const Header h{kMagic, static_cast<int32_t>(tag.kind), tag.layer, rank_, round_, bytes};
+    const Header h = ledger_.header(tag, round_, bytes);
     buf->resize(sizeof h + bytes);
     std::memcpy(buf->data(), &h, sizeof h);
     if (bytes > 0) std::memcpy(buf->data() + sizeof h, data, bytes);
-  }
-
-  std::string last_heard(int32_t r) const {
-    if (!heard_[static_cast<size_t>(r)]) return "nothing received from it yet";
-    const Last& l = last_[static_cast<size_t>(r)];
-    return "last received from it: " + describe(l.tag, l.round);
   }
 
   // One exchange: send_[0] to every peer (shared) or send_[r] to peer r,
@@ -96,8 +83,7 @@ class MpiMember final : public Exchange {
   void run(const ExchangeTag& tag, bool shared, std::vector<std::vector<char>>* out) {
     maybe_stall(tag);
     const uint64_t round = round_++;
-    const std::string what = describe(tag, round) + " (rank " + std::to_string(rank_) + " of " +
-                             std::to_string(size_) + ", MPI)";
+    const std::string what = ledger_.what(tag, round);
     out->resize(static_cast<size_t>(size_));
     reqs_.clear();
     for (int32_t r = 0; r < size_; ++r) {
@@ -136,14 +122,9 @@ class MpiMember final : public Exchange {
         if (static_cast<size_t>(count) < sizeof h)
           throw EngineError(ENG_COMM_ERROR, what + ": rank " + std::to_string(r) + " sent a short message");
         std::memcpy(&h, recv_.data(), sizeof h);
-        if (h.magic != kMagic || h.sender != r || h.bytes != static_cast<uint64_t>(count) - sizeof h)
+        ledger_.accept(what, r, h, tag, round, static_cast<uint64_t>(count) - sizeof h);
+        if (h.bytes != static_cast<uint64_t>(count) - sizeof h)
           throw EngineError(ENG_COMM_ERROR, what + ": rank " + std::to_string(r) + " sent a malformed message");
-        const ExchangeTag got{static_cast<ExchangeKind>(h.kind), h.layer};
-        last_[static_cast<size_t>(r)] = Last{got, h.round};
-        heard_[static_cast<size_t>(r)] = true;
-        if (got != tag || h.round != round)
-          throw EngineError(ENG_COMM_ERROR, what + ": rank " + std::to_string(r) + " is in " +
-                                                describe(got, h.round) + " (the members' steps diverged)");
         (*out)[static_cast<size_t>(r)].assign(recv_.data() + sizeof h, recv_.data() + count);
         bytes_received_ += h.bytes;
         pending[i] = pending.back();
@@ -159,14 +140,7 @@ class MpiMember final : public Exchange {
       }
       if (pending.empty() && sends_done) break;
       const auto now = std::chrono::steady_clock::now();
-      if (now >= deadline) {
-        std::string msg = what + ": timed out after " + std::to_string(timeout_.count()) + " ms";
-        for (size_t i = 0; i < pending.size(); ++i)
-          msg += (i == 0 ? "; waiting for rank " : ", rank ") + std::to_string(pending[i]) + " (" +
-                 last_heard(pending[i]) + ")";
-        if (pending.empty()) msg += "; every peer's message arrived but this rank's sends did not complete";
-        throw EngineError(ENG_TIMEOUT, msg);
-      }
+      if (now >= deadline) ledger_.timed_out(what, timeout_, pending);
       // Spin briefly (a layer's exchange is short when every member is
       // there), then yield the core to the peers' threads.
       if (!progress && now - start > std::chrono::microseconds(200)) {
@@ -178,10 +152,6 @@ class MpiMember final : public Exchange {
   }
 
   bool sends_in_flight_ = false;
-  struct Last {
-    ExchangeTag tag;
-    uint64_t round = 0;
-  };
   std::shared_ptr<MpiExchangeGroup> g_;  // keeps the communicator alive
   MPI_Comm comm_;
   int32_t rank_, size_;
@@ -190,8 +160,7 @@ class MpiMember final : public Exchange {
   std::vector<std::vector<char>> send_ = std::vector<std::vector<char>>(1);
   std::vector<char> recv_;
   std::vector<MPI_Request> reqs_;
-  std::vector<Last> last_;
-  std::vector<bool> heard_;
+  PeerLedger ledger_;
 };
 
 class MpiExchangeGroup final : public ExchangeGroup, public std::enable_shared_from_this<MpiExchangeGroup> {

@@ -37,6 +37,7 @@
 
 #include "cp_group.h"
 #include "exchange_tcp.h"
+#include "exchange_wire.h"
 #include "status.h"
 
 namespace lockstep {
@@ -48,14 +49,7 @@ constexpr uint64_t kMaxMessage = uint64_t{1} << 36;
 
 using Clock = std::chrono::steady_clock;
 
-struct Header {
-  uint32_t magic;
-  int32_t kind;
-  int32_t layer;
-  int32_t sender;
-  uint64_t round;
-  uint64_t bytes;
-};
+using Header = WireHeader;
 
 struct Hello {
   uint32_t magic;
@@ -111,7 +105,7 @@ class TcpMember final : public Exchange {
   TcpMember(std::shared_ptr<TcpExchangeGroup> g, const std::vector<int>* fds, int32_t rank, int32_t size,
             std::chrono::milliseconds timeout)
       : g_(std::move(g)), fds_(*fds), rank_(rank), size_(size), timeout_(timeout),
-        last_(static_cast<size_t>(size)), heard_(static_cast<size_t>(size), false) {}
+        ledger_(rank, size, "TCP", kMagic) {}
   int32_t rank() const override { return rank_; }
   int32_t size() const override { return size_; }
 
@@ -143,16 +137,10 @@ class TcpMember final : public Exchange {
     bool done_send = false, done_recv = false;
   };
 
-  std::string last_heard(int32_t r) const {
-    if (!heard_[static_cast<size_t>(r)]) return "nothing received from it yet";
-    return "last received from it: " + describe(last_[static_cast<size_t>(r)].tag, last_[static_cast<size_t>(r)].round);
-  }
-
   void run(const ExchangeTag& tag, const std::vector<std::vector<char>>* send, std::vector<std::vector<char>>* out) {
     if (broken_) throw EngineError(ENG_COMM_ERROR, describe(tag) + ": the TCP exchange group failed earlier");
     const uint64_t round = round_++;
-    const std::string what = describe(tag, round) + " (rank " + std::to_string(rank_) + " of " +
-                             std::to_string(size_) + ", TCP)";
+    const std::string what = ledger_.what(tag, round);
     out->resize(static_cast<size_t>(size_));
     peers_.assign(static_cast<size_t>(size_), Peer{});
     int32_t open = 0;
@@ -160,7 +148,7 @@ class TcpMember final : public Exchange {
       if (r == rank_) continue;
       Peer& p = peers_[static_cast<size_t>(r)];
       p.out = send ? &(*send)[static_cast<size_t>(r)] : &shared_;
-      p.out_h = Header{kMagic, static_cast<int32_t>(tag.kind), tag.layer, rank_, round, p.out->size()};
+      p.out_h = ledger_.header(tag, round, p.out->size());
       open += 2;
     }
     broken_ = true;  // until the exchange completes
@@ -184,15 +172,10 @@ class TcpMember final : public Exchange {
       const int n = ms == 0 ? 0 : ::poll(pfds.data(), pfds.size(), ms);
       if (n < 0 && errno != EINTR) sys_fail(what + ": poll");
       if (n == 0) {
-        std::string msg = what + ": timed out after " + std::to_string(timeout_.count()) + " ms";
-        bool first = true;
-        for (int32_t r = 0; r < size_; ++r) {
-          if (r == rank_ || peers_[static_cast<size_t>(r)].done_recv) continue;
-          msg += (first ? "; waiting for rank " : ", rank ") + std::to_string(r) + " (" + last_heard(r) + ")";
-          first = false;
-        }
-        if (first) msg += "; every peer's message arrived but this rank's sends did not complete";
-        throw EngineError(ENG_TIMEOUT, msg);
+        std::vector<int32_t> pending;
+        for (int32_t r = 0; r < size_; ++r)
+          if (r != rank_ && !peers_[static_cast<size_t>(r)].done_recv) pending.push_back(r);
+        ledger_.timed_out(what, timeout_, pending);
       }
       for (size_t i = 0; i < pfds.size(); ++i) {
         const int32_t r = who[i];
@@ -264,14 +247,7 @@ class TcpMember final : public Exchange {
       p->got += static_cast<size_t>(k);
       if (p->got == sizeof(Header)) {
         const Header& h = p->in_h;
-        if (h.magic != kMagic || h.sender != r || h.bytes > kMaxMessage)
-          throw EngineError(ENG_COMM_ERROR, what + ": rank " + std::to_string(r) + " sent a malformed message");
-        const ExchangeTag got{static_cast<ExchangeKind>(h.kind), h.layer};
-        last_[static_cast<size_t>(r)] = Last{got, h.round};
-        heard_[static_cast<size_t>(r)] = true;
-        if (got != tag || h.round != round)
-          throw EngineError(ENG_COMM_ERROR, what + ": rank " + std::to_string(r) + " is in " +
-                                                describe(got, h.round) + " (the members' steps diverged)");
+        ledger_.accept(what, r, h, tag, round, kMaxMessage);
         dst->resize(h.bytes);
       }
     }
@@ -280,10 +256,6 @@ class TcpMember final : public Exchange {
     return 1;
   }
 
-  struct Last {
-    ExchangeTag tag;
-    uint64_t round = 0;
-  };
   std::shared_ptr<TcpExchangeGroup> g_;  // keeps the sockets open
   const std::vector<int>& fds_;
   int32_t rank_, size_;
@@ -292,8 +264,7 @@ class TcpMember final : public Exchange {
   bool broken_ = false;
   std::vector<char> shared_;
   std::vector<Peer> peers_;
-  std::vector<Last> last_;
-  std::vector<bool> heard_;
+  PeerLedger ledger_;
 };
 
 class TcpExchangeGroup final : public ExchangeGroup, public std::enable_shared_from_this<TcpExchangeGroup> {
