@@ -21,7 +21,7 @@ import (
 //	perturb:RANK:ITER  rank RANK's plan of iteration ITER differs from its peers'
 //	stall:RANK:ITER    rank RANK's engine stops inside its next in-step exchange
 //	                   (Helix attention partials, MoE dispatch or combine) from
-//	                   iteration ITER, for three collective timeouts
+//	                   iteration ITER, for five collective timeouts
 //	moe-stop:RANK:ITER:LAYER  the same at layer LAYER's MoE dispatch (a MoE
 //	                   model under expert parallelism)
 //

@@ -533,7 +533,7 @@ func buildRank(o *serveOptions, sc scheduler.Config, i, device int, comm nccl.Co
 	}
 	var planner executor.Planner = sch
 	if f != nil && f.rank == i && f.kind != "init" {
-		planner = &faultyPlanner{Planner: sch, f: f, teardown: td.ch, eng: parts.eng, stallFor: 3 * o.collectiveTimeout}
+		planner = &faultyPlanner{Planner: sch, f: f, teardown: td.ch, eng: parts.eng, stallFor: 5 * o.collectiveTimeout}
 	}
 	parts.ex, err = executor.New(cfg, executor.Deps{Comm: comm, Engine: parts.eng, KV: parts.kv, Planner: planner})
 	if err != nil {
