@@ -22,7 +22,8 @@
 #
 # The machine has no Go and no network: CUDA 13 nvcc, CMake, ninja and a
 # python3 with PyTorch (whose nvidia-* wheels provide cuBLAS and NCCL). What
-# it needs from elsewhere is carried with the tree:
+# it needs from elsewhere is carried with the tree (scripts/pack-device-carry.sh
+# packs the first two into device-carry/, unpacked below):
 #   FlashInfer headers  $LOCKSTEP_CUDA_HOME/flashinfer (scripts/install-cuda.sh
 #                       --headers-only on a machine with network), or
 #                       LOCKSTEP_FLASHINFER_ROOT pointing at that directory
@@ -129,6 +130,30 @@ LIB_HINTS="${LIB_HINTS#;}"
 INC_HINTS="${INC_HINTS#;}"
 echo "library hints: ${LIB_HINTS:-none}; NCCL: ${NCCL_ROOT:-toolkit}"
 export LD_LIBRARY_PATH="${LIB_HINTS//;/:}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+
+# What scripts/pack-device-carry.sh packed on a machine with network and Go
+# (carry "device-carry"; CARRY_DIR overrides): the FlashInfer headers and
+# bin/worker, unpacked with python3's lzma unless the caller provides them.
+CARRY_DIR="${CARRY_DIR:-device-carry}"
+if [[ -d "$CARRY_DIR" ]]; then
+  step "unpack device-carry"
+  if [[ -z "${LOCKSTEP_FLASHINFER_ROOT:-}" && -f "$CARRY_DIR/flashinfer-headers.tar.xz" ]]; then
+    mkdir -p "$BUILD_DIR/carry"
+    "$PY" -c 'import sys, tarfile; tarfile.open(sys.argv[1], "r:xz").extractall(sys.argv[2])' \
+      "$CARRY_DIR/flashinfer-headers.tar.xz" "$BUILD_DIR/carry" || fail "could not unpack $CARRY_DIR/flashinfer-headers.tar.xz"
+    LOCKSTEP_FLASHINFER_ROOT="$(cd "$BUILD_DIR/carry/flashinfer" && pwd)"
+    export LOCKSTEP_FLASHINFER_ROOT
+  fi
+  if [[ ! -x bin/worker && -f "$CARRY_DIR/worker.xz" ]]; then
+    mkdir -p bin
+    "$PY" -c 'import lzma, sys; open(sys.argv[2], "wb").write(lzma.open(sys.argv[1]).read())' \
+      "$CARRY_DIR/worker.xz" bin/worker || fail "could not unpack $CARRY_DIR/worker.xz"
+    chmod +x bin/worker
+    (cd bin && sha256sum -c "$OLDPWD/$CARRY_DIR/SHA256SUMS" >/dev/null) ||
+      fail "bin/worker unpacked from $CARRY_DIR/worker.xz does not match $CARRY_DIR/SHA256SUMS"
+  fi
+  summary "carried: FlashInfer headers ${LOCKSTEP_FLASHINFER_ROOT:-none}, bin/worker $([[ -x bin/worker ]] && echo yes || echo no)"
+fi
 
 if [[ "${SKIP_BUILD:-0}" != 1 ]]; then
   step "build (sm_90)"

@@ -41,6 +41,7 @@ expect_failure() {
   fake_build "$build" "$body"
   mkdir -p "$out"
   PATH="$WORK/bin:$PATH" PYTHON=/bin/false CUDACXX="$WORK/bin/nvcc" SKIP_BUILD=1 SMOLLM2=0 TEST_TIMEOUT=5 \
+    CARRY_DIR="$WORK/no-carry" \
     BUILD_DIR="$build" OUT="$out" "$ROOT/scripts/device-check.sh" >"$WORK/$name.log" 2>&1 || rc=$?
   local why=""
   if ((rc == 0)); then why="exited 0"
