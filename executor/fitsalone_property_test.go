@@ -19,6 +19,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/lockstep-ai/lockstep/internal/racetest"
 	"github.com/lockstep-ai/lockstep/kvpool"
 	"github.com/lockstep-ai/lockstep/scheduler"
 )
@@ -151,7 +152,7 @@ func runFitsCase(t *testing.T, seed uint64, c fitsCase, rng *rand.Rand) (recompu
 }
 
 func TestPropertyRequestThatFitsAloneCompletes(t *testing.T) {
-	seeds := uint64(1500)
+	seeds := uint64(racetest.Size(1500, 300))
 	if testing.Short() {
 		seeds = 300
 	}

@@ -9,7 +9,7 @@ set -uo pipefail
 pkg="$1" target="$2" fuzztime="$3"
 out="$(mktemp)"
 trap 'rm -f "$out"' EXIT
-"${GO:-go}" test "$pkg" -run '^$' -fuzz "$target" -fuzztime "$fuzztime" -parallel 1 2>&1 | tee "$out"
+"${GO:-go}" test "$pkg" -run '^$' -fuzz "$target" -fuzztime "$fuzztime" -parallel 1 -timeout 15m 2>&1 | tee "$out"
 rc=${PIPESTATUS[0]}
 if [ "$rc" -ne 0 ] && grep -q 'context deadline exceeded' "$out" && ! grep -q 'Failing input written to' "$out"; then
   echo "fuzz-one: $target: the fuzz coordinator's deadline race at -fuzztime (golang/go#75804), no failing input: not a failure"

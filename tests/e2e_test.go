@@ -11,24 +11,53 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 )
 
-// worker builds bin/worker (native engine) once per test binary.
+// workerBuild is the worker binary of this test binary, built once: ~30
+// tests run it, and a cgo link takes seconds each time.
+var workerBuild struct {
+	once sync.Once
+	dir  string
+	bin  string
+	err  error
+	out  []byte
+}
+
+// TestMain removes the shared worker binary after the tests.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if workerBuild.dir != "" {
+		os.RemoveAll(workerBuild.dir)
+	}
+	os.Exit(code)
+}
+
+// worker returns bin/worker (native engine), built once per test binary.
 func worker(t *testing.T) string {
 	t.Helper()
-	bin := filepath.Join(t.TempDir(), "worker")
-	// The engine library's hash in the link, as the Makefile does: Go does
-	// not notice a rebuilt libengine.a by itself.
-	lib, err := os.ReadFile("../build/native/libengine.a")
-	require.NoError(t, err, "build the engine first (make native)")
-	stamp := fmt.Sprintf("-X github.com/lockstep-ai/lockstep/bridge/native.EngineLibrary=%x", sha256.Sum256(lib))
-	cmd := exec.Command("go", "build", "-tags", "native", "-ldflags", stamp, "-o", bin, "../cmd/worker")
-	out, err := cmd.CombinedOutput()
-	require.NoError(t, err, string(out))
-	return bin
+	b := &workerBuild
+	b.once.Do(func() {
+		// The engine library's hash in the link, as the Makefile does: Go
+		// does not notice a rebuilt libengine.a by itself.
+		lib, err := os.ReadFile("../build/native/libengine.a")
+		if err != nil {
+			b.err = fmt.Errorf("build the engine first (make native): %w", err)
+			return
+		}
+		if b.dir, b.err = os.MkdirTemp("", "lockstep-tests-worker-"); b.err != nil {
+			return
+		}
+		b.bin = filepath.Join(b.dir, "worker")
+		stamp := fmt.Sprintf("-X github.com/lockstep-ai/lockstep/bridge/native.EngineLibrary=%x", sha256.Sum256(lib))
+		cmd := exec.Command("go", "build", "-tags", "native", "-ldflags", stamp, "-o", b.bin, "../cmd/worker")
+		b.out, b.err = cmd.CombinedOutput()
+	})
+	require.NoError(t, b.err, string(b.out))
+	return b.bin
 }
 
 func sharedTrace(t *testing.T, name string) string {
