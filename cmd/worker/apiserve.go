@@ -15,6 +15,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/lockstep-ai/lockstep/internal/usage"
+
 	"github.com/lockstep-ai/lockstep/nccl"
 	httpapi "github.com/lockstep-ai/lockstep/serve"
 )
@@ -51,10 +53,10 @@ func runAPIServe(args []string, stdout, stderr io.Writer) error {
 		if errors.Is(err, flag.ErrHelp) {
 			return err
 		}
-		return usageError{err}
+		return usage.Wrap(err)
 	}
 	if fs.NArg() > 0 {
-		return usageErrorf("unexpected arguments: %v", fs.Args())
+		return usage.Errorf("unexpected arguments: %v", fs.Args())
 	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
@@ -68,24 +70,24 @@ func runAPIServe(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	if o.engine == "twin" {
-		return usageErrorf("serve needs a real engine (cpu, cuda or fake): the twin runs on a virtual clock, which HTTP clients do not share")
+		return usage.Errorf("serve needs a real engine (cpu, cuda or fake): the twin runs on a virtual clock, which HTTP clients do not share")
 	}
 	if o.trace != "" || o.text.active() {
-		return usageErrorf("serve takes its requests over HTTP: --trace, --prompt and --prompts belong to `worker run`")
+		return usage.Errorf("serve takes its requests over HTTP: --trace, --prompt and --prompts belong to `worker run`")
 	}
 	if api.maxQueue < 1 {
-		return usageErrorf("--max-queue must be at least 1, got %d", api.maxQueue)
+		return usage.Errorf("--max-queue must be at least 1, got %d", api.maxQueue)
 	}
 	if api.drain < 0 {
-		return usageErrorf("--drain-timeout must not be negative, got %v", api.drain)
+		return usage.Errorf("--drain-timeout must not be negative, got %v", api.drain)
 	}
 	sc, _, err := o.schedulerConfig(os.Getenv)
 	if err != nil {
-		return usageError{err}
+		return usage.Wrap(err)
 	}
 	launch, err := nccl.DetectLaunch(os.Getenv)
 	if err != nil {
-		return usageError{err}
+		return usage.Wrap(err)
 	}
 	shape, err := o.modelShape()
 	if err != nil {
@@ -117,7 +119,7 @@ func runAPIServe(args []string, stdout, stderr io.Writer) error {
 	if rank0 {
 		ln, err := net.Listen("tcp", api.addr)
 		if err != nil {
-			return usageErrorf("--http %s: %v", api.addr, err)
+			return usage.Errorf("--http %s: %v", api.addr, err)
 		}
 		api.http = &http.Server{Handler: api.srv.Handler(), ReadHeaderTimeout: 30 * time.Second}
 		go api.http.Serve(ln) //nolint:errcheck // ends with Shutdown

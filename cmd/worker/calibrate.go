@@ -20,6 +20,8 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/lockstep-ai/lockstep/internal/usage"
+
 	"github.com/lockstep-ai/lockstep/scheduler/costfit"
 )
 
@@ -57,13 +59,13 @@ flags:
 		if errors.Is(err, flag.ErrHelp) {
 			return err
 		}
-		return usageError{err}
+		return usage.Wrap(err)
 	}
 	if fs.NArg() == 0 {
-		return usageErrorf("no iteration log given (usage: worker calibrate [flags] FILE... or 'DIR/iter.{rank}.jsonl')")
+		return usage.Errorf("no iteration log given (usage: worker calibrate [flags] FILE... or 'DIR/iter.{rank}.jsonl')")
 	}
 	if *asYAML && *asJSON {
-		return usageErrorf("--yaml and --json are exclusive")
+		return usage.Errorf("--yaml and --json are exclusive")
 	}
 	opt := costfit.Options{MaxNumTokens: *m, Percentile: *pct, MinSpan: *minSpan, WarmupIters: *warmup}
 
@@ -86,7 +88,7 @@ flags:
 	res, err := costfit.Fit(recs, opt)
 	switch {
 	case errors.Is(err, costfit.ErrNoSpan), errors.Is(err, costfit.ErrOptions):
-		return usageError{err} // exit 2, as §8.3 specifies for "no monopoly span"
+		return usage.Wrap(err) // exit 2, as §8.3 specifies for "no monopoly span"
 	case err != nil:
 		return err
 	}

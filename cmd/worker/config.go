@@ -21,6 +21,8 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/lockstep-ai/lockstep/internal/usage"
+
 	"go.yaml.in/yaml/v3"
 
 	"github.com/lockstep-ai/lockstep/scheduler"
@@ -430,7 +432,7 @@ func (o *serveOptions) mergeConfig(set map[string]bool) error {
 	}
 	fc, err := loadFileConfig(o.configPath)
 	if err != nil {
-		return usageError{err}
+		return usage.Wrap(err)
 	}
 	fc.apply(o, set)
 	return nil

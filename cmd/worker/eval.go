@@ -14,6 +14,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/lockstep-ai/lockstep/internal/usage"
+
 	"github.com/lockstep-ai/lockstep/scheduler/costfit"
 )
 
@@ -102,19 +104,19 @@ func runEval(args []string, stdout, stderr io.Writer) error {
 		if errors.Is(err, flag.ErrHelp) {
 			return err
 		}
-		return usageError{err}
+		return usage.Wrap(err)
 	}
 	switch {
 	case fs.NArg() > 0:
-		return usageErrorf("unexpected arguments: %v", fs.Args())
+		return usage.Errorf("unexpected arguments: %v", fs.Args())
 	case e.trace == "":
-		return usageErrorf("--trace is required (e.g. ../shared/data/mooncake/conversation_trace.jsonl)")
+		return usage.Errorf("--trace is required (e.g. ../shared/data/mooncake/conversation_trace.jsonl)")
 	case e.out == "":
-		return usageErrorf("--out DIR is required")
+		return usage.Errorf("--out DIR is required")
 	case e.engine != "twin":
-		return usageErrorf("--engine %q: the evaluation runs on the twin (add --cpu for the CPU engine's small-scale check)", e.engine)
+		return usage.Errorf("--engine %q: the evaluation runs on the twin (add --cpu for the CPU engine's small-scale check)", e.engine)
 	case !(e.saturation > 0):
-		return usageErrorf("--saturation must be positive, got %v", e.saturation)
+		return usage.Errorf("--saturation must be positive, got %v", e.saturation)
 	}
 	for _, d := range []string{e.out, filepath.Join(e.out, "logs"), filepath.Join(e.out, "iter")} {
 		if err := os.MkdirAll(d, 0o755); err != nil {

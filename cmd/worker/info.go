@@ -8,6 +8,8 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/lockstep-ai/lockstep/internal/usage"
+
 	"github.com/lockstep-ai/lockstep/bridge"
 	nativeengine "github.com/lockstep-ai/lockstep/bridge/native"
 	"github.com/lockstep-ai/lockstep/model"
@@ -41,7 +43,7 @@ func runInfo(args []string, stdout, stderr io.Writer) error {
 func describeModel(w io.Writer, path string) error {
 	m, err := model.Load(path)
 	if err != nil {
-		return usageErrorf("--model: %v", err)
+		return usage.Errorf("--model: %v", err)
 	}
 	defer m.Close()
 	s := m.Shape

@@ -24,6 +24,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/lockstep-ai/lockstep/internal/usage"
+
 	"github.com/lockstep-ai/lockstep/bridge"
 	"github.com/lockstep-ai/lockstep/model"
 	"github.com/lockstep-ai/lockstep/workload"
@@ -86,10 +88,10 @@ func (o *loadgenOptions) flags(fs *flag.FlagSet) {
 }
 
 func (o *loadgenOptions) validate(getenv func(string) string) error {
-	if err := oneOf("--endpoint", o.endpoint, "completions", "chat"); err != nil {
+	if err := usage.OneOf("--endpoint", o.endpoint, "completions", "chat"); err != nil {
 		return err
 	}
-	if err := oneOf("--report", o.report, "text", "json"); err != nil {
+	if err := usage.OneOf("--report", o.report, "text", "json"); err != nil {
 		return err
 	}
 	if o.tokens == "" {
@@ -98,49 +100,49 @@ func (o *loadgenOptions) validate(getenv func(string) string) error {
 			o.tokens = "text"
 		}
 	}
-	if err := oneOf("--tokens", o.tokens, "ids", "text"); err != nil {
+	if err := usage.OneOf("--tokens", o.tokens, "ids", "text"); err != nil {
 		return err
 	}
 	if o.tokens == "ids" && o.endpoint == "chat" {
-		return usageErrorf("--tokens ids needs --endpoint completions (chat messages are text)")
+		return usage.Errorf("--tokens ids needs --endpoint completions (chat messages are text)")
 	}
 	if !strings.HasPrefix(o.url, "http://") && !strings.HasPrefix(o.url, "https://") {
-		return usageErrorf("--url %q: give an http:// or https:// base URL", o.url)
+		return usage.Errorf("--url %q: give an http:// or https:// base URL", o.url)
 	}
 	o.url = strings.TrimSuffix(strings.TrimSuffix(o.url, "/"), "/v1")
 	if o.apiKey == "" {
 		o.apiKey = getenv("OPENAI_API_KEY")
 	}
 	if o.trace != "" && o.promptsFile != "" {
-		return usageErrorf("--trace and --prompts are mutually exclusive")
+		return usage.Errorf("--trace and --prompts are mutually exclusive")
 	}
 	for _, p := range []struct {
 		name string
 		v    int
 	}{{"--limit", o.limit}, {"--max-concurrency", o.maxConcurrency}, {"--vocab-size", o.vocabSize}} {
 		if p.v < 0 {
-			return usageErrorf("%s must be non-negative, got %d", p.name, p.v)
+			return usage.Errorf("%s must be non-negative, got %d", p.name, p.v)
 		}
 	}
 	if o.vocabSize == 1 {
-		return usageErrorf("--vocab-size must be at least 2, got 1")
+		return usage.Errorf("--vocab-size must be at least 2, got 1")
 	}
 	if o.maxTokens < 1 {
-		return usageErrorf("--max-tokens must be at least 1, got %d", o.maxTokens)
+		return usage.Errorf("--max-tokens must be at least 1, got %d", o.maxTokens)
 	}
 	for _, d := range []struct {
 		name string
 		v    time.Duration
 	}{{"--duration", o.duration}, {"--grace", o.grace}, {"--timeout", o.timeout}} {
 		if d.v < 0 {
-			return usageErrorf("%s must be non-negative, got %v", d.name, d.v)
+			return usage.Errorf("%s must be non-negative, got %v", d.name, d.v)
 		}
 	}
 	if err := workload.CheckLengthScale(o.lengthScale, "--length-scale"); err != nil {
-		return usageError{err}
+		return usage.Wrap(err)
 	}
 	if err := workload.CheckArrivalScale(o.arrivalScale, "--arrival-scale"); err != nil {
-		return usageError{err}
+		return usage.Wrap(err)
 	}
 	return nil
 }
@@ -220,10 +222,10 @@ func loadgenMain(ctx context.Context, args []string, stdout, stderr io.Writer, g
 		if errors.Is(err, flag.ErrHelp) {
 			return err
 		}
-		return usageError{err}
+		return usage.Wrap(err)
 	}
 	if fs.NArg() > 0 {
-		return usageErrorf("unexpected arguments: %v", fs.Args())
+		return usage.Errorf("unexpected arguments: %v", fs.Args())
 	}
 	if err := o.validate(getenv); err != nil {
 		return err
@@ -232,7 +234,7 @@ func loadgenMain(ctx context.Context, args []string, stdout, stderr io.Writer, g
 	if o.requestsOut != "" {
 		var err error
 		if reqOut, err = createOutput("--requests-out", o.requestsOut, false, nil); err != nil {
-			return usageError{err}
+			return usage.Wrap(err)
 		}
 		defer reqOut.close() //nolint:errcheck // closed again below, where its error is reported
 	}
@@ -336,7 +338,7 @@ func (g *generator) loadWorkload(stderr io.Writer) error {
 		for i := range prompts {
 			p := &prompts[i]
 			if p.Messages != nil && o.endpoint != "chat" {
-				return usageErrorf("%s: a prompt with \"messages\" needs --endpoint chat", p.place)
+				return usage.Errorf("%s: a prompt with \"messages\" needs --endpoint chat", p.place)
 			}
 			mt := o.maxTokens
 			if p.MaxTokens > 0 {
@@ -365,7 +367,7 @@ func (g *generator) loadWorkload(stderr io.Writer) error {
 		reqs, err = workload.ReadFile(o.trace, opt)
 	}
 	if err != nil {
-		return usageError{err}
+		return usage.Wrap(err)
 	}
 	for i := range reqs {
 		g.reqs = append(g.reqs, lgRequest{index: i, arrival: reqs[i].Arrival, trace: &reqs[i], maxTokens: reqs[i].MaxNewTokens})

@@ -13,10 +13,11 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"strings"
+
+	"github.com/lockstep-ai/lockstep/internal/usage"
 )
 
-const usage = `usage: worker <command> [flags]
+const usageText = `usage: worker <command> [flags]
 
 commands:
   run        serve a trace (default: a built-in sample) on lockstep ranks and print a report
@@ -39,7 +40,7 @@ func main() {
 // run dispatches a command line and returns the process exit code.
 func run(args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
-		fmt.Fprint(stderr, usage)
+		fmt.Fprint(stderr, usageText)
 		return 2
 	}
 	var err error
@@ -61,7 +62,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	case "info":
 		err = runInfo(args[1:], stdout, stderr)
 	case "help", "-h", "--help":
-		fmt.Fprint(stdout, usage)
+		fmt.Fprint(stdout, usageText)
 		return 0
 	default:
 		fmt.Fprintf(stderr, "worker: unknown command %q (allowed: run, serve, schedule, calibrate, eval, twin-profile, loadgen, info, help)\n", args[0])
@@ -73,27 +74,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if errors.Is(err, flag.ErrHelp) {
 		return 0
 	}
-	var ue usageError
-	if errors.As(err, &ue) {
+	if usage.Is(err) {
 		fmt.Fprintf(stderr, "worker %s: %v\n", args[0], err)
 		return 2
 	}
 	fmt.Fprintf(stderr, "worker %s: %v\n", args[0], err)
 	return 1
-}
-
-// usageError marks bad command-line input (exit code 2).
-type usageError struct{ error }
-
-func usageErrorf(format string, a ...any) error { return usageError{fmt.Errorf(format, a...)} }
-
-// oneOf checks a value against its allowed values; name says where it came
-// from ("--engine", or a config file's "FILE:LINE key").
-func oneOf(name, v string, allowed ...string) error {
-	for _, a := range allowed {
-		if v == a {
-			return nil
-		}
-	}
-	return usageErrorf("%s %q is not allowed (allowed: %s)", name, v, strings.Join(allowed, ", "))
 }

@@ -3,6 +3,8 @@ package main
 import (
 	"fmt"
 
+	"github.com/lockstep-ai/lockstep/internal/usage"
+
 	nativeengine "github.com/lockstep-ai/lockstep/bridge/native"
 )
 
@@ -23,7 +25,7 @@ func (o *serveOptions) expertParallel(world int) bool {
 // fault that could never fire, before any work (docs/moe.md).
 func (o *serveOptions) checkMoE(world int) error {
 	if o.moe() && o.engine == "cuda" {
-		return usageErrorf("%s %s is a mixture-of-experts model: the cuda engine has no MoE layers yet; "+
+		return usage.Errorf("%s %s is a mixture-of-experts model: the cuda engine has no MoE layers yet; "+
 			"use --engine cpu (moe-tiny) or --engine twin", o.src("model"), o.model)
 	}
 	f := o.fault

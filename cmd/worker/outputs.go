@@ -15,6 +15,8 @@ import (
 	"os"
 	"sync"
 
+	"github.com/lockstep-ai/lockstep/internal/usage"
+
 	"go.uber.org/zap"
 
 	"github.com/lockstep-ai/lockstep/nccl"
@@ -100,7 +102,7 @@ func openOutputs(o *serveOptions, world, only int, logRanks string, warn func(st
 		f, err := createOutput(flag, path, allowStderr, onFail)
 		if err != nil {
 			outs.close() //nolint:errcheck // the open error is the one to report
-			return nil, usageError{err}
+			return nil, usage.Wrap(err)
 		}
 		outs.all = append(outs.all, f)
 		return f, nil
@@ -125,7 +127,7 @@ func openOutputs(o *serveOptions, world, only int, logRanks string, warn func(st
 	}
 	paths, err := iterLogPaths(o.iterLog, chosen, only)
 	if err != nil {
-		return nil, usageError{err}
+		return nil, usage.Wrap(err)
 	}
 	byPath := map[string]*outputFile{}
 	for r, p := range paths {

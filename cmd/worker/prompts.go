@@ -11,6 +11,8 @@ import (
 	"os"
 	"strings"
 
+	"github.com/lockstep-ai/lockstep/internal/usage"
+
 	"github.com/lockstep-ai/lockstep/model"
 	"github.com/lockstep-ai/lockstep/workload"
 )
@@ -49,7 +51,7 @@ func (p *promptOptions) active() bool { return p.prompt != "" || p.promptsFile !
 func readPrompts(path string) ([]promptInput, error) {
 	f, err := os.Open(path)
 	if err != nil {
-		return nil, usageErrorf("--prompts: %v", err)
+		return nil, usage.Errorf("--prompts: %v", err)
 	}
 	defer f.Close()
 	var out []promptInput
@@ -63,13 +65,13 @@ func readPrompts(path string) ([]promptInput, error) {
 		place := fmt.Sprintf("%s:%d", path, line)
 		var raw map[string]json.RawMessage
 		if err := json.Unmarshal(b, &raw); err != nil {
-			return nil, usageErrorf("%s: not a JSON object: %v", place, err)
+			return nil, usage.Errorf("%s: not a JSON object: %v", place, err)
 		}
 		for k := range raw {
 			switch k {
 			case "prompt", "text", "messages", "max_tokens":
 			default:
-				return nil, usageErrorf("%s: unknown field %q (allowed: prompt, text, messages, max_tokens)", place, k)
+				return nil, usage.Errorf("%s: unknown field %q (allowed: prompt, text, messages, max_tokens)", place, k)
 			}
 		}
 		var p struct {
@@ -79,7 +81,7 @@ func readPrompts(path string) ([]promptInput, error) {
 			MaxTokens *int                `json:"max_tokens"`
 		}
 		if err := json.Unmarshal(b, &p); err != nil {
-			return nil, usageErrorf("%s: %v", place, err)
+			return nil, usage.Errorf("%s: %v", place, err)
 		}
 		in := promptInput{Messages: p.Messages, place: place}
 		n := 0
@@ -93,29 +95,29 @@ func readPrompts(path string) ([]promptInput, error) {
 			n++
 		}
 		if n != 1 {
-			return nil, usageErrorf("%s: give exactly one of \"prompt\" (or \"text\") and \"messages\"", place)
+			return nil, usage.Errorf("%s: give exactly one of \"prompt\" (or \"text\") and \"messages\"", place)
 		}
 		if p.Messages != nil && len(p.Messages) == 0 {
-			return nil, usageErrorf("%s: \"messages\" is empty", place)
+			return nil, usage.Errorf("%s: \"messages\" is empty", place)
 		}
 		for i, m := range p.Messages {
 			if m.Role == "" {
-				return nil, usageErrorf("%s: messages[%d] has no \"role\"", place, i)
+				return nil, usage.Errorf("%s: messages[%d] has no \"role\"", place, i)
 			}
 		}
 		if p.MaxTokens != nil {
 			if *p.MaxTokens < 1 {
-				return nil, usageErrorf("%s: max_tokens must be at least 1, got %d", place, *p.MaxTokens)
+				return nil, usage.Errorf("%s: max_tokens must be at least 1, got %d", place, *p.MaxTokens)
 			}
 			in.MaxTokens = *p.MaxTokens
 		}
 		out = append(out, in)
 	}
 	if err := sc.Err(); err != nil {
-		return nil, usageErrorf("--prompts %s: %v", path, err)
+		return nil, usage.Errorf("--prompts %s: %v", path, err)
 	}
 	if len(out) == 0 {
-		return nil, usageErrorf("--prompts %s: no prompts", path)
+		return nil, usage.Errorf("--prompts %s: no prompts", path)
 	}
 	return out, nil
 }
@@ -126,28 +128,28 @@ func (o *serveOptions) validatePrompts() error {
 	p := &o.text
 	if !p.active() {
 		if p.chat || p.system != "" {
-			return usageErrorf("--chat and --system need --prompt")
+			return usage.Errorf("--chat and --system need --prompt")
 		}
 		return nil
 	}
 	if o.loaded == nil {
-		return usageErrorf("--prompt and --prompts need a real model: --model PATH (a GGUF file or a Hugging Face directory); %s %q is a synthetic preset without a tokenizer", o.src("model"), o.model)
+		return usage.Errorf("--prompt and --prompts need a real model: --model PATH (a GGUF file or a Hugging Face directory); %s %q is a synthetic preset without a tokenizer", o.src("model"), o.model)
 	}
 	if p.prompt != "" && p.promptsFile != "" {
-		return usageErrorf("--prompt and --prompts are mutually exclusive")
+		return usage.Errorf("--prompt and --prompts are mutually exclusive")
 	}
 	if o.trace != "" {
-		return usageErrorf("--prompt/--prompts and %s are mutually exclusive (text prompts or a trace)", o.src("trace"))
+		return usage.Errorf("--prompt/--prompts and %s are mutually exclusive (text prompts or a trace)", o.src("trace"))
 	}
 	if p.maxTokens < 1 {
-		return usageErrorf("--max-tokens must be at least 1, got %d", p.maxTokens)
+		return usage.Errorf("--max-tokens must be at least 1, got %d", p.maxTokens)
 	}
 	if p.system != "" && !p.chat {
-		return usageErrorf("--system needs --chat")
+		return usage.Errorf("--system needs --chat")
 	}
 	if p.promptsFile != "" {
 		if p.chat {
-			return usageErrorf("--chat applies to --prompt; a prompts file gives chat prompts as \"messages\"")
+			return usage.Errorf("--chat applies to --prompt; a prompts file gives chat prompts as \"messages\"")
 		}
 		var err error
 		if p.prompts, err = readPrompts(p.promptsFile); err != nil {
@@ -173,11 +175,11 @@ func (o *serveOptions) openModel() error {
 		return nil
 	}
 	if o.engine == "twin" {
-		return usageErrorf("%s %s: the twin models the presets of its cost profiles; a checkpoint needs --engine cpu, cuda or fake", o.src("model"), o.model)
+		return usage.Errorf("%s %s: the twin models the presets of its cost profiles; a checkpoint needs --engine cpu, cuda or fake", o.src("model"), o.model)
 	}
 	m, err := model.Load(o.model)
 	if err != nil {
-		return usageErrorf("%s: %v", o.src("model"), err)
+		return usage.Errorf("%s: %v", o.src("model"), err)
 	}
 	o.loaded = m
 	return nil
@@ -220,11 +222,11 @@ func (o *serveOptions) promptWorkload() ([]workload.Request, error) {
 		if in.Messages != nil {
 			tmpl := tok.ChatTemplate()
 			if tmpl == "" {
-				return nil, usageErrorf("%s: the model %s has no chat template", in.place, o.loaded.Name)
+				return nil, usage.Errorf("%s: the model %s has no chat template", in.place, o.loaded.Name)
 			}
 			text, err := model.RenderChat(tmpl, in.Messages, true, tok.TokenText(tok.BOS()), tok.TokenText(tok.EOS()))
 			if err != nil {
-				return nil, usageErrorf("%s: chat template: %v", in.place, err)
+				return nil, usage.Errorf("%s: chat template: %v", in.place, err)
 			}
 			r.text = text
 			// The template writes its own special tokens (BOS included).
@@ -233,7 +235,7 @@ func (o *serveOptions) promptWorkload() ([]workload.Request, error) {
 			ids = tok.Encode(in.Text, model.EncodeOptions{AddSpecial: true})
 		}
 		if len(ids) == 0 {
-			return nil, usageErrorf("%s: the prompt is empty (no tokens)", in.place)
+			return nil, usage.Errorf("%s: the prompt is empty (no tokens)", in.place)
 		}
 		r.ids = ids
 		max := o.text.maxTokens

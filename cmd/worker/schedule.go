@@ -19,6 +19,8 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/lockstep-ai/lockstep/internal/usage"
+
 	"github.com/lockstep-ai/lockstep/kvpool"
 	"github.com/lockstep-ai/lockstep/scheduler"
 	"github.com/lockstep-ai/lockstep/scheduler/sim"
@@ -97,7 +99,7 @@ func runSchedule(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	if *path == "" || fs.NArg() > 0 {
-		return usageError{errors.New("--scenario FILE.json is required (and no other arguments)")}
+		return usage.Wrap(errors.New("--scenario FILE.json is required (and no other arguments)"))
 	}
 	raw, err := os.ReadFile(*path)
 	if err != nil {

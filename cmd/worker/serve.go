@@ -11,6 +11,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/lockstep-ai/lockstep/internal/usage"
+
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
@@ -148,18 +150,18 @@ func (o *serveOptions) flags(fs *flag.FlagSet) {
 // Errors name where each value came from (src): the flag, or the config
 // file's FILE:LINE key.
 func (o *serveOptions) validate() error {
-	if err := oneOf(o.src("engine"), o.engine, "cpu", "cuda", "twin", "fake"); err != nil {
+	if err := usage.OneOf(o.src("engine"), o.engine, "cpu", "cuda", "twin", "fake"); err != nil {
 		return err
 	}
 	if err := o.openModel(); err != nil {
 		return err
 	}
 	if o.pages == 0 && o.engine != "cuda" && o.engine != "twin" {
-		return usageErrorf("%s must be at least 1 (0 sizes the pool from GPU memory and needs --engine cuda or twin)",
+		return usage.Errorf("%s must be at least 1 (0 sizes the pool from GPU memory and needs --engine cuda or twin)",
 			o.src("pages"))
 	}
 	if !(o.gpuMemFraction > 0 && o.gpuMemFraction <= 1) {
-		return usageErrorf("%s must be in (0, 1], got %v", o.src("gpu-mem-fraction"), o.gpuMemFraction)
+		return usage.Errorf("%s must be in (0, 1], got %v", o.src("gpu-mem-fraction"), o.gpuMemFraction)
 	}
 	if err := o.validateTwin(); err != nil {
 		return err
@@ -170,50 +172,50 @@ func (o *serveOptions) validate() error {
 	o.defaultCheckpointPages()
 	if o.engine != "twin" && o.loaded == nil {
 		if _, err := bridge.LookupPreset(o.model); err != nil {
-			return usageErrorf("%s: %v (or give a checkpoint path)", o.src("model"), err)
+			return usage.Errorf("%s: %v (or give a checkpoint path)", o.src("model"), err)
 		}
 	}
 	if err := o.validatePrompts(); err != nil {
 		return err
 	}
-	if err := oneOf(o.src("report"), o.report, "text", "json"); err != nil {
+	if err := usage.OneOf(o.src("report"), o.report, "text", "json"); err != nil {
 		return err
 	}
-	if err := oneOf(o.src("progress"), o.progress, "auto", "bar", "lines", "off"); err != nil {
+	if err := usage.OneOf(o.src("progress"), o.progress, "auto", "bar", "lines", "off"); err != nil {
 		return err
 	}
-	if err := oneOf(o.src("log-level"), o.logLevel, "debug", "info", "warn", "error"); err != nil {
+	if err := usage.OneOf(o.src("log-level"), o.logLevel, "debug", "info", "warn", "error"); err != nil {
 		return err
 	}
-	if err := oneOf(o.src("overlap"), o.overlap, "on", "off"); err != nil {
+	if err := usage.OneOf(o.src("overlap"), o.overlap, "on", "off"); err != nil {
 		return err
 	}
 	if _, err := parsePolicy(o.policy); err != nil {
-		return usageErrorf("%s: %v", o.src("policy"), err)
+		return usage.Errorf("%s: %v", o.src("policy"), err)
 	}
-	if err := oneOf(o.src("router"), o.routerName, "default", "conversation"); err != nil {
+	if err := usage.OneOf(o.src("router"), o.routerName, "default", "conversation"); err != nil {
 		return err
 	}
 	if o.cp < 1 {
-		return usageErrorf("%s must be at least 1, got %d", o.src("cp"), o.cp)
+		return usage.Errorf("%s must be at least 1, got %d", o.src("cp"), o.cp)
 	}
 	if o.cp > 1 && o.ranks > 1 {
-		return usageErrorf("%s %d with %s %d: Helix and attention DP are mutually exclusive; use --ranks 1 with --cp",
+		return usage.Errorf("%s %d with %s %d: Helix and attention DP are mutually exclusive; use --ranks 1 with --cp",
 			o.src("cp"), o.cp, o.src("ranks"), o.ranks)
 	}
 	if o.cp > 1 && o.hostPages > 0 {
-		return usageErrorf("%s %d with %s %d: aggregated Helix does not support a host cache tier",
+		return usage.Errorf("%s %d with %s %d: aggregated Helix does not support a host cache tier",
 			o.src("host-pages"), o.hostPages, o.src("cp"), o.cp)
 	}
 	if o.cp > 1 && o.engine != "cpu" {
-		return usageErrorf("%s %d needs --engine cpu (the %s engine of %s has no Helix attention)",
+		return usage.Errorf("%s %d needs --engine cpu (the %s engine of %s has no Helix attention)",
 			o.src("cp"), o.cp, o.engine, o.src("engine"))
 	}
 	if o.eventBufferMaxSize < 1 {
-		return usageErrorf("%s must be at least 1, got %d", o.src("event-buffer-max-size"), o.eventBufferMaxSize)
+		return usage.Errorf("%s must be at least 1, got %d", o.src("event-buffer-max-size"), o.eventBufferMaxSize)
 	}
 	if o.maxActivePerRank < 1 {
-		return usageErrorf("%s must be at least 1, got %d", o.src("max-active-per-rank"), o.maxActivePerRank)
+		return usage.Errorf("%s must be at least 1, got %d", o.src("max-active-per-rank"), o.maxActivePerRank)
 	}
 	positive := []struct {
 		name string
@@ -221,7 +223,7 @@ func (o *serveOptions) validate() error {
 	}{{"ranks", o.ranks}, {"tokens-per-page", o.tokensPerPage}, {"max-batch-size", o.maxBatchSize}}
 	for _, p := range positive {
 		if p.v < 1 {
-			return usageErrorf("%s must be at least 1, got %d", o.src(p.name), p.v)
+			return usage.Errorf("%s must be at least 1, got %d", o.src(p.name), p.v)
 		}
 	}
 	nonNeg := []struct {
@@ -231,7 +233,7 @@ func (o *serveOptions) validate() error {
 		{"chunk-unit", o.chunkUnit}, {"limit", o.limit}}
 	for _, p := range nonNeg {
 		if p.v < 0 {
-			return usageErrorf("%s must be non-negative, got %d", o.src(p.name), p.v)
+			return usage.Errorf("%s must be non-negative, got %d", o.src(p.name), p.v)
 		}
 	}
 	for _, p := range []struct {
@@ -239,14 +241,14 @@ func (o *serveOptions) validate() error {
 		v    int
 	}{{"pages", o.pages}, {"host-pages", o.hostPages}} {
 		if p.v > maxPoolPages {
-			return usageErrorf("%s must be at most %d (int32 page indices), got %d", o.src(p.name), maxPoolPages, p.v)
+			return usage.Errorf("%s must be at most %d (int32 page indices), got %d", o.src(p.name), maxPoolPages, p.v)
 		}
 	}
 	if err := o.validateScales(); err != nil {
 		return err
 	}
 	if o.collectiveTimeout <= 0 {
-		return usageErrorf("%s must be positive, got %v", o.src("collective-timeout"), o.collectiveTimeout)
+		return usage.Errorf("%s must be positive, got %v", o.src("collective-timeout"), o.collectiveTimeout)
 	}
 	return nil
 }
@@ -310,10 +312,10 @@ func parseRunOptions(args []string, stderr io.Writer) (*serveOptions, error) {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil, err
 		}
-		return nil, usageError{err}
+		return nil, usage.Wrap(err)
 	}
 	if fs.NArg() > 0 {
-		return nil, usageErrorf("unexpected arguments: %v", fs.Args())
+		return nil, usage.Errorf("unexpected arguments: %v", fs.Args())
 	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
@@ -350,11 +352,11 @@ func (o *serveOptions) execute(stderr io.Writer, getenv func(string) string) (*r
 	defer log.Sync() //nolint:errcheck
 	sc, notes, err := o.schedulerConfig(getenv)
 	if err != nil {
-		return nil, usageError{err}
+		return nil, usage.Wrap(err)
 	}
 	launch, err := nccl.DetectLaunch(getenv)
 	if err != nil {
-		return nil, usageError{err}
+		return nil, usage.Wrap(err)
 	}
 	more, err := o.startupChecks(sc, launch, getenv)
 	if err != nil {
@@ -483,12 +485,12 @@ func buildRank(o *serveOptions, sc scheduler.Config, i, device int, comm nccl.Co
 	}
 	if parts.kv, err = kvpool.New(kcfg); err != nil {
 		parts.close()
-		return nil, usageError{err}
+		return nil, usage.Wrap(err)
 	}
 	sch, err := scheduler.New(sc, parts.kv)
 	if err != nil {
 		parts.close()
-		return nil, usageError{err}
+		return nil, usage.Wrap(err)
 	}
 	if i == 0 {
 		log.Info("scheduler", zap.String("config", sch.Describe()))
@@ -497,7 +499,7 @@ func buildRank(o *serveOptions, sc scheduler.Config, i, device int, comm nccl.Co
 		Demotion: router.DemotionOn(sc.Demotion.UncachedTokens, sc.ChunkedContext)})
 	if err != nil {
 		parts.close()
-		return nil, usageError{err}
+		return nil, usage.Wrap(err)
 	}
 	if i == 0 {
 		for _, n := range rt.Notes() {
@@ -681,7 +683,7 @@ func serveProcess(o *serveOptions, sc scheduler.Config, reqs []workload.Request,
 		sc.LedgerBlockTokens = o.tokensPerPage * o.cp
 	} else {
 		if o.ranks != 1 && o.ranks != l.WorldSize && o.ranksSet {
-			return nil, usageErrorf("%s %d does not match the %s launch of %d processes (one rank per process)",
+			return nil, usage.Errorf("%s %d does not match the %s launch of %d processes (one rank per process)",
 				o.src("ranks"), o.ranks, l.Launcher, l.WorldSize)
 		}
 		o.ranks = l.WorldSize
@@ -778,16 +780,16 @@ func (o *serveOptions) checkMultiProcessHelix(l nccl.Launch) error {
 		return nil
 	}
 	if o.ranksSet && o.ranks != 1 {
-		return usageErrorf("%s %d with %s %d: attention DP together with Helix (world = dp x cp) is not supported; "+
+		return usage.Errorf("%s %d with %s %d: attention DP together with Helix (world = dp x cp) is not supported; "+
 			"launch exactly %d processes, one CP rank each, without %s", o.src("ranks"), o.ranks, o.src("cp"), o.cp, o.cp, o.src("ranks"))
 	}
 	if l.WorldSize != o.cp {
 		if l.WorldSize%o.cp == 0 {
-			return usageErrorf("%s %d under a %s launch of %d processes: attention DP together with Helix "+
+			return usage.Errorf("%s %d under a %s launch of %d processes: attention DP together with Helix "+
 				"(%d DP groups of %d CP ranks) is not supported; launch exactly %d processes, one CP rank each",
 				o.src("cp"), o.cp, l.Launcher, l.WorldSize, l.WorldSize/o.cp, o.cp, o.cp)
 		}
-		return usageErrorf("%s %d under a %s launch of %d processes: Helix runs one CP rank per process; launch exactly %d processes",
+		return usage.Errorf("%s %d under a %s launch of %d processes: Helix runs one CP rank per process; launch exactly %d processes",
 			o.src("cp"), o.cp, l.Launcher, l.WorldSize, o.cp)
 	}
 	return nil
@@ -941,7 +943,7 @@ func openEngine(engine string, cfg bridge.Config) (bridge.Engine, error) {
 func newLogger(w io.Writer, level string) (*zap.Logger, error) {
 	lvl, err := zap.ParseAtomicLevel(level)
 	if err != nil {
-		return nil, usageErrorf("--log-level: %v", err)
+		return nil, usage.Errorf("--log-level: %v", err)
 	}
 	cfg := zap.NewProductionEncoderConfig()
 	cfg.TimeKey = "ts"

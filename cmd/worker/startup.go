@@ -10,6 +10,8 @@ package main
 import (
 	"fmt"
 
+	"github.com/lockstep-ai/lockstep/internal/usage"
+
 	"github.com/lockstep-ai/lockstep/executor"
 	"github.com/lockstep-ai/lockstep/nccl"
 	"github.com/lockstep-ai/lockstep/scheduler"
@@ -21,14 +23,14 @@ import (
 func (o *serveOptions) startupChecks(sc scheduler.Config, l nccl.Launch, getenv func(string) string) ([]string, error) {
 	var notes []string
 	if err := sc.CheckServable(); err != nil {
-		return nil, usageError{err}
+		return nil, usage.Wrap(err)
 	}
 	helix := o.cp > 1
 	// kvcache.md §10 / executor.md §11.4 P-08: block reuse with Helix is a
 	// construction error naming the option. Reuse at its default is turned
 	// off with a note, as the automatic host tier is (kvcache.md §3.4).
 	if helix && o.reuseOnBy != "" {
-		return nil, usageErrorf("%s turns block reuse on with %s %d: aggregated Helix does not support block reuse "+
+		return nil, usage.Errorf("%s turns block reuse on with %s %d: aggregated Helix does not support block reuse "+
 			"(a ledger block's bytes span CP ranks); remove the setting or set it to false", o.reuseOnBy, o.src("cp"), o.cp)
 	}
 	if helix && !o.noPrefixReuse {
@@ -36,7 +38,7 @@ func (o *serveOptions) startupChecks(sc scheduler.Config, l nccl.Launch, getenv 
 	}
 	check, err := executor.ParseScheduleCheckEnv(getenv(executor.ScheduleCheckEnv))
 	if err != nil {
-		return nil, usageError{err}
+		return nil, usage.Wrap(err)
 	}
 	world := o.world()
 	if l.MultiProcess() {
@@ -47,18 +49,18 @@ func (o *serveOptions) startupChecks(sc scheduler.Config, l nccl.Launch, getenv 
 			return nil, err
 		}
 		if !helix && o.ranks != 1 && o.ranks != l.WorldSize && o.ranksSet {
-			return nil, usageErrorf("%s %d does not match the %s launch of %d processes (one rank per process)",
+			return nil, usage.Errorf("%s %d does not match the %s launch of %d processes (one rank per process)",
 				o.src("ranks"), o.ranks, l.Launcher, l.WorldSize)
 		}
 	}
 	if o.fault, err = parseFault(getenv(FaultEnv)); err != nil {
-		return nil, usageError{err}
+		return nil, usage.Wrap(err)
 	}
 	if err := checkFault(o.fault, world, helix && check, helix || o.expertParallel(world)); err != nil {
-		return nil, usageError{err}
+		return nil, usage.Wrap(err)
 	}
 	if err := o.checkMoE(world); err != nil {
-		return nil, usageError{err}
+		return nil, usage.Wrap(err)
 	}
 	if n := o.demotionNote(sc, world); n != "" {
 		notes = append(notes, n)

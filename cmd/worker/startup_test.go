@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/lockstep-ai/lockstep/internal/usage"
+
 	"github.com/stretchr/testify/require"
 
 	"github.com/lockstep-ai/lockstep/executor"
@@ -150,8 +152,7 @@ func TestStartupEnvironmentChecks(t *testing.T) {
 	} {
 		_, _, err := startupErr(tc.env, tc.args...)
 		require.ErrorContains(t, err, tc.want, "%v %v", tc.env, tc.args)
-		var ue usageError
-		require.True(t, errors.As(err, &ue), "a usage error (exit 2)")
+		require.True(t, usage.Is(err), "a usage error (exit 2)")
 	}
 	// The accepted forms.
 	for _, tc := range []struct {
@@ -315,7 +316,6 @@ func TestMultiProcessHelixChecks(t *testing.T) {
 			continue
 		}
 		require.ErrorContains(t, err, tc.want, "%v %v", tc.args, tc.launch)
-		var ue usageError
-		require.True(t, errors.As(err, &ue), "a usage error (exit 2)")
+		require.True(t, usage.Is(err), "a usage error (exit 2)")
 	}
 }

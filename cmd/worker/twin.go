@@ -13,6 +13,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/lockstep-ai/lockstep/internal/usage"
+
 	"github.com/lockstep-ai/lockstep/bridge"
 	"github.com/lockstep-ai/lockstep/bridge/twin"
 	"github.com/lockstep-ai/lockstep/scheduler"
@@ -39,13 +41,13 @@ func (o *serveOptions) twinProfile() (*twin.Profile, error) {
 	var err error
 	if o.costProfile != "" {
 		if p, err = twin.LoadProfile(o.costProfile); err != nil {
-			return nil, usageErrorf("--cost-profile: %v", err)
+			return nil, usage.Errorf("--cost-profile: %v", err)
 		}
 	} else if p, err = twin.BuiltinProfile(o.gpu, o.model, twin.Parallelism{TP: o.tp}); err != nil {
-		return nil, usageErrorf("--engine twin: %v", err)
+		return nil, usage.Errorf("--engine twin: %v", err)
 	}
 	if p, err = p.WithRanks(o.world()); err != nil {
-		return nil, usageErrorf("--engine twin: %v", err)
+		return nil, usage.Errorf("--engine twin: %v", err)
 	}
 	return p, nil
 }
@@ -68,7 +70,7 @@ func (o *serveOptions) modelShape() (bridge.ModelShape, error) {
 	}
 	s, err := bridge.LookupPreset(o.model)
 	if err != nil {
-		return bridge.ModelShape{}, usageErrorf("--model: %v", err)
+		return bridge.ModelShape{}, usage.Errorf("--model: %v", err)
 	}
 	return s, nil
 }
@@ -80,7 +82,7 @@ func (o *serveOptions) modelShape() (bridge.ModelShape, error) {
 func twinPoolPages(p *twin.Profile, tokensPerPage int) (int, error) {
 	n, err := p.PoolPages(tokensPerPage)
 	if err != nil {
-		return 0, usageErrorf("--pages 0 with --engine twin: %v", err)
+		return 0, usage.Errorf("--pages 0 with --engine twin: %v", err)
 	}
 	return n, nil
 }
@@ -107,40 +109,40 @@ func runTwinProfile(args []string, stdout, stderr io.Writer) error {
 		if errors.Is(err, flag.ErrHelp) {
 			return err
 		}
-		return usageError{err}
+		return usage.Wrap(err)
 	}
 	if !*fit {
 		if fs.NArg() > 0 {
-			return usageErrorf("unexpected arguments %v (iteration logs go with --fit)", fs.Args())
+			return usage.Errorf("unexpected arguments %v (iteration logs go with --fit)", fs.Args())
 		}
 		p, err := twin.BuiltinProfile(*gpu, *model, twin.Parallelism{TP: *tp})
 		if err != nil {
-			return usageError{err}
+			return usage.Wrap(err)
 		}
 		if p, err = p.WithRanks(*ranks); err != nil {
-			return usageError{err}
+			return usage.Wrap(err)
 		}
 		if *measured != "" {
 			m, err := twin.LoadMeasurements(*measured)
 			if err != nil {
-				return usageErrorf("--measured: %v", err)
+				return usage.Errorf("--measured: %v", err)
 			}
 			if p, err = twin.ProfileFromMeasurements(p, m); err != nil {
-				return usageErrorf("--measured %s: %v", *measured, err)
+				return usage.Errorf("--measured %s: %v", *measured, err)
 			}
 		}
 		return p.WriteJSON(stdout)
 	}
 	if fs.NArg() == 0 {
-		return usageErrorf("--fit needs the iteration logs of a run (e.g. 'DIR/iter.{rank}.jsonl')")
+		return usage.Errorf("--fit needs the iteration logs of a run (e.g. 'DIR/iter.{rank}.jsonl')")
 	}
 	files, err := expandLogPaths(fs.Args())
 	if err != nil {
-		return usageError{err}
+		return usage.Wrap(err)
 	}
 	m, err := twin.BuiltinModel(*model)
 	if err != nil {
-		return usageError{err}
+		return usage.Wrap(err)
 	}
 	p, st, err := fitLinearProfile(files, m)
 	if err != nil {
@@ -280,17 +282,17 @@ func (o *serveOptions) validateTwin() error {
 			set  bool
 		}{{"gpu", o.gpu != "h200"}, {"cost-profile", o.costProfile != ""}, {"tp", o.tp != 1}} {
 			if f.set {
-				return usageErrorf("%s is a setting of the digital twin: it needs --engine twin (got %s %s)",
+				return usage.Errorf("%s is a setting of the digital twin: it needs --engine twin (got %s %s)",
 					o.src(f.name), o.src("engine"), o.engine)
 			}
 		}
 		return nil
 	}
 	if o.tp < 1 {
-		return usageErrorf("%s must be at least 1, got %d", o.src("tp"), o.tp)
+		return usage.Errorf("%s must be at least 1, got %d", o.src("tp"), o.tp)
 	}
 	if o.cp > 1 {
-		return usageErrorf("%s %d with --engine twin: the twin models attention-DP ranks only (no Helix)", o.src("cp"), o.cp)
+		return usage.Errorf("%s %d with --engine twin: the twin models attention-DP ranks only (no Helix)", o.src("cp"), o.cp)
 	}
 	p, err := o.twinProfile()
 	if err != nil {
@@ -344,20 +346,20 @@ func (c calibSettings) settings(m int64) costfit.Settings {
 func (o *serveOptions) validateCtxCost() error {
 	mode, err := scheduler.ParseCostMode(o.ctxCost)
 	if err != nil {
-		return usageErrorf("%s %q is not allowed (allowed: off, manual, auto)", o.src("ctx-cost"), o.ctxCost)
+		return usage.Errorf("%s %q is not allowed (allowed: off, manual, auto)", o.src("ctx-cost"), o.ctxCost)
 	}
 	if mode != scheduler.CostAuto {
 		return nil
 	}
 	switch {
 	case !o.chunked:
-		return usageErrorf("%s auto needs chunked prefill (%s is off): equal-cost chunking caps chunks", o.src("ctx-cost"), o.src("chunked-prefill"))
+		return usage.Errorf("%s auto needs chunked prefill (%s is off): equal-cost chunking caps chunks", o.src("ctx-cost"), o.src("chunked-prefill"))
 	case o.maxNumTokens == 0:
-		return usageErrorf("%s auto needs a token budget (%s is 0, unlimited): the calibrator fits full-budget iterations",
+		return usage.Errorf("%s auto needs a token budget (%s is 0, unlimited): the calibrator fits full-budget iterations",
 			o.src("ctx-cost"), o.src("max-num-tokens"))
 	}
 	if _, err := costfit.New(o.calib.settings(int64(o.maxNumTokens))); err != nil {
-		return usageErrorf("scheduler.ctx_cost in %s: %v", o.configPath, err)
+		return usage.Errorf("scheduler.ctx_cost in %s: %v", o.configPath, err)
 	}
 	return nil
 }

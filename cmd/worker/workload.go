@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/lockstep-ai/lockstep/internal/usage"
+
 	"github.com/lockstep-ai/lockstep/executor"
 	"github.com/lockstep-ai/lockstep/nccl"
 	"github.com/lockstep-ai/lockstep/scheduler"
@@ -20,10 +22,10 @@ func (o *serveOptions) settingName(flag string) string { return o.src(flag) }
 // config and the trace reader can never disagree on what is allowed.
 func (o *serveOptions) validateScales() error {
 	if err := workload.CheckLengthScale(o.lengthScale, o.settingName("length-scale")); err != nil {
-		return usageError{err}
+		return usage.Wrap(err)
 	}
 	if err := workload.CheckArrivalScale(o.arrivalScale, o.settingName("arrival-scale")); err != nil {
-		return usageError{err}
+		return usage.Wrap(err)
 	}
 	return nil
 }
