@@ -14,6 +14,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/lockstep-ai/lockstep/report"
+
 	"github.com/lockstep-ai/lockstep/internal/usage"
 
 	"github.com/lockstep-ai/lockstep/scheduler/costfit"
@@ -55,16 +57,16 @@ type evalRun struct {
 	Command  string   `json:"command"`
 	Env      []string `json:"env,omitempty"`
 
-	Completed      int         `json:"completed"`
-	WasteMean      float64     `json:"lockstep_waste_mean"`
-	WasteP90       float64     `json:"lockstep_waste_p90"`
-	PrefillTokPerS float64     `json:"prefill_tokens_per_s"`
-	OutputTokPerS  float64     `json:"output_tokens_per_s"`
-	DurationS      float64     `json:"duration_s"`
-	TTFTShort      percentiles `json:"ttft_short_ms"`
-	TTFTLong       percentiles `json:"ttft_long_ms"`
-	E2ELong        percentiles `json:"e2e_long_ms"`
-	TPOT           percentiles `json:"tpot_ms"`
+	Completed      int                `json:"completed"`
+	WasteMean      float64            `json:"lockstep_waste_mean"`
+	WasteP90       float64            `json:"lockstep_waste_p90"`
+	PrefillTokPerS float64            `json:"prefill_tokens_per_s"`
+	OutputTokPerS  float64            `json:"output_tokens_per_s"`
+	DurationS      float64            `json:"duration_s"`
+	TTFTShort      report.Percentiles `json:"ttft_short_ms"`
+	TTFTLong       report.Percentiles `json:"ttft_long_ms"`
+	E2ELong        report.Percentiles `json:"e2e_long_ms"`
+	TPOT           report.Percentiles `json:"tpot_ms"`
 	ShortN, LongN  int
 	Preemptions    int     `json:"preemptions"`
 	Offset         int64   `json:"kv_cost_offset"`
@@ -339,30 +341,30 @@ func (ev *evaluation) reduce(r *evalRun, o *serveOptions, out *runOutcome) {
 		for _, w := range r.waste {
 			s += w
 		}
-		r.WasteMean = round(s/float64(len(r.waste)), 4)
+		r.WasteMean = report.Round(s/float64(len(r.waste)), 4)
 		sorted := slices.Clone(r.waste)
 		slices.Sort(sorted)
-		r.WasteP90 = round(sorted[min(len(sorted)-1, int(math.Ceil(0.9*float64(len(sorted))))-1)], 4)
+		r.WasteP90 = report.Round(sorted[min(len(sorted)-1, int(math.Ceil(0.9*float64(len(sorted))))-1)], 4)
 	}
 	var e2eL, tpot []float64
-	for i, resp := range byIndex(out.reqs, out.res) {
+	for i, resp := range report.ByIndex(len(out.reqs), out.res.rank0.Responses) {
 		if resp == nil || resp.Error != "" {
 			continue
 		}
-		ttft := msBetween(resp.ArrivalUnixNS, resp.FirstTokenUnixNS)
+		ttft := report.MSBetween(resp.ArrivalUnixNS, resp.FirstTokenUnixNS)
 		if out.reqs[i].Len()-resp.ReusedTokens >= ev.opt.longPrefill {
 			r.ttftL = append(r.ttftL, ttft)
-			e2eL = append(e2eL, msBetween(resp.ArrivalUnixNS, resp.FinishUnixNS))
+			e2eL = append(e2eL, report.MSBetween(resp.ArrivalUnixNS, resp.FinishUnixNS))
 		} else {
 			r.ttftS = append(r.ttftS, ttft)
 		}
 		if len(resp.Output) > 1 {
-			tpot = append(tpot, msBetween(resp.FirstTokenUnixNS, resp.FinishUnixNS)/float64(len(resp.Output)-1))
+			tpot = append(tpot, report.MSBetween(resp.FirstTokenUnixNS, resp.FinishUnixNS)/float64(len(resp.Output)-1))
 		}
 	}
 	r.ShortN, r.LongN = len(r.ttftS), len(r.ttftL)
-	r.TTFTShort, r.TTFTLong = pct(slices.Clone(r.ttftS)), pct(slices.Clone(r.ttftL))
-	r.E2ELong, r.TPOT = pct(e2eL), pct(tpot)
+	r.TTFTShort, r.TTFTLong = report.Pct(slices.Clone(r.ttftS)), report.Pct(slices.Clone(r.ttftL))
+	r.E2ELong, r.TPOT = report.Pct(e2eL), report.Pct(tpot)
 	sc, _, _ := o.schedulerConfig(func(k string) string {
 		for _, kv := range r.Env {
 			if name, v, _ := strings.Cut(kv, "="); name == k {
@@ -383,12 +385,12 @@ func (ev *evaluation) reduce(r *evalRun, o *serveOptions, out *runOutcome) {
 // calibrate fits A's logs as `worker calibrate` does and writes its plot.
 func (ev *evaluation) calibrate(logs string, m int64, plotPath string) *fitOutcome {
 	f := &fitOutcome{logs: logs}
-	files, err := expandLogPaths([]string{logs})
+	files, err := report.ExpandLogPaths([]string{logs})
 	if err != nil {
 		f.err = err
 		return f
 	}
-	recs, _, err := readIterLogs(files)
+	recs, _, err := report.ReadCalibrationRecords(files)
 	if err != nil {
 		f.err = err
 		return f
@@ -401,7 +403,7 @@ func (ev *evaluation) calibrate(logs string, m int64, plotPath string) *fitOutco
 	var b strings.Builder
 	f.result.Format(&b) //nolint:errcheck // a strings.Builder does not fail
 	f.text = b.String()
-	if err := writeCalibrationPlot(plotPath, f.result); err != nil {
+	if err := report.WriteCalibrationPlot(plotPath, f.result); err != nil {
 		f.err = fmt.Errorf("calibration plot: %w", err)
 	}
 	return f

@@ -8,11 +8,11 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/lockstep-ai/lockstep/report"
+
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/vg"
-	"gonum.org/v1/plot/vg/draw"
-	"gonum.org/v1/plot/vg/vgimg"
 )
 
 // The evaluation's report directory: report.md (one table, the commands,
@@ -166,41 +166,8 @@ func num(v float64) string {
 	}
 	return fmt.Sprintf("%.1f", v)
 }
-func trio(q percentiles) string { return num(q.P50) + " / " + num(q.P90) + " / " + num(q.P99) }
-func pair(q percentiles) string { return num(q.P50) + " / " + num(q.P90) }
-
-// savePlots lays plots out in one row and writes a PNG.
-func savePlots(path string, widthPx, heightPx int, plots ...*plot.Plot) error {
-	pt := func(px int) vg.Length { return vg.Length(px) * vg.Inch / 96 }
-	img := vgimg.NewWith(vgimg.UseWH(pt(widthPx), pt(heightPx)), vgimg.UseDPI(96))
-	dc := draw.New(img)
-	tiles := draw.Tiles{Rows: 1, Cols: len(plots), PadX: vg.Centimeter, PadTop: vg.Millimeter * 4,
-		PadBottom: vg.Millimeter * 4, PadLeft: vg.Millimeter * 4, PadRight: vg.Millimeter * 6}
-	canvases := plot.Align([][]*plot.Plot{plots}, tiles, dc)
-	for i, pl := range plots {
-		pl.Draw(canvases[0][i])
-	}
-	f, err := os.Create(path)
-	if err != nil {
-		return err
-	}
-	if _, err := (vgimg.PngCanvas{Canvas: img}).WriteTo(f); err != nil {
-		f.Close()
-		return err
-	}
-	return f.Close()
-}
-
-// cdf returns the empirical CDF of v as points (x sorted, y in (0, 1]).
-func cdf(v []float64) plotter.XYs {
-	s := slices.Clone(v)
-	slices.Sort(s)
-	pts := make(plotter.XYs, len(s))
-	for i, x := range s {
-		pts[i] = plotter.XY{X: x, Y: float64(i+1) / float64(len(s))}
-	}
-	return pts
-}
+func trio(q report.Percentiles) string { return num(q.P50) + " / " + num(q.P90) + " / " + num(q.P99) }
+func pair(q report.Percentiles) string { return num(q.P50) + " / " + num(q.P90) }
 
 // plotTTFT: TTFT CDFs per configuration, short turns beside long prefills
 // (aggregated workload, saturated load).
@@ -224,7 +191,7 @@ func (ev *evaluation) plotTTFT(path string) (bool, error) {
 			pl *plot.Plot
 			v  []float64
 		}{{short, r.ttftS}, {long, r.ttftL}} {
-			pts := cdf(positive(side.v))
+			pts := report.CDF(positive(side.v))
 			if len(pts) == 0 {
 				continue
 			}
@@ -241,7 +208,7 @@ func (ev *evaluation) plotTTFT(path string) (bool, error) {
 	if !any {
 		return false, nil
 	}
-	return true, savePlots(path, 1600, 640, short, long)
+	return true, report.SavePlots(path, 1600, 640, short, long)
 }
 
 // positive drops values ≤ 0 (a log axis cannot show them).
@@ -282,7 +249,7 @@ func (ev *evaluation) plotTimeline(path string) (bool, error) {
 			if err != nil {
 				return false, err
 			}
-			l.Color = spanColours[k%len(spanColours)]
+			l.Color = report.SpanColours[k%len(report.SpanColours)]
 			if k < 8 {
 				pl.Legend.Add(fmt.Sprintf("rank %d", k), l)
 			}
@@ -312,7 +279,7 @@ func (ev *evaluation) plotTimeline(path string) (bool, error) {
 	for _, pl := range panels {
 		pl.Y.Min, pl.Y.Max = 0, yMax*1.45 // room for the legend
 	}
-	return true, savePlots(path, 1600, 640, panels...)
+	return true, report.SavePlots(path, 1600, 640, panels...)
 }
 
 // plotWaste: CDFs of the per-iteration lockstep waste per configuration,
@@ -332,7 +299,7 @@ func (ev *evaluation) plotWaste(path string) (bool, error) {
 			if r == nil || len(r.waste) == 0 {
 				continue
 			}
-			l, err := plotter.NewLine(cdf(r.waste))
+			l, err := plotter.NewLine(report.CDF(r.waste))
 			if err != nil {
 				return false, err
 			}
@@ -348,5 +315,5 @@ func (ev *evaluation) plotWaste(path string) (bool, error) {
 	if len(panels) == 0 {
 		return false, nil
 	}
-	return true, savePlots(path, 1600, 640, panels...)
+	return true, report.SavePlots(path, 1600, 640, panels...)
 }

@@ -24,6 +24,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/lockstep-ai/lockstep/report"
+
 	"github.com/lockstep-ai/lockstep/internal/usage"
 
 	"github.com/lockstep-ai/lockstep/bridge"
@@ -246,7 +248,7 @@ func loadgenMain(ctx context.Context, args []string, stdout, stderr io.Writer, g
 	results, wall := g.replay(ctx)
 	rep := g.buildReport(results, wall)
 	if o.report == "json" {
-		err = rep.writeJSON(stdout)
+		err = rep.WriteJSON(stdout)
 	} else {
 		err = g.writeText(stdout, rep)
 	}
@@ -259,7 +261,7 @@ func loadgenMain(ctx context.Context, args []string, stdout, stderr io.Writer, g
 	if ctx.Err() != nil {
 		return fmt.Errorf("interrupted: the report covers the %d requests that completed", rep.Requests.Completed)
 	}
-	return rep.nothingServed()
+	return rep.NothingServed()
 }
 
 // newGenerator reads the workload and resolves the model name.
@@ -854,11 +856,11 @@ func (r *lgResult) tpot() (float64, bool) {
 	return float64(r.e2e-r.ttft) / 1e6 / float64(r.outputTokens-1), true
 }
 
-func ms(d time.Duration) float64 { return round(float64(d)/1e6, 3) }
+func ms(d time.Duration) float64 { return report.Round(float64(d)/1e6, 3) }
 
 // buildReport summarises a replay in `worker run`'s report shape.
-func (g *generator) buildReport(results []lgResult, wall time.Duration) *report {
-	rep := &report{Engine: "remote", Model: g.model, URL: g.o.url, Clock: "wall", Rejections: []rejectionInfo{}}
+func (g *generator) buildReport(results []lgResult, wall time.Duration) *report.Report {
+	rep := &report.Report{Engine: "remote", Model: g.model, URL: g.o.url, Clock: "wall", Rejections: []report.Rejection{}}
 	rep.Requests.Total = len(results)
 	var ttft, tpot, e2e []float64
 	var last time.Duration
@@ -874,7 +876,7 @@ func (g *generator) buildReport(results []lgResult, wall time.Duration) *report 
 			continue
 		case lgRejected:
 			rep.Requests.Rejected++
-			rep.Rejections = append(rep.Rejections, rejectionInfo{Index: uint64(i), Reason: r.err})
+			rep.Rejections = append(rep.Rejections, report.Rejection{Index: uint64(i), Reason: r.err})
 			continue
 		}
 		rep.Requests.Completed++
@@ -892,17 +894,17 @@ func (g *generator) buildReport(results []lgResult, wall time.Duration) *report 
 			missingIDs++
 		}
 	}
-	rep.TTFTMS, rep.TPOTMS, rep.E2EMS = pct(ttft), pct(tpot), pct(e2e)
-	rep.WallS = round(wall.Seconds(), 3)
-	rep.DurationS = round(last.Seconds(), 3)
+	rep.TTFTMS, rep.TPOTMS, rep.E2EMS = report.Pct(ttft), report.Pct(tpot), report.Pct(e2e)
+	rep.WallS = report.Round(wall.Seconds(), 3)
+	rep.DurationS = report.Round(last.Seconds(), 3)
 	if last > 0 {
 		s := last.Seconds()
-		rep.OutputTokPerS = round(float64(rep.Tokens.Generated)/s, 1)
-		rep.InputTokPerS = round(float64(rep.Tokens.Prompt)/s, 1)
-		rep.RequestsPerS = round(float64(rep.Requests.Completed)/s, 3)
+		rep.OutputTokPerS = report.Round(float64(rep.Tokens.Generated)/s, 1)
+		rep.InputTokPerS = report.Round(float64(rep.Tokens.Prompt)/s, 1)
+		rep.RequestsPerS = report.Round(float64(rep.Requests.Completed)/s, 3)
 	}
 	if missingIDs == 0 {
-		rep.OutputDigest = digestOutputs(len(results), func(i int) []int32 {
+		rep.OutputDigest = report.DigestOutputs(len(results), func(i int) []int32 {
 			if results[i].state == lgCompleted {
 				return results[i].ids
 			}
@@ -915,10 +917,10 @@ func (g *generator) buildReport(results []lgResult, wall time.Duration) *report 
 		}
 	}
 	if g.o.promptsFile != "" {
-		rep.Outputs = make([]promptOutput, len(results))
+		rep.Outputs = make([]report.PromptOutput, len(results))
 		for i := range results {
 			r := &results[i]
-			p := promptOutput{Index: i, Prompt: r.promptForReport, PromptTokens: r.promptTokens, Text: r.text,
+			p := report.PromptOutput{Index: i, Prompt: r.promptForReport, PromptTokens: r.promptTokens, Text: r.text,
 				Tokens: r.outputTokens, FinishReason: r.finishReason}
 			if r.state != lgCompleted {
 				p.Error = r.err
@@ -935,7 +937,7 @@ func (g *generator) buildReport(results []lgResult, wall time.Duration) *report 
 // maxListedTextRejections bounds the rejections the text report lists.
 const maxListedTextRejections = 20
 
-func (g *generator) writeText(w io.Writer, rep *report) error {
+func (g *generator) writeText(w io.Writer, rep *report.Report) error {
 	p := func(format string, a ...any) { fmt.Fprintf(w, format, a...) }
 	mode := "streamed"
 	if !g.o.stream {
@@ -954,7 +956,7 @@ func (g *generator) writeText(w io.Writer, rep *report) error {
 	p("  tokens       %d prompt, %d generated\n", rep.Tokens.Prompt, rep.Tokens.Generated)
 	p("  duration     %.2f s to the last response (wall %.2f s): %.2f requests/s, %.1f output tokens/s, %.1f input tokens/s\n",
 		rep.DurationS, rep.WallS, rep.RequestsPerS, rep.OutputTokPerS, rep.InputTokPerS)
-	rep.writeLatencies(w)
+	rep.WriteLatencies(w)
 	for i, r := range rep.Rejections {
 		if i == maxListedTextRejections {
 			p("  ... and %d more rejected\n", len(rep.Rejections)-i)
@@ -1006,7 +1008,7 @@ func (g *generator) writeRequests(w io.Writer, results []lgResult) error {
 				rec.TTFTMS = ms(r.ttft)
 			}
 			if v, ok := r.tpot(); ok {
-				rec.TPOTMS = round(v, 3)
+				rec.TPOTMS = report.Round(v, 3)
 			}
 			if r.idsKnown {
 				rec.Output = r.ids

@@ -17,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lockstep-ai/lockstep/report"
+
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
@@ -216,7 +218,7 @@ func writeLGTrace(t *testing.T, arrivalsMS []int, out int) string {
 }
 
 // loadgenJSON runs `worker loadgen --report json` and decodes the report.
-func loadgenJSON(t *testing.T, ctx context.Context, wantErr string, args ...string) (*report, string) {
+func loadgenJSON(t *testing.T, ctx context.Context, wantErr string, args ...string) (*report.Report, string) {
 	t.Helper()
 	var out, errb bytes.Buffer
 	err := loadgenMain(ctx, append([]string{"--report", "json"}, args...), &out, &errb, func(string) string { return "" })
@@ -225,7 +227,7 @@ func loadgenJSON(t *testing.T, ctx context.Context, wantErr string, args ...stri
 	} else {
 		require.ErrorContains(t, err, wantErr)
 	}
-	var rep report
+	var rep report.Report
 	require.NoError(t, json.Unmarshal(out.Bytes(), &rep), out.String())
 	return &rep, errb.String()
 }
@@ -245,7 +247,7 @@ func readRecords(t *testing.T, path string) []loadgenRecord {
 	return recs
 }
 
-func ordered(t *testing.T, p percentiles) {
+func ordered(t *testing.T, p report.Percentiles) {
 	t.Helper()
 	require.LessOrEqual(t, p.P50, p.P90)
 	require.LessOrEqual(t, p.P90, p.P99)
@@ -273,7 +275,7 @@ func TestLoadgenTraceStreaming(t *testing.T) {
 	require.GreaterOrEqual(t, rep.TTFTMS.P50, 20.0)
 	require.GreaterOrEqual(t, rep.E2EMS.P50, 35.0)
 	require.Greater(t, rep.TPOTMS.P50, 0.0)
-	for _, p := range []percentiles{rep.TTFTMS, rep.TPOTMS, rep.E2EMS} {
+	for _, p := range []report.Percentiles{rep.TTFTMS, rep.TPOTMS, rep.E2EMS} {
 		ordered(t, p)
 	}
 	require.GreaterOrEqual(t, rep.E2EMS.P50, rep.TTFTMS.P50)
@@ -312,7 +314,7 @@ func TestLoadgenTraceStreaming(t *testing.T) {
 	for i := range reqs {
 		resp[i] = &executor.Response{ID: uint64(i), Output: fakeOutput(reqs[i].Tokens(), reqs[i].MaxNewTokens)}
 	}
-	require.Equal(t, outputDigest(resp), rep.OutputDigest)
+	require.Equal(t, report.OutputDigest(resp), rep.OutputDigest)
 	require.Empty(t, rep.OutputDigestNote)
 
 	recs := readRecords(t, reqOut)

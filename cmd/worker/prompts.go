@@ -4,12 +4,11 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"os"
-	"strings"
+
+	"github.com/lockstep-ai/lockstep/report"
 
 	"github.com/lockstep-ai/lockstep/internal/usage"
 
@@ -248,23 +247,12 @@ func (o *serveOptions) promptWorkload() ([]workload.Request, error) {
 	return reqs, nil
 }
 
-// promptOutput is one prompt's result in the report.
-type promptOutput struct {
-	Index        int    `json:"index"`
-	Prompt       string `json:"prompt"`
-	PromptTokens int    `json:"prompt_tokens"`
-	Text         string `json:"text"`
-	Tokens       int    `json:"completion_tokens"`
-	FinishReason string `json:"finish_reason"` // "stop" or "length"
-	Error        string `json:"error,omitempty"`
-}
-
 // promptOutputs decodes the responses of a prompt run.
-func (o *serveOptions) promptOutputs(res *serveResult) []promptOutput {
+func (o *serveOptions) promptOutputs(res *serveResult) []report.PromptOutput {
 	tok := o.loaded.Tokenizer
-	out := make([]promptOutput, len(o.rendered))
+	out := make([]report.PromptOutput, len(o.rendered))
 	for i, r := range o.rendered {
-		out[i] = promptOutput{Index: i, Prompt: r.text, PromptTokens: len(r.ids), Error: "no response"}
+		out[i] = report.PromptOutput{Index: i, Prompt: r.text, PromptTokens: len(r.ids), Error: "no response"}
 	}
 	for _, r := range res.rank0.Responses {
 		if int(r.ID) >= len(out) {
@@ -282,23 +270,4 @@ func (o *serveOptions) promptOutputs(res *serveResult) []promptOutput {
 		p.Text = tok.Decode(ids)
 	}
 	return out
-}
-
-// writePromptOutputs prints each prompt and its completion.
-func writePromptOutputs(w io.Writer, outs []promptOutput) error {
-	var errs []error
-	for _, p := range outs {
-		_, err := fmt.Fprintf(w, "--- prompt %d (%d tokens) ---\n%s\n--- completion (%d tokens, %s) ---\n%s\n",
-			p.Index, p.PromptTokens, strings.TrimRight(p.Prompt, "\n"), p.Tokens, finishOrError(p), p.Text)
-		errs = append(errs, err)
-	}
-	_, err := fmt.Fprintln(w)
-	return errors.Join(append(errs, err)...)
-}
-
-func finishOrError(p promptOutput) string {
-	if p.Error != "" {
-		return "error: " + p.Error
-	}
-	return p.FinishReason
 }

@@ -11,6 +11,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/lockstep-ai/lockstep/report"
+
 	"github.com/lockstep-ai/lockstep/internal/usage"
 
 	"go.uber.org/zap"
@@ -285,12 +287,12 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 	}
 	// The report is printed even when an output failed: the results exist.
 	if o.report == "json" {
-		err = out.rep.writeJSON(stdout)
+		err = out.rep.WriteJSON(stdout)
 	} else {
 		if out.rep.Outputs != nil {
-			err = writePromptOutputs(stdout, out.rep.Outputs)
+			err = report.WritePromptOutputs(stdout, out.rep.Outputs)
 		}
-		err = errors.Join(err, out.rep.writeText(stdout))
+		err = errors.Join(err, out.rep.WriteText(stdout))
 	}
 	if out.outErr != nil {
 		return errors.Join(err, fmt.Errorf("the run finished (report printed) but an output is incomplete: %w", out.outErr))
@@ -298,7 +300,7 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	return out.rep.nothingServed()
+	return out.rep.NothingServed()
 }
 
 // parseRunOptions reads `worker run`'s flags and config file and validates
@@ -335,7 +337,7 @@ func parseRunOptions(args []string, stderr io.Writer) (*serveOptions, error) {
 // the ranks' result, the workload, and the first error of an output file
 // (the run itself succeeded).
 type runOutcome struct {
-	rep    *report
+	rep    *report.Report
 	res    *serveResult
 	reqs   []workload.Request
 	outErr error
@@ -397,11 +399,30 @@ func (o *serveOptions) execute(stderr io.Writer, getenv func(string) string) (*r
 	if res == nil {
 		return nil, o.out.close() // not rank 0: rank 0 prints the report
 	}
-	rep := buildReport(o, reqs, res)
+	rep := report.Build(o.runInfo(res), reqs, res.rank0)
 	if w := o.out.requestsWriter(); w != nil {
-		writeRequests(w, reqs, res) //nolint:errcheck // an output keeps its first error for close
+		report.WriteRequests(w, reqs, res.rank0.Responses) //nolint:errcheck // an output keeps its first error for close
 	}
 	return &runOutcome{rep: rep, res: res, reqs: reqs, outErr: o.out.close()}, nil
+}
+
+// runInfo is what the report says about the run besides its requests.
+func (o *serveOptions) runInfo(res *serveResult) report.RunInfo {
+	info := report.RunInfo{Engine: o.engine, Model: o.model, Ranks: o.ranks, Wall: res.wall, DeviceMSPerRank: res.deviceMS,
+		MoE: o.moe() && o.engine != "twin"}
+	if o.loaded != nil {
+		info.Model = o.loaded.Name
+		if o.text.active() {
+			info.Outputs = o.promptOutputs(res)
+		}
+	}
+	if o.engine == "twin" {
+		info.Model, info.VirtualEpoch = o.profile.Model.Name, twinEpoch
+		if o.profile.Kind == twin.KindRoofline {
+			info.GPU = o.profile.GPU.Name
+		}
+	}
+	return info
 }
 
 // serveResult is what the ranks produced, as seen from rank 0.

@@ -12,6 +12,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/lockstep-ai/lockstep/report"
+
 	"github.com/stretchr/testify/require"
 )
 
@@ -92,7 +94,7 @@ func TestRunLengthScaleRejectsWithoutSynthesis(t *testing.T) {
 	require.Equal(t, 0, code, stderr)
 	require.Less(t, after.TotalAlloc-before.TotalAlloc, uint64(256<<20),
 		"the rejected request's 300 000 000 tokens must never be synthesised")
-	var rep report
+	var rep report.Report
 	require.NoError(t, json.Unmarshal([]byte(stdout), &rep), stdout)
 	require.Equal(t, 2, rep.Requests.Total)
 	require.Equal(t, 1, rep.Requests.Completed)
@@ -191,8 +193,8 @@ func TestLatenciesAreNeverNegative(t *testing.T) {
 		{math.MaxInt64, math.MinInt64}, {1, math.MaxInt64},
 	}
 	for _, c := range cases {
-		v := msBetween(c.a, c.b)
-		require.GreaterOrEqual(t, v, 0.0, "msBetween(%d, %d)", c.a, c.b)
+		v := report.MSBetween(c.a, c.b)
+		require.GreaterOrEqual(t, v, 0.0, "report.MSBetween(%d, %d)", c.a, c.b)
 		if c.b >= c.a {
 			require.InDelta(t, (float64(c.b)-float64(c.a))/1e6, v, 1e-6*math.Abs(v)+1e-9)
 		}
@@ -354,7 +356,7 @@ func TestUpFrontCheckMatchesTheRanks(t *testing.T) {
 			args[10] = writeTrace(t, traceLine(0, 8, 1, ""), traceLine(0, c.input, c.output, "")) // after --trace
 			code, stdout, stderr = runCode(args...)
 			require.Equal(t, 0, code, stderr)
-			var rep report
+			var rep report.Report
 			require.NoError(t, json.Unmarshal([]byte(stdout), &rep), stdout)
 			require.Equal(t, 1, rep.Requests.Completed)
 			require.Len(t, rep.Rejections, 1)

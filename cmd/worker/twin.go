@@ -1,17 +1,16 @@
 package main
 
 import (
-	"bufio"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"math"
-	"os"
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/lockstep-ai/lockstep/report"
 
 	"github.com/lockstep-ai/lockstep/internal/usage"
 
@@ -136,7 +135,7 @@ func runTwinProfile(args []string, stdout, stderr io.Writer) error {
 	if fs.NArg() == 0 {
 		return usage.Errorf("--fit needs the iteration logs of a run (e.g. 'DIR/iter.{rank}.jsonl')")
 	}
-	files, err := expandLogPaths(fs.Args())
+	files, err := report.ExpandLogPaths(fs.Args())
 	if err != nil {
 		return usage.Wrap(err)
 	}
@@ -163,23 +162,6 @@ type fitStats struct {
 	measuredMS, predictedMS []float64
 }
 
-// stepLogLine is what the linear fit reads from an iteration-log record.
-type stepLogLine struct {
-	Iter           *int64   `json:"iter"`
-	DeviceMS       *float64 `json:"device_ms"`
-	MoEWaitMS      float64  `json:"moe_wait_ms"`
-	HostMS         float64  `json:"host_ms"`
-	WaitMS         float64  `json:"wait_ms"`
-	CanQueue       bool     `json:"can_queue"`
-	ADPDummy       bool     `json:"adp_dummy"`
-	NumCtxRequests int      `json:"num_ctx_requests"`
-	CtxTokens      int64    `json:"ctx_tokens"`
-	NumGenRequests int      `json:"num_gen_requests"`
-	GenTokens      int64    `json:"gen_tokens"`
-	GenKVTokens    *int64   `json:"gen_kv_tokens"`
-	CostS          float64  `json:"cost_s"`
-}
-
 // fitLinearProfile fits the linear cost model of docs/twin.md to every step
 // the logs record (an iteration with a forward and a measured device time):
 // features from the record (new tokens, Σ n·(kv + n/2) of the context
@@ -191,54 +173,40 @@ type stepLogLine struct {
 func fitLinearProfile(files []string, m twin.Model) (*twin.Profile, fitStats, error) {
 	var samples []twin.LinearSample
 	var hosts []float64
-	for _, path := range files {
-		f, err := os.Open(path)
-		if err != nil {
-			return nil, fitStats{}, err
+	err := report.ScanIterLogs(files, func(path string, line int, text []byte) error {
+		l, keys, err := report.DecodeIterRecord(text)
+		if err != nil || !keys.Iter {
+			return fmt.Errorf("%s:%d: not an iteration-log record (written by --iter-log)", path, line)
 		}
-		sc := bufio.NewScanner(f)
-		sc.Buffer(make([]byte, 0, 1<<16), 1<<26)
-		line := 0
-		for sc.Scan() {
-			line++
-			text := strings.TrimSpace(sc.Text())
-			if text == "" {
-				continue
-			}
-			var l stepLogLine
-			if err := json.Unmarshal([]byte(text), &l); err != nil || l.Iter == nil {
-				f.Close()
-				return nil, fitStats{}, fmt.Errorf("%s:%d: not an iteration-log record (written by --iter-log)", path, line)
-			}
-			if l.DeviceMS == nil || *l.DeviceMS <= 0 {
-				continue
-			}
-			if l.GenKVTokens == nil {
-				f.Close()
-				return nil, fitStats{}, fmt.Errorf("%s:%d: the record has no gen_kv_tokens (a log of an older worker): rerun with this one", path, line)
-			}
-			// A MoE rank's own cost is its compute: the time it waited in
-			// MoE exchanges belongs to the slowest rank (the twin's fleet
-			// step, the max over ranks, adds it back).
-			compute := *l.DeviceMS - l.MoEWaitMS
-			if compute <= 0 {
-				continue
-			}
-			s := twin.LinearSample{Tokens: float64(l.CtxTokens + l.GenTokens), CtxWork: l.CostS,
-				DecodeKV: float64(*l.GenKVTokens), Seqs: float64(l.NumCtxRequests + l.NumGenRequests), MS: compute}
-			if l.ADPDummy {
-				s.Tokens++
-				s.DecodeKV++
-				s.Seqs++
-			}
-			samples = append(samples, s)
-			hosts = append(hosts, max(0, l.HostMS-*l.DeviceMS-l.WaitMS))
+		if l.DeviceMS == nil || *l.DeviceMS <= 0 {
+			return nil
 		}
-		err = sc.Err()
-		f.Close()
-		if err != nil {
-			return nil, fitStats{}, fmt.Errorf("%s: %w", path, err)
+		if !keys.GenKVTokens {
+			return fmt.Errorf("%s:%d: the record has no gen_kv_tokens (a log of an older worker): rerun with this one", path, line)
 		}
+		// A MoE rank's own cost is its compute: the time it waited in
+		// MoE exchanges belongs to the slowest rank (the twin's fleet
+		// step, the max over ranks, adds it back).
+		compute := *l.DeviceMS
+		if l.MoEWaitMS != nil {
+			compute -= *l.MoEWaitMS
+		}
+		if compute <= 0 {
+			return nil
+		}
+		s := twin.LinearSample{Tokens: float64(l.CtxTokens + l.GenTokens), CtxWork: l.CostS,
+			DecodeKV: float64(l.GenKVTokens), Seqs: float64(l.NumCtxRequests + l.NumGenRequests), MS: compute}
+		if l.ADPDummy {
+			s.Tokens++
+			s.DecodeKV++
+			s.Seqs++
+		}
+		samples = append(samples, s)
+		hosts = append(hosts, max(0, l.HostMS-*l.DeviceMS-l.WaitMS))
+		return nil
+	})
+	if err != nil {
+		return nil, fitStats{}, err
 	}
 	if len(samples) < 10 {
 		return nil, fitStats{}, fmt.Errorf("the logs hold %d steps with a device time; a fit needs at least 10", len(samples))

@@ -1,4 +1,4 @@
-package main
+package report
 
 // The calibration plot of `worker calibrate --plot FILE.png`: the evidence
 // behind the two numbers, side by side. Left, the monopoly samples the slope
@@ -10,13 +10,11 @@ import (
 	"fmt"
 	"image/color"
 	"math"
-	"os"
 
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/vg"
 	"gonum.org/v1/plot/vg/draw"
-	"gonum.org/v1/plot/vg/vgimg"
 
 	"github.com/lockstep-ai/lockstep/scheduler/costfit"
 )
@@ -25,7 +23,6 @@ import (
 const (
 	calPlotWidthPx  = 1600
 	calPlotHeightPx = 640
-	calPlotDPI      = 96
 	// calLegendSpans bounds the spans named in the legend; the others are
 	// still drawn (colours repeat) and counted in one extra entry.
 	calLegendSpans = 8
@@ -34,20 +31,14 @@ const (
 	calHistBins = 48
 )
 
-// spanColours tell spans apart (Tableau's ten); with more spans they repeat.
-var spanColours = []color.RGBA{
-	{31, 119, 180, 255}, {255, 127, 14, 255}, {44, 160, 44, 255}, {214, 39, 40, 255}, {148, 103, 189, 255},
-	{140, 86, 75, 255}, {227, 119, 194, 255}, {127, 127, 127, 255}, {188, 189, 34, 255}, {23, 190, 207, 255},
-}
-
 var (
 	fitColour       = color.RGBA{R: 20, G: 20, B: 20, A: 255}
 	thresholdColour = color.RGBA{R: 200, G: 30, B: 30, A: 255}
 	histColour      = color.RGBA{R: 70, G: 130, B: 180, A: 255}
 )
 
-// writeCalibrationPlot draws r's calibration plot into a PNG file at path.
-func writeCalibrationPlot(path string, r *costfit.Result) error {
+// WriteCalibrationPlot draws r's calibration plot into a PNG file at path.
+func WriteCalibrationPlot(path string, r *costfit.Result) error {
 	left, err := monopolyPanel(r)
 	if err != nil {
 		return err
@@ -56,24 +47,7 @@ func writeCalibrationPlot(path string, r *costfit.Result) error {
 	if err != nil {
 		return err
 	}
-	pt := func(px int) vg.Length { return vg.Length(px) * vg.Inch / calPlotDPI }
-	img := vgimg.NewWith(vgimg.UseWH(pt(calPlotWidthPx), pt(calPlotHeightPx)), vgimg.UseDPI(calPlotDPI))
-	dc := draw.New(img)
-	tiles := draw.Tiles{Rows: 1, Cols: 2, PadX: vg.Centimeter, PadTop: vg.Millimeter * 4,
-		PadBottom: vg.Millimeter * 4, PadLeft: vg.Millimeter * 4, PadRight: vg.Millimeter * 6}
-	canvases := plot.Align([][]*plot.Plot{{left, right}}, tiles, dc)
-	left.Draw(canvases[0][0])
-	right.Draw(canvases[0][1])
-
-	f, err := os.Create(path)
-	if err != nil {
-		return err
-	}
-	if _, err := (vgimg.PngCanvas{Canvas: img}).WriteTo(f); err != nil {
-		f.Close()
-		return err
-	}
-	return f.Close()
+	return SavePlots(path, calPlotWidthPx, calPlotHeightPx, left, right)
 }
 
 // monopolyPanel: KV depth vs lockstep iteration time, one colour per span,
@@ -100,7 +74,7 @@ func monopolyPanel(r *costfit.Result) (*plot.Plot, error) {
 		if err != nil {
 			return nil, err
 		}
-		sc.GlyphStyle.Color = spanColours[i%len(spanColours)]
+		sc.GlyphStyle.Color = SpanColours[i%len(SpanColours)]
 		sc.GlyphStyle.Shape = draw.CircleGlyph{}
 		sc.GlyphStyle.Radius = vg.Points(2.5)
 		p.Add(sc)

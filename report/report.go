@@ -1,4 +1,13 @@
-package main
+// Package report turns what a run produced into what a user reads: the run
+// report (text, or JSON with --report json), the per-request records of
+// --requests-out, latency Percentiles, the output digest, the calibration
+// plot, and the readers of the per-rank iteration logs (which decode the
+// executor's own record type, executor.IterRecord: one schema).
+//
+// It is shared by `worker run` and `worker serve` (through the fleet),
+// `worker loadgen` (a replay against any server, in the same shape) and
+// `worker eval`.
+package report
 
 import (
 	"crypto/sha256"
@@ -9,21 +18,21 @@ import (
 	"io"
 	"math"
 	"sort"
+	"time"
 
-	"github.com/lockstep-ai/lockstep/bridge/twin"
 	"github.com/lockstep-ai/lockstep/executor"
 	"github.com/lockstep-ai/lockstep/workload"
 )
 
-// percentiles of a latency distribution, in milliseconds.
-type percentiles struct {
+// Percentiles of a latency distribution, in milliseconds.
+type Percentiles struct {
 	P50 float64 `json:"p50"`
 	P90 float64 `json:"p90"`
 	P99 float64 `json:"p99"`
 }
 
-// report is the run summary (`--report json` prints it as is).
-type report struct {
+// Report is the run summary (`--report json` prints it as is).
+type Report struct {
 	Engine string `json:"engine"`
 	Model  string `json:"model"`
 	// URL is the server `worker loadgen` measured (engine "remote").
@@ -53,18 +62,18 @@ type report struct {
 	} `json:"tokens"`
 	Iterations      int64       `json:"iterations"`
 	IterationsTotal int64       `json:"iterations_total"`
-	TTFTMS          percentiles `json:"ttft_ms"`
-	TPOTMS          percentiles `json:"tpot_ms"`
-	E2EMS           percentiles `json:"e2e_ms"`
+	TTFTMS          Percentiles `json:"ttft_ms"`
+	TPOTMS          Percentiles `json:"tpot_ms"`
+	E2EMS           Percentiles `json:"e2e_ms"`
 	LockstepWaste   float64     `json:"lockstep_waste"`
 	Preemptions     struct {
 		Suspended int `json:"suspended"`
 		Recompute int `json:"recompute"`
 	} `json:"preemptions"`
-	Prefix        prefixReport `json:"prefix"`
-	EventsDropped int64        `json:"events_dropped"`
-	WallS         float64      `json:"wall_s"`
-	OutputTokPerS float64      `json:"output_tokens_per_s"`
+	Prefix        Prefix  `json:"prefix"`
+	EventsDropped int64   `json:"events_dropped"`
+	WallS         float64 `json:"wall_s"`
+	OutputTokPerS float64 `json:"output_tokens_per_s"`
 	// PrefillTokPerS counts the prompt tokens computed (not reused) per
 	// second of duration_s.
 	PrefillTokPerS  float64   `json:"prefill_tokens_per_s"`
@@ -84,15 +93,14 @@ type report struct {
 	RequestsPerS float64 `json:"requests_per_s,omitempty"`
 	InputTokPerS float64 `json:"input_tokens_per_s,omitempty"`
 	// Outputs are the completions of a prompt run (--prompt, --prompts).
-	Outputs          []promptOutput  `json:"outputs,omitempty"`
-	Rejections       []rejectionInfo `json:"rejections"`
-	missingResponses int
+	Outputs    []PromptOutput `json:"outputs,omitempty"`
+	Rejections []Rejection    `json:"rejections"`
 }
 
-// prefixReport is the radix reuse summary: reused prompt tokens / prompt
+// Prefix is the radix reuse summary: reused prompt tokens / prompt
 // tokens over every first-chunk admission (a recompute re-admission counts
 // again with its longer prompt), and the blocks left in the trees.
-type prefixReport struct {
+type Prefix struct {
 	HitRate      float64 `json:"hit_rate"`
 	ReusedTokens int64   `json:"reused_tokens"`
 	PromptTokens int64   `json:"prompt_tokens"`
@@ -100,16 +108,39 @@ type prefixReport struct {
 	LiveBlocks   int64   `json:"live_blocks"`
 }
 
-type rejectionInfo struct {
+// Rejection is one request that was refused, and why.
+type Rejection struct {
 	Index  uint64 `json:"index"`
 	Reason string `json:"reason"`
 }
 
-// byIndex returns the responses indexed by request id (= trace index).
-func byIndex(reqs []workload.Request, res *serveResult) []*executor.Response {
-	out := make([]*executor.Response, len(reqs))
-	for i := range res.rank0.Responses {
-		r := &res.rank0.Responses[i]
+// RunInfo is what a report says about the run besides its requests: the
+// fleet's configuration as the user named it, and what the fleet measured
+// outside rank 0's result.
+type RunInfo struct {
+	Engine string
+	Model  string // the model's name as reported (a checkpoint's own, or the twin's model)
+	Ranks  int
+	// GPU is the GPU a roofline twin models ("" otherwise).
+	GPU string
+	// VirtualEpoch is the twin's virtual clock's start; zero on a wall clock.
+	VirtualEpoch time.Time
+	// MoE: report the time inside MoE exchanges (expert parallelism).
+	MoE bool
+	// Outputs are a prompt run's decoded completions (nil otherwise).
+	Outputs []PromptOutput
+	// Wall is the run's real elapsed time; DeviceMSPerRank each rank's
+	// device time.
+	Wall            time.Duration
+	DeviceMSPerRank []float64
+}
+
+// ByIndex returns the responses indexed by request id (= trace index),
+// nil where n requests had no response.
+func ByIndex(n int, responses []executor.Response) []*executor.Response {
+	out := make([]*executor.Response, n)
+	for i := range responses {
+		r := &responses[i]
 		if r.ID < uint64(len(out)) {
 			out[r.ID] = r
 		}
@@ -117,53 +148,61 @@ func byIndex(reqs []workload.Request, res *serveResult) []*executor.Response {
 	return out
 }
 
-func buildReport(o *serveOptions, reqs []workload.Request, res *serveResult) *report {
-	rep := &report{Engine: o.engine, Model: o.model, Ranks: o.ranks, Clock: "wall", Rejections: []rejectionInfo{}}
-	if o.loaded != nil {
-		rep.Model = o.loaded.Name
-		if o.text.active() {
-			rep.Outputs = o.promptOutputs(res)
-		}
-	}
-	if o.engine == "twin" {
-		rep.Clock, rep.Model = "virtual", o.profile.Model.Name
-		if o.profile.Kind == twin.KindRoofline {
-			rep.GPU = o.profile.GPU.Name
-		}
+// Build summarises a run of reqs from rank 0's result.
+func Build(info RunInfo, reqs []workload.Request, rank0 *executor.Result) *Report {
+	rep := &Report{Engine: info.Engine, Model: info.Model, Ranks: info.Ranks, GPU: info.GPU, Clock: "wall",
+		Rejections: []Rejection{}, Outputs: info.Outputs}
+	if !info.VirtualEpoch.IsZero() {
+		rep.Clock = "virtual"
 	}
 	rep.Requests.Total = len(reqs)
-	rep.Iterations = res.rank0.ForwardIterations
-	rep.IterationsTotal = res.rank0.Iterations
-	rep.LockstepWaste = round(res.rank0.LockstepWaste, 4)
-	ps := res.rank0.Prefix
-	rep.Prefix = prefixReport{ReusedTokens: ps.ReusedTokens, PromptTokens: ps.PromptTokens, Admissions: ps.Admissions,
-		LiveBlocks: res.rank0.LiveBlocks}
+	rep.Iterations = rank0.ForwardIterations
+	rep.IterationsTotal = rank0.Iterations
+	rep.LockstepWaste = Round(rank0.LockstepWaste, 4)
+	ps := rank0.Prefix
+	rep.Prefix = Prefix{ReusedTokens: ps.ReusedTokens, PromptTokens: ps.PromptTokens, Admissions: ps.Admissions,
+		LiveBlocks: rank0.LiveBlocks}
 	if ps.PromptTokens > 0 {
-		rep.Prefix.HitRate = round(float64(ps.ReusedTokens)/float64(ps.PromptTokens), 4)
+		rep.Prefix.HitRate = Round(float64(ps.ReusedTokens)/float64(ps.PromptTokens), 4)
 	}
-	rep.EventsDropped = res.rank0.EventsDropped
-	rep.WallS = round(res.wall.Seconds(), 3)
-	if o.moe() && o.engine != "twin" {
-		w, share := round(res.rank0.FleetMoEWaitMS, 3), 0.0
-		if res.rank0.FleetDeviceMS > 0 {
-			share = round(res.rank0.FleetMoEWaitMS/res.rank0.FleetDeviceMS, 4)
+	rep.EventsDropped = rank0.EventsDropped
+	rep.WallS = Round(info.Wall.Seconds(), 3)
+	if info.MoE {
+		w, share := Round(rank0.FleetMoEWaitMS, 3), 0.0
+		if rank0.FleetDeviceMS > 0 {
+			share = Round(rank0.FleetMoEWaitMS/rank0.FleetDeviceMS, 4)
 		}
 		rep.MoEWaitMS, rep.MoEWaitShare = &w, &share
 	}
-	for _, d := range res.deviceMS {
-		rep.DeviceMSPerRank = append(rep.DeviceMSPerRank, round(d, 3))
+	for _, d := range info.DeviceMSPerRank {
+		rep.DeviceMSPerRank = append(rep.DeviceMSPerRank, Round(d, 3))
 	}
+	resp := ByIndex(len(reqs), rank0.Responses)
+	rep.addResponses(reqs, resp)
+	rep.DurationS = rep.WallS
+	if rep.Clock == "virtual" {
+		rep.DurationS = Round(rank0.VirtualEnd.Sub(info.VirtualEpoch).Seconds(), 3)
+	}
+	if rep.DurationS > 0 {
+		rep.OutputTokPerS = Round(float64(rep.Tokens.Generated)/rep.DurationS, 1)
+		rep.PrefillTokPerS = Round(float64(ps.PromptTokens-ps.ReusedTokens)/rep.DurationS, 1)
+	}
+	rep.OutputDigest = OutputDigest(resp)
+	return rep
+}
+
+// addResponses counts the requests' outcomes, tokens, preemptions and
+// latencies (resp[i] is request i's response, nil when it has none).
+func (rep *Report) addResponses(reqs []workload.Request, resp []*executor.Response) {
 	var ttft, tpot, e2e []float64
-	resp := byIndex(reqs, res)
 	for i := range reqs {
 		r := resp[i]
 		if r == nil {
-			rep.missingResponses++
 			continue
 		}
 		if r.Error != "" {
 			rep.Requests.Rejected++
-			rep.Rejections = append(rep.Rejections, rejectionInfo{Index: r.ID, Reason: r.Error})
+			rep.Rejections = append(rep.Rejections, Rejection{Index: r.ID, Reason: r.Error})
 			continue
 		}
 		rep.Requests.Completed++
@@ -174,29 +213,19 @@ func buildReport(o *serveOptions, reqs []workload.Request, res *serveResult) *re
 		rep.Tokens.Generated += int64(len(r.Output))
 		rep.Preemptions.Suspended += r.Suspended
 		rep.Preemptions.Recompute += r.Recomputed
-		ttft = append(ttft, msBetween(r.ArrivalUnixNS, r.FirstTokenUnixNS))
-		e2e = append(e2e, msBetween(r.ArrivalUnixNS, r.FinishUnixNS))
+		ttft = append(ttft, MSBetween(r.ArrivalUnixNS, r.FirstTokenUnixNS))
+		e2e = append(e2e, MSBetween(r.ArrivalUnixNS, r.FinishUnixNS))
 		if len(r.Output) > 1 {
-			tpot = append(tpot, msBetween(r.FirstTokenUnixNS, r.FinishUnixNS)/float64(len(r.Output)-1))
+			tpot = append(tpot, MSBetween(r.FirstTokenUnixNS, r.FinishUnixNS)/float64(len(r.Output)-1))
 		}
 	}
-	rep.TTFTMS, rep.TPOTMS, rep.E2EMS = pct(ttft), pct(tpot), pct(e2e)
-	rep.DurationS = rep.WallS
-	if rep.Clock == "virtual" {
-		rep.DurationS = round(res.rank0.VirtualEnd.Sub(twinEpoch).Seconds(), 3)
-	}
-	if rep.DurationS > 0 {
-		rep.OutputTokPerS = round(float64(rep.Tokens.Generated)/rep.DurationS, 1)
-		rep.PrefillTokPerS = round(float64(ps.PromptTokens-ps.ReusedTokens)/rep.DurationS, 1)
-	}
-	rep.OutputDigest = outputDigest(resp)
-	return rep
+	rep.TTFTMS, rep.TPOTMS, rep.E2EMS = Pct(ttft), Pct(tpot), Pct(e2e)
 }
 
-// outputDigest is SHA-256 over the requests in trace order (digestOutputs):
+// OutputDigest is SHA-256 over the requests in trace order (DigestOutputs):
 // a rejected or missing request contributes its index and length 0.
-func outputDigest(resp []*executor.Response) string {
-	return digestOutputs(len(resp), func(i int) []int32 {
+func OutputDigest(resp []*executor.Response) string {
+	return DigestOutputs(len(resp), func(i int) []int32 {
 		if r := resp[i]; r != nil && r.Error == "" {
 			return r.Output
 		}
@@ -204,12 +233,12 @@ func outputDigest(resp []*executor.Response) string {
 	})
 }
 
-// digestOutputs is SHA-256 over n requests in trace order: each request's
+// DigestOutputs is SHA-256 over n requests in trace order: each request's
 // trace index (u64 LE), its output length (u32 LE) and its token ids (u32
 // LE), where out(i) is request i's output (nil: rejected, missing or not
 // sent). `worker run` and `worker loadgen` both use it, so a replay of the
 // same trace on lockstep's server digests to the same value as the run.
-func digestOutputs(n int, out func(i int) []int32) string {
+func DigestOutputs(n int, out func(i int) []int32) string {
 	h := sha256.New()
 	var buf []byte
 	for i := range n {
@@ -224,21 +253,21 @@ func digestOutputs(n int, out func(i int) []int32) string {
 	return hex.EncodeToString(h.Sum(nil))
 }
 
-// msBetween is the latency from a to b (Unix nanoseconds) in milliseconds,
+// MSBetween is the latency from a to b (Unix nanoseconds) in milliseconds,
 // never negative: a wall clock stepped backwards reads as 0, and the
 // difference is taken in uint64, where b − a cannot overflow for b ≥ a
 // (int64 subtraction wrapped for stamps more than 292 years apart).
-func msBetween(a, b int64) float64 {
+func MSBetween(a, b int64) float64 {
 	if b < a {
 		return 0
 	}
 	return float64(uint64(b)-uint64(a)) / 1e6
 }
 
-// nothingServed is the run's error when requests were given but none
+// NothingServed is the run's error when requests were given but none
 // completed (every one was rejected or lost), after the report is printed.
-// Runs whose pool is known up front fail earlier, in checkServable.
-func (rep *report) nothingServed() error {
+// Runs whose pool is known up front fail earlier, before any rank starts.
+func (rep *Report) NothingServed() error {
 	if rep.Requests.Total == 0 || rep.Requests.Completed > 0 {
 		return nil
 	}
@@ -249,32 +278,35 @@ func (rep *report) nothingServed() error {
 	return fmt.Errorf("no request was served: %d of %d rejected%s", rep.Requests.Rejected, rep.Requests.Total, first)
 }
 
-// pct computes nearest-rank percentiles.
-func pct(v []float64) percentiles {
+// Pct computes nearest-rank percentiles (it sorts v).
+func Pct(v []float64) Percentiles {
 	if len(v) == 0 {
-		return percentiles{}
+		return Percentiles{}
 	}
 	sort.Float64s(v)
 	at := func(p float64) float64 {
 		k := int(math.Ceil(p/100*float64(len(v)))) - 1
 		k = max(0, min(k, len(v)-1))
-		return round(v[k], 3)
+		return Round(v[k], 3)
 	}
-	return percentiles{P50: at(50), P90: at(90), P99: at(99)}
+	return Percentiles{P50: at(50), P90: at(90), P99: at(99)}
 }
 
-func round(x float64, digits int) float64 {
+// Round rounds x to digits decimal digits.
+func Round(x float64, digits int) float64 {
 	p := math.Pow(10, float64(digits))
 	return math.Round(x*p) / p
 }
 
-func (rep *report) writeJSON(w io.Writer) error {
+// WriteJSON prints the report as indented JSON (--report json).
+func (rep *Report) WriteJSON(w io.Writer) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	return enc.Encode(rep)
 }
 
-func (rep *report) writeText(w io.Writer) error {
+// WriteText prints the report as text.
+func (rep *Report) WriteText(w io.Writer) error {
 	p := func(format string, a ...any) { fmt.Fprintf(w, format, a...) }
 	p("lockstep run report\n")
 	p("  engine %s, model %s, %d ranks", rep.Engine, rep.Model, rep.Ranks)
@@ -291,7 +323,7 @@ func (rep *report) writeText(w io.Writer) error {
 	} else {
 		p("  wall         %.2f s, %.1f output tokens/s, %.1f prefill tokens/s\n", rep.WallS, rep.OutputTokPerS, rep.PrefillTokPerS)
 	}
-	rep.writeLatencies(w)
+	rep.WriteLatencies(w)
 	p("  lockstep waste %.1f%% (mean over forward iterations of 1 - mean/max rank busy time)\n", 100*rep.LockstepWaste)
 	p("  preemptions  %d suspended, %d recompute\n", rep.Preemptions.Suspended, rep.Preemptions.Recompute)
 	p("  prefix reuse %.1f%% of prompt tokens (%d reused of %d)\n", 100*rep.Prefix.HitRate, rep.Prefix.ReusedTokens, rep.Prefix.PromptTokens)
@@ -302,19 +334,19 @@ func (rep *report) writeText(w io.Writer) error {
 	return nil
 }
 
-// writeLatencies prints the TTFT, TPOT and E2E percentiles as a table.
-func (rep *report) writeLatencies(w io.Writer) {
+// WriteLatencies prints the TTFT, TPOT and E2E Percentiles as a table.
+func (rep *Report) WriteLatencies(w io.Writer) {
 	fmt.Fprintf(w, "  latency (ms)      p50        p90        p99\n")
 	for _, row := range []struct {
 		name string
-		v    percentiles
+		v    Percentiles
 	}{{"TTFT", rep.TTFTMS}, {"TPOT", rep.TPOTMS}, {"E2E", rep.E2EMS}} {
 		fmt.Fprintf(w, "    %-8s %10.2f %10.2f %10.2f\n", row.name, row.v.P50, row.v.P90, row.v.P99)
 	}
 }
 
-// requestRecord is one line of --requests-out.
-type requestRecord struct {
+// RequestRecord is one line of --requests-out.
+type RequestRecord struct {
 	Index        int     `json:"index"`
 	Rank         int     `json:"rank"`
 	PromptTokens int     `json:"prompt_tokens"`
@@ -331,21 +363,21 @@ type requestRecord struct {
 	Error        string  `json:"error,omitempty"`
 }
 
-// writeRequests writes one JSON line per request of the trace, in trace
-// order (--requests-out).
-func writeRequests(w io.Writer, reqs []workload.Request, res *serveResult) error {
+// WriteRequests writes one JSON line per request of the trace, in trace
+// order (--requests-out), from rank 0's responses.
+func WriteRequests(w io.Writer, reqs []workload.Request, responses []executor.Response) error {
 	enc := json.NewEncoder(w)
-	for i, r := range byIndex(reqs, res) {
-		rec := requestRecord{Index: i, Rank: executor.NoRank, PromptTokens: reqs[i].Len(), Output: []int32{}}
+	for i, r := range ByIndex(len(reqs), responses) {
+		rec := RequestRecord{Index: i, Rank: executor.NoRank, PromptTokens: reqs[i].Len(), Output: []int32{}}
 		if r != nil {
 			rec.Rank, rec.Error, rec.Suspended, rec.Recomputed, rec.ReusedTokens = r.Rank, r.Error, r.Suspended, r.Recomputed, r.ReusedTokens
 			if r.Error == "" {
 				rec.Output = r.Output
 				rec.OutputTokens = len(r.Output)
-				rec.TTFTMS = round(msBetween(r.ArrivalUnixNS, r.FirstTokenUnixNS), 3)
-				rec.E2EMS = round(msBetween(r.ArrivalUnixNS, r.FinishUnixNS), 3)
+				rec.TTFTMS = Round(MSBetween(r.ArrivalUnixNS, r.FirstTokenUnixNS), 3)
+				rec.E2EMS = Round(MSBetween(r.ArrivalUnixNS, r.FinishUnixNS), 3)
 				if len(r.Output) > 1 {
-					rec.TPOTMS = round(msBetween(r.FirstTokenUnixNS, r.FinishUnixNS)/float64(len(r.Output)-1), 3)
+					rec.TPOTMS = Round(MSBetween(r.FirstTokenUnixNS, r.FinishUnixNS)/float64(len(r.Output)-1), 3)
 				}
 			}
 		}
