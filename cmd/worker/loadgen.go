@@ -24,6 +24,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/lockstep-ai/lockstep/workload/prompts"
+
 	"github.com/lockstep-ai/lockstep/report"
 
 	"github.com/lockstep-ai/lockstep/internal/usage"
@@ -155,7 +157,7 @@ type lgRequest struct {
 	index     int
 	arrival   time.Duration
 	trace     *workload.Request
-	prompt    *promptInput
+	prompt    *prompts.Input
 	maxTokens int
 }
 
@@ -330,17 +332,17 @@ func (g *generator) firstModel(ctx context.Context) (string, error) {
 func (g *generator) loadWorkload(stderr io.Writer) error {
 	o := g.o
 	if o.promptsFile != "" {
-		prompts, err := readPrompts(o.promptsFile)
+		inputs, err := prompts.ReadFile(o.promptsFile)
 		if err != nil {
 			return err
 		}
-		if o.limit > 0 && len(prompts) > o.limit {
-			prompts = prompts[:o.limit]
+		if o.limit > 0 && len(inputs) > o.limit {
+			inputs = inputs[:o.limit]
 		}
-		for i := range prompts {
-			p := &prompts[i]
+		for i := range inputs {
+			p := &inputs[i]
 			if p.Messages != nil && o.endpoint != "chat" {
-				return usage.Errorf("%s: a prompt with \"messages\" needs --endpoint chat", p.place)
+				return usage.Errorf("%s: a prompt with \"messages\" needs --endpoint chat", p.Place)
 			}
 			mt := o.maxTokens
 			if p.MaxTokens > 0 {

@@ -1,12 +1,9 @@
 package main
 
 import (
-	"bufio"
-	"bytes"
-	"encoding/json"
 	"flag"
-	"fmt"
-	"os"
+
+	"github.com/lockstep-ai/lockstep/workload/prompts"
 
 	"github.com/lockstep-ai/lockstep/report"
 
@@ -23,15 +20,7 @@ type promptOptions struct {
 	chat        bool   // --chat: --prompt is a user message rendered with the chat template
 	system      string // --system: a system message for --chat
 	maxTokens   int    // --max-tokens
-	prompts     []promptInput
-}
-
-// promptInput is one prompt: a text, or chat messages.
-type promptInput struct {
-	Text      string              `json:"prompt,omitempty"`
-	Messages  []model.ChatMessage `json:"messages,omitempty"`
-	MaxTokens int                 `json:"max_tokens,omitempty"`
-	place     string              // "--prompt" or "FILE:LINE", for messages
+	inputs      []prompts.Input
 }
 
 func (p *promptOptions) flags(fs *flag.FlagSet) {
@@ -44,82 +33,6 @@ func (p *promptOptions) flags(fs *flag.FlagSet) {
 
 // active reports whether the run's workload is text prompts.
 func (p *promptOptions) active() bool { return p.prompt != "" || p.promptsFile != "" }
-
-// readPrompts reads a prompts file: one JSON object per line, blank lines
-// skipped. Every line is checked before anything runs.
-func readPrompts(path string) ([]promptInput, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, usage.Errorf("--prompts: %v", err)
-	}
-	defer f.Close()
-	var out []promptInput
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 1<<20), 64<<20)
-	for line := 1; sc.Scan(); line++ {
-		b := bytes.TrimSpace(sc.Bytes())
-		if len(b) == 0 {
-			continue
-		}
-		place := fmt.Sprintf("%s:%d", path, line)
-		var raw map[string]json.RawMessage
-		if err := json.Unmarshal(b, &raw); err != nil {
-			return nil, usage.Errorf("%s: not a JSON object: %v", place, err)
-		}
-		for k := range raw {
-			switch k {
-			case "prompt", "text", "messages", "max_tokens":
-			default:
-				return nil, usage.Errorf("%s: unknown field %q (allowed: prompt, text, messages, max_tokens)", place, k)
-			}
-		}
-		var p struct {
-			Prompt    *string             `json:"prompt"`
-			Text      *string             `json:"text"`
-			Messages  []model.ChatMessage `json:"messages"`
-			MaxTokens *int                `json:"max_tokens"`
-		}
-		if err := json.Unmarshal(b, &p); err != nil {
-			return nil, usage.Errorf("%s: %v", place, err)
-		}
-		in := promptInput{Messages: p.Messages, place: place}
-		n := 0
-		for _, s := range []*string{p.Prompt, p.Text} {
-			if s != nil {
-				in.Text = *s
-				n++
-			}
-		}
-		if p.Messages != nil {
-			n++
-		}
-		if n != 1 {
-			return nil, usage.Errorf("%s: give exactly one of \"prompt\" (or \"text\") and \"messages\"", place)
-		}
-		if p.Messages != nil && len(p.Messages) == 0 {
-			return nil, usage.Errorf("%s: \"messages\" is empty", place)
-		}
-		for i, m := range p.Messages {
-			if m.Role == "" {
-				return nil, usage.Errorf("%s: messages[%d] has no \"role\"", place, i)
-			}
-		}
-		if p.MaxTokens != nil {
-			if *p.MaxTokens < 1 {
-				return nil, usage.Errorf("%s: max_tokens must be at least 1, got %d", place, *p.MaxTokens)
-			}
-			in.MaxTokens = *p.MaxTokens
-		}
-		out = append(out, in)
-	}
-	if err := sc.Err(); err != nil {
-		return nil, usage.Errorf("--prompts %s: %v", path, err)
-	}
-	if len(out) == 0 {
-		return nil, usage.Errorf("--prompts %s: no prompts", path)
-	}
-	return out, nil
-}
 
 // validatePrompts checks the prompt flags against the rest of the options
 // (after the model is open).
@@ -151,12 +64,12 @@ func (o *serveOptions) validatePrompts() error {
 			return usage.Errorf("--chat applies to --prompt; a prompts file gives chat prompts as \"messages\"")
 		}
 		var err error
-		if p.prompts, err = readPrompts(p.promptsFile); err != nil {
+		if p.inputs, err = prompts.ReadFile(p.promptsFile); err != nil {
 			return err
 		}
 		return nil
 	}
-	in := promptInput{Text: p.prompt, place: "--prompt"}
+	in := prompts.Input{Text: p.prompt, Place: "--prompt"}
 	if p.chat {
 		if p.system != "" {
 			in.Messages = append(in.Messages, model.ChatMessage{Role: "system", Content: p.system})
@@ -164,7 +77,7 @@ func (o *serveOptions) validatePrompts() error {
 		in.Messages = append(in.Messages, model.ChatMessage{Role: "user", Content: p.prompt})
 		in.Text = ""
 	}
-	p.prompts = []promptInput{in}
+	p.inputs = []prompts.Input{in}
 	return nil
 }
 
@@ -204,7 +117,7 @@ func (o *serveOptions) defaultCheckpointPages() {
 
 // renderedPrompt is a prompt as the engine sees it.
 type renderedPrompt struct {
-	input promptInput
+	input prompts.Input
 	text  string // the text tokenised (chat: the rendered template)
 	ids   []int32
 }
@@ -214,18 +127,18 @@ type renderedPrompt struct {
 func (o *serveOptions) promptWorkload() ([]workload.Request, error) {
 	tok := o.loaded.Tokenizer
 	o.rendered = o.rendered[:0]
-	reqs := make([]workload.Request, 0, len(o.text.prompts))
-	for i, in := range o.text.prompts {
+	reqs := make([]workload.Request, 0, len(o.text.inputs))
+	for i, in := range o.text.inputs {
 		r := renderedPrompt{input: in, text: in.Text}
 		var ids []int32
 		if in.Messages != nil {
 			tmpl := tok.ChatTemplate()
 			if tmpl == "" {
-				return nil, usage.Errorf("%s: the model %s has no chat template", in.place, o.loaded.Name)
+				return nil, usage.Errorf("%s: the model %s has no chat template", in.Place, o.loaded.Name)
 			}
 			text, err := model.RenderChat(tmpl, in.Messages, true, tok.TokenText(tok.BOS()), tok.TokenText(tok.EOS()))
 			if err != nil {
-				return nil, usage.Errorf("%s: chat template: %v", in.place, err)
+				return nil, usage.Errorf("%s: chat template: %v", in.Place, err)
 			}
 			r.text = text
 			// The template writes its own special tokens (BOS included).
@@ -234,7 +147,7 @@ func (o *serveOptions) promptWorkload() ([]workload.Request, error) {
 			ids = tok.Encode(in.Text, model.EncodeOptions{AddSpecial: true})
 		}
 		if len(ids) == 0 {
-			return nil, usage.Errorf("%s: the prompt is empty (no tokens)", in.place)
+			return nil, usage.Errorf("%s: the prompt is empty (no tokens)", in.Place)
 		}
 		r.ids = ids
 		max := o.text.maxTokens
