@@ -6,6 +6,8 @@ import (
 	"math"
 	"net/http"
 
+	"github.com/lockstep-ai/lockstep/serve/openai"
+
 	"github.com/lockstep-ai/lockstep/model"
 )
 
@@ -24,17 +26,18 @@ func badRequest(param, format string, a ...any) *apiError {
 }
 
 func writeError(w http.ResponseWriter, e *apiError) {
-	body := map[string]any{"error": map[string]any{"message": e.Message, "type": e.Type, "param": nullable(e.Param), "code": e.Status}}
+	body := openai.ErrorBody{Error: openai.Error{Code: e.Status, Message: e.Message, Param: nullable(e.Param), Type: e.Type}}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(e.Status)
 	json.NewEncoder(w).Encode(body) //nolint:errcheck // the client may be gone
 }
 
-func nullable(s string) any {
+// nullable is s, or nil (JSON null) for "".
+func nullable(s string) *string {
 	if s == "" {
 		return nil
 	}
-	return s
+	return &s
 }
 
 // genParams are the generation settings of a request, checked.

@@ -12,6 +12,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/lockstep-ai/lockstep/serve/openai"
+
 	"github.com/lockstep-ai/lockstep/executor"
 	"github.com/lockstep-ai/lockstep/model"
 )
@@ -268,12 +270,9 @@ func (s *Server) health(w http.ResponseWriter, _ *http.Request) {
 }
 
 func (s *Server) models(w http.ResponseWriter, _ *http.Request) {
-	m := map[string]any{"id": s.cfg.ModelName, "object": "model", "created": 0, "owned_by": "lockstep"}
-	if s.cfg.MaxModelLen > 0 {
-		m["max_model_len"] = s.cfg.MaxModelLen
-	}
+	m := openai.Model{ID: s.cfg.ModelName, Object: "model", OwnedBy: "lockstep", MaxModelLen: s.cfg.MaxModelLen}
 	w.Header().Set("Content-Type", "application/json")
-	json.NewEncoder(w).Encode(map[string]any{"object": "list", "data": []any{m}}) //nolint:errcheck
+	json.NewEncoder(w).Encode(openai.ModelList{Object: "list", Data: []openai.Model{m}}) //nolint:errcheck
 }
 
 func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
@@ -463,7 +462,7 @@ func (s *Server) answer(w http.ResponseWriter, r *http.Request, endpoint string,
 			return
 		}
 	}
-	out.done(text.String(), all, finish, usage{Prompt: c.prompt, Completion: len(all), Total: c.prompt + len(all)})
+	out.done(text.String(), all, finish, openai.Usage{Prompt: c.prompt, Completion: len(all), Total: c.prompt + len(all)})
 }
 
 // detach ends c's answer early and asks the ranks to withdraw the request

@@ -4,13 +4,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-)
 
-type usage struct {
-	Prompt     int `json:"prompt_tokens"`
-	Completion int `json:"completion_tokens"`
-	Total      int `json:"total_tokens"`
-}
+	"github.com/lockstep-ai/lockstep/serve/openai"
+)
 
 // writer renders a completion in the endpoint's shape: server-sent events
 // when streaming, one JSON body otherwise.
@@ -67,31 +63,36 @@ func (wr *writer) chunkObject() string {
 	return "text_completion"
 }
 
-// choice is one chunk's or body's choice.
-func (wr *writer) choice(text string, ids []int32, finish any, final bool) map[string]any {
-	c := map[string]any{"index": 0, "finish_reason": finish}
+// choice is one chunk's or body's choice; finish is nil while streaming.
+func (wr *writer) choice(text string, ids []int32, finish *string, final bool) openai.Choice {
+	c := openai.Choice{FinishReason: finish}
 	if wr.chat {
 		if final && !wr.p.Stream {
-			c["message"] = map[string]any{"role": "assistant", "content": text}
+			c.Message = &openai.Message{Role: "assistant", Content: text}
 		} else {
-			d := map[string]any{"content": text}
+			d := &openai.Message{Content: text}
 			if !wr.roleSent {
-				d["role"] = "assistant"
+				d.Role = "assistant"
 				wr.roleSent = true
 			}
-			c["delta"] = d
+			c.Delta = d
 		}
 	} else {
-		c["text"] = text
-		c["logprobs"] = nil
+		c.Text, c.Logprobs = &text, openai.NullLogprobs
 	}
 	if wr.p.ReturnTokenID {
 		if ids == nil {
 			ids = []int32{}
 		}
-		c["token_ids"] = ids
+		c.TokenIDs = &ids
 	}
 	return c
+}
+
+// chunk is a streamed chunk of choices (and usage).
+func (wr *writer) chunk(choices []openai.Choice, u *openai.Usage) openai.Completion {
+	return openai.Completion{ID: wr.id, Object: wr.chunkObject(), Created: wr.created, Model: wr.model,
+		Choices: choices, Usage: u}
 }
 
 // delta streams newly produced text (and ids); a no-op without streaming.
@@ -99,24 +100,21 @@ func (wr *writer) delta(text string, ids []int32) error {
 	if !wr.p.Stream || (text == "" && (len(ids) == 0 || !wr.p.ReturnTokenID) && wr.roleSent) {
 		return nil
 	}
-	return wr.event(map[string]any{"id": wr.id, "object": wr.chunkObject(), "created": wr.created, "model": wr.model,
-		"choices": []any{wr.choice(text, ids, nil, false)}})
+	return wr.event(wr.chunk([]openai.Choice{wr.choice(text, ids, nil, false)}, nil))
 }
 
 // done ends the completion.
-func (wr *writer) done(text string, ids []int32, finish string, u usage) {
+func (wr *writer) done(text string, ids []int32, finish string, u openai.Usage) {
 	if !wr.p.Stream {
-		body := map[string]any{"id": wr.id, "object": wr.object, "created": wr.created, "model": wr.model,
-			"choices": []any{wr.choice(text, ids, finish, true)}, "usage": u}
+		body := openai.Completion{ID: wr.id, Object: wr.object, Created: wr.created, Model: wr.model,
+			Choices: []openai.Choice{wr.choice(text, ids, &finish, true)}, Usage: &u}
 		wr.w.Header().Set("Content-Type", "application/json")
 		json.NewEncoder(wr.w).Encode(body) //nolint:errcheck // the client may be gone
 		return
 	}
-	wr.event(map[string]any{"id": wr.id, "object": wr.chunkObject(), "created": wr.created, "model": wr.model, //nolint:errcheck
-		"choices": []any{wr.choice("", nil, finish, false)}})
+	wr.event(wr.chunk([]openai.Choice{wr.choice("", nil, &finish, false)}, nil)) //nolint:errcheck
 	if wr.p.IncludeUsage {
-		wr.event(map[string]any{"id": wr.id, "object": wr.chunkObject(), "created": wr.created, "model": wr.model, //nolint:errcheck
-			"choices": []any{}, "usage": u})
+		wr.event(wr.chunk([]openai.Choice{}, &u)) //nolint:errcheck
 	}
 	fmt.Fprint(wr.w, "data: [DONE]\n\n") //nolint:errcheck
 	if wr.flusher != nil {
@@ -131,6 +129,6 @@ func (wr *writer) fail(e *apiError) {
 		writeError(wr.w, e)
 		return
 	}
-	wr.event(map[string]any{"error": map[string]any{"message": e.Message, "type": e.Type, "code": e.Status}}) //nolint:errcheck
-	fmt.Fprint(wr.w, "data: [DONE]\n\n")                                                                      //nolint:errcheck
+	wr.event(openai.StreamErrorEvent{Error: openai.StreamError{Code: e.Status, Message: e.Message, Type: e.Type}}) //nolint:errcheck
+	fmt.Fprint(wr.w, "data: [DONE]\n\n")                                                                           //nolint:errcheck
 }

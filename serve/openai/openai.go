@@ -1,0 +1,134 @@
+// Package openai holds the OpenAI-compatible wire structs of lockstep's HTTP
+// API: what `worker serve` writes (serve/writer.go) and what `worker
+// loadgen` sends and reads (serve/loadgen), so that the two cannot drift.
+//
+// Field order is alphabetical within each struct: the server's bytes are
+// those of the JSON objects it wrote before it had types (encoding/json
+// sorts map keys), so a client that compared them sees no change.
+// Fields only other servers send (vLLM's reasoning_content, an error
+// inside a stream) are decoded too and never written by lockstep.
+package openai
+
+import "encoding/json"
+
+// Usage is a completion's token counts.
+type Usage struct {
+	Prompt     int `json:"prompt_tokens"`
+	Completion int `json:"completion_tokens"`
+	Total      int `json:"total_tokens"`
+}
+
+// Message is a chat message of a response: the whole message of a
+// non-streamed chat completion, or the delta of a streamed chunk.
+type Message struct {
+	Content string `json:"content"`
+	// ReasoningContent is a reasoning model's thinking (vLLM, SGLang);
+	// lockstep never writes it.
+	ReasoningContent *string `json:"reasoning_content,omitempty"`
+	Role             string  `json:"role,omitempty"`
+}
+
+// Choice is one choice of a completion or chunk. A text completion has
+// Text and Logprobs (null); a chat completion has Message (whole) or Delta
+// (streamed). FinishReason is null until the last chunk.
+type Choice struct {
+	Delta        *Message        `json:"delta,omitempty"`
+	FinishReason *string         `json:"finish_reason"`
+	Index        int             `json:"index"`
+	Logprobs     json.RawMessage `json:"logprobs,omitempty"`
+	Message      *Message        `json:"message,omitempty"`
+	Text         *string         `json:"text,omitempty"`
+	// TokenIDs are the choice's output token ids (lockstep's and recent
+	// vLLM's "return_token_ids"); absent unless asked for.
+	TokenIDs *[]int32 `json:"token_ids,omitempty"`
+}
+
+// NullLogprobs is the logprobs value of a text completion's choice: null.
+var NullLogprobs = json.RawMessage("null")
+
+// Completion is a whole response or one streamed chunk, of either endpoint
+// (object "text_completion", "chat.completion" or "chat.completion.chunk").
+type Completion struct {
+	Choices []Choice `json:"choices"`
+	Created int64    `json:"created"`
+	// Error is another server's failure reported inside a stream or body
+	// (lockstep writes StreamError instead of a chunk).
+	Error json.RawMessage `json:"error,omitempty"`
+	ID    string          `json:"id"`
+	// Message is the text of a vLLM-style {"object": "error", "message": ...}.
+	Message string `json:"message,omitempty"`
+	Model   string `json:"model"`
+	Object  string `json:"object"`
+	Usage   *Usage `json:"usage,omitempty"`
+}
+
+// ErrorBody is the body of an HTTP error answer.
+type ErrorBody struct {
+	Error Error `json:"error"`
+}
+
+// Error is an OpenAI error object: the HTTP status as code, the parameter
+// at fault (null for none).
+type Error struct {
+	Code    int     `json:"code"`
+	Message string  `json:"message"`
+	Param   *string `json:"param"`
+	Type    string  `json:"type"`
+}
+
+// StreamErrorEvent is the event that ends a stream that failed after its
+// first chunk (the status line is already sent).
+type StreamErrorEvent struct {
+	Error StreamError `json:"error"`
+}
+
+// StreamError is the error of a StreamErrorEvent: an Error without param.
+type StreamError struct {
+	Code    int    `json:"code"`
+	Message string `json:"message"`
+	Type    string `json:"type"`
+}
+
+// ModelList is the answer of GET /v1/models.
+type ModelList struct {
+	Data   []Model `json:"data"`
+	Object string  `json:"object"` // "list"
+}
+
+// Model is one served model.
+type Model struct {
+	Created     int64  `json:"created"`
+	ID          string `json:"id"`
+	MaxModelLen int    `json:"max_model_len,omitempty"`
+	Object      string `json:"object"` // "model"
+	OwnedBy     string `json:"owned_by"`
+}
+
+// CompletionRequest is the body a client sends to /v1/completions or
+// /v1/chat/completions. ignore_eos and min_tokens are vLLM / SGLang /
+// TensorRT-LLM extensions; return_token_ids is lockstep's (and recent
+// vLLM's). The server decodes requests its own way (every field checked);
+// this is the client's shape.
+type CompletionRequest struct {
+	Model          string         `json:"model"`
+	Prompt         any            `json:"prompt,omitempty"` // a string or token ids
+	Messages       []ChatMessage  `json:"messages,omitempty"`
+	MaxTokens      int            `json:"max_tokens"`
+	MinTokens      int            `json:"min_tokens,omitempty"`
+	IgnoreEOS      bool           `json:"ignore_eos,omitempty"`
+	Temperature    float64        `json:"temperature"`
+	Stream         bool           `json:"stream"`
+	StreamOptions  *StreamOptions `json:"stream_options,omitempty"`
+	ReturnTokenIDs bool           `json:"return_token_ids,omitempty"`
+}
+
+// ChatMessage is one message of a chat request.
+type ChatMessage struct {
+	Role    string `json:"role"`
+	Content string `json:"content"`
+}
+
+// StreamOptions asks for a final usage chunk.
+type StreamOptions struct {
+	IncludeUsage bool `json:"include_usage"`
+}
