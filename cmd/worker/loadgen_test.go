@@ -17,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lockstep-ai/lockstep/serve/loadgen"
+
 	"github.com/lockstep-ai/lockstep/report"
 
 	"github.com/stretchr/testify/require"
@@ -232,15 +234,15 @@ func loadgenJSON(t *testing.T, ctx context.Context, wantErr string, args ...stri
 	return &rep, errb.String()
 }
 
-func readRecords(t *testing.T, path string) []loadgenRecord {
+func readRecords(t *testing.T, path string) []loadgen.Record {
 	f, err := os.Open(path)
 	require.NoError(t, err)
 	defer f.Close()
-	var recs []loadgenRecord
+	var recs []loadgen.Record
 	sc := bufio.NewScanner(f)
 	sc.Buffer(nil, 1<<20)
 	for sc.Scan() {
-		var r loadgenRecord
+		var r loadgen.Record
 		require.NoError(t, json.Unmarshal(sc.Bytes(), &r))
 		recs = append(recs, r)
 	}

@@ -10,10 +10,9 @@ package main
 
 import (
 	"errors"
-	"fmt"
 	"io"
-	"os"
-	"sync"
+
+	"github.com/lockstep-ai/lockstep/report"
 
 	"github.com/lockstep-ai/lockstep/internal/usage"
 
@@ -22,72 +21,12 @@ import (
 	"github.com/lockstep-ai/lockstep/nccl"
 )
 
-// outputFile is one output. Writes are serialised (ranks of one process
-// share a file when its path has no {rank}) and never fail: the first error
-// is kept for close and reported once through onFail.
-type outputFile struct {
-	flag, path string
-	w          io.Writer
-	f          *os.File // nil for standard error, which is not closed
-	onFail     func(error)
-
-	mu     sync.Mutex
-	err    error
-	closed bool
-}
-
-// createOutput creates (or truncates) path for flag. "-" is standard error
-// where allowStderr is set.
-func createOutput(flag, path string, allowStderr bool, onFail func(error)) (*outputFile, error) {
-	out := &outputFile{flag: flag, path: path, onFail: onFail}
-	if path == "-" && allowStderr {
-		out.w = os.Stderr
-		return out, nil
-	}
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
-	if err != nil {
-		return nil, fmt.Errorf("%s %q cannot be written: %w", flag, path, err)
-	}
-	out.w, out.f = f, f
-	return out, nil
-}
-
-// Write implements io.Writer; see outputFile.
-func (o *outputFile) Write(b []byte) (int, error) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	if o.err == nil && !o.closed {
-		if _, err := o.w.Write(b); err != nil {
-			o.err = fmt.Errorf("%s: writing %s failed: %w", o.flag, o.path, err)
-			if o.onFail != nil {
-				o.onFail(o.err)
-			}
-		}
-	}
-	return len(b), nil
-}
-
-// close closes the file once and returns its first error (write or close).
-func (o *outputFile) close() error {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	if !o.closed {
-		o.closed = true
-		if o.f != nil {
-			if err := o.f.Close(); err != nil && o.err == nil {
-				o.err = fmt.Errorf("%s: closing %s failed: %w", o.flag, o.path, err)
-			}
-		}
-	}
-	return o.err
-}
-
 // outputFiles are this process's outputs.
 type outputFiles struct {
-	requests *outputFile   // --requests-out; nil when unset or not rank 0's process
-	events   *outputFile   // --kv-events; nil when unset or not rank 0's process
-	iterLogs []*outputFile // --iter-log per rank; nil for ranks not logged here
-	all      []*outputFile
+	requests *report.OutputFile   // --requests-out; nil when unset or not rank 0's process
+	events   *report.OutputFile   // --kv-events; nil when unset or not rank 0's process
+	iterLogs []*report.OutputFile // --iter-log per rank; nil for ranks not logged here
+	all      []*report.OutputFile
 }
 
 // openOutputs creates this process's outputs for a world of world ranks.
@@ -96,10 +35,10 @@ type outputFiles struct {
 // requests and the event stream. warn reports one-off warnings (ignored
 // TLLM_PROFILE_LOG_RANKS entries, a write that failed during the run).
 func openOutputs(o *serveOptions, world, only int, logRanks string, warn func(string)) (*outputFiles, error) {
-	outs := &outputFiles{iterLogs: make([]*outputFile, world)}
+	outs := &outputFiles{iterLogs: make([]*report.OutputFile, world)}
 	onFail := func(err error) { warn(err.Error() + "; the run goes on, the file is incomplete") }
-	open := func(flag, path string, allowStderr bool) (*outputFile, error) {
-		f, err := createOutput(flag, path, allowStderr, onFail)
+	open := func(flag, path string, allowStderr bool) (*report.OutputFile, error) {
+		f, err := report.CreateOutput(flag, path, allowStderr, onFail)
 		if err != nil {
 			outs.close() //nolint:errcheck // the open error is the one to report
 			return nil, usage.Wrap(err)
@@ -129,7 +68,7 @@ func openOutputs(o *serveOptions, world, only int, logRanks string, warn func(st
 	if err != nil {
 		return nil, usage.Wrap(err)
 	}
-	byPath := map[string]*outputFile{}
+	byPath := map[string]*report.OutputFile{}
 	for r, p := range paths {
 		if p == "" {
 			continue
@@ -180,7 +119,7 @@ func (s *outputFiles) close() error {
 	}
 	var errs []error
 	for _, f := range s.all {
-		if err := f.close(); err != nil {
+		if err := f.Close(); err != nil {
 			errs = append(errs, err)
 		}
 	}
