@@ -77,14 +77,14 @@ func (c Config) validate() error {
 	switch {
 	case c.NumPages <= 0:
 		return fmt.Errorf("kvpool: NumPages must be positive, got %d", c.NumPages)
-	case c.NumPages > maxPages:
-		return fmt.Errorf("kvpool: NumPages must be at most %d (int32 page indices), got %d", maxPages, c.NumPages)
+	case c.NumPages > MaxPages:
+		return fmt.Errorf("kvpool: NumPages must be at most %d (int32 page indices), got %d", MaxPages, c.NumPages)
 	case c.TokensPerPage <= 0:
 		return fmt.Errorf("kvpool: TokensPerPage must be positive, got %d", c.TokensPerPage)
 	case c.HostPages < 0:
 		return fmt.Errorf("kvpool: HostPages must not be negative (0 = no host tier), got %d", c.HostPages)
-	case c.HostPages > maxPages:
-		return fmt.Errorf("kvpool: HostPages must be at most %d, got %d", maxPages, c.HostPages)
+	case c.HostPages > MaxPages:
+		return fmt.Errorf("kvpool: HostPages must be at most %d, got %d", MaxPages, c.HostPages)
 	case c.MaxSeqLen < 0:
 		return fmt.Errorf("kvpool: MaxSeqLen must not be negative (0 = unlimited), got %d", c.MaxSeqLen)
 	case c.PageTableRows < 0 || c.ReservedIndexSlots < 0:
@@ -119,9 +119,9 @@ func (c Config) validate() error {
 	return nil
 }
 
-// maxPages bounds page counts so that every page index fits an int32 (the
+// MaxPages bounds page counts so that every page index fits an int32 (the
 // engine's block-table element type).
-const maxPages = 1<<31 - 1
+const MaxPages = 1<<31 - 1
 
 // defaultMaxUtilForResume is the spec default of max_util_for_resume.
 const defaultMaxUtilForResume = 0.97

@@ -104,7 +104,7 @@ func PagesFromBytes(bytes, pageBytes int64) int {
 	if pageBytes <= 0 || bytes <= 0 {
 		return 0
 	}
-	return int(min(bytes/pageBytes, maxPages))
+	return int(min(bytes/pageBytes, MaxPages))
 }
 
 // HostQuotaInput holds what the host-quota rule (§3.4) reads on one rank.

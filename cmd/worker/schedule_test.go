@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/lockstep-ai/lockstep/scheduler/sim/scenario"
+
 	"github.com/stretchr/testify/require"
 
 	"github.com/lockstep-ai/lockstep/scheduler/sim"
@@ -242,8 +244,8 @@ func TestScheduleHostTier(t *testing.T) {
 // the iteration limit with requests unfinished exits non-zero naming them,
 // after printing the iterations it ran.
 func TestScheduleLimitReachedIsAnError(t *testing.T) {
-	defer func(n int) { dryRunMaxIterations = n }(dryRunMaxIterations)
-	dryRunMaxIterations = 50
+	defer func(n int) { scenario.MaxIterations = n }(scenario.MaxIterations)
+	scenario.MaxIterations = 50
 	// Each request alone finishes in 40 iterations, but one at a time they
 	// need 80.
 	path := filepath.Join(t.TempDir(), "s.json")

@@ -242,8 +242,8 @@ func (o *serveOptions) validate() error {
 		name string
 		v    int
 	}{{"pages", o.pages}, {"host-pages", o.hostPages}} {
-		if p.v > maxPoolPages {
-			return usage.Errorf("%s must be at most %d (int32 page indices), got %d", o.src(p.name), maxPoolPages, p.v)
+		if p.v > kvpool.MaxPages {
+			return usage.Errorf("%s must be at most %d (int32 page indices), got %d", o.src(p.name), kvpool.MaxPages, p.v)
 		}
 	}
 	if err := o.validateScales(); err != nil {
