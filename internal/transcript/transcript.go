@@ -135,6 +135,15 @@ func (c *Command) Ints(key string) []int {
 	return out
 }
 
+// RawLine returns the directive as written, for a handler that parses it
+// itself; Run then does not check its keys.
+func (c *Command) RawLine() string {
+	for _, k := range c.keys {
+		c.used[k] = true
+	}
+	return c.Line
+}
+
 // Fatalf fails the story at this command.
 func (c *Command) Fatalf(format string, args ...any) {
 	c.t.Helper()
