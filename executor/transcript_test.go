@@ -48,6 +48,8 @@ var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of execut
 //	iters [from=N] [to=N]      the iterations [from, to] (default: all), each as
 //	                           "iter N", one plan line per rank and one trace line
 //	responses                  rank 0's responses in id order
+//	events                     the published KV event stream (rank 0's
+//	                           EventSink, JSON lines as written)
 //	pools                      every rank's KV pool after the run
 //
 // A plan line reads "rN: ctx ID+CHUNK@POS ... | gen IDS | paused IDS |
@@ -92,6 +94,7 @@ type storyRank struct {
 	pool   *kvpool.Manager
 	plan   *planRecorder
 	log    bytes.Buffer
+	events bytes.Buffer // the published KV event stream (rank 0)
 	recs   map[int64]executor.IterRecord
 	result *executor.Result
 	err    error
@@ -115,6 +118,9 @@ func (s *fleetStory) do(c *transcript.Command) string {
 	case "pools":
 		s.ran(c)
 		return s.pools()
+	case "events":
+		s.ran(c)
+		return strings.TrimSpace(s.ranks[0].events.String())
 	}
 	c.Fatalf("unknown command %q", c.Name)
 	return ""
@@ -225,7 +231,7 @@ func (s *fleetStory) run(c *transcript.Command) string {
 		}
 		ec := executor.Config{Rank: i, Ranks: cfg.ranks, Scheduler: cfg.sched, Overlap: cfg.overlap,
 			IterLog: &rr.log, MaxIdleSleep: time.Millisecond, Events: cfg.events > 0,
-			EventBufferMaxSize: cfg.events}
+			EventBufferMaxSize: cfg.events, EventSink: &rr.events}
 		if execs[i], err = executor.New(ec, d); err != nil {
 			return "error: " + err.Error()
 		}
