@@ -2,6 +2,7 @@ package executor_test
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -379,7 +380,7 @@ func (s *fleetStory) planLine(rr *storyRank, it int64) string {
 
 func (s *fleetStory) responses() string {
 	rs := slices.Clone(s.ranks[0].result.Responses)
-	slices.SortFunc(rs, func(a, b executor.Response) int { return int(a.ID) - int(b.ID) })
+	slices.SortFunc(rs, func(a, b executor.Response) int { return cmp.Compare(a.ID, b.ID) })
 	var b strings.Builder
 	for _, r := range rs {
 		fmt.Fprintf(&b, "%d: rank %d output %v suspended %d recomputed %d", r.ID, r.Rank, r.Output, r.Suspended, r.Recomputed)
