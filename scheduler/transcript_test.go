@@ -3,12 +3,11 @@ package scheduler_test
 import (
 	"flag"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 
+	"github.com/lockstep-ai/lockstep/internal/transcript"
 	"github.com/lockstep-ai/lockstep/scheduler"
 	"github.com/lockstep-ai/lockstep/scheduler/sim"
 )
@@ -31,83 +30,14 @@ var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of schedu
 // config keys: batch, max_num_tokens (or "unlimited"), chunking (on/off),
 // unit, policy, recompute (on/off), host (on/off), pages, page, o, d, r, u, k.
 func TestTranscripts(t *testing.T) {
-	files, err := filepath.Glob("testdata/*.txt")
-	if err != nil || len(files) == 0 {
-		t.Fatalf("no transcripts: %v", err)
-	}
-	for _, file := range files {
-		t.Run(filepath.Base(file), func(t *testing.T) { runTranscript(t, file) })
-	}
+	transcript.RunDir(t, "testdata/*.txt", *rewrite, func(t *testing.T) func(*transcript.Command) string {
+		h := &story{t: t}
+		return func(c *transcript.Command) string { return h.do(c.RawLine()) }
+	})
 }
 
-type block struct {
-	pre      []string // commentary and blank lines before the directive
-	cmd      string
-	expected string
-}
-
-func parseTranscript(t *testing.T, file string) ([]block, []string) {
-	raw, err := os.ReadFile(file)
-	if err != nil {
-		t.Fatal(err)
-	}
-	lines := strings.Split(strings.TrimRight(string(raw), "\n"), "\n")
-	var blocks []block
-	var pre []string
-	for i := 0; i < len(lines); i++ {
-		l := lines[i]
-		if l == "" || strings.HasPrefix(l, "#") {
-			pre = append(pre, l)
-			continue
-		}
-		if i+1 >= len(lines) || lines[i+1] != "----" {
-			t.Fatalf("%s:%d: directive %q must be followed by ----", file, i+1, l)
-		}
-		j := i + 2
-		var out []string
-		for j < len(lines) && lines[j] != "" {
-			out = append(out, lines[j])
-			j++
-		}
-		blocks = append(blocks, block{pre: pre, cmd: l, expected: strings.Join(out, "\n")})
-		pre = nil
-		i = j // skip the blank line that ends the block
-	}
-	return blocks, pre
-}
-
-func runTranscript(t *testing.T, file string) {
-	blocks, tail := parseTranscript(t, file)
-	h := &transcript{t: t}
-	var b strings.Builder
-	for i, bl := range blocks {
-		got := strings.TrimRight(h.do(bl.cmd), "\n")
-		for _, p := range bl.pre {
-			b.WriteString(p + "\n")
-		}
-		b.WriteString(bl.cmd + "\n----\n")
-		if got != "" {
-			b.WriteString(got + "\n")
-		}
-		if i < len(blocks)-1 || len(tail) > 0 {
-			b.WriteString("\n")
-		}
-		if !*rewrite && got != bl.expected {
-			t.Errorf("%s: %s\n--- got\n%s\n--- want\n%s", file, bl.cmd, got, bl.expected)
-		}
-	}
-	for _, p := range tail {
-		b.WriteString(p + "\n")
-	}
-	if *rewrite {
-		if err := os.WriteFile(file, []byte(b.String()), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-}
-
-// transcript is the state of one story.
-type transcript struct {
+// story is the state of one transcript.
+type story struct {
 	t     *testing.T
 	cfg   scheduler.Config
 	kv    *scheduler.FakeKV
@@ -124,7 +54,7 @@ func args(fields []string) map[string]string {
 	return m
 }
 
-func (h *transcript) num(a map[string]string, key string, def int64) int64 {
+func (h *story) num(a map[string]string, key string, def int64) int64 {
 	v, ok := a[key]
 	if !ok {
 		return def
@@ -136,7 +66,7 @@ func (h *transcript) num(a map[string]string, key string, def int64) int64 {
 	return n
 }
 
-func (h *transcript) do(cmd string) string {
+func (h *story) do(cmd string) string {
 	f := strings.Fields(cmd)
 	a := args(f[1:])
 	switch f[0] {
@@ -164,7 +94,7 @@ func (h *transcript) do(cmd string) string {
 	return ""
 }
 
-func (h *transcript) config(a map[string]string) string {
+func (h *story) config(a map[string]string) string {
 	c := scheduler.DefaultConfig()
 	c.MaxBatchSize = int(h.num(a, "batch", 100))
 	if a["max_num_tokens"] == "unlimited" {
@@ -196,7 +126,7 @@ func (h *transcript) config(a map[string]string) string {
 	return s.Describe()
 }
 
-func (h *transcript) start() {
+func (h *story) start() {
 	if h.sim != nil {
 		return
 	}
@@ -221,7 +151,7 @@ func list(ids []uint64) string {
 	return strings.Join(s, " ")
 }
 
-func (h *transcript) run(n int) string {
+func (h *story) run(n int) string {
 	h.start()
 	var b strings.Builder
 	for i := 0; i < n; i++ {
@@ -259,9 +189,9 @@ func (h *transcript) run(n int) string {
 	return b.String()
 }
 
-func (h *transcript) kvPages() bool { return h.kv.Pages() > 0 }
+func (h *story) kvPages() bool { return h.kv.Pages() > 0 }
 
-func (h *transcript) state() string {
+func (h *story) state() string {
 	h.start()
 	var b strings.Builder
 	for _, r := range h.sim.Active {
