@@ -77,7 +77,7 @@ FUZZTIME ?= 20s
 fuzz:
 	GO=$(GO) scripts/fuzz-one.sh ./kvpool 'FuzzPoolOperations' $(FUZZTIME)
 	GO=$(GO) scripts/fuzz-one.sh ./workload 'FuzzRead' $(FUZZTIME)
-	GO=$(GO) scripts/fuzz-one.sh ./cmd/worker '^FuzzConfigYAML$$' $(FUZZTIME)
+	GO=$(GO) scripts/fuzz-one.sh ./fleet '^FuzzConfigYAML$$' $(FUZZTIME)
 	GO=$(GO) scripts/fuzz-one.sh ./scheduler/sim/scenario '^FuzzScenario$$' $(FUZZTIME)
 	GO=$(GO) scripts/fuzz-one.sh ./scheduler/sim/scenario '^FuzzScenarioRun$$' $(FUZZTIME)
 	GO=$(GO) scripts/fuzz-one.sh ./nccl 'FuzzStoreFrames' $(FUZZTIME)

@@ -1,502 +1,58 @@
 package main
 
+// `worker eval`: the flags of the evaluation package's side-by-side runs of
+// the equal-cost, demotion and online-calibrator configurations (docs/eval.md).
+
 import (
-	"encoding/json"
 	"errors"
 	"flag"
-	"fmt"
 	"io"
-	"math"
-	"os"
-	"path/filepath"
-	"slices"
-	"strconv"
-	"strings"
-	"time"
 
-	"github.com/lockstep-ai/lockstep/report"
-
+	"github.com/lockstep-ai/lockstep/eval"
 	"github.com/lockstep-ai/lockstep/internal/usage"
-
-	"github.com/lockstep-ai/lockstep/scheduler/costfit"
 )
-
-// `worker eval` runs the seed's workflow and its policies side by side and
-// writes a report directory (issue 11; docs/eval.md):
-//
-//	A  token budget only (equal-cost off), iteration logs on every rank
-//	B  equal-cost chunking with the (O, D) `worker calibrate` fits from A's logs
-//	C  B + long-prefill demotion + the conversation-aware router
-//	D  C with ctx_cost auto (the online calibrator) instead of the fitted values
-//
-// on two workloads of the same trace: context servers (every request
-// generates its first token only: the disaggregated prefill ranks the
-// calibration was designed on, where A's logs come from) and aggregated
-// serving (prefill and decode on the same ranks), each at a saturating load,
-// and the aggregated one also at the trace's own pace.
-
-// evalOptions are the command's flags.
-type evalOptions struct {
-	engine, gpu, model, trace, out, logLevel  string
-	ranks, limit, maxNumTokens, tokensPerPage int
-	maxBatchSize, maxActive                   int
-	demote, longPrefill                       int
-	saturation                                float64
-	cpu                                       bool
-	jsonOut                                   bool
-}
-
-// evalRun is one run of the evaluation: its configuration, load and
-// command line, and what came out.
-type evalRun struct {
-	Config   string   `json:"config"`   // A, B, C, D (or "capacity")
-	Workload string   `json:"workload"` // context, aggregated
-	Load     string   `json:"load"`     // trace, saturated, all-at-once
-	Engine   string   `json:"engine"`
-	Scale    float64  `json:"arrival_scale"`
-	Command  string   `json:"command"`
-	Env      []string `json:"env,omitempty"`
-
-	Completed      int                `json:"completed"`
-	WasteMean      float64            `json:"lockstep_waste_mean"`
-	WasteP90       float64            `json:"lockstep_waste_p90"`
-	PrefillTokPerS float64            `json:"prefill_tokens_per_s"`
-	OutputTokPerS  float64            `json:"output_tokens_per_s"`
-	DurationS      float64            `json:"duration_s"`
-	TTFTShort      report.Percentiles `json:"ttft_short_ms"`
-	TTFTLong       report.Percentiles `json:"ttft_long_ms"`
-	E2ELong        report.Percentiles `json:"e2e_long_ms"`
-	TPOT           report.Percentiles `json:"tpot_ms"`
-	ShortN, LongN  int
-	Preemptions    int     `json:"preemptions"`
-	Offset         int64   `json:"kv_cost_offset"`
-	Threshold      int64   `json:"kv_depth_threshold"`
-	Published      bool    `json:"published,omitempty"` // D: the online calibrator published (O, D)
-	WallS          float64 `json:"wall_s"`
-
-	busy  [][]float32 // per forward iteration, per rank (ms)
-	waste []float64   // per forward iteration
-	ttftS []float64   // short requests' TTFT (ms)
-	ttftL []float64   // long prefills' TTFT (ms)
-}
 
 // runEval is `worker eval`.
 func runEval(args []string, stdout, stderr io.Writer) error {
-	var e evalOptions
+	e := eval.Defaults()
+	var jsonOut bool
 	fs := flag.NewFlagSet("eval", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.StringVar(&e.engine, "engine", "twin", "engine of the main evaluation: twin (cpu runs a small real-compute check with --cpu)")
-	fs.StringVar(&e.gpu, "gpu", "h200", "the twin's GPU")
-	fs.StringVar(&e.model, "model", "deepseek-v3", "the twin's model (the MLA + MoE preset the seed was tuned on)")
-	fs.IntVar(&e.ranks, "ranks", 8, "attention-DP ranks")
-	fs.StringVar(&e.trace, "trace", "", "Mooncake trace (required)")
-	fs.IntVar(&e.limit, "limit", 3000, "the first N requests of the trace (0 = all); bounds the evaluation's time")
-	fs.StringVar(&e.out, "out", "", "report directory (required; created)")
-	fs.IntVar(&e.maxNumTokens, "max-num-tokens", 8192, "token budget M per rank and iteration")
-	fs.IntVar(&e.tokensPerPage, "tokens-per-page", 32, "tokens per KV page")
-	fs.IntVar(&e.maxBatchSize, "max-batch-size", 256, "requests per rank and iteration")
-	fs.IntVar(&e.maxActive, "max-active-per-rank", 256, "router cap of active requests per rank (the rest waits in the router)")
-	fs.IntVar(&e.demote, "demote-uncached", 16384, "configuration C: long-prefill demotion threshold U (uncached prompt tokens)")
-	fs.IntVar(&e.longPrefill, "long-prefill", 16384, "requests whose uncached prompt is at least this many tokens are long prefills in the report; the others are short turns")
-	fs.Float64Var(&e.saturation, "saturation", 1.1, "offered prefill load of the saturated runs, as a multiple of the fleet's measured context capacity")
-	fs.BoolVar(&e.cpu, "cpu", true, "also run configurations A–D on the CPU engine at small scale (real compute, wall clock)")
-	fs.BoolVar(&e.jsonOut, "json", false, "print the summary as JSON on stdout (report.md and summary.json are written either way)")
-	fs.StringVar(&e.logLevel, "log-level", "warn", "log level of the runs (their logs go to OUT/logs/)")
+	fs.StringVar(&e.Engine, "engine", e.Engine, "engine of the main evaluation: twin (cpu runs a small real-compute check with --cpu)")
+	fs.StringVar(&e.GPU, "gpu", e.GPU, "the twin's GPU")
+	fs.StringVar(&e.Model, "model", e.Model, "the twin's model (the MLA + MoE preset the seed was tuned on)")
+	fs.IntVar(&e.Ranks, "ranks", e.Ranks, "attention-DP ranks")
+	fs.StringVar(&e.Trace, "trace", e.Trace, "Mooncake trace (required)")
+	fs.IntVar(&e.Limit, "limit", e.Limit, "the first N requests of the trace (0 = all); bounds the evaluation's time")
+	fs.StringVar(&e.Out, "out", e.Out, "report directory (required; created)")
+	fs.IntVar(&e.MaxNumTokens, "max-num-tokens", e.MaxNumTokens, "token budget M per rank and iteration")
+	fs.IntVar(&e.TokensPerPage, "tokens-per-page", e.TokensPerPage, "tokens per KV page")
+	fs.IntVar(&e.MaxBatchSize, "max-batch-size", e.MaxBatchSize, "requests per rank and iteration")
+	fs.IntVar(&e.MaxActive, "max-active-per-rank", e.MaxActive, "router cap of active requests per rank (the rest waits in the router)")
+	fs.IntVar(&e.Demote, "demote-uncached", e.Demote, "configuration C: long-prefill demotion threshold U (uncached prompt tokens)")
+	fs.IntVar(&e.LongPrefill, "long-prefill", e.LongPrefill, "requests whose uncached prompt is at least this many tokens are long prefills in the report; the others are short turns")
+	fs.Float64Var(&e.Saturation, "saturation", e.Saturation, "offered prefill load of the saturated runs, as a multiple of the fleet's measured context capacity")
+	fs.BoolVar(&e.CPU, "cpu", e.CPU, "also run configurations A–D on the CPU engine at small scale (real compute, wall clock)")
+	fs.BoolVar(&jsonOut, "json", false, "print the summary as JSON on stdout (report.md and summary.json are written either way)")
+	fs.StringVar(&e.LogLevel, "log-level", e.LogLevel, "log level of the runs (their logs go to OUT/logs/)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return err
 		}
 		return usage.Wrap(err)
 	}
-	switch {
-	case fs.NArg() > 0:
+	if fs.NArg() > 0 {
 		return usage.Errorf("unexpected arguments: %v", fs.Args())
-	case e.trace == "":
-		return usage.Errorf("--trace is required (e.g. ../shared/data/mooncake/conversation_trace.jsonl)")
-	case e.out == "":
-		return usage.Errorf("--out DIR is required")
-	case e.engine != "twin":
-		return usage.Errorf("--engine %q: the evaluation runs on the twin (add --cpu for the CPU engine's small-scale check)", e.engine)
-	case !(e.saturation > 0):
-		return usage.Errorf("--saturation must be positive, got %v", e.saturation)
 	}
-	for _, d := range []string{e.out, filepath.Join(e.out, "logs"), filepath.Join(e.out, "iter")} {
-		if err := os.MkdirAll(d, 0o755); err != nil {
-			return fmt.Errorf("--out: %w", err)
-		}
-	}
-	start := time.Now()
-	ev := &evaluation{opt: e, stderr: stderr}
-	if err := ev.twin(); err != nil {
+	if err := e.Validate(); err != nil {
 		return err
 	}
-	if e.cpu {
-		if err := ev.cpuCheck(); err != nil {
-			return err
-		}
-	}
-	ev.wall = time.Since(start)
-	if err := ev.write(); err != nil {
+	ev, err := eval.Run(e, stderr)
+	if err != nil {
 		return err
 	}
-	fmt.Fprintf(stderr, "worker eval: %d runs in %.0f s; report: %s\n", len(ev.runs), ev.wall.Seconds(), filepath.Join(e.out, "report.md"))
-	if e.jsonOut {
-		return ev.writeSummary(stdout)
+	if jsonOut {
+		return ev.WriteSummary(stdout)
 	}
 	return nil
-}
-
-// evaluation is one `worker eval` in progress.
-type evaluation struct {
-	opt    evalOptions
-	stderr io.Writer
-	runs   []*evalRun
-	wall   time.Duration
-
-	capacity float64 // context capacity, prefill tokens/s (context-only, everything at once)
-	demand   float64 // the trace slice's prompt tokens per second at its own pace
-	satScale float64 // arrival scale of the saturated runs
-	fit      *fitOutcome
-	cpuFit   *fitOutcome
-	cpuNote  string
-}
-
-// fitOutcome is the calibration of A's logs: the result or why it failed.
-type fitOutcome struct {
-	result *costfit.Result
-	err    error
-	text   string // §8.3 output
-	logs   string // the {rank} path fitted
-}
-
-// twin runs the evaluation on the twin.
-func (ev *evaluation) twin() error {
-	e := ev.opt
-	base := []string{"--engine", "twin", "--gpu", e.gpu, "--model", e.model, "--pages", "0", "--ranks", strconv.Itoa(e.ranks),
-		"--trace", e.trace, "--limit", strconv.Itoa(e.limit), "--max-num-tokens", strconv.Itoa(e.maxNumTokens),
-		"--tokens-per-page", strconv.Itoa(e.tokensPerPage), "--max-batch-size", strconv.Itoa(e.maxBatchSize),
-		"--max-active-per-rank", strconv.Itoa(e.maxActive)}
-	// 1. The fleet's context capacity: context servers, everything at once.
-	capRun, err := ev.run("capacity", "context", "all-at-once", append(slices.Clone(base), "--context-only", "--arrival-scale", "0"), nil, "")
-	if err != nil {
-		return err
-	}
-	ev.capacity = capRun.PrefillTokPerS
-	reqs, err := ev.traceDemand(base)
-	if err != nil {
-		return err
-	}
-	ev.demand = reqs
-	if ev.capacity <= 0 || ev.demand <= 0 {
-		return fmt.Errorf("eval: no context capacity (%.0f tokens/s) or demand (%.0f tokens/s) measured", ev.capacity, ev.demand)
-	}
-	ev.satScale = ev.demand / (ev.capacity * e.saturation)
-	sat := strconv.FormatFloat(ev.satScale, 'g', 4, 64)
-	fmt.Fprintf(ev.stderr, "worker eval: context capacity %.0f prefill tokens/s; the trace offers %.0f (load %.2f); saturated runs at --arrival-scale %s (load %.2f)\n",
-		ev.capacity, ev.demand, ev.demand/ev.capacity, sat, e.saturation)
-
-	// 2. Context servers: A with iteration logs on every rank, then the fit.
-	logs := filepath.Join(e.out, "iter", "A-context.{rank}.jsonl")
-	ctx := append(slices.Clone(base), "--context-only", "--arrival-scale", sat)
-	if _, err := ev.run("A", "context", "saturated", ctx, nil, logs); err != nil {
-		return err
-	}
-	ev.fit = ev.calibrate(logs, int64(e.maxNumTokens), filepath.Join(e.out, "calibration.png"))
-	// 3. Every configuration on both workloads.
-	for _, w := range []struct {
-		workload, load string
-		args           []string
-	}{
-		{"context", "saturated", ctx},
-		{"aggregated", "trace", append(slices.Clone(base), "--arrival-scale", "1")},
-		{"aggregated", "saturated", append(slices.Clone(base), "--arrival-scale", sat)},
-	} {
-		for _, c := range []string{"A", "B", "C", "D"} {
-			if c == "A" && w.workload == "context" {
-				continue // ran above, with logs
-			}
-			args, env, ok := ev.configure(c, w.args, ev.fit)
-			if !ok {
-				continue
-			}
-			if _, err := ev.run(c, w.workload, w.load, args, env, ""); err != nil {
-				return err
-			}
-		}
-	}
-	return nil
-}
-
-// configure adds configuration c's settings to args (and environment):
-// B the fitted (O, D), C B + demotion + the conversation-aware router,
-// D C with the online calibrator. ok is false when c needs a fit that
-// failed.
-func (ev *evaluation) configure(c string, args []string, fit *fitOutcome) ([]string, []string, bool) {
-	args = slices.Clone(args)
-	var env []string
-	if c == "A" {
-		return args, nil, true
-	}
-	if c == "B" || c == "C" {
-		if fit == nil || fit.err != nil {
-			return nil, nil, false
-		}
-		env = []string{fmt.Sprintf("TLLM_V2_CTX_COST_KV_OFFSET=%d", fit.result.Offset),
-			fmt.Sprintf("TLLM_V2_CTX_COST_KV_DEPTH_THRESHOLD=%d", fit.result.Threshold)}
-	}
-	if c == "C" || c == "D" {
-		env = append(env, fmt.Sprintf("TLLM_V2_CTX_DEMOTE_UNCACHED_TOKENS=%d", ev.opt.demote))
-		args = append(args, "--router", "conversation", "--infer-conversations")
-	}
-	if c == "D" {
-		args = append(args, "--ctx-cost", "auto")
-	}
-	return args, env, true
-}
-
-// traceDemand is the trace slice's prompt tokens per second at its own pace.
-func (ev *evaluation) traceDemand(base []string) (float64, error) {
-	o, err := parseRunOptions(append(slices.Clone(base), "--arrival-scale", "1"), ev.stderr)
-	if err != nil {
-		return 0, err
-	}
-	reqs, err := o.loadWorkload(o.ranks)
-	if err != nil {
-		return 0, err
-	}
-	var tokens float64
-	var last time.Duration
-	for i := range reqs {
-		tokens += float64(reqs[i].Len())
-		last = max(last, reqs[i].Arrival)
-	}
-	if last <= 0 {
-		return 0, nil
-	}
-	return tokens / last.Seconds(), nil
-}
-
-// run executes one `worker run` in process with args (its environment: env
-// only, plus TLLM_PROFILE_LOG_RANKS=all with iteration logs) and reduces
-// its outcome.
-func (ev *evaluation) run(config, workloadName, load string, args, env []string, iterLog string) (*evalRun, error) {
-	e := ev.opt
-	name := fmt.Sprintf("%s-%s-%s-%s", config, workloadName, load, engineOf(args))
-	args = append(args, "--progress", "off", "--log-level", e.logLevel)
-	if iterLog != "" {
-		args = append(args, "--iter-log", iterLog)
-		env = append(env, "TLLM_PROFILE_LOG_RANKS=all")
-	}
-	vars := map[string]string{}
-	for _, kv := range env {
-		k, v, _ := strings.Cut(kv, "=")
-		vars[k] = v
-	}
-	getenv := func(k string) string { return vars[k] }
-	logf, err := os.Create(filepath.Join(e.out, "logs", name+".log"))
-	if err != nil {
-		return nil, err
-	}
-	defer logf.Close()
-	o, err := parseRunOptions(args, logf)
-	if err != nil {
-		return nil, fmt.Errorf("eval run %s: %w", name, err)
-	}
-	o.recordBusy = true
-	fmt.Fprintf(ev.stderr, "worker eval: %s ...", name)
-	t := time.Now()
-	out, err := o.execute(logf, getenv)
-	if err != nil {
-		fmt.Fprintln(ev.stderr, " failed")
-		return nil, fmt.Errorf("eval run %s (log %s): %w", name, logf.Name(), err)
-	}
-	fmt.Fprintf(ev.stderr, " %.1f s\n", time.Since(t).Seconds())
-	r := &evalRun{Config: config, Workload: workloadName, Load: load, Engine: o.engine, Env: env,
-		Command: strings.Join(append(envPrefix(env), append([]string{"bin/worker", "run"}, quoteArgs(args)...)...), " ")}
-	r.Scale = o.arrivalScale
-	ev.reduce(r, o, out)
-	ev.runs = append(ev.runs, r)
-	return r, nil
-}
-
-// reduce computes a run's figures from its outcome.
-func (ev *evaluation) reduce(r *evalRun, o *serveOptions, out *runOutcome) {
-	rep := out.rep
-	r.Completed, r.DurationS, r.WallS = rep.Requests.Completed, rep.DurationS, rep.WallS
-	r.PrefillTokPerS, r.OutputTokPerS = rep.PrefillTokPerS, rep.OutputTokPerS
-	r.Preemptions = rep.Preemptions.Suspended + rep.Preemptions.Recompute
-	r.busy = out.res.rank0.Busy
-	for _, it := range r.busy {
-		var sum, mx float64
-		for _, b := range it {
-			sum += float64(b)
-			mx = max(mx, float64(b))
-		}
-		if mx > 0 {
-			r.waste = append(r.waste, 1-sum/float64(len(it))/mx)
-		}
-	}
-	if len(r.waste) > 0 {
-		var s float64
-		for _, w := range r.waste {
-			s += w
-		}
-		r.WasteMean = report.Round(s/float64(len(r.waste)), 4)
-		sorted := slices.Clone(r.waste)
-		slices.Sort(sorted)
-		r.WasteP90 = report.Round(sorted[min(len(sorted)-1, int(math.Ceil(0.9*float64(len(sorted))))-1)], 4)
-	}
-	var e2eL, tpot []float64
-	for i, resp := range report.ByIndex(len(out.reqs), out.res.rank0.Responses) {
-		if resp == nil || resp.Error != "" {
-			continue
-		}
-		ttft := report.MSBetween(resp.ArrivalUnixNS, resp.FirstTokenUnixNS)
-		if out.reqs[i].Len()-resp.ReusedTokens >= ev.opt.longPrefill {
-			r.ttftL = append(r.ttftL, ttft)
-			e2eL = append(e2eL, report.MSBetween(resp.ArrivalUnixNS, resp.FinishUnixNS))
-		} else {
-			r.ttftS = append(r.ttftS, ttft)
-		}
-		if len(resp.Output) > 1 {
-			tpot = append(tpot, report.MSBetween(resp.FirstTokenUnixNS, resp.FinishUnixNS)/float64(len(resp.Output)-1))
-		}
-	}
-	r.ShortN, r.LongN = len(r.ttftS), len(r.ttftL)
-	r.TTFTShort, r.TTFTLong = report.Pct(slices.Clone(r.ttftS)), report.Pct(slices.Clone(r.ttftL))
-	r.E2ELong, r.TPOT = report.Pct(e2eL), report.Pct(tpot)
-	sc, _, _ := o.schedulerConfig(func(k string) string {
-		for _, kv := range r.Env {
-			if name, v, _ := strings.Cut(kv, "="); name == k {
-				return v
-			}
-		}
-		return ""
-	})
-	r.Offset, r.Threshold = sc.EqualCost.KVOffset, sc.EqualCost.KVDepthThreshold
-	if o.ctxCost == "auto" {
-		r.Offset, r.Threshold, r.Published = 0, 0, false
-		if p := lastPublication(out); p != nil {
-			r.Offset, r.Threshold, r.Published = p.Offset, p.Threshold, true
-		}
-	}
-}
-
-// calibrate fits A's logs as `worker calibrate` does and writes its plot.
-func (ev *evaluation) calibrate(logs string, m int64, plotPath string) *fitOutcome {
-	f := &fitOutcome{logs: logs}
-	files, err := report.ExpandLogPaths([]string{logs})
-	if err != nil {
-		f.err = err
-		return f
-	}
-	recs, _, err := report.ReadCalibrationRecords(files)
-	if err != nil {
-		f.err = err
-		return f
-	}
-	opt := costfit.DefaultOptions()
-	opt.MaxNumTokens = m
-	if f.result, f.err = costfit.Fit(recs, opt); f.err != nil {
-		return f
-	}
-	var b strings.Builder
-	f.result.Format(&b) //nolint:errcheck // a strings.Builder does not fail
-	f.text = b.String()
-	if err := report.WriteCalibrationPlot(plotPath, f.result); err != nil {
-		f.err = fmt.Errorf("calibration plot: %w", err)
-	}
-	return f
-}
-
-// cpuCheck runs A–D on the CPU engine at small scale: real compute, real
-// time, two in-process ranks.
-func (ev *evaluation) cpuCheck() error {
-	e := ev.opt
-	base := []string{"--engine", "cpu", "--model", "tiny", "--ranks", "2", "--trace", e.trace, "--limit", "160",
-		"--length-scale", "0.05", "--max-num-tokens", "256", "--tokens-per-page", "16", "--max-batch-size", "32",
-		"--arrival-scale", "0"}
-	logs := filepath.Join(e.out, "iter", "A-context-cpu.{rank}.jsonl")
-	ctx := append(slices.Clone(base), "--context-only")
-	if _, err := ev.run("A", "context", "all-at-once", ctx, nil, logs); err != nil {
-		return err
-	}
-	ev.cpuFit = ev.calibrate(logs, 256, filepath.Join(e.out, "calibration-cpu.png"))
-	if ev.cpuFit.err != nil {
-		ev.cpuNote = fmt.Sprintf("the CPU engine's logs gave no fit (%v): B and C are skipped on the CPU engine", ev.cpuFit.err)
-	}
-	for _, c := range []string{"A", "B", "C", "D"} {
-		args, env, ok := ev.configure(c, base, ev.cpuFit)
-		if !ok {
-			continue
-		}
-		if c == "D" {
-			// The CPU runs are short: refit often enough to publish.
-			args = append(args, "--config", ev.cpuCalibConfig())
-		}
-		if _, err := ev.run(c, "aggregated", "all-at-once", args, env, ""); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// cpuCalibConfig writes the small-run calibrator settings of the CPU check.
-func (ev *evaluation) cpuCalibConfig() string {
-	p := filepath.Join(ev.opt.out, "logs", "cpu-ctx-cost.yaml")
-	os.WriteFile(p, []byte("scheduler:\n  ctx_cost:\n    min_samples: 32\n    window: 256\n    refresh_interval: 32\n"), 0o644) //nolint:errcheck // the run reports a missing file
-	return p
-}
-
-// engineOf is the --engine of args.
-func engineOf(args []string) string {
-	for i := 0; i+1 < len(args); i++ {
-		if args[i] == "--engine" {
-			return args[i+1]
-		}
-	}
-	return "cpu"
-}
-
-func envPrefix(env []string) []string { return slices.Clone(env) }
-
-// quoteArgs quotes arguments a shell would split or expand.
-func quoteArgs(args []string) []string {
-	out := make([]string, len(args))
-	for i, a := range args {
-		if strings.ContainsAny(a, " {}*?$'\"") {
-			a = "'" + strings.ReplaceAll(a, "'", `'\''`) + "'"
-		}
-		out[i] = a
-	}
-	return out
-}
-
-// writeSummary prints every run's figures as JSON.
-func (ev *evaluation) writeSummary(w io.Writer) error {
-	s := struct {
-		CapacityTokPerS float64    `json:"context_capacity_prefill_tokens_per_s"`
-		DemandTokPerS   float64    `json:"trace_prompt_tokens_per_s"`
-		TraceLoad       float64    `json:"trace_load"`
-		SaturatedScale  float64    `json:"saturated_arrival_scale"`
-		SaturatedLoad   float64    `json:"saturated_load"`
-		Fit             any        `json:"fit,omitempty"`
-		Runs            []*evalRun `json:"runs"`
-		WallS           float64    `json:"wall_s"`
-	}{ev.capacity, ev.demand, ev.demand / ev.capacity, ev.satScale, ev.opt.saturation, nil, ev.runs, ev.wall.Seconds()}
-	if ev.fit != nil && ev.fit.err == nil {
-		s.Fit = ev.fit.result
-	}
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	return enc.Encode(s)
-}
-
-// lastPublication is the online calibrator's last publication of a run.
-func lastPublication(out *runOutcome) *costfit.Publication {
-	p := out.res.rank0.CostPublications
-	if len(p) == 0 {
-		return nil
-	}
-	return &p[len(p)-1]
 }

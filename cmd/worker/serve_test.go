@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -93,15 +94,19 @@ func TestConfigFileAndFlagsOverride(t *testing.T) {
 	require.Contains(t, errb.String(), "rankz")
 }
 
-func TestSelectLogRanks(t *testing.T) {
-	sel, w := selectLogRanks("", 4)
-	require.Equal(t, []bool{true, false, false, false}, sel)
-	require.Empty(t, w)
-	sel, _ = selectLogRanks("all", 3)
-	require.Equal(t, []bool{true, true, true}, sel)
-	sel, _ = selectLogRanks(" 0, 2", 4)
-	require.Equal(t, []bool{true, false, true, false}, sel)
-	sel, w = selectLogRanks("1,x", 3)
-	require.Equal(t, []bool{false, true, false}, sel)
-	require.Contains(t, w, `"x"`)
+func TestServeRefusesWhatItCannotServe(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--engine", "twin"}, "serve needs a real engine"},
+		{[]string{"--trace", "x.jsonl"}, "serve takes its requests over HTTP"},
+		{[]string{"--max-queue", "0"}, "--max-queue must be at least 1"},
+		{[]string{"--drain-timeout", "-1s"}, "--drain-timeout must not be negative"},
+		{[]string{"--http", "256.0.0.1:1", "--engine", "fake"}, "--http 256.0.0.1:1"},
+	} {
+		err := runAPIServe(c.args, io.Discard, io.Discard)
+		require.Error(t, err, "%v", c.args)
+		require.Contains(t, err.Error(), c.want, "%v", c.args)
+	}
 }

@@ -1,4 +1,4 @@
-package main
+package fleet
 
 // The files `worker run` writes: --requests-out, --iter-log and
 // --kv-events. They are created before any work starts, so that a path that
@@ -34,7 +34,7 @@ type outputFiles struct {
 // -1 when every rank runs in this process. Rank 0's process writes the
 // requests and the event stream. warn reports one-off warnings (ignored
 // TLLM_PROFILE_LOG_RANKS entries, a write that failed during the run).
-func openOutputs(o *serveOptions, world, only int, logRanks string, warn func(string)) (*outputFiles, error) {
+func openOutputs(o *Options, world, only int, logRanks string, warn func(string)) (*outputFiles, error) {
 	outs := &outputFiles{iterLogs: make([]*report.OutputFile, world)}
 	onFail := func(err error) { warn(err.Error() + "; the run goes on, the file is incomplete") }
 	open := func(flag, path string, allowStderr bool) (*report.OutputFile, error) {
@@ -47,24 +47,24 @@ func openOutputs(o *serveOptions, world, only int, logRanks string, warn func(st
 		return f, nil
 	}
 	var err error
-	if o.requestsOut != "" && only <= 0 {
-		if outs.requests, err = open("--requests-out", o.requestsOut, false); err != nil {
+	if o.RequestsOut != "" && only <= 0 {
+		if outs.requests, err = open("--requests-out", o.RequestsOut, false); err != nil {
 			return nil, err
 		}
 	}
-	if o.kvEvents != "" && only <= 0 {
-		if outs.events, err = open("--kv-events", o.kvEvents, false); err != nil {
+	if o.KVEvents != "" && only <= 0 {
+		if outs.events, err = open("--kv-events", o.KVEvents, false); err != nil {
 			return nil, err
 		}
 	}
-	if o.iterLog == "" {
+	if o.IterLog == "" {
 		return outs, nil
 	}
 	chosen, w := selectLogRanks(logRanks, world)
 	if w != "" {
 		warn(w)
 	}
-	paths, err := iterLogPaths(o.iterLog, chosen, only)
+	paths, err := iterLogPaths(o.IterLog, chosen, only)
 	if err != nil {
 		return nil, usage.Wrap(err)
 	}
@@ -128,7 +128,7 @@ func (s *outputFiles) close() error {
 
 // openOutputs opens o's outputs for this process under launch l: every
 // rank's in-process, or the launcher's rank alone.
-func (o *serveOptions) openOutputs(l nccl.Launch, log *zap.Logger, getenv func(string) string) (*outputFiles, error) {
+func (o *Options) openOutputs(l nccl.Launch, log *zap.Logger, getenv func(string) string) (*outputFiles, error) {
 	world, only := o.world(), -1
 	if l.MultiProcess() {
 		world, only = l.WorldSize, l.Rank

@@ -1,4 +1,4 @@
-package main
+package fleet
 
 import (
 	"fmt"
@@ -15,16 +15,16 @@ import (
 // settingName names a setting in errors by where its value came from: the
 // flag ("--length-scale"), or the config file's "FILE:LINE key" that set it
 // (src).
-func (o *serveOptions) settingName(flag string) string { return o.src(flag) }
+func (o *Options) settingName(flag string) string { return o.Src(flag) }
 
 // validateScales checks --length-scale and --arrival-scale (or the config
 // keys that set them) with the workload package's rules, so that flags,
 // config and the trace reader can never disagree on what is allowed.
-func (o *serveOptions) validateScales() error {
-	if err := workload.CheckLengthScale(o.lengthScale, o.settingName("length-scale")); err != nil {
+func (o *Options) validateScales() error {
+	if err := workload.CheckLengthScale(o.LengthScale, o.settingName("length-scale")); err != nil {
 		return usage.Wrap(err)
 	}
-	if err := workload.CheckArrivalScale(o.arrivalScale, o.settingName("arrival-scale")); err != nil {
+	if err := workload.CheckArrivalScale(o.ArrivalScale, o.settingName("arrival-scale")); err != nil {
 		return usage.Wrap(err)
 	}
 	return nil
@@ -33,52 +33,52 @@ func (o *serveOptions) validateScales() error {
 // attentionDPRanks is the number of attention-DP ranks of the run, which
 // bounds a trace's attention_dp_rank: the in-process ranks, or the
 // processes of a launch; 1 under Helix (its CP ranks share every request).
-func (o *serveOptions) attentionDPRanks(l nccl.Launch) int {
+func (o *Options) AttentionDPRanks(l nccl.Launch) int {
 	switch {
-	case o.cp > 1:
+	case o.CP > 1:
 		return 1
 	case l.MultiProcess():
 		return l.WorldSize
 	}
-	return o.ranks
+	return o.Ranks
 }
 
 // workloadName labels the workload in messages: the trace path or the
 // built-in sample.
-func (o *serveOptions) workloadName() string {
-	if o.text.active() {
+func (o *Options) workloadName() string {
+	if o.Text.Active() {
 		return "prompts"
 	}
-	if o.trace == "" {
+	if o.Trace == "" {
 		return workload.SampleName
 	}
-	return o.trace
+	return o.Trace
 }
 
 // loadWorkload reads the trace (or the built-in sample) with every value
 // checked, for a run of adpRanks attention-DP ranks. No token is made here:
 // rank 0 synthesises a request's prompt when it arrives and can be served.
-func (o *serveOptions) loadWorkload(adpRanks int) ([]workload.Request, error) {
-	if o.text.active() {
+func (o *Options) LoadWorkload(adpRanks int) ([]workload.Request, error) {
+	if o.Text.Active() {
 		return o.promptWorkload()
 	}
-	shape, _ := o.modelShape() // validated
-	opt := workload.Options{Limit: o.limit, LengthScale: o.lengthScale, ArrivalScale: o.arrivalScale,
-		VocabSize: shape.VocabSize, Seed: o.seed, Ranks: adpRanks,
+	shape, _ := o.ModelShape() // validated
+	opt := workload.Options{Limit: o.Limit, LengthScale: o.LengthScale, ArrivalScale: o.ArrivalScale,
+		VocabSize: shape.VocabSize, Seed: o.Seed, Ranks: adpRanks,
 		LengthScaleName: o.settingName("length-scale"), ArrivalScaleName: o.settingName("arrival-scale")}
 	var reqs []workload.Request
 	var err error
-	if o.trace == "" {
+	if o.Trace == "" {
 		reqs, err = workload.Sample(opt)
 	} else {
-		reqs, err = workload.ReadFile(o.trace, opt)
+		reqs, err = workload.ReadFile(o.Trace, opt)
 	}
-	if err == nil && o.contextOnly {
+	if err == nil && o.ContextOnly {
 		for i := range reqs {
 			reqs[i].MaxNewTokens = 1
 		}
 	}
-	if err == nil && o.inferConversations {
+	if err == nil && o.InferConversations {
 		workload.InferConversations(reqs)
 	}
 	return reqs, err
@@ -87,11 +87,11 @@ func (o *serveOptions) loadWorkload(adpRanks int) ([]workload.Request, error) {
 // admission is the arrival check every rank will apply (executor.Admission),
 // built from the options before any rank exists. ok is false when the pool
 // is sized from GPU memory at start-up (--pages 0): then only the ranks know.
-func (o *serveOptions) admission(sc scheduler.Config) (a executor.Admission, ok bool) {
-	if o.pages <= 0 {
+func (o *Options) Admission(sc scheduler.Config) (a executor.Admission, ok bool) {
+	if o.Pages <= 0 {
 		return executor.Admission{}, false
 	}
-	return executor.Admission{Pages: o.pages, LedgerBlockTokens: o.tokensPerPage * o.cp, MaxSeqLen: o.maxSeqLen,
+	return executor.Admission{Pages: o.Pages, LedgerBlockTokens: o.TokensPerPage * o.CP, MaxSeqLen: o.MaxSeqLen,
 		Scheduler: sc}, true
 }
 
@@ -102,8 +102,8 @@ const maxListedRejections = 5
 // could ever be served: every one would be rejected on arrival, so the run
 // could only print rejections. Requests that cannot fit while others can
 // are not an error: they are rejected with their reason in the report.
-func (o *serveOptions) checkServable(sc scheduler.Config, reqs []workload.Request) error {
-	adm, ok := o.admission(sc)
+func (o *Options) checkServable(sc scheduler.Config, reqs []workload.Request) error {
+	adm, ok := o.Admission(sc)
 	if !ok || len(reqs) == 0 {
 		return nil
 	}
@@ -124,7 +124,7 @@ func (o *serveOptions) checkServable(sc scheduler.Config, reqs []workload.Reques
 	}
 	return fmt.Errorf("none of the %d requests can ever be served with this configuration "+
 		"(a KV pool of %d pages × %d tokens per rank, length scale %v); nothing was run:\n  %s%s",
-		len(reqs), adm.Pages, adm.LedgerBlockTokens, o.lengthScale, strings.Join(reasons, "\n  "), more)
+		len(reqs), adm.Pages, adm.LedgerBlockTokens, o.LengthScale, strings.Join(reasons, "\n  "), more)
 }
 
 // requestPlace names a request for a message: "file:line" for a trace
@@ -137,7 +137,7 @@ func requestPlace(name string, r *workload.Request) string {
 }
 
 // stopTokens are the model's end-of-generation tokens (none for presets).
-func (o *serveOptions) stopTokens() []int32 {
+func (o *Options) stopTokens() []int32 {
 	if o.loaded == nil {
 		return nil
 	}

@@ -1,6 +1,7 @@
-package main
+package eval
 
 import (
+	"bytes"
 	"encoding/json"
 	"image/png"
 	"os"
@@ -26,14 +27,20 @@ func TestEvalWritesTheReport(t *testing.T) {
 	if racetest.Enabled {
 		t.Skip("a whole evaluation: end-to-end, out of the race pass")
 	}
-	trace := filepath.Join("..", "..", "..", "shared", "data", "mooncake", "conversation_trace.jsonl")
+	trace := filepath.Join("..", "..", "shared", "data", "mooncake", "conversation_trace.jsonl")
 	if _, err := os.Stat(trace); err != nil {
 		t.Fatalf("the Mooncake traces are expected in ../shared/data/mooncake beside the repository: %v", err)
 	}
 	out := t.TempDir()
-	code, stdout, stderr := runCLI(t, "eval", "--trace", trace, "--out", out, "--limit", "400", "--ranks", "8",
-		"--cpu=false", "--json")
-	require.Equal(t, 0, code, stderr)
+	e := Defaults()
+	e.Trace, e.Out, e.Limit, e.Ranks, e.CPU = trace, out, 400, 8, false
+	require.NoError(t, e.Validate())
+	var progress strings.Builder
+	ev, err := Run(e, &progress)
+	require.NoError(t, err, progress.String())
+	var summary bytes.Buffer
+	require.NoError(t, ev.WriteSummary(&summary))
+	stdout := summary.String()
 	var sum struct {
 		Capacity float64 `json:"context_capacity_prefill_tokens_per_s"`
 		Runs     []struct {

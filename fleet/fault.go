@@ -1,4 +1,4 @@
-package main
+package fleet
 
 import (
 	"fmt"
@@ -114,8 +114,11 @@ func (f *fault) unfiredWarning() string {
 }
 
 // faultyPlanner wraps a rank's scheduler to stop or perturb at an iteration.
+// It forwards every capability of the scheduler the executor uses (the
+// online calibrator's publications: executor.CostPublisher), so that a
+// run with a fault that has not fired is the run without it.
 type faultyPlanner struct {
-	executor.Planner
+	*scheduler.Scheduler
 	f        *fault
 	iter     int64
 	teardown <-chan struct{} // closed when the run is torn down
@@ -124,6 +127,17 @@ type faultyPlanner struct {
 	stallFor time.Duration
 }
 
+var _ executor.CostPublisher = (*faultyPlanner)(nil)
+
+// newFaultyPlanner wraps sch with fault f; teardown is closed when the run
+// is torn down, eng is the rank's engine (stall) and stallFor how long a
+// stall lasts.
+func newFaultyPlanner(sch *scheduler.Scheduler, f *fault, teardown <-chan struct{}, eng bridge.Engine,
+	stallFor time.Duration) *faultyPlanner {
+	return &faultyPlanner{Scheduler: sch, f: f, teardown: teardown, eng: eng, stallFor: stallFor}
+}
+
+// Schedule is the scheduler's pass, with the fault injected at its iteration.
 func (p *faultyPlanner) Schedule(active []*scheduler.Request, executing []uint64) (*scheduler.Output, error) {
 	it := p.iter
 	p.iter++
@@ -147,7 +161,7 @@ func (p *faultyPlanner) Schedule(active []*scheduler.Request, executing []uint64
 			return nil, fmt.Errorf("injected fault: %w", err)
 		}
 	}
-	out, err := p.Planner.Schedule(active, executing)
+	out, err := p.Scheduler.Schedule(active, executing)
 	if err == nil && p.f.kind == "perturb" && it == p.f.iter {
 		out.SatOut = append(out.SatOut, &scheduler.Request{ID: 1<<62 + uint64(it)})
 	}

@@ -1,9 +1,10 @@
-package main
+package fleet
 
 import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"strings"
 	"testing"
 
@@ -82,7 +83,7 @@ func TestHelixBlockReuse(t *testing.T) {
 
 	// The flag turning reuse off wins over the file turning it on.
 	opts, notes := startupOf(t, nil, "--cp", "2", "--no-prefix-reuse", "--config", path)
-	require.True(t, opts.noPrefixReuse)
+	require.True(t, opts.NoPrefixReuse)
 	require.NotContains(t, strings.Join(notes, "\n"), "block reuse")
 
 	_, notes = startupOf(t, nil, "--cp", "2")
@@ -93,38 +94,25 @@ func TestHelixBlockReuse(t *testing.T) {
 
 // startupOf merges args and runs the startup checks in-process, as runServe
 // does, under env (a nil map reads nothing).
-func startupOf(t *testing.T, env map[string]string, args ...string) (*serveOptions, []string) {
+func startupOf(t *testing.T, env map[string]string, args ...string) (*Options, []string) {
 	t.Helper()
 	o, notes, err := startupErr(env, args...)
 	require.NoError(t, err)
 	return o, notes
 }
 
-func startupErr(env map[string]string, args ...string) (*serveOptions, []string, error) {
-	o := defaultServeOptions()
-	fs := flag.NewFlagSet("run", flag.ContinueOnError)
-	o.flags(fs)
-	if err := fs.Parse(args); err != nil {
-		return nil, nil, err
-	}
-	set := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
-	if err := o.mergeConfig(set); err != nil {
-		return nil, nil, err
-	}
-	if o.cp > 1 && !o.ranksSet {
-		o.ranks = 1
-	}
-	if err := o.validate(); err != nil {
+func startupErr(env map[string]string, args ...string) (*Options, []string, error) {
+	o, err := ParseArgs(args, io.Discard)
+	if err != nil {
 		return nil, nil, err
 	}
 	getenv := func(k string) string { return env[k] }
-	sc, notes, err := o.schedulerConfig(getenv)
+	sc, notes, err := o.SchedulerConfig(getenv)
 	if err != nil {
 		return nil, nil, err
 	}
 	more, err := o.startupChecks(sc, nccl.Launch{WorldSize: 1}, getenv)
-	return &o, append(notes, more...), err
+	return o, append(notes, more...), err
 }
 
 // TestStartupEnvironmentChecks (defect 9): debugging and test variables that
@@ -185,14 +173,14 @@ func TestLaunchConflictsRefusedAtStartup(t *testing.T) {
 		{[]string{"--config", path}, path + ":1 ranks 3 does not match the mpirun launch of 2 processes"},
 		{[]string{"--cp", "4"}, "--cp 4 under a mpirun launch of 2 processes: Helix runs one CP rank per process; launch exactly 4 processes"},
 	} {
-		o := defaultServeOptions()
+		o := Defaults()
 		fs := flag.NewFlagSet("run", flag.ContinueOnError)
-		o.flags(fs)
+		o.AddFlags(fs)
 		require.NoError(t, fs.Parse(tc.args))
 		set := map[string]bool{}
 		fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
-		require.NoError(t, o.mergeConfig(set))
-		sc, _, err := o.schedulerConfig(func(string) string { return "" })
+		require.NoError(t, o.MergeConfig(set))
+		sc, _, err := o.SchedulerConfig(func(string) string { return "" })
 		require.NoError(t, err)
 		_, err = o.startupChecks(sc, nccl.Launch{Launcher: "mpirun", WorldSize: 2, Rank: 1}, func(string) string { return "" })
 		require.ErrorContains(t, err, tc.want)
@@ -306,9 +294,9 @@ func TestMultiProcessHelixChecks(t *testing.T) {
 		{[]string{"--cp", "3"}, mpi(4), "launch exactly 3 processes"},
 		{[]string{"--cp", "2"}, nccl.Launch{Launcher: nccl.LauncherTorchrun, WorldSize: 2}, ""},
 	} {
-		o := defaultServeOptions()
+		o := Defaults()
 		fs := flag.NewFlagSet("run", flag.ContinueOnError)
-		o.flags(fs)
+		o.AddFlags(fs)
 		require.NoError(t, fs.Parse(tc.args))
 		err := o.checkMultiProcessHelix(tc.launch)
 		if tc.want == "" {

@@ -1,4 +1,4 @@
-package main
+package fleet
 
 import (
 	"flag"
@@ -13,68 +13,68 @@ import (
 	"github.com/lockstep-ai/lockstep/workload"
 )
 
-// promptOptions are the text-input flags of `worker run` with a real model.
-type promptOptions struct {
-	prompt      string // --prompt
-	promptsFile string // --prompts
-	chat        bool   // --chat: --prompt is a user message rendered with the chat template
-	system      string // --system: a system message for --chat
-	maxTokens   int    // --max-tokens
-	inputs      []prompts.Input
+// PromptOptions are the text-input flags of `worker run` with a real model.
+type PromptOptions struct {
+	Prompt    string // --prompt
+	File      string // --prompts
+	Chat      bool   // --chat: Prompt is a user message rendered with the chat template
+	System    string // --system: a system message for --chat
+	MaxTokens int    // --max-tokens
+	inputs    []prompts.Input
 }
 
-func (p *promptOptions) flags(fs *flag.FlagSet) {
-	fs.StringVar(&p.prompt, "prompt", "", "with --model PATH: generate a continuation of this text (printed with the report)")
-	fs.StringVar(&p.promptsFile, "prompts", "", "with --model PATH: JSON Lines of prompts, each {\"prompt\": TEXT} or {\"messages\": [{\"role\", \"content\"}...]}, optional \"max_tokens\"")
-	fs.BoolVar(&p.chat, "chat", false, "render --prompt as a user message with the model's chat template")
-	fs.StringVar(&p.system, "system", "", "with --chat: a system message before the user's")
-	fs.IntVar(&p.maxTokens, "max-tokens", 128, "with --prompt or --prompts: most tokens to generate per prompt (a stop token of the model ends generation earlier)")
+func (p *PromptOptions) flags(fs *flag.FlagSet) {
+	fs.StringVar(&p.Prompt, "prompt", p.Prompt, "with --model PATH: generate a continuation of this text (printed with the report)")
+	fs.StringVar(&p.File, "prompts", p.File, "with --model PATH: JSON Lines of prompts, each {\"prompt\": TEXT} or {\"messages\": [{\"role\", \"content\"}...]}, optional \"max_tokens\"")
+	fs.BoolVar(&p.Chat, "chat", p.Chat, "render --prompt as a user message with the model's chat template")
+	fs.StringVar(&p.System, "system", p.System, "with --chat: a system message before the user's")
+	fs.IntVar(&p.MaxTokens, "max-tokens", p.MaxTokens, "with --prompt or --prompts: most tokens to generate per prompt (a stop token of the model ends generation earlier)")
 }
 
-// active reports whether the run's workload is text prompts.
-func (p *promptOptions) active() bool { return p.prompt != "" || p.promptsFile != "" }
+// Active reports whether the run's workload is text prompts.
+func (p *PromptOptions) Active() bool { return p.Prompt != "" || p.File != "" }
 
 // validatePrompts checks the prompt flags against the rest of the options
 // (after the model is open).
-func (o *serveOptions) validatePrompts() error {
-	p := &o.text
-	if !p.active() {
-		if p.chat || p.system != "" {
+func (o *Options) validatePrompts() error {
+	p := &o.Text
+	if !p.Active() {
+		if p.Chat || p.System != "" {
 			return usage.Errorf("--chat and --system need --prompt")
 		}
 		return nil
 	}
 	if o.loaded == nil {
-		return usage.Errorf("--prompt and --prompts need a real model: --model PATH (a GGUF file or a Hugging Face directory); %s %q is a synthetic preset without a tokenizer", o.src("model"), o.model)
+		return usage.Errorf("--prompt and --prompts need a real model: --model PATH (a GGUF file or a Hugging Face directory); %s %q is a synthetic preset without a tokenizer", o.Src("model"), o.Model)
 	}
-	if p.prompt != "" && p.promptsFile != "" {
+	if p.Prompt != "" && p.File != "" {
 		return usage.Errorf("--prompt and --prompts are mutually exclusive")
 	}
-	if o.trace != "" {
-		return usage.Errorf("--prompt/--prompts and %s are mutually exclusive (text prompts or a trace)", o.src("trace"))
+	if o.Trace != "" {
+		return usage.Errorf("--prompt/--prompts and %s are mutually exclusive (text prompts or a trace)", o.Src("trace"))
 	}
-	if p.maxTokens < 1 {
-		return usage.Errorf("--max-tokens must be at least 1, got %d", p.maxTokens)
+	if p.MaxTokens < 1 {
+		return usage.Errorf("--max-tokens must be at least 1, got %d", p.MaxTokens)
 	}
-	if p.system != "" && !p.chat {
+	if p.System != "" && !p.Chat {
 		return usage.Errorf("--system needs --chat")
 	}
-	if p.promptsFile != "" {
-		if p.chat {
+	if p.File != "" {
+		if p.Chat {
 			return usage.Errorf("--chat applies to --prompt; a prompts file gives chat prompts as \"messages\"")
 		}
 		var err error
-		if p.inputs, err = prompts.ReadFile(p.promptsFile); err != nil {
+		if p.inputs, err = prompts.ReadFile(p.File); err != nil {
 			return err
 		}
 		return nil
 	}
-	in := prompts.Input{Text: p.prompt, Place: "--prompt"}
-	if p.chat {
-		if p.system != "" {
-			in.Messages = append(in.Messages, model.ChatMessage{Role: "system", Content: p.system})
+	in := prompts.Input{Text: p.Prompt, Place: "--prompt"}
+	if p.Chat {
+		if p.System != "" {
+			in.Messages = append(in.Messages, model.ChatMessage{Role: "system", Content: p.System})
 		}
-		in.Messages = append(in.Messages, model.ChatMessage{Role: "user", Content: p.prompt})
+		in.Messages = append(in.Messages, model.ChatMessage{Role: "user", Content: p.Prompt})
 		in.Text = ""
 	}
 	p.inputs = []prompts.Input{in}
@@ -82,16 +82,16 @@ func (o *serveOptions) validatePrompts() error {
 }
 
 // openModel loads --model when it names a checkpoint (validate).
-func (o *serveOptions) openModel() error {
-	if !model.IsPath(o.model) {
+func (o *Options) openModel() error {
+	if !model.IsPath(o.Model) {
 		return nil
 	}
-	if o.engine == "twin" {
-		return usage.Errorf("%s %s: the twin models the presets of its cost profiles; a checkpoint needs --engine cpu, cuda or fake", o.src("model"), o.model)
+	if o.Engine == "twin" {
+		return usage.Errorf("%s %s: the twin models the presets of its cost profiles; a checkpoint needs --engine cpu, cuda or fake", o.Src("model"), o.Model)
 	}
-	m, err := model.Load(o.model)
+	m, err := model.Load(o.Model)
 	if err != nil {
-		return usage.Errorf("%s: %v", o.src("model"), err)
+		return usage.Errorf("%s: %v", o.Src("model"), err)
 	}
 	o.loaded = m
 	return nil
@@ -105,13 +105,13 @@ const checkpointKVBudget = 512 << 20
 // defaultCheckpointPages sizes --pages for a checkpoint on the CPU engine
 // when it was not given: checkpointKVBudget of float32 pages, at most the
 // preset default.
-func (o *serveOptions) defaultCheckpointPages() {
-	if o.loaded == nil || o.pagesSet || o.engine != "cpu" {
+func (o *Options) defaultCheckpointPages() {
+	if o.loaded == nil || o.Sources.PagesSet || o.Engine != "cpu" {
 		return
 	}
-	page := o.tokensPerPage * o.loaded.Shape.KVBytesPerToken(4)
+	page := o.TokensPerPage * o.loaded.Shape.KVBytesPerToken(4)
 	if page > 0 {
-		o.pages = max(1, min(o.pages, checkpointKVBudget/page))
+		o.Pages = max(1, min(o.Pages, checkpointKVBudget/page))
 	}
 }
 
@@ -124,11 +124,11 @@ type renderedPrompt struct {
 
 // promptWorkload tokenises the prompts into requests that arrive at once and
 // stop at the model's stop tokens.
-func (o *serveOptions) promptWorkload() ([]workload.Request, error) {
+func (o *Options) promptWorkload() ([]workload.Request, error) {
 	tok := o.loaded.Tokenizer
 	o.rendered = o.rendered[:0]
-	reqs := make([]workload.Request, 0, len(o.text.inputs))
-	for i, in := range o.text.inputs {
+	reqs := make([]workload.Request, 0, len(o.Text.inputs))
+	for i, in := range o.Text.inputs {
 		r := renderedPrompt{input: in, text: in.Text}
 		var ids []int32
 		if in.Messages != nil {
@@ -150,7 +150,7 @@ func (o *serveOptions) promptWorkload() ([]workload.Request, error) {
 			return nil, usage.Errorf("%s: the prompt is empty (no tokens)", in.Place)
 		}
 		r.ids = ids
-		max := o.text.maxTokens
+		max := o.Text.MaxTokens
 		if in.MaxTokens > 0 {
 			max = in.MaxTokens
 		}
@@ -161,13 +161,13 @@ func (o *serveOptions) promptWorkload() ([]workload.Request, error) {
 }
 
 // promptOutputs decodes the responses of a prompt run.
-func (o *serveOptions) promptOutputs(res *serveResult) []report.PromptOutput {
+func (o *Options) promptOutputs(res *Result) []report.PromptOutput {
 	tok := o.loaded.Tokenizer
 	out := make([]report.PromptOutput, len(o.rendered))
 	for i, r := range o.rendered {
 		out[i] = report.PromptOutput{Index: i, Prompt: r.text, PromptTokens: len(r.ids), Error: "no response"}
 	}
-	for _, r := range res.rank0.Responses {
+	for _, r := range res.Rank0.Responses {
 		if int(r.ID) >= len(out) {
 			continue
 		}

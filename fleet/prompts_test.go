@@ -1,4 +1,4 @@
-package main
+package fleet
 
 import (
 	"io"
@@ -30,7 +30,7 @@ func TestPromptFlagsRefusedUpFront(t *testing.T) {
 		{[]string{"--engine", "twin", "--model", "/some/path.gguf"}, "a checkpoint needs --engine cpu, cuda or fake"},
 		{[]string{"--model", "llama-9b"}, "unknown model preset"},
 	} {
-		_, err := parseRunOptions(c.args, io.Discard)
+		_, err := ParseArgs(c.args, io.Discard)
 		require.Error(t, err, "%v", c.args)
 		require.Contains(t, err.Error(), c.want, "%v", c.args)
 	}
@@ -55,22 +55,22 @@ func TestPromptsFileChecked(t *testing.T) {
 		{`[1, 2]`, "not a JSON object"},
 		{"\n\n", "no prompts"},
 	} {
-		_, err := parseRunOptions([]string{"--model", m, "--prompts", write(c.body)}, io.Discard)
+		_, err := ParseArgs([]string{"--model", m, "--prompts", write(c.body)}, io.Discard)
 		require.Error(t, err, c.body)
 		require.Contains(t, err.Error(), c.want, c.body)
 	}
-	_, err := parseRunOptions([]string{"--model", m, "--prompt", "a", "--prompts", write(`{"prompt": "b"}`)}, io.Discard)
+	_, err := ParseArgs([]string{"--model", m, "--prompt", "a", "--prompts", write(`{"prompt": "b"}`)}, io.Discard)
 	require.ErrorContains(t, err, "mutually exclusive")
-	_, err = parseRunOptions([]string{"--model", m, "--prompt", "a", "--max-tokens", "0"}, io.Discard)
+	_, err = ParseArgs([]string{"--model", m, "--prompt", "a", "--max-tokens", "0"}, io.Discard)
 	require.ErrorContains(t, err, "--max-tokens must be at least 1")
 
 	// A valid file: text and chat prompts, a per-prompt limit; the pool is
 	// sized for the checkpoint.
-	o, err := parseRunOptions([]string{"--model", m, "--prompts", write(`{"prompt": "Hello"}` + "\n" +
+	o, err := ParseArgs([]string{"--model", m, "--prompts", write(`{"prompt": "Hello"}` + "\n" +
 		`{"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3}`)}, io.Discard)
 	require.NoError(t, err)
 	defer o.loaded.Close()
-	require.Less(t, o.pages, 4096, "a checkpoint's default pool is sized from its KV bytes")
+	require.Less(t, o.Pages, 4096, "a checkpoint's default pool is sized from its KV bytes")
 	reqs, err := o.promptWorkload()
 	require.NoError(t, err)
 	require.Len(t, reqs, 2)
@@ -79,21 +79,4 @@ func TestPromptsFileChecked(t *testing.T) {
 	require.True(t, reqs[0].StopAtEOS && reqs[1].StopAtEOS)
 	require.True(t, strings.HasPrefix(o.rendered[1].text, "<|im_start|>system\n"), o.rendered[1].text)
 	require.Equal(t, []int32{19556}, reqs[0].Prompt) // "Hello"
-}
-
-func TestServeRefusesWhatItCannotServe(t *testing.T) {
-	for _, c := range []struct {
-		args []string
-		want string
-	}{
-		{[]string{"--engine", "twin"}, "serve needs a real engine"},
-		{[]string{"--trace", "x.jsonl"}, "serve takes its requests over HTTP"},
-		{[]string{"--max-queue", "0"}, "--max-queue must be at least 1"},
-		{[]string{"--drain-timeout", "-1s"}, "--drain-timeout must not be negative"},
-		{[]string{"--http", "256.0.0.1:1", "--engine", "fake"}, "--http 256.0.0.1:1"},
-	} {
-		err := runAPIServe(c.args, io.Discard, io.Discard)
-		require.Error(t, err, "%v", c.args)
-		require.Contains(t, err.Error(), c.want, "%v", c.args)
-	}
 }

@@ -1,4 +1,4 @@
-package main
+package fleet
 
 import (
 	"strings"
@@ -51,17 +51,17 @@ func FuzzConfigYAML(f *testing.F) {
 				t.Fatalf("setting without a line or key: %+v", s)
 			}
 		}
-		o := defaultServeOptions()
+		o := Defaults()
 		fc.apply(&o, map[string]bool{})
-		if o.cp > 1 && !o.ranksSet {
-			o.ranks = 1
+		if o.CP > 1 && !o.Sources.RanksSet {
+			o.Ranks = 1
 		}
-		if err := o.validate(); err != nil {
+		if err := o.Validate(); err != nil {
 			checkUserFacing(t, "validate", err)
 			return
 		}
 		noEnv := func(string) string { return "" }
-		sc, _, err := o.schedulerConfig(noEnv)
+		sc, _, err := o.SchedulerConfig(noEnv)
 		if err != nil {
 			checkUserFacing(t, "scheduler config", err)
 			return

@@ -1,4 +1,4 @@
-package main
+package fleet
 
 import (
 	"fmt"
@@ -16,23 +16,29 @@ func weightBytes(s bridge.ModelShape) uint64 {
 }
 
 // poolPagesFromGPU sizes the device page pool from this rank's free GPU
-// memory (read through NVML): after the weights, frac of what is left, in
+// memory (read through Options.GPUFreeMemory: NVML, injected by the command): after the weights, frac of what is left, in
 // bf16 pages. Every rank then takes the world's minimum (kvcache.md §3.3:
 // every rank ends with the same token capacity); a rank that cannot read
 // its GPU contributes 0 and the whole world fails with its reason. The
 // allreduce runs on every rank whenever --pages is 0 — a configuration
 // value, identical everywhere.
-func poolPagesFromGPU(o *serveOptions, device int, comm nccl.Comm) (int, error) {
-	shape, err := o.modelShape()
+func poolPagesFromGPU(o *Options, device int, comm nccl.Comm) (int, error) {
+	shape, err := o.ModelShape()
 	if err != nil {
 		return 0, err
 	}
-	pageBytes := uint64(o.tokensPerPage * shape.KVBytesPerToken(2))
+	pageBytes := uint64(o.TokensPerPage * shape.KVBytesPerToken(2))
 	var local int64
-	free, ferr := gpuFreeMemory(device)
+	read := o.GPUFreeMemory
+	if read == nil {
+		read = func(device int) (uint64, error) {
+			return 0, fmt.Errorf("reading free memory of GPU %d: this build has no GPU discovery", device)
+		}
+	}
+	free, ferr := read(device)
 	if ferr == nil {
 		if w := weightBytes(shape); free > w {
-			local = int64(float64(free-w) * o.gpuMemFraction / float64(pageBytes))
+			local = int64(float64(free-w) * o.GPUMemFraction / float64(pageBytes))
 		}
 	}
 	min := local

@@ -1,4 +1,4 @@
-package main
+package fleet
 
 // The YAML configuration file of `worker run` (--config, docs/config.md).
 //
@@ -74,59 +74,59 @@ type fileKey struct {
 	// setting is the scheduler setting a file-only key configures, so that
 	// scheduler errors name the key (-1 for none).
 	setting scheduler.Setting
-	set     func(o *serveOptions, v fileValue)
+	set     func(o *Options, v fileValue)
 }
 
 // fileKeys are every key of the file, in the order of docs/config.md.
 var fileKeys = []fileKey{
-	{path: "engine", kind: kindString, flag: "engine", set: func(o *serveOptions, v fileValue) { o.engine = v.s }},
-	{path: "model", kind: kindString, flag: "model", set: func(o *serveOptions, v fileValue) { o.model = v.s }},
-	{path: "seed", kind: kindUint64, flag: "seed", set: func(o *serveOptions, v fileValue) { o.seed = v.u }},
-	{path: "ranks", kind: kindInt, flag: "ranks", set: func(o *serveOptions, v fileValue) { o.ranks = int(v.i) }},
-	{path: "cp", kind: kindInt, flag: "cp", set: func(o *serveOptions, v fileValue) { o.cp = int(v.i) }},
-	{path: "router", kind: kindString, flag: "router", set: func(o *serveOptions, v fileValue) { o.routerName = v.s }},
-	{path: "overlap", kind: kindString, flag: "overlap", set: func(o *serveOptions, v fileValue) { o.overlap = v.s }},
-	{path: "kv.pages", kind: kindInt, flag: "pages", set: func(o *serveOptions, v fileValue) { o.pages = int(v.i) }},
-	{path: "kv.tokens_per_page", kind: kindInt, flag: "tokens-per-page", set: func(o *serveOptions, v fileValue) { o.tokensPerPage = int(v.i) }},
-	{path: "kv.host_pages", kind: kindInt, flag: "host-pages", set: func(o *serveOptions, v fileValue) { o.hostPages = int(v.i) }},
-	{path: "kv.enable_block_reuse", kind: kindBool, flag: "no-prefix-reuse", set: func(o *serveOptions, v fileValue) { o.noPrefixReuse = !v.b }},
-	{path: "kv.event_buffer_max_size", kind: kindInt, flag: "event-buffer-max-size", set: func(o *serveOptions, v fileValue) { o.eventBufferMaxSize = int(v.i) }},
-	{path: "kv.max_seq_len", kind: kindInt, flag: "max-seq-len", set: func(o *serveOptions, v fileValue) { o.maxSeqLen = int(v.i) }},
-	{path: "scheduler.max_batch_size", kind: kindInt, flag: "max-batch-size", set: func(o *serveOptions, v fileValue) { o.maxBatchSize = int(v.i) }},
+	{path: "engine", kind: kindString, flag: "engine", set: func(o *Options, v fileValue) { o.Engine = v.s }},
+	{path: "model", kind: kindString, flag: "model", set: func(o *Options, v fileValue) { o.Model = v.s }},
+	{path: "seed", kind: kindUint64, flag: "seed", set: func(o *Options, v fileValue) { o.Seed = v.u }},
+	{path: "ranks", kind: kindInt, flag: "ranks", set: func(o *Options, v fileValue) { o.Ranks = int(v.i) }},
+	{path: "cp", kind: kindInt, flag: "cp", set: func(o *Options, v fileValue) { o.CP = int(v.i) }},
+	{path: "router", kind: kindString, flag: "router", set: func(o *Options, v fileValue) { o.Router = v.s }},
+	{path: "overlap", kind: kindString, flag: "overlap", set: func(o *Options, v fileValue) { o.Overlap = v.s }},
+	{path: "kv.pages", kind: kindInt, flag: "pages", set: func(o *Options, v fileValue) { o.Pages = int(v.i) }},
+	{path: "kv.tokens_per_page", kind: kindInt, flag: "tokens-per-page", set: func(o *Options, v fileValue) { o.TokensPerPage = int(v.i) }},
+	{path: "kv.host_pages", kind: kindInt, flag: "host-pages", set: func(o *Options, v fileValue) { o.HostPages = int(v.i) }},
+	{path: "kv.enable_block_reuse", kind: kindBool, flag: "no-prefix-reuse", set: func(o *Options, v fileValue) { o.NoPrefixReuse = !v.b }},
+	{path: "kv.event_buffer_max_size", kind: kindInt, flag: "event-buffer-max-size", set: func(o *Options, v fileValue) { o.EventBufferMaxSize = int(v.i) }},
+	{path: "kv.max_seq_len", kind: kindInt, flag: "max-seq-len", set: func(o *Options, v fileValue) { o.MaxSeqLen = int(v.i) }},
+	{path: "scheduler.max_batch_size", kind: kindInt, flag: "max-batch-size", set: func(o *Options, v fileValue) { o.Scheduler.MaxBatchSize = int(v.i) }},
 	{path: "scheduler.scheduler_capacity", kind: kindInt, setting: scheduler.SettingSchedulerCapacity,
-		set: func(o *serveOptions, v fileValue) { o.sched.SchedulerCapacity = int(v.i) }},
-	{path: "scheduler.max_num_tokens", kind: kindInt, flag: "max-num-tokens", set: func(o *serveOptions, v fileValue) { o.maxNumTokens = int(v.i) }},
-	{path: "scheduler.enable_chunked_context", kind: kindBool, flag: "chunked-prefill", set: func(o *serveOptions, v fileValue) { o.chunked = v.b }},
-	{path: "scheduler.chunk_unit_size", kind: kindInt, flag: "chunk-unit", set: func(o *serveOptions, v fileValue) { o.chunkUnit = int(v.i) }},
-	{path: "scheduler.capacity_policy", kind: kindString, flag: "policy", set: func(o *serveOptions, v fileValue) { o.policy = v.s }},
+		set: func(o *Options, v fileValue) { o.Scheduler.SchedulerCapacity = int(v.i) }},
+	{path: "scheduler.max_num_tokens", kind: kindInt, flag: "max-num-tokens", set: func(o *Options, v fileValue) { o.Scheduler.MaxNumTokens = int(v.i) }},
+	{path: "scheduler.enable_chunked_context", kind: kindBool, flag: "chunked-prefill", set: func(o *Options, v fileValue) { o.Scheduler.ChunkedContext = v.b }},
+	{path: "scheduler.chunk_unit_size", kind: kindInt, flag: "chunk-unit", set: func(o *Options, v fileValue) { o.Scheduler.ChunkUnitSize = int(v.i) }},
+	{path: "scheduler.capacity_policy", kind: kindString, flag: "policy", set: func(o *Options, v fileValue) { o.SetPolicy(v.s) }},
 	{path: "scheduler.enable_recompute_pause", kind: kindBool, setting: scheduler.SettingRecomputePause,
-		set: func(o *serveOptions, v fileValue) { o.sched.RecomputePause = v.b }},
+		set: func(o *Options, v fileValue) { o.Scheduler.RecomputePause = v.b }},
 	{path: "scheduler.enable_prefix_aware_scheduling", kind: kindBool, setting: -1,
-		set: func(o *serveOptions, v fileValue) { o.sched.PrefixAware = v.b }},
+		set: func(o *Options, v fileValue) { o.Scheduler.PrefixAware = v.b }},
 	{path: "scheduler.equal_cost.kv_cost_offset", kind: kindInt, setting: scheduler.SettingKVCostOffset,
-		set: func(o *serveOptions, v fileValue) { o.sched.EqualCost.KVOffset = v.i }},
+		set: func(o *Options, v fileValue) { o.Scheduler.EqualCost.KVOffset = v.i }},
 	{path: "scheduler.equal_cost.kv_depth_threshold", kind: kindInt, setting: scheduler.SettingKVDepthThreshold,
-		set: func(o *serveOptions, v fileValue) { o.sched.EqualCost.KVDepthThreshold = v.i }},
+		set: func(o *Options, v fileValue) { o.Scheduler.EqualCost.KVDepthThreshold = v.i }},
 	{path: "scheduler.equal_cost.per_chunk_depth_tokens", kind: kindInt, setting: scheduler.SettingPerChunkDepthTokens,
-		set: func(o *serveOptions, v fileValue) { o.sched.EqualCost.PerChunkDepthTokens = v.i }},
+		set: func(o *Options, v fileValue) { o.Scheduler.EqualCost.PerChunkDepthTokens = v.i }},
 	{path: "scheduler.demotion.uncached_tokens", kind: kindInt, setting: scheduler.SettingDemoteUncachedTokens,
-		set: func(o *serveOptions, v fileValue) { o.sched.Demotion.UncachedTokens = v.i }},
+		set: func(o *Options, v fileValue) { o.Scheduler.Demotion.UncachedTokens = v.i }},
 	{path: "scheduler.demotion.max_iters", kind: kindInt, setting: scheduler.SettingDemoteMaxIters,
-		set: func(o *serveOptions, v fileValue) { o.sched.Demotion.MaxIters = v.i }},
-	{path: "scheduler.ctx_cost.mode", kind: kindString, flag: "ctx-cost", set: func(o *serveOptions, v fileValue) { o.ctxCost = v.s }},
-	{path: "scheduler.ctx_cost.percentile", setting: -1, kind: kindFloat, set: func(o *serveOptions, v fileValue) { o.calib.percentile = v.f }},
-	{path: "scheduler.ctx_cost.min_samples", setting: -1, kind: kindInt, set: func(o *serveOptions, v fileValue) { o.calib.minSamples = int(v.i) }},
-	{path: "scheduler.ctx_cost.window", setting: -1, kind: kindInt, set: func(o *serveOptions, v fileValue) { o.calib.window = int(v.i) }},
-	{path: "scheduler.ctx_cost.refresh_interval", setting: -1, kind: kindInt, set: func(o *serveOptions, v fileValue) { o.calib.refresh = int(v.i) }},
-	{path: "scheduler.ctx_cost.hysteresis", setting: -1, kind: kindFloat, set: func(o *serveOptions, v fileValue) { o.calib.hysteresis = v.f }},
-	{path: "scheduler.ctx_cost.lockstep_correction", setting: -1, kind: kindBool, set: func(o *serveOptions, v fileValue) { o.calib.correction = v.b }},
-	{path: "twin.gpu", kind: kindString, flag: "gpu", set: func(o *serveOptions, v fileValue) { o.gpu = v.s }},
-	{path: "twin.cost_profile", kind: kindString, flag: "cost-profile", set: func(o *serveOptions, v fileValue) { o.costProfile = v.s }},
-	{path: "twin.tp", kind: kindInt, flag: "tp", set: func(o *serveOptions, v fileValue) { o.tp = int(v.i) }},
-	{path: "workload.trace", kind: kindString, flag: "trace", set: func(o *serveOptions, v fileValue) { o.trace = v.s }},
-	{path: "workload.limit", kind: kindInt, flag: "limit", set: func(o *serveOptions, v fileValue) { o.limit = int(v.i) }},
-	{path: "workload.length_scale", kind: kindFloat, flag: "length-scale", set: func(o *serveOptions, v fileValue) { o.lengthScale = v.f }},
-	{path: "workload.arrival_scale", kind: kindFloat, flag: "arrival-scale", set: func(o *serveOptions, v fileValue) { o.arrivalScale = v.f }},
+		set: func(o *Options, v fileValue) { o.Scheduler.Demotion.MaxIters = v.i }},
+	{path: "scheduler.ctx_cost.mode", kind: kindString, flag: "ctx-cost", set: func(o *Options, v fileValue) { o.SetCostMode(v.s) }},
+	{path: "scheduler.ctx_cost.percentile", setting: -1, kind: kindFloat, set: func(o *Options, v fileValue) { o.Calibration.Percentile = v.f }},
+	{path: "scheduler.ctx_cost.min_samples", setting: -1, kind: kindInt, set: func(o *Options, v fileValue) { o.Calibration.MinSamples = int(v.i) }},
+	{path: "scheduler.ctx_cost.window", setting: -1, kind: kindInt, set: func(o *Options, v fileValue) { o.Calibration.Window = int(v.i) }},
+	{path: "scheduler.ctx_cost.refresh_interval", setting: -1, kind: kindInt, set: func(o *Options, v fileValue) { o.Calibration.RefreshInterval = int(v.i) }},
+	{path: "scheduler.ctx_cost.hysteresis", setting: -1, kind: kindFloat, set: func(o *Options, v fileValue) { o.Calibration.Hysteresis = v.f }},
+	{path: "scheduler.ctx_cost.lockstep_correction", setting: -1, kind: kindBool, set: func(o *Options, v fileValue) { o.Calibration.LockstepCorrection = v.b }},
+	{path: "twin.gpu", kind: kindString, flag: "gpu", set: func(o *Options, v fileValue) { o.GPU = v.s }},
+	{path: "twin.cost_profile", kind: kindString, flag: "cost-profile", set: func(o *Options, v fileValue) { o.CostProfile = v.s }},
+	{path: "twin.tp", kind: kindInt, flag: "tp", set: func(o *Options, v fileValue) { o.TP = int(v.i) }},
+	{path: "workload.trace", kind: kindString, flag: "trace", set: func(o *Options, v fileValue) { o.Trace = v.s }},
+	{path: "workload.limit", kind: kindInt, flag: "limit", set: func(o *Options, v fileValue) { o.Limit = int(v.i) }},
+	{path: "workload.length_scale", kind: kindFloat, flag: "length-scale", set: func(o *Options, v fileValue) { o.LengthScale = v.f }},
+	{path: "workload.arrival_scale", kind: kindFloat, flag: "arrival-scale", set: func(o *Options, v fileValue) { o.ArrivalScale = v.f }},
 }
 
 // renamedKeys are keys of earlier versions, refused with their new name
@@ -420,17 +420,17 @@ func describeNode(n *yaml.Node) string {
 
 // mergeConfig applies the config file (if any) under the flags given on the
 // command line (set: flag name → given) and records where every value came
-// from (serveOptions.src).
-func (o *serveOptions) mergeConfig(set map[string]bool) error {
-	o.ranksSet = set["ranks"]
-	o.pagesSet = set["pages"]
-	if set["no-prefix-reuse"] && !o.noPrefixReuse {
-		o.reuseOnBy = "--no-prefix-reuse=false"
+// from (Options.src).
+func (o *Options) MergeConfig(set map[string]bool) error {
+	o.Sources.RanksSet = set["ranks"]
+	o.Sources.PagesSet = set["pages"]
+	if set["no-prefix-reuse"] && !o.NoPrefixReuse {
+		o.Sources.ReuseOnBy = "--no-prefix-reuse=false"
 	}
-	if o.configPath == "" {
+	if o.ConfigPath == "" {
 		return nil
 	}
-	fc, err := loadFileConfig(o.configPath)
+	fc, err := loadFileConfig(o.ConfigPath)
 	if err != nil {
 		return usage.Wrap(err)
 	}
@@ -440,14 +440,14 @@ func (o *serveOptions) mergeConfig(set map[string]bool) error {
 
 // apply copies every setting of the file into o, unless its flag was given
 // on the command line (set[flag]), and records its origin.
-func (fc *fileConfig) apply(o *serveOptions, set map[string]bool) {
+func (fc *fileConfig) apply(o *Options, set map[string]bool) {
 	for _, s := range fc.settings {
 		k := s.key
 		if k.path == "ranks" {
-			o.ranksSet = true // an explicit rank count, as if given as a flag
+			o.Sources.RanksSet = true // an explicit rank count, as if given as a flag
 		}
 		if k.flag == "pages" {
-			o.pagesSet = true
+			o.Sources.PagesSet = true
 		}
 		if k.flag != "" && set[k.flag] {
 			continue
@@ -455,46 +455,17 @@ func (fc *fileConfig) apply(o *serveOptions, set map[string]bool) {
 		k.set(o, s.value)
 		origin := fc.origin(s)
 		if k.flag != "" {
-			o.setOrigin(k.flag, origin)
+			o.Sources.SetOrigin(k.flag, origin)
 		} else if k.setting >= 0 {
-			o.sched.Names[k.setting] = origin
+			o.Scheduler.Names[k.setting] = origin
 		}
 		if k.path == "kv.enable_block_reuse" {
-			o.reuseOnBy = ""
+			o.Sources.ReuseOnBy = ""
 			if s.value.b {
-				o.reuseOnBy = origin
+				o.Sources.ReuseOnBy = origin
 			}
 		}
 	}
-}
-
-// setOrigin records that flag's value came from origin instead of the
-// command line.
-func (o *serveOptions) setOrigin(flag, origin string) {
-	if o.origin == nil {
-		o.origin = map[string]string{}
-	}
-	o.origin[flag] = origin
-}
-
-// src names where the value of flag's option came from, for messages: the
-// config file's "FILE:LINE key", or "--flag" (given or default).
-func (o *serveOptions) src(flag string) string {
-	if s, ok := o.origin[flag]; ok {
-		return s
-	}
-	return "--" + flag
-}
-
-// parsePolicy accepts the spec's names, case-insensitively.
-func parsePolicy(s string) (scheduler.Policy, error) {
-	switch strings.ToLower(s) {
-	case "max_utilization":
-		return scheduler.MaxUtilization, nil
-	case "guaranteed_no_evict":
-		return scheduler.GuaranteedNoEvict, nil
-	}
-	return 0, fmt.Errorf("capacity policy %q is not allowed (allowed: max_utilization, guaranteed_no_evict)", s)
 }
 
 // fileKeyPaths lists every key path, sorted (tests, docs).

@@ -1,4 +1,4 @@
-package main
+package eval
 
 import (
 	"fmt"
@@ -24,13 +24,13 @@ var configColours = map[string]color.RGBA{
 }
 
 // write writes report.md, summary.json and the plots.
-func (ev *evaluation) write() error {
-	out := ev.opt.out
+func (ev *Evaluation) write() error {
+	out := ev.opt.Out
 	f, err := os.Create(filepath.Join(out, "summary.json"))
 	if err != nil {
 		return err
 	}
-	if err := ev.writeSummary(f); err != nil {
+	if err := ev.WriteSummary(f); err != nil {
 		f.Close()
 		return err
 	}
@@ -58,7 +58,7 @@ func (ev *evaluation) write() error {
 }
 
 // find returns the run of a configuration, workload, load and engine.
-func (ev *evaluation) find(config, workload, load, engine string) *evalRun {
+func (ev *Evaluation) find(config, workload, load, engine string) *evalRun {
 	for _, r := range ev.runs {
 		if r.Config == config && r.Workload == workload && r.Load == load && r.Engine == engine {
 			return r
@@ -68,26 +68,26 @@ func (ev *evaluation) find(config, workload, load, engine string) *evalRun {
 }
 
 // markdown renders report.md.
-func (ev *evaluation) markdown(plots []string) string {
+func (ev *Evaluation) markdown(plots []string) string {
 	e := ev.opt
 	var b strings.Builder
 	p := func(format string, a ...any) { fmt.Fprintf(&b, format, a...) }
 	p("# Equal-cost chunking, long-prefill demotion and the online calibrator on the twin\n\n")
 	p("`worker eval --engine twin --gpu %s --model %s --ranks %d --trace %s --limit %d` (%.0f s of wall time).\n\n",
-		e.gpu, e.model, e.ranks, e.trace, e.limit, ev.wall.Seconds())
+		e.GPU, e.Model, e.Ranks, e.Trace, e.Limit, ev.wall.Seconds())
 	p("Configurations: **A** token budget only (M = %d); **B** equal-cost chunking with the (O, D) `worker calibrate` fitted "+
 		"from A's iteration logs; **C** B + long-prefill demotion (U = %d uncached tokens) + the conversation-aware router "+
 		"(conversations inferred from `hash_ids`); **D** C with `--ctx-cost auto` (the online calibrator with the lockstep "+
-		"correction) instead of the fitted values.\n\n", e.maxNumTokens, e.demote)
+		"correction) instead of the fitted values.\n\n", e.MaxNumTokens, e.Demote)
 	p("Workloads: **context** — disaggregated context servers (every request generates its first token only: prefill, as " +
 		"on the ranks the calibration was designed on; A's logs come from this workload); **aggregated** — prefill and decode on " +
 		"the same ranks.\n\n")
 	p("Loads: the fleet's context capacity, measured with every request of the slice arriving at once on context servers "+
 		"(configuration A), is **%.0f prefill tokens/s**; the trace slice offers **%.0f prompt tokens/s** at its own pace "+
 		"(load %.2f). The **saturated** runs replay it at `--arrival-scale %.4g` (offered load %.2f× the capacity).\n\n",
-		ev.capacity, ev.demand, ev.demand/ev.capacity, ev.satScale, e.saturation)
+		ev.capacity, ev.demand, ev.demand/ev.capacity, ev.satScale, e.Saturation)
 	p("Split: a **long prefill** is a request whose uncached prompt (prompt minus the prefix its first admission reused) is at "+
-		"least %d tokens; every other request is a **short turn**.\n\n", e.longPrefill)
+		"least %d tokens; every other request is a **short turn**.\n\n", e.LongPrefill)
 	p("Lockstep waste: per forward iteration, 1 − mean/max of the ranks' busy (modelled device) time; mean and p90 over " +
 		"iterations. Latencies are virtual (the twin's clock).\n\n")
 	ev.table(&b, "twin")
@@ -100,7 +100,7 @@ func (ev *evaluation) markdown(plots []string) string {
 				"The calibration plot: left, the monopoly samples (one colour per span: the iteration time while one deep rank "+
 				"holds the only full-budget chunk) with the fitted line T = A + slope·depth and the recommended threshold; "+
 				"right, the token-weighted distribution of the context work's midpoint depth, whose percentile is D.\n",
-				e.maxNumTokens, ev.fit.logs, ev.fit.text)
+				e.MaxNumTokens, ev.fit.logs, ev.fit.text)
 		}
 	}
 	if slices.Contains(plots, "ttft_cdf.png") {
@@ -116,7 +116,7 @@ func (ev *evaluation) markdown(plots []string) string {
 		p("\n## Waste distribution\n\n![waste](waste.png)\n\nThe distribution (CDF) of the per-iteration lockstep waste of each " +
 			"configuration at the saturated load: context servers left, aggregated serving right.\n")
 	}
-	if e.cpu {
+	if e.CPU {
 		p("\n## CPU engine (real compute, wall clock)\n\nTwo in-process ranks of the tiny model on the first 160 requests " +
 			"(lengths × 0.05), everything arriving at once. ")
 		if ev.cpuNote != "" {
@@ -134,7 +134,7 @@ func (ev *evaluation) markdown(plots []string) string {
 }
 
 // table writes the figures of every run of one engine.
-func (ev *evaluation) table(b *strings.Builder, engine string) {
+func (ev *Evaluation) table(b *strings.Builder, engine string) {
 	p := func(format string, a ...any) { fmt.Fprintf(b, format, a...) }
 	p("| config | workload | load | waste mean | waste p90 | prefill tok/s | output tok/s | TTFT short p50/p90/p99 (ms) | TTFT long p50/p90/p99 (ms) | E2E long p50 (ms) | TPOT p50/p90 (ms) | preempt | O, D |\n")
 	p("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
@@ -171,7 +171,7 @@ func pair(q report.Percentiles) string { return num(q.P50) + " / " + num(q.P90) 
 
 // plotTTFT: TTFT CDFs per configuration, short turns beside long prefills
 // (aggregated workload, saturated load).
-func (ev *evaluation) plotTTFT(path string) (bool, error) {
+func (ev *Evaluation) plotTTFT(path string) (bool, error) {
 	short, long := plot.New(), plot.New()
 	short.Title.Text, long.Title.Text = "TTFT, short turns (aggregated, saturated)", "TTFT, long prefills (aggregated, saturated)"
 	any := false
@@ -224,7 +224,7 @@ func positive(v []float64) []float64 {
 
 // plotTimeline: per-rank busy time over 60 consecutive forward iterations,
 // A beside B (context servers, saturated load).
-func (ev *evaluation) plotTimeline(path string) (bool, error) {
+func (ev *Evaluation) plotTimeline(path string) (bool, error) {
 	var panels []*plot.Plot
 	yMax := 0.0
 	for _, c := range []string{"A", "B"} {
@@ -284,7 +284,7 @@ func (ev *evaluation) plotTimeline(path string) (bool, error) {
 
 // plotWaste: CDFs of the per-iteration lockstep waste per configuration,
 // context servers beside aggregated serving (saturated load).
-func (ev *evaluation) plotWaste(path string) (bool, error) {
+func (ev *Evaluation) plotWaste(path string) (bool, error) {
 	var panels []*plot.Plot
 	for _, w := range []string{"context", "aggregated"} {
 		pl := plot.New()

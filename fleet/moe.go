@@ -1,4 +1,4 @@
-package main
+package fleet
 
 import (
 	"fmt"
@@ -9,30 +9,30 @@ import (
 )
 
 // moe reports whether the run's model is a mixture of experts.
-func (o *serveOptions) moe() bool {
-	s, err := o.modelShape()
+func (o *Options) moe() bool {
+	s, err := o.ModelShape()
 	return err == nil && s.MoE()
 }
 
 // expertParallel reports whether the run deals a MoE model's experts over
 // its attention-DP ranks: the native CPU engine (the one with MoE exchanges)
 // with more than one rank. Helix CP ranks hold every expert instead.
-func (o *serveOptions) expertParallel(world int) bool {
-	return o.moe() && o.engine == "cpu" && o.cp == 1 && world > 1
+func (o *Options) expertParallel(world int) bool {
+	return o.moe() && o.Engine == "cpu" && o.CP == 1 && world > 1
 }
 
 // checkMoE refuses MoE configurations no engine can run, and a moe-stop
 // fault that could never fire, before any work (docs/moe.md).
-func (o *serveOptions) checkMoE(world int) error {
-	if o.moe() && o.engine == "cuda" {
+func (o *Options) checkMoE(world int) error {
+	if o.moe() && o.Engine == "cuda" {
 		return usage.Errorf("%s %s is a mixture-of-experts model: the cuda engine has no MoE layers yet; "+
-			"use --engine cpu (moe-tiny) or --engine twin", o.src("model"), o.model)
+			"use --engine cpu (moe-tiny) or --engine twin", o.Src("model"), o.Model)
 	}
 	f := o.fault
 	if f == nil || f.kind != "moe-stop" {
 		return nil
 	}
-	s, _ := o.modelShape() // a MoE model, so it has a shape
+	s, _ := o.ModelShape() // a MoE model, so it has a shape
 	switch {
 	case !o.expertParallel(world):
 		return fmt.Errorf("%s=%q: moe-stop stops a rank inside a MoE exchange, which needs a MoE model (e.g. --model moe-tiny) "+
@@ -47,11 +47,11 @@ func (o *serveOptions) checkMoE(world int) error {
 // openEPGroup opens the expert-parallel group of an in-process run with
 // world ranks; nil when the run has no expert parallelism (a process of a
 // multi-process run opens its member with openProcessExchangeGroup).
-func (o *serveOptions) openEPGroup(world int) (*nativeengine.CPGroup, error) {
+func (o *Options) openEPGroup(world int) (*nativeengine.CPGroup, error) {
 	if !o.expertParallel(world) {
 		return nil, nil
 	}
-	g, err := nativeengine.NewCPGroup(world, o.collectiveTimeout)
+	g, err := nativeengine.NewCPGroup(world, o.CollectiveTimeout)
 	if err != nil {
 		return nil, fmt.Errorf("opening the expert-parallel group: %w", err)
 	}

@@ -1,4 +1,4 @@
-package main
+package fleet
 
 // Startup checks of `worker run` that need more than one option: the
 // merged options, the scheduler configuration (TLLM_* applied), the launch
@@ -20,20 +20,20 @@ import (
 // startupChecks checks o with its scheduler configuration sc under launch
 // l; getenv reads the environment. It returns the startup notes to log and
 // records the test fault in o.fault.
-func (o *serveOptions) startupChecks(sc scheduler.Config, l nccl.Launch, getenv func(string) string) ([]string, error) {
+func (o *Options) startupChecks(sc scheduler.Config, l nccl.Launch, getenv func(string) string) ([]string, error) {
 	var notes []string
 	if err := sc.CheckServable(); err != nil {
 		return nil, usage.Wrap(err)
 	}
-	helix := o.cp > 1
+	helix := o.CP > 1
 	// kvcache.md §10 / executor.md §11.4 P-08: block reuse with Helix is a
 	// construction error naming the option. Reuse at its default is turned
 	// off with a note, as the automatic host tier is (kvcache.md §3.4).
-	if helix && o.reuseOnBy != "" {
+	if helix && o.Sources.ReuseOnBy != "" {
 		return nil, usage.Errorf("%s turns block reuse on with %s %d: aggregated Helix does not support block reuse "+
-			"(a ledger block's bytes span CP ranks); remove the setting or set it to false", o.reuseOnBy, o.src("cp"), o.cp)
+			"(a ledger block's bytes span CP ranks); remove the setting or set it to false", o.Sources.ReuseOnBy, o.Src("cp"), o.CP)
 	}
-	if helix && !o.noPrefixReuse {
+	if helix && !o.NoPrefixReuse {
 		notes = append(notes, "aggregated Helix turns block reuse off (a ledger block's bytes span CP ranks)")
 	}
 	check, err := executor.ParseScheduleCheckEnv(getenv(executor.ScheduleCheckEnv))
@@ -48,9 +48,9 @@ func (o *serveOptions) startupChecks(sc scheduler.Config, l nccl.Launch, getenv 
 		if err := o.checkMultiProcessHelix(l); err != nil {
 			return nil, err
 		}
-		if !helix && o.ranks != 1 && o.ranks != l.WorldSize && o.ranksSet {
+		if !helix && o.Ranks != 1 && o.Ranks != l.WorldSize && o.Sources.RanksSet {
 			return nil, usage.Errorf("%s %d does not match the %s launch of %d processes (one rank per process)",
-				o.src("ranks"), o.ranks, l.Launcher, l.WorldSize)
+				o.Src("ranks"), o.Ranks, l.Launcher, l.WorldSize)
 		}
 	}
 	if o.fault, err = parseFault(getenv(FaultEnv)); err != nil {
@@ -73,18 +73,18 @@ func (o *serveOptions) startupChecks(sc scheduler.Config, l nccl.Launch, getenv 
 // publishes the uncached-prefill estimates it reads, and a router runs only
 // under attention DP over more than one rank (scheduler.md §10.1,
 // router-and-calibration.md §5). "" when demotion can work.
-func (o *serveOptions) demotionNote(sc scheduler.Config, world int) string {
+func (o *Options) demotionNote(sc scheduler.Config, world int) string {
 	if sc.Demotion.UncachedTokens <= 0 || !sc.ChunkedContext {
 		return "" // off, and ConfigFromEnv already said why
 	}
 	var why string
 	switch {
-	case o.cp > 1:
-		why = fmt.Sprintf("Helix CP (%s %d) runs no router", o.src("cp"), o.cp)
+	case o.CP > 1:
+		why = fmt.Sprintf("Helix CP (%s %d) runs no router", o.Src("cp"), o.CP)
 	case world <= 1:
-		why = fmt.Sprintf("one rank (%s %d) runs no router", o.src("ranks"), world)
-	case o.routerName != "conversation":
-		why = fmt.Sprintf("the %s router (%s) publishes none", o.routerName, o.src("router"))
+		why = fmt.Sprintf("one rank (%s %d) runs no router", o.Src("ranks"), world)
+	case o.Router != "conversation":
+		why = fmt.Sprintf("the %s router (%s) publishes none", o.Router, o.Src("router"))
 	default:
 		return ""
 	}
@@ -97,21 +97,21 @@ func (o *serveOptions) demotionNote(sc scheduler.Config, world int) string {
 // came from, so that its errors and notes name the flag or the config
 // file's key (the file-only settings were named by fileConfig.apply; the
 // TLLM_* variables name themselves in ConfigFromEnv).
-func (o *serveOptions) nameSchedulerSettings(c *scheduler.Config) {
-	c.Names[scheduler.SettingMaxBatchSize] = o.src("max-batch-size")
-	c.Names[scheduler.SettingMaxNumTokens] = o.src("max-num-tokens")
-	c.Names[scheduler.SettingChunkedContext] = o.src("chunked-prefill")
-	c.Names[scheduler.SettingChunkUnitSize] = o.src("chunk-unit")
-	if o.chunkUnit == 0 {
+func (o *Options) nameSchedulerSettings(c *scheduler.Config) {
+	c.Names[scheduler.SettingMaxBatchSize] = o.Src("max-batch-size")
+	c.Names[scheduler.SettingMaxNumTokens] = o.Src("max-num-tokens")
+	c.Names[scheduler.SettingChunkedContext] = o.Src("chunked-prefill")
+	c.Names[scheduler.SettingChunkUnitSize] = o.Src("chunk-unit")
+	if o.Scheduler.ChunkUnitSize == 0 {
 		c.Names[scheduler.SettingChunkUnitSize] = fmt.Sprintf("%s (the chunk unit while %s is 0)",
-			o.src("tokens-per-page"), o.src("chunk-unit"))
+			o.Src("tokens-per-page"), o.Src("chunk-unit"))
 	}
-	c.Names[scheduler.SettingPolicy] = o.src("policy")
+	c.Names[scheduler.SettingPolicy] = o.Src("policy")
 	if c.Names[scheduler.SettingRecomputePause] == "" {
 		c.Names[scheduler.SettingRecomputePause] = "scheduler.enable_recompute_pause in --config"
 	}
 	if c.Names[scheduler.SettingSchedulerCapacity] == "" {
 		c.Names[scheduler.SettingSchedulerCapacity] = "scheduler.scheduler_capacity in --config"
 	}
-	c.Names[scheduler.SettingPoolSize] = fmt.Sprintf("%s (KV pages per rank) and %s", o.src("pages"), o.src("tokens-per-page"))
+	c.Names[scheduler.SettingPoolSize] = fmt.Sprintf("%s (KV pages per rank) and %s", o.Src("pages"), o.Src("tokens-per-page"))
 }

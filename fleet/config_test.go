@@ -1,7 +1,6 @@
-package main
+package fleet
 
 import (
-	"bytes"
 	"os"
 	"path/filepath"
 	"strings"
@@ -20,18 +19,9 @@ func writeConfig(t *testing.T, text string) string {
 	return path
 }
 
-// runCLI runs the worker's command line and returns its exit code, stdout
-// and stderr.
-func runCLI(t *testing.T, args ...string) (int, string, string) {
-	t.Helper()
-	var out, errb bytes.Buffer
-	code := run(args, &out, &errb)
-	return code, out.String(), errb.String()
-}
-
 // goIsms are fragments of Go's own error texts (type names, struct dumps,
 // decoder internals) that a user-facing config error must never show.
-var goIsms = []string{"main.", "struct {", "interface {", "*int", "[]uint8", "yaml: unmarshal", "reflect", "json:\""}
+var goIsms = []string{"main.", "fleet.", "struct {", "interface {", "*int", "[]uint8", "yaml: unmarshal", "reflect", "json:\""}
 
 // requireUserFacing fails when msg shows a Go-ism.
 func requireUserFacing(t *testing.T, msg string) {
@@ -142,34 +132,34 @@ workload:
 	fc, err := parseFileConfig("c.yaml", []byte(text))
 	require.NoError(t, err)
 	require.Len(t, fc.settings, len(fileKeys), "every key of the table is in the example")
-	o := defaultServeOptions()
+	o := Defaults()
 	fc.apply(&o, map[string]bool{"limit": true})
-	require.Equal(t, "fake", o.engine)
-	require.Equal(t, uint64(18446744073709551615), o.seed)
-	require.Equal(t, 3, o.ranks)
-	require.True(t, o.ranksSet)
-	require.Equal(t, "off", o.overlap)
-	require.Equal(t, 512, o.pages)
-	require.Equal(t, 32, o.tokensPerPage)
-	require.True(t, o.noPrefixReuse)
-	require.Equal(t, 2048, o.maxNumTokens)
-	require.Equal(t, 6, o.sched.SchedulerCapacity)
-	require.False(t, o.sched.RecomputePause)
-	require.False(t, o.sched.PrefixAware)
-	require.Equal(t, int64(35000), o.sched.EqualCost.KVOffset)
-	require.Equal(t, int64(3), o.sched.EqualCost.PerChunkDepthTokens)
-	require.Equal(t, int64(32768), o.sched.Demotion.UncachedTokens)
-	require.Equal(t, int64(2), o.sched.Demotion.MaxIters)
-	require.Equal(t, "t.jsonl", o.trace)
-	require.Equal(t, 0, o.limit, "a flag given on the command line wins over the file")
-	require.Equal(t, 0.05, o.lengthScale)
-	require.Equal(t, 0.0, o.arrivalScale)
+	require.Equal(t, "fake", o.Engine)
+	require.Equal(t, uint64(18446744073709551615), o.Seed)
+	require.Equal(t, 3, o.Ranks)
+	require.True(t, o.Sources.RanksSet)
+	require.Equal(t, "off", o.Overlap)
+	require.Equal(t, 512, o.Pages)
+	require.Equal(t, 32, o.TokensPerPage)
+	require.True(t, o.NoPrefixReuse)
+	require.Equal(t, 2048, o.Scheduler.MaxNumTokens)
+	require.Equal(t, 6, o.Scheduler.SchedulerCapacity)
+	require.False(t, o.Scheduler.RecomputePause)
+	require.False(t, o.Scheduler.PrefixAware)
+	require.Equal(t, int64(35000), o.Scheduler.EqualCost.KVOffset)
+	require.Equal(t, int64(3), o.Scheduler.EqualCost.PerChunkDepthTokens)
+	require.Equal(t, int64(32768), o.Scheduler.Demotion.UncachedTokens)
+	require.Equal(t, int64(2), o.Scheduler.Demotion.MaxIters)
+	require.Equal(t, "t.jsonl", o.Trace)
+	require.Equal(t, 0, o.Limit, "a flag given on the command line wins over the file")
+	require.Equal(t, 0.05, o.LengthScale)
+	require.Equal(t, 0.0, o.ArrivalScale)
 	// Origins: the file's FILE:LINE key, or the flag.
-	require.Equal(t, "c.yaml:10 kv.pages", o.src("pages"))
-	require.Equal(t, "c.yaml:19 scheduler.max_num_tokens", o.src("max-num-tokens"))
-	require.Equal(t, "--limit", o.src("limit"))
-	require.Equal(t, "--report", o.src("report"))
-	require.Equal(t, "c.yaml:26 scheduler.equal_cost.kv_cost_offset", o.sched.Names[scheduler.SettingKVCostOffset])
+	require.Equal(t, "c.yaml:10 kv.pages", o.Src("pages"))
+	require.Equal(t, "c.yaml:19 scheduler.max_num_tokens", o.Src("max-num-tokens"))
+	require.Equal(t, "--limit", o.Src("limit"))
+	require.Equal(t, "--report", o.Src("report"))
+	require.Equal(t, "c.yaml:26 scheduler.equal_cost.kv_cost_offset", o.Scheduler.Names[scheduler.SettingKVCostOffset])
 
 	// Empty files, comment-only files and empty sections set nothing.
 	for _, empty := range []string{"", "# nothing\n", "---\n", "kv:\n"} {
@@ -226,7 +216,7 @@ func TestConfigErrorsNameTheirOrigin(t *testing.T) {
 // TestConfigDocumentsEveryKey: docs/config.md shows every key of the file
 // under its own name (the example is the reference users copy).
 func TestConfigDocumentsEveryKey(t *testing.T) {
-	doc, err := os.ReadFile("../../docs/config.md")
+	doc, err := os.ReadFile("../docs/config.md")
 	require.NoError(t, err)
 	for _, p := range fileKeyPaths() {
 		parts := strings.Split(p, ".")
@@ -241,10 +231,10 @@ func TestConfigDocumentsEveryKey(t *testing.T) {
 	fc, err := parseFileConfig("docs/config.md", []byte(example))
 	require.NoError(t, err)
 	require.Len(t, fc.settings, len(fileKeys), "the example shows every key")
-	o, want := defaultServeOptions(), defaultServeOptions()
+	o, want := Defaults(), Defaults()
 	fc.apply(&o, map[string]bool{})
-	require.NoError(t, o.validate())
-	o.origin, o.ranksSet, want.ranksSet, o.pagesSet, o.reuseOnBy = nil, false, false, false, ""
-	o.sched.Names = want.sched.Names
+	require.NoError(t, o.Validate())
+	o.Sources.Origin, o.Sources.RanksSet, want.Sources.RanksSet, o.Sources.PagesSet, o.Sources.ReuseOnBy = nil, false, false, false, ""
+	o.Scheduler.Names = want.Scheduler.Names
 	require.Equal(t, want, o, "the example's values are the defaults")
 }

@@ -1,0 +1,124 @@
+package fleet
+
+// The fleet's command line: every flag of `worker run` (and `worker serve`,
+// which adds its own), and the parse that merges them with the config file
+// and validates the result.
+
+import (
+	"errors"
+	"flag"
+	"io"
+	"strings"
+
+	"github.com/lockstep-ai/lockstep/bridge"
+	"github.com/lockstep-ai/lockstep/bridge/twin"
+	"github.com/lockstep-ai/lockstep/internal/usage"
+)
+
+// AddFlags registers the fleet's flags on fs, bound to o (their defaults
+// are o's values): `worker run`'s, which `worker serve` shares.
+func (o *Options) AddFlags(fs *flag.FlagSet) {
+	fs.StringVar(&o.Engine, "engine", o.Engine, "engine backend: cpu (native CPU reference), cuda (GPU; device = local rank), "+
+		"twin (digital twin: modelled GPU time on a virtual clock, docs/twin.md) or fake (pure Go, deterministic)")
+	fs.StringVar(&o.GPU, "gpu", o.GPU, "with --engine twin: the GPU the twin models ("+strings.Join(twin.GPUNames(), ", ")+")")
+	fs.StringVar(&o.CostProfile, "cost-profile", o.CostProfile, "with --engine twin: a cost profile file (JSON, docs/twin.md) instead of --gpu and --model")
+	fs.IntVar(&o.TP, "tp", o.TP, "with --engine twin: tensor-parallel GPUs per attention-DP rank")
+	fs.Var(costModeFlag{o}, "ctx-cost", "where equal-cost chunking's kv_cost_offset and kv_depth_threshold come from: "+
+		"off (scheduler.equal_cost or the TLLM_V2_CTX_COST_* variables), manual (scheduler.equal_cost only) or "+
+		"auto (the online calibrator, docs/calibration.md)")
+	fs.Float64Var(&o.GPUMemFraction, "gpu-mem-fraction", o.GPUMemFraction, "with --engine cuda and --pages 0: share of free GPU memory (after weights) for KV pages")
+	fs.StringVar(&o.Model, "model", o.Model, "a checkpoint (GGUF file or Hugging Face directory) or a synthetic preset: "+strings.Join(bridge.PresetNames(), ", "))
+	o.Text.flags(fs)
+	fs.Uint64Var(&o.Seed, "seed", o.Seed, "seed of the synthetic weights and token ids")
+	fs.IntVar(&o.Ranks, "ranks", o.Ranks, "in-process attention-DP ranks")
+	fs.IntVar(&o.Pages, "pages", o.Pages, "KV pages per rank (0 with --engine cuda: size from free GPU memory)")
+	fs.IntVar(&o.TokensPerPage, "tokens-per-page", o.TokensPerPage, "tokens per KV page")
+	fs.IntVar(&o.HostPages, "host-pages", o.HostPages, "host-tier KV pages per rank (0 = no host tier)")
+	fs.IntVar(&o.MaxSeqLen, "max-seq-len", o.MaxSeqLen, "longest sequence in tokens (0 = the pool's size)")
+	fs.IntVar(&o.Scheduler.MaxBatchSize, "max-batch-size", o.Scheduler.MaxBatchSize, "requests per iteration per rank")
+	fs.IntVar(&o.Scheduler.MaxNumTokens, "max-num-tokens", o.Scheduler.MaxNumTokens, "token budget per iteration per rank (0 = unlimited)")
+	fs.IntVar(&o.Scheduler.ChunkUnitSize, "chunk-unit", o.Scheduler.ChunkUnitSize, "chunked-prefill granularity in tokens (0 = tokens per page)")
+	fs.BoolVar(&o.Scheduler.ChunkedContext, "chunked-prefill", o.Scheduler.ChunkedContext, "split long prompts into chunks")
+	fs.Var(policyFlag{o}, "policy", "capacity policy: max_utilization or guaranteed_no_evict")
+	fs.StringVar(&o.Trace, "trace", o.Trace, "Mooncake JSON Lines trace (default: the built-in sample of 64 requests)")
+	fs.IntVar(&o.Limit, "limit", o.Limit, "serve at most N requests of the trace (0 = all)")
+	fs.Float64Var(&o.LengthScale, "length-scale", o.LengthScale, "multiply input, output and block lengths by F (at least 1 token each)")
+	fs.Float64Var(&o.ArrivalScale, "arrival-scale", o.ArrivalScale, "multiply trace arrival times by F (0 = every request arrives at once)")
+	fs.StringVar(&o.Report, "report", o.Report, "report format: text or json")
+	fs.StringVar(&o.IterLog, "iter-log", o.IterLog, "per-rank iteration log, JSON Lines ({rank} is replaced by the rank; ranks from TLLM_PROFILE_LOG_RANKS)")
+	fs.StringVar(&o.RequestsOut, "requests-out", o.RequestsOut, "write one JSON line per request to this file")
+	fs.StringVar(&o.ConfigPath, "config", o.ConfigPath, "YAML config file (flags given on the command line override it)")
+	fs.StringVar(&o.Progress, "progress", o.Progress, "progress display: auto, bar, lines or off")
+	fs.DurationVar(&o.CollectiveTimeout, "collective-timeout", o.CollectiveTimeout, "collective watchdog timeout")
+	fs.StringVar(&o.LogLevel, "log-level", o.LogLevel, "log level: debug, info, warn or error")
+	fs.StringVar(&o.Overlap, "overlap", o.Overlap, "overlap loop: on (schedule iteration N+1 while N runs) or off")
+	fs.StringVar(&o.Router, "router", o.Router, "attention-DP router: default (load-balanced) or conversation (conversation-aware)")
+	fs.BoolVar(&o.InferConversations, "infer-conversations", o.InferConversations, "infer conversation ids of a Mooncake trace from its hash_ids prefix chains")
+	fs.BoolVar(&o.ContextOnly, "context-only", o.ContextOnly, "serve as a disaggregated context server: every request generates its first token only "+
+		"(prefill, as the ranks the equal-cost calibration was designed on; docs/calibration.md)")
+	fs.IntVar(&o.MaxActivePerRank, "max-active-per-rank", o.MaxActivePerRank, "router hard cap of active requests per rank")
+	fs.BoolVar(&o.NoPrefixReuse, "no-prefix-reuse", o.NoPrefixReuse, "turn radix-tree prefix reuse off")
+	fs.StringVar(&o.KVEvents, "kv-events", o.KVEvents, "write the KV cache event stream (JSON Lines) to this file")
+	fs.IntVar(&o.EventBufferMaxSize, "event-buffer-max-size", o.EventBufferMaxSize, "KV events each rank publishes per flush (older ones are dropped and counted)")
+	fs.IntVar(&o.CP, "cp", o.CP, "aggregated Helix context parallelism over this many in-process ranks (mutually exclusive with --ranks > 1)")
+}
+
+// policyFlag is --policy, bound to Options.Scheduler.Policy.
+type policyFlag struct{ o *Options }
+
+func (f policyFlag) String() string {
+	if f.o == nil {
+		return ""
+	}
+	return f.o.PolicyName()
+}
+
+func (f policyFlag) Set(s string) error { f.o.SetPolicy(s); return nil }
+
+// costModeFlag is --ctx-cost, bound to Options.Scheduler.CostMode.
+type costModeFlag struct{ o *Options }
+
+func (f costModeFlag) String() string {
+	if f.o == nil {
+		return ""
+	}
+	return f.o.CostModeName()
+}
+
+func (f costModeFlag) Set(s string) error { f.o.SetCostMode(s); return nil }
+
+// ParseArgs reads `worker run`'s flags and config file and validates the
+// result.
+func ParseArgs(args []string, stderr io.Writer) (*Options, error) {
+	o := Defaults()
+	fs := flag.NewFlagSet("run", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	o.AddFlags(fs)
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil, err
+		}
+		return nil, usage.Wrap(err)
+	}
+	if fs.NArg() > 0 {
+		return nil, usage.Errorf("unexpected arguments: %v", fs.Args())
+	}
+	if err := o.Complete(fs); err != nil {
+		return nil, err
+	}
+	return &o, nil
+}
+
+// Complete finishes options parsed from fs: it merges the config file under
+// the flags given on the command line and validates the result.
+func (o *Options) Complete(fs *flag.FlagSet) error {
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if err := o.MergeConfig(set); err != nil {
+		return err
+	}
+	if o.CP > 1 && !o.Sources.RanksSet {
+		o.Ranks = 1 // Helix replaces attention DP unless asked otherwise (then Validate refuses)
+	}
+	return o.Validate()
+}

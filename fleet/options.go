@@ -1,0 +1,210 @@
+// Package fleet is one fleet of lockstep ranks as a library: the options of
+// `worker run` and `worker serve` (one typed struct, its flags and its YAML
+// config file), the checks that refuse an impossible configuration before
+// any work, the launcher, process-group and exchange wiring, rank
+// construction and engine opening, the outputs, fault injection and pool
+// sizing. `worker run`, `worker serve` and `worker eval` call it.
+//
+// A run: Defaults, AddFlags and ParseArgs (or fill Options in code), then
+// Validate, then Run. Run returns rank 0's outcome: the report, the ranks'
+// result and the workload.
+package fleet
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	nativeengine "github.com/lockstep-ai/lockstep/bridge/native"
+	"github.com/lockstep-ai/lockstep/bridge/twin"
+	"github.com/lockstep-ai/lockstep/executor"
+	"github.com/lockstep-ai/lockstep/model"
+	"github.com/lockstep-ai/lockstep/scheduler"
+)
+
+// Options is everything a fleet needs, after flags, the config file and
+// the environment are merged. Each field's flag is named beside it; errors
+// about a value name the flag, or the config file's "FILE:LINE key" that
+// set it (Src).
+type Options struct {
+	Engine string // --engine: cpu, cuda, twin or fake
+	Model  string // --model: a checkpoint path or a synthetic preset
+	Seed   uint64 // --seed
+	Ranks  int    // --ranks: in-process attention-DP ranks
+	CP     int    // --cp: aggregated Helix CP ranks (excludes Ranks > 1)
+
+	Pages         int // --pages: KV pages per rank (0: sized from GPU memory, cuda and twin)
+	TokensPerPage int // --tokens-per-page
+	HostPages     int // --host-pages: host-tier pages per rank (0: none)
+	MaxSeqLen     int // --max-seq-len (0: the pool's size)
+
+	// Scheduler holds every scheduler setting, from flags and the config
+	// file alike. Two follow the flags' conventions until SchedulerConfig
+	// resolves them: MaxNumTokens 0 is unlimited and ChunkUnitSize 0 the
+	// page size. Policy and CostMode are set through SetPolicy and
+	// SetCostMode, which keep an unknown name for Validate to refuse.
+	Scheduler scheduler.Config
+	// Calibration holds the online calibrator's settings
+	// (scheduler.ctx_cost.* in the config file; ctx_cost auto).
+	Calibration CalibSettings
+
+	Trace              string  // --trace ("" and no prompts: the built-in sample)
+	Limit              int     // --limit
+	LengthScale        float64 // --length-scale
+	ArrivalScale       float64 // --arrival-scale
+	InferConversations bool    // --infer-conversations
+	ContextOnly        bool    // --context-only: every request generates its first token only
+	Text               PromptOptions
+
+	Report             string // --report: text or json (printed by the command)
+	IterLog            string // --iter-log ({rank} replaced)
+	RequestsOut        string // --requests-out
+	KVEvents           string // --kv-events
+	EventBufferMaxSize int    // --event-buffer-max-size
+	ConfigPath         string // --config (read by MergeConfig)
+	Progress           string // --progress: auto, bar, lines or off
+	LogLevel           string // --log-level
+
+	CollectiveTimeout time.Duration // --collective-timeout
+	Overlap           string        // --overlap: on or off
+	Router            string        // --router: default or conversation
+	MaxActivePerRank  int           // --max-active-per-rank
+	NoPrefixReuse     bool          // --no-prefix-reuse
+	GPUMemFraction    float64       // --gpu-mem-fraction
+
+	GPU         string // --gpu (twin)
+	CostProfile string // --cost-profile (twin)
+	TP          int    // --tp (twin)
+
+	// RecordBusy keeps every forward iteration's per-rank busy times in
+	// the result (worker eval's timeline and waste plots).
+	RecordBusy bool
+
+	// Sources says where values came from, for messages.
+	Sources Sources
+
+	// API is the HTTP API of `worker serve` on rank 0 (nil for run): the
+	// fleet's request source instead of the workload.
+	API RequestServer
+	// GPUFreeMemory reads a GPU's free memory in bytes (NVML, injected by
+	// the command; --pages 0 with --engine cuda). Nil: no GPU discovery.
+	GPUFreeMemory func(device int) (uint64, error)
+
+	badPolicy, badCostMode string // names SetPolicy/SetCostMode refused
+
+	profile  *twin.Profile    // --engine twin: the cost profile (set by Validate)
+	loaded   *model.Model     // --model PATH, opened by Validate
+	rendered []renderedPrompt // the tokenised prompts of a prompt run
+	fault    *fault           // LOCKSTEP_TEST_FAULT, checked at startup
+	out      *outputFiles     // opened before any work
+	// epGroup is the expert-parallel group of a MoE run (openEPGroup), set
+	// before the ranks are built; nil without expert parallelism.
+	epGroup *nativeengine.CPGroup
+}
+
+// Sources records where settings came from.
+type Sources struct {
+	// Origin maps a flag name to the config file's "FILE:LINE key" for
+	// values the file set.
+	Origin map[string]string
+	// RanksSet and PagesSet: the rank count and the pool size were given
+	// (a flag or the file), not defaulted.
+	RanksSet, PagesSet bool
+	// ReuseOnBy names what turned block reuse on explicitly ("" when it
+	// is at its default).
+	ReuseOnBy string
+}
+
+// SetOrigin records that flag's value came from origin instead of the
+// command line.
+func (s *Sources) SetOrigin(flag, origin string) {
+	if s.Origin == nil {
+		s.Origin = map[string]string{}
+	}
+	s.Origin[flag] = origin
+}
+
+// RequestServer is the HTTP API of `worker serve`: rank 0's request source,
+// the hooks that stream tokens back, and the signal that every rank is up.
+type RequestServer interface {
+	Source() executor.Source
+	Hooks(cfg *executor.Config)
+	SetReady()
+}
+
+// Defaults are the options with no flag and no config file.
+func Defaults() Options {
+	sc := scheduler.DefaultConfig()
+	sc.MaxBatchSize, sc.MaxNumTokens, sc.ChunkedContext = 64, 1024, true
+	return Options{
+		Engine: "cpu", Model: "tiny", Seed: 1, Ranks: 4,
+		Pages: 4096, TokensPerPage: 16, Scheduler: sc,
+		LengthScale: 1, ArrivalScale: 1, Report: "text", Progress: "auto",
+		CollectiveTimeout: 60 * time.Second, LogLevel: "info", Overlap: "on",
+		Router: "default", MaxActivePerRank: 1024, CP: 1, EventBufferMaxSize: 1 << 20,
+		GPUMemFraction: 0.9, GPU: "h200", TP: 1, Calibration: DefaultCalibSettings(),
+		Text: PromptOptions{MaxTokens: 128},
+	}
+}
+
+// SetPolicy sets the capacity policy from its name (any case); an unknown
+// name is kept for Validate, which refuses it naming where it came from.
+func (o *Options) SetPolicy(name string) {
+	p, err := parsePolicy(name)
+	if err != nil {
+		o.badPolicy = name
+		return
+	}
+	o.Scheduler.Policy, o.badPolicy = p, ""
+}
+
+// PolicyName is the capacity policy as the flag spells it.
+func (o *Options) PolicyName() string {
+	if o.badPolicy != "" {
+		return o.badPolicy
+	}
+	return strings.ToLower(o.Scheduler.Policy.String())
+}
+
+// SetCostMode sets where equal-cost chunking's O and D come from (--ctx-cost:
+// off, manual or auto); an unknown name is kept for Validate.
+func (o *Options) SetCostMode(name string) {
+	m, err := scheduler.ParseCostMode(name)
+	if err != nil {
+		o.badCostMode = name
+		return
+	}
+	o.Scheduler.CostMode, o.badCostMode = m, ""
+}
+
+// CostModeName is the ctx_cost mode as the flag spells it.
+func (o *Options) CostModeName() string {
+	if o.badCostMode != "" {
+		return o.badCostMode
+	}
+	return o.Scheduler.CostMode.String()
+}
+
+// parsePolicy accepts the spec's names, case-insensitively.
+func parsePolicy(s string) (scheduler.Policy, error) {
+	switch strings.ToLower(s) {
+	case "max_utilization":
+		return scheduler.MaxUtilization, nil
+	case "guaranteed_no_evict":
+		return scheduler.GuaranteedNoEvict, nil
+	}
+	return 0, fmt.Errorf("capacity policy %q is not allowed (allowed: max_utilization, guaranteed_no_evict)", s)
+}
+
+// Src names where the value of flag's option came from, for messages: the
+// config file's "FILE:LINE key", or "--flag" (given or default).
+func (o *Options) Src(flag string) string {
+	if s, ok := o.Sources.Origin[flag]; ok {
+		return s
+	}
+	return "--" + flag
+}
+
+// Loaded is the checkpoint --model opened (nil for a preset); Validate
+// opens it and Run closes it.
+func (o *Options) Loaded() *model.Model { return o.loaded }

@@ -1,0 +1,151 @@
+package fleet
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/lockstep-ai/lockstep/bridge/twin"
+	"github.com/lockstep-ai/lockstep/executor"
+	"github.com/lockstep-ai/lockstep/internal/usage"
+	"github.com/lockstep-ai/lockstep/nccl"
+	"github.com/lockstep-ai/lockstep/report"
+	"github.com/lockstep-ai/lockstep/scheduler"
+	"github.com/lockstep-ai/lockstep/workload"
+)
+
+// Outcome is a finished run as rank 0's process sees it.
+type Outcome struct {
+	Report *report.Report
+	Result Result
+	Reqs   []workload.Request
+	// OutErr is the first error of an output file: the run itself
+	// succeeded, the file is incomplete.
+	OutErr error
+}
+
+// Result is what the ranks produced, as seen from rank 0.
+type Result struct {
+	Rank0    *executor.Result
+	Wall     time.Duration
+	DeviceMS []float64 // per rank
+}
+
+// Print prints the report in format (text or json; a prompt run's
+// completions come first in text). The report is printed even when an
+// output failed, since the results exist; then an incomplete output, and a
+// run in which nothing was served, are errors.
+func (out *Outcome) Print(w io.Writer, format string) error {
+	var err error
+	if format == "json" {
+		err = out.Report.WriteJSON(w)
+	} else {
+		if out.Report.Outputs != nil {
+			err = report.WritePromptOutputs(w, out.Report.Outputs)
+		}
+		err = errors.Join(err, out.Report.WriteText(w))
+	}
+	if out.OutErr != nil {
+		return errors.Join(err, fmt.Errorf("the run finished (report printed) but an output is incomplete: %w", out.OutErr))
+	}
+	if err != nil {
+		return err
+	}
+	return out.Report.NothingServed()
+}
+
+// Run runs validated options: scheduler configuration (getenv supplies
+// the TLLM_* variables), startup checks, outputs, workload, the ranks, the
+// report. It returns nil, nil on a process that is not rank 0.
+func Run(o *Options, stderr io.Writer, getenv func(string) string) (*Outcome, error) {
+	log, err := newLogger(stderr, o.LogLevel)
+	if err != nil {
+		return nil, err
+	}
+	defer log.Sync() //nolint:errcheck
+	sc, launch, err := o.prepare(log, getenv)
+	if err != nil {
+		return nil, err
+	}
+	if o.loaded != nil {
+		defer o.loaded.Close() //nolint:errcheck // read-only mapping
+	}
+	if o.out, err = o.openOutputs(launch, log, getenv); err != nil {
+		return nil, err
+	}
+	defer o.out.close() //nolint:errcheck // closed again below, where its errors are reported
+	reqs, err := o.LoadWorkload(o.AttentionDPRanks(launch))
+	if err != nil {
+		return nil, err
+	}
+	if err := o.checkServable(sc, reqs); err != nil {
+		return nil, err
+	}
+	var res *Result
+	if launch.MultiProcess() {
+		res, err = runProcess(o, sc, reqs, launch, log, stderr, getenv)
+	} else {
+		res, err = runInProcess(o, sc, reqs, log, stderr, getenv)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if w := o.fault.unfiredWarning(); w != "" {
+		log.Warn(w)
+	}
+	if res == nil {
+		return nil, o.out.close() // not rank 0: rank 0 prints the report
+	}
+	rep := report.Build(o.runInfo(res), reqs, res.Rank0)
+	if w := o.out.requestsWriter(); w != nil {
+		report.WriteRequests(w, reqs, res.Rank0.Responses) //nolint:errcheck // an output keeps its first error for close
+	}
+	return &Outcome{Report: rep, Result: *res, Reqs: reqs, OutErr: o.out.close()}, nil
+}
+
+// prepare builds the scheduler configuration, detects the launch and runs
+// the startup checks, logging their notes and the model.
+func (o *Options) prepare(log *zap.Logger, getenv func(string) string) (scheduler.Config, nccl.Launch, error) {
+	sc, notes, err := o.SchedulerConfig(getenv)
+	if err != nil {
+		return sc, nccl.Launch{}, usage.Wrap(err)
+	}
+	launch, err := nccl.DetectLaunch(getenv)
+	if err != nil {
+		return sc, launch, usage.Wrap(err)
+	}
+	more, err := o.startupChecks(sc, launch, getenv)
+	if err != nil {
+		return sc, launch, err
+	}
+	for _, n := range append(notes, more...) {
+		log.Info(n)
+	}
+	if m := o.loaded; m != nil {
+		log.Info("model", zap.String("path", m.Path), zap.String("name", m.Name),
+			zap.String("format", m.Format), zap.Int64("weight_bytes", m.WeightBytes()), zap.Any("shape", m.Shape))
+	}
+	return sc, launch, nil
+}
+
+// runInfo is what the report says about the run besides its requests.
+func (o *Options) runInfo(res *Result) report.RunInfo {
+	info := report.RunInfo{Engine: o.Engine, Model: o.Model, Ranks: o.Ranks, Wall: res.Wall, DeviceMSPerRank: res.DeviceMS,
+		MoE: o.moe() && o.Engine != "twin"}
+	if o.loaded != nil {
+		info.Model = o.loaded.Name
+		if o.Text.Active() {
+			info.Outputs = o.promptOutputs(res)
+		}
+	}
+	if o.Engine == "twin" {
+		info.Model, info.VirtualEpoch = o.profile.Model.Name, twinEpoch
+		if o.profile.Kind == twin.KindRoofline {
+			info.GPU = o.profile.GPU.Name
+		}
+	}
+	return info
+}
