@@ -7,6 +7,9 @@ import (
 	"github.com/lockstep-ai/lockstep/scheduler"
 )
 
+// Agree on the forward (executor.md §4): the attention-DP padding dummy, the
+// can_queue allgather, and what a pass that is not launched gives back.
+
 // padDummy adds a one-token padding request when this rank has nothing
 // schedulable while the fleet has work (§4.2).
 func (e *Executor) padDummy() {

@@ -12,6 +12,10 @@ import (
 	"github.com/lockstep-ai/lockstep/scheduler/router"
 )
 
+// An Executor is one rank's loop state: what it owns (the active requests,
+// the waiting queue, the launched batch), what it reports (Result), and the
+// helpers every stage uses (clocks, group predicates, shared gathers).
+
 // Result is what a rank's loop returns when every rank has drained.
 type Result struct {
 	// Responses holds every finished or rejected request (rank 0 only).

@@ -10,6 +10,11 @@ import (
 	"github.com/lockstep-ai/lockstep/workload"
 )
 
+// Intake (DESIGN.md §2 step 1; executor.md §3 step 2): rank 0 reads the
+// arrivals its Source has due, screens them (Admission) and broadcasts them
+// with the shutdown flag and the cancellations; every rank appends them to
+// its waiting queue in broadcast order.
+
 // Arrival is one new request as broadcast from rank 0 to every rank.
 type Arrival struct {
 	ID             uint64 // request id (the trace index)

@@ -11,6 +11,11 @@ import (
 	"github.com/lockstep-ai/lockstep/scheduler"
 )
 
+// The loop skeleton (executor.md §5, §6; DESIGN.md §2): Run drives
+// iterations until every rank agreed to exit; each iteration runs the shared
+// prologue (intake, route, schedule, agree) and then the non-overlap or the
+// overlap tail (step, apply, responses, events, log record).
+
 // Run drives the loop until rank 0's source is exhausted and every rank has
 // drained. Every rank returns in the same iteration.
 func (e *Executor) Run() (*Result, error) {

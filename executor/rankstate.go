@@ -91,6 +91,9 @@ func (e *Executor) decodeRankStates(all [][]byte) (any, error) {
 	return states, nil
 }
 
+// rankState is this rank's contribution to C1: its loads now (dummies left
+// out, retiring requests counted apart) and the statistics of its last
+// iteration (§13.3).
 func (e *Executor) rankState() RankState {
 	s := e.lastStats
 	s.Rank = int64(e.cfg.Rank)

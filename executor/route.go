@@ -2,6 +2,10 @@ package executor
 
 import "github.com/lockstep-ai/lockstep/scheduler/router"
 
+// Route and admit (DESIGN.md §2 step 2): every rank runs the same router on
+// the gathered rank states and the broadcast arrivals, keeps its own
+// assignments and admits them (executor.md §3 steps 3–5).
+
 // route appends the arrivals to the waiting queue, pops what the ranks can
 // take and routes it with the deterministic router (router-and-calibration.md
 // §1): every rank runs the same calls on the same agreed inputs (the gathered

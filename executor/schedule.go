@@ -5,6 +5,9 @@ import (
 	"github.com/lockstep-ai/lockstep/scheduler"
 )
 
+// Schedule (DESIGN.md §2 step 3): what the executor does with a pass's
+// preemptions right after the planner ran (executor.md §11.1–11.2).
+
 // handlePaused counts suspensions and resets recompute victims (§11.1–11.2).
 func (e *Executor) handlePaused(out *scheduler.Output) {
 	for _, s := range out.Paused {
