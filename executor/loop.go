@@ -92,14 +92,41 @@ func (e *Executor) prologue() (*plan, error) {
 	if w, ok := e.d.Comm.(interface{ SetIteration(int64) }); ok {
 		w.SetIteration(e.iter)
 	}
-	// Fetch and route.
-	states, err := e.gatherRankStates()
+	items, states, err := e.fetchAndRoute(p)
 	if err != nil {
 		return nil, err
 	}
+	p.fleetWork = e.fleetHasWork(items, states)
+	if e.shutdown && !p.fleetWork {
+		return nil, nil // agreed: every rank saw the same states and broadcast
+	}
+	// Padding dummy.
+	if e.adp() && p.fleetWork {
+		e.padDummy()
+	}
+	if p.out, err = e.schedule(); err != nil {
+		return nil, err
+	}
+	if p.canQueue, p.canQueueThisRank, err = e.canQueue(p.out.NumFitting); err != nil {
+		return nil, err
+	}
+	p.rec = e.newIterRecord(p.start, p.out, p.canQueue)
+	p.stats = e.statsOf(p.out)
+	return p, nil
+}
+
+// fetchAndRoute is the prologue's intake and routing (§5 step 2): C1, then
+// C2/C3, then the calibrator's observation and this rank's admissions. It
+// returns the broadcast arrivals and the gathered rank states; with a
+// virtual clock p.start becomes rank 0's clock, agreed in the broadcast.
+func (e *Executor) fetchAndRoute(p *plan) ([]Arrival, []RankState, error) {
+	states, err := e.gatherRankStates()
+	if err != nil {
+		return nil, nil, err
+	}
 	items, err := e.fetchArrivals(p.start)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if e.virtual != nil {
 		p.start = e.vnow // rank 0's clock, agreed in the arrival broadcast
@@ -108,7 +135,7 @@ func (e *Executor) prologue() (*plan, error) {
 	// statistics before this pass is planned (§9.2, §10.2).
 	if e.calib != nil {
 		if err := e.observeCost(states); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 	}
 	if e.adp() {
@@ -120,63 +147,22 @@ func (e *Executor) prologue() (*plan, error) {
 			e.admit(a, scheduler.UnsetEstimate)
 		}
 	}
-	p.fleetWork = len(items) > 0 || len(e.waiting) > 0
+	return items, states, nil
+}
+
+// fleetHasWork reports whether any rank has work in this iteration. It
+// reads only agreed values (the broadcast items, the waiting queue every
+// rank holds, the gathered states; without attention DP the replicated
+// requests), so every rank gets the same answer.
+func (e *Executor) fleetHasWork(items []Arrival, states []RankState) bool {
+	work := len(items) > 0 || len(e.waiting) > 0
 	for _, s := range states {
-		p.fleetWork = p.fleetWork || s.ActiveRequests > 0 || s.RetiringRequests > 0
+		work = work || s.ActiveRequests > 0 || s.RetiringRequests > 0
 	}
 	if !e.adp() {
-		p.fleetWork = p.fleetWork || e.hasRealWork() // identical on every CP rank
+		work = work || e.hasRealWork() // identical on every CP rank
 	}
-	if e.shutdown && !p.fleetWork {
-		return nil, nil // agreed: every rank saw the same states and broadcast
-	}
-	// Padding dummy.
-	if e.adp() && p.fleetWork {
-		e.padDummy()
-	}
-	// Schedule. Requests of the executing batch are scheduled normally but
-	// are never victims.
-	e.sched = e.sched[:0]
-	for _, r := range e.active {
-		e.sched = append(e.sched, &r.Request)
-	}
-	e.executing = e.executing[:0]
-	if e.prev != nil {
-		for _, r := range e.prev.reqs {
-			e.executing = append(e.executing, r.ID)
-		}
-	}
-	if p.out, err = e.d.Planner.Schedule(e.sched, e.executing); err != nil {
-		return nil, err
-	}
-	if e.cfg.OnNote != nil {
-		for _, n := range p.out.Notes {
-			e.cfg.OnNote(e.cfg.Rank, n)
-		}
-	}
-	// The Helix schedule check sits right after scheduling, before the
-	// recompute reset and canQueue (§11.1, §11.6).
-	if e.cfg.ScheduleCheck {
-		t := e.wall()
-		err := checkSchedule(e.d.Comm, summarize(e.iter, p.out, e.d.KV.Capacity))
-		e.waitDur += e.wall().Sub(t)
-		if err != nil {
-			return nil, err
-		}
-	}
-	// Recompute victims are reset right after scheduling (§11.1).
-	e.handlePaused(p.out)
-	// Page copies of this pass (suspend to / resume from the host tier) go
-	// to the engine before any later forward.
-	if err := e.submitCopies(); err != nil {
-		return nil, err
-	}
-	if p.canQueue, p.canQueueThisRank, err = e.canQueue(p.out.NumFitting); err != nil {
-		return nil, err
-	}
-	p.rec = e.newIterRecord(p.start, p.out, p.canQueue)
-	p.stats = e.statsOf(p.out)
-	return p, nil
+	return work
 }
 
 // iteration runs one iteration of the configured loop. It returns false when
@@ -298,31 +284,14 @@ func (e *Executor) overlapTail(p *plan) error {
 	e.pending = e.pending[:0]
 	// 13–14: launch, then the state updates of the launch.
 	if p.canQueue {
-		if err := e.buildStep(b); err != nil {
+		if err := e.launch(p, b); err != nil {
 			return err
 		}
-		if err := e.d.Engine.Submit(&e.step); err != nil {
-			return err
-		}
-		if e.virtual != nil {
-			if p.fleetMS, err = e.fleetStepMS(p.rec); err != nil {
-				return err
-			}
-		}
-		e.markLaunched(b)
 	}
 	// 15: exactly one response gather in either branch.
-	if processed {
-		if err := e.gatherResponses("responses", e.finished, 0, false); err != nil {
-			return err
-		}
-		if err := e.writeIterRecord(e.prev.rec, e.prev.start); err != nil {
-			return err
-		}
-	} else if err := e.gatherResponses("responses", nil, 0, false); err != nil {
+	if err := e.answerPrevious(processed); err != nil {
 		return err
 	}
-	e.finished = e.finished[:0]
 	// 16: exactly once per iteration, right after the previous-batch branch.
 	if err := e.addKVCacheEventsSynced(processed); err != nil {
 		return err
@@ -346,6 +315,45 @@ func (e *Executor) overlapTail(p *plan) error {
 	case processed:
 		e.prev = nil
 	}
+	return nil
+}
+
+// launch is §6 steps 13–14: b goes to the engine asynchronously (with a
+// virtual clock, the fleet agrees on its duration, "step_cost"), then the
+// state updates of the launch.
+func (e *Executor) launch(p *plan, b *batch) error {
+	if err := e.buildStep(b); err != nil {
+		return err
+	}
+	if err := e.d.Engine.Submit(&e.step); err != nil {
+		return err
+	}
+	if e.virtual != nil {
+		var err error
+		if p.fleetMS, err = e.fleetStepMS(p.rec); err != nil {
+			return err
+		}
+	}
+	e.markLaunched(b)
+	return nil
+}
+
+// answerPrevious is §6 step 15: exactly one response gather (C7) in either
+// branch. With the previous batch processed it carries that batch's
+// completions, and the batch's iteration record is written; otherwise it
+// is empty and only pairs the gather.
+func (e *Executor) answerPrevious(processed bool) error {
+	if processed {
+		if err := e.gatherResponses("responses", e.finished, 0, false); err != nil {
+			return err
+		}
+		if err := e.writeIterRecord(e.prev.rec, e.prev.start); err != nil {
+			return err
+		}
+	} else if err := e.gatherResponses("responses", nil, 0, false); err != nil {
+		return err
+	}
+	e.finished = e.finished[:0]
 	return nil
 }
 
