@@ -81,35 +81,36 @@ func TestESuitePadding(t *testing.T) {
 		e.padDummy()
 		require.Equal(t, []uint64{dummyIDBase}, activeIDs(e), "a failed AddDummy does not consume a dummy id")
 	})
+}
 
-	t.Run("E-06 attention-DP off: never a dummy", func(t *testing.T) {
-		// One rank (no attention DP) and a Helix CP group of two: the loop
-		// never pads, even while the rank waits for work.
-		for _, helix := range []bool{false, true} {
-			n := 1
-			if helix {
-				n = 2
-			}
-			src := &scriptSource{byIter: [][]Arrival{nil, nil, {arrival(1, 12, 3)}, nil, {arrival(2, 5, 4)}}}
-			g := (&rig{n: n, helix: helix, src: src}).build(t)
-			g.drive(0)
-			g.requireNoErrors(t)
-			for _, rr := range g.ranks {
-				require.Zero(t, rr.kv.addDummies, "helix %v rank %d", helix, rr.rank)
-				for _, p := range rr.plan.passes {
-					for _, id := range append(slices.Clone(p.ctx), p.gen...) {
-						require.Less(t, id, dummyIDBase, "helix %v rank %d scheduled a dummy", helix, rr.rank)
-					}
-				}
-				for _, line := range rr.log.lines {
-					var rec IterRecord
-					require.NoError(t, json.Unmarshal(line, &rec))
-					require.False(t, rec.ADPDummy)
-				}
-			}
-			require.Len(t, g.outputs(t), 2)
+// E-06: attention-DP off, never a dummy.
+func TestE06NoDummyWithoutAttentionDP(t *testing.T) {
+	// One rank (no attention DP) and a Helix CP group of two: the loop
+	// never pads, even while the rank waits for work.
+	for _, helix := range []bool{false, true} {
+		n := 1
+		if helix {
+			n = 2
 		}
-	})
+		src := &scriptSource{byIter: [][]Arrival{nil, nil, {arrival(1, 12, 3)}, nil, {arrival(2, 5, 4)}}}
+		g := (&rig{n: n, helix: helix, src: src}).build(t)
+		g.drive(0)
+		g.requireNoErrors(t)
+		for _, rr := range g.ranks {
+			require.Zero(t, rr.kv.addDummies, "helix %v rank %d", helix, rr.rank)
+			for _, p := range rr.plan.passes {
+				for _, id := range append(slices.Clone(p.ctx), p.gen...) {
+					require.Less(t, id, dummyIDBase, "helix %v rank %d scheduled a dummy", helix, rr.rank)
+				}
+			}
+			for _, line := range rr.log.lines {
+				var rec IterRecord
+				require.NoError(t, json.Unmarshal(line, &rec))
+				require.False(t, rec.ADPDummy)
+			}
+		}
+		require.Len(t, g.outputs(t), 2)
+	}
 }
 
 // ---------------------------------------------------------------------------
