@@ -110,6 +110,14 @@ type Executor struct {
 	iterLoads            []RankLoad
 	waitDur              time.Duration
 	lastStats            RankState
+	// Optional capabilities of the dependencies, resolved once in New
+	// (resolveCapabilities; the source's in SetSource too): the planner's
+	// PublishCost (ctx_cost.mode auto), the comm's watchdog iteration and
+	// shared decoding, the source's cancellations. nil when absent.
+	costPub    CostPublisher
+	iterComm   iterationNamer
+	sharedComm nccl.SharedGatherer
+	canceller  Canceller
 }
 
 // New builds a rank's executor.
@@ -157,7 +165,34 @@ func New(cfg Config, d Deps) (*Executor, error) {
 			return nil, err
 		}
 	}
+	if err := e.resolveCapabilities(); err != nil {
+		return nil, err
+	}
 	return e, nil
+}
+
+// iterationNamer is a communicator whose watchdog names the iteration in
+// its timeout reports (nccl's watchdog comm).
+type iterationNamer interface{ SetIteration(int64) }
+
+// resolveCapabilities asserts the optional interfaces of the dependencies
+// once, here, and keeps what it found: no iteration asserts on them. A
+// capability that the configuration needs and a dependency lacks is an
+// error naming the setting and the dependency's type, before any rank
+// enters a collective, not thousands of iterations in (a wrapper planner
+// must forward it).
+func (e *Executor) resolveCapabilities() error {
+	if e.calib != nil {
+		p, ok := e.d.Planner.(CostPublisher)
+		if !ok {
+			return fmt.Errorf("executor: ctx_cost.mode auto needs a planner that takes publications, got %T", e.d.Planner)
+		}
+		e.costPub = p
+	}
+	e.iterComm, _ = e.d.Comm.(iterationNamer)
+	e.sharedComm, _ = e.d.Comm.(nccl.SharedGatherer)
+	e.canceller, _ = e.d.Source.(Canceller)
+	return nil
 }
 
 // ScheduleCheck reports whether the Helix schedule check is on for this rank.
@@ -167,6 +202,7 @@ func (e *Executor) ScheduleCheck() bool { return e.cfg.ScheduleCheck }
 // call it before Run, e.g. once every rank is built.
 func (e *Executor) SetSource(src Source, progress func(done int)) {
 	e.d.Source = src
+	e.canceller, _ = src.(Canceller)
 	if progress != nil {
 		e.cfg.Progress = progress
 	}
@@ -193,8 +229,8 @@ func (e *Executor) adp() bool { return e.cfg.Ranks > 1 && !e.cfg.Helix }
 // decode runs once for the whole fleet and the result is shared, so decode
 // must depend on its argument only and its result must be read-only.
 func (e *Executor) allGatherDecoded(name string, data []byte, decode func([][]byte) (any, error)) (any, error) {
-	if sg, ok := e.d.Comm.(nccl.SharedGatherer); ok {
-		return sg.AllGatherDecoded(name, data, decode)
+	if e.sharedComm != nil {
+		return e.sharedComm.AllGatherDecoded(name, data, decode)
 	}
 	all, err := e.d.Comm.AllGather(name, data)
 	if err != nil {

@@ -132,8 +132,8 @@ func (e *Executor) fetchArrivals(now time.Time) ([]Arrival, error) {
 	var shut bool
 	if e.cfg.Rank == 0 {
 		items = e.screenArrivals(e.d.Source.Due(now), now)
-		if c, ok := e.d.Source.(Canceller); ok {
-			cancels = c.Cancelled()
+		if e.canceller != nil {
+			cancels = e.canceller.Cancelled()
 		}
 		// Rejections made here are gathered at this iteration's C8; hold the
 		// shutdown back one iteration so that the loop cannot exit first

@@ -89,8 +89,8 @@ func (e *Executor) prologue() (*plan, error) {
 	p := &plan{start: e.cfg.Clock(), wallStart: e.wall()}
 	e.waitDur = 0
 	// A watchdog comm names the iteration in its timeout reports.
-	if w, ok := e.d.Comm.(interface{ SetIteration(int64) }); ok {
-		w.SetIteration(e.iter)
+	if e.iterComm != nil {
+		e.iterComm.SetIteration(e.iter)
 	}
 	items, states, err := e.fetchAndRoute(p)
 	if err != nil {
