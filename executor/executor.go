@@ -62,7 +62,7 @@ type Result struct {
 type Executor struct {
 	cfg Config
 	d   Deps
-	adm Admission // arrival validation, from cfg and the KV pool
+	adm scheduler.Admission // arrival validation, from cfg and the KV pool
 
 	active    []*request
 	byID      map[uint64]*request
@@ -138,7 +138,7 @@ func New(cfg Config, d Deps) (*Executor, error) {
 	if cfg.MaxIdleSleep <= 0 {
 		cfg.MaxIdleSleep = 20 * time.Millisecond
 	}
-	adm := Admission{Pages: d.KV.TotalPages(), LedgerBlockTokens: d.KV.LedgerBlockTokens(), MaxSeqLen: max(0, cfg.MaxSeqLen),
+	adm := scheduler.Admission{Pages: d.KV.TotalPages(), LedgerBlockTokens: d.KV.LedgerBlockTokens(), MaxSeqLen: max(0, cfg.MaxSeqLen),
 		Scheduler: cfg.Scheduler}
 	if cfg.MaxActivePerRank <= 0 {
 		cfg.MaxActivePerRank = 1024

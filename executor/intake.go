@@ -7,11 +7,12 @@ import (
 	"time"
 
 	"github.com/lockstep-ai/lockstep/bridge"
+	"github.com/lockstep-ai/lockstep/scheduler"
 	"github.com/lockstep-ai/lockstep/workload"
 )
 
 // Intake (DESIGN.md §2 step 1; executor.md §3 step 2): rank 0 reads the
-// arrivals its Source has due, screens them (Admission) and broadcasts them
+// arrivals its Source has due, screens them (scheduler.Admission) and broadcasts them
 // with the shutdown flag and the cancellations; every rank appends them to
 // its waiting queue in broadcast order.
 
@@ -36,7 +37,7 @@ type Arrival struct {
 	Sampling bridge.SamplingParams
 	// Prompt is the prompt's tokens. A source may leave it nil and set
 	// PromptLen and Synthesize instead: rank 0 then checks the lengths
-	// (Admission) and calls Synthesize only for a request that can be
+	// (scheduler.Admission) and calls Synthesize only for a request that can be
 	// served, so a request too long to serve never has its tokens made.
 	Prompt []int32
 	// PromptLen is the prompt length when Prompt is nil (ignored otherwise).
@@ -205,7 +206,7 @@ func (e *Executor) fetchArrivals(now time.Time) ([]Arrival, error) {
 }
 
 // screenArrivals is rank 0's length check before the broadcast: an arrival
-// that can never be served anywhere (Admission: every rank has the same
+// that can never be served anywhere (scheduler.Admission: every rank has the same
 // pool and rules) gets its rejection in pendingResponses, with Rank NoRank,
 // and is neither synthesised nor broadcast nor routed; a lazy prompt of the
 // others is synthesised now. This extends executor.md §3 step 4, which the
@@ -218,7 +219,10 @@ func (e *Executor) screenArrivals(items []Arrival, now time.Time) []Arrival {
 	}
 	kept := make([]Arrival, 0, len(items)) // the source may keep its slice: never write to it
 	for _, a := range items {
-		reason := e.adm.NeverFits(a.promptLen(), a.MaxNewTokens)
+		var reason string
+		if v := e.adm.Verdict(a.promptLen(), a.MaxNewTokens); v.Code == scheduler.NeverFits {
+			reason = v.Reason
+		}
 		if err := a.Sampling.Validate(); reason == "" && err != nil {
 			reason = "invalid sampling parameters: " + err.Error()
 		}
@@ -253,7 +257,7 @@ const (
 // arrivalStrict, arrivalStopAtEOS, arrivalSampling), target rank u32,
 // [with arrivalSampling: temperature f32 bits u32, top_k u32, top_p f32
 // bits u32, seed u64], n_tokens u32, tokens u32×n. Rank 0 has screened the
-// items (Admission, valid sampling parameters), so max_new, top_k and the
+// items (scheduler.Admission, valid sampling parameters), so max_new, top_k and the
 // prompt length fit 32 bits; an item that does not is a broken invariant.
 func encodeArrivals(items []Arrival) []byte {
 	n := 0
@@ -262,7 +266,7 @@ func encodeArrivals(items []Arrival) []byte {
 	}
 	b := make([]byte, 0, n)
 	for _, a := range items {
-		if a.MaxNewTokens < 0 || a.MaxNewTokens > MaxSequenceTokens || a.Routing.Rank < 0 || a.Routing.Rank > math.MaxInt32 {
+		if a.MaxNewTokens < 0 || a.MaxNewTokens > scheduler.MaxSequenceTokens || a.Routing.Rank < 0 || a.Routing.Rank > math.MaxInt32 {
 			panic(fmt.Sprintf("executor: arrival %d was not screened: max_new_tokens %d, target rank %d", a.ID, a.MaxNewTokens, a.Routing.Rank))
 		}
 		if err := a.Sampling.Validate(); err != nil {

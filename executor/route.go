@@ -1,6 +1,9 @@
 package executor
 
-import "github.com/lockstep-ai/lockstep/scheduler/router"
+import (
+	"github.com/lockstep-ai/lockstep/scheduler"
+	"github.com/lockstep-ai/lockstep/scheduler/router"
+)
 
 // Route and admit (DESIGN.md §2 step 2): every rank runs the same router on
 // the gathered rank states and the broadcast arrivals, keeps its own
@@ -57,16 +60,24 @@ func (e *Executor) admit(a Arrival, estimate int64) {
 		r.TotalInputLenCP = r.PromptLen
 		e.setHelixLocalLen(r)
 	}
-	if reason := e.neverFits(r); reason != "" {
+	if v := e.verdict(r); v.Code == scheduler.NeverFits {
 		e.pending = append(e.pending, Response{ID: a.ID, Rank: e.cfg.Rank, ArrivalUnixNS: a.ArrivalUnixNS,
-			FinishUnixNS: e.cfg.Clock().UnixNano(), Error: reason})
+			FinishUnixNS: e.cfg.Clock().UnixNano(), Error: v.Reason})
 		return
 	}
 	e.active = append(e.active, r)
 	e.byID[r.ID] = r
 }
 
-// neverFits is arrival validation on the owning rank (executor.md §3 step 4).
-func (e *Executor) neverFits(r *request) string {
-	return e.adm.NeverFits(r.PromptLen, r.MaxNewTokens)
+// verdict is arrival validation on the owning rank (executor.md §3 step 4),
+// against the pages this rank could allocate now. A request that fits the
+// pool but not those pages (WaitForPages) is admitted like one that Fits:
+// it waits in CONTEXT_INIT until the scheduler finds its pages. Only
+// NeverFits is rejected, and with the same answer rank 0's screen gave.
+func (e *Executor) verdict(r *request) scheduler.AdmissionVerdict {
+	available := 0
+	if lb := e.adm.LedgerBlockTokens; lb > 0 {
+		available = e.d.KV.AvailableTokens() / lb
+	}
+	return e.adm.VerdictNow(r.PromptLen, r.MaxNewTokens, available)
 }

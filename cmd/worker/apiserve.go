@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/lockstep-ai/lockstep/nccl"
+	"github.com/lockstep-ai/lockstep/scheduler"
 	httpapi "github.com/lockstep-ai/lockstep/serve"
 )
 
@@ -102,9 +103,9 @@ func runAPIServe(args []string, stdout, stderr io.Writer) error {
 		cfg.Tokenizer = o.loaded.Tokenizer
 	}
 	if adm, ok := o.admission(sc); ok {
-		cfg.NeverFits = adm.NeverFits
+		cfg.Admission = adm.Verdict
 	} else {
-		cfg.NeverFits = func(int, int) string { return "" }
+		cfg.Admission = func(int, int) scheduler.AdmissionVerdict { return scheduler.AdmissionVerdict{} }
 	}
 	cfg.Metrics = newServeMetrics(api.name, o.attentionDPRanks(launch))
 	api.srv = httpapi.New(cfg)

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/lockstep-ai/lockstep/executor"
 	"github.com/lockstep-ai/lockstep/nccl"
 	"github.com/lockstep-ai/lockstep/scheduler"
 	"github.com/lockstep-ai/lockstep/workload"
@@ -82,14 +81,14 @@ func (o *serveOptions) loadWorkload(adpRanks int) ([]workload.Request, error) {
 	return reqs, err
 }
 
-// admission is the arrival check every rank will apply (executor.Admission),
+// admission is the arrival check every rank will apply (scheduler.Admission),
 // built from the options before any rank exists. ok is false when the pool
 // is sized from GPU memory at start-up (--pages 0): then only the ranks know.
-func (o *serveOptions) admission(sc scheduler.Config) (a executor.Admission, ok bool) {
+func (o *serveOptions) admission(sc scheduler.Config) (a scheduler.Admission, ok bool) {
 	if o.pages <= 0 {
-		return executor.Admission{}, false
+		return scheduler.Admission{}, false
 	}
-	return executor.Admission{Pages: o.pages, LedgerBlockTokens: o.tokensPerPage * o.cp, MaxSeqLen: o.maxSeqLen,
+	return scheduler.Admission{Pages: o.pages, LedgerBlockTokens: o.tokensPerPage * o.cp, MaxSeqLen: o.maxSeqLen,
 		Scheduler: sc}, true
 }
 
@@ -108,10 +107,11 @@ func (o *serveOptions) checkServable(sc scheduler.Config, reqs []workload.Reques
 	var reasons []string
 	for i := range reqs {
 		r := &reqs[i]
-		why := adm.NeverFits(r.Len(), r.MaxNewTokens)
-		if why == "" {
+		v := adm.Verdict(r.Len(), r.MaxNewTokens)
+		if v.Code != scheduler.NeverFits {
 			return nil
 		}
+		why := v.Reason
 		if len(reasons) < maxListedRejections {
 			reasons = append(reasons, fmt.Sprintf("%s: %s", requestPlace(o.workloadName(), r), why))
 		}
