@@ -135,3 +135,24 @@ func TestAdmissionVerdictFitsAllocatesNothing(t *testing.T) {
 	require.Zero(t, allocs)
 	require.Equal(t, "Fits WaitForPages NeverFits", Fits.String()+" "+WaitForPages.String()+" "+NeverFits.String())
 }
+
+// The recompute-victim predicate applies admission's prefill rule to the
+// reset prompt (prompt plus generated tokens): with chunking off a victim
+// whose reset prompt exceeds M could never be re-prefilled, so it is not a
+// candidate; at M it is, and with chunking on both are.
+func TestRecomputeCandidateNeedsAPrefillableResetPrompt(t *testing.T) {
+	for _, chunked := range []bool{false, true} {
+		kv := newFakeKV()
+		s, err := New(Config{MaxBatchSize: 4, MaxNumTokens: 20, ChunkedContext: chunked, ChunkUnitSize: 4,
+			RecomputePause: true}, kv)
+		require.NoError(t, err)
+		atM := newReq(1, GenerationInProgress, 16, 16)
+		atM.Generated = 4 // reset prompt 20 = M
+		overM := newReq(2, GenerationInProgress, 16, 16)
+		overM.Generated = 5 // reset prompt 21
+		kv.setActive(1, 20)
+		kv.setActive(2, 21)
+		require.True(t, s.recomputeCandidate(atM), "chunked %v", chunked)
+		require.Equal(t, chunked, s.recomputeCandidate(overM), "chunked %v", chunked)
+	}
+}
