@@ -8,7 +8,9 @@ import (
 )
 
 // CostPublisher is a planner that takes the online calibrator's
-// publications (scheduler.Scheduler in ctx_cost.mode auto).
+// publications (scheduler.Scheduler in ctx_cost.mode auto). New requires
+// it of Deps.Planner when Config.CostCalibration is set, so a wrapper
+// planner must forward it.
 type CostPublisher interface {
 	PublishCost(o, d int64) error
 }
@@ -71,11 +73,7 @@ func (e *Executor) observeCost(states []RankState) error {
 	if !changed {
 		return nil
 	}
-	p, ok := e.d.Planner.(CostPublisher)
-	if !ok {
-		return fmt.Errorf("executor: ctx_cost.mode auto needs a planner that takes publications, got %T", e.d.Planner)
-	}
-	if err := p.PublishCost(pub.Offset, pub.Threshold); err != nil {
+	if err := e.costPub.PublishCost(pub.Offset, pub.Threshold); err != nil {
 		return fmt.Errorf("ctx_cost auto: publishing O=%d D=%d: %w", pub.Offset, pub.Threshold, err)
 	}
 	c.current, c.fresh = &pub, true

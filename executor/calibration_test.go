@@ -7,6 +7,9 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/lockstep-ai/lockstep/bridge"
+	"github.com/lockstep-ai/lockstep/bridge/fake"
+	"github.com/lockstep-ai/lockstep/kvpool"
 	"github.com/lockstep-ai/lockstep/scheduler"
 	"github.com/lockstep-ai/lockstep/scheduler/costfit"
 )
@@ -82,4 +85,32 @@ func TestCoupledForwardLogsTheFleetTime(t *testing.T) {
 			require.Len(t, vals, 1, "overlap %v iteration %d: ranks log different device times %v", overlap, it, vals)
 		}
 	}
+}
+
+// Item 5 of issue 21: a planner that cannot take the calibrator's
+// publications is refused by New when ctx_cost.mode auto runs the online
+// calibrator, with the setting and the planner's type named, instead of at
+// the iteration of the first publication. A planner that forwards
+// PublishCost, and the scheduler itself, are accepted.
+func TestNewRefusesAPlannerWithoutPublications(t *testing.T) {
+	pool, err := kvpool.New(kvpool.Config{NumPages: 16, TokensPerPage: 8})
+	require.NoError(t, err)
+	sc := defaultSched()
+	sc.ChunkedContext, sc.CostMode = true, scheduler.CostAuto
+	sch, err := scheduler.New(sc, pool)
+	require.NoError(t, err)
+	eng, err := fake.New(bridge.Config{Preset: "tiny", NumPages: 16, TokensPerPage: 8, Seed: 1})
+	require.NoError(t, err)
+	set := costfit.DefaultSettings(int64(sc.MaxNumTokens))
+	build := func(p Planner, cal *costfit.Settings) error {
+		_, err := New(Config{Rank: 0, Ranks: 1, Scheduler: sc, CostCalibration: cal},
+			Deps{Engine: eng, KV: pool, Planner: p, Source: &scriptSource{}})
+		return err
+	}
+	wrapped := &recPlanner{inner: sch, kv: pool} // Schedule only
+	err = build(wrapped, &set)
+	require.EqualError(t, err, "executor: ctx_cost.mode auto needs a planner that takes publications, got *executor.recPlanner")
+	require.NoError(t, build(wrapped, nil), "without the calibrator nothing is published")
+	require.NoError(t, build(sch, &set))
+	require.NoError(t, build(&countingPlanner{inner: sch}, &set), "a wrapper that forwards PublishCost")
 }

@@ -7,8 +7,14 @@ import (
 	"time"
 
 	"github.com/lockstep-ai/lockstep/bridge"
+	"github.com/lockstep-ai/lockstep/scheduler"
 	"github.com/lockstep-ai/lockstep/workload"
 )
+
+// Intake (DESIGN.md §2 step 1; executor.md §3 step 2): rank 0 reads the
+// arrivals its Source has due, screens them (scheduler.Admission) and broadcasts them
+// with the shutdown flag and the cancellations; every rank appends them to
+// its waiting queue in broadcast order.
 
 // Arrival is one new request as broadcast from rank 0 to every rank.
 type Arrival struct {
@@ -31,7 +37,7 @@ type Arrival struct {
 	Sampling bridge.SamplingParams
 	// Prompt is the prompt's tokens. A source may leave it nil and set
 	// PromptLen and Synthesize instead: rank 0 then checks the lengths
-	// (Admission) and calls Synthesize only for a request that can be
+	// (scheduler.Admission) and calls Synthesize only for a request that can be
 	// served, so a request too long to serve never has its tokens made.
 	Prompt []int32
 	// PromptLen is the prompt length when Prompt is nil (ignored otherwise).
@@ -119,6 +125,124 @@ func (s *TraceSource) NextArrival() time.Time {
 // Total implements Source.
 func (s *TraceSource) Total() int { return len(s.reqs) }
 
+// fetchArrivals is C2/C3: rank 0 broadcasts the count (and the shutdown
+// flag), then the items only if the count is non-zero.
+func (e *Executor) fetchArrivals(now time.Time) ([]Arrival, error) {
+	var items []Arrival
+	var cancels []uint64
+	var shut bool
+	if e.cfg.Rank == 0 {
+		items = e.screenArrivals(e.d.Source.Due(now), now)
+		if e.canceller != nil {
+			cancels = e.canceller.Cancelled()
+		}
+		// Rejections made here are gathered at this iteration's C8; hold the
+		// shutdown back one iteration so that the loop cannot exit first
+		// (they are not fleet work: the other ranks never see them).
+		shut = e.d.Source.Exhausted() && len(e.pending) == 0
+	}
+	if !e.multi() {
+		e.shutdown = e.shutdown || shut
+		e.cancelRequests(cancels)
+		return items, nil
+	}
+	// Header: arrivals, shutdown, cancellations, [rank 0's virtual clock].
+	hdrLen := 24
+	if e.virtual != nil {
+		hdrLen = 32 // + rank 0's virtual clock (configuration-dependent, identical on every rank)
+	}
+	hdr := make([]byte, hdrLen)
+	binary.LittleEndian.PutUint64(hdr, uint64(len(items)))
+	if shut {
+		binary.LittleEndian.PutUint64(hdr[8:], 1)
+	}
+	binary.LittleEndian.PutUint64(hdr[16:], uint64(len(cancels)))
+	if e.virtual != nil {
+		binary.LittleEndian.PutUint64(hdr[24:], uint64(e.vnow.UnixNano()))
+	}
+	t := e.wall()
+	defer func() { e.waitDur += e.wall().Sub(t) }()
+	got, err := e.d.Comm.Broadcast("arrival_count", 0, hdr)
+	if err != nil {
+		return nil, err
+	}
+	if len(got) != hdrLen {
+		return nil, fmt.Errorf("collective desync: arrival count of %d bytes", len(got))
+	}
+	if e.virtual != nil {
+		e.vnow = time.Unix(0, int64(binary.LittleEndian.Uint64(got[24:])))
+	}
+	count := int(binary.LittleEndian.Uint64(got))
+	e.shutdown = e.shutdown || binary.LittleEndian.Uint64(got[8:]) != 0
+	if nc := binary.LittleEndian.Uint64(got[16:]); nc > 0 {
+		// Every rank withdraws them here, before this iteration schedules.
+		if nc > 1<<20 {
+			return nil, fmt.Errorf("collective desync: %d cancellations announced", nc)
+		}
+		raw, err := e.d.Comm.Broadcast("cancellations", 0, encodeIDs(cancels))
+		if err != nil {
+			return nil, err
+		}
+		ids, err := decodeIDs(raw, int(nc))
+		if err != nil {
+			return nil, err
+		}
+		e.cancelRequests(ids)
+	}
+	if count == 0 {
+		return nil, nil
+	}
+	var payload []byte
+	if e.cfg.Rank == 0 {
+		payload = encodeArrivals(items)
+	}
+	if payload, err = e.d.Comm.Broadcast("arrivals", 0, payload); err != nil {
+		return nil, err
+	}
+	if e.cfg.Rank == 0 {
+		return items, nil
+	}
+	return decodeArrivals(payload, count)
+}
+
+// screenArrivals is rank 0's length check before the broadcast: an arrival
+// that can never be served anywhere (scheduler.Admission: every rank has the same
+// pool and rules) gets its rejection in pendingResponses, with Rank NoRank,
+// and is neither synthesised nor broadcast nor routed; a lazy prompt of the
+// others is synthesised now. This extends executor.md §3 step 4, which the
+// owning rank still runs after routing, so that a trace request of
+// billions of tokens costs nothing and a length that does not fit the
+// 32-bit wire format never reaches it.
+func (e *Executor) screenArrivals(items []Arrival, now time.Time) []Arrival {
+	if len(items) == 0 {
+		return nil
+	}
+	kept := make([]Arrival, 0, len(items)) // the source may keep its slice: never write to it
+	for _, a := range items {
+		var reason string
+		if v := e.adm.Verdict(a.promptLen(), a.MaxNewTokens); v.Code == scheduler.NeverFits {
+			reason = v.Reason
+		}
+		if err := a.Sampling.Validate(); reason == "" && err != nil {
+			reason = "invalid sampling parameters: " + err.Error()
+		}
+		if reason != "" {
+			e.pending = append(e.pending, Response{ID: a.ID, Rank: NoRank, ArrivalUnixNS: a.ArrivalUnixNS,
+				FinishUnixNS: max(now.UnixNano(), a.ArrivalUnixNS), Error: reason})
+			continue
+		}
+		if a.Prompt == nil && a.Synthesize != nil {
+			a.Prompt = a.Synthesize()
+			if len(a.Prompt) != a.PromptLen {
+				panic(fmt.Sprintf("executor: arrival %d synthesised %d tokens, PromptLen says %d", a.ID, len(a.Prompt), a.PromptLen))
+			}
+		}
+		a.Synthesize = nil
+		kept = append(kept, a)
+	}
+	return kept
+}
+
 // Routing flags of the arrival payload.
 const (
 	arrivalHasRank = 1 << iota
@@ -133,7 +257,7 @@ const (
 // arrivalStrict, arrivalStopAtEOS, arrivalSampling), target rank u32,
 // [with arrivalSampling: temperature f32 bits u32, top_k u32, top_p f32
 // bits u32, seed u64], n_tokens u32, tokens u32×n. Rank 0 has screened the
-// items (Admission, valid sampling parameters), so max_new, top_k and the
+// items (scheduler.Admission, valid sampling parameters), so max_new, top_k and the
 // prompt length fit 32 bits; an item that does not is a broken invariant.
 func encodeArrivals(items []Arrival) []byte {
 	n := 0
@@ -142,7 +266,7 @@ func encodeArrivals(items []Arrival) []byte {
 	}
 	b := make([]byte, 0, n)
 	for _, a := range items {
-		if a.MaxNewTokens < 0 || a.MaxNewTokens > MaxSequenceTokens || a.Routing.Rank < 0 || a.Routing.Rank > math.MaxInt32 {
+		if a.MaxNewTokens < 0 || a.MaxNewTokens > scheduler.MaxSequenceTokens || a.Routing.Rank < 0 || a.Routing.Rank > math.MaxInt32 {
 			panic(fmt.Sprintf("executor: arrival %d was not screened: max_new_tokens %d, target rank %d", a.ID, a.MaxNewTokens, a.Routing.Rank))
 		}
 		if err := a.Sampling.Validate(); err != nil {

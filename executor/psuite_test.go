@@ -3,7 +3,7 @@ package executor
 // P-suite (executor.md §12): aggregated-Helix preemption at executor level.
 // The scenarios run real schedulers over real kvpool Helix ledgers, one per
 // simulated CP rank, either driven directly or through whole executors (the
-// rig of esuite_test.go with the content-checking seqEngine, since the fake
+// rig of rig_test.go with the content-checking seqEngine, since the fake
 // engine refuses Helix).
 //
 // Covered elsewhere: P-04 … P-07 scheduler-level with a scripted KV in
@@ -25,243 +25,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/lockstep-ai/lockstep/kvpool"
-	"github.com/lockstep-ai/lockstep/nccl"
 	"github.com/lockstep-ai/lockstep/scheduler"
 )
-
-// ---------------------------------------------------------------------------
-// P-01: reset for recompute
-// ---------------------------------------------------------------------------
-
-func TestP01ResetForRecompute(t *testing.T) {
-	build := func() *request {
-		r := newRequest(arrival(7, 16, 20))
-		r.TotalInputLenCP = 16
-		r.State = scheduler.GenerationInProgress
-		r.ContextPosition = 16
-		r.HelixDecodeCount = 8
-		r.InactiveRank = true
-		r.SeqLenThisRankCP = 9
-		r.BatchIndex = 5
-		r.UncachedEstimate = 33
-		for i := 0; i < 9; i++ {
-			r.output = append(r.output, int32(400+i))
-		}
-		r.Generated = 9
-		return r
-	}
-	r := build()
-	r.resetForRecompute()
-	require.Zero(t, r.HelixDecodeCount, "g")
-	require.False(t, r.InactiveRank)
-	require.Equal(t, 25, r.TotalInputLenCP)
-	require.Equal(t, scheduler.ContextInit, r.State)
-	require.Zero(t, r.ContextPosition)
-	require.Equal(t, 25, r.PromptLen)
-	require.Equal(t, 25, r.ChunkSize)
-	require.Equal(t, 11, r.MaxNewTokens)
-	require.Zero(t, r.Generated)
-	require.Equal(t, scheduler.NoBatchIndex, r.BatchIndex)
-	require.Equal(t, int64(33), r.UncachedEstimate, "unchanged")
-	require.Equal(t, append(slices.Clone(r.prompt), r.output...), r.Tokens, "prompt ++ generated tokens")
-	require.Len(t, r.output, 9, "tokens already returned to the client are kept")
-	require.Equal(t, 1, r.recomputed)
-
-	// A second pause after 3 more tokens: global arithmetic again.
-	r.State, r.Generated = scheduler.GenerationInProgress, 3
-	r.output = append(r.output, 1, 2, 3)
-	r.resetForRecompute()
-	require.Equal(t, 28, r.TotalInputLenCP)
-	require.Equal(t, 28, r.PromptLen)
-	require.Equal(t, 8, r.MaxNewTokens)
-
-	// A continuation (CONTEXT_IN_PROGRESS, nothing generated) keeps its prompt.
-	c := newRequest(arrival(8, 40, 5))
-	c.TotalInputLenCP, c.State, c.ContextPosition = 40, scheduler.ContextInProgress, 16
-	c.resetForRecompute()
-	require.Equal(t, 40, c.PromptLen)
-	require.Equal(t, 40, c.TotalInputLenCP)
-	require.Zero(t, c.ContextPosition)
-	require.Equal(t, 5, c.MaxNewTokens)
-
-	t.Run("SeqLenThisRankCP per CP rank", func(t *testing.T) {
-		want := []int{13, 12}
-		comms := nccl.NewLocalGroup(2, nccl.LocalOptions{})
-		for rank := 0; rank < 2; rank++ {
-			e := helixUnitExec(t, rank, comms[rank])
-			r := inject(e, build())
-			e.handlePaused(&scheduler.Output{RecomputePaused: []*scheduler.Request{&r.Request}})
-			require.Equal(t, want[rank], r.SeqLenThisRankCP, "rank %d", rank)
-		}
-	})
-}
-
-// helixUnitExec builds CP rank `rank` of a 2-rank Helix group (P = 4).
-func helixUnitExec(t *testing.T, rank int, comm nccl.Comm) *Executor {
-	t.Helper()
-	pool, err := kvpool.New(kvpool.Config{NumPages: 16, TokensPerPage: 4, CP: 2, CPRank: rank})
-	require.NoError(t, err)
-	sc := p03Sched()
-	sch, err := scheduler.New(sc, pool)
-	require.NoError(t, err)
-	d := Deps{Comm: comm, Engine: newSeqEngine(rank, 2, 4, &recPlanner{}), KV: pool, Planner: sch}
-	if rank == 0 {
-		d.Source = &scriptSource{}
-	}
-	e, err := New(Config{Rank: rank, Ranks: 2, Helix: true, Scheduler: sc}, d)
-	require.NoError(t, err)
-	return e
-}
-
-// ---------------------------------------------------------------------------
-// P-02: position continuity over a recompute pause
-// ---------------------------------------------------------------------------
-
-// TestP02PositionContinuity pauses one request after g decode steps on cp
-// simulated CP ranks (each with its own Helix ledger and its own replica of
-// the request), resets it like the executor, re-prefills it and decodes on.
-// It checks the KV writes as one global prefix: a prefill or decode must
-// extend the written prefix exactly, the re-prefill covers [0, T+g] (one
-// position beyond what was written: the newest sampled token's), the first
-// decode after it writes T+g+1, decode positions strictly increase, and the
-// per-rank Helix fields are consistent at every step on every rank.
-func TestP02PositionContinuity(t *testing.T) {
-	for _, cp := range []int{2, 4} {
-		for _, P := range []int{4, 32} {
-			for _, T := range []int{16, 17, 63} {
-				for _, g := range []int{0, 1, 7, 40} {
-					name := fmt.Sprintf("cp%d P%d T%d g%d", cp, P, T, g)
-					t.Run(name, func(t *testing.T) { p02Case(t, cp, P, T, g) })
-				}
-			}
-		}
-	}
-}
-
-func p02Case(t *testing.T, cp, P, T, g int) {
-	const after = 3 // decodes after the re-prefill
-	pools := make([]*kvpool.Manager, cp)
-	reqs := make([]*request, cp)
-	for r := range pools {
-		var err error
-		pools[r], err = kvpool.New(kvpool.Config{NumPages: 64, TokensPerPage: P, CP: cp, CPRank: r})
-		require.NoError(t, err)
-		reqs[r] = newRequest(arrival(1, T, g+after+5))
-		reqs[r].TotalInputLenCP = T // §3.5
-	}
-	lb := P * cp
-	kvEnd := 0 // global KV positions [0, kvEnd) written so far
-	var decodes []int
-	var prefills [][2]int
-	sample := func(r *request) int32 { return int32(100 + len(r.output)) } // identical on every rank
-
-	samePools := func(step string) {
-		for r := 1; r < cp; r++ {
-			require.Equal(t, pools[0].FreePages(), pools[r].FreePages(), "%s: ledger free pages differ on rank %d", step, r)
-		}
-	}
-	prefill := func() {
-		L := reqs[0].PromptLen
-		require.Zero(t, reqs[0].ContextPosition)
-		sum := 0
-		for r, q := range reqs {
-			require.True(t, pools[r].PrepareContext(&q.Request))
-			require.True(t, pools[r].ResizeContext(&q.Request, q.PromptLen), "rank %d", r)
-			require.Equal(t, L, pools[r].Capacity(q.ID))
-			require.Len(t, pools[r].BlockTable(q.ID), (L+lb-1)/lb, "one local page per ledger block")
-			q.ContextPosition = q.PromptLen
-			pools[r].UpdateAfterContext(&q.Request)
-			require.Equal(t, kvpool.HelixLocalLen(L, r, P, cp), q.SeqLenThisRankCP, "rank %d after the prefill", r)
-			require.False(t, q.InactiveRank)
-			sum += q.SeqLenThisRankCP
-			q.State = scheduler.GenerationInProgress
-			q.output = append(q.output, sample(q))
-			q.Generated++
-		}
-		require.Equal(t, L, sum, "the ranks' local lengths add up to the prompt")
-		prefills = append(prefills, [2]int{0, L})
-		samePools("prefill")
-	}
-	decode := func() {
-		pos := -1
-		active := 0
-		sum := 0
-		for r, q := range reqs {
-			gBefore := q.HelixDecodeCount
-			require.True(t, pools[r].TryAllocateGeneration(&q.Request), "rank %d", r)
-			require.Equal(t, gBefore+1, q.HelixDecodeCount)
-			// The executor's StartPos of a decode row (buildStep).
-			p := q.PromptLen + q.Generated - 1
-			require.Equal(t, q.TotalInputLenCP+gBefore, p, "decode position = T + g")
-			if pos < 0 {
-				pos = p
-			}
-			require.Equal(t, pos, p, "rank %d decodes another position", r)
-			require.Equal(t, p+1, pools[r].Capacity(q.ID), "capacity grows one token per step")
-			if !q.InactiveRank {
-				active++
-				require.Equal(t, kvpool.HelixOwner(p, P, cp), r, "the active rank owns the position")
-			}
-			sum += q.SeqLenThisRankCP
-		}
-		require.Equal(t, 1, active, "exactly one active rank")
-		require.Equal(t, pos+1, sum, "Σ SeqLenThisRankCP = pos + 1")
-		require.Equal(t, kvEnd, pos, "a decode writes exactly the next position")
-		kvEnd = pos + 1
-		if len(decodes) > 0 {
-			require.Greater(t, pos, decodes[len(decodes)-1], "decode positions strictly increase")
-		}
-		decodes = append(decodes, pos)
-		for r, q := range reqs {
-			q.output = append(q.output, sample(q))
-			q.Generated++
-			pools[r].UpdateAfterGeneration(&q.Request)
-		}
-		samePools("decode")
-	}
-
-	prefill()
-	kvEnd = T
-	for i := 0; i < g; i++ {
-		decode()
-	}
-	require.Equal(t, T+g, kvEnd, "KV written before the pause: [0, T+g)")
-	require.Len(t, reqs[0].output, g+1, "n = g + 1 tokens held")
-
-	// Pause: the scheduler frees the victim (identical ledger blocks on
-	// every rank), the executor resets it.
-	for r, q := range reqs {
-		before, blocks := pools[r].FreePages(), len(pools[r].BlockTable(q.ID))
-		require.Equal(t, (T+g+lb-1)/lb, blocks)
-		pools[r].Free(&q.Request)
-		require.Equal(t, before+blocks, pools[r].FreePages(), "rank %d gets every ledger block back", r)
-		q.resetForRecompute()
-		require.Equal(t, T+g+1, q.PromptLen)
-		require.Equal(t, T+g+1, q.TotalInputLenCP)
-		require.Equal(t, append(slices.Clone(q.prompt), q.output...), q.Tokens)
-	}
-	samePools("free")
-
-	prefill()
-	require.Equal(t, [2]int{0, T + g + 1}, prefills[1], "the re-prefill covers [0, T+g]")
-	require.Equal(t, kvEnd+1, prefills[1][1], "the re-prefill adds exactly the one unwritten position")
-	kvEnd = prefills[1][1]
-	for i := 0; i < after; i++ {
-		decode()
-	}
-	require.Equal(t, T+g+1, decodes[g], "the first decode after the re-prefill writes T' = T+g+1")
-	for i := 1; i < len(decodes); i++ {
-		gap := decodes[i] - decodes[i-1]
-		if i == g {
-			require.Equal(t, 2, gap, "across the pause the skipped position is the re-prefill's last")
-		} else {
-			require.Equal(t, 1, gap)
-		}
-	}
-	for r := range pools {
-		require.NoError(t, pools[r].CheckInvariants())
-	}
-}
 
 // ---------------------------------------------------------------------------
 // P-03, P-05, P-07, P-09, P-10: the §11.8 worked scenario through executors
@@ -314,6 +79,51 @@ func TestP03WorkedScenario(t *testing.T) {
 
 	// Identical decisions on both ranks at every pass.
 	p0, p1 := g.ranks[0].plan.passes, g.ranks[1].plan.passes
+	p03RequireSameDecisions(t, p0, p1)
+	p03RequireTable(t, p0)
+
+	p03RequireVictimFree(t, g)
+
+	// The reset of B (pass 10), identical on both ranks apart from nothing.
+	for r := 0; r < 2; r++ {
+		f := bAfter10[r]
+		require.Equal(t, 25, f.total, "rank %d TotalInputLenCP", r)
+		require.Equal(t, 25, f.prompt)
+		require.Equal(t, 11, f.maxNew)
+		require.Zero(t, f.g)
+		require.False(t, f.inactive)
+		require.Equal(t, scheduler.ContextInit, f.state)
+		require.Equal(t, 1, f.index, "B keeps its index in active")
+		require.Equal(t, []uint64{idA, idB}, activeAfter10[r])
+	}
+	require.Equal(t, bAfter10[0].tokens, bAfter10[1].tokens)
+
+	p03RequirePositions(t, g)
+
+	// Outputs equal an unconstrained run; B was recomputed once.
+	out, want := g.outputs(t), ref.outputs(t)
+	for _, id := range []uint64{idA, idB} {
+		require.Len(t, out[id].Output, 20)
+		require.Equal(t, want[id].Output, out[id].Output, "request %d", id)
+	}
+	require.Equal(t, 1, out[idB].Recomputed)
+	require.Zero(t, out[idA].Recomputed)
+	require.Zero(t, ref.outputs(t)[idB].Recomputed)
+	require.Equal(t, int64(31), g.ranks[0].res.Iterations)
+	g.requireNoLeaks(t)
+
+	// The schedule check ran once per pass: one digest allgather each.
+	digests := 0
+	for _, e := range g.ranks[0].comm.Trace() {
+		if e.String() == "allgather:schedule_digest" {
+			digests++
+		}
+	}
+	require.Equal(t, 31, digests)
+}
+
+// p03RequireSameDecisions requires both ranks' passes to agree field by field.
+func p03RequireSameDecisions(t *testing.T, p0, p1 []passRec) {
 	require.Len(t, p0, 31, "31 passes (§11.8)")
 	require.Equal(t, len(p0), len(p1))
 	for i := range p0 {
@@ -325,7 +135,11 @@ func TestP03WorkedScenario(t *testing.T) {
 		require.Equal(t, a.freeAfter, b.freeAfter, "pass %d ledger free count", i+1)
 		require.Equal(t, a.caps, b.caps, "pass %d ledger capacities", i+1)
 	}
-	// The table of §11.8, pass by pass (1-based).
+}
+
+// p03RequireTable requires rank 0's passes to follow the table of §11.8,
+// pass by pass (1-based).
+func p03RequireTable(t *testing.T, p0 []passRec) {
 	for pass := 1; pass <= 31; pass++ {
 		p := p0[pass-1]
 		var ctx, gen, rec []uint64
@@ -373,9 +187,11 @@ func TestP03WorkedScenario(t *testing.T) {
 			require.Contains(t, p.active, idB, "pass %d: B waits (SKIP) without preempting A", pass)
 		}
 	}
+}
 
-	// P-09 at pass 10: Free(B) with capacity 24 returns 3 ledger blocks on
-	// every rank (free 0 → 3), then A takes one (free 2).
+// p03RequireVictimFree is P-09 at pass 10: Free(B) with capacity 24 returns
+// 3 ledger blocks on every rank (free 0 → 3), then A takes one (free 2).
+func p03RequireVictimFree(t *testing.T, g *rig) {
 	for _, rr := range g.ranks {
 		var bFrees []freeRec
 		for _, f := range rr.kv.frees {
@@ -386,22 +202,12 @@ func TestP03WorkedScenario(t *testing.T) {
 		require.Len(t, bFrees, 2, "rank %d: the victim free, then the final free", rr.rank)
 		require.Equal(t, freeRec{id: idB, capBefore: 24, before: 0, after: 3}, bFrees[0], "rank %d", rr.rank)
 	}
+}
 
-	// The reset of B (pass 10), identical on both ranks apart from nothing.
-	for r := 0; r < 2; r++ {
-		f := bAfter10[r]
-		require.Equal(t, 25, f.total, "rank %d TotalInputLenCP", r)
-		require.Equal(t, 25, f.prompt)
-		require.Equal(t, 11, f.maxNew)
-		require.Zero(t, f.g)
-		require.False(t, f.inactive)
-		require.Equal(t, scheduler.ContextInit, f.state)
-		require.Equal(t, 1, f.index, "B keeps its index in active")
-		require.Equal(t, []uint64{idA, idB}, activeAfter10[r])
-	}
-	require.Equal(t, bAfter10[0].tokens, bAfter10[1].tokens)
-
-	// Positions as the engine saw them, on both ranks.
+// p03RequirePositions checks the positions as the engine saw them, on both
+// ranks: A decodes 16 … 34; B prefills, is paused, re-prefills 0 … 24 and
+// decodes on from 25.
+func p03RequirePositions(t *testing.T, g *rig) {
 	for _, rr := range g.ranks {
 		a, b := rr.seq.life[idA], rr.seq.life[idB]
 		require.Equal(t, [][2]int{{0, 16}}, a.prefills)
@@ -411,27 +217,6 @@ func TestP03WorkedScenario(t *testing.T) {
 		require.Equal(t, 1, b.incarnations)
 	}
 	require.Equal(t, g.ranks[0].seq.life[idB].sampled, g.ranks[1].seq.life[idB].sampled)
-
-	// Outputs equal an unconstrained run; B was recomputed once.
-	out, want := g.outputs(t), ref.outputs(t)
-	for _, id := range []uint64{idA, idB} {
-		require.Len(t, out[id].Output, 20)
-		require.Equal(t, want[id].Output, out[id].Output, "request %d", id)
-	}
-	require.Equal(t, 1, out[idB].Recomputed)
-	require.Zero(t, out[idA].Recomputed)
-	require.Zero(t, ref.outputs(t)[idB].Recomputed)
-	require.Equal(t, int64(31), g.ranks[0].res.Iterations)
-	g.requireNoLeaks(t)
-
-	// The schedule check ran once per pass: one digest allgather each.
-	digests := 0
-	for _, e := range g.ranks[0].comm.Trace() {
-		if e.String() == "allgather:schedule_digest" {
-			digests++
-		}
-	}
-	require.Equal(t, 31, digests)
 }
 
 func seq(from, to int) []int {

@@ -3,6 +3,8 @@ package executor
 import (
 	"encoding/binary"
 	"fmt"
+
+	"github.com/lockstep-ai/lockstep/scheduler"
 )
 
 // RankStateLen is the number of int64 fields of a rank state
@@ -54,4 +56,58 @@ func decodeRankState(b []byte) (RankState, error) {
 	return RankState{Rank: v[0], ActiveRequests: v[1], ActiveTokens: v[2], RetiringRequests: v[3],
 		HasStats: v[4] != 0, StatsIter: v[5], CtxRequests: v[6], CtxTokens: v[7], GenRequests: v[8],
 		GenTokens: v[9], CostS: v[10], HostUS: v[11], PausedAndRecomp: v[12]}, nil
+}
+
+// gatherRankStates is C1: every rank's state, indexed by its rank field.
+func (e *Executor) gatherRankStates() ([]RankState, error) {
+	mine := e.rankState()
+	if !e.adp() {
+		return []RankState{mine}, nil
+	}
+	t := e.wall()
+	v, err := e.allGatherDecoded("rank_state", mine.encode(), e.decodeRankStates)
+	e.waitDur += e.wall().Sub(t)
+	if err != nil {
+		return nil, err
+	}
+	return v.([]RankState), nil // shared with the other ranks of a coroutine fleet: read-only
+}
+
+// decodeRankStates decodes the gathered rank states, indexed by their rank
+// field. It reads only its argument (and the configured rank count), so a
+// coroutine fleet runs it once for every rank.
+func (e *Executor) decodeRankStates(all [][]byte) (any, error) {
+	states := make([]RankState, e.cfg.Ranks)
+	for i, b := range all {
+		s, err := decodeRankState(b)
+		if err != nil {
+			return nil, err
+		}
+		if s.Rank < 0 || int(s.Rank) >= e.cfg.Ranks {
+			return nil, fmt.Errorf("collective desync: rank state from member %d names rank %d", i, s.Rank)
+		}
+		states[s.Rank] = s
+	}
+	return states, nil
+}
+
+// rankState is this rank's contribution to C1: its loads now (dummies left
+// out, retiring requests counted apart) and the statistics of its last
+// iteration (§13.3).
+func (e *Executor) rankState() RankState {
+	s := e.lastStats
+	s.Rank = int64(e.cfg.Rank)
+	s.ActiveRequests, s.ActiveTokens, s.RetiringRequests = 0, 0, 0
+	for _, r := range e.active {
+		if r.IsDummy {
+			continue
+		}
+		if r.State == scheduler.GenerationToComplete {
+			s.RetiringRequests++
+			continue
+		}
+		s.ActiveRequests++
+		s.ActiveTokens += int64(len(r.prompt))
+	}
+	return s
 }

@@ -154,3 +154,96 @@ func (l RankLoad) fields() []int64 {
 func (l *RankLoad) setFields(f []int64) {
 	l.Running, l.Waiting, l.UsedPages, l.Pages, l.Suspended, l.Recompute = f[0], f[1], f[2], f[3], f[4], f[5]
 }
+
+// gatherResponses sends this rank's responses to rank 0 (C7/C8). Rank 0
+// keeps them; with C8 it also accumulates the lockstep-waste metric.
+func (e *Executor) gatherResponses(name string, rs []Response, deviceUS int64, forward bool) error {
+	// The produced tokens ride the "responses" gather (after the step's
+	// results were applied), the loads the "pending_responses" one.
+	var deltas []TokenDelta
+	if name == "responses" {
+		deltas, e.deltas = e.deltas, e.deltas[:0]
+	}
+	var load RankLoad
+	if name == "pending_responses" && e.cfg.OnIteration != nil {
+		load = e.load()
+	}
+	if !e.adp() {
+		// Without attention DP only rank 0 answers; the others hold replicas.
+		if e.cfg.Rank == 0 {
+			e.deliver(deltas, rs)
+			if name == "pending_responses" {
+				e.iterLoads = append(e.iterLoads[:0], load)
+				e.iterBusy = e.iterBusy[:0]
+				if forward {
+					e.iterBusy = append(e.iterBusy, float64(deviceUS)/1000)
+				}
+			}
+		}
+		return nil
+	}
+	t := e.wall()
+	all, err := e.d.Comm.AllGather(name, responseBatch{DeviceUS: deviceUS, Responses: rs, Deltas: deltas, Load: load}.encode())
+	e.waitDur += e.wall().Sub(t)
+	if err != nil {
+		return err
+	}
+	if e.cfg.Rank != 0 {
+		return nil
+	}
+	var sum, max float64
+	record := e.cfg.RecordBusy && name == "pending_responses" && forward
+	var busy []float32
+	if record {
+		busy = make([]float32, len(all))
+	}
+	if name == "pending_responses" {
+		e.iterLoads, e.iterBusy = e.iterLoads[:0], e.iterBusy[:0]
+	}
+	for i, b := range all {
+		rb, err := decodeResponseBatch(b)
+		if err != nil {
+			return err
+		}
+		e.deliver(rb.Deltas, rb.Responses)
+		us := float64(rb.DeviceUS)
+		sum += us
+		if us > max {
+			max = us
+		}
+		if record {
+			busy[i] = float32(us / 1000)
+		}
+		if name == "pending_responses" {
+			e.iterLoads = append(e.iterLoads, rb.Load)
+			if forward {
+				e.iterBusy = append(e.iterBusy, us/1000)
+			}
+		}
+	}
+	if record {
+		e.res.Busy = append(e.res.Busy, busy)
+	}
+	if name == "pending_responses" && forward && max > 0 {
+		e.wasteSum += 1 - sum/float64(len(all))/max
+		e.wasteN++
+	}
+	return nil
+}
+
+// deliver hands rank 0's gathered tokens and answers over: to the serving
+// callbacks, and to Result unless Config.DiscardResponses.
+func (e *Executor) deliver(deltas []TokenDelta, rs []Response) {
+	if len(deltas) > 0 && e.cfg.OnTokens != nil {
+		e.cfg.OnTokens(deltas)
+	}
+	e.answered += len(rs)
+	if !e.cfg.DiscardResponses {
+		e.res.Responses = append(e.res.Responses, rs...)
+	}
+	if e.cfg.OnResponse != nil {
+		for _, r := range rs {
+			e.cfg.OnResponse(r)
+		}
+	}
+}

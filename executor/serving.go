@@ -3,6 +3,7 @@ package executor
 import (
 	"encoding/binary"
 	"fmt"
+	"math"
 
 	"github.com/lockstep-ai/lockstep/scheduler"
 )
@@ -59,6 +60,24 @@ func (e *Executor) load() RankLoad {
 		}
 	}
 	return l
+}
+
+// reportIteration hands the iteration's fleet state to Config.OnIteration.
+func (e *Executor) reportIteration(p *plan) {
+	st := FleetStats{Iter: e.iter, Forward: len(e.iterBusy) > 0, Ranks: append([]RankLoad(nil), e.iterLoads...),
+		IterationMS: float64(e.wall().Sub(p.wallStart).Microseconds()) / 1000, CostPublications: len(e.res.CostPublications)}
+	if st.Forward {
+		st.BusyMS = append([]float64(nil), e.iterBusy...)
+		var sum, max float64
+		for _, b := range st.BusyMS {
+			sum += b
+			max = math.Max(max, b)
+		}
+		if max > 0 {
+			st.LockstepWaste = 1 - sum/float64(len(st.BusyMS))/max
+		}
+	}
+	e.cfg.OnIteration(st)
 }
 
 // cancelRequests withdraws ids on this rank (every rank runs it at the same

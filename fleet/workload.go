@@ -5,8 +5,6 @@ import (
 	"strings"
 
 	"github.com/lockstep-ai/lockstep/internal/usage"
-
-	"github.com/lockstep-ai/lockstep/executor"
 	"github.com/lockstep-ai/lockstep/nccl"
 	"github.com/lockstep-ai/lockstep/scheduler"
 	"github.com/lockstep-ai/lockstep/workload"
@@ -84,14 +82,14 @@ func (o *Options) LoadWorkload(adpRanks int) ([]workload.Request, error) {
 	return reqs, err
 }
 
-// admission is the arrival check every rank will apply (executor.Admission),
+// Admission is the arrival check every rank will apply (scheduler.Admission),
 // built from the options before any rank exists. ok is false when the pool
 // is sized from GPU memory at start-up (--pages 0): then only the ranks know.
-func (o *Options) Admission(sc scheduler.Config) (a executor.Admission, ok bool) {
+func (o *Options) Admission(sc scheduler.Config) (a scheduler.Admission, ok bool) {
 	if o.Pages <= 0 {
-		return executor.Admission{}, false
+		return scheduler.Admission{}, false
 	}
-	return executor.Admission{Pages: o.Pages, LedgerBlockTokens: o.TokensPerPage * o.CP, MaxSeqLen: o.MaxSeqLen,
+	return scheduler.Admission{Pages: o.Pages, LedgerBlockTokens: o.TokensPerPage * o.CP, MaxSeqLen: o.MaxSeqLen,
 		Scheduler: sc}, true
 }
 
@@ -110,10 +108,11 @@ func (o *Options) checkServable(sc scheduler.Config, reqs []workload.Request) er
 	var reasons []string
 	for i := range reqs {
 		r := &reqs[i]
-		why := adm.NeverFits(r.Len(), r.MaxNewTokens)
-		if why == "" {
+		v := adm.Verdict(r.Len(), r.MaxNewTokens)
+		if v.Code != scheduler.NeverFits {
 			return nil
 		}
+		why := v.Reason
 		if len(reasons) < maxListedRejections {
 			reasons = append(reasons, fmt.Sprintf("%s: %s", requestPlace(o.workloadName(), r), why))
 		}

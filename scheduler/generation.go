@@ -51,12 +51,12 @@ func (s *Scheduler) evictable(r *Request) bool {
 // executing, not a dummy, CONTEXT_IN_PROGRESS or GENERATION_IN_PROGRESS
 // (a GENERATION_TO_COMPLETE request's tokens are final), holds a cache.
 //
-// Deliberate addition: with chunking off, a request whose reset prompt
-// (prompt plus generated tokens) would exceed max_num_tokens is never a
-// candidate — its re-prefill could never be scheduled again, and the pass
-// would stall.
+// Deliberate addition: a request whose reset prompt (prompt plus generated
+// tokens) could never be prefilled (admission's rule, Config.CanPrefill:
+// with chunking off it exceeds max_num_tokens) is never a candidate — its
+// re-prefill could never be scheduled again, and the pass would stall.
 func (s *Scheduler) recomputeCandidate(r *Request) bool {
-	if !s.cfg.ChunkedContext && s.cfg.MaxNumTokens != Unlimited && r.PromptLen+r.Generated > s.cfg.MaxNumTokens {
+	if !s.cfg.CanPrefill(r.PromptLen + r.Generated) {
 		return false
 	}
 	return !r.IsDummy && (r.State == ContextInProgress || r.State == GenerationInProgress) &&

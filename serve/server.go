@@ -16,6 +16,7 @@ import (
 
 	"github.com/lockstep-ai/lockstep/executor"
 	"github.com/lockstep-ai/lockstep/model"
+	"github.com/lockstep-ai/lockstep/scheduler"
 )
 
 // MetricsSink receives the server's events (Metrics implements it).
@@ -38,8 +39,9 @@ type Config struct {
 	VocabSize int
 	// MaxModelLen is reported by /v1/models (0: unknown).
 	MaxModelLen int
-	// NeverFits is the fleet's admission check (413 when it says no).
-	NeverFits func(promptLen, maxNewTokens int) string
+	// Admission is the fleet's admission verdict (scheduler.Admission.Verdict):
+	// 413 when it says NeverFits; a request that fits is queued.
+	Admission func(promptLen, maxNewTokens int) scheduler.AdmissionVerdict
 	// MaxQueue bounds the accepted, unfinished requests (429 beyond).
 	MaxQueue int
 	// APIKey, when set, is required as a Bearer token except on /health.
@@ -346,9 +348,9 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request, endpoint string,
 		fail(e)
 		return
 	}
-	if why := s.cfg.NeverFits(len(ids), p.MaxTokens); why != "" {
+	if v := s.cfg.Admission(len(ids), p.MaxTokens); v.Code == scheduler.NeverFits {
 		fail(&apiError{Status: http.StatusRequestEntityTooLarge, Type: "invalid_request_error", Param: "max_tokens",
-			Message: fmt.Sprintf("%d prompt tokens + max_tokens %d can never be served: %s", len(ids), p.MaxTokens, why)})
+			Message: fmt.Sprintf("%d prompt tokens + max_tokens %d can never be served: %s", len(ids), p.MaxTokens, v.Reason)})
 		return
 	}
 	a := executor.Arrival{ID: s.nextID.Add(1) - 1, ArrivalUnixNS: s.cfg.Now().UnixNano(), MaxNewTokens: p.MaxTokens,

@@ -8,16 +8,17 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/lockstep-ai/lockstep/scheduler"
 	"github.com/stretchr/testify/require"
 )
 
 func testServer(t *testing.T, ready bool) (*Server, *httptest.Server) {
 	s := New(Config{ModelName: "m", VocabSize: 100, MaxQueue: 8, APIKey: "k",
-		NeverFits: func(p, n int) string {
+		Admission: func(p, n int) scheduler.AdmissionVerdict {
 			if p+n > 1000 {
-				return "longer than the pool"
+				return scheduler.AdmissionVerdict{Code: scheduler.NeverFits, Reason: "longer than the pool"}
 			}
-			return ""
+			return scheduler.AdmissionVerdict{}
 		}})
 	if ready {
 		s.SetReady()

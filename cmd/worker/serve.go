@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/lockstep-ai/lockstep/fleet"
+	"github.com/lockstep-ai/lockstep/scheduler"
 
 	"github.com/lockstep-ai/lockstep/internal/usage"
 
@@ -103,9 +104,9 @@ func runAPIServe(args []string, stdout, stderr io.Writer) error {
 		cfg.Tokenizer = m.Tokenizer
 	}
 	if adm, ok := o.Admission(sc); ok {
-		cfg.NeverFits = adm.NeverFits
+		cfg.Admission = adm.Verdict
 	} else {
-		cfg.NeverFits = func(int, int) string { return "" }
+		cfg.Admission = func(int, int) scheduler.AdmissionVerdict { return scheduler.AdmissionVerdict{} }
 	}
 	cfg.Metrics = httpapi.NewMetrics(api.name, o.AttentionDPRanks(launch))
 	api.srv = httpapi.New(cfg)

@@ -319,7 +319,7 @@ func TestTraceAttentionDPRankPinning(t *testing.T) {
 	require.Contains(t, stderr, `t.jsonl:2: field "attention_dp_rank": rank 2 is out of range: the run has 2 attention-DP ranks (allowed: 0 to 1)`)
 }
 
-// The up-front check and the ranks apply the same rule (executor.Admission)
+// The up-front check and the ranks apply the same rule (scheduler.Admission)
 // to the same configuration: at the boundary a request that fits runs, and
 // one token more is refused before any rank starts.
 func TestUpFrontCheckMatchesTheRanks(t *testing.T) {

@@ -1,0 +1,263 @@
+package executor
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/lockstep-ai/lockstep/bridge"
+	"github.com/lockstep-ai/lockstep/kvpool"
+	"github.com/lockstep-ai/lockstep/nccl"
+	"github.com/lockstep-ai/lockstep/scheduler"
+	"github.com/lockstep-ai/lockstep/scheduler/costfit"
+	"github.com/lockstep-ai/lockstep/scheduler/router"
+)
+
+// An Executor is one rank's loop state: what it owns (the active requests,
+// the waiting queue, the launched batch), what it reports (Result), and the
+// helpers every stage uses (clocks, group predicates, shared gathers).
+
+// Result is what a rank's loop returns when every rank has drained.
+type Result struct {
+	// Responses holds every finished or rejected request (rank 0 only).
+	Responses []Response
+	// Iterations is iter_counter at exit (idle iterations included).
+	Iterations int64
+	// ForwardIterations counts iterations in which the fleet ran a forward.
+	ForwardIterations int64
+	// LockstepWaste (rank 0): per forward iteration 1 − mean/max of the
+	// ranks' busy time, averaged over iterations where any rank was busy.
+	LockstepWaste float64
+	// DeviceMS is this rank's total engine time, and MoEWaitMS the part of
+	// it spent in MoE exchanges.
+	DeviceMS  float64
+	MoEWaitMS float64
+	// FleetDeviceMS and FleetMoEWaitMS are the sums of every rank's
+	// DeviceMS and MoEWaitMS (gathered once at exit under attention DP;
+	// this rank's own otherwise).
+	FleetDeviceMS, FleetMoEWaitMS float64
+	// VirtualDeviceMS is the fleet's total modelled step time (virtual
+	// clock only); VirtualEnd is the virtual clock when the loop ended.
+	VirtualDeviceMS float64
+	VirtualEnd      time.Time
+	// Busy (rank 0, Config.RecordBusy, attention DP): every forward
+	// iteration's busy time of each rank in ms, rank order — the input of
+	// the lockstep-waste distribution and timeline.
+	Busy [][]float32
+	// CostPublications are the online calibrator's publications, in order
+	// (ctx_cost.mode auto).
+	CostPublications []costfit.Publication
+	// CollectiveMS is this rank's total time blocked in control-plane
+	// collectives (C1–C5, C7–C9).
+	CollectiveMS float64
+	// EventsDropped counts KV events cut from the published stream (rank 0).
+	EventsDropped int64
+	// Prefix sums every rank's prefix-reuse counters (rank 0 under
+	// attention DP; this rank's own otherwise), and LiveBlocks the blocks
+	// left in the ranks' radix trees at the end.
+	Prefix     kvpool.PrefixStats
+	LiveBlocks int64
+}
+
+// Executor is one rank's loop state. It is driven by one goroutine.
+type Executor struct {
+	cfg Config
+	d   Deps
+	adm scheduler.Admission // arrival validation, from cfg and the KV pool
+
+	active    []*request
+	byID      map[uint64]*request
+	sched     []*scheduler.Request // view of active handed to the planner
+	iter      int64
+	nextDummy uint64
+	dummy     *request // pendingDummy (§4.2)
+	shutdown  bool
+
+	waiting      []Arrival // received, not routed yet (identical on every rank)
+	eventBuf     []byte
+	flushes      int // event flushes (tests)
+	routerStates []router.RankState
+	routerItems  []router.Item
+
+	pending  []Response // rejections, flushed at C8
+	finished []Response // completions of this iteration's forward, gathered at C7
+
+	step      bridge.StepDesc
+	stepRes   bridge.StepResult
+	prev      *batch   // overlap loop: launched, results not applied yet
+	spare     *batch   // recycled batch object
+	executing []uint64 // ids of prev, handed to the scheduler
+
+	res Result
+	// wallClock is the wall clock (Config.Clock before a virtual clock replaces
+	// it): collective waits and host time are always measured with it.
+	wallClock func() time.Time
+	// virtual is the engine's cost model when the clock is virtual
+	// (Config.VirtualClock); vnow is then this rank's virtual time.
+	virtual StepCoster
+	vnow    time.Time
+	// calib is the online context-cost calibrator (Config.CostCalibration).
+	calib    *calibrator
+	wasteSum float64
+	wasteN   int
+	// Serving (serving.go): this rank's cumulative preemptions, the tokens
+	// produced since the last response gather (Config.Stream), answers
+	// handed over on rank 0, and this iteration's per-rank busy time and
+	// loads (rank 0, Config.OnIteration).
+	suspends, recomputes int64
+	deltas               []TokenDelta
+	answered             int
+	iterBusy             []float64
+	iterLoads            []RankLoad
+	waitDur              time.Duration
+	lastStats            RankState
+	// Optional capabilities of the dependencies, resolved once in New
+	// (resolveCapabilities; the source's in SetSource too): the planner's
+	// PublishCost (ctx_cost.mode auto), the comm's watchdog iteration and
+	// shared decoding, the source's cancellations. nil when absent.
+	costPub    CostPublisher
+	iterComm   iterationNamer
+	sharedComm nccl.SharedGatherer
+	canceller  Canceller
+}
+
+// New builds a rank's executor.
+func New(cfg Config, d Deps) (*Executor, error) {
+	if err := cfg.validate(d); err != nil {
+		return nil, err
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = time.Now
+	}
+	var coster StepCoster
+	if cfg.VirtualClock {
+		var ok bool
+		if coster, ok = d.Engine.(StepCoster); !ok {
+			return nil, fmt.Errorf("executor: a virtual clock needs an engine that models its step time (the twin), got %T", d.Engine)
+		}
+	}
+	if cfg.MaxIdleSleep <= 0 {
+		cfg.MaxIdleSleep = 20 * time.Millisecond
+	}
+	adm := scheduler.Admission{Pages: d.KV.TotalPages(), LedgerBlockTokens: d.KV.LedgerBlockTokens(), MaxSeqLen: max(0, cfg.MaxSeqLen),
+		Scheduler: cfg.Scheduler}
+	if cfg.MaxActivePerRank <= 0 {
+		cfg.MaxActivePerRank = 1024
+	}
+	if cfg.Router == nil {
+		r, err := router.New("default", router.Config{MaxActivePerRank: cfg.MaxActivePerRank})
+		if err != nil {
+			return nil, err
+		}
+		cfg.Router = r
+	}
+	e := &Executor{cfg: cfg, d: d, adm: adm, byID: map[uint64]*request{}, nextDummy: dummyIDBase,
+		lastStats: RankState{StatsIter: -1}, wallClock: cfg.Clock}
+	if coster != nil {
+		e.virtual, e.vnow = coster, cfg.VirtualEpoch
+		e.cfg.Clock = func() time.Time { return e.vnow }
+	}
+	if cfg.CostCalibration != nil {
+		if cfg.Scheduler.CostMode != scheduler.CostAuto {
+			return nil, fmt.Errorf("executor: the online cost calibrator needs ctx_cost.mode auto (have %s)", cfg.Scheduler.CostMode)
+		}
+		var err error
+		if e.calib, err = newCalibrator(*cfg.CostCalibration); err != nil {
+			return nil, err
+		}
+	}
+	if err := e.resolveCapabilities(); err != nil {
+		return nil, err
+	}
+	return e, nil
+}
+
+// iterationNamer is a communicator whose watchdog names the iteration in
+// its timeout reports (nccl's watchdog comm).
+type iterationNamer interface{ SetIteration(int64) }
+
+// resolveCapabilities asserts the optional interfaces of the dependencies
+// once, here, and keeps what it found: no iteration asserts on them. A
+// capability that the configuration needs and a dependency lacks is an
+// error naming the setting and the dependency's type, before any rank
+// enters a collective, not thousands of iterations in (a wrapper planner
+// must forward it).
+func (e *Executor) resolveCapabilities() error {
+	if e.calib != nil {
+		p, ok := e.d.Planner.(CostPublisher)
+		if !ok {
+			return fmt.Errorf("executor: ctx_cost.mode auto needs a planner that takes publications, got %T", e.d.Planner)
+		}
+		e.costPub = p
+	}
+	e.iterComm, _ = e.d.Comm.(iterationNamer)
+	e.sharedComm, _ = e.d.Comm.(nccl.SharedGatherer)
+	e.canceller, _ = e.d.Source.(Canceller)
+	return nil
+}
+
+// ScheduleCheck reports whether the Helix schedule check is on for this rank.
+func (e *Executor) ScheduleCheck() bool { return e.cfg.ScheduleCheck }
+
+// SetSource gives rank 0 its request source (and a progress callback);
+// call it before Run, e.g. once every rank is built.
+func (e *Executor) SetSource(src Source, progress func(done int)) {
+	e.d.Source = src
+	e.canceller, _ = src.(Canceller)
+	if progress != nil {
+		e.cfg.Progress = progress
+	}
+}
+
+// wall reads the wall clock (Config.Clock, even when a virtual clock
+// replaced it for request timestamps).
+func (e *Executor) wall() time.Time {
+	if e.wallClock != nil {
+		return e.wallClock()
+	}
+	return e.cfg.Clock()
+}
+
+// multi: more than one rank (the world collectives C2/C3 run).
+func (e *Executor) multi() bool { return e.cfg.Ranks > 1 }
+
+// adp: attention data parallelism — each rank owns its requests and the tp
+// collectives C1, C5, C7, C8 run. Helix CP ranks hold replicas instead.
+func (e *Executor) adp() bool { return e.cfg.Ranks > 1 && !e.cfg.Helix }
+
+// allGatherDecoded is an allgather followed by decode. On a communicator
+// that shares results between in-process members (nccl.SharedGatherer),
+// decode runs once for the whole fleet and the result is shared, so decode
+// must depend on its argument only and its result must be read-only.
+func (e *Executor) allGatherDecoded(name string, data []byte, decode func([][]byte) (any, error)) (any, error) {
+	if e.sharedComm != nil {
+		return e.sharedComm.AllGatherDecoded(name, data, decode)
+	}
+	all, err := e.d.Comm.AllGather(name, data)
+	if err != nil {
+		return nil, err
+	}
+	return decode(all)
+}
+
+// hasRealWork reports whether this rank holds any non-dummy request.
+func (e *Executor) hasRealWork() bool {
+	for _, r := range e.active {
+		if !r.IsDummy {
+			return true
+		}
+	}
+	return false
+}
+
+// remove drops r from active, keeping the order of the others.
+func (e *Executor) remove(r *request) {
+	for i, x := range e.active {
+		if x == r {
+			copy(e.active[i:], e.active[i+1:])
+			e.active[len(e.active)-1] = nil
+			e.active = e.active[:len(e.active)-1]
+			break
+		}
+	}
+	delete(e.byID, r.ID)
+}

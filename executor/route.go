@@ -1,0 +1,83 @@
+package executor
+
+import (
+	"github.com/lockstep-ai/lockstep/scheduler"
+	"github.com/lockstep-ai/lockstep/scheduler/router"
+)
+
+// Route and admit (DESIGN.md §2 step 2): every rank runs the same router on
+// the gathered rank states and the broadcast arrivals, keeps its own
+// assignments and admits them (executor.md §3 steps 3–5).
+
+// route appends the arrivals to the waiting queue, pops what the ranks can
+// take and routes it with the deterministic router (router-and-calibration.md
+// §1): every rank runs the same calls on the same agreed inputs (the gathered
+// states, the broadcast items) and keeps its own assignments, with the
+// router's uncached-prefill estimate.
+func (e *Executor) route(items []Arrival, states []RankState) {
+	e.waiting = append(e.waiting, items...)
+	if len(e.waiting) == 0 {
+		return
+	}
+	rs := e.routerStates[:0]
+	for _, s := range states {
+		rs = append(rs, router.RankState{Rank: int(s.Rank), ActiveRequests: int(s.ActiveRequests),
+			ActiveTokens: s.ActiveTokens, RetiringRequests: int(s.RetiringRequests)})
+	}
+	e.routerStates = rs
+	items2 := e.routerItems[:0]
+	for i := range e.waiting {
+		a := &e.waiting[i]
+		items2 = append(items2, router.Item{ID: uint64(i), PromptLen: a.promptLen(), ConversationID: a.ConversationID,
+			AffinityID: a.Routing.AffinityID, HasTarget: a.Routing.HasRank, Target: a.Routing.Rank, Strict: a.Routing.Strict})
+	}
+	e.routerItems = items2
+	taken, remaining := router.PopWaiting(items2, rs, e.cfg.MaxActivePerRank)
+	res := e.cfg.Router.Route(taken, rs)
+	for _, i := range res.Order {
+		a := e.waiting[taken[i].ID]
+		if res.Ranks[i] == e.cfg.Rank {
+			e.admit(a, res.Estimate(i))
+		}
+	}
+	// Keep the put-backs (in order) and the unexamined items.
+	next := make([]Arrival, 0, len(remaining))
+	for _, it := range remaining {
+		next = append(next, e.waiting[it.ID])
+	}
+	e.waiting = next
+}
+
+// admit validates an arrival (§3.4); a request that can never run is
+// rejected at once with the reason and never enters active.
+func (e *Executor) admit(a Arrival, estimate int64) {
+	if a.Prompt == nil && a.Synthesize != nil {
+		a.Prompt = a.Synthesize()
+	}
+	r := newRequest(a)
+	r.UncachedEstimate = estimate
+	if e.cfg.Helix {
+		r.TotalInputLenCP = r.PromptLen
+		e.setHelixLocalLen(r)
+	}
+	if v := e.verdict(r); v.Code == scheduler.NeverFits {
+		e.pending = append(e.pending, Response{ID: a.ID, Rank: e.cfg.Rank, ArrivalUnixNS: a.ArrivalUnixNS,
+			FinishUnixNS: e.cfg.Clock().UnixNano(), Error: v.Reason})
+		return
+	}
+	e.active = append(e.active, r)
+	e.byID[r.ID] = r
+}
+
+// verdict is arrival validation on the owning rank (executor.md §3 step 4),
+// against the pages this rank could allocate now. A request that fits the
+// pool but not those pages (WaitForPages) is admitted like one that Fits:
+// it waits in CONTEXT_INIT until the scheduler finds its pages. Only
+// NeverFits is rejected, and with the same answer rank 0's screen gave.
+func (e *Executor) verdict(r *request) scheduler.AdmissionVerdict {
+	available := 0
+	if lb := e.adm.LedgerBlockTokens; lb > 0 {
+		available = e.d.KV.AvailableTokens() / lb
+	}
+	return e.adm.VerdictNow(r.PromptLen, r.MaxNewTokens, available)
+}

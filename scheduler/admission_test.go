@@ -1,0 +1,158 @@
+package scheduler
+
+import (
+	"math"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// Arrival validation from lengths alone: every rule of executor.md §3 step 4
+// plus the 32-bit token range, with lengths far beyond any pool (the
+// comparisons must not overflow). The reasons are matched whole: users and
+// tests match them, so they never change.
+func TestAdmissionVerdict(t *testing.T) {
+	chunked := Config{ChunkedContext: true, MaxNumTokens: 64, Policy: MaxUtilization}
+	noChunk := Config{ChunkedContext: false, MaxNumTokens: 64, Policy: MaxUtilization}
+	gne := Config{ChunkedContext: true, MaxNumTokens: 64, Policy: GuaranteedNoEvict}
+	pool := Admission{Pages: 32, LedgerBlockTokens: 8, Scheduler: chunked} // 256 tokens
+	with := func(a Admission, f func(*Admission)) Admission { f(&a); return a }
+	const int32Range = "exceeds the int32 token range (2147483647 tokens per sequence)"
+	cases := []struct {
+		name           string
+		adm            Admission
+		prompt, maxNew int
+		rule           AdmissionRule // RuleNone = Fits
+		reason         string
+	}{
+		{"fits exactly", pool, 200, 56, RuleNone, ""},
+		{"one token over the pool", pool, 200, 57, RulePoolTokens,
+			"prompt 200 + max_new_tokens 57 = 257 tokens can never fit the KV pool of 256 tokens (32 pages × 8)"},
+		{"empty prompt", pool, 0, 5, RuleEmptyPrompt, "empty prompt"},
+		{"negative prompt", pool, -3, 5, RuleEmptyPrompt, "empty prompt"},
+		{"no generation", pool, 5, 0, RuleMaxNewTokens, "max_new_tokens must be at least 1"},
+		{"negative generation", pool, 5, math.MinInt, RuleMaxNewTokens, "max_new_tokens must be at least 1"},
+		{"int32 range: prompt", pool, math.MaxInt32 + 1, 1, RuleTokenRange,
+			"prompt of 2147483648 tokens + max_new_tokens 1 " + int32Range},
+		{"int32 range: sum", pool, math.MaxInt32 - 5, 6, RuleTokenRange,
+			"prompt of 2147483642 tokens + max_new_tokens 6 " + int32Range},
+		{"int32 range: sum at the limit is the pool's business", with(pool, func(a *Admission) { a.Pages = 1 << 40 }),
+			math.MaxInt32 - 5, 5, RuleNone, ""},
+		{"huge output", pool, 10, math.MaxInt, RuleTokenRange,
+			"prompt of 10 tokens + max_new_tokens 9223372036854775807 " + int32Range},
+		{"huge both", pool, math.MaxInt, math.MaxInt, RuleTokenRange,
+			"prompt of 9223372036854775807 tokens + max_new_tokens 9223372036854775807 " + int32Range},
+		{"chunking off", with(pool, func(a *Admission) { a.Scheduler = noChunk }), 65, 1, RuleUnchunkedPrompt,
+			"prompt of 65 tokens exceeds max_num_tokens 64 and chunked prefill is off"},
+		{"chunking off, prompt at the budget", with(pool, func(a *Admission) { a.Scheduler = noChunk }), 64, 1, RuleNone, ""},
+		{"chunking off, unlimited budget", with(pool, func(a *Admission) {
+			a.Scheduler = noChunk
+			a.Scheduler.MaxNumTokens = Unlimited
+		}), 65, 1, RuleNone, ""},
+		{"max_seq_len", with(pool, func(a *Admission) { a.MaxSeqLen = 100 }), 100, 1, RuleMaxSeqLen,
+			"prompt of 100 tokens + 1 exceeds max_seq_len 100"},
+		{"max_seq_len exactly", with(pool, func(a *Admission) { a.MaxSeqLen = 100 }), 99, 50, RuleNone, ""},
+		{"max_seq_len unset: the pool decides", pool, 255, 1, RuleNone, ""},
+		{"guaranteed no evict", with(pool, func(a *Admission) { a.Scheduler = gne }), 250, 7, RulePagesToCompletion,
+			"needs 33 pages to completion, the pool has 32"},
+		{"guaranteed no evict, exactly the pool", with(pool, func(a *Admission) { a.Scheduler = gne }), 250, 6, RuleNone, ""},
+		{"Helix ledger blocks", Admission{Pages: 32, LedgerBlockTokens: 16, Scheduler: chunked}, 500, 12, RuleNone, ""},
+		{"the first rule that objects decides", with(pool, func(a *Admission) {
+			a.Scheduler = noChunk
+			a.MaxSeqLen = 10
+		}), 300, 1, RuleUnchunkedPrompt, "prompt of 300 tokens exceeds max_num_tokens 64 and chunked prefill is off"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			got := c.adm.Verdict(c.prompt, c.maxNew)
+			want := AdmissionVerdict{Code: NeverFits, Rule: c.rule, Reason: c.reason}
+			if c.rule == RuleNone {
+				want = AdmissionVerdict{}
+			}
+			require.Equal(t, want, got)
+			// Against a pool with every page available the answer is the same.
+			require.Equal(t, want, c.adm.VerdictNow(c.prompt, c.maxNew, c.adm.Pages))
+		})
+	}
+}
+
+// A request that can be served but whose pages are not available now waits: it
+// gets WaitForPages, never NeverFits. The pages it needs now are its whole
+// prompt's, or under GUARANTEED_NO_EVICT its reservation to completion.
+func TestAdmissionVerdictNow(t *testing.T) {
+	mu := Admission{Pages: 32, LedgerBlockTokens: 8, Scheduler: Config{ChunkedContext: true, MaxNumTokens: 64}}
+	gne := mu
+	gne.Scheduler.Policy = GuaranteedNoEvict
+	cases := []struct {
+		name                 string
+		adm                  Admission
+		prompt, maxNew, free int
+		want                 AdmissionVerdict
+	}{
+		{"prompt pages free", mu, 40, 100, 5, AdmissionVerdict{}},
+		{"one page short", mu, 41, 100, 5, AdmissionVerdict{Code: WaitForPages, Rule: RuleAvailablePages,
+			Reason: "needs 6 pages, 5 of 32 are available now"}},
+		{"nothing free", mu, 1, 1, 0, AdmissionVerdict{Code: WaitForPages, Rule: RuleAvailablePages,
+			Reason: "needs 1 pages, 0 of 32 are available now"}},
+		{"guaranteed no evict: the reservation", gne, 40, 100, 17, AdmissionVerdict{Code: WaitForPages, Rule: RuleAvailablePages,
+			Reason: "needs 18 pages, 17 of 32 are available now"}},
+		{"guaranteed no evict: reservation free", gne, 40, 100, 18, AdmissionVerdict{}},
+		{"never fits stays never fits", mu, 200, 57, 0, AdmissionVerdict{Code: NeverFits, Rule: RulePoolTokens,
+			Reason: "prompt 200 + max_new_tokens 57 = 257 tokens can never fit the KV pool of 256 tokens (32 pages × 8)"}},
+	}
+	for _, c := range cases {
+		require.Equal(t, c.want, c.adm.VerdictNow(c.prompt, c.maxNew, c.free), c.name)
+	}
+}
+
+// CanPrefill is the chunking rule, shared by admission and the
+// recompute-victim predicate.
+func TestCanPrefill(t *testing.T) {
+	cases := []struct {
+		chunked bool
+		m, n    int
+		want    bool
+	}{
+		{true, 64, 1 << 40, true},
+		{false, Unlimited, 1 << 40, true},
+		{false, 64, 64, true},
+		{false, 64, 65, false},
+	}
+	for _, c := range cases {
+		cfg := Config{ChunkedContext: c.chunked, MaxNumTokens: c.m}
+		require.Equal(t, c.want, cfg.CanPrefill(c.n), "chunked %v M %d prompt %d", c.chunked, c.m, c.n)
+	}
+}
+
+// A verdict that admits costs nothing: rank 0 screens every arrival.
+func TestAdmissionVerdictFitsAllocatesNothing(t *testing.T) {
+	a := Admission{Pages: 32, LedgerBlockTokens: 8, Scheduler: Config{ChunkedContext: true, MaxNumTokens: 64}}
+	allocs := testing.AllocsPerRun(100, func() {
+		if a.VerdictNow(40, 100, 32).Code != Fits {
+			t.Fatal("does not fit")
+		}
+	})
+	require.Zero(t, allocs)
+	require.Equal(t, "Fits WaitForPages NeverFits", Fits.String()+" "+WaitForPages.String()+" "+NeverFits.String())
+}
+
+// The recompute-victim predicate applies admission's prefill rule to the
+// reset prompt (prompt plus generated tokens): with chunking off a victim
+// whose reset prompt exceeds M could never be re-prefilled, so it is not a
+// candidate; at M it is, and with chunking on both are.
+func TestRecomputeCandidateNeedsAPrefillableResetPrompt(t *testing.T) {
+	for _, chunked := range []bool{false, true} {
+		kv := newFakeKV()
+		s, err := New(Config{MaxBatchSize: 4, MaxNumTokens: 20, ChunkedContext: chunked, ChunkUnitSize: 4,
+			RecomputePause: true}, kv)
+		require.NoError(t, err)
+		atM := newReq(1, GenerationInProgress, 16, 16)
+		atM.Generated = 4 // reset prompt 20 = M
+		overM := newReq(2, GenerationInProgress, 16, 16)
+		overM.Generated = 5 // reset prompt 21
+		kv.setActive(1, 20)
+		kv.setActive(2, 21)
+		require.True(t, s.recomputeCandidate(atM), "chunked %v", chunked)
+		require.Equal(t, chunked, s.recomputeCandidate(overM), "chunked %v", chunked)
+	}
+}
