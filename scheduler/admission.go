@@ -136,9 +136,9 @@ func (a Admission) Verdict(promptLen, maxNewTokens int) AdmissionVerdict {
 			promptLen, sc.MaxNumTokens)
 	case a.MaxSeqLen > 0 && promptLen+1 > a.MaxSeqLen:
 		return never(RuleMaxSeqLen, "prompt of %d tokens + 1 exceeds max_seq_len %d", promptLen, a.MaxSeqLen)
-	case sc.Policy == GuaranteedNoEvict && a.pagesToCompletion(promptLen, maxNewTokens) > a.Pages:
-		return never(RulePagesToCompletion, "needs %d pages to completion, the pool has %d",
-			a.pagesToCompletion(promptLen, maxNewTokens), a.Pages)
+	case !a.reservationFits(promptLen, maxNewTokens):
+		need, _ := a.ReservationFits(promptLen, maxNewTokens)
+		return never(RulePagesToCompletion, "needs %d pages to completion, the pool has %d", need, a.Pages)
 	case promptLen+maxNewTokens > pool:
 		return never(RulePoolTokens, "prompt %d + max_new_tokens %d = %d tokens can never fit the KV pool of %d tokens (%d pages × %d)",
 			promptLen, maxNewTokens, promptLen+maxNewTokens, pool, a.Pages, a.LedgerBlockTokens)
@@ -167,6 +167,20 @@ func (a Admission) VerdictNow(promptLen, maxNewTokens, availablePages int) Admis
 			Reason: fmt.Sprintf("needs %d pages, %d of %d are available now", need, max(0, availablePages), a.Pages)}
 	}
 	return v
+}
+
+// ReservationFits reports whether a request's reservation to completion
+// fits the pool under GUARANTEED_NO_EVICT (it always does under
+// MAX_UTILIZATION, which reserves nothing), and the pages it needs. The
+// caller has bounded promptLen + maxNewTokens (RuleTokenRange).
+func (a Admission) ReservationFits(promptLen, maxNewTokens int) (needPages int, ok bool) {
+	need := a.pagesToCompletion(promptLen, maxNewTokens)
+	return need, a.Scheduler.Policy != GuaranteedNoEvict || need <= a.Pages
+}
+
+func (a Admission) reservationFits(promptLen, maxNewTokens int) bool {
+	_, ok := a.ReservationFits(promptLen, maxNewTokens)
+	return ok
 }
 
 // pagesToCompletion is KV.PagesToCompletion from lengths alone:

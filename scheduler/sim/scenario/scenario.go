@@ -413,21 +413,21 @@ func (sc *Scenario) parseConfig(raw json.RawMessage) error {
 	return nil
 }
 
-// checkArrivals applies the executor's arrival rejections (spec §1): a
-// prompt longer than M without chunking, and under GUARANTEED_NO_EVICT a
-// request that needs more pages than the whole pool.
+// checkArrivals applies the executor's arrival rejections (spec §1) with
+// the scheduler's admission rules (scheduler.Admission): a prompt whose
+// tokens left to prefill exceed M without chunking, and under
+// GUARANTEED_NO_EVICT a request that needs more pages than the whole pool.
+// The dry run's messages name the scenario's fields.
 func (sc *Scenario) checkArrivals() error {
+	adm := scheduler.Admission{Pages: sc.pool.NumPages, LedgerBlockTokens: sc.pool.TokensPerPage, Scheduler: sc.cfg}
 	for _, sp := range sc.specs {
-		if !sc.cfg.ChunkedContext && sc.cfg.MaxNumTokens != scheduler.Unlimited && sp.PromptLen-sp.Position > sc.cfg.MaxNumTokens {
+		if left := sp.PromptLen - sp.Position; !sc.cfg.CanPrefill(left) {
 			return fmt.Errorf("request %d: prompt_len: %d tokens left to prefill exceed max_num_tokens %d with chunking disabled "+
-				"(the executor rejects it on arrival)", sp.ID, sp.PromptLen-sp.Position, sc.cfg.MaxNumTokens)
+				"(the executor rejects it on arrival)", sp.ID, left, sc.cfg.MaxNumTokens)
 		}
-		if sc.cfg.Policy == scheduler.GuaranteedNoEvict {
-			r := &scheduler.Request{PromptLen: sp.PromptLen, MaxNewTokens: sp.MaxNewTokens}
-			if need := scheduler.PagesToCompletion(r, sc.pool.TokensPerPage); need > sc.pool.NumPages {
-				return fmt.Errorf("request %d: max_new_tokens: needs %d pages to completion, more than kv.pages %d "+
-					"(GUARANTEED_NO_EVICT rejects it on arrival)", sp.ID, need, sc.pool.NumPages)
-			}
+		if need, ok := adm.ReservationFits(sp.PromptLen, sp.MaxNewTokens); !ok {
+			return fmt.Errorf("request %d: max_new_tokens: needs %d pages to completion, more than kv.pages %d "+
+				"(GUARANTEED_NO_EVICT rejects it on arrival)", sp.ID, need, sc.pool.NumPages)
 		}
 	}
 	return nil
