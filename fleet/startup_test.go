@@ -1,10 +1,12 @@
 package fleet
 
 import (
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -306,4 +308,43 @@ func TestMultiProcessHelixChecks(t *testing.T) {
 		require.ErrorContains(t, err, tc.want, "%v %v", tc.args, tc.launch)
 		require.True(t, usage.Is(err), "a usage error (exit 2)")
 	}
+}
+
+// TestFaultedPlannerKeepsTheCalibrator (issue 21, item 5): a run with the
+// online calibrator (ctx_cost auto) and a fault that never fires is the run
+// without the fault: the faulty planner forwards the scheduler's
+// publications, and the executor checks for them when it is built, not
+// thousands of iterations in.
+func TestFaultedPlannerKeepsTheCalibrator(t *testing.T) {
+	trace := filepath.Join("..", "..", "shared", "data", "mooncake", "conversation_trace.jsonl")
+	args := []string{"run", "--engine", "twin", "--ctx-cost", "auto", "--ranks", "2", "--trace", trace, "--limit", "150",
+		"--arrival-scale", "0", "--report", "json", "--progress", "off"}
+	code, want, stderr := runCLI(t, args...)
+	require.Equal(t, 0, code, stderr)
+	t.Setenv(FaultEnv, "stop:1:100000000")
+	code, got, stderr := runCLI(t, args...)
+	require.Equal(t, 0, code, stderr)
+	require.Contains(t, stderr, "nothing was injected")
+	digest := func(report string) string {
+		var r struct {
+			OutputDigest string `json:"output_digest"`
+		}
+		require.NoError(t, json.Unmarshal([]byte(report), &r), report)
+		return r.OutputDigest
+	}
+	require.Equal(t, digest(want), digest(got))
+}
+
+// TestInjectedEnvironmentReachesTheRanks (issue 21, item 6): the schedule
+// check is read through the run's getenv (worker eval's private
+// environment), not the process's: a perturbed plan is caught with the
+// check set only there.
+func TestInjectedEnvironmentReachesTheRanks(t *testing.T) {
+	t.Setenv(executor.ScheduleCheckEnv, "")
+	env := map[string]string{executor.ScheduleCheckEnv: "1", FaultEnv: "perturb:1:3"}
+	o, err := ParseArgs([]string{"--engine", "cpu", "--cp", "2", "--length-scale", "0.1", "--progress", "off"}, io.Discard)
+	require.NoError(t, err)
+	_, err = Run(o, io.Discard, func(k string) string { return env[k] })
+	require.ErrorContains(t, err, "rank 0 iteration 3: helix schedule divergence at iteration 3")
+	require.ErrorContains(t, err, "sat-out ids differs")
 }
