@@ -28,6 +28,7 @@ type Engine struct {
 	device []int32
 	host   []int32
 	closed bool
+	check  *bridge.StepChecker // the step contract over cfg's geometry
 	// inflight holds the results of submitted steps, oldest first. The fake
 	// computes at Submit (its compute is instant), which is indistinguishable
 	// from a stream that runs steps in submit order.
@@ -58,7 +59,7 @@ func New(cfg bridge.Config) (*Engine, error) {
 	case cfg.NumHostPages < 0:
 		return nil, invalid("init", "num_host_pages must not be negative, got %d", cfg.NumHostPages)
 	}
-	e := &Engine{shape: shape, cfg: cfg}
+	e := &Engine{shape: shape, cfg: cfg, check: bridge.NewStepChecker(bridge.GeometryOf(cfg, shape))}
 	if !cfg.ValidateOnly {
 		e.device = newSlab(cfg.NumPages * cfg.TokensPerPage)
 		e.host = newSlab(cfg.NumHostPages * cfg.TokensPerPage)
@@ -108,7 +109,7 @@ func (e *Engine) ReadPage(tier bridge.Tier, page int32) ([]int32, error) {
 		return nil, err
 	}
 	if page < 0 || int(page) >= n {
-		return nil, invalid("read_page", "page %d outside %s pages [0, %d)", page, tierName(tier), n)
+		return nil, invalid("read_page", "page %d outside %s pages [0, %d)", page, tier, n)
 	}
 	P := e.cfg.TokensPerPage
 	return append([]int32(nil), slab[int(page)*P:(int(page)+1)*P]...), nil
@@ -134,13 +135,6 @@ func (e *Engine) slab(op string, tier bridge.Tier) ([]int32, int, error) {
 		return e.host, e.cfg.NumHostPages, nil
 	}
 	return nil, 0, invalid(op, "tier must be 0 (device) or 1 (host), got %d", int(tier))
-}
-
-func tierName(t bridge.Tier) string {
-	if t == bridge.TierHost {
-		return "host"
-	}
-	return "device"
 }
 
 // invalid builds an INVALID_ARGUMENT error.

@@ -37,7 +37,7 @@ func (e *Engine) Step(desc *bridge.StepDesc, res *bridge.StepResult) error {
 	if len(e.inflight) > 0 {
 		return invalid("step", "%d submitted steps have not been waited for", len(e.inflight))
 	}
-	return e.run(desc, res)
+	return e.run("step", desc, res)
 }
 
 // Submit runs the step at once and keeps its result for Wait.
@@ -52,7 +52,7 @@ func (e *Engine) Submit(desc *bridge.StepDesc) error {
 		return invalid("submit", "%d steps are already in flight", len(e.inflight))
 	}
 	var res bridge.StepResult
-	if err := e.run(desc, &res); err != nil {
+	if err := e.run("submit", desc, &res); err != nil {
 		return err
 	}
 	e.inflight = append(e.inflight, res)
@@ -78,12 +78,11 @@ func (e *Engine) Wait(res *bridge.StepResult) error {
 	return nil
 }
 
-// run validates and executes one step.
-func (e *Engine) run(desc *bridge.StepDesc, res *bridge.StepResult) error {
-	for i := range desc.Seqs {
-		if err := e.validateSeq(i, &desc.Seqs[i]); err != nil {
-			return err
-		}
+// run validates (bridge.StepChecker: nothing is written when any sequence
+// is invalid) and executes one step; op names the call in errors.
+func (e *Engine) run(op string, desc *bridge.StepDesc, res *bridge.StepResult) error {
+	if err := e.check.Check(op, desc); err != nil {
+		return err
 	}
 	tokens, context := 0, 0
 	for i := range desc.Seqs {
@@ -115,35 +114,6 @@ func (e *Engine) run(desc *bridge.StepDesc, res *bridge.StepResult) error {
 		}
 	}
 	res.DeviceMS = stepMS + tokenMS*float64(tokens) + contextMS*float64(context)
-	return nil
-}
-
-// validateSeq checks one sequence as engine.h describes; the message names
-// the field and the sequence.
-func (e *Engine) validateSeq(i int, sq *bridge.SeqStep) error {
-	n, P := len(sq.Tokens), e.cfg.TokensPerPage
-	switch {
-	case n < 1:
-		return invalid("step", "seqs[%d]: num_tokens must be >= 1, got %d", i, n)
-	case sq.StartPos < 0:
-		return invalid("step", "seqs[%d]: start_pos must be >= 0, got %d", i, sq.StartPos)
-	case sq.StartPos > len(sq.BlockTable)*P-n:
-		return invalid("step", "seqs[%d]: num_blocks %d covers %d tokens, positions up to %d need %d blocks",
-			i, len(sq.BlockTable), len(sq.BlockTable)*P, sq.StartPos+n-1, (sq.StartPos+n+P-1)/P)
-	}
-	if err := sq.Sampling.Validate(); err != nil {
-		return invalid("step", "seqs[%d]: %v", i, err)
-	}
-	for k, t := range sq.Tokens {
-		if t < 0 || int(t) >= e.shape.VocabSize {
-			return invalid("step", "seqs[%d]: tokens[%d] = %d outside [0, vocab_size %d)", i, k, t, e.shape.VocabSize)
-		}
-	}
-	for k, p := range sq.BlockTable {
-		if p < 0 || int(p) >= e.cfg.NumPages {
-			return invalid("step", "seqs[%d]: block_table[%d] = %d outside [0, num_pages %d)", i, k, p, e.cfg.NumPages)
-		}
-	}
 	return nil
 }
 
