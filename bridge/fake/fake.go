@@ -11,6 +11,7 @@ import (
 	"fmt"
 
 	"github.com/lockstep-ai/lockstep/bridge"
+	"github.com/lockstep-ai/lockstep/bridge/internal/goengine"
 )
 
 // emptySlot marks a page slot that no step has written. It is not a valid
@@ -32,7 +33,7 @@ type Engine struct {
 	// inflight holds the results of submitted steps, oldest first. The fake
 	// computes at Submit (its compute is instant), which is indistinguishable
 	// from a stream that runs steps in submit order.
-	inflight []bridge.StepResult
+	inflight goengine.Queue[bridge.StepResult]
 	row      []float32 // a pseudo-logits row to sample from, reused
 }
 
@@ -138,6 +139,4 @@ func (e *Engine) slab(op string, tier bridge.Tier) ([]int32, int, error) {
 }
 
 // invalid builds an INVALID_ARGUMENT error.
-func invalid(op, format string, args ...any) error {
-	return bridge.StatusError(op, bridge.StatusInvalidArgument, fmt.Sprintf(format, args...))
-}
+func invalid(op, format string, args ...any) error { return goengine.Invalid(op, format, args...) }

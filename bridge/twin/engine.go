@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/lockstep-ai/lockstep/bridge"
+	"github.com/lockstep-ai/lockstep/bridge/internal/goengine"
 )
 
 // Engine is the digital twin's bridge.Engine: it validates every step as
@@ -37,13 +38,14 @@ type Engine struct {
 	check *bridge.StepChecker
 	row   []float32 // a logits row to sample from, reused
 
-	// inflight is a ring of submitted steps' results, oldest at head. The
-	// twin computes at Submit, which is indistinguishable from a stream
-	// running steps in submit order.
-	inflight [bridge.MaxInflight]pendingStep
-	head, n  int
+	// inflight holds submitted steps' results, oldest first. The twin
+	// computes at Submit, which is indistinguishable from a stream running
+	// steps in submit order.
+	inflight goengine.Queue[pendingStep]
 }
 
+// pendingStep is a submitted step's result and its cost (for LastStepCost
+// once it is waited for).
 type pendingStep struct {
 	res  bridge.StepResult
 	cost StepCost
@@ -111,8 +113,8 @@ func (e *Engine) Step(desc *bridge.StepDesc, res *bridge.StepResult) error {
 	if desc == nil || res == nil {
 		return invalid("step", "desc and res must not be nil")
 	}
-	if e.n > 0 {
-		return invalid("step", "%d submitted steps have not been waited for", e.n)
+	if err := e.inflight.RequireIdle("step"); err != nil {
+		return err
 	}
 	cost, err := e.run("step", desc, res)
 	if err != nil {
@@ -130,17 +132,17 @@ func (e *Engine) Submit(desc *bridge.StepDesc) error {
 	if desc == nil {
 		return invalid("submit", "desc must not be nil")
 	}
-	if e.n >= bridge.MaxInflight {
-		return invalid("submit", "%d steps are already in flight", e.n)
+	slot, err := e.inflight.Next("submit")
+	if err != nil {
+		return err
 	}
-	slot := &e.inflight[(e.head+e.n)%bridge.MaxInflight]
 	cost, err := e.run("submit", desc, &slot.res)
 	if err != nil {
 		return err
 	}
 	slot.cost = cost
 	e.launched = cost
-	e.n++
+	e.inflight.Push()
 	return nil
 }
 
@@ -152,16 +154,12 @@ func (e *Engine) Wait(res *bridge.StepResult) error {
 	if res == nil {
 		return invalid("wait", "res must not be nil")
 	}
-	if e.n == 0 {
-		return invalid("wait", "no submitted step to wait for")
+	slot, err := e.inflight.Pop("wait")
+	if err != nil {
+		return err
 	}
-	slot := &e.inflight[e.head]
-	res.Sampled = append(res.Sampled[:0], slot.res.Sampled...)
-	res.Logits = append(res.Logits[:0], slot.res.Logits...)
-	res.DeviceMS = slot.res.DeviceMS
+	goengine.CopyResult(res, &slot.res)
 	e.last = slot.cost
-	e.head = (e.head + 1) % bridge.MaxInflight
-	e.n--
 	return nil
 }
 
@@ -179,7 +177,7 @@ func (e *Engine) run(op string, desc *bridge.StepDesc, res *bridge.StepResult) (
 	cost := e.p.StepCost(e.works)
 
 	vocab := e.shape.VocabSize
-	res.Sampled = resize(res.Sampled, len(desc.Seqs))
+	res.Sampled = goengine.Resize(res.Sampled, len(desc.Seqs))
 	res.Logits = res.Logits[:0]
 	for i := range desc.Seqs {
 		sq := &desc.Seqs[i]
@@ -203,6 +201,7 @@ func (e *Engine) run(op string, desc *bridge.StepDesc, res *bridge.StepResult) (
 		}
 	}
 	res.DeviceMS = cost.MS()
+	res.MoEWaitMS = 0 // the twin reports no per-step MoE wait; res is overwritten whole
 	return cost, nil
 }
 
@@ -230,39 +229,22 @@ func (e *Engine) usable(op string) error {
 }
 
 // invalid builds an INVALID_ARGUMENT error.
-func invalid(op, format string, args ...any) error {
-	return bridge.StatusError(op, bridge.StatusInvalidArgument, fmt.Sprintf(format, args...))
-}
+func invalid(op, format string, args ...any) error { return goengine.Invalid(op, format, args...) }
 
 // tokenHash mixes the seed, a token and its position (splitmix64 rounds).
 func tokenHash(seed uint64, tok int32, pos int) uint64 {
-	return mix64(seed ^ mix64(uint64(uint32(tok))<<32|uint64(uint32(pos))) + 0x9e3779b97f4a7c15)
-}
-
-// mix64 is the splitmix64 finaliser.
-func mix64(x uint64) uint64 {
-	x ^= x >> 30
-	x *= 0xbf58476d1ce4e5b9
-	x ^= x >> 27
-	x *= 0x94d049bb133111eb
-	return x ^ x>>31
+	return goengine.Mix64(seed ^ goengine.Mix64(uint64(uint32(tok))<<32|uint64(uint32(pos))) + 0x9e3779b97f4a7c15)
 }
 
 // appendLogits appends one row whose argmax is tok: values in [0, 1)
-// derived from h, and 2 at tok.
+// derived from h, and 2 at tok. It differs from the fake's row on purpose
+// (see bridge/fake appendLogits): stochastic sampling draws from it, so
+// sharing one row function would change one engine's sampled tokens.
 func appendLogits(dst []float32, h uint64, tok int32, vocab int) []float32 {
 	start := len(dst)
 	for v := 0; v < vocab; v++ {
-		dst = append(dst, float32(mix64(h+uint64(v))>>40)/(1<<24))
+		dst = append(dst, float32(goengine.Mix64(h+uint64(v))>>40)/(1<<24))
 	}
 	dst[start+int(tok)] = 2
 	return dst
-}
-
-// resize returns s with length n, reusing its array when large enough.
-func resize(s []int32, n int) []int32 {
-	if cap(s) >= n {
-		return s[:n]
-	}
-	return make([]int32, n)
 }
