@@ -85,6 +85,9 @@ func TestDependencyRules(t *testing.T) {
 					require.False(t, strings.HasPrefix(d, module+"/scheduler") || strings.HasPrefix(d, module+"/kvpool"),
 						"bridge must not know the scheduler or the KV pool (imports %s)", d)
 				}
+				// The conformance suite is a test helper (it imports
+				// testing); go list's Imports leave out _test.go files.
+				require.NotEqual(t, module+"/bridge/enginetest", d, "%s imports bridge/enginetest: only tests may", pkg)
 				if strings.Contains(d, "go-nvml") {
 					require.Equal(t, module+"/cmd/worker", pkg, "only cmd/worker may import go-nvml")
 				}
