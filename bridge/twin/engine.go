@@ -10,8 +10,10 @@ import (
 // Engine is the digital twin's bridge.Engine: it validates every step as
 // the native engine does, computes nothing, and reports the step's modelled
 // device time (StepCost(...).MS()) in DeviceMS. It holds no page contents,
-// so beyond validation a step costs O(sequences + new tokens), never
-// O(context): it scales to fleets of ranks with long contexts.
+// so a step costs its validation (bridge.StepChecker: one compare per
+// block-table entry, the contract every engine enforces) plus
+// O(sequences + new tokens): it scales to fleets of ranks with long
+// contexts.
 //
 // Sampled tokens are a hash of (seed, the sequence's last input token, that
 // token's position) modulo the vocabulary (with SeqStep.Sampling: drawn by
@@ -19,9 +21,8 @@ import (
 // batching, chunking, rank count, preemption or recompute — the property the
 // CPU engine has — but, unlike the CPU and fake engines, not on the earlier
 // tokens or the pages either: a wrong block table goes unnoticed beyond the
-// contract's index checks (bridge.StepChecker, which reads every
-// block-table entry: a step costs O(block-table entries) there, one compare
-// each). Like every bridge.Engine it is not safe for concurrent use.
+// contract's index checks. Like every bridge.Engine it is not safe for
+// concurrent use.
 type Engine struct {
 	cfg    bridge.Config
 	p      *Profile
