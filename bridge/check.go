@@ -184,7 +184,7 @@ func (c *StepChecker) checkWrites(op string, seqs []SeqStep) error {
 			case 0:
 				c.writer[pg] = int32(i + 1)
 				c.touched = append(c.touched, pg)
-			case int32(i + 1):
+			case int32(i + 1): // this sequence's own page again
 			default:
 				return invalid(op, "seqs[%d]: block_table[%d] = page %d is also written by seqs[%d] in this step; "+
 					"sequences of one step may share pages only for reading", i, k, pg, c.writer[pg]-1)
