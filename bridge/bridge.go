@@ -1,6 +1,7 @@
 // Package bridge is the pure-Go face of the model engine: the Engine interface,
-// the step descriptor and result types, and the mapping of native status codes
-// to Go errors. It knows nothing of scheduling or page allocation: it speaks
+// the step descriptor and result types, the one step and page-copy contract
+// every engine enforces (StepChecker, CheckStep, CheckCopy; check.go), and
+// the mapping of native status codes to Go errors. It knows nothing of scheduling or page allocation: it speaks
 // page indices and token arrays only (DESIGN.md §1).
 package bridge
 
@@ -272,8 +273,10 @@ const (
 type Engine interface {
 	// Shape is the resolved model shape.
 	Shape() ModelShape
-	// Step runs one forward step. res is overwritten; its slices are reused
-	// when large enough, so a caller that keeps results must copy them.
+	// Step runs one forward step. desc must satisfy the step contract
+	// (StepChecker.Check); an invalid step fails with INVALID_ARGUMENT and
+	// changes nothing. res is overwritten; its slices are reused when large
+	// enough, so a caller that keeps results must copy them.
 	Step(desc *StepDesc, res *StepResult) error
 	// Submit queues a step and returns without waiting for its compute (the
 	// overlap loop); the descriptor is copied, so the caller may reuse it at
@@ -283,7 +286,8 @@ type Engine interface {
 	// Wait blocks until the oldest submitted step finished and writes its
 	// result into res (same reuse rules as Step).
 	Wait(res *StepResult) error
-	// CopyPages copies page src[k] of srcTier to page dst[k] of dstTier.
+	// CopyPages copies page src[k] of srcTier to page dst[k] of dstTier. An
+	// invalid copy (CheckCopy) fails with INVALID_ARGUMENT and copies nothing.
 	CopyPages(srcTier Tier, src []int32, dstTier Tier, dst []int32) error
 	// Close releases the engine. Further calls fail.
 	Close() error

@@ -11,6 +11,7 @@ import (
 	"fmt"
 
 	"github.com/lockstep-ai/lockstep/bridge"
+	"github.com/lockstep-ai/lockstep/bridge/internal/goengine"
 )
 
 // emptySlot marks a page slot that no step has written. It is not a valid
@@ -28,10 +29,11 @@ type Engine struct {
 	device []int32
 	host   []int32
 	closed bool
+	check  *bridge.StepChecker // the step contract over cfg's geometry
 	// inflight holds the results of submitted steps, oldest first. The fake
 	// computes at Submit (its compute is instant), which is indistinguishable
 	// from a stream that runs steps in submit order.
-	inflight []bridge.StepResult
+	inflight goengine.Queue[bridge.StepResult]
 	row      []float32 // a pseudo-logits row to sample from, reused
 }
 
@@ -58,7 +60,7 @@ func New(cfg bridge.Config) (*Engine, error) {
 	case cfg.NumHostPages < 0:
 		return nil, invalid("init", "num_host_pages must not be negative, got %d", cfg.NumHostPages)
 	}
-	e := &Engine{shape: shape, cfg: cfg}
+	e := &Engine{shape: shape, cfg: cfg, check: bridge.NewStepChecker(bridge.GeometryOf(cfg, shape))}
 	if !cfg.ValidateOnly {
 		e.device = newSlab(cfg.NumPages * cfg.TokensPerPage)
 		e.host = newSlab(cfg.NumHostPages * cfg.TokensPerPage)
@@ -108,7 +110,7 @@ func (e *Engine) ReadPage(tier bridge.Tier, page int32) ([]int32, error) {
 		return nil, err
 	}
 	if page < 0 || int(page) >= n {
-		return nil, invalid("read_page", "page %d outside %s pages [0, %d)", page, tierName(tier), n)
+		return nil, invalid("read_page", "page %d outside %s pages [0, %d)", page, tier, n)
 	}
 	P := e.cfg.TokensPerPage
 	return append([]int32(nil), slab[int(page)*P:(int(page)+1)*P]...), nil
@@ -136,14 +138,5 @@ func (e *Engine) slab(op string, tier bridge.Tier) ([]int32, int, error) {
 	return nil, 0, invalid(op, "tier must be 0 (device) or 1 (host), got %d", int(tier))
 }
 
-func tierName(t bridge.Tier) string {
-	if t == bridge.TierHost {
-		return "host"
-	}
-	return "device"
-}
-
 // invalid builds an INVALID_ARGUMENT error.
-func invalid(op, format string, args ...any) error {
-	return bridge.StatusError(op, bridge.StatusInvalidArgument, fmt.Sprintf(format, args...))
-}
+func invalid(op, format string, args ...any) error { return goengine.Invalid(op, format, args...) }

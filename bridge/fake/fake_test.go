@@ -2,6 +2,7 @@ package fake_test
 
 import (
 	"errors"
+	"math"
 	"slices"
 	"strings"
 	"testing"
@@ -175,6 +176,11 @@ func TestStepValidation(t *testing.T) {
 		{"page range", func(s *bridge.SeqStep) { s.BlockTable = []int32{8} }, "block_table[0] = 8"},
 		{"short table", func(s *bridge.SeqStep) { s.StartPos = 3 }, "num_blocks 1"},
 		{"empty table", func(s *bridge.SeqStep) { s.BlockTable = nil }, "num_blocks 0"},
+		// Since the shared contract (bridge.CheckStep): the fake accepted
+		// write conflicts, and named only the block table for positions
+		// beyond int32.
+		{"int32 positions", func(s *bridge.SeqStep) { s.StartPos = math.MaxInt32 - 1 }, "exceeds the int32 position range"},
+		{"write conflict", func(s *bridge.SeqStep) { s.BlockTable = []int32{1} }, "page 1 is also written by seqs[0]"},
 	}
 	for _, tt := range tests {
 		e := newEngine(t, 8, 0)
@@ -274,7 +280,9 @@ func TestResultReuse(t *testing.T) {
 	res := bridge.StepResult{Sampled: make([]int32, 0, 4)}
 	backing := &res.Sampled[:1][0]
 	seq := bridge.SeqStep{Tokens: []int32{1}, BlockTable: []int32{0}, Sample: true}
-	if err := e.Step(&bridge.StepDesc{Seqs: []bridge.SeqStep{seq, seq}}, &res); err != nil {
+	other := seq
+	other.BlockTable = []int32{1} // two sequences never write one page
+	if err := e.Step(&bridge.StepDesc{Seqs: []bridge.SeqStep{seq, other}}, &res); err != nil {
 		t.Fatal(err)
 	}
 	if len(res.Sampled) != 2 || &res.Sampled[0] != backing || len(res.Logits) != 0 {

@@ -2,6 +2,7 @@ package fake
 
 import (
 	"github.com/lockstep-ai/lockstep/bridge"
+	"github.com/lockstep-ai/lockstep/bridge/internal/goengine"
 )
 
 // Cost model of the fake engine: DeviceMS = stepMS + tokenMS·Σ new tokens +
@@ -34,13 +35,14 @@ func (e *Engine) Step(desc *bridge.StepDesc, res *bridge.StepResult) error {
 	if desc == nil || res == nil {
 		return invalid("step", "desc and res must not be nil")
 	}
-	if len(e.inflight) > 0 {
-		return invalid("step", "%d submitted steps have not been waited for", len(e.inflight))
+	if err := e.inflight.RequireIdle("step"); err != nil {
+		return err
 	}
-	return e.run(desc, res)
+	return e.run("step", desc, res)
 }
 
-// Submit runs the step at once and keeps its result for Wait.
+// Submit runs the step at once and keeps its result for Wait (at most
+// bridge.MaxInflight outstanding).
 func (e *Engine) Submit(desc *bridge.StepDesc) error {
 	if err := e.usable("submit"); err != nil {
 		return err
@@ -48,14 +50,14 @@ func (e *Engine) Submit(desc *bridge.StepDesc) error {
 	if desc == nil {
 		return invalid("submit", "desc must not be nil")
 	}
-	if len(e.inflight) >= bridge.MaxInflight {
-		return invalid("submit", "%d steps are already in flight", len(e.inflight))
-	}
-	var res bridge.StepResult
-	if err := e.run(desc, &res); err != nil {
+	slot, err := e.inflight.Next("submit")
+	if err != nil {
 		return err
 	}
-	e.inflight = append(e.inflight, res)
+	if err := e.run("submit", desc, slot); err != nil {
+		return err
+	}
+	e.inflight.Push()
 	return nil
 }
 
@@ -67,23 +69,19 @@ func (e *Engine) Wait(res *bridge.StepResult) error {
 	if res == nil {
 		return invalid("wait", "res must not be nil")
 	}
-	if len(e.inflight) == 0 {
-		return invalid("wait", "no submitted step to wait for")
+	r, err := e.inflight.Pop("wait")
+	if err != nil {
+		return err
 	}
-	r := e.inflight[0]
-	e.inflight = e.inflight[1:]
-	res.Sampled = append(res.Sampled[:0], r.Sampled...)
-	res.Logits = append(res.Logits[:0], r.Logits...)
-	res.DeviceMS = r.DeviceMS
+	goengine.CopyResult(res, r)
 	return nil
 }
 
-// run validates and executes one step.
-func (e *Engine) run(desc *bridge.StepDesc, res *bridge.StepResult) error {
-	for i := range desc.Seqs {
-		if err := e.validateSeq(i, &desc.Seqs[i]); err != nil {
-			return err
-		}
+// run validates (bridge.StepChecker: nothing is written when any sequence
+// is invalid) and executes one step; op names the call in errors.
+func (e *Engine) run(op string, desc *bridge.StepDesc, res *bridge.StepResult) error {
+	if err := e.check.Check(op, desc); err != nil {
+		return err
 	}
 	tokens, context := 0, 0
 	for i := range desc.Seqs {
@@ -93,7 +91,7 @@ func (e *Engine) run(desc *bridge.StepDesc, res *bridge.StepResult) error {
 		context += sq.StartPos + len(sq.Tokens)
 	}
 	vocab := e.shape.VocabSize
-	res.Sampled = resize(res.Sampled, len(desc.Seqs))
+	res.Sampled = goengine.Resize(res.Sampled, len(desc.Seqs))
 	res.Logits = res.Logits[:0]
 	for i := range desc.Seqs {
 		sq := &desc.Seqs[i]
@@ -115,35 +113,7 @@ func (e *Engine) run(desc *bridge.StepDesc, res *bridge.StepResult) error {
 		}
 	}
 	res.DeviceMS = stepMS + tokenMS*float64(tokens) + contextMS*float64(context)
-	return nil
-}
-
-// validateSeq checks one sequence as engine.h describes; the message names
-// the field and the sequence.
-func (e *Engine) validateSeq(i int, sq *bridge.SeqStep) error {
-	n, P := len(sq.Tokens), e.cfg.TokensPerPage
-	switch {
-	case n < 1:
-		return invalid("step", "seqs[%d]: num_tokens must be >= 1, got %d", i, n)
-	case sq.StartPos < 0:
-		return invalid("step", "seqs[%d]: start_pos must be >= 0, got %d", i, sq.StartPos)
-	case sq.StartPos > len(sq.BlockTable)*P-n:
-		return invalid("step", "seqs[%d]: num_blocks %d covers %d tokens, positions up to %d need %d blocks",
-			i, len(sq.BlockTable), len(sq.BlockTable)*P, sq.StartPos+n-1, (sq.StartPos+n+P-1)/P)
-	}
-	if err := sq.Sampling.Validate(); err != nil {
-		return invalid("step", "seqs[%d]: %v", i, err)
-	}
-	for k, t := range sq.Tokens {
-		if t < 0 || int(t) >= e.shape.VocabSize {
-			return invalid("step", "seqs[%d]: tokens[%d] = %d outside [0, vocab_size %d)", i, k, t, e.shape.VocabSize)
-		}
-	}
-	for k, p := range sq.BlockTable {
-		if p < 0 || int(p) >= e.cfg.NumPages {
-			return invalid("step", "seqs[%d]: block_table[%d] = %d outside [0, num_pages %d)", i, k, p, e.cfg.NumPages)
-		}
-	}
+	res.MoEWaitMS = 0 // no expert parallelism; res is overwritten whole
 	return nil
 }
 
@@ -187,28 +157,17 @@ func fnvWord(h uint64, w uint32) uint64 {
 // appendLogits appends one deterministic row: pseudo-random values in
 // [0, 1) derived from the content hash, and 2 at the sampled token, so that
 // argmax(row) is the sampled token.
+//
+// The twin's row (bridge/twin appendLogits) mixes h+v instead of
+// h^v·golden: both are valid rows with the sampled token as argmax, and
+// neither is a bug, but stochastic sampling draws from the row, so merging
+// the two would change every sampled token (and digest) of one engine's
+// past runs. Each engine keeps its own.
 func appendLogits(dst []float32, h uint64, tok int32, vocab int) []float32 {
 	for v := range vocab {
-		x := mix64(h ^ uint64(v)*0x9e3779b97f4a7c15)
+		x := goengine.Mix64(h ^ uint64(v)*0x9e3779b97f4a7c15)
 		dst = append(dst, float32(x>>40)/float32(1<<24))
 	}
 	dst[len(dst)-vocab+int(tok)] = 2
 	return dst
-}
-
-// mix64 is the splitmix64 finaliser.
-func mix64(x uint64) uint64 {
-	x ^= x >> 30
-	x *= 0xbf58476d1ce4e5b9
-	x ^= x >> 27
-	x *= 0x94d049bb133111eb
-	return x ^ x>>31
-}
-
-// resize returns s with length n, reusing its array when large enough.
-func resize(s []int32, n int) []int32 {
-	if cap(s) >= n {
-		return s[:n]
-	}
-	return make([]int32, n)
 }

@@ -13,5 +13,7 @@
 // engine's iteration logs with FitLinear, stands in for engines whose time
 // is not a GPU roofline (the CPU engine).
 //
-// The package imports only the standard library and bridge.
+// The package imports only the standard library, bridge and bridge's
+// internal packages (the step contract and the in-flight queue it shares
+// with the fake engine).
 package twin

@@ -205,6 +205,13 @@ func TestStepValidation(t *testing.T) {
 		{"page range", []bridge.SeqStep{{Tokens: prompt(3, 1), StartPos: P, BlockTable: []int32{0, 8}}},
 			"seqs[0]: block_table[1] = 8 outside [0, num_pages 8)"},
 		{"negative page", []bridge.SeqStep{{Tokens: prompt(3, 1), BlockTable: []int32{-1}}}, "block_table[0] = -1"},
+		// Refused since the shared contract (bridge.CheckStep), as by the
+		// fake and native engines: the twin checked only written entries.
+		{"read-only page range", []bridge.SeqStep{{Tokens: prompt(3, 1), StartPos: P, BlockTable: []int32{8, 0}}},
+			"seqs[0]: block_table[0] = 8 outside [0, num_pages 8)"},
+		{"unused page range", []bridge.SeqStep{{Tokens: prompt(3, 1), BlockTable: []int32{0, -4}}}, "seqs[0]: block_table[1] = -4"},
+		{"int32 positions", []bridge.SeqStep{{Tokens: prompt(2, 1), StartPos: 1<<31 - 2, BlockTable: []int32{0}}},
+			"seqs[0]: start_pos + num_tokens = 2147483648 exceeds the int32 position range"},
 		{"write conflict", []bridge.SeqStep{
 			{Tokens: prompt(3, 1), BlockTable: []int32{2}},
 			{Tokens: prompt(2, 2), StartPos: P, BlockTable: []int32{1, 2}},
