@@ -6,10 +6,25 @@ import (
 	"github.com/lockstep-ai/lockstep/kvpool"
 )
 
-// Validate refuses impossible configurations before any work starts.
-// Errors name where each value came from (src): the flag, or the config
-// file's FILE:LINE key.
+// Validate refuses impossible configurations before any work starts, in a
+// fixed order (the first failure is reported). Errors name where each value
+// came from (Src): the flag, or the config file's FILE:LINE key. It opens
+// the checkpoint of --model PATH and builds the twin's cost profile.
 func (o *Options) Validate() error {
+	for _, check := range []func() error{
+		o.validateEngine, o.validatePrompts, o.validateNames, o.validateHelix, o.validateCounts,
+		o.validateScales, o.validateTimeout,
+	} {
+		if err := check(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// validateEngine checks the engine, the model, the pool's sizing from GPU
+// memory and the twin's and calibrator's settings.
+func (o *Options) validateEngine() error {
 	if err := usage.OneOf(o.Src("engine"), o.Engine, "cpu", "cuda", "twin", "fake"); err != nil {
 		return err
 	}
@@ -35,78 +50,78 @@ func (o *Options) Validate() error {
 			return usage.Errorf("%s: %v (or give a checkpoint path)", o.Src("model"), err)
 		}
 	}
-	if err := o.validatePrompts(); err != nil {
-		return err
-	}
-	if err := usage.OneOf(o.Src("report"), o.Report, "text", "json"); err != nil {
-		return err
-	}
-	if err := usage.OneOf(o.Src("progress"), o.Progress, "auto", "bar", "lines", "off"); err != nil {
-		return err
-	}
-	if err := usage.OneOf(o.Src("log-level"), o.LogLevel, "debug", "info", "warn", "error"); err != nil {
-		return err
-	}
-	if err := usage.OneOf(o.Src("overlap"), o.Overlap, "on", "off"); err != nil {
-		return err
+	return nil
+}
+
+// validateNames checks the settings that take one of a few names.
+func (o *Options) validateNames() error {
+	for _, c := range []struct {
+		flag, v string
+		allowed []string
+	}{
+		{"report", o.Report, []string{"text", "json"}},
+		{"progress", o.Progress, []string{"auto", "bar", "lines", "off"}},
+		{"log-level", o.LogLevel, []string{"debug", "info", "warn", "error"}},
+		{"overlap", o.Overlap, []string{"on", "off"}},
+	} {
+		if err := usage.OneOf(o.Src(c.flag), c.v, c.allowed...); err != nil {
+			return err
+		}
 	}
 	if _, err := parsePolicy(o.PolicyName()); err != nil {
 		return usage.Errorf("%s: %v", o.Src("policy"), err)
 	}
-	if err := usage.OneOf(o.Src("router"), o.Router, "default", "conversation"); err != nil {
-		return err
-	}
-	if o.CP < 1 {
+	return usage.OneOf(o.Src("router"), o.Router, "default", "conversation")
+}
+
+// validateHelix checks --cp and what aggregated Helix excludes.
+func (o *Options) validateHelix() error {
+	switch {
+	case o.CP < 1:
 		return usage.Errorf("%s must be at least 1, got %d", o.Src("cp"), o.CP)
-	}
-	if o.CP > 1 && o.Ranks > 1 {
+	case o.CP > 1 && o.Ranks > 1:
 		return usage.Errorf("%s %d with %s %d: Helix and attention DP are mutually exclusive; use --ranks 1 with --cp",
 			o.Src("cp"), o.CP, o.Src("ranks"), o.Ranks)
-	}
-	if o.CP > 1 && o.HostPages > 0 {
+	case o.CP > 1 && o.HostPages > 0:
 		return usage.Errorf("%s %d with %s %d: aggregated Helix does not support a host cache tier",
 			o.Src("host-pages"), o.HostPages, o.Src("cp"), o.CP)
-	}
-	if o.CP > 1 && o.Engine != "cpu" {
+	case o.CP > 1 && o.Engine != "cpu":
 		return usage.Errorf("%s %d needs --engine cpu (the %s engine of %s has no Helix attention)",
 			o.Src("cp"), o.CP, o.Engine, o.Src("engine"))
 	}
-	if o.EventBufferMaxSize < 1 {
-		return usage.Errorf("%s must be at least 1, got %d", o.Src("event-buffer-max-size"), o.EventBufferMaxSize)
-	}
-	if o.MaxActivePerRank < 1 {
-		return usage.Errorf("%s must be at least 1, got %d", o.Src("max-active-per-rank"), o.MaxActivePerRank)
-	}
-	positive := []struct {
-		name string
-		v    int
-	}{{"ranks", o.Ranks}, {"tokens-per-page", o.TokensPerPage}, {"max-batch-size", o.Scheduler.MaxBatchSize}}
-	for _, p := range positive {
+	return nil
+}
+
+// intSetting is a count and its flag, for the range checks.
+type intSetting struct {
+	flag string
+	v    int
+}
+
+// validateCounts checks the counts' ranges.
+func (o *Options) validateCounts() error {
+	for _, p := range []intSetting{{"event-buffer-max-size", o.EventBufferMaxSize}, {"max-active-per-rank", o.MaxActivePerRank},
+		{"ranks", o.Ranks}, {"tokens-per-page", o.TokensPerPage}, {"max-batch-size", o.Scheduler.MaxBatchSize}} {
 		if p.v < 1 {
-			return usage.Errorf("%s must be at least 1, got %d", o.Src(p.name), p.v)
+			return usage.Errorf("%s must be at least 1, got %d", o.Src(p.flag), p.v)
 		}
 	}
-	nonNeg := []struct {
-		name string
-		v    int
-	}{{"pages", o.Pages}, {"host-pages", o.HostPages}, {"max-seq-len", o.MaxSeqLen}, {"max-num-tokens", o.Scheduler.MaxNumTokens},
-		{"chunk-unit", o.Scheduler.ChunkUnitSize}, {"limit", o.Limit}}
-	for _, p := range nonNeg {
+	for _, p := range []intSetting{{"pages", o.Pages}, {"host-pages", o.HostPages}, {"max-seq-len", o.MaxSeqLen},
+		{"max-num-tokens", o.Scheduler.MaxNumTokens}, {"chunk-unit", o.Scheduler.ChunkUnitSize}, {"limit", o.Limit}} {
 		if p.v < 0 {
-			return usage.Errorf("%s must be non-negative, got %d", o.Src(p.name), p.v)
+			return usage.Errorf("%s must be non-negative, got %d", o.Src(p.flag), p.v)
 		}
 	}
-	for _, p := range []struct {
-		name string
-		v    int
-	}{{"pages", o.Pages}, {"host-pages", o.HostPages}} {
+	for _, p := range []intSetting{{"pages", o.Pages}, {"host-pages", o.HostPages}} {
 		if p.v > kvpool.MaxPages {
-			return usage.Errorf("%s must be at most %d (int32 page indices), got %d", o.Src(p.name), kvpool.MaxPages, p.v)
+			return usage.Errorf("%s must be at most %d (int32 page indices), got %d", o.Src(p.flag), kvpool.MaxPages, p.v)
 		}
 	}
-	if err := o.validateScales(); err != nil {
-		return err
-	}
+	return nil
+}
+
+// validateTimeout checks the collective watchdog's timeout.
+func (o *Options) validateTimeout() error {
 	if o.CollectiveTimeout <= 0 {
 		return usage.Errorf("%s must be positive, got %v", o.Src("collective-timeout"), o.CollectiveTimeout)
 	}

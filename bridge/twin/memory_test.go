@@ -15,7 +15,7 @@ func TestPoolPages(t *testing.T) {
 		kvPerToken float64 // bytes per GPU
 		pages      int
 	}{
-		// llama-8b bf16: 8,030,261,248 parameters (cmd/worker's weightBytes
+		// llama-8b bf16: 8,030,261,248 parameters (fleet's weightBytes
 		// formula) = 16,060,522,496 B. Pool = (141e9 − 16.06e9 − 2e9)·0.9 =
 		// 110,645,529,753.6 B; page = 32 tokens · 131,072 B (2·32·8·128·2)
 		// = 4,194,304 B → 26,379 pages.

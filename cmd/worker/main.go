@@ -1,10 +1,27 @@
 // Command worker is the lockstep serving worker: one process per GPU (or
 // several in-process ranks), driving a native engine through the cgo bridge.
+// This package is command wiring only: each command parses its flags,
+// calls the packages that do the work, and prints.
 //
-//	worker run       serve a trace (or the built-in sample) and print a report
-//	worker loadgen   replay a trace against an OpenAI-compatible server
-//	worker schedule  dry-run the scheduler on a scenario file
-//	worker info      print the engine backends this build supports
+//	worker run           serve a trace, prompts or the built-in sample on the
+//	                     fleet's ranks and print a report (fleet, report)
+//	worker serve         an OpenAI-compatible HTTP API on rank 0 of the same
+//	                     fleet (fleet, serve)
+//	worker schedule      dry-run the scheduler on a scenario file
+//	                     (scheduler/sim/scenario)
+//	worker calibrate     fit kv_cost_offset and kv_depth_threshold from
+//	                     iteration logs (report, scheduler/costfit)
+//	worker eval          the equal-cost, demotion and online-calibrator
+//	                     configurations side by side on the twin (eval)
+//	worker twin-profile  print the twin's cost profile of a GPU and model, or
+//	                     fit one to iteration logs (bridge/twin, fleet)
+//	worker loadgen       replay a trace or prompts against an OpenAI-compatible
+//	                     server and report latencies (serve/loadgen)
+//	worker info          print the engine backends this build supports, or
+//	                     describe a checkpoint (model)
+//	worker help          print the usage
+//
+// GPU discovery (go-nvml) lives here and is injected into the fleet.
 package main
 
 import (

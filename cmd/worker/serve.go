@@ -50,6 +50,47 @@ func (api *apiServer) flags(fs *flag.FlagSet) {
 // no new request, the accepted ones finish within --drain-timeout, the rest
 // are cancelled on every rank, and the process exits 0.
 func runAPIServe(args []string, stdout, stderr io.Writer) error {
+	o, api, err := parseServe(args, stderr)
+	if err != nil {
+		return err
+	}
+	launch, err := api.build(o)
+	if err != nil {
+		return err
+	}
+	rank0 := !launch.MultiProcess() || launch.Rank == 0
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
+	defer signal.Stop(sigs)
+	if rank0 {
+		if err := api.listen(stderr, sigs); err != nil {
+			return err
+		}
+	} else {
+		// The other ranks follow rank 0's drain through the collectives.
+		go func() {
+			for range sigs {
+			}
+		}()
+	}
+	_, runErr := fleet.Run(o, stderr, os.Getenv)
+	if runErr != nil {
+		api.srv.Fail(runErr)
+	}
+	if api.http != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		api.http.Shutdown(ctx) //nolint:errcheck
+		cancel()
+	}
+	if runErr == nil && rank0 {
+		fmt.Fprintln(stderr, "worker serve: drained, exiting")
+	}
+	return runErr
+}
+
+// parseServe reads serve's flags (the fleet's and its own) and the config
+// file, and refuses what a server cannot do.
+func parseServe(args []string, stderr io.Writer) (*fleet.Options, *apiServer, error) {
 	o := fleet.Defaults()
 	o.Progress = "off"
 	api := &apiServer{addr: "127.0.0.1:8000", maxQueue: 1024, drain: 30 * time.Second}
@@ -59,39 +100,43 @@ func runAPIServe(args []string, stdout, stderr io.Writer) error {
 	api.flags(fs)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
-			return err
+			return nil, nil, err
 		}
-		return usage.Wrap(err)
+		return nil, nil, usage.Wrap(err)
 	}
 	if fs.NArg() > 0 {
-		return usage.Errorf("unexpected arguments: %v", fs.Args())
+		return nil, nil, usage.Errorf("unexpected arguments: %v", fs.Args())
 	}
 	if err := o.Complete(fs); err != nil {
-		return err
+		return nil, nil, err
 	}
-	if o.Engine == "twin" {
-		return usage.Errorf("serve needs a real engine (cpu, cuda or fake): the twin runs on a virtual clock, which HTTP clients do not share")
+	switch {
+	case o.Engine == "twin":
+		return nil, nil, usage.Errorf("serve needs a real engine (cpu, cuda or fake): the twin runs on a virtual clock, which HTTP clients do not share")
+	case o.Trace != "" || o.Text.Active():
+		return nil, nil, usage.Errorf("serve takes its requests over HTTP: --trace, --prompt and --prompts belong to `worker run`")
+	case api.maxQueue < 1:
+		return nil, nil, usage.Errorf("--max-queue must be at least 1, got %d", api.maxQueue)
+	case api.drain < 0:
+		return nil, nil, usage.Errorf("--drain-timeout must not be negative, got %v", api.drain)
 	}
-	if o.Trace != "" || o.Text.Active() {
-		return usage.Errorf("serve takes its requests over HTTP: --trace, --prompt and --prompts belong to `worker run`")
-	}
-	if api.maxQueue < 1 {
-		return usage.Errorf("--max-queue must be at least 1, got %d", api.maxQueue)
-	}
-	if api.drain < 0 {
-		return usage.Errorf("--drain-timeout must not be negative, got %v", api.drain)
-	}
+	return &o, api, nil
+}
+
+// build makes the HTTP server of o's fleet (its model, admission rules and
+// metrics) and plugs it in as the fleet's request source.
+func (api *apiServer) build(o *fleet.Options) (nccl.Launch, error) {
 	sc, _, err := o.SchedulerConfig(os.Getenv)
 	if err != nil {
-		return usage.Wrap(err)
+		return nccl.Launch{}, usage.Wrap(err)
 	}
 	launch, err := nccl.DetectLaunch(os.Getenv)
 	if err != nil {
-		return usage.Wrap(err)
+		return launch, usage.Wrap(err)
 	}
 	shape, err := o.ModelShape()
 	if err != nil {
-		return err
+		return launch, err
 	}
 	if api.name == "" {
 		// The file's (or directory's) base name: what users type, without
@@ -112,46 +157,27 @@ func runAPIServe(args []string, stdout, stderr io.Writer) error {
 	api.srv = httpapi.New(cfg)
 	o.API = api.srv
 	o.GPUFreeMemory = gpuFreeMemory
+	return launch, nil
+}
 
-	rank0 := !launch.MultiProcess() || launch.Rank == 0
-	sigs := make(chan os.Signal, 2)
-	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
-	defer signal.Stop(sigs)
-	if rank0 {
-		ln, err := net.Listen("tcp", api.addr)
-		if err != nil {
-			return usage.Errorf("--http %s: %v", api.addr, err)
+// listen puts the API on its address (rank 0) and drains on the first
+// signal.
+func (api *apiServer) listen(stderr io.Writer, sigs <-chan os.Signal) error {
+	ln, err := net.Listen("tcp", api.addr)
+	if err != nil {
+		return usage.Errorf("--http %s: %v", api.addr, err)
+	}
+	api.http = &http.Server{Handler: api.srv.Handler(), ReadHeaderTimeout: 30 * time.Second}
+	go api.http.Serve(ln) //nolint:errcheck // ends with Shutdown
+	fmt.Fprintf(stderr, "worker serve: listening on http://%s (model %q); /health turns ready once every rank has initialised\n", ln.Addr(), api.name)
+	go func() {
+		for range sigs {
+			fmt.Fprintf(stderr, "worker serve: draining (at most %v)\n", api.drain)
+			ctx, cancel := context.WithTimeout(context.Background(), api.drain)
+			api.srv.Drain(ctx)
+			cancel()
+			return
 		}
-		api.http = &http.Server{Handler: api.srv.Handler(), ReadHeaderTimeout: 30 * time.Second}
-		go api.http.Serve(ln) //nolint:errcheck // ends with Shutdown
-		fmt.Fprintf(stderr, "worker serve: listening on http://%s (model %q); /health turns ready once every rank has initialised\n", ln.Addr(), api.name)
-		go func() {
-			for range sigs {
-				fmt.Fprintf(stderr, "worker serve: draining (at most %v)\n", api.drain)
-				ctx, cancel := context.WithTimeout(context.Background(), api.drain)
-				api.srv.Drain(ctx)
-				cancel()
-				return
-			}
-		}()
-	} else {
-		// The other ranks follow rank 0's drain through the collectives.
-		go func() {
-			for range sigs {
-			}
-		}()
-	}
-	_, runErr := fleet.Run(&o, stderr, os.Getenv)
-	if runErr != nil {
-		api.srv.Fail(runErr)
-	}
-	if api.http != nil {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		api.http.Shutdown(ctx) //nolint:errcheck
-		cancel()
-	}
-	if runErr == nil && rank0 {
-		fmt.Fprintln(stderr, "worker serve: drained, exiting")
-	}
-	return runErr
+	}()
+	return nil
 }

@@ -385,7 +385,12 @@ func (sc *Scenario) parseConfig(raw json.RawMessage) error {
 		}
 	}
 	sc.cfg = cfg
+	return sc.parsePool(&c, page)
+}
 
+// parsePool fills the pool config from the config block's kv section (page
+// is the page size, already checked).
+func (sc *Scenario) parsePool(c *scenarioConfig, page int) error {
 	pages := c.KV.Pages
 	switch {
 	case pages < 0:
