@@ -64,13 +64,7 @@ func (o *Options) LoadWorkload(adpRanks int) ([]workload.Request, error) {
 	opt := workload.Options{Limit: o.Limit, LengthScale: o.LengthScale, ArrivalScale: o.ArrivalScale,
 		VocabSize: shape.VocabSize, Seed: o.Seed, Ranks: adpRanks,
 		LengthScaleName: o.settingName("length-scale"), ArrivalScaleName: o.settingName("arrival-scale")}
-	var reqs []workload.Request
-	var err error
-	if o.Trace == "" {
-		reqs, err = workload.Sample(opt)
-	} else {
-		reqs, err = workload.ReadFile(o.Trace, opt)
-	}
+	reqs, err := workload.Load(o.Trace, opt)
 	if err == nil && o.ContextOnly {
 		for i := range reqs {
 			reqs[i].MaxNewTokens = 1

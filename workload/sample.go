@@ -65,3 +65,12 @@ func Sample(opt Options) ([]Request, error) {
 	}
 	return out, nil
 }
+
+// Load reads the trace at path with every value checked, or the built-in
+// sample when path is "".
+func Load(path string, opt Options) ([]Request, error) {
+	if path == "" {
+		return Sample(opt)
+	}
+	return ReadFile(path, opt)
+}

@@ -46,3 +46,24 @@ func OneOf(name, v string, allowed ...string) error {
 	}
 	return Errorf("%s %q is not allowed (allowed: %s)", name, v, strings.Join(allowed, ", "))
 }
+
+// goInternals are fragments of Go's own error texts (package-qualified type
+// names, struct dumps, decoder internals) that a message for a user must
+// never show.
+var goInternals = []string{"main.", "fleet.", "scenario.", "struct {", "interface {", "*int", "[]uint8",
+	"yaml: unmarshal", "reflect", "json:\""}
+
+// Unreadable says why msg is not a message for a user: it is empty, or it
+// shows one of Go's internals (a type name, a struct dump). "" when it
+// reads as one. Tests of error texts use it.
+func Unreadable(msg string) string {
+	if strings.TrimSpace(msg) == "" {
+		return "empty message"
+	}
+	for _, g := range goInternals {
+		if strings.Contains(msg, g) {
+			return fmt.Sprintf("shows a Go internal %q", g)
+		}
+	}
+	return ""
+}

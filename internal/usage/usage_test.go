@@ -21,4 +21,7 @@ func TestUsageErrors(t *testing.T) {
 	e := OneOf("--engine", "gpu", "cpu", "twin")
 	require.True(t, Is(e))
 	require.EqualError(t, e, `--engine "gpu" is not allowed (allowed: cpu, twin)`)
+	require.Empty(t, Unreadable("--ranks must be at least 1, got 0"))
+	require.Equal(t, "empty message", Unreadable(" "))
+	require.Contains(t, Unreadable("json: cannot unmarshal string into Go struct field main.x"), "main.")
 }

@@ -167,13 +167,7 @@ func (g *Generator) loadWorkload(stderr io.Writer) error {
 	}
 	opt := workload.Options{Limit: o.Limit, LengthScale: o.LengthScale, ArrivalScale: o.ArrivalScale,
 		VocabSize: vocab, Seed: o.Seed}
-	var reqs []workload.Request
-	var err error
-	if o.Trace == "" {
-		reqs, err = workload.Sample(opt)
-	} else {
-		reqs, err = workload.ReadFile(o.Trace, opt)
-	}
+	reqs, err := workload.Load(o.Trace, opt)
 	if err != nil {
 		return usage.Wrap(err)
 	}

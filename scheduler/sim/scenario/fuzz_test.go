@@ -4,26 +4,17 @@ import (
 	"bytes"
 	"encoding/json"
 	"io"
-	"strings"
 	"testing"
+
+	"github.com/lockstep-ai/lockstep/internal/usage"
 )
 
-// goIsms are fragments of Go's own error texts (type names, struct dumps,
-// decoder internals) that a user-facing error must never show.
-var goIsms = []string{"main.", "scenario.", "struct {", "interface {", "*int", "[]uint8", "reflect", "json:\""}
-
 // checkUserFacing fails the fuzz input when an error is not a message for
-// a user: empty, or showing Go internals (a type, a struct dump).
+// a user (usage.Unreadable).
 func checkUserFacing(t *testing.T, what string, err error) {
 	t.Helper()
-	msg := err.Error()
-	if strings.TrimSpace(msg) == "" {
-		t.Fatalf("%s: empty error", what)
-	}
-	for _, g := range goIsms {
-		if strings.Contains(msg, g) {
-			t.Fatalf("%s: error shows a Go internal %q: %s", what, g, msg)
-		}
+	if why := usage.Unreadable(err.Error()); why != "" {
+		t.Fatalf("%s: the error %s: %s", what, why, err)
 	}
 }
 
