@@ -95,22 +95,7 @@ flags:
 		_, err = stdout.Write(append(b, '\n'))
 		return err
 	case *asYAML:
-		return writeCalibrationYAML(stdout, res)
+		return res.FormatYAML(stdout)
 	}
 	return res.Format(stdout)
-}
-
-// writeCalibrationYAML prints the fit as a config snippet for worker run's
-// --config file (docs/config.md), with the figures it rests on as comments.
-func writeCalibrationYAML(w io.Writer, r *costfit.Result) error {
-	_, err := fmt.Fprintf(w, `# worker calibrate: %d monopoly samples in %d spans over %d ranks;
-# slope %.3f us per KV token at N=%d, intercept %.1f ms, kv_cost_offset range [%.0f, %.0f],
-# kv_depth_threshold = p%v of the midpoint depths (%.0f).
-scheduler:
-  equal_cost:
-    kv_cost_offset: %d
-    kv_depth_threshold: %d
-`, len(r.Samples), len(r.Spans), r.Ranks, 1000*r.SlopeMS, r.Options.MaxNumTokens, r.InterceptMS,
-		r.OffsetLo, r.OffsetHi, r.Options.Percentile, r.ThresholdRaw, r.Offset, r.Threshold)
-	return err
 }
