@@ -16,14 +16,16 @@ import (
 )
 
 // AddFlags registers the fleet's flags on fs, bound to o (their defaults
-// are o's values): `worker run`'s, which `worker serve` shares.
+// are o's values): `worker run`'s, which `worker serve` shares. After the
+// parse, Complete applies what the flags cannot bind directly.
 func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.Engine, "engine", o.Engine, "engine backend: cpu (native CPU reference), cuda (GPU; device = local rank), "+
 		"twin (digital twin: modelled GPU time on a virtual clock, docs/twin.md) or fake (pure Go, deterministic)")
 	fs.StringVar(&o.GPU, "gpu", o.GPU, "with --engine twin: the GPU the twin models ("+strings.Join(twin.GPUNames(), ", ")+")")
 	fs.StringVar(&o.CostProfile, "cost-profile", o.CostProfile, "with --engine twin: a cost profile file (JSON, docs/twin.md) instead of --gpu and --model")
 	fs.IntVar(&o.TP, "tp", o.TP, "with --engine twin: tensor-parallel GPUs per attention-DP rank")
-	fs.Var(costModeFlag{o}, "ctx-cost", "where equal-cost chunking's kv_cost_offset and kv_depth_threshold come from: "+
+	o.flagCostMode = o.CostModeName()
+	fs.StringVar(&o.flagCostMode, "ctx-cost", o.flagCostMode, "where equal-cost chunking's kv_cost_offset and kv_depth_threshold come from: "+
 		"off (scheduler.equal_cost or the TLLM_V2_CTX_COST_* variables), manual (scheduler.equal_cost only) or "+
 		"auto (the online calibrator, docs/calibration.md)")
 	fs.Float64Var(&o.GPUMemFraction, "gpu-mem-fraction", o.GPUMemFraction, "with --engine cuda and --pages 0: share of free GPU memory (after weights) for KV pages")
@@ -39,7 +41,8 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.IntVar(&o.Scheduler.MaxNumTokens, "max-num-tokens", o.Scheduler.MaxNumTokens, "token budget per iteration per rank (0 = unlimited)")
 	fs.IntVar(&o.Scheduler.ChunkUnitSize, "chunk-unit", o.Scheduler.ChunkUnitSize, "chunked-prefill granularity in tokens (0 = tokens per page)")
 	fs.BoolVar(&o.Scheduler.ChunkedContext, "chunked-prefill", o.Scheduler.ChunkedContext, "split long prompts into chunks")
-	fs.Var(policyFlag{o}, "policy", "capacity policy: max_utilization or guaranteed_no_evict")
+	o.flagPolicy = o.PolicyName()
+	fs.StringVar(&o.flagPolicy, "policy", o.flagPolicy, "capacity policy: max_utilization or guaranteed_no_evict")
 	fs.StringVar(&o.Trace, "trace", o.Trace, "Mooncake JSON Lines trace (default: the built-in sample of 64 requests)")
 	fs.IntVar(&o.Limit, "limit", o.Limit, "serve at most N requests of the trace (0 = all)")
 	fs.Float64Var(&o.LengthScale, "length-scale", o.LengthScale, "multiply input, output and block lengths by F (at least 1 token each)")
@@ -63,30 +66,6 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.IntVar(&o.CP, "cp", o.CP, "aggregated Helix context parallelism over this many in-process ranks (mutually exclusive with --ranks > 1)")
 }
 
-// policyFlag is --policy, bound to Options.Scheduler.Policy.
-type policyFlag struct{ o *Options }
-
-func (f policyFlag) String() string {
-	if f.o == nil {
-		return ""
-	}
-	return f.o.PolicyName()
-}
-
-func (f policyFlag) Set(s string) error { f.o.SetPolicy(s); return nil }
-
-// costModeFlag is --ctx-cost, bound to Options.Scheduler.CostMode.
-type costModeFlag struct{ o *Options }
-
-func (f costModeFlag) String() string {
-	if f.o == nil {
-		return ""
-	}
-	return f.o.CostModeName()
-}
-
-func (f costModeFlag) Set(s string) error { f.o.SetCostMode(s); return nil }
-
 // ParseArgs reads `worker run`'s flags and config file and validates the
 // result.
 func ParseArgs(args []string, stderr io.Writer) (*Options, error) {
@@ -109,11 +88,18 @@ func ParseArgs(args []string, stderr io.Writer) (*Options, error) {
 	return &o, nil
 }
 
-// Complete finishes options parsed from fs: it merges the config file under
-// the flags given on the command line and validates the result.
+// Complete finishes options parsed from fs: it applies the named settings
+// the flags hold as text (--policy, --ctx-cost), merges the config file
+// under the flags given on the command line and validates the result.
 func (o *Options) Complete(fs *flag.FlagSet) error {
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if set["policy"] {
+		o.SetPolicy(o.flagPolicy)
+	}
+	if set["ctx-cost"] {
+		o.SetCostMode(o.flagCostMode)
+	}
 	if err := o.MergeConfig(set); err != nil {
 		return err
 	}

@@ -90,7 +90,8 @@ type Options struct {
 	// the command; --pages 0 with --engine cuda). Nil: no GPU discovery.
 	GPUFreeMemory func(device int) (uint64, error)
 
-	badPolicy, badCostMode string // names SetPolicy/SetCostMode refused
+	badPolicy, badCostMode   string // names SetPolicy/SetCostMode refused
+	flagPolicy, flagCostMode string // --policy and --ctx-cost as given (Complete applies them)
 
 	profile  *twin.Profile    // --engine twin: the cost profile (set by Validate)
 	loaded   *model.Model     // --model PATH, opened by Validate
