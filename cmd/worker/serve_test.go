@@ -2,12 +2,15 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"io"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -103,10 +106,46 @@ func TestServeRefusesWhatItCannotServe(t *testing.T) {
 		{[]string{"--trace", "x.jsonl"}, "serve takes its requests over HTTP"},
 		{[]string{"--max-queue", "0"}, "--max-queue must be at least 1"},
 		{[]string{"--drain-timeout", "-1s"}, "--drain-timeout must not be negative"},
+		{[]string{"--max-connections", "-1"}, "--max-connections must not be negative"},
+		{[]string{"--idle-timeout", "0s"}, "--idle-timeout must be positive"},
+		{[]string{"--max-body-bytes", "0"}, "--max-body-bytes must be at least 1"},
 		{[]string{"--http", "256.0.0.1:1", "--engine", "fake"}, "--http 256.0.0.1:1"},
 	} {
 		err := runAPIServe(c.args, io.Discard, io.Discard)
 		require.Error(t, err, "%v", c.args)
 		require.Contains(t, err.Error(), c.want, "%v", c.args)
 	}
+}
+
+// The first signal drains; a second one during the drain exits at once
+// (issue 23, defect 15).
+func TestSecondSignalExitsAtOnce(t *testing.T) {
+	sigs := make(chan os.Signal, 2)
+	drained := make(chan struct{})
+	exited := make(chan int, 1)
+	var errb bytes.Buffer
+	done := make(chan struct{})
+	go func() {
+		onSignals(sigs, &errb, time.Hour, func(ctx context.Context) {
+			close(drained)
+			<-ctx.Done() // a drain that would wait for its whole timeout
+		}, func(code int) { exited <- code })
+		close(done)
+	}()
+	sigs <- syscall.SIGTERM
+	<-drained
+	select {
+	case <-exited:
+		t.Fatal("the first signal must drain, not exit")
+	case <-time.After(50 * time.Millisecond):
+	}
+	sigs <- syscall.SIGINT
+	select {
+	case code := <-exited:
+		require.Equal(t, 1, code)
+	case <-time.After(5 * time.Second):
+		t.Fatal("a second signal during the drain must exit at once")
+	}
+	<-done
+	require.Contains(t, errb.String(), "second signal")
 }
