@@ -14,6 +14,7 @@ import (
 	"math/rand"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 
 	"github.com/lockstep-ai/lockstep/bridge"
@@ -425,6 +426,9 @@ type ggufOptions struct {
 	kvs func([]ggufKV) []ggufKV
 	// ropeFreqs, when set, is written as rope_freqs.weight (F32).
 	ropeFreqs []float32
+	// header edits the tensor infos as written (dims and offset into the
+	// data section) without moving the data.
+	header func(i int, name string, dims []uint64, offset uint64) ([]uint64, uint64)
 }
 
 type ggufWriter struct{ bytes.Buffer }
@@ -573,14 +577,18 @@ func writeGGUF(t *testing.T, m *tinyModel, o ggufOptions) string {
 		w.str(kv.key)
 		w.value(t, kv.val)
 	}
-	for _, in := range infos {
+	for i, in := range infos {
+		dims, start := in.dims, in.start
+		if o.header != nil {
+			dims, start = o.header(i, in.name, slices.Clone(dims), start)
+		}
 		w.str(in.name)
-		w.u32(uint32(len(in.dims)))
-		for _, d := range in.dims {
+		w.u32(uint32(len(dims)))
+		for _, d := range dims {
 			w.u64(d)
 		}
 		w.u32(in.typ)
-		w.u64(in.start)
+		w.u64(start)
 	}
 	for w.Len()%32 != 0 {
 		w.WriteByte(0)
