@@ -4,7 +4,6 @@ go 1.26.0
 
 require (
 	github.com/NVIDIA/go-nvml v0.13.4-1
-	github.com/ardanlabs/jinja v1.8.0
 	github.com/edsrzf/mmap-go v1.2.0
 	github.com/gpustack/gguf-parser-go v0.28.1
 	github.com/ianlancetaylor/cgosymbolizer v0.0.0-20241129212102-9c50ad6b591e

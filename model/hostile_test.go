@@ -4,6 +4,7 @@ import (
 	"math"
 	"strings"
 	"testing"
+	"time"
 )
 
 // Hostile checkpoints (issue 23): every one is refused with one clear
@@ -107,5 +108,41 @@ func TestHostileHFTokenizer(t *testing.T) {
 				t.Errorf("%s: error %q does not mention %s", c.name, err, w)
 			}
 		}
+	}
+}
+
+// A hostile chat template fails its render with an error naming the
+// limit (never the process: issue 23, defects 2 and 3), and the startup
+// check refuses it; a template that only refuses a conversation with
+// raise_exception passes the check.
+func TestHostileChatTemplates(t *testing.T) {
+	msgs := []ChatMessage{{Role: "user", Content: "hi"}}
+	for _, c := range []struct{ name, src, want string }{
+		{"recursion", `{% macro f(n) %}{{ f(n+1) }}{% endmacro %}{{ f(0) }}`, "depth limit"},
+		{"huge string", `{{ 'x' * 10000000000 }}`, "bytes limit"},
+		{"huge range", `{% for i in range(1000000000) %}x{% endfor %}`, "bytes limit"},
+		{"nested loops", `{% for i in range(100000) %}{% for j in range(100000) %}x{% endfor %}{% endfor %}`, "steps limit"},
+		{"10 MB template", strings.Repeat("x", 10<<20), "size limit"},
+	} {
+		_, err := RenderChat(c.src, msgs, true, "", "")
+		if err == nil || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), "chat template") {
+			t.Errorf("%s: %v, want an error naming the chat template's %s", c.name, err, c.want)
+		}
+		if err := CheckChatTemplate(c.src, "", ""); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: the startup check passed it: %v", c.name, err)
+		}
+	}
+	if err := CheckChatTemplate(`{{ raise_exception('system message required') }}`, "", ""); err != nil {
+		t.Errorf("a template with its own rules is not broken: %v", err)
+	}
+	if err := CheckChatTemplate(`{{ messages[0].content | nofilter }}`, "", ""); err == nil {
+		t.Error("an unknown filter passed the check")
+	}
+}
+
+func TestStrftime(t *testing.T) {
+	at := time.Date(2024, time.July, 6, 15, 4, 5, 0, time.UTC)
+	if got := strftime(at, "%d %b %Y|%B %e, %y|%A %a %H:%M:%S %I%p %j %% %Q"); got != "06 Jul 2024|July  6, 24|Saturday Sat 15:04:05 03PM 188 % %Q" {
+		t.Fatalf("strftime: %q", got)
 	}
 }
