@@ -354,3 +354,26 @@ func TestBodyBytesInFlightAreBounded(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 }
+
+// A model whose chat template recurses without end answers a chat request
+// with 400 naming the template, and the server keeps serving (defect 2).
+func TestHostileChatTemplateIs400(t *testing.T) {
+	tok := byteTokenizer(t)
+	spec := tok.Spec()
+	spec.ChatTemplate = `{% macro f(n) %}{{ f(n+1) }}{% endmacro %}{{ f(0) }}`
+	bad, err := model.NewTokenizer(spec)
+	require.NoError(t, err)
+	s, _, ts := fleetServer(t, func(c *Config) { c.Tokenizer = bad })
+	status, m := post(t, ts, "/v1/chat/completions", "", `{"messages":[{"role":"user","content":"hi"}]}`)
+	require.Equal(t, 400, status)
+	msg := m["error"].(map[string]any)["message"].(string)
+	require.Contains(t, msg, "chat template")
+	require.Contains(t, msg, "depth limit")
+	done := make(chan int, 1)
+	go func() {
+		status, _ := post(t, ts, "/v1/completions", "", `{"prompt":"Hi","max_tokens":2}`)
+		done <- status
+	}()
+	deliver(s, takeArrival(t, s), "ok")
+	require.Equal(t, 200, <-done, "the server still serves")
+}

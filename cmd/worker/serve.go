@@ -162,6 +162,9 @@ func (api *apiServer) build(o *fleet.Options) (nccl.Launch, error) {
 	if m := o.Loaded(); m != nil {
 		cfg.Tokenizer = m.Tokenizer
 	}
+	if err := o.CheckChatTemplate(); err != nil {
+		return launch, err
+	}
 	if adm, ok := o.Admission(sc); ok {
 		cfg.Admission = adm.Verdict
 	} else {
