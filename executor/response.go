@@ -188,6 +188,18 @@ func (e *Executor) gatherResponses(name string, rs []Response, deviceUS int64, f
 	if err != nil {
 		return err
 	}
+	if name == "pending_responses" {
+		e.fleetBusyMS = 0
+		if forward && e.cfg.IterLog != nil {
+			// The slowest rank's busy time, for the iteration log's
+			// fleet_device_ms: it leads every batch's encoding.
+			for _, b := range all {
+				if len(b) >= 8 {
+					e.fleetBusyMS = max(e.fleetBusyMS, float64(int64(binary.LittleEndian.Uint64(b)))/1000)
+				}
+			}
+		}
+	}
 	if e.cfg.Rank != 0 {
 		return nil
 	}
