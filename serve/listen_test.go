@@ -46,8 +46,9 @@ func idleConn(t *testing.T, addr string) net.Conn {
 func TestConnectionBound(t *testing.T) {
 	s, _, _ := fleetServer(t)
 	addr, lim := limitedServer(t, s, HTTPOptions{MaxConnections: 4, IdleTimeout: time.Minute})
+	var idle []net.Conn
 	for range 4 {
-		idleConn(t, addr)
+		idle = append(idle, idleConn(t, addr))
 	}
 	require.Eventually(t, func() bool { return lim.open() == 4 }, 5*time.Second, time.Millisecond)
 	// A real client among idle ones is served.
@@ -59,6 +60,10 @@ func TestConnectionBound(t *testing.T) {
 		require.Equal(t, 200, resp.StatusCode)
 	}
 	require.LessOrEqual(t, lim.open(), 4)
+	for _, c := range idle {
+		c.Close()
+	}
+	require.Eventually(t, func() bool { return lim.open() == 0 }, 5*time.Second, time.Millisecond)
 
 	// Four connections busy (bodies on their way): the fifth is refused.
 	var busy []net.Conn

@@ -377,3 +377,80 @@ func TestHostileChatTemplateIs400(t *testing.T) {
 	deliver(s, takeArrival(t, s), "ok")
 	require.Equal(t, 200, <-done, "the server still serves")
 }
+
+// A rank whose process dies fails every open request at once, naming the
+// rank: a stream with an error event, a waiting request with 500, a new
+// one with 500, and /health stops reporting ready (defect 13). After a
+// drain the same news is the fleet's normal end.
+func TestPeerLostAnswersEveryRequest(t *testing.T) {
+	s, met, ts := fleetServer(t)
+	streamDone := make(chan string, 1)
+	go func() {
+		resp, err := http.Post(ts.URL+"/v1/completions", "application/json",
+			strings.NewReader(`{"prompt":"Hi","max_tokens":50,"stream":true}`))
+		if err != nil {
+			streamDone <- err.Error()
+			return
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		streamDone <- string(b)
+	}()
+	plain := make(chan map[string]any, 1)
+	go func() {
+		status, m := post(t, ts, "/v1/completions", "", `{"prompt":"Hi","max_tokens":5}`)
+		m["status"] = float64(status)
+		plain <- m
+	}()
+	as := takeArrivals(t, s, 2)
+	// The stream has started: its first tokens went out.
+	for _, a := range as {
+		if a.MaxNewTokens == 50 {
+			s.onTokens([]executor.TokenDelta{{ID: a.ID, Token: 'o'}})
+		}
+	}
+	time.Sleep(50 * time.Millisecond)
+	s.PeerLost(1)
+	body := <-streamDone
+	require.Contains(t, body, `"error"`)
+	require.Contains(t, body, "rank 1's process is gone")
+	require.Contains(t, body, "data: [DONE]")
+	m := <-plain
+	require.Equal(t, 500.0, m["status"])
+	require.Contains(t, m["error"].(map[string]any)["message"], "rank 1")
+	status, _ := post(t, ts, "/v1/completions", "", `{"prompt":"Hi"}`)
+	require.Equal(t, 500, status)
+	resp, err := http.Get(ts.URL + "/health")
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, 503, resp.StatusCode)
+	require.Equal(t, 2.0, finished(t, met)["error"])
+
+	// The normal end: drained, then the peers leave.
+	s2, _, ts2 := fleetServer(t)
+	s2.Drain(context.Background())
+	s2.PeerLost(1)
+	require.Nil(t, s2.failed.Load(), "a peer leaving after the drain is no failure")
+	resp, err = http.Get(ts2.URL + "/health")
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, 503, resp.StatusCode, "draining")
+}
+
+// A fleet that stops iterating is reported by /health.
+func TestHealthReportsAStall(t *testing.T) {
+	_, _, ts := fleetServer(t, func(c *Config) { c.StallAfter = 100 * time.Millisecond })
+	get := func() (int, string) {
+		resp, err := http.Get(ts.URL + "/health")
+		require.NoError(t, err)
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode, string(b)
+	}
+	status, _ := get()
+	require.Equal(t, 200, status)
+	time.Sleep(200 * time.Millisecond)
+	status, body := get()
+	require.Equal(t, 503, status)
+	require.Contains(t, body, "stalled")
+}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/lockstep-ai/lockstep/serve/openai"
 )
@@ -82,6 +83,9 @@ func (s *Server) health(w http.ResponseWriter, _ *http.Request) {
 		http.Error(w, "draining", http.StatusServiceUnavailable)
 	case !s.ready.Load():
 		http.Error(w, "starting: not every rank has passed init", http.StatusServiceUnavailable)
+	case time.Since(time.Unix(0, s.lastIter.Load())) > s.cfg.StallAfter:
+		http.Error(w, fmt.Sprintf("stalled: no iteration for %v (a rank is hung or gone)",
+			time.Since(time.Unix(0, s.lastIter.Load())).Round(time.Second)), http.StatusServiceUnavailable)
 	default:
 		w.Write([]byte("ok\n")) //nolint:errcheck
 	}

@@ -54,9 +54,17 @@ type Config struct {
 	// wait for room in BodyBytesInFlight; 0: DefaultBodyTimeout.
 	BodyTimeout time.Duration
 	Metrics     MetricsSink
+	// StallAfter: with no iteration finished for this long the fleet is
+	// taken as hung and /health stops reporting ready (an idle fleet still
+	// iterates every few milliseconds); 0: DefaultStallAfter.
+	StallAfter time.Duration
 	// Now is the clock (tests); time.Now when nil.
 	Now func() time.Time
 }
+
+// DefaultStallAfter is Config.StallAfter's default: half the collective
+// watchdog's default timeout, after which the fleet fails on its own.
+const DefaultStallAfter = 30 * time.Second
 
 // Server is the HTTP API on rank 0.
 type Server struct {
@@ -71,6 +79,7 @@ type Server struct {
 	idle     chan struct{} // closed when draining and no call is left
 	stops    map[int32]bool
 	bodies   *bodyBudget
+	lastIter atomic.Int64 // Unix ns of the last iteration rank 0 finished
 }
 
 // New builds a server; wire Source and Hooks into rank 0's executor.
@@ -86,6 +95,9 @@ func New(cfg Config) *Server {
 	}
 	if cfg.BodyTimeout <= 0 {
 		cfg.BodyTimeout = DefaultBodyTimeout
+	}
+	if cfg.StallAfter <= 0 {
+		cfg.StallAfter = DefaultStallAfter
 	}
 	// One body of the largest size must always fit the budget.
 	cfg.BodyBytesInFlight = max(cfg.BodyBytesInFlight, cfg.MaxBodyBytes)
@@ -109,14 +121,18 @@ func (s *Server) Hooks(c *executor.Config) {
 	c.DiscardResponses = true
 	c.OnTokens = s.onTokens
 	c.OnResponse = s.onResponse
-	if s.cfg.Metrics != nil {
-		c.OnIteration = s.cfg.Metrics.OnIteration
+	c.OnIteration = func(st executor.FleetStats) {
+		s.lastIter.Store(time.Now().UnixNano())
+		if s.cfg.Metrics != nil {
+			s.cfg.Metrics.OnIteration(st)
+		}
 	}
 }
 
 // SetReady marks the fleet initialised (every rank passed init): /health
 // answers 200 from now on.
 func (s *Server) SetReady() {
+	s.lastIter.Store(time.Now().UnixNano())
 	s.ready.Store(true)
 	if s.cfg.Metrics != nil {
 		s.cfg.Metrics.SetReady(true)
@@ -138,6 +154,23 @@ func (s *Server) Fail(err error) {
 	}
 	s.mu.Unlock()
 	s.src.close()
+}
+
+// PeerLost is told that rank's process left the fleet (fleet wiring:
+// nccl.ProcessGroup.OnPeerGone). While requests can still come or are in
+// flight the fleet cannot go on: every open request is answered (500, or
+// an error event on a stream) naming the rank, /health stops reporting
+// ready, and new requests get 500, before the launcher tears rank 0 down.
+// After a drain (nothing open, the source closed) it is the fleet's normal
+// end and changes nothing.
+func (s *Server) PeerLost(rank int) {
+	s.mu.Lock()
+	open := len(s.calls)
+	s.mu.Unlock()
+	if open == 0 && s.src.isClosed() {
+		return
+	}
+	s.Fail(fmt.Errorf("rank %d's process is gone (its connection to rank 0 closed); the fleet cannot go on", rank))
 }
 
 // Drain stops accepting requests, lets the accepted ones finish until ctx
@@ -425,12 +458,13 @@ func (s *Server) answer(w http.ResponseWriter, r *http.Request, endpoint string,
 			return
 		case <-c.wake:
 		}
-		if pf := s.failed.Load(); pf != nil {
+		toks, resp, err := c.take()
+		if pf := s.failed.Load(); pf != nil && resp == nil {
+			// (An answer that arrived whole is still given.)
 			s.record(c, nil, "error")
 			out.fail(&apiError{Status: http.StatusInternalServerError, Type: "server_error", Message: "the fleet failed: " + (*pf).Error()})
 			return
 		}
-		toks, resp, err := c.take()
 		if err != nil {
 			// Drain cancelled it (and withdrew it from the ranks).
 			out.fail(&apiError{Status: http.StatusServiceUnavailable, Type: "server_error", Message: err.Error()})
