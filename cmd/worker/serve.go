@@ -158,7 +158,10 @@ func (api *apiServer) build(o *fleet.Options) (nccl.Launch, error) {
 		api.name = strings.TrimSuffix(filepath.Base(filepath.Clean(o.Model)), ".gguf")
 	}
 	cfg := httpapi.Config{ModelName: api.name, VocabSize: shape.VocabSize, MaxQueue: api.maxQueue, APIKey: api.apiKey,
-		MaxModelLen: o.Pages * o.TokensPerPage * o.CP, MaxBodyBytes: api.maxBody}
+		MaxModelLen: o.Pages * o.TokensPerPage * o.CP, MaxBodyBytes: api.maxBody,
+		// Half the watchdog's bound: /health says "stalled" before the
+		// watchdog fails the fleet.
+		StallAfter: o.CollectiveTimeout / 2}
 	if m := o.Loaded(); m != nil {
 		cfg.Tokenizer = m.Tokenizer
 	}
