@@ -77,9 +77,13 @@ func Run(o *Options, stderr io.Writer, getenv func(string) string) (*Outcome, er
 		return nil, err
 	}
 	defer o.out.close() //nolint:errcheck // closed again below, where its errors are reported
-	reqs, err := o.LoadWorkload(o.AttentionDPRanks(launch))
-	if err != nil {
-		return nil, err
+	// A server's requests come over HTTP: no workload (the built-in
+	// sample is `worker run`'s default).
+	var reqs []workload.Request
+	if o.API == nil {
+		if reqs, err = o.LoadWorkload(o.AttentionDPRanks(launch)); err != nil {
+			return nil, err
+		}
 	}
 	if err := o.checkServable(sc, reqs); err != nil {
 		return nil, err

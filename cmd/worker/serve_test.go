@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -148,4 +149,47 @@ func TestSecondSignalExitsAtOnce(t *testing.T) {
 	}
 	<-done
 	require.Contains(t, errb.String(), "second signal")
+}
+
+// syncBuffer is a bytes.Buffer safe for a writer and a reader goroutine.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// `worker serve` loads no workload: its startup line says the requests
+// come over HTTP, not the built-in sample's count (issue 23); SIGTERM
+// drains and returns.
+func TestServeStartsWithoutAWorkload(t *testing.T) {
+	var errb syncBuffer
+	done := make(chan error, 1)
+	go func() {
+		done <- runAPIServe([]string{"--engine", "fake", "--ranks", "2", "--http", "127.0.0.1:0"}, io.Discard, &errb)
+	}()
+	deadline := time.Now().Add(30 * time.Second)
+	for !strings.Contains(errb.String(), "\tserving\t") {
+		require.True(t, time.Now().Before(deadline), "no startup line: %s", errb.String())
+		time.Sleep(10 * time.Millisecond)
+	}
+	require.Contains(t, errb.String(), `"requests": "over HTTP"`)
+	require.NotContains(t, errb.String(), `"requests": 64`)
+	require.NoError(t, syscall.Kill(os.Getpid(), syscall.SIGTERM))
+	select {
+	case err := <-done:
+		require.NoError(t, err, errb.String())
+	case <-time.After(30 * time.Second):
+		t.Fatalf("serve did not drain: %s", errb.String())
+	}
 }
