@@ -301,8 +301,10 @@ func (p *parser) primary() (expr, error) {
 			return p.dictLit()
 		}
 	}
-	p.tp--
-	return nil, p.errf("unexpected %s", describe(t))
+	if t.kind != tEOF {
+		p.tp-- // point the error at the token
+	}
+	return nil, p.errf("expected an expression, got %s", describe(t))
 }
 
 // parenExpr is (x), a tuple (x, y) or the empty tuple ().
