@@ -216,7 +216,7 @@ func f32ToF16(x float32) uint16 {
 
 // encode spells float32 values in a safetensors dtype; BF16 and F16 must be
 // exact (the test weights are chosen so).
-func encode(t *testing.T, dtype string, vals []float32) []byte {
+func encode(t testing.TB, dtype string, vals []float32) []byte {
 	t.Helper()
 	var out []byte
 	for _, v := range vals {
@@ -437,7 +437,7 @@ func (w *ggufWriter) u32(v uint32) { w.Write(binary.LittleEndian.AppendUint32(ni
 func (w *ggufWriter) u64(v uint64) { w.Write(binary.LittleEndian.AppendUint64(nil, v)) }
 func (w *ggufWriter) str(s string) { w.u64(uint64(len(s))); w.WriteString(s) }
 
-func (w *ggufWriter) value(t *testing.T, v any) {
+func (w *ggufWriter) value(t testing.TB, v any) {
 	switch x := v.(type) {
 	case string:
 		w.u32(gvString)
@@ -491,7 +491,7 @@ func ggufRowOrder(rows, headDim int) []int {
 
 // writeGGUF writes m as a GGUF v3 file (projections in Q8_0 when m was
 // quantised) and returns its path.
-func writeGGUF(t *testing.T, m *tinyModel, o ggufOptions) string {
+func writeGGUF(t testing.TB, m *tinyModel, o ggufOptions) string {
 	t.Helper()
 	s := m.shape
 	arch := o.arch
