@@ -22,7 +22,7 @@ import (
 
 // byteTokenizer is a byte-level BPE tokenizer with one token per byte (the
 // GPT-2 alphabet) and no merges: every text is spelled byte by byte.
-func byteTokenizer(t *testing.T) *model.Tokenizer {
+func byteTokenizer(t testing.TB) *model.Tokenizer {
 	t.Helper()
 	var toks []string
 	next := rune(256)
@@ -42,7 +42,7 @@ func byteTokenizer(t *testing.T) *model.Tokenizer {
 // fleetServer is a server with a tokenizer and metrics whose fleet is the
 // test itself: deliver answers a queued request the way rank 0's executor
 // does (tokens and the response), in one wake-up of the handler.
-func fleetServer(t *testing.T, mutate ...func(*Config)) (*Server, *Metrics, *httptest.Server) {
+func fleetServer(t testing.TB, mutate ...func(*Config)) (*Server, *Metrics, *httptest.Server) {
 	t.Helper()
 	met := NewMetrics("m", 1)
 	cfg := Config{ModelName: "m", VocabSize: 256, MaxQueue: 8, Tokenizer: byteTokenizer(t), Metrics: met,
