@@ -200,35 +200,9 @@ func loadGGUF(path string) (m *Model, err error) {
 		if !ok {
 			return nil, fmt.Errorf("model %s: tensor %s has type %v; supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1", path, ti.Name, ti.Type)
 		}
-		if n := len(ti.Dimensions); n != 1 && n != 2 {
-			return nil, fmt.Errorf("model %s: tensor %s has %d dimensions, want 1 or 2", path, ti.Name, n)
-		}
-		for _, d := range ti.Dimensions {
-			if d < 1 || d > maxTensorDim {
-				return nil, fmt.Errorf("model %s: tensor %s has dimensions %v; each must be in [1, 2^40] (truncated or corrupt file?)", path, ti.Name, ti.Dimensions)
-			}
-		}
-		var rows, cols int64 = 1, int64(ti.Dimensions[0])
-		if len(ti.Dimensions) == 2 {
-			rows = int64(ti.Dimensions[1])
-		}
-		rb, err := dt.RowBytes(cols)
+		rows, cols, start, end, err := tensorSpan(ti, dt, base, align, int64(len(mm)))
 		if err != nil {
-			return nil, fmt.Errorf("model %s: tensor %s: %w", path, ti.Name, err)
-		}
-		if ti.Offset%align != 0 {
-			return nil, fmt.Errorf("model %s: tensor %s's data offset %d is not a multiple of general.alignment %d (corrupt file?)", path, ti.Name, ti.Offset, align)
-		}
-		size := int64(len(mm))
-		// Every product is checked before it is formed: a corrupt header
-		// must not wrap around into a slice of the mapping.
-		if ti.Offset > uint64(size) || rb > size || rows > size/max(rb, 1) {
-			return nil, fmt.Errorf("model %s: tensor %s (%v at offset %d) lies outside the file (%d bytes); truncated or corrupt file?", path, ti.Name, ti.Dimensions, ti.Offset, size)
-		}
-		start := base + int64(ti.Offset)
-		end := start + rb*rows
-		if start < base || end > size {
-			return nil, fmt.Errorf("model %s: tensor %s's data [%d, %d) lies outside the file (%d bytes); truncated or corrupt file (download incomplete?)", path, ti.Name, start, end, size)
+			return nil, fmt.Errorf("model %s: %w", path, err)
 		}
 		t := bridge.WeightTensor{Name: ti.Name, Kind: kind, Layer: layer, DType: dt, Rows: rows, Cols: cols, Data: mm[start:end:end]}
 		// llama.cpp's converter interleaves each head's Q and K rows for its
@@ -250,6 +224,41 @@ func loadGGUF(path string) (m *Model, err error) {
 		return nil, fmt.Errorf("model %s: %w", path, err)
 	}
 	return m, nil
+}
+
+// tensorSpan is where a tensor's data lies in the mapped file of size
+// bytes (data section at base): every dimension and product is checked
+// before it is formed, so that a corrupt header cannot wrap around into a
+// slice of the mapping.
+func tensorSpan(ti gguf.GGUFTensorInfo, dt bridge.DType, base int64, align uint64, size int64) (rows, cols, start, end int64, err error) {
+	if n := len(ti.Dimensions); n != 1 && n != 2 {
+		return 0, 0, 0, 0, fmt.Errorf("tensor %s has %d dimensions, want 1 or 2", ti.Name, n)
+	}
+	for _, d := range ti.Dimensions {
+		if d < 1 || d > maxTensorDim {
+			return 0, 0, 0, 0, fmt.Errorf("tensor %s has dimensions %v; each must be in [1, 2^40] (truncated or corrupt file?)", ti.Name, ti.Dimensions)
+		}
+	}
+	rows, cols = 1, int64(ti.Dimensions[0])
+	if len(ti.Dimensions) == 2 {
+		rows = int64(ti.Dimensions[1])
+	}
+	rb, err := dt.RowBytes(cols)
+	if err != nil {
+		return 0, 0, 0, 0, fmt.Errorf("tensor %s: %w", ti.Name, err)
+	}
+	if ti.Offset%align != 0 {
+		return 0, 0, 0, 0, fmt.Errorf("tensor %s's data offset %d is not a multiple of general.alignment %d (corrupt file?)", ti.Name, ti.Offset, align)
+	}
+	if ti.Offset > uint64(size) || rb > size || rows > size/max(rb, 1) {
+		return 0, 0, 0, 0, fmt.Errorf("tensor %s (%v at offset %d) lies outside the file (%d bytes); truncated or corrupt file?", ti.Name, ti.Dimensions, ti.Offset, size)
+	}
+	start = base + int64(ti.Offset)
+	end = start + rb*rows
+	if start < base || end > size {
+		return 0, 0, 0, 0, fmt.Errorf("tensor %s's data [%d, %d) lies outside the file (%d bytes); truncated or corrupt file (download incomplete?)", ti.Name, start, end, size)
+	}
+	return rows, cols, start, end, nil
 }
 
 type closerFunc func() error

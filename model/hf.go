@@ -188,28 +188,8 @@ func hfSpec(tj *hfTokenizerJSON, configVocab int64) (TokenizerSpec, bool, error)
 			spec.TokenTypes[i] = TokenUnused
 		}
 	}
-	spec.Merges = make([]string, 0, len(m.Merges))
-	for i, raw := range m.Merges {
-		var left, right string
-		var s string
-		var pair []string
-		if err := json.Unmarshal(raw, &s); err == nil {
-			var ok bool
-			if left, right, ok = strings.Cut(s, " "); !ok {
-				return spec, false, fmt.Errorf("merge %d %q is not \"a b\"", i, s)
-			}
-		} else if err := json.Unmarshal(raw, &pair); err != nil || len(pair) != 2 {
-			return spec, false, fmt.Errorf("merge %d is neither \"a b\" nor [a, b]: %s", i, raw)
-		} else {
-			left, right = pair[0], pair[1]
-		}
-		// As HF tokenizers: both parts and their union must be tokens.
-		for _, part := range []string{left, right, left + right} {
-			if _, ok := m.Vocab[part]; !ok {
-				return spec, false, fmt.Errorf("merge %d (%q, %q): %q is not in the vocabulary", i, left, right, part)
-			}
-		}
-		spec.Merges = append(spec.Merges, left+" "+right)
+	if spec.Merges, err = hfMerges(m.Merges, m.Vocab); err != nil {
+		return spec, false, err
 	}
 	if m.UnkToken != nil {
 		if id, ok := m.Vocab[*m.UnkToken]; ok {
@@ -217,6 +197,34 @@ func hfSpec(tj *hfTokenizerJSON, configVocab int64) (TokenizerSpec, bool, error)
 		}
 	}
 	return spec, m.IgnoreMerges, nil
+}
+
+// hfMerges reads the merges ("a b" or [a, b]); as HF tokenizers, both
+// parts and their union must be tokens of vocab.
+func hfMerges(raws []json.RawMessage, vocab map[string]int32) ([]string, error) {
+	merges := make([]string, 0, len(raws))
+	for i, raw := range raws {
+		var left, right string
+		var s string
+		var pair []string
+		if err := json.Unmarshal(raw, &s); err == nil {
+			var ok bool
+			if left, right, ok = strings.Cut(s, " "); !ok {
+				return nil, fmt.Errorf("merge %d %q is not \"a b\"", i, s)
+			}
+		} else if err := json.Unmarshal(raw, &pair); err != nil || len(pair) != 2 {
+			return nil, fmt.Errorf("merge %d is neither \"a b\" nor [a, b]: %s", i, raw)
+		} else {
+			left, right = pair[0], pair[1]
+		}
+		for _, part := range []string{left, right, left + right} {
+			if _, ok := vocab[part]; !ok {
+				return nil, fmt.Errorf("merge %d (%q, %q): %q is not in the vocabulary", i, left, right, part)
+			}
+		}
+		merges = append(merges, left+" "+right)
+	}
+	return merges, nil
 }
 
 // hfPre maps a pre_tokenizer to a tokenizer.ggml.pre name.

@@ -485,28 +485,13 @@ func (s *Server) answer(w http.ResponseWriter, r *http.Request, endpoint string,
 			// The answer is complete: a stop string may span the decoder's tail.
 			chunk += stream.Flush()
 		}
-		if len(p.Stop) > 0 {
-			// A stop string ends the completion where it starts; the ranks
-			// withdraw the request (unless it already finished).
-			before := text.Len()
-			text.WriteString(chunk)
-			if at := firstStop(text.String(), p.Stop, before); at >= 0 {
-				kept := text.String()[:at]
-				chunk = "" // a stop string that began in streamed text: what was sent stays sent
-				if at > before {
-					chunk = kept[before:]
-				}
-				text.Reset()
-				text.WriteString(kept)
-				finish = "stop"
-				if resp != nil {
-					s.record(c, resp, finish)
-				} else {
-					s.detach(c, finish)
-				}
+		if chunk, finish = cutAtStop(&text, chunk, p.Stop); finish != "" {
+			// The ranks withdraw the request (unless it already finished).
+			if resp != nil {
+				s.record(c, resp, finish)
+			} else {
+				s.detach(c, finish)
 			}
-		} else {
-			text.WriteString(chunk)
 		}
 		if resp != nil && finish == "" {
 			if resp.Error != "" {
@@ -550,6 +535,29 @@ func (s *Server) detach(c *call, finish string) {
 		c.mu.Unlock()
 		s.record(c, resp, finish)
 	}
+}
+
+// cutAtStop appends chunk to text, cut where the first stop string begins
+// ("" of finish when none does): what is left of chunk is returned. A stop
+// string that began in text already streamed leaves that text as sent.
+func cutAtStop(text *strings.Builder, chunk string, stops []string) (string, string) {
+	before := text.Len()
+	text.WriteString(chunk)
+	if len(stops) == 0 {
+		return chunk, ""
+	}
+	at := firstStop(text.String(), stops, before)
+	if at < 0 {
+		return chunk, ""
+	}
+	kept := text.String()[:at]
+	chunk = ""
+	if at > before {
+		chunk = kept[before:]
+	}
+	text.Reset()
+	text.WriteString(kept)
+	return chunk, "stop"
 }
 
 // firstStop is the earliest start of a stop string in text that ends at or

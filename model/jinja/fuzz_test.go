@@ -27,7 +27,7 @@ func FuzzRender(f *testing.F) {
 	f.Add(`{{ 'x' * 10000000000 }}{% for i in range(1000000000) %}x{% endfor %}`)
 	lim := Limits{MaxTemplateBytes: 1 << 16, MaxDepth: 16, MaxSteps: 200_000, MaxBytes: 1 << 20, Timeout: 500 * time.Millisecond}
 	data := map[string]any{
-		"messages": []any{map[string]any{"role": "user", "content": "hi"}, map[string]any{"role": "assistant", "content": "yo"}},
+		"messages":              []any{map[string]any{"role": "user", "content": "hi"}, map[string]any{"role": "assistant", "content": "yo"}},
 		"add_generation_prompt": true, "bos_token": "<s>", "eos_token": "</s>",
 	}
 	f.Fuzz(func(t *testing.T, src string) {

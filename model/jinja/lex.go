@@ -29,127 +29,134 @@ type segment struct {
 // spaces and tabs before a tag that starts its line are dropped) and
 // trim_blocks (the first newline after the tag is dropped).
 func scan(src string) ([]segment, error) {
-	var segs []segment
-	line := 1
-	i := 0
-	text := strings.Builder{}
-	textLine := 1
-	trimNext := 0 // 0: keep; 1: drop one newline; 2: drop all white space
-	emitText := func(s string) {
-		switch trimNext {
-		case 1:
-			if strings.HasPrefix(s, "\r\n") {
-				s = s[2:]
-			} else if strings.HasPrefix(s, "\n") {
-				s = s[1:]
-			}
-		case 2:
-			s = strings.TrimLeft(s, " \t\r\n\f\v")
-		}
-		if s != "" {
-			trimNext = 0
-		}
-		text.WriteString(s)
-	}
-	for i < len(src) {
-		at := strings.Index(src[i:], "{")
-		if at < 0 || i+at+1 >= len(src) {
-			emitText(src[i:])
-			line += strings.Count(src[i:], "\n")
+	sc := &scanner{src: src, line: 1, textLine: 1}
+	for sc.i < len(src) {
+		at := strings.Index(src[sc.i:], "{")
+		if at < 0 || sc.i+at+1 >= len(src) {
+			sc.emitText(src[sc.i:])
 			break
 		}
-		open := src[i+at+1]
+		open := src[sc.i+at+1]
 		if open != '{' && open != '%' && open != '#' {
-			emitText(src[i : i+at+1])
-			line += strings.Count(src[i:i+at+1], "\n")
-			i += at + 1
+			sc.emitText(src[sc.i : sc.i+at+1])
+			sc.i += at + 1
 			continue
 		}
-		before := src[i : i+at]
-		tagLine := line + strings.Count(before, "\n")
-		j := i + at + 2
-		mod := byte(0)
-		if j < len(src) && (src[j] == '-' || src[j] == '+') {
-			mod = src[j]
-			j++
-		}
-		// Left side of the tag.
-		block := open == '%' || open == '#'
-		switch {
-		case mod == '-':
-			before = strings.TrimRight(before, " \t\r\n\f\v")
-		case mod != '+' && block:
-			// lstrip_blocks: white space from the line's start up to the tag.
-			k := strings.LastIndexByte(before, '\n')
-			lead := before[k+1:]
-			if (k >= 0 || i == 0) && strings.Trim(lead, " \t") == "" {
-				before = before[:k+1]
-			}
-		}
-		emitText(before)
-		line = tagLine
-		// The tag's body and its end.
-		var closer string
-		switch open {
-		case '{':
-			closer = "}}"
-		case '%':
-			closer = "%}"
-		case '#':
-			closer = "#}"
-		}
-		end, rmod, err := findClose(src, j, closer, open == '#')
-		if err != nil {
-			return nil, fmt.Errorf("line %d: %w", tagLine, err)
-		}
-		body := src[j:end]
-		after := end + len(closer)
-		if rmod != 0 {
-			after++
-		}
-		line += strings.Count(src[j:after], "\n")
-		switch {
-		case rmod == '-':
-			trimNext = 2
-		case rmod != '+' && block:
-			trimNext = 1
-		default:
-			trimNext = 0
-		}
-		i = after
-		if open == '#' {
-			continue
-		}
-		toks, err := lexExpr(body, tagLine)
-		if err != nil {
+		if err := sc.tag(at, open); err != nil {
 			return nil, err
 		}
-		if text.Len() > 0 {
-			segs = append(segs, segment{kind: segText, text: text.String(), line: textLine})
-			text.Reset()
-		}
-		textLine = line
-		kind := segExpr
-		if open == '%' {
-			kind = segStmt
-			if len(toks) == 1 && toks[0].kind == tName && toks[0].s == "raw" {
-				// {% raw %}: verbatim up to {% endraw %}.
-				raw, next, err := rawBlock(src, i, tagLine)
-				if err != nil {
-					return nil, err
-				}
-				line += strings.Count(src[i:next], "\n")
-				text.WriteString(raw)
-				i, trimNext = next, 1
-				continue
-			}
-		}
-		segs = append(segs, segment{kind: kind, toks: toks, line: tagLine})
 	}
-	if text.Len() > 0 {
-		segs = append(segs, segment{kind: segText, text: text.String(), line: textLine})
+	sc.flush()
+	return sc.segs, nil
+}
+
+// scanner is scan's state.
+type scanner struct {
+	src      string
+	i        int // next byte of src
+	line     int // line of src[i]
+	segs     []segment
+	text     strings.Builder // text since the last tag, trimmed
+	textLine int
+	trimNext int // 0: keep; 1: drop one newline; 2: drop all white space
+}
+
+// emitText appends s (the source from i, which it passes) to the text.
+func (sc *scanner) emitText(s string) {
+	sc.line += strings.Count(s, "\n")
+	switch sc.trimNext {
+	case 1:
+		if strings.HasPrefix(s, "\r\n") {
+			s = s[2:]
+		} else if strings.HasPrefix(s, "\n") {
+			s = s[1:]
+		}
+	case 2:
+		s = strings.TrimLeft(s, " \t\r\n\f\v")
 	}
-	return segs, nil
+	if s != "" {
+		sc.trimNext = 0
+	}
+	sc.text.WriteString(s)
+}
+
+func (sc *scanner) flush() {
+	if sc.text.Len() > 0 {
+		sc.segs = append(sc.segs, segment{kind: segText, text: sc.text.String(), line: sc.textLine})
+		sc.text.Reset()
+	}
+	sc.textLine = sc.line
+}
+
+// tag scans the tag opened at i+at ({{, {% or {#, by open).
+func (sc *scanner) tag(at int, open byte) error {
+	src := sc.src
+	before := src[sc.i : sc.i+at]
+	j := sc.i + at + 2
+	mod := byte(0)
+	if j < len(src) && (src[j] == '-' || src[j] == '+') {
+		mod = src[j]
+		j++
+	}
+	block := open == '%' || open == '#'
+	emitted := len(before)
+	switch {
+	case mod == '-':
+		before = strings.TrimRight(before, " \t\r\n\f\v")
+	case mod != '+' && block:
+		// lstrip_blocks: white space from the line's start up to the tag.
+		k := strings.LastIndexByte(before, '\n')
+		if (k >= 0 || sc.i == 0) && strings.Trim(before[k+1:], " \t") == "" {
+			before = before[:k+1]
+		}
+	}
+	tagLine := sc.line + strings.Count(src[sc.i:sc.i+emitted], "\n")
+	sc.emitText(before)
+	sc.line = tagLine
+	closer := map[byte]string{'{': "}}", '%': "%}", '#': "#}"}[open]
+	end, rmod, err := findClose(src, j, closer, open == '#')
+	if err != nil {
+		return fmt.Errorf("line %d: %w", tagLine, err)
+	}
+	after := end + len(closer)
+	if rmod != 0 {
+		after++
+	}
+	sc.line += strings.Count(src[j:after], "\n")
+	switch {
+	case rmod == '-':
+		sc.trimNext = 2
+	case rmod != '+' && block:
+		sc.trimNext = 1
+	default:
+		sc.trimNext = 0
+	}
+	sc.i = after
+	if open == '#' {
+		return nil
+	}
+	toks, err := lexExpr(src[j:end], tagLine)
+	if err != nil {
+		return err
+	}
+	sc.flush()
+	if open == '{' {
+		sc.segs = append(sc.segs, segment{kind: segExpr, toks: toks, line: tagLine})
+		return nil
+	}
+	if len(toks) == 1 && toks[0].kind == tName && toks[0].s == "raw" {
+		// {% raw %}: verbatim up to {% endraw %}.
+		raw, next, err := rawBlock(src, sc.i, tagLine)
+		if err != nil {
+			return err
+		}
+		sc.line += strings.Count(src[sc.i:next], "\n")
+		sc.text.WriteString(raw)
+		sc.i, sc.trimNext = next, 1
+		return nil
+	}
+	sc.segs = append(sc.segs, segment{kind: segStmt, toks: toks, line: tagLine})
+	return nil
 }
 
 // findClose finds closer from j, outside string literals (not in
