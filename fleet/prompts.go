@@ -153,7 +153,7 @@ func (o *Options) promptWorkload() ([]workload.Request, error) {
 			}
 			text, err := model.RenderChat(tmpl, in.Messages, true, tok.TokenText(tok.BOS()), tok.TokenText(tok.EOS()))
 			if err != nil {
-				return nil, usage.Errorf("%s: chat template: %v", in.Place, err)
+				return nil, usage.Errorf("%s: %v", in.Place, err)
 			}
 			r.text = text
 			// The template writes its own special tokens (BOS included).
