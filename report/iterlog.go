@@ -242,8 +242,8 @@ func ReadCalibrationLogs(files []string) (CalibrationLogs, error) {
 		}
 		out.Records = append(out.Records, cl.Record)
 		return nil
-	}, func(path string, line int, err error) {
-		out.Warnings = append(out.Warnings, fmt.Sprintf("%s:%d: the last line is cut short (was the run killed?); it is skipped (%v)", path, line, err))
+	}, func(path string, line int, _ error) {
+		out.Warnings = append(out.Warnings, fmt.Sprintf("%s:%d: the last line is cut short (was the run killed?); it is skipped", path, line))
 	})
 	if err != nil {
 		return CalibrationLogs{}, err
