@@ -71,8 +71,9 @@ test-go: native model
 # Bounded fuzzing (CI runs it): the KV pool's operation sequences, the
 # trace parser, the worker's YAML config, the dry-run scenario JSON and
 # dry runs of generated scenarios, the bootstrap store's request frames, the
-# store's and TCP transport's hello, and the checked protocol's collective
-# headers, FUZZTIME each.
+# store's and TCP transport's hello, the checked protocol's collective
+# headers, GGUF files, tokenizer.json, chat templates and the HTTP API's
+# request bodies, FUZZTIME each.
 FUZZTIME ?= 20s
 fuzz:
 	GO=$(GO) scripts/fuzz-one.sh ./kvpool 'FuzzPoolOperations' $(FUZZTIME)
@@ -83,6 +84,10 @@ fuzz:
 	GO=$(GO) scripts/fuzz-one.sh ./nccl 'FuzzStoreFrames' $(FUZZTIME)
 	GO=$(GO) scripts/fuzz-one.sh ./nccl 'FuzzTransportHello' $(FUZZTIME)
 	GO=$(GO) scripts/fuzz-one.sh ./nccl 'FuzzCollectiveHeader' $(FUZZTIME)
+	GO=$(GO) scripts/fuzz-one.sh ./model '^FuzzGGUF$$' $(FUZZTIME)
+	GO=$(GO) scripts/fuzz-one.sh ./model '^FuzzHFTokenizer$$' $(FUZZTIME)
+	GO=$(GO) scripts/fuzz-one.sh ./model/jinja '^FuzzRender$$' $(FUZZTIME)
+	GO=$(GO) scripts/fuzz-one.sh ./serve '^FuzzRequestDecoding$$' $(FUZZTIME)
 
 # The concurrent packages (collectives, executor ranks, engine goroutine)
 # once more under the race detector. Whole-run end-to-end tests skip

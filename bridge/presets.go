@@ -2,6 +2,7 @@ package bridge
 
 import (
 	"fmt"
+	"math"
 	"sort"
 	"strings"
 )
@@ -74,10 +75,10 @@ func (s ModelShape) Validate() error {
 		return fmt.Errorf("model shape: intermediate_size must be positive, got %d", s.IntermediateSize)
 	case s.VocabSize <= 1:
 		return fmt.Errorf("model shape: vocab_size must be at least 2, got %d", s.VocabSize)
-	case !(s.RopeTheta > 0):
-		return fmt.Errorf("model shape: rope_theta must be positive, got %g", s.RopeTheta)
-	case !(s.RMSEps > 0):
-		return fmt.Errorf("model shape: rms_eps must be positive, got %g", s.RMSEps)
+	case !(s.RopeTheta > 0) || math.IsInf(float64(s.RopeTheta), 0):
+		return fmt.Errorf("model shape: rope_theta (rope.freq_base) must be positive and finite, got %g", s.RopeTheta)
+	case !(s.RMSEps > 0) || math.IsInf(float64(s.RMSEps), 0):
+		return fmt.Errorf("model shape: rms_eps must be positive and finite, got %g", s.RMSEps)
 	}
 	if err := s.validateMoE(); err != nil {
 		return err

@@ -390,11 +390,12 @@ func (ev *Evaluation) calibrate(logs string, m int64, plotPath string) *fitOutco
 		f.err = err
 		return f
 	}
-	recs, _, err := report.ReadCalibrationRecords(files)
+	read, err := report.ReadCalibrationLogs(files)
 	if err != nil {
 		f.err = err
 		return f
 	}
+	recs := read.Records
 	opt := costfit.DefaultOptions()
 	opt.MaxNumTokens = m
 	if f.result, f.err = costfit.Fit(recs, opt); f.err != nil {

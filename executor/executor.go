@@ -107,6 +107,7 @@ type Executor struct {
 	deltas               []TokenDelta
 	answered             int
 	iterBusy             []float64
+	fleetBusyMS          float64 // the slowest rank's busy time of the last processed batch (iteration log)
 	iterLoads            []RankLoad
 	waitDur              time.Duration
 	lastStats            RankState

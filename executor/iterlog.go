@@ -22,7 +22,16 @@ type IterRecord struct {
 	// engine spent in MoE exchanges (dispatch and combine): waiting for the
 	// slowest rank's layer and moving tokens. device_ms − moe_wait_ms is
 	// the rank's compute.
-	MoEWaitMS         *float64 `json:"moe_wait_ms,omitempty"`
+	MoEWaitMS *float64 `json:"moe_wait_ms,omitempty"`
+	// FleetDeviceMS is the fleet's time for this iteration's forward: the
+	// slowest rank's device time, which every rank of the lockstep waits
+	// for, dense and MoE alike (null without a forward). It is the
+	// iteration time the offline calibration fits (docs/calibration.md):
+	// device_ms is this rank's own time, which for a dense model leaves the
+	// lockstep wait out (that wait is in wait_ms). With a virtual clock it
+	// is the modelled fleet step; otherwise the largest of this rank's
+	// device_ms and every rank's busy time, gathered with the responses.
+	FleetDeviceMS     *float64 `json:"fleet_device_ms"`
 	WaitMS            float64  `json:"wait_ms"`
 	CanQueue          bool     `json:"can_queue"`
 	ADPDummy          bool     `json:"adp_dummy"`
@@ -136,13 +145,17 @@ func (e *Executor) writeIterRecord(rec *IterRecord, start time.Time) error {
 		rec.HostMS = round3(e.virtual.HostMS())
 		rec.WaitMS = 0
 		if rec.DeviceMS != nil {
+			f := round3(rec.fleetMS)
+			rec.FleetDeviceMS = &f
 			if e.virtual.CoupledForward() {
-				f := round3(rec.fleetMS)
 				rec.DeviceMS = &f
 			} else {
 				rec.WaitMS = round3(max(0, rec.fleetMS-*rec.DeviceMS))
 			}
 		}
+	} else if rec.DeviceMS != nil {
+		f := round3(max(*rec.DeviceMS, e.fleetBusyMS))
+		rec.FleetDeviceMS = &f
 	}
 	rec.KVUtil = round3(e.d.KV.Utilization())
 	rec.EventsDropped = int(e.res.EventsDropped)

@@ -188,6 +188,9 @@ func (e *Executor) gatherResponses(name string, rs []Response, deviceUS int64, f
 	if err != nil {
 		return err
 	}
+	if name == "pending_responses" {
+		e.noteFleetBusy(all, forward)
+	}
 	if e.cfg.Rank != 0 {
 		return nil
 	}
@@ -229,6 +232,21 @@ func (e *Executor) gatherResponses(name string, rs []Response, deviceUS int64, f
 		e.wasteN++
 	}
 	return nil
+}
+
+// noteFleetBusy keeps the slowest rank's busy time of the batch whose
+// pending responses were just gathered, for the iteration log's
+// fleet_device_ms (every rank reads it: it leads each batch's encoding).
+func (e *Executor) noteFleetBusy(all [][]byte, forward bool) {
+	e.fleetBusyMS = 0
+	if !forward || e.cfg.IterLog == nil {
+		return
+	}
+	for _, b := range all {
+		if len(b) >= 8 {
+			e.fleetBusyMS = max(e.fleetBusyMS, float64(int64(binary.LittleEndian.Uint64(b)))/1000)
+		}
+	}
 }
 
 // deliver hands rank 0's gathered tokens and answers over: to the serving

@@ -159,7 +159,11 @@ func (o *Options) setSource(ex *executor.Executor, reqs []workload.Request, star
 
 // logServing says what the run serves (rank 0's process).
 func (o *Options) logServing(log *zap.Logger, requests int, launcher zap.Field) {
-	log.Info("serving", zap.Int("requests", requests), zap.Int("ranks", o.Ranks), zap.Int("cp", o.CP), launcher,
+	what := zap.Int("requests", requests)
+	if o.API != nil {
+		what = zap.String("requests", "over HTTP")
+	}
+	log.Info("serving", what, zap.Int("ranks", o.Ranks), zap.Int("cp", o.CP), launcher,
 		zap.String("engine", o.Engine), zap.String("model", o.Model), zap.String("router", o.Router),
 		zap.String("overlap", o.Overlap))
 }

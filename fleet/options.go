@@ -131,6 +131,9 @@ type RequestServer interface {
 	Source() executor.Source
 	Hooks(cfg *executor.Config)
 	SetReady()
+	// PeerLost is told that a rank's process left the fleet (multi-process
+	// runs: rank 0 learns it from the group's store at once).
+	PeerLost(rank int)
 }
 
 // Defaults are the options with no flag and no config file.

@@ -43,6 +43,11 @@ func runProcess(o *Options, sc scheduler.Config, reqs []workload.Request, l nccl
 	if err != nil {
 		return nil, fmt.Errorf("rank %d: joining the %s world of %d: %w", l.Rank, l.Launcher, l.WorldSize, err)
 	}
+	if l.Rank == 0 && o.API != nil {
+		// A peer that dies makes the fleet's next collective hang; the
+		// server answers its clients now instead.
+		pg.OnPeerGone(o.API.PeerLost)
+	}
 	cpGroup, closeGroups, err := o.openProcessGroups(l, pg, getenv)
 	if err != nil {
 		return nil, err

@@ -97,6 +97,21 @@ func (o *Options) openModel() error {
 	return nil
 }
 
+// CheckChatTemplate renders the loaded checkpoint's chat template once on
+// a fixed conversation (model.CheckChatTemplate): a server refuses a broken
+// template at startup instead of failing the first chat request. Nothing
+// to check without a checkpoint or a template.
+func (o *Options) CheckChatTemplate() error {
+	if o.loaded == nil || o.loaded.Tokenizer == nil {
+		return nil
+	}
+	tok := o.loaded.Tokenizer
+	if err := model.CheckChatTemplate(tok.ChatTemplate(), tok.TokenText(tok.BOS()), tok.TokenText(tok.EOS())); err != nil {
+		return usage.Errorf("%s %s: %v", o.Src("model"), o.Model, err)
+	}
+	return nil
+}
+
 // checkpointKVBudget (512 MiB) is the float32 KV memory per rank that sizes the CPU
 // engine's pool for a checkpoint when --pages is not given: the preset
 // default (4096 pages) would be gigabytes for a real model's layers.
@@ -138,7 +153,7 @@ func (o *Options) promptWorkload() ([]workload.Request, error) {
 			}
 			text, err := model.RenderChat(tmpl, in.Messages, true, tok.TokenText(tok.BOS()), tok.TokenText(tok.EOS()))
 			if err != nil {
-				return nil, usage.Errorf("%s: chat template: %v", in.Place, err)
+				return nil, usage.Errorf("%s: %v", in.Place, err)
 			}
 			r.text = text
 			// The template writes its own special tokens (BOS included).

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"runtime"
 	"time"
 
 	"go.uber.org/zap"
@@ -77,9 +78,13 @@ func Run(o *Options, stderr io.Writer, getenv func(string) string) (*Outcome, er
 		return nil, err
 	}
 	defer o.out.close() //nolint:errcheck // closed again below, where its errors are reported
-	reqs, err := o.LoadWorkload(o.AttentionDPRanks(launch))
-	if err != nil {
-		return nil, err
+	// A server's requests come over HTTP: no workload (the built-in
+	// sample is `worker run`'s default).
+	var reqs []workload.Request
+	if o.API == nil {
+		if reqs, err = o.LoadWorkload(o.AttentionDPRanks(launch)); err != nil {
+			return nil, err
+		}
 	}
 	if err := o.checkServable(sc, reqs); err != nil {
 		return nil, err
@@ -99,7 +104,7 @@ func Run(o *Options, stderr io.Writer, getenv func(string) string) (*Outcome, er
 	if res == nil {
 		return nil, o.out.close() // not rank 0: rank 0 prints the report
 	}
-	rep := report.Build(o.runInfo(res), reqs, res.Rank0)
+	rep := report.Build(o.runInfo(res, launch), reqs, res.Rank0)
 	if w := o.out.requestsWriter(); w != nil {
 		report.WriteRequests(w, reqs, res.Rank0.Responses) //nolint:errcheck // an output keeps its first error for close
 	}
@@ -132,13 +137,22 @@ func (o *Options) prepare(log *zap.Logger, getenv func(string) string) (schedule
 }
 
 // runInfo is what the report says about the run besides its requests.
-func (o *Options) runInfo(res *Result) report.RunInfo {
+func (o *Options) runInfo(res *Result, launch nccl.Launch) report.RunInfo {
 	info := report.RunInfo{Engine: o.Engine, Model: o.Model, Ranks: o.Ranks, Wall: res.Wall, DeviceMSPerRank: res.DeviceMS,
 		MoE: o.moe() && o.Engine != "twin"}
 	if o.loaded != nil {
 		info.Model = o.loaded.Name
 		if o.Text.Active() {
 			info.Outputs = o.promptOutputs(res)
+		}
+	}
+	if o.Engine == "cpu" {
+		// The ranks that computed on this node's cores: this process's, or
+		// the launcher's processes on the node. GOMAXPROCS is the cores the
+		// process may use (CPU affinity and cgroup quota).
+		info.RanksHere, info.Cores = o.world(), runtime.GOMAXPROCS(0)
+		if launch.MultiProcess() {
+			info.RanksHere = max(launch.LocalSize, 1)
 		}
 	}
 	if o.Engine == "twin" {

@@ -27,8 +27,9 @@ func (o *Options) startupChecks(sc scheduler.Config, l nccl.Launch, getenv func(
 	}
 	helix := o.CP > 1
 	// kvcache.md §10 / executor.md §11.4 P-08: block reuse with Helix is a
-	// construction error naming the option. Reuse at its default is turned
-	// off with a note, as the automatic host tier is (kvcache.md §3.4).
+	// construction error naming the option; reuse at its default is turned
+	// off with a note. (A host tier is never sized automatically here: it
+	// exists only with --host-pages, which Validate refuses with Helix.)
 	if helix && o.Sources.ReuseOnBy != "" {
 		return nil, usage.Errorf("%s turns block reuse on with %s %d: aggregated Helix does not support block reuse "+
 			"(a ledger block's bytes span CP ranks); remove the setting or set it to false", o.Sources.ReuseOnBy, o.Src("cp"), o.CP)

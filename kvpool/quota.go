@@ -107,57 +107,6 @@ func PagesFromBytes(bytes, pageBytes int64) int {
 	return int(min(bytes/pageBytes, MaxPages))
 }
 
-// HostQuotaInput holds what the host-quota rule (§3.4) reads on one rank.
-type HostQuotaInput struct {
-	// HostCacheSize is host_cache_size in bytes, read when HostCacheSizeSet.
-	HostCacheSize    int64
-	HostCacheSizeSet bool
-	// AggregatedHelix selects the Helix guard.
-	AggregatedHelix bool
-	// DeviceQuota is the final device quota in bytes.
-	DeviceQuota int64
-	// AvailableHostBytes, RanksOnNode and LockedMemSoftLimit (< 0 =
-	// unlimited) size the automatic host tier.
-	AvailableHostBytes int64
-	RanksOnNode        int
-	LockedMemSoftLimit int64
-}
-
-// HostQuota is the rank-local host-tier size in bytes of §3.4, before the
-// allreduce_MIN the executor runs over the world (the automatic size only;
-// an explicit size is the same everywhere). info is a line to log, if any.
-// Under aggregated Helix an explicit size > 0 is a construction error and
-// the automatic tier is skipped; the guard reads configuration only, so it
-// runs before any collective.
-func HostQuota(in HostQuotaInput) (bytes int64, info string, err error) {
-	if in.AggregatedHelix {
-		if in.HostCacheSizeSet && in.HostCacheSize > 0 {
-			return 0, "", errors.New("kvpool: aggregated Helix does not support a host cache tier (host_cache_size > 0)")
-		}
-		if !in.HostCacheSizeSet {
-			return 0, "aggregated Helix disables the host tier", nil
-		}
-		return 0, "", nil
-	}
-	if in.HostCacheSizeSet {
-		if in.HostCacheSize < 0 {
-			return 0, "", fmt.Errorf("kvpool: host_cache_size must not be negative, got %d", in.HostCacheSize)
-		}
-		return in.HostCacheSize, "", nil
-	}
-	auto := in.DeviceQuota
-	if in.RanksOnNode > 0 {
-		auto = min(auto, int64(float64(in.AvailableHostBytes)/float64(in.RanksOnNode)*0.5))
-	}
-	if in.LockedMemSoftLimit >= 0 {
-		auto = min(auto, int64(float64(in.LockedMemSoftLimit)*0.8))
-	}
-	if auto <= 0 {
-		auto = in.DeviceQuota
-	}
-	return auto, "", nil
-}
-
 // InitStatus is a rank's pool-construction outcome, ordered by severity
 // (§3.5); the world combines statuses with allreduce_MAX.
 type InitStatus int8

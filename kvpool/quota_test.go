@@ -90,26 +90,6 @@ func TestHelixQuotaConversions(t *testing.T) {
 	}
 }
 
-// TestHostQuota is KQ-12, KQ-13 and the auto rule of §3.4.
-func TestHostQuota(t *testing.T) {
-	if _, _, err := kvpool.HostQuota(kvpool.HostQuotaInput{AggregatedHelix: true, HostCacheSize: 1 << 30, HostCacheSizeSet: true}); err == nil ||
-		!strings.Contains(err.Error(), "aggregated Helix does not support a host cache tier") {
-		t.Errorf("KQ-12: %v", err)
-	}
-	if b, info, err := kvpool.HostQuota(kvpool.HostQuotaInput{AggregatedHelix: true, DeviceQuota: 100}); b != 0 || err != nil ||
-		info != "aggregated Helix disables the host tier" {
-		t.Errorf("KQ-13: %d %q %v", b, info, err)
-	}
-	b, _, _ := kvpool.HostQuota(kvpool.HostQuotaInput{DeviceQuota: 1000, AvailableHostBytes: 1200, RanksOnNode: 2, LockedMemSoftLimit: -1})
-	if b != 300 {
-		t.Errorf("auto host quota %d, want min(1000, 1200/2·0.5) = 300", b)
-	}
-	b, _, _ = kvpool.HostQuota(kvpool.HostQuotaInput{DeviceQuota: 1000, AvailableHostBytes: 0, RanksOnNode: 2, LockedMemSoftLimit: -1})
-	if b != 1000 {
-		t.Errorf("non-positive auto size %d, want the device quota", b)
-	}
-}
-
 // voteRank is one rank of a simulated init vote.
 type voteRank struct {
 	fail       map[bool]kvpool.InitStatus // per withHost: the build's failure status

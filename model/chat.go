@@ -1,10 +1,12 @@
 package model
 
 import (
+	"errors"
 	"fmt"
 	"sync"
+	"time"
 
-	"github.com/ardanlabs/jinja"
+	"github.com/lockstep-ai/lockstep/model/jinja"
 )
 
 // ChatMessage is one turn of a conversation.
@@ -15,38 +17,87 @@ type ChatMessage struct {
 
 var templateCache sync.Map // template source -> *jinja.Template
 
+// chatTemplate is the compiled template of src (compiled once).
+func chatTemplate(src string) (*jinja.Template, error) {
+	if src == "" {
+		return nil, errors.New("model: no chat template")
+	}
+	if v, ok := templateCache.Load(src); ok {
+		return v.(*jinja.Template), nil
+	}
+	tmpl, err := jinja.Compile(src, jinja.DefaultLimits())
+	if err != nil {
+		return nil, fmt.Errorf("model: chat template: %w", err)
+	}
+	templateCache.Store(src, tmpl)
+	return tmpl, nil
+}
+
+// raisedError is the error of a template's own raise_exception: the
+// template works, and refuses this conversation.
+type raisedError struct{ msg string }
+
+func (e *raisedError) Error() string { return e.msg }
+
 // RenderChat renders a conversation with a Jinja chat template the way HF
 // transformers' apply_chat_template(tokenize=False) does: the template sees
 // messages, add_generation_prompt, bos_token and eos_token, and the
-// raise_exception and strftime_now functions. Encode the result with
+// raise_exception and strftime_now functions. Rendering is bounded
+// (model/jinja's limits): a template that recurses, loops or grows without
+// end fails with an error naming the limit. Encode the result with
 // ParseSpecial so the template's special-token texts become tokens.
 func RenderChat(template string, messages []ChatMessage, addGenerationPrompt bool, bosToken, eosToken string) (string, error) {
-	if template == "" {
-		return "", fmt.Errorf("model: no chat template")
-	}
-	var tmpl *jinja.Template
-	if v, ok := templateCache.Load(template); ok {
-		tmpl = v.(*jinja.Template)
-	} else {
-		var err error
-		tmpl, err = jinja.Compile(template)
-		if err != nil {
-			return "", fmt.Errorf("model: chat template: %w", err)
-		}
-		templateCache.Store(template, tmpl)
+	tmpl, err := chatTemplate(template)
+	if err != nil {
+		return "", err
 	}
 	msgs := make([]any, len(messages))
 	for i, m := range messages {
-		msgs[i] = map[string]any{"role": m.Role, "content": m.Content}
+		msgs[i] = jinja.Ordered{{Key: "role", Value: m.Role}, {Key: "content", Value: m.Content}}
 	}
 	out, err := tmpl.Render(map[string]any{
 		"messages":              msgs,
 		"add_generation_prompt": addGenerationPrompt,
 		"bos_token":             bosToken,
 		"eos_token":             eosToken,
+		"raise_exception": func(args ...any) (any, error) {
+			msg := "raise_exception"
+			if len(args) > 0 {
+				msg = fmt.Sprint(args[0])
+			}
+			return nil, &raisedError{msg}
+		},
+		"strftime_now": func(args ...any) (any, error) {
+			if len(args) != 1 {
+				return nil, errors.New("strftime_now takes one format")
+			}
+			f, ok := args[0].(string)
+			if !ok {
+				return nil, errors.New("strftime_now takes a format string")
+			}
+			return strftime(time.Now(), f), nil
+		},
 	})
 	if err != nil {
 		return "", fmt.Errorf("model: chat template: %w", err)
 	}
 	return out, nil
+}
+
+// CheckChatTemplate compiles a chat template and renders it once on a
+// fixed two-message conversation, so that a template that is broken (or
+// hits a limit) is refused when the model is loaded rather than on the
+// first chat request. A template that refuses the conversation with its
+// own raise_exception passes: it works, and has rules.
+func CheckChatTemplate(template, bosToken, eosToken string) error {
+	if template == "" {
+		return nil
+	}
+	_, err := RenderChat(template, []ChatMessage{{Role: "user", Content: "Hello."}, {Role: "assistant", Content: "Hi! How can I help?"}},
+		true, bosToken, eosToken)
+	var raised *raisedError
+	if err != nil && !errors.As(err, &raised) {
+		return fmt.Errorf("the chat template fails on a two-message conversation: %w", err)
+	}
+	return nil
 }

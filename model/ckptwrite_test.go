@@ -14,6 +14,7 @@ import (
 	"math/rand"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 
 	"github.com/lockstep-ai/lockstep/bridge"
@@ -215,7 +216,7 @@ func f32ToF16(x float32) uint16 {
 
 // encode spells float32 values in a safetensors dtype; BF16 and F16 must be
 // exact (the test weights are chosen so).
-func encode(t *testing.T, dtype string, vals []float32) []byte {
+func encode(t testing.TB, dtype string, vals []float32) []byte {
 	t.Helper()
 	var out []byte
 	for _, v := range vals {
@@ -425,6 +426,9 @@ type ggufOptions struct {
 	kvs func([]ggufKV) []ggufKV
 	// ropeFreqs, when set, is written as rope_freqs.weight (F32).
 	ropeFreqs []float32
+	// header edits the tensor infos as written (dims and offset into the
+	// data section) without moving the data.
+	header func(i int, name string, dims []uint64, offset uint64) ([]uint64, uint64)
 }
 
 type ggufWriter struct{ bytes.Buffer }
@@ -433,7 +437,7 @@ func (w *ggufWriter) u32(v uint32) { w.Write(binary.LittleEndian.AppendUint32(ni
 func (w *ggufWriter) u64(v uint64) { w.Write(binary.LittleEndian.AppendUint64(nil, v)) }
 func (w *ggufWriter) str(s string) { w.u64(uint64(len(s))); w.WriteString(s) }
 
-func (w *ggufWriter) value(t *testing.T, v any) {
+func (w *ggufWriter) value(t testing.TB, v any) {
 	switch x := v.(type) {
 	case string:
 		w.u32(gvString)
@@ -487,7 +491,7 @@ func ggufRowOrder(rows, headDim int) []int {
 
 // writeGGUF writes m as a GGUF v3 file (projections in Q8_0 when m was
 // quantised) and returns its path.
-func writeGGUF(t *testing.T, m *tinyModel, o ggufOptions) string {
+func writeGGUF(t testing.TB, m *tinyModel, o ggufOptions) string {
 	t.Helper()
 	s := m.shape
 	arch := o.arch
@@ -573,14 +577,18 @@ func writeGGUF(t *testing.T, m *tinyModel, o ggufOptions) string {
 		w.str(kv.key)
 		w.value(t, kv.val)
 	}
-	for _, in := range infos {
+	for i, in := range infos {
+		dims, start := in.dims, in.start
+		if o.header != nil {
+			dims, start = o.header(i, in.name, slices.Clone(dims), start)
+		}
 		w.str(in.name)
-		w.u32(uint32(len(in.dims)))
-		for _, d := range in.dims {
+		w.u32(uint32(len(dims)))
+		for _, d := range dims {
 			w.u64(d)
 		}
 		w.u32(in.typ)
-		w.u64(in.start)
+		w.u64(start)
 	}
 	for w.Len()%32 != 0 {
 		w.WriteByte(0)

@@ -36,8 +36,24 @@ var blkTensor = regexp.MustCompile(`^blk\.(\d+)\.([a-z_]+)\.weight$`)
 // ggufArchitectures are the general.architecture values read as Llama.
 var ggufArchitectures = map[string]bool{"llama": true}
 
+// parseGGUF parses a GGUF file's header. The parser panics on some
+// corrupt headers (a size product that overflows); that panic is the
+// file's fault, so it becomes the same error as any other corruption.
+func parseGGUF(path string) (gf *gguf.GGUFFile, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			gf, err = nil, fmt.Errorf("%v", r)
+		}
+	}()
+	return gguf.ParseGGUFFile(path, gguf.UseMMap())
+}
+
+// maxTensorDim bounds one tensor dimension (2^40: far above any vocabulary
+// or hidden size, far below an overflow of rows × row bytes).
+const maxTensorDim = 1 << 40
+
 func loadGGUF(path string) (m *Model, err error) {
-	gf, err := gguf.ParseGGUFFile(path, gguf.UseMMap())
+	gf, err := parseGGUF(path)
 	if err != nil {
 		return nil, fmt.Errorf("model %s: reading GGUF (truncated or corrupt file?): %w", path, err)
 	}
@@ -154,6 +170,13 @@ func loadGGUF(path string) (m *Model, err error) {
 	}
 
 	base := gf.TensorDataStartOffset
+	align := uint64(32) // GGUF's default
+	if v, ok := kvs.Get("general.alignment"); ok && v.ValueType.IsNumeric() {
+		align = uint64(gguf.ValueNumeric[uint64](v))
+	}
+	if align == 0 || align&(align-1) != 0 {
+		return nil, fmt.Errorf("model %s: general.alignment %d is not a power of two (corrupt file?)", path, align)
+	}
 	hasOutput := false
 	for _, ti := range gf.TensorInfos {
 		kind, layer := bridge.WeightKind(-1), -1
@@ -177,22 +200,9 @@ func loadGGUF(path string) (m *Model, err error) {
 		if !ok {
 			return nil, fmt.Errorf("model %s: tensor %s has type %v; supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1", path, ti.Name, ti.Type)
 		}
-		var rows, cols int64 = 1, int64(ti.Dimensions[0])
-		switch len(ti.Dimensions) {
-		case 1:
-		case 2:
-			rows = int64(ti.Dimensions[1])
-		default:
-			return nil, fmt.Errorf("model %s: tensor %s has %d dimensions, want 1 or 2", path, ti.Name, len(ti.Dimensions))
-		}
-		rb, err := dt.RowBytes(cols)
+		rows, cols, start, end, err := tensorSpan(ti, dt, base, align, int64(len(mm)))
 		if err != nil {
-			return nil, fmt.Errorf("model %s: tensor %s: %w", path, ti.Name, err)
-		}
-		start := base + int64(ti.Offset)
-		end := start + rb*rows
-		if start < base || end > int64(len(mm)) {
-			return nil, fmt.Errorf("model %s: tensor %s's data [%d, %d) lies outside the file (%d bytes); truncated download?", path, ti.Name, start, end, len(mm))
+			return nil, fmt.Errorf("model %s: %w", path, err)
 		}
 		t := bridge.WeightTensor{Name: ti.Name, Kind: kind, Layer: layer, DType: dt, Rows: rows, Cols: cols, Data: mm[start:end:end]}
 		// llama.cpp's converter interleaves each head's Q and K rows for its
@@ -214,6 +224,41 @@ func loadGGUF(path string) (m *Model, err error) {
 		return nil, fmt.Errorf("model %s: %w", path, err)
 	}
 	return m, nil
+}
+
+// tensorSpan is where a tensor's data lies in the mapped file of size
+// bytes (data section at base): every dimension and product is checked
+// before it is formed, so that a corrupt header cannot wrap around into a
+// slice of the mapping.
+func tensorSpan(ti gguf.GGUFTensorInfo, dt bridge.DType, base int64, align uint64, size int64) (rows, cols, start, end int64, err error) {
+	if n := len(ti.Dimensions); n != 1 && n != 2 {
+		return 0, 0, 0, 0, fmt.Errorf("tensor %s has %d dimensions, want 1 or 2", ti.Name, n)
+	}
+	for _, d := range ti.Dimensions {
+		if d < 1 || d > maxTensorDim {
+			return 0, 0, 0, 0, fmt.Errorf("tensor %s has dimensions %v; each must be in [1, 2^40] (truncated or corrupt file?)", ti.Name, ti.Dimensions)
+		}
+	}
+	rows, cols = 1, int64(ti.Dimensions[0])
+	if len(ti.Dimensions) == 2 {
+		rows = int64(ti.Dimensions[1])
+	}
+	rb, err := dt.RowBytes(cols)
+	if err != nil {
+		return 0, 0, 0, 0, fmt.Errorf("tensor %s: %w", ti.Name, err)
+	}
+	if ti.Offset%align != 0 {
+		return 0, 0, 0, 0, fmt.Errorf("tensor %s's data offset %d is not a multiple of general.alignment %d (corrupt file?)", ti.Name, ti.Offset, align)
+	}
+	if ti.Offset > uint64(size) || rb > size || rows > size/max(rb, 1) {
+		return 0, 0, 0, 0, fmt.Errorf("tensor %s (%v at offset %d) lies outside the file (%d bytes); truncated or corrupt file?", ti.Name, ti.Dimensions, ti.Offset, size)
+	}
+	start = base + int64(ti.Offset)
+	end = start + rb*rows
+	if start < base || end > size {
+		return 0, 0, 0, 0, fmt.Errorf("tensor %s's data [%d, %d) lies outside the file (%d bytes); truncated or corrupt file (download incomplete?)", ti.Name, start, end, size)
+	}
+	return rows, cols, start, end, nil
 }
 
 type closerFunc func() error

@@ -73,7 +73,7 @@ func LoadHFTokenizer(dir string) (*Tokenizer, error) {
 	if err := json.Unmarshal(raw, &tj); err != nil {
 		return nil, fmt.Errorf("model: tokenizer.json: %w", err)
 	}
-	spec, ignoreMerges, err := hfSpec(&tj)
+	spec, ignoreMerges, err := hfSpec(&tj, hfConfigVocab(dir))
 	if err != nil {
 		return nil, fmt.Errorf("model: %s/tokenizer.json: %w", dir, err)
 	}
@@ -97,7 +97,27 @@ func LoadHFTokenizer(dir string) (*Tokenizer, error) {
 	return t, nil
 }
 
-func hfSpec(tj *hfTokenizerJSON) (TokenizerSpec, bool, error) {
+// hfConfigVocab is config.json's vocab_size in dir (0 when absent): the
+// model's embedding rows, which may exceed the tokenizer's entries.
+func hfConfigVocab(dir string) int64 {
+	raw, err := os.ReadFile(filepath.Join(dir, "config.json"))
+	if err != nil {
+		return 0
+	}
+	var c struct {
+		VocabSize int64 `json:"vocab_size"`
+	}
+	if json.Unmarshal(raw, &c) != nil {
+		return 0
+	}
+	return max(c.VocabSize, 0)
+}
+
+// hfSpec reads tokenizer.json's model. Token ids must lie below the
+// vocabulary's size: the number of entries, or config.json's vocab_size
+// (configVocab) when larger; a larger id would size the tables by an
+// attacker's number.
+func hfSpec(tj *hfTokenizerJSON, configVocab int64) (TokenizerSpec, bool, error) {
 	spec := TokenizerSpec{Model: "gpt2", BOS: -1, EOS: -1, UNK: -1, PAD: -1, EOT: -1}
 	m := &tj.Model
 	if m.Type != "BPE" {
@@ -129,11 +149,22 @@ func hfSpec(tj *hfTokenizerJSON) (TokenizerSpec, bool, error) {
 		return spec, false, err
 	}
 
+	limit := max(int64(len(m.Vocab)+len(tj.AddedTokens)), configVocab)
+	outside := func(what, tok string, id int32) error {
+		return fmt.Errorf("%s %q has id %d, outside the vocabulary [0, %d) (%d entries; config.json vocab_size %d)",
+			what, tok, id, limit, len(m.Vocab)+len(tj.AddedTokens), configVocab)
+	}
 	n := int32(0)
-	for _, id := range m.Vocab {
+	for tok, id := range m.Vocab {
+		if id < 0 || int64(id) >= limit {
+			return spec, false, outside("vocab entry", tok, id)
+		}
 		n = max(n, id+1)
 	}
 	for _, at := range tj.AddedTokens {
+		if at.ID < 0 || int64(at.ID) >= limit {
+			return spec, false, outside("added token", at.Content, at.ID)
+		}
 		n = max(n, at.ID+1)
 	}
 	if n == 0 {
@@ -143,15 +174,9 @@ func hfSpec(tj *hfTokenizerJSON) (TokenizerSpec, bool, error) {
 	spec.TokenTypes = make([]int32, n)
 	seen := make([]bool, n)
 	for tok, id := range m.Vocab {
-		if id < 0 {
-			return spec, false, fmt.Errorf("vocab entry %q has id %d", tok, id)
-		}
 		spec.Tokens[id], spec.TokenTypes[id], seen[id] = tok, TokenNormal, true
 	}
 	for _, at := range tj.AddedTokens {
-		if at.ID < 0 {
-			return spec, false, fmt.Errorf("added token %q has id %d", at.Content, at.ID)
-		}
 		typ := int32(TokenUserDefined)
 		if at.Special {
 			typ = TokenControl
@@ -163,18 +188,8 @@ func hfSpec(tj *hfTokenizerJSON) (TokenizerSpec, bool, error) {
 			spec.TokenTypes[i] = TokenUnused
 		}
 	}
-	spec.Merges = make([]string, 0, len(m.Merges))
-	for i, raw := range m.Merges {
-		var s string
-		if err := json.Unmarshal(raw, &s); err == nil {
-			spec.Merges = append(spec.Merges, s)
-			continue
-		}
-		var pair []string
-		if err := json.Unmarshal(raw, &pair); err != nil || len(pair) != 2 {
-			return spec, false, fmt.Errorf("merge %d is neither \"a b\" nor [a, b]: %s", i, raw)
-		}
-		spec.Merges = append(spec.Merges, pair[0]+" "+pair[1])
+	if spec.Merges, err = hfMerges(m.Merges, m.Vocab); err != nil {
+		return spec, false, err
 	}
 	if m.UnkToken != nil {
 		if id, ok := m.Vocab[*m.UnkToken]; ok {
@@ -182,6 +197,34 @@ func hfSpec(tj *hfTokenizerJSON) (TokenizerSpec, bool, error) {
 		}
 	}
 	return spec, m.IgnoreMerges, nil
+}
+
+// hfMerges reads the merges ("a b" or [a, b]); as HF tokenizers, both
+// parts and their union must be tokens of vocab.
+func hfMerges(raws []json.RawMessage, vocab map[string]int32) ([]string, error) {
+	merges := make([]string, 0, len(raws))
+	for i, raw := range raws {
+		var left, right string
+		var s string
+		var pair []string
+		if err := json.Unmarshal(raw, &s); err == nil {
+			var ok bool
+			if left, right, ok = strings.Cut(s, " "); !ok {
+				return nil, fmt.Errorf("merge %d %q is not \"a b\"", i, s)
+			}
+		} else if err := json.Unmarshal(raw, &pair); err != nil || len(pair) != 2 {
+			return nil, fmt.Errorf("merge %d is neither \"a b\" nor [a, b]: %s", i, raw)
+		} else {
+			left, right = pair[0], pair[1]
+		}
+		for _, part := range []string{left, right, left + right} {
+			if _, ok := vocab[part]; !ok {
+				return nil, fmt.Errorf("merge %d (%q, %q): %q is not in the vocabulary", i, left, right, part)
+			}
+		}
+		merges = append(merges, left+" "+right)
+	}
+	return merges, nil
 }
 
 // hfPre maps a pre_tokenizer to a tokenizer.ggml.pre name.

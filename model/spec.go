@@ -87,9 +87,9 @@ func TokenizerSpecFromGGUF(kvs gguf.GGUFMetadataKVs) (TokenizerSpec, error) {
 
 // LoadGGUFTokenizer parses a GGUF file and builds its tokenizer.
 func LoadGGUFTokenizer(path string) (*Tokenizer, error) {
-	f, err := gguf.ParseGGUFFile(path, gguf.UseMMap())
+	f, err := parseGGUF(path)
 	if err != nil {
-		return nil, fmt.Errorf("model: %s: %w", path, err)
+		return nil, fmt.Errorf("model: %s: reading GGUF (truncated or corrupt file?): %w", path, err)
 	}
 	spec, err := TokenizerSpecFromGGUF(f.Header.MetadataKV)
 	if err != nil {

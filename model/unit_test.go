@@ -275,7 +275,7 @@ func TestPretokInvalidBytes(t *testing.T) {
 	}
 }
 
-func writeJSON(t *testing.T, path string, v any) {
+func writeJSON(t testing.TB, path string, v any) {
 	t.Helper()
 	b, err := json.Marshal(v)
 	if err != nil {
@@ -288,7 +288,7 @@ func writeJSON(t *testing.T, path string, v any) {
 
 // hfDir writes a minimal HF tokenizer.json (+ tokenizer_config.json) for
 // the tiny vocabulary.
-func hfDir(t *testing.T, mutate func(tj, cfg map[string]any)) string {
+func hfDir(t testing.TB, mutate func(tj, cfg map[string]any)) string {
 	spec := tinySpec(t, "h e", "l l", "he ll", "hell o")
 	vocab := map[string]int{}
 	var added []map[string]any

@@ -298,6 +298,15 @@ func (g *ProcessGroup) storeHost(o GroupOptions) string {
 	return "127.0.0.1"
 }
 
+// OnPeerGone has f called with a rank whose process left the group (closed
+// it, or died) while this rank's group is open; only rank 0, which serves
+// the group's store, learns of it (elsewhere it is a no-op).
+func (g *ProcessGroup) OnPeerGone(f func(rank int)) {
+	if g.server != nil {
+		g.server.OnRankGone(f)
+	}
+}
+
 // Close leaves the group: the communicator (and its transport; under MPI
 // this finalises MPI), the board, the store client and, on rank 0, the
 // store. After a collective timed out, do not call Close under MPI: exit the

@@ -151,7 +151,18 @@ type StoreServer struct {
 	conns  map[net.Conn]struct{}
 	ranks  map[int]string // rank → remote address of the connection acting for it
 	closed bool
+	onGone func(rank int)
 	wg     sync.WaitGroup
+}
+
+// OnRankGone has f called (on its own goroutine) when the connection of an
+// admitted rank closes while the server is open: the rank's process closed
+// its group or is gone (killed: the kernel closes its sockets), which rank
+// 0 learns at once rather than after a collective timeout.
+func (s *StoreServer) OnRankGone(f func(rank int)) {
+	s.mu.Lock()
+	s.onGone = f
+	s.mu.Unlock()
 }
 
 // ListenStore starts a store served on addr ("host:port"; port 0 picks a
@@ -241,10 +252,17 @@ func (s *StoreServer) untrack(c net.Conn, rank int) {
 	c.Close()
 	s.mu.Lock()
 	delete(s.conns, c)
+	var gone func(int)
 	if rank > 0 {
 		delete(s.ranks, rank)
+		if !s.closed {
+			gone = s.onGone
+		}
 	}
 	s.mu.Unlock()
+	if gone != nil {
+		go gone(rank)
+	}
 	s.wg.Done()
 }
 

@@ -271,3 +271,28 @@ func TestStoreListensWhereTold(t *testing.T) {
 func noLeaks(t *testing.T) {
 	t.Cleanup(func() { goleak.VerifyNone(t) })
 }
+
+// TestStoreReportsAGoneRank: rank 0 learns at once that a rank's
+// connection closed (its process left or was killed), naming the rank; not
+// after the server itself closed (issue 23, defect 13).
+func TestStoreReportsAGoneRank(t *testing.T) {
+	s := startStore(t, nccl.StoreOptions{})
+	gone := make(chan int, 4)
+	s.OnRankGone(func(rank int) { gone <- rank })
+	c1 := dialStore(t, s.Addr(), 1)
+	c2 := dialStore(t, s.Addr(), 2)
+	c2.Close()
+	select {
+	case r := <-gone:
+		require.Equal(t, 2, r)
+	case <-time.After(5 * time.Second):
+		t.Fatal("the gone rank was not reported")
+	}
+	require.NoError(t, s.Close())
+	c1.Close()
+	select {
+	case r := <-gone:
+		t.Fatalf("rank %d reported after the server closed", r)
+	case <-time.After(100 * time.Millisecond):
+	}
+}

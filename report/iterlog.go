@@ -11,6 +11,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -117,37 +118,67 @@ func sameGroups(g []string) bool {
 // its file and 1-based line number. fn's error stops the scan and is
 // returned as it is; a read error is returned as "FILE:LINE: error".
 func ScanIterLogs(files []string, fn func(path string, line int, text []byte) error) error {
+	return ScanIterLogsTolerant(files, fn, nil)
+}
+
+// ScanIterLogsTolerant is ScanIterLogs, except that when truncated is not
+// nil a file's last line that has no newline and that fn refuses (what a
+// killed run leaves behind) is handed to truncated instead of stopping the
+// scan.
+func ScanIterLogsTolerant(files []string, fn func(path string, line int, text []byte) error,
+	truncated func(path string, line int, err error)) error {
 	for _, path := range files {
-		if err := scanFile(path, fn); err != nil {
+		if err := scanFile(path, fn, truncated); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-func scanFile(path string, fn func(path string, line int, text []byte) error) error {
+func scanFile(path string, fn func(path string, line int, text []byte) error, truncated func(string, int, error)) error {
 	f, err := os.Open(path)
 	if err != nil {
 		return err
 	}
 	defer f.Close()
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 0, 1<<16), maxLogLine)
+	rd := bufio.NewReaderSize(f, 1<<16)
 	line := 0
-	for sc.Scan() {
-		line++
-		text := bytes.TrimSpace(sc.Bytes())
-		if len(text) == 0 {
+	var long []byte
+	for {
+		chunk, err := rd.ReadSlice('\n')
+		if err == bufio.ErrBufferFull {
+			// A line longer than the buffer: gather it, within the bound.
+			long = append(long, chunk...)
+			if len(long) > maxLogLine {
+				return fmt.Errorf("%s:%d: a line longer than %d bytes", path, line+1, maxLogLine)
+			}
 			continue
 		}
-		if err := fn(path, line, text); err != nil {
-			return err
+		if err != nil && err != io.EOF {
+			return fmt.Errorf("%s:%d: %w", path, line+1, err)
+		}
+		text := chunk
+		if long != nil {
+			text = append(long, chunk...)
+			long = nil
+		}
+		if len(text) > 0 {
+			line++
+		}
+		terminated := bytes.HasSuffix(text, []byte("\n"))
+		if t := bytes.TrimSpace(text); len(t) > 0 {
+			if ferr := fn(path, line, t); ferr != nil {
+				if !terminated && err == io.EOF && truncated != nil {
+					truncated(path, line, ferr)
+					return nil
+				}
+				return ferr
+			}
+		}
+		if err == io.EOF {
+			return nil
 		}
 	}
-	if err := sc.Err(); err != nil {
-		return fmt.Errorf("%s:%d: %w", path, line+1, err)
-	}
-	return nil
 }
 
 // Keys says which keys of a record were present (not absent, not null)
@@ -175,48 +206,114 @@ func DecodeIterRecord(b []byte) (executor.IterRecord, Keys, error) {
 	return rec, Keys{Rank: set(raw.Rank), Iter: set(raw.Iter), GenKVTokens: set(raw.GenKVTokens)}, nil
 }
 
-// ReadCalibrationRecords reads the records the context-cost fit needs from
-// every file (blank lines skipped). logM is the max_num_tokens the records
-// agree on, or 0 when they do not say or disagree. An error names the file
-// and line and what is wrong there.
-func ReadCalibrationRecords(files []string) (recs []costfit.Record, logM int64, err error) {
-	logM = -1
-	err = ScanIterLogs(files, func(path string, line int, text []byte) error {
-		rec, m, err := ParseCalibrationLine(text)
+// CalibrationLogs is what the context-cost fit reads from iteration logs.
+type CalibrationLogs struct {
+	Records []costfit.Record
+	// MaxNumTokens is the max_num_tokens the records agree on; 0 when they
+	// do not say or disagree.
+	MaxNumTokens int64
+	// Warnings are what the fit's user should know before trusting it:
+	// ranks missing from the logs, records of an older worker, a
+	// truncated last line.
+	Warnings []string
+}
+
+// ReadCalibrationLogs reads the records the context-cost fit needs from
+// every file (blank lines skipped). An error names the file and line and
+// what is wrong there; a file's truncated last line (a killed run) is
+// skipped with a warning.
+func ReadCalibrationLogs(files []string) (CalibrationLogs, error) {
+	var out CalibrationLogs
+	logM := int64(-1)
+	legacy := 0
+	err := ScanIterLogsTolerant(files, func(path string, line int, text []byte) error {
+		cl, err := ParseCalibrationLine(text)
 		if err != nil {
 			return fmt.Errorf("%s:%d: %w", path, line, err)
 		}
 		switch {
 		case logM == -1:
-			logM = m
-		case logM != m:
+			logM = cl.MaxNumTokens
+		case logM != cl.MaxNumTokens:
 			logM = 0
 		}
-		recs = append(recs, rec)
+		if cl.Legacy {
+			legacy++
+		}
+		out.Records = append(out.Records, cl.Record)
 		return nil
+	}, func(path string, line int, _ error) {
+		out.Warnings = append(out.Warnings, fmt.Sprintf("%s:%d: the last line is cut short (was the run killed?); it is skipped", path, line))
 	})
 	if err != nil {
-		return nil, 0, err
+		return CalibrationLogs{}, err
 	}
-	return recs, max(logM, 0), nil
+	out.MaxNumTokens = max(logM, 0)
+	if legacy > 0 {
+		out.Warnings = append(out.Warnings, fmt.Sprintf("%d records have no fleet_device_ms (written by an older worker): "+
+			"their iteration time is taken as device_ms + wait_ms", legacy))
+	}
+	out.Warnings = append(out.Warnings, missingRanks(out.Records)...)
+	return out, nil
 }
 
-// ParseCalibrationLine decodes and checks one record for the fit; m is its
-// max_num_tokens (0 when it has none).
-func ParseCalibrationLine(b []byte) (costfit.Record, int64, error) {
+// missingRanks warns when the logs cannot show the lockstep: one rank
+// alone (its iterations never wait for a slower one: waste 0 %, gain
+// 1.00×), or rank numbers with gaps.
+func missingRanks(recs []costfit.Record) []string {
+	seen := map[int]bool{}
+	top := -1
+	for _, r := range recs {
+		seen[r.Rank] = true
+		top = max(top, r.Rank)
+	}
+	switch {
+	case len(seen) == 0:
+		return nil
+	case len(seen) == 1:
+		return []string{fmt.Sprintf("the logs hold rank %d only: the fit needs every rank's log to see the lockstep "+
+			"(the waste and gain of one rank are 0 %% and 1.00×); run with TLLM_PROFILE_LOG_RANKS=all and pass 'DIR/iter.{rank}.jsonl'", top)}
+	}
+	var missing []string
+	for r := 0; r < top; r++ {
+		if !seen[r] {
+			missing = append(missing, strconv.Itoa(r))
+		}
+	}
+	if len(missing) == 0 {
+		return nil
+	}
+	return []string{fmt.Sprintf("the logs hold ranks up to %d but not rank %s: the lockstep figures leave those ranks out",
+		top, strings.Join(missing, ", "))}
+}
+
+// CalibrationLine is one iteration-log record as the fit reads it.
+type CalibrationLine struct {
+	costfit.Record
+	// MaxNumTokens is the record's max_num_tokens (0 when it has none).
+	MaxNumTokens int64
+	// Legacy: the record has no fleet_device_ms (an older worker's); its
+	// iteration time is device_ms + wait_ms.
+	Legacy bool
+}
+
+// ParseCalibrationLine decodes and checks one record for the fit. The
+// record's iteration time (costfit.Record.DeviceMS, the fit's T(it)) is
+// fleet_device_ms, the fleet's time for the forward.
+func ParseCalibrationLine(b []byte) (CalibrationLine, error) {
 	l, keys, err := DecodeIterRecord(b)
 	if err != nil {
-		return costfit.Record{}, 0, fmt.Errorf("not an iteration-log record: %w", err)
+		return CalibrationLine{}, fmt.Errorf("not an iteration-log record: %w", err)
 	}
 	switch {
 	case !keys.Rank || !keys.Iter:
-		return costfit.Record{}, 0, errors.New(`a record needs "rank" and "iter" (is this an iteration log written by --iter-log?)`)
+		return CalibrationLine{}, errors.New(`a record needs "rank" and "iter" (is this an iteration log written by --iter-log?)`)
 	case len(l.CtxRequestIDs) != len(l.CtxKVStart):
-		return costfit.Record{}, 0, fmt.Errorf("ctx_request_ids has %d entries but ctx_kv_start %d", len(l.CtxRequestIDs), len(l.CtxKVStart))
+		return CalibrationLine{}, fmt.Errorf("ctx_request_ids has %d entries but ctx_kv_start %d", len(l.CtxRequestIDs), len(l.CtxKVStart))
 	case l.NumCtxRequests < 0 || l.CtxTokens < 0 || l.CtxCachedKVTokens < 0 || l.CostS < 0:
-		return costfit.Record{}, 0, errors.New("num_ctx_requests, ctx_tokens, ctx_cached_kv_tokens and cost_s must be ≥ 0")
+		return CalibrationLine{}, errors.New("num_ctx_requests, ctx_tokens, ctx_cached_kv_tokens and cost_s must be ≥ 0")
 	case slices.ContainsFunc(l.CtxKVStart, func(kv int) bool { return kv < 0 }):
-		return costfit.Record{}, 0, errors.New("ctx_kv_start entries must be ≥ 0")
+		return CalibrationLine{}, errors.New("ctx_kv_start entries must be ≥ 0")
 	}
 	var kv []int64
 	if l.CtxKVStart != nil {
@@ -225,15 +322,17 @@ func ParseCalibrationLine(b []byte) (costfit.Record, int64, error) {
 			kv[i] = int64(v)
 		}
 	}
-	r := costfit.Record{Rank: l.Rank, Iter: l.Iter, NumCtxRequests: l.NumCtxRequests,
+	out := CalibrationLine{Record: costfit.Record{Rank: l.Rank, Iter: l.Iter, NumCtxRequests: l.NumCtxRequests,
 		CtxRequestIDs: l.CtxRequestIDs, CtxKVStart: kv, CtxTokens: int64(l.CtxTokens),
-		CtxCachedKVTokens: int64(l.CtxCachedKVTokens), CostS: l.CostS}
-	if l.DeviceMS != nil {
-		r.DeviceMS = *l.DeviceMS
+		CtxCachedKVTokens: int64(l.CtxCachedKVTokens), CostS: l.CostS}}
+	switch {
+	case l.FleetDeviceMS != nil:
+		out.DeviceMS = *l.FleetDeviceMS
+	case l.DeviceMS != nil:
+		out.DeviceMS, out.Legacy = *l.DeviceMS+max(l.WaitMS, 0), true
 	}
-	var m int64
 	if l.MaxNumTokens != nil {
-		m = int64(*l.MaxNumTokens)
+		out.MaxNumTokens = int64(*l.MaxNumTokens)
 	}
-	return r, m, nil
+	return out, nil
 }

@@ -66,7 +66,9 @@ type Report struct {
 	TPOTMS          Percentiles `json:"tpot_ms"`
 	E2EMS           Percentiles `json:"e2e_ms"`
 	LockstepWaste   float64     `json:"lockstep_waste"`
-	Preemptions     struct {
+	// CPUContention is set when the ranks outnumbered the cores.
+	CPUContention *CPUContention `json:"cpu_contention,omitempty"`
+	Preemptions   struct {
 		Suspended int `json:"suspended"`
 		Recompute int `json:"recompute"`
 	} `json:"preemptions"`
@@ -133,6 +135,19 @@ type RunInfo struct {
 	// device time.
 	Wall            time.Duration
 	DeviceMSPerRank []float64
+	// RanksHere and Cores are the computing ranks that shared this node's
+	// (or process's) cores and the cores they could use; set for an engine
+	// that computes on the CPU, 0 otherwise. More ranks than cores make the
+	// lockstep waste measure CPU contention rather than scheduling.
+	RanksHere, Cores int
+}
+
+// CPUContention says that a run's computing ranks outnumbered the cores
+// they could use: its lockstep waste (and its latencies) then measure
+// ranks waiting for a core, not scheduling.
+type CPUContention struct {
+	Ranks int `json:"ranks"`
+	Cores int `json:"cores"`
 }
 
 // ByIndex returns the responses indexed by request id (= trace index),
@@ -159,6 +174,9 @@ func Build(info RunInfo, reqs []workload.Request, rank0 *executor.Result) *Repor
 	rep.Iterations = rank0.ForwardIterations
 	rep.IterationsTotal = rank0.Iterations
 	rep.LockstepWaste = Round(rank0.LockstepWaste, 4)
+	if info.Cores > 0 && info.RanksHere > info.Cores {
+		rep.CPUContention = &CPUContention{Ranks: info.RanksHere, Cores: info.Cores}
+	}
 	ps := rank0.Prefix
 	rep.Prefix = Prefix{ReusedTokens: ps.ReusedTokens, PromptTokens: ps.PromptTokens, Admissions: ps.Admissions,
 		LiveBlocks: rank0.LiveBlocks}
@@ -325,6 +343,9 @@ func (rep *Report) WriteText(w io.Writer) error {
 	}
 	rep.WriteLatencies(w)
 	p("  lockstep waste %.1f%% (mean over forward iterations of 1 - mean/max rank busy time)\n", 100*rep.LockstepWaste)
+	if c := rep.CPUContention; c != nil {
+		p("               (%d ranks shared %d cores here: the waste measures ranks waiting for a core, not scheduling)\n", c.Ranks, c.Cores)
+	}
 	p("  preemptions  %d suspended, %d recompute\n", rep.Preemptions.Suspended, rep.Preemptions.Recompute)
 	p("  prefix reuse %.1f%% of prompt tokens (%d reused of %d)\n", 100*rep.Prefix.HitRate, rep.Prefix.ReusedTokens, rep.Prefix.PromptTokens)
 	for _, r := range rep.Rejections {

@@ -11,12 +11,15 @@ import (
 	"github.com/lockstep-ai/lockstep/model"
 )
 
-// apiError is an OpenAI-shaped error answer.
+// apiError is an OpenAI-shaped error answer. Code is OpenAI's
+// machine-readable code ("invalid_api_key", "model_not_found", ...), ""
+// for null.
 type apiError struct {
 	Status  int
 	Message string
 	Type    string
 	Param   string
+	Code    string
 }
 
 func (e *apiError) Error() string { return e.Message }
@@ -26,7 +29,7 @@ func badRequest(param, format string, a ...any) *apiError {
 }
 
 func writeError(w http.ResponseWriter, e *apiError) {
-	body := openai.ErrorBody{Error: openai.Error{Code: e.Status, Message: e.Message, Param: nullable(e.Param), Type: e.Type}}
+	body := openai.ErrorBody{Error: openai.Error{Code: nullable(e.Code), Message: e.Message, Param: nullable(e.Param), Type: e.Type}}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(e.Status)
 	json.NewEncoder(w).Encode(body) //nolint:errcheck // the client may be gone
@@ -111,8 +114,8 @@ func (r *rawParams) check(defaultMax int) (genParams, *apiError) {
 		p.TopP = t
 	}
 	if r.TopK != nil {
-		if *r.TopK < -1 {
-			return p, badRequest("top_k", "top_k must be -1 or 0 (all tokens) or positive, got %d", *r.TopK)
+		if *r.TopK < -1 || *r.TopK > math.MaxInt32 {
+			return p, badRequest("top_k", "top_k must be -1 or 0 (all tokens) or in [1, %d], got %d", math.MaxInt32, *r.TopK)
 		}
 		p.TopK = max(*r.TopK, 0)
 	}

@@ -2,8 +2,6 @@ package serve
 
 import (
 	"context"
-	"crypto/subtle"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -45,11 +43,28 @@ type Config struct {
 	// MaxQueue bounds the accepted, unfinished requests (429 beyond).
 	MaxQueue int
 	// APIKey, when set, is required as a Bearer token except on /health.
-	APIKey  string
-	Metrics MetricsSink
+	APIKey string
+	// MaxBodyBytes bounds one request body (413 beyond); 0: DefaultMaxBodyBytes.
+	MaxBodyBytes int64
+	// BodyBytesInFlight bounds the body bytes being read and parsed at once,
+	// over all requests (a request waits for room, up to BodyTimeout); 0:
+	// DefaultBodyBytesInFlight. It is raised to MaxBodyBytes if smaller.
+	BodyBytesInFlight int64
+	// BodyTimeout bounds the time to receive one body (408 beyond), and the
+	// wait for room in BodyBytesInFlight; 0: DefaultBodyTimeout.
+	BodyTimeout time.Duration
+	Metrics     MetricsSink
+	// StallAfter: with no iteration finished for this long the fleet is
+	// taken as hung and /health stops reporting ready (an idle fleet still
+	// iterates every few milliseconds); 0: DefaultStallAfter.
+	StallAfter time.Duration
 	// Now is the clock (tests); time.Now when nil.
 	Now func() time.Time
 }
+
+// DefaultStallAfter is Config.StallAfter's default: half the collective
+// watchdog's default timeout, after which the fleet fails on its own.
+const DefaultStallAfter = 30 * time.Second
 
 // Server is the HTTP API on rank 0.
 type Server struct {
@@ -63,6 +78,8 @@ type Server struct {
 	failed   atomic.Pointer[error]
 	idle     chan struct{} // closed when draining and no call is left
 	stops    map[int32]bool
+	bodies   *bodyBudget
+	lastIter atomic.Int64 // Unix ns of the last iteration rank 0 finished
 }
 
 // New builds a server; wire Source and Hooks into rank 0's executor.
@@ -70,7 +87,22 @@ func New(cfg Config) *Server {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	s := &Server{cfg: cfg, src: newSource(), calls: map[uint64]*call{}, stops: map[int32]bool{}}
+	if cfg.MaxBodyBytes <= 0 {
+		cfg.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if cfg.BodyBytesInFlight <= 0 {
+		cfg.BodyBytesInFlight = DefaultBodyBytesInFlight
+	}
+	if cfg.BodyTimeout <= 0 {
+		cfg.BodyTimeout = DefaultBodyTimeout
+	}
+	if cfg.StallAfter <= 0 {
+		cfg.StallAfter = DefaultStallAfter
+	}
+	// One body of the largest size must always fit the budget.
+	cfg.BodyBytesInFlight = max(cfg.BodyBytesInFlight, cfg.MaxBodyBytes)
+	s := &Server{cfg: cfg, src: newSource(), calls: map[uint64]*call{}, stops: map[int32]bool{},
+		bodies: newBodyBudget(cfg.BodyBytesInFlight)}
 	if cfg.Tokenizer != nil {
 		for _, t := range cfg.Tokenizer.StopTokens() {
 			s.stops[t] = true
@@ -89,14 +121,18 @@ func (s *Server) Hooks(c *executor.Config) {
 	c.DiscardResponses = true
 	c.OnTokens = s.onTokens
 	c.OnResponse = s.onResponse
-	if s.cfg.Metrics != nil {
-		c.OnIteration = s.cfg.Metrics.OnIteration
+	c.OnIteration = func(st executor.FleetStats) {
+		s.lastIter.Store(time.Now().UnixNano())
+		if s.cfg.Metrics != nil {
+			s.cfg.Metrics.OnIteration(st)
+		}
 	}
 }
 
 // SetReady marks the fleet initialised (every rank passed init): /health
 // answers 200 from now on.
 func (s *Server) SetReady() {
+	s.lastIter.Store(time.Now().UnixNano())
 	s.ready.Store(true)
 	if s.cfg.Metrics != nil {
 		s.cfg.Metrics.SetReady(true)
@@ -110,10 +146,31 @@ func (s *Server) Fail(err error) {
 	s.ready.Store(false)
 	s.mu.Lock()
 	for _, c := range s.calls {
+		if c.detached {
+			// Its client is gone; no answer will come back now.
+			s.record(c, nil, c.finish)
+		}
 		c.signal()
 	}
 	s.mu.Unlock()
 	s.src.close()
+}
+
+// PeerLost is told that rank's process left the fleet (fleet wiring:
+// nccl.ProcessGroup.OnPeerGone). While requests can still come or are in
+// flight the fleet cannot go on: every open request is answered (500, or
+// an error event on a stream) naming the rank, /health stops reporting
+// ready, and new requests get 500, before the launcher tears rank 0 down.
+// After a drain (nothing open, the source closed) it is the fleet's normal
+// end and changes nothing.
+func (s *Server) PeerLost(rank int) {
+	s.mu.Lock()
+	open := len(s.calls)
+	s.mu.Unlock()
+	if open == 0 && s.src.isClosed() {
+		return
+	}
+	s.Fail(fmt.Errorf("rank %d's process is gone (its connection to rank 0 closed); the fleet cannot go on", rank))
 }
 
 // Drain stops accepting requests, lets the accepted ones finish until ctx
@@ -131,11 +188,15 @@ func (s *Server) Drain(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			s.mu.Lock()
-			for id, c := range s.calls {
-				c.abort(errDrained)
-				s.src.cancel(id)
+			left := make([]*call, 0, len(s.calls))
+			for _, c := range s.calls {
+				left = append(left, c)
 			}
 			s.mu.Unlock()
+			for _, c := range left {
+				s.detach(c, "cancelled")
+				c.abort(errDrained)
+			}
 			// Give the ranks a moment to withdraw them before the source ends.
 			time.Sleep(50 * time.Millisecond)
 			s.src.close()
@@ -163,6 +224,8 @@ type call struct {
 	// is what the metrics record.
 	detached bool
 	finish   string
+	arrival  int64 // arrival time (Unix ns), for a response the fleet never made
+	recorded bool  // the metrics counted the call's end (once per call)
 }
 
 func (c *call) signal() {
@@ -207,76 +270,41 @@ func (s *Server) onResponse(r executor.Response) {
 	s.src.finished(r.ID)
 	s.mu.Lock()
 	c := s.calls[r.ID]
-	if c != nil && c.detached {
+	detached := c != nil && c.detached
+	if detached {
 		delete(s.calls, r.ID)
 	}
 	s.mu.Unlock()
-	if c == nil {
-		return
-	}
-	if c.detached {
-		if s.cfg.Metrics != nil {
-			s.cfg.Metrics.OnResponse(r, c.prompt, c.finish)
-		}
-		return
-	}
-	c.mu.Lock()
-	c.resp = &r
-	c.mu.Unlock()
-	c.signal()
-}
-
-// Handler is the HTTP API.
-func (s *Server) Handler() http.Handler {
-	mux := http.NewServeMux()
-	mux.HandleFunc("GET /health", s.health)
-	mux.HandleFunc("GET /v1/models", s.auth(s.models))
-	mux.HandleFunc("POST /v1/completions", s.auth(s.completions))
-	mux.HandleFunc("POST /v1/chat/completions", s.auth(s.chat))
-	if s.cfg.Metrics != nil {
-		mux.Handle("GET /metrics", s.auth(s.cfg.Metrics.Handler().ServeHTTP))
-	}
-	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, &apiError{Status: http.StatusNotFound, Type: "not_found_error",
-			Message: fmt.Sprintf("no route %s %s (see /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics)", r.Method, r.URL.Path)})
-	})
-	return mux
-}
-
-func (s *Server) auth(h http.HandlerFunc) http.HandlerFunc {
-	if s.cfg.APIKey == "" {
-		return h
-	}
-	want := []byte("Bearer " + s.cfg.APIKey)
-	return func(w http.ResponseWriter, r *http.Request) {
-		if subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), want) != 1 {
-			writeError(w, &apiError{Status: http.StatusUnauthorized, Type: "authentication_error",
-				Message: "missing or wrong API key (Authorization: Bearer <key>)"})
-			return
-		}
-		h(w, r)
-	}
-}
-
-func (s *Server) health(w http.ResponseWriter, _ *http.Request) {
 	switch {
-	case s.failed.Load() != nil:
-		http.Error(w, "failed: "+(*s.failed.Load()).Error(), http.StatusServiceUnavailable)
-	case s.draining.Load():
-		http.Error(w, "draining", http.StatusServiceUnavailable)
-	case !s.ready.Load():
-		http.Error(w, "starting: not every rank has passed init", http.StatusServiceUnavailable)
+	case c == nil:
+	case detached:
+		s.record(c, &r, c.finish)
 	default:
-		w.Write([]byte("ok\n")) //nolint:errcheck
+		c.mu.Lock()
+		c.resp = &r
+		c.mu.Unlock()
+		c.signal()
 	}
 }
 
-func (s *Server) models(w http.ResponseWriter, _ *http.Request) {
-	m := openai.Model{ID: s.cfg.ModelName, Object: "model", OwnedBy: "lockstep", MaxModelLen: s.cfg.MaxModelLen}
-	w.Header().Set("Content-Type", "application/json")
-	json.NewEncoder(w).Encode(openai.ModelList{Object: "list", Data: []openai.Model{m}}) //nolint:errcheck
+// record counts c's end in the metrics, once per call whatever path ends
+// it: r is the fleet's answer, nil when the fleet never made one (the
+// request was withdrawn while queued, or the fleet failed).
+func (s *Server) record(c *call, r *executor.Response, finish string) {
+	c.mu.Lock()
+	done := c.recorded
+	c.recorded = true
+	c.mu.Unlock()
+	if done || s.cfg.Metrics == nil {
+		return
+	}
+	if r == nil {
+		r = &executor.Response{ID: c.id, ArrivalUnixNS: c.arrival, Error: finish}
+	}
+	s.cfg.Metrics.OnResponse(*r, c.prompt, finish)
 }
 
+// completions is POST /v1/completions.
 func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 	var req completionRequest
 	s.handle(w, r, "completions", &req, &req.rawParams, 16, func() ([]int32, string, *apiError) {
@@ -284,6 +312,7 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 	})
 }
 
+// chat is POST /v1/chat/completions.
 func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
 	var req chatRequest
 	s.handle(w, r, "chat", &req, &req.rawParams, 512, func() ([]int32, string, *apiError) {
@@ -297,7 +326,7 @@ func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
 		}
 		text, err := model.RenderChat(tok.ChatTemplate(), msgs, true, tok.TokenText(tok.BOS()), tok.TokenText(tok.EOS()))
 		if err != nil {
-			return nil, "", badRequest("messages", "the chat template failed: %v", err)
+			return nil, "", badRequest("messages", "the model's chat template failed on these messages: %v", err)
 		}
 		return tok.Encode(text, model.EncodeOptions{ParseSpecial: true}), text, nil
 	})
@@ -316,57 +345,27 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request, endpoint string,
 		}
 		writeError(w, e)
 	}
-	if p := s.failed.Load(); p != nil {
-		fail(&apiError{Status: http.StatusInternalServerError, Type: "server_error", Message: "the fleet failed: " + (*p).Error()})
+	if e := s.unavailable(); e != nil {
+		fail(e)
 		return
 	}
-	if s.draining.Load() {
-		fail(&apiError{Status: http.StatusServiceUnavailable, Type: "server_error", Message: "the server is shutting down"})
-		return
-	}
-	if !s.ready.Load() {
-		fail(&apiError{Status: http.StatusServiceUnavailable, Type: "server_error", Message: "the fleet is starting: not every rank has passed init"})
-		return
-	}
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 64<<20))
-	if err := dec.Decode(req); err != nil {
-		fail(badRequest("", "the body is not a valid JSON request: %v", err))
-		return
-	}
-	if raw.Model != "" && raw.Model != s.cfg.ModelName {
-		fail(&apiError{Status: http.StatusNotFound, Type: "invalid_request_error", Param: "model",
-			Message: fmt.Sprintf("the model %q does not exist; this server serves %q", raw.Model, s.cfg.ModelName)})
-		return
-	}
-	p, e := raw.check(defaultMax)
+	a, e := s.parse(w, r, req, raw, defaultMax, prompt)
 	if e != nil {
 		fail(e)
 		return
 	}
-	ids, _, e := prompt()
-	if e != nil {
-		fail(e)
-		return
-	}
-	if v := s.cfg.Admission(len(ids), p.MaxTokens); v.Code == scheduler.NeverFits {
-		fail(&apiError{Status: http.StatusRequestEntityTooLarge, Type: "invalid_request_error", Param: "max_tokens",
-			Message: fmt.Sprintf("%d prompt tokens + max_tokens %d can never be served: %s", len(ids), p.MaxTokens, v.Reason)})
-		return
-	}
-	a := executor.Arrival{ID: s.nextID.Add(1) - 1, ArrivalUnixNS: s.cfg.Now().UnixNano(), MaxNewTokens: p.MaxTokens,
-		Prompt: ids, StopAtEOS: !p.IgnoreEOS}
-	if e := setSampling(&a, p); e != nil {
-		fail(e)
-		return
-	}
-	c := &call{id: a.ID, wake: make(chan struct{}, 1), prompt: len(ids)}
+	p := a.params
+	c := &call{wake: make(chan struct{}, 1), prompt: len(a.Prompt), arrival: a.ArrivalUnixNS}
 	s.mu.Lock()
 	if s.cfg.MaxQueue > 0 && len(s.calls) >= s.cfg.MaxQueue {
 		s.mu.Unlock()
-		fail(&apiError{Status: http.StatusTooManyRequests, Type: "rate_limit_error",
+		fail(&apiError{Status: http.StatusTooManyRequests, Type: "rate_limit_error", Code: "rate_limit_exceeded",
 			Message: fmt.Sprintf("%d requests in flight, the server's bound (--max-queue); retry later", s.cfg.MaxQueue)})
 		return
 	}
+	// The id is taken only by a request that is accepted: ids stay dense.
+	a.ID = s.nextID.Add(1) - 1
+	c.id = a.ID
 	s.calls[a.ID] = c
 	s.mu.Unlock()
 	defer func() {
@@ -376,11 +375,69 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request, endpoint string,
 		}
 		s.mu.Unlock()
 	}()
-	if !s.src.push(a) {
+	if !s.src.push(a.Arrival) {
+		s.record(c, nil, "cancelled")
 		fail(&apiError{Status: http.StatusServiceUnavailable, Type: "server_error", Message: "the server is shutting down"})
 		return
 	}
 	s.answer(w, r, endpoint, c, p)
+}
+
+// unavailable is the error for every request while the fleet failed, is
+// draining or not yet initialised.
+func (s *Server) unavailable() *apiError {
+	if p := s.failed.Load(); p != nil {
+		return &apiError{Status: http.StatusInternalServerError, Type: "server_error", Message: "the fleet failed: " + (*p).Error()}
+	}
+	if s.draining.Load() {
+		return &apiError{Status: http.StatusServiceUnavailable, Type: "server_error", Message: "the server is shutting down"}
+	}
+	if !s.ready.Load() {
+		return &apiError{Status: http.StatusServiceUnavailable, Type: "server_error", Message: "the fleet is starting: not every rank has passed init"}
+	}
+	return nil
+}
+
+// checkedArrival is a request that passed every check, not yet numbered.
+type checkedArrival struct {
+	executor.Arrival
+	params genParams
+}
+
+// parse reads and checks a request body: the JSON (bounded in size, time
+// and bytes in flight), the model, the parameters, the prompt and its
+// admission. Nothing of the fleet is touched.
+func (s *Server) parse(w http.ResponseWriter, r *http.Request, req any, raw *rawParams, defaultMax int,
+	prompt func() ([]int32, string, *apiError)) (checkedArrival, *apiError) {
+	release, e := s.decodeBody(w, r, req)
+	if e != nil {
+		return checkedArrival{}, e
+	}
+	// The body's bytes are garbage once the prompt is tokenised.
+	defer release()
+	if raw.Model != "" && raw.Model != s.cfg.ModelName {
+		return checkedArrival{}, &apiError{Status: http.StatusNotFound, Type: "invalid_request_error", Param: "model", Code: "model_not_found",
+			Message: fmt.Sprintf("the model %q does not exist; this server serves %q", raw.Model, s.cfg.ModelName)}
+	}
+	p, e := raw.check(defaultMax)
+	if e != nil {
+		return checkedArrival{}, e
+	}
+	ids, _, e := prompt()
+	if e != nil {
+		return checkedArrival{}, e
+	}
+	if v := s.cfg.Admission(len(ids), p.MaxTokens); v.Code == scheduler.NeverFits {
+		return checkedArrival{}, &apiError{Status: http.StatusRequestEntityTooLarge, Type: "invalid_request_error", Param: "max_tokens",
+			Code:    "context_length_exceeded",
+			Message: fmt.Sprintf("%d prompt tokens + max_tokens %d can never be served: %s", len(ids), p.MaxTokens, v.Reason)}
+	}
+	a := checkedArrival{params: p, Arrival: executor.Arrival{ArrivalUnixNS: s.cfg.Now().UnixNano(), MaxNewTokens: p.MaxTokens,
+		Prompt: ids, StopAtEOS: !p.IgnoreEOS}}
+	if e := setSampling(&a.Arrival, p); e != nil {
+		return checkedArrival{}, e
+	}
+	return a, nil
 }
 
 // answer streams or collects the completion of c.
@@ -401,12 +458,15 @@ func (s *Server) answer(w http.ResponseWriter, r *http.Request, endpoint string,
 			return
 		case <-c.wake:
 		}
-		if pf := s.failed.Load(); pf != nil {
+		toks, resp, err := c.take()
+		if pf := s.failed.Load(); pf != nil && resp == nil {
+			// (An answer that arrived whole is still given.)
+			s.record(c, nil, "error")
 			out.fail(&apiError{Status: http.StatusInternalServerError, Type: "server_error", Message: "the fleet failed: " + (*pf).Error()})
 			return
 		}
-		toks, resp, err := c.take()
 		if err != nil {
+			// Drain cancelled it (and withdrew it from the ranks).
 			out.fail(&apiError{Status: http.StatusServiceUnavailable, Type: "server_error", Message: err.Error()})
 			return
 		}
@@ -421,43 +481,30 @@ func (s *Server) answer(w http.ResponseWriter, r *http.Request, endpoint string,
 			piece.WriteString(stream.Next(t))
 		}
 		chunk := piece.String()
-		if len(p.Stop) > 0 {
-			// A stop string ends the completion where it starts; the ranks
-			// withdraw the request.
-			before := text.Len()
-			text.WriteString(chunk)
-			if at := firstStop(text.String(), p.Stop, before); at >= 0 {
-				kept := text.String()[:at]
-				chunk = "" // a stop string that began in streamed text: what was sent stays sent
-				if at > before {
-					chunk = kept[before:]
-				}
-				text.Reset()
-				text.WriteString(kept)
-				s.detach(c, "stop")
-				finish = "stop"
+		if resp != nil && resp.Error == "" && stream != nil {
+			// The answer is complete: a stop string may span the decoder's tail.
+			chunk += stream.Flush()
+		}
+		if chunk, finish = cutAtStop(&text, chunk, p.Stop); finish != "" {
+			// The ranks withdraw the request (unless it already finished).
+			if resp != nil {
+				s.record(c, resp, finish)
+			} else {
+				s.detach(c, finish)
 			}
-		} else {
-			text.WriteString(chunk)
 		}
 		if resp != nil && finish == "" {
 			if resp.Error != "" {
+				s.record(c, resp, "error")
 				out.fail(&apiError{Status: http.StatusInternalServerError, Type: "server_error",
 					Message: fmt.Sprintf("rank %d: %s", resp.Rank, resp.Error)})
 				return
-			}
-			if stream != nil {
-				tail := stream.Flush()
-				chunk += tail
-				text.WriteString(tail)
 			}
 			finish = "length"
 			if resp.Stopped {
 				finish = "stop"
 			}
-			if s.cfg.Metrics != nil {
-				s.cfg.Metrics.OnResponse(*resp, c.prompt, finish)
-			}
+			s.record(c, resp, finish)
 		}
 		if err := out.delta(chunk, pieceIDs); err != nil {
 			s.detach(c, "cancelled")
@@ -469,16 +516,48 @@ func (s *Server) answer(w http.ResponseWriter, r *http.Request, endpoint string,
 
 // detach ends c's answer early and asks the ranks to withdraw the request
 // (its metrics are recorded when their answer comes back). A request still
-// queued is dropped at once.
+// queued is dropped at once, and one that already finished keeps its
+// answer: both are recorded here.
 func (s *Server) detach(c *call, finish string) {
 	s.mu.Lock()
+	if c.detached {
+		s.mu.Unlock()
+		return
+	}
 	c.detached, c.finish = true, finish
 	s.mu.Unlock()
 	if s.src.cancel(c.id) {
 		s.mu.Lock()
 		delete(s.calls, c.id)
 		s.mu.Unlock()
+		c.mu.Lock()
+		resp := c.resp
+		c.mu.Unlock()
+		s.record(c, resp, finish)
 	}
+}
+
+// cutAtStop appends chunk to text, cut where the first stop string begins
+// ("" of finish when none does): what is left of chunk is returned. A stop
+// string that began in text already streamed leaves that text as sent.
+func cutAtStop(text *strings.Builder, chunk string, stops []string) (string, string) {
+	before := text.Len()
+	text.WriteString(chunk)
+	if len(stops) == 0 {
+		return chunk, ""
+	}
+	at := firstStop(text.String(), stops, before)
+	if at < 0 {
+		return chunk, ""
+	}
+	kept := text.String()[:at]
+	chunk = ""
+	if at > before {
+		chunk = kept[before:]
+	}
+	text.Reset()
+	text.WriteString(kept)
+	return chunk, "stop"
 }
 
 // firstStop is the earliest start of a stop string in text that ends at or

@@ -80,6 +80,13 @@ func (s *source) close() {
 	s.mu.Unlock()
 }
 
+// isClosed reports whether close was called.
+func (s *source) isClosed() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.closed
+}
+
 // Due implements executor.Source.
 func (s *source) Due(time.Time) []executor.Arrival {
 	s.mu.Lock()

@@ -129,6 +129,6 @@ func (wr *writer) fail(e *apiError) {
 		writeError(wr.w, e)
 		return
 	}
-	wr.event(openai.StreamErrorEvent{Error: openai.StreamError{Code: e.Status, Message: e.Message, Type: e.Type}}) //nolint:errcheck
-	fmt.Fprint(wr.w, "data: [DONE]\n\n")                                                                           //nolint:errcheck
+	wr.event(openai.StreamErrorEvent{Error: openai.StreamError{Code: nullable(e.Code), Message: e.Message, Type: e.Type}}) //nolint:errcheck
+	fmt.Fprint(wr.w, "data: [DONE]\n\n")                                                                                   //nolint:errcheck
 }

@@ -139,6 +139,12 @@ func TestServeUnderMPIRun(t *testing.T) {
 // rankZeroPID finds the process of bin that Open MPI started as rank 0.
 func rankZeroPID(t *testing.T, bin string) int {
 	t.Helper()
+	return rankPID(t, bin, 0)
+}
+
+// rankPID finds the process of bin that Open MPI started as rank.
+func rankPID(t *testing.T, bin string, rank int) int {
+	t.Helper()
 	dirs, err := os.ReadDir("/proc")
 	require.NoError(t, err)
 	for _, d := range dirs {
@@ -151,11 +157,11 @@ func rankZeroPID(t *testing.T, bin string) int {
 			continue
 		}
 		env, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
-		if err == nil && bytes.Contains(env, []byte("\x00OMPI_COMM_WORLD_RANK=0\x00")) {
+		if err == nil && bytes.Contains(env, []byte(fmt.Sprintf("\x00OMPI_COMM_WORLD_RANK=%d\x00", rank))) {
 			return pid
 		}
 	}
-	t.Fatal("rank 0's process not found")
+	t.Fatalf("rank %d's process not found", rank)
 	return 0
 }
 
@@ -262,4 +268,44 @@ func TestLoadgenOverHTTPMatchesRun(t *testing.T) {
 	require.Equal(t, 40, got.Requests.Completed)
 	require.Equal(t, want.OutputDigest, got.OutputDigest, "loadgen over HTTP and worker run")
 	stopServe(t, cmd, out)
+}
+
+// TestServeRankKilledUnderMPIRun (issue 23, defect 13): `kill -9` of rank
+// 1 under mpirun gives the clients of rank 0 an HTTP answer before the
+// launcher tears the job down: the stream in flight an error event naming
+// the rank, a waiting request a 500 naming it.
+func TestServeRankKilledUnderMPIRun(t *testing.T) {
+	m := modeltest.SmolLM2(t)
+	needMPIRun(t)
+	bin := worker(t)
+	cmd, base, out := startServe(t, []string{"mpirun", "--oversubscribe", "-np", "2"}, bin, "--model", m)
+	stream, err := http.Post(base+"/v1/completions", "application/json",
+		strings.NewReader(`{"prompt": "Write a long story.", "max_tokens": 2000, "stream": true, "ignore_eos": true}`))
+	require.NoError(t, err)
+	defer stream.Body.Close()
+	first := make([]byte, 64)
+	_, err = stream.Body.Read(first) // the first event: the request is running
+	require.NoError(t, err)
+	plain := make(chan string, 1)
+	go func() {
+		resp, err := http.Post(base+"/v1/completions", "application/json",
+			strings.NewReader(`{"prompt": "Another story.", "max_tokens": 2000, "ignore_eos": true}`))
+		if err != nil {
+			plain <- err.Error()
+			return
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		plain <- fmt.Sprintf("HTTP %d %s", resp.StatusCode, b)
+	}()
+	time.Sleep(500 * time.Millisecond) // the second request is queued or running
+	pid := rankPID(t, bin, 1)
+	require.NoError(t, syscall.Kill(pid, syscall.SIGKILL))
+	rest, _ := io.ReadAll(stream.Body)
+	require.Contains(t, string(rest), `"error"`, "the stream ends with an error event: %s\n%s", rest, out.String())
+	require.Contains(t, string(rest), "rank 1")
+	got := <-plain
+	require.Contains(t, got, "HTTP 500", out.String())
+	require.Contains(t, got, "rank 1")
+	cmd.Wait() //nolint:errcheck // mpirun reports the killed rank
 }

@@ -62,10 +62,14 @@ flags:
 	if err != nil {
 		return err
 	}
-	recs, logM, err := report.ReadCalibrationRecords(files)
+	logs, err := report.ReadCalibrationLogs(files)
 	if err != nil {
 		return err
 	}
+	for _, w := range logs.Warnings {
+		fmt.Fprintf(stderr, "worker calibrate: warning: %s\n", w)
+	}
+	recs, logM := logs.Records, logs.MaxNumTokens
 	if len(recs) == 0 {
 		return fmt.Errorf("no iteration-log records in %s (was the run started with --iter-log and TLLM_PROFILE_LOG_RANKS=all?)",
 			strings.Join(files, ", "))

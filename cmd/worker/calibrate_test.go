@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.yaml.in/yaml/v3"
 
+	"github.com/lockstep-ai/lockstep/bridge/twin"
 	"github.com/lockstep-ai/lockstep/executor"
 )
 
@@ -26,10 +27,10 @@ const calM = 8192
 
 // logChunk is one iteration-log record with a single full chunk, written
 // with the executor's own record type so that the field names are the real
-// writer's.
+// writer's; deviceMS is the iteration's time on the rank and the fleet's.
 func logChunk(rank int, it int64, deviceMS float64, id uint64, kv int) executor.IterRecord {
 	m := calM
-	return executor.IterRecord{V: 1, Rank: rank, Iter: it, DeviceMS: &deviceMS, CanQueue: true,
+	return executor.IterRecord{V: 1, Rank: rank, Iter: it, DeviceMS: &deviceMS, FleetDeviceMS: &deviceMS, CanQueue: true,
 		NumCtxRequests: 1, CtxTokens: calM, CtxRequestIDs: []uint64{id}, CtxKVStart: []int{kv},
 		CtxChunkTokens: []int{calM}, CtxCachedKVTokens: kv,
 		CostS: float64(calM) * (float64(kv) + calM/2), MaxNumTokens: &m}
@@ -283,4 +284,37 @@ func TestCalibrateRecoversKnownCost(t *testing.T) {
 	assert.InEpsilon(t, 0.825*trueA/trueSlope, res.Offset, 0.10)
 	slices.Sort(trueDepths)
 	assert.InEpsilon(t, trueDepths[len(trueDepths)/2], res.Threshold, 0.10)
+}
+
+// TestCalibrateDenseTwinFleet (issue 23, defect 16): the logs of a dense
+// model's attention-DP fleet on the twin fit the twin's own attention
+// slope. Before fleet_device_ms the fit read each rank's own device time,
+// which leaves the lockstep wait out, and found a slope of 0.
+func TestCalibrateDenseTwinFleet(t *testing.T) {
+	dir := t.TempDir()
+	trace := filepath.Join("..", "..", "..", "shared", "data", "mooncake", "conversation_trace.jsonl")
+	logs := filepath.Join(dir, "it.{rank}.jsonl")
+	t.Setenv("TLLM_PROFILE_LOG_RANKS", "all")
+	var out, errb bytes.Buffer
+	code := run([]string{"run", "--engine", "twin", "--gpu", "h200", "--model", "llama-8b", "--ranks", "4", "--pages", "0",
+		"--context-only", "--trace", trace, "--limit", "300", "--iter-log", logs, "--progress", "off"}, &out, &errb)
+	require.Equal(t, 0, code, errb.String())
+	code, res, errOut := calibrate("--json", "--max-num-tokens", "1024", logs)
+	require.Equal(t, 0, code, errOut)
+	require.NotContains(t, errOut, "warning")
+	var got struct {
+		Slope float64 `json:"slope_ms_per_kv"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(res), &got), res)
+
+	// The twin's true slope: a 1024-token chunk's cost per KV token of depth.
+	p, err := twin.BuiltinProfile("h200", "llama-8b", twin.Parallelism{TP: 1, EP: 1})
+	require.NoError(t, err)
+	cost := func(kv int) float64 { return p.StepCost([]twin.Work{{NewTokens: 1024, KVBefore: kv}}).MS() }
+	want := (cost(200_000) - cost(0)) / 200_000
+	require.InEpsilon(t, want, got.Slope, 0.01, "fitted %g ms/kv, the twin's %g", got.Slope, want)
+
+	// One rank's file alone is warned about.
+	code, _, errOut = calibrate("--max-num-tokens", "1024", filepath.Join(dir, "it.0.jsonl"))
+	require.Contains(t, errOut, "the logs hold rank 0 only", "exit %d", code)
 }

@@ -31,8 +31,12 @@ type apiServer struct {
 	maxQueue int
 	drain    time.Duration
 	name     string
+	limits   httpapi.HTTPOptions
+	maxBody  int64
 	srv      *httpapi.Server
 	http     *http.Server
+	// exit ends the process on a second signal (os.Exit; tests replace it).
+	exit func(code int)
 }
 
 // apiFlags registers serve's own flags.
@@ -42,6 +46,10 @@ func (api *apiServer) flags(fs *flag.FlagSet) {
 	fs.IntVar(&api.maxQueue, "max-queue", api.maxQueue, "requests in flight (accepted, unfinished) before new ones get 429")
 	fs.DurationVar(&api.drain, "drain-timeout", api.drain, "on SIGTERM, how long accepted requests may still run before they are cancelled")
 	fs.StringVar(&api.name, "served-model-name", "", "the model's name in the API (default: the checkpoint's name, or the preset)")
+	fs.IntVar(&api.limits.MaxConnections, "max-connections", 0,
+		fmt.Sprintf("open client connections at once: at the bound the longest-idle keep-alive one is closed, else a new one gets 503 (0: %d, lowered to leave room under the descriptor limit)", httpapi.DefaultMaxConnections))
+	fs.DurationVar(&api.limits.IdleTimeout, "idle-timeout", httpapi.DefaultIdleTimeout, "close keep-alive connections idle this long")
+	fs.Int64Var(&api.maxBody, "max-body-bytes", httpapi.DefaultMaxBodyBytes, "largest request body (413 beyond)")
 }
 
 // runAPIServe is `worker serve`: the fleet of `worker run` (same engine,
@@ -119,6 +127,12 @@ func parseServe(args []string, stderr io.Writer) (*fleet.Options, *apiServer, er
 		return nil, nil, usage.Errorf("--max-queue must be at least 1, got %d", api.maxQueue)
 	case api.drain < 0:
 		return nil, nil, usage.Errorf("--drain-timeout must not be negative, got %v", api.drain)
+	case api.limits.MaxConnections < 0:
+		return nil, nil, usage.Errorf("--max-connections must not be negative, got %d", api.limits.MaxConnections)
+	case api.limits.IdleTimeout <= 0:
+		return nil, nil, usage.Errorf("--idle-timeout must be positive, got %v", api.limits.IdleTimeout)
+	case api.maxBody < 1:
+		return nil, nil, usage.Errorf("--max-body-bytes must be at least 1, got %d", api.maxBody)
 	}
 	return &o, api, nil
 }
@@ -144,9 +158,15 @@ func (api *apiServer) build(o *fleet.Options) (nccl.Launch, error) {
 		api.name = strings.TrimSuffix(filepath.Base(filepath.Clean(o.Model)), ".gguf")
 	}
 	cfg := httpapi.Config{ModelName: api.name, VocabSize: shape.VocabSize, MaxQueue: api.maxQueue, APIKey: api.apiKey,
-		MaxModelLen: o.Pages * o.TokensPerPage * o.CP}
+		MaxModelLen: o.Pages * o.TokensPerPage * o.CP, MaxBodyBytes: api.maxBody,
+		// Half the watchdog's bound: /health says "stalled" before the
+		// watchdog fails the fleet.
+		StallAfter: o.CollectiveTimeout / 2}
 	if m := o.Loaded(); m != nil {
 		cfg.Tokenizer = m.Tokenizer
+	}
+	if err := o.CheckChatTemplate(); err != nil {
+		return launch, err
 	}
 	if adm, ok := o.Admission(sc); ok {
 		cfg.Admission = adm.Verdict
@@ -167,17 +187,36 @@ func (api *apiServer) listen(stderr io.Writer, sigs <-chan os.Signal) error {
 	if err != nil {
 		return usage.Errorf("--http %s: %v", api.addr, err)
 	}
-	api.http = &http.Server{Handler: api.srv.Handler(), ReadHeaderTimeout: 30 * time.Second}
-	go api.http.Serve(ln) //nolint:errcheck // ends with Shutdown
-	fmt.Fprintf(stderr, "worker serve: listening on http://%s (model %q); /health turns ready once every rank has initialised\n", ln.Addr(), api.name)
-	go func() {
-		for range sigs {
-			fmt.Fprintf(stderr, "worker serve: draining (at most %v)\n", api.drain)
-			ctx, cancel := context.WithTimeout(context.Background(), api.drain)
-			api.srv.Drain(ctx)
-			cancel()
+	hs, lim := api.srv.NewHTTPServer(ln, api.limits)
+	api.http = hs
+	go api.http.Serve(lim) //nolint:errcheck // ends with Shutdown
+	fmt.Fprintf(stderr, "worker serve: listening on http://%s (model %q, at most %d connections); /health turns ready once every rank has initialised\n",
+		ln.Addr(), api.name, httpapi.MaxConnections(lim))
+	exit := api.exit
+	if exit == nil {
+		exit = os.Exit
+	}
+	go onSignals(sigs, stderr, api.drain, api.srv.Drain, exit)
+	return nil
+}
+
+// onSignals drains on the first signal and exits at once (status 1) on
+// the second, as uvicorn and vLLM do: an operator who signals twice wants
+// the process gone, not a drain that may wait for --drain-timeout.
+func onSignals(sigs <-chan os.Signal, stderr io.Writer, timeout time.Duration, drain func(context.Context), exit func(int)) {
+	first := true
+	for sig := range sigs {
+		if !first {
+			fmt.Fprintf(stderr, "worker serve: second signal (%v) during the drain: exiting now\n", sig)
+			exit(1)
 			return
 		}
-	}()
-	return nil
+		first = false
+		fmt.Fprintf(stderr, "worker serve: draining (at most %v; signal again to exit at once)\n", timeout)
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), timeout)
+			drain(ctx)
+			cancel()
+		}()
+	}
 }

@@ -2,12 +2,16 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"io"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -103,10 +107,89 @@ func TestServeRefusesWhatItCannotServe(t *testing.T) {
 		{[]string{"--trace", "x.jsonl"}, "serve takes its requests over HTTP"},
 		{[]string{"--max-queue", "0"}, "--max-queue must be at least 1"},
 		{[]string{"--drain-timeout", "-1s"}, "--drain-timeout must not be negative"},
+		{[]string{"--max-connections", "-1"}, "--max-connections must not be negative"},
+		{[]string{"--idle-timeout", "0s"}, "--idle-timeout must be positive"},
+		{[]string{"--max-body-bytes", "0"}, "--max-body-bytes must be at least 1"},
 		{[]string{"--http", "256.0.0.1:1", "--engine", "fake"}, "--http 256.0.0.1:1"},
 	} {
 		err := runAPIServe(c.args, io.Discard, io.Discard)
 		require.Error(t, err, "%v", c.args)
 		require.Contains(t, err.Error(), c.want, "%v", c.args)
+	}
+}
+
+// The first signal drains; a second one during the drain exits at once
+// (issue 23, defect 15).
+func TestSecondSignalExitsAtOnce(t *testing.T) {
+	sigs := make(chan os.Signal, 2)
+	drained := make(chan struct{})
+	exited := make(chan int, 1)
+	var errb bytes.Buffer
+	done := make(chan struct{})
+	go func() {
+		onSignals(sigs, &errb, time.Hour, func(ctx context.Context) {
+			close(drained)
+			<-ctx.Done() // a drain that would wait for its whole timeout
+		}, func(code int) { exited <- code })
+		close(done)
+	}()
+	sigs <- syscall.SIGTERM
+	<-drained
+	select {
+	case <-exited:
+		t.Fatal("the first signal must drain, not exit")
+	case <-time.After(50 * time.Millisecond):
+	}
+	sigs <- syscall.SIGINT
+	select {
+	case code := <-exited:
+		require.Equal(t, 1, code)
+	case <-time.After(5 * time.Second):
+		t.Fatal("a second signal during the drain must exit at once")
+	}
+	<-done
+	require.Contains(t, errb.String(), "second signal")
+}
+
+// syncBuffer is a bytes.Buffer safe for a writer and a reader goroutine.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// `worker serve` loads no workload: its startup line says the requests
+// come over HTTP, not the built-in sample's count (issue 23); SIGTERM
+// drains and returns.
+func TestServeStartsWithoutAWorkload(t *testing.T) {
+	var errb syncBuffer
+	done := make(chan error, 1)
+	go func() {
+		done <- runAPIServe([]string{"--engine", "fake", "--ranks", "2", "--http", "127.0.0.1:0"}, io.Discard, &errb)
+	}()
+	deadline := time.Now().Add(30 * time.Second)
+	for !strings.Contains(errb.String(), "\tserving\t") {
+		require.True(t, time.Now().Before(deadline), "no startup line: %s", errb.String())
+		time.Sleep(10 * time.Millisecond)
+	}
+	require.Contains(t, errb.String(), `"requests": "over HTTP"`)
+	require.NotContains(t, errb.String(), `"requests": 64`)
+	require.NoError(t, syscall.Kill(os.Getpid(), syscall.SIGTERM))
+	select {
+	case err := <-done:
+		require.NoError(t, err, errb.String())
+	case <-time.After(30 * time.Second):
+		t.Fatalf("serve did not drain: %s", errb.String())
 	}
 }

@@ -188,7 +188,8 @@ func Fit(recs []Record, opt Options) (*Result, error) {
 	}
 	res.SlopeMS = Median(slopes)
 	if !(res.SlopeMS > 0) {
-		return nil, fmt.Errorf("%w: the Theil–Sen slope over %d spans is %g ms per KV token; deeper chunks must cost more (was equal-cost chunking off in the logged run?)",
+		return nil, fmt.Errorf("%w: the Theil–Sen slope over %d spans is %g ms per KV token: the iteration time does not grow with the KV depth "+
+			"(do the logs hold every rank, with the fleet's iteration time, fleet_device_ms? is attention negligible at these depths?)",
 			ErrNoFit, len(res.Spans), res.SlopeMS)
 	}
 	res.C2 = res.SlopeMS / float64(opt.MaxNumTokens)

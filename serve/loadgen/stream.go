@@ -30,11 +30,21 @@ type accumulator struct {
 	done         bool
 }
 
+// Bounds on what a server may send: one SSE line (an event's data; a
+// chunk is a few hundred bytes) and one non-streamed body (a long
+// completion with its token ids is a few megabytes). Past them the request
+// fails instead of the load generator's memory growing with the server's
+// output.
+const maxStreamLine = 8 << 20
+
+// maxBody is a variable so that a test need not send 256 MiB.
+var maxBody = 256 << 20
+
 // readStream reads an SSE stream: "data: {...}" events up to "data: [DONE]".
 func (a *accumulator) readStream(body io.Reader) error {
 	br := bufio.NewReaderSize(body, 64<<10)
 	for {
-		line, err := br.ReadBytes('\n')
+		line, err := readLine(br, maxStreamLine)
 		if len(line) > 0 {
 			if stop, perr := a.streamLine(line); perr != nil || stop {
 				return perr
@@ -73,11 +83,33 @@ func (a *accumulator) streamLine(line []byte) (stop bool, err error) {
 	return false, a.add(&c, time.Since(a.sent))
 }
 
+// readLine is the next line (with its newline) of at most limit bytes.
+func readLine(br *bufio.Reader, limit int) ([]byte, error) {
+	var line []byte
+	for {
+		chunk, err := br.ReadSlice('\n')
+		if len(line)+len(chunk) > limit {
+			return nil, fmt.Errorf("a stream line longer than %d bytes", limit)
+		}
+		if err == bufio.ErrBufferFull {
+			line = append(line, chunk...)
+			continue
+		}
+		if line == nil {
+			return append([]byte(nil), chunk...), err
+		}
+		return append(line, chunk...), err
+	}
+}
+
 // readJSON reads a non-streamed response.
 func (a *accumulator) readJSON(body io.Reader) error {
-	b, err := io.ReadAll(body)
+	b, err := io.ReadAll(io.LimitReader(body, int64(maxBody)+1))
 	if err != nil {
 		return fmt.Errorf("reading the response: %w", err)
+	}
+	if len(b) > maxBody {
+		return fmt.Errorf("the response is longer than %d bytes", maxBody)
 	}
 	var c openai.Completion
 	if err := json.Unmarshal(b, &c); err != nil {

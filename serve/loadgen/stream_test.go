@@ -1,6 +1,7 @@
 package loadgen
 
 import (
+	"io"
 	"strings"
 	"testing"
 	"time"
@@ -52,3 +53,30 @@ func TestHTTPErrorNamesTheServersMessage(t *testing.T) {
 	require.Equal(t, "HTTP 503 Service Unavailable", httpError(503, nil))
 	require.Equal(t, "HTTP 500: oops", httpError(500, []byte("oops\n")))
 }
+
+// A server that sends an endless SSE line or body fails the request at a
+// bound; the load generator's memory does not follow it (issue 23, defect 14).
+func TestAccumulatorBoundsWhatItReads(t *testing.T) {
+	var reads int64
+	endless := readerFunc(func(p []byte) (int, error) {
+		for i := range p {
+			p[i] = 'x'
+		}
+		reads += int64(len(p))
+		return len(p), nil
+	})
+	a := &accumulator{sent: time.Now()}
+	err := a.readStream(io.MultiReader(strings.NewReader("data: "), endless))
+	require.ErrorContains(t, err, "a stream line longer than")
+	require.Less(t, reads, int64(maxStreamLine+(1<<20)))
+	reads = 0
+	defer func(was int) { maxBody = was }(maxBody)
+	maxBody = 1 << 20
+	err = a.readJSON(endless)
+	require.ErrorContains(t, err, "longer than")
+	require.LessOrEqual(t, reads, int64(maxBody+(1<<20)))
+}
+
+type readerFunc func([]byte) (int, error)
+
+func (f readerFunc) Read(p []byte) (int, error) { return f(p) }

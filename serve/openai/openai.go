@@ -67,10 +67,12 @@ type ErrorBody struct {
 	Error Error `json:"error"`
 }
 
-// Error is an OpenAI error object: the HTTP status as code, the parameter
-// at fault (null for none).
+// Error is an OpenAI error object: code is a machine-readable string such
+// as "invalid_api_key" or null, as OpenAI sends it (the HTTP status is the
+// status line's, not the body's); param is the parameter at fault (null
+// for none).
 type Error struct {
-	Code    int     `json:"code"`
+	Code    *string `json:"code"`
 	Message string  `json:"message"`
 	Param   *string `json:"param"`
 	Type    string  `json:"type"`
@@ -84,9 +86,9 @@ type StreamErrorEvent struct {
 
 // StreamError is the error of a StreamErrorEvent: an Error without param.
 type StreamError struct {
-	Code    int    `json:"code"`
-	Message string `json:"message"`
-	Type    string `json:"type"`
+	Code    *string `json:"code"`
+	Message string  `json:"message"`
+	Type    string  `json:"type"`
 }
 
 // ModelList is the answer of GET /v1/models.

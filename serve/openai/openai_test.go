@@ -10,7 +10,7 @@ import (
 // TestWireShapes pins the bytes of each shape lockstep writes: clients and
 // earlier versions saw exactly these keys, in this order.
 func TestWireShapes(t *testing.T) {
-	text, stop := " Paris", "stop"
+	text, stop, key := " Paris", "stop", "invalid_api_key"
 	ids := []int32{7}
 	for _, c := range []struct {
 		v    any
@@ -25,10 +25,12 @@ func TestWireShapes(t *testing.T) {
 			`{"choices":[{"delta":{"content":"","role":"assistant"},"finish_reason":null,"index":0}],"created":0,"id":"chatcmpl-1","model":"m","object":"chat.completion.chunk"}`},
 		{Completion{ID: "c", Object: "chat.completion.chunk", Model: "m", Choices: []Choice{}, Usage: &Usage{}},
 			`{"choices":[],"created":0,"id":"c","model":"m","object":"chat.completion.chunk","usage":{"prompt_tokens":0,"completion_tokens":0,"total_tokens":0}}`},
-		{ErrorBody{Error: Error{Code: 400, Message: "bad", Type: "invalid_request_error"}},
-			`{"error":{"code":400,"message":"bad","param":null,"type":"invalid_request_error"}}`},
-		{StreamErrorEvent{Error: StreamError{Code: 500, Message: "x", Type: "server_error"}},
-			`{"error":{"code":500,"message":"x","type":"server_error"}}`},
+		{ErrorBody{Error: Error{Message: "bad", Type: "invalid_request_error"}},
+			`{"error":{"code":null,"message":"bad","param":null,"type":"invalid_request_error"}}`},
+		{ErrorBody{Error: Error{Code: &key, Message: "no", Type: "authentication_error"}},
+			`{"error":{"code":"invalid_api_key","message":"no","param":null,"type":"authentication_error"}}`},
+		{StreamErrorEvent{Error: StreamError{Message: "x", Type: "server_error"}},
+			`{"error":{"code":null,"message":"x","type":"server_error"}}`},
 		{ModelList{Object: "list", Data: []Model{{ID: "m", Object: "model", OwnedBy: "lockstep"}}},
 			`{"data":[{"created":0,"id":"m","object":"model","owned_by":"lockstep"}],"object":"list"}`},
 	} {

@@ -1,0 +1,178 @@
+package serve
+
+import (
+	"fmt"
+	"net"
+	"net/http"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// HTTPOptions are the connection limits of the API's HTTP server.
+type HTTPOptions struct {
+	// MaxConnections bounds the open client connections. At the bound a
+	// new connection takes the place of the longest-idle keep-alive one;
+	// with none idle it is answered 503 and closed at once, so that the
+	// accept loop never starves for descriptors. 0: DefaultMaxConnections,
+	// lowered to leave room under the process's descriptor limit.
+	MaxConnections int
+	// IdleTimeout closes keep-alive connections idle this long; 0:
+	// DefaultIdleTimeout.
+	IdleTimeout time.Duration
+	// HeaderTimeout bounds the time to receive a request's head; 0:
+	// DefaultHeaderTimeout. (Bodies have Config.BodyTimeout.)
+	HeaderTimeout time.Duration
+}
+
+// Connection defaults.
+const (
+	DefaultMaxConnections = 4096
+	DefaultIdleTimeout    = 60 * time.Second
+	DefaultHeaderTimeout  = 30 * time.Second
+)
+
+// fdReserve is what the connection bound leaves of the descriptor limit
+// for everything else the process opens (model files, collectives, logs).
+func fdReserve(limit uint64) uint64 { return max(64, limit/8) }
+
+// MaxConnectionsFor is the connection bound for a descriptor limit: want
+// (DefaultMaxConnections when 0), lowered to leave the reserve free.
+func MaxConnectionsFor(want int, fdLimit uint64) int {
+	if want <= 0 {
+		want = DefaultMaxConnections
+	}
+	if fdLimit > 0 && fdLimit < 1<<31 {
+		room := int64(fdLimit) - int64(fdReserve(fdLimit))
+		want = int(min(int64(want), max(room, 1)))
+	}
+	return want
+}
+
+// fdLimit is the process's soft limit on open descriptors (0: unknown).
+func fdLimit() uint64 {
+	var rl syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &rl); err != nil {
+		return 0
+	}
+	return rl.Cur
+}
+
+// NewHTTPServer is the API's http.Server with the limits of o, and the
+// listener to serve it on (ln behind the connection bound).
+func (s *Server) NewHTTPServer(ln net.Listener, o HTTPOptions) (*http.Server, net.Listener) {
+	if o.IdleTimeout <= 0 {
+		o.IdleTimeout = DefaultIdleTimeout
+	}
+	if o.HeaderTimeout <= 0 {
+		o.HeaderTimeout = DefaultHeaderTimeout
+	}
+	lim := &connLimiter{Listener: ln, max: MaxConnectionsFor(o.MaxConnections, fdLimit()), conns: map[*limitedConn]bool{}}
+	hs := &http.Server{Handler: s.Handler(), ReadHeaderTimeout: o.HeaderTimeout, IdleTimeout: o.IdleTimeout,
+		ConnState: lim.state}
+	return hs, lim
+}
+
+// MaxConnections is the bound a listener of NewHTTPServer enforces.
+func MaxConnections(ln net.Listener) int {
+	if l, ok := ln.(*connLimiter); ok {
+		return l.max
+	}
+	return 0
+}
+
+// connLimiter is a listener that keeps at most max connections open.
+type connLimiter struct {
+	net.Listener
+	max int
+
+	mu    sync.Mutex
+	conns map[*limitedConn]bool // open connections; true: idle since idleAt
+}
+
+// limitedConn is an admitted connection; Close frees its place once.
+type limitedConn struct {
+	net.Conn
+	lim    *connLimiter
+	idleAt time.Time
+	once   sync.Once
+}
+
+func (c *limitedConn) Close() error {
+	c.once.Do(func() { c.lim.forget(c) })
+	return c.Conn.Close()
+}
+
+// refusal is the whole answer to a connection over the bound.
+var refusal = func() string {
+	body := `{"error":{"code":null,"message":"too many open connections to this server; retry later","param":null,"type":"server_error"}}`
+	return fmt.Sprintf("HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nConnection: close\r\nRetry-After: 1\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+}()
+
+// Accept admits the next connection: under the bound as it is, at the
+// bound in place of the longest-idle one, or else it is refused and the
+// next one is awaited.
+func (l *connLimiter) Accept() (net.Conn, error) {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		lc := &limitedConn{Conn: c, lim: l}
+		var evict *limitedConn
+		l.mu.Lock()
+		if len(l.conns) >= l.max {
+			for o, idle := range l.conns {
+				if idle && (evict == nil || o.idleAt.Before(evict.idleAt)) {
+					evict = o
+				}
+			}
+			if evict == nil {
+				l.mu.Unlock()
+				c.SetWriteDeadline(time.Now().Add(time.Second)) //nolint:errcheck
+				c.Write([]byte(refusal))                        //nolint:errcheck // best effort: the client may be gone
+				c.Close()
+				continue
+			}
+			delete(l.conns, evict)
+		}
+		l.conns[lc] = false
+		l.mu.Unlock()
+		if evict != nil {
+			evict.Close()
+		}
+		return lc, nil
+	}
+}
+
+// state follows http.Server's view of each connection.
+func (l *connLimiter) state(c net.Conn, st http.ConnState) {
+	lc, ok := c.(*limitedConn)
+	if !ok {
+		return
+	}
+	switch st {
+	case http.StateIdle, http.StateActive:
+		l.mu.Lock()
+		if _, open := l.conns[lc]; open {
+			l.conns[lc] = st == http.StateIdle
+			lc.idleAt = time.Now()
+		}
+		l.mu.Unlock()
+	case http.StateHijacked, http.StateClosed:
+		lc.once.Do(func() { l.forget(lc) })
+	}
+}
+
+func (l *connLimiter) forget(c *limitedConn) {
+	l.mu.Lock()
+	delete(l.conns, c)
+	l.mu.Unlock()
+}
+
+// open is the number of admitted connections (tests).
+func (l *connLimiter) open() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.conns)
+}
