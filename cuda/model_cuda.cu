@@ -170,7 +170,8 @@ void CudaBackend::generate_weights(uint64_t seed) {
 // Checkpoint weights (validated by engine.cpp): each tensor is converted on
 // the host, one at a time, to float32 in the CPU backend's input-major layout
 // (checkpoint.h), rounded to bf16 (norms stay float32) and copied into its
-// place in the fused device buffers.
+// place in the fused device buffers; the upload ends with a device
+// synchronise (see the end).
 void CudaBackend::load_weights(const eng_tensor* tensors, int32_t n) {
   const int64_t H = shape_.hidden_size, D = shape_.head_dim;
   const int64_t qd = shape_.num_heads * D, kvd = shape_.num_kv_heads * D;
@@ -229,6 +230,12 @@ void CudaBackend::load_weights(const eng_tensor* tensors, int32_t n) {
       case ENG_WEIGHT_ROPE_FREQS: rope_freqs_ = host; break;  // applied by upload_inv_freq
     }
   }
+  // The copies above are synchronous copies from pageable memory on the
+  // legacy default stream: cudaMemcpy may return once the source is staged,
+  // before the DMA into the weights has finished, and the engine's stream is
+  // non-blocking (it does not wait for the legacy stream). Synchronising the
+  // device here makes every weight resident before the first step reads it.
+  CUDA_CHECK(cudaDeviceSynchronize());
 }
 
 void CudaBackend::upload_inv_freq() {
