@@ -26,7 +26,7 @@ tree="$(mktemp -d)"
 trap 'rm -rf "$tree"' EXIT
 # The worker, built against this CUDA library (as ci-cuda-compile.sh does).
 git ls-files -z | tar --null -cf - -T - | tar -xf - -C "$tree"
-mkdir -p "$tree/build" && ln -s "$PWD/$BUILD_DIR/native" "$tree/build/native"
+mkdir -p "$tree/build" && ln -s "$(cd "$BUILD_DIR" && pwd)/native" "$tree/build/native"
 (cd "$tree" && CGO_CFLAGS="-O2 -Wno-deprecated-declarations" go build -tags native -ldflags "-s -w" -o "$tree/worker" ./cmd/worker)
 python3 - "$tree/worker" "$OUTDIR/worker.xz" "$LOCKSTEP_FLASHINFER_ROOT" "$OUTDIR/flashinfer-headers.tar.xz" <<'PY'
 import lzma, sys, tarfile
