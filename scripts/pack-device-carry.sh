@@ -10,16 +10,24 @@
 # device-check.sh unpacks them (with python3's lzma: no xz needed there) when
 # LOCKSTEP_FLASHINFER_ROOT is unset and bin/worker is missing. The SmolLM2 GGUF
 # (98 MB) does not fit; the device check's SmolLM2 step needs MODEL_GGUF there.
+# Last, scripts/carry-size.sh measures what the device run would carry (the
+# tree and device-carry/) and fails above 60 MiB (the tool's limit is 64).
 #
-#   scripts/pack-device-carry.sh     # then: device run with carry ["device-carry"],
-#                                    # command "scripts/device-check.sh"
+#   scripts/pack-device-carry.sh     # then the device run of docs/cuda.md
+#                                    # ("Device check": carry ["device-carry"])
+#   REUSE_BUILD=1 ...                # use BUILD_DIR as it is (CI, right after
+#                                    # scripts/ci-cuda-compile.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR="${BUILD_DIR:-build-cuda}"
 OUTDIR=device-carry
 eval "$(scripts/install-cuda.sh --env)"
 # Brings the CUDA build up to date (incremental after the first time).
-BUILD_DIR="$BUILD_DIR" scripts/ci-cuda-compile.sh >/dev/null
+if [[ "${REUSE_BUILD:-0}" == 1 ]]; then
+  [[ -f "$BUILD_DIR/native/libengine.a" ]] || { echo "pack-device-carry: REUSE_BUILD=1 but no $BUILD_DIR/native/libengine.a" >&2; exit 1; }
+else
+  BUILD_DIR="$BUILD_DIR" scripts/ci-cuda-compile.sh >&2
+fi
 rm -rf "$OUTDIR"
 mkdir -p "$OUTDIR"
 tree="$(mktemp -d)"
@@ -45,4 +53,5 @@ python3 -c 'import lzma, sys; open(sys.argv[2], "wb").write(lzma.open(sys.argv[1
 python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1], "r:xz").extractall(sys.argv[2])' "$OUTDIR/flashinfer-headers.tar.xz" "$tree/check"
 [[ -f "$tree/check/flashinfer/include/flashinfer/attention/decode.cuh" ]] ||
   { echo "pack-device-carry: the header archive lacks flashinfer/include/flashinfer/attention/decode.cuh" >&2; exit 1; }
-echo "pack-device-carry: $(du -sh "$OUTDIR" | cut -f1) in $OUTDIR/ ($(ls "$OUTDIR" | tr '\n' ' '))"
+echo "pack-device-carry: $(du -sh "$OUTDIR" | cut -f1) in $OUTDIR/ ($(cd "$OUTDIR" && du -h -- * | tr '\t\n' ' ,'))"
+scripts/carry-size.sh "$OUTDIR"
