@@ -292,6 +292,8 @@ step_bench() {
   if ((RC != 0)); then
     tail -n 20 "$LOGS/bench.log" >&2 || true
     failed "cuda_bench: $WHY (log: bench.log; rows measured before it stopped are kept)"
+  elif grep -q '^SKIP' "$LOGS/bench.log"; then
+    failed "cuda_bench skipped: no CUDA device visible on the device machine"
   fi
 }
 
