@@ -53,5 +53,5 @@ python3 -c 'import lzma, sys; open(sys.argv[2], "wb").write(lzma.open(sys.argv[1
 python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1], "r:xz").extractall(sys.argv[2])' "$OUTDIR/flashinfer-headers.tar.xz" "$tree/check"
 [[ -f "$tree/check/flashinfer/include/flashinfer/attention/decode.cuh" ]] ||
   { echo "pack-device-carry: the header archive lacks flashinfer/include/flashinfer/attention/decode.cuh" >&2; exit 1; }
-echo "pack-device-carry: $(du -sh "$OUTDIR" | cut -f1) in $OUTDIR/ ($(cd "$OUTDIR" && du -h -- * | tr '\t\n' ' ,'))"
+echo "pack-device-carry: $(du -sh "$OUTDIR" | cut -f1) in $OUTDIR/ ($(cd "$OUTDIR" && du -h -- * | awk '{printf "%s%s %s", (NR > 1 ? ", " : ""), $1, $2}'))"
 scripts/carry-size.sh "$OUTDIR"
