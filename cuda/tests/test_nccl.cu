@@ -33,7 +33,9 @@ using namespace lockstep_test;
 
 namespace {
 
-constexpr int kRounds = 200;
+// Two processes' kernels share the GPU by time slices, so one collective may
+// take milliseconds: 100 rounds (500 collectives) stay well inside a minute.
+constexpr int kRounds = 100;
 
 int one_rank() {
   skip_without_device("cuda_nccl_test");
