@@ -87,50 +87,16 @@ CudaBackend::GraphKey CudaBackend::graph_key() const {
           logits_.as<void>(),   sampled_.as<void>(), pages_->device_page(0)};
 }
 
-// The fixed layout of bucket B (int32): tokens, pos, page, slot, sample rows,
-// decode rows [B each]. Row i < n is sequence i; rows [n, B) are padding:
-// token 0 at position 0, page -1 (kv_append writes nothing), and one key of
-// the first sequence's first page to attend (a page this step already reads).
+// The fixed layout of bucket B and its padded rows (step_layout.h:
+// size_graph_desc, fill_graph_desc), one copy, and FlashInfer's graph-safe
+// plan of the B rows.
 void CudaBackend::upload_graph_descriptors(const StepBatch& b, int32_t B) {
-  const int32_t P = tokens_per_page_, n = int32_t(b.seqs.size());
-  rows_ = B;
-  num_sampled_ = B;
-  n_decode_ = B;
-  n_chunk_ = max_chunk_tokens_ = 0;
-  max_decode_ctx_ = 0;
-  off_tokens_ = 0;
-  off_pos_ = size_t(B);
-  off_page_ = 2 * size_t(B);
-  off_slot_ = 3 * size_t(B);
-  off_sample_ = 4 * size_t(B);
-  off_decode_rows_ = 5 * size_t(B);
-  off_blocks_ = off_dseqs_ = off_cseqs_ = 6 * size_t(B);  // unused: FlashInfer has its own lists
-  const size_t total = 6 * size_t(B);
+  size_graph_desc(B, &desc_);
   host_desc_.reserve(6 * size_t(kMaxGraphBatch) * sizeof(int32_t));  // (dev_desc_: by the caller)
   int32_t* h = host_desc_.as<int32_t>();
-  graph_fi_seqs_.resize(size_t(B));
-  const int32_t* pad_page = b.seqs[0].blocks;
-  for (int32_t r = 0; r < B; ++r) {
-    if (r < n) {
-      const StepSeq& s = b.seqs[size_t(r)];
-      h[off_tokens_ + r] = s.tokens[0];
-      h[off_pos_ + r] = s.start_pos;
-      h[off_page_ + r] = s.blocks[s.start_pos / P];
-      h[off_slot_ + r] = s.start_pos % P;
-      graph_fi_seqs_[size_t(r)] = FiSeq{1, s.start_pos + 1, s.blocks};
-      max_decode_ctx_ = std::max(max_decode_ctx_, s.start_pos + 1);
-    } else {
-      h[off_tokens_ + r] = 0;
-      h[off_pos_ + r] = 0;
-      h[off_page_ + r] = -1;
-      h[off_slot_ + r] = 0;
-      graph_fi_seqs_[size_t(r)] = FiSeq{1, 1, pad_page};
-    }
-    h[off_sample_ + r] = r;
-    h[off_decode_rows_ + r] = r;
-  }
-  CUDA_CHECK(cudaMemcpyAsync(dev_desc_.as<void>(), h, total * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
-  fi_->plan(graph_fi_seqs_.data(), B, nullptr, 0, /*graph_safe=*/true);
+  fill_graph_desc(b, B, tokens_per_page_, &desc_, h);
+  CUDA_CHECK(cudaMemcpyAsync(dev_desc_.as<void>(), h, desc_.total * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
+  fi_->plan(desc_.fi_decode.data(), B, nullptr, 0, /*graph_safe=*/true);
 }
 
 // Captures forward() of the step set up by upload_graph_descriptors. Returns

@@ -170,7 +170,8 @@ void CudaBackend::generate_weights(uint64_t seed) {
 // Checkpoint weights (validated by engine.cpp): each tensor is converted on
 // the host, one at a time, to float32 in the CPU backend's input-major layout
 // (checkpoint.h), rounded to bf16 (norms stay float32) and copied into its
-// place in the fused device buffers.
+// place in the fused device buffers; the upload ends with a device
+// synchronise (see the end).
 void CudaBackend::load_weights(const eng_tensor* tensors, int32_t n) {
   const int64_t H = shape_.hidden_size, D = shape_.head_dim;
   const int64_t qd = shape_.num_heads * D, kvd = shape_.num_kv_heads * D;
@@ -229,6 +230,12 @@ void CudaBackend::load_weights(const eng_tensor* tensors, int32_t n) {
       case ENG_WEIGHT_ROPE_FREQS: rope_freqs_ = host; break;  // applied by upload_inv_freq
     }
   }
+  // The copies above are synchronous copies from pageable memory on the
+  // legacy default stream: cudaMemcpy may return once the source is staged,
+  // before the DMA into the weights has finished, and the engine's stream is
+  // non-blocking (it does not wait for the legacy stream). Synchronising the
+  // device here makes every weight resident before the first step reads it.
+  CUDA_CHECK(cudaDeviceSynchronize());
 }
 
 void CudaBackend::upload_inv_freq() {
@@ -241,82 +248,19 @@ void CudaBackend::upload_inv_freq() {
   CUDA_CHECK(cudaStreamSynchronize(stream_));  // `inv` is pageable and goes out of scope
 }
 
-// Builds every per-step descriptor in one pinned buffer and queues one copy.
+// Builds every per-step descriptor in one pinned buffer (step_layout.h) and
+// queues one copy.
 void CudaBackend::upload_descriptors(const StepBatch& b) {
-  const int32_t P = tokens_per_page_;
-  rows_ = b.num_rows;
-  num_sampled_ = b.num_sampled;
-  n_decode_ = n_chunk_ = max_chunk_tokens_ = max_decode_ctx_ = 0;
-  int64_t blocks = 0;
-  for (const StepSeq& s : b.seqs) {
-    blocks += s.num_blocks;
-    if (s.num_tokens == 1) {
-      ++n_decode_;
-      max_decode_ctx_ = std::max(max_decode_ctx_, s.start_pos + 1);
-    } else {
-      ++n_chunk_;
-      max_chunk_tokens_ = std::max(max_chunk_tokens_, s.num_tokens);
-    }
-  }
-  const size_t seq_ints = sizeof(AttnSeq) / sizeof(int32_t);
-  off_tokens_ = 0;
-  off_pos_ = off_tokens_ + size_t(rows_);
-  off_page_ = off_pos_ + size_t(rows_);
-  off_slot_ = off_page_ + size_t(rows_);
-  off_sample_ = off_slot_ + size_t(rows_);
-  off_decode_rows_ = off_sample_ + size_t(num_sampled_);
-  off_blocks_ = off_decode_rows_ + size_t(n_decode_);
-  off_dseqs_ = round_up(off_blocks_ + size_t(blocks), 8);  // AttnSeq: 32-byte aligned
-  off_cseqs_ = off_dseqs_ + size_t(n_decode_) * seq_ints;
-  const size_t total = off_cseqs_ + size_t(n_chunk_) * seq_ints;
-  host_desc_.reserve(total * sizeof(int32_t));
-  dev_desc_.reserve(total * sizeof(int32_t));
-
+  size_step_desc(b, &desc_);
+  host_desc_.reserve(desc_.total * sizeof(int32_t));
+  dev_desc_.reserve(desc_.total * sizeof(int32_t));
   int32_t* h = host_desc_.as<int32_t>();
-  AttnSeq* dseq = reinterpret_cast<AttnSeq*>(h + off_dseqs_);
-  AttnSeq* cseq = reinterpret_cast<AttnSeq*>(h + off_cseqs_);
-  // Rows: decode sequences first, then the chunks (see the header).
-  sample_seq_.clear();
-  fi_decode_.clear();
-  fi_chunks_.clear();
-  int32_t decode_row = 0, chunk_row = n_decode_, blk = 0, nd = 0, nc = 0, ns = 0, chunk_part = 0;
-  for (size_t i = 0; i < b.seqs.size(); ++i) {
-    const StepSeq& s = b.seqs[i];
-    const bool is_decode = s.num_tokens == 1;
-    const int32_t row = is_decode ? decode_row++ : chunk_row;
-    if (!is_decode) chunk_row += s.num_tokens;
-    for (int32_t t = 0; t < s.num_tokens; ++t) {
-      const int32_t pos = s.start_pos + t;
-      h[off_tokens_ + row + t] = s.tokens[t];
-      h[off_pos_ + row + t] = pos;
-      h[off_page_ + row + t] = s.blocks[pos / P];
-      h[off_slot_ + row + t] = pos % P;
-    }
-    std::memcpy(h + off_blocks_ + blk, s.blocks, sizeof(int32_t) * size_t(s.num_blocks));
-    AttnSeq a{row, s.num_tokens, s.start_pos, blk, 0, s.start_pos + s.num_tokens, 0, 0};
-    const FiSeq f{s.num_tokens, s.start_pos + s.num_tokens, s.blocks};
-    if (is_decode) {
-      a.part_row = nd;
-      h[off_decode_rows_ + nd] = row;
-      dseq[nd++] = a;
-      fi_decode_.push_back(f);
-    } else {
-      a.part_row = chunk_part;
-      chunk_part += s.num_tokens;
-      cseq[nc++] = a;
-      fi_chunks_.push_back(f);
-    }
-    // Sampled rows in batch order (the logits are returned in that order).
-    if (s.sample) {
-      h[off_sample_ + ns++] = row + s.num_tokens - 1;
-      sample_seq_.push_back(int32_t(i));
-    }
-    blk += s.num_blocks;
-  }
-  CUDA_CHECK(cudaMemcpyAsync(dev_desc_.as<void>(), h, total * sizeof(int32_t),
+  fill_step_desc(b, tokens_per_page_, &desc_, h);
+  CUDA_CHECK(cudaMemcpyAsync(dev_desc_.as<void>(), h, desc_.total * sizeof(int32_t),
                              cudaMemcpyHostToDevice, stream_));
   // FlashInfer's work split for this step (host), shared by every layer.
-  if (fi_) fi_->plan(fi_decode_.data(), n_decode_, fi_chunks_.data(), n_chunk_, /*graph_safe=*/false);
+  if (fi_)
+    fi_->plan(desc_.fi_decode.data(), desc_.n_decode, desc_.fi_chunks.data(), desc_.n_chunk, /*graph_safe=*/false);
 }
 
 void CudaBackend::attention(int32_t layer) {
@@ -326,7 +270,7 @@ void CudaBackend::attention(int32_t layer) {
   a.q = qkv_.as<float>();
   a.q_stride = qkv_stride;
   a.kv = pages_->view(layer);
-  a.block_tables = at<int32_t>(dev_desc_, off_blocks_);
+  a.block_tables = at<int32_t>(dev_desc_, desc_.off_blocks);
   a.num_heads = Hq;
   a.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
   a.out = attn_.as<__nv_bfloat16>();
@@ -334,32 +278,32 @@ void CudaBackend::attention(int32_t layer) {
 
   if (fi_) {
     // FlashInfer reads bf16 queries packed [rows][Hq][D].
-    q_pack(qkv_.as<float>(), qkv_stride, rows_, Hq * D, q_bf16_.as<__nv_bfloat16>(), stream_);
+    q_pack(qkv_.as<float>(), qkv_stride, desc_.rows, Hq * D, q_bf16_.as<__nv_bfloat16>(), stream_);
     fi_->run(pages_->device_page(0), layer, q_bf16_.as<__nv_bfloat16>(), a.out, /*lse=*/nullptr);
     return;
   }
 
-  if (n_chunk_ > 0) {
+  if (desc_.n_chunk > 0) {
     AttnArgs c = a;
-    c.seqs = reinterpret_cast<const AttnSeq*>(at<int32_t>(dev_desc_, off_cseqs_));
-    c.num_seqs = n_chunk_;
-    attn_chunk(c, max_chunk_tokens_, stream_);
+    c.seqs = reinterpret_cast<const AttnSeq*>(at<int32_t>(dev_desc_, desc_.off_cseqs));
+    c.num_seqs = desc_.n_chunk;
+    attn_chunk(c, desc_.max_chunk_tokens, stream_);
   }
-  if (n_decode_ > 0) {
+  if (desc_.n_decode > 0) {
     AttnArgs d = a;
-    d.seqs = reinterpret_cast<const AttnSeq*>(at<int32_t>(dev_desc_, off_dseqs_));
-    d.num_seqs = n_decode_;
+    d.seqs = reinterpret_cast<const AttnSeq*>(at<int32_t>(dev_desc_, desc_.off_dseqs));
+    d.num_seqs = desc_.n_decode;
     // Split long contexts until the grid has about two blocks per SM.
-    const int64_t blocks = int64_t(n_decode_) * Hkv;
+    const int64_t blocks = int64_t(desc_.n_decode) * Hkv;
     int32_t splits = 1;
-    if (max_decode_ctx_ > kNoSplitContext && blocks < 2 * num_sms_) {
-      splits = int32_t(std::min<int64_t>((2 * num_sms_ + blocks - 1) / blocks, (max_decode_ctx_ + 255) / 256));
+    if (desc_.max_decode_ctx > kNoSplitContext && blocks < 2 * num_sms_) {
+      splits = int32_t(std::min<int64_t>((2 * num_sms_ + blocks - 1) / blocks, (desc_.max_decode_ctx + 255) / 256));
     }
     if (splits > 1) {
-      d.split_tokens = int32_t(round_up(size_t((max_decode_ctx_ + splits - 1) / splits), 64));
-      d.num_splits = (max_decode_ctx_ + d.split_tokens - 1) / d.split_tokens;
-      d.part_rows = n_decode_;
-      const size_t items = size_t(d.num_splits) * n_decode_ * Hq;
+      d.split_tokens = int32_t(round_up(size_t((desc_.max_decode_ctx + splits - 1) / splits), 64));
+      d.num_splits = (desc_.max_decode_ctx + d.split_tokens - 1) / d.split_tokens;
+      d.part_rows = desc_.n_decode;
+      const size_t items = size_t(d.num_splits) * desc_.n_decode * Hq;
       o_part_.reserve(items * D * sizeof(float));
       lse_part_.reserve(items * sizeof(float));
       d.o_part = o_part_.as<float>();
@@ -369,10 +313,10 @@ void CudaBackend::attention(int32_t layer) {
       m.o_part = d.o_part;
       m.lse_part = d.lse_part;
       m.num_parts = d.num_splits;
-      m.part_items = int64_t(n_decode_) * Hq;
+      m.part_items = int64_t(desc_.n_decode) * Hq;
       m.num_heads = Hq;
       m.head_dim = D;
-      m.out_rows = at<int32_t>(dev_desc_, off_decode_rows_);
+      m.out_rows = at<int32_t>(dev_desc_, desc_.off_decode_rows);
       m.out_bf16 = a.out;
       m.out_stride = a.out_stride;
       attn_merge(m, stream_);
@@ -401,20 +345,20 @@ void CudaBackend::reserve_scratch(int64_t R, int32_t num_sampled) {
   sampled_.reserve(size_t(std::max(num_sampled, 1)) * sizeof(int32_t));
 }
 
-// The step set up by upload_descriptors (or upload_graph_descriptors): rows_
-// rows, num_sampled_ sampled rows. Only launches and cuBLAS calls once the
-// scratch has its size, so that a decode graph can capture it.
+// The step set up by upload_descriptors (or upload_graph_descriptors):
+// desc_.rows rows, desc_.num_sampled sampled rows. Only launches and cuBLAS
+// calls once the scratch has its size, so that a decode graph can capture it.
 void CudaBackend::forward(const StepBatch& b, bool want_logits) {
   (void)b;
   (void)want_logits;
   const int64_t H = shape_.hidden_size, D = shape_.head_dim, F = shape_.intermediate_size;
   const int64_t qd = int64_t(shape_.num_heads) * D, kvd = int64_t(shape_.num_kv_heads) * D;
-  const int64_t qkv = qd + 2 * kvd, R = rows_;
-  reserve_scratch(R, num_sampled_);
+  const int64_t qkv = qd + 2 * kvd, R = desc_.rows;
+  reserve_scratch(R, desc_.num_sampled);
 
-  const int32_t* pos = at<int32_t>(dev_desc_, off_pos_);
+  const int32_t* pos = at<int32_t>(dev_desc_, desc_.off_pos);
   float* hidden = hidden_.as<float>();
-  embed(embedding_.as<__nv_bfloat16>(), at<int32_t>(dev_desc_, off_tokens_), R, int32_t(H), hidden, stream_);
+  embed(embedding_.as<__nv_bfloat16>(), at<int32_t>(dev_desc_, desc_.off_tokens), R, int32_t(H), hidden, stream_);
   for (int32_t l = 0; l < shape_.num_layers; ++l) {
     const CudaLayer& L = layers_[size_t(l)];
     rmsnorm(hidden, nullptr, L.attn_norm.as<float>(), int32_t(H), shape_.rms_eps, R,
@@ -423,7 +367,7 @@ void CudaBackend::forward(const StepBatch& b, bool want_logits) {
     rope(qkv_.as<float>(), qkv, shape_.num_heads, int32_t(D), pos, inv_freq_.as<double>(), R, stream_);
     rope(qkv_.as<float>() + qd, qkv, shape_.num_kv_heads, int32_t(D), pos, inv_freq_.as<double>(), R, stream_);
     kv_append(pages_->view(l), qkv_.as<float>() + qd, qkv_.as<float>() + qd + kvd, qkv,
-              at<int32_t>(dev_desc_, off_page_), at<int32_t>(dev_desc_, off_slot_), R, stream_);
+              at<int32_t>(dev_desc_, desc_.off_page), at<int32_t>(dev_desc_, desc_.off_slot), R, stream_);
     attention(l);
     gemm_->bf16_f32(attn_.as<__nv_bfloat16>(), R, qd, L.wo.as<__nv_bfloat16>(), H, hidden, 1.0f);
     rmsnorm(hidden, nullptr, L.mlp_norm.as<float>(), int32_t(H), shape_.rms_eps, R,
@@ -432,12 +376,12 @@ void CudaBackend::forward(const StepBatch& b, bool want_logits) {
     swiglu(gu_.as<float>(), R, int32_t(F), act_.as<__nv_bfloat16>(), stream_);
     gemm_->bf16_f32(act_.as<__nv_bfloat16>(), R, F, L.wdown.as<__nv_bfloat16>(), H, hidden, 1.0f);
   }
-  if (num_sampled_ > 0) {
-    rmsnorm(hidden, at<int32_t>(dev_desc_, off_sample_), final_norm_.as<float>(), int32_t(H),
-            shape_.rms_eps, num_sampled_, xb_.as<__nv_bfloat16>(), nullptr, stream_);
-    gemm_->bf16_f32(xb_.as<__nv_bfloat16>(), num_sampled_, H, lm_head_.as<__nv_bfloat16>(),
+  if (desc_.num_sampled > 0) {
+    rmsnorm(hidden, at<int32_t>(dev_desc_, desc_.off_sample), final_norm_.as<float>(), int32_t(H),
+            shape_.rms_eps, desc_.num_sampled, xb_.as<__nv_bfloat16>(), nullptr, stream_);
+    gemm_->bf16_f32(xb_.as<__nv_bfloat16>(), desc_.num_sampled, H, lm_head_.as<__nv_bfloat16>(),
                     shape_.vocab_size, logits_.as<float>(), 0.0f);
-    argmax_rows(logits_.as<float>(), num_sampled_, shape_.vocab_size, sampled_.as<int32_t>(), stream_);
+    argmax_rows(logits_.as<float>(), desc_.num_sampled, shape_.vocab_size, sampled_.as<int32_t>(), stream_);
   }
 }
 
@@ -459,7 +403,7 @@ double CudaBackend::step(const StepBatch& batch, int32_t* sampled, float* logits
     CUDA_CHECK(cudaEventRecord(ev_stop_.get(), stream_));
     last_host_us_ = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
     const size_t V = size_t(shape_.vocab_size);
-    const size_t ns = size_t(num_sampled_);
+    const size_t ns = size_t(desc_.num_sampled);
     // Rows with temperature > 0 are sampled on the host from their logits
     // with the native procedure (sampling.h), exactly as the CPU backend
     // does; greedy rows keep the device argmax.
@@ -475,7 +419,7 @@ double CudaBackend::step(const StepBatch& batch, int32_t* sampled, float* logits
                                    cudaMemcpyDeviceToHost, stream_));
       } else if (batch.num_stochastic > 0) {
         for (size_t k = 0; k < ns; ++k)
-          if (batch.seqs[size_t(sample_seq_[k])].sampling.temperature > 0.0f)
+          if (batch.seqs[size_t(desc_.sample_seq[k])].sampling.temperature > 0.0f)
             CUDA_CHECK(cudaMemcpyAsync(h_logits + k * V, logits_.as<float>() + k * V, V * sizeof(float),
                                        cudaMemcpyDeviceToHost, stream_));
       }
@@ -484,8 +428,8 @@ double CudaBackend::step(const StepBatch& batch, int32_t* sampled, float* logits
     CUDA_CHECK(cudaEventElapsedTime(&ms, ev_start_.get(), ev_stop_.get()));
     for (size_t i = 0; i < batch.seqs.size(); ++i) sampled[i] = -1;
     for (size_t k = 0; k < ns; ++k) {
-      const StepSeq& s = batch.seqs[size_t(sample_seq_[k])];
-      sampled[sample_seq_[k]] = s.sampling.temperature > 0.0f
+      const StepSeq& s = batch.seqs[size_t(desc_.sample_seq[k])];
+      sampled[desc_.sample_seq[k]] = s.sampling.temperature > 0.0f
                                     ? sample_token(h_logits + k * V, shape_.vocab_size, s.sampling,
                                                    s.sample_pos(), &sampling_)
                                     : h_sampled[k];

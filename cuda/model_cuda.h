@@ -19,7 +19,10 @@
 // Row order. Inside a step the rows are ordered decode sequences first (one
 // row each, in batch order), then the chunks' rows (in batch order): the
 // layout FlashInfer's decode and prefill take. Every other stage is per row,
-// so only the sampled rows map back to batch order (sample_seq_).
+// so only the sampled rows map back to batch order (desc_.sample_seq). The
+// host side of all this (row order, page/slot per row, FlashInfer's plan
+// inputs, graph padding) is plain C++ in step_layout.h, checked on the CPU by
+// native/tests/test_fi_descriptors.cpp.
 //
 // Attention paths. FlashInfer serves head dims 64 and 128 (every real model:
 // SmolLM2 64, Llama 3 128, and the llama-8b/70b presets). The hand-written
@@ -31,8 +34,8 @@
 // token, FlashInfer attention, no Helix, at most kMaxGraphBatch sequences) is
 // padded to a batch-size bucket and replayed from a graph captured once per
 // bucket: the whole forward is one cudaGraphLaunch instead of ~13 launches
-// per layer. What stays fixed for a bucket B: the descriptor layout (rows_ =
-// num_sampled_ = n_decode_ = B, offsets from B alone), the scratch buffers
+// per layer. What stays fixed for a bucket B: the descriptor layout (rows =
+// num_sampled = n_decode = B, offsets from B alone), the scratch buffers
 // (reserved for kMaxGraphBatch rows before the first capture) and
 // FlashInfer's graph-safe plan (re-planned before every replay into fixed
 // buffers). Padding rows write no KV (page -1) and attend one key of a page
@@ -60,6 +63,7 @@
 #include "kernels/attn_common.cuh"
 #include "page_pool.h"
 #include "sampling.h"
+#include "step_layout.h"
 
 namespace lockstep {
 
@@ -169,7 +173,6 @@ class CudaBackend final : public Backend {
   GraphKey graph_key_{};
   uint64_t graph_fi_generation_ = 0;
   DecodeGraphStats graph_stats_;
-  std::vector<FiSeq> graph_fi_seqs_;   // the padded decode list of a graph step
   double last_host_us_ = 0.0;
 
   eng_model_shape shape_;
@@ -184,23 +187,15 @@ class CudaBackend final : public Backend {
   std::unique_ptr<Gemm> gemm_;
   std::unique_ptr<PagePool> pages_;
   std::unique_ptr<FlashInferAttention> fi_;  // null for head dims FlashInfer is not built for
-  std::vector<FiSeq> fi_decode_, fi_chunks_;
 
   DeviceBuffer embedding_, final_norm_, lm_head_, inv_freq_;
   std::vector<CudaLayer> layers_;
 
-  // Per-step descriptors: built on the host in pinned memory, copied at once.
-  // Layout (int32): tokens, pos, page, slot [rows each], sample_rows
-  // [num_sampled], decode_rows [n_decode], block tables, then the AttnSeq
-  // arrays (decode, chunk).
+  // Per-step descriptors: built on the host in pinned memory (step_layout.h
+  // says the layout), copied at once.
   PinnedBuffer host_desc_, host_out_;
   DeviceBuffer dev_desc_;
-  int64_t rows_ = 0;
-  int32_t num_sampled_ = 0, n_decode_ = 0, n_chunk_ = 0, max_chunk_tokens_ = 0;
-  int32_t max_decode_ctx_ = 0;
-  size_t off_tokens_ = 0, off_pos_ = 0, off_page_ = 0, off_slot_ = 0, off_sample_ = 0,
-         off_decode_rows_ = 0, off_blocks_ = 0, off_dseqs_ = 0, off_cseqs_ = 0;
-  std::vector<int32_t> sample_seq_;  // batch index of each sampled row
+  StepDesc desc_;
   SamplingScratch sampling_;         // host sampling of rows with temperature > 0
 
   // Per-step scratch (grown on demand).

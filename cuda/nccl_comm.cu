@@ -78,20 +78,7 @@ NcclComm::NcclComm(const NcclUniqueIdBytes& id_bytes, int rank, int world, int d
   NCCL_CHECK(ncclCommInitRankConfig(&c, world, id, rank, &config));
   comm_ = c;
   // Creation completes asynchronously (it needs every rank).
-  const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms_);
-  for (;;) {
-    ncclResult_t st = ncclInProgress;
-    NCCL_CHECK(ncclCommGetAsyncError(c, &st));
-    if (st == ncclSuccess) break;
-    if (st != ncclInProgress)
-      abort_and_throw(ENG_COMM_ERROR, std::string("NCCL group creation (rank ") + std::to_string(rank) + " of " +
-                                          std::to_string(world) + ") failed: " + ncclGetErrorString(st));
-    if (timeout_ms_ > 0 && Clock::now() > deadline)
-      abort_and_throw(ENG_TIMEOUT, "NCCL group creation (rank " + std::to_string(rank) + " of " +
-                                       std::to_string(world) + ") did not complete within " +
-                                       std::to_string(timeout_ms_) + " ms (a rank missing?): aborted");
-    std::this_thread::sleep_for(std::chrono::microseconds(200));
-  }
+  wait_issued("group creation", " (a rank missing?)");
 }
 
 NcclComm::~NcclComm() {
@@ -121,8 +108,36 @@ void NcclComm::abort_and_throw(int status, const std::string& msg) {
   throw EngineError(static_cast<eng_status>(status), msg);
 }
 
+bool NcclComm::wait_issued(const char* what, const char* hint) {
+  const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms_);
+  bool waited = false;
+  for (;;) {
+    ncclResult_t st = ncclInProgress;
+    NCCL_CHECK(ncclCommGetAsyncError(as_comm(comm_), &st));
+    if (st == ncclSuccess) return waited;
+    const std::string where = " (rank " + std::to_string(rank_) + " of " + std::to_string(world_) + ")";
+    if (st != ncclInProgress) abort_and_throw(ENG_COMM_ERROR, std::string("NCCL ") + what + where + " failed: " +
+                                                                  ncclGetErrorString(st));
+    if (timeout_ms_ > 0 && Clock::now() > deadline)
+      abort_and_throw(ENG_TIMEOUT, std::string("NCCL ") + what + where + " was still in progress after " +
+                                       std::to_string(timeout_ms_) + " ms" + hint + ": communicator aborted");
+    waited = true;
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+}
+
+void NcclComm::issued(const char* what) {
+  if (wait_issued(what, "")) ++late_issues_;
+}
+
+void NcclComm::usable(const char* what) const {
+  if (aborted_)
+    throw EngineError(ENG_COMM_ERROR,
+                      std::string("NCCL ") + what + ": the communicator was aborted by an earlier failure");
+}
+
 void NcclComm::wait(const char* what) {
-  if (aborted_) throw EngineError(ENG_COMM_ERROR, std::string("NCCL ") + what + ": the communicator was aborted by an earlier failure");
+  usable(what);
   const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms_);
   for (;;) {
     const cudaError_t q = cudaStreamQuery(stream_);
@@ -149,6 +164,7 @@ void NcclComm::stage(size_t bytes) {
 
 void NcclComm::allgather(const void* in, size_t bytes, std::vector<uint8_t>* out, std::vector<uint64_t>* sizes,
                          bool bytes_ok) {
+  usable("allgather");
   CUDA_CHECK(cudaSetDevice(device_));
   // 1. Every rank's size (-1: this rank's arguments were invalid).
   stage(sizeof(int64_t));
@@ -156,6 +172,7 @@ void NcclComm::allgather(const void* in, size_t bytes, std::vector<uint8_t>* out
   h[0] = bytes_ok ? int64_t(bytes) : -1;
   CUDA_CHECK(cudaMemcpyAsync(send_.as<void>(), h, sizeof(int64_t), cudaMemcpyHostToDevice, stream_));
   NCCL_CHECK(ncclAllGather(send_.as<void>(), recv_.as<void>(), 1, ncclInt64, as_comm(comm_), stream_));
+  issued("allgather (sizes)");
   CUDA_CHECK(cudaMemcpyAsync(h, recv_.as<void>(), sizeof(int64_t) * size_t(world_), cudaMemcpyDeviceToHost,
                              stream_));
   wait("allgather (sizes)");
@@ -174,6 +191,7 @@ void NcclComm::allgather(const void* in, size_t bytes, std::vector<uint8_t>* out
     CUDA_CHECK(cudaMemcpyAsync(send_.as<void>(), host_.as<void>(), bytes, cudaMemcpyHostToDevice, stream_));
   }
   NCCL_CHECK(ncclAllGather(send_.as<void>(), recv_.as<void>(), max_bytes, ncclUint8, as_comm(comm_), stream_));
+  issued("allgather (payload)");
   CUDA_CHECK(cudaMemcpyAsync(host_.as<void>(), recv_.as<void>(), max_bytes * size_t(world_),
                              cudaMemcpyDeviceToHost, stream_));
   wait("allgather (payload)");
@@ -185,6 +203,7 @@ void NcclComm::allgather(const void* in, size_t bytes, std::vector<uint8_t>* out
 }
 
 void NcclComm::broadcast(void* buf, size_t bytes, int root) {
+  usable("broadcast");
   CUDA_CHECK(cudaSetDevice(device_));
   // Zero bytes still run the collective (one padding byte): skipping it on
   // some ranks would desynchronise the NCCL call sequence.
@@ -196,12 +215,14 @@ void NcclComm::broadcast(void* buf, size_t bytes, int root) {
     CUDA_CHECK(cudaMemcpyAsync(send_.as<void>(), host_.as<void>(), n, cudaMemcpyHostToDevice, stream_));
   }
   NCCL_CHECK(ncclBroadcast(send_.as<void>(), send_.as<void>(), n, ncclUint8, root, as_comm(comm_), stream_));
+  issued("broadcast");
   CUDA_CHECK(cudaMemcpyAsync(host_.as<void>(), send_.as<void>(), n, cudaMemcpyDeviceToHost, stream_));
   wait("broadcast");
   if (bytes > 0) std::memcpy(buf, host_.as<void>(), bytes);
 }
 
 void NcclComm::allreduce(void* buf, size_t count, ReduceDType dtype, ReduceOp op) {
+  usable("allreduce");
   CUDA_CHECK(cudaSetDevice(device_));
   const size_t n = std::max<size_t>(count, 1);  // count 0: one zero element (see broadcast)
   const size_t bytes = count * type_size(dtype), staged = n * type_size(dtype);
@@ -211,6 +232,7 @@ void NcclComm::allreduce(void* buf, size_t count, ReduceDType dtype, ReduceOp op
   CUDA_CHECK(cudaMemcpyAsync(send_.as<void>(), host_.as<void>(), staged, cudaMemcpyHostToDevice, stream_));
   NCCL_CHECK(ncclAllReduce(send_.as<void>(), send_.as<void>(), n, nccl_type(dtype), nccl_op(op), as_comm(comm_),
                            stream_));
+  issued("allreduce");
   CUDA_CHECK(cudaMemcpyAsync(host_.as<void>(), send_.as<void>(), staged, cudaMemcpyDeviceToHost, stream_));
   wait("allreduce");
   if (bytes > 0) std::memcpy(buf, host_.as<void>(), bytes);

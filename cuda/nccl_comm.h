@@ -10,10 +10,12 @@
 // transport) as plain bytes.
 //
 // Bounded waits. The communicator is created non-blocking (ncclConfig_t
-// blocking = 0) and every wait polls: the group's creation
-// (ncclCommGetAsyncError until it leaves ncclInProgress) and each
-// collective's completion (cudaStreamQuery, and ncclCommGetAsyncError for a
-// failed peer). Past timeout_ms the communicator is aborted (ncclCommAbort:
+// blocking = 0) and every wait polls: the group's creation and the issue of
+// each collective (ncclCommGetAsyncError until it leaves ncclInProgress: a
+// non-blocking collective may return before it is on the stream, so the copy
+// of its result to the host, or the next NCCL call, is queued only after
+// that), then each collective's completion (cudaStreamQuery, and
+// ncclCommGetAsyncError for a failed peer). Past timeout_ms the communicator is aborted (ncclCommAbort:
 // the queued NCCL kernels return) and the call throws ENG_TIMEOUT naming the
 // collective; the communicator is unusable afterwards. The Go watchdog's own
 // timeout should be shorter, so that it reports the stuck collective (with
@@ -59,6 +61,9 @@ class NcclComm {
 
   int rank() const { return rank_; }
   int world() const { return world_; }
+  // Collectives that returned before NCCL had issued them (ncclInProgress),
+  // whose copy back therefore waited: how often the wait mattered (tests).
+  int64_t late_issues() const { return late_issues_; }
 
   // Variable-size allgather: rank r contributes `bytes` bytes; on return
   // out holds every rank's bytes concatenated in rank order and sizes[r] its
@@ -77,6 +82,16 @@ class NcclComm {
 
  private:
   void stage(size_t bytes);
+  // Polls ncclCommGetAsyncError until the communicator's last call (its
+  // creation or a collective `what`) has been issued (ncclSuccess) within
+  // the timeout; aborts the communicator and throws on expiry (hint is
+  // appended to the message) or NCCL error. Returns whether it had to wait.
+  bool wait_issued(const char* what, const char* hint);
+  // wait_issued after a collective, counting late issues.
+  void issued(const char* what);
+  // Throws when an earlier failure aborted (and freed) the communicator: no
+  // NCCL call may use it again.
+  void usable(const char* what) const;
   // Waits for the stream's queued work (the collective `what`) within the
   // timeout; aborts the communicator and throws on expiry or NCCL error.
   void wait(const char* what);
@@ -85,6 +100,7 @@ class NcclComm {
   void* comm_ = nullptr;  // ncclComm_t (kept opaque so this header needs no nccl.h)
   int rank_, world_, device_, timeout_ms_;
   bool aborted_ = false;
+  int64_t late_issues_ = 0;
   cudaStream_t stream_;
   DeviceBuffer send_, recv_;
   PinnedBuffer host_;

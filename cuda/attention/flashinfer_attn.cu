@@ -34,8 +34,12 @@ void fi_call(const char* what, Call&& call) {
 // lse_e = lse_2 * ln 2 (FlashInfer's LSE is base 2; see the header).
 __global__ void lse_to_natural(float* lse, int64_t n) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) lse[i] *= 0.6931471805599453f;
+  if (i < n) lse[i] = lse_base2_to_natural(lse[i]);
 }
+
+static_assert(uint32_t(flashinfer::QKVLayout::kNHD) == uint32_t(FiKVLayout::kNHD) &&
+                  uint32_t(flashinfer::QKVLayout::kHND) == uint32_t(FiKVLayout::kHND),
+              "FiKVLayout must mirror flashinfer::QKVLayout");
 
 }  // namespace
 
@@ -57,24 +61,23 @@ struct FlashInferAttention::Impl {
   PlanState dec, pre;
   flashinfer::DecodePlanInfo dec_info;
   flashinfer::PrefillPlanInfo pre_info;
-  // Page lists of the step: built in pinned memory, copied in one transfer.
-  // int32 layout: dec_indptr[nd+1] dec_last[nd] pre_qo_indptr[nc+1]
-  // pre_indptr[nc+1] pre_last[nc] dec_indices[..] pre_indices[..]
+  // Page lists of the step: built in pinned memory (fill_fi_lists), copied in
+  // one transfer.
   PinnedBuffer host_lists;
   DeviceBuffer dev_lists;
+  FiLists lists;  // this step's layout of host_lists / dev_lists (step_layout.h)
   uint64_t generation = 0;
-  size_t off_dec_indptr = 0, off_dec_last = 0, off_pre_qo = 0, off_pre_indptr = 0, off_pre_last = 0,
-         off_dec_idx = 0, off_pre_idx = 0;
 
   int32_t* dev(size_t off) const { return dev_lists.as<int32_t>() + off; }
+  // paged_kv_t over layer `layer` of the slab as fi_kv_view describes it.
   flashinfer::paged_kv_t<fi::bf16, int32_t> paged_kv(const fi::bf16* slab, int32_t layer, int32_t batch,
                                                      size_t indices, size_t indptr, size_t last) const {
-    const int64_t strides[3] = {page_elems, int64_t(page_size) * d, d};  // HND: page, head, slot
-    fi::bf16* k = const_cast<fi::bf16*>(slab) + int64_t(layer) * 2 * hkv * page_size * d;
-    fi::bf16* v = k + int64_t(hkv) * page_size * d;
+    const FiKVView v = fi_kv_view(layer, hkv, page_size, d, page_elems);
+    fi::bf16* base = const_cast<fi::bf16*>(slab);
     return flashinfer::paged_kv_t<fi::bf16, int32_t>(uint32_t(hkv), uint32_t(page_size), uint32_t(d),
-                                                     uint32_t(batch), flashinfer::QKVLayout::kHND, k, v,
-                                                     strides, dev(indices), dev(indptr), dev(last));
+                                                     uint32_t(batch), static_cast<flashinfer::QKVLayout>(v.layout),
+                                                     base + v.k_offset, base + v.v_offset, v.strides, dev(indices),
+                                                     dev(indptr), dev(last));
   }
 };
 
@@ -117,18 +120,8 @@ void FlashInferAttention::plan(const FiSeq* decode, int32_t nd, const FiSeq* chu
                                bool graph_safe) {
   Impl& m = *impl_;
   const int32_t P = m.page_size;
-  auto pages = [P](const FiSeq& s) { return (s.kv_len + P - 1) / P; };
-  size_t dec_pages = 0, pre_pages = 0;
-  for (int32_t i = 0; i < nd; ++i) dec_pages += size_t(pages(decode[i]));
-  for (int32_t i = 0; i < nc; ++i) pre_pages += size_t(pages(chunks[i]));
-  m.off_dec_indptr = 0;
-  m.off_dec_last = m.off_dec_indptr + size_t(nd) + 1;
-  m.off_pre_qo = m.off_dec_last + size_t(nd);
-  m.off_pre_indptr = m.off_pre_qo + size_t(nc) + 1;
-  m.off_pre_last = m.off_pre_indptr + size_t(nc) + 1;
-  m.off_dec_idx = (m.off_pre_last + size_t(nc) + 3) / 4 * 4;
-  m.off_pre_idx = m.off_dec_idx + (dec_pages + 3) / 4 * 4;
-  const size_t total = m.off_pre_idx + pre_pages + 4;
+  m.lists = size_fi_lists(decode, nd, chunks, nc, P);
+  const size_t total = m.lists.total;
   // The device lists' address is captured by a CUDA graph of run(); when it
   // has to grow, generation() changes and the backend drops its graphs.
   const void* before = m.dev_lists.as<void>();
@@ -139,36 +132,19 @@ void FlashInferAttention::plan(const FiSeq* decode, int32_t nd, const FiSeq* chu
   m.dev_lists.reserve(want * sizeof(int32_t));
   if (m.dev_lists.as<void>() != before) ++m.generation;
   int32_t* h = m.host_lists.as<int32_t>();
-  auto fill = [&](const FiSeq* seqs, int32_t n, size_t off_indptr, size_t off_last, size_t off_idx) {
-    int32_t at = 0;
-    h[off_indptr] = 0;
-    for (int32_t i = 0; i < n; ++i) {
-      const int32_t np = pages(seqs[i]);
-      for (int32_t k = 0; k < np; ++k) h[off_idx + size_t(at + k)] = seqs[i].blocks[k];
-      at += np;
-      h[off_indptr + size_t(i) + 1] = at;
-      h[off_last + size_t(i)] = seqs[i].kv_len - (np - 1) * P;
-    }
-  };
-  fill(decode, nd, m.off_dec_indptr, m.off_dec_last, m.off_dec_idx);
-  fill(chunks, nc, m.off_pre_indptr, m.off_pre_last, m.off_pre_idx);
-  int64_t rows = 0;
-  h[m.off_pre_qo] = 0;
-  for (int32_t i = 0; i < nc; ++i) {
-    rows += chunks[i].q_rows;
-    h[m.off_pre_qo + size_t(i) + 1] = int32_t(rows);
-  }
+  fill_fi_lists(decode, nd, chunks, nc, P, m.lists, h);
   CUDA_CHECK(cudaMemcpyAsync(m.dev_lists.as<void>(), h, total * sizeof(int32_t), cudaMemcpyHostToDevice, m.stream));
   m.dec.batch = nd;
   m.dec.rows = nd;
   m.pre.batch = nc;
-  m.pre.rows = rows;
+  m.pre.rows = m.lists.pre_rows;
+  const uint32_t rows = uint32_t(m.lists.pre_rows);
 
   if (nd > 0) {
     fi_call("decode plan", [&] {
       auto plan = m.d == 64 ? fi::decode_plan<64> : fi::decode_plan<128>;
       return plan(m.float_ws.as<void>(), m.float_ws.bytes(), m.dec.int_ws.as<void>(),
-                  m.dec.int_ws_host.as<void>(), kIntWorkspace, m.dec_info, h + m.off_dec_indptr, uint32_t(nd),
+                  m.dec.int_ws_host.as<void>(), kIntWorkspace, m.dec_info, h + m.lists.off_dec_indptr, uint32_t(nd),
                   uint32_t(m.hq), uint32_t(m.hkv), uint32_t(P), graph_safe, m.stream);
     });
   }
@@ -176,7 +152,7 @@ void FlashInferAttention::plan(const FiSeq* decode, int32_t nd, const FiSeq* chu
     fi_call("prefill plan", [&] {
       return flashinfer::PrefillPlan<int32_t>(
           m.float_ws.as<void>(), m.float_ws.bytes(), m.pre.int_ws.as<void>(), m.pre.int_ws_host.as<void>(),
-          kIntWorkspace, m.pre_info, h + m.off_pre_qo, h + m.off_pre_indptr, uint32_t(rows), uint32_t(nc),
+          kIntWorkspace, m.pre_info, h + m.lists.off_pre_qo, h + m.lists.off_pre_indptr, rows, uint32_t(nc),
           uint32_t(m.hq), uint32_t(m.hkv), uint32_t(m.d), uint32_t(m.d), uint32_t(P),
           /*enable_cuda_graph=*/false, /*sizeof_dtype_o=*/2, /*window_left=*/-1, /*fixed_split_size=*/-1,
           /*disable_split_kv=*/false, /*num_colocated_ctas=*/0, /*uniform_q_len=*/0, m.stream);
@@ -193,8 +169,9 @@ void FlashInferAttention::run(const __nv_bfloat16* slab, int32_t layer, const __
   if (m.dec.batch > 0) {
     const flashinfer::DecodePlanInfo& info = m.dec_info;
     char* iws = m.dec.int_ws.as<char>();
+    const FiLists& l = m.lists;
     fi::DecodeParams p(const_cast<fi::bf16*>(q), /*q_rope_offset=*/nullptr,
-                       m.paged_kv(slab, layer, m.dec.batch, m.off_dec_idx, m.off_dec_indptr, m.off_dec_last), out,
+                       m.paged_kv(slab, layer, m.dec.batch, l.off_dec_idx, l.off_dec_indptr, l.off_dec_last), out,
                        lse, /*maybe_alibi_slopes=*/nullptr, uint32_t(m.hq), int32_t(q_stride_n), int32_t(m.d),
                        /*window_left=*/-1, /*logits_soft_cap=*/0.0f, sm_scale, /*rope_scale=*/1.0f,
                        /*rope_theta=*/1e4f);
@@ -217,11 +194,12 @@ void FlashInferAttention::run(const __nv_bfloat16* slab, int32_t layer, const __
   if (m.pre.batch > 0) {
     const flashinfer::PrefillPlanInfo& info = m.pre_info;
     char* iws = m.pre.int_ws.as<char>();
-    const int64_t row0 = m.dec.rows;  // the chunks' rows follow the decode rows
+    const int64_t row0 = m.lists.pre_row0;  // the chunks' rows follow the decode rows
     fi::PrefillParams p;
     p.q = const_cast<fi::bf16*>(q) + row0 * q_stride_n;
-    p.paged_kv = m.paged_kv(slab, layer, m.pre.batch, m.off_pre_idx, m.off_pre_indptr, m.off_pre_last);
-    p.q_indptr = m.dev(m.off_pre_qo);
+    const FiLists& l = m.lists;
+    p.paged_kv = m.paged_kv(slab, layer, m.pre.batch, l.off_pre_idx, l.off_pre_indptr, l.off_pre_last);
+    p.q_indptr = m.dev(m.lists.off_pre_qo);
     p.o = out + row0 * q_stride_n;
     p.lse = lse != nullptr ? lse + row0 * m.hq : nullptr;
     p.group_size = flashinfer::uint_fastdiv(uint32_t(m.hq / m.hkv));

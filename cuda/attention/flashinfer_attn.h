@@ -38,17 +38,12 @@
 #include <cstdint>
 #include <memory>
 
+#include "step_layout.h"
+
 namespace lockstep {
 
-// One attention sequence, host side. Its keys are positions [0, kv_len),
-// position p in slot p % P of page blocks[p / P]; its query rows are the
-// last q_rows positions (causal inside them: row t attends keys
-// [0, kv_len - q_rows + t]).
-struct FiSeq {
-  int32_t q_rows;
-  int32_t kv_len;
-  const int32_t* blocks;  // at least ceil(kv_len / P) entries
-};
+// FiSeq (one attention sequence, host side) is defined in step_layout.h with
+// the rest of the step's host-side descriptors.
 
 class FlashInferAttention {
  public:

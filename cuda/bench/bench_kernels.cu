@@ -1,13 +1,25 @@
 // bench_kernels.cu: the device-check measurements, timed with CUDA events
-// (median of repeats after a warm-up), written as TSV for sdpa_bench.py,
-// which prints the final side-by-side table:
+// (median of repeats after two warm-ups), written as TSV rows for
+// cuda/bench/device_report.py (which prints the tables; its docstring names
+// every column):
 //   ceilings   large device-to-device copy (bytes read + written), large
-//              bf16 cuBLAS matmul (8192^3)
-//   decode     batch 1/16/64/256 x context 1k/8k/32k/128k, llama-8b heads
-//              (32 q, 8 kv, D 128), page 32: time, GB/s of K+V read
-//   chunk      chunk 512/2k/8k x depth 0/32k/128k, GQA 4:1 (32 q heads over 8 kv heads): time, TFLOP/s
+//              bf16 cuBLAS matmul (8192^3), measured first in the same run
+//   decode     FlashInfer (the production attention: FlashInferAttention's
+//              run() of one layer, planned once per step as the engine does,
+//              the plan not timed), batch 1/16/64/256 x context 1k/8k/32k, GQA
+//              4:1 (32 q heads) and 8:1 (64 q heads) over 8 kv heads, D 128,
+//              page 32, pages in a shuffled order: time, GB/s of K+V read, %
+//              of the copy ceiling; then the hand-written kernels
+//              (attn_decode + attn_merge: production uses them only for head
+//              dims 16/32) at the GQA 4:1 shapes, labelled "handwritten"
+//   prefill    FlashInfer causal paged prefill, batch 1, chunk 512/2k/8k over
+//              a cached prefix of 0/8k/32k, GQA 4:1 and 8:1: time, TFLOP/s
+//              (4 * D * q heads * query-key pairs), % of the matmul ceiling;
+//              then the hand-written attn_chunk at the GQA 4:1 shapes
 //   iteration  one full llama-8b step through engine.h at a few batch mixes
-// Usage: cuda_bench OUT.tsv
+// A shape that fails (FlashInfer's planner or kernel refusing it) is written as
+// an "error" row with the message and the run goes on; the exit status is then
+// 1. Usage: cuda_bench OUT.tsv
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 
@@ -15,9 +27,13 @@
 #include <cmath>
 #include <cstdio>
 #include <functional>
+#include <memory>
 #include <numeric>
+#include <random>
+#include <string>
 #include <vector>
 
+#include "attention/flashinfer_attn.h"
 #include "engine.h"
 #include "kernels/attn_chunk.cuh"
 #include "kernels/attn_decode.cuh"
@@ -31,6 +47,7 @@ using namespace lockstep;
 namespace {
 
 FILE* tsv = nullptr;
+bool any_failed = false;
 
 // A failing cuBLAS call must stop the benchmark: an unchecked GEMM that did
 // nothing would report a bogus (huge) matmul ceiling.
@@ -108,77 +125,157 @@ void ceilings(double* copy_gbs, double* mm_tflops) {
   cudaFree(B);
   cudaFree(C);
   std::fprintf(tsv, "ceiling\tcopy\t%.1f\tGB/s\nceiling\tmatmul\t%.1f\tTFLOP/s\n", *copy_gbs, *mm_tflops);
+  std::fflush(tsv);
 }
 
-constexpr int kHq = 32, kHkv = 8, kD = 128, kP = 32;
+constexpr int kHkv = 8, kD = 128, kP = 32;
 
-// One attention launch set over batch sequences of (tokens, depth) each.
-double attention_ms(int batch, int tokens, int depth, __nv_bfloat16* slab, int64_t page_elems,
-                    int num_sms) {
-  const int ctx = depth + tokens, nb = (ctx + kP - 1) / kP, rows = batch * tokens;
-  std::vector<int32_t> blocks(size_t(batch) * nb);
-  std::iota(blocks.begin(), blocks.end(), 0);
-  std::vector<AttnSeq> seqs(static_cast<size_t>(batch));
-  for (int s = 0; s < batch; ++s) seqs[size_t(s)] = AttnSeq{s * tokens, tokens, depth, s * nb, 0, ctx, s, 0};
+// The page slab of every attention shape: one layer, pages handed out in a
+// shuffled order (a real pool's pages are scattered), disjoint per sequence.
+struct Slab {
+  __nv_bfloat16* data = nullptr;
+  int64_t page_elems = int64_t(2) * kHkv * kP * kD;
+  int64_t max_pages = 0;
+  std::vector<int32_t> order;  // page of the k-th handed-out block
+};
+
+// A batch of `batch` sequences of (tokens, depth) each on the slab.
+struct Shape {
+  int batch, tokens, depth;
+  int ctx() const { return depth + tokens; }
+  int blocks() const { return (ctx() + kP - 1) / kP; }
+  int rows() const { return batch * tokens; }
+};
+
+// Device queries and outputs for a shape, freed at scope end.
+struct QO {
+  void* q = nullptr;
+  __nv_bfloat16* out = nullptr;
+  QO(size_t q_bytes, size_t out_bytes) {
+    TCHECK(cudaMalloc(&q, q_bytes));
+    TCHECK(cudaMalloc(&out, out_bytes));
+  }
+  ~QO() {
+    cudaFree(q);
+    cudaFree(out);
+  }
+};
+
+// FlashInfer, as the engine runs it: plan the step, time one layer's run().
+double flashinfer_ms(const Shape& s, int hq, const Slab& slab, FlashInferAttention& fa) {
+  std::vector<FiSeq> seqs;
+  for (int i = 0; i < s.batch; ++i) seqs.push_back(FiSeq{s.tokens, s.ctx(), slab.order.data() + size_t(i) * s.blocks()});
+  if (s.tokens == 1)
+    fa.plan(seqs.data(), s.batch, nullptr, 0, /*graph_safe=*/false);
+  else
+    fa.plan(nullptr, 0, seqs.data(), s.batch, /*graph_safe=*/false);
+  const size_t elems = size_t(s.rows()) * hq * kD;
+  QO qo(elems * 2, elems * 2);
+  fill_random(static_cast<__nv_bfloat16*>(qo.q), elems, 7);
+  const auto* q = static_cast<const __nv_bfloat16*>(qo.q);
+  return time_ms([&] { fa.run(slab.data, 0, q, qo.out, nullptr); }, s.tokens == 1 ? 11 : 5);
+}
+
+// The hand-written kernels (float32 queries), split-KV decode as the backend
+// splits it.
+double handwritten_ms(const Shape& s, int hq, const Slab& slab, int num_sms) {
+  const int nb = s.blocks();
+  std::vector<AttnSeq> seqs(static_cast<size_t>(s.batch));
+  for (int i = 0; i < s.batch; ++i) seqs[size_t(i)] = AttnSeq{i * s.tokens, s.tokens, s.depth, i * nb, 0, s.ctx(), i, 0};
   int32_t* dblocks;
   AttnSeq* dseqs;
-  float *q, *o_part = nullptr, *lse_part = nullptr;
-  __nv_bfloat16* out;
-  TCHECK(cudaMalloc(&dblocks, blocks.size() * 4));
+  float *o_part = nullptr, *lse_part = nullptr;
+  const size_t elems = size_t(s.rows()) * hq * kD;
+  QO qo(elems * 4, elems * 2);
+  TCHECK(cudaMalloc(&dblocks, size_t(s.batch) * nb * 4));
   TCHECK(cudaMalloc(&dseqs, seqs.size() * sizeof(AttnSeq)));
-  TCHECK(cudaMalloc(&q, size_t(rows) * kHq * kD * 4));
-  TCHECK(cudaMalloc(&out, size_t(rows) * kHq * kD * 2));
-  TCHECK(cudaMemcpy(dblocks, blocks.data(), blocks.size() * 4, cudaMemcpyHostToDevice));
+  TCHECK(cudaMemcpy(dblocks, slab.order.data(), size_t(s.batch) * nb * 4, cudaMemcpyHostToDevice));
   TCHECK(cudaMemcpy(dseqs, seqs.data(), seqs.size() * sizeof(AttnSeq), cudaMemcpyHostToDevice));
-  TCHECK(cudaMemset(q, 0x3c, size_t(rows) * kHq * kD * 4));  // non-zero queries (~0.011)
+  TCHECK(cudaMemset(qo.q, 0x3c, elems * 4));  // non-zero queries (~0.011)
   AttnArgs a;
-  a.q = q;
-  a.q_stride = kHq * kD;
-  a.kv = PagedKV{slab, page_elems, kP, kHkv, kD, 0};
+  a.q = static_cast<const float*>(qo.q);
+  a.q_stride = hq * kD;
+  a.kv = PagedKV{slab.data, slab.page_elems, kP, kHkv, kD, 0};
   a.block_tables = dblocks;
   a.seqs = dseqs;
-  a.num_seqs = batch;
-  a.num_heads = kHq;
+  a.num_seqs = s.batch;
+  a.num_heads = hq;
   a.scale = 1.0f / std::sqrt(float(kD));
-  a.out = out;
-  a.out_stride = kHq * kD;
-  const int64_t blocks_1 = int64_t(batch) * kHkv;
-  if (tokens == 1 && ctx > 1024 && blocks_1 < 2 * num_sms) {  // same rule as the backend
-    const int splits = int(std::min<int64_t>((2 * num_sms + blocks_1 - 1) / blocks_1, (ctx + 255) / 256));
-    a.split_tokens = ((ctx + splits - 1) / splits + 63) / 64 * 64;
-    a.num_splits = (ctx + a.split_tokens - 1) / a.split_tokens;
-    a.part_rows = batch;
-    TCHECK(cudaMalloc(&o_part, size_t(a.num_splits) * batch * kHq * kD * 4));
-    TCHECK(cudaMalloc(&lse_part, size_t(a.num_splits) * batch * kHq * 4));
+  a.out = qo.out;
+  a.out_stride = hq * kD;
+  const int64_t blocks_1 = int64_t(s.batch) * kHkv;
+  if (s.tokens == 1 && s.ctx() > 1024 && blocks_1 < 2 * num_sms) {  // same rule as the backend
+    const int splits = int(std::min<int64_t>((2 * num_sms + blocks_1 - 1) / blocks_1, (s.ctx() + 255) / 256));
+    a.split_tokens = ((s.ctx() + splits - 1) / splits + 63) / 64 * 64;
+    a.num_splits = (s.ctx() + a.split_tokens - 1) / a.split_tokens;
+    a.part_rows = s.batch;
+    TCHECK(cudaMalloc(&o_part, size_t(a.num_splits) * s.batch * hq * kD * 4));
+    TCHECK(cudaMalloc(&lse_part, size_t(a.num_splits) * s.batch * hq * 4));
     a.o_part = o_part;
     a.lse_part = lse_part;
   }
   const double ms = time_ms([&] {
-    if (tokens == 1) {
+    if (s.tokens == 1) {
       attn_decode(a, nullptr);
       if (a.num_splits > 1) {
         MergeArgs m;
         m.o_part = o_part;
         m.lse_part = lse_part;
         m.num_parts = a.num_splits;
-        m.part_items = int64_t(batch) * kHq;
-        m.num_heads = kHq;
+        m.part_items = int64_t(s.batch) * hq;
+        m.num_heads = hq;
         m.head_dim = kD;
-        m.out_bf16 = out;
-        m.out_stride = kHq * kD;
+        m.out_bf16 = qo.out;
+        m.out_stride = hq * kD;
         attn_merge(m, nullptr);
       }
     } else {
-      attn_chunk(a, tokens, nullptr);
+      attn_chunk(a, s.tokens, nullptr);
     }
-  }, tokens == 1 ? 11 : 5);
+  }, s.tokens == 1 ? 11 : 5);
   cudaFree(dblocks);
   cudaFree(dseqs);
-  cudaFree(q);
-  cudaFree(out);
   if (o_part) cudaFree(o_part);
   if (lse_part) cudaFree(lse_part);
   return ms;
+}
+
+// One decode or prefill row: kernel, group, shape, then the time and rates,
+// or why it was not measured.
+void attention_row(const char* kernel, int group, const Shape& s, const Slab& slab, FlashInferAttention* fa,
+                   int num_sms, double copy_gbs, double mm_tflops) {
+  const bool decode = s.tokens == 1;
+  const char* kind = decode ? "decode" : "prefill";
+  const int a = decode ? s.batch : s.tokens, b = decode ? s.ctx() : s.depth, hq = kHkv * group;
+  const int64_t pages = int64_t(s.batch) * s.blocks();
+  if (pages > slab.max_pages) {
+    std::fprintf(tsv, "%s\t%s\t%d\t%d\t%d\tskipped\t%.0f GiB of KV\n", kind, kernel, group, a, b,
+                 double(pages) * slab.page_elems * 2 / double(1 << 30));
+    return;
+  }
+  try {
+    const double ms = fa != nullptr ? flashinfer_ms(s, hq, slab, *fa) : handwritten_ms(s, hq, slab, num_sms);
+    if (decode) {
+      const double gbs = double(s.batch) * s.ctx() * kHkv * kD * 2 * 2 / (ms * 1e6);
+      std::fprintf(tsv, "decode\t%s\t%d\t%d\t%d\t%.4f\t%.1f\t%.1f\n", kernel, group, a, b, ms, gbs,
+                   100 * gbs / copy_gbs);
+    } else {
+      const double flops = 4.0 * kD * hq * (double(s.tokens) * s.depth + double(s.tokens) * (s.tokens + 1) / 2);
+      const double tf = flops / (ms * 1e9);
+      std::fprintf(tsv, "prefill\t%s\t%d\t%d\t%d\t%.4f\t%.1f\t%.1f\n", kernel, group, a, b, ms, tf,
+                   100 * tf / mm_tflops);
+    }
+    std::printf("%s %s GQA %d:1 %d x %d: %.4f ms\n", kernel, kind, group, a, b, ms);
+  } catch (const EngineError& e) {
+    std::string msg = e.what();
+    std::replace(msg.begin(), msg.end(), '\t', ' ');
+    std::replace(msg.begin(), msg.end(), '\n', ' ');
+    std::fprintf(tsv, "%s\t%s\t%d\t%d\t%d\terror\t%s\n", kind, kernel, group, a, b, msg.c_str());
+    std::printf("FAIL: %s %s GQA %d:1 %d x %d: %s\n", kernel, kind, group, a, b, msg.c_str());
+    any_failed = true;
+  }
+  std::fflush(tsv);
+  std::fflush(stdout);
 }
 
 void iteration_bench() {
@@ -229,6 +326,7 @@ void iteration_bench() {
     }
     std::sort(t.begin(), t.end());
     std::fprintf(tsv, "iteration\t%s\t%.3f\tms\n", m.name, t[t.size() / 2]);
+    std::fflush(tsv);
   }
   eng_engine_free(e);
 }
@@ -246,40 +344,39 @@ int main(int argc, char** argv) {
     ceilings(&copy_gbs, &mm_tflops);
 
     // One slab for every attention shape: single layer, 40 GiB at most.
-    const int64_t page_elems = int64_t(2) * kHkv * kP * kD;
-    const int64_t page_bytes = page_elems * 2;
-    const int64_t max_pages = (int64_t(40) << 30) / page_bytes;
-    __nv_bfloat16* slab;
-    TCHECK(cudaMalloc(&slab, size_t(max_pages * page_bytes)));
-    fill_random(slab, size_t(max_pages * page_elems), 3);
-    for (int batch : {1, 16, 64, 256})
-      for (int ctx : {1024, 8192, 32768, 131072}) {
-        const int64_t pages = int64_t(batch) * ((ctx + kP - 1) / kP);
-        if (pages > max_pages) {
-          std::fprintf(tsv, "decode\t%d\t%d\tskipped\t%.0f GiB of KV\n", batch, ctx,
-                       double(pages * page_bytes) / (1 << 30));
-          continue;
-        }
-        const double ms = attention_ms(batch, 1, ctx - 1, slab, page_elems, sms);
-        const double gbs = double(batch) * ctx * kHkv * kD * 2 * 2 / (ms * 1e6);
-        std::fprintf(tsv, "decode\t%d\t%d\t%.4f\t%.1f\t%.1f\n", batch, ctx, ms, gbs, 100 * gbs / copy_gbs);
-        std::fflush(tsv);
+    Slab slab;
+    slab.max_pages = (int64_t(40) << 30) / (slab.page_elems * 2);
+    TCHECK(cudaMalloc(&slab.data, size_t(slab.max_pages * slab.page_elems * 2)));
+    fill_random(slab.data, size_t(slab.max_pages * slab.page_elems), 3);
+    slab.order.resize(size_t(slab.max_pages));
+    std::iota(slab.order.begin(), slab.order.end(), 0);
+    std::shuffle(slab.order.begin(), slab.order.end(), std::mt19937_64(42));
+
+    const int batches[] = {1, 16, 64, 256}, contexts[] = {1024, 8192, 32768};
+    const int chunks[] = {512, 2048, 8192}, depths[] = {0, 8192, 32768};
+    for (const char* kernel : {"flashinfer", "handwritten"}) {
+      const bool fi = kernel[0] == 'f';
+      for (int group : {4, 8}) {
+        if (!fi && group != 4) continue;  // reference rows at GQA 4:1 only
+        // One FlashInfer instance per head count, as an engine has one.
+        std::unique_ptr<FlashInferAttention> fa;
+        if (fi) fa = std::make_unique<FlashInferAttention>(kHkv * group, kHkv, kD, kP, slab.page_elems, nullptr);
+        for (int batch : batches)
+          for (int ctx : contexts)
+            attention_row(kernel, group, Shape{batch, 1, ctx - 1}, slab, fa.get(), sms, copy_gbs, mm_tflops);
+        for (int chunk : chunks)
+          for (int depth : depths)
+            attention_row(kernel, group, Shape{1, chunk, depth}, slab, fa.get(), sms, copy_gbs, mm_tflops);
       }
-    for (int chunk : {512, 2048, 8192})
-      for (int depth : {0, 32768, 131072}) {
-        const double ms = attention_ms(1, chunk, depth, slab, page_elems, sms);
-        const double flops = 4.0 * kD * kHq * (double(chunk) * depth + double(chunk) * (chunk + 1) / 2);
-        const double tf = flops / (ms * 1e9);
-        std::fprintf(tsv, "chunk\t%d\t%d\t%.4f\t%.1f\t%.1f\n", chunk, depth, ms, tf, 100 * tf / mm_tflops);
-        std::fflush(tsv);
-      }
-    cudaFree(slab);
+    }
+    cudaFree(slab.data);
     iteration_bench();
   } catch (const EngineError& e) {
     std::printf("FAIL: %s\n", e.what());
     return 1;
   }
   std::fclose(tsv);
-  std::printf("cuda_bench: wrote %s\n", argc > 1 ? argv[1] : "bench.tsv");
-  return 0;
+  std::printf("cuda_bench: wrote %s%s\n", argc > 1 ? argv[1] : "bench.tsv",
+              any_failed ? " (some shapes failed: error rows)" : "");
+  return any_failed ? 1 : 0;
 }

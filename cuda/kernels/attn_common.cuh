@@ -28,6 +28,8 @@
 
 #include <cstdint>
 
+#include "step_layout.h"
+
 namespace lockstep {
 
 // The device page slab as the kernels see it.
@@ -41,23 +43,12 @@ struct PagedKV {
 
   // Element offset of (page, K|V, head, slot 0) for `layer`.
   __host__ __device__ int64_t offset(int32_t page, int kv, int32_t head) const {
-    return int64_t(page) * page_elems +
-           ((int64_t(layer) * 2 + kv) * num_kv_heads + head) * int64_t(tokens_per_page) * head_dim;
+    return kv_page_offset(page_elems, tokens_per_page, num_kv_heads, head_dim, page, layer, kv, head);
   }
 };
 
-// One sequence of an attention launch (all int32 so that a host array of
-// them is copied to the device together with the other step descriptors).
-struct AttnSeq {
-  int32_t q_row;       // first query row of the sequence in q / out
-  int32_t num_tokens;  // query rows (1 for decode)
-  int32_t start_pos;   // position of the first query row
-  int32_t block_off;   // offset of the sequence's block table in block_tables
-  int32_t kv_begin;    // key slice [kv_begin, kv_end) (see above)
-  int32_t kv_end;
-  int32_t part_row;    // first row of this sequence in the partial buffers
-  int32_t pad_;        // keeps the struct 32 bytes
-};
+// AttnSeq (one sequence of an attention launch) is defined in step_layout.h,
+// where the host builds it.
 
 struct AttnArgs {
   // Queries, float32 with RoPE applied: q[row * q_stride + head * D + d].
