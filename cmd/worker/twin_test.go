@@ -71,7 +71,7 @@ func TestTwinRefusals(t *testing.T) {
 	require.Contains(t, stderr, "--gpu is a setting of the digital twin")
 
 	bad := filepath.Join(t.TempDir(), "p.json")
-	require.NoError(t, os.WriteFile(bad, []byte(`{"version": 2}`), 0o644))
+	require.NoError(t, os.WriteFile(bad, []byte(`{"version": 3}`), 0o644))
 	code, _, stderr = runCLI(t, append(append([]string{}, twinRun...), "--cost-profile", bad)...)
 	require.Equal(t, 2, code)
 	require.Contains(t, stderr, "--cost-profile")
