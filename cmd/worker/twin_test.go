@@ -158,3 +158,19 @@ func TestTwinDeploymentFlags(t *testing.T) {
 	require.Equal(t, bf.OutputDigest, fp.OutputDigest)
 	require.Less(t, fp.DurationS, bf.DurationS, "FP8 weights halve the bytes every decode reads")
 }
+
+// TestTwinValidateCommand: the validation prints every operator table with
+// its summary; a bad table name is a usage error.
+func TestTwinValidateCommand(t *testing.T) {
+	code, stdout, stderr := runCLI(t, "twin-validate", "--only", "operators")
+	require.Equal(t, 0, code, stderr)
+	for _, g := range []string{"vidur-gemm", "vidur-elementwise", "deepgemm-fp8", "ort-decode", "vidur-allreduce", "## summary"} {
+		require.Contains(t, stdout, g)
+	}
+	code, stdout, stderr = runCLI(t, "twin-validate", "--sources")
+	require.Equal(t, 0, code, stderr)
+	require.Contains(t, stdout, "github.com/microsoft/vidur")
+	code, _, stderr = runCLI(t, "twin-validate", "--only", "gemm")
+	require.Equal(t, 2, code)
+	require.Contains(t, stderr, `unknown table "gemm"`)
+}
