@@ -293,8 +293,10 @@ step "measured twin profile"
 # rate (median of the chunk rows of 2k tokens and more), decode attention
 # bandwidth (median of the decode rows at 4k context and more), and the
 # step overhead left when the llama-8b "decode 64 x 2k" iteration's weight
-# and KV reads at those rates are taken away. With bin/worker carried to
-# the machine it also writes the re-based llama-8b profile.
+# and KV reads at those rates are taken away, and the per-kernel fixed costs
+# (GEMM, attention, element-wise) with the weight-streaming and element-wise
+# rates. With bin/worker carried to the machine it also writes the re-based
+# llama-8b profile.
 GPU_NAME="$(head -n 1 "$LOGS/device.txt" | cut -d, -f1)"
 "$PY" - "$LOGS/bench.tsv" "$LOGS/measured.json" "$GPU_NAME" >"$LOGS/measured.log" 2>&1 <<'PY' ||
 import json, sys, statistics, datetime
@@ -314,6 +316,25 @@ m = {"version": 1, "gpu": gpu,
 weights, kv = 8.03e9 * 2, 64 * 2048 * 32 * 8 * 128 * 2 * 2
 it = iters.get("decode 64 x 2k", 0.0)
 m["step_overhead_ms"] = round(max(0.01, it - weights / (ceil["copy"] * 1e6) - kv / (m["decode_attention_gbps"] * 1e6)), 3)
+# The twin's per-kernel figures (bench rows gemm, fixed, elementwise): a
+# 1-token GEMM of the two llama-8b shapes is kernel cost + weight bytes /
+# stream rate (two equations, two unknowns); the batch-1 short-KV attention
+# kernels are almost all fixed cost; RMSNorm of 1 row is fixed cost, of 4096
+# rows its bytes at the element-wise rate.
+gemm = {(int(r[1]), int(r[3])): float(r[4]) for r in rows if r[0] == "gemm"}
+if (1, 6144) in gemm and (1, 28672) in gemm and gemm[(1, 28672)] > gemm[(1, 6144)]:
+    b1, b2 = 4096 * 6144 * 2, 4096 * 28672 * 2
+    gbps = (b2 - b1) / ((gemm[(1, 28672)] - gemm[(1, 6144)]) * 1e6)
+    t0 = gemm[(1, 6144)] - b1 / (gbps * 1e6)
+    if t0 > 0:
+        m["gemm_weight_gbps"], m["gemm_kernel_ms"] = round(gbps, 1), round(t0, 4)
+fixed = [float(r[2]) for r in rows if r[0] == "fixed"]
+if fixed:
+    m["attention_kernel_ms"] = round(min(fixed), 4)
+elem = sorted((int(r[1]), float(r[2]), float(r[3])) for r in rows if r[0] == "elementwise")
+if len(elem) >= 2 and elem[-1][2] > elem[0][2]:
+    m["elementwise_kernel_ms"] = round(elem[0][2], 4)
+    m["elementwise_gbps"] = round((elem[-1][1] - elem[0][1]) / ((elem[-1][2] - elem[0][2]) * 1e6), 1)
 json.dump(m, open(out, "w"), indent=2)
 print(json.dumps(m))
 PY
