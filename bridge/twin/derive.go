@@ -77,7 +77,6 @@ func derive(p *Profile) derived {
 	g, r := p.GPU, p.Roofline
 	tp := float64(p.Parallelism.TP)
 	h, V := float64(m.Hidden), float64(m.Vocab)
-	hg := float64(m.Heads) / tp // heads per GPU
 	d.tp = tp
 	d.layers = float64(m.Layers)
 	d.moeLayers = float64(m.MoELayers())
@@ -92,26 +91,7 @@ func derive(p *Profile) derived {
 	d.wb, d.eb = float64(m.WeightBytes), float64(m.EmbeddingBytes)
 	d.tile, d.gemmKernelMS = r.GEMMTileTokens.Value, r.GEMMKernelMS.Value
 
-	// Attention weights and per-pair work.
-	var attn gemmSet
-	attentionGEMMs(m, tp, &attn)
-	var elemAttn float64
-	if m.MLA() {
-		qlora, kvlora := float64(m.QLoraRank), float64(m.KVLoraRank)
-		nope, rope, v := float64(m.QKNopeHeadDim), float64(m.QKRopeHeadDim), float64(m.VHeadDim)
-		d.ctxPairFLOPs = 2 * hg * (nope + rope + v)           // MHA mode: QK over nope+rope, PV over v
-		d.decPairFLOPs = 2 * hg * (kvlora + rope + kvlora)    // absorbed: QK over the latent+rope, PV over the latent
-		d.upProjFLOPsPerKV = 2 * kvlora * hg * (nope + v)     // kv_b_proj of each cached latent
-		d.kvLayerBytes = (kvlora + rope) * float64(m.KVBytes) // one latent, not split by TP
-		elemAttn = 2*(qlora+kvlora)*actBytes + 2*(hg+1)*rope*actBytes + d.kvLayerBytes
-	} else {
-		hd := float64(m.HeadDim)
-		kvg := math.Max(1, float64(m.KVHeads)/tp) // replicated when tp > kv heads
-		d.ctxPairFLOPs = 4 * hg * hd
-		d.decPairFLOPs = d.ctxPairFLOPs
-		d.kvLayerBytes = 2 * kvg * hd * float64(m.KVBytes)
-		elemAttn = 2*(hg+kvg)*hd*actBytes + d.kvLayerBytes // RoPE on q and k, KV append
-	}
+	attn, elemAttn := d.deriveAttention(m, tp)
 	d.attnMSPerFLOP = 1e3 / (g.BF16FLOPS.Value * r.PrefillAttentionEfficiency.Value)
 	d.kvMSPerByte = 1e3 / (g.HBMBytesPerS.Value * r.DecodeAttentionEfficiency.Value)
 	d.attnKernelMS = r.AttentionKernelMS.Value
@@ -159,6 +139,29 @@ func derive(p *Profile) derived {
 		d.arDense, d.arMoE = 2, 1 // after attention and after the MLP; an MoE layer's output returns by the combine
 	}
 	return d
+}
+
+// deriveAttention sets the attention's per-pair work and KV bytes and
+// returns the layer's attention projections and the element-wise bytes per
+// token attention adds (RoPE, the KV append; MLA's latent norms).
+func (d *derived) deriveAttention(m *Model, tp float64) (attn gemmSet, elemAttn float64) {
+	attentionGEMMs(m, tp, &attn)
+	hg := float64(m.Heads) / tp // heads per GPU
+	if m.MLA() {
+		qlora, kvlora := float64(m.QLoraRank), float64(m.KVLoraRank)
+		nope, rope, v := float64(m.QKNopeHeadDim), float64(m.QKRopeHeadDim), float64(m.VHeadDim)
+		d.ctxPairFLOPs = 2 * hg * (nope + rope + v)           // MHA mode: QK over nope+rope, PV over v
+		d.decPairFLOPs = 2 * hg * (kvlora + rope + kvlora)    // absorbed: QK over the latent+rope, PV over the latent
+		d.upProjFLOPsPerKV = 2 * kvlora * hg * (nope + v)     // kv_b_proj of each cached latent
+		d.kvLayerBytes = (kvlora + rope) * float64(m.KVBytes) // one latent, not split by TP
+		return attn, 2*(qlora+kvlora)*actBytes + 2*(hg+1)*rope*actBytes + d.kvLayerBytes
+	}
+	hd := float64(m.HeadDim)
+	kvg := math.Max(1, float64(m.KVHeads)/tp) // replicated when tp > kv heads
+	d.ctxPairFLOPs = 4 * hg * hd
+	d.decPairFLOPs = d.ctxPairFLOPs
+	d.kvLayerBytes = 2 * kvg * hd * float64(m.KVBytes)
+	return attn, 2*(hg+kvg)*hd*actBytes + d.kvLayerBytes // RoPE on q and k, KV append
 }
 
 // allReduceCost is one all-reduce over gpus GPUs of the profile's
