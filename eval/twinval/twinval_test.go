@@ -131,7 +131,7 @@ func TestLatencyRows(t *testing.T) {
 }
 
 // TestThroughputRowsSample runs four of the throughput rows through the
-// fleet (the whole table takes ~90 s: `worker twin-validate`): prefill- and
+// fleet (the whole table takes about a minute of CPU: `worker twin-validate`): prefill- and
 // memory-heavy ones of both models, each within ±15 %.
 func TestThroughputRowsSample(t *testing.T) {
 	if racetest.Enabled {
