@@ -45,12 +45,18 @@ import (
 
 // Options are the evaluation's settings (`worker eval`'s flags).
 type Options struct {
-	Engine   string // the main evaluation's engine: twin
-	GPU      string // the twin's GPU
-	Model    string // the twin's model
-	Trace    string // the Mooncake trace (required)
-	Out      string // the report directory (required; created)
-	LogLevel string // the runs' log level (their logs go to Out/logs/)
+	Engine string // the main evaluation's engine: twin
+	GPU    string // the twin's GPU
+	Model  string // the twin's model
+	// The twin's deployment (as `worker run`'s flags of the same names):
+	// element types ("" = the model's), GPUs per NVLink domain (0 = the
+	// GPU's) and the Zipf exponent of expert popularity (< 0 = uniform).
+	WeightDType, KVDType string
+	GPUsPerNode          int
+	ExpertZipf           float64
+	Trace                string // the Mooncake trace (required)
+	Out                  string // the report directory (required; created)
+	LogLevel             string // the runs' log level (their logs go to Out/logs/)
 
 	Ranks, Limit, MaxNumTokens, TokensPerPage int
 	MaxBatchSize, MaxActive                   int
@@ -68,7 +74,7 @@ type Options struct {
 func Defaults() Options {
 	return Options{Engine: "twin", GPU: "h200", Model: "deepseek-v3", Ranks: 8, Limit: 3000, MaxNumTokens: 8192,
 		TokensPerPage: 32, MaxBatchSize: 256, MaxActive: 256, Demote: 16384, LongPrefill: 16384, Saturation: 1.1,
-		CPU: true, LogLevel: "warn"}
+		CPU: true, LogLevel: "warn", ExpertZipf: -1}
 }
 
 // Validate refuses settings the evaluation cannot run, before any work.
@@ -176,6 +182,7 @@ func (ev *Evaluation) twin() error {
 		"--trace", e.Trace, "--limit", strconv.Itoa(e.Limit), "--max-num-tokens", strconv.Itoa(e.MaxNumTokens),
 		"--tokens-per-page", strconv.Itoa(e.TokensPerPage), "--max-batch-size", strconv.Itoa(e.MaxBatchSize),
 		"--max-active-per-rank", strconv.Itoa(e.MaxActive)}
+	base = append(base, e.deploymentArgs()...)
 	// 1. The fleet's context capacity: context servers, everything at once.
 	capRun, err := ev.run("capacity", "context", "all-at-once", append(slices.Clone(base), "--context-only", "--arrival-scale", "0"), nil, "")
 	if err != nil {
@@ -225,6 +232,25 @@ func (ev *Evaluation) twin() error {
 		}
 	}
 	return nil
+}
+
+// deploymentArgs are the twin's deployment flags that differ from their
+// defaults.
+func (e *Options) deploymentArgs() []string {
+	var a []string
+	if e.WeightDType != "" {
+		a = append(a, "--weight-dtype", e.WeightDType)
+	}
+	if e.KVDType != "" {
+		a = append(a, "--kv-dtype", e.KVDType)
+	}
+	if e.GPUsPerNode != 0 {
+		a = append(a, "--gpus-per-node", strconv.Itoa(e.GPUsPerNode))
+	}
+	if e.ExpertZipf >= 0 {
+		a = append(a, "--expert-zipf", strconv.FormatFloat(e.ExpertZipf, 'g', -1, 64))
+	}
+	return a
 }
 
 // configure adds configuration c's settings to args (and environment):

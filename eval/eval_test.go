@@ -76,3 +76,14 @@ func TestEvalWritesTheReport(t *testing.T) {
 		require.Equal(t, 1600, img.Bounds().Dx(), name)
 	}
 }
+
+// TestDeploymentArgs: the twin's deployment settings reach every run's
+// command line only when set (the runs keep the model's own dtypes, the
+// GPU's NVLink domain and uniform routing otherwise).
+func TestDeploymentArgs(t *testing.T) {
+	e := Defaults()
+	require.Empty(t, e.deploymentArgs())
+	e.WeightDType, e.KVDType, e.GPUsPerNode, e.ExpertZipf = "fp8", "bf16", 16, 0.5
+	require.Equal(t, []string{"--weight-dtype", "fp8", "--kv-dtype", "bf16", "--gpus-per-node", "16", "--expert-zipf", "0.5"},
+		e.deploymentArgs())
+}

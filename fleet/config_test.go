@@ -118,6 +118,10 @@ twin:
   gpu: b200
   cost_profile: p.json
   tp: 2
+  weight_dtype: fp8
+  kv_dtype: fp8
+  gpus_per_node: 4
+  expert_zipf: 0.5
 workload:
   trace: t.jsonl
   limit: 5
@@ -145,6 +149,10 @@ workload:
 	require.Equal(t, int64(3), o.Scheduler.EqualCost.PerChunkDepthTokens)
 	require.Equal(t, int64(32768), o.Scheduler.Demotion.UncachedTokens)
 	require.Equal(t, int64(2), o.Scheduler.Demotion.MaxIters)
+	require.Equal(t, "fp8", o.WeightDType)
+	require.Equal(t, "fp8", o.KVDType)
+	require.Equal(t, 4, o.GPUsPerNode)
+	require.Equal(t, 0.5, o.ExpertZipf)
 	require.Equal(t, "t.jsonl", o.Trace)
 	require.Equal(t, 0, o.Limit, "a flag given on the command line wins over the file")
 	require.Equal(t, 0.05, o.LengthScale)

@@ -24,6 +24,14 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.GPU, "gpu", o.GPU, "with --engine twin: the GPU the twin models ("+strings.Join(twin.GPUNames(), ", ")+")")
 	fs.StringVar(&o.CostProfile, "cost-profile", o.CostProfile, "with --engine twin: a cost profile file (JSON, docs/twin.md) instead of --gpu and --model")
 	fs.IntVar(&o.TP, "tp", o.TP, "with --engine twin: tensor-parallel GPUs per attention-DP rank")
+	fs.StringVar(&o.WeightDType, "weight-dtype", o.WeightDType, "with --engine twin: element type of the layers' weights, "+
+		twin.DTypeNames+" (default: the model's own; fp8 runs the GEMMs at the FP8 rate)")
+	fs.StringVar(&o.KVDType, "kv-dtype", o.KVDType, "with --engine twin: element type of the KV cache, "+twin.DTypeNames+
+		" (default: the model's own; fp8 halves the KV bytes, doubling what fits)")
+	fs.IntVar(&o.GPUsPerNode, "gpus-per-node", o.GPUsPerNode, "with --engine twin: GPUs per NVLink domain; larger TP or "+
+		"expert-parallel groups send the rest over RDMA (0: the GPU's, 8 on HGX H100/H200/B200, 72 on GB300 NVL72)")
+	fs.Float64Var(&o.ExpertZipf, "expert-zipf", o.ExpertZipf, "with --engine twin and an MoE model: Zipf exponent of "+
+		"routed-expert popularity (0: uniform; negative: the profile's, uniform for the built-ins)")
 	o.flagCostMode = o.CostModeName()
 	fs.StringVar(&o.flagCostMode, "ctx-cost", o.flagCostMode, "where equal-cost chunking's kv_cost_offset and kv_depth_threshold come from: "+
 		"off (scheduler.equal_cost or the TLLM_V2_CTX_COST_* variables), manual (scheduler.equal_cost only) or "+

@@ -72,9 +72,13 @@ type Options struct {
 	NoPrefixReuse     bool          // --no-prefix-reuse
 	GPUMemFraction    float64       // --gpu-mem-fraction
 
-	GPU         string // --gpu (twin)
-	CostProfile string // --cost-profile (twin)
-	TP          int    // --tp (twin)
+	GPU         string  // --gpu (twin)
+	CostProfile string  // --cost-profile (twin)
+	TP          int     // --tp (twin)
+	WeightDType string  // --weight-dtype (twin): bf16, fp8 or "" (the model's)
+	KVDType     string  // --kv-dtype (twin): bf16, fp8 or "" (the model's)
+	GPUsPerNode int     // --gpus-per-node (twin): GPUs per NVLink domain, 0 = the profile's
+	ExpertZipf  float64 // --expert-zipf (twin): Zipf exponent of expert popularity, < 0 = the profile's
 
 	// RecordBusy keeps every forward iteration's per-rank busy times in
 	// the result (worker eval's timeline and waste plots).
@@ -146,7 +150,7 @@ func Defaults() Options {
 		LengthScale: 1, ArrivalScale: 1, Report: "text", Progress: "auto",
 		CollectiveTimeout: 60 * time.Second, LogLevel: "info", Overlap: "on",
 		Router: "default", MaxActivePerRank: 1024, CP: 1, EventBufferMaxSize: 1 << 20,
-		GPUMemFraction: 0.9, GPU: "h200", TP: 1, Calibration: DefaultCalibSettings(),
+		GPUMemFraction: 0.9, GPU: "h200", TP: 1, ExpertZipf: -1, Calibration: DefaultCalibSettings(),
 		Text: PromptOptions{MaxTokens: 128},
 	}
 }

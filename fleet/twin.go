@@ -36,8 +36,46 @@ func (o *Options) twinProfile() (*twin.Profile, error) {
 	} else if p, err = twin.BuiltinProfile(o.GPU, o.Model, twin.Parallelism{TP: o.TP}); err != nil {
 		return nil, usage.Errorf("--engine twin: %v", err)
 	}
+	if p, err = ApplyTwinDeployment(p, o.WeightDType, o.KVDType, o.GPUsPerNode, o.ExpertZipf, o.Src); err != nil {
+		return nil, err
+	}
 	if p, err = p.WithRanks(o.world()); err != nil {
 		return nil, usage.Errorf("--engine twin: %v", err)
+	}
+	return p, nil
+}
+
+// ApplyTwinDeployment applies the deployment settings of the twin
+// (--weight-dtype, --kv-dtype, --gpus-per-node, --expert-zipf) to a cost
+// profile, the same for `worker run`, `worker twin-profile` and `worker
+// eval`; src names where a setting came from (a flag or a config key). An
+// unknown dtype or a value the profile refuses is a usage error naming it.
+func ApplyTwinDeployment(p *twin.Profile, weight, kv string, gpusPerNode int, zipf float64, src func(string) string) (*twin.Profile, error) {
+	w, err := twin.ParseDType(weight)
+	if err != nil {
+		return nil, usage.Errorf("%s: %v", src("weight-dtype"), err)
+	}
+	k, err := twin.ParseDType(kv)
+	if err != nil {
+		return nil, usage.Errorf("%s: %v", src("kv-dtype"), err)
+	}
+	if p, err = p.WithDTypes(w, k); err != nil {
+		return nil, usage.Errorf("%s, %s: %v", src("weight-dtype"), src("kv-dtype"), err)
+	}
+	if gpusPerNode < 0 {
+		return nil, usage.Errorf("%s must be at least 1 (or 0: the GPU's NVLink domain), got %d", src("gpus-per-node"), gpusPerNode)
+	}
+	if p, err = p.WithTopology(gpusPerNode); err != nil {
+		return nil, usage.Errorf("%s: %v", src("gpus-per-node"), err)
+	}
+	if zipf > 4 || zipf != zipf {
+		return nil, usage.Errorf("%s must be a Zipf exponent in [0, 4] (negative: the profile's), got %g", src("expert-zipf"), zipf)
+	}
+	if zipf >= 0 && !p.Model.MoE() {
+		return nil, usage.Errorf("%s %g: model %s has no routed experts", src("expert-zipf"), zipf, p.Model.Name)
+	}
+	if p, err = p.WithExpertZipf(zipf); err != nil {
+		return nil, usage.Errorf("%s: %v", src("expert-zipf"), err)
 	}
 	return p, nil
 }
@@ -85,7 +123,9 @@ func (o *Options) validateTwin() error {
 		for _, f := range []struct {
 			name string
 			set  bool
-		}{{"gpu", o.GPU != "h200"}, {"cost-profile", o.CostProfile != ""}, {"tp", o.TP != 1}} {
+		}{{"gpu", o.GPU != "h200"}, {"cost-profile", o.CostProfile != ""}, {"tp", o.TP != 1},
+			{"weight-dtype", o.WeightDType != ""}, {"kv-dtype", o.KVDType != ""}, {"gpus-per-node", o.GPUsPerNode != 0},
+			{"expert-zipf", o.ExpertZipf >= 0}} {
 			if f.set {
 				return usage.Errorf("%s is a setting of the digital twin: it needs --engine twin (got %s %s)",
 					o.Src(f.name), o.Src("engine"), o.Engine)

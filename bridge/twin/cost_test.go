@@ -4,46 +4,77 @@ import (
 	"math"
 	"math/rand/v2"
 	"testing"
+
+	"github.com/lockstep-ai/lockstep/bridge"
 )
 
-// Rates of the built-in h200 profile, written out so that the expected
-// values below are computed from the datasheet and the coefficients, not
-// from the code under test.
+// Rates and coefficients of the built-in h200 profile, written out so that
+// the expected values below are computed from the datasheet and the
+// coefficients (docs/twin.md), not from the code under test.
 const (
-	h200BF16     = 989.5e12         // FLOP/s dense
-	h200FP8      = 1979e12          // FLOP/s dense
-	h200HBM      = 4.8e12           // B/s
-	h200NVDir    = 450e9            // B/s, one direction
-	gemmRate     = h200BF16 * 0.70  // 692.65e12 FLOP/s
-	fp8GemmRate  = h200FP8 * 0.70   // 1385.3e12 FLOP/s
-	weightStream = h200HBM * 0.80   // 3.84e12 B/s
-	attnRate     = h200BF16 * 0.65  // 643.175e12 FLOP/s
-	kvStream     = h200HBM * 0.75   // 3.6e12 B/s
-	elemStream   = h200HBM * 0.80   // 3.84e12 B/s
-	commRate     = h200NVDir * 0.75 // 337.5e9 B/s
+	h200BF16    = 989.5e12         // FLOP/s dense
+	h200FP8     = 1979e12          // FLOP/s dense
+	h200HBM     = 4.8e12           // B/s
+	h200NVDir   = 450e9            // B/s, one direction
+	gemmRate    = h200BF16 * 0.72  // 712.44e12 FLOP/s
+	fp8GemmRate = h200FP8 * 0.68   // 1345.72e12 FLOP/s
+	weightRate  = h200HBM * 0.94   // 4.512e12 B/s
+	attnRate    = h200BF16 * 0.65  // 643.175e12 FLOP/s
+	kvRate      = h200HBM * 0.80   // 3.84e12 B/s
+	elemRate    = h200HBM * 0.72   // 3.456e12 B/s
+	a2aRate     = h200NVDir * 0.75 // 337.5e9 B/s
+	arRate      = h200NVDir * 1.52 // 684e9 B/s ring bus bandwidth of an all-reduce
+	tile        = 64               // tokens per GEMM tile
+	gemmK       = 0.005            // ms per GEMM kernel
+	attnK       = 0.012            // ms per attention kernel
+	elemK       = 0.003            // ms per element-wise kernel
+	arLat       = 0.025            // ms per all-reduce
 )
+
+func ms(seconds float64) float64 { return seconds * 1e3 }
+
+// gemmMS is one GEMM of rows tokens through a k×n matrix, as docs/twin.md
+// writes it: the kernel's fixed cost plus the hypotenuse of the compute time
+// of the rows rounded up to whole tiles and the time to stream the weights
+// (wb bytes each), the input (wb bytes per element) and the BF16 output.
+func gemmMS(rows, k, n, wb, rate float64) float64 {
+	padded := math.Ceil(rows/tile) * tile
+	c := ms(2 * padded * k * n / rate)
+	b := ms((k*n*wb + rows*(k*wb+n*2)) / weightRate)
+	return gemmK + math.Hypot(c, b)
+}
 
 // llama-8b: hidden 4096, 32 heads, 8 KV heads, head dim 128, intermediate
-// 14336, vocab 128256, 32 layers.
+// 14336, vocab 128256, 32 layers. Its layer's GEMMs: QKV 4096×6144, O
+// 4096×4096, gate+up 4096×28672, down 14336×4096.
+func l8LayerGEMM(rows, wb, rate float64) float64 {
+	return gemmMS(rows, 4096, 6144, wb, rate) + gemmMS(rows, 4096, 4096, wb, rate) +
+		gemmMS(rows, 4096, 28672, wb, rate) + gemmMS(rows, 14336, 4096, wb, rate)
+}
+
 const (
-	// GEMM weights per layer: attention 4096·128·(2·32 + 2·8) = 41,943,040
-	// plus MLP 3·4096·14336 = 176,160,768.
-	l8LayerParams = 41943040 + 176160768 // 218,103,808
-	l8Params      = 32 * l8LayerParams   // 6,979,321,856
 	// KV bytes per token and layer: 2·8·128·2.
 	l8KVLayer = 4096
 	// Element-wise bytes per token and layer: norms 8·4096·2 = 65,536, RoPE
 	// on q and k 2·(32+8)·128·2 = 20,480, KV append 4,096, SiLU·mul
-	// 3·14336·2 = 86,016.
+	// 3·14336·2 = 86,016; four kernels.
 	l8ElemLayer = 65536 + 20480 + 4096 + 86016 // 176,128
-	// Outside the layers: embedding gather 4096·2 + 4096·2, final norm 2·4096·2.
-	l8ElemStep = 16384 + 16384
-	// LM head weights 128256·4096; logits 2·128256·4 bytes per sequence.
-	l8LMParams = 128256 * 4096 // 525,336,576
-	l8Logits   = 2 * 128256 * 4
+	// Outside the layers: embedding gather 4096·2 + 4096·2, final norm
+	// 2·4096·2, a kernel each.
+	l8ElemEmbed, l8ElemFinal = 16384, 16384
+	// LM head 4096×128256; logits 2·128256·4 bytes per sequence.
+	l8Logits = 2 * 128256 * 4
 )
 
-func ms(seconds float64) float64 { return seconds * 1e3 }
+// l8Norm is the element-wise time of T tokens.
+func l8Norm(T float64) float64 {
+	return 32*(4*elemK+ms(T*l8ElemLayer/elemRate)) + 2*elemK + ms(T*(l8ElemEmbed+l8ElemFinal)/elemRate)
+}
+
+// l8LM is the LM head of ns sequences and the sampler's logits traffic.
+func l8LM(ns float64) float64 {
+	return gemmMS(ns, 4096, 128256, 2, gemmRate) + elemK + ms(ns*l8Logits/elemRate)
+}
 
 // approx checks a total written as a rounded decimal (7 significant digits).
 func approx(t *testing.T, what string, got, want float64) {
@@ -69,56 +100,49 @@ func builtin(t testing.TB, gpu, model string, par Parallelism) *Profile {
 	return p
 }
 
-// lmHead8B is the LM head of ns sequences: weight-bound (1.05 GB at
-// 3.84 TB/s = 0.2736 ms) plus the logits traffic.
-func lmHead8B(ns float64) float64 {
-	return math.Max(ms(2*ns*l8LMParams/gemmRate), ms(l8LMParams*2/weightStream)) + ms(ns*l8Logits/elemStream)
-}
-
 func TestLlama8BDecodeH200(t *testing.T) {
 	p := builtin(t, "h200", "llama-8b", Parallelism{})
 	c := p.StepCost([]Work{{NewTokens: 1, KVBefore: 4096}})
-	// GEMMs read every weight once: 6,979,321,856 · 2 B / 3.84e12 B/s = 3.6351 ms
-	// (compute 2·1·6.98e9 / 692.65e12 = 0.02 ms is far below).
-	near(t, "GEMM", c.GEMMMS, ms(l8Params*2/weightStream))
-	// Attention per layer reads 4097 tokens · 4096 B = 16.8 MB at 3.6e12 B/s
-	// = 4.66 µs (FLOPs 4·32·128·4096.5 = 67 MFLOP at 643 TFLOP/s = 0.10 µs);
-	// 32 layers: 0.14917 ms.
-	near(t, "attention", c.AttentionMS, 32*ms(4097*l8KVLayer/kvStream))
-	// Element-wise: (32·176,128 + 32,768) B / 3.84e12 B/s = 0.00148 ms.
-	near(t, "norm", c.NormMS, ms((32*l8ElemLayer+l8ElemStep)/elemStream))
-	// LM head: 0.27361 + 0.00027 ms.
-	near(t, "LM head", c.LMHeadMS, lmHead8B(1))
+	// GEMMs read every weight once (218,103,808 per layer at 4.512 TB/s =
+	// 96.7 us), plus the compute of one 64-token tile (2·64·218e6 FLOP at
+	// 712 TFLOP/s = 39.2 us) in quadrature and 4 x 5 us of kernel costs:
+	// ~124 us per layer, 3.97 ms in all.
+	near(t, "GEMM", c.GEMMMS, 32*l8LayerGEMM(1, 2, gemmRate))
+	// Attention per layer: the decode kernel's 12 us plus 4097 tokens ·
+	// 4096 B = 16.8 MB at 3.84 TB/s = 4.37 us (FLOPs 4·32·128·4096.5 = 67
+	// MFLOP at 643 TFLOP/s = 0.10 us); 32 layers: 0.5238 ms.
+	near(t, "attention", c.AttentionMS, 32*(attnK+ms(4097*l8KVLayer/kvRate)))
+	near(t, "norm", c.NormMS, l8Norm(1))
+	near(t, "LM head", c.LMHeadMS, l8LM(1))
 	// A pure decode replays a CUDA graph: 0.1 + 32·0.008 ms.
 	near(t, "overhead", c.OverheadMS, 0.1+32*0.008)
-	// Total ≈ 3.6351 + 0.1492 + 0.0015 + 0.2739 + 0.356 = 4.4156 ms.
-	approx(t, "MS", c.MS(), 4.415587)
+	approx(t, "MS", c.MS(), 5.510150)
 }
 
 func TestLlama8BChunkH200(t *testing.T) {
 	p := builtin(t, "h200", "llama-8b", Parallelism{})
-	// Compute-bound GEMMs: 2·512·6,979,321,856 FLOP / 692.65e12 = 10.318 ms.
-	gemm := ms(2 * 512 * l8Params / gemmRate)
-	norm := ms(512 * (32*l8ElemLayer + l8ElemStep) / elemStream) // 0.7558 ms
-	ovh := 0.1 + 32*0.02                                         // not a graph
+	// 512 tokens: compute-bound GEMMs (2·512·6.98e9 FLOP at 712 TFLOP/s =
+	// 10.03 ms) with the weights' and activations' 3.6 ms in quadrature
+	// (per matrix) and 128 kernels' 0.64 ms: 11.30 ms.
+	gemm := 32 * l8LayerGEMM(512, 2, gemmRate)
+	ovh := 0.1 + 32*0.02 // not a graph
 	for _, tc := range []struct {
 		kv   int
 		attn float64
 		want float64
 	}{
-		// kv 0: 512·(0 + 256) = 131,072 pairs · 4·32·128 FLOP = 2.15 GFLOP per
-		// layer at 643.175 TFLOP/s = 3.339 µs (KV read 512·4096 B = 0.58 µs);
-		// 32 layers = 0.10684 ms. Total 12.1947 ms.
-		{0, 32 * ms(512*256*16384/attnRate), 12.19466},
-		// kv 8192: 512·(8192 + 256) = 4,325,376 pairs = 70.9 GFLOP per layer =
-		// 0.11018 ms; 32 layers = 3.5259 ms. Total 15.6137 ms.
-		{8192, 32 * ms(512*8448*16384/attnRate), 15.61368},
+		// kv 0: 512·(0 + 256) = 131,072 pairs · 4·32·128 FLOP = 2.15 GFLOP
+		// per layer at 643.175 TFLOP/s = 3.339 us, plus the kernel's 12 us.
+		{0, 32 * (attnK + ms(512*256*16384/attnRate)), 14.01837},
+		// kv 8192: 512·(8192 + 256) = 4,325,376 pairs = 70.9 GFLOP per
+		// layer = 0.11018 ms, plus 12 us; 32 layers = 3.9098 ms.
+		{8192, 32 * (attnK + ms(512*8448*16384/attnRate)), 17.43739},
 	} {
 		c := p.StepCost([]Work{{NewTokens: 512, KVBefore: tc.kv}})
 		near(t, "GEMM", c.GEMMMS, gemm)
 		near(t, "attention", c.AttentionMS, tc.attn)
-		near(t, "norm", c.NormMS, norm)
-		near(t, "LM head", c.LMHeadMS, lmHead8B(1))
+		near(t, "norm", c.NormMS, l8Norm(512))
+		near(t, "LM head", c.LMHeadMS, l8LM(1))
 		near(t, "overhead", c.OverheadMS, ovh)
 		approx(t, "MS", c.MS(), tc.want)
 	}
@@ -130,37 +154,265 @@ func TestLlama8BMixedBatchH200(t *testing.T) {
 	// 514 tokens, 3 sequences.
 	c := p.StepCost([]Work{{1, 4096}, {1, 1000}, {512, 2048}})
 	// Context kernel per layer: 512·(2048+256) = 1,179,648 pairs · 16384 FLOP
-	// = 19.3 GFLOP at 643.175 TFLOP/s = 30.05 µs (KV read 2560·4096 B =
-	// 2.9 µs). Decode kernel: reads (4097 + 1001)·4096 B at 3.6e12 = 5.80 µs
-	// (FLOPs (4096.5 + 1000.5)·16384 = 0.13 µs). Per layer 35.85 µs, 32
-	// layers 1.1472 ms.
-	attn := 32 * (ms(512*2304*16384/attnRate) + ms((4097+1001)*l8KVLayer/kvStream))
+	// = 19.3 GFLOP at 643.175 TFLOP/s = 30.05 us (KV read 2560·4096 B =
+	// 2.7 us) + 12 us. Decode kernel: (4097 + 1001)·4096 B at 3.84e12 =
+	// 5.44 us + 12 us. 32 layers.
+	attn := 32 * (attnK + ms(512*2304*16384/attnRate) + attnK + ms((4097+1001)*l8KVLayer/kvRate))
 	near(t, "attention", c.AttentionMS, attn)
-	near(t, "GEMM", c.GEMMMS, ms(2*514*l8Params/gemmRate))
-	near(t, "norm", c.NormMS, ms(514*(32*l8ElemLayer+l8ElemStep)/elemStream))
-	near(t, "LM head", c.LMHeadMS, lmHead8B(3))
+	near(t, "GEMM", c.GEMMMS, 32*l8LayerGEMM(514, 2, gemmRate))
+	near(t, "norm", c.NormMS, l8Norm(514))
+	near(t, "LM head", c.LMHeadMS, l8LM(3))
 	near(t, "overhead", c.OverheadMS, 0.74)
 	if c.Tokens != 514 || c.Seqs != 3 {
 		t.Errorf("tokens, seqs = %d, %d; want 514, 3", c.Tokens, c.Seqs)
 	}
-	approx(t, "MS", c.MS(), 13.27882)
+	approx(t, "MS", c.MS(), 16.62352)
 }
 
-// DeepSeek-V3 on h200, EP 8: routed expert = 3·7168·2048 = 44,040,192
-// weights (FP8, 1 B each); 32 experts per GPU; 58 MoE layers.
+// TestGEMMTransition: a GEMM's time is the larger of compute and memory
+// where one dominates, √2 times either where they are equal (the 64-512
+// token transition the old max() roofline made 16-42 % too fast), and its
+// arithmetic counts whole 64-token tiles.
+func TestGEMMTransition(t *testing.T) {
+	p := builtin(t, "h200", "llama-8b", Parallelism{})
+	const k, n = 4096, 28672
+	at := func(rows int) float64 { return p.GEMMMS(rows, k, n, BF16) - gemmK }
+	mem := func(rows float64) float64 { return ms((k*n*2 + rows*(k*2+n*2)) / weightRate) }
+	comp := func(rows float64) float64 { return ms(2 * math.Ceil(rows/tile) * tile * k * n / gemmRate) }
+	for _, rows := range []int{1, 64, 128, 256, 512, 4096} {
+		got, c, m := at(rows), comp(float64(rows)), mem(float64(rows))
+		if got < math.Max(c, m) || got > math.Sqrt2*math.Max(c, m)+1e-12 {
+			t.Errorf("%d rows: %.5f ms outside [max, √2·max] of compute %.5f and memory %.5f", rows, got, c, m)
+		}
+	}
+	// 1 and 64 rows pay the same tile; 65 pays two.
+	if at(1) >= at(64) || at(65)-at(64) < 0.5*(comp(65)-comp(64))*comp(65)/at(65) {
+		t.Errorf("tile quantization: 1 row %.5f, 64 rows %.5f, 65 rows %.5f ms", at(1), at(64), at(65))
+	}
+	// FP8 weights: half the bytes at decode size, the FP8 rate at prefill size.
+	if r := p.GEMMMS(1, k, n, FP8) / p.GEMMMS(1, k, n, BF16); r < 0.5 || r > 0.62 {
+		t.Errorf("FP8/BF16 at 1 row = %.3f, want ~0.5-0.6 (half the weight bytes, fixed kernel cost)", r)
+	}
+	if r, want := (p.GEMMMS(8192, k, n, FP8)-gemmK)/(p.GEMMMS(8192, k, n, BF16)-gemmK), gemmRate/fp8GemmRate; math.Abs(r-want) > 0.01 {
+		t.Errorf("FP8/BF16 at 8192 rows = %.3f, want ≈ %.3f (the two compute rates)", r, want)
+	}
+}
+
+// TestFixedKernelCosts: a short prompt's time is bounded below by its
+// kernels' fixed costs (a batch-1 decode at 128 tokens of KV pays the
+// attention kernel's 12 us per layer, not its 0.2 us of traffic).
+func TestFixedKernelCosts(t *testing.T) {
+	p := builtin(t, "h200", "llama-8b", Parallelism{})
+	lc, err := p.LayerCosts([]Work{{1, 128}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	near(t, "decode attention", lc.AttentionMS, attnK+ms(129*l8KVLayer/kvRate))
+	near(t, "element-wise", lc.ElementwiseMS, 4*elemK+ms(l8ElemLayer/elemRate))
+	if lc.GEMMMS < 4*gemmK {
+		t.Errorf("GEMMs %.4f ms below their four kernels' fixed cost", lc.GEMMMS)
+	}
+	if _, err := p.LayerCosts(nil); err != nil {
+		t.Error(err)
+	}
+}
+
+// TestFP8Deployment: FP8 weights run the GEMMs at the FP8 rate and halve
+// the weight bytes; an FP8 KV cache halves the KV bytes per token, so more
+// than twice the pages fit (the weights shrink too).
+func TestFP8Deployment(t *testing.T) {
+	bf := builtin(t, "h200", "llama-8b", Parallelism{})
+	fp, err := bf.WithDTypes(FP8, FP8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fp.Model.WeightBytes != 1 || fp.Model.KVBytes != 1 || fp.Model.EmbeddingBytes != 2 || bf.Model.WeightBytes != 2 {
+		t.Errorf("dtypes: fp8 copy %+v, original weight bytes %d", fp.Model, bf.Model.WeightBytes)
+	}
+	near(t, "KV bytes per token", fp.KVBytesPerToken(), bf.KVBytesPerToken()/2)
+	pb, _ := bf.PoolPages(32)
+	pf, _ := fp.PoolPages(32)
+	if pf < 2*pb {
+		t.Errorf("FP8 pool %d pages, BF16 %d: FP8 KV must fit at least twice as many", pf, pb)
+	}
+	w := []Work{{4096, 0}}
+	if r, want := fp.StepCost(w).GEMMMS/bf.StepCost(w).GEMMMS, gemmRate/fp8GemmRate; math.Abs(r-want) > 0.02 {
+		t.Errorf("4096-token chunk: FP8/BF16 GEMM time %.3f, want ≈ %.3f", r, want)
+	}
+	if _, err := ParseDType("fp4"); err == nil || err.Error() != `unknown dtype "fp4" (allowed: bf16, fp8)` {
+		t.Errorf("ParseDType(fp4) = %v", err)
+	}
+	lin, _ := NewLinearProfile(ModelFromShape("tiny", bridge.Presets["tiny"]), LinearCoefficients{1, 0, 0, 0, 0}, "t")
+	if _, err := lin.WithDTypes(FP8, ""); err == nil {
+		t.Error("a linear profile has no dtypes")
+	}
+	same, _ := bf.WithDTypes("", "")
+	w = []Work{{1, 100}, {300, 0}}
+	if same.StepCost(w) != bf.StepCost(w) {
+		t.Error("empty dtypes must keep the model's")
+	}
+}
+
+func TestTensorParallelSplitsWorkAndAddsAllReduce(t *testing.T) {
+	p1 := builtin(t, "h200", "llama-70b", Parallelism{TP: 1})
+	p2 := builtin(t, "h200", "llama-70b", Parallelism{TP: 2})
+	w := []Work{{2048, 0}}
+	c1, c2 := p1.StepCost(w), p2.StepCost(w)
+	if r := c2.GEMMMS / c1.GEMMMS; r < 0.5 || r > 0.52 {
+		t.Errorf("GEMM TP2/TP1 = %.3f, want just above 0.5 (each GPU half the weights, same kernels)", r)
+	}
+	// Attention halves but for the kernels' fixed cost.
+	near(t, "attention halves", c2.AttentionMS-80*attnK, (c1.AttentionMS-80*attnK)/2)
+	if c1.CommMS != 0 {
+		t.Errorf("tp 1 has no all-reduce, got %v ms", c1.CommMS)
+	}
+	// Two all-reduces per layer of 2048 rows of 8192·2 B: 2·(2−1)/2 of
+	// 33.5 MB at 684 GB/s (Vidur's DGX H100 rate) + 25 us = 0.0741 ms each;
+	// 160 of them.
+	near(t, "all-reduce", c2.CommMS, 160*(ms(1*2048*8192*2/arRate)+arLat))
+}
+
+// TestTensorParallelAcrossNodes: a TP group wider than an NVLink domain
+// reduces over the network too (hierarchically: NVLink inside each domain,
+// RDMA between them), which costs more than the same group in one domain.
+func TestTensorParallelAcrossNodes(t *testing.T) {
+	one := builtin(t, "h200", "llama-70b", Parallelism{TP: 16, GPUsPerNode: 16})
+	two := builtin(t, "h200", "llama-70b", Parallelism{TP: 16})
+	if two.Parallelism.GPUsPerNode != 8 {
+		t.Fatalf("h200 default gpus per node %d, want 8", two.Parallelism.GPUsPerNode)
+	}
+	w := []Work{{1024, 0}}
+	c1, c2 := one.StepCost(w), two.StepCost(w)
+	// Per token: 2·7/8 of 16 KB over NVLink + 2·1/2·16 KB/8 over RDMA at
+	// 50 GB/s · 0.86, plus 25 + 10 us.
+	row := 8192.0 * 2
+	per := ms(2*7.0/8*row/arRate) + ms(row/8/(50e9*0.86))
+	near(t, "two-node all-reduce", c2.CommMS, 160*(1024*per+arLat+0.010))
+	if c2.CommMS <= c1.CommMS {
+		t.Errorf("all-reduce across two domains %.3f ms must cost more than within one %.3f ms", c2.CommMS, c1.CommMS)
+	}
+	if gb300 := builtin(t, "gb300", "llama-70b", Parallelism{TP: 16}); gb300.Parallelism.GPUsPerNode != 72 {
+		t.Errorf("gb300 default gpus per node %d, want 72 (NVL72)", gb300.Parallelism.GPUsPerNode)
+	}
+}
+
+// DeepSeek-V3 on h200, EP 8 (one node): 256 routed experts, 32 per GPU,
+// top-8, hidden 7168, expert width 2048, 58 MoE layers, FP8 weights.
 const (
-	dsExpert     = 3 * 7168 * 2048
-	dsA2ARowByte = 7168 * 2 * 7 / 8 // one hidden row (BF16) of which 7/8 leaves the GPU
+	dsHidden, dsWidth = 7168.0, 2048.0
+	dsExpert          = 3 * dsHidden * dsWidth // 44,040,192 weights
+	// DeepEP's rows: FP8 dispatch with one FP32 scale per 128 channels,
+	// BF16 combine.
+	dsDispatchRow = dsHidden + dsHidden/128*4 // 7,392 B
+	dsCombineRow  = dsHidden * 2              // 14,336 B
 )
 
-// dsMoELayer is the fleet-coupled part of one MoE layer written out.
-func dsMoELayer(fleet, maxRank float64) (moe, a2a float64) {
-	rows := fleet * 8 / 8 // expert rows per GPU: fleet·top_k / EP
-	active := 32 * (1 - math.Pow(1-8.0/256, fleet))
-	moe = math.Max(ms(2*rows*dsExpert/fp8GemmRate), ms(active*dsExpert*1/weightStream)) +
-		ms(rows*3*2048*2/elemStream) // SiLU·mul of the routed rows
-	a2a = 2 * (ms(math.Max(maxRank*8, rows)*dsA2ARowByte/commRate) + 0.015)
-	return moe, a2a
+// hitGPU is P(a token's top-k experts include one of the n experts of a
+// GPU), experts drawn without replacement from E.
+func hitGPU(E, n, k float64) float64 {
+	miss := 1.0
+	for i := 0.0; i < k; i++ {
+		miss *= (E - n - i) / (E - i)
+	}
+	return 1 - miss
+}
+
+// TestDeepEPDispatchBytes: a token goes once to each GPU holding one of its
+// experts, in FP8; the combine returns BF16 from the same GPUs. At EP 8,
+// 256 experts, top-8 a token reaches 7·0.66 = 4.6 other GPUs: 34 KB of
+// dispatch and 66 KB of combine against the 100 KB each way of eight BF16
+// copies (2.9x and 1.5x less).
+func TestDeepEPDispatchBytes(t *testing.T) {
+	p := builtin(t, "h200", "deepseek-v3", Parallelism{})
+	md := &p.d.moeD
+	hit := hitGPU(256, 32, 8)
+	near(t, "other GPUs reached", md.destIntra, 7*hit)
+	near(t, "no network inside one node", md.destInter, 0)
+	near(t, "dispatch row", md.rowDispatch, dsDispatchRow)
+	old := 8 * dsHidden * 2 * 7 / 8 // top-k BF16 copies, 7/8 of them leave the GPU
+	if r := old / (md.destIntra * md.rowDispatch); r < 2.8 || r > 3.0 {
+		t.Errorf("dispatch: eight BF16 copies / DeepEP = %.2f, want ~2.9", r)
+	}
+	if r := old / (md.destIntra * md.rowCombine); r < 1.45 || r > 1.6 {
+		t.Errorf("combine: eight BF16 copies / DeepEP = %.2f, want ~1.5", r)
+	}
+	// One MoE layer of a 1024-token fleet, rank 0 with all of them: the
+	// sender's 1024·4.6 rows bound both phases over NVLink at 337.5 GB/s,
+	// plus 15 us each.
+	_, a2a := p.d.moeLayer(1024, 1024)
+	send := 1024 * 7 * hit
+	near(t, "dispatch + combine", a2a, ms(send*dsDispatchRow/a2aRate)+0.015+ms(send*dsCombineRow/a2aRate)+0.015)
+}
+
+// TestNetworkBetweenNodes: beyond one node the dispatch and combine to
+// other nodes cross RDMA (50 GB/s per GPU at 86 %), so 16 ranks on two
+// 8-GPU nodes pay more per token than 16 ranks in one 16-GPU domain, and a
+// 64-rank fleet's cross-node share dominates.
+func TestNetworkBetweenNodes(t *testing.T) {
+	base := builtin(t, "h200", "deepseek-v3", Parallelism{})
+	two, err := base.WithRanks(16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	one, err := two.WithTopology(16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hit := hitGPU(256, 16, 8)
+	near(t, "intra-node destinations", two.d.moeD.destIntra, 7*hit)
+	near(t, "inter-node destinations", two.d.moeD.destInter, 8*hit)
+	near(t, "one domain", one.d.moeD.destIntra, 15*hit)
+	_, a2aTwo := two.d.moeLayer(16*256, 256)
+	_, a2aOne := one.d.moeLayer(16*256, 256)
+	// Two nodes: the RDMA share bounds (8·hit rows of 256 tokens at
+	// 43 GB/s) against 7·hit rows at 337.5 GB/s over NVLink.
+	rd := func(row float64) float64 { return ms(256*8*hit*row/(50e9*0.86)) + 0.015 + 0.010 }
+	near(t, "two-node a2a", a2aTwo, rd(dsDispatchRow)+rd(dsCombineRow))
+	if a2aTwo < 3*a2aOne {
+		t.Errorf("a2a over two nodes %.3f ms, in one domain %.3f ms: the network should cost several times NVLink", a2aTwo, a2aOne)
+	}
+	if _, err := base.WithTopology(-1); err == nil {
+		t.Error("negative gpus per node must be refused")
+	}
+}
+
+// TestExpertZipf: skewed routing loads the hottest GPU with more than its
+// 1/EP of the rows, so the experts' time grows with the skew; 0 is the
+// uniform model exactly.
+func TestExpertZipf(t *testing.T) {
+	base := builtin(t, "h200", "deepseek-v3", Parallelism{})
+	uni, _ := base.WithExpertZipf(0)
+	w := []Work{{2048, 0}, {1, 4000}}
+	if uni.StepCost(w) != base.StepCost(w) {
+		t.Error("zipf 0 must be the uniform model")
+	}
+	near(t, "uniform hot share", base.d.moeD.hotShare, 1.0/8)
+	prev := base.StepCost(w).MoEMS
+	for _, s := range []float64{0.5, 1, 1.5} {
+		q, err := base.WithExpertZipf(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if q.d.moeD.hotShare <= 1.0/8 {
+			t.Errorf("zipf %g: hottest GPU's share %.4f not above 1/8", s, q.d.moeD.hotShare)
+		}
+		moe := q.StepCost(w).MoEMS
+		if moe <= prev {
+			t.Errorf("zipf %g: experts %.3f ms, not above %.3f ms at less skew", s, moe, prev)
+		}
+		prev = moe
+	}
+	shares := expertShares(256, 1)
+	var sum float64
+	for _, s := range shares {
+		sum += s
+	}
+	if math.Abs(sum-1) > 1e-12 {
+		t.Errorf("expert shares sum to %v", sum)
+	}
+	if _, err := base.WithExpertZipf(5); err == nil {
+		t.Error("zipf 5 must be refused")
+	}
 }
 
 func TestDeepSeekFleetLockstep(t *testing.T) {
@@ -176,15 +428,18 @@ func TestDeepSeekFleetLockstep(t *testing.T) {
 	for r := 1; r < 8; r++ {
 		ranks[r] = p.StepCost(decodes)
 	}
-	// MoE per layer for 1472 tokens: 1472 rows per GPU; every one of the 32
-	// experts is hit (1 − (31/32)^1472 ≈ 1), so the 32·44 MB of weights at
-	// 3.84e12 B/s = 0.3670 ms bound it (FLOPs 2·1472·44e6 at 1385 TFLOP/s =
-	// 0.094 ms), plus 0.0047 ms of SiLU·mul. All-to-all: rank 0 sends
-	// 1024·8 rows · 12,544 B = 102.8 MB at 337.5 GB/s = 0.3045 ms + 15 µs,
-	// twice (dispatch and combine).
-	moe, a2a := dsMoELayer(1472, 1024)
-	approx(t, "moe layer", moe, 0.3717120)
-	approx(t, "a2a layer", a2a, 0.6389508)
+	// The experts of 1472 tokens on one GPU: 1472·8/8 rows over its 32
+	// experts (all hit: 1 − (31/32)^1472 ≈ 1), two grouped FP8 GEMMs of 23
+	// tiles... bounded by the experts' 1.41 GB of weights at 4.512 TB/s in
+	// quadrature with the FP8 compute, plus the SiLU·mul.
+	moe, a2a := p.d.moeLayer(1472, 1024)
+	rows, active := 1472.0, 32*(1-math.Pow(1-8.0/256, 1472))
+	padded := active * math.Ceil(rows/active/tile) * tile
+	c := ms(2 * padded * dsExpert / fp8GemmRate)
+	b := ms((active*dsExpert + rows*(dsHidden*3+dsWidth*5)) / weightRate)
+	near(t, "moe layer", moe, 2*gemmK+math.Hypot(c, b)+elemK+ms(rows*3*dsWidth*2/elemRate))
+	send, recv := 1024*7*hitGPU(256, 32, 8), 1472*7.0/8*hitGPU(256, 32, 8)
+	near(t, "a2a layer", a2a, ms(math.Max(send, recv)*(dsDispatchRow+dsCombineRow)/a2aRate)+0.030)
 	var lead, layer, tail, worst float64
 	for _, c := range ranks {
 		lead, layer, tail = math.Max(lead, c.LeadMS), math.Max(layer, c.MoELayerMS), math.Max(tail, c.TailMS)
@@ -202,12 +457,11 @@ func TestDeepSeekFleetLockstep(t *testing.T) {
 		t.Errorf("FleetStepMS %.3f must exceed the slowest rank alone %.3f (the experts see the fleet's tokens)", got, worst)
 	}
 	// A rank's MS is its lockstep segments plus its solo MoE part.
-	for r, c := range ranks {
+	for _, c := range ranks {
 		near(t, "segments", c.LeadMS+57*c.MoELayerMS+c.TailMS+c.MoEMS+c.AllToAllMS, c.MS())
-		solo, soloA2A := dsMoELayer(float64(c.Tokens), float64(c.Tokens))
+		solo, soloA2A := p.d.moeLayer(float64(c.Tokens), float64(c.Tokens))
 		near(t, "solo MoE", c.MoEMS, 58*solo)
 		near(t, "solo a2a", c.AllToAllMS, 58*soloA2A)
-		_ = r
 	}
 }
 
@@ -277,21 +531,6 @@ func TestLockstepNeverBelowSlowestRank(t *testing.T) {
 		one := p.StepCost([]Work{{300, 5000}, {1, 20}})
 		near(t, "fleet of one", p.FleetStepMS([]StepCost{one}), one.MS())
 	}
-}
-
-func TestTensorParallelSplitsWorkAndAddsAllReduce(t *testing.T) {
-	p1 := builtin(t, "h200", "llama-70b", Parallelism{TP: 1})
-	p2 := builtin(t, "h200", "llama-70b", Parallelism{TP: 2})
-	w := []Work{{2048, 0}}
-	c1, c2 := p1.StepCost(w), p2.StepCost(w)
-	near(t, "GEMM halves", c2.GEMMMS, c1.GEMMMS/2)
-	near(t, "attention halves", c2.AttentionMS, c1.AttentionMS/2)
-	if c1.CommMS != 0 {
-		t.Errorf("tp 1 has no all-reduce, got %v ms", c1.CommMS)
-	}
-	// Two ring all-reduces per layer of 2048 rows of 8192·2 B:
-	// 2·(2−1)/2 · 33.5 MB / 337.5 GB/s + 15 µs = 0.1144 ms each; 160 of them.
-	near(t, "all-reduce", c2.CommMS, 160*(ms(1*2048*8192*2/commRate)+0.015))
 }
 
 func TestEmptyStepCostsNothing(t *testing.T) {

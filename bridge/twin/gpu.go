@@ -2,6 +2,7 @@ package twin
 
 import (
 	"fmt"
+	"math"
 	"sort"
 	"strings"
 )
@@ -40,6 +41,13 @@ type GPU struct {
 	// NVLinkBytesPerS is the NVLink bandwidth of one GPU in ONE direction,
 	// bytes/s (half the bidirectional figure NVIDIA prints).
 	NVLinkBytesPerS Coef `json:"nvlink_bytes_per_s"`
+	// NVLinkDomainGPUs is how many GPUs one NVLink domain (an HGX board, a
+	// GB300 NVL72 rack) joins: the default gpus_per_node of a profile.
+	// Traffic between GPUs of different domains crosses the network.
+	NVLinkDomainGPUs Coef `json:"nvlink_domain_gpus"`
+	// RDMABytesPerS is the scale-out network bandwidth of one GPU in one
+	// direction, bytes/s: its own RDMA NIC (400 Gb/s = 50 GB/s).
+	RDMABytesPerS Coef `json:"rdma_bytes_per_s"`
 }
 
 // Datasheet names, quoted in each source string.
@@ -48,42 +56,55 @@ const (
 	srcH200  = "NVIDIA H200 Tensor Core GPU datasheet, H200 SXM column"
 	srcHGXB  = "NVIDIA HGX B200 / DGX B200 datasheet (8 GPUs per board; per-GPU = board figure / 8)"
 	srcGB300 = "NVIDIA GB300 NVL72 specifications (72 Blackwell Ultra GPUs; per-GPU = rack figure / 72)"
+	// The DGX systems give every GPU its own scale-out NIC.
+	srcCX7 = "one NVIDIA ConnectX-7 400 Gb/s NIC per GPU (DGX H100/H200 and DGX B200 datasheets: \"8x single-port " +
+		"NVIDIA ConnectX-7 VPI, up to 400Gb/s InfiniBand/Ethernet\"); 400 Gb/s = 50 GB/s per direction, the ~50 GB/s " +
+		"DeepEP's docs/legacy.md gives as the RDMA maximum of a CX7 400 Gb/s card"
+	srcHGX8 = "8 GPUs per HGX/DGX board joined by NVSwitch; beyond the board traffic crosses the RDMA network"
 )
 
 // builtinGPUs are the datasheet figures. Sparse tensor-core figures are
 // halved to dense; bidirectional NVLink figures are halved to one direction.
 var builtinGPUs = map[string]GPU{
 	"h100": {
-		Name:            "h100",
-		BF16FLOPS:       Coef{989.5e12, srcH100 + `: "BF16 Tensor Core 1,979 teraFLOPS*" (*with sparsity); dense = 1,979 / 2`},
-		FP8FLOPS:        Coef{1979e12, srcH100 + `: "FP8 Tensor Core 3,958 teraFLOPS*" (*with sparsity); dense = 3,958 / 2`},
-		HBMBytesPerS:    Coef{3.35e12, srcH100 + `: "GPU memory bandwidth 3.35TB/s"`},
-		HBMBytes:        Coef{80e9, srcH100 + `: "GPU memory 80GB" (decimal GB)`},
-		NVLinkBytesPerS: Coef{450e9, srcH100 + `: "NVIDIA NVLink 900GB/s" (both directions, 18 NVLink-4 links); one direction = 900 / 2`},
+		Name:             "h100",
+		BF16FLOPS:        Coef{989.5e12, srcH100 + `: "BF16 Tensor Core 1,979 teraFLOPS*" (*with sparsity); dense = 1,979 / 2`},
+		FP8FLOPS:         Coef{1979e12, srcH100 + `: "FP8 Tensor Core 3,958 teraFLOPS*" (*with sparsity); dense = 3,958 / 2`},
+		HBMBytesPerS:     Coef{3.35e12, srcH100 + `: "GPU memory bandwidth 3.35TB/s"`},
+		HBMBytes:         Coef{80e9, srcH100 + `: "GPU memory 80GB" (decimal GB)`},
+		NVLinkBytesPerS:  Coef{450e9, srcH100 + `: "NVIDIA NVLink 900GB/s" (both directions, 18 NVLink-4 links); one direction = 900 / 2`},
+		NVLinkDomainGPUs: Coef{8, srcHGX8},
+		RDMABytesPerS:    Coef{50e9, srcCX7},
 	},
 	"h200": {
-		Name:            "h200",
-		BF16FLOPS:       Coef{989.5e12, srcH200 + `: "BF16 Tensor Core 1,979 TFLOPS*" (*with sparsity); dense = 1,979 / 2`},
-		FP8FLOPS:        Coef{1979e12, srcH200 + `: "FP8 Tensor Core 3,958 TFLOPS*" (*with sparsity); dense = 3,958 / 2`},
-		HBMBytesPerS:    Coef{4.8e12, srcH200 + `: "GPU Memory Bandwidth 4.8TB/s"`},
-		HBMBytes:        Coef{141e9, srcH200 + `: "GPU Memory 141GB" (decimal GB)`},
-		NVLinkBytesPerS: Coef{450e9, srcH200 + `: "NVIDIA NVLink 900GB/s" (both directions); one direction = 900 / 2`},
+		Name:             "h200",
+		BF16FLOPS:        Coef{989.5e12, srcH200 + `: "BF16 Tensor Core 1,979 TFLOPS*" (*with sparsity); dense = 1,979 / 2`},
+		FP8FLOPS:         Coef{1979e12, srcH200 + `: "FP8 Tensor Core 3,958 TFLOPS*" (*with sparsity); dense = 3,958 / 2`},
+		HBMBytesPerS:     Coef{4.8e12, srcH200 + `: "GPU Memory Bandwidth 4.8TB/s"`},
+		HBMBytes:         Coef{141e9, srcH200 + `: "GPU Memory 141GB" (decimal GB)`},
+		NVLinkBytesPerS:  Coef{450e9, srcH200 + `: "NVIDIA NVLink 900GB/s" (both directions); one direction = 900 / 2`},
+		NVLinkDomainGPUs: Coef{8, srcHGX8},
+		RDMABytesPerS:    Coef{50e9, srcCX7},
 	},
 	"b200": {
-		Name:            "b200",
-		BF16FLOPS:       Coef{2.25e15, srcHGXB + `: "FP16/BF16 Tensor Core 36 PFLOPS" per 8 GPUs, with sparsity; dense per GPU = 36 / 8 / 2 = 2.25 PFLOP/s`},
-		FP8FLOPS:        Coef{4.5e15, srcHGXB + `: "FP8 Tensor Core 72 PFLOPS" per 8 GPUs, with sparsity; dense per GPU = 72 / 8 / 2 = 4.5 PFLOP/s`},
-		HBMBytesPerS:    Coef{8e12, srcHGXB + `: "64TB/s HBM3e bandwidth" per 8 GPUs; per GPU = 8 TB/s`},
-		HBMBytes:        Coef{180e9, srcHGXB + `: "1,440GB total GPU memory" per 8 GPUs; per GPU = 180 GB (decimal)`},
-		NVLinkBytesPerS: Coef{900e9, srcHGXB + `: "14.4TB/s aggregate NVLink bandwidth" per 8 GPUs = 1.8 TB/s per GPU, both directions (NVLink 5); one direction = 900 GB/s`},
+		Name:             "b200",
+		BF16FLOPS:        Coef{2.25e15, srcHGXB + `: "FP16/BF16 Tensor Core 36 PFLOPS" per 8 GPUs, with sparsity; dense per GPU = 36 / 8 / 2 = 2.25 PFLOP/s`},
+		FP8FLOPS:         Coef{4.5e15, srcHGXB + `: "FP8 Tensor Core 72 PFLOPS" per 8 GPUs, with sparsity; dense per GPU = 72 / 8 / 2 = 4.5 PFLOP/s`},
+		HBMBytesPerS:     Coef{8e12, srcHGXB + `: "64TB/s HBM3e bandwidth" per 8 GPUs; per GPU = 8 TB/s`},
+		HBMBytes:         Coef{180e9, srcHGXB + `: "1,440GB total GPU memory" per 8 GPUs; per GPU = 180 GB (decimal)`},
+		NVLinkBytesPerS:  Coef{900e9, srcHGXB + `: "14.4TB/s aggregate NVLink bandwidth" per 8 GPUs = 1.8 TB/s per GPU, both directions (NVLink 5); one direction = 900 GB/s`},
+		NVLinkDomainGPUs: Coef{8, srcHGX8},
+		RDMABytesPerS:    Coef{50e9, srcCX7},
 	},
 	"gb300": {
-		Name:            "gb300",
-		BF16FLOPS:       Coef{2.5e15, srcGB300 + `: "FP16/BF16 Tensor Core 360 PFLOPS" per 72 GPUs, with sparsity (180 dense); per GPU dense = 2.5 PFLOP/s`},
-		FP8FLOPS:        Coef{5e15, srcGB300 + `: "FP8 Tensor Core 720 PFLOPS" per 72 GPUs, with sparsity (360 dense); per GPU dense = 5 PFLOP/s`},
-		HBMBytesPerS:    Coef{8e12, srcGB300 + `: "up to 576 TB/s" HBM3e bandwidth per 72 GPUs; per GPU = 8 TB/s`},
-		HBMBytes:        Coef{288e9, srcGB300 + `: "up to 21 TB" HBM3e per 72 GPUs; NVIDIA publishes 288 GB HBM3e per Blackwell Ultra GPU (decimal GB)`},
-		NVLinkBytesPerS: Coef{900e9, srcGB300 + `: "130 TB/s" NVLink per 72 GPUs = 1.8 TB/s per GPU, both directions (NVLink 5); one direction = 900 GB/s`},
+		Name:             "gb300",
+		BF16FLOPS:        Coef{2.5e15, srcGB300 + `: "FP16/BF16 Tensor Core 360 PFLOPS" per 72 GPUs, with sparsity (180 dense); per GPU dense = 2.5 PFLOP/s`},
+		FP8FLOPS:         Coef{5e15, srcGB300 + `: "FP8 Tensor Core 720 PFLOPS" per 72 GPUs, with sparsity (360 dense); per GPU dense = 5 PFLOP/s`},
+		HBMBytesPerS:     Coef{8e12, srcGB300 + `: "up to 576 TB/s" HBM3e bandwidth per 72 GPUs; per GPU = 8 TB/s`},
+		HBMBytes:         Coef{288e9, srcGB300 + `: "up to 21 TB" HBM3e per 72 GPUs; NVIDIA publishes 288 GB HBM3e per Blackwell Ultra GPU (decimal GB)`},
+		NVLinkBytesPerS:  Coef{900e9, srcGB300 + `: "130 TB/s" NVLink per 72 GPUs = 1.8 TB/s per GPU, both directions (NVLink 5); one direction = 900 GB/s`},
+		NVLinkDomainGPUs: Coef{72, srcGB300 + ": one NVLink domain of 72 GPUs (NVLink Switch trays)"},
+		RDMABytesPerS:    Coef{100e9, srcGB300 + `: "NVIDIA ConnectX-8 SuperNIC" 800 Gb/s per GPU for scale-out; 800 Gb/s = 100 GB/s per direction`},
 	},
 }
 
@@ -113,10 +134,15 @@ func (g *GPU) validate() error {
 		{"gpu.hbm_bytes_per_s", g.HBMBytesPerS},
 		{"gpu.hbm_bytes", g.HBMBytes},
 		{"gpu.nvlink_bytes_per_s", g.NVLinkBytesPerS},
+		{"gpu.nvlink_domain_gpus", g.NVLinkDomainGPUs},
+		{"gpu.rdma_bytes_per_s", g.RDMABytesPerS},
 	} {
 		if err := c.c.positive(c.field); err != nil {
 			return err
 		}
+	}
+	if d := g.NVLinkDomainGPUs.Value; d != math.Trunc(d) || d > 1<<20 {
+		return fmt.Errorf("gpu.nvlink_domain_gpus.value must be a whole number of GPUs, got %g", d)
 	}
 	return nil
 }

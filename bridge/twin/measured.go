@@ -24,7 +24,11 @@ import (
 //	  "gemm_weight_gbps": 4100.0,        // optional: weight-streaming rate of decode-sized GEMMs
 //	  "elementwise_gbps": 4000.0,        // optional: achieved bandwidth of norm/element-wise kernels
 //	  "layer_overhead_ms": 0.02,         // optional: per-layer launch gaps, eager steps
-//	  "graph_layer_overhead_ms": 0.008   // optional: per-layer gaps, CUDA-graph decode steps
+//	  "graph_layer_overhead_ms": 0.008,  // optional: per-layer gaps, CUDA-graph decode steps
+//	  "fp8_gemm_tflops": 1350.0,         // optional: achieved FP8 GEMM rate, large shapes
+//	  "gemm_kernel_ms": 0.005,           // optional: fixed cost of one GEMM kernel (the intercept of a token sweep)
+//	  "attention_kernel_ms": 0.012,      // optional: fixed cost of one attention kernel (batch 1, short KV)
+//	  "elementwise_kernel_ms": 0.003     // optional: fixed cost of one element-wise kernel (one token)
 //	}
 //
 // Rates are achieved throughputs (useful FLOPs or bytes over kernel time);
@@ -43,6 +47,10 @@ type Measurements struct {
 	ElementwiseGBPS        float64 `json:"elementwise_gbps,omitempty"`
 	LayerOverheadMS        float64 `json:"layer_overhead_ms,omitempty"`
 	GraphLayerOverheadMS   float64 `json:"graph_layer_overhead_ms,omitempty"`
+	FP8GEMMTFLOPS          float64 `json:"fp8_gemm_tflops,omitempty"`
+	GEMMKernelMS           float64 `json:"gemm_kernel_ms,omitempty"`
+	AttentionKernelMS      float64 `json:"attention_kernel_ms,omitempty"`
+	ElementwiseKernelMS    float64 `json:"elementwise_kernel_ms,omitempty"`
 }
 
 // LoadMeasurements reads a measurements file strictly (unknown fields and
@@ -117,6 +125,10 @@ func ProfileFromMeasurements(base *Profile, m Measurements) (*Profile, error) {
 		{&r.ElementwiseEfficiency, "elementwise_gbps", m.ElementwiseGBPS, 1e9, g.HBMBytesPerS.Value, false},
 		{&r.LayerOverheadMS, "layer_overhead_ms", m.LayerOverheadMS, 1, 0, false},
 		{&r.GraphLayerOverheadMS, "graph_layer_overhead_ms", m.GraphLayerOverheadMS, 1, 0, false},
+		{&r.FP8GEMMEfficiency, "fp8_gemm_tflops", m.FP8GEMMTFLOPS, 1e12, g.FP8FLOPS.Value, false},
+		{&r.GEMMKernelMS, "gemm_kernel_ms", m.GEMMKernelMS, 1, 0, false},
+		{&r.AttentionKernelMS, "attention_kernel_ms", m.AttentionKernelMS, 1, 0, false},
+		{&r.ElementwiseKernelMS, "elementwise_kernel_ms", m.ElementwiseKernelMS, 1, 0, false},
 	} {
 		if err := set(s.dst, s.field, s.v, s.scale, s.peak, s.required); err != nil {
 			return nil, err

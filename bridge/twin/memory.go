@@ -67,7 +67,7 @@ func (p *Profile) PoolPages(tokensPerPage int) (int, error) {
 	if free <= 0 || pages < 1 {
 		return 0, fmt.Errorf("%s (%s weights) needs %.1f GB of weights per GPU with tp %d%s; %s has %.1f GB, minus a %.1f GB reserve: "+
 			"no room for even one KV page of %.2f MB; %s",
-			p.Model.Name, dtypeName(p.Model.WeightBytes), w/1e9, p.Parallelism.TP, p.epNote(), p.GPU.Name, hbm/1e9,
+			p.Model.Name, dtypeOf(p.Model.WeightBytes), w/1e9, p.Parallelism.TP, p.epNote(), p.GPU.Name, hbm/1e9,
 			reserve/1e9, pageBytes/1e6, p.fitHint())
 	}
 	if pages > math.MaxInt32 {
@@ -110,11 +110,4 @@ func (p *Profile) fitHint() string {
 func (p *Profile) fits() bool {
 	free := (p.GPU.HBMBytes.Value - p.WeightBytesPerGPU() - p.Roofline.ReserveBytes.Value) * (1 - p.Roofline.ReserveFraction.Value)
 	return free >= 64*p.KVBytesPerToken()
-}
-
-func dtypeName(bytes int) string {
-	if bytes == 1 {
-		return "fp8"
-	}
-	return "bf16"
 }

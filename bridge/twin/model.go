@@ -71,9 +71,25 @@ const (
 		"64 heads, 384 routed + 1 shared experts, top-8, first_k_dense_replace 1, vocab 163840; FP8 block-quantised weights, BF16 embedding/LM head and KV latent"
 )
 
-// builtinMLAMoE are the MLA + MoE models; the Llama-shaped ones come from
-// bridge.Presets so that they cannot drift from the engines' presets.
-var builtinMLAMoE = map[string]Model{
+const srcLlama2 = "Llama 2 config.json (huggingface.co/meta-llama/Llama-2-7b-hf, Llama-2-70b-hf), as Vidur's " +
+	"vidur/config/model_config.py gives it for its profiles (github.com/microsoft/vidur): "
+
+// builtinModels are the models that are not bridge presets: the MLA + MoE
+// ones, and Llama 2, whose shapes the published operator profiles the twin
+// is validated against (Vidur's) were measured on. The Llama-3-shaped ones
+// come from bridge.Presets so that they cannot drift from the engines'
+// presets.
+var builtinModels = map[string]Model{
+	"llama-2-7b": {
+		Name: "llama-2-7b", Layers: 32, Hidden: 4096, Heads: 32, KVHeads: 32, HeadDim: 128, Intermediate: 11008, Vocab: 32000,
+		WeightBytes: 2, EmbeddingBytes: 2, KVBytes: 2,
+		Source: srcLlama2 + "32 layers, hidden 4096, 32 heads (MHA), intermediate 11008, vocab 32000; BF16 weights and KV cache",
+	},
+	"llama-2-70b": {
+		Name: "llama-2-70b", Layers: 80, Hidden: 8192, Heads: 64, KVHeads: 8, HeadDim: 128, Intermediate: 28672, Vocab: 32000,
+		WeightBytes: 2, EmbeddingBytes: 2, KVBytes: 2,
+		Source: srcLlama2 + "80 layers, hidden 8192, 64 heads over 8 KV heads, intermediate 28672, vocab 32000; BF16 weights and KV cache",
+	},
 	"deepseek-v3": {
 		Name: "deepseek-v3", Layers: 61, Hidden: 7168, Heads: 128, Intermediate: 18432, Vocab: 129280,
 		QLoraRank: 1536, KVLoraRank: 512, QKNopeHeadDim: 128, QKRopeHeadDim: 64, VHeadDim: 128,
@@ -88,14 +104,14 @@ var builtinMLAMoE = map[string]Model{
 	},
 }
 
-// ModelNames lists the built-in models: the MLA/MoE ones and every
-// bridge preset (the Llama-shaped synthetic models, including "tiny").
+// ModelNames lists the built-in models: the MLA/MoE ones, Llama 2 and
+// every bridge preset (the Llama-shaped synthetic models, including "tiny").
 func ModelNames() []string {
 	seen := map[string]bool{}
 	for _, n := range bridge.PresetNames() {
 		seen[n] = true
 	}
-	for n := range builtinMLAMoE {
+	for n := range builtinModels {
 		seen[n] = true
 	}
 	return sortedKeys(seen)
@@ -103,7 +119,7 @@ func ModelNames() []string {
 
 // BuiltinModel returns a built-in model or an error listing the allowed names.
 func BuiltinModel(name string) (Model, error) {
-	if m, ok := builtinMLAMoE[name]; ok {
+	if m, ok := builtinModels[name]; ok {
 		return m, nil
 	}
 	if s, ok := bridge.Presets[name]; ok {

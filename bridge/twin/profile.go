@@ -11,7 +11,11 @@ import (
 )
 
 // ProfileVersion is the profile file format this package reads and writes.
-const ProfileVersion = 1
+// Version 1 was the cost model before FP8 GEMMs had their own efficiency,
+// before the GEMM transition, the fixed kernel costs and the network
+// between nodes (its roofline lacks their keys): print a new profile with
+// `worker twin-profile` and carry the edits over.
+const ProfileVersion = 2
 
 // Profile kinds.
 const (
@@ -65,31 +69,72 @@ type Parallelism struct {
 	// models; normally ranks × TP, see WithRanks). Must be 1 for dense
 	// models.
 	EP int `json:"ep"`
+	// GPUsPerNode is how many GPUs share one NVLink domain (roofline
+	// profiles; 0 in a linear one). The fleet's GPUs fill domains in rank
+	// order: a TP group or an expert-parallel group larger than a domain
+	// sends part of its traffic over the RDMA network.
+	GPUsPerNode int `json:"gpus_per_node,omitempty"`
 }
 
 // RooflineCoefficients are the achieved fractions of peak, the fixed
-// overheads and the memory reserve of a roofline profile.
+// per-kernel costs, the overheads and the memory reserve of a roofline
+// profile. Every figure names its source: a published kernel result, a
+// fit to a published table (docs/twin.md gives each fit; `worker
+// twin-validate --fit` recomputes them), or an assumption with its reasoning.
 type RooflineCoefficients struct {
-	// GEMMEfficiency: achieved fraction of the tensor-core peak (BF16, or
-	// FP8 for FP8 weights) of the model's GEMMs when compute-bound.
+	// GEMMEfficiency: achieved fraction of the BF16 tensor-core peak of the
+	// model's BF16 GEMMs when compute-bound.
 	GEMMEfficiency Coef `json:"gemm_efficiency"`
-	// GEMMBandwidthEfficiency: achieved fraction of HBM bandwidth when a
-	// GEMM is bound by reading its weights (decode-sized batches).
+	// FP8GEMMEfficiency: the same for FP8 GEMMs (FP8 weights) of the FP8 peak.
+	FP8GEMMEfficiency Coef `json:"fp8_gemm_efficiency"`
+	// GEMMBandwidthEfficiency: achieved fraction of HBM bandwidth of a GEMM
+	// bound by reading its weights (decode-sized batches).
 	GEMMBandwidthEfficiency Coef `json:"gemm_bandwidth_efficiency"`
+	// GEMMTileTokens: the token (M) tile of the GEMM kernels; a GEMM's
+	// arithmetic is that of its tokens rounded up to whole tiles.
+	GEMMTileTokens Coef `json:"gemm_tile_tokens"`
+	// GEMMKernelMS: fixed cost of one GEMM kernel (prologue, last wave,
+	// epilogue) on top of its roofline time, ms.
+	GEMMKernelMS Coef `json:"gemm_kernel_ms"`
 	// PrefillAttentionEfficiency: achieved fraction of the BF16 peak of
 	// attention when compute-bound (context chunks; MLA's absorbed decode).
 	PrefillAttentionEfficiency Coef `json:"prefill_attention_efficiency"`
 	// DecodeAttentionEfficiency: achieved fraction of HBM bandwidth of
 	// attention when bound by reading the KV cache.
 	DecodeAttentionEfficiency Coef `json:"decode_attention_efficiency"`
+	// AttentionKernelMS: fixed cost of one attention kernel (the context
+	// and the decode kernel of a layer each pay it), ms.
+	AttentionKernelMS Coef `json:"attention_kernel_ms"`
 	// ElementwiseEfficiency: achieved fraction of HBM bandwidth of norms,
 	// RoPE, activations, residual adds and the KV-cache append.
 	ElementwiseEfficiency Coef `json:"elementwise_efficiency"`
+	// ElementwiseKernelMS: fixed cost of one element-wise kernel, ms.
+	ElementwiseKernelMS Coef `json:"elementwise_kernel_ms"`
 	// CommEfficiency: achieved fraction of the per-direction NVLink
-	// bandwidth of all-reduce and all-to-all.
+	// bandwidth of the MoE dispatch and combine.
 	CommEfficiency Coef `json:"comm_efficiency"`
-	// CommLatencyMS: fixed cost of one collective, ms.
+	// CommLatencyMS: fixed cost of one dispatch or combine inside an NVLink
+	// domain, ms.
 	CommLatencyMS Coef `json:"comm_latency_ms"`
+	// AllReduceNVLinkFraction: a tensor-parallel all-reduce's ring bus
+	// bandwidth, 2(n−1)/n·bytes over time, as a fraction of the
+	// per-direction NVLink bandwidth. It may exceed 1 (up to 2): NVLink
+	// SHARP (NVLS) reduces in the NVSwitch, so each GPU sends less than a
+	// ring would.
+	AllReduceNVLinkFraction Coef `json:"allreduce_nvlink_fraction"`
+	// AllReduceLatencyMS: fixed cost of one all-reduce inside an NVLink
+	// domain, ms.
+	AllReduceLatencyMS Coef `json:"allreduce_latency_ms"`
+	// RDMAEfficiency: achieved fraction of a GPU's RDMA bandwidth of
+	// traffic between NVLink domains.
+	RDMAEfficiency Coef `json:"rdma_efficiency"`
+	// RDMALatencyMS: extra fixed cost of a collective that crosses the
+	// network, ms.
+	RDMALatencyMS Coef `json:"rdma_latency_ms"`
+	// ExpertZipf: the skew of routed-expert popularity, the exponent s of a
+	// Zipf law (the expert of popularity rank r gets a share ∝ 1/r^s); 0 is
+	// uniform routing.
+	ExpertZipf Coef `json:"expert_zipf"`
 	// StepOverheadMS: fixed device-side cost of a step outside the layers
 	// (input upload, sampling, result download), ms.
 	StepOverheadMS Coef `json:"step_overhead_ms"`
@@ -107,42 +152,6 @@ type RooflineCoefficients struct {
 	ReserveFraction Coef `json:"reserve_fraction"`
 }
 
-// defaultRoofline are the built-in coefficients, the same for every GPU:
-// they were measured on Hopper (and cuBLAS on B200) and are assumed for
-// Blackwell until a measured profile replaces them.
-func defaultRoofline() RooflineCoefficients {
-	return RooflineCoefficients{
-		GEMMEfficiency: Coef{0.70, "cuBLAS BF16 large GEMMs: B200 1,532-1,652 TFLOP/s at M,N,K 4096-8192 " +
-			"(pyptx.dev/performance, cuBLAS column) = 68-73% of 2,250 dense; H100 SXM commonly ~700 TFLOP/s at 8192^3 " +
-			"= ~70% of 989.5. 0.70 chosen; FP8 block-scaled GEMMs (DeepGEMM) assumed to reach the same fraction of the FP8 peak"},
-		GEMMBandwidthEfficiency: Coef{0.80, "assumption: decode-sized (skinny) GEMMs stream weights at ~80% of HBM bandwidth, " +
-			"the order memory-bound kernels reach (FlashMLA README, github.com/deepseek-ai/FlashMLA: up to 3,000 GB/s on H800 SXM5 " +
-			"of its 3,350 GB/s in the memory-bound configuration)"},
-		PrefillAttentionEfficiency: Coef{0.65, "FlashAttention-3 (Shah et al., arXiv:2407.08608): BF16 forward 'up to 740 TFLOPs/s " +
-			"(75% utilization)' on H100 SXM5 at long sequences; causal masks and the 512-2k token chunks of chunked prefill run " +
-			"lower, so 0.65 chosen; FlashMLA's compute-bound MLA decode reaches 660 TFLOP/s on H800 (67%, FlashMLA README)"},
-		DecodeAttentionEfficiency: Coef{0.75, "paged decode attention is HBM-bound: FlashMLA reaches up to 3,000 of H800's " +
-			"3,350 GB/s (90%) memory-bound (FlashMLA README); paged GQA decode (FlashInfer, Flash-Decoding) is commonly " +
-			"reported at 70-85% of bandwidth at long KV, less at short KV; 0.75 chosen"},
-		ElementwiseEfficiency: Coef{0.80, "assumption: fused RMSNorm/residual/RoPE/SiLU kernels reach ~80% of HBM bandwidth, " +
-			"as memory-bound kernels commonly do (see decode_attention_efficiency)"},
-		CommEfficiency: Coef{0.75, "DeepEP (github.com/deepseek-ai/DeepEP docs/legacy.md): intranode EP8 dispatch 153 GB/s, " +
-			"combine 158 GB/s on H800, whose NVLink is 400 GB/s both ways = 200 GB/s per direction (77-79%); DeepEP V2 README: " +
-			"726/740 GB/s on SM100 EP8 of 900 GB/s per direction (81-82%); 0.75 chosen for NCCL-class collectives"},
-		CommLatencyMS: Coef{0.015, "assumption: ~15 us fixed cost per NVLink collective (launch and synchronisation), " +
-			"the order of small-message NCCL latency inside one NVSwitch node"},
-		StepOverheadMS: Coef{0.10, "assumption: fixed per-step device work outside the layers (input, position and " +
-			"block-table upload, sampling, result download and sync) ~0.1 ms; replace with a measured profile"},
-		LayerOverheadMS: Coef{0.020, "assumption: ~10 kernels per layer x ~2 us launch gap each without CUDA graphs " +
-			"(launch cost is not hidden when kernels are short)"},
-		GraphLayerOverheadMS: Coef{0.008, "assumption: pure-decode steps replay a CUDA graph (as vLLM, SGLang and " +
-			"TensorRT-LLM do), leaving ~10 kernels x ~0.8 us of inter-kernel gap per layer"},
-		ReserveBytes: Coef{2e9, "assumption: 2 GB per GPU for the CUDA context, cuBLAS and attention workspaces and NCCL buffers"},
-		ReserveFraction: Coef{0.10, "the CUDA engine's default --gpu-mem-fraction 0.9 (cmd/worker): 10% of the memory " +
-			"left after weights and reserve_bytes stays free for activations and allocator headroom"},
-	}
-}
-
 // defaultHostOverhead is the built-in host time of one iteration.
 func defaultHostOverhead() Coef {
 	return Coef{0.20, "assumption: Go scheduler, executor and one cgo call per iteration ~0.2 ms on a server CPU; " +
@@ -152,6 +161,7 @@ func defaultHostOverhead() Coef {
 // BuiltinProfile is the roofline profile of a built-in model on a built-in
 // GPU. A zero TP means 1; a zero EP means 1 for dense models and 8 (one
 // 8-GPU node) for MoE models; use WithRanks to spread experts over a fleet.
+// A zero GPUsPerNode means the GPU's NVLink domain (8, or 72 for GB300).
 func BuiltinProfile(gpu, model string, par Parallelism) (*Profile, error) {
 	g, err := BuiltinGPU(gpu)
 	if err != nil {
@@ -169,6 +179,9 @@ func BuiltinProfile(gpu, model string, par Parallelism) (*Profile, error) {
 		if m.MoE() {
 			par.EP = 8
 		}
+	}
+	if par.GPUsPerNode == 0 {
+		par.GPUsPerNode = int(g.NVLinkDomainGPUs.Value)
 	}
 	rc := defaultRoofline()
 	p := &Profile{Version: ProfileVersion, Kind: KindRoofline, GPU: &g, Model: m, Parallelism: par,
@@ -244,6 +257,10 @@ func ReadProfile(r io.Reader) (*Profile, error) {
 	if err := json.NewDecoder(bytes.NewReader(data)).Decode(&head); err != nil {
 		return nil, fmt.Errorf("not a JSON profile: %w", err)
 	}
+	if head.Version == 1 {
+		return nil, fmt.Errorf("version 1 is the earlier cost model (no FP8 GEMM efficiency, GEMM transition, kernel fixed costs " +
+			"or network between nodes); print a version 2 profile with `worker twin-profile` and carry your edits over")
+	}
 	if head.Version != ProfileVersion {
 		return nil, fmt.Errorf("version must be %d, got %d", ProfileVersion, head.Version)
 	}
@@ -318,12 +335,23 @@ func (p *Profile) validateRoofline() error {
 	r := p.Roofline
 	checks := []error{
 		r.GEMMEfficiency.fraction("roofline.gemm_efficiency"),
+		r.FP8GEMMEfficiency.fraction("roofline.fp8_gemm_efficiency"),
 		r.GEMMBandwidthEfficiency.fraction("roofline.gemm_bandwidth_efficiency"),
+		r.GEMMTileTokens.wholeAtLeast1("roofline.gemm_tile_tokens"),
+		r.GEMMKernelMS.nonNegative("roofline.gemm_kernel_ms"),
 		r.PrefillAttentionEfficiency.fraction("roofline.prefill_attention_efficiency"),
 		r.DecodeAttentionEfficiency.fraction("roofline.decode_attention_efficiency"),
+		r.AttentionKernelMS.nonNegative("roofline.attention_kernel_ms"),
 		r.ElementwiseEfficiency.fraction("roofline.elementwise_efficiency"),
+		r.ElementwiseKernelMS.nonNegative("roofline.elementwise_kernel_ms"),
 		r.CommEfficiency.fraction("roofline.comm_efficiency"),
 		r.CommLatencyMS.nonNegative("roofline.comm_latency_ms"),
+		r.AllReduceNVLinkFraction.positiveUpTo("roofline.allreduce_nvlink_fraction", 2,
+			"a fraction of the per-direction NVLink bandwidth; NVLS in-switch reduction allows up to 2"),
+		r.AllReduceLatencyMS.nonNegative("roofline.allreduce_latency_ms"),
+		r.RDMAEfficiency.fraction("roofline.rdma_efficiency"),
+		r.RDMALatencyMS.nonNegative("roofline.rdma_latency_ms"),
+		r.ExpertZipf.inRange("roofline.expert_zipf", 4, "a Zipf exponent: 0 is uniform routing, 1 is strongly skewed"),
 		r.StepOverheadMS.nonNegative("roofline.step_overhead_ms"),
 		r.LayerOverheadMS.nonNegative("roofline.layer_overhead_ms"),
 		r.GraphLayerOverheadMS.nonNegative("roofline.graph_layer_overhead_ms"),
@@ -354,6 +382,8 @@ func (p *Profile) validateParallelism() error {
 		return fmt.Errorf("parallelism.ep must be 1 for a dense model, got %d", ep)
 	case m.MoE() && (ep < 1 || ep > m.RoutedExperts):
 		return fmt.Errorf("parallelism.ep must be in [1, routed_experts %d], got %d", m.RoutedExperts, ep)
+	case p.Kind == KindRoofline && p.Parallelism.GPUsPerNode < 1:
+		return fmt.Errorf("parallelism.gpus_per_node must be at least 1, got %d (the GPUs of one NVLink domain)", p.Parallelism.GPUsPerNode)
 	}
 	return nil
 }
@@ -388,6 +418,39 @@ func (c Coef) nonNegative(field string) error {
 	}
 	if c.Value < 0 {
 		return fmt.Errorf("%s.value must not be negative, got %g", field, c.Value)
+	}
+	return nil
+}
+
+// inRange requires a value in [0, hi]; what says what the value is.
+func (c Coef) inRange(field string, hi float64, what string) error {
+	if err := c.check(field); err != nil {
+		return err
+	}
+	if !(c.Value >= 0 && c.Value <= hi) {
+		return fmt.Errorf("%s.value must be in [0, %g] (%s), got %g", field, hi, what, c.Value)
+	}
+	return nil
+}
+
+// positiveUpTo requires a value in (0, hi]; what says what the value is.
+func (c Coef) positiveUpTo(field string, hi float64, what string) error {
+	if err := c.inRange(field, hi, what); err != nil {
+		return err
+	}
+	if c.Value == 0 {
+		return fmt.Errorf("%s.value must be in (0, %g] (%s), got 0", field, hi, what)
+	}
+	return nil
+}
+
+// wholeAtLeast1 requires a whole number ≥ 1 (a count).
+func (c Coef) wholeAtLeast1(field string) error {
+	if err := c.check(field); err != nil {
+		return err
+	}
+	if !(c.Value >= 1 && c.Value == math.Trunc(c.Value) && c.Value <= 1<<20) {
+		return fmt.Errorf("%s.value must be a whole number of at least 1, got %g", field, c.Value)
 	}
 	return nil
 }

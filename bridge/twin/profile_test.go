@@ -25,7 +25,7 @@ func TestBuiltinProfilesValidate(t *testing.T) {
 	}
 	for _, tc := range []struct{ gpu, model, want string }{
 		{"a100", "llama-8b", `unknown GPU "a100" (allowed: b200, gb300, h100, h200)`},
-		{"h200", "llama-405b", `unknown model "llama-405b" (allowed: deepseek-v3, kimi-k2, llama-70b, llama-8b, mixtral-8x7b, moe-tiny, qwen3-30b-a3b, tiny)`},
+		{"h200", "llama-405b", `unknown model "llama-405b" (allowed: deepseek-v3, kimi-k2, llama-2-70b, llama-2-7b, llama-70b, llama-8b, mixtral-8x7b, moe-tiny, qwen3-30b-a3b, tiny)`},
 	} {
 		_, err := BuiltinProfile(tc.gpu, tc.model, Parallelism{})
 		if err == nil || err.Error() != tc.want {
@@ -71,9 +71,11 @@ func TestPublishedParameterCounts(t *testing.T) {
 		lo, hi   float64
 		citation string
 	}{
-		// Llama 3 8B and 70B: 8.03B and 70.55B.
+		// Llama 3 8B and 70B: 8.03B and 70.55B; Llama 2 7B and 70B: 6.74B and 68.98B.
 		{"llama-8b", 8.02e9, 8.04e9, "Llama 3 8B"},
 		{"llama-70b", 70.5e9, 70.6e9, "Llama 3 70B"},
+		{"llama-2-7b", 6.73e9, 6.75e9, "Llama 2 7B"},
+		{"llama-2-70b", 68.9e9, 69.0e9, "Llama 2 70B"},
 		// DeepSeek-V3 report: 671B total (main model, without the MTP module).
 		{"deepseek-v3", 670e9, 672e9, "DeepSeek-V3: 671B"},
 		// Kimi K2: "1T total parameters" (1.03e12 by its config).
@@ -155,7 +157,21 @@ func TestStrictLoading(t *testing.T) {
 	}{
 		{"unknown field", "llama-8b", func(m map[string]any) { m["gpu_name"] = "h200" }, `unknown field "gpu_name"`},
 		{"unknown nested field", "llama-8b", func(m map[string]any) { obj(m, "roofline")["gemm_eff"] = 0.7 }, `unknown field "gemm_eff"`},
-		{"version", "llama-8b", func(m map[string]any) { m["version"] = 2 }, "version must be 1, got 2"},
+		{"version", "llama-8b", func(m map[string]any) { m["version"] = 3 }, "version must be 2, got 3"},
+		{"version 1", "llama-8b", func(m map[string]any) { m["version"] = 1 },
+			"version 1 is the earlier cost model (no FP8 GEMM efficiency, GEMM transition, kernel fixed costs or network between nodes)"},
+		{"missing v2 key", "llama-8b", func(m map[string]any) { delete(obj(m, "roofline"), "gemm_kernel_ms") },
+			"roofline.gemm_kernel_ms is missing: give its value and source"},
+		{"tile", "llama-8b", func(m map[string]any) { obj(obj(m, "roofline"), "gemm_tile_tokens")["value"] = 0.5 },
+			"roofline.gemm_tile_tokens.value must be a whole number of at least 1, got 0.5"},
+		{"all-reduce fraction", "llama-8b", func(m map[string]any) { obj(obj(m, "roofline"), "allreduce_nvlink_fraction")["value"] = 2.5 },
+			"roofline.allreduce_nvlink_fraction.value must be in [0, 2]"},
+		{"zipf", "deepseek-v3", func(m map[string]any) { obj(obj(m, "roofline"), "expert_zipf")["value"] = -1 },
+			"roofline.expert_zipf.value must be in [0, 4]"},
+		{"gpus per node", "llama-8b", func(m map[string]any) { delete(obj(m, "parallelism"), "gpus_per_node") },
+			"parallelism.gpus_per_node must be at least 1, got 0"},
+		{"nvlink domain", "llama-8b", func(m map[string]any) { obj(obj(m, "gpu"), "nvlink_domain_gpus")["value"] = 7.5 },
+			"gpu.nvlink_domain_gpus.value must be a whole number of GPUs, got 7.5"},
 		{"kind", "llama-8b", func(m map[string]any) { m["kind"] = "vidur" }, `kind must be "roofline" or "linear", got "vidur"`},
 		{"efficiency above 1", "llama-8b", func(m map[string]any) { obj(obj(m, "roofline"), "gemm_efficiency")["value"] = 1.3 },
 			"roofline.gemm_efficiency.value must be in (0, 1] (a fraction of the peak), got 1.3"},
@@ -226,7 +242,8 @@ func TestWithRanks(t *testing.T) {
 func TestProfileFromMeasurements(t *testing.T) {
 	base := builtin(t, "h200", "llama-8b", Parallelism{})
 	m := Measurements{Version: 1, GPU: "h200", Source: "device-check test", GEMMTFLOPS: 742.125,
-		PrefillAttentionTFLOPS: 494.75, DecodeAttentionGBPS: 3840, StepOverheadMS: 0.25, ElementwiseGBPS: 4320}
+		PrefillAttentionTFLOPS: 494.75, DecodeAttentionGBPS: 3840, StepOverheadMS: 0.25, ElementwiseGBPS: 4320,
+		FP8GEMMTFLOPS: 1385.3, GEMMKernelMS: 0.004, AttentionKernelMS: 0.009, ElementwiseKernelMS: 0.0025}
 	p, err := ProfileFromMeasurements(base, m)
 	if err != nil {
 		t.Fatal(err)
@@ -237,13 +254,17 @@ func TestProfileFromMeasurements(t *testing.T) {
 	near(t, "decode efficiency", r.DecodeAttentionEfficiency.Value, 0.8)   // 3840 / 4800
 	near(t, "elementwise efficiency", r.ElementwiseEfficiency.Value, 0.9)  // 4320 / 4800
 	near(t, "step overhead", r.StepOverheadMS.Value, 0.25)
+	near(t, "fp8 gemm efficiency", r.FP8GEMMEfficiency.Value, 0.7) // 1385.3 / 1979
+	near(t, "gemm kernel", r.GEMMKernelMS.Value, 0.004)
+	near(t, "attention kernel", r.AttentionKernelMS.Value, 0.009)
+	near(t, "elementwise kernel", r.ElementwiseKernelMS.Value, 0.0025)
 	if r.GEMMBandwidthEfficiency != base.Roofline.GEMMBandwidthEfficiency {
 		t.Error("an omitted optional key must keep the base coefficient")
 	}
 	if !strings.HasPrefix(r.GEMMEfficiency.Source, "measured: device-check test") {
 		t.Errorf("source %q", r.GEMMEfficiency.Source)
 	}
-	if base.Roofline.GEMMEfficiency.Value != 0.70 {
+	if base.Roofline.GEMMEfficiency.Value != 0.72 {
 		t.Error("the base profile must not change")
 	}
 	for _, tc := range []struct {
@@ -252,6 +273,8 @@ func TestProfileFromMeasurements(t *testing.T) {
 	}{
 		{func(m *Measurements) { m.GPU = "h100" }, `measured on gpu "h100" but the profile is for "h200"`},
 		{func(m *Measurements) { m.GEMMTFLOPS = 1200 }, "gemm_tflops = 1200 exceeds the datasheet peak 989.5 of h200"},
+		{func(m *Measurements) { m.FP8GEMMTFLOPS = 2500 }, "fp8_gemm_tflops = 2500 exceeds the datasheet peak 1979 of h200"},
+		{func(m *Measurements) { m.AttentionKernelMS = -1 }, "attention_kernel_ms must be positive"},
 		{func(m *Measurements) { m.DecodeAttentionGBPS = 0 }, "decode_attention_gbps must be positive"},
 		{func(m *Measurements) { m.Source = "" }, "source is empty"},
 		{func(m *Measurements) { m.Version = 0 }, "version must be 1"},

@@ -15,6 +15,8 @@
 //	                     configurations side by side on the twin (eval)
 //	worker twin-profile  print the twin's cost profile of a GPU and model, or
 //	                     fit one to iteration logs (bridge/twin, fleet)
+//	worker twin-validate run the twin on the published GPU figures it is
+//	                     checked against and print twin/published (eval/twinval)
 //	worker loadgen       replay a trace or prompts against an OpenAI-compatible
 //	                     server and report latencies (serve/loadgen)
 //	worker info          print the engine backends this build supports, or
@@ -43,6 +45,7 @@ commands:
   calibrate  fit kv_cost_offset and kv_depth_threshold from iteration logs (docs/calibration.md)
   eval       run the equal-cost / demotion / online-calibrator configurations side by side on the twin (docs/eval.md)
   twin-profile  print the digital twin's cost profile of a GPU and model, or fit one to iteration logs (docs/twin.md)
+  twin-validate  run the twin on published GPU figures (TensorRT-LLM, NIM, Vidur, DeepGEMM) and print twin/published (docs/twin.md)
   loadgen    replay a trace or prompts against an OpenAI-compatible server and report latencies (docs/loadgen.md)
   info       print the engine backends this build supports
   help       print this text
@@ -74,6 +77,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = runEval(args[1:], stdout, stderr)
 	case "twin-profile":
 		err = runTwinProfile(args[1:], stdout, stderr)
+	case "twin-validate":
+		err = runTwinValidate(args[1:], stdout, stderr)
 	case "loadgen":
 		err = runLoadgen(args[1:], stdout, stderr)
 	case "info":
@@ -82,7 +87,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprint(stdout, usageText)
 		return 0
 	default:
-		fmt.Fprintf(stderr, "worker: unknown command %q (allowed: run, serve, schedule, calibrate, eval, twin-profile, loadgen, info, help)\n", args[0])
+		fmt.Fprintf(stderr, "worker: unknown command %q (allowed: run, serve, schedule, calibrate, eval, twin-profile, twin-validate, loadgen, info, help)\n", args[0])
 		return 2
 	}
 	if err == nil {

@@ -24,12 +24,17 @@ func runTwinProfile(args []string, stdout, stderr io.Writer) error {
 	model := fs.String("model", "llama-8b", "model: "+strings.Join(twin.ModelNames(), ", "))
 	tp := fs.Int("tp", 1, "tensor-parallel GPUs per attention-DP rank")
 	ranks := fs.Int("ranks", 1, "attention-DP ranks (expert parallelism of an MoE model spans them)")
+	weight := fs.String("weight-dtype", "", "element type of the layers' weights: "+twin.DTypeNames+" (default: the model's own)")
+	kv := fs.String("kv-dtype", "", "element type of the KV cache: "+twin.DTypeNames+" (default: the model's own)")
+	gpn := fs.Int("gpus-per-node", 0, "GPUs per NVLink domain (0: the GPU's, 8 on HGX, 72 on GB300 NVL72)")
+	zipf := fs.Float64("expert-zipf", -1, "Zipf exponent of routed-expert popularity of an MoE model (0: uniform; negative: the profile's)")
 	measured := fs.String("measured", "", "re-base the built-in profile on a GPU's measured rates (the measured.json "+
 		"scripts/device-check.sh writes: achieved GEMM and attention rates, decode bandwidth, step overhead)")
 	fit := fs.Bool("fit", false, "fit a linear profile of the engine that wrote the iteration logs given as arguments "+
 		"(files, or one path with {rank}); --model names the model they ran")
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: worker twin-profile [--gpu G] [--model M] [--tp N] [--ranks R] [--measured FILE]\n"+
+		fmt.Fprintln(stderr, "usage: worker twin-profile [--gpu G] [--model M] [--tp N] [--ranks R] [--weight-dtype D] [--kv-dtype D]\n"+
+			"                           [--gpus-per-node N] [--expert-zipf S] [--measured FILE]\n"+
 			"       worker twin-profile --fit [--model M] ITER_LOG...\n\n"+
 			"Prints a cost profile of the digital twin as JSON (docs/twin.md).")
 		fs.PrintDefaults()
@@ -47,6 +52,10 @@ func runTwinProfile(args []string, stdout, stderr io.Writer) error {
 		p, err := twin.BuiltinProfile(*gpu, *model, twin.Parallelism{TP: *tp})
 		if err != nil {
 			return usage.Wrap(err)
+		}
+		flagName := func(f string) string { return "--" + f }
+		if p, err = fleet.ApplyTwinDeployment(p, *weight, *kv, *gpn, *zipf, flagName); err != nil {
+			return err
 		}
 		if p, err = p.WithRanks(*ranks); err != nil {
 			return usage.Wrap(err)

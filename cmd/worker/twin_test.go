@@ -71,7 +71,7 @@ func TestTwinRefusals(t *testing.T) {
 	require.Contains(t, stderr, "--gpu is a setting of the digital twin")
 
 	bad := filepath.Join(t.TempDir(), "p.json")
-	require.NoError(t, os.WriteFile(bad, []byte(`{"version": 2}`), 0o644))
+	require.NoError(t, os.WriteFile(bad, []byte(`{"version": 3}`), 0o644))
 	code, _, stderr = runCLI(t, append(append([]string{}, twinRun...), "--cost-profile", bad)...)
 	require.Equal(t, 2, code)
 	require.Contains(t, stderr, "--cost-profile")
@@ -115,4 +115,62 @@ func TestTwinProfileCommand(t *testing.T) {
 	code, _, stderr = runCLI(t, "twin-profile", "--fit", filepath.Join(dir, "nothing.{rank}.jsonl"))
 	require.Equal(t, 2, code)
 	require.Contains(t, stderr, "no file matches")
+}
+
+// TestTwinDeploymentFlags: --weight-dtype, --kv-dtype, --gpus-per-node and
+// --expert-zipf reach the profile in `run` and `twin-profile`, are refused
+// with the allowed values, and need the twin.
+func TestTwinDeploymentFlags(t *testing.T) {
+	code, stdout, stderr := runCLI(t, "twin-profile", "--model", "llama-8b", "--weight-dtype", "fp8", "--kv-dtype", "fp8",
+		"--gpus-per-node", "4")
+	require.Equal(t, 0, code, stderr)
+	p, err := twin.ReadProfile(strings.NewReader(stdout))
+	require.NoError(t, err)
+	require.Equal(t, 1, p.Model.WeightBytes)
+	require.Equal(t, 1, p.Model.KVBytes)
+	require.Equal(t, 2, p.Model.EmbeddingBytes, "the embedding and LM head stay BF16")
+	require.Equal(t, 4, p.Parallelism.GPUsPerNode)
+	code, stdout, stderr = runCLI(t, "twin-profile", "--model", "deepseek-v3", "--expert-zipf", "0.8")
+	require.Equal(t, 0, code, stderr)
+	require.Contains(t, stdout, `"value": 0.8`)
+
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--weight-dtype", "fp4"}, `--weight-dtype: unknown dtype "fp4" (allowed: bf16, fp8)`},
+		{[]string{"--kv-dtype", "int8"}, `--kv-dtype: unknown dtype "int8" (allowed: bf16, fp8)`},
+		{[]string{"--gpus-per-node", "-1"}, "--gpus-per-node must be at least 1"},
+		{[]string{"--expert-zipf", "0.5"}, "--expert-zipf 0.5: model llama-8b has no routed experts"},
+		{[]string{"--expert-zipf", "9"}, "--expert-zipf must be a Zipf exponent in [0, 4]"},
+	} {
+		code, _, stderr := runCLI(t, append(append([]string{}, twinRun...), tc.args...)...)
+		require.Equal(t, 2, code, "%v: %s", tc.args, stderr)
+		require.Contains(t, stderr, tc.want, "%v", tc.args)
+	}
+	code, _, stderr = runCLI(t, "run", "--engine", "fake", "--kv-dtype", "fp8")
+	require.Equal(t, 2, code)
+	require.Contains(t, stderr, "--kv-dtype is a setting of the digital twin")
+
+	// FP8 weights and KV: the same tokens, sooner.
+	bf := runTwin(t, "--ranks", "2", "--pages", "0")
+	fp := runTwin(t, "--ranks", "2", "--pages", "0", "--weight-dtype", "fp8", "--kv-dtype", "fp8")
+	require.Equal(t, bf.OutputDigest, fp.OutputDigest)
+	require.Less(t, fp.DurationS, bf.DurationS, "FP8 weights halve the bytes every decode reads")
+}
+
+// TestTwinValidateCommand: the validation prints every operator table with
+// its summary; a bad table name is a usage error.
+func TestTwinValidateCommand(t *testing.T) {
+	code, stdout, stderr := runCLI(t, "twin-validate", "--only", "operators")
+	require.Equal(t, 0, code, stderr)
+	for _, g := range []string{"vidur-gemm", "vidur-elementwise", "deepgemm-fp8", "ort-decode", "vidur-allreduce", "## summary"} {
+		require.Contains(t, stdout, g)
+	}
+	code, stdout, stderr = runCLI(t, "twin-validate", "--sources")
+	require.Equal(t, 0, code, stderr)
+	require.Contains(t, stdout, "github.com/microsoft/vidur")
+	code, _, stderr = runCLI(t, "twin-validate", "--only", "gemm")
+	require.Equal(t, 2, code)
+	require.Contains(t, stderr, `unknown table "gemm"`)
 }

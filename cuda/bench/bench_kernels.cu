@@ -17,9 +17,18 @@
 //              (4 * D * q heads * query-key pairs), % of the matmul ceiling;
 //              then the hand-written attn_chunk at the GQA 4:1 shapes
 //   iteration  one full llama-8b step through engine.h at a few batch mixes
+<<<<<<< HEAD
 // A shape that fails (FlashInfer's planner or kernel refusing it) is written as
 // an "error" row with the message and the run goes on; the exit status is then
 // 1. Usage: cuda_bench OUT.tsv
+=======
+//   gemm       llama-8b's QKV (4096x6144) and gate+up (4096x28672) bf16 GEMMs at
+//              1-1024 tokens: time (the twin's GEMM transition and kernel cost)
+//   fixed      a batch-1 decode at 128 tokens of context and a 128-token chunk at
+//              depth 0, whose traffic takes < 1 us: the attention kernels' fixed cost
+//   elementwise  RMSNorm of 1 and 4096 rows of 4096: rows, bytes, time
+// Usage: cuda_bench OUT.tsv
+>>>>>>> issue26
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 
@@ -38,6 +47,7 @@
 #include "kernels/attn_chunk.cuh"
 #include "kernels/attn_decode.cuh"
 #include "kernels/attn_merge.cuh"
+#include "kernels/rmsnorm.cuh"
 #include "kernels/weights_gen.cuh"
 #include "status.h"
 #include "../tests/test_util.h"
@@ -240,6 +250,7 @@ double handwritten_ms(const Shape& s, int hq, const Slab& slab, int num_sms) {
   return ms;
 }
 
+<<<<<<< HEAD
 // One decode or prefill row: kernel, group, shape, then the time and rates,
 // or why it was not measured.
 void attention_row(const char* kernel, int group, const Shape& s, const Slab& slab, FlashInferAttention* fa,
@@ -276,6 +287,54 @@ void attention_row(const char* kernel, int group, const Shape& s, const Slab& sl
   }
   std::fflush(tsv);
   std::fflush(stdout);
+=======
+// The twin's per-kernel figures (docs/twin.md, "A measured profile"):
+// device-check.sh turns these rows into gemm_kernel_ms, gemm_weight_gbps,
+// attention_kernel_ms, elementwise_kernel_ms and elementwise_gbps.
+void twin_kernel_bench(__nv_bfloat16* slab, int64_t page_elems, int num_sms) {
+  cublasHandle_t h;
+  BLAS_CHECK(cublasCreate(&h));
+  const int K = 4096, maxT = 1024;
+  __nv_bfloat16 *W, *X, *Y;
+  TCHECK(cudaMalloc(&W, size_t(K) * 28672 * 2));
+  TCHECK(cudaMalloc(&X, size_t(K) * maxT * 2));
+  TCHECK(cudaMalloc(&Y, size_t(28672) * maxT * 2));
+  fill_random(W, size_t(K) * 28672, 4);
+  fill_random(X, size_t(K) * maxT, 5);
+  const float one = 1, zero = 0;
+  for (int n : {6144, 28672})
+    for (int t : {1, 16, 64, 128, 256, 512, 1024}) {
+      // Y (n x t) = W^T (W stored as n rows of K) x X (K x t), column-major.
+      const double ms = time_ms([&] {
+        BLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, n, t, K, &one, W, CUDA_R_16BF, K, X, CUDA_R_16BF, K,
+                                &zero, Y, CUDA_R_16BF, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+      }, 11);
+      std::fprintf(tsv, "gemm\t%d\t%d\t%d\t%.4f\n", t, K, n, ms);
+    }
+  BLAS_CHECK(cublasDestroy(h));
+  cudaFree(W);
+  cudaFree(X);
+  cudaFree(Y);
+  std::fprintf(tsv, "fixed\tdecode\t%.4f\n", attention_ms(1, 1, 127, slab, page_elems, num_sms));
+  std::fprintf(tsv, "fixed\tchunk\t%.4f\n", attention_ms(1, 128, 0, slab, page_elems, num_sms));
+  float *x, *w;
+  __nv_bfloat16* y;
+  const int rows_max = 4096;
+  TCHECK(cudaMalloc(&x, size_t(rows_max) * K * 4));
+  TCHECK(cudaMalloc(&w, size_t(K) * 4));
+  TCHECK(cudaMalloc(&y, size_t(rows_max) * K * 2));
+  TCHECK(cudaMemset(x, 0x3c, size_t(rows_max) * K * 4));
+  TCHECK(cudaMemset(w, 0x3c, size_t(K) * 4));
+  for (int rows : {1, rows_max}) {
+    const double ms = time_ms([&] { rmsnorm(x, nullptr, w, K, 1e-5f, rows, y, nullptr, nullptr); }, 11);
+    TCHECK(cudaGetLastError());
+    std::fprintf(tsv, "elementwise\t%d\t%.0f\t%.4f\n", rows, double(rows) * K * (4 + 2), ms);
+  }
+  cudaFree(x);
+  cudaFree(w);
+  cudaFree(y);
+  std::fflush(tsv);
+>>>>>>> issue26
 }
 
 void iteration_bench() {
@@ -368,8 +427,21 @@ int main(int argc, char** argv) {
           for (int depth : depths)
             attention_row(kernel, group, Shape{1, chunk, depth}, slab, fa.get(), sms, copy_gbs, mm_tflops);
       }
+<<<<<<< HEAD
     }
     cudaFree(slab.data);
+=======
+    for (int chunk : {512, 2048, 8192})
+      for (int depth : {0, 32768, 131072}) {
+        const double ms = attention_ms(1, chunk, depth, slab, page_elems, sms);
+        const double flops = 4.0 * kD * kHq * (double(chunk) * depth + double(chunk) * (chunk + 1) / 2);
+        const double tf = flops / (ms * 1e9);
+        std::fprintf(tsv, "chunk\t%d\t%d\t%.4f\t%.1f\t%.1f\n", chunk, depth, ms, tf, 100 * tf / mm_tflops);
+        std::fflush(tsv);
+      }
+    twin_kernel_bench(slab, page_elems, sms);
+    cudaFree(slab);
+>>>>>>> issue26
     iteration_bench();
   } catch (const EngineError& e) {
     std::printf("FAIL: %s\n", e.what());

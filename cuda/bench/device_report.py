@@ -194,7 +194,31 @@ def measured(rows, gpu_name):
     if it is None:
         raise SystemExit("measured: no llama-8b 'decode 64 x 2k' iteration row")
     m["step_overhead_ms"] = round(max(0.01, it - weights / (c["copy"] * 1e6) - kv / (m["decode_attention_gbps"] * 1e6)), 3)
+    kernel_costs(rows, m)
     return m
+
+
+def kernel_costs(rows, m):
+    """The twin's per-kernel figures from the bench rows gemm, fixed and
+    elementwise, where cuda_bench measured them: a 1-token GEMM of llama-8b's
+    two shapes is kernel cost + weight bytes / streaming rate (two equations,
+    two unknowns); the batch-1 short-KV attention kernels are almost all fixed
+    cost; RMSNorm of 1 row is its fixed cost, of 4096 rows its bytes at the
+    element-wise rate."""
+    gemm = {(int(r[1]), int(r[3])): float(r[4]) for r in rows if r[0] == "gemm"}
+    if (1, 6144) in gemm and (1, 28672) in gemm and gemm[(1, 28672)] > gemm[(1, 6144)]:
+        b1, b2 = 4096 * 6144 * 2, 4096 * 28672 * 2
+        gbps = (b2 - b1) / ((gemm[(1, 28672)] - gemm[(1, 6144)]) * 1e6)
+        t0 = gemm[(1, 6144)] - b1 / (gbps * 1e6)
+        if t0 > 0:
+            m["gemm_weight_gbps"], m["gemm_kernel_ms"] = round(gbps, 1), round(t0, 4)
+    fixed = [float(r[2]) for r in rows if r[0] == "fixed"]
+    if fixed:
+        m["attention_kernel_ms"] = round(min(fixed), 4)
+    elem = sorted((int(r[1]), float(r[2]), float(r[3])) for r in rows if r[0] == "elementwise")
+    if len(elem) >= 2 and elem[-1][2] > elem[0][2]:
+        m["elementwise_kernel_ms"] = round(elem[0][2], 4)
+        m["elementwise_gbps"] = round((elem[-1][1] - elem[0][1]) / ((elem[-1][2] - elem[0][2]) * 1e6), 1)
 
 
 def main(argv):
