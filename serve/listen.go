@@ -170,6 +170,19 @@ func (l *connLimiter) forget(c *limitedConn) {
 	l.mu.Unlock()
 }
 
+// idle is the number of admitted connections idle between requests (tests).
+func (l *connLimiter) idle() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for _, idle := range l.conns {
+		if idle {
+			n++
+		}
+	}
+	return n
+}
+
 // open is the number of admitted connections (tests).
 func (l *connLimiter) open() int {
 	l.mu.Lock()

@@ -50,7 +50,11 @@ func TestConnectionBound(t *testing.T) {
 	for range 4 {
 		idle = append(idle, idleConn(t, addr))
 	}
-	require.Eventually(t, func() bool { return lim.open() == 4 }, 5*time.Second, time.Millisecond)
+	// The server marks a connection idle just after writing its answer, so
+	// a client can read the answer first: wait until the server sees all
+	// four as idle (a new connection while one still looks busy would be
+	// refused, rightly).
+	require.Eventually(t, func() bool { return lim.open() == 4 && lim.idle() == 4 }, 5*time.Second, time.Millisecond)
 	// A real client among idle ones is served.
 	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 5 * time.Second}
 	for range 3 {
@@ -75,17 +79,7 @@ func TestConnectionBound(t *testing.T) {
 		require.NoError(t, err)
 		busy = append(busy, c)
 	}
-	require.Eventually(t, func() bool {
-		lim.mu.Lock()
-		defer lim.mu.Unlock()
-		active := 0
-		for _, idle := range lim.conns {
-			if !idle {
-				active++
-			}
-		}
-		return active == 4 && len(lim.conns) == 4
-	}, 5*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { return lim.open() == 4 && lim.idle() == 0 }, 5*time.Second, time.Millisecond)
 	start := time.Now()
 	resp, err := client.Get("http://" + addr + "/health")
 	require.NoError(t, err)
