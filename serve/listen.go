@@ -1,6 +1,7 @@
 package serve
 
 import (
+	"bytes"
 	"fmt"
 	"net"
 	"net/http"
@@ -88,6 +89,9 @@ type connLimiter struct {
 
 	mu    sync.Mutex
 	conns map[*limitedConn]bool // open connections; true: idle since idleAt
+
+	once     sync.Once
+	refusing chan struct{} // refused connections being answered
 }
 
 // limitedConn is an admitted connection; Close frees its place once.
@@ -129,9 +133,7 @@ func (l *connLimiter) Accept() (net.Conn, error) {
 			}
 			if evict == nil {
 				l.mu.Unlock()
-				c.SetWriteDeadline(time.Now().Add(time.Second)) //nolint:errcheck
-				c.Write([]byte(refusal))                        //nolint:errcheck // best effort: the client may be gone
-				c.Close()
+				l.refuse(c)
 				continue
 			}
 			delete(l.conns, evict)
@@ -143,6 +145,40 @@ func (l *connLimiter) Accept() (net.Conn, error) {
 		}
 		return lc, nil
 	}
+}
+
+// maxRefusing bounds the refused connections being answered at once; past
+// it a refused connection is closed without an answer.
+const maxRefusing = 64
+
+// refuse answers a connection over the bound with 503 and closes it, off
+// the accept loop. The answer follows the request's head (read for at most
+// a second, 8 KiB): written before the client has sent its request, HTTP
+// clients (Go's among them) take it for an unsolicited response and fail
+// instead of seeing the 503.
+func (l *connLimiter) refuse(c net.Conn) {
+	l.once.Do(func() { l.refusing = make(chan struct{}, maxRefusing) })
+	select {
+	case l.refusing <- struct{}{}:
+	default:
+		c.Close()
+		return
+	}
+	go func() {
+		defer func() { <-l.refusing }()
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(time.Second)) //nolint:errcheck
+		head := make([]byte, 0, 512)
+		buf := make([]byte, 512)
+		for len(head) < 8<<10 && !bytes.Contains(head, []byte("\r\n\r\n")) {
+			n, err := c.Read(buf)
+			head = append(head, buf[:n]...)
+			if err != nil {
+				break
+			}
+		}
+		c.Write([]byte(refusal)) //nolint:errcheck // best effort: the client may be gone
+	}()
 }
 
 // state follows http.Server's view of each connection.
