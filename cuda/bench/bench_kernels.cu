@@ -17,18 +17,15 @@
 //              (4 * D * q heads * query-key pairs), % of the matmul ceiling;
 //              then the hand-written attn_chunk at the GQA 4:1 shapes
 //   iteration  one full llama-8b step through engine.h at a few batch mixes
-<<<<<<< HEAD
+//   gemm       llama-8b's QKV (4096x6144) and gate+up (4096x28672) bf16 GEMMs at
+//              1-1024 tokens: time (the twin's GEMM transition and kernel cost)
+//   fixed      FlashInfer's batch-1 decode at 128 tokens of context and a
+//              128-token chunk at depth 0 (GQA 4:1), whose traffic takes < 1 us:
+//              the attention kernels' fixed cost
+//   elementwise  RMSNorm of 1 and 4096 rows of 4096: rows, bytes, time
 // A shape that fails (FlashInfer's planner or kernel refusing it) is written as
 // an "error" row with the message and the run goes on; the exit status is then
 // 1. Usage: cuda_bench OUT.tsv
-=======
-//   gemm       llama-8b's QKV (4096x6144) and gate+up (4096x28672) bf16 GEMMs at
-//              1-1024 tokens: time (the twin's GEMM transition and kernel cost)
-//   fixed      a batch-1 decode at 128 tokens of context and a 128-token chunk at
-//              depth 0, whose traffic takes < 1 us: the attention kernels' fixed cost
-//   elementwise  RMSNorm of 1 and 4096 rows of 4096: rows, bytes, time
-// Usage: cuda_bench OUT.tsv
->>>>>>> issue26
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 
@@ -250,7 +247,6 @@ double handwritten_ms(const Shape& s, int hq, const Slab& slab, int num_sms) {
   return ms;
 }
 
-<<<<<<< HEAD
 // One decode or prefill row: kernel, group, shape, then the time and rates,
 // or why it was not measured.
 void attention_row(const char* kernel, int group, const Shape& s, const Slab& slab, FlashInferAttention* fa,
@@ -287,11 +283,12 @@ void attention_row(const char* kernel, int group, const Shape& s, const Slab& sl
   }
   std::fflush(tsv);
   std::fflush(stdout);
-=======
+}
+
 // The twin's per-kernel figures (docs/twin.md, "A measured profile"):
 // device-check.sh turns these rows into gemm_kernel_ms, gemm_weight_gbps,
 // attention_kernel_ms, elementwise_kernel_ms and elementwise_gbps.
-void twin_kernel_bench(__nv_bfloat16* slab, int64_t page_elems, int num_sms) {
+void twin_kernel_bench(const Slab& slab, FlashInferAttention& fa) {
   cublasHandle_t h;
   BLAS_CHECK(cublasCreate(&h));
   const int K = 4096, maxT = 1024;
@@ -315,8 +312,8 @@ void twin_kernel_bench(__nv_bfloat16* slab, int64_t page_elems, int num_sms) {
   cudaFree(W);
   cudaFree(X);
   cudaFree(Y);
-  std::fprintf(tsv, "fixed\tdecode\t%.4f\n", attention_ms(1, 1, 127, slab, page_elems, num_sms));
-  std::fprintf(tsv, "fixed\tchunk\t%.4f\n", attention_ms(1, 128, 0, slab, page_elems, num_sms));
+  std::fprintf(tsv, "fixed\tdecode\t%.4f\n", flashinfer_ms(Shape{1, 1, 127}, kHkv * 4, slab, fa));
+  std::fprintf(tsv, "fixed\tchunk\t%.4f\n", flashinfer_ms(Shape{1, 128, 0}, kHkv * 4, slab, fa));
   float *x, *w;
   __nv_bfloat16* y;
   const int rows_max = 4096;
@@ -334,7 +331,6 @@ void twin_kernel_bench(__nv_bfloat16* slab, int64_t page_elems, int num_sms) {
   cudaFree(w);
   cudaFree(y);
   std::fflush(tsv);
->>>>>>> issue26
 }
 
 void iteration_bench() {
@@ -427,21 +423,12 @@ int main(int argc, char** argv) {
           for (int depth : depths)
             attention_row(kernel, group, Shape{1, chunk, depth}, slab, fa.get(), sms, copy_gbs, mm_tflops);
       }
-<<<<<<< HEAD
+    }
+    {
+      FlashInferAttention fa(kHkv * 4, kHkv, kD, kP, slab.page_elems, nullptr);
+      twin_kernel_bench(slab, fa);
     }
     cudaFree(slab.data);
-=======
-    for (int chunk : {512, 2048, 8192})
-      for (int depth : {0, 32768, 131072}) {
-        const double ms = attention_ms(1, chunk, depth, slab, page_elems, sms);
-        const double flops = 4.0 * kD * kHq * (double(chunk) * depth + double(chunk) * (chunk + 1) / 2);
-        const double tf = flops / (ms * 1e9);
-        std::fprintf(tsv, "chunk\t%d\t%d\t%.4f\t%.1f\t%.1f\n", chunk, depth, ms, tf, 100 * tf / mm_tflops);
-        std::fflush(tsv);
-      }
-    twin_kernel_bench(slab, page_elems, sms);
-    cudaFree(slab);
->>>>>>> issue26
     iteration_bench();
   } catch (const EngineError& e) {
     std::printf("FAIL: %s\n", e.what());
