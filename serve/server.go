@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -58,6 +59,9 @@ type Config struct {
 	// taken as hung and /health stops reporting ready (an idle fleet still
 	// iterates every few milliseconds); 0: DefaultStallAfter.
 	StallAfter time.Duration
+	// PromptTokensDetails adds usage.prompt_tokens_details.cached_tokens
+	// (vLLM's --enable-prompt-tokens-details).
+	PromptTokensDetails bool
 	// Now is the clock (tests); time.Now when nil.
 	Now func() time.Time
 }
@@ -315,7 +319,7 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 // chat is POST /v1/chat/completions.
 func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
 	var req chatRequest
-	s.handle(w, r, "chat", &req, &req.rawParams, 512, func() ([]int32, string, *apiError) {
+	s.handle(w, r, "chat", &req, &req.rawParams, restOfContext, func() ([]int32, string, *apiError) {
 		msgs, e := req.messages()
 		if e != nil {
 			return nil, "", e
@@ -427,17 +431,55 @@ func (s *Server) parse(w http.ResponseWriter, r *http.Request, req any, raw *raw
 	if e != nil {
 		return checkedArrival{}, e
 	}
+	if e := p.checkVocab(s.cfg.VocabSize); e != nil {
+		return checkedArrival{}, e
+	}
+	if p.MaxTokens == restOfContext {
+		p.MaxTokens = s.restOfContext(len(ids))
+	}
 	if v := s.cfg.Admission(len(ids), p.MaxTokens); v.Code == scheduler.NeverFits {
 		return checkedArrival{}, &apiError{Status: http.StatusRequestEntityTooLarge, Type: "invalid_request_error", Param: "max_tokens",
 			Code:    "context_length_exceeded",
 			Message: fmt.Sprintf("%d prompt tokens + max_tokens %d can never be served: %s", len(ids), p.MaxTokens, v.Reason)}
 	}
 	a := checkedArrival{params: p, Arrival: executor.Arrival{ArrivalUnixNS: s.cfg.Now().UnixNano(), MaxNewTokens: p.MaxTokens,
-		Prompt: ids, StopAtEOS: !p.IgnoreEOS}}
+		Prompt: ids, StopAtEOS: !p.IgnoreEOS, LogitBias: p.LogitBias, StopTokenIDs: p.StopTokenIDs}}
 	if e := setSampling(&a.Arrival, p); e != nil {
 		return checkedArrival{}, e
 	}
 	return a, nil
+}
+
+// defaultChatMaxTokens is chat's default max_tokens when the context
+// length is unknown (Config.MaxModelLen 0).
+const defaultChatMaxTokens = 512
+
+// restOfContext is the default max_tokens of a prompt of n tokens: the rest
+// of the context (vLLM's default), lowered to the largest value the fleet
+// can ever serve (Admission) when the context is longer than that; at
+// least 1 (a prompt that fills the context is then refused by admission).
+func (s *Server) restOfContext(n int) int {
+	if s.cfg.MaxModelLen <= 0 {
+		return defaultChatMaxTokens
+	}
+	hi := s.cfg.MaxModelLen - n
+	if hi < 1 {
+		return 1
+	}
+	if s.cfg.Admission(n, hi).Code != scheduler.NeverFits {
+		return hi
+	}
+	// Admission is monotone in max_tokens: the largest that fits.
+	lo := 0
+	for lo < hi-1 {
+		mid := lo + (hi-lo)/2
+		if s.cfg.Admission(n, mid).Code == scheduler.NeverFits {
+			hi = mid
+		} else {
+			lo = mid
+		}
+	}
+	return max(lo, 1)
 }
 
 // answer streams or collects the completion of c.
@@ -445,8 +487,9 @@ func (s *Server) answer(w http.ResponseWriter, r *http.Request, endpoint string,
 	out := newWriter(w, endpoint, s.cfg.ModelName, c.id, s.cfg.Now().Unix(), p)
 	var stream *model.StreamDecoder
 	if s.cfg.Tokenizer != nil {
-		stream = s.cfg.Tokenizer.NewStream()
+		stream = s.cfg.Tokenizer.NewStreamWith(model.DecodeOptions{Special: p.SpecialTokens})
 	}
+	reused := 0
 	var text strings.Builder
 	var all []int32
 	finish := ""
@@ -475,17 +518,23 @@ func (s *Server) answer(w http.ResponseWriter, r *http.Request, endpoint string,
 		for _, t := range toks {
 			all = append(all, t)
 			pieceIDs = append(pieceIDs, t)
-			if stream == nil || (s.stops[t] && !p.IgnoreEOS) {
+			// A stop token ends the answer (it is the last); its text is
+			// kept only with include_stop_str_in_output.
+			stop := (s.stops[t] && !p.IgnoreEOS) || slices.Contains(p.StopTokenIDs, t)
+			if stream == nil || (stop && !p.IncludeStop) {
 				continue
 			}
 			piece.WriteString(stream.Next(t))
+		}
+		if resp != nil {
+			reused = resp.ReusedTokens
 		}
 		chunk := piece.String()
 		if resp != nil && resp.Error == "" && stream != nil {
 			// The answer is complete: a stop string may span the decoder's tail.
 			chunk += stream.Flush()
 		}
-		if chunk, finish = cutAtStop(&text, chunk, p.Stop); finish != "" {
+		if chunk, finish = cutAtStop(&text, chunk, p.Stop, p.IncludeStop); finish != "" {
 			// The ranks withdraw the request (unless it already finished).
 			if resp != nil {
 				s.record(c, resp, finish)
@@ -506,12 +555,23 @@ func (s *Server) answer(w http.ResponseWriter, r *http.Request, endpoint string,
 			}
 			s.record(c, resp, finish)
 		}
-		if err := out.delta(chunk, pieceIDs); err != nil {
+		if err := out.delta(chunk, pieceIDs, s.usage(c.prompt, len(all), reused)); err != nil {
 			s.detach(c, "cancelled")
 			return
 		}
 	}
-	out.done(text.String(), all, finish, openai.Usage{Prompt: c.prompt, Completion: len(all), Total: c.prompt + len(all)})
+	out.done(text.String(), all, finish, s.usage(c.prompt, len(all), reused))
+}
+
+// usage is a completion's usage; prompt_tokens_details (the prompt tokens
+// whose KV was reused from the prefix cache) only with
+// Config.PromptTokensDetails, as vLLM does.
+func (s *Server) usage(prompt, completion, cached int) openai.Usage {
+	u := openai.Usage{Prompt: prompt, Completion: completion, Total: prompt + completion}
+	if s.cfg.PromptTokensDetails {
+		u.PromptTokensDetails = &openai.PromptTokensDetails{CachedTokens: cached}
+	}
+	return u
 }
 
 // detach ends c's answer early and asks the ranks to withdraw the request
@@ -540,15 +600,19 @@ func (s *Server) detach(c *call, finish string) {
 // cutAtStop appends chunk to text, cut where the first stop string begins
 // ("" of finish when none does): what is left of chunk is returned. A stop
 // string that began in text already streamed leaves that text as sent.
-func cutAtStop(text *strings.Builder, chunk string, stops []string) (string, string) {
+func cutAtStop(text *strings.Builder, chunk string, stops []string, include bool) (string, string) {
 	before := text.Len()
 	text.WriteString(chunk)
 	if len(stops) == 0 {
 		return chunk, ""
 	}
-	at := firstStop(text.String(), stops, before)
+	at, n := firstStop(text.String(), stops, before)
 	if at < 0 {
 		return chunk, ""
+	}
+	if include {
+		// include_stop_str_in_output: the text ends after the stop string.
+		at += n
 	}
 	kept := text.String()[:at]
 	chunk = ""
@@ -561,14 +625,15 @@ func cutAtStop(text *strings.Builder, chunk string, stops []string) (string, str
 }
 
 // firstStop is the earliest start of a stop string in text that ends at or
-// after from (earlier text was checked already), or -1.
-func firstStop(text string, stops []string, from int) int {
-	best := -1
+// after from (earlier text was checked already), or -1, and that string's
+// length.
+func firstStop(text string, stops []string, from int) (int, int) {
+	best, n := -1, 0
 	for _, st := range stops {
 		lo := max(0, from-len(st)+1)
 		if i := strings.Index(text[lo:], st); i >= 0 && (best < 0 || lo+i < best) {
-			best = lo + i
+			best, n = lo+i, len(st)
 		}
 	}
-	return best
+	return best, n
 }

@@ -96,11 +96,21 @@ func (wr *writer) chunk(choices []openai.Choice, u *openai.Usage) openai.Complet
 }
 
 // delta streams newly produced text (and ids); a no-op without streaming.
-func (wr *writer) delta(text string, ids []int32) error {
+// With stream_options.continuous_usage_stats every chunk carries u, the
+// usage so far.
+func (wr *writer) delta(text string, ids []int32, u openai.Usage) error {
 	if !wr.p.Stream || (text == "" && (len(ids) == 0 || !wr.p.ReturnTokenID) && wr.roleSent) {
 		return nil
 	}
-	return wr.event(wr.chunk([]openai.Choice{wr.choice(text, ids, nil, false)}, nil))
+	return wr.event(wr.chunk([]openai.Choice{wr.choice(text, ids, nil, false)}, wr.continuous(u)))
+}
+
+// continuous is u when every chunk carries the usage, nil otherwise.
+func (wr *writer) continuous(u openai.Usage) *openai.Usage {
+	if !wr.p.ContinuousUsage {
+		return nil
+	}
+	return &u
 }
 
 // done ends the completion.
@@ -112,7 +122,7 @@ func (wr *writer) done(text string, ids []int32, finish string, u openai.Usage) 
 		json.NewEncoder(wr.w).Encode(body) //nolint:errcheck // the client may be gone
 		return
 	}
-	wr.event(wr.chunk([]openai.Choice{wr.choice("", nil, &finish, false)}, nil)) //nolint:errcheck
+	wr.event(wr.chunk([]openai.Choice{wr.choice("", nil, &finish, false)}, wr.continuous(u))) //nolint:errcheck
 	if wr.p.IncludeUsage {
 		wr.event(wr.chunk([]openai.Choice{}, &u)) //nolint:errcheck
 	}
