@@ -33,8 +33,10 @@ type apiServer struct {
 	name     string
 	limits   httpapi.HTTPOptions
 	maxBody  int64
-	srv      *httpapi.Server
-	http     *http.Server
+	// promptDetails: usage.prompt_tokens_details (vLLM's flag).
+	promptDetails bool
+	srv           *httpapi.Server
+	http          *http.Server
 	// exit ends the process on a second signal (os.Exit; tests replace it).
 	exit func(code int)
 }
@@ -50,6 +52,8 @@ func (api *apiServer) flags(fs *flag.FlagSet) {
 		fmt.Sprintf("open client connections at once: at the bound the longest-idle keep-alive one is closed, else a new one gets 503 (0: %d, lowered to leave room under the descriptor limit)", httpapi.DefaultMaxConnections))
 	fs.DurationVar(&api.limits.IdleTimeout, "idle-timeout", httpapi.DefaultIdleTimeout, "close keep-alive connections idle this long")
 	fs.Int64Var(&api.maxBody, "max-body-bytes", httpapi.DefaultMaxBodyBytes, "largest request body (413 beyond)")
+	fs.BoolVar(&api.promptDetails, "enable-prompt-tokens-details", false,
+		"add usage.prompt_tokens_details.cached_tokens (prompt tokens whose KV came from the prefix cache), as vLLM's flag")
 }
 
 // runAPIServe is `worker serve`: the fleet of `worker run` (same engine,
@@ -158,7 +162,7 @@ func (api *apiServer) build(o *fleet.Options) (nccl.Launch, error) {
 		api.name = strings.TrimSuffix(filepath.Base(filepath.Clean(o.Model)), ".gguf")
 	}
 	cfg := httpapi.Config{ModelName: api.name, VocabSize: shape.VocabSize, MaxQueue: api.maxQueue, APIKey: api.apiKey,
-		MaxModelLen: o.Pages * o.TokensPerPage * o.CP, MaxBodyBytes: api.maxBody,
+		MaxModelLen: o.Pages * o.TokensPerPage * o.CP, MaxBodyBytes: api.maxBody, PromptTokensDetails: api.promptDetails,
 		// Half the watchdog's bound: /health says "stalled" before the
 		// watchdog fails the fleet.
 		StallAfter: o.CollectiveTimeout / 2}
