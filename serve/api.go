@@ -406,11 +406,14 @@ func checkIDs(ids []int64, vocab int) ([]int32, string, *apiError) {
 // chatRequest is POST /v1/chat/completions.
 type chatRequest struct {
 	rawParams
-	Messages []struct {
-		Role    string          `json:"role"`
-		Content json.RawMessage `json:"content"`
-		Name    string          `json:"name"`
-	} `json:"messages"`
+	Messages []chatMessageRaw `json:"messages"`
+}
+
+// chatMessageRaw is one message of a request, as sent.
+type chatMessageRaw struct {
+	Role    string          `json:"role"`
+	Content json.RawMessage `json:"content"`
+	Name    string          `json:"name"`
 }
 
 // messages returns the conversation with text contents.

@@ -1,7 +1,11 @@
 package serve
 
 import (
+	"encoding/json"
+	"io"
+	"net/http"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -148,3 +152,37 @@ func TestDefaultMaxTokensIsTheRestOfTheContext(t *testing.T) {
 var modelOpts = model.EncodeOptions{}
 
 func itoa(id int32) string { return strconv.Itoa(int(id)) }
+
+// stream_options.continuous_usage_stats puts the usage so far on every
+// chunk.
+func TestContinuousUsageStats(t *testing.T) {
+	s, _, ts := fleetServer(t)
+	done := make(chan string, 1)
+	go func() {
+		resp, err := http.Post(ts.URL+"/v1/completions", "application/json", strings.NewReader(
+			`{"prompt":"Hi","max_tokens":4,"stream":true,"stream_options":{"continuous_usage_stats":true}}`))
+		if err != nil {
+			done <- err.Error()
+			return
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		done <- string(b)
+	}()
+	deliver(s, takeArrival(t, s), "yo")
+	body := <-done
+	var chunks int
+	for _, line := range strings.Split(body, "\n") {
+		data, ok := strings.CutPrefix(line, "data: ")
+		if !ok || data == "[DONE]" {
+			continue
+		}
+		var c map[string]any
+		require.NoError(t, json.Unmarshal([]byte(data), &c))
+		u, ok := c["usage"].(map[string]any)
+		require.True(t, ok, "chunk without usage: %s", data)
+		require.Equal(t, 2.0, u["prompt_tokens"])
+		chunks++
+	}
+	require.GreaterOrEqual(t, chunks, 2, body)
+}

@@ -6,10 +6,13 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"go.uber.org/zap"
 
 	"github.com/lockstep-ai/lockstep/serve/openai"
 
@@ -62,6 +65,11 @@ type Config struct {
 	// PromptTokensDetails adds usage.prompt_tokens_details.cached_tokens
 	// (vLLM's --enable-prompt-tokens-details).
 	PromptTokensDetails bool
+	// Log receives a line per finished request (debug level), named by its
+	// X-Request-Id; nil: no log.
+	Log *zap.Logger
+	// Version is GET /version's answer; the binary's build version when "".
+	Version string
 	// Now is the clock (tests); time.Now when nil.
 	Now func() time.Time
 }
@@ -70,9 +78,26 @@ type Config struct {
 // watchdog's default timeout, after which the fleet fails on its own.
 const DefaultStallAfter = 30 * time.Second
 
+// maxRequestIDLen bounds an X-Request-Id.
+const maxRequestIDLen = 256
+
+// validRequestID: 1 to maxRequestIDLen printable ASCII characters.
+func validRequestID(id string) bool {
+	if len(id) == 0 || len(id) > maxRequestIDLen {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		if id[i] < 0x21 || id[i] > 0x7e {
+			return false
+		}
+	}
+	return true
+}
+
 // Server is the HTTP API on rank 0.
 type Server struct {
 	cfg      Config
+	log      *zap.Logger
 	src      *source
 	nextID   atomic.Uint64
 	mu       sync.Mutex
@@ -91,6 +116,12 @@ func New(cfg Config) *Server {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
+	if cfg.Log == nil {
+		cfg.Log = zap.NewNop()
+	}
+	if cfg.Version == "" {
+		cfg.Version = buildVersion()
+	}
 	if cfg.MaxBodyBytes <= 0 {
 		cfg.MaxBodyBytes = DefaultMaxBodyBytes
 	}
@@ -105,7 +136,7 @@ func New(cfg Config) *Server {
 	}
 	// One body of the largest size must always fit the budget.
 	cfg.BodyBytesInFlight = max(cfg.BodyBytesInFlight, cfg.MaxBodyBytes)
-	s := &Server{cfg: cfg, src: newSource(), calls: map[uint64]*call{}, stops: map[int32]bool{},
+	s := &Server{cfg: cfg, log: cfg.Log, src: newSource(), calls: map[uint64]*call{}, stops: map[int32]bool{},
 		bodies: newBodyBudget(cfg.BodyBytesInFlight)}
 	if cfg.Tokenizer != nil {
 		for _, t := range cfg.Tokenizer.StopTokens() {
@@ -216,6 +247,7 @@ var errDrained = errors.New("the server is shutting down")
 // call is one request in flight.
 type call struct {
 	id     uint64
+	apiID  string // X-Request-Id: the client's, or id in decimal
 	wake   chan struct{}
 	mu     sync.Mutex
 	toks   []int32
@@ -299,13 +331,18 @@ func (s *Server) record(c *call, r *executor.Response, finish string) {
 	done := c.recorded
 	c.recorded = true
 	c.mu.Unlock()
-	if done || s.cfg.Metrics == nil {
+	if done {
 		return
 	}
 	if r == nil {
 		r = &executor.Response{ID: c.id, ArrivalUnixNS: c.arrival, Error: finish}
 	}
-	s.cfg.Metrics.OnResponse(*r, c.prompt, finish)
+	s.log.Debug("request finished", zap.String("request_id", c.apiID), zap.Uint64("id", c.id),
+		zap.String("finish_reason", finish), zap.Int("prompt_tokens", c.prompt), zap.Int("completion_tokens", len(r.Output)),
+		zap.Int("rank", r.Rank), zap.Int("reused_tokens", r.ReusedTokens))
+	if s.cfg.Metrics != nil {
+		s.cfg.Metrics.OnResponse(*r, c.prompt, finish)
+	}
 }
 
 // completions is POST /v1/completions.
@@ -349,6 +386,16 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request, endpoint string,
 		}
 		writeError(w, e)
 	}
+	// X-Request-Id: the client's id is echoed and names the request (its
+	// API id, its log lines); without one the server's numeric id is sent.
+	reqID := r.Header.Get("X-Request-Id")
+	if reqID != "" {
+		if !validRequestID(reqID) {
+			fail(badRequest("X-Request-Id", "the X-Request-Id header must be 1 to %d printable ASCII characters", maxRequestIDLen))
+			return
+		}
+		w.Header().Set("X-Request-Id", reqID)
+	}
 	if e := s.unavailable(); e != nil {
 		fail(e)
 		return
@@ -370,6 +417,11 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request, endpoint string,
 	// The id is taken only by a request that is accepted: ids stay dense.
 	a.ID = s.nextID.Add(1) - 1
 	c.id = a.ID
+	c.apiID = reqID
+	if reqID == "" {
+		c.apiID = strconv.FormatUint(a.ID, 10)
+		w.Header().Set("X-Request-Id", c.apiID)
+	}
 	s.calls[a.ID] = c
 	s.mu.Unlock()
 	defer func() {
@@ -419,9 +471,8 @@ func (s *Server) parse(w http.ResponseWriter, r *http.Request, req any, raw *raw
 	}
 	// The body's bytes are garbage once the prompt is tokenised.
 	defer release()
-	if raw.Model != "" && raw.Model != s.cfg.ModelName {
-		return checkedArrival{}, &apiError{Status: http.StatusNotFound, Type: "invalid_request_error", Param: "model", Code: "model_not_found",
-			Message: fmt.Sprintf("the model %q does not exist; this server serves %q", raw.Model, s.cfg.ModelName)}
+	if e := s.checkModel(raw.Model); e != nil {
+		return checkedArrival{}, e
 	}
 	p, e := raw.check(defaultMax)
 	if e != nil {
@@ -484,7 +535,7 @@ func (s *Server) restOfContext(n int) int {
 
 // answer streams or collects the completion of c.
 func (s *Server) answer(w http.ResponseWriter, r *http.Request, endpoint string, c *call, p genParams) {
-	out := newWriter(w, endpoint, s.cfg.ModelName, c.id, s.cfg.Now().Unix(), p)
+	out := newWriter(w, endpoint, s.cfg.ModelName, c.apiID, s.cfg.Now().Unix(), p)
 	var stream *model.StreamDecoder
 	if s.cfg.Tokenizer != nil {
 		stream = s.cfg.Tokenizer.NewStreamWith(model.DecodeOptions{Special: p.SpecialTokens})

@@ -23,13 +23,15 @@ type writer struct {
 	roleSent bool
 }
 
-func newWriter(w http.ResponseWriter, endpoint, model string, id uint64, created int64, p genParams) *writer {
+// id is the request's X-Request-Id (the server's numeric id by default):
+// the completion's id is "cmpl-" or "chatcmpl-" and it, as vLLM's.
+func newWriter(w http.ResponseWriter, endpoint, model string, id string, created int64, p genParams) *writer {
 	wr := &writer{w: w, chat: endpoint == "chat", p: p, model: model, created: created, roleSent: endpoint != "chat"}
 	wr.flusher, _ = w.(http.Flusher)
 	if wr.chat {
-		wr.id, wr.object = fmt.Sprintf("chatcmpl-%d", id), "chat.completion"
+		wr.id, wr.object = "chatcmpl-"+id, "chat.completion"
 	} else {
-		wr.id, wr.object = fmt.Sprintf("cmpl-%d", id), "text_completion"
+		wr.id, wr.object = "cmpl-"+id, "text_completion"
 	}
 	return wr
 }

@@ -15,6 +15,8 @@ import (
 	"syscall"
 	"time"
 
+	"go.uber.org/zap"
+
 	"github.com/lockstep-ai/lockstep/fleet"
 	"github.com/lockstep-ai/lockstep/scheduler"
 
@@ -35,6 +37,7 @@ type apiServer struct {
 	maxBody  int64
 	// promptDetails: usage.prompt_tokens_details (vLLM's flag).
 	promptDetails bool
+	log           *zap.Logger // the server's request lines
 	srv           *httpapi.Server
 	http          *http.Server
 	// exit ends the process on a second signal (os.Exit; tests replace it).
@@ -64,6 +67,9 @@ func (api *apiServer) flags(fs *flag.FlagSet) {
 func runAPIServe(args []string, stdout, stderr io.Writer) error {
 	o, api, err := parseServe(args, stderr)
 	if err != nil {
+		return err
+	}
+	if api.log, err = fleet.NewLogger(stderr, o.LogLevel); err != nil {
 		return err
 	}
 	launch, err := api.build(o)
@@ -162,7 +168,7 @@ func (api *apiServer) build(o *fleet.Options) (nccl.Launch, error) {
 		api.name = strings.TrimSuffix(filepath.Base(filepath.Clean(o.Model)), ".gguf")
 	}
 	cfg := httpapi.Config{ModelName: api.name, VocabSize: shape.VocabSize, MaxQueue: api.maxQueue, APIKey: api.apiKey,
-		MaxModelLen: o.Pages * o.TokensPerPage * o.CP, MaxBodyBytes: api.maxBody, PromptTokensDetails: api.promptDetails,
+		MaxModelLen: o.Pages * o.TokensPerPage * o.CP, MaxBodyBytes: api.maxBody, PromptTokensDetails: api.promptDetails, Log: api.log,
 		// Half the watchdog's bound: /health says "stalled" before the
 		// watchdog fails the fleet.
 		StallAfter: o.CollectiveTimeout / 2}
