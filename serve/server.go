@@ -109,6 +109,7 @@ type Server struct {
 	stops    map[int32]bool
 	bodies   *bodyBudget
 	lastIter atomic.Int64 // Unix ns of the last iteration rank 0 finished
+	gaps     gapSink      // the metrics, when they observe inter-token latencies
 }
 
 // New builds a server; wire Source and Hooks into rank 0's executor.
@@ -138,6 +139,9 @@ func New(cfg Config) *Server {
 	cfg.BodyBytesInFlight = max(cfg.BodyBytesInFlight, cfg.MaxBodyBytes)
 	s := &Server{cfg: cfg, log: cfg.Log, src: newSource(), calls: map[uint64]*call{}, stops: map[int32]bool{},
 		bodies: newBodyBudget(cfg.BodyBytesInFlight)}
+	if g, ok := cfg.Metrics.(gapSink); ok && g.wantsGaps() {
+		s.gaps = g
+	}
 	if cfg.Tokenizer != nil {
 		for _, t := range cfg.Tokenizer.StopTokens() {
 			s.stops[t] = true
@@ -262,6 +266,10 @@ type call struct {
 	finish   string
 	arrival  int64 // arrival time (Unix ns), for a response the fleet never made
 	recorded bool  // the metrics counted the call's end (once per call)
+	// lastTok is when its last token reached rank 0 (Unix ns) and gaps the
+	// seconds between its tokens, kept only for a gapSink.
+	lastTok int64
+	gaps    []float64
 }
 
 func (c *call) signal() {
@@ -290,16 +298,33 @@ func (c *call) take() ([]int32, *executor.Response, error) {
 }
 
 func (s *Server) onTokens(deltas []executor.TokenDelta) {
+	var now int64
+	if s.gaps != nil {
+		now = s.cfg.Now().UnixNano()
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, d := range deltas {
 		if c := s.calls[d.ID]; c != nil {
 			c.mu.Lock()
 			c.toks = append(c.toks, d.Token)
+			if s.gaps != nil {
+				if c.lastTok != 0 {
+					c.gaps = append(c.gaps, seconds(now-c.lastTok))
+				}
+				c.lastTok = now
+			}
 			c.mu.Unlock()
 			c.signal()
 		}
 	}
+}
+
+// gapSink is a MetricsSink that observes inter-token latencies (Metrics
+// with the vLLM-named families).
+type gapSink interface {
+	OnResponseGaps(r executor.Response, promptTokens int, finishReason string, gaps []float64)
+	wantsGaps() bool
 }
 
 func (s *Server) onResponse(r executor.Response) {
@@ -340,7 +365,13 @@ func (s *Server) record(c *call, r *executor.Response, finish string) {
 	s.log.Debug("request finished", zap.String("request_id", c.apiID), zap.Uint64("id", c.id),
 		zap.String("finish_reason", finish), zap.Int("prompt_tokens", c.prompt), zap.Int("completion_tokens", len(r.Output)),
 		zap.Int("rank", r.Rank), zap.Int("reused_tokens", r.ReusedTokens))
-	if s.cfg.Metrics != nil {
+	switch {
+	case s.gaps != nil:
+		c.mu.Lock()
+		gaps := c.gaps
+		c.mu.Unlock()
+		s.gaps.OnResponseGaps(*r, c.prompt, finish, gaps)
+	case s.cfg.Metrics != nil:
 		s.cfg.Metrics.OnResponse(*r, c.prompt, finish)
 	}
 }
