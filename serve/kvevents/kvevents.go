@@ -67,6 +67,10 @@ type Config struct {
 	DPRank int
 	// Encoding is EncodingArray (default) or EncodingMap.
 	Encoding string
+	// BlockSize is the pool's tokens per page: BlockStored carries full
+	// blocks only, as vLLM's (a partial last block, which lockstep's radix
+	// tree keeps, is left out, and so is its later removal). 0: no filter.
+	BlockSize int
 	// Clock is the batches' ts source (time.Now when nil).
 	Clock func() time.Time
 }
@@ -142,6 +146,10 @@ type Publisher struct {
 	wg     sync.WaitGroup
 	cancel context.CancelFunc
 
+	// partial holds the keys of the partial blocks left out of BlockStored,
+	// so that their removals are left out too (the executor's goroutine only).
+	partial map[[32]byte]struct{}
+
 	mu     sync.Mutex
 	buf    []entry // ring of the last BufferSteps batches, oldest first
 	nextSq uint64
@@ -172,7 +180,8 @@ func New(cfg Config) (*Publisher, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	p := &Publisher{cfg: cfg, topic: []byte(cfg.Topic), queue: make(chan []byte, 1024), done: make(chan struct{}),
-		cancel: cancel, Endpoint: ep, ReplayEndpoint: rep}
+		partial: map[[32]byte]struct{}{},
+		cancel:  cancel, Endpoint: ep, ReplayEndpoint: rep}
 	p.pub = zmq4.NewPub(ctx)
 	if cfg.HWM > 0 {
 		if err := p.pub.SetOption(zmq4.OptionHWM, cfg.HWM); err != nil {
@@ -228,7 +237,7 @@ func (p *Publisher) ReplayAddr() string {
 // flush with none of the others sends nothing.
 func (p *Publisher) PublishEvents(evs []kvpool.Event) {
 	ts := float64(p.cfg.Clock().UnixNano()) / 1e9
-	payload, n := EncodeBatch(ts, evs, p.cfg.DPRank, p.cfg.Encoding)
+	payload, n := encodeBatch(ts, evs, p.cfg.DPRank, p.cfg.Encoding, p.cfg.BlockSize, p.partial)
 	if n == 0 {
 		return
 	}
@@ -348,6 +357,14 @@ func (p *Publisher) Sequences() uint64 {
 // data_parallel_rank] and returns it with the number of events it holds:
 // stored events as BlockStored, removed ones as BlockRemoved (docs/kv-events.md).
 func EncodeBatch(ts float64, evs []kvpool.Event, dpRank int, encoding string) ([]byte, int) {
+	return encodeBatch(ts, evs, dpRank, encoding, 0, nil)
+}
+
+// encodeBatch is EncodeBatch leaving out the blocks shorter than
+// blockSize (> 0), whose keys it adds to partial, and the removals of the
+// keys in partial (which it forgets).
+func encodeBatch(ts float64, evs []kvpool.Event, dpRank int, encoding string, blockSize int,
+	partial map[[32]byte]struct{}) ([]byte, int) {
 	type ev struct {
 		kind   string
 		hashes []any
@@ -364,23 +381,38 @@ func EncodeBatch(ts float64, evs []kvpool.Event, dpRank int, encoding string) ([
 				continue
 			}
 			s := ev{kind: "BlockStored", size: len(e.Blocks[0].Tokens)}
+			if blockSize > 0 {
+				s.size = blockSize
+			}
 			if e.HasParent {
 				s.parent = blockHash(e.HashAlgo, e.Parent)
 			}
 			for _, b := range e.Blocks {
+				if blockSize > 0 && len(b.Tokens) != blockSize {
+					partial[b.Hash] = struct{}{}
+					continue
+				}
 				s.hashes = append(s.hashes, blockHash(e.HashAlgo, b.Hash))
 				s.tokens = append(s.tokens, b.Tokens...)
 			}
-			out = append(out, s)
+			if len(s.hashes) > 0 {
+				out = append(out, s)
+			}
 		case kvpool.EventRemoved:
 			if len(e.Hashes) == 0 {
 				continue
 			}
 			r := ev{kind: "BlockRemoved"}
 			for _, h := range e.Hashes {
+				if _, ok := partial[h]; ok {
+					delete(partial, h)
+					continue
+				}
 				r.hashes = append(r.hashes, blockHash(e.HashAlgo, h))
 			}
-			out = append(out, r)
+			if len(r.hashes) > 0 {
+				out = append(out, r)
+			}
 		}
 	}
 	if len(out) == 0 {

@@ -176,3 +176,25 @@ func TestPublishAndReplay(t *testing.T) {
 	}
 	require.Equal(t, want, seqs)
 }
+
+// A partial last block (lockstep's radix tree keeps it) is left out of
+// BlockStored, as are its removal and the empty events that leaves.
+func TestPartialBlocksAreLeftOut(t *testing.T) {
+	partial := map[[32]byte]struct{}{}
+	evs := []kvpool.Event{
+		{Kind: kvpool.EventStored, Blocks: []kvpool.StoredBlock{{Hash: key(1), Tokens: []int32{1, 2}}, {Hash: key(2), Tokens: []int32{3}}}},
+		{Kind: kvpool.EventStored, Blocks: []kvpool.StoredBlock{{Hash: key(4), Tokens: []int32{9}}}},
+		{Kind: kvpool.EventRemoved, Hashes: []scheduler.BlockKey{key(2), key(4)}},
+		{Kind: kvpool.EventRemoved, Hashes: []scheduler.BlockKey{key(2), key(1)}},
+	}
+	payload, n := encodeBatch(1, evs, 0, EncodingArray, 2, partial)
+	require.Equal(t, 2, n, "one stored event with block 1, one removal of block 1")
+	var got []any
+	require.NoError(t, msgpack.Unmarshal(payload, &got))
+	stored := got[1].([]any)[0].([]any)
+	require.Len(t, stored[1], 1)
+	require.Len(t, stored[3], 2)
+	removed := got[1].([]any)[1].([]any)
+	require.Len(t, removed[1], 2, "key(2) was forgotten at its first removal: the second one names it again")
+	require.Empty(t, partial)
+}
