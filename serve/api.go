@@ -75,6 +75,10 @@ type genParams struct {
 	IncludeStop bool
 	// SpecialTokens renders control tokens' text (skip_special_tokens: false).
 	SpecialTokens bool
+	// Echo puts the prompt's text before the completion's (completions);
+	// EchoText is that text, set once the prompt is read.
+	Echo     bool
+	EchoText string
 }
 
 // rawParams is the JSON of the settings shared by both endpoints.
@@ -207,8 +211,8 @@ func (r *rawParams) check(defaultMax int) (genParams, *apiError) {
 		return p, badRequest("logprobs", "logprobs are not supported")
 	case r.TopLogprobs != nil && *r.TopLogprobs != 0:
 		return p, badRequest("top_logprobs", "logprobs are not supported")
-	case r.Echo:
-		return p, badRequest("echo", "echo is not supported")
+	case r.Echo && defaultMax == restOfContext: // chat (its default is the rest of the context)
+		return p, badRequest("echo", "echo is supported on /v1/completions only")
 	case r.Suffix != nil && *r.Suffix != "":
 		return p, badRequest("suffix", "suffix is not supported")
 	case len(r.Tools) > 0 && string(r.Tools) != "null" && string(r.Tools) != "[]":
@@ -312,6 +316,7 @@ func (r *rawParams) checkProcessors(p *genParams) *apiError {
 		}
 	}
 	p.IncludeStop = r.IncludeStopStrInOutput
+	p.Echo = r.Echo
 	p.SpecialTokens = r.SkipSpecialTokens != nil && !*r.SkipSpecialTokens
 	return nil
 }

@@ -186,3 +186,48 @@ func TestContinuousUsageStats(t *testing.T) {
 	}
 	require.GreaterOrEqual(t, chunks, 2, body)
 }
+
+// echo puts the prompt before the completion (completions only), whole or
+// as the stream's first chunk; chat refuses it.
+func TestEcho(t *testing.T) {
+	s, _, ts := fleetServer(t)
+	done := make(chan map[string]any, 1)
+	go func() {
+		_, m := post(t, ts, "/v1/completions", "", `{"prompt":"Hi","max_tokens":4,"echo":true}`)
+		done <- m
+	}()
+	deliver(s, takeArrival(t, s), " yo")
+	require.Equal(t, "Hi yo", (<-done)["choices"].([]any)[0].(map[string]any)["text"])
+
+	body := make(chan string, 1)
+	go func() {
+		resp, err := http.Post(ts.URL+"/v1/completions", "application/json",
+			strings.NewReader(`{"prompt":[72,105],"max_tokens":4,"echo":true,"stream":true}`))
+		if err != nil {
+			body <- err.Error()
+			return
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		body <- string(b)
+	}()
+	deliver(s, takeArrival(t, s), " yo")
+	var texts []string
+	for _, line := range strings.Split(<-body, "\n") {
+		data, ok := strings.CutPrefix(line, "data: ")
+		if !ok || data == "[DONE]" {
+			continue
+		}
+		var c map[string]any
+		require.NoError(t, json.Unmarshal([]byte(data), &c))
+		if ch := c["choices"].([]any); len(ch) > 0 {
+			texts = append(texts, ch[0].(map[string]any)["text"].(string))
+		}
+	}
+	require.Equal(t, "Hi", texts[0], "the decoded prompt comes first")
+	require.Equal(t, "Hi yo", strings.Join(texts, ""))
+
+	status, m := post(t, ts, "/v1/chat/completions", "", `{"messages":[{"role":"user","content":"hi"}],"echo":true}`)
+	require.Equal(t, 400, status)
+	require.Equal(t, "echo", m["error"].(map[string]any)["param"])
+}

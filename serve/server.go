@@ -509,9 +509,16 @@ func (s *Server) parse(w http.ResponseWriter, r *http.Request, req any, raw *raw
 	if e != nil {
 		return checkedArrival{}, e
 	}
-	ids, _, e := prompt()
+	ids, text, e := prompt()
 	if e != nil {
 		return checkedArrival{}, e
+	}
+	if p.Echo {
+		// vLLM's echo: the prompt as sent, or its ids decoded.
+		p.EchoText = text
+		if text == "" && s.cfg.Tokenizer != nil {
+			p.EchoText = s.cfg.Tokenizer.Decode(ids)
+		}
 	}
 	if e := p.checkVocab(s.cfg.VocabSize); e != nil {
 		return checkedArrival{}, e

@@ -21,6 +21,7 @@ type writer struct {
 	created  int64
 	started  bool // streaming: headers and the first chunk are out
 	roleSent bool
+	echoed   bool // streaming: the echoed prompt is out
 }
 
 // id is the request's X-Request-Id (the server's numeric id by default):
@@ -101,6 +102,13 @@ func (wr *writer) chunk(choices []openai.Choice, u *openai.Usage) openai.Complet
 // With stream_options.continuous_usage_stats every chunk carries u, the
 // usage so far.
 func (wr *writer) delta(text string, ids []int32, u openai.Usage) error {
+	if wr.p.Stream && wr.p.EchoText != "" && !wr.echoed {
+		// echo: the prompt's text is the stream's first chunk.
+		wr.echoed = true
+		if err := wr.event(wr.chunk([]openai.Choice{wr.choice(wr.p.EchoText, nil, nil, false)}, wr.continuous(u))); err != nil {
+			return err
+		}
+	}
 	if !wr.p.Stream || (text == "" && (len(ids) == 0 || !wr.p.ReturnTokenID) && wr.roleSent) {
 		return nil
 	}
@@ -118,11 +126,15 @@ func (wr *writer) continuous(u openai.Usage) *openai.Usage {
 // done ends the completion.
 func (wr *writer) done(text string, ids []int32, finish string, u openai.Usage) {
 	if !wr.p.Stream {
+		text = wr.p.EchoText + text
 		body := openai.Completion{ID: wr.id, Object: wr.object, Created: wr.created, Model: wr.model,
 			Choices: []openai.Choice{wr.choice(text, ids, &finish, true)}, Usage: &u}
 		wr.w.Header().Set("Content-Type", "application/json")
 		json.NewEncoder(wr.w).Encode(body) //nolint:errcheck // the client may be gone
 		return
+	}
+	if wr.p.EchoText != "" && !wr.echoed {
+		wr.delta("", nil, u) //nolint:errcheck // an answer with no streamed token still echoes first
 	}
 	wr.event(wr.chunk([]openai.Choice{wr.choice("", nil, &finish, false)}, wr.continuous(u))) //nolint:errcheck
 	if wr.p.IncludeUsage {

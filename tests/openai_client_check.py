@@ -117,6 +117,10 @@ st = client.completions.create(model=model, prompt="The capital of France is", m
                                extra_body={"stop_token_ids": [dot], "include_stop_str_in_output": True})
 check(st.choices[0].text == " Paris.", f"include_stop_str_in_output: {st.choices[0]}")
 
+# echo: the prompt, then the completion.
+ec = client.completions.create(model=model, prompt="The capital of France is", max_tokens=8, temperature=0, echo=True)
+check(ec.choices[0].text == "The capital of France is" + c.choices[0].text, f"echo: {ec.choices[0].text!r}")
+
 # min_p with a seed: reproducible.
 mp = [client.completions.create(model=model, prompt="Once upon a time", max_tokens=12, temperature=1.0, seed=3,
                                 extra_body={"min_p": 0.1}).choices[0].text for _ in range(2)]
