@@ -233,6 +233,12 @@ type SeqStep struct {
 	BlockTable []int32
 	Sample     bool
 	Sampling   SamplingParams
+	// LogitBias is added to the logits before the pick (SampleSeq).
+	LogitBias []TokenBias
+	// PromptTokens and OutputTokens are the sequence's prompt and the
+	// tokens it generated so far, read by the penalties (needed only when
+	// Sampling.HasPenalties).
+	PromptTokens, OutputTokens []int32
 }
 
 // SamplePos is the absolute position of the token this step samples: the

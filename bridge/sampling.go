@@ -15,6 +15,24 @@ type SamplingParams struct {
 	TopK        int     // keep the TopK largest logits; 0 = all
 	TopP        float32 // nucleus mass in (0, 1]; 0 or 1 = all
 	Seed        uint64  // the request's seed: key of the Philox draw
+	// MinP drops the ids whose probability is below MinP times the largest
+	// (after the temperature); 0 = off.
+	MinP float32
+	// The penalties of vLLM (and OpenAI), applied to the logits before the
+	// temperature (ApplyProcessors); 0 = off (RepetitionPenalty: 0 or 1).
+	PresencePenalty, FrequencyPenalty, RepetitionPenalty float32
+}
+
+// TokenBias is one logit_bias entry: Bias is added to the logit of ID.
+type TokenBias struct {
+	ID   int32
+	Bias float32
+}
+
+// HasPenalties reports whether p has a presence, frequency or repetition
+// penalty (which read the sequence's tokens).
+func (p SamplingParams) HasPenalties() bool {
+	return p.PresencePenalty != 0 || p.FrequencyPenalty != 0 || (p.RepetitionPenalty != 0 && p.RepetitionPenalty != 1)
 }
 
 // IsGreedy reports whether p picks the argmax (Temperature 0).
@@ -31,8 +49,91 @@ func (p SamplingParams) Validate() error {
 		return fmt.Errorf("sampling top_k must be in [0, %d] (0 = all tokens), got %d", math.MaxInt32, p.TopK)
 	case math.IsNaN(tp) || tp < 0 || tp > 1:
 		return fmt.Errorf("sampling top_p must be in [0, 1] (0 or 1 = all tokens), got %g", tp)
+	case !(p.MinP >= 0 && p.MinP <= 1):
+		return fmt.Errorf("sampling min_p must be in [0, 1], got %g", p.MinP)
+	case !finite32(p.PresencePenalty):
+		return fmt.Errorf("sampling presence_penalty must be finite, got %g", p.PresencePenalty)
+	case !finite32(p.FrequencyPenalty):
+		return fmt.Errorf("sampling frequency_penalty must be finite, got %g", p.FrequencyPenalty)
+	case !finite32(p.RepetitionPenalty) || p.RepetitionPenalty < 0:
+		return fmt.Errorf("sampling repetition_penalty must be finite and >= 0 (0 or 1 = off), got %g", p.RepetitionPenalty)
 	}
 	return nil
+}
+
+func finite32(v float32) bool { return !math.IsNaN(float64(v)) && !math.IsInf(float64(v), 0) }
+
+// ValidateBias checks a logit bias for a vocabulary of vocab ids: ids in
+// range, finite biases.
+func ValidateBias(bias []TokenBias, vocab int) error {
+	for j, b := range bias {
+		if b.ID < 0 || int(b.ID) >= vocab {
+			return fmt.Errorf("logit bias %d: token id %d is outside the vocabulary [0, %d)", j, b.ID, vocab)
+		}
+		if !finite32(b.Bias) {
+			return fmt.Errorf("logit bias %d (token %d): the bias must be finite, got %g", j, b.ID, b.Bias)
+		}
+	}
+	return nil
+}
+
+// HasProcessors reports whether a step of s changes the logits before the
+// pick (a logit bias or a penalty): its row is then processed, greedy
+// included.
+func (s *SeqStep) HasProcessors() bool { return len(s.LogitBias) > 0 || s.Sampling.HasPenalties() }
+
+// ApplyProcessors applies the logits processors of s to row in place, in
+// the order and the float32 arithmetic of native/src/sampling.cpp (engine.h's
+// eng_sampling): logit bias (in order), repetition penalty over the distinct
+// ids of PromptTokens and OutputTokens (l > 0 ? l / r : l * r), then for
+// each distinct id of OutputTokens, l -= FrequencyPenalty * count, then
+// l -= PresencePenalty. The ids must be in range.
+func ApplyProcessors(row []float32, s *SeqStep) {
+	p := &s.Sampling
+	for _, b := range s.LogitBias {
+		row[b.ID] = row[b.ID] + b.Bias
+	}
+	if rp := p.RepetitionPenalty; rp != 0 && rp != 1 {
+		ids := make([]int32, 0, len(s.PromptTokens)+len(s.OutputTokens))
+		ids = append(append(ids, s.PromptTokens...), s.OutputTokens...)
+		slices.Sort(ids)
+		for i, id := range ids {
+			if i > 0 && id == ids[i-1] {
+				continue
+			}
+			if l := row[id]; l > 0 {
+				row[id] = l / rp
+			} else {
+				row[id] = float32(l * rp)
+			}
+		}
+	}
+	if p.PresencePenalty != 0 || p.FrequencyPenalty != 0 {
+		ids := slices.Clone(s.OutputTokens)
+		slices.Sort(ids)
+		for i := 0; i < len(ids); {
+			j := i
+			for j < len(ids) && ids[j] == ids[i] {
+				j++
+			}
+			l := row[ids[i]]
+			l = l - float32(p.FrequencyPenalty*float32(j-i))
+			l = l - p.PresencePenalty
+			row[ids[i]] = l
+			i = j
+		}
+	}
+}
+
+// SampleSeq picks the token of s from its logits row exactly as the native
+// engines do: the logits processors (on a copy; logits is not changed),
+// then Sample.
+func SampleSeq(logits []float32, s *SeqStep) int32 {
+	if s.HasProcessors() {
+		logits = slices.Clone(logits)
+		ApplyProcessors(logits, s)
+	}
+	return Sample(logits, s.Sampling, s.SamplePos())
 }
 
 // NativeTopP is TopP as the native ABI takes it: 0 becomes 1 (no top-p).
@@ -115,7 +216,8 @@ func Argmax(logits []float32) int32 {
 // TopK largest (ties: lower id), softmax in float64 over them in descending
 // order, keep the smallest prefix whose cumulative probability ≥ TopP,
 // renormalise, and take the first token whose cumulative probability
-// exceeds SamplingUniform(p.Seed, pos). p must be valid; Temperature 0 is
+// exceeds SamplingUniform(p.Seed, pos). MinP cuts the kept prefix where
+// exp(s_j - s_0) < MinP (after top-k, before top-p). p must be valid; Temperature 0 is
 // Argmax.
 func Sample(logits []float32, p SamplingParams, pos int64) int32 {
 	if p.IsGreedy() {
@@ -158,6 +260,11 @@ func Sample(logits []float32, p SamplingParams, pos int64) int32 {
 	sum := 0.0
 	for j := range k {
 		prob[j] = samplingExp(float64(scaled[order[j]]) - m)
+		if j > 0 && p.MinP > 0 && prob[j] < float64(p.MinP) {
+			// min_p: the rest is below MinP times the largest probability.
+			k, prob = j, prob[:j]
+			break
+		}
 		sum += prob[j]
 	}
 	for j := range prob {

@@ -185,7 +185,7 @@ void CudaBackend::graph_step(const StepBatch& b, int32_t* sampled, float* logits
 
   // Results: row i is sequence i. Greedy ids for all n rows in one copy; the
   // logits of every row when asked (one copy), else only of the rows
-  // sampled on the host (temperature > 0).
+  // sampled on the host (temperature > 0 or logits processors: sampling_on_host).
   const size_t V = size_t(shape_.vocab_size);
   const bool host_rows = logits != nullptr || b.num_stochastic > 0;
   host_out_.reserve(size_t(n) * sizeof(int32_t) + (host_rows ? size_t(n) * V * sizeof(float) : 0) + 16);
@@ -198,7 +198,7 @@ void CudaBackend::graph_step(const StepBatch& b, int32_t* sampled, float* logits
                                stream_));
   } else if (b.num_stochastic > 0) {
     for (int32_t i = 0; i < n; ++i)
-      if (b.seqs[size_t(i)].sample && b.seqs[size_t(i)].sampling.temperature > 0.0f)
+      if (b.seqs[size_t(i)].sample && sampling_on_host(b.seqs[size_t(i)].sampling))
         CUDA_CHECK(cudaMemcpyAsync(h_logits + size_t(i) * V, logits_.as<float>() + size_t(i) * V, V * sizeof(float),
                                    cudaMemcpyDeviceToHost, stream_));
   }
@@ -210,7 +210,7 @@ void CudaBackend::graph_step(const StepBatch& b, int32_t* sampled, float* logits
     sampled[i] = -1;
     if (!s.sample) continue;
     const float* row = h_logits + size_t(i) * V;
-    sampled[i] = s.sampling.temperature > 0.0f
+    sampled[i] = sampling_on_host(s.sampling)
                      ? sample_token(row, shape_.vocab_size, s.sampling, s.sample_pos(), &sampling_)
                      : h_sampled[i];
     if (logits) std::memcpy(logits + size_t(out_row) * V, row, V * sizeof(float));

@@ -404,7 +404,7 @@ double CudaBackend::step(const StepBatch& batch, int32_t* sampled, float* logits
     last_host_us_ = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
     const size_t V = size_t(shape_.vocab_size);
     const size_t ns = size_t(desc_.num_sampled);
-    // Rows with temperature > 0 are sampled on the host from their logits
+    // Rows that need the host (temperature > 0 or logits processors: sampling_on_host) go to the host
     // with the native procedure (sampling.h), exactly as the CPU backend
     // does; greedy rows keep the device argmax.
     const bool host_rows = logits != nullptr || batch.num_stochastic > 0;
@@ -419,7 +419,7 @@ double CudaBackend::step(const StepBatch& batch, int32_t* sampled, float* logits
                                    cudaMemcpyDeviceToHost, stream_));
       } else if (batch.num_stochastic > 0) {
         for (size_t k = 0; k < ns; ++k)
-          if (batch.seqs[size_t(desc_.sample_seq[k])].sampling.temperature > 0.0f)
+          if (sampling_on_host(batch.seqs[size_t(desc_.sample_seq[k])].sampling))
             CUDA_CHECK(cudaMemcpyAsync(h_logits + k * V, logits_.as<float>() + k * V, V * sizeof(float),
                                        cudaMemcpyDeviceToHost, stream_));
       }
@@ -429,7 +429,7 @@ double CudaBackend::step(const StepBatch& batch, int32_t* sampled, float* logits
     for (size_t i = 0; i < batch.seqs.size(); ++i) sampled[i] = -1;
     for (size_t k = 0; k < ns; ++k) {
       const StepSeq& s = batch.seqs[size_t(desc_.sample_seq[k])];
-      sampled[desc_.sample_seq[k]] = s.sampling.temperature > 0.0f
+      sampled[desc_.sample_seq[k]] = sampling_on_host(s.sampling)
                                     ? sample_token(h_logits + k * V, shape_.vocab_size, s.sampling,
                                                    s.sample_pos(), &sampling_)
                                     : h_sampled[k];

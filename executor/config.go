@@ -110,6 +110,12 @@ type Config struct {
 	Events             bool
 	EventSink          EventSink
 	EventBufferMaxSize int // per-rank entries per flush; 0 = unlimited
+	// EventPublisher, when set, receives this rank's published events of
+	// every flush that has any (attention DP: on every rank; otherwise on
+	// rank 0 only), after the flush's collective: a local side effect that
+	// changes nothing of the flush's symmetry (the ZeroMQ publisher of
+	// serve/kvevents).
+	EventPublisher EventPublisher
 	// Overlap selects the overlap loop (§6): iteration N+1 is scheduled while
 	// N runs on the engine. Otherwise the non-overlap loop (§5).
 	Overlap bool

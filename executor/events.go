@@ -13,6 +13,12 @@ import (
 // Lines records {iteration, rank, seq, type, ...}, in rank order per flush.
 type EventSink = io.Writer
 
+// EventPublisher publishes a rank's KV cache events (Config.EventPublisher).
+// evs is valid during the call only.
+type EventPublisher interface {
+	PublishEvents(evs []kvpool.Event)
+}
+
 // addKVCacheEventsSynced is the rank-symmetric flush helper (executor.md §9):
 //
 //   - events off (no sink configured on this run, or the pool has no events):
@@ -41,6 +47,7 @@ func (e *Executor) addKVCacheEventsSynced(processed bool) error {
 	e.eventBuf = buf
 	if !e.adp() {
 		if e.cfg.Rank == 0 {
+			e.publishEvents(evs)
 			return e.writeEvents([][]byte{buf})
 		}
 		return nil
@@ -51,10 +58,18 @@ func (e *Executor) addKVCacheEventsSynced(processed bool) error {
 	if err != nil {
 		return err
 	}
+	e.publishEvents(evs)
 	if e.cfg.Rank != 0 {
 		return nil
 	}
 	return e.writeEvents(all)
+}
+
+// publishEvents hands a flush's published events to the publisher, if any.
+func (e *Executor) publishEvents(evs []kvpool.Event) {
+	if e.cfg.EventPublisher != nil && len(evs) > 0 {
+		e.cfg.EventPublisher.PublishEvents(evs)
+	}
 }
 
 // writeEvents appends the gathered per-rank event lists to the sink.

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"slices"
 	"time"
 
 	"github.com/lockstep-ai/lockstep/bridge"
@@ -35,6 +36,12 @@ type Arrival struct {
 	// they are the same on any rank count, batch, chunking or preemption.
 	// Rank 0 rejects invalid parameters before the broadcast.
 	Sampling bridge.SamplingParams
+	// LogitBias is added to the request's logits before every pick
+	// (bridge.SeqStep.LogitBias); ids must be in the model's vocabulary.
+	LogitBias []bridge.TokenBias
+	// StopTokenIDs end generation when sampled (the token is kept), as
+	// the model's stop tokens do with StopAtEOS, whatever StopAtEOS says.
+	StopTokenIDs []int32
 	// Prompt is the prompt's tokens. A source may leave it nil and set
 	// PromptLen and Synthesize instead: rank 0 then checks the lengths
 	// (scheduler.Admission) and calls Synthesize only for a request that can be
@@ -226,6 +233,14 @@ func (e *Executor) screenArrivals(items []Arrival, now time.Time) []Arrival {
 		if err := a.Sampling.Validate(); reason == "" && err != nil {
 			reason = "invalid sampling parameters: " + err.Error()
 		}
+		// The source checks ids against the vocabulary (as it does the
+		// prompt's); what can be checked without it is checked here.
+		if err := bridge.ValidateBias(a.LogitBias, math.MaxInt32); reason == "" && err != nil {
+			reason = "invalid logit bias: " + err.Error()
+		}
+		if reason == "" && slices.ContainsFunc(a.StopTokenIDs, func(t int32) bool { return t < 0 }) {
+			reason = "invalid stop token ids: a negative id"
+		}
 		if reason != "" {
 			e.pending = append(e.pending, Response{ID: a.ID, Rank: NoRank, ArrivalUnixNS: a.ArrivalUnixNS,
 				FinishUnixNS: max(now.UnixNano(), a.ArrivalUnixNS), Error: reason})
@@ -249,14 +264,27 @@ const (
 	arrivalStrict
 	arrivalStopAtEOS
 	arrivalSampling // the sampling fields follow the target rank
+	// arrivalProcessors: min_p, the penalties, the logit bias and the stop
+	// token ids follow the sampling fields.
+	arrivalProcessors
 )
+
+// hasProcessors reports whether a needs the arrivalProcessors fields.
+func (a *Arrival) hasProcessors() bool {
+	s := &a.Sampling
+	return s.MinP != 0 || s.PresencePenalty != 0 || s.FrequencyPenalty != 0 || s.RepetitionPenalty != 0 ||
+		len(a.LogitBias) > 0 || len(a.StopTokenIDs) > 0
+}
 
 // encodeArrivals serialises a broadcast payload (little-endian):
 // per item: id u64, arrival i64, max_new u32, conv_len u32, conv bytes,
 // affinity_len u32, affinity bytes, flags u8 (arrivalHasRank,
 // arrivalStrict, arrivalStopAtEOS, arrivalSampling), target rank u32,
 // [with arrivalSampling: temperature f32 bits u32, top_k u32, top_p f32
-// bits u32, seed u64], n_tokens u32, tokens u32×n. Rank 0 has screened the
+// bits u32, seed u64], [with arrivalProcessors: min_p, presence,
+// frequency and repetition penalty f32 bits u32 each, n_bias u32, (id u32,
+// bias f32 bits u32)×n, n_stop u32, stop ids u32×n], n_tokens u32, tokens
+// u32×n. Rank 0 has screened the
 // items (scheduler.Admission, valid sampling parameters), so max_new, top_k and the
 // prompt length fit 32 bits; an item that does not is a broken invariant.
 func encodeArrivals(items []Arrival) []byte {
@@ -292,6 +320,9 @@ func encodeArrivals(items []Arrival) []byte {
 		if a.Sampling != (bridge.SamplingParams{}) {
 			flags |= arrivalSampling
 		}
+		if a.hasProcessors() {
+			flags |= arrivalProcessors
+		}
 		b = append(b, flags)
 		b = binary.LittleEndian.AppendUint32(b, uint32(a.Routing.Rank))
 		if flags&arrivalSampling != 0 {
@@ -300,6 +331,21 @@ func encodeArrivals(items []Arrival) []byte {
 			b = binary.LittleEndian.AppendUint32(b, uint32(s.TopK))
 			b = binary.LittleEndian.AppendUint32(b, math.Float32bits(s.TopP))
 			b = binary.LittleEndian.AppendUint64(b, s.Seed)
+		}
+		if flags&arrivalProcessors != 0 {
+			s := &a.Sampling
+			for _, v := range []float32{s.MinP, s.PresencePenalty, s.FrequencyPenalty, s.RepetitionPenalty} {
+				b = binary.LittleEndian.AppendUint32(b, math.Float32bits(v))
+			}
+			b = binary.LittleEndian.AppendUint32(b, uint32(len(a.LogitBias)))
+			for _, tb := range a.LogitBias {
+				b = binary.LittleEndian.AppendUint32(b, uint32(tb.ID))
+				b = binary.LittleEndian.AppendUint32(b, math.Float32bits(tb.Bias))
+			}
+			b = binary.LittleEndian.AppendUint32(b, uint32(len(a.StopTokenIDs)))
+			for _, t := range a.StopTokenIDs {
+				b = binary.LittleEndian.AppendUint32(b, uint32(t))
+			}
 		}
 		b = binary.LittleEndian.AppendUint32(b, uint32(len(a.Prompt)))
 		for _, t := range a.Prompt {
@@ -331,11 +377,36 @@ func decodeArrivals(b []byte, want int) ([]Arrival, error) {
 			s.TopK = int(d.u32())
 			s.TopP = math.Float32frombits(d.u32())
 			s.Seed = d.u64()
-			if err := s.Validate(); d.err == nil && err != nil {
+		}
+		if flags&arrivalProcessors != 0 {
+			s := &a.Sampling
+			s.MinP = math.Float32frombits(d.u32())
+			s.PresencePenalty = math.Float32frombits(d.u32())
+			s.FrequencyPenalty = math.Float32frombits(d.u32())
+			s.RepetitionPenalty = math.Float32frombits(d.u32())
+			if nb := int(d.u32()); d.err == nil && nb > len(d.b)/8 {
+				d.err = errShort
+			} else if d.err == nil && nb > 0 {
+				a.LogitBias = make([]bridge.TokenBias, nb)
+				for j := range a.LogitBias {
+					a.LogitBias[j] = bridge.TokenBias{ID: int32(d.u32()), Bias: math.Float32frombits(d.u32())}
+				}
+			}
+			if ns := int(d.u32()); d.err == nil && ns > len(d.b)/4 {
+				d.err = errShort
+			} else if d.err == nil && ns > 0 {
+				a.StopTokenIDs = make([]int32, ns)
+				for j := range a.StopTokenIDs {
+					a.StopTokenIDs[j] = int32(d.u32())
+				}
+			}
+		}
+		if flags&(arrivalSampling|arrivalProcessors) != 0 {
+			if err := a.Sampling.Validate(); d.err == nil && err != nil {
 				d.err = fmt.Errorf("arrival %d: %w", a.ID, err)
 			}
 		}
-		if d.err == nil && flags&^(arrivalHasRank|arrivalStrict|arrivalStopAtEOS|arrivalSampling) != 0 {
+		if d.err == nil && flags&^(arrivalHasRank|arrivalStrict|arrivalStopAtEOS|arrivalSampling|arrivalProcessors) != 0 {
 			d.err = fmt.Errorf("arrival %d: unknown flags %#x", a.ID, flags)
 		}
 		n := int(d.u32())

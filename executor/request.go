@@ -28,11 +28,13 @@ type request struct {
 	cancelled    bool // withdrawn by the client (Canceller)
 	pending      int  // batches holding this request whose results are not applied yet
 	sampling     bridge.SamplingParams
+	logitBias    []bridge.TokenBias
+	stopIDs      []int32 // the request's own stop token ids (Arrival.StopTokenIDs)
 }
 
 func newRequest(a Arrival) *request {
 	r := &request{prompt: a.Prompt, maxNewTotal: a.MaxNewTokens, arrivalNS: a.ArrivalUnixNS, stopAtEOS: a.StopAtEOS,
-		sampling: a.Sampling}
+		sampling: a.Sampling, logitBias: a.LogitBias, stopIDs: a.StopTokenIDs}
 	r.Request = scheduler.Request{
 		ID:               a.ID,
 		State:            scheduler.ContextInit,

@@ -78,6 +78,11 @@ func TestArrivalPayloadSampling(t *testing.T) {
 		{ID: 1, MaxNewTokens: 3, Prompt: []int32{4, 5}, Sampling: bridge.SamplingParams{Temperature: 0.7, TopK: 40, TopP: 0.95, Seed: math.MaxUint64}},
 		{ID: 2, MaxNewTokens: 3, Prompt: []int32{6}},
 		{ID: 3, MaxNewTokens: 3, Prompt: []int32{7}, StopAtEOS: true, Sampling: bridge.SamplingParams{Seed: 9}},
+		{ID: 4, MaxNewTokens: 3, Prompt: []int32{8}, Sampling: bridge.SamplingParams{Temperature: 1, MinP: 0.05,
+			PresencePenalty: -1.5, FrequencyPenalty: 0.25, RepetitionPenalty: 1.2},
+			LogitBias: []bridge.TokenBias{{ID: 3, Bias: -100}, {ID: 70000, Bias: 2.5}}, StopTokenIDs: []int32{2, 9}},
+		{ID: 6, MaxNewTokens: 3, Prompt: []int32{8}, Sampling: bridge.SamplingParams{PresencePenalty: 1}},
+		{ID: 7, MaxNewTokens: 3, Prompt: []int32{8}, StopTokenIDs: []int32{0}},
 	}
 	got, err := decodeArrivals(encodeArrivals(items), len(items))
 	require.NoError(t, err)
@@ -94,6 +99,13 @@ func TestArrivalPayloadSampling(t *testing.T) {
 	_, err = decodeArrivals(payload, 1)
 	require.ErrorContains(t, err, "collective desync")
 	require.ErrorContains(t, err, "top_p")
+	// A processor field out of range on the wire is a desync too.
+	payload = encodeArrivals([]Arrival{{ID: 5, Prompt: []int32{1}, Sampling: bridge.SamplingParams{MinP: 0.5}}})
+	// ... flags, rank, then min_p (no sampling fields: temperature is 0
+	// but MinP makes the sampling non-zero, so they are there).
+	payload[8+8+4+4+4+1+4+20+3] = 0x40 // min_p 0.5 → 2.5
+	_, err = decodeArrivals(payload, 1)
+	require.ErrorContains(t, err, "min_p")
 }
 
 // Rank 0 rejects a request with invalid sampling parameters before the

@@ -2,6 +2,7 @@ package executor
 
 import (
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/lockstep-ai/lockstep/bridge"
@@ -67,7 +68,13 @@ func (e *Executor) buildStep(b *batch) error {
 			s = bridge.SeqStep{Tokens: r.output[len(r.output)-1:], StartPos: r.PromptLen + r.Generated - 1, Sample: true}
 		}
 		if s.Sample {
-			s.Sampling = r.sampling
+			s.Sampling, s.LogitBias = r.sampling, r.logitBias
+			if r.sampling.HasPenalties() {
+				// Every token generated so far is applied (buildStep runs
+				// after the previous batch's tokens): the same history on
+				// every rank, batch and recompute.
+				s.PromptTokens, s.OutputTokens = r.prompt, r.output
+			}
 		}
 		s.BlockTable = e.d.KV.BlockTable(r.ID)
 		seqs = append(seqs, s)
@@ -154,7 +161,7 @@ func (e *Executor) applyResults(b *batch, res *bridge.StepResult) (float64, erro
 		if wasGeneration {
 			e.d.KV.UpdateAfterGeneration(&r.Request)
 		}
-		if r.State != scheduler.GenerationToComplete && r.stopAtEOS && e.isStopToken(tok) {
+		if r.State != scheduler.GenerationToComplete && (r.stopAtEOS && e.isStopToken(tok) || slices.Contains(r.stopIDs, tok)) {
 			// Out of the scheduling window from now on; a step already
 			// launched with it finishes first (its token is dropped).
 			r.stopped = true

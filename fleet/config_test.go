@@ -50,7 +50,7 @@ func TestConfigFileStrict(t *testing.T) {
 		{"list value", "ranks: [1, 2]\n", []string{"ranks: want a base-10 integer, got a list"}},
 		{"second document", "engine: fake\n---\nbogus: 1\nranks: -7\n", []string{"c.yaml:3: a second YAML document starts here; the config file must hold exactly one"}},
 		{"empty second document", "engine: fake\n---\n", []string{"a second YAML document"}},
-		{"unknown key", "rankz: 3\n", []string{`c.yaml:1: unknown key "rankz" (allowed in the top level: engine, model, seed, ranks, cp, router, overlap, kv, scheduler, twin, workload)`}},
+		{"unknown key", "rankz: 3\n", []string{`c.yaml:1: unknown key "rankz" (allowed in the top level: engine, model, seed, ranks, cp, router, overlap, kv, kv_events_config, scheduler, twin, workload)`}},
 		{"unknown nested key", "kv:\n  pagez: 3\n", []string{`c.yaml:2: unknown key "kv.pagez" (allowed in kv: pages, tokens_per_page`}},
 		{"renamed key", "scheduler:\n  equal_cost:\n    kv_offset: 35000\n", []string{"c.yaml:3: scheduler.equal_cost.kv_offset was renamed to scheduler.equal_cost.kv_cost_offset"}},
 		{"duplicate key", "ranks: 2\nengine: fake\nranks: 3\n", []string{"c.yaml:3: ranks is set twice (first at line 1)"}},
@@ -90,6 +90,15 @@ kv:
   enable_block_reuse: false
   event_buffer_max_size: 64
   max_seq_len: 0
+kv_events_config:
+  enable_kv_cache_events: true
+  publisher: zmq
+  endpoint: "tcp://*:6000"
+  replay_endpoint: "tcp://*:6100"
+  topic: kv
+  buffer_steps: 50
+  hwm: 7
+  encoding: map
 scheduler:
   max_batch_size: 8
   scheduler_capacity: 6
@@ -157,12 +166,15 @@ workload:
 	require.Equal(t, 0, o.Limit, "a flag given on the command line wins over the file")
 	require.Equal(t, 0.05, o.LengthScale)
 	require.Equal(t, 0.0, o.ArrivalScale)
+	require.Equal(t, KVEventsConfig{EnableKVCacheEvents: true, Publisher: "zmq", Endpoint: "tcp://*:6000",
+		ReplayEndpoint: "tcp://*:6100", Topic: "kv", BufferSteps: 50, HWM: 7, Encoding: "map"}, o.KVEventsConfig)
+	require.True(t, o.kvZMQ())
 	// Origins: the file's FILE:LINE key, or the flag.
 	require.Equal(t, "c.yaml:10 kv.pages", o.Src("pages"))
-	require.Equal(t, "c.yaml:19 scheduler.max_num_tokens", o.Src("max-num-tokens"))
+	require.Equal(t, "c.yaml:28 scheduler.max_num_tokens", o.Src("max-num-tokens"))
 	require.Equal(t, "--limit", o.Src("limit"))
 	require.Equal(t, "--report", o.Src("report"))
-	require.Equal(t, "c.yaml:26 scheduler.equal_cost.kv_cost_offset", o.Scheduler.Names[scheduler.SettingKVCostOffset])
+	require.Equal(t, "c.yaml:35 scheduler.equal_cost.kv_cost_offset", o.Scheduler.Names[scheduler.SettingKVCostOffset])
 
 	// Empty files, comment-only files and empty sections set nothing.
 	for _, empty := range []string{"", "# nothing\n", "---\n", "kv:\n"} {

@@ -71,6 +71,14 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.BoolVar(&o.NoPrefixReuse, "no-prefix-reuse", o.NoPrefixReuse, "turn radix-tree prefix reuse off")
 	fs.StringVar(&o.KVEvents, "kv-events", o.KVEvents, "write the KV cache event stream (JSON Lines) to this file")
 	fs.IntVar(&o.EventBufferMaxSize, "event-buffer-max-size", o.EventBufferMaxSize, "KV events each rank publishes per flush (older ones are dropped and counted)")
+	fs.Func("kv-events-endpoint", "publish every attention-DP rank's KV cache events over ZeroMQ PUB in vLLM's format at this endpoint, "+
+		"its port offset by the rank (bound with * or ::, connected to otherwise; docs/kv-events.md)", func(v string) error {
+		o.KVEventsConfig.EnableKVCacheEvents, o.KVEventsConfig.Publisher, o.KVEventsConfig.Endpoint = true, "zmq", v
+		return nil
+	})
+	fs.StringVar(&o.KVEventsConfig.ReplayEndpoint, "kv-events-replay-endpoint", o.KVEventsConfig.ReplayEndpoint,
+		"ZeroMQ ROUTER endpoint answering replays of the KV event stream (bound; port offset by the rank)")
+	fs.StringVar(&o.KVEventsConfig.Topic, "kv-events-topic", o.KVEventsConfig.Topic, "topic of the KV event messages")
 	fs.IntVar(&o.CP, "cp", o.CP, "aggregated Helix context parallelism over this many in-process ranks (mutually exclusive with --ranks > 1)")
 }
 

@@ -35,3 +35,7 @@ func logNote(log *zap.Logger, rank int, n scheduler.Note) {
 		log.Warn(n.Text, zap.Int("rank", rank))
 	}
 }
+
+// NewLogger is the fleet's logger (console encoding to w) at level: the
+// same lines as the ranks' for the HTTP server of `worker serve`.
+func NewLogger(w io.Writer, level string) (*zap.Logger, error) { return newLogger(w, level) }

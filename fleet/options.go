@@ -12,6 +12,7 @@ package fleet
 
 import (
 	"fmt"
+	"github.com/lockstep-ai/lockstep/serve/kvevents"
 	"strings"
 	"time"
 
@@ -61,9 +62,12 @@ type Options struct {
 	RequestsOut        string // --requests-out
 	KVEvents           string // --kv-events
 	EventBufferMaxSize int    // --event-buffer-max-size
-	ConfigPath         string // --config (read by MergeConfig)
-	Progress           string // --progress: auto, bar, lines or off
-	LogLevel           string // --log-level
+	// KVEventsConfig is vLLM's kv_events_config: the ZeroMQ publisher of
+	// every attention-DP rank (docs/kv-events.md).
+	KVEventsConfig KVEventsConfig
+	ConfigPath     string // --config (read by MergeConfig)
+	Progress       string // --progress: auto, bar, lines or off
+	LogLevel       string // --log-level
 
 	CollectiveTimeout time.Duration // --collective-timeout
 	Overlap           string        // --overlap: on or off
@@ -150,6 +154,8 @@ func Defaults() Options {
 		LengthScale: 1, ArrivalScale: 1, Report: "text", Progress: "auto",
 		CollectiveTimeout: 60 * time.Second, LogLevel: "info", Overlap: "on",
 		Router: "default", MaxActivePerRank: 1024, CP: 1, EventBufferMaxSize: 1 << 20,
+		KVEventsConfig: KVEventsConfig{Publisher: "null", Endpoint: kvevents.DefaultEndpoint,
+			BufferSteps: kvevents.DefaultBufferSteps, HWM: kvevents.DefaultHWM, Encoding: kvevents.EncodingArray},
 		GPUMemFraction: 0.9, GPU: "h200", TP: 1, ExpertZipf: -1, Calibration: DefaultCalibSettings(),
 		Text: PromptOptions{MaxTokens: 128},
 	}
@@ -216,3 +222,33 @@ func (o *Options) Src(flag string) string {
 // Loaded is the checkpoint --model opened (nil for a preset); Validate
 // opens it and Run closes it.
 func (o *Options) Loaded() *model.Model { return o.loaded }
+
+// KVEventsConfig is vLLM's kv_events_config (vllm/config/kv_events.py):
+// with EnableKVCacheEvents and Publisher "zmq" every attention-DP rank
+// publishes its KV cache events over ZeroMQ (serve/kvevents).
+type KVEventsConfig struct {
+	EnableKVCacheEvents bool   // enable_kv_cache_events
+	Publisher           string // publisher: null or zmq
+	Endpoint            string // endpoint (PUB; the port is offset by the DP rank)
+	ReplayEndpoint      string // replay_endpoint (ROUTER); "" = none
+	Topic               string // topic
+	BufferSteps         int    // buffer_steps: batches kept for replay
+	HWM                 int    // hwm: the PUB high-water mark
+	Encoding            string // encoding: array (vLLM <= 0.11, llm-d, Dynamo) or map (later vLLM)
+}
+
+// kvZMQ reports whether the ranks publish KV events over ZeroMQ.
+func (o *Options) kvZMQ() bool {
+	return o.KVEventsConfig.EnableKVCacheEvents && o.KVEventsConfig.Publisher == "zmq"
+}
+
+// kvEventsOn reports whether the pools record KV events at all (a file, a
+// publisher, or both).
+func (o *Options) kvEventsOn() bool { return o.KVEvents != "" || o.kvZMQ() }
+
+// kvPublisherConfig is rank dpRank's publisher.
+func (o *Options) kvPublisherConfig(dpRank int) kvevents.Config {
+	c := &o.KVEventsConfig
+	return kvevents.Config{Endpoint: c.Endpoint, ReplayEndpoint: c.ReplayEndpoint, Topic: c.Topic,
+		BufferSteps: c.BufferSteps, HWM: c.HWM, DPRank: dpRank, Encoding: c.Encoding, BlockSize: o.TokensPerPage}
+}

@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"fmt"
+	"github.com/lockstep-ai/lockstep/serve/kvevents"
 	"io"
 
 	"go.uber.org/zap"
@@ -23,9 +24,13 @@ type rankParts struct {
 	ex  *executor.Executor
 	eng bridge.Engine
 	kv  *kvpool.Manager
+	pub *kvevents.Publisher // the rank's KV event publisher, or nil
 }
 
 func (r *rankParts) close() {
+	if r.pub != nil {
+		r.pub.Close() //nolint:errcheck // the run's own result matters more
+	}
 	if r.eng != nil {
 		r.eng.Close()
 	}
@@ -95,6 +100,18 @@ func (s *rankSetup) build(i, device int, comm nccl.Comm, iterLog, eventSink io.W
 		parts.close()
 		return nil, err
 	}
+	// vLLM's publisher per data-parallel engine: every attention-DP rank
+	// publishes its own events (ports offset by its rank); without
+	// attention DP, rank 0 alone (the executor flushes there only).
+	if ro.kvZMQ() && (i == 0 || (ro.CP <= 1 && ro.world() > 1)) {
+		if parts.pub, err = kvevents.New(ro.kvPublisherConfig(i)); err != nil {
+			parts.close()
+			return nil, usage.Errorf("rank %d: %v", i, err)
+		}
+		cfg.EventPublisher = parts.pub
+		s.log.Info("KV events", zap.Int("rank", i), zap.String("endpoint", parts.pub.Endpoint),
+			zap.String("replay_endpoint", parts.pub.ReplayEndpoint), zap.String("topic", ro.KVEventsConfig.Topic))
+	}
 	parts.ex, err = executor.New(cfg, executor.Deps{Comm: comm, Engine: parts.eng, KV: parts.kv, Planner: planner})
 	if err != nil {
 		parts.close()
@@ -132,7 +149,7 @@ func (o *Options) poolConfig(i int) kvpool.Config {
 	}
 	kcfg := kvpool.Config{NumPages: o.Pages, TokensPerPage: o.TokensPerPage, HostPages: o.HostPages, MaxSeqLen: maxSeqLen,
 		EnableBlockReuse: !o.NoPrefixReuse && !helix}
-	if o.KVEvents != "" {
+	if o.kvEventsOn() {
 		kcfg.EventBufferMaxSize = o.EventBufferMaxSize
 	}
 	if helix {
@@ -167,7 +184,7 @@ func (s *rankSetup) executorConfig(o *Options, i int, parts *rankParts, iterLog,
 	}
 	cfg := executor.Config{Rank: i, Ranks: o.world(), Scheduler: sc, MaxSeqLen: o.MaxSeqLen, IterLog: iterLog,
 		Overlap: o.Overlap == "on", Router: rt, StopTokens: o.stopTokens(), MaxActivePerRank: o.MaxActivePerRank, Helix: helix,
-		Events: o.KVEvents != "", EventSink: eventSink, EventBufferMaxSize: o.EventBufferMaxSize,
+		Events: o.kvEventsOn(), EventSink: eventSink, EventBufferMaxSize: o.EventBufferMaxSize,
 		OnNote: func(rank int, n scheduler.Note) { logNote(log, rank, n) }, MoE: o.moe() && o.Engine != "twin",
 		RecordBusy: o.RecordBusy}
 	if o.Engine == "twin" {

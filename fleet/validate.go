@@ -4,6 +4,7 @@ import (
 	"github.com/lockstep-ai/lockstep/bridge"
 	"github.com/lockstep-ai/lockstep/internal/usage"
 	"github.com/lockstep-ai/lockstep/kvpool"
+	"github.com/lockstep-ai/lockstep/serve/kvevents"
 )
 
 // Validate refuses impossible configurations before any work starts, in a
@@ -13,7 +14,7 @@ import (
 func (o *Options) Validate() error {
 	for _, check := range []func() error{
 		o.validateEngine, o.validatePrompts, o.validateNames, o.validateHelix, o.validateCounts,
-		o.validateScales, o.validateTimeout,
+		o.validateScales, o.validateTimeout, o.validateKVEvents,
 	} {
 		if err := check(); err != nil {
 			return err
@@ -96,6 +97,28 @@ func (o *Options) validateHelix() error {
 type intSetting struct {
 	flag string
 	v    int
+}
+
+// validateKVEvents checks kv_events_config (and its flags).
+func (o *Options) validateKVEvents() error {
+	c := &o.KVEventsConfig
+	if c.Publisher != "null" && c.Publisher != "zmq" {
+		return usage.Errorf("kv_events_config.publisher must be null or zmq, got %q", c.Publisher)
+	}
+	if !o.kvZMQ() {
+		return nil
+	}
+	pc := o.kvPublisherConfig(0)
+	if err := pc.Validate(); err != nil {
+		return usage.Errorf("%s: %v", o.Src("kv-events-endpoint"), err)
+	}
+	if o.world() > 1 && o.CP <= 1 {
+		// Every rank's endpoint must be derivable (vLLM refuses ipc with DP).
+		if _, err := kvevents.OffsetEndpoint(c.Endpoint, 1); err != nil {
+			return usage.Errorf("%s: %v", o.Src("kv-events-endpoint"), err)
+		}
+	}
+	return nil
 }
 
 // validateCounts checks the counts' ranges.

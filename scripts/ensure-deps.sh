@@ -19,3 +19,11 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}"
 fi
 command -v go >/dev/null || { echo "ensure-deps: Go 1.26 is required on PATH" >&2; exit 1; }
+# The Python clients of the integration tests (openai, msgspec, pyzmq; pinned in
+# scripts/ensure-pyclient.sh): installed when missing, quickly when present. Where they cannot
+# be installed (no network), the tests that need them skip with a message; under CI
+# (LOCKSTEP_REQUIRE_MODEL=1) they fail instead.
+if command -v python3 >/dev/null; then
+  scripts/ensure-pyclient.sh >/dev/null ||
+    echo "ensure-deps: the Python test clients could not be installed (scripts/ensure-pyclient.sh); their tests will skip outside CI" >&2
+fi

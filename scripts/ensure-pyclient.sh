@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# ensure-pyclient.sh: the official openai Python client (pinned), installed
+# ensure-pyclient.sh: the official openai Python client, msgspec and pyzmq
+# (pinned; the serving and KV event integration tests), installed
 # from the package registry into DIR (default build/pyclient) for the serving
 # integration test. Prints the interpreter to run it with: DIR's venv, or,
 # where the venv module is missing (Debian without python3-venv), python3
@@ -10,7 +11,14 @@ cd "$(dirname "$0")/.."
 DIR="${1:-build/pyclient}"
 PY="${PYTHON:-python3}"
 VERSION=3.51.0
-ok() { "$@" -c "import openai, sys; sys.exit(openai.__version__ != '$VERSION')" 2>/dev/null; }
+# The KV event consumer (tests/kv_events_consumer.py): vLLM's own decoding
+# stack, msgspec and pyzmq (pure wheels for CPython 3.8+ on x86-64/arm64).
+MSGSPEC=0.19.0
+PYZMQ=26.4.0
+PKGS=("openai==$VERSION" "msgspec==$MSGSPEC" "pyzmq==$PYZMQ")
+ok() {
+  "$@" -c "import openai, msgspec, zmq, sys; sys.exit(openai.__version__ != '$VERSION' or msgspec.__version__ != '$MSGSPEC' or zmq.__version__ != '$PYZMQ')" 2>/dev/null
+}
 abs() { echo "$(cd "$1" && pwd)"; }
 if [ -x "$DIR/bin/python" ] && ok "$DIR/bin/python"; then
   echo "$(abs "$DIR")/bin/python"; exit 0
@@ -20,11 +28,11 @@ if [ -d "$DIR/site" ] && PYTHONPATH="$DIR/site" ok "$PY"; then
 fi
 rm -rf "$DIR"
 if "$PY" -m venv "$DIR" >&2 2>/dev/null; then
-  "$DIR/bin/pip" install --quiet --disable-pip-version-check "openai==$VERSION" >&2
+  "$DIR/bin/pip" install --quiet --disable-pip-version-check --only-binary=:all: "${PKGS[@]}" >&2
   echo "$(abs "$DIR")/bin/python"
 else
   rm -rf "$DIR"
   mkdir -p "$DIR/site"
-  "$PY" -m pip install --quiet --disable-pip-version-check --target "$DIR/site" "openai==$VERSION" >&2
+  "$PY" -m pip install --quiet --disable-pip-version-check --only-binary=:all: --target "$DIR/site" "${PKGS[@]}" >&2
   echo "$PY"; echo "$(abs "$DIR")/site"
 fi

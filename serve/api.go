@@ -5,6 +5,10 @@ import (
 	"fmt"
 	"math"
 	"net/http"
+	"slices"
+	"strconv"
+
+	"github.com/lockstep-ai/lockstep/bridge"
 
 	"github.com/lockstep-ai/lockstep/serve/openai"
 
@@ -45,17 +49,36 @@ func nullable(s string) *string {
 
 // genParams are the generation settings of a request, checked.
 type genParams struct {
-	MaxTokens     int
-	Temperature   float64
-	TopP          float64
-	TopK          int
-	Seed          uint64
-	HasSeed       bool
-	Stop          []string
-	Stream        bool
-	IncludeUsage  bool
-	IgnoreEOS     bool
-	ReturnTokenID bool
+	MaxTokens    int
+	Temperature  float64
+	TopP         float64
+	TopK         int
+	Seed         uint64
+	HasSeed      bool
+	Stop         []string
+	Stream       bool
+	IncludeUsage bool
+	// ContinuousUsage puts the usage so far on every streamed chunk.
+	ContinuousUsage bool
+	IgnoreEOS       bool
+	ReturnTokenID   bool
+	// HasMaxTokens: the request set max_tokens (or max_completion_tokens);
+	// otherwise MaxTokens is the endpoint's default, fixed once the prompt
+	// is known (chat: the rest of the context).
+	HasMaxTokens bool
+	// The logits processors (bridge.SamplingParams, docs/sampling.md).
+	MinP, PresencePenalty, FrequencyPenalty, RepetitionPenalty float64
+	LogitBias                                                  []bridge.TokenBias
+	StopTokenIDs                                               []int32
+	// IncludeStop keeps the stop string (or stop token's text) that ended
+	// the answer in its text (vLLM's include_stop_str_in_output).
+	IncludeStop bool
+	// SpecialTokens renders control tokens' text (skip_special_tokens: false).
+	SpecialTokens bool
+	// Echo puts the prompt's text before the completion's (completions);
+	// EchoText is that text, set once the prompt is read.
+	Echo     bool
+	EchoText string
 }
 
 // rawParams is the JSON of the settings shared by both endpoints.
@@ -70,8 +93,11 @@ type rawParams struct {
 	Stop                json.RawMessage `json:"stop"`
 	Stream              bool            `json:"stream"`
 	StreamOptions       *struct {
-		IncludeUsage bool `json:"include_usage"`
+		IncludeUsage         bool `json:"include_usage"`
+		ContinuousUsageStats bool `json:"continuous_usage_stats"`
 	} `json:"stream_options"`
+	// User is OpenAI's end-user identifier: accepted, it changes nothing.
+	User             string          `json:"user"`
 	N                *int            `json:"n"`
 	BestOf           *int            `json:"best_of"`
 	Logprobs         json.RawMessage `json:"logprobs"`
@@ -85,7 +111,38 @@ type rawParams struct {
 	ResponseFormat   json.RawMessage `json:"response_format"`
 	PresencePenalty  *float64        `json:"presence_penalty"`
 	FrequencyPenalty *float64        `json:"frequency_penalty"`
+	// vLLM's sampling extensions.
+	RepetitionPenalty      *float64           `json:"repetition_penalty"`
+	MinP                   *float64           `json:"min_p"`
+	LogitBias              map[string]float64 `json:"logit_bias"`
+	StopTokenIDs           []int64            `json:"stop_token_ids"`
+	IncludeStopStrInOutput bool               `json:"include_stop_str_in_output"`
+	SkipSpecialTokens      *bool              `json:"skip_special_tokens"`
+	PromptLogprobs         *int               `json:"prompt_logprobs"`
+	Priority               *int               `json:"priority"`
+	BadWords               json.RawMessage    `json:"bad_words"`
+	AllowedTokenIDs        json.RawMessage    `json:"allowed_token_ids"`
+	GuidedJSON             json.RawMessage    `json:"guided_json"`
+	GuidedRegex            json.RawMessage    `json:"guided_regex"`
+	GuidedChoice           json.RawMessage    `json:"guided_choice"`
+	GuidedGrammar          json.RawMessage    `json:"guided_grammar"`
+	StructuredOutputs      json.RawMessage    `json:"structured_outputs"`
+	ToolChoice             json.RawMessage    `json:"tool_choice"`
+	LengthPenalty          *float64           `json:"length_penalty"`
+	UseBeamSearch          bool               `json:"use_beam_search"`
+	Truncate               *int               `json:"truncate_prompt_tokens"`
+	SpacesBetweenSpecial   *bool              `json:"spaces_between_special_tokens"`
+	ParallelToolCalls      json.RawMessage    `json:"parallel_tool_calls"`
+	Functions              json.RawMessage    `json:"functions"`
 }
+
+// notNull reports whether raw is a JSON value other than null (absent
+// counts as null).
+func notNull(raw json.RawMessage) bool { return len(raw) > 0 && string(raw) != "null" }
+
+// restOfContext is the default max_tokens of chat: the rest of the
+// context after the prompt (vLLM's), fixed once the prompt is known.
+const restOfContext = 0
 
 // check turns the raw settings into genParams, naming the first bad field.
 func (r *rawParams) check(defaultMax int) (genParams, *apiError) {
@@ -97,7 +154,7 @@ func (r *rawParams) check(defaultMax int) (genParams, *apiError) {
 		if *r.MaxTokens < 1 {
 			return p, badRequest("max_tokens", "max_tokens must be at least 1, got %d", *r.MaxTokens)
 		}
-		p.MaxTokens = *r.MaxTokens
+		p.MaxTokens, p.HasMaxTokens = *r.MaxTokens, true
 	}
 	if r.Temperature != nil {
 		t := *r.Temperature
@@ -143,6 +200,7 @@ func (r *rawParams) check(defaultMax int) (genParams, *apiError) {
 			return p, badRequest("stream_options", "stream_options needs stream: true")
 		}
 		p.IncludeUsage = r.StreamOptions.IncludeUsage
+		p.ContinuousUsage = r.StreamOptions.ContinuousUsageStats
 	}
 	switch {
 	case r.N != nil && *r.N != 1:
@@ -153,22 +211,130 @@ func (r *rawParams) check(defaultMax int) (genParams, *apiError) {
 		return p, badRequest("logprobs", "logprobs are not supported")
 	case r.TopLogprobs != nil && *r.TopLogprobs != 0:
 		return p, badRequest("top_logprobs", "logprobs are not supported")
-	case r.Echo:
-		return p, badRequest("echo", "echo is not supported")
+	case r.Echo && defaultMax == restOfContext: // chat (its default is the rest of the context)
+		return p, badRequest("echo", "echo is supported on /v1/completions only")
 	case r.Suffix != nil && *r.Suffix != "":
 		return p, badRequest("suffix", "suffix is not supported")
 	case len(r.Tools) > 0 && string(r.Tools) != "null" && string(r.Tools) != "[]":
 		return p, badRequest("tools", "tools are not supported")
 	case len(r.ResponseFormat) > 0 && string(r.ResponseFormat) != "null" && !jsonTypeText(r.ResponseFormat):
 		return p, badRequest("response_format", "only the text response format is supported")
-	case r.PresencePenalty != nil && *r.PresencePenalty != 0:
-		return p, badRequest("presence_penalty", "presence_penalty is not supported")
-	case r.FrequencyPenalty != nil && *r.FrequencyPenalty != 0:
-		return p, badRequest("frequency_penalty", "frequency_penalty is not supported")
-	case r.MinTokens != nil && *r.MinTokens > 1 && !(r.IgnoreEOS && *r.MinTokens <= p.MaxTokens):
-		return p, badRequest("min_tokens", "min_tokens is supported only with ignore_eos (every request then generates max_tokens)")
+	case r.MinTokens != nil && *r.MinTokens > 1 && !(r.IgnoreEOS && len(r.StopTokenIDs) == 0 && (*r.MinTokens <= p.MaxTokens || p.MaxTokens == restOfContext)):
+		return p, badRequest("min_tokens", "min_tokens is supported only with ignore_eos and no stop_token_ids (every request then generates max_tokens)")
+	case r.PromptLogprobs != nil:
+		return p, badRequest("prompt_logprobs", "prompt_logprobs are not supported")
+	case r.Priority != nil && *r.Priority != 0:
+		return p, badRequest("priority", "request priority is not supported (the scheduler serves requests in arrival order)")
+	case notNull(r.BadWords) && string(r.BadWords) != "[]":
+		return p, badRequest("bad_words", "bad_words are not supported")
+	case notNull(r.AllowedTokenIDs):
+		return p, badRequest("allowed_token_ids", "allowed_token_ids are not supported")
+	case notNull(r.GuidedJSON):
+		return p, badRequest("guided_json", "guided decoding is not supported")
+	case notNull(r.GuidedRegex):
+		return p, badRequest("guided_regex", "guided decoding is not supported")
+	case notNull(r.GuidedChoice):
+		return p, badRequest("guided_choice", "guided decoding is not supported")
+	case notNull(r.GuidedGrammar):
+		return p, badRequest("guided_grammar", "guided decoding is not supported")
+	case notNull(r.StructuredOutputs):
+		return p, badRequest("structured_outputs", "structured outputs are not supported")
+	case notNull(r.ToolChoice) && string(r.ToolChoice) != `"none"`:
+		return p, badRequest("tool_choice", "tools are not supported")
+	case notNull(r.Functions):
+		return p, badRequest("functions", "functions are not supported")
+	case r.UseBeamSearch:
+		return p, badRequest("use_beam_search", "beam search is not supported")
+	case r.LengthPenalty != nil && *r.LengthPenalty != 1:
+		return p, badRequest("length_penalty", "length_penalty applies to beam search, which is not supported")
+	case r.Truncate != nil:
+		return p, badRequest("truncate_prompt_tokens", "truncate_prompt_tokens is not supported")
+	case r.SpacesBetweenSpecial != nil && !*r.SpacesBetweenSpecial:
+		return p, badRequest("spaces_between_special_tokens", "spaces_between_special_tokens: false is not supported")
+	}
+	if e := r.checkProcessors(&p); e != nil {
+		return p, e
 	}
 	return p, nil
+}
+
+// checkProcessors reads the logits-processor fields (penalties, min_p,
+// logit_bias, stop_token_ids) and the output options into p. Ids are
+// checked against the vocabulary later (checkIDsIn).
+func (r *rawParams) checkProcessors(p *genParams) *apiError {
+	finite := func(v float64) bool { return !math.IsNaN(v) && !math.IsInf(v, 0) }
+	if v := r.PresencePenalty; v != nil {
+		if !finite(*v) || *v < -2 || *v > 2 {
+			return badRequest("presence_penalty", "presence_penalty must be in [-2, 2], got %v", *v)
+		}
+		p.PresencePenalty = *v
+	}
+	if v := r.FrequencyPenalty; v != nil {
+		if !finite(*v) || *v < -2 || *v > 2 {
+			return badRequest("frequency_penalty", "frequency_penalty must be in [-2, 2], got %v", *v)
+		}
+		p.FrequencyPenalty = *v
+	}
+	if v := r.RepetitionPenalty; v != nil {
+		if !finite(*v) || *v <= 0 || *v > 1e6 {
+			return badRequest("repetition_penalty", "repetition_penalty must be in (0, 1e6] (1 = off), got %v", *v)
+		}
+		p.RepetitionPenalty = *v
+	}
+	if v := r.MinP; v != nil {
+		if !finite(*v) || *v < 0 || *v > 1 {
+			return badRequest("min_p", "min_p must be in [0, 1], got %v", *v)
+		}
+		p.MinP = *v
+	}
+	if len(r.LogitBias) > 0 {
+		if len(r.LogitBias) > 1<<16 {
+			return badRequest("logit_bias", "at most %d logit_bias entries, got %d", 1<<16, len(r.LogitBias))
+		}
+		for k, v := range r.LogitBias {
+			id, err := strconv.ParseInt(k, 10, 32)
+			if err != nil || id < 0 {
+				return badRequest("logit_bias", "logit_bias keys must be token ids, got %q", k)
+			}
+			if !finite(v) || v < -100 || v > 100 {
+				return badRequest("logit_bias", "logit_bias values must be in [-100, 100], got %v for token %d", v, id)
+			}
+			p.LogitBias = append(p.LogitBias, bridge.TokenBias{ID: int32(id), Bias: float32(v)})
+		}
+		// Map order is random: the bias is applied in id order, the same on every run.
+		slices.SortFunc(p.LogitBias, func(a, b bridge.TokenBias) int { return int(a.ID) - int(b.ID) })
+	}
+	if len(r.StopTokenIDs) > 0 {
+		if len(r.StopTokenIDs) > 1024 {
+			return badRequest("stop_token_ids", "at most 1024 stop_token_ids, got %d", len(r.StopTokenIDs))
+		}
+		for _, id := range r.StopTokenIDs {
+			if id < 0 || id > math.MaxInt32 {
+				return badRequest("stop_token_ids", "stop_token_ids must be token ids, got %d", id)
+			}
+			p.StopTokenIDs = append(p.StopTokenIDs, int32(id))
+		}
+	}
+	p.IncludeStop = r.IncludeStopStrInOutput
+	p.Echo = r.Echo
+	p.SpecialTokens = r.SkipSpecialTokens != nil && !*r.SkipSpecialTokens
+	return nil
+}
+
+// checkVocab checks the token ids of p (logit_bias, stop_token_ids)
+// against the vocabulary.
+func (p *genParams) checkVocab(vocab int) *apiError {
+	for _, b := range p.LogitBias {
+		if int(b.ID) >= vocab {
+			return badRequest("logit_bias", "logit_bias token id %d is outside the vocabulary [0, %d)", b.ID, vocab)
+		}
+	}
+	for _, id := range p.StopTokenIDs {
+		if int(id) >= vocab {
+			return badRequest("stop_token_ids", "stop_token_ids: token id %d is outside the vocabulary [0, %d)", id, vocab)
+		}
+	}
+	return nil
 }
 
 func jsonTypeText(raw json.RawMessage) bool {
@@ -245,10 +411,14 @@ func checkIDs(ids []int64, vocab int) ([]int32, string, *apiError) {
 // chatRequest is POST /v1/chat/completions.
 type chatRequest struct {
 	rawParams
-	Messages []struct {
-		Role    string          `json:"role"`
-		Content json.RawMessage `json:"content"`
-	} `json:"messages"`
+	Messages []chatMessageRaw `json:"messages"`
+}
+
+// chatMessageRaw is one message of a request, as sent.
+type chatMessageRaw struct {
+	Role    string          `json:"role"`
+	Content json.RawMessage `json:"content"`
+	Name    string          `json:"name"`
 }
 
 // messages returns the conversation with text contents.
@@ -260,6 +430,9 @@ func (r *chatRequest) messages() ([]model.ChatMessage, *apiError) {
 	for i, m := range r.Messages {
 		if m.Role == "" {
 			return nil, badRequest(fmt.Sprintf("messages[%d].role", i), "messages[%d] has no role", i)
+		}
+		if m.Name != "" {
+			return nil, badRequest(fmt.Sprintf("messages[%d].name", i), "messages[%d].name is not supported (the chat template has no participant names)", i)
 		}
 		var text string
 		if err := json.Unmarshal(m.Content, &text); err != nil {

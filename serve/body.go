@@ -9,6 +9,8 @@ import (
 	"net/http"
 	"os"
 	"runtime/debug"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -101,6 +103,8 @@ func (s *Server) decodeBody(w http.ResponseWriter, r *http.Request, req any) (re
 	rc := http.NewResponseController(w)
 	rc.SetReadDeadline(deadline) //nolint:errcheck // not every writer supports it (tests)
 	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, limit))
+	// A field the server does not know is refused, never ignored.
+	dec.DisallowUnknownFields()
 	err := dec.Decode(req)
 	if err == nil {
 		// One JSON value and nothing after it but white space.
@@ -129,6 +133,9 @@ func (s *Server) decodeBody(w http.ResponseWriter, r *http.Request, req any) (re
 	case errors.Is(err, errTrailing):
 		return nil, badRequest("", "the body is not a valid JSON request: unexpected data after the JSON value")
 	}
+	if name, ok := unknownField(err); ok {
+		return nil, badRequest(name, "the field %q is not supported (docs/serving.md lists the fields)", name)
+	}
 	return nil, badRequest("", "the body is not a valid JSON request: %v", err)
 }
 
@@ -137,4 +144,17 @@ var errTrailing = errors.New("unexpected data after the JSON value")
 func isSyntaxError(err error) bool {
 	var se *json.SyntaxError
 	return errors.As(err, &se)
+}
+
+// unknownField is the name in encoding/json's error for a field that
+// DisallowUnknownFields refused.
+func unknownField(err error) (string, bool) {
+	name, ok := strings.CutPrefix(err.Error(), "json: unknown field ")
+	if !ok {
+		return "", false
+	}
+	if u, err := strconv.Unquote(name); err == nil {
+		name = u
+	}
+	return name, true
 }

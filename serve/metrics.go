@@ -74,7 +74,17 @@ type Metrics struct {
 	// than NewMetrics was told.
 	ranks          []rankMetrics
 	lastCostPubs   int64
-	prompt, reused float64 // cumulative, for the prefix hit ratio
+	prompt, reused float64      // cumulative, for the prefix hit ratio
+	vllm           *vllmMetrics // --metrics-compat vllm; nil otherwise
+}
+
+// MetricsOptions are NewMetricsWith's options.
+type MetricsOptions struct {
+	// VLLM adds the vLLM-named families (metrics_vllm.go) beside the
+	// lockstep_* ones.
+	VLLM bool
+	// MaxModelLen sizes the buckets of vLLM's token-count histograms.
+	MaxModelLen int
 }
 
 // rankMetrics is one rank's resolved label children and the cumulative
@@ -93,6 +103,11 @@ type rankMetrics struct {
 // with a single rank or a Helix CP group (the executor then reports rank
 // 0's entry only). An iteration reporting more ranks adds their series.
 func NewMetrics(model string, ranks int) *Metrics {
+	return NewMetricsWith(model, ranks, MetricsOptions{})
+}
+
+// NewMetricsWith is NewMetrics with options (the vLLM-named families).
+func NewMetricsWith(model string, ranks int, opts MetricsOptions) *Metrics {
 	m := &Metrics{reg: prometheus.NewRegistry()}
 	m.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	r := prometheus.WrapRegistererWith(prometheus.Labels{"model": model}, m.reg)
@@ -201,6 +216,9 @@ func NewMetrics(model string, ranks int) *Metrics {
 	m.ready = gauge("lockstep_ready",
 		"1 once every rank passed initialization and the server accepts requests, else 0.")
 
+	if opts.VLLM {
+		m.vllm = newVLLMMetrics(m.reg, model, opts.MaxModelLen)
+	}
 	m.mu.Lock()
 	m.growRanks(ranks)
 	m.mu.Unlock()
@@ -219,6 +237,9 @@ func (m *Metrics) growRanks(n int) {
 			kvUsed:  m.rankKVUsed.WithLabelValues(rk),
 			busy:    m.rankBusyTotal.WithLabelValues(rk),
 		})
+	}
+	if m.vllm != nil {
+		m.vllm.grow(n)
 	}
 }
 
@@ -242,6 +263,18 @@ func (m *Metrics) RequestRejected(endpoint string, status int) {
 // OnResponse records an answer of the engine: promptTokens is the request's
 // prompt length, finishReason "stop", "length", "cancelled" or "error".
 func (m *Metrics) OnResponse(r executor.Response, promptTokens int, finishReason string) {
+	m.OnResponseGaps(r, promptTokens, finishReason, nil)
+}
+
+// OnResponseGaps is OnResponse with the request's inter-token latencies
+// (seconds between its tokens' arrivals at rank 0), which the vLLM-named
+// histogram observes.
+func (m *Metrics) OnResponseGaps(r executor.Response, promptTokens int, finishReason string, gaps []float64) {
+	if m.vllm != nil {
+		m.mu.Lock()
+		m.vllm.onResponse(r, promptTokens, finishReason, gaps)
+		m.mu.Unlock()
+	}
 	if c, ok := m.finishedBy[finishReason]; ok {
 		c.Inc()
 	} else {
@@ -313,8 +346,12 @@ func (m *Metrics) OnIteration(s executor.FleetStats) {
 		} else {
 			rm.kvUsage.Set(0)
 		}
-		suspends += increase(l.Suspended, &rm.lastSuspended)
-		recomputes += increase(l.Recompute, &rm.lastRecompute)
+		ds, dr := increase(l.Suspended, &rm.lastSuspended), increase(l.Recompute, &rm.lastRecompute)
+		suspends += ds
+		recomputes += dr
+		if m.vllm != nil {
+			m.vllm.onIteration(i, l, ds+dr)
+		}
 	}
 	m.running.Set(float64(running))
 	m.waiting.Set(float64(waiting))

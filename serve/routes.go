@@ -19,6 +19,10 @@ var routes = []struct{ method, path string }{
 	{"POST", "/v1/completions"},
 	{"POST", "/v1/chat/completions"},
 	{"GET", "/metrics"},
+	{"POST", "/tokenize"},
+	{"POST", "/detokenize"},
+	{"GET", "/version"},
+	{"GET, POST", "/ping"},
 }
 
 // Handler is the HTTP API.
@@ -31,6 +35,12 @@ func (s *Server) Handler() http.Handler {
 	if s.cfg.Metrics != nil {
 		mux.Handle("GET /metrics", s.auth(s.cfg.Metrics.Handler().ServeHTTP))
 	}
+	mux.HandleFunc("POST /tokenize", s.auth(s.tokenize))
+	mux.HandleFunc("POST /detokenize", s.auth(s.detokenize))
+	mux.HandleFunc("GET /version", s.auth(s.version))
+	// vLLM's /ping (SageMaker's probe) is /health, on GET and POST.
+	mux.HandleFunc("GET /ping", s.health)
+	mux.HandleFunc("POST /ping", s.health)
 	mux.HandleFunc("/", s.noRoute)
 	return mux
 }
@@ -43,8 +53,8 @@ func (s *Server) noRoute(w http.ResponseWriter, r *http.Request) {
 			continue
 		}
 		allow := rt.method
-		if allow == "GET" {
-			allow = "GET, HEAD"
+		if strings.HasPrefix(allow, "GET") {
+			allow = strings.Replace(allow, "GET", "GET, HEAD", 1)
 		}
 		w.Header().Set("Allow", allow)
 		writeError(w, &apiError{Status: http.StatusMethodNotAllowed, Type: "invalid_request_error",
@@ -52,11 +62,12 @@ func (s *Server) noRoute(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeError(w, &apiError{Status: http.StatusNotFound, Type: "not_found_error",
-		Message: fmt.Sprintf("no route %s %s (see /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics)", r.Method, r.URL.Path)})
+		Message: fmt.Sprintf("no route %s %s (see /v1/completions, /v1/chat/completions, /v1/models, /tokenize, /detokenize, /version, /health, /ping, /metrics)", r.Method, r.URL.Path)})
 }
 
 // auth requires the API key as a bearer token (RFC 6750: the scheme is
-// case-insensitive) when the server has one.
+// case-insensitive) when the server has one. Every route but the probes
+// (/health, /ping) takes it.
 func (s *Server) auth(h http.HandlerFunc) http.HandlerFunc {
 	if s.cfg.APIKey == "" {
 		return h

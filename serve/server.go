@@ -5,10 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"go.uber.org/zap"
 
 	"github.com/lockstep-ai/lockstep/serve/openai"
 
@@ -58,6 +62,14 @@ type Config struct {
 	// taken as hung and /health stops reporting ready (an idle fleet still
 	// iterates every few milliseconds); 0: DefaultStallAfter.
 	StallAfter time.Duration
+	// PromptTokensDetails adds usage.prompt_tokens_details.cached_tokens
+	// (vLLM's --enable-prompt-tokens-details).
+	PromptTokensDetails bool
+	// Log receives a line per finished request (debug level), named by its
+	// X-Request-Id; nil: no log.
+	Log *zap.Logger
+	// Version is GET /version's answer; the binary's build version when "".
+	Version string
 	// Now is the clock (tests); time.Now when nil.
 	Now func() time.Time
 }
@@ -66,9 +78,26 @@ type Config struct {
 // watchdog's default timeout, after which the fleet fails on its own.
 const DefaultStallAfter = 30 * time.Second
 
+// maxRequestIDLen bounds an X-Request-Id.
+const maxRequestIDLen = 256
+
+// validRequestID: 1 to maxRequestIDLen printable ASCII characters.
+func validRequestID(id string) bool {
+	if len(id) == 0 || len(id) > maxRequestIDLen {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		if id[i] < 0x21 || id[i] > 0x7e {
+			return false
+		}
+	}
+	return true
+}
+
 // Server is the HTTP API on rank 0.
 type Server struct {
 	cfg      Config
+	log      *zap.Logger
 	src      *source
 	nextID   atomic.Uint64
 	mu       sync.Mutex
@@ -80,12 +109,19 @@ type Server struct {
 	stops    map[int32]bool
 	bodies   *bodyBudget
 	lastIter atomic.Int64 // Unix ns of the last iteration rank 0 finished
+	gaps     gapSink      // the metrics, when they observe inter-token latencies
 }
 
 // New builds a server; wire Source and Hooks into rank 0's executor.
 func New(cfg Config) *Server {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
+	}
+	if cfg.Log == nil {
+		cfg.Log = zap.NewNop()
+	}
+	if cfg.Version == "" {
+		cfg.Version = buildVersion()
 	}
 	if cfg.MaxBodyBytes <= 0 {
 		cfg.MaxBodyBytes = DefaultMaxBodyBytes
@@ -101,8 +137,11 @@ func New(cfg Config) *Server {
 	}
 	// One body of the largest size must always fit the budget.
 	cfg.BodyBytesInFlight = max(cfg.BodyBytesInFlight, cfg.MaxBodyBytes)
-	s := &Server{cfg: cfg, src: newSource(), calls: map[uint64]*call{}, stops: map[int32]bool{},
+	s := &Server{cfg: cfg, log: cfg.Log, src: newSource(), calls: map[uint64]*call{}, stops: map[int32]bool{},
 		bodies: newBodyBudget(cfg.BodyBytesInFlight)}
+	if g, ok := cfg.Metrics.(gapSink); ok && g.wantsGaps() {
+		s.gaps = g
+	}
 	if cfg.Tokenizer != nil {
 		for _, t := range cfg.Tokenizer.StopTokens() {
 			s.stops[t] = true
@@ -212,6 +251,7 @@ var errDrained = errors.New("the server is shutting down")
 // call is one request in flight.
 type call struct {
 	id     uint64
+	apiID  string // X-Request-Id: the client's, or id in decimal
 	wake   chan struct{}
 	mu     sync.Mutex
 	toks   []int32
@@ -226,6 +266,10 @@ type call struct {
 	finish   string
 	arrival  int64 // arrival time (Unix ns), for a response the fleet never made
 	recorded bool  // the metrics counted the call's end (once per call)
+	// lastTok is when its last token reached rank 0 (Unix ns) and gaps the
+	// seconds between its tokens, kept only for a gapSink.
+	lastTok int64
+	gaps    []float64
 }
 
 func (c *call) signal() {
@@ -254,16 +298,33 @@ func (c *call) take() ([]int32, *executor.Response, error) {
 }
 
 func (s *Server) onTokens(deltas []executor.TokenDelta) {
+	var now int64
+	if s.gaps != nil {
+		now = s.cfg.Now().UnixNano()
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, d := range deltas {
 		if c := s.calls[d.ID]; c != nil {
 			c.mu.Lock()
 			c.toks = append(c.toks, d.Token)
+			if s.gaps != nil {
+				if c.lastTok != 0 {
+					c.gaps = append(c.gaps, seconds(now-c.lastTok))
+				}
+				c.lastTok = now
+			}
 			c.mu.Unlock()
 			c.signal()
 		}
 	}
+}
+
+// gapSink is a MetricsSink that observes inter-token latencies (Metrics
+// with the vLLM-named families).
+type gapSink interface {
+	OnResponseGaps(r executor.Response, promptTokens int, finishReason string, gaps []float64)
+	wantsGaps() bool
 }
 
 func (s *Server) onResponse(r executor.Response) {
@@ -295,13 +356,24 @@ func (s *Server) record(c *call, r *executor.Response, finish string) {
 	done := c.recorded
 	c.recorded = true
 	c.mu.Unlock()
-	if done || s.cfg.Metrics == nil {
+	if done {
 		return
 	}
 	if r == nil {
 		r = &executor.Response{ID: c.id, ArrivalUnixNS: c.arrival, Error: finish}
 	}
-	s.cfg.Metrics.OnResponse(*r, c.prompt, finish)
+	s.log.Debug("request finished", zap.String("request_id", c.apiID), zap.Uint64("id", c.id),
+		zap.String("finish_reason", finish), zap.Int("prompt_tokens", c.prompt), zap.Int("completion_tokens", len(r.Output)),
+		zap.Int("rank", r.Rank), zap.Int("reused_tokens", r.ReusedTokens))
+	switch {
+	case s.gaps != nil:
+		c.mu.Lock()
+		gaps := c.gaps
+		c.mu.Unlock()
+		s.gaps.OnResponseGaps(*r, c.prompt, finish, gaps)
+	case s.cfg.Metrics != nil:
+		s.cfg.Metrics.OnResponse(*r, c.prompt, finish)
+	}
 }
 
 // completions is POST /v1/completions.
@@ -315,7 +387,7 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 // chat is POST /v1/chat/completions.
 func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
 	var req chatRequest
-	s.handle(w, r, "chat", &req, &req.rawParams, 512, func() ([]int32, string, *apiError) {
+	s.handle(w, r, "chat", &req, &req.rawParams, restOfContext, func() ([]int32, string, *apiError) {
 		msgs, e := req.messages()
 		if e != nil {
 			return nil, "", e
@@ -345,6 +417,16 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request, endpoint string,
 		}
 		writeError(w, e)
 	}
+	// X-Request-Id: the client's id is echoed and names the request (its
+	// API id, its log lines); without one the server's numeric id is sent.
+	reqID := r.Header.Get("X-Request-Id")
+	if reqID != "" {
+		if !validRequestID(reqID) {
+			fail(badRequest("X-Request-Id", "the X-Request-Id header must be 1 to %d printable ASCII characters", maxRequestIDLen))
+			return
+		}
+		w.Header().Set("X-Request-Id", reqID)
+	}
 	if e := s.unavailable(); e != nil {
 		fail(e)
 		return
@@ -366,6 +448,11 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request, endpoint string,
 	// The id is taken only by a request that is accepted: ids stay dense.
 	a.ID = s.nextID.Add(1) - 1
 	c.id = a.ID
+	c.apiID = reqID
+	if reqID == "" {
+		c.apiID = strconv.FormatUint(a.ID, 10)
+		w.Header().Set("X-Request-Id", c.apiID)
+	}
 	s.calls[a.ID] = c
 	s.mu.Unlock()
 	defer func() {
@@ -415,17 +502,29 @@ func (s *Server) parse(w http.ResponseWriter, r *http.Request, req any, raw *raw
 	}
 	// The body's bytes are garbage once the prompt is tokenised.
 	defer release()
-	if raw.Model != "" && raw.Model != s.cfg.ModelName {
-		return checkedArrival{}, &apiError{Status: http.StatusNotFound, Type: "invalid_request_error", Param: "model", Code: "model_not_found",
-			Message: fmt.Sprintf("the model %q does not exist; this server serves %q", raw.Model, s.cfg.ModelName)}
+	if e := s.checkModel(raw.Model); e != nil {
+		return checkedArrival{}, e
 	}
 	p, e := raw.check(defaultMax)
 	if e != nil {
 		return checkedArrival{}, e
 	}
-	ids, _, e := prompt()
+	ids, text, e := prompt()
 	if e != nil {
 		return checkedArrival{}, e
+	}
+	if p.Echo {
+		// vLLM's echo: the prompt as sent, or its ids decoded.
+		p.EchoText = text
+		if text == "" && s.cfg.Tokenizer != nil {
+			p.EchoText = s.cfg.Tokenizer.Decode(ids)
+		}
+	}
+	if e := p.checkVocab(s.cfg.VocabSize); e != nil {
+		return checkedArrival{}, e
+	}
+	if p.MaxTokens == restOfContext {
+		p.MaxTokens = s.restOfContext(len(ids))
 	}
 	if v := s.cfg.Admission(len(ids), p.MaxTokens); v.Code == scheduler.NeverFits {
 		return checkedArrival{}, &apiError{Status: http.StatusRequestEntityTooLarge, Type: "invalid_request_error", Param: "max_tokens",
@@ -433,20 +532,53 @@ func (s *Server) parse(w http.ResponseWriter, r *http.Request, req any, raw *raw
 			Message: fmt.Sprintf("%d prompt tokens + max_tokens %d can never be served: %s", len(ids), p.MaxTokens, v.Reason)}
 	}
 	a := checkedArrival{params: p, Arrival: executor.Arrival{ArrivalUnixNS: s.cfg.Now().UnixNano(), MaxNewTokens: p.MaxTokens,
-		Prompt: ids, StopAtEOS: !p.IgnoreEOS}}
+		Prompt: ids, StopAtEOS: !p.IgnoreEOS, LogitBias: p.LogitBias, StopTokenIDs: p.StopTokenIDs}}
 	if e := setSampling(&a.Arrival, p); e != nil {
 		return checkedArrival{}, e
 	}
 	return a, nil
 }
 
+// defaultChatMaxTokens is chat's default max_tokens when the context
+// length is unknown (Config.MaxModelLen 0).
+const defaultChatMaxTokens = 512
+
+// restOfContext is the default max_tokens of a prompt of n tokens: the rest
+// of the context (vLLM's default), lowered to the largest value the fleet
+// can ever serve (Admission) when the context is longer than that; at
+// least 1 (a prompt that fills the context is then refused by admission).
+func (s *Server) restOfContext(n int) int {
+	if s.cfg.MaxModelLen <= 0 {
+		return defaultChatMaxTokens
+	}
+	hi := s.cfg.MaxModelLen - n
+	if hi < 1 {
+		return 1
+	}
+	if s.cfg.Admission(n, hi).Code != scheduler.NeverFits {
+		return hi
+	}
+	// Admission is monotone in max_tokens: the largest that fits.
+	lo := 0
+	for lo < hi-1 {
+		mid := lo + (hi-lo)/2
+		if s.cfg.Admission(n, mid).Code == scheduler.NeverFits {
+			hi = mid
+		} else {
+			lo = mid
+		}
+	}
+	return max(lo, 1)
+}
+
 // answer streams or collects the completion of c.
 func (s *Server) answer(w http.ResponseWriter, r *http.Request, endpoint string, c *call, p genParams) {
-	out := newWriter(w, endpoint, s.cfg.ModelName, c.id, s.cfg.Now().Unix(), p)
+	out := newWriter(w, endpoint, s.cfg.ModelName, c.apiID, s.cfg.Now().Unix(), p)
 	var stream *model.StreamDecoder
 	if s.cfg.Tokenizer != nil {
-		stream = s.cfg.Tokenizer.NewStream()
+		stream = s.cfg.Tokenizer.NewStreamWith(model.DecodeOptions{Special: p.SpecialTokens})
 	}
+	reused := 0
 	var text strings.Builder
 	var all []int32
 	finish := ""
@@ -475,17 +607,23 @@ func (s *Server) answer(w http.ResponseWriter, r *http.Request, endpoint string,
 		for _, t := range toks {
 			all = append(all, t)
 			pieceIDs = append(pieceIDs, t)
-			if stream == nil || (s.stops[t] && !p.IgnoreEOS) {
+			// A stop token ends the answer (it is the last); its text is
+			// kept only with include_stop_str_in_output.
+			stop := (s.stops[t] && !p.IgnoreEOS) || slices.Contains(p.StopTokenIDs, t)
+			if stream == nil || (stop && !p.IncludeStop) {
 				continue
 			}
 			piece.WriteString(stream.Next(t))
+		}
+		if resp != nil {
+			reused = resp.ReusedTokens
 		}
 		chunk := piece.String()
 		if resp != nil && resp.Error == "" && stream != nil {
 			// The answer is complete: a stop string may span the decoder's tail.
 			chunk += stream.Flush()
 		}
-		if chunk, finish = cutAtStop(&text, chunk, p.Stop); finish != "" {
+		if chunk, finish = cutAtStop(&text, chunk, p.Stop, p.IncludeStop); finish != "" {
 			// The ranks withdraw the request (unless it already finished).
 			if resp != nil {
 				s.record(c, resp, finish)
@@ -506,12 +644,23 @@ func (s *Server) answer(w http.ResponseWriter, r *http.Request, endpoint string,
 			}
 			s.record(c, resp, finish)
 		}
-		if err := out.delta(chunk, pieceIDs); err != nil {
+		if err := out.delta(chunk, pieceIDs, s.usage(c.prompt, len(all), reused)); err != nil {
 			s.detach(c, "cancelled")
 			return
 		}
 	}
-	out.done(text.String(), all, finish, openai.Usage{Prompt: c.prompt, Completion: len(all), Total: c.prompt + len(all)})
+	out.done(text.String(), all, finish, s.usage(c.prompt, len(all), reused))
+}
+
+// usage is a completion's usage; prompt_tokens_details (the prompt tokens
+// whose KV was reused from the prefix cache) only with
+// Config.PromptTokensDetails, as vLLM does.
+func (s *Server) usage(prompt, completion, cached int) openai.Usage {
+	u := openai.Usage{Prompt: prompt, Completion: completion, Total: prompt + completion}
+	if s.cfg.PromptTokensDetails {
+		u.PromptTokensDetails = &openai.PromptTokensDetails{CachedTokens: cached}
+	}
+	return u
 }
 
 // detach ends c's answer early and asks the ranks to withdraw the request
@@ -540,15 +689,19 @@ func (s *Server) detach(c *call, finish string) {
 // cutAtStop appends chunk to text, cut where the first stop string begins
 // ("" of finish when none does): what is left of chunk is returned. A stop
 // string that began in text already streamed leaves that text as sent.
-func cutAtStop(text *strings.Builder, chunk string, stops []string) (string, string) {
+func cutAtStop(text *strings.Builder, chunk string, stops []string, include bool) (string, string) {
 	before := text.Len()
 	text.WriteString(chunk)
 	if len(stops) == 0 {
 		return chunk, ""
 	}
-	at := firstStop(text.String(), stops, before)
+	at, n := firstStop(text.String(), stops, before)
 	if at < 0 {
 		return chunk, ""
+	}
+	if include {
+		// include_stop_str_in_output: the text ends after the stop string.
+		at += n
 	}
 	kept := text.String()[:at]
 	chunk = ""
@@ -561,14 +714,15 @@ func cutAtStop(text *strings.Builder, chunk string, stops []string) (string, str
 }
 
 // firstStop is the earliest start of a stop string in text that ends at or
-// after from (earlier text was checked already), or -1.
-func firstStop(text string, stops []string, from int) int {
-	best := -1
+// after from (earlier text was checked already), or -1, and that string's
+// length.
+func firstStop(text string, stops []string, from int) (int, int) {
+	best, n := -1, 0
 	for _, st := range stops {
 		lo := max(0, from-len(st)+1)
 		if i := strings.Index(text[lo:], st); i >= 0 && (best < 0 || lo+i < best) {
-			best = lo + i
+			best, n = lo+i, len(st)
 		}
 	}
-	return best
+	return best, n
 }

@@ -21,15 +21,18 @@ type writer struct {
 	created  int64
 	started  bool // streaming: headers and the first chunk are out
 	roleSent bool
+	echoed   bool // streaming: the echoed prompt is out
 }
 
-func newWriter(w http.ResponseWriter, endpoint, model string, id uint64, created int64, p genParams) *writer {
+// id is the request's X-Request-Id (the server's numeric id by default):
+// the completion's id is "cmpl-" or "chatcmpl-" and it, as vLLM's.
+func newWriter(w http.ResponseWriter, endpoint, model string, id string, created int64, p genParams) *writer {
 	wr := &writer{w: w, chat: endpoint == "chat", p: p, model: model, created: created, roleSent: endpoint != "chat"}
 	wr.flusher, _ = w.(http.Flusher)
 	if wr.chat {
-		wr.id, wr.object = fmt.Sprintf("chatcmpl-%d", id), "chat.completion"
+		wr.id, wr.object = "chatcmpl-"+id, "chat.completion"
 	} else {
-		wr.id, wr.object = fmt.Sprintf("cmpl-%d", id), "text_completion"
+		wr.id, wr.object = "cmpl-"+id, "text_completion"
 	}
 	return wr
 }
@@ -96,23 +99,44 @@ func (wr *writer) chunk(choices []openai.Choice, u *openai.Usage) openai.Complet
 }
 
 // delta streams newly produced text (and ids); a no-op without streaming.
-func (wr *writer) delta(text string, ids []int32) error {
+// With stream_options.continuous_usage_stats every chunk carries u, the
+// usage so far.
+func (wr *writer) delta(text string, ids []int32, u openai.Usage) error {
+	if wr.p.Stream && wr.p.EchoText != "" && !wr.echoed {
+		// echo: the prompt's text is the stream's first chunk.
+		wr.echoed = true
+		if err := wr.event(wr.chunk([]openai.Choice{wr.choice(wr.p.EchoText, nil, nil, false)}, wr.continuous(u))); err != nil {
+			return err
+		}
+	}
 	if !wr.p.Stream || (text == "" && (len(ids) == 0 || !wr.p.ReturnTokenID) && wr.roleSent) {
 		return nil
 	}
-	return wr.event(wr.chunk([]openai.Choice{wr.choice(text, ids, nil, false)}, nil))
+	return wr.event(wr.chunk([]openai.Choice{wr.choice(text, ids, nil, false)}, wr.continuous(u)))
+}
+
+// continuous is u when every chunk carries the usage, nil otherwise.
+func (wr *writer) continuous(u openai.Usage) *openai.Usage {
+	if !wr.p.ContinuousUsage {
+		return nil
+	}
+	return &u
 }
 
 // done ends the completion.
 func (wr *writer) done(text string, ids []int32, finish string, u openai.Usage) {
 	if !wr.p.Stream {
+		text = wr.p.EchoText + text
 		body := openai.Completion{ID: wr.id, Object: wr.object, Created: wr.created, Model: wr.model,
 			Choices: []openai.Choice{wr.choice(text, ids, &finish, true)}, Usage: &u}
 		wr.w.Header().Set("Content-Type", "application/json")
 		json.NewEncoder(wr.w).Encode(body) //nolint:errcheck // the client may be gone
 		return
 	}
-	wr.event(wr.chunk([]openai.Choice{wr.choice("", nil, &finish, false)}, nil)) //nolint:errcheck
+	if wr.p.EchoText != "" && !wr.echoed {
+		wr.delta("", nil, u) //nolint:errcheck // an answer with no streamed token still echoes first
+	}
+	wr.event(wr.chunk([]openai.Choice{wr.choice("", nil, &finish, false)}, wr.continuous(u))) //nolint:errcheck
 	if wr.p.IncludeUsage {
 		wr.event(wr.chunk([]openai.Choice{}, &u)) //nolint:errcheck
 	}

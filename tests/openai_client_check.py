@@ -3,7 +3,9 @@
 usage: python openai_client_check.py BASE_URL API_KEY MODEL
 Exits non-zero with a message on the first failed check; prints OK last.
 """
+import json
 import sys
+import urllib.request
 
 import openai
 from openai import OpenAI
@@ -64,6 +66,66 @@ a, b, c3 = sampled(7), sampled(7), sampled(8)
 check(a == b, f"same seed, different texts: {a!r} {b!r}")
 check(a != c3, f"seeds 7 and 8 gave the same text {a!r}")
 
+# vLLM's endpoints: /tokenize (the ids the completions endpoint queues),
+# /detokenize, /version, with the API key.
+def post_json(path, body, headers=None):
+    req = urllib.request.Request(base + path, data=json.dumps(body).encode(), method="POST",
+                                 headers={"Authorization": "Bearer " + key, "Content-Type": "application/json",
+                                          **(headers or {})})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        return json.loads(r.read()), r.headers
+
+
+tk, _ = post_json("/tokenize", {"prompt": "The capital of France is"})
+check(tk["count"] == 5 and tk["tokens"] == [504, 3575, 282, 4649, 314] and tk["max_model_len"] > 0, f"tokenize {tk}")
+dt, _ = post_json("/detokenize", {"tokens": tk["tokens"]})
+check(dt["prompt"] == "The capital of France is", f"detokenize {dt}")
+banana, _ = post_json("/tokenize", {"prompt": " banana", "add_special_tokens": False})
+check(banana["count"] >= 1, f"tokenize banana {banana}")
+
+# X-Request-Id names the completion.
+got, hdrs = post_json("/v1/completions", {"prompt": "Hi", "max_tokens": 2}, {"X-Request-Id": "abc-1"})
+check(got["id"] == "cmpl-abc-1" and hdrs["X-Request-Id"] == "abc-1", f"X-Request-Id: {got['id']} {hdrs}")
+
+# Penalties (OpenAI's and vLLM's): honoured, reproducible, and they change
+# a greedy answer that repeats itself.
+count = "1, 2, 3, 1, 2, 3, 1, 2, 3,"
+plain = client.completions.create(model=model, prompt=count, max_tokens=16, temperature=0).choices[0].text
+
+
+def penalised():
+    return client.completions.create(model=model, prompt=count, max_tokens=16, temperature=0, frequency_penalty=1.5,
+                                     presence_penalty=1.0, extra_body={"repetition_penalty": 1.3}).choices[0].text
+
+
+p1, p2 = penalised(), penalised()
+check(p1 == p2, f"penalised greedy answers differ: {p1!r} {p2!r}")
+check(p1 != plain, f"penalties changed nothing: {p1!r}")
+
+# logit_bias: +100 on a token makes greedy decoding pick it.
+lb = client.completions.create(model=model, prompt="The capital of France is", max_tokens=1, temperature=0,
+                               logit_bias={str(banana["tokens"][0]): 100}, extra_body={"return_token_ids": True})
+check(lb.choices[0].token_ids == [banana["tokens"][0]], f"logit_bias: {lb.choices[0]}")
+
+# stop_token_ids: the answer ends at the token, without its text unless
+# include_stop_str_in_output.
+dot = post_json("/tokenize", {"prompt": ".", "add_special_tokens": False})[0]["tokens"][0]
+st = client.completions.create(model=model, prompt="The capital of France is", max_tokens=8, temperature=0,
+                               extra_body={"stop_token_ids": [dot]})
+check(st.choices[0].text == " Paris" and st.choices[0].finish_reason == "stop", f"stop_token_ids: {st.choices[0]}")
+st = client.completions.create(model=model, prompt="The capital of France is", max_tokens=8, temperature=0,
+                               extra_body={"stop_token_ids": [dot], "include_stop_str_in_output": True})
+check(st.choices[0].text == " Paris.", f"include_stop_str_in_output: {st.choices[0]}")
+
+# echo: the prompt, then the completion.
+ec = client.completions.create(model=model, prompt="The capital of France is", max_tokens=8, temperature=0, echo=True)
+check(ec.choices[0].text == "The capital of France is" + c.choices[0].text, f"echo: {ec.choices[0].text!r}")
+
+# min_p with a seed: reproducible.
+mp = [client.completions.create(model=model, prompt="Once upon a time", max_tokens=12, temperature=1.0, seed=3,
+                                extra_body={"min_p": 0.1}).choices[0].text for _ in range(2)]
+check(mp[0] == mp[1], f"min_p with a seed: {mp}")
+
 # Errors, in OpenAI's shape and with the right statuses.
 def expect(exc, status, fn):
     try:
@@ -77,6 +139,8 @@ def expect(exc, status, fn):
 expect(openai.BadRequestError, 400, lambda: client.completions.create(model=model, prompt="x", max_tokens=0))
 expect(openai.BadRequestError, 400, lambda: client.completions.create(model=model, prompt="x", n=2))
 expect(openai.BadRequestError, 400, lambda: client.completions.create(model=model, prompt="x", temperature=3))
+expect(openai.BadRequestError, 400, lambda: client.completions.create(model=model, prompt="x", extra_body={"no_such_field": 1}))
+expect(openai.BadRequestError, 400, lambda: client.completions.create(model=model, prompt="x", extra_body={"guided_json": {}}))
 expect(openai.NotFoundError, 404, lambda: client.completions.create(model="no-such-model", prompt="x"))
 expect(openai.APIStatusError, 413, lambda: client.completions.create(model=model, prompt="x", max_tokens=10_000_000))
 bad = OpenAI(base_url=base + "/v1", api_key="wrong", max_retries=0)

@@ -208,7 +208,8 @@ func scrape(t *testing.T, base, key string) map[string]float64 {
 func TestServeCancelOnDisconnectAndQueueBound(t *testing.T) {
 	m := modeltest.SmolLM2(t)
 	bin := worker(t)
-	cmd, base, out := startServe(t, nil, bin, "--model", m, "--ranks", "2", "--no-prefix-reuse", "--max-queue", "4")
+	cmd, base, out := startServe(t, nil, bin, "--model", m, "--ranks", "2", "--no-prefix-reuse", "--max-queue", "4",
+		"--metrics-compat", "vllm")
 	body := `{"prompt": "Write a long story about the sea.", "max_tokens": 400, "stream": true, "ignore_eos": true}`
 	var streams []*http.Response
 	for i := 0; i < 4; i++ {
@@ -238,6 +239,18 @@ func TestServeCancelOnDisconnectAndQueueBound(t *testing.T) {
 		if idle && mt["lockstep_requests_finished_total{finish_reason=cancelled}"] >= 4 {
 			require.Equal(t, 1.0, mt["lockstep_ready{}"])
 			require.Positive(t, mt["lockstep_time_to_first_token_seconds{}_count"])
+			// --metrics-compat vllm: vLLM's names beside ours, per engine (rank).
+			for _, e := range []string{"0", "1"} {
+				require.Contains(t, mt, "vllm:num_requests_running{engine="+e+",model_name="+modeltest.SmolLM2Base+"}")
+				require.Contains(t, mt, "vllm:kv_cache_usage_perc{engine="+e+",model_name="+modeltest.SmolLM2Base+"}")
+			}
+			var aborted float64
+			for k, v := range mt {
+				if strings.HasPrefix(k, "vllm:request_success_total{") && strings.Contains(k, "finished_reason=abort") {
+					aborted += v
+				}
+			}
+			require.Equal(t, 4.0, aborted, "the cancelled requests are vLLM's aborts")
 			break
 		}
 		require.True(t, time.Now().Before(deadline), "cancelled requests still hold the fleet: %v", mt)

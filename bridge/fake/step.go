@@ -101,12 +101,12 @@ func (e *Engine) run(op string, desc *bridge.StepDesc, res *bridge.StepResult) e
 		}
 		h := e.contentHash(sq)
 		tok := int32(h % uint64(vocab))
-		if sq.Sampling.IsGreedy() {
+		if sq.Sampling.IsGreedy() && !sq.HasProcessors() {
 			res.Sampled[i] = tok
 		} else {
 			// Sample from the pseudo-logits row (whose argmax is tok).
 			e.row = appendLogits(e.row[:0], h, tok, vocab)
-			res.Sampled[i] = bridge.Sample(e.row, sq.Sampling, sq.SamplePos())
+			res.Sampled[i] = bridge.SampleSeq(e.row, sq)
 		}
 		if desc.WantLogits {
 			res.Logits = appendLogits(res.Logits, h, tok, vocab)

@@ -55,14 +55,19 @@ type stepBuffers struct {
 	logits                                                  cbuf[float32]
 	copySrc, copyDst                                        cbuf[int32]
 	sampling                                                samplingBuf
+	// The token ids (logit bias, prompt, output) and bias values that the
+	// sampling array points into.
+	samplingIDs cbuf[int32]
+	biasValues  cbuf[float32]
 }
 
 func (s *stepBuffers) free() {
 	for _, b := range []*cbuf[int32]{&s.numTokens, &s.startPos, &s.numBlocks, &s.tokens, &s.blocks,
-		&s.sampled, &s.copySrc, &s.copyDst} {
+		&s.sampled, &s.copySrc, &s.copyDst, &s.samplingIDs} {
 		b.free()
 	}
 	s.sample.free()
 	s.logits.free()
+	s.biasValues.free()
 	s.sampling.free()
 }

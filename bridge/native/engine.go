@@ -357,23 +357,57 @@ func (e *engine) flatten(op string, desc *bridge.StepDesc) (n, sampled int, err 
 	tokens := b.tokens.slice(totalTok)
 	blocks := b.blocks.slice(totalBlk)
 	// The sampling array is passed only when some sequence samples
-	// stochastically; NULL = every sequence greedy.
+	// stochastically or with logits processors; NULL = every sequence greedy.
 	var csampling *C.eng_sampling
+	nids, nbias := 0, 0
 	for i := range desc.Seqs {
 		s := &desc.Seqs[i]
 		if err := s.Sampling.Validate(); err != nil {
 			return 0, 0, bridge.StatusError(op, bridge.StatusInvalidArgument, fmt.Sprintf("Seqs[%d]: %v", i, err))
 		}
-		if s.Sample && !s.Sampling.IsGreedy() {
+		if s.Sample && (!s.Sampling.IsGreedy() || s.HasProcessors()) {
 			csampling = b.sampling.slice(n)
+			nbias += len(s.LogitBias)
+			nids += len(s.LogitBias)
+			if s.Sampling.HasPenalties() {
+				nids += len(s.PromptTokens) + len(s.OutputTokens)
+			}
 		}
+	}
+	if nids > math.MaxInt32 {
+		return 0, 0, bridge.StatusError(op, bridge.StatusInvalidArgument,
+			fmt.Sprintf("step too large: %d sampling token ids (must fit in int32)", nids))
 	}
 	if csampling != nil {
 		cs := unsafe.Slice(csampling, n)
+		ids := b.samplingIDs.slice(nids)
+		vals := b.biasValues.slice(nbias)
+		at, bat := 0, 0
 		for i := range desc.Seqs {
-			p := &desc.Seqs[i].Sampling
+			s := &desc.Seqs[i]
+			p := &s.Sampling
 			cs[i] = C.eng_sampling{temperature: C.float(p.Temperature), top_k: C.int32_t(p.TopK),
-				top_p: C.float(p.NativeTopP()), seed: C.uint64_t(p.Seed)}
+				top_p: C.float(p.NativeTopP()), seed: C.uint64_t(p.Seed), min_p: C.float(p.MinP),
+				presence_penalty: C.float(p.PresencePenalty), frequency_penalty: C.float(p.FrequencyPenalty),
+				repetition_penalty: C.float(p.RepetitionPenalty)}
+			if !s.Sample || (p.IsGreedy() && !s.HasProcessors()) {
+				continue
+			}
+			base := unsafe.Pointer(b.samplingIDs.p)
+			ptr := func(k int) *C.int32_t { return (*C.int32_t)(unsafe.Add(base, 4*k)) }
+			cs[i].num_bias = C.int32_t(len(s.LogitBias))
+			cs[i].bias_ids = ptr(at)
+			cs[i].bias_values = (*C.float)(unsafe.Add(b.biasValues.p, 4*bat))
+			for _, tb := range s.LogitBias {
+				ids[at], vals[bat] = tb.ID, tb.Bias
+				at, bat = at+1, bat+1
+			}
+			if p.HasPenalties() {
+				cs[i].num_prompt, cs[i].prompt_tokens = C.int32_t(len(s.PromptTokens)), ptr(at)
+				at += copy(ids[at:], s.PromptTokens)
+				cs[i].num_output, cs[i].output_tokens = C.int32_t(len(s.OutputTokens)), ptr(at)
+				at += copy(ids[at:], s.OutputTokens)
+			}
 		}
 	}
 	tok, blk := 0, 0

@@ -56,12 +56,58 @@ func SampleRow(logits []float32, p bridge.SamplingParams, pos int64) (int32, err
 	cp := (*C.eng_sampling)(C.calloc(1, C.sizeof_eng_sampling))
 	defer C.free(unsafe.Pointer(cp))
 	*cp = C.eng_sampling{temperature: C.float(p.Temperature), top_k: C.int32_t(p.TopK),
-		top_p: C.float(p.NativeTopP()), seed: C.uint64_t(p.Seed)}
+		top_p: C.float(p.NativeTopP()), seed: C.uint64_t(p.Seed), min_p: C.float(p.MinP)}
 	out := (*C.int32_t)(C.malloc(4))
 	defer C.free(unsafe.Pointer(out))
 	runtime.LockOSThread() // eng_last_error is thread-local
 	defer runtime.UnlockOSThread()
 	if st := C.eng_sample_row(buf, C.int32_t(n), cp, C.int64_t(pos), out); st != C.ENG_OK {
+		return 0, bridge.StatusError("sample_row", bridge.Status(st), C.GoString(C.eng_last_error()))
+	}
+	return int32(*out), nil
+}
+
+// SampleSeqRow samples one logits row as a step samples s (its sampling
+// parameters, logit bias and penalties over its prompt and output tokens)
+// with the native procedure (eng_sample_row): the reference that
+// bridge.SampleSeq is checked against.
+func SampleSeqRow(logits []float32, s *bridge.SeqStep) (int32, error) {
+	if err := s.Sampling.Validate(); err != nil {
+		return 0, bridge.StatusError("sample_row", bridge.StatusInvalidArgument, err.Error())
+	}
+	n := len(logits)
+	if n == 0 || n > 1<<31-1 {
+		return 0, bridge.StatusError("sample_row", bridge.StatusInvalidArgument, fmt.Sprintf("vocab %d out of range", n))
+	}
+	var ids cbuf[int32]
+	var vals, row cbuf[float32]
+	defer ids.free()
+	defer vals.free()
+	defer row.free()
+	copy(row.slice(n), logits)
+	nb, np, no := len(s.LogitBias), len(s.PromptTokens), len(s.OutputTokens)
+	all := ids.slice(nb + np + no + 1)
+	v := vals.slice(nb + 1)
+	for j, b := range s.LogitBias {
+		all[j], v[j] = b.ID, b.Bias
+	}
+	copy(all[nb:], s.PromptTokens)
+	copy(all[nb+np:], s.OutputTokens)
+	ptr := func(k int) *C.int32_t { return (*C.int32_t)(unsafe.Add(ids.p, 4*k)) }
+	p := &s.Sampling
+	cp := (*C.eng_sampling)(C.calloc(1, C.sizeof_eng_sampling))
+	defer C.free(unsafe.Pointer(cp))
+	*cp = C.eng_sampling{temperature: C.float(p.Temperature), top_k: C.int32_t(p.TopK),
+		top_p: C.float(p.NativeTopP()), seed: C.uint64_t(p.Seed), min_p: C.float(p.MinP),
+		presence_penalty: C.float(p.PresencePenalty), frequency_penalty: C.float(p.FrequencyPenalty),
+		repetition_penalty: C.float(p.RepetitionPenalty),
+		num_bias:           C.int32_t(nb), bias_ids: ptr(0), bias_values: (*C.float)(vals.p),
+		num_prompt: C.int32_t(np), prompt_tokens: ptr(nb), num_output: C.int32_t(no), output_tokens: ptr(nb + np)}
+	out := (*C.int32_t)(C.malloc(4))
+	defer C.free(unsafe.Pointer(out))
+	runtime.LockOSThread() // eng_last_error is thread-local
+	defer runtime.UnlockOSThread()
+	if st := C.eng_sample_row((*C.float)(row.p), C.int32_t(n), cp, C.int64_t(s.SamplePos()), out); st != C.ENG_OK {
 		return 0, bridge.StatusError("sample_row", bridge.Status(st), C.GoString(C.eng_last_error()))
 	}
 	return int32(*out), nil

@@ -5,6 +5,7 @@ package native
 import (
 	"math"
 	"math/rand/v2"
+	"strings"
 	"testing"
 
 	"github.com/lockstep-ai/lockstep/bridge"
@@ -94,5 +95,56 @@ func TestStepSamplingMatchesGo(t *testing.T) {
 		Sampling: bridge.SamplingParams{Temperature: -1}}}}, &res)
 	if err == nil {
 		t.Fatal("temperature -1 accepted")
+	}
+}
+
+// TestProcessorsAgreeWithNative: with min_p, logit bias and the three
+// penalties (greedy and sampled rows), bridge.SampleSeq and the native
+// procedure pick the same token, and the processors change the pick often
+// enough for the check to mean something.
+func TestProcessorsAgreeWithNative(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 5))
+	changed := 0
+	const cases = 2000
+	for c := range cases {
+		V := 2 + rng.IntN(200)
+		lg := make([]float32, V)
+		for i := range lg {
+			lg[i] = float32(rng.NormFloat64() * []float64{0.5, 2, 8}[c%3])
+		}
+		ids := func(n int) []int32 {
+			out := make([]int32, n)
+			for i := range out {
+				out[i] = int32(rng.IntN(V))
+			}
+			return out
+		}
+		s := bridge.SeqStep{Tokens: []int32{0}, StartPos: rng.IntN(1 << 20), Sample: true,
+			PromptTokens: ids(rng.IntN(30)), OutputTokens: ids(rng.IntN(30))}
+		s.Sampling = bridge.SamplingParams{Temperature: []float32{0, 0.7, 1, 1.5}[c%4], TopK: []int{0, 20}[c/4%2],
+			TopP: []float32{0, 0.9}[c/8%2], Seed: rng.Uint64(), MinP: []float32{0, 0.05, 0.3}[c%3],
+			PresencePenalty: []float32{0, 0.5, -1}[c/3%3], FrequencyPenalty: []float32{0, 0.3, 1.7}[c/9%3],
+			RepetitionPenalty: []float32{0, 1, 1.3, 0.8}[c/27%4]}
+		for range rng.IntN(4) {
+			s.LogitBias = append(s.LogitBias, bridge.TokenBias{ID: int32(rng.IntN(V)), Bias: float32(rng.NormFloat64() * 5)})
+		}
+		want, err := SampleSeqRow(lg, &s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := bridge.SampleSeq(lg, &s); got != want {
+			t.Fatalf("case %d (V %d, %+v, bias %v): Go picked %d, native %d", c, V, s.Sampling, s.LogitBias, got, want)
+		}
+		if plain := bridge.Sample(lg, bridge.SamplingParams{Temperature: s.Sampling.Temperature, TopK: s.Sampling.TopK,
+			TopP: s.Sampling.TopP, Seed: s.Sampling.Seed}, s.SamplePos()); plain != want {
+			changed++
+		}
+	}
+	if changed < cases/10 {
+		t.Errorf("the processors changed only %d of %d picks: the test exercises too little", changed, cases)
+	}
+	bad := bridge.SeqStep{Tokens: []int32{0}, Sample: true, LogitBias: []bridge.TokenBias{{ID: 5, Bias: 1}}}
+	if _, err := SampleSeqRow([]float32{1, 2}, &bad); err == nil || !strings.Contains(err.Error(), "bias_ids[0]") {
+		t.Errorf("a bias id outside the vocabulary: got %v, want an error naming bias_ids[0]", err)
 	}
 }

@@ -189,13 +189,13 @@ func (e *Engine) run(op string, desc *bridge.StepDesc, res *bridge.StepResult) (
 		n := len(sq.Tokens)
 		h := tokenHash(e.cfg.Seed, sq.Tokens[n-1], sq.StartPos+n-1)
 		tok := int32(h % uint64(vocab))
-		if sq.Sampling.IsGreedy() {
+		if sq.Sampling.IsGreedy() && !sq.HasProcessors() {
 			res.Sampled[i] = tok
 		} else {
 			// Sample from the row whose argmax is tok: O(vocab) for this
 			// sequence, only when it asks for sampling.
 			e.row = appendLogits(e.row[:0], h, tok, vocab)
-			res.Sampled[i] = bridge.Sample(e.row, sq.Sampling, sq.SamplePos())
+			res.Sampled[i] = bridge.SampleSeq(e.row, sq)
 		}
 		if desc.WantLogits {
 			res.Logits = appendLogits(res.Logits, h, tok, vocab)

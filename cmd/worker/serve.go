@@ -15,6 +15,8 @@ import (
 	"syscall"
 	"time"
 
+	"go.uber.org/zap"
+
 	"github.com/lockstep-ai/lockstep/fleet"
 	"github.com/lockstep-ai/lockstep/scheduler"
 
@@ -33,8 +35,12 @@ type apiServer struct {
 	name     string
 	limits   httpapi.HTTPOptions
 	maxBody  int64
-	srv      *httpapi.Server
-	http     *http.Server
+	// promptDetails: usage.prompt_tokens_details (vLLM's flag).
+	promptDetails bool
+	metricsCompat string      // --metrics-compat: "" or "vllm"
+	log           *zap.Logger // the server's request lines
+	srv           *httpapi.Server
+	http          *http.Server
 	// exit ends the process on a second signal (os.Exit; tests replace it).
 	exit func(code int)
 }
@@ -50,6 +56,10 @@ func (api *apiServer) flags(fs *flag.FlagSet) {
 		fmt.Sprintf("open client connections at once: at the bound the longest-idle keep-alive one is closed, else a new one gets 503 (0: %d, lowered to leave room under the descriptor limit)", httpapi.DefaultMaxConnections))
 	fs.DurationVar(&api.limits.IdleTimeout, "idle-timeout", httpapi.DefaultIdleTimeout, "close keep-alive connections idle this long")
 	fs.Int64Var(&api.maxBody, "max-body-bytes", httpapi.DefaultMaxBodyBytes, "largest request body (413 beyond)")
+	fs.StringVar(&api.metricsCompat, "metrics-compat", "",
+		"also expose another server's metric names on /metrics: vllm (vLLM's vllm:* families, labels model_name and engine = rank); default only lockstep_*")
+	fs.BoolVar(&api.promptDetails, "enable-prompt-tokens-details", false,
+		"add usage.prompt_tokens_details.cached_tokens (prompt tokens whose KV came from the prefix cache), as vLLM's flag")
 }
 
 // runAPIServe is `worker serve`: the fleet of `worker run` (same engine,
@@ -60,6 +70,9 @@ func (api *apiServer) flags(fs *flag.FlagSet) {
 func runAPIServe(args []string, stdout, stderr io.Writer) error {
 	o, api, err := parseServe(args, stderr)
 	if err != nil {
+		return err
+	}
+	if api.log, err = fleet.NewLogger(stderr, o.LogLevel); err != nil {
 		return err
 	}
 	launch, err := api.build(o)
@@ -133,6 +146,8 @@ func parseServe(args []string, stderr io.Writer) (*fleet.Options, *apiServer, er
 		return nil, nil, usage.Errorf("--idle-timeout must be positive, got %v", api.limits.IdleTimeout)
 	case api.maxBody < 1:
 		return nil, nil, usage.Errorf("--max-body-bytes must be at least 1, got %d", api.maxBody)
+	case api.metricsCompat != "" && api.metricsCompat != "vllm":
+		return nil, nil, usage.Errorf("--metrics-compat must be vllm (or empty for lockstep_* only), got %q", api.metricsCompat)
 	}
 	return &o, api, nil
 }
@@ -158,7 +173,7 @@ func (api *apiServer) build(o *fleet.Options) (nccl.Launch, error) {
 		api.name = strings.TrimSuffix(filepath.Base(filepath.Clean(o.Model)), ".gguf")
 	}
 	cfg := httpapi.Config{ModelName: api.name, VocabSize: shape.VocabSize, MaxQueue: api.maxQueue, APIKey: api.apiKey,
-		MaxModelLen: o.Pages * o.TokensPerPage * o.CP, MaxBodyBytes: api.maxBody,
+		MaxModelLen: o.Pages * o.TokensPerPage * o.CP, MaxBodyBytes: api.maxBody, PromptTokensDetails: api.promptDetails, Log: api.log,
 		// Half the watchdog's bound: /health says "stalled" before the
 		// watchdog fails the fleet.
 		StallAfter: o.CollectiveTimeout / 2}
@@ -173,7 +188,8 @@ func (api *apiServer) build(o *fleet.Options) (nccl.Launch, error) {
 	} else {
 		cfg.Admission = func(int, int) scheduler.AdmissionVerdict { return scheduler.AdmissionVerdict{} }
 	}
-	cfg.Metrics = httpapi.NewMetrics(api.name, o.AttentionDPRanks(launch))
+	cfg.Metrics = httpapi.NewMetricsWith(api.name, o.AttentionDPRanks(launch),
+		httpapi.MetricsOptions{VLLM: api.metricsCompat == "vllm", MaxModelLen: cfg.MaxModelLen})
 	api.srv = httpapi.New(cfg)
 	o.API = api.srv
 	o.GPUFreeMemory = gpuFreeMemory

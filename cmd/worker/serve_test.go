@@ -110,6 +110,7 @@ func TestServeRefusesWhatItCannotServe(t *testing.T) {
 		{[]string{"--max-connections", "-1"}, "--max-connections must not be negative"},
 		{[]string{"--idle-timeout", "0s"}, "--idle-timeout must be positive"},
 		{[]string{"--max-body-bytes", "0"}, "--max-body-bytes must be at least 1"},
+		{[]string{"--metrics-compat", "sglang"}, "--metrics-compat must be vllm"},
 		{[]string{"--http", "256.0.0.1:1", "--engine", "fake"}, "--http 256.0.0.1:1"},
 	} {
 		err := runAPIServe(c.args, io.Discard, io.Discard)

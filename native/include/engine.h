@@ -24,7 +24,7 @@ extern "C" {
 #endif
 
 /* Bumped on every incompatible change; eng_engine_init refuses a mismatch. */
-#define ENG_ABI_VERSION 6
+#define ENG_ABI_VERSION 7
 
 typedef enum eng_status {
   ENG_OK = 0,
@@ -218,6 +218,28 @@ typedef struct eng_sampling {
   int32_t top_k;
   float top_p;
   uint64_t seed;
+  /* Logits processors (vLLM's; docs/sampling.md), applied to the float32
+   * logits row in this order before anything else, greedy rows included:
+   * logit bias (l[bias_ids[j]] += bias_values[j], j in order), repetition
+   * penalty (each distinct id of the prompt or the output: l > 0 ? l / r :
+   * l * r), frequency penalty (l -= frequency_penalty * count in the output),
+   * presence penalty (l -= presence_penalty for an id in the output). min_p
+   * acts after the temperature: ids whose probability is below min_p times
+   * the largest are dropped (exp(s - s_max) < min_p). Each is off at 0
+   * (repetition_penalty 1 is off too); every value must be finite,
+   * repetition_penalty >= 0, 0 <= min_p <= 1, ids in [0, vocab). The token
+   * arrays are read during the call only (a submit copies them). */
+  float min_p;
+  float presence_penalty;
+  float frequency_penalty;
+  float repetition_penalty;
+  int32_t num_bias;
+  const int32_t* bias_ids;      /* [num_bias] */
+  const float* bias_values;     /* [num_bias] */
+  int32_t num_prompt;
+  const int32_t* prompt_tokens; /* [num_prompt]: read by the repetition penalty */
+  int32_t num_output;
+  const int32_t* output_tokens; /* [num_output]: the tokens generated so far */
 } eng_sampling;
 
 typedef struct eng_step_desc {

@@ -41,8 +41,9 @@ struct StepSeq {
   const int32_t* blocks;  // [num_blocks], each in [0, num_pages)
   int32_t num_blocks;     // >= ceil((start_pos + num_tokens) / tokens_per_page)
   bool sample;            // sample the last new token
-  // How to sample it (temperature 0 = greedy); owned by value, so a copied
-  // batch (an asynchronous step) owns its parameters.
+  // How to sample it (temperature 0 = greedy). The scalars are owned by
+  // value; its token arrays alias the caller's like tokens (a submitted
+  // step points them into its own copy).
   eng_sampling sampling;
   // Absolute position of the sampled token: start_pos + num_tokens.
   int64_t sample_pos() const { return int64_t{start_pos} + num_tokens; }
@@ -62,7 +63,7 @@ struct StepBatch {
   std::vector<StepSeq> seqs;
   int64_t num_rows = 0;     // Σ num_tokens
   int32_t num_sampled = 0;  // sequences with sample set
-  int32_t num_stochastic = 0;  // sampled sequences with temperature > 0
+  int32_t num_stochastic = 0;  // sampled sequences sampled on the host (sampling_on_host)
   CpExchange* cp = nullptr; // Helix CP group member, or null
   // Expert-parallel group member (MoE), or null: every MoE layer dispatches
   // tokens to their experts' members and combines the outputs (docs/moe.md).

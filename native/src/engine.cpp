@@ -39,6 +39,10 @@ namespace {
 // result once the stream ran it.
 struct AsyncStep {
   std::vector<int32_t> tokens, blocks;
+  // The sampling token arrays (bias ids, prompt and output tokens) and bias
+  // values of every sequence, which the copied seqs point into.
+  std::vector<int32_t> sampling_ids;
+  std::vector<float> bias_values;
   lockstep::StepBatch batch;  // seqs point into tokens and blocks
   bool want_logits = false;
   std::vector<int32_t> sampled;
@@ -150,7 +154,7 @@ eng_model_shape resolve_shape(const eng_engine_config& cfg, std::string* label) 
 }
 
 // Greedy sampling parameters (a NULL desc.sampling).
-constexpr eng_sampling kGreedy{0.0f, 0, 1.0f, 0};
+constexpr eng_sampling kGreedy{0.0f, 0, 1.0f, 0, 0.0f, 0.0f, 0.0f, 0.0f, 0, nullptr, nullptr, 0, nullptr, 0, nullptr};
 
 bool backend_built(eng_backend b) { return (eng_supported_backends() >> b) & 1u; }
 
@@ -258,16 +262,8 @@ void build_batch(eng_engine* eng, const eng_step_desc* d, const eng_step_result*
   // Sampling parameters (optional array): every field of every sequence.
   if (d->sampling != nullptr) {
     for (int32_t i = 0; i < n; ++i) {
-      const eng_sampling& s = d->sampling[i];
-      if (!std::isfinite(s.temperature) || s.temperature < 0.0f)
-        invalid_argument(fmt("sampling[%d].temperature (sequence %d) must be finite and >= 0, got %g", i, i,
-                             static_cast<double>(s.temperature)));
-      if (s.top_k < 0)
-        invalid_argument(fmt("sampling[%d].top_k (sequence %d) must be >= 0 (0 = all tokens), got %d", i, i,
-                             s.top_k));
-      if (!std::isfinite(s.top_p) || !(s.top_p > 0.0f) || s.top_p > 1.0f)
-        invalid_argument(fmt("sampling[%d].top_p (sequence %d) must be in (0, 1] (1 = all tokens), got %g", i, i,
-                             static_cast<double>(s.top_p)));
+      const std::string msg = lockstep::sampling_invalid(d->sampling[i], V, fmt("sampling[%d]", i));
+      if (!msg.empty()) invalid_argument(msg + fmt(" (sequence %d)", i));
     }
   }
 
@@ -279,7 +275,7 @@ void build_batch(eng_engine* eng, const eng_step_desc* d, const eng_step_result*
     const eng_sampling sp = d->sampling != nullptr ? d->sampling[i] : kGreedy;
     b.seqs.push_back({d->tokens + tok, d->num_tokens[i], d->start_pos[i], d->block_table + blk,
                       d->num_blocks[i], sample, sp});
-    if (sample && sp.temperature > 0.0f) ++b.num_stochastic;
+    if (sample && lockstep::sampling_on_host(sp)) ++b.num_stochastic;
     tok += d->num_tokens[i];
     blk += d->num_blocks[i];
     if (sample) ++b.num_sampled;
@@ -462,11 +458,8 @@ eng_status eng_sample_row(const float* logits, int32_t vocab, const eng_sampling
     if (vocab < 1) invalid_argument(fmt("vocab must be >= 1, got %d", vocab));
     if (pos < 0) invalid_argument(fmt("pos must be >= 0, got %" PRId64, pos));
     const eng_sampling& s = *params;
-    if (!std::isfinite(s.temperature) || s.temperature < 0.0f)
-      invalid_argument(fmt("params.temperature must be finite and >= 0, got %g", static_cast<double>(s.temperature)));
-    if (s.top_k < 0) invalid_argument(fmt("params.top_k must be >= 0, got %d", s.top_k));
-    if (!std::isfinite(s.top_p) || !(s.top_p > 0.0f) || s.top_p > 1.0f)
-      invalid_argument(fmt("params.top_p must be in (0, 1], got %g", static_cast<double>(s.top_p)));
+    const std::string msg = lockstep::sampling_invalid(s, vocab, "params");
+    if (!msg.empty()) invalid_argument(msg);
     lockstep::SamplingScratch scratch;
     *out = lockstep::sample_token(logits, vocab, s, pos, &scratch);
   });
@@ -508,13 +501,35 @@ eng_status eng_engine_submit(eng_engine_t eng, const eng_step_desc* desc, int32_
       job->tokens.insert(job->tokens.end(), q.tokens, q.tokens + q.num_tokens);
       job->blocks.insert(job->blocks.end(), q.blocks, q.blocks + q.num_blocks);
     }
+    int64_t nids = 0, nbias = 0;
+    for (const auto& q : eng->batch.seqs) {
+      nids += int64_t{q.sampling.num_bias} + q.sampling.num_prompt + q.sampling.num_output;
+      nbias += q.sampling.num_bias;
+    }
+    job->sampling_ids.reserve(static_cast<size_t>(nids));
+    job->bias_values.reserve(static_cast<size_t>(nbias));
+    for (const auto& q : eng->batch.seqs) {
+      const eng_sampling& sp = q.sampling;
+      job->sampling_ids.insert(job->sampling_ids.end(), sp.bias_ids, sp.bias_ids + sp.num_bias);
+      job->sampling_ids.insert(job->sampling_ids.end(), sp.prompt_tokens, sp.prompt_tokens + sp.num_prompt);
+      job->sampling_ids.insert(job->sampling_ids.end(), sp.output_tokens, sp.output_tokens + sp.num_output);
+      job->bias_values.insert(job->bias_values.end(), sp.bias_values, sp.bias_values + sp.num_bias);
+    }
     job->batch = eng->batch;
-    int64_t tok = 0, blk = 0;
+    int64_t tok = 0, blk = 0, ids = 0, bias = 0;
     for (auto& q : job->batch.seqs) {
       q.tokens = job->tokens.data() + tok;
       q.blocks = job->blocks.data() + blk;
       tok += q.num_tokens;
       blk += q.num_blocks;
+      eng_sampling& sp = q.sampling;
+      const int32_t* base = job->sampling_ids.data() + ids;
+      sp.bias_ids = base;
+      sp.prompt_tokens = base + sp.num_bias;
+      sp.output_tokens = base + sp.num_bias + sp.num_prompt;
+      sp.bias_values = job->bias_values.data() + bias;
+      ids += int64_t{sp.num_bias} + sp.num_prompt + sp.num_output;
+      bias += sp.num_bias;
     }
     job->want_logits = want_logits != 0;
     job->sampled.assign(job->batch.seqs.size(), -1);

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 
 namespace lockstep {
@@ -48,8 +49,105 @@ int32_t sampling_argmax(const float* x, int32_t n) {
   return best;
 }
 
+namespace {
+
+// Sorts ids[0, n) into s->ids (reused).
+const std::vector<int32_t>& sorted_ids(const int32_t* a, int32_t na, const int32_t* b, int32_t nb,
+                                       SamplingScratch* s) {
+  s->ids.assign(a, a + na);
+  s->ids.insert(s->ids.end(), b, b + nb);
+  std::sort(s->ids.begin(), s->ids.end());
+  return s->ids;
+}
+
+}  // namespace
+
+void apply_logits_processors(float* row, int32_t vocab, const eng_sampling& p, SamplingScratch* s) {
+  (void)vocab;
+  // 1. Logit bias, in the order given.
+  for (int32_t j = 0; j < p.num_bias; ++j) row[p.bias_ids[j]] = row[p.bias_ids[j]] + p.bias_values[j];
+  // 2. Repetition penalty over the distinct ids of the prompt and the output.
+  const float rp = p.repetition_penalty;
+  if (rp != 0.0f && rp != 1.0f) {
+    const std::vector<int32_t>& ids = sorted_ids(p.prompt_tokens, p.num_prompt, p.output_tokens, p.num_output, s);
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (i > 0 && ids[i] == ids[i - 1]) continue;
+      const float l = row[ids[i]];
+      row[ids[i]] = l > 0.0f ? l / rp : l * rp;
+    }
+  }
+  // 3. Frequency and presence penalties over the output's ids and counts.
+  if (p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f) {
+    const std::vector<int32_t>& ids = sorted_ids(p.output_tokens, p.num_output, nullptr, 0, s);
+    for (size_t i = 0; i < ids.size();) {
+      size_t j = i;
+      while (j < ids.size() && ids[j] == ids[i]) ++j;
+      const float count = static_cast<float>(j - i);
+      float l = row[ids[i]];
+      l = l - p.frequency_penalty * count;
+      l = l - p.presence_penalty;
+      row[ids[i]] = l;
+      i = j;
+    }
+  }
+}
+
+std::string sampling_invalid(const eng_sampling& p, int32_t vocab, const std::string& f) {
+  char buf[256];
+  auto bad = [&](const char* fmt, double v) {
+    std::snprintf(buf, sizeof buf, fmt, f.c_str(), v);
+    return std::string(buf);
+  };
+  if (!std::isfinite(p.temperature) || p.temperature < 0.0f)
+    return bad("%s.temperature must be finite and >= 0, got %g", p.temperature);
+  if (p.top_k < 0) return bad("%s.top_k must be >= 0 (0 = all tokens), got %g", p.top_k);
+  if (!std::isfinite(p.top_p) || !(p.top_p > 0.0f) || p.top_p > 1.0f)
+    return bad("%s.top_p must be in (0, 1] (1 = all tokens), got %g", p.top_p);
+  if (!(p.min_p >= 0.0f && p.min_p <= 1.0f)) return bad("%s.min_p must be in [0, 1], got %g", p.min_p);
+  if (!std::isfinite(p.presence_penalty)) return bad("%s.presence_penalty must be finite, got %g", p.presence_penalty);
+  if (!std::isfinite(p.frequency_penalty))
+    return bad("%s.frequency_penalty must be finite, got %g", p.frequency_penalty);
+  if (!std::isfinite(p.repetition_penalty) || p.repetition_penalty < 0.0f)
+    return bad("%s.repetition_penalty must be finite and >= 0 (0 or 1 = off), got %g", p.repetition_penalty);
+  const struct {
+    const char* name;
+    int32_t n;
+    const int32_t* ids;
+  } lists[] = {{"bias_ids", p.num_bias, p.bias_ids},
+               {"prompt_tokens", p.num_prompt, p.prompt_tokens},
+               {"output_tokens", p.num_output, p.output_tokens}};
+  for (const auto& l : lists) {
+    if (l.n < 0) {
+      std::snprintf(buf, sizeof buf, "%s.num of %s must be >= 0, got %d", f.c_str(), l.name, l.n);
+      return buf;
+    }
+    if (l.n > 0 && l.ids == nullptr) {
+      std::snprintf(buf, sizeof buf, "%s.%s is NULL (%d ids)", f.c_str(), l.name, l.n);
+      return buf;
+    }
+    for (int32_t j = 0; j < l.n; ++j)
+      if (l.ids[j] < 0 || l.ids[j] >= vocab) {
+        std::snprintf(buf, sizeof buf, "%s.%s[%d] = %d is out of range [0, %d)", f.c_str(), l.name, j, l.ids[j], vocab);
+        return buf;
+      }
+  }
+  if (p.num_bias > 0 && p.bias_values == nullptr) return bad("%s.bias_values is NULL (%g values)", p.num_bias);
+  for (int32_t j = 0; j < p.num_bias; ++j)
+    if (!std::isfinite(p.bias_values[j])) {
+      std::snprintf(buf, sizeof buf, "%s.bias_values[%d] must be finite, got %g", f.c_str(), j,
+                    static_cast<double>(p.bias_values[j]));
+      return buf;
+    }
+  return "";
+}
+
 int32_t sample_token(const float* logits, int32_t vocab, const eng_sampling& p, int64_t pos,
                      SamplingScratch* s) {
+  if (sampling_has_processors(p)) {
+    s->processed.assign(logits, logits + vocab);
+    apply_logits_processors(s->processed.data(), vocab, p, s);
+    logits = s->processed.data();
+  }
   if (p.temperature == 0.0f) return sampling_argmax(logits, vocab);
   const size_t V = static_cast<size_t>(vocab);
   // 1. Temperature (float32 division); NaN -> -inf, +inf -> FLT_MAX.
@@ -68,21 +166,29 @@ int32_t sample_token(const float* logits, int32_t vocab, const eng_sampling& p, 
   const auto before = [scaled](int32_t a, int32_t b) {
     return scaled[a] > scaled[b] || (scaled[a] == scaled[b] && a < b);
   };
-  const size_t k = p.top_k <= 0 || static_cast<size_t>(p.top_k) >= V ? V : static_cast<size_t>(p.top_k);
+  size_t k = p.top_k <= 0 || static_cast<size_t>(p.top_k) >= V ? V : static_cast<size_t>(p.top_k);
   if (k < V)
     std::partial_sort(order, order + k, order + V, before);
   else
     std::sort(order, order + V, before);
   const double m = scaled[order[0]];
   if (m == -INFINITY) return order[0];
-  // 3. Softmax in double over the kept set, summed in that order.
+  // 3. Softmax in double over the kept set, summed in that order; min_p
+  // keeps the prefix whose e_j = exp(s_j - s_0) >= min_p (the probability
+  // relative to the largest one).
   s->prob.resize(k);
   double* prob = s->prob.data();
   double sum = 0.0;
+  size_t kept = k;
   for (size_t j = 0; j < k; ++j) {
     prob[j] = sampling_exp(static_cast<double>(scaled[order[j]]) - m);
+    if (j > 0 && p.min_p > 0.0f && prob[j] < static_cast<double>(p.min_p)) {
+      kept = j;
+      break;
+    }
     sum += prob[j];
   }
+  k = kept;
   for (size_t j = 0; j < k; ++j) prob[j] = prob[j] / sum;
   // 4. Top-p: the smallest prefix whose cumulative probability >= top_p.
   size_t n = k;

@@ -15,6 +15,7 @@
 #define LOCKSTEP_NATIVE_SAMPLING_H
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "engine.h"
@@ -71,7 +72,32 @@ struct SamplingScratch {
   std::vector<float> scaled;
   std::vector<int32_t> order;
   std::vector<double> prob;
+  std::vector<float> processed;  // the row after the logits processors
+  std::vector<int32_t> ids;      // sorted token ids (penalty counts)
 };
+
+// Whether p uses a logits processor (bias, penalties; eng_sampling in
+// engine.h): the row must then be processed before the pick.
+inline bool sampling_has_processors(const eng_sampling& p) {
+  return p.num_bias > 0 || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f ||
+         (p.repetition_penalty != 0.0f && p.repetition_penalty != 1.0f);
+}
+
+// Whether a row sampled under p needs its logits on the host: a stochastic
+// draw or a logits processor (a device backend keeps its argmax only for
+// plain greedy rows).
+inline bool sampling_on_host(const eng_sampling& p) {
+  return p.temperature > 0.0f || sampling_has_processors(p);
+}
+
+// Applies p's logits processors to row[vocab] in place (engine.h's order).
+// p must be valid.
+void apply_logits_processors(float* row, int32_t vocab, const eng_sampling& p, SamplingScratch* scratch);
+
+// The message naming the first invalid field of p for a vocabulary of
+// vocab ids ("" when p is valid); field is the prefix of the names
+// ("sampling[3]" or "params").
+std::string sampling_invalid(const eng_sampling& p, int32_t vocab, const std::string& field);
 
 // Picks the token of one logits row under p at absolute position pos (the
 // position of the token being sampled), following docs/sampling.md.

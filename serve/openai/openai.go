@@ -16,6 +16,15 @@ type Usage struct {
 	Prompt     int `json:"prompt_tokens"`
 	Completion int `json:"completion_tokens"`
 	Total      int `json:"total_tokens"`
+	// PromptTokensDetails is written only when the server is asked to
+	// (worker serve --enable-prompt-tokens-details, as vLLM).
+	PromptTokensDetails *PromptTokensDetails `json:"prompt_tokens_details,omitempty"`
+}
+
+// PromptTokensDetails details a completion's prompt tokens.
+type PromptTokensDetails struct {
+	// CachedTokens is how many prompt tokens reused cached KV (prefix cache).
+	CachedTokens int `json:"cached_tokens"`
 }
 
 // Message is a chat message of a response: the whole message of a

@@ -1,0 +1,200 @@
+package kvevents
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-zeromq/zmq4"
+	"github.com/stretchr/testify/require"
+	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/lockstep-ai/lockstep/kvpool"
+	"github.com/lockstep-ai/lockstep/scheduler"
+)
+
+func TestOffsetEndpoint(t *testing.T) {
+	for _, c := range []struct {
+		ep   string
+		rank int
+		want string
+	}{
+		{"tcp://*:5557", 0, "tcp://*:5557"},
+		{"tcp://*:5557", 3, "tcp://*:5560"},
+		{"tcp://[::1]:5557", 1, "tcp://[::1]:5558"},
+		{"inproc://cache", 2, "inproc://cache_dp2"},
+		{"ipc:///tmp/x", 0, "ipc:///tmp/x"},
+	} {
+		got, err := OffsetEndpoint(c.ep, c.rank)
+		require.NoError(t, err, c.ep)
+		require.Equal(t, c.want, got, c.ep)
+	}
+	_, err := OffsetEndpoint("ipc:///tmp/x", 1)
+	require.ErrorContains(t, err, "tcp:// or inproc://")
+	_, err = OffsetEndpoint("tcp://*:abc", 1)
+	require.ErrorContains(t, err, "port")
+	require.ErrorContains(t, (&Config{}).Validate(), "endpoint")
+	require.ErrorContains(t, (&Config{Endpoint: "tcp://*:1", Encoding: "json"}).Validate(), "encoding")
+}
+
+func key(b byte) scheduler.BlockKey {
+	var k scheduler.BlockKey
+	k[0], k[7], k[31] = b, 0x80, 1
+	return k
+}
+
+func sampleEvents() []kvpool.Event {
+	return []kvpool.Event{
+		{Kind: kvpool.EventCreated, BlocksPerLevel: []int{8}},
+		{Kind: kvpool.EventStored, Blocks: []kvpool.StoredBlock{{Hash: key(1), Tokens: []int32{1, 2}}, {Hash: key(2), Tokens: []int32{300, 70000}}}},
+		{Kind: kvpool.EventStored, HasParent: true, Parent: key(2), Blocks: []kvpool.StoredBlock{{Hash: key(3), Tokens: []int32{5, 6}}}},
+		{Kind: kvpool.EventUpdated, Hash: key(3), FromLevel: 0, ToLevel: 1},
+		{Kind: kvpool.EventRemoved, Hashes: []scheduler.BlockKey{key(3), key(2)}},
+	}
+}
+
+// The batch is vLLM's KVEventBatch: [ts, events, data_parallel_rank] with
+// array_like tagged events in field order, or tagged maps.
+func TestEncodeBatch(t *testing.T) {
+	payload, n := EncodeBatch(12.5, sampleEvents(), 1, EncodingArray)
+	require.Equal(t, 3, n, "created and updated events are left out")
+	var got []any
+	require.NoError(t, msgpack.Unmarshal(payload, &got))
+	require.Len(t, got, 3)
+	require.Equal(t, 12.5, got[0])
+	require.EqualValues(t, 1, got[2])
+	evs := got[1].([]any)
+	h := func(k scheduler.BlockKey) uint64 { return kvpool.BlockHash64(k) }
+	norm := func(v any) any { // msgpack's compact ints decode as various widths
+		switch x := v.(type) {
+		case int8, int16, int32, int64, uint8, uint16, uint32, uint64:
+			var out uint64
+			b, _ := msgpack.Marshal(x)
+			msgpack.Unmarshal(b, &out) //nolint:errcheck
+			return out
+		}
+		return v
+	}
+	stored := evs[0].([]any)
+	require.Equal(t, "BlockStored", stored[0])
+	require.Equal(t, []uint64{h(key(1)), h(key(2))}, []uint64{norm(stored[1].([]any)[0]).(uint64), norm(stored[1].([]any)[1]).(uint64)})
+	require.Nil(t, stored[2], "a child of the root has no parent")
+	require.Len(t, stored[3], 4)
+	require.EqualValues(t, 70000, norm(stored[3].([]any)[3]))
+	require.EqualValues(t, 2, norm(stored[4]))
+	require.Nil(t, stored[5])
+	require.Equal(t, "GPU", stored[6])
+	require.Nil(t, stored[7])
+	require.Len(t, stored, 8)
+	require.Equal(t, h(key(2)), norm(evs[1].([]any)[2]))
+	removed := evs[2].([]any)
+	require.Equal(t, []any{"BlockRemoved"}, removed[:1])
+	require.Len(t, removed, 3)
+	require.Equal(t, "GPU", removed[2])
+
+	payload, _ = EncodeBatch(1, sampleEvents(), 0, EncodingMap)
+	var gotMap []any
+	require.NoError(t, msgpack.Unmarshal(payload, &gotMap))
+	m := gotMap[1].([]any)[0].(map[string]any)
+	require.Equal(t, "BlockStored", m["type"])
+	require.Contains(t, m, "lora_name")
+	require.Len(t, m, 8)
+
+	_, n = EncodeBatch(1, sampleEvents()[:1], 0, EncodingArray)
+	require.Zero(t, n)
+}
+
+// A subscriber receives (topic, seq, payload) with sequence numbers from 0;
+// a replay from seq 1 returns batches 1.. and the end marker.
+func TestPublishAndReplay(t *testing.T) {
+	p, err := New(Config{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0", Topic: "kv", BufferSteps: 2, DPRank: 0})
+	require.ErrorContains(t, err, "endpoint", "127.0.0.1 without * is connected to, as vLLM does: nothing listens")
+	if p != nil {
+		p.Close()
+	}
+	p, err = New(Config{Endpoint: "tcp://*:0", ReplayEndpoint: "tcp://*:0", Topic: "kv", BufferSteps: 2})
+	require.NoError(t, err)
+	defer p.Close()
+	port := func(a string) string { return a[strings.LastIndexByte(a, ':'):] }
+
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	sub := zmq4.NewSub(ctx)
+	defer sub.Close()
+	require.NoError(t, sub.Dial("tcp://127.0.0.1"+port(p.Addr())))
+	require.NoError(t, sub.SetOption(zmq4.OptionSubscribe, "kv"))
+	// The subscription travels asynchronously: publish until one arrives.
+	got := make(chan zmq4.Msg, 16)
+	go func() {
+		for {
+			m, err := sub.Recv()
+			if err != nil {
+				return
+			}
+			got <- m
+		}
+	}()
+	var first zmq4.Msg
+	for first.Frames == nil {
+		p.PublishEvents(sampleEvents())
+		select {
+		case first = <-got:
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	require.Len(t, first.Frames, 3)
+	require.Equal(t, "kv", string(first.Frames[0]))
+	require.Len(t, first.Frames[1], 8)
+	published := p.Sequences()
+	require.Positive(t, published)
+
+	dealer := zmq4.NewDealer(ctx)
+	defer dealer.Close()
+	require.NoError(t, dealer.Dial("tcp://127.0.0.1"+port(p.ReplayAddr())))
+	var start [8]byte
+	binary.BigEndian.PutUint64(start[:], 0)
+	require.NoError(t, dealer.Send(zmq4.NewMsgFrom(nil, start[:])))
+	var seqs []uint64
+	for {
+		m, err := dealer.Recv()
+		require.NoError(t, err)
+		require.Len(t, m.Frames, 3, "(empty, seq, payload)")
+		require.Empty(t, m.Frames[0])
+		if bytes.Equal(m.Frames[1], endSeq) {
+			require.Empty(t, m.Frames[2])
+			break
+		}
+		seqs = append(seqs, binary.BigEndian.Uint64(m.Frames[1]))
+	}
+	// BufferSteps 2: only the last two batches remain.
+	want := []uint64{published - 2, published - 1}
+	if published < 2 {
+		want = []uint64{0}
+	}
+	require.Equal(t, want, seqs)
+}
+
+// A partial last block (lockstep's radix tree keeps it) is left out of
+// BlockStored, as are its removal and the empty events that leaves.
+func TestPartialBlocksAreLeftOut(t *testing.T) {
+	partial := map[[32]byte]struct{}{}
+	evs := []kvpool.Event{
+		{Kind: kvpool.EventStored, Blocks: []kvpool.StoredBlock{{Hash: key(1), Tokens: []int32{1, 2}}, {Hash: key(2), Tokens: []int32{3}}}},
+		{Kind: kvpool.EventStored, Blocks: []kvpool.StoredBlock{{Hash: key(4), Tokens: []int32{9}}}},
+		{Kind: kvpool.EventRemoved, Hashes: []scheduler.BlockKey{key(2), key(4)}},
+		{Kind: kvpool.EventRemoved, Hashes: []scheduler.BlockKey{key(2), key(1)}},
+	}
+	payload, n := encodeBatch(1, evs, 0, EncodingArray, 2, partial)
+	require.Equal(t, 2, n, "one stored event with block 1, one removal of block 1")
+	var got []any
+	require.NoError(t, msgpack.Unmarshal(payload, &got))
+	stored := got[1].([]any)[0].([]any)
+	require.Len(t, stored[1], 1)
+	require.Len(t, stored[3], 2)
+	removed := got[1].([]any)[1].([]any)
+	require.Len(t, removed[1], 2, "key(2) was forgotten at its first removal: the second one names it again")
+	require.Empty(t, partial)
+}
