@@ -539,9 +539,13 @@ func writeGGUF(t testing.TB, m *tinyModel, o ggufOptions) string {
 		for r := range order {
 			order[r] = r
 		}
+		// llama.cpp's converter permutes Q/K rows for "llama" only (Qwen
+		// models use its NeoX rotation).
 		switch x.kind {
 		case bridge.WeightQ, bridge.WeightK:
-			order = ggufRowOrder(x.rows, s.HeadDim)
+			if arch == "llama" {
+				order = ggufRowOrder(x.rows, s.HeadDim)
+			}
 		}
 		in := info{name: x.gguf, dims: []uint64{uint64(x.cols), uint64(x.rows)}, typ: ggmlF32}
 		if x.rows == 1 {

@@ -204,3 +204,107 @@ func TestGGUFMoERefusals(t *testing.T) {
 		})
 	}
 }
+
+// tinyMoEAsHF is the Hugging Face form of a newTinyMoE model: per-expert tensors
+// under the family's names (Qwen3-MoE mlp.experts.E.*_proj, Mixtral
+// block_sparse_moe.experts.E.w1/w3/w2) and the routers and q/k norms
+// named as transformers saves them.
+func tinyMoEAsHF(m *tinyModel, modelType string) *tinyModel {
+	out := *m
+	out.tensors = nil
+	for _, x := range m.tensors {
+		lp := fmt.Sprintf("model.layers.%d.", x.layer)
+		switch {
+		case x.experts > 0:
+			per := x.rows / x.experts
+			for e := 0; e < x.experts; e++ {
+				name := map[bridge.WeightKind]string{bridge.WeightExpertGate: "gate_proj", bridge.WeightExpertUp: "up_proj", bridge.WeightExpertDown: "down_proj"}[x.kind]
+				if modelType == "mixtral" {
+					name = map[bridge.WeightKind]string{bridge.WeightExpertGate: "w1", bridge.WeightExpertUp: "w3", bridge.WeightExpertDown: "w2"}[x.kind]
+					name = fmt.Sprintf("%sblock_sparse_moe.experts.%d.%s.weight", lp, e, name)
+				} else {
+					name = fmt.Sprintf("%smlp.experts.%d.%s.weight", lp, e, name)
+				}
+				out.tensors = append(out.tensors, &tinyTensor{hf: name, kind: x.kind, layer: x.layer, rows: per, cols: x.cols,
+					data: x.data[e*per*x.cols : (e+1)*per*x.cols]})
+			}
+			continue
+		case x.kind == bridge.WeightRouter:
+			y := *x
+			y.hf = lp + map[bool]string{true: "block_sparse_moe.gate.weight", false: "mlp.gate.weight"}[modelType == "mixtral"]
+			out.tensors = append(out.tensors, &y)
+			continue
+		case x.kind == bridge.WeightQNorm || x.kind == bridge.WeightKNorm:
+			y := *x
+			y.hf = lp + map[bool]string{true: "self_attn.q_norm.weight", false: "self_attn.k_norm.weight"}[x.kind == bridge.WeightQNorm]
+			out.tensors = append(out.tensors, &y)
+			continue
+		}
+		out.tensors = append(out.tensors, x)
+	}
+	return &out
+}
+
+// TestCrossFormatMoE: the same Qwen3-MoE and Mixtral models as GGUF files
+// (stacked 3-D experts) and as sharded Hugging Face directories
+// (per-expert tensors, model.safetensors.index.json) load into the same
+// shape and weights and, on the native engine, the same logits bit for bit.
+func TestCrossFormatMoE(t *testing.T) {
+	for _, c := range []struct{ arch, modelType string }{{"qwen3moe", "qwen3_moe"}, {"llama", "mixtral"}} {
+		t.Run(c.modelType, func(t *testing.T) {
+			m := newTinyMoE(c.arch, 4)
+			gg := writeGGUF(t, m, ggufOptions{arch: c.arch, kvs: moeKVs(c.arch, m, nil)})
+			hf := writeHF(t, tinyMoEAsHF(m, c.modelType), hfOptions{config: func(cfg map[string]any) {
+				cfg["model_type"] = c.modelType
+				cfg["num_experts_per_tok"] = m.shape.NumExpertsPerTok
+				if c.modelType == "mixtral" {
+					cfg["num_local_experts"] = m.shape.NumExperts
+					cfg["intermediate_size"] = m.shape.MoEIntermediateSize
+					cfg["sliding_window"] = nil
+				} else {
+					cfg["num_experts"] = m.shape.NumExperts
+					cfg["moe_intermediate_size"] = m.shape.MoEIntermediateSize
+					cfg["norm_topk_prob"] = true
+					cfg["decoder_sparse_step"] = 1
+					cfg["mlp_only_layers"] = []int{}
+				}
+			}})
+			crossCheck(t, gg, hf)
+		})
+	}
+}
+
+// TestHFMoERefusals: what the Hugging Face MoE configs may say that the
+// engine does not compute is refused by name.
+func TestHFMoERefusals(t *testing.T) {
+	m := newTinyMoE("qwen3moe", 4)
+	base := func(cfg map[string]any) {
+		cfg["model_type"] = "qwen3_moe"
+		cfg["num_experts"], cfg["num_experts_per_tok"], cfg["moe_intermediate_size"] = 4, 2, 32
+		cfg["norm_topk_prob"] = true
+	}
+	for _, c := range []struct {
+		name  string
+		edit  func(cfg map[string]any)
+		words []string
+	}{
+		{"no renormalisation", func(cfg map[string]any) { cfg["norm_topk_prob"] = false }, []string{"norm_topk_prob false"}},
+		{"dense layers", func(cfg map[string]any) { cfg["mlp_only_layers"] = []int{1} }, []string{"mlp_only_layers [1]"}},
+		{"sliding window", func(cfg map[string]any) { cfg["use_sliding_window"] = true }, []string{"sliding-window attention"}},
+		{"qwen2_moe", func(cfg map[string]any) { cfg["model_type"] = "qwen2_moe" }, []string{`model_type "qwen2_moe"`}},
+		{"expert out of range", func(cfg map[string]any) { cfg["num_experts"] = 3 }, []string{"model.layers.0.mlp.experts.3.gate_proj.weight", "not part of a qwen3_moe decoder"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dir := writeHF(t, tinyMoEAsHF(m, "qwen3_moe"), hfOptions{config: func(cfg map[string]any) { base(cfg); c.edit(cfg) }})
+			_, err := Load(dir)
+			if err == nil {
+				t.Fatal("loaded")
+			}
+			for _, w := range c.words {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q lacks %q", err, w)
+				}
+			}
+		})
+	}
+}
