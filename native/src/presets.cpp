@@ -31,10 +31,9 @@ const NamedShape kPresets[] = {
     {"moe-tiny", {3, 64, 4, 2, 16, 128, 512, 10000.0f, 1e-5f, 0, 0, 0, 0, 0, 16, 2, 32, 1, ENG_ROUTER_SOFTMAX_TOPK, 0}},
     // qwen3-30b-a3b: Qwen3-30B-A3B config.json: 128 experts, top-8 (softmax,
     // top-k, renormalised), experts of width 768, no shared expert; head_dim
-    // 128 with hidden 2048 (heads * head_dim = 4096). Qwen3's per-head
-    // q/k RMSNorm is not part of this decoder.
+    // 128 with hidden 2048 (heads * head_dim = 4096); per-head q/k RMSNorm.
     {"qwen3-30b-a3b", {48, 2048, 32, 4, 128, 6144, 151936, 1000000.0f, 1e-6f, 0, 0, 0, 0, 0, 128, 8, 768, 0,
-                       ENG_ROUTER_SOFTMAX_TOPK, 0}},
+                       ENG_ROUTER_SOFTMAX_TOPK, 1}},
     // tiny: fast on the CPU engine; GQA 2:1.
     {"tiny", {2, 64, 4, 2, 16, 128, 512, 10000.0f, 1e-5f, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
 };
