@@ -32,6 +32,7 @@ Usage: see scripts/reference/README.md ("MoE checkpoints").
 """
 
 import argparse
+import importlib.metadata
 import json
 import os
 import sys
@@ -225,7 +226,7 @@ def main():
             "architecture": cfg["arch"],
             "config": cfg,
             "steps": STEPS,
-            "tools": {"llama_cpp_python": llama_cpp.__version__, "gguf": gguf.__version__ if hasattr(gguf, "__version__") else "0.19.0",
+            "tools": {"llama_cpp_python": llama_cpp.__version__, "gguf": importlib.metadata.version("gguf"),
                       "numpy": np.__version__},
             "conventions": {
                 "step": "step 0 = logits after the prompt's last token; step k = after feeding greedy token k-1",
