@@ -39,6 +39,9 @@ type ModelShape struct {
 	MoEIntermediateSize int        `json:"moe_intermediate_size,omitempty"`
 	NumSharedExperts    int        `json:"num_shared_experts,omitempty"`
 	RouterNorm          RouterNorm `json:"router_norm,omitempty"`
+	// QKNorm: every head of q and k is RMS-normed over HeadDim (gains
+	// WeightQNorm/WeightKNorm) after the projections, before RoPE (Qwen3).
+	QKNorm bool `json:"qk_norm,omitempty"`
 }
 
 // MoE reports whether the shape is a mixture of experts.
@@ -135,7 +138,27 @@ const (
 	// WeightRopeFreqs is optional, [1][head_dim/2]: llama.cpp's
 	// per-dimension RoPE divisors (its GGUF form of Llama-3 scaling).
 	WeightRopeFreqs WeightKind = 12
+	// QKNorm shapes: the per-head gains, [1][head_dim] each.
+	WeightQNorm WeightKind = 13
+	WeightKNorm WeightKind = 14
+	// MoE shapes (no WeightGate/Up/Down): the router [experts][hidden] and
+	// routed expert WeightTensor.Expert's SwiGLU, [moe_intermediate][hidden]
+	// (gate, up) and [hidden][moe_intermediate] (down).
+	WeightRouter     WeightKind = 15
+	WeightExpertGate WeightKind = 16
+	WeightExpertUp   WeightKind = 17
+	WeightExpertDown WeightKind = 18
+	// NumSharedExperts > 0: the shared experts as one SwiGLU of width
+	// S = NumSharedExperts × MoEIntermediateSize: [S][hidden], [S][hidden],
+	// [hidden][S].
+	WeightSharedGate WeightKind = 19
+	WeightSharedUp   WeightKind = 20
+	WeightSharedDown WeightKind = 21
 )
+
+// IsExpert reports whether the kind is a routed expert's (indexed by
+// WeightTensor.Expert).
+func (k WeightKind) IsExpert() bool { return k >= WeightExpertGate && k <= WeightExpertDown }
 
 // WeightTensor is one checkpoint tensor handed to an engine at creation: a
 // row-major [Rows][Cols] matrix (a linear layer's [out][in]) in DType. Data
@@ -149,8 +172,12 @@ type WeightTensor struct {
 	// InterleavedRopeHeads > 0 marks WQ/WK rows in llama.cpp's interleaved
 	// RoPE order (GGUF); the engine restores rotate-half order.
 	InterleavedRopeHeads int
-	Rows, Cols           int64
-	Data                 []byte
+	// Expert is the routed expert of a WeightExpert* tensor (a slice of a
+	// stacked [experts][rows][cols] checkpoint tensor, or a per-expert one);
+	// 0 for every other kind.
+	Expert     int
+	Rows, Cols int64
+	Data       []byte
 }
 
 // KVBytesPerToken is the K and V storage of one token over every layer, given

@@ -25,11 +25,11 @@ var Presets = map[string]ModelShape{
 		NumExperts: 16, NumExpertsPerTok: 2, MoEIntermediateSize: 32, NumSharedExperts: 1, RouterNorm: RouterSoftmaxTopK},
 	// qwen3-30b-a3b: Qwen3-30B-A3B config.json (huggingface.co/Qwen/Qwen3-30B-A3B):
 	// 128 experts, top-8, softmax/top-k/renormalised (norm_topk_prob), expert
-	// width 768, no shared expert; head_dim 128 with hidden 2048. Qwen3's
-	// per-head q/k RMSNorm is not part of this decoder (shape only).
+	// width 768, no shared expert; head_dim 128 with hidden 2048; per-head
+	// q/k RMSNorm.
 	"qwen3-30b-a3b": {NumLayers: 48, HiddenSize: 2048, NumHeads: 32, NumKVHeads: 4, HeadDim: 128,
 		IntermediateSize: 6144, VocabSize: 151936, RopeTheta: 1000000, RMSEps: 1e-6,
-		NumExperts: 128, NumExpertsPerTok: 8, MoEIntermediateSize: 768, RouterNorm: RouterSoftmaxTopK},
+		NumExperts: 128, NumExpertsPerTok: 8, MoEIntermediateSize: 768, RouterNorm: RouterSoftmaxTopK, QKNorm: true},
 	// mixtral-8x7b: Mixtral-8x7B-v0.1 config.json (huggingface.co/mistralai/Mixtral-8x7B-v0.1):
 	// 8 experts, top-2, top-k then softmax, expert width 14336, no shared expert.
 	"mixtral-8x7b": {NumLayers: 32, HiddenSize: 4096, NumHeads: 32, NumKVHeads: 8, HeadDim: 128,

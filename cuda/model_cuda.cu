@@ -108,6 +108,8 @@ std::unique_ptr<Backend> make_cuda_backend(const EngineParams& params) {
     throw EngineError(ENG_UNSUPPORTED,
                       "the CUDA backend has no mixture-of-experts layers yet (num_experts > 0); run MoE models on "
                       "the cpu engine, or model them with --engine twin");
+  if (params.shape.qk_norm)
+    throw EngineError(ENG_UNSUPPORTED, "the CUDA backend has no per-head q/k RMSNorm (qk_norm, Qwen3) yet");
   if (int64_t{params.shape.num_heads} * params.shape.head_dim != params.shape.hidden_size)
     throw EngineError(ENG_UNSUPPORTED, "the CUDA backend needs hidden_size == num_heads * head_dim");
   return std::make_unique<CudaBackend>(params);

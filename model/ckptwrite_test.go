@@ -29,6 +29,9 @@ type tinyTensor struct {
 	rows, cols int
 	data       []float32
 	q8         []byte // Q8_0 encoding of data ([rows][cols/32 blocks]) when quantised
+	// experts > 0: a stacked expert tensor, rows/experts rows per expert,
+	// written as GGUF's 3-D [experts][rows/experts][cols].
+	experts int
 }
 
 // tinyModel is a synthetic checkpoint: shape, tokenizer and weights.
@@ -536,13 +539,20 @@ func writeGGUF(t testing.TB, m *tinyModel, o ggufOptions) string {
 		for r := range order {
 			order[r] = r
 		}
+		// llama.cpp's converter permutes Q/K rows for "llama" only (Qwen
+		// models use its NeoX rotation).
 		switch x.kind {
 		case bridge.WeightQ, bridge.WeightK:
-			order = ggufRowOrder(x.rows, s.HeadDim)
+			if arch == "llama" {
+				order = ggufRowOrder(x.rows, s.HeadDim)
+			}
 		}
 		in := info{name: x.gguf, dims: []uint64{uint64(x.cols), uint64(x.rows)}, typ: ggmlF32}
 		if x.rows == 1 {
 			in.dims = in.dims[:1]
+		}
+		if x.experts > 0 {
+			in.dims = []uint64{uint64(x.cols), uint64(x.rows / x.experts), uint64(x.experts)}
 		}
 		if ov, ok := o.typeOverride[x.gguf]; ok {
 			in.typ, in.data = ov.typ, make([]byte, ov.rowBytes*x.rows)

@@ -36,8 +36,9 @@ func loadOK(t *testing.T, path string) *Model {
 }
 
 type weightKey struct {
-	kind  bridge.WeightKind
-	layer int
+	kind   bridge.WeightKind
+	layer  int
+	expert int
 }
 
 // hfFloats decodes a loaded tensor to float32 in Hugging Face row order
@@ -80,7 +81,7 @@ func weightsOf(t *testing.T, m *Model) map[weightKey][]float32 {
 	t.Helper()
 	ws := map[weightKey][]float32{}
 	for _, w := range m.Tensors {
-		k := weightKey{w.Kind, w.Layer}
+		k := weightKey{w.Kind, w.Layer, w.Expert}
 		if _, dup := ws[k]; dup {
 			t.Fatalf("%s: weight %v twice", m.Path, k)
 		}
@@ -386,7 +387,7 @@ func TestLoadRefusals(t *testing.T) {
 				}
 				return ts
 			}))
-		}, []string{"model.layers.0.self_attn.q_proj.bias", "not part of a Llama decoder"}},
+		}, []string{"model.layers.0.self_attn.q_proj.bias", "not part of a llama decoder"}},
 		{"missing layer tensor", func(t *testing.T) string {
 			return writeHF(t, m, edit(func(_ int, ts []stTensor) []stTensor {
 				return slices.DeleteFunc(ts, func(x stTensor) bool { return x.name == "model.layers.1.mlp.down_proj.weight" })

@@ -19,7 +19,19 @@ var ggufLayerTensor = map[string]bridge.WeightKind{
 	"attn_norm": bridge.WeightAttnNorm, "attn_q": bridge.WeightQ, "attn_k": bridge.WeightK,
 	"attn_v": bridge.WeightV, "attn_output": bridge.WeightO, "ffn_norm": bridge.WeightMLPNorm,
 	"ffn_gate": bridge.WeightGate, "ffn_up": bridge.WeightUp, "ffn_down": bridge.WeightDown,
+	"attn_q_norm": bridge.WeightQNorm, "attn_k_norm": bridge.WeightKNorm, "ffn_gate_inp": bridge.WeightRouter,
+	"ffn_gate_shexp": bridge.WeightSharedGate, "ffn_up_shexp": bridge.WeightSharedUp, "ffn_down_shexp": bridge.WeightSharedDown,
 }
+
+// ggufStackedExperts are the 3-D expert tensors, [experts][rows][cols]
+// (GGUF dimensions cols, rows, experts), sliced into one tensor per expert.
+var ggufStackedExperts = map[string]bridge.WeightKind{
+	"ffn_gate_exps": bridge.WeightExpertGate, "ffn_up_exps": bridge.WeightExpertUp, "ffn_down_exps": bridge.WeightExpertDown,
+}
+
+// blkExpertTensor is the per-expert 2-D form of older Mixtral GGUF files:
+// blk.N.ffn_{gate,up,down}.E.weight.
+var blkExpertTensor = regexp.MustCompile(`^blk\.(\d+)\.ffn_(gate|up|down)\.(\d+)\.weight$`)
 
 var ggufGlobalTensor = map[string]bridge.WeightKind{
 	"token_embd.weight": bridge.WeightEmbedding, "output_norm.weight": bridge.WeightFinalNorm,
@@ -33,8 +45,16 @@ var ggufTypes = map[gguf.GGMLType]bridge.DType{
 
 var blkTensor = regexp.MustCompile(`^blk\.(\d+)\.([a-z_]+)\.weight$`)
 
-// ggufArchitectures are the general.architecture values read as Llama.
-var ggufArchitectures = map[string]bool{"llama": true}
+// ggufArchitectures are the general.architecture values this loader reads:
+// Llama (dense, or with experts: Mixtral), Qwen3 (q/k norms) and Qwen3-MoE.
+// The value says whether llama.cpp's converter stored Q and K rows in its
+// interleaved RoPE order (it permutes them for "llama" only; Qwen models
+// use its NeoX rotation, which is rotate-half).
+var ggufArchitectures = map[string]struct{ interleaved, qkNorm bool }{
+	"llama":    {interleaved: true},
+	"qwen3":    {qkNorm: true},
+	"qwen3moe": {qkNorm: true},
+}
 
 // parseGGUF parses a GGUF file's header. The parser panics on some
 // corrupt headers (a size product that overflows); that panic is the
@@ -65,8 +85,9 @@ func loadGGUF(path string) (m *Model, err error) {
 		return ""
 	}
 	arch := str("general.architecture")
-	if !ggufArchitectures[arch] {
-		return nil, fmt.Errorf("model %s: architecture %q is not supported (supported: llama)", path, arch)
+	archInfo, ok := ggufArchitectures[arch]
+	if !ok {
+		return nil, fmt.Errorf("model %s: architecture %q is not supported (supported: llama, qwen3, qwen3moe)", path, arch)
 	}
 	num := func(k string, def float64, required bool) (float64, error) {
 		v, ok := kvs.Get(arch + "." + k)
@@ -107,14 +128,29 @@ func loadGGUF(path string) (m *Model, err error) {
 		return nil, err
 	}
 	shape.NumKVHeads = int(kvHeads)
+	// The head size: attention.key_length (Qwen3 writes it, and its heads
+	// need not tile the hidden size), else the RoPE dimension, else
+	// hidden / heads. RoPE must rotate the whole head, and V heads must be
+	// as wide as K heads.
 	headDim, err := num("rope.dimension_count", float64(shape.HiddenSize/shape.NumHeads), false)
 	if err != nil {
 		return nil, err
 	}
-	shape.HeadDim = int(headDim)
-	if kl, err := num("attention.key_length", headDim, false); err != nil || int(kl) != shape.HeadDim {
-		return nil, fmt.Errorf("model %s: attention.key_length %v differs from the RoPE dimension %d (partial RoPE is not supported)", path, kl, shape.HeadDim)
+	if kl, err := num("attention.key_length", headDim, false); err != nil {
+		return nil, err
+	} else if _, hasRope := kvs.Get(arch + ".rope.dimension_count"); !hasRope {
+		headDim = kl
+	} else if kl != headDim {
+		return nil, fmt.Errorf("model %s: attention.key_length %v differs from the RoPE dimension %v (partial RoPE is not supported)", path, kl, headDim)
 	}
+	if vl, err := num("attention.value_length", headDim, false); err != nil || vl != headDim {
+		return nil, fmt.Errorf("model %s: attention.value_length %v differs from the key length %v (unequal K and V heads are not supported)", path, vl, headDim)
+	}
+	if headDim != float64(int32(headDim)) || headDim <= 0 {
+		return nil, fmt.Errorf("model %s: the head size %v is not a positive integer", path, headDim)
+	}
+	shape.HeadDim = int(headDim)
+	shape.QKNorm = archInfo.qkNorm
 	theta, err := num("rope.freq_base", 10000, false)
 	if err != nil {
 		return nil, err
@@ -125,8 +161,8 @@ func loadGGUF(path string) (m *Model, err error) {
 		return nil, err
 	}
 	shape.RMSEps = float32(eps)
-	if experts, _ := num("expert_count", 0, false); experts > 0 {
-		return nil, fmt.Errorf("model %s: mixture-of-experts checkpoints (%s.expert_count = %v) are not supported", path, arch, experts)
+	if err := ggufMoE(path, arch, num, &shape); err != nil {
+		return nil, err
 	}
 	if t := str(arch + ".rope.scaling.type"); t != "" && t != "none" {
 		return nil, fmt.Errorf("model %s: RoPE scaling type %q is not supported (llama.cpp writes Llama-3 scaling as the rope_freqs.weight tensor, which is supported)", path, t)
@@ -179,41 +215,75 @@ func loadGGUF(path string) (m *Model, err error) {
 	}
 	hasOutput := false
 	for _, ti := range gf.TensorInfos {
-		kind, layer := bridge.WeightKind(-1), -1
+		kind, layer, expert, stacked := bridge.WeightKind(-1), -1, 0, false
 		if k, ok := ggufGlobalTensor[ti.Name]; ok {
 			kind = k
 			hasOutput = hasOutput || k == bridge.WeightLMHead
 		} else if sm := blkTensor.FindStringSubmatch(ti.Name); sm != nil {
 			k, ok := ggufLayerTensor[sm[2]]
+			if !ok {
+				k, stacked = ggufStackedExperts[sm[2]]
+			}
 			l, _ := strconv.Atoi(sm[1])
-			if !ok || l >= shape.NumLayers {
-				return nil, fmt.Errorf("model %s: tensor %s is not part of a Llama decoder (unsupported architecture variant)", path, ti.Name)
+			if !ok && !stacked || l >= shape.NumLayers {
+				return nil, fmt.Errorf("model %s: tensor %s is not part of a %s decoder this loader reads (unsupported architecture variant)", path, ti.Name, arch)
 			}
 			kind, layer = k, l
+		} else if sm := blkExpertTensor.FindStringSubmatch(ti.Name); sm != nil {
+			l, _ := strconv.Atoi(sm[1])
+			e, _ := strconv.Atoi(sm[3])
+			if l >= shape.NumLayers || e >= shape.NumExperts {
+				return nil, fmt.Errorf("model %s: tensor %s: layer or expert out of range (%d layers, %d experts)", path, ti.Name, shape.NumLayers, shape.NumExperts)
+			}
+			kind = map[string]bridge.WeightKind{"gate": bridge.WeightExpertGate, "up": bridge.WeightExpertUp, "down": bridge.WeightExpertDown}[sm[2]]
+			layer, expert = l, e
 		} else if ti.Name == "rope_freqs.weight" {
 			// Llama 3.1/3.2 GGUF: the Llama-3 scaling as per-dimension divisors.
 			kind = bridge.WeightRopeFreqs
 		} else {
-			return nil, fmt.Errorf("model %s: tensor %s is not part of a Llama decoder (unsupported architecture variant)", path, ti.Name)
+			return nil, fmt.Errorf("model %s: tensor %s is not part of a %s decoder this loader reads (unsupported architecture variant)", path, ti.Name, arch)
 		}
 		dt, ok := ggufTypes[ti.Type]
 		if !ok {
 			return nil, fmt.Errorf("model %s: tensor %s has type %v; supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1", path, ti.Name, ti.Type)
 		}
+		if n := len(ti.Dimensions); stacked != (n == 3) {
+			want := "1 or 2"
+			if stacked {
+				want = "3 (experts, rows, cols)"
+			}
+			return nil, fmt.Errorf("model %s: tensor %s has %d dimensions, want %s", path, ti.Name, n, want)
+		}
 		rows, cols, start, end, err := tensorSpan(ti, dt, base, align, int64(len(mm)))
 		if err != nil {
 			return nil, fmt.Errorf("model %s: %w", path, err)
 		}
-		t := bridge.WeightTensor{Name: ti.Name, Kind: kind, Layer: layer, DType: dt, Rows: rows, Cols: cols, Data: mm[start:end:end]}
+		t := bridge.WeightTensor{Name: ti.Name, Kind: kind, Layer: layer, Expert: expert, DType: dt, Rows: rows, Cols: cols, Data: mm[start:end:end]}
 		// llama.cpp's converter interleaves each head's Q and K rows for its
-		// adjacent-pair RoPE; the engines rotate halves.
-		switch kind {
-		case bridge.WeightQ:
+		// adjacent-pair RoPE (Llama only); the engines rotate halves.
+		switch {
+		case kind == bridge.WeightQ && archInfo.interleaved:
 			t.InterleavedRopeHeads = shape.NumHeads
-		case bridge.WeightK:
+		case kind == bridge.WeightK && archInfo.interleaved:
 			t.InterleavedRopeHeads = shape.NumKVHeads
 		}
-		m.Tensors = append(m.Tensors, t)
+		if !stacked {
+			m.Tensors = append(m.Tensors, t)
+			continue
+		}
+		// One tensor per expert: consecutive planes of rows/E rows each.
+		E := int64(ti.Dimensions[2])
+		if int(E) != shape.NumExperts {
+			return nil, fmt.Errorf("model %s: tensor %s stacks %d experts, %s.expert_count is %d", path, ti.Name, E, arch, shape.NumExperts)
+		}
+		per, planeBytes := rows/E, int64(len(t.Data))/E
+		for e := int64(0); e < E; e++ {
+			x := t
+			x.Name = fmt.Sprintf("%s[expert %d]", ti.Name, e)
+			x.Expert, x.Rows = int(e), per
+			x.Data = t.Data[e*planeBytes : (e+1)*planeBytes : (e+1)*planeBytes]
+			m.Tensors = append(m.Tensors, x)
+		}
 	}
 	shape.TiedEmbeddings = !hasOutput
 	if err := shape.Validate(); err != nil {
@@ -231,8 +301,8 @@ func loadGGUF(path string) (m *Model, err error) {
 // before it is formed, so that a corrupt header cannot wrap around into a
 // slice of the mapping.
 func tensorSpan(ti gguf.GGUFTensorInfo, dt bridge.DType, base int64, align uint64, size int64) (rows, cols, start, end int64, err error) {
-	if n := len(ti.Dimensions); n != 1 && n != 2 {
-		return 0, 0, 0, 0, fmt.Errorf("tensor %s has %d dimensions, want 1 or 2", ti.Name, n)
+	if n := len(ti.Dimensions); n < 1 || n > 3 {
+		return 0, 0, 0, 0, fmt.Errorf("tensor %s has %d dimensions, want 1 to 3", ti.Name, n)
 	}
 	for _, d := range ti.Dimensions {
 		if d < 1 || d > maxTensorDim {
@@ -240,8 +310,15 @@ func tensorSpan(ti gguf.GGUFTensorInfo, dt bridge.DType, base int64, align uint6
 		}
 	}
 	rows, cols = 1, int64(ti.Dimensions[0])
-	if len(ti.Dimensions) == 2 {
+	if len(ti.Dimensions) >= 2 {
 		rows = int64(ti.Dimensions[1])
+	}
+	if len(ti.Dimensions) == 3 {
+		// Stacked experts: the planes' rows, one after the other.
+		if rows > maxTensorDim/int64(ti.Dimensions[2]) {
+			return 0, 0, 0, 0, fmt.Errorf("tensor %s has dimensions %v: too many rows (corrupt file?)", ti.Name, ti.Dimensions)
+		}
+		rows *= int64(ti.Dimensions[2])
 	}
 	rb, err := dt.RowBytes(cols)
 	if err != nil {
@@ -264,3 +341,51 @@ func tensorSpan(ti gguf.GGUFTensorInfo, dt bridge.DType, base int64, align uint6
 type closerFunc func() error
 
 func (f closerFunc) Close() error { return f() }
+
+// ggufMoE reads the mixture-of-experts metadata of arch into shape:
+// expert_count 0 or absent is a dense model. The expert width is
+// expert_feed_forward_length (Qwen3-MoE), else feed_forward_length (llama
+// with experts: Mixtral). Router weighting as llama.cpp computes each
+// family: Qwen3-MoE softmax over every expert, top-k, renormalised; Mixtral
+// top-k, then softmax over the k (the same weights).
+func ggufMoE(path, arch string, num func(string, float64, bool) (float64, error), shape *bridge.ModelShape) error {
+	experts, err := num("expert_count", 0, false)
+	if err != nil {
+		return err
+	}
+	if experts == 0 {
+		if arch == "qwen3moe" {
+			return fmt.Errorf("model %s: qwen3moe.expert_count is missing or 0", path)
+		}
+		return nil
+	}
+	used, err := num("expert_used_count", 0, true)
+	if err != nil {
+		return err
+	}
+	width, err := num("expert_feed_forward_length", float64(shape.IntermediateSize), arch == "qwen3moe")
+	if err != nil {
+		return err
+	}
+	shared, err := num("expert_shared_count", 0, false)
+	if err != nil {
+		return err
+	}
+	for _, f := range []struct {
+		key string
+		v   float64
+	}{{"expert_count", experts}, {"expert_used_count", used}, {"expert_feed_forward_length", width}} {
+		if f.v != float64(int32(f.v)) || f.v <= 0 {
+			return fmt.Errorf("model %s: GGUF metadata %s.%s = %v is not a positive integer", path, arch, f.key, f.v)
+		}
+	}
+	if shared != 0 {
+		return fmt.Errorf("model %s: %s.expert_shared_count = %v: shared experts of this architecture are not supported", path, arch, shared)
+	}
+	shape.NumExperts, shape.NumExpertsPerTok, shape.MoEIntermediateSize = int(experts), int(used), int(width)
+	shape.RouterNorm = bridge.RouterSoftmaxTopK
+	if arch == "llama" {
+		shape.RouterNorm = bridge.RouterTopKSoftmax
+	}
+	return nil
+}

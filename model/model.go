@@ -96,20 +96,34 @@ func Load(path string) (*Model, error) {
 // engine is built.
 func checkTensors(s bridge.ModelShape, ts []bridge.WeightTensor) error {
 	H, qd, kvd := int64(s.HiddenSize), int64(s.NumHeads*s.HeadDim), int64(s.NumKVHeads*s.HeadDim)
-	F, V := int64(s.IntermediateSize), int64(s.VocabSize)
+	F, V, D := int64(s.IntermediateSize), int64(s.VocabSize), int64(s.HeadDim)
+	Fm, Fs := int64(s.MoEIntermediateSize), int64(s.NumSharedExperts*s.MoEIntermediateSize)
 	dims := map[bridge.WeightKind][2]int64{
 		bridge.WeightEmbedding: {V, H}, bridge.WeightLMHead: {V, H}, bridge.WeightFinalNorm: {1, H},
 		bridge.WeightAttnNorm: {1, H}, bridge.WeightMLPNorm: {1, H}, bridge.WeightQ: {qd, H},
 		bridge.WeightK: {kvd, H}, bridge.WeightV: {kvd, H}, bridge.WeightO: {H, qd},
 		bridge.WeightGate: {F, H}, bridge.WeightUp: {F, H}, bridge.WeightDown: {H, F},
-		bridge.WeightRopeFreqs: {1, int64(s.HeadDim / 2)},
+		bridge.WeightRopeFreqs: {1, D / 2}, bridge.WeightQNorm: {1, D}, bridge.WeightKNorm: {1, D},
+		bridge.WeightRouter: {int64(s.NumExperts), H}, bridge.WeightExpertGate: {Fm, H},
+		bridge.WeightExpertUp: {Fm, H}, bridge.WeightExpertDown: {H, Fm},
+		bridge.WeightSharedGate: {Fs, H}, bridge.WeightSharedUp: {Fs, H}, bridge.WeightSharedDown: {H, Fs},
 	}
 	type key struct {
-		k bridge.WeightKind
-		l int
+		k         bridge.WeightKind
+		l, expert int
 	}
 	seen := map[key]string{}
 	for _, t := range ts {
+		switch {
+		case s.MoE() && (t.Kind == bridge.WeightGate || t.Kind == bridge.WeightUp || t.Kind == bridge.WeightDown):
+			return fmt.Errorf("tensor %s is a dense MLP weight in a mixture-of-experts model", t.Name)
+		case !s.MoE() && (t.Kind == bridge.WeightRouter || t.Kind.IsExpert()):
+			return fmt.Errorf("tensor %s is a mixture-of-experts weight in a dense model (no expert count in the metadata)", t.Name)
+		case s.NumSharedExperts == 0 && t.Kind >= bridge.WeightSharedGate && t.Kind <= bridge.WeightSharedDown:
+			return fmt.Errorf("tensor %s is a shared expert's, but the model has no shared experts", t.Name)
+		case !s.QKNorm && (t.Kind == bridge.WeightQNorm || t.Kind == bridge.WeightKNorm):
+			return fmt.Errorf("tensor %s is a q/k norm gain, which this architecture does not have", t.Name)
+		}
 		d := dims[t.Kind]
 		if t.Rows != d[0] || t.Cols != d[1] {
 			return fmt.Errorf("tensor %s is [%d][%d] (rows × cols), the architecture needs [%d][%d]", t.Name, t.Rows, t.Cols, d[0], d[1])
@@ -121,23 +135,43 @@ func checkTensors(s bridge.ModelShape, ts []bridge.WeightTensor) error {
 		if int64(len(t.Data)) != rb*t.Rows {
 			return fmt.Errorf("tensor %s: %d bytes of data, [%d][%d] %s needs %d (truncated file?)", t.Name, len(t.Data), t.Rows, t.Cols, t.DType, rb*t.Rows)
 		}
-		if prev, dup := seen[key{t.Kind, t.Layer}]; dup {
+		k := key{t.Kind, t.Layer, t.Expert}
+		if prev, dup := seen[k]; dup {
 			return fmt.Errorf("tensors %s and %s are the same weight", prev, t.Name)
 		}
-		seen[key{t.Kind, t.Layer}] = t.Name
+		seen[k] = t.Name
 	}
 	for _, k := range []bridge.WeightKind{bridge.WeightEmbedding, bridge.WeightFinalNorm} {
-		if _, ok := seen[key{k, -1}]; !ok {
+		if _, ok := seen[key{k, -1, 0}]; !ok {
 			return fmt.Errorf("missing tensor: %s", kindNames[k])
 		}
 	}
-	if _, ok := seen[key{bridge.WeightLMHead, -1}]; !ok && !s.TiedEmbeddings {
+	if _, ok := seen[key{bridge.WeightLMHead, -1, 0}]; !ok && !s.TiedEmbeddings {
 		return fmt.Errorf("missing tensor: %s (and the embeddings are not tied)", kindNames[bridge.WeightLMHead])
 	}
 	for l := 0; l < s.NumLayers; l++ {
-		for k := bridge.WeightAttnNorm; k <= bridge.WeightDown; k++ {
-			if _, ok := seen[key{k, l}]; !ok {
+		need := []bridge.WeightKind{bridge.WeightAttnNorm, bridge.WeightQ, bridge.WeightK, bridge.WeightV, bridge.WeightO, bridge.WeightMLPNorm}
+		if s.QKNorm {
+			need = append(need, bridge.WeightQNorm, bridge.WeightKNorm)
+		}
+		if !s.MoE() {
+			need = append(need, bridge.WeightGate, bridge.WeightUp, bridge.WeightDown)
+		} else {
+			need = append(need, bridge.WeightRouter)
+			if s.NumSharedExperts > 0 {
+				need = append(need, bridge.WeightSharedGate, bridge.WeightSharedUp, bridge.WeightSharedDown)
+			}
+		}
+		for _, k := range need {
+			if _, ok := seen[key{k, l, 0}]; !ok {
 				return fmt.Errorf("missing tensor: layer %d %s", l, kindNames[k])
+			}
+		}
+		for e := 0; e < s.NumExperts; e++ {
+			for _, k := range []bridge.WeightKind{bridge.WeightExpertGate, bridge.WeightExpertUp, bridge.WeightExpertDown} {
+				if _, ok := seen[key{k, l, e}]; !ok {
+					return fmt.Errorf("missing tensor: layer %d expert %d %s", l, e, kindNames[k])
+				}
 			}
 		}
 	}
@@ -149,5 +183,9 @@ var kindNames = map[bridge.WeightKind]string{
 	bridge.WeightAttnNorm: "attention norm", bridge.WeightQ: "q projection", bridge.WeightK: "k projection",
 	bridge.WeightV: "v projection", bridge.WeightO: "output projection", bridge.WeightMLPNorm: "MLP norm",
 	bridge.WeightGate: "gate projection", bridge.WeightUp: "up projection", bridge.WeightDown: "down projection",
-	bridge.WeightRopeFreqs: "RoPE frequency factors",
+	bridge.WeightRopeFreqs: "RoPE frequency factors", bridge.WeightQNorm: "q norm", bridge.WeightKNorm: "k norm",
+	bridge.WeightRouter: "router (expert gate)", bridge.WeightExpertGate: "expert gate projection",
+	bridge.WeightExpertUp: "expert up projection", bridge.WeightExpertDown: "expert down projection",
+	bridge.WeightSharedGate: "shared expert gate projection", bridge.WeightSharedUp: "shared expert up projection",
+	bridge.WeightSharedDown: "shared expert down projection",
 }

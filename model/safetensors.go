@@ -15,7 +15,8 @@ import (
 	"github.com/lockstep-ai/lockstep/bridge"
 )
 
-// hfModelConfig is the part of a Hugging Face config.json a Llama model uses.
+// hfModelConfig is the part of a Hugging Face config.json the decoders this
+// loader reads use.
 type hfModelConfig struct {
 	ModelType             string          `json:"model_type"`
 	Architectures         []string        `json:"architectures"`
@@ -35,6 +36,32 @@ type hfModelConfig struct {
 	MLPBias               bool            `json:"mlp_bias"`
 	RopeScaling           json.RawMessage `json:"rope_scaling"`
 	NameOrPath            string          `json:"_name_or_path"`
+	// Mixtures of experts: Qwen3-MoE (num_experts, moe_intermediate_size,
+	// norm_topk_prob, decoder_sparse_step, mlp_only_layers) and Mixtral
+	// (num_local_experts; intermediate_size is the expert width).
+	NumExperts          int             `json:"num_experts"`
+	NumLocalExperts     int             `json:"num_local_experts"`
+	NumExpertsPerTok    int             `json:"num_experts_per_tok"`
+	MoEIntermediateSize int             `json:"moe_intermediate_size"`
+	NormTopKProb        *bool           `json:"norm_topk_prob"`
+	DecoderSparseStep   int             `json:"decoder_sparse_step"`
+	MLPOnlyLayers       []int           `json:"mlp_only_layers"`
+	SharedExpertSize    int             `json:"shared_expert_intermediate_size"`
+	SlidingWindow       json.RawMessage `json:"sliding_window"`
+	UseSlidingWindow    bool            `json:"use_sliding_window"`
+}
+
+// hfModelTypes are the config.json model_type values this loader reads.
+var hfModelTypes = map[string]bool{"llama": true, "qwen3": true, "qwen3_moe": true, "mixtral": true}
+
+// hfExpertName is a routed expert's tensor (the part after model.layers.N.):
+// Qwen3-MoE's mlp.experts.E.{gate,up,down}_proj, Mixtral's
+// block_sparse_moe.experts.E.w1 (gate), w3 (up), w2 (down).
+var hfExpertName = regexp.MustCompile(`^(?:mlp\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)|block_sparse_moe\.experts\.(\d+)\.(w1|w2|w3))$`)
+
+var hfExpertKind = map[string]bridge.WeightKind{
+	"gate_proj": bridge.WeightExpertGate, "up_proj": bridge.WeightExpertUp, "down_proj": bridge.WeightExpertDown,
+	"w1": bridge.WeightExpertGate, "w3": bridge.WeightExpertUp, "w2": bridge.WeightExpertDown,
 }
 
 var hfLayerTensor = map[string]bridge.WeightKind{
@@ -42,6 +69,8 @@ var hfLayerTensor = map[string]bridge.WeightKind{
 	"self_attn.k_proj": bridge.WeightK, "self_attn.v_proj": bridge.WeightV,
 	"self_attn.o_proj": bridge.WeightO, "post_attention_layernorm": bridge.WeightMLPNorm,
 	"mlp.gate_proj": bridge.WeightGate, "mlp.up_proj": bridge.WeightUp, "mlp.down_proj": bridge.WeightDown,
+	"self_attn.q_norm": bridge.WeightQNorm, "self_attn.k_norm": bridge.WeightKNorm,
+	"mlp.gate": bridge.WeightRouter, "block_sparse_moe.gate": bridge.WeightRouter,
 }
 
 var hfGlobalTensor = map[string]bridge.WeightKind{
@@ -68,8 +97,8 @@ func hfShape(dir string) (bridge.ModelShape, hfModelConfig, error) {
 	bad := func(format string, a ...any) (bridge.ModelShape, hfModelConfig, error) {
 		return bridge.ModelShape{}, c, fmt.Errorf("model %s: config.json: "+format, append([]any{dir}, a...)...)
 	}
-	if c.ModelType != "llama" {
-		return bad("model_type %q is not supported (supported: llama)", c.ModelType)
+	if !hfModelTypes[c.ModelType] {
+		return bad("model_type %q is not supported (supported: llama, mixtral, qwen3, qwen3_moe)", c.ModelType)
 	}
 	if c.HiddenAct != "" && c.HiddenAct != "silu" {
 		return bad("hidden_act %q is not supported (Llama uses silu)", c.HiddenAct)
@@ -89,8 +118,16 @@ func hfShape(dir string) (bridge.ModelShape, hfModelConfig, error) {
 	if c.NumAttentionHeads > 0 {
 		s.HeadDim = c.HiddenSize / c.NumAttentionHeads
 	}
+	qwen3 := c.ModelType == "qwen3" || c.ModelType == "qwen3_moe"
+	if qwen3 && c.HeadDim != 0 {
+		s.HeadDim = c.HeadDim // Qwen3's heads need not tile the hidden size
+	}
+	s.QKNorm = qwen3
 	if c.HeadDim != 0 && c.HeadDim != s.HeadDim {
 		return bad("head_dim %d differs from hidden_size / num_attention_heads = %d (not supported)", c.HeadDim, s.HeadDim)
+	}
+	if err := hfMoE(&c, &s); err != nil {
+		return bad("%v", err)
 	}
 	if len(c.RopeScaling) > 0 && string(c.RopeScaling) != "null" {
 		var r struct {
@@ -121,6 +158,38 @@ func hfShape(dir string) (bridge.ModelShape, hfModelConfig, error) {
 		return bad("%v", err)
 	}
 	return s, c, nil
+}
+
+// hfMoE reads the mixture-of-experts fields of a qwen3_moe or mixtral
+// config into s, refusing what the engine does not compute: sliding-window
+// attention, dense layers among the sparse ones, shared experts, and
+// Qwen3-MoE without norm_topk_prob (its weights would not be renormalised).
+func hfMoE(c *hfModelConfig, s *bridge.ModelShape) error {
+	if c.UseSlidingWindow || len(c.SlidingWindow) > 0 && string(c.SlidingWindow) != "null" && c.ModelType == "mixtral" {
+		return fmt.Errorf("sliding_window %s: sliding-window attention is not supported", c.SlidingWindow)
+	}
+	switch c.ModelType {
+	case "qwen3_moe":
+		if c.NormTopKProb == nil || !*c.NormTopKProb {
+			return fmt.Errorf("norm_topk_prob false: router weights without renormalisation over the top-k are not supported")
+		}
+		if c.DecoderSparseStep > 1 || len(c.MLPOnlyLayers) > 0 {
+			return fmt.Errorf("decoder_sparse_step %d / mlp_only_layers %v: dense layers among the MoE layers are not supported", c.DecoderSparseStep, c.MLPOnlyLayers)
+		}
+		if c.SharedExpertSize > 0 {
+			return fmt.Errorf("shared_expert_intermediate_size %d: shared experts are not supported for qwen3_moe", c.SharedExpertSize)
+		}
+		s.NumExperts, s.MoEIntermediateSize, s.RouterNorm = c.NumExperts, c.MoEIntermediateSize, bridge.RouterSoftmaxTopK
+	case "mixtral":
+		s.NumExperts, s.MoEIntermediateSize, s.RouterNorm = c.NumLocalExperts, c.IntermediateSize, bridge.RouterTopKSoftmax
+	default:
+		return nil
+	}
+	if s.NumExperts <= 0 {
+		return fmt.Errorf("%s without experts (num_experts / num_local_experts %d)", c.ModelType, s.NumExperts)
+	}
+	s.NumExpertsPerTok = c.NumExpertsPerTok
+	return nil
 }
 
 // safetensorsFiles lists the weight files: the shards of
@@ -213,20 +282,25 @@ func loadHF(dir string) (m *Model, err error) {
 		}
 		for _, nt := range st.Tensors() {
 			name, tv := nt.Name, nt.TensorView
-			kind, layer := bridge.WeightKind(-1), -1
+			kind, layer, expert := bridge.WeightKind(-1), -1, 0
 			if k, ok := hfGlobalTensor[name]; ok {
 				kind = k
 			} else if sm := hfLayerName.FindStringSubmatch(name); sm != nil {
 				k, ok := hfLayerTensor[sm[2]]
 				l, _ := strconv.Atoi(sm[1])
+				if em := hfExpertName.FindStringSubmatch(sm[2]); em != nil {
+					e, part := em[1]+em[3], em[2]+em[4]
+					expert, _ = strconv.Atoi(e)
+					k, ok = hfExpertKind[part], expert < shape.NumExperts
+				}
 				if !ok || l >= shape.NumLayers {
-					return nil, fmt.Errorf("model %s: %s: tensor %s is not part of a Llama decoder (unsupported architecture variant)", dir, file, name)
+					return nil, fmt.Errorf("model %s: %s: tensor %s is not part of a %s decoder this loader reads (unsupported architecture variant)", dir, file, name, cfg.ModelType)
 				}
 				kind, layer = k, l
 			} else if regexp.MustCompile(`rotary_emb\.inv_freq$`).MatchString(name) {
 				continue // derived, recomputed by the engine
 			} else {
-				return nil, fmt.Errorf("model %s: %s: tensor %s is not part of a Llama decoder (unsupported architecture variant)", dir, file, name)
+				return nil, fmt.Errorf("model %s: %s: tensor %s is not part of a %s decoder this loader reads (unsupported architecture variant)", dir, file, name, cfg.ModelType)
 			}
 			if kind == bridge.WeightLMHead && shape.TiedEmbeddings {
 				continue // tied: the embedding serves as the output projection
@@ -245,7 +319,7 @@ func loadHF(dir string) (m *Model, err error) {
 			default:
 				return nil, fmt.Errorf("model %s: %s: tensor %s has %d dimensions, want 1 or 2", dir, file, name, len(sh))
 			}
-			m.Tensors = append(m.Tensors, bridge.WeightTensor{Name: name, Kind: kind, Layer: layer, DType: dt,
+			m.Tensors = append(m.Tensors, bridge.WeightTensor{Name: name, Kind: kind, Layer: layer, Expert: expert, DType: dt,
 				Rows: rows, Cols: cols, Data: tv.Data()})
 		}
 	}

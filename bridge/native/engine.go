@@ -207,6 +207,9 @@ func (e *engine) init(cfg bridge.Config, backend C.eng_backend) error {
 			if err := setInt32(&ts[i].interleaved_rope_heads, "init", fmt.Sprintf("Tensors[%d] (%s).InterleavedRopeHeads", i, t.Name), t.InterleavedRopeHeads); err != nil {
 				return err
 			}
+			if err := setInt32(&ts[i].expert, "init", fmt.Sprintf("Tensors[%d] (%s).Expert", i, t.Name), t.Expert); err != nil {
+				return err
+			}
 			ts[i].kind = C.int32_t(t.Kind)
 			ts[i].dtype = C.int32_t(t.DType)
 			ts[i].rows = C.int64_t(t.Rows)
@@ -602,6 +605,9 @@ func shapeToC(s *bridge.ModelShape, c *C.eng_model_shape) error {
 	if s.TiedEmbeddings {
 		c.tied_embeddings = 1
 	}
+	if s.QKNorm {
+		c.qk_norm = 1
+	}
 	return nil
 }
 
@@ -623,6 +629,7 @@ func shapeFromC(c *C.eng_model_shape) bridge.ModelShape {
 		MoEIntermediateSize: int(c.moe_intermediate_size),
 		NumSharedExperts:    int(c.num_shared_experts),
 		RouterNorm:          bridge.RouterNorm(c.router_norm),
+		QKNorm:              c.qk_norm != 0,
 	}
 	if c.rope_scaling_factor != 0 {
 		s.RopeScaling = &bridge.RopeScaling{

@@ -164,10 +164,11 @@ func (m *Model) Shape() bridge.ModelShape {
 		s.NumExperts, s.NumExpertsPerTok, s.MoEIntermediateSize, s.NumSharedExperts = m.RoutedExperts, m.TopK, m.MoEIntermediate, m.SharedExperts
 	}
 	if !m.MLA() {
-		// A preset's own RoPE, norm and router constants when the geometry is the preset's.
+		// A preset's own RoPE, norm, router and q/k-norm constants when the
+		// geometry is the preset's (none of them changes the twin's costs).
 		if p, ok := bridge.Presets[m.Name]; ok {
 			q := p
-			q.RopeTheta, q.RMSEps, q.RouterNorm = s.RopeTheta, s.RMSEps, s.RouterNorm
+			q.RopeTheta, q.RMSEps, q.RouterNorm, q.QKNorm = s.RopeTheta, s.RMSEps, s.RouterNorm, s.QKNorm
 			if q == s {
 				return p
 			}

@@ -76,6 +76,9 @@ typedef struct eng_model_shape {
   int32_t moe_intermediate_size;
   int32_t num_shared_experts;    /* >= 0 */
   int32_t router_norm;           /* eng_router_norm */
+  /* 1: per-head RMSNorm of q and k (gains [head_dim], rms_eps) after the
+   * projections, before RoPE (Qwen3); 0 = none. */
+  int32_t qk_norm;
 } eng_model_shape;
 
 /* How the router turns the chosen experts' scores into weights. Top-k picks
@@ -124,7 +127,20 @@ typedef enum eng_weight {
   /* Optional [1][head_dim/2]: llama.cpp's per-dimension RoPE divisors (how
    * its GGUF files carry Llama-3 scaling): inv_freq[i] /= rope_freqs[i].
    * Not together with rope_scaling_factor. */
-  ENG_WEIGHT_ROPE_FREQS = 12
+  ENG_WEIGHT_ROPE_FREQS = 12,
+  /* qk_norm shapes: the per-head gains, [1][head_dim] each. */
+  ENG_WEIGHT_Q_NORM = 13,
+  ENG_WEIGHT_K_NORM = 14,
+  /* MoE shapes (num_experts > 0), which have no W_GATE/W_UP/W_DOWN: */
+  ENG_WEIGHT_ROUTER = 15,       /* [num_experts][hidden] */
+  ENG_WEIGHT_EXPERT_GATE = 16,  /* routed expert `expert`: [moe_intermediate][hidden] */
+  ENG_WEIGHT_EXPERT_UP = 17,    /* [moe_intermediate][hidden] */
+  ENG_WEIGHT_EXPERT_DOWN = 18,  /* [hidden][moe_intermediate] */
+  /* num_shared_experts > 0: the shared experts as one SwiGLU of width
+   * S = num_shared_experts * moe_intermediate_size */
+  ENG_WEIGHT_SHARED_GATE = 19,  /* [S][hidden] */
+  ENG_WEIGHT_SHARED_UP = 20,    /* [S][hidden] */
+  ENG_WEIGHT_SHARED_DOWN = 21   /* [hidden][S] */
 } eng_weight;
 
 typedef struct eng_tensor {
@@ -136,6 +152,10 @@ typedef struct eng_tensor {
    * is Hugging Face's row s*head_dim/2+i); the engine restores the
    * rotate-half order. 0 otherwise. */
   int32_t interleaved_rope_heads;
+  /* EXPERT_GATE/UP/DOWN: the routed expert, 0..num_experts-1 (a stacked
+   * [experts][rows][cols] checkpoint tensor is handed over as one tensor per
+   * expert, each a slice of its rows); 0 for every other kind. */
+  int32_t expert;
   int64_t rows;
   int64_t cols;
   const void* data;
@@ -158,7 +178,10 @@ typedef struct eng_engine_config {
    * engine answers eng_engine_step with ENG_UNSUPPORTED. */
   int32_t validate_only;
   /* Checkpoint weights: every tensor of the shape exactly once (kinds 0-11,
-   * minus LM_HEAD when tied; ROPE_FREQS optional). num_tensors 0 = synthetic weights from seed. */
+   * minus LM_HEAD when tied; ROPE_FREQS optional; a MoE shape has ROUTER and
+   * every expert's EXPERT_* instead of W_GATE/W_UP/W_DOWN, SHARED_* when
+   * num_shared_experts > 0; Q_NORM/K_NORM with qk_norm).
+   * num_tensors 0 = synthetic weights from seed. */
   const eng_tensor* tensors;
   int32_t num_tensors;
 } eng_engine_config;

@@ -17,16 +17,21 @@ namespace {
 constexpr int64_t kBlock = 32;  // elements per quantised block
 
 const char* kind_name(int32_t kind) {
-  static const char* const names[] = {"embedding", "final_norm", "lm_head", "attn_norm", "wq",
-                                      "wk",        "wv",         "wo",      "mlp_norm",  "w_gate",
-                                      "w_up",      "w_down",     "rope_freqs"};
-  return kind >= 0 && kind < 13 ? names[kind] : "unknown";
+  static const char* const names[] = {
+      "embedding", "final_norm", "lm_head",     "attn_norm",   "wq",          "wk",          "wv",         "wo",
+      "mlp_norm",  "w_gate",     "w_up",        "w_down",      "rope_freqs",  "q_norm",      "k_norm",     "router",
+      "expert_gate", "expert_up", "expert_down", "shared_gate", "shared_up", "shared_down"};
+  return kind >= 0 && kind <= ENG_WEIGHT_SHARED_DOWN ? names[kind] : "unknown";
 }
 
+bool is_expert(int32_t kind) { return kind >= ENG_WEIGHT_EXPERT_GATE && kind <= ENG_WEIGHT_EXPERT_DOWN; }
+
 std::string label(const eng_tensor& t, int32_t index) {
-  char buf[96];
+  char buf[128];
   if (t.layer < 0)
     std::snprintf(buf, sizeof buf, "tensors[%d] (%s)", index, kind_name(t.kind));
+  else if (is_expert(t.kind))
+    std::snprintf(buf, sizeof buf, "tensors[%d] (layer %d expert %d %s)", index, t.layer, t.expert, kind_name(t.kind));
   else
     std::snprintf(buf, sizeof buf, "tensors[%d] (layer %d %s)", index, t.layer, kind_name(t.kind));
   return buf;
@@ -44,6 +49,7 @@ uint16_t load_u16(const uint8_t* p) { return static_cast<uint16_t>(p[0] | (p[1] 
 void expected_dims(const eng_model_shape& s, int32_t kind, int64_t* rows, int64_t* cols) {
   const int64_t H = s.hidden_size, qd = int64_t{s.num_heads} * s.head_dim,
                 kvd = int64_t{s.num_kv_heads} * s.head_dim, F = s.intermediate_size, V = s.vocab_size;
+  const int64_t Fm = s.moe_intermediate_size, Fs = int64_t{s.num_shared_experts} * s.moe_intermediate_size;
   switch (kind) {
     case ENG_WEIGHT_EMBEDDING: case ENG_WEIGHT_LM_HEAD: *rows = V; *cols = H; return;
     case ENG_WEIGHT_FINAL_NORM: case ENG_WEIGHT_ATTN_NORM: case ENG_WEIGHT_MLP_NORM: *rows = 1; *cols = H; return;
@@ -53,6 +59,12 @@ void expected_dims(const eng_model_shape& s, int32_t kind, int64_t* rows, int64_
     case ENG_WEIGHT_W_GATE: case ENG_WEIGHT_W_UP: *rows = F; *cols = H; return;
     case ENG_WEIGHT_W_DOWN: *rows = H; *cols = F; return;
     case ENG_WEIGHT_ROPE_FREQS: *rows = 1; *cols = s.head_dim / 2; return;
+    case ENG_WEIGHT_Q_NORM: case ENG_WEIGHT_K_NORM: *rows = 1; *cols = s.head_dim; return;
+    case ENG_WEIGHT_ROUTER: *rows = s.num_experts; *cols = H; return;
+    case ENG_WEIGHT_EXPERT_GATE: case ENG_WEIGHT_EXPERT_UP: *rows = Fm; *cols = H; return;
+    case ENG_WEIGHT_EXPERT_DOWN: *rows = H; *cols = Fm; return;
+    case ENG_WEIGHT_SHARED_GATE: case ENG_WEIGHT_SHARED_UP: *rows = Fs; *cols = H; return;
+    case ENG_WEIGHT_SHARED_DOWN: *rows = H; *cols = Fs; return;
   }
   *rows = *cols = -1;
 }
@@ -62,13 +74,35 @@ bool is_global(int32_t kind) {
          kind == ENG_WEIGHT_ROPE_FREQS;
 }
 
-// Index of a tensor in the slot table: globals 0..2, then 9 per layer, then
-// the optional rope_freqs (the last slot).
-int64_t slot_of(int32_t kind, int32_t layer, int32_t num_layers) {
-  if (kind == ENG_WEIGHT_ROPE_FREQS) return 3 + int64_t{num_layers} * 9;
+// Why a layer kind does not belong to the shape ("" when it does).
+const char* foreign_reason(const eng_model_shape& s, int32_t kind) {
+  const bool moe = s.num_experts > 0;
+  switch (kind) {
+    case ENG_WEIGHT_W_GATE: case ENG_WEIGHT_W_UP: case ENG_WEIGHT_W_DOWN:
+      return moe ? "a dense MLP weight, but the shape is a mixture of experts (num_experts > 0)" : "";
+    case ENG_WEIGHT_ROUTER: case ENG_WEIGHT_EXPERT_GATE: case ENG_WEIGHT_EXPERT_UP: case ENG_WEIGHT_EXPERT_DOWN:
+      return moe ? "" : "a mixture-of-experts weight, but the shape is dense (num_experts 0)";
+    case ENG_WEIGHT_SHARED_GATE: case ENG_WEIGHT_SHARED_UP: case ENG_WEIGHT_SHARED_DOWN:
+      return s.num_shared_experts > 0 ? "" : "a shared-expert weight, but the shape has num_shared_experts 0";
+    case ENG_WEIGHT_Q_NORM: case ENG_WEIGHT_K_NORM:
+      return s.qk_norm ? "" : "a q/k norm gain, but the shape has qk_norm 0";
+  }
+  return "";
+}
+
+// Slot table: globals 0..2, rope_freqs 3, then per layer the 15 non-expert
+// layer kinds (attn_norm .. w_down, q_norm, k_norm, router, shared_*), then
+// 3 per routed expert.
+int64_t layer_slots(const eng_model_shape& s) { return 15 + 3 * int64_t{s.num_experts}; }
+
+int64_t slot_of(const eng_model_shape& s, int32_t kind, int32_t layer, int32_t expert) {
+  if (kind == ENG_WEIGHT_ROPE_FREQS) return 3;
   if (is_global(kind)) return kind;
-  static const int per_layer[] = {-1, -1, -1, 0, 1, 2, 3, 4, 5, 6, 7, 8};
-  return 3 + int64_t{layer} * 9 + per_layer[kind];
+  const int64_t base = 4 + int64_t{layer} * layer_slots(s);
+  if (kind <= ENG_WEIGHT_W_DOWN) return base + (kind - ENG_WEIGHT_ATTN_NORM);
+  if (is_expert(kind)) return base + 15 + int64_t{expert} * 3 + (kind - ENG_WEIGHT_EXPERT_GATE);
+  if (kind >= ENG_WEIGHT_SHARED_GATE) return base + 12 + (kind - ENG_WEIGHT_SHARED_GATE);
+  return base + 9 + (kind - ENG_WEIGHT_Q_NORM);  // q_norm, k_norm, router
 }
 
 }  // namespace
@@ -168,25 +202,26 @@ void dequantize_row(int32_t dtype, const void* src, int64_t cols, float* out) {
 void validate_tensors(const eng_model_shape& s, const eng_tensor* tensors, int32_t n) {
   if (n < 0) invalid_argument(fmt("num_tensors must be >= 0, got %lld", n));
   if (n > 0 && tensors == nullptr) invalid_argument(fmt("tensors is NULL (num_tensors = %lld)", n));
-  if (s.num_experts > 0 && n > 0)
-    throw EngineError(ENG_UNSUPPORTED,
-                      "checkpoint weights of a mixture-of-experts shape (num_experts > 0) are not supported: the ABI "
-                      "has no router or expert tensor kinds yet; MoE runs use synthetic weights (docs/moe.md)");
-  const int64_t slots = 4 + int64_t{s.num_layers} * 9;  // + rope_freqs
+  if (n == 0) return;
+  const int64_t slots = 4 + int64_t{s.num_layers} * layer_slots(s);
   std::vector<int32_t> seen(static_cast<size_t>(slots), -1);
   for (int32_t i = 0; i < n; ++i) {
     const eng_tensor& t = tensors[i];
-    if (t.kind < 0 || t.kind > ENG_WEIGHT_ROPE_FREQS)
-      invalid_argument(fmt("tensors[%lld]: kind %lld is not an eng_weight (0..12)", i, t.kind));
+    if (t.kind < 0 || t.kind > ENG_WEIGHT_SHARED_DOWN)
+      invalid_argument(fmt("tensors[%lld]: kind %lld is not an eng_weight (0..%lld)", i, t.kind, ENG_WEIGHT_SHARED_DOWN));
     const std::string name = label(t, i);
     if (is_global(t.kind) ? t.layer != -1 : (t.layer < 0 || t.layer >= s.num_layers))
       invalid_argument(name + fmt(": layer %lld out of range (global tensors use -1, layer tensors 0..%lld)",
                                   t.layer, s.num_layers - 1));
+    if (is_expert(t.kind) ? (t.expert < 0 || t.expert >= s.num_experts) : t.expert != 0)
+      invalid_argument(name + fmt(": expert %lld out of range (expert tensors use 0..%lld, others 0)", t.expert,
+                                  s.num_experts - 1));
+    if (const char* why = foreign_reason(s, t.kind); *why != '\0') invalid_argument(name + ": " + why);
     if (t.kind == ENG_WEIGHT_LM_HEAD && s.tied_embeddings)
       invalid_argument(name + ": an lm_head was given but the shape has tied_embeddings set");
     if (t.kind == ENG_WEIGHT_ROPE_FREQS && s.rope_scaling_factor != 0)
       invalid_argument(name + ": rope_freqs and rope_scaling_factor both scale RoPE; give one");
-    const int64_t slot = slot_of(t.kind, t.layer, s.num_layers);
+    const int64_t slot = slot_of(s, t.kind, t.layer, t.expert);
     if (seen[static_cast<size_t>(slot)] >= 0)
       invalid_argument(name + fmt(": duplicate of tensors[%lld]", seen[static_cast<size_t>(slot)]));
     seen[static_cast<size_t>(slot)] = i;
@@ -209,16 +244,39 @@ void validate_tensors(const eng_model_shape& s, const eng_tensor* tensors, int32
         invalid_argument(name + fmt(": interleaved_rope_heads = %lld, want 0 or %lld (wq: num_heads, wk: "
                                     "num_kv_heads, others: 0)",
                                     t.interleaved_rope_heads, want));
+      if (s.qk_norm)
+        invalid_argument(name + ": interleaved_rope_heads with qk_norm (the norm gains would need the same "
+                                "reordering); not supported");
     }
   }
-  for (int64_t slot = 0; slot < slots - 1; ++slot) {  // rope_freqs (last) is optional
-    if (seen[static_cast<size_t>(slot)] >= 0) continue;
-    if (slot == ENG_WEIGHT_LM_HEAD && s.tied_embeddings) continue;
-    if (slot < 3)
-      invalid_argument(std::string("missing tensor: ") + kind_name(static_cast<int32_t>(slot)) +
-                       (slot == ENG_WEIGHT_LM_HEAD ? " (or set tied_embeddings)" : ""));
-    static const int32_t kinds[] = {3, 4, 5, 6, 7, 8, 9, 10, 11};
-    invalid_argument(fmt("missing tensor: layer %lld ", (slot - 3) / 9) + kind_name(kinds[(slot - 3) % 9]));
+  // Every tensor the shape needs, in slot order (rope_freqs is optional).
+  auto missing = [&](int32_t kind, int32_t layer, int32_t expert) {
+    if (seen[static_cast<size_t>(slot_of(s, kind, layer, expert))] >= 0) return;
+    if (layer < 0)
+      invalid_argument(std::string("missing tensor: ") + kind_name(kind) +
+                       (kind == ENG_WEIGHT_LM_HEAD ? " (or set tied_embeddings)" : ""));
+    if (is_expert(kind))
+      invalid_argument(fmt("missing tensor: layer %lld expert %lld ", layer, expert) + kind_name(kind));
+    invalid_argument(fmt("missing tensor: layer %lld ", layer) + kind_name(kind));
+  };
+  missing(ENG_WEIGHT_EMBEDDING, -1, 0);
+  missing(ENG_WEIGHT_FINAL_NORM, -1, 0);
+  if (!s.tied_embeddings) missing(ENG_WEIGHT_LM_HEAD, -1, 0);
+  for (int32_t l = 0; l < s.num_layers; ++l) {
+    for (int32_t k = ENG_WEIGHT_ATTN_NORM; k <= ENG_WEIGHT_MLP_NORM; ++k) missing(k, l, 0);
+    if (s.qk_norm) {
+      missing(ENG_WEIGHT_Q_NORM, l, 0);
+      missing(ENG_WEIGHT_K_NORM, l, 0);
+    }
+    if (s.num_experts == 0) {
+      for (int32_t k = ENG_WEIGHT_W_GATE; k <= ENG_WEIGHT_W_DOWN; ++k) missing(k, l, 0);
+      continue;
+    }
+    missing(ENG_WEIGHT_ROUTER, l, 0);
+    if (s.num_shared_experts > 0)
+      for (int32_t k = ENG_WEIGHT_SHARED_GATE; k <= ENG_WEIGHT_SHARED_DOWN; ++k) missing(k, l, 0);
+    for (int32_t e = 0; e < s.num_experts; ++e)
+      for (int32_t k = ENG_WEIGHT_EXPERT_GATE; k <= ENG_WEIGHT_EXPERT_DOWN; ++k) missing(k, l, e);
   }
 }
 
@@ -255,6 +313,7 @@ Weights load_weights(const eng_model_shape& s, const eng_tensor* tensors, int32_
   Weights w;
   w.tied = s.tied_embeddings != 0;
   w.layers.resize(static_cast<size_t>(s.num_layers));
+  for (LayerWeights& L : w.layers) L.experts.resize(static_cast<size_t>(s.num_experts));
   for (int32_t i = 0; i < n; ++i) {
     const eng_tensor& t = tensors[i];
     std::vector<float>* dst = nullptr;
@@ -273,8 +332,11 @@ Weights load_weights(const eng_model_shape& s, const eng_tensor* tensors, int32_
       case ENG_WEIGHT_FINAL_NORM: dst = &w.final_norm; break;
       default: {
         LayerWeights& L = w.layers[static_cast<size_t>(t.layer)];
-        std::vector<float>* per[] = {nullptr, nullptr, nullptr, &L.attn_norm, &L.wq, &L.wk, &L.wv,
-                                     &L.wo,   &L.mlp_norm, &L.w_gate, &L.w_up, &L.w_down};
+        ExpertWeights& X = is_expert(t.kind) ? L.experts[static_cast<size_t>(t.expert)] : L.shared;
+        std::vector<float>* per[] = {nullptr,     nullptr,   nullptr,  &L.attn_norm, &L.wq,      &L.wk,
+                                     &L.wv,       &L.wo,     &L.mlp_norm, &L.w_gate, &L.w_up,    &L.w_down,
+                                     nullptr,     &L.q_norm, &L.k_norm, &L.router,   &X.gate,    &X.up,
+                                     &X.down,     &X.gate,   &X.up,     &X.down};
         dst = per[t.kind];
       }
     }
@@ -310,7 +372,7 @@ std::shared_ptr<const Weights> shared_weights(const eng_model_shape& s, const en
   std::string key(reinterpret_cast<const char*>(&s), sizeof s);
   for (int32_t i = 0; i < n; ++i) {
     const eng_tensor& t = tensors[i];
-    const int64_t desc[] = {t.kind, t.layer, t.dtype, t.interleaved_rope_heads, t.rows, t.cols, t.nbytes,
+    const int64_t desc[] = {t.kind, t.layer, t.dtype, t.interleaved_rope_heads, t.expert, t.rows, t.cols, t.nbytes,
                             static_cast<int64_t>(hash_bytes(static_cast<const uint8_t*>(t.data), t.nbytes, 0x51u))};
     key.append(reinterpret_cast<const char*>(desc), sizeof desc);
   }

@@ -24,7 +24,7 @@ namespace {
 constexpr int64_t kRowChunk = 256;
 constexpr int64_t kLogitChunk = 64;
 
-// y = RMSNorm(x) * w over n elements (sum of squares in double).
+// y = RMSNorm(x) * w over n elements (sum of squares in double); y may be x.
 void rms_norm(const float* x, const float* w, int32_t n, float eps, float* y) {
   double ss = 0.0;
   for (int32_t i = 0; i < n; ++i) ss += static_cast<double>(x[i]) * static_cast<double>(x[i]);
@@ -125,6 +125,17 @@ void CpuBackend::write_kv(int32_t layer, const StepBatch& batch, const float* hi
     gemm_rows(x, n, H, w.wq.data(), qd, q + r0 * qd);
     gemm_rows(x, n, H, w.wk.data(), kvd, k);
     gemm_rows(x, n, H, w.wv.data(), kvd, v);
+    if (shape_.qk_norm) {
+      // Qwen3: every head of q and k RMS-normed over head_dim (in place).
+      for (int64_t j = 0; j < n; ++j) {
+        float* qr = q + (r0 + j) * qd;
+        for (int32_t h = 0; h < shape_.num_heads; ++h)
+          rms_norm(qr + h * D, w.q_norm.data(), shape_.head_dim, shape_.rms_eps, qr + h * D);
+        float* kr = k + j * kvd;
+        for (int32_t h = 0; h < shape_.num_kv_heads; ++h)
+          rms_norm(kr + h * D, w.k_norm.data(), shape_.head_dim, shape_.rms_eps, kr + h * D);
+      }
+    }
     for (int64_t j = 0; j < n; ++j) {
       const int64_t r = r0 + j;
       const StepSeq& s = batch.seqs[static_cast<size_t>(row_seq_[r])];
@@ -353,7 +364,8 @@ void CpuBackend::join_ep(int32_t size, int32_t rank) {
   ep_size_ = size;
   ep_rank_ = rank;
   // Other members' experts are never read again: free them (synthetic
-  // weights; checkpoint MoE weights are refused at init).
+  // weights; checkpoint weights are shared by the in-process engines built
+  // from the same tensors, so every member keeps the whole set).
   if (own_weights_)
     for (LayerWeights& L : own_weights_->layers)
       for (size_t e = 0; e < L.experts.size(); ++e)

@@ -17,26 +17,25 @@ struct NamedShape {
 // bridge.PresetNames() does.
 // Fields: layers, hidden, heads, kv_heads, head_dim, intermediate, vocab,
 // rope_theta, rms_eps, rope scaling (4), tied, experts, top-k,
-// moe_intermediate, shared experts, router_norm.
+// moe_intermediate, shared experts, router_norm, qk_norm.
 const NamedShape kPresets[] = {
     // llama-70b: Llama 3 70B shape (GQA 8:1).
-    {"llama-70b", {80, 8192, 64, 8, 128, 28672, 128256, 500000.0f, 1e-5f, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
+    {"llama-70b", {80, 8192, 64, 8, 128, 28672, 128256, 500000.0f, 1e-5f, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
     // llama-8b: Llama 3 8B shape (GQA 4:1).
-    {"llama-8b", {32, 4096, 32, 8, 128, 14336, 128256, 500000.0f, 1e-5f, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
+    {"llama-8b", {32, 4096, 32, 8, 128, 14336, 128256, 500000.0f, 1e-5f, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
     // mixtral-8x7b: Mixtral-8x7B-v0.1 config.json: 8 experts, top-2 (top-k
     // then softmax), experts of width 14336, no shared expert.
     {"mixtral-8x7b", {32, 4096, 32, 8, 128, 14336, 32000, 1000000.0f, 1e-5f, 0, 0, 0, 0, 0, 8, 2, 14336, 0,
-                      ENG_ROUTER_TOPK_SOFTMAX}},
+                      ENG_ROUTER_TOPK_SOFTMAX, 0}},
     // moe-tiny: fast on the CPU engine: 16 experts, top-2, one shared expert.
-    {"moe-tiny", {3, 64, 4, 2, 16, 128, 512, 10000.0f, 1e-5f, 0, 0, 0, 0, 0, 16, 2, 32, 1, ENG_ROUTER_SOFTMAX_TOPK}},
+    {"moe-tiny", {3, 64, 4, 2, 16, 128, 512, 10000.0f, 1e-5f, 0, 0, 0, 0, 0, 16, 2, 32, 1, ENG_ROUTER_SOFTMAX_TOPK, 0}},
     // qwen3-30b-a3b: Qwen3-30B-A3B config.json: 128 experts, top-8 (softmax,
     // top-k, renormalised), experts of width 768, no shared expert; head_dim
-    // 128 with hidden 2048 (heads * head_dim = 4096). Qwen3's per-head
-    // q/k RMSNorm is not part of this decoder.
+    // 128 with hidden 2048 (heads * head_dim = 4096); per-head q/k RMSNorm.
     {"qwen3-30b-a3b", {48, 2048, 32, 4, 128, 6144, 151936, 1000000.0f, 1e-6f, 0, 0, 0, 0, 0, 128, 8, 768, 0,
-                       ENG_ROUTER_SOFTMAX_TOPK}},
+                       ENG_ROUTER_SOFTMAX_TOPK, 1}},
     // tiny: fast on the CPU engine; GQA 2:1.
-    {"tiny", {2, 64, 4, 2, 16, 128, 512, 10000.0f, 1e-5f, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
+    {"tiny", {2, 64, 4, 2, 16, 128, 512, 10000.0f, 1e-5f, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
 };
 
 std::string format(const char* fmt, double a, double b = 0) {
@@ -126,6 +125,8 @@ void validate_shape(const eng_model_shape& s) {
       invalid_argument(p + format("router_norm must be 0 (softmax, top-k, renormalise) or 1 (top-k, softmax), got %.0f",
                                   s.router_norm));
   }
+  if (s.qk_norm != 0 && s.qk_norm != 1)
+    invalid_argument(p + format("qk_norm must be 0 or 1, got %.0f", s.qk_norm));
 }
 
 }  // namespace lockstep

@@ -55,6 +55,13 @@ Weights generate_weights(const eng_model_shape& s, uint64_t seed) {
     L.wv = tensor(h, kvd, seed, TensorKind::kWv, l);
     L.wo = tensor(qd, h, seed, TensorKind::kWo, l);
     L.mlp_norm = tensor(1, h, seed, TensorKind::kMLPNorm, l);
+    if (s.qk_norm) {
+      for (int which = 0; which < 2; ++which) {
+        std::vector<float>& g = which == 0 ? L.q_norm : L.k_norm;
+        g.resize(static_cast<size_t>(s.head_dim));
+        for (size_t i = 0; i < g.size(); ++i) g[i] = 1.0f + uniform_pm1(seed, qk_norm_tensor_id(l, which), i) * 0.125f;
+      }
+    }
     if (s.num_experts == 0) {
       L.w_gate = tensor(h, f, seed, TensorKind::kWGate, l);
       L.w_up = tensor(h, f, seed, TensorKind::kWUp, l);
@@ -95,7 +102,7 @@ double weight_elements(const eng_model_shape& s) {
                          ? 3 * h * f
                          : h * s.num_experts + 3 * h * double(s.moe_intermediate_size) *
                                                    (double(s.num_experts) + s.num_shared_experts);
-  const double per_layer = 2 * h + h * qd + 2 * h * kvd + qd * h + mlp;
+  const double per_layer = 2 * h + (s.qk_norm ? 2.0 * s.head_dim : 0.0) + h * qd + 2 * h * kvd + qd * h + mlp;
   return (s.tied_embeddings ? 1 : 2) * v * h + h + double(s.num_layers) * per_layer;
 }
 

@@ -12,6 +12,7 @@
 // element index fed to the generator is the index in this layout.
 //   embedding  [vocab][hidden]           scale 1
 //   attn_norm, mlp_norm, final_norm  [hidden]   1 + u/8
+//   q_norm, k_norm [head_dim] (qk_norm)  1 + u/8, keyed by qk_norm_tensor_id
 //   wq [hidden][heads*head_dim], wk/wv [hidden][kv_heads*head_dim],
 //   wo [heads*head_dim][hidden], w_gate/w_up [hidden][intermediate],
 //   w_down [intermediate][hidden], lm_head [hidden][vocab]
@@ -75,6 +76,12 @@ inline uint64_t expert_tensor_id(TensorKind kind, int layer, int expert) {
          (static_cast<uint64_t>(kind) - 16);
 }
 
+// Stable id of a layer's q (which 0) or k (which 1) norm gain of a qk_norm
+// shape: outside both ranges above (bit 41 set).
+inline uint64_t qk_norm_tensor_id(int layer, int which) {
+  return (uint64_t{1} << 41) | (static_cast<uint64_t>(layer) << 4) | static_cast<uint64_t>(which);
+}
+
 // Uniform in [-1, 1) with 24 bits of resolution, a pure function of the key.
 inline float uniform_pm1(uint64_t seed, uint64_t tensor, uint64_t index) {
   const uint64_t h = splitmix64(splitmix64(seed ^ splitmix64(tensor)) + index);
@@ -96,6 +103,7 @@ struct ExpertWeights {
 // (experts[e] is empty for an expert another EP member owns).
 struct LayerWeights {
   std::vector<float> attn_norm, wq, wk, wv, wo;
+  std::vector<float> q_norm, k_norm;  // [head_dim] each, qk_norm shapes only
   std::vector<float> mlp_norm, w_gate, w_up, w_down;
   std::vector<float> router;
   ExpertWeights shared;

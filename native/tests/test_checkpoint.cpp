@@ -56,7 +56,7 @@ Checkpoint from_synthetic(const eng_model_shape& s, uint64_t seed) {
                 kvd = int64_t{s.num_kv_heads} * s.head_dim, F = s.intermediate_size, V = s.vocab_size;
   Checkpoint c;
   c.shape = s;
-  c.store.reserve(64);
+  c.store.reserve(64 + static_cast<size_t>(s.num_layers) * (8 + 3 * static_cast<size_t>(s.num_experts)));
   // The embedding [vocab][hidden] is already "[out][in]" with in = hidden:
   // as input-major it is [hidden][vocab], i.e. its transpose.
   std::vector<float> embT(static_cast<size_t>(V * H));
@@ -73,9 +73,33 @@ Checkpoint from_synthetic(const eng_model_shape& s, uint64_t seed) {
     c.add(ENG_WEIGHT_WV, l, L.wv, H, kvd);
     c.add(ENG_WEIGHT_WO, l, L.wo, qd, H);
     c.add(ENG_WEIGHT_MLP_NORM, l, L.mlp_norm, H, 1);
-    c.add(ENG_WEIGHT_W_GATE, l, L.w_gate, H, F);
-    c.add(ENG_WEIGHT_W_UP, l, L.w_up, H, F);
-    c.add(ENG_WEIGHT_W_DOWN, l, L.w_down, F, H);
+    if (s.qk_norm) {
+      c.add(ENG_WEIGHT_Q_NORM, l, L.q_norm, s.head_dim, 1);
+      c.add(ENG_WEIGHT_K_NORM, l, L.k_norm, s.head_dim, 1);
+    }
+    if (s.num_experts == 0) {
+      c.add(ENG_WEIGHT_W_GATE, l, L.w_gate, H, F);
+      c.add(ENG_WEIGHT_W_UP, l, L.w_up, H, F);
+      c.add(ENG_WEIGHT_W_DOWN, l, L.w_down, F, H);
+      continue;
+    }
+    const int64_t Fm = s.moe_intermediate_size, Fs = int64_t{s.num_shared_experts} * Fm;
+    c.add(ENG_WEIGHT_ROUTER, l, L.router, H, s.num_experts);
+    if (Fs > 0) {
+      c.add(ENG_WEIGHT_SHARED_GATE, l, L.shared.gate, H, Fs);
+      c.add(ENG_WEIGHT_SHARED_UP, l, L.shared.up, H, Fs);
+      c.add(ENG_WEIGHT_SHARED_DOWN, l, L.shared.down, Fs, H);
+    }
+    // Experts in descending id: the order of the tensors does not matter.
+    for (int32_t e = s.num_experts - 1; e >= 0; --e) {
+      const ExpertWeights& X = L.experts[static_cast<size_t>(e)];
+      c.add(ENG_WEIGHT_EXPERT_GATE, l, X.gate, H, Fm);
+      c.tensors.back().expert = e;
+      c.add(ENG_WEIGHT_EXPERT_UP, l, X.up, H, Fm);
+      c.tensors.back().expert = e;
+      c.add(ENG_WEIGHT_EXPERT_DOWN, l, X.down, Fm, H);
+      c.tensors.back().expert = e;
+    }
   }
   c.fix();
   return c;
@@ -270,6 +294,60 @@ int main() {
     Checkpoint bad = from_synthetic(tiny, 7);
     bad.shape.tied_embeddings = 1;
     expect_refused("lm_head with tied", bad, "tied_embeddings");
+  }
+
+  // MoE checkpoints (router, shared and routed experts with their index)
+  // and q/k norms: the same bits as the synthetic moe-tiny, with and
+  // without qk_norm; q/k norm gains of ones change nothing, others do;
+  // a missing or misplaced expert tensor is refused by name.
+  {
+    eng_model_shape moe;
+    REQUIRE(eng_preset_shape("moe-tiny", &moe) == ENG_OK);
+    for (int32_t qk = 0; qk < 2; ++qk) {
+      eng_model_shape s = moe;
+      s.qk_norm = qk;
+      eng_engine_config syn_cfg = test_config(nullptr, 32, 4);
+      syn_cfg.shape = s;
+      syn_cfg.seed = 7;
+      eng_engine_t es = test_engine(syn_cfg);
+      const std::vector<float> want_moe = run(es, s.vocab_size);
+      eng_engine_free(es);
+      Checkpoint c = from_synthetic(s, 7);
+      eng_engine_t ec = test_engine(config_for(c));
+      CHECKF(same_bits(run(ec, s.vocab_size), want_moe), "MoE checkpoint (qk_norm %d) differs from synthetic", qk);
+      eng_engine_free(ec);
+      if (qk == 1) {
+        Checkpoint ones = from_synthetic(s, 7), plain = from_synthetic(moe, 7);
+        for (size_t i = 0; i < ones.tensors.size(); ++i)
+          if (ones.tensors[i].kind == ENG_WEIGHT_Q_NORM || ones.tensors[i].kind == ENG_WEIGHT_K_NORM)
+            for (float& x : ones.store[i]) x = 1.0f;
+        eng_engine_t e1 = test_engine(config_for(ones));
+        eng_engine_t e0 = test_engine(config_for(plain));
+        CHECKF(!same_bits(run(e1, s.vocab_size), run(e0, s.vocab_size)), "unit q/k norms change nothing, want a normed head");
+        CHECKF(!same_bits(run(e1, s.vocab_size), want_moe), "q/k norm gains are ignored");
+        eng_engine_free(e1);
+        eng_engine_free(e0);
+      }
+    }
+    Checkpoint c = from_synthetic(moe, 7);
+    for (size_t i = 0; i < c.tensors.size(); ++i)
+      if (c.tensors[i].kind == ENG_WEIGHT_EXPERT_UP && c.tensors[i].layer == 1 && c.tensors[i].expert == 3) {
+        c.tensors.erase(c.tensors.begin() + static_cast<long>(i));
+        c.store.erase(c.store.begin() + static_cast<long>(i));
+        break;
+      }
+    c.fix();
+    expect_refused("missing expert", c, "missing tensor: layer 1 expert 3 expert_up");
+    Checkpoint d = from_synthetic(moe, 7);
+    for (eng_tensor& t : d.tensors)
+      if (t.kind == ENG_WEIGHT_EXPERT_GATE && t.expert == 0) t.expert = moe.num_experts;
+    expect_refused("expert out of range", d, "expert 16 out of range");
+    Checkpoint e = from_synthetic(moe, 7);
+    e.shape.num_shared_experts = 0;
+    expect_refused("shared expert in a shape without", e, "num_shared_experts 0");
+    Checkpoint dense = from_synthetic(tiny, 7);
+    dense.tensors[3].kind = ENG_WEIGHT_Q_NORM;
+    expect_refused("q norm without qk_norm", dense, "qk_norm 0");
   }
 
   // Engines built from the same tensors share one float copy; different
