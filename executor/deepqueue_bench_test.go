@@ -217,8 +217,8 @@ func BenchmarkRouteDeepQueue(b *testing.B) {
 				}
 				d, _ := cputime.Span(func() { e.route(items, states) })
 				cpu = append(cpu, d)
-				if len(e.waiting) != queued {
-					b.Fatalf("queue depth %d, want %d", len(e.waiting), queued)
+				if e.waiting.Len() != queued {
+					b.Fatalf("queue depth %d, want %d", e.waiting.Len(), queued)
 				}
 				reset()
 			}
