@@ -39,7 +39,7 @@ func (m *Manager) ProbeReuse(r *scheduler.Request) int {
 	if !m.cfg.EnableBlockReuse {
 		return 0
 	}
-	return m.match(r, nil).tokens(m.lb)
+	return m.match(r).tokens(m.lb)
 }
 
 // ResizeContext makes capacity = max(capacity, r.ContextPosition+n),
@@ -277,23 +277,16 @@ func (m *Manager) ProbeFirstNewBlockKey(r *scheduler.Request) (scheduler.BlockKe
 	}
 	lookup := min(len(r.Tokens), r.PromptLen) - 1
 	s := m.seqs[r.ID]
-	var parent scheduler.BlockKey
-	if root := m.rootFor(m.saltOf(r), false); root != nil {
-		parent = root.key
+	var rootKey scheduler.BlockKey
+	if s != nil && s.root != nil {
+		rootKey = s.root.key
+	} else if root := m.rootFor(m.saltOf(r), false); root != nil {
+		rootKey = root.key
 	} else {
-		parent = RootKey(m.saltOf(r))
+		rootKey = RootKey(m.saltOf(r))
 	}
-	for k := 0; (k+1)*m.lb <= lookup; k++ {
-		var key scheduler.BlockKey
-		if s != nil && s.root != nil {
-			key = m.keyAt(s, r, k)
-		} else {
-			key = m.hasher.key(parent, r.Tokens[k*m.lb:(k+1)*m.lb])
-			parent = key
-		}
-		if k < r.ContextPosition/m.lb {
-			continue
-		}
+	for k := r.ContextPosition / m.lb; (k+1)*m.lb <= lookup; k++ {
+		key := m.promptKey(r, rootKey, k)
 		if b := m.nodes[key]; b == nil || b.loc.tier != TierGPU {
 			return key, true
 		}

@@ -2,8 +2,6 @@ package kvpool
 
 import (
 	"fmt"
-
-	"github.com/lockstep-ai/lockstep/scheduler"
 )
 
 // SeqStatus is a sequence's place in the status machine of kvcache.md §5.2:
@@ -91,10 +89,9 @@ type sequence struct {
 	// g is the Helix decode counter (§10.5), owned here.
 	g int
 
-	// Prefix reuse (§6). root is the scope's root; keys[k] is the chain key
-	// of full block k once computed (a cache of the hash chain).
+	// Prefix reuse (§6). root is the scope's root; the chain keys of the
+	// prompt's blocks are cached on the request (scheduler.BlockKeyChain).
 	root *node
-	keys []scheduler.BlockKey
 	// reusedTokens is the match claimed at creation (m of §6.3).
 	reusedTokens int
 	// partialPending: the block after the matched full blocks is a shared
@@ -125,7 +122,7 @@ func (s *sequence) reservation() int {
 // reset clears a recycled sequence, keeping the backing arrays.
 func (s *sequence) reset(id uint64) {
 	*s = sequence{id: id, status: SeqSuspended, row: -1,
-		blocks: s.blocks[:0], table: s.table[:0], keys: s.keys[:0], inserted: s.inserted[:0]}
+		blocks: s.blocks[:0], table: s.table[:0], inserted: s.inserted[:0]}
 }
 
 // SequenceInfo is a snapshot of one sequence, for tests, logs and metrics.

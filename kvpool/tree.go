@@ -162,10 +162,10 @@ func (r matchResult) tokens(lb int) int { return len(r.full)*lb + r.q }
 // match runs §6.3 on r's lookup tokens (the prompt without its last token):
 // step 1 walks full blocks while the key exists and its page is on the GPU;
 // step 2 (partial reuse on) takes the longest common token prefix with a GPU
-// child of the last matched node, unless it has 32 or more children. keys,
-// when non-nil, receives the chain keys of the matched full blocks and of
-// the first unmatched one. Nothing changes.
-func (m *Manager) match(r *scheduler.Request, keys *[]scheduler.BlockKey) matchResult {
+// child of the last matched node, unless it has 32 or more children. The
+// chain keys come from r's key chain (promptKey), which may grow; nothing
+// else changes.
+func (m *Manager) match(r *scheduler.Request) matchResult {
 	var res matchResult
 	res.root = m.rootFor(m.saltOf(r), false)
 	n := len(r.Tokens) - 1
@@ -176,18 +176,15 @@ func (m *Manager) match(r *scheduler.Request, keys *[]scheduler.BlockKey) matchR
 		return res
 	}
 	lookup := r.Tokens[:n]
-	var parentKey scheduler.BlockKey
+	var rootKey scheduler.BlockKey
 	if res.root != nil {
-		parentKey = res.root.key
+		rootKey = res.root.key
 	} else {
-		parentKey = RootKey(m.saltOf(r))
+		rootKey = RootKey(m.saltOf(r))
 	}
 	last := res.root
 	for k := 0; (k+1)*m.lb <= len(lookup); k++ {
-		key := m.hasher.key(parentKey, lookup[k*m.lb:(k+1)*m.lb])
-		if keys != nil {
-			*keys = append(*keys, key)
-		}
+		key := m.promptKey(r, rootKey, k)
 		b := m.nodes[key]
 		if last == nil || b == nil || b.loc.tier != TierGPU || len(b.tokens) != m.lb {
 			res.firstNew, res.hasNew = key, true
@@ -195,7 +192,6 @@ func (m *Manager) match(r *scheduler.Request, keys *[]scheduler.BlockKey) matchR
 		}
 		res.full = append(res.full, b)
 		last = b
-		parentKey = key
 	}
 	if m.cfg.DisablePartialReuse || last == nil || len(last.children) >= maxPartialChildren {
 		return res

@@ -13,6 +13,24 @@ const (
 // BlockKey identifies a radix-tree block (kvcache.md §6.1).
 type BlockKey [32]byte
 
+// BlockKeyChain caches the chain keys of a request's full prompt blocks for
+// the KV manager, so that a request waiting through many passes has its
+// prefix hashed once, not at every pass (issue 24: SHA-256 was a quarter of
+// a deep-queue pass). Keys[k] is the key of tokens [k·Block, (k+1)·Block)
+// under Root; the chain grows as far as a lookup needed it.
+//
+// The KV manager owns it: it fills it, and it drops it when the root, the
+// block size or the token array changed (Tokens names the array by its
+// first element). Contract of the owner of Request.Tokens: the tokens of an
+// array are never rewritten in place; a new prompt is a new slice (the
+// recompute reset builds one). The executor never reads the chain.
+type BlockKeyChain struct {
+	Root   BlockKey
+	Block  int
+	Tokens *int32
+	Keys   []BlockKey
+}
+
 // KVManager is the narrow KV side the scheduler calls (spec §17). The
 // scheduler never touches page lists; kvpool implements it, and a scripted
 // fake drives the scheduler's tests. Every call that can fail either succeeds
