@@ -39,3 +39,8 @@ func Span(f func()) (d time.Duration, ok bool) {
 	t1, _ := threadCPU()
 	return t1 - t0, true
 }
+
+// Process returns the CPU time of the whole process so far (every thread:
+// user and system time, the Go runtime's and the garbage collector's
+// included) and true, or 0 and false where it cannot be read.
+func Process() (time.Duration, bool) { return processCPU() }

@@ -18,3 +18,11 @@ func threadCPU() (time.Duration, bool) {
 	}
 	return time.Duration(ts.Nano()), true
 }
+
+func processCPU() (time.Duration, bool) {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0, false
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()), true
+}

@@ -29,3 +29,18 @@ func TestSpanCountsCPUNotSleep(t *testing.T) {
 		t.Fatalf("sleep (%v) cost more CPU than a busy loop (%v)", idle, busy)
 	}
 }
+
+// The process clock counts a busy loop and never runs backwards.
+func TestProcessCountsCPU(t *testing.T) {
+	t0, ok := Process()
+	if !ok {
+		t.Skip("no process CPU clock on this platform")
+	}
+	deadline := time.Now().Add(20 * time.Millisecond)
+	for time.Now().Before(deadline) {
+	}
+	t1, _ := Process()
+	if t1-t0 < 5*time.Millisecond {
+		t.Fatalf("a 20 ms busy loop cost %v of process CPU time", t1-t0)
+	}
+}
