@@ -27,7 +27,8 @@ func (m *Manager) claimPrefix(s *sequence, r *scheduler.Request) {
 	if r.ContextPosition != 0 {
 		return
 	}
-	res := m.match(r)
+	km := m.cachedMatch(r)
+	res := matchResult{full: m.fullBlocks(km), partial: km.partial, q: km.q}
 	slack := m.gpu.numFree() + m.numCached - m.reserved
 	take := func(n *node) bool {
 		if n.cached {
@@ -35,6 +36,7 @@ func (m *Manager) claimPrefix(s *sequence, r *scheduler.Request) {
 				return false
 			}
 			slack--
+			s.claimStamps = append(s.claimStamps, claimStamp{n, n.lastUse})
 		}
 		m.addRef(n.loc, false)
 		s.blocks = append(s.blocks, blockRef{n: n})

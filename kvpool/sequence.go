@@ -105,6 +105,10 @@ type sequence struct {
 	contextDone bool
 	// counted: the first-chunk admission was counted in PrefixStats.
 	counted bool
+	// claimStamps are the cached blocks claimPrefix took, with their LRU
+	// stamps, so that an admission released unscheduled restores them
+	// (ReleaseContextAdmission).
+	claimStamps []claimStamp
 	// inserted lists the radix blocks this sequence inserted (not those it
 	// reused or rebased onto): its PER_CONVERSATION drop plan (§7).
 	inserted []*node
@@ -122,7 +126,13 @@ func (s *sequence) reservation() int {
 // reset clears a recycled sequence, keeping the backing arrays.
 func (s *sequence) reset(id uint64) {
 	*s = sequence{id: id, status: SeqSuspended, row: -1,
-		blocks: s.blocks[:0], table: s.table[:0], inserted: s.inserted[:0]}
+		blocks: s.blocks[:0], table: s.table[:0], inserted: s.inserted[:0], claimStamps: s.claimStamps[:0]}
+}
+
+// claimStamp is a cached block claimed at admission and its LRU stamp then.
+type claimStamp struct {
+	n       *node
+	lastUse uint64
 }
 
 // SequenceInfo is a snapshot of one sequence, for tests, logs and metrics.

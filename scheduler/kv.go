@@ -29,6 +29,9 @@ type BlockKeyChain struct {
 	Block  int
 	Tokens *int32
 	Keys   []BlockKey
+	// Memo is the KV manager's note of the prompt's last match against
+	// its radix tree, opaque to everyone else.
+	Memo any
 }
 
 // KVManager is the narrow KV side the scheduler calls (spec §17). The
@@ -73,4 +76,15 @@ type KVManager interface {
 	// ProbeFirstNewBlockKey returns the key of the first full block of r's
 	// lookup tokens that is not on the device, if any.
 	ProbeFirstNewBlockKey(r *Request) (BlockKey, bool)
+	// FirstChunkBlocked reports, changing nothing the scheduler can
+	// observe, that r (CONTEXT_INIT, no cache) is certain to fail its
+	// MAX_UTILIZATION first-chunk allocation, and that the failed admission
+	// would leave no trace: its chunk is chunk(r, matched) tokens once a
+	// reusable prefix of matched tokens is claimed (0: a chunk the scheduler
+	// skips). false means "try it".
+	FirstChunkBlocked(r *Request, chunk func(r *Request, matched int) int) bool
+	// NoFirstChunkFits reports, changing nothing, that every MAX_UTILIZATION
+	// first-chunk allocation is certain to fail now, leaving no trace, for
+	// want of any page to give (none free, none cached, none to migrate).
+	NoFirstChunkFits() bool
 }
