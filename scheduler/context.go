@@ -211,6 +211,7 @@ func (s *Scheduler) preemptForPages(requesterIdx int) bool {
 	} else {
 		s.victims.failed, s.victims.requester = true, requesterIdx
 	}
+	s.victims.requesterOut = false
 	return false
 }
 
@@ -244,4 +245,26 @@ type victimMemo struct {
 	on        bool
 	failed    bool
 	requester int
+	// requesterOut: the requester was found not to qualify, and so stays
+	// for the rest of the pass (the candidate set only shrinks).
+	requesterOut bool
+}
+
+// exhausted reports that no victim can be freed for the request at idx
+// (outside Helix: its callers run only with the fast skip, which is off
+// under Helix):
+// a search failed in this pass and its requester (the only request left
+// open) is idx itself or does not qualify.
+func (m *victimMemo) exhausted(s *Scheduler, idx int) bool {
+	if !m.on || !m.failed {
+		return false
+	}
+	if m.requester == idx || m.requesterOut {
+		return true
+	}
+	if s.victimEligible(m.requester) {
+		return false
+	}
+	m.requesterOut = true
+	return true
 }

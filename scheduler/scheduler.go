@@ -344,11 +344,8 @@ func (s *Scheduler) firstChunkBlocked(idx int) bool {
 	if !s.fastSkip || r.State != ContextInit {
 		return false
 	}
-	if s.cfg.RecomputePause {
-		m := &s.victims
-		if !m.on || !m.failed || m.requester == idx || s.victimEligible(m.requester) {
-			return false
-		}
+	if s.cfg.RecomputePause && !s.victims.exhausted(s, idx) {
+		return false
 	}
 	return s.kv.FirstChunkBlocked(r, s.chunkOf)
 }
@@ -370,11 +367,8 @@ func (s *Scheduler) firstChunksExhausted() bool {
 	if s.exhausted {
 		return true
 	}
-	if s.cfg.RecomputePause {
-		m := &s.victims
-		if !m.on || !m.failed || s.victimEligible(m.requester) {
-			return false
-		}
+	if s.cfg.RecomputePause && !s.victims.exhausted(s, -1) {
+		return false
 	}
 	s.exhausted = s.kv.NoFirstChunkFits()
 	return s.exhausted
