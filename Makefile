@@ -5,7 +5,9 @@
 #   make model    install the test model into the model cache
 #   make fuzz     bounded fuzzing (KV pool operations, trace parser, config YAML, scenario JSON,
 #                 store frames, hellos, collective headers)
-#   make bench    Go benchmarks (engine step, executor iteration, scheduler, kvpool),
+#   make bench    Go benchmarks (engine step, executor iteration, scheduler, kvpool; the
+#                 deep-queue pass and routing, 128k admission and host CPU per decode
+#                 iteration in CPU time, docs/scheduling.md),
 #                 then the native CPU GEMM, forward-step and Helix exchange benchmarks
 #                 (the exchange in-process and, with MPI, under mpirun -np 2 and 4)
 GO       ?= go
@@ -98,6 +100,7 @@ test-race: native
 
 bench: worker
 	$(GO) test -tags native $(ENGINE_STAMP) -run '^$$' -bench . -benchmem -benchtime 1x -timeout 30m ./bridge/... ./executor/... ./tests/... 
+	$(GO) test -run '^$$' -bench 'RouteDeepQueue' -benchmem -benchtime 500x ./executor/
 	$(GO) test -run '^$$' -bench . -benchmem -timeout 30m ./model/...
 	$(GO) test -run '^$$' -bench . -benchmem -timeout 30m ./scheduler/... ./kvpool/...
 	$(BUILD)/native/tests/bench_gemm

@@ -72,11 +72,12 @@ type Executor struct {
 	dummy     *request // pendingDummy (§4.2)
 	shutdown  bool
 
-	waiting      []Arrival // received, not routed yet (identical on every rank)
+	waiting      waitQueue // received, not routed yet (identical on every rank)
+	popper       router.Popper
+	putBack      []Arrival // scratch of route: the put-backs of one pop
 	eventBuf     []byte
 	flushes      int // event flushes (tests)
 	routerStates []router.RankState
-	routerItems  []router.Item
 
 	pending  []Response // rejections, flushed at C8
 	finished []Response // completions of this iteration's forward, gathered at C7

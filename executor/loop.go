@@ -155,7 +155,7 @@ func (e *Executor) fetchAndRoute(p *plan) ([]Arrival, []RankState, error) {
 // rank holds, the gathered states; without attention DP the replicated
 // requests), so every rank gets the same answer.
 func (e *Executor) fleetHasWork(items []Arrival, states []RankState) bool {
-	work := len(items) > 0 || len(e.waiting) > 0
+	work := len(items) > 0 || e.waiting.Len() > 0
 	for _, s := range states {
 		work = work || s.ActiveRequests > 0 || s.RetiringRequests > 0
 	}

@@ -15,8 +15,8 @@ import (
 // states, the broadcast items) and keeps its own assignments, with the
 // router's uncached-prefill estimate.
 func (e *Executor) route(items []Arrival, states []RankState) {
-	e.waiting = append(e.waiting, items...)
-	if len(e.waiting) == 0 {
+	e.waiting.PushBack(items)
+	if e.waiting.Len() == 0 {
 		return
 	}
 	rs := e.routerStates[:0]
@@ -25,27 +25,34 @@ func (e *Executor) route(items []Arrival, states []RankState) {
 			ActiveTokens: s.ActiveTokens, RetiringRequests: int(s.RetiringRequests)})
 	}
 	e.routerStates = rs
-	items2 := e.routerItems[:0]
-	for i := range e.waiting {
-		a := &e.waiting[i]
-		items2 = append(items2, router.Item{ID: uint64(i), PromptLen: a.promptLen(), ConversationID: a.ConversationID,
-			AffinityID: a.Routing.AffinityID, HasTarget: a.Routing.HasRank, Target: a.Routing.Rank, Strict: a.Routing.Strict})
-	}
-	e.routerItems = items2
-	taken, remaining := router.PopWaiting(items2, rs, e.cfg.MaxActivePerRank)
-	res := e.cfg.Router.Route(taken, rs)
-	for _, i := range res.Order {
-		a := e.waiting[taken[i].ID]
-		if res.Ranks[i] == e.cfg.Rank {
-			e.admit(a, res.Estimate(i))
+	// Pop from the head of the queue (router.Popper): only the arrivals
+	// examined are converted and touched, whatever the queue's depth. An
+	// item's ID is its position in the queue during this call.
+	p := &e.popper
+	p.Begin(rs, e.cfg.MaxActivePerRank)
+	kept := e.putBack[:0]
+	examined := 0
+	for ; examined < e.waiting.Len() && p.Open(); examined++ {
+		a := e.waiting.At(examined)
+		it := router.Item{ID: uint64(examined), PromptLen: a.promptLen(), ConversationID: a.ConversationID,
+			AffinityID: a.Routing.AffinityID, HasTarget: a.Routing.HasRank, Target: a.Routing.Rank, Strict: a.Routing.Strict}
+		if !p.Offer(it) {
+			kept = append(kept, *a)
 		}
 	}
-	// Keep the put-backs (in order) and the unexamined items.
-	next := make([]Arrival, 0, len(remaining))
-	for _, it := range remaining {
-		next = append(next, e.waiting[it.ID])
+	taken := p.Taken()
+	res := e.cfg.Router.Route(taken, rs)
+	for _, i := range res.Order {
+		if res.Ranks[i] == e.cfg.Rank {
+			e.admit(*e.waiting.At(int(taken[i].ID)), res.Estimate(i))
+		}
 	}
-	e.waiting = next
+	// The examined arrivals leave the queue; the put-backs return to its
+	// front, in order, ahead of the unexamined ones.
+	e.waiting.DropFront(examined)
+	e.waiting.PushFront(kept)
+	clear(kept)
+	e.putBack = kept[:0]
 }
 
 // admit validates an arrival (§3.4); a request that can never run is

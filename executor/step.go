@@ -150,6 +150,12 @@ func (e *Executor) applyResults(b *batch, res *bridge.StepResult) (float64, erro
 			return 0, fmt.Errorf("engine did not sample request %d", r.ID)
 		}
 		wasGeneration := r.Generated > 0
+		if r.output == nil {
+			// One buffer for the whole output, sized at the first token
+			// (not at admission: a waiting request holds none), so that
+			// decoding does not regrow it (issue 24, item 3).
+			r.output = make([]int32, 0, min(max(r.maxNewTotal, 1), maxOutputPrealloc))
+		}
 		r.output = append(r.output, tok)
 		if e.cfg.Stream {
 			e.deltas = append(e.deltas, TokenDelta{ID: r.ID, Token: tok})
@@ -235,3 +241,7 @@ func (e *Executor) compactActive() {
 	}
 	e.active = kept
 }
+
+// maxOutputPrealloc bounds the output buffer allocated at a request's first
+// token (in tokens); a longer output grows it as append does.
+const maxOutputPrealloc = 16384

@@ -27,7 +27,8 @@ func (m *Manager) claimPrefix(s *sequence, r *scheduler.Request) {
 	if r.ContextPosition != 0 {
 		return
 	}
-	res := m.match(r, &s.keys)
+	km := m.cachedMatch(r)
+	res := matchResult{full: m.fullBlocks(km), partial: km.partial, q: km.q}
 	slack := m.gpu.numFree() + m.numCached - m.reserved
 	take := func(n *node) bool {
 		if n.cached {
@@ -35,6 +36,7 @@ func (m *Manager) claimPrefix(s *sequence, r *scheduler.Request) {
 				return false
 			}
 			slack--
+			s.claimStamps = append(s.claimStamps, claimStamp{n, n.lastUse})
 		}
 		m.addRef(n.loc, false)
 		s.blocks = append(s.blocks, blockRef{n: n})
@@ -56,18 +58,33 @@ func (m *Manager) claimPrefix(s *sequence, r *scheduler.Request) {
 	r.ContextPosition = matched
 }
 
-// keyAt returns the chain key of full block k of r's prompt, extending the
-// sequence's key cache as needed.
+// keyAt returns the chain key of full block k of r's prompt under s's root.
 func (m *Manager) keyAt(s *sequence, r *scheduler.Request, k int) scheduler.BlockKey {
-	for len(s.keys) <= k {
-		i := len(s.keys)
-		parent := s.root.key
-		if i > 0 {
-			parent = s.keys[i-1]
-		}
-		s.keys = append(s.keys, m.hasher.key(parent, r.Tokens[i*m.lb:(i+1)*m.lb]))
+	return m.promptKey(r, s.root.key, k)
+}
+
+// promptKey returns the chain key of full block k of r's tokens under the
+// root key root, from r's key chain, hashing only the blocks the chain does
+// not hold yet. A chain of another root, block size or token array is
+// dropped first (scheduler.BlockKeyChain).
+func (m *Manager) promptKey(r *scheduler.Request, root scheduler.BlockKey, k int) scheduler.BlockKey {
+	c := &r.KeyChain
+	var first *int32
+	if len(r.Tokens) > 0 {
+		first = &r.Tokens[0]
 	}
-	return s.keys[k]
+	if c.Block != m.lb || c.Tokens != first || c.Root != root {
+		c.Root, c.Block, c.Tokens, c.Keys = root, m.lb, first, c.Keys[:0]
+	}
+	for len(c.Keys) <= k {
+		i := len(c.Keys)
+		parent := root
+		if i > 0 {
+			parent = c.Keys[i-1]
+		}
+		c.Keys = append(c.Keys, m.hasher.key(parent, r.Tokens[i*m.lb:(i+1)*m.lb]))
+	}
+	return c.Keys[k]
 }
 
 // commit publishes every newly full block of the first n prompt tokens

@@ -39,7 +39,7 @@ func (m *Manager) ProbeReuse(r *scheduler.Request) int {
 	if !m.cfg.EnableBlockReuse {
 		return 0
 	}
-	return m.match(r, nil).tokens(m.lb)
+	return m.match(r).tokens(m.lb)
 }
 
 // ResizeContext makes capacity = max(capacity, r.ContextPosition+n),
@@ -127,9 +127,26 @@ func (m *Manager) resumePages(s *sequence) int {
 // SCHEDULED: closes r's cache (releasing pages, reservation and row) and
 // rewinds r.ContextPosition to 0, so that a retry cannot keep a prefix it
 // no longer holds (the retry matches again).
+//
+// Deliberate difference (issue 24): the cached blocks the admission claimed
+// become cached again with the LRU stamps they had, as if never claimed; a
+// failed admission used none of them. Before, each failed attempt stamped
+// them as just used, so a request waiting on a full pool kept its prefix
+// young at every pass; vLLM, too, touches reused blocks only once the
+// allocation succeeded. It also makes a failed admission leave no trace,
+// which lets the scheduler skip one it knows will fail (FirstChunkBlocked).
 func (m *Manager) ReleaseContextAdmission(r *scheduler.Request) {
 	if s, ok := m.seqs[r.ID]; ok {
+		stamps := s.claimStamps
 		m.closeSeq(s)
+		for _, st := range stamps {
+			if st.n.cached {
+				st.n.lastUse = st.lastUse
+				m.leaves.fix(st.n)
+			}
+		}
+		clear(s.claimStamps)
+		s.claimStamps = s.claimStamps[:0]
 	}
 	r.ContextPosition = 0
 }
@@ -277,28 +294,193 @@ func (m *Manager) ProbeFirstNewBlockKey(r *scheduler.Request) (scheduler.BlockKe
 	}
 	lookup := min(len(r.Tokens), r.PromptLen) - 1
 	s := m.seqs[r.ID]
-	var parent scheduler.BlockKey
-	if root := m.rootFor(m.saltOf(r), false); root != nil {
-		parent = root.key
-	} else {
-		parent = RootKey(m.saltOf(r))
+	if s == nil && r.ContextPosition == 0 && lookup > 0 {
+		// From the first block the probe is match's first new block
+		// (match stops at the same block), kept with r's match.
+		km := m.cachedMatch(r)
+		return km.firstNew, km.hasNew
 	}
-	for k := 0; (k+1)*m.lb <= lookup; k++ {
-		var key scheduler.BlockKey
-		if s != nil && s.root != nil {
-			key = m.keyAt(s, r, k)
-		} else {
-			key = m.hasher.key(parent, r.Tokens[k*m.lb:(k+1)*m.lb])
-			parent = key
-		}
-		if k < r.ContextPosition/m.lb {
-			continue
-		}
+	var rootKey scheduler.BlockKey
+	if s != nil && s.root != nil {
+		rootKey = s.root.key
+	} else if root := m.rootFor(m.saltOf(r), false); root != nil {
+		rootKey = root.key
+	} else {
+		rootKey = RootKey(m.saltOf(r))
+	}
+	for k := r.ContextPosition / m.lb; (k+1)*m.lb <= lookup; k++ {
+		key := m.promptKey(r, rootKey, k)
 		if b := m.nodes[key]; b == nil || b.loc.tier != TierGPU {
 			return key, true
 		}
 	}
 	return scheduler.BlockKey{}, false
+}
+
+// FirstChunkBlocked reports that r's first chunk, of chunk(matched)
+// tokens once the reusable prefix of matched tokens is claimed, cannot be
+// allocated now under MAX_UTILIZATION, and that the failed admission would
+// leave the pool exactly as it is (scheduler.KVManager). A chunk of 0
+// tokens is one the scheduler would skip after the admission. It is exact,
+// not a heuristic: true only when
+//   - r has no cache, the manager is open, nothing is reserved, there is no
+//     host tier (no page can migrate) and reuse is not PER_CONVERSATION
+//     (whose admission registers the conversation and may note it);
+//   - a partial block in the match comes with no page free or cached (else
+//     the admission's resume would copy it into a page of its own first);
+//   - the pages the chunk needs past the matched prefix (its full blocks
+//     and partial block) exceed the free and cached pages. Claiming cached
+//     blocks of the prefix only lowers what is left, and a claim that stops
+//     early (no page left to claim a cached block with) leaves none for a
+//     chunk, which needs at least one new page then, so the allocation
+//     fails whatever the claim takes; the released admission restores the
+//     claimed blocks' LRU stamps (ReleaseContextAdmission), so the attempt
+//     would leave no trace.
+//
+// The match is r's last one while it still holds (matchMemo), so a request
+// waiting through many passes is matched again only when the tree changed
+// where its match ends.
+func (m *Manager) FirstChunkBlocked(r *scheduler.Request, chunk func(r *scheduler.Request, matched int) int) bool {
+	if m.closed || m.reserved != 0 || m.host.numPages() > 0 {
+		return false
+	}
+	if _, ok := m.seqs[r.ID]; ok {
+		return false
+	}
+	if m.cfg.EnableBlockReuse && m.cfg.ReusePolicy == scheduler.PerConversation {
+		return false
+	}
+	slack := m.gpu.numFree() + m.numCached
+	full, q := 0, 0
+	if m.cfg.EnableBlockReuse && r.ContextPosition == 0 {
+		km := m.cachedMatch(r)
+		full, q = km.full, km.q
+	}
+	if q > 0 && slack > 0 {
+		// Resuming the admission copies the shared partial block into a
+		// page of its own (copy-on-resume, evicting for it if need be) before
+		// the chunk's allocation is tried: a trace even when that fails.
+		return false
+	}
+	matched := full*m.lb + q
+	blocks := full
+	if q > 0 {
+		blocks++
+	}
+	n := chunk(r, matched)
+	if n <= 0 {
+		return true // skipped after the admission, which leaves no trace
+	}
+	capacity := r.ContextPosition + matched + n
+	if m.maxCapacity > 0 && capacity > m.maxCapacity {
+		return true // resize refuses any capacity beyond the maximum
+	}
+	return ceilDiv(capacity, m.lb)-blocks > slack
+}
+
+// NoFirstChunkFits reports that no page can be had at all (none free or
+// cached, no host tier to migrate to, nothing reserved), under the
+// conditions of FirstChunkBlocked on the manager: then every first chunk
+// fails, and leaves no trace. A chunk needs at least one page past its
+// matched prefix unless the match ends in a partial block; resuming such a
+// match first copies the partial block, which needs a page, and fails (an
+// adoptable partial block is a cached one, and none is cached).
+func (m *Manager) NoFirstChunkFits() bool {
+	if m.closed || m.reserved != 0 || m.host.numPages() > 0 {
+		return false
+	}
+	if m.cfg.EnableBlockReuse && m.cfg.ReusePolicy == scheduler.PerConversation {
+		return false
+	}
+	return m.gpu.numFree() == 0 && m.numCached == 0
+}
+
+// matchMemo is a request's last match (kept in BlockKeyChain.Memo), so that
+// a request waiting through many passes is matched again only when the
+// tree changed where its match ends. It holds while last, the deepest
+// matched node (its root when no block matched), is in the tree with the
+// same children: a match extends only by a child of last (its first new
+// block inserted, or a partial block beside it), and a removal of any
+// matched block removes last first (only leaves are evicted; a dropped
+// subtree goes whole). Blocks move between tiers only with a host tier,
+// which turns the memo off.
+type matchMemo struct {
+	by     *Manager
+	tokens *int32
+	lb     int
+	gen    uint64 // last.childGen at the match
+	keptMatch
+}
+
+// keptMatch is the outcome of match without the list of full blocks: they
+// are last and its ancestors below the root (fullBlocks).
+type keptMatch struct {
+	last     *node // the deepest full block matched, or the root; nil without a root
+	full     int   // full blocks matched
+	partial  *node // the partially matched child of last, or nil
+	q        int   // tokens matched in partial
+	firstNew scheduler.BlockKey
+	hasNew   bool
+}
+
+// cachedMatch is match(r) from r's memo when it still holds, or matched
+// afresh (and remembered).
+func (m *Manager) cachedMatch(r *scheduler.Request) keptMatch {
+	var first *int32
+	if len(r.Tokens) > 0 {
+		first = &r.Tokens[0]
+	}
+	memo, _ := r.KeyChain.Memo.(*matchMemo)
+	if memo != nil && memo.by == m && memo.tokens == first && memo.lb == m.lb && memo.last.inTree &&
+		m.host.numPages() == 0 {
+		if memo.last.childGen == memo.gen {
+			return memo.keptMatch
+		}
+		// last's children changed. Unless its first new block arrived (the
+		// full match extends: match again), only the partial step can
+		// differ: redo it alone.
+		if b := m.nodes[memo.firstNew]; !memo.hasNew || b == nil || b.loc.tier != TierGPU || len(b.tokens) != m.lb {
+			lookup := r.Tokens[:max(0, min(len(r.Tokens), r.PromptLen)-1)]
+			memo.partial, memo.q = nil, 0
+			if len(lookup) > 0 {
+				memo.partial, memo.q = m.partialMatch(lookup, memo.last, memo.full)
+			}
+			memo.gen = memo.last.childGen
+			return memo.keptMatch
+		}
+	}
+	res := m.match(r)
+	km := keptMatch{last: res.root, full: len(res.full), partial: res.partial, q: res.q, firstNew: res.firstNew,
+		hasNew: res.hasNew}
+	if km.full > 0 {
+		km.last = res.full[km.full-1]
+	}
+	m.fullScratch = res.full[:0]
+	if km.last == nil || m.host.numPages() > 0 {
+		return km
+	}
+	if memo == nil {
+		memo = new(matchMemo)
+		r.KeyChain.Memo = memo
+	}
+	*memo = matchMemo{by: m, tokens: first, lb: m.lb, gen: km.last.childGen, keptMatch: km}
+	return km
+}
+
+// fullBlocks lists km's full blocks, root side first, in a scratch slice of
+// the manager (valid until the next match): last and its ancestors.
+func (m *Manager) fullBlocks(km keptMatch) []*node {
+	full := m.fullScratch[:0]
+	for range km.full {
+		full = append(full, nil)
+	}
+	n := km.last
+	for i := km.full - 1; i >= 0; i-- {
+		full[i] = n
+		n = n.parent
+	}
+	m.fullScratch = full
+	return full
 }
 
 // mustSeq returns id's sequence or panics naming the operation: the

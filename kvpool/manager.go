@@ -39,6 +39,9 @@ type Manager struct {
 	maxCapacity int
 	maxUtil     float64
 	closed      bool
+	// fullScratch holds the full blocks of the last match (match,
+	// fullBlocks), reused so that a match allocates nothing once grown.
+	fullScratch []*node
 	// tick is the manager-wide logical clock: LRU use stamps and suspension
 	// order. It never decides anything by itself; it only orders.
 	tick uint64

@@ -34,6 +34,10 @@ type node struct {
 	heapIdx int
 	// tracked: a stored event was buffered and no removed event yet (§9.1).
 	tracked bool
+	// childGen counts the changes of children (insertions, removals), so
+	// that a request's kept match ending here knows it still holds
+	// (matchMemo).
+	childGen uint64
 	// partialChildren counts children holding fewer than a ledger block of
 	// tokens, so that committing a full block skips the sibling scan when
 	// no partial sibling exists.
@@ -90,6 +94,14 @@ func (h *leafHeap) remove(n *node) {
 	*h = (*h)[:last]
 	n.heapIdx = -1
 	if i != last {
+		h.down(i)
+		h.up(i)
+	}
+}
+
+// fix restores the heap order after n's key changed (n in the heap or not).
+func (h leafHeap) fix(n *node) {
+	if i := n.heapIdx; i >= 0 {
 		h.down(i)
 		h.up(i)
 	}

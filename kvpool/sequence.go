@@ -2,8 +2,6 @@ package kvpool
 
 import (
 	"fmt"
-
-	"github.com/lockstep-ai/lockstep/scheduler"
 )
 
 // SeqStatus is a sequence's place in the status machine of kvcache.md §5.2:
@@ -91,10 +89,9 @@ type sequence struct {
 	// g is the Helix decode counter (§10.5), owned here.
 	g int
 
-	// Prefix reuse (§6). root is the scope's root; keys[k] is the chain key
-	// of full block k once computed (a cache of the hash chain).
+	// Prefix reuse (§6). root is the scope's root; the chain keys of the
+	// prompt's blocks are cached on the request (scheduler.BlockKeyChain).
 	root *node
-	keys []scheduler.BlockKey
 	// reusedTokens is the match claimed at creation (m of §6.3).
 	reusedTokens int
 	// partialPending: the block after the matched full blocks is a shared
@@ -108,6 +105,10 @@ type sequence struct {
 	contextDone bool
 	// counted: the first-chunk admission was counted in PrefixStats.
 	counted bool
+	// claimStamps are the cached blocks claimPrefix took, with their LRU
+	// stamps, so that an admission released unscheduled restores them
+	// (ReleaseContextAdmission).
+	claimStamps []claimStamp
 	// inserted lists the radix blocks this sequence inserted (not those it
 	// reused or rebased onto): its PER_CONVERSATION drop plan (§7).
 	inserted []*node
@@ -125,7 +126,13 @@ func (s *sequence) reservation() int {
 // reset clears a recycled sequence, keeping the backing arrays.
 func (s *sequence) reset(id uint64) {
 	*s = sequence{id: id, status: SeqSuspended, row: -1,
-		blocks: s.blocks[:0], table: s.table[:0], keys: s.keys[:0], inserted: s.inserted[:0]}
+		blocks: s.blocks[:0], table: s.table[:0], inserted: s.inserted[:0], claimStamps: s.claimStamps[:0]}
+}
+
+// claimStamp is a cached block claimed at admission and its LRU stamp then.
+type claimStamp struct {
+	n       *node
+	lastUse uint64
 }
 
 // SequenceInfo is a snapshot of one sequence, for tests, logs and metrics.

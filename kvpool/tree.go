@@ -38,6 +38,7 @@ func (m *Manager) insert(parent *node, key scheduler.BlockKey, tokens []int32, l
 	n := &node{key: key, tokens: append([]int32(nil), tokens...), parent: parent, loc: loc,
 		salt: parent.salt, inTree: true, heapIdx: -1}
 	m.nodes[key] = n
+	parent.childGen++
 	if parent.cached { // a cached leaf that gains a child is no longer a leaf
 		m.leaves.remove(parent)
 	}
@@ -59,6 +60,7 @@ func (m *Manager) unlink(n *node) {
 	n.inTree = false
 	p := n.parent
 	p.removeChild(n)
+	p.childGen++
 	if len(n.tokens) < m.lb {
 		p.partialChildren--
 	}
@@ -159,14 +161,15 @@ type matchResult struct {
 // tokens is the matched length m.
 func (r matchResult) tokens(lb int) int { return len(r.full)*lb + r.q }
 
-// match runs §6.3 on r's lookup tokens (the prompt without its last token):
+// match runs §6.3 on r's lookup tokens (res.full is the manager's scratch,
+// valid until the next match) (the prompt without its last token):
 // step 1 walks full blocks while the key exists and its page is on the GPU;
 // step 2 (partial reuse on) takes the longest common token prefix with a GPU
-// child of the last matched node, unless it has 32 or more children. keys,
-// when non-nil, receives the chain keys of the matched full blocks and of
-// the first unmatched one. Nothing changes.
-func (m *Manager) match(r *scheduler.Request, keys *[]scheduler.BlockKey) matchResult {
-	var res matchResult
+// child of the last matched node, unless it has 32 or more children. The
+// chain keys come from r's key chain (promptKey), which may grow; nothing
+// else changes.
+func (m *Manager) match(r *scheduler.Request) matchResult {
+	res := matchResult{full: m.fullScratch[:0]}
 	res.root = m.rootFor(m.saltOf(r), false)
 	n := len(r.Tokens) - 1
 	if n > r.PromptLen-1 {
@@ -176,18 +179,15 @@ func (m *Manager) match(r *scheduler.Request, keys *[]scheduler.BlockKey) matchR
 		return res
 	}
 	lookup := r.Tokens[:n]
-	var parentKey scheduler.BlockKey
+	var rootKey scheduler.BlockKey
 	if res.root != nil {
-		parentKey = res.root.key
+		rootKey = res.root.key
 	} else {
-		parentKey = RootKey(m.saltOf(r))
+		rootKey = RootKey(m.saltOf(r))
 	}
 	last := res.root
 	for k := 0; (k+1)*m.lb <= len(lookup); k++ {
-		key := m.hasher.key(parentKey, lookup[k*m.lb:(k+1)*m.lb])
-		if keys != nil {
-			*keys = append(*keys, key)
-		}
+		key := m.promptKey(r, rootKey, k)
 		b := m.nodes[key]
 		if last == nil || b == nil || b.loc.tier != TierGPU || len(b.tokens) != m.lb {
 			res.firstNew, res.hasNew = key, true
@@ -195,20 +195,30 @@ func (m *Manager) match(r *scheduler.Request, keys *[]scheduler.BlockKey) matchR
 		}
 		res.full = append(res.full, b)
 		last = b
-		parentKey = key
 	}
+	res.partial, res.q = m.partialMatch(lookup, last, len(res.full))
+	return res
+}
+
+// partialMatch is step 2 of match: the GPU child of last (the node of the
+// full matched blocks' end) with the longest common token prefix with the
+// lookup tokens after them, unless partial reuse is off or last has 32 or
+// more children.
+func (m *Manager) partialMatch(lookup []int32, last *node, full int) (*node, int) {
 	if m.cfg.DisablePartialReuse || last == nil || len(last.children) >= maxPartialChildren {
-		return res
+		return nil, 0
 	}
-	start := len(res.full) * m.lb
+	start := full * m.lb
 	rest := lookup[start:min(len(lookup), start+m.lb)]
+	var best *node
+	q := 0
 	for _, c := range last.children {
 		if c.loc.tier != TierGPU {
 			continue
 		}
-		if q := commonPrefix(c.tokens, rest); q > res.q {
-			res.partial, res.q = c, q
+		if k := commonPrefix(c.tokens, rest); k > q {
+			best, q = c, k
 		}
 	}
-	return res
+	return best, q
 }

@@ -121,3 +121,9 @@ func TestScheduleAllocatesNothing(t *testing.T) {
 		}
 	}
 }
+
+// FirstChunkBlocked never promises a failure: every first chunk is tried.
+func (benchKV) FirstChunkBlocked(*Request, func(*Request, int) int) bool { return false }
+
+// NoFirstChunkFits never promises a failure.
+func (benchKV) NoFirstChunkFits() bool { return false }

@@ -177,29 +177,94 @@ func (s *Scheduler) suspendForContext(requesterIdx, n int) bool {
 // at requesterIdx (§12) and reports whether it found one. Protected: requests
 // scheduled in this pass and the requester. Under Helix only requests behind
 // the requester qualify (§13), so the head of the list always finishes.
+//
+// A failed search is remembered for the rest of the pass (victimMemo): the
+// candidate set only shrinks within a pass, so a later search need not scan
+// the list again (issue 24: with thousands of waiting first chunks on a full
+// pool, each one rescanned the list and found nothing). Same victims, same
+// order as the full scan.
 func (s *Scheduler) preemptForPages(requesterIdx int) bool {
-	for j := len(s.list) - 1; j >= 0; j-- {
-		if s.cfg.Helix && j <= requesterIdx {
-			break
+	lo, hi := 0, len(s.list)-1
+	if s.cfg.Helix {
+		lo = requesterIdx + 1
+	}
+	if m := &s.victims; m.on && m.failed {
+		if s.cfg.Helix {
+			// Nothing behind the earlier requester qualified; it may itself.
+			hi = min(hi, m.requester)
+		} else {
+			// Nothing but the earlier requester (excluded from its own
+			// search) can qualify.
+			lo, hi = m.requester, m.requester
 		}
-		if j == requesterIdx || s.flags[j]&(flagScheduled|flagPreempted|flagVictim) != 0 {
-			continue
-		}
-		c := s.list[j]
-		// Deliberate difference from spec §12: without a host tier a
-		// suspended (self-evicted) cache still holds its device pages, so it
-		// is a victim like an active one; skipping it livelocks a context
-		// request behind a self-evicted generation request. With a host tier
-		// (reached when suspendForContext could not free enough, e.g. the
-		// host tier is full) the rule is the same: a cache is a victim when
-		// freeing it frees a device page; one whose every page is on the
-		// host is skipped, since freeing it would only lose its KV.
-		if !s.recomputeCandidate(c) || !s.kv.HoldsDevicePages(c.ID) {
+	}
+	for j := hi; j >= lo; j-- {
+		if j == requesterIdx || !s.victimEligible(j) {
 			continue
 		}
 		s.recomputePause(j)
 		s.flags[j] |= flagPreempted
 		return true
 	}
+	if s.cfg.Helix && s.victims.failed {
+		s.victims.requester = min(s.victims.requester, requesterIdx)
+	} else {
+		s.victims.failed, s.victims.requester = true, requesterIdx
+	}
+	s.victims.requesterOut = false
 	return false
+}
+
+// victimEligible is the context-preemption victim predicate of list index j
+// (the requester aside).
+func (s *Scheduler) victimEligible(j int) bool {
+	if s.flags[j]&(flagScheduled|flagPreempted|flagVictim) != 0 {
+		return false
+	}
+	c := s.list[j]
+	// Deliberate difference from spec §12: without a host tier a
+	// suspended (self-evicted) cache still holds its device pages, so it
+	// is a victim like an active one; skipping it livelocks a context
+	// request behind a self-evicted generation request. With a host tier
+	// (reached when suspendForContext could not free enough, e.g. the
+	// host tier is full) the rule is the same: a cache is a victim when
+	// freeing it frees a device page; one whose every page is on the
+	// host is skipped, since freeing it would only lose its KV.
+	return s.recomputeCandidate(c) && s.kv.HoldsDevicePages(c.ID)
+}
+
+// victimMemo remembers, within one pass, that a context-preemption search
+// failed: then no request but the requester of that search (excluded from
+// it) qualifies, or under Helix none behind it. It is kept only without a
+// host tier (on): there a request resumed by PrepareContext and then skipped
+// before its allocation could gain device pages and become a victim that
+// the memo would miss; without one every cache holds its device pages and
+// the candidate set only shrinks (flags are only set, states and the
+// executing set are fixed, no candidate gains a cache).
+type victimMemo struct {
+	on        bool
+	failed    bool
+	requester int
+	// requesterOut: the requester was found not to qualify, and so stays
+	// for the rest of the pass (the candidate set only shrinks).
+	requesterOut bool
+}
+
+// exhausted reports that no victim can be freed for the request at idx
+// (outside Helix: its callers run only with the fast skip, which is off
+// under Helix):
+// a search failed in this pass and its requester (the only request left
+// open) is idx itself or does not qualify.
+func (m *victimMemo) exhausted(s *Scheduler, idx int) bool {
+	if !m.on || !m.failed {
+		return false
+	}
+	if m.requester == idx || m.requesterOut {
+		return true
+	}
+	if s.victimEligible(m.requester) {
+		return false
+	}
+	m.requesterOut = true
+	return true
 }

@@ -384,3 +384,9 @@ func (f *fakeKV) opsOn(id uint64) []string {
 	}
 	return out
 }
+
+// FirstChunkBlocked never promises a failure: every first chunk is tried.
+func (f *fakeKV) FirstChunkBlocked(*Request, func(*Request, int) int) bool { return false }
+
+// NoFirstChunkFits never promises a failure.
+func (f *fakeKV) NoFirstChunkFits() bool { return false }

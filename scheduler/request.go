@@ -79,6 +79,8 @@ type Request struct {
 	BatchIndex int
 	// IsDummy marks a padding request; never a victim, never a response.
 	IsDummy bool
+	// KeyChain is the KV manager's cache of this prompt's block keys.
+	KeyChain BlockKeyChain
 
 	// Helix fields (kvcache.md §10); zero without Helix.
 	TotalInputLenCP  int

@@ -32,12 +32,13 @@ const (
 
 // Per-index flags of the current pass, one byte per active-list index.
 const (
-	flagVictim     uint8 = 1 << iota // recompute-paused by the generation ladder (§11.2 "victim")
-	flagPreempted                    // freed by context preemption (§12 "preempted")
-	flagScheduled                    // in Context or Generation this pass (protected, §12)
-	flagPaused                       // in Paused this pass
-	flagDemoted                      // classified DEMOTED (§10.2)
-	flagLetThrough                   // classified LET_THROUGH (§10.2)
+	flagVictim       uint8 = 1 << iota // recompute-paused by the generation ladder (§11.2 "victim")
+	flagPreempted                      // freed by context preemption (§12 "preempted")
+	flagScheduled                      // in Context or Generation this pass (protected, §12)
+	flagPaused                         // in Paused this pass
+	flagDemoted                        // classified DEMOTED (§10.2)
+	flagLetThrough                     // classified LET_THROUGH (§10.2)
+	flagContinuation                   // a pending CONTEXT_IN_PROGRESS request (phase 2)
 )
 
 // Scheduler is one rank's scheduler. It keeps only what must survive between
@@ -73,9 +74,13 @@ type Scheduler struct {
 	sortReq   []*Request
 	sortInt   []int
 
-	prefix prefixSkip
-	demote demotionCounters
-	stall  int
+	prefix    prefixSkip
+	victims   victimMemo              // failed context-preemption searches of this pass
+	fastSkip  bool                    // firstChunkBlocked may skip in this pass
+	chunkOf   func(*Request, int) int // firstChunkTokens, bound once in New
+	exhausted bool                    // firstChunksExhausted found no page to give in this pass
+	demote    demotionCounters
+	stall     int
 }
 
 // New validates cfg and returns a scheduler driving kv. Errors wrap
@@ -89,6 +94,7 @@ func New(cfg Config, kv KVManager) (*Scheduler, error) {
 		return nil, err
 	}
 	s := &Scheduler{cfg: cfg, st: st, kv: kv}
+	s.chunkOf = s.firstChunkTokens
 	s.prefix.keys = make(map[BlockKey]struct{})
 	s.demote.counts = make(map[uint64]demoteEntry)
 	return s, nil
@@ -184,6 +190,12 @@ func (s *Scheduler) begin(active []*Request, executing []uint64) {
 	s.host = !s.cfg.Helix && s.kv.HasHostTier()
 	s.tokensUsed, s.reqsUsed, s.costUsed = 0, 0, 0
 	s.committed, s.genVisited, s.fatal = false, false, nil
+	s.victims = victimMemo{on: !s.host}
+	// The O(1) skip of blocked first chunks (firstChunkBlocked) covers the
+	// chunked MAX_UTILIZATION path without a host tier (no suspension for a
+	// context) and outside Helix; elsewhere every first chunk is tried.
+	s.exhausted = false
+	s.fastSkip = s.st.chunked && s.cfg.Policy == MaxUtilization && !s.cfg.Helix && !s.kv.HasHostTier()
 
 	if cap(s.flags) < len(active) {
 		s.flags = make([]uint8, len(active), len(active)+len(active)/4)
@@ -253,6 +265,9 @@ func (s *Scheduler) phase1() {
 		}
 		if r.State.IsContext() {
 			s.pending = append(s.pending, int32(i))
+			if r.State == ContextInProgress {
+				s.flags[i] |= flagContinuation
+			}
 			continue
 		}
 		s.genVisited = true
@@ -284,10 +299,22 @@ func (s *Scheduler) phase2() {
 		if s.flags[idx]&(flagPreempted|flagPaused) != 0 {
 			continue // freed or suspended for an earlier context this pass
 		}
+		if s.flags[idx]&flagContinuation == 0 && s.firstChunksExhausted() {
+			continue // the SKIP every first chunk would reach, without reading it
+		}
 		r := s.list[idx]
+		// A blocked first chunk is skipped in O(1), the SKIP scheduleContext
+		// would reach; before the prefix probe while no key is registered
+		// (nothing can be deferred then), after it otherwise.
+		if len(s.prefix.keys) == 0 && s.firstChunkBlocked(int(idx)) {
+			continue
+		}
 		key, hasKey := s.prefix.probe(s, r)
 		if hasKey && s.prefix.registered(key) {
 			s.out.Deferred = append(s.out.Deferred, r.ID)
+			continue
+		}
+		if len(s.prefix.keys) > 0 && s.firstChunkBlocked(int(idx)) {
 			continue
 		}
 		charged, last, oc := s.scheduleContext(int(idx))
@@ -300,6 +327,77 @@ func (s *Scheduler) phase2() {
 		s.commitContext(int(idx), charged, last)
 		s.prefix.register(s, r, key, hasKey)
 	}
+}
+
+// firstChunkBlocked reports that scheduling the first chunk at idx is
+// certain to end SKIPPED without a trace, so phase 2 may skip it in O(1)
+// (issue 24: with thousands of first chunks waiting on a full pool, each
+// one was admitted, matched, refused its pages, searched for a victim and
+// released, every pass). It holds when the fast skip is on for this pass
+// (fastSkip), the KV manager promises the allocation fails
+// (KVManager.FirstChunkBlocked), and no victim could be freed for it: no
+// recompute pause, or an earlier search of this pass found none and the
+// only request it left open does not qualify. The outcome, the output and
+// the KV state are those of the full attempt.
+func (s *Scheduler) firstChunkBlocked(idx int) bool {
+	r := s.list[idx]
+	if !s.fastSkip || r.State != ContextInit {
+		return false
+	}
+	if s.cfg.RecomputePause && !s.victims.exhausted(s, idx) {
+		return false
+	}
+	return s.kv.FirstChunkBlocked(r, s.chunkOf)
+}
+
+// firstChunksExhausted reports that every first chunk left in this pass is
+// certain to end SKIPPED without a trace and cannot be deferred either, so
+// the waiting walk need not read them (issue 24: the walk stops when
+// nothing further can be admitted; continuations are still visited, as one
+// may fit in the room of its last page). It holds when the fast skip is on,
+// no prefix key is registered (no first chunk can be deferred), no victim
+// can be freed (as in firstChunkBlocked) and the KV manager has no page to
+// give at all (KVManager.NoFirstChunkFits). Once true it stays true for the
+// pass but for the registered keys: pages are only taken from here on (a
+// freed victim ends the pass) and the victims' set only shrinks.
+func (s *Scheduler) firstChunksExhausted() bool {
+	if !s.fastSkip || (s.prefix.on && len(s.prefix.keys) > 0) {
+		return false
+	}
+	if s.exhausted {
+		return true
+	}
+	if s.cfg.RecomputePause && !s.victims.exhausted(s, -1) {
+		return false
+	}
+	s.exhausted = s.kv.NoFirstChunkFits()
+	return s.exhausted
+}
+
+// firstChunkTokens is the chunk that chunked would size for the first chunk
+// of r once a reusable prefix of matched tokens is claimed (0: it would
+// skip). It reads the budgets of the pass as they stand.
+func (s *Scheduler) firstChunkTokens(r *Request, matched int) int {
+	pre := r.Remaining()
+	post := pre - matched
+	rt := pre
+	if s.cfg.PrefixAware {
+		rt = post
+	}
+	chunk := min(s.tokensLeft(), rt)
+	if s.st.maxTokens != Unlimited {
+		chunk = min(chunk, s.st.maxTokens)
+	}
+	if s.st.cost.on {
+		chunk = s.costCap(chunk, int64(r.ContextPosition+matched))
+	}
+	if chunk < rt {
+		chunk = chunk / s.st.unit * s.st.unit
+	}
+	if chunk <= 0 {
+		return 0
+	}
+	return min(chunk, post)
 }
 
 // commitContext books a SCHEDULED context chunk: tokens, one request slot and

@@ -12,6 +12,7 @@ import "C"
 
 import (
 	"fmt"
+	"github.com/lockstep-ai/lockstep/internal/cputime"
 	"math"
 	"regexp"
 	"runtime"
@@ -25,10 +26,15 @@ import (
 
 // engine is a native engine handle driven by its own locked goroutine.
 type engine struct {
-	mu     sync.Mutex    // serialises requests; guards closed
-	closed bool          // after Close
-	reqs   chan func()   // requests, run on the engine goroutine
-	done   chan struct{} // one signal per finished request
+	// nativeCPU is the engine thread's CPU time inside the native step
+	// calls (eng_engine_step, _submit, _wait): the engine's compute on the
+	// CPU engine, whose compute runs on that thread. Engine goroutine only;
+	// NativeCPU reads it through a request.
+	nativeCPU time.Duration
+	mu        sync.Mutex    // serialises requests; guards closed
+	closed    bool          // after Close
+	reqs      chan func()   // requests, run on the engine goroutine
+	done      chan struct{} // one signal per finished request
 
 	shape bridge.ModelShape // resolved at Open; immutable
 
@@ -318,7 +324,11 @@ func (e *engine) flattenAndStep(desc *bridge.StepDesc, res *bridge.StepResult) e
 		logits = b.logits.slice(sampled * e.shape.VocabSize)
 		cres.logits = (*C.float)(b.logits.p)
 	}
-	if err := e.status("step", C.eng_engine_step(e.h, e.cdesc, cres)); err != nil {
+	c0, _ := cputime.Thread() // the engine goroutine is locked to its thread
+	st := C.eng_engine_step(e.h, e.cdesc, cres)
+	c1, _ := cputime.Thread()
+	e.nativeCPU += c1 - c0
+	if err := e.status("step", st); err != nil {
 		return err
 	}
 	res.Sampled = append(res.Sampled[:0], out...)
@@ -453,13 +463,29 @@ func (e *engine) Submit(desc *bridge.StepDesc) error {
 		if desc.WantLogits {
 			want = 1
 		}
-		if err = e.status("submit", C.eng_engine_submit(e.h, e.cdesc, want)); err == nil {
+		c0, _ := cputime.Thread()
+		st := C.eng_engine_submit(e.h, e.cdesc, want)
+		c1, _ := cputime.Thread()
+		e.nativeCPU += c1 - c0
+		if err = e.status("submit", st); err == nil {
 			e.pending = append(e.pending, pendingStep{seqs: n, sampled: sampled, logits: desc.WantLogits})
 		}
 	}); cerr != nil {
 		return cerr
 	}
 	return err
+}
+
+// NativeCPU is the engine thread's CPU time spent in the native step calls
+// so far: on the CPU engine, the compute (a benchmark subtracts it from the
+// process's CPU time to get the host's). It is 0 where the platform has no
+// per-thread CPU clock.
+func (e *engine) NativeCPU() time.Duration {
+	var d time.Duration
+	if err := e.call("native_cpu", func() { d = e.nativeCPU }); err != nil {
+		return 0
+	}
+	return d
 }
 
 // Wait blocks until the oldest submitted step finished and writes its result.
@@ -484,7 +510,11 @@ func (e *engine) Wait(res *bridge.StepResult) error {
 			logits = b.logits.slice(p.sampled * e.shape.VocabSize)
 			cres.logits = (*C.float)(b.logits.p)
 		}
-		if err = e.status("wait", C.eng_engine_wait(e.h, cres)); err != nil {
+		c0, _ := cputime.Thread()
+		st := C.eng_engine_wait(e.h, cres)
+		c1, _ := cputime.Thread()
+		e.nativeCPU += c1 - c0
+		if err = e.status("wait", st); err != nil {
 			return
 		}
 		res.Sampled = append(res.Sampled[:0], out...)

@@ -515,3 +515,11 @@ func (nopKV) ReusePolicy() scheduler.ReusePolicy                      { return s
 func (nopKV) ProbeFirstNewBlockKey(*scheduler.Request) (scheduler.BlockKey, bool) {
 	return scheduler.BlockKey{}, false
 }
+
+// FirstChunkBlocked never promises a failure: every first chunk is tried.
+func (nopKV) FirstChunkBlocked(*scheduler.Request, func(*scheduler.Request, int) int) bool {
+	return false
+}
+
+// NoFirstChunkFits never promises a failure.
+func (nopKV) NoFirstChunkFits() bool { return false }

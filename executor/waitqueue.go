@@ -1,0 +1,71 @@
+package executor
+
+// waitQueue is the router's waiting queue (received, not routed yet;
+// identical on every rank): a ring buffer read from its head, so that a
+// routing call touches only the arrivals it examines (issue 24: the queue
+// used to be copied whole on every iteration). Arrivals join at the back;
+// a pop takes a prefix off the front and may put some of it back there, in
+// order. A slot left is cleared, so that popped prompts can be collected.
+type waitQueue struct {
+	buf  []Arrival // len(buf) is 0 or a power of two
+	head int       // index of the first arrival in buf
+	n    int       // arrivals queued
+}
+
+// Len is the number of queued arrivals.
+func (q *waitQueue) Len() int { return q.n }
+
+// At returns the i-th queued arrival from the front (0 ≤ i < Len).
+func (q *waitQueue) At(i int) *Arrival {
+	if i < 0 || i >= q.n {
+		panic("executor: waitQueue index out of range")
+	}
+	return &q.buf[(q.head+i)&(len(q.buf)-1)]
+}
+
+// PushBack appends arrivals in order.
+func (q *waitQueue) PushBack(items []Arrival) {
+	q.reserve(q.n + len(items))
+	for i := range items {
+		q.buf[(q.head+q.n)&(len(q.buf)-1)] = items[i]
+		q.n++
+	}
+}
+
+// DropFront removes the first k arrivals.
+func (q *waitQueue) DropFront(k int) {
+	if k < 0 || k > q.n {
+		panic("executor: waitQueue.DropFront beyond the queue")
+	}
+	for range k {
+		q.buf[q.head] = Arrival{}
+		q.head = (q.head + 1) & (len(q.buf) - 1)
+	}
+	q.n -= k
+}
+
+// PushFront puts items back at the front, in order (items[0] first).
+func (q *waitQueue) PushFront(items []Arrival) {
+	q.reserve(q.n + len(items))
+	for i := len(items) - 1; i >= 0; i-- {
+		q.head = (q.head - 1) & (len(q.buf) - 1)
+		q.buf[q.head] = items[i]
+		q.n++
+	}
+}
+
+// reserve grows the ring to hold n arrivals, keeping their order.
+func (q *waitQueue) reserve(n int) {
+	if n <= len(q.buf) {
+		return
+	}
+	size := max(16, len(q.buf))
+	for size < n {
+		size *= 2
+	}
+	buf := make([]Arrival, size)
+	for i := 0; i < q.n; i++ {
+		buf[i] = q.buf[(q.head+i)&(len(q.buf)-1)]
+	}
+	q.buf, q.head = buf, 0
+}

@@ -1,0 +1,9 @@
+//go:build !linux
+
+package cputime
+
+import "time"
+
+func threadCPU() (time.Duration, bool) { return 0, false }
+
+func processCPU() (time.Duration, bool) { return 0, false }
