@@ -69,20 +69,7 @@ func (s *Scheduler) chunked(idx int) (int, outcome) {
 		return 0, skipped
 	}
 	post := r.Remaining()
-	rt := pre
-	if s.cfg.PrefixAware {
-		rt = post
-	}
-	chunk := min(s.tokensLeft(), rt)
-	if s.st.maxTokens != Unlimited {
-		chunk = min(chunk, s.st.maxTokens)
-	}
-	if s.st.cost.on {
-		chunk = s.costCap(chunk, int64(r.ContextPosition))
-	}
-	if chunk < rt { // not the last chunk: round down to the unit
-		chunk = chunk / s.st.unit * s.st.unit
-	}
+	chunk := s.sizeChunk(pre, post, int64(r.ContextPosition))
 	if chunk <= 0 {
 		return 0, skipped
 	}

@@ -380,6 +380,18 @@ func (s *Scheduler) firstChunksExhausted() bool {
 func (s *Scheduler) firstChunkTokens(r *Request, matched int) int {
 	pre := r.Remaining()
 	post := pre - matched
+	chunk := s.sizeChunk(pre, post, int64(r.ContextPosition+matched))
+	if chunk <= 0 {
+		return 0
+	}
+	return min(chunk, post)
+}
+
+// sizeChunk is chunked's rule for the size of a request's next chunk (§7.2),
+// charged before the clip to post: pre and post are the tokens left before
+// and after the reusable prefix is claimed, pos the KV depth the chunk
+// starts at. 0 or less: the chunk is skipped.
+func (s *Scheduler) sizeChunk(pre, post int, pos int64) int {
 	rt := pre
 	if s.cfg.PrefixAware {
 		rt = post
@@ -389,15 +401,12 @@ func (s *Scheduler) firstChunkTokens(r *Request, matched int) int {
 		chunk = min(chunk, s.st.maxTokens)
 	}
 	if s.st.cost.on {
-		chunk = s.costCap(chunk, int64(r.ContextPosition+matched))
+		chunk = s.costCap(chunk, pos)
 	}
-	if chunk < rt {
+	if chunk < rt { // not the last chunk: round down to the unit
 		chunk = chunk / s.st.unit * s.st.unit
 	}
-	if chunk <= 0 {
-		return 0
-	}
-	return min(chunk, post)
+	return chunk
 }
 
 // commitContext books a SCHEDULED context chunk: tokens, one request slot and
