@@ -86,11 +86,15 @@ check([ch.text for ch in g.choices] == [c.choices[0].text] * 2, f"greedy n=2: {g
 check(g.usage.prompt_tokens == 5 and g.usage.completion_tokens == 16, f"greedy n=2 usage {g.usage}")
 
 # Several prompts: choices prompt-major (index = prompt*n + j).
-mp2 = client.completions.create(model=model, prompt=["The capital of France is", [504, 3575, 282, 4649, 314]],
+once = client.completions.create(model=model, prompt="Once upon a time", max_tokens=8, temperature=0)
+mp2 = client.completions.create(model=model, prompt=["The capital of France is", "Once upon a time"],
                                 max_tokens=8, temperature=0, n=2)
 check([ch.index for ch in mp2.choices] == [0, 1, 2, 3], f"several prompts: indexes {[ch.index for ch in mp2.choices]}")
-check(all(ch.text == c.choices[0].text for ch in mp2.choices), f"several prompts: {mp2.choices}")
-check(mp2.usage.prompt_tokens == 10 and mp2.usage.completion_tokens == 32, f"several prompts usage {mp2.usage}")
+check([ch.text for ch in mp2.choices] == [c.choices[0].text] * 2 + [once.choices[0].text] * 2, f"several prompts: {mp2.choices}")
+check(mp2.usage.prompt_tokens == 5 + once.usage.prompt_tokens and mp2.usage.completion_tokens == 32,
+      f"several prompts usage {mp2.usage}")
+ids2 = client.completions.create(model=model, prompt=[[504, 3575, 282, 4649, 314], [504, 3575]], max_tokens=8, temperature=0)
+check(ids2.choices[0].text == c.choices[0].text and len(ids2.choices) == 2, f"token-id prompts: {ids2.choices}")
 
 # Streaming chat with n = 2: each index gets its role, its text and its finish.
 by = {}
