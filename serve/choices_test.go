@@ -1,14 +1,17 @@
 package serve
 
 import (
+	"context"
 	"encoding/json"
 	"io"
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/lockstep-ai/lockstep/executor"
 	"github.com/lockstep-ai/lockstep/model"
 )
 
@@ -220,4 +223,51 @@ func chatTokenizer(t *testing.T) *model.Tokenizer {
 	tok, err := model.NewTokenizer(spec)
 	require.NoError(t, err)
 	return tok
+}
+
+// A failure of one choice ends the answer (500) and withdraws the other
+// choices from the ranks; a client that goes away withdraws every choice.
+func TestNChoicesFailTogether(t *testing.T) {
+	s, _, ts := fleetServer(t)
+	done := postAsync(t, ts.URL+"/v1/completions", `{"prompt":"Hi","max_tokens":4,"n":3}`)
+	as := takeArrivals(t, s, 3)
+	s.src.finished(as[1].ID)
+	s.mu.Lock()
+	c := s.calls[as[1].ID]
+	s.mu.Unlock()
+	c.mu.Lock()
+	c.resp = &executor.Response{ID: as[1].ID, Rank: 1, Error: "boom", ArrivalUnixNS: as[1].ArrivalUnixNS}
+	c.mu.Unlock()
+	c.signal()
+	m := <-done
+	require.Equal(t, 500.0, m["status"], m)
+	require.Contains(t, m["error"].(map[string]any)["message"], "rank 1: boom")
+	require.ElementsMatch(t, []uint64{as[0].ID, as[2].ID}, withdrawn(t, s, 2))
+
+	ctx, cancel := context.WithCancel(context.Background())
+	req, err := http.NewRequestWithContext(ctx, "POST", ts.URL+"/v1/completions",
+		strings.NewReader(`{"prompt":"Hi","max_tokens":4,"n":2,"stream":true}`))
+	require.NoError(t, err)
+	go func() {
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			resp.Body.Close()
+		}
+	}()
+	as = takeArrivals(t, s, 2)
+	cancel()
+	require.ElementsMatch(t, []uint64{as[0].ID, as[1].ID}, withdrawn(t, s, 2))
+}
+
+// withdrawn waits for n withdrawals announced to the (test's) fleet.
+func withdrawn(t *testing.T, s *Server, n int) []uint64 {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	var got []uint64
+	for len(got) < n {
+		s.src.Due(time.Now())
+		got = append(got, s.src.Cancelled()...)
+		require.True(t, time.Now().Before(deadline), "%d of %d withdrawals", len(got), n)
+		time.Sleep(time.Millisecond)
+	}
+	return got
 }
