@@ -75,11 +75,15 @@ type genParams struct {
 	IncludeStop bool
 	// SpecialTokens renders control tokens' text (skip_special_tokens: false).
 	SpecialTokens bool
-	// Echo puts the prompt's text before the completion's (completions);
-	// EchoText is that text, set once the prompt is read.
-	Echo     bool
-	EchoText string
+	// Echo puts the prompt's text before the completion's (completions).
+	Echo bool
+	// N is the number of choices per prompt (n; best_of only equal to it).
+	N int
 }
+
+// maxChoices bounds n, and n times the prompts of one completions request
+// (OpenAI's bound on n is 128).
+const maxChoices = 128
 
 // rawParams is the JSON of the settings shared by both endpoints.
 type rawParams struct {
@@ -146,7 +150,7 @@ const restOfContext = 0
 
 // check turns the raw settings into genParams, naming the first bad field.
 func (r *rawParams) check(defaultMax int) (genParams, *apiError) {
-	p := genParams{MaxTokens: defaultMax, TopP: 1, Stream: r.Stream, IgnoreEOS: r.IgnoreEOS, ReturnTokenID: r.ReturnTokenIDs}
+	p := genParams{N: 1, MaxTokens: defaultMax, TopP: 1, Stream: r.Stream, IgnoreEOS: r.IgnoreEOS, ReturnTokenID: r.ReturnTokenIDs}
 	if r.MaxCompletionTokens != nil {
 		r.MaxTokens = r.MaxCompletionTokens
 	}
@@ -202,11 +206,15 @@ func (r *rawParams) check(defaultMax int) (genParams, *apiError) {
 		p.IncludeUsage = r.StreamOptions.IncludeUsage
 		p.ContinuousUsage = r.StreamOptions.ContinuousUsageStats
 	}
+	if r.N != nil {
+		if *r.N < 1 || *r.N > maxChoices {
+			return p, badRequest("n", "n must be in [1, %d], got %d", maxChoices, *r.N)
+		}
+		p.N = *r.N
+	}
 	switch {
-	case r.N != nil && *r.N != 1:
-		return p, badRequest("n", "only n = 1 is supported, got %d", *r.N)
-	case r.BestOf != nil && *r.BestOf != 1:
-		return p, badRequest("best_of", "only best_of = 1 is supported, got %d", *r.BestOf)
+	case r.BestOf != nil && *r.BestOf != p.N:
+		return p, badRequest("best_of", "best_of is supported only equal to n (%d), got %d", p.N, *r.BestOf)
 	case len(r.Logprobs) > 0 && string(r.Logprobs) != "null" && string(r.Logprobs) != "false" && string(r.Logprobs) != "0":
 		return p, badRequest("logprobs", "logprobs are not supported")
 	case r.TopLogprobs != nil && *r.TopLogprobs != 0:
@@ -350,37 +358,65 @@ type completionRequest struct {
 	Prompt json.RawMessage `json:"prompt"`
 }
 
-// prompt returns the prompt's token ids: a string is tokenised (special
-// tokens not parsed), a list of ids is taken as is; a list of one string or
-// of one list of ids is accepted too.
-func (r *completionRequest) prompt(tok *model.Tokenizer, vocab int) ([]int32, string, *apiError) {
+// promptIn is one prompt of a request: its token ids, and its text when it
+// was sent (or rendered) as text.
+type promptIn struct {
+	ids  []int32
+	text string
+}
+
+// maxPrompts bounds the prompts of one completions request.
+const maxPrompts = maxChoices
+
+// prompts returns the prompts' token ids: a string is tokenised (special
+// tokens not parsed), a list of ids is taken as is; a list of strings or of
+// lists of ids is several prompts (their choices indexed prompt-major).
+func (r *completionRequest) prompts(tok *model.Tokenizer, vocab int) ([]promptIn, *apiError) {
 	raw := r.Prompt
 	if len(raw) == 0 || string(raw) == "null" {
-		return nil, "", badRequest("prompt", "prompt is required")
+		return nil, badRequest("prompt", "prompt is required")
+	}
+	one := func(ids []int32, text string, e *apiError) ([]promptIn, *apiError) {
+		if e != nil {
+			return nil, e
+		}
+		return []promptIn{{ids, text}}, nil
 	}
 	var text string
 	if json.Unmarshal(raw, &text) == nil {
-		return encodeText(tok, text)
+		return one(encodeText(tok, text))
 	}
 	var ids []int64
 	if json.Unmarshal(raw, &ids) == nil {
-		return checkIDs(ids, vocab)
+		return one(checkIDs(ids, vocab))
+	}
+	many := func(n int, get func(i int) ([]int32, string, *apiError)) ([]promptIn, *apiError) {
+		if n == 0 {
+			return nil, badRequest("prompt", "the list of prompts is empty")
+		}
+		if n > maxPrompts {
+			return nil, badRequest("prompt", "at most %d prompts per request, got %d", maxPrompts, n)
+		}
+		out := make([]promptIn, n)
+		for i := range out {
+			ids, text, e := get(i)
+			if e != nil {
+				e.Message = fmt.Sprintf("prompt %d: %s", i, e.Message)
+				return nil, e
+			}
+			out[i] = promptIn{ids, text}
+		}
+		return out, nil
 	}
 	var texts []string
 	if json.Unmarshal(raw, &texts) == nil {
-		if len(texts) != 1 {
-			return nil, "", badRequest("prompt", "one prompt per request (got %d); send several requests", len(texts))
-		}
-		return encodeText(tok, texts[0])
+		return many(len(texts), func(i int) ([]int32, string, *apiError) { return encodeText(tok, texts[i]) })
 	}
 	var lists [][]int64
 	if json.Unmarshal(raw, &lists) == nil {
-		if len(lists) != 1 {
-			return nil, "", badRequest("prompt", "one prompt per request (got %d); send several requests", len(lists))
-		}
-		return checkIDs(lists[0], vocab)
+		return many(len(lists), func(i int) ([]int32, string, *apiError) { return checkIDs(lists[i], vocab) })
 	}
-	return nil, "", badRequest("prompt", "prompt must be a string, a list of token ids, or a list of one of those")
+	return nil, badRequest("prompt", "prompt must be a string, a list of token ids, or a list of strings or of lists of token ids")
 }
 
 func encodeText(tok *model.Tokenizer, text string) ([]int32, string, *apiError) {

@@ -33,3 +33,24 @@ func setSampling(a *executor.Arrival, p genParams) *apiError {
 	}
 	return nil
 }
+
+// choiceParams are the settings of choice j (of n) of a prompt. With a
+// seed, choice 0 keeps it (n = 1 is unchanged) and choice j > 0 samples
+// with a seed derived from (seed, j), so the choices differ, the same on
+// every run; without one every choice draws its own random seed
+// (setSampling). Greedy choices are all the same (as in vLLM).
+func choiceParams(p genParams, j int) genParams {
+	if j > 0 && p.HasSeed {
+		p.Seed = choiceSeed(p.Seed, j)
+	}
+	return p
+}
+
+// choiceSeed is splitmix64's output for seed + j·golden: distinct seeds
+// for the choices of one request seed, well mixed.
+func choiceSeed(seed uint64, j int) uint64 {
+	z := seed + uint64(j)*0x9e3779b97f4a7c15
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9
+	z = (z ^ (z >> 27)) * 0x94d049bb133111eb
+	return z ^ (z >> 31)
+}

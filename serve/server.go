@@ -379,35 +379,37 @@ func (s *Server) record(c *call, r *executor.Response, finish string) {
 // completions is POST /v1/completions.
 func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 	var req completionRequest
-	s.handle(w, r, "completions", &req, &req.rawParams, 16, func() ([]int32, string, *apiError) {
-		return req.prompt(s.cfg.Tokenizer, s.cfg.VocabSize)
+	s.handle(w, r, "completions", &req, &req.rawParams, 16, func() ([]promptIn, *apiError) {
+		return req.prompts(s.cfg.Tokenizer, s.cfg.VocabSize)
 	})
 }
 
 // chat is POST /v1/chat/completions.
 func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
 	var req chatRequest
-	s.handle(w, r, "chat", &req, &req.rawParams, restOfContext, func() ([]int32, string, *apiError) {
+	s.handle(w, r, "chat", &req, &req.rawParams, restOfContext, func() ([]promptIn, *apiError) {
 		msgs, e := req.messages()
 		if e != nil {
-			return nil, "", e
+			return nil, e
 		}
 		tok := s.cfg.Tokenizer
 		if tok == nil || tok.ChatTemplate() == "" {
-			return nil, "", badRequest("messages", "the model %s has no chat template: use /v1/completions", s.cfg.ModelName)
+			return nil, badRequest("messages", "the model %s has no chat template: use /v1/completions", s.cfg.ModelName)
 		}
 		text, err := model.RenderChat(tok.ChatTemplate(), msgs, true, tok.TokenText(tok.BOS()), tok.TokenText(tok.EOS()))
 		if err != nil {
-			return nil, "", badRequest("messages", "the model's chat template failed on these messages: %v", err)
+			return nil, badRequest("messages", "the model's chat template failed on these messages: %v", err)
 		}
-		return tok.Encode(text, model.EncodeOptions{ParseSpecial: true}), text, nil
+		return []promptIn{{tok.Encode(text, model.EncodeOptions{ParseSpecial: true}), text}}, nil
 	})
 }
 
 // handle is both endpoints: parse, check, admit, then answer (streaming or
-// not) from the tokens the fleet produces.
+// not) from the tokens the fleet produces. A request of P prompts and n
+// choices is P·n engine requests (calls), choice index prompt·n + j, all
+// answered together.
 func (s *Server) handle(w http.ResponseWriter, r *http.Request, endpoint string, req any, raw *rawParams,
-	defaultMax int, prompt func() ([]int32, string, *apiError)) {
+	defaultMax int, prompt func() ([]promptIn, *apiError)) {
 	if s.cfg.Metrics != nil {
 		s.cfg.Metrics.RequestReceived(endpoint)
 	}
@@ -431,43 +433,62 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request, endpoint string,
 		fail(e)
 		return
 	}
-	a, e := s.parse(w, r, req, raw, defaultMax, prompt)
+	cr, e := s.parse(w, r, req, raw, defaultMax, prompt)
 	if e != nil {
 		fail(e)
 		return
 	}
-	p := a.params
-	c := &call{wake: make(chan struct{}, 1), prompt: len(a.Prompt), arrival: a.ArrivalUnixNS}
+	p := cr.params
+	if s.cfg.MaxQueue > 0 && len(cr.choices) > s.cfg.MaxQueue {
+		fail(badRequest("n", "%d choices (prompts × n) exceed the server's bound of %d requests in flight (--max-queue)",
+			len(cr.choices), s.cfg.MaxQueue))
+		return
+	}
+	wake := make(chan struct{}, 1)
+	runs := make([]*choiceRun, len(cr.choices))
 	s.mu.Lock()
-	if s.cfg.MaxQueue > 0 && len(s.calls) >= s.cfg.MaxQueue {
+	if s.cfg.MaxQueue > 0 && len(s.calls)+len(runs) > s.cfg.MaxQueue {
 		s.mu.Unlock()
 		fail(&apiError{Status: http.StatusTooManyRequests, Type: "rate_limit_error", Code: "rate_limit_exceeded",
 			Message: fmt.Sprintf("%d requests in flight, the server's bound (--max-queue); retry later", s.cfg.MaxQueue)})
 		return
 	}
-	// The id is taken only by a request that is accepted: ids stay dense.
-	a.ID = s.nextID.Add(1) - 1
-	c.id = a.ID
-	c.apiID = reqID
-	if reqID == "" {
-		c.apiID = strconv.FormatUint(a.ID, 10)
-		w.Header().Set("X-Request-Id", c.apiID)
+	for i := range cr.choices {
+		ch := &cr.choices[i]
+		// The ids are taken only by a request that is accepted: ids stay dense.
+		ch.ID = s.nextID.Add(1) - 1
+		c := &call{id: ch.ID, wake: wake, prompt: len(ch.Prompt), arrival: ch.ArrivalUnixNS, apiID: reqID}
+		if i == 0 && reqID == "" {
+			reqID = strconv.FormatUint(ch.ID, 10)
+			w.Header().Set("X-Request-Id", reqID)
+		}
+		c.apiID = reqID
+		s.calls[ch.ID] = c
+		runs[i] = &choiceRun{c: c, index: i, echo: ch.echo, firstOfPrompt: ch.firstOfPrompt}
 	}
-	s.calls[a.ID] = c
 	s.mu.Unlock()
 	defer func() {
 		s.mu.Lock()
-		if !c.detached {
-			delete(s.calls, a.ID)
+		for _, ch := range runs {
+			if !ch.c.detached {
+				delete(s.calls, ch.c.id)
+			}
 		}
 		s.mu.Unlock()
 	}()
-	if !s.src.push(a.Arrival) {
-		s.record(c, nil, "cancelled")
-		fail(&apiError{Status: http.StatusServiceUnavailable, Type: "server_error", Message: "the server is shutting down"})
-		return
+	for i, ch := range cr.choices {
+		if !s.src.push(ch.Arrival) {
+			for _, pushed := range runs[:i] {
+				s.detach(pushed.c, "cancelled")
+			}
+			for _, left := range runs[i:] {
+				s.record(left.c, nil, "cancelled")
+			}
+			fail(&apiError{Status: http.StatusServiceUnavailable, Type: "server_error", Message: "the server is shutting down"})
+			return
+		}
 	}
-	s.answer(w, r, endpoint, c, p)
+	s.answer(w, r, endpoint, reqID, runs, p)
 }
 
 // unavailable is the error for every request while the fleet failed, is
@@ -485,58 +506,84 @@ func (s *Server) unavailable() *apiError {
 	return nil
 }
 
-// checkedArrival is a request that passed every check, not yet numbered.
-type checkedArrival struct {
+// checkedChoice is one engine request of a request that passed every
+// check, not yet numbered.
+type checkedChoice struct {
 	executor.Arrival
-	params genParams
+	echo          string // echo: its prompt's text
+	firstOfPrompt bool   // choice 0 of its prompt (its prompt tokens count in the usage)
+}
+
+// checkedRequest is a request that passed every check: its choices in
+// index order (prompt-major).
+type checkedRequest struct {
+	params  genParams
+	choices []checkedChoice
 }
 
 // parse reads and checks a request body: the JSON (bounded in size, time
-// and bytes in flight), the model, the parameters, the prompt and its
+// and bytes in flight), the model, the parameters, the prompts and their
 // admission. Nothing of the fleet is touched.
 func (s *Server) parse(w http.ResponseWriter, r *http.Request, req any, raw *rawParams, defaultMax int,
-	prompt func() ([]int32, string, *apiError)) (checkedArrival, *apiError) {
+	prompt func() ([]promptIn, *apiError)) (checkedRequest, *apiError) {
 	release, e := s.decodeBody(w, r, req)
 	if e != nil {
-		return checkedArrival{}, e
+		return checkedRequest{}, e
 	}
 	// The body's bytes are garbage once the prompt is tokenised.
 	defer release()
 	if e := s.checkModel(raw.Model); e != nil {
-		return checkedArrival{}, e
+		return checkedRequest{}, e
 	}
 	p, e := raw.check(defaultMax)
 	if e != nil {
-		return checkedArrival{}, e
+		return checkedRequest{}, e
 	}
-	ids, text, e := prompt()
+	prompts, e := prompt()
 	if e != nil {
-		return checkedArrival{}, e
+		return checkedRequest{}, e
 	}
-	if p.Echo {
-		// vLLM's echo: the prompt as sent, or its ids decoded.
-		p.EchoText = text
-		if text == "" && s.cfg.Tokenizer != nil {
-			p.EchoText = s.cfg.Tokenizer.Decode(ids)
-		}
+	if len(prompts)*p.N > maxChoices {
+		return checkedRequest{}, badRequest("n", "%d prompts × n %d = %d choices, more than %d", len(prompts), p.N, len(prompts)*p.N, maxChoices)
 	}
 	if e := p.checkVocab(s.cfg.VocabSize); e != nil {
-		return checkedArrival{}, e
+		return checkedRequest{}, e
 	}
-	if p.MaxTokens == restOfContext {
-		p.MaxTokens = s.restOfContext(len(ids))
+	cr := checkedRequest{params: p}
+	now := s.cfg.Now().UnixNano()
+	for pi, pr := range prompts {
+		ids := pr.ids
+		echo := ""
+		if p.Echo {
+			// vLLM's echo: the prompt as sent, or its ids decoded.
+			echo = pr.text
+			if echo == "" && s.cfg.Tokenizer != nil {
+				echo = s.cfg.Tokenizer.Decode(ids)
+			}
+		}
+		maxTokens := p.MaxTokens
+		if maxTokens == restOfContext {
+			maxTokens = s.restOfContext(len(ids))
+		}
+		if v := s.cfg.Admission(len(ids), maxTokens); v.Code == scheduler.NeverFits {
+			what := ""
+			if len(prompts) > 1 {
+				what = fmt.Sprintf("prompt %d: ", pi)
+			}
+			return checkedRequest{}, &apiError{Status: http.StatusRequestEntityTooLarge, Type: "invalid_request_error", Param: "max_tokens",
+				Code:    "context_length_exceeded",
+				Message: fmt.Sprintf("%s%d prompt tokens + max_tokens %d can never be served: %s", what, len(ids), maxTokens, v.Reason)}
+		}
+		for j := 0; j < p.N; j++ {
+			a := executor.Arrival{ArrivalUnixNS: now, MaxNewTokens: maxTokens,
+				Prompt: ids, StopAtEOS: !p.IgnoreEOS, LogitBias: p.LogitBias, StopTokenIDs: p.StopTokenIDs}
+			if e := setSampling(&a, choiceParams(p, j)); e != nil {
+				return checkedRequest{}, e
+			}
+			cr.choices = append(cr.choices, checkedChoice{Arrival: a, echo: echo, firstOfPrompt: j == 0})
+		}
 	}
-	if v := s.cfg.Admission(len(ids), p.MaxTokens); v.Code == scheduler.NeverFits {
-		return checkedArrival{}, &apiError{Status: http.StatusRequestEntityTooLarge, Type: "invalid_request_error", Param: "max_tokens",
-			Code:    "context_length_exceeded",
-			Message: fmt.Sprintf("%d prompt tokens + max_tokens %d can never be served: %s", len(ids), p.MaxTokens, v.Reason)}
-	}
-	a := checkedArrival{params: p, Arrival: executor.Arrival{ArrivalUnixNS: s.cfg.Now().UnixNano(), MaxNewTokens: p.MaxTokens,
-		Prompt: ids, StopAtEOS: !p.IgnoreEOS, LogitBias: p.LogitBias, StopTokenIDs: p.StopTokenIDs}}
-	if e := setSampling(&a.Arrival, p); e != nil {
-		return checkedArrival{}, e
-	}
-	return a, nil
+	return cr, nil
 }
 
 // defaultChatMaxTokens is chat's default max_tokens when the context
@@ -571,85 +618,146 @@ func (s *Server) restOfContext(n int) int {
 	return max(lo, 1)
 }
 
-// answer streams or collects the completion of c.
-func (s *Server) answer(w http.ResponseWriter, r *http.Request, endpoint string, c *call, p genParams) {
-	out := newWriter(w, endpoint, s.cfg.ModelName, c.apiID, s.cfg.Now().Unix(), p)
-	var stream *model.StreamDecoder
-	if s.cfg.Tokenizer != nil {
-		stream = s.cfg.Tokenizer.NewStreamWith(model.DecodeOptions{Special: p.SpecialTokens})
+// choiceRun is one choice of an answer: its call and what it produced.
+type choiceRun struct {
+	c             *call
+	index         int
+	echo          string
+	firstOfPrompt bool
+	stream        *model.StreamDecoder
+	text          strings.Builder
+	all           []int32
+	reused        int
+	finish        string // "" while it runs
+	// Streaming: the echoed prompt and (chat) the role are out.
+	echoed, roleSent bool
+}
+
+// answer streams or collects the choices of one request (their calls share
+// one wake channel); a failure of any ends them all.
+func (s *Server) answer(w http.ResponseWriter, r *http.Request, endpoint, apiID string, runs []*choiceRun, p genParams) {
+	out := newWriter(w, endpoint, s.cfg.ModelName, apiID, s.cfg.Now().Unix(), p)
+	for _, ch := range runs {
+		if s.cfg.Tokenizer != nil {
+			ch.stream = s.cfg.Tokenizer.NewStreamWith(model.DecodeOptions{Special: p.SpecialTokens})
+		}
+		ch.roleSent = endpoint != "chat"
 	}
-	reused := 0
-	var text strings.Builder
-	var all []int32
-	finish := ""
-	for finish == "" {
+	wake := runs[0].c.wake
+	// stopAll detaches every choice still running (but except), as finish.
+	stopAll := func(except *choiceRun, finish string) {
+		for _, ch := range runs {
+			if ch != except && ch.finish == "" {
+				s.detach(ch.c, finish)
+			}
+		}
+	}
+	left := len(runs)
+	for left > 0 {
 		select {
 		case <-r.Context().Done():
-			// The client went away: every rank withdraws the request.
-			s.detach(c, "cancelled")
+			// The client went away: every rank withdraws the requests.
+			stopAll(nil, "cancelled")
 			return
-		case <-c.wake:
+		case <-wake:
 		}
-		toks, resp, err := c.take()
-		if pf := s.failed.Load(); pf != nil && resp == nil {
-			// (An answer that arrived whole is still given.)
-			s.record(c, nil, "error")
-			out.fail(&apiError{Status: http.StatusInternalServerError, Type: "server_error", Message: "the fleet failed: " + (*pf).Error()})
-			return
-		}
-		if err != nil {
-			// Drain cancelled it (and withdrew it from the ranks).
-			out.fail(&apiError{Status: http.StatusServiceUnavailable, Type: "server_error", Message: err.Error()})
-			return
-		}
-		var piece strings.Builder
-		var pieceIDs []int32
-		for _, t := range toks {
-			all = append(all, t)
-			pieceIDs = append(pieceIDs, t)
-			// A stop token ends the answer (it is the last); its text is
-			// kept only with include_stop_str_in_output.
-			stop := (s.stops[t] && !p.IgnoreEOS) || slices.Contains(p.StopTokenIDs, t)
-			if stream == nil || (stop && !p.IncludeStop) {
+		for _, ch := range runs {
+			if ch.finish != "" {
 				continue
 			}
-			piece.WriteString(stream.Next(t))
-		}
-		if resp != nil {
-			reused = resp.ReusedTokens
-		}
-		chunk := piece.String()
-		if resp != nil && resp.Error == "" && stream != nil {
-			// The answer is complete: a stop string may span the decoder's tail.
-			chunk += stream.Flush()
-		}
-		if chunk, finish = cutAtStop(&text, chunk, p.Stop, p.IncludeStop); finish != "" {
-			// The ranks withdraw the request (unless it already finished).
-			if resp != nil {
-				s.record(c, resp, finish)
-			} else {
-				s.detach(c, finish)
-			}
-		}
-		if resp != nil && finish == "" {
-			if resp.Error != "" {
-				s.record(c, resp, "error")
-				out.fail(&apiError{Status: http.StatusInternalServerError, Type: "server_error",
-					Message: fmt.Sprintf("rank %d: %s", resp.Rank, resp.Error)})
+			chunk, ids, e := s.step(ch, p)
+			if e != nil {
+				stopAll(ch, "cancelled")
+				out.fail(e)
 				return
 			}
-			finish = "length"
-			if resp.Stopped {
-				finish = "stop"
+			if err := out.delta(ch, chunk, ids, s.usageOf(runs)); err != nil {
+				stopAll(nil, "cancelled")
+				return
 			}
-			s.record(c, resp, finish)
-		}
-		if err := out.delta(chunk, pieceIDs, s.usage(c.prompt, len(all), reused)); err != nil {
-			s.detach(c, "cancelled")
-			return
+			if ch.finish != "" {
+				left--
+				if err := out.finishChoice(ch, s.usageOf(runs)); err != nil {
+					stopAll(nil, "cancelled")
+					return
+				}
+			}
 		}
 	}
-	out.done(text.String(), all, finish, s.usage(c.prompt, len(all), reused))
+	out.done(runs, s.usageOf(runs))
+}
+
+// step takes what arrived for ch since the last step: the text and ids to
+// send, and ch.finish once it is over; an error ends the whole answer.
+func (s *Server) step(ch *choiceRun, p genParams) (string, []int32, *apiError) {
+	c := ch.c
+	toks, resp, err := c.take()
+	if pf := s.failed.Load(); pf != nil && resp == nil {
+		// (An answer that arrived whole is still given.)
+		s.record(c, nil, "error")
+		return "", nil, &apiError{Status: http.StatusInternalServerError, Type: "server_error", Message: "the fleet failed: " + (*pf).Error()}
+	}
+	if err != nil {
+		// Drain cancelled it (and withdrew it from the ranks).
+		return "", nil, &apiError{Status: http.StatusServiceUnavailable, Type: "server_error", Message: err.Error()}
+	}
+	var piece strings.Builder
+	var pieceIDs []int32
+	for _, t := range toks {
+		ch.all = append(ch.all, t)
+		pieceIDs = append(pieceIDs, t)
+		// A stop token ends the answer (it is the last); its text is
+		// kept only with include_stop_str_in_output.
+		stop := (s.stops[t] && !p.IgnoreEOS) || slices.Contains(p.StopTokenIDs, t)
+		if ch.stream == nil || (stop && !p.IncludeStop) {
+			continue
+		}
+		piece.WriteString(ch.stream.Next(t))
+	}
+	if resp != nil {
+		ch.reused = resp.ReusedTokens
+	}
+	chunk := piece.String()
+	if resp != nil && resp.Error == "" && ch.stream != nil {
+		// The answer is complete: a stop string may span the decoder's tail.
+		chunk += ch.stream.Flush()
+	}
+	if chunk, ch.finish = cutAtStop(&ch.text, chunk, p.Stop, p.IncludeStop); ch.finish != "" {
+		// The ranks withdraw the request (unless it already finished).
+		if resp != nil {
+			s.record(c, resp, ch.finish)
+		} else {
+			s.detach(c, ch.finish)
+		}
+	}
+	if resp != nil && ch.finish == "" {
+		if resp.Error != "" {
+			s.record(c, resp, "error")
+			return "", nil, &apiError{Status: http.StatusInternalServerError, Type: "server_error",
+				Message: fmt.Sprintf("rank %d: %s", resp.Rank, resp.Error)}
+		}
+		ch.finish = "length"
+		if resp.Stopped {
+			ch.finish = "stop"
+		}
+		s.record(c, resp, ch.finish)
+	}
+	return chunk, pieceIDs, nil
+}
+
+// usageOf is the usage of a request's choices so far: every choice's
+// completion tokens, each prompt's tokens once (its first choice's, with
+// that choice's cached tokens).
+func (s *Server) usageOf(runs []*choiceRun) openai.Usage {
+	prompt, completion, cached := 0, 0, 0
+	for _, ch := range runs {
+		completion += len(ch.all)
+		if ch.firstOfPrompt {
+			prompt += ch.c.prompt
+			cached += ch.reused
+		}
+	}
+	return s.usage(prompt, completion, cached)
 }
 
 // usage is a completion's usage; prompt_tokens_details (the prompt tokens

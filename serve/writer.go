@@ -11,23 +11,21 @@ import (
 // writer renders a completion in the endpoint's shape: server-sent events
 // when streaming, one JSON body otherwise.
 type writer struct {
-	w        http.ResponseWriter
-	flusher  http.Flusher
-	chat     bool
-	p        genParams
-	id       string
-	object   string
-	model    string
-	created  int64
-	started  bool // streaming: headers and the first chunk are out
-	roleSent bool
-	echoed   bool // streaming: the echoed prompt is out
+	w       http.ResponseWriter
+	flusher http.Flusher
+	chat    bool
+	p       genParams
+	id      string
+	object  string
+	model   string
+	created int64
+	started bool // streaming: headers and the first chunk are out
 }
 
 // id is the request's X-Request-Id (the server's numeric id by default):
 // the completion's id is "cmpl-" or "chatcmpl-" and it, as vLLM's.
 func newWriter(w http.ResponseWriter, endpoint, model string, id string, created int64, p genParams) *writer {
-	wr := &writer{w: w, chat: endpoint == "chat", p: p, model: model, created: created, roleSent: endpoint != "chat"}
+	wr := &writer{w: w, chat: endpoint == "chat", p: p, model: model, created: created}
 	wr.flusher, _ = w.(http.Flusher)
 	if wr.chat {
 		wr.id, wr.object = "chatcmpl-"+id, "chat.completion"
@@ -66,17 +64,18 @@ func (wr *writer) chunkObject() string {
 	return "text_completion"
 }
 
-// choice is one chunk's or body's choice; finish is nil while streaming.
-func (wr *writer) choice(text string, ids []int32, finish *string, final bool) openai.Choice {
-	c := openai.Choice{FinishReason: finish}
+// choice is one chunk's or body's choice of ch; finish is nil while
+// streaming.
+func (wr *writer) choice(ch *choiceRun, text string, ids []int32, finish *string, final bool) openai.Choice {
+	c := openai.Choice{Index: ch.index, FinishReason: finish}
 	if wr.chat {
 		if final && !wr.p.Stream {
 			c.Message = &openai.Message{Role: "assistant", Content: text}
 		} else {
 			d := &openai.Message{Content: text}
-			if !wr.roleSent {
+			if !ch.roleSent {
 				d.Role = "assistant"
-				wr.roleSent = true
+				ch.roleSent = true
 			}
 			c.Delta = d
 		}
@@ -98,21 +97,21 @@ func (wr *writer) chunk(choices []openai.Choice, u *openai.Usage) openai.Complet
 		Choices: choices, Usage: u}
 }
 
-// delta streams newly produced text (and ids); a no-op without streaming.
-// With stream_options.continuous_usage_stats every chunk carries u, the
-// usage so far.
-func (wr *writer) delta(text string, ids []int32, u openai.Usage) error {
-	if wr.p.Stream && wr.p.EchoText != "" && !wr.echoed {
-		// echo: the prompt's text is the stream's first chunk.
-		wr.echoed = true
-		if err := wr.event(wr.chunk([]openai.Choice{wr.choice(wr.p.EchoText, nil, nil, false)}, wr.continuous(u))); err != nil {
+// delta streams newly produced text (and ids) of ch; a no-op without
+// streaming. With stream_options.continuous_usage_stats every chunk
+// carries u, the usage so far.
+func (wr *writer) delta(ch *choiceRun, text string, ids []int32, u openai.Usage) error {
+	if wr.p.Stream && ch.echo != "" && !ch.echoed {
+		// echo: the prompt's text is the choice's first chunk.
+		ch.echoed = true
+		if err := wr.event(wr.chunk([]openai.Choice{wr.choice(ch, ch.echo, nil, nil, false)}, wr.continuous(u))); err != nil {
 			return err
 		}
 	}
-	if !wr.p.Stream || (text == "" && (len(ids) == 0 || !wr.p.ReturnTokenID) && wr.roleSent) {
+	if !wr.p.Stream || (text == "" && (len(ids) == 0 || !wr.p.ReturnTokenID) && ch.roleSent) {
 		return nil
 	}
-	return wr.event(wr.chunk([]openai.Choice{wr.choice(text, ids, nil, false)}, wr.continuous(u)))
+	return wr.event(wr.chunk([]openai.Choice{wr.choice(ch, text, ids, nil, false)}, wr.continuous(u)))
 }
 
 // continuous is u when every chunk carries the usage, nil otherwise.
@@ -123,20 +122,35 @@ func (wr *writer) continuous(u openai.Usage) *openai.Usage {
 	return &u
 }
 
-// done ends the completion.
-func (wr *writer) done(text string, ids []int32, finish string, u openai.Usage) {
+// finishChoice streams ch's last chunk (its finish_reason); a no-op
+// without streaming.
+func (wr *writer) finishChoice(ch *choiceRun, u openai.Usage) error {
 	if !wr.p.Stream {
-		text = wr.p.EchoText + text
+		return nil
+	}
+	if ch.echo != "" && !ch.echoed {
+		// An answer with no streamed token still echoes first.
+		if err := wr.delta(ch, "", nil, u); err != nil {
+			return err
+		}
+	}
+	return wr.event(wr.chunk([]openai.Choice{wr.choice(ch, "", nil, &ch.finish, false)}, wr.continuous(u)))
+}
+
+// done ends the completion: the body of every choice, or the stream's
+// usage and end.
+func (wr *writer) done(runs []*choiceRun, u openai.Usage) {
+	if !wr.p.Stream {
+		choices := make([]openai.Choice, len(runs))
+		for i, ch := range runs {
+			choices[i] = wr.choice(ch, ch.echo+ch.text.String(), ch.all, &ch.finish, true)
+		}
 		body := openai.Completion{ID: wr.id, Object: wr.object, Created: wr.created, Model: wr.model,
-			Choices: []openai.Choice{wr.choice(text, ids, &finish, true)}, Usage: &u}
+			Choices: choices, Usage: &u}
 		wr.w.Header().Set("Content-Type", "application/json")
 		json.NewEncoder(wr.w).Encode(body) //nolint:errcheck // the client may be gone
 		return
 	}
-	if wr.p.EchoText != "" && !wr.echoed {
-		wr.delta("", nil, u) //nolint:errcheck // an answer with no streamed token still echoes first
-	}
-	wr.event(wr.chunk([]openai.Choice{wr.choice("", nil, &finish, false)}, wr.continuous(u))) //nolint:errcheck
 	if wr.p.IncludeUsage {
 		wr.event(wr.chunk([]openai.Choice{}, &u)) //nolint:errcheck
 	}

@@ -66,6 +66,44 @@ a, b, c3 = sampled(7), sampled(7), sampled(8)
 check(a == b, f"same seed, different texts: {a!r} {b!r}")
 check(a != c3, f"seeds 7 and 8 gave the same text {a!r}")
 
+# n > 1: n choices indexed 0..n-1; with a seed choice 0 is the n = 1
+# answer, the others differ and the whole is reproducible; greedy choices
+# are all the same; the usage counts the prompt once.
+def sampled_n(seed):
+    return client.completions.create(model=model, prompt="Once upon a time", max_tokens=16, temperature=0.9,
+                                     top_p=0.95, seed=seed, n=3)
+
+
+n1, n2 = sampled_n(7), sampled_n(7)
+check([ch.index for ch in n1.choices] == [0, 1, 2], f"n=3 indexes {[ch.index for ch in n1.choices]}")
+texts = [ch.text for ch in n1.choices]
+check(texts == [ch.text for ch in n2.choices], f"n=3 with a seed not reproducible: {texts}")
+check(texts[0] == a, f"n=3 choice 0 {texts[0]!r} != the n=1 answer {a!r}")
+check(len(set(texts)) > 1, f"n=3 sampled choices all alike: {texts}")
+check(n1.usage.completion_tokens == 48 and n1.usage.prompt_tokens == n1.usage.total_tokens - 48, f"n=3 usage {n1.usage}")
+g = client.completions.create(model=model, prompt="The capital of France is", max_tokens=8, temperature=0, n=2)
+check([ch.text for ch in g.choices] == [c.choices[0].text] * 2, f"greedy n=2: {g.choices}")
+check(g.usage.prompt_tokens == 5 and g.usage.completion_tokens == 16, f"greedy n=2 usage {g.usage}")
+
+# Several prompts: choices prompt-major (index = prompt*n + j).
+once = client.completions.create(model=model, prompt="Once upon a time", max_tokens=8, temperature=0)
+mp2 = client.completions.create(model=model, prompt=["The capital of France is", "Once upon a time"],
+                                max_tokens=8, temperature=0, n=2)
+check([ch.index for ch in mp2.choices] == [0, 1, 2, 3], f"several prompts: indexes {[ch.index for ch in mp2.choices]}")
+check([ch.text for ch in mp2.choices] == [c.choices[0].text] * 2 + [once.choices[0].text] * 2, f"several prompts: {mp2.choices}")
+check(mp2.usage.prompt_tokens == 5 + once.usage.prompt_tokens and mp2.usage.completion_tokens == 32,
+      f"several prompts usage {mp2.usage}")
+ids2 = client.completions.create(model=model, prompt=[[504, 3575, 282, 4649, 314], [504, 3575]], max_tokens=8, temperature=0)
+check(ids2.choices[0].text == c.choices[0].text and len(ids2.choices) == 2, f"token-id prompts: {ids2.choices}")
+
+# Streaming chat with n = 2: each index gets its role, its text and its finish.
+by = {}
+for chunk in client.chat.completions.create(model=model, messages=msgs, max_tokens=48, temperature=0, stream=True, n=2):
+    for ch in chunk.choices:
+        t, r0, f0 = by.get(ch.index, ("", None, None))
+        by[ch.index] = (t + (ch.delta.content or ""), r0 or ch.delta.role, ch.finish_reason or f0)
+check(by == {0: (answer, "assistant", "stop"), 1: (answer, "assistant", "stop")}, f"streamed chat n=2: {by}")
+
 # vLLM's endpoints: /tokenize (the ids the completions endpoint queues),
 # /detokenize, /version, with the API key.
 def post_json(path, body, headers=None):
@@ -137,7 +175,8 @@ def expect(exc, status, fn):
 
 
 expect(openai.BadRequestError, 400, lambda: client.completions.create(model=model, prompt="x", max_tokens=0))
-expect(openai.BadRequestError, 400, lambda: client.completions.create(model=model, prompt="x", n=2))
+expect(openai.BadRequestError, 400, lambda: client.completions.create(model=model, prompt="x", n=2, best_of=3))
+expect(openai.BadRequestError, 400, lambda: client.completions.create(model=model, prompt="x", logprobs=2))
 expect(openai.BadRequestError, 400, lambda: client.completions.create(model=model, prompt="x", temperature=3))
 expect(openai.BadRequestError, 400, lambda: client.completions.create(model=model, prompt="x", extra_body={"no_such_field": 1}))
 expect(openai.BadRequestError, 400, lambda: client.completions.create(model=model, prompt="x", extra_body={"guided_json": {}}))
