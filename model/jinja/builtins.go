@@ -6,6 +6,7 @@ import (
 	"math"
 	"strings"
 	"unicode"
+	"unicode/utf8"
 )
 
 // maxRange bounds range()'s length, as jinja2's sandbox does (MAX_RANGE).
@@ -406,10 +407,13 @@ func title(s string) string {
 }
 
 func capitalize(s string) string {
-	for i, r := range s {
-		return string(unicode.ToUpper(r)) + strings.ToLower(s[i+len(string(r)):])
+	if s == "" {
+		return s
 	}
-	return s
+	// The width of the first rune as it is in s: an invalid byte decodes to
+	// RuneError, which is one byte wide here but three when re-encoded.
+	r, w := utf8.DecodeRuneInString(s)
+	return string(unicode.ToUpper(r)) + strings.ToLower(s[w:])
 }
 
 // join concatenates the items of v (their attribute attr, if given) with sep.
