@@ -76,7 +76,7 @@ test-go: native model
 # store's and TCP transport's hello, the checked protocol's collective
 # headers, GGUF files, tokenizer.json, chat templates and the HTTP API's
 # request bodies, FUZZTIME each.
-FUZZTIME ?= 20s
+FUZZTIME ?= 10s
 fuzz:
 	GO=$(GO) scripts/fuzz-one.sh ./kvpool 'FuzzPoolOperations' $(FUZZTIME)
 	GO=$(GO) scripts/fuzz-one.sh ./workload 'FuzzRead' $(FUZZTIME)

@@ -267,9 +267,9 @@ func TestLoadgenOverHTTPMatchesRun(t *testing.T) {
 	m := modeltest.SmolLM2(t)
 	bin := worker(t)
 	trace := sharedTrace(t, "conversation_trace.jsonl")
-	args := []string{"--trace", trace, "--limit", "40", "--length-scale", "0.01"}
+	args := []string{"--trace", trace, "--limit", "16", "--length-scale", "0.01"}
 	want := serve(t, bin, append(args, "--model", m, "--ranks", "1")...)
-	require.Equal(t, 40, want.Requests.Completed)
+	require.Equal(t, 16, want.Requests.Completed)
 
 	cmd, base, out := startServe(t, nil, bin, "--model", m, "--ranks", "2")
 	lg := exec.Command(bin, append([]string{"loadgen", "--url", base, "--arrival-scale", "0", "--vocab-size", "49152",
@@ -278,7 +278,7 @@ func TestLoadgenOverHTTPMatchesRun(t *testing.T) {
 	require.NoError(t, err, string(res))
 	var got report
 	require.NoError(t, json.Unmarshal(res, &got), string(res))
-	require.Equal(t, 40, got.Requests.Completed)
+	require.Equal(t, 16, got.Requests.Completed)
 	require.Equal(t, want.OutputDigest, got.OutputDigest, "loadgen over HTTP and worker run")
 	stopServe(t, cmd, out)
 }
