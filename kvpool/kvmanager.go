@@ -24,6 +24,7 @@ func (m *Manager) PrepareContext(r *scheduler.Request) bool {
 		if s = m.create(r.ID, false); s == nil {
 			return false
 		}
+		m.hintBlocks(s, r)
 		m.claimPrefix(s, r)
 		m.registerConversation(s, r)
 		if m.cfg.CP > 1 && r.TotalInputLenCP == 0 {
@@ -70,6 +71,7 @@ func (m *Manager) PrepareBlocksIfSchedulable(r *scheduler.Request, n int) bool {
 		if s = m.create(r.ID, false); s == nil {
 			return false
 		}
+		m.hintBlocks(s, r)
 		m.claimPrefix(s, r)
 		m.registerConversation(s, r)
 	}
