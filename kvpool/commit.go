@@ -76,6 +76,11 @@ func (m *Manager) promptKey(r *scheduler.Request, root scheduler.BlockKey, k int
 	if c.Block != m.lb || c.Tokens != first || c.Root != root {
 		c.Root, c.Block, c.Tokens, c.Keys = root, m.lb, first, c.Keys[:0]
 	}
+	if cap(c.Keys) <= k {
+		// Room for every full block of the prompt at once: a long prompt's
+		// chain is not copied through doublings as it grows.
+		c.Keys = append(make([]scheduler.BlockKey, 0, max(k+1, min(r.PromptLen, len(r.Tokens))/m.lb)), c.Keys...)
+	}
 	for len(c.Keys) <= k {
 		i := len(c.Keys)
 		parent := root
