@@ -84,9 +84,12 @@ type Executor struct {
 
 	step      bridge.StepDesc
 	stepRes   bridge.StepResult
-	prev      *batch   // overlap loop: launched, results not applied yet
-	spare     *batch   // recycled batch object
-	executing []uint64 // ids of prev, handed to the scheduler
+	waitRes   bridge.StepResult // overlap loop: the previous batch's results
+	planBuf   plan              // the iteration's plan (prologue)
+	ownState  [1]RankState      // the gathered states without attention DP
+	prev      *batch            // overlap loop: launched, results not applied yet
+	spare     *batch            // recycled batch object
+	executing []uint64          // ids of prev, handed to the scheduler
 
 	res Result
 	// wallClock is the wall clock (Config.Clock before a virtual clock replaces

@@ -62,7 +62,8 @@ func decodeRankState(b []byte) (RankState, error) {
 func (e *Executor) gatherRankStates() ([]RankState, error) {
 	mine := e.rankState()
 	if !e.adp() {
-		return []RankState{mine}, nil
+		e.ownState[0] = mine
+		return e.ownState[:], nil
 	}
 	t := e.wall()
 	v, err := e.allGatherDecoded("rank_state", mine.encode(), e.decodeRankStates)

@@ -43,7 +43,9 @@ func BenchmarkAllocFree(b *testing.B) {
 // (holds, then locks on resume) and the one-token ResizeContext of the last
 // chunk, in thread CPU time (cpu-ns/op; ns/op is wall time). keys=fresh
 // is a request seen for the first time: hashing its lookup tokens into the
-// key chain is part of it. keys=kept is the same request admitted again,
+// chain of lookup keys is part of it (the SHA-256 event hashes of the
+// blocks were computed when they were stored, by the warm-up prefill, and
+// are not: a match never needs them). keys=kept is the same request admitted again,
 // as a waiting request is at every pass after its first: the chain is kept
 // on the request (scheduler.BlockKeyChain), so only the walk and the claim
 // remain. Target (issue 24): ≤ 1 ms at 16 tokens per page.

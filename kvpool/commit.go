@@ -68,6 +68,14 @@ func (m *Manager) keyAt(s *sequence, r *scheduler.Request, k int) scheduler.Bloc
 // not hold yet. A chain of another root, block size or token array is
 // dropped first (scheduler.BlockKeyChain).
 func (m *Manager) promptKey(r *scheduler.Request, root scheduler.BlockKey, k int) scheduler.BlockKey {
+	c := m.keyChain(r, root)
+	m.growChain(c, r, root, k)
+	return c.Keys[k]
+}
+
+// keyChain returns r's key chain for root, dropped first when it belongs to
+// another root, block size or token array.
+func (m *Manager) keyChain(r *scheduler.Request, root scheduler.BlockKey) *scheduler.BlockKeyChain {
 	c := &r.KeyChain
 	var first *int32
 	if len(r.Tokens) > 0 {
@@ -75,6 +83,19 @@ func (m *Manager) promptKey(r *scheduler.Request, root scheduler.BlockKey, k int
 	}
 	if c.Block != m.lb || c.Tokens != first || c.Root != root {
 		c.Root, c.Block, c.Tokens, c.Keys = root, m.lb, first, c.Keys[:0]
+	}
+	return c
+}
+
+// growChain hashes c (r's chain for root, from keyChain) up to block k.
+func (m *Manager) growChain(c *scheduler.BlockKeyChain, r *scheduler.Request, root scheduler.BlockKey, k int) {
+	if len(c.Keys) > k {
+		return
+	}
+	if cap(c.Keys) <= k {
+		// Room for every full block of the prompt at once: a long prompt's
+		// chain is not copied through doublings as it grows.
+		c.Keys = append(make([]scheduler.BlockKey, 0, max(k+1, min(r.PromptLen, len(r.Tokens))/m.lb)), c.Keys...)
 	}
 	for len(c.Keys) <= k {
 		i := len(c.Keys)
@@ -84,7 +105,6 @@ func (m *Manager) promptKey(r *scheduler.Request, root scheduler.BlockKey, k int
 		}
 		c.Keys = append(c.Keys, m.hasher.key(parent, r.Tokens[i*m.lb:(i+1)*m.lb]))
 	}
-	return c.Keys[k]
 }
 
 // commit publishes every newly full block of the first n prompt tokens
@@ -137,6 +157,9 @@ func (m *Manager) commitBlock(s *sequence, r *scheduler.Request, k, length int) 
 		key = m.hasher.key(parent.key, tokens)
 	}
 	if ex := m.nodes[key]; ex != nil {
+		if ex.parent != parent || !slices.Equal(ex.tokens, tokens) {
+			return false // another block's lookup key collides: not inserted
+		}
 		if length != m.lb || len(ex.tokens) != m.lb || ex.loc.tier != TierGPU {
 			return false // an identical partial block covers it, or the block is on the host
 		}

@@ -126,18 +126,18 @@ func (b *eventBuffer) stored(n *node, lb int) {
 	}
 	n.tracked = true
 	b.flushRemoved()
-	blk := StoredBlock{Hash: n.key, Tokens: n.tokens, CacheLevel: int(n.loc.tier),
+	blk := StoredBlock{Hash: n.hash, Tokens: n.tokens, CacheLevel: int(n.loc.tier),
 		Priority: DefaultBlockPriority, CacheSalt: n.salt}
 	if b.lastStored >= 0 {
 		last := &b.pending[b.lastStored]
-		if !n.parent.isRoot && last.Blocks[len(last.Blocks)-1].Hash == n.parent.key {
+		if !n.parent.isRoot && last.Blocks[len(last.Blocks)-1].Hash == n.parent.hash {
 			last.Blocks = append(last.Blocks, blk)
 			return
 		}
 	}
 	e := b.next(EventStored)
 	if !n.parent.isRoot {
-		e.Parent, e.HasParent = n.parent.key, true
+		e.Parent, e.HasParent = n.parent.hash, true
 	}
 	e.Blocks = []StoredBlock{blk}
 	b.pending = append(b.pending, e)
@@ -150,7 +150,7 @@ func (b *eventBuffer) removed(n *node) {
 		return
 	}
 	n.tracked = false
-	b.removedBuf = append(b.removedBuf, n.key)
+	b.removedBuf = append(b.removedBuf, n.hash)
 }
 
 // updated records a cache-level change of a tracked block.
@@ -160,7 +160,7 @@ func (b *eventBuffer) updated(n *node, from, to int) {
 	}
 	b.flushRemoved()
 	e := b.next(EventUpdated)
-	e.Hash, e.FromLevel, e.ToLevel = n.key, from, to
+	e.Hash, e.FromLevel, e.ToLevel = n.hash, from, to
 	b.pending = append(b.pending, e)
 }
 

@@ -14,7 +14,7 @@ import (
 func fakeBlock(id byte, parent *node) *node {
 	var key scheduler.BlockKey
 	key[0] = id
-	return &node{key: key, parent: parent, tokens: []int32{int32(id)}}
+	return &node{key: key, hash: key, parent: parent, tokens: []int32{int32(id)}}
 }
 
 func TestEventWorkedExample(t *testing.T) {
@@ -43,16 +43,16 @@ func TestEventWorkedExample(t *testing.T) {
 			t.Fatalf("event %d: id %d kind %s, want id %d kind %s", i, e.ID, e.Kind, i, kinds[i])
 		}
 	}
-	if len(got[1].Blocks) != 3 || got[1].HasParent || got[1].Blocks[2].Hash != h3.key {
+	if len(got[1].Blocks) != 3 || got[1].HasParent || got[1].Blocks[2].Hash != h3.hash {
 		t.Errorf("first stored %+v, want [h1,h2,h3] without parent", got[1])
 	}
-	if !slices.Equal(got[2].Hashes, []scheduler.BlockKey{h9.key}) {
+	if !slices.Equal(got[2].Hashes, []scheduler.BlockKey{h9.hash}) {
 		t.Errorf("removed %+v, want [h9]", got[2].Hashes)
 	}
-	if !got[3].HasParent || got[3].Parent != h3.key || len(got[3].Blocks) != 1 {
+	if !got[3].HasParent || got[3].Parent != h3.hash || len(got[3].Blocks) != 1 {
 		t.Errorf("second stored %+v, want parent h3, [h4]", got[3])
 	}
-	if got[4].Hash != h1.key || got[4].FromLevel != 0 || got[4].ToLevel != 1 {
+	if got[4].Hash != h1.hash || got[4].FromLevel != 0 || got[4].ToLevel != 1 {
 		t.Errorf("updated %+v", got[4])
 	}
 }

@@ -2,6 +2,7 @@ package kvpool
 
 import (
 	"fmt"
+	"slices"
 
 	"github.com/lockstep-ai/lockstep/scheduler"
 )
@@ -24,6 +25,7 @@ func (m *Manager) PrepareContext(r *scheduler.Request) bool {
 		if s = m.create(r.ID, false); s == nil {
 			return false
 		}
+		m.hintBlocks(s, r)
 		m.claimPrefix(s, r)
 		m.registerConversation(s, r)
 		if m.cfg.CP > 1 && r.TotalInputLenCP == 0 {
@@ -70,6 +72,7 @@ func (m *Manager) PrepareBlocksIfSchedulable(r *scheduler.Request, n int) bool {
 		if s = m.create(r.ID, false); s == nil {
 			return false
 		}
+		m.hintBlocks(s, r)
 		m.claimPrefix(s, r)
 		m.registerConversation(s, r)
 	}
@@ -306,11 +309,14 @@ func (m *Manager) ProbeFirstNewBlockKey(r *scheduler.Request) (scheduler.BlockKe
 	} else if root := m.rootFor(m.saltOf(r), false); root != nil {
 		rootKey = root.key
 	} else {
-		rootKey = RootKey(m.saltOf(r))
+		rootKey = LookupRootKey(m.saltOf(r))
 	}
 	for k := r.ContextPosition / m.lb; (k+1)*m.lb <= lookup; k++ {
 		key := m.promptKey(r, rootKey, k)
-		if b := m.nodes[key]; b == nil || b.loc.tier != TierGPU {
+		// A lookup key names its whole prefix only with the re-check of
+		// every block above it (lookupChild); this probe checks the block's
+		// tokens: a collision here can only name a block as present.
+		if b := m.nodes[key]; b == nil || b.loc.tier != TierGPU || !slices.Equal(b.tokens, r.Tokens[k*m.lb:(k+1)*m.lb]) {
 			return key, true
 		}
 	}

@@ -218,10 +218,19 @@ func (m *Manager) closeSeq(s *sequence) {
 	m.spare = append(m.spare, s)
 }
 
+// hintBlocks sets s.blockHint from r's prompt and generation limit, at
+// most the pool's pages (so a huge limit reserves no huge arrays).
+func (m *Manager) hintBlocks(s *sequence, r *scheduler.Request) {
+	limit := m.cfg.NumPages * m.lb
+	tokens := min(max(0, r.PromptLen), limit) + min(max(0, r.MaxNewTokens), limit)
+	s.blockHint = min(ceilDiv(tokens, m.lb), m.cfg.NumPages)
+}
+
 // resize sets the capacity of an ACTIVE sequence (kvcache.md §5.3). Growth
 // allocates the missing pages all-or-nothing (§4.2) and returns false,
 // changing nothing, when they cannot be had without eating into another
 // sequence's reservation; shrink releases tail pages.
+
 func (m *Manager) resize(s *sequence, capacity int) bool {
 	if s.status != SeqActive {
 		panic(fmt.Sprintf("kvpool: invariant resize-requires-active: request %d is %s", s.id, s.status))
@@ -242,6 +251,9 @@ func (m *Manager) resize(s *sequence, capacity int) bool {
 		m.makeFree(delta)
 	}
 	m.reserved -= s.reservation()
+	if need := len(s.blocks) + delta; need > cap(s.blocks) || need > cap(s.table) {
+		s.grow(max(need, s.blockHint))
+	}
 	for ; delta > 0; delta-- {
 		pg := m.gpu.take()
 		m.gpu.locks[pg] = 1 // a free page has no reference, owner or hold

@@ -13,7 +13,10 @@ import (
 // all lookups; children are kept as well, in insertion order, for the
 // partial match (§6.3) and the pre-order of removals (§6.6).
 type node struct {
-	key      scheduler.BlockKey
+	key scheduler.BlockKey // lookup key (LookupKeyOf): the key of Manager.nodes
+	// hash is the block's §6.1 SHA-256 chain key, as events carry it,
+	// computed once when the block is stored.
+	hash     scheduler.BlockKey
 	tokens   []int32 // the block's tokens: P for a full block, fewer for a partial one
 	parent   *node   // nil for a root
 	children []*node // insertion order

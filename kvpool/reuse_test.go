@@ -327,8 +327,10 @@ func TestCreateWithMatchIsSuspended(t *testing.T) {
 // TestProbeFirstNewBlockKey covers §6.3's ProbeFirstNewBlockKey.
 func TestProbeFirstNewBlockKey(t *testing.T) {
 	m := warmTree(t, nil)
-	k2 := kvpool.BlockKeyOf(kvpool.BlockKeyOf(kvpool.RootKey(""), span(1, 4)), span(5, 8))
-	k3 := kvpool.BlockKeyOf(k2, span(9, 12))
+	// The probe names blocks by their lookup keys (LookupKeyOf), not their
+	// event hashes.
+	k2 := kvpool.LookupKeyOf(kvpool.LookupKeyOf(kvpool.LookupRootKey(""), span(1, 4)), span(5, 8))
+	k3 := kvpool.LookupKeyOf(k2, span(9, 12))
 	if _, ok := m.ProbeFirstNewBlockKey(preq(1, span(1, 8), 1)); ok {
 		t.Error("lookup [1..7] has no unmatched full block, got a key")
 	}
@@ -336,7 +338,7 @@ func TestProbeFirstNewBlockKey(t *testing.T) {
 		t.Error("first new block of [1..13] is not [9..12]")
 	}
 	m2 := newCfg(t, reuseCfg(8))
-	if key, ok := m2.ProbeFirstNewBlockKey(preq(1, span(1, 13), 1)); !ok || key != kvpool.BlockKeyOf(kvpool.RootKey(""), span(1, 4)) {
+	if key, ok := m2.ProbeFirstNewBlockKey(preq(1, span(1, 13), 1)); !ok || key != kvpool.LookupKeyOf(kvpool.LookupRootKey(""), span(1, 4)) {
 		t.Error("cold tree: first new block is not the first block")
 	}
 }

@@ -112,6 +112,12 @@ type sequence struct {
 	// inserted lists the radix blocks this sequence inserted (not those it
 	// reused or rebased onto): its PER_CONVERSATION drop plan (§7).
 	inserted []*node
+	// blockHint is the most ledger blocks the request can come to hold
+	// (prompt plus generation limit, at most the pool), set at creation:
+	// blocks and table grow to it at once, so a decode that crosses into
+	// a new page appends without allocating (issue 24: 0 allocations per
+	// steady-state iteration).
+	blockHint int
 	// conv is the conversation this sequence is the current request of
 	// ("" = none, or ignored because another request was current).
 	conv string
@@ -127,6 +133,16 @@ func (s *sequence) reservation() int {
 func (s *sequence) reset(id uint64) {
 	*s = sequence{id: id, status: SeqSuspended, row: -1,
 		blocks: s.blocks[:0], table: s.table[:0], inserted: s.inserted[:0], claimStamps: s.claimStamps[:0]}
+}
+
+// grow gives blocks and table room for n entries, keeping their contents.
+func (s *sequence) grow(n int) {
+	if cap(s.blocks) < n {
+		s.blocks = append(make([]blockRef, 0, n), s.blocks...)
+	}
+	if cap(s.table) < n {
+		s.table = append(make([]int32, 0, n), s.table...)
+	}
 }
 
 // claimStamp is a cached block claimed at admission and its LRU stamp then.

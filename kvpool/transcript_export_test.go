@@ -57,7 +57,7 @@ func (m *Manager) SnapPages(id uint64) []SnapPage {
 		loc := b.where()
 		p := SnapPage{Tier: loc.tier, Page: loc.page, Block: b.n != nil}
 		if b.n != nil {
-			p.Key, p.Detached = b.n.key, !b.n.inTree
+			p.Key, p.Detached = b.n.hash, !b.n.inTree
 		}
 		out = append(out, p)
 	}
@@ -71,7 +71,7 @@ func (m *Manager) SnapTree() []SnapBlock {
 	var walk func(n *node, depth int)
 	walk = func(n *node, depth int) {
 		p := m.tierOf(n.loc.tier)
-		out = append(out, SnapBlock{Depth: depth, Salt: n.salt, Key: n.key, Tokens: n.tokens,
+		out = append(out, SnapBlock{Depth: depth, Salt: n.salt, Key: n.hash, Tokens: n.tokens,
 			Tier: n.loc.tier, Page: n.loc.page, Locks: p.locks[n.loc.page], Holds: p.holds[n.loc.page], Cached: n.cached})
 		for _, c := range n.children {
 			walk(c, depth+1)
@@ -97,7 +97,7 @@ func (m *Manager) SnapEvictionOrder() []scheduler.BlockKey {
 	})
 	out := make([]scheduler.BlockKey, len(leaves))
 	for i, n := range leaves {
-		out[i] = n.key
+		out[i] = n.hash
 	}
 	return out
 }

@@ -17,7 +17,7 @@ func (m *Manager) rootFor(salt string, create bool) *node {
 	if !create {
 		return nil
 	}
-	n := &node{key: RootKey(salt), isRoot: true, salt: salt, inTree: true, heapIdx: -1}
+	n := &node{key: LookupRootKey(salt), hash: RootKey(salt), isRoot: true, salt: salt, inTree: true, heapIdx: -1}
 	m.nodes[n.key] = n
 	m.roots[salt] = n
 	return n
@@ -37,6 +37,9 @@ func (m *Manager) saltOf(r *scheduler.Request) string {
 func (m *Manager) insert(parent *node, key scheduler.BlockKey, tokens []int32, loc pageLoc) *node {
 	n := &node{key: key, tokens: append([]int32(nil), tokens...), parent: parent, loc: loc,
 		salt: parent.salt, inTree: true, heapIdx: -1}
+	// The §6.1 key (events, snapshots): once per stored block, not per
+	// lookup.
+	n.hash = m.hasher.sha(parent.hash, tokens)
 	m.nodes[key] = n
 	parent.childGen++
 	if parent.cached { // a cached leaf that gains a child is no longer a leaf
@@ -183,13 +186,15 @@ func (m *Manager) match(r *scheduler.Request) matchResult {
 	if res.root != nil {
 		rootKey = res.root.key
 	} else {
-		rootKey = RootKey(m.saltOf(r))
+		rootKey = LookupRootKey(m.saltOf(r))
 	}
 	last := res.root
+	c := m.keyChain(r, rootKey)
 	for k := 0; (k+1)*m.lb <= len(lookup); k++ {
-		key := m.promptKey(r, rootKey, k)
-		b := m.nodes[key]
-		if last == nil || b == nil || b.loc.tier != TierGPU || len(b.tokens) != m.lb {
+		m.growChain(c, r, rootKey, k)
+		key := c.Keys[k]
+		b := m.lookupChild(last, key, lookup[k*m.lb:(k+1)*m.lb])
+		if b == nil || b.loc.tier != TierGPU {
 			res.firstNew, res.hasNew = key, true
 			break
 		}
