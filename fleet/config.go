@@ -110,6 +110,8 @@ var fileKeys = []fileKey{
 	{path: "scheduler.enable_chunked_context", kind: kindBool, flag: "chunked-prefill", set: func(o *Options, v fileValue) { o.Scheduler.ChunkedContext = v.b }},
 	{path: "scheduler.chunk_unit_size", kind: kindInt, flag: "chunk-unit", set: func(o *Options, v fileValue) { o.Scheduler.ChunkUnitSize = int(v.i) }},
 	{path: "scheduler.capacity_policy", kind: kindString, flag: "policy", set: func(o *Options, v fileValue) { o.SetPolicy(v.s) }},
+	{path: "scheduler.admission_lookahead_iterations", kind: kindInt, flag: "admission-lookahead",
+		set: func(o *Options, v fileValue) { o.Scheduler.AdmissionLookahead = int(v.i) }},
 	{path: "scheduler.enable_recompute_pause", kind: kindBool, setting: scheduler.SettingRecomputePause,
 		set: func(o *Options, v fileValue) { o.Scheduler.RecomputePause = v.b }},
 	{path: "scheduler.enable_prefix_aware_scheduling", kind: kindBool, setting: -1,

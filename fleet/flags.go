@@ -51,6 +51,8 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.BoolVar(&o.Scheduler.ChunkedContext, "chunked-prefill", o.Scheduler.ChunkedContext, "split long prompts into chunks")
 	o.flagPolicy = o.PolicyName()
 	fs.StringVar(&o.flagPolicy, "policy", o.flagPolicy, "capacity policy: max_utilization or guaranteed_no_evict")
+	fs.IntVar(&o.Scheduler.AdmissionLookahead, "admission-lookahead", o.Scheduler.AdmissionLookahead,
+		"max_utilization: admit a new prompt only while the KV pool keeps pages for this many iterations of the running requests' growth (0 = off; docs/scheduling.md)")
 	fs.StringVar(&o.Trace, "trace", o.Trace, "Mooncake JSON Lines trace (default: the built-in sample of 64 requests)")
 	fs.IntVar(&o.Limit, "limit", o.Limit, "serve at most N requests of the trace (0 = all)")
 	fs.Float64Var(&o.LengthScale, "length-scale", o.LengthScale, "multiply input, output and block lengths by F (at least 1 token each)")
