@@ -107,6 +107,7 @@ scheduler:
   chunk_unit_size: 64
   capacity_policy: GUARANTEED_NO_EVICT
   enable_recompute_pause: false
+  admission_lookahead_iterations: 64
   enable_prefix_aware_scheduling: false
   equal_cost:
     kv_cost_offset: 35000
@@ -153,6 +154,7 @@ workload:
 	require.Equal(t, 2048, o.Scheduler.MaxNumTokens)
 	require.Equal(t, 6, o.Scheduler.SchedulerCapacity)
 	require.False(t, o.Scheduler.RecomputePause)
+	require.Equal(t, 64, o.Scheduler.AdmissionLookahead)
 	require.False(t, o.Scheduler.PrefixAware)
 	require.Equal(t, int64(35000), o.Scheduler.EqualCost.KVOffset)
 	require.Equal(t, int64(3), o.Scheduler.EqualCost.PerChunkDepthTokens)
@@ -174,7 +176,7 @@ workload:
 	require.Equal(t, "c.yaml:28 scheduler.max_num_tokens", o.Src("max-num-tokens"))
 	require.Equal(t, "--limit", o.Src("limit"))
 	require.Equal(t, "--report", o.Src("report"))
-	require.Equal(t, "c.yaml:35 scheduler.equal_cost.kv_cost_offset", o.Scheduler.Names[scheduler.SettingKVCostOffset])
+	require.Equal(t, "c.yaml:36 scheduler.equal_cost.kv_cost_offset", o.Scheduler.Names[scheduler.SettingKVCostOffset])
 
 	// Empty files, comment-only files and empty sections set nothing.
 	for _, empty := range []string{"", "# nothing\n", "---\n", "kv:\n"} {
