@@ -3,9 +3,11 @@ package executor
 import (
 	"errors"
 	"fmt"
+	"runtime"
 	"time"
 
 	"github.com/lockstep-ai/lockstep/bridge"
+	"github.com/lockstep-ai/lockstep/internal/cputime"
 	"github.com/lockstep-ai/lockstep/kvpool"
 	"github.com/lockstep-ai/lockstep/nccl"
 	"github.com/lockstep-ai/lockstep/scheduler"
@@ -21,6 +23,14 @@ import (
 func (e *Executor) Run() (*Result, error) {
 	if e.cfg.Rank == 0 && e.d.Source == nil {
 		return nil, errors.New("executor: rank 0 needs a request source")
+	}
+	if e.cfg.IterLog != nil || e.measuredHost() {
+		// The host time of an iteration is the loop thread's CPU clock
+		// (hostCPU), which measures this goroutine only while it keeps
+		// its thread; done only when something reads it.
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		e.cpuClock = cputime.Available()
 	}
 	for {
 		more, err := e.iteration()
@@ -73,8 +83,9 @@ func (e *Executor) finalStats() error {
 // steps 1–8): fetch and route, padding, scheduling, recompute resets and the
 // agreement on whether the fleet runs a forward.
 type plan struct {
-	start            time.Time // the iteration's start on the loop's clock (virtual or wall)
-	wallStart        time.Time // the same on the wall clock (host time)
+	start            time.Time     // the iteration's start on the loop's clock (virtual or wall)
+	wallStart        time.Time     // the same on the wall clock (host time)
+	cpuStart         time.Duration // the loop thread's CPU clock at the start (when e.cpuClock)
 	out              *scheduler.Output
 	fleetWork        bool
 	canQueue         bool // agreed
@@ -87,6 +98,9 @@ type plan struct {
 // prologue runs the shared part. It returns nil when the loop exits.
 func (e *Executor) prologue() (*plan, error) {
 	p := &plan{start: e.cfg.Clock(), wallStart: e.wall()}
+	if e.cpuClock {
+		p.cpuStart, _ = cputime.Thread()
+	}
 	e.waitDur = 0
 	// A watchdog comm names the iteration in its timeout reports.
 	if e.iterComm != nil {
@@ -222,7 +236,7 @@ func (e *Executor) nonOverlapTail(p *plan) error {
 			if err != nil {
 				return err
 			}
-			e.advance(fleet + e.virtual.HostMS())
+			e.advance(fleet + e.virtualHostMS(p))
 		}
 		e.markLaunched(b)
 		if deviceMS, err = e.applyResults(b, &e.stepRes); err != nil {
@@ -239,7 +253,7 @@ func (e *Executor) nonOverlapTail(p *plan) error {
 		e.revertGeneration(p.out)
 		e.rollbackDummy()
 		if e.virtual != nil {
-			e.advance(e.virtual.HostMS())
+			e.advance(e.virtualHostMS(p))
 		}
 	}
 	e.finished = e.finished[:0]
@@ -247,7 +261,7 @@ func (e *Executor) nonOverlapTail(p *plan) error {
 		return err
 	}
 	e.pending = e.pending[:0]
-	return e.writeIterRecord(p.rec, p.wallStart)
+	return e.writeIterRecord(p.rec, p)
 }
 
 // overlapTail is §6 steps 8–17: the new batch is launched asynchronously and
@@ -298,19 +312,19 @@ func (e *Executor) overlapTail(p *plan) error {
 	}
 	if !p.canQueue {
 		// An iteration without a forward logs at its own end (§13.1).
-		if err := e.writeIterRecord(p.rec, p.wallStart); err != nil {
+		if err := e.writeIterRecord(p.rec, p); err != nil {
 			return err
 		}
 	}
 	// The host schedules the next iteration while the device runs this
 	// one: the iteration lasts the longer of the two.
 	if e.virtual != nil {
-		e.advance(max(p.fleetMS, e.virtual.HostMS()))
+		e.advance(max(p.fleetMS, e.virtualHostMS(p)))
 	}
 	// 17.
 	switch {
 	case p.canQueue:
-		e.timeIterRecord(p.rec, p.wallStart)
+		e.timeIterRecord(p.rec, p)
 		e.prev = b
 	case processed:
 		e.prev = nil
@@ -347,7 +361,7 @@ func (e *Executor) answerPrevious(processed bool) error {
 		if err := e.gatherResponses("responses", e.finished, 0, false); err != nil {
 			return err
 		}
-		if err := e.writeIterRecord(e.prev.rec, e.prev.start); err != nil {
+		if err := e.writeIterRecord(e.prev.rec, nil); err != nil { // timed at its launch
 			return err
 		}
 	} else if err := e.gatherResponses("responses", nil, 0, false); err != nil {
@@ -393,4 +407,30 @@ func (e *Executor) idleWait() {
 	if d > 0 {
 		time.Sleep(d)
 	}
+}
+
+// measuredHost reports whether virtual iterations take the measured host
+// time (Config.MeasuredHostTime).
+func (e *Executor) measuredHost() bool { return e.virtual != nil && e.cfg.MeasuredHostTime }
+
+// hostCPU is the loop thread's CPU time since p started, or the wall time
+// when there is no thread CPU clock (the thread is not locked, or the
+// platform has none).
+func (e *Executor) hostCPU(p *plan) time.Duration {
+	if e.cpuClock {
+		if now, ok := cputime.Thread(); ok {
+			return now - p.cpuStart
+		}
+	}
+	return e.wall().Sub(p.wallStart)
+}
+
+// virtualHostMS is the host time of p's iteration on the virtual clock:
+// the engine's modelled constant, or the measured host CPU time so far
+// (Config.MeasuredHostTime).
+func (e *Executor) virtualHostMS(p *plan) float64 {
+	if e.cfg.MeasuredHostTime {
+		return float64(e.hostCPU(p)) / 1e6
+	}
+	return e.virtual.HostMS()
 }

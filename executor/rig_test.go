@@ -255,7 +255,9 @@ type rig struct {
 	// virtual runs the ranks on a virtual clock from this epoch (the
 	// engine must model its cost: wrap it with wrapEng).
 	virtual *time.Time
-	ranks   []*rigRank
+	// measuredHost: Config.MeasuredHostTime (with virtual).
+	measuredHost bool
+	ranks        []*rigRank
 }
 
 type rigRank struct {
@@ -336,6 +338,7 @@ func (g *rig) build(t testing.TB) *rig {
 			OnNote: func(_ int, n scheduler.Note) { rr.notes = append(rr.notes, n) }}
 		if g.virtual != nil {
 			cfg.VirtualClock, cfg.VirtualEpoch = true, *g.virtual
+			cfg.MeasuredHostTime = g.measuredHost
 		}
 		rr.ex, err = New(cfg, d)
 		require.NoError(t, err)

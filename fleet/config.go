@@ -139,6 +139,7 @@ var fileKeys = []fileKey{
 	{path: "twin.weight_dtype", kind: kindString, flag: "weight-dtype", set: func(o *Options, v fileValue) { o.WeightDType = v.s }},
 	{path: "twin.kv_dtype", kind: kindString, flag: "kv-dtype", set: func(o *Options, v fileValue) { o.KVDType = v.s }},
 	{path: "twin.gpus_per_node", kind: kindInt, flag: "gpus-per-node", set: func(o *Options, v fileValue) { o.GPUsPerNode = int(v.i) }},
+	{path: "twin.host_time", kind: kindString, flag: "twin-host-time", set: func(o *Options, v fileValue) { o.TwinHostTime = v.s }},
 	{path: "twin.expert_zipf", kind: kindFloat, flag: "expert-zipf", set: func(o *Options, v fileValue) { o.ExpertZipf = v.f }},
 	{path: "workload.trace", kind: kindString, flag: "trace", set: func(o *Options, v fileValue) { o.Trace = v.s }},
 	{path: "workload.limit", kind: kindInt, flag: "limit", set: func(o *Options, v fileValue) { o.Limit = int(v.i) }},

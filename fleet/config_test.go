@@ -132,6 +132,7 @@ twin:
   kv_dtype: fp8
   gpus_per_node: 4
   expert_zipf: 0.5
+  host_time: measured
 workload:
   trace: t.jsonl
   limit: 5
@@ -155,6 +156,7 @@ workload:
 	require.Equal(t, 6, o.Scheduler.SchedulerCapacity)
 	require.False(t, o.Scheduler.RecomputePause)
 	require.Equal(t, 64, o.Scheduler.AdmissionLookahead)
+	require.Equal(t, "measured", o.TwinHostTime)
 	require.False(t, o.Scheduler.PrefixAware)
 	require.Equal(t, int64(35000), o.Scheduler.EqualCost.KVOffset)
 	require.Equal(t, int64(3), o.Scheduler.EqualCost.PerChunkDepthTokens)
@@ -209,6 +211,10 @@ func TestConfigErrorsNameTheirOrigin(t *testing.T) {
 		{"demotion", "scheduler:\n  demotion:\n    max_iters: -1\n", nil,
 			"c.yaml:3 scheduler.demotion.max_iters = -1, want ≥ 0", "TLLM_V2"},
 		{"pages beyond the index type", "kv:\n  host_pages: 2147483648\n", nil, "c.yaml:2 kv.host_pages must be at most 2147483647 (int32 page indices)", "kvpool"},
+		{"twin host time", "twin:\n  host_time: wall\n", nil, `c.yaml:2 twin.host_time "wall" is not allowed (allowed: profile, measured)`, "--twin"},
+		{"twin host time flag", "", []string{"--twin-host-time", "cpu"}, `--twin-host-time "cpu" is not allowed (allowed: profile, measured)`, "c.yaml"},
+		{"admission lookahead", "scheduler:\n  admission_lookahead_iterations: -2\n", nil,
+			"c.yaml:2 scheduler.admission_lookahead_iterations = -2, want ≥ 0 (0 = off)", "--admission"},
 		{"flag wins and is named", "kv:\n  pages: 64\n", []string{"--pages", "-1"}, "--pages must be non-negative, got -1", "c.yaml"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

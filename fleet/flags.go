@@ -32,6 +32,8 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 		"expert-parallel groups send the rest over RDMA (0: the GPU's, 8 on HGX H100/H200/B200, 72 on GB300 NVL72)")
 	fs.Float64Var(&o.ExpertZipf, "expert-zipf", o.ExpertZipf, "with --engine twin and an MoE model: Zipf exponent of "+
 		"routed-expert popularity (0: uniform; negative: the profile's, uniform for the built-ins)")
+	fs.StringVar(&o.TwinHostTime, "twin-host-time", o.TwinHostTime, "with --engine twin: the host time of a virtual iteration: "+
+		"profile (the cost profile's host_overhead_ms) or measured (each rank's measured control-plane CPU time of the iteration; docs/twin.md)")
 	o.flagCostMode = o.CostModeName()
 	fs.StringVar(&o.flagCostMode, "ctx-cost", o.flagCostMode, "where equal-cost chunking's kv_cost_offset and kv_depth_threshold come from: "+
 		"off (scheduler.equal_cost or the TLLM_V2_CTX_COST_* variables), manual (scheduler.equal_cost only) or "+

@@ -189,6 +189,7 @@ func (s *rankSetup) executorConfig(o *Options, i int, parts *rankParts, iterLog,
 		RecordBusy: o.RecordBusy}
 	if o.Engine == "twin" {
 		cfg.VirtualClock, cfg.VirtualEpoch = true, twinEpoch
+		cfg.MeasuredHostTime = o.TwinHostTime == "measured"
 	}
 	if o.API != nil {
 		cfg.Stream = true // every rank: the same gathers
