@@ -34,6 +34,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 		"routed-expert popularity (0: uniform; negative: the profile's, uniform for the built-ins)")
 	fs.StringVar(&o.TwinHostTime, "twin-host-time", o.TwinHostTime, "with --engine twin: the host time of a virtual iteration: "+
 		"profile (the cost profile's host_overhead_ms) or measured (each rank's measured control-plane CPU time of the iteration; docs/twin.md)")
+	fs.StringVar(&o.CPUProfile, "cpuprofile", o.CPUProfile, "write a Go CPU profile of the run to this file (go tool pprof)")
 	o.flagCostMode = o.CostModeName()
 	fs.StringVar(&o.flagCostMode, "ctx-cost", o.flagCostMode, "where equal-cost chunking's kv_cost_offset and kv_depth_threshold come from: "+
 		"off (scheduler.equal_cost or the TLLM_V2_CTX_COST_* variables), manual (scheduler.equal_cost only) or "+

@@ -87,6 +87,9 @@ type Options struct {
 	// host time is the cost profile's host_overhead_ms; "measured", each
 	// rank's measured control-plane CPU time of the iteration.
 	TwinHostTime string
+	// CPUProfile (--cpuprofile): write a Go CPU profile of the run here
+	// (the command does, around the run; go tool pprof reads it).
+	CPUProfile string
 
 	// RecordBusy keeps every forward iteration's per-rank busy times in
 	// the result (worker eval's timeline and waste plots).
