@@ -144,6 +144,12 @@ type Config struct {
 	// depends on the machine: runs are no longer reproducible to the
 	// microsecond (the tokens are). docs/twin.md, --twin-host-time.
 	MeasuredHostTime bool
+	// ThreadLocked: Run is called on a goroutine already locked to its OS
+	// thread, or as a coroutine of one (nccl.RunCoroutines: coroutines may
+	// not change their thread locking). Otherwise Run locks its goroutine
+	// itself while the iteration log or MeasuredHostTime reads the
+	// thread's CPU clock.
+	ThreadLocked bool
 	// CostCalibration, when set, runs the online context-cost calibrator
 	// (Scheduler.CostMode must be auto): every rank feeds the gathered
 	// statistics of the previous iteration and publishes the fitted (O, D)

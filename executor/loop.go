@@ -28,8 +28,10 @@ func (e *Executor) Run() (*Result, error) {
 		// The host time of an iteration is the loop thread's CPU clock
 		// (hostCPU), which measures this goroutine only while it keeps
 		// its thread; done only when something reads it.
-		runtime.LockOSThread()
-		defer runtime.UnlockOSThread()
+		if !e.cfg.ThreadLocked {
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
+		}
 		e.cpuClock = cputime.Available()
 	}
 	for {
@@ -101,7 +103,7 @@ func (e *Executor) prologue() (*plan, error) {
 	if e.cpuClock {
 		p.cpuStart, _ = cputime.Thread()
 	}
-	e.waitDur = 0
+	e.waitDur, e.waitCPU = 0, 0
 	// A watchdog comm names the iteration in its timeout reports.
 	if e.iterComm != nil {
 		e.iterComm.SetIteration(e.iter)
@@ -413,13 +415,15 @@ func (e *Executor) idleWait() {
 // time (Config.MeasuredHostTime).
 func (e *Executor) measuredHost() bool { return e.virtual != nil && e.cfg.MeasuredHostTime }
 
-// hostCPU is the loop thread's CPU time since p started, or the wall time
-// when there is no thread CPU clock (the thread is not locked, or the
-// platform has none).
+// hostCPU is the loop thread's CPU time since p started, less the CPU time
+// inside the iteration's collectives (in-process coroutine ranks share one
+// thread, and run each other while one waits in a collective; a wait on
+// other processes costs no CPU), or the wall time when there is no thread
+// CPU clock (the thread is not locked, or the platform has none).
 func (e *Executor) hostCPU(p *plan) time.Duration {
 	if e.cpuClock {
 		if now, ok := cputime.Thread(); ok {
-			return now - p.cpuStart
+			return now - p.cpuStart - e.waitCPU
 		}
 	}
 	return e.wall().Sub(p.wallStart)
@@ -433,4 +437,30 @@ func (e *Executor) virtualHostMS(p *plan) float64 {
 		return float64(e.hostCPU(p)) / 1e6
 	}
 	return e.virtual.HostMS()
+}
+
+// waitMark is the start of a collective wait (waitStart, waitEnd).
+type waitMark struct {
+	wall time.Time
+	cpu  time.Duration
+}
+
+// waitStart marks the start of a collective wait.
+func (e *Executor) waitStart() waitMark {
+	m := waitMark{wall: e.wall()}
+	if e.cpuClock {
+		m.cpu, _ = cputime.Thread()
+	}
+	return m
+}
+
+// waitEnd books a collective wait begun at m: its wall time (wait_ms) and
+// the thread CPU time spent inside it (left out of host_ms).
+func (e *Executor) waitEnd(m waitMark) {
+	e.waitDur += e.wall().Sub(m.wall)
+	if e.cpuClock {
+		if c, ok := cputime.Thread(); ok {
+			e.waitCPU += c - m.cpu
+		}
+	}
 }

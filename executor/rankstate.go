@@ -64,9 +64,9 @@ func (e *Executor) gatherRankStates() ([]RankState, error) {
 	if !e.adp() {
 		return []RankState{mine}, nil
 	}
-	t := e.wall()
+	t := e.waitStart()
 	v, err := e.allGatherDecoded("rank_state", mine.encode(), e.decodeRankStates)
-	e.waitDur += e.wall().Sub(t)
+	e.waitEnd(t)
 	if err != nil {
 		return nil, err
 	}

@@ -182,9 +182,9 @@ func (e *Executor) gatherResponses(name string, rs []Response, deviceUS int64, f
 		}
 		return nil
 	}
-	t := e.wall()
+	t := e.waitStart()
 	all, err := e.d.Comm.AllGather(name, responseBatch{DeviceUS: deviceUS, Responses: rs, Deltas: deltas, Load: load}.encode())
-	e.waitDur += e.wall().Sub(t)
+	e.waitEnd(t)
 	if err != nil {
 		return err
 	}

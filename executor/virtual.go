@@ -38,11 +38,11 @@ func (e *Executor) fleetStepMS(rec *IterRecord) (float64, error) {
 		// Every rank's engine models the same profile, so the fleet's
 		// duration is the same whichever rank's engine computes it: a
 		// coroutine fleet computes it once.
-		t := e.wall()
+		t := e.waitStart()
 		v, err := e.allGatherDecoded("step_cost", mine, func(all [][]byte) (any, error) {
 			return e.virtual.FleetStepMS(all)
 		})
-		e.waitDur += e.wall().Sub(t)
+		e.waitEnd(t)
 		if err != nil {
 			return 0, err
 		}
