@@ -144,11 +144,11 @@ type Config struct {
 	// depends on the machine: runs are no longer reproducible to the
 	// microsecond (the tokens are). docs/twin.md, --twin-host-time.
 	MeasuredHostTime bool
-	// ThreadLocked: Run is called on a goroutine already locked to its OS
-	// thread, or as a coroutine of one (nccl.RunCoroutines: coroutines may
-	// not change their thread locking). Otherwise Run locks its goroutine
-	// itself while the iteration log or MeasuredHostTime reads the
-	// thread's CPU clock.
+	// ThreadLocked: Run is called on a goroutine locked to its OS thread
+	// (runtime.LockOSThread), or as a coroutine of one (nccl.RunCoroutines;
+	// coroutines may not change their locking, so Run cannot lock itself).
+	// Then host_ms and MeasuredHostTime read the thread's CPU clock, less
+	// the CPU inside collectives; otherwise they fall back to wall time.
 	ThreadLocked bool
 	// CostCalibration, when set, runs the online context-cost calibrator
 	// (Scheduler.CostMode must be auto): every rank feeds the gathered

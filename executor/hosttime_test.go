@@ -28,7 +28,7 @@ func hostRun(t *testing.T, overlap, measured bool) ([]IterRecord, time.Time) {
 		a := arrival(uint64(i), 6+3*i, 3)
 		reqs = append(reqs, workload.Request{Index: i, Prompt: a.Prompt, MaxNewTokens: a.MaxNewTokens})
 	}
-	g := (&rig{n: 2, overlap: overlap, src: traceSource(epoch, reqs...), virtual: &epoch, measuredHost: measured,
+	g := (&rig{n: 2, overlap: overlap, src: traceSource(epoch, reqs...), virtual: &epoch, measuredHost: measured, locked: true,
 		wrapEng: func(_ int, e bridge.Engine) bridge.Engine { return &slowHostEngine{costEngine{Engine: e}} }}).build(t)
 	g.run()
 	g.requireNoErrors(t)

@@ -3,7 +3,6 @@ package executor
 import (
 	"errors"
 	"fmt"
-	"runtime"
 	"time"
 
 	"github.com/lockstep-ai/lockstep/bridge"
@@ -24,16 +23,10 @@ func (e *Executor) Run() (*Result, error) {
 	if e.cfg.Rank == 0 && e.d.Source == nil {
 		return nil, errors.New("executor: rank 0 needs a request source")
 	}
-	if e.cfg.IterLog != nil || e.measuredHost() {
-		// The host time of an iteration is the loop thread's CPU clock
-		// (hostCPU), which measures this goroutine only while it keeps
-		// its thread; done only when something reads it.
-		if !e.cfg.ThreadLocked {
-			runtime.LockOSThread()
-			defer runtime.UnlockOSThread()
-		}
-		e.cpuClock = cputime.Available()
-	}
+	// The host time of an iteration is the loop thread's CPU clock
+	// (hostCPU), which measures this goroutine only while it keeps its
+	// thread (Config.ThreadLocked); wall time otherwise.
+	e.cpuClock = e.cfg.ThreadLocked && cputime.Available()
 	for {
 		more, err := e.iteration()
 		if err != nil {

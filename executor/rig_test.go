@@ -9,6 +9,7 @@ package executor
 import (
 	"errors"
 	"fmt"
+	"runtime"
 	"slices"
 	"sync"
 	"testing"
@@ -257,6 +258,9 @@ type rig struct {
 	virtual *time.Time
 	// measuredHost: Config.MeasuredHostTime (with virtual).
 	measuredHost bool
+	// locked: the ranks' goroutines are locked to their threads
+	// (Config.ThreadLocked; also with measuredHost).
+	locked bool
 	ranks        []*rigRank
 }
 
@@ -340,6 +344,7 @@ func (g *rig) build(t testing.TB) *rig {
 			cfg.VirtualClock, cfg.VirtualEpoch = true, *g.virtual
 			cfg.MeasuredHostTime = g.measuredHost
 		}
+		cfg.ThreadLocked = g.locked || g.measuredHost
 		rr.ex, err = New(cfg, d)
 		require.NoError(t, err)
 		g.ranks[i] = rr
@@ -401,6 +406,10 @@ func (g *rig) run() {
 		wg.Add(1)
 		go func(rr *rigRank) {
 			defer wg.Done()
+			if g.locked || g.measuredHost {
+				runtime.LockOSThread() // Config.ThreadLocked
+				defer runtime.UnlockOSThread()
+			}
 			if rr.res, rr.err = rr.ex.Run(); rr.err != nil {
 				rr.comm.Close()
 			}

@@ -52,9 +52,14 @@ func runInProcess(o *Options, sc scheduler.Config, reqs []workload.Request, log 
 		nccl.RunCoroutines(coro, func(i int, _ *nccl.CoroComm) error { runRank(i); return nil })
 		runtime.UnlockOSThread()
 	} else {
+		setup.threadLocked = true
 		var wg sync.WaitGroup
 		for i := range world {
-			wg.Go(func() { runRank(i) })
+			wg.Go(func() {
+				runtime.LockOSThread() // executor.Config.ThreadLocked: host_ms in CPU time
+				defer runtime.UnlockOSThread()
+				runRank(i)
+			})
 		}
 		wg.Wait()
 	}
