@@ -25,8 +25,9 @@ func (e *Executor) Run() (*Result, error) {
 	}
 	// The host time of an iteration is the loop thread's CPU clock
 	// (hostCPU), which measures this goroutine only while it keeps its
-	// thread (Config.ThreadLocked); wall time otherwise.
-	e.cpuClock = e.cfg.ThreadLocked && cputime.Available()
+	// thread (Config.ThreadLocked); wall time otherwise. Read only where
+	// something uses it: each reading is a system call, two per collective.
+	e.cpuClock = e.cfg.ThreadLocked && (e.cfg.IterLog != nil || e.measuredHost()) && cputime.Available()
 	for {
 		more, err := e.iteration()
 		if err != nil {
