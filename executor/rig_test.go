@@ -261,7 +261,7 @@ type rig struct {
 	// locked: the ranks' goroutines are locked to their threads
 	// (Config.ThreadLocked; also with measuredHost).
 	locked bool
-	ranks        []*rigRank
+	ranks  []*rigRank
 }
 
 type rigRank struct {
