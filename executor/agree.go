@@ -48,9 +48,9 @@ func (e *Executor) canQueue(b int) (canQueue, thisRank bool, err error) {
 	}
 	v := make([]byte, 8)
 	binary.LittleEndian.PutUint64(v, uint64(b))
-	t := e.wall()
+	t := e.waitStart()
 	all, err := e.d.Comm.AllGather("batch_size", v)
-	e.waitDur += e.wall().Sub(t)
+	e.waitEnd(t)
 	if err != nil {
 		return false, false, err
 	}

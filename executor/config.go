@@ -136,6 +136,20 @@ type Config struct {
 	// so TTFT, TPOT and E2E, are virtual; collective waits stay wall time.
 	VirtualClock bool
 	VirtualEpoch time.Time
+	// MeasuredHostTime (virtual clock only): the host time of a virtual
+	// iteration is this rank's measured control-plane CPU time of that
+	// iteration (the executor thread's CPU clock, internal/cputime) instead
+	// of the engine's modelled constant (twin: host_overhead_ms), so a slow
+	// scheduler shows in the virtual latencies. The virtual timeline then
+	// depends on the machine: runs are no longer reproducible to the
+	// microsecond (the tokens are). docs/twin.md, --twin-host-time.
+	MeasuredHostTime bool
+	// ThreadLocked: Run is called on a goroutine locked to its OS thread
+	// (runtime.LockOSThread), or as a coroutine of one (nccl.RunCoroutines;
+	// coroutines may not change their locking, so Run cannot lock itself).
+	// Then host_ms and MeasuredHostTime read the thread's CPU clock, less
+	// the CPU inside collectives; otherwise they fall back to wall time.
+	ThreadLocked bool
 	// CostCalibration, when set, runs the online context-cost calibrator
 	// (Scheduler.CostMode must be auto): every rank feeds the gathered
 	// statistics of the previous iteration and publishes the fitted (O, D)

@@ -52,9 +52,9 @@ func (e *Executor) addKVCacheEventsSynced(processed bool) error {
 		}
 		return nil
 	}
-	t := e.wall()
+	t := e.waitStart()
 	all, err := e.d.Comm.AllGather("kv_events", buf)
-	e.waitDur += e.wall().Sub(t)
+	e.waitEnd(t)
 	if err != nil {
 		return err
 	}

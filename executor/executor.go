@@ -114,6 +114,8 @@ type Executor struct {
 	fleetBusyMS          float64 // the slowest rank's busy time of the last processed batch (iteration log)
 	iterLoads            []RankLoad
 	waitDur              time.Duration
+	waitCPU              time.Duration // thread CPU inside this iteration's collectives (waitEnd)
+	cpuClock             bool          // the loop thread is locked and has a CPU clock (host_ms, MeasuredHostTime)
 	lastStats            RankState
 	// Optional capabilities of the dependencies, resolved once in New
 	// (resolveCapabilities; the source's in SetSource too): the planner's

@@ -167,8 +167,8 @@ func (e *Executor) fetchArrivals(now time.Time) ([]Arrival, error) {
 	if e.virtual != nil {
 		binary.LittleEndian.PutUint64(hdr[24:], uint64(e.vnow.UnixNano()))
 	}
-	t := e.wall()
-	defer func() { e.waitDur += e.wall().Sub(t) }()
+	t := e.waitStart()
+	defer func() { e.waitEnd(t) }()
 	got, err := e.d.Comm.Broadcast("arrival_count", 0, hdr)
 	if err != nil {
 		return nil, err

@@ -10,13 +10,22 @@ import (
 
 // IterRecord is one line of the per-rank iteration log (executor.md §13.2).
 type IterRecord struct {
-	V        int      `json:"v"`
-	Rank     int      `json:"rank"`
-	DPRank   *int     `json:"dp_rank"`
-	CPRank   *int     `json:"cp_rank"`
-	Iter     int64    `json:"iter"`
-	TSUnixMS int64    `json:"ts_unix_ms"`
-	HostMS   float64  `json:"host_ms"`
+	V        int   `json:"v"`
+	Rank     int   `json:"rank"`
+	DPRank   *int  `json:"dp_rank"`
+	CPRank   *int  `json:"cp_rank"`
+	Iter     int64 `json:"iter"`
+	TSUnixMS int64 `json:"ts_unix_ms"`
+	// HostMS is the measured host CPU time of the iteration on this rank:
+	// the executor loop thread's CPU clock (internal/cputime) from the
+	// iteration's start to the end of its own work, on every engine (the
+	// engine's compute runs elsewhere: the native engine's own thread, the
+	// GPU, the twin's model). Wall time where no thread CPU clock exists.
+	HostMS float64 `json:"host_ms"`
+	// IterMS is the iteration's wall time on this rank (what host_ms held
+	// before issue 24): host work, the device step it waited for, and the
+	// collectives.
+	IterMS   float64  `json:"iter_ms"`
 	DeviceMS *float64 `json:"device_ms"`
 	// MoEWaitMS (MoE models only) is the part of device_ms this rank's
 	// engine spent in MoE exchanges (dispatch and combine): waiting for the
@@ -130,19 +139,21 @@ func (e *Executor) newIterRecord(start time.Time, out *scheduler.Output, canQueu
 }
 
 // writeIterRecord completes and writes the record at the end of the iteration.
-func (e *Executor) writeIterRecord(rec *IterRecord, start time.Time) error {
+// p is the record's own iteration, nil when the record was already timed.
+func (e *Executor) writeIterRecord(rec *IterRecord, p *plan) error {
 	if rec == nil {
 		return nil
 	}
-	e.timeIterRecord(rec, start)
+	e.timeIterRecord(rec, p)
 	if e.virtual != nil {
-		// Modelled times: the host's share, and how long this rank's device
-		// waited for the slowest rank (the lockstep wait). With coupled
+		// Modelled times: how long this rank's device waited for the
+		// slowest rank (the lockstep wait); host_ms stays the measured
+		// CPU time (the virtual clock's host share is the profile's
+		// constant unless MeasuredHostTime). With coupled
 		// forwards (MoE) the wait is inside the forward: device_ms is the
 		// fleet's step time on every rank, as a GPU would measure it (the
 		// offline calibration's T(it) reads it so, router-and-calibration.md
 		// §8.2); the rank's own busy time still feeds the lockstep waste.
-		rec.HostMS = round3(e.virtual.HostMS())
 		rec.WaitMS = 0
 		if rec.DeviceMS != nil {
 			f := round3(rec.fleetMS)
@@ -172,11 +183,12 @@ func (e *Executor) writeIterRecord(rec *IterRecord, start time.Time) error {
 // timeIterRecord measures host_ms and wait_ms of rec's own iteration, once:
 // the overlap loop calls it at the end of the iteration that launched the
 // batch and writes the record one iteration later.
-func (e *Executor) timeIterRecord(rec *IterRecord, start time.Time) {
-	if rec == nil || rec.timed {
+func (e *Executor) timeIterRecord(rec *IterRecord, p *plan) {
+	if rec == nil || rec.timed || p == nil {
 		return
 	}
-	rec.HostMS = round3(float64(e.wall().Sub(start)) / 1e6)
+	rec.IterMS = round3(float64(e.wall().Sub(p.wallStart)) / 1e6)
+	rec.HostMS = round3(float64(e.hostCPU(p)) / 1e6)
 	rec.WaitMS = round3(float64(e.waitDur) / 1e6)
 	rec.timed = true
 }

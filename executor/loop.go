@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/lockstep-ai/lockstep/bridge"
+	"github.com/lockstep-ai/lockstep/internal/cputime"
 	"github.com/lockstep-ai/lockstep/kvpool"
 	"github.com/lockstep-ai/lockstep/nccl"
 	"github.com/lockstep-ai/lockstep/scheduler"
@@ -22,6 +23,11 @@ func (e *Executor) Run() (*Result, error) {
 	if e.cfg.Rank == 0 && e.d.Source == nil {
 		return nil, errors.New("executor: rank 0 needs a request source")
 	}
+	// The host time of an iteration is the loop thread's CPU clock
+	// (hostCPU), which measures this goroutine only while it keeps its
+	// thread (Config.ThreadLocked); wall time otherwise. Read only where
+	// something uses it: each reading is a system call, two per collective.
+	e.cpuClock = e.cfg.ThreadLocked && (e.cfg.IterLog != nil || e.measuredHost()) && cputime.Available()
 	for {
 		more, err := e.iteration()
 		if err != nil {
@@ -73,8 +79,9 @@ func (e *Executor) finalStats() error {
 // steps 1–8): fetch and route, padding, scheduling, recompute resets and the
 // agreement on whether the fleet runs a forward.
 type plan struct {
-	start            time.Time // the iteration's start on the loop's clock (virtual or wall)
-	wallStart        time.Time // the same on the wall clock (host time)
+	start            time.Time     // the iteration's start on the loop's clock (virtual or wall)
+	wallStart        time.Time     // the same on the wall clock (host time)
+	cpuStart         time.Duration // the loop thread's CPU clock at the start (when e.cpuClock)
 	out              *scheduler.Output
 	fleetWork        bool
 	canQueue         bool // agreed
@@ -90,7 +97,10 @@ func (e *Executor) prologue() (*plan, error) {
 	// so that a steady-state iteration allocates nothing.
 	p := &e.planBuf
 	*p = plan{start: e.cfg.Clock(), wallStart: e.wall()}
-	e.waitDur = 0
+	if e.cpuClock {
+		p.cpuStart, _ = cputime.Thread()
+	}
+	e.waitDur, e.waitCPU = 0, 0
 	// A watchdog comm names the iteration in its timeout reports.
 	if e.iterComm != nil {
 		e.iterComm.SetIteration(e.iter)
@@ -225,7 +235,7 @@ func (e *Executor) nonOverlapTail(p *plan) error {
 			if err != nil {
 				return err
 			}
-			e.advance(fleet + e.virtual.HostMS())
+			e.advance(fleet + e.virtualHostMS(p))
 		}
 		e.markLaunched(b)
 		if deviceMS, err = e.applyResults(b, &e.stepRes); err != nil {
@@ -242,7 +252,7 @@ func (e *Executor) nonOverlapTail(p *plan) error {
 		e.revertGeneration(p.out)
 		e.rollbackDummy()
 		if e.virtual != nil {
-			e.advance(e.virtual.HostMS())
+			e.advance(e.virtualHostMS(p))
 		}
 	}
 	e.finished = e.finished[:0]
@@ -250,7 +260,7 @@ func (e *Executor) nonOverlapTail(p *plan) error {
 		return err
 	}
 	e.pending = e.pending[:0]
-	return e.writeIterRecord(p.rec, p.wallStart)
+	return e.writeIterRecord(p.rec, p)
 }
 
 // overlapTail is §6 steps 8–17: the new batch is launched asynchronously and
@@ -301,19 +311,19 @@ func (e *Executor) overlapTail(p *plan) error {
 	}
 	if !p.canQueue {
 		// An iteration without a forward logs at its own end (§13.1).
-		if err := e.writeIterRecord(p.rec, p.wallStart); err != nil {
+		if err := e.writeIterRecord(p.rec, p); err != nil {
 			return err
 		}
 	}
 	// The host schedules the next iteration while the device runs this
 	// one: the iteration lasts the longer of the two.
 	if e.virtual != nil {
-		e.advance(max(p.fleetMS, e.virtual.HostMS()))
+		e.advance(max(p.fleetMS, e.virtualHostMS(p)))
 	}
 	// 17.
 	switch {
 	case p.canQueue:
-		e.timeIterRecord(p.rec, p.wallStart)
+		e.timeIterRecord(p.rec, p)
 		e.prev = b
 	case processed:
 		e.prev = nil
@@ -350,7 +360,7 @@ func (e *Executor) answerPrevious(processed bool) error {
 		if err := e.gatherResponses("responses", e.finished, 0, false); err != nil {
 			return err
 		}
-		if err := e.writeIterRecord(e.prev.rec, e.prev.start); err != nil {
+		if err := e.writeIterRecord(e.prev.rec, nil); err != nil { // timed at its launch
 			return err
 		}
 	} else if err := e.gatherResponses("responses", nil, 0, false); err != nil {
@@ -395,5 +405,59 @@ func (e *Executor) idleWait() {
 	}
 	if d > 0 {
 		time.Sleep(d)
+	}
+}
+
+// measuredHost reports whether virtual iterations take the measured host
+// time (Config.MeasuredHostTime).
+func (e *Executor) measuredHost() bool { return e.virtual != nil && e.cfg.MeasuredHostTime }
+
+// hostCPU is the loop thread's CPU time since p started, less the CPU time
+// inside the iteration's collectives (in-process coroutine ranks share one
+// thread, and run each other while one waits in a collective; a wait on
+// other processes costs no CPU), or the wall time when there is no thread
+// CPU clock (the thread is not locked, or the platform has none).
+func (e *Executor) hostCPU(p *plan) time.Duration {
+	if e.cpuClock {
+		if now, ok := cputime.Thread(); ok {
+			return now - p.cpuStart - e.waitCPU
+		}
+	}
+	return e.wall().Sub(p.wallStart)
+}
+
+// virtualHostMS is the host time of p's iteration on the virtual clock:
+// the engine's modelled constant, or the measured host CPU time so far
+// (Config.MeasuredHostTime).
+func (e *Executor) virtualHostMS(p *plan) float64 {
+	if e.cfg.MeasuredHostTime {
+		return float64(e.hostCPU(p)) / 1e6
+	}
+	return e.virtual.HostMS()
+}
+
+// waitMark is the start of a collective wait (waitStart, waitEnd).
+type waitMark struct {
+	wall time.Time
+	cpu  time.Duration
+}
+
+// waitStart marks the start of a collective wait.
+func (e *Executor) waitStart() waitMark {
+	m := waitMark{wall: e.wall()}
+	if e.cpuClock {
+		m.cpu, _ = cputime.Thread()
+	}
+	return m
+}
+
+// waitEnd books a collective wait begun at m: its wall time (wait_ms) and
+// the thread CPU time spent inside it (left out of host_ms).
+func (e *Executor) waitEnd(m waitMark) {
+	e.waitDur += e.wall().Sub(m.wall)
+	if e.cpuClock {
+		if c, ok := cputime.Thread(); ok {
+			e.waitCPU += c - m.cpu
+		}
 	}
 }

@@ -65,9 +65,9 @@ func (e *Executor) gatherRankStates() ([]RankState, error) {
 		e.ownState[0] = mine
 		return e.ownState[:], nil
 	}
-	t := e.wall()
+	t := e.waitStart()
 	v, err := e.allGatherDecoded("rank_state", mine.encode(), e.decodeRankStates)
-	e.waitDur += e.wall().Sub(t)
+	e.waitEnd(t)
 	if err != nil {
 		return nil, err
 	}

@@ -9,6 +9,7 @@ package executor
 import (
 	"errors"
 	"fmt"
+	"runtime"
 	"slices"
 	"sync"
 	"testing"
@@ -255,7 +256,12 @@ type rig struct {
 	// virtual runs the ranks on a virtual clock from this epoch (the
 	// engine must model its cost: wrap it with wrapEng).
 	virtual *time.Time
-	ranks   []*rigRank
+	// measuredHost: Config.MeasuredHostTime (with virtual).
+	measuredHost bool
+	// locked: the ranks' goroutines are locked to their threads
+	// (Config.ThreadLocked; also with measuredHost).
+	locked bool
+	ranks  []*rigRank
 }
 
 type rigRank struct {
@@ -336,7 +342,9 @@ func (g *rig) build(t testing.TB) *rig {
 			OnNote: func(_ int, n scheduler.Note) { rr.notes = append(rr.notes, n) }}
 		if g.virtual != nil {
 			cfg.VirtualClock, cfg.VirtualEpoch = true, *g.virtual
+			cfg.MeasuredHostTime = g.measuredHost
 		}
+		cfg.ThreadLocked = g.locked || g.measuredHost
 		rr.ex, err = New(cfg, d)
 		require.NoError(t, err)
 		g.ranks[i] = rr
@@ -398,6 +406,10 @@ func (g *rig) run() {
 		wg.Add(1)
 		go func(rr *rigRank) {
 			defer wg.Done()
+			if g.locked || g.measuredHost {
+				runtime.LockOSThread() // Config.ThreadLocked
+				defer runtime.UnlockOSThread()
+			}
 			if rr.res, rr.err = rr.ex.Run(); rr.err != nil {
 				rr.comm.Close()
 			}

@@ -34,9 +34,9 @@ func (e *Executor) schedule() (*scheduler.Output, error) {
 		}
 	}
 	if e.cfg.ScheduleCheck {
-		t := e.wall()
+		t := e.waitStart()
 		err := checkSchedule(e.d.Comm, summarize(e.iter, out, e.d.KV.Capacity))
-		e.waitDur += e.wall().Sub(t)
+		e.waitEnd(t)
 		if err != nil {
 			return nil, err
 		}

@@ -31,18 +31,21 @@ type StepCoster interface {
 // every rank): every rank's cost of the step it just launched, combined
 // into the fleet's step duration. The record, when logging, gets the time
 // this rank waited for the slowest one.
+// stepCostCap is the capacity fleetStepMS gives an engine's step cost.
+const stepCostCap = 128
+
 func (e *Executor) fleetStepMS(rec *IterRecord) (float64, error) {
-	mine := e.virtual.AppendStepCost(nil)
+	mine := e.virtual.AppendStepCost(make([]byte, 0, stepCostCap)) // one allocation (twin: 120 bytes)
 	var fleet float64
 	if e.multi() {
 		// Every rank's engine models the same profile, so the fleet's
 		// duration is the same whichever rank's engine computes it: a
 		// coroutine fleet computes it once.
-		t := e.wall()
+		t := e.waitStart()
 		v, err := e.allGatherDecoded("step_cost", mine, func(all [][]byte) (any, error) {
 			return e.virtual.FleetStepMS(all)
 		})
-		e.waitDur += e.wall().Sub(t)
+		e.waitEnd(t)
 		if err != nil {
 			return 0, err
 		}

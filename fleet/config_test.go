@@ -107,6 +107,7 @@ scheduler:
   chunk_unit_size: 64
   capacity_policy: GUARANTEED_NO_EVICT
   enable_recompute_pause: false
+  admission_lookahead_iterations: 64
   enable_prefix_aware_scheduling: false
   equal_cost:
     kv_cost_offset: 35000
@@ -131,6 +132,7 @@ twin:
   kv_dtype: fp8
   gpus_per_node: 4
   expert_zipf: 0.5
+  host_time: measured
 workload:
   trace: t.jsonl
   limit: 5
@@ -153,6 +155,8 @@ workload:
 	require.Equal(t, 2048, o.Scheduler.MaxNumTokens)
 	require.Equal(t, 6, o.Scheduler.SchedulerCapacity)
 	require.False(t, o.Scheduler.RecomputePause)
+	require.Equal(t, 64, o.Scheduler.AdmissionLookahead)
+	require.Equal(t, "measured", o.TwinHostTime)
 	require.False(t, o.Scheduler.PrefixAware)
 	require.Equal(t, int64(35000), o.Scheduler.EqualCost.KVOffset)
 	require.Equal(t, int64(3), o.Scheduler.EqualCost.PerChunkDepthTokens)
@@ -174,7 +178,7 @@ workload:
 	require.Equal(t, "c.yaml:28 scheduler.max_num_tokens", o.Src("max-num-tokens"))
 	require.Equal(t, "--limit", o.Src("limit"))
 	require.Equal(t, "--report", o.Src("report"))
-	require.Equal(t, "c.yaml:35 scheduler.equal_cost.kv_cost_offset", o.Scheduler.Names[scheduler.SettingKVCostOffset])
+	require.Equal(t, "c.yaml:36 scheduler.equal_cost.kv_cost_offset", o.Scheduler.Names[scheduler.SettingKVCostOffset])
 
 	// Empty files, comment-only files and empty sections set nothing.
 	for _, empty := range []string{"", "# nothing\n", "---\n", "kv:\n"} {
@@ -207,6 +211,10 @@ func TestConfigErrorsNameTheirOrigin(t *testing.T) {
 		{"demotion", "scheduler:\n  demotion:\n    max_iters: -1\n", nil,
 			"c.yaml:3 scheduler.demotion.max_iters = -1, want ≥ 0", "TLLM_V2"},
 		{"pages beyond the index type", "kv:\n  host_pages: 2147483648\n", nil, "c.yaml:2 kv.host_pages must be at most 2147483647 (int32 page indices)", "kvpool"},
+		{"twin host time", "twin:\n  host_time: wall\n", nil, `c.yaml:2 twin.host_time "wall" is not allowed (allowed: profile, measured)`, "--twin"},
+		{"twin host time flag", "", []string{"--twin-host-time", "cpu"}, `--twin-host-time "cpu" is not allowed (allowed: profile, measured)`, "c.yaml"},
+		{"admission lookahead", "scheduler:\n  admission_lookahead_iterations: -2\n", nil,
+			"c.yaml:2 scheduler.admission_lookahead_iterations = -2, want ≥ 0 (0 = off)", "--admission"},
 		{"flag wins and is named", "kv:\n  pages: 64\n", []string{"--pages", "-1"}, "--pages must be non-negative, got -1", "c.yaml"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -32,6 +32,9 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 		"expert-parallel groups send the rest over RDMA (0: the GPU's, 8 on HGX H100/H200/B200, 72 on GB300 NVL72)")
 	fs.Float64Var(&o.ExpertZipf, "expert-zipf", o.ExpertZipf, "with --engine twin and an MoE model: Zipf exponent of "+
 		"routed-expert popularity (0: uniform; negative: the profile's, uniform for the built-ins)")
+	fs.StringVar(&o.TwinHostTime, "twin-host-time", o.TwinHostTime, "with --engine twin: the host time of a virtual iteration: "+
+		"profile (the cost profile's host_overhead_ms) or measured (each rank's measured control-plane CPU time of the iteration; docs/twin.md)")
+	fs.StringVar(&o.CPUProfile, "cpuprofile", o.CPUProfile, "write a Go CPU profile of the run to this file (go tool pprof)")
 	o.flagCostMode = o.CostModeName()
 	fs.StringVar(&o.flagCostMode, "ctx-cost", o.flagCostMode, "where equal-cost chunking's kv_cost_offset and kv_depth_threshold come from: "+
 		"off (scheduler.equal_cost or the TLLM_V2_CTX_COST_* variables), manual (scheduler.equal_cost only) or "+
@@ -51,6 +54,8 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.BoolVar(&o.Scheduler.ChunkedContext, "chunked-prefill", o.Scheduler.ChunkedContext, "split long prompts into chunks")
 	o.flagPolicy = o.PolicyName()
 	fs.StringVar(&o.flagPolicy, "policy", o.flagPolicy, "capacity policy: max_utilization or guaranteed_no_evict")
+	fs.IntVar(&o.Scheduler.AdmissionLookahead, "admission-lookahead", o.Scheduler.AdmissionLookahead,
+		"max_utilization: admit a new prompt only while the KV pool keeps pages for this many iterations of the running requests' growth (0 = off; docs/scheduling.md)")
 	fs.StringVar(&o.Trace, "trace", o.Trace, "Mooncake JSON Lines trace (default: the built-in sample of 64 requests)")
 	fs.IntVar(&o.Limit, "limit", o.Limit, "serve at most N requests of the trace (0 = all)")
 	fs.Float64Var(&o.LengthScale, "length-scale", o.LengthScale, "multiply input, output and block lengths by F (at least 1 token each)")

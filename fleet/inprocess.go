@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"io"
+	"runtime"
 	"sync"
 	"time"
 
@@ -44,11 +45,21 @@ func runInProcess(o *Options, sc scheduler.Config, reqs []workload.Request, log 
 		}
 	}
 	if coro != nil {
+		// The coroutine ranks share this goroutine's thread: locked, its
+		// CPU clock times every rank's host work (executor.Config.ThreadLocked).
+		runtime.LockOSThread()
+		setup.threadLocked = true
 		nccl.RunCoroutines(coro, func(i int, _ *nccl.CoroComm) error { runRank(i); return nil })
+		runtime.UnlockOSThread()
 	} else {
+		setup.threadLocked = true
 		var wg sync.WaitGroup
 		for i := range world {
-			wg.Go(func() { runRank(i) })
+			wg.Go(func() {
+				runtime.LockOSThread() // executor.Config.ThreadLocked: host_ms in CPU time
+				defer runtime.UnlockOSThread()
+				runRank(i)
+			})
 		}
 		wg.Wait()
 	}

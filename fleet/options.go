@@ -83,6 +83,13 @@ type Options struct {
 	KVDType     string  // --kv-dtype (twin): bf16, fp8 or "" (the model's)
 	GPUsPerNode int     // --gpus-per-node (twin): GPUs per NVLink domain, 0 = the profile's
 	ExpertZipf  float64 // --expert-zipf (twin): Zipf exponent of expert popularity, < 0 = the profile's
+	// TwinHostTime (--twin-host-time): "profile", the virtual iterations'
+	// host time is the cost profile's host_overhead_ms; "measured", each
+	// rank's measured control-plane CPU time of the iteration.
+	TwinHostTime string
+	// CPUProfile (--cpuprofile): write a Go CPU profile of the run here
+	// (the command does, around the run; go tool pprof reads it).
+	CPUProfile string
 
 	// RecordBusy keeps every forward iteration's per-rank busy times in
 	// the result (worker eval's timeline and waste plots).
@@ -156,7 +163,7 @@ func Defaults() Options {
 		Router: "default", MaxActivePerRank: 1024, CP: 1, EventBufferMaxSize: 1 << 20,
 		KVEventsConfig: KVEventsConfig{Publisher: "null", Endpoint: kvevents.DefaultEndpoint,
 			BufferSteps: kvevents.DefaultBufferSteps, HWM: kvevents.DefaultHWM, Encoding: kvevents.EncodingArray},
-		GPUMemFraction: 0.9, GPU: "h200", TP: 1, ExpertZipf: -1, Calibration: DefaultCalibSettings(),
+		GPUMemFraction: 0.9, GPU: "h200", TP: 1, ExpertZipf: -1, TwinHostTime: "profile", Calibration: DefaultCalibSettings(),
 		Text: PromptOptions{MaxTokens: 128},
 	}
 }

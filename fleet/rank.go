@@ -70,6 +70,9 @@ type rankSetup struct {
 	fault   *fault
 	td      *teardown
 	getenv  func(string) string
+	// threadLocked: the ranks run as coroutines of one goroutine locked to
+	// its OS thread (executor.Config.ThreadLocked).
+	threadLocked bool
 }
 
 // build builds rank i (on GPU device) of a world of o.world() ranks, with
@@ -189,7 +192,9 @@ func (s *rankSetup) executorConfig(o *Options, i int, parts *rankParts, iterLog,
 		RecordBusy: o.RecordBusy}
 	if o.Engine == "twin" {
 		cfg.VirtualClock, cfg.VirtualEpoch = true, twinEpoch
+		cfg.MeasuredHostTime = o.TwinHostTime == "measured"
 	}
+	cfg.ThreadLocked = s.threadLocked
 	if o.API != nil {
 		cfg.Stream = true // every rank: the same gathers
 		if i == 0 {

@@ -108,6 +108,7 @@ func (o *Options) nameSchedulerSettings(c *scheduler.Config) {
 			o.Src("tokens-per-page"), o.Src("chunk-unit"))
 	}
 	c.Names[scheduler.SettingPolicy] = o.Src("policy")
+	c.Names[scheduler.SettingAdmissionLookahead] = o.Src("admission-lookahead")
 	if c.Names[scheduler.SettingRecomputePause] == "" {
 		c.Names[scheduler.SettingRecomputePause] = "scheduler.enable_recompute_pause in --config"
 	}

@@ -26,8 +26,11 @@ type FitStats struct {
 // chunks, Σ KV of the decodes, sequences; an attention-DP dummy counts as a
 // one-token decode at depth 0), the measured device_ms as the target (less
 // moe_wait_ms for a MoE model under expert parallelism: compute). The
-// host time per iteration is the median of host_ms − device_ms − wait_ms
-// (the loop's own work: scheduling, step building, result application).
+// host time per iteration is the median of host_ms, the measured host CPU
+// time of the loop's own work (scheduling, step building, result
+// application); a log written before issue 24 has no iter_ms and its
+// host_ms is the iteration's wall time: there host_ms − device_ms −
+// wait_ms is taken, as then.
 func FitTwinProfile(files []string, m twin.Model) (*twin.Profile, FitStats, error) {
 	var samples []twin.LinearSample
 	var hosts []float64
@@ -60,7 +63,11 @@ func FitTwinProfile(files []string, m twin.Model) (*twin.Profile, FitStats, erro
 			s.Seqs++
 		}
 		samples = append(samples, s)
-		hosts = append(hosts, max(0, l.HostMS-*l.DeviceMS-l.WaitMS))
+		if keys.IterMS {
+			hosts = append(hosts, l.HostMS)
+		} else {
+			hosts = append(hosts, max(0, l.HostMS-*l.DeviceMS-l.WaitMS))
+		}
 		return nil
 	})
 	if err != nil {
@@ -91,7 +98,7 @@ func FitTwinProfile(files []string, m twin.Model) (*twin.Profile, FitStats, erro
 		return nil, FitStats{}, err
 	}
 	p.HostOverheadMS = twin.Coef{Value: math.Round(st.HostMedianMS*1000) / 1000,
-		Source: "median host time per iteration (host_ms − device_ms − wait_ms) of the fitted logs"}
+		Source: "median host CPU time per iteration (host_ms; host_ms − device_ms − wait_ms in logs without iter_ms) of the fitted logs"}
 	if err := p.Validate(); err != nil {
 		return nil, FitStats{}, err
 	}

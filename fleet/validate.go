@@ -29,6 +29,9 @@ func (o *Options) validateEngine() error {
 	if err := usage.OneOf(o.Src("engine"), o.Engine, "cpu", "cuda", "twin", "fake"); err != nil {
 		return err
 	}
+	if err := usage.OneOf(o.Src("twin-host-time"), o.TwinHostTime, "profile", "measured"); err != nil {
+		return err
+	}
 	if err := o.openModel(); err != nil {
 		return err
 	}

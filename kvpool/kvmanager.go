@@ -498,3 +498,9 @@ func (m *Manager) mustSeq(op string, id uint64) *sequence {
 	}
 	return s
 }
+
+// ObtainablePages is the number of GPU pages (ledger blocks) an allocation
+// could obtain now: free, cached (evictable) and migratable to the host
+// tier, less the pages reserved (scheduler.PageCounter, read by the
+// MAX_UTILIZATION admission watermark).
+func (m *Manager) ObtainablePages() int { return m.obtainable() - m.reserved }

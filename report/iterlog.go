@@ -183,9 +183,11 @@ func scanFile(path string, fn func(path string, line int, text []byte) error, tr
 
 // Keys says which keys of a record were present (not absent, not null)
 // where the record type cannot tell: a zero rank and a missing one decode
-// alike, and older workers wrote no gen_kv_tokens.
+// alike, older workers wrote no gen_kv_tokens, and workers before issue
+// 24 no iter_ms (their host_ms was the iteration's wall time, not its
+// host CPU time).
 type Keys struct {
-	Rank, Iter, GenKVTokens bool
+	Rank, Iter, GenKVTokens, IterMS bool
 }
 
 // DecodeIterRecord decodes one iteration-log line.
@@ -198,12 +200,13 @@ func DecodeIterRecord(b []byte) (executor.IterRecord, Keys, error) {
 		Rank        json.RawMessage `json:"rank"`
 		Iter        json.RawMessage `json:"iter"`
 		GenKVTokens json.RawMessage `json:"gen_kv_tokens"`
+		IterMS      json.RawMessage `json:"iter_ms"`
 	}
 	if err := json.Unmarshal(b, &raw); err != nil {
 		return rec, Keys{}, err
 	}
 	set := func(m json.RawMessage) bool { return len(m) > 0 && string(m) != "null" }
-	return rec, Keys{Rank: set(raw.Rank), Iter: set(raw.Iter), GenKVTokens: set(raw.GenKVTokens)}, nil
+	return rec, Keys{Rank: set(raw.Rank), Iter: set(raw.Iter), GenKVTokens: set(raw.GenKVTokens), IterMS: set(raw.IterMS)}, nil
 }
 
 // CalibrationLogs is what the context-cost fit reads from iteration logs.

@@ -30,7 +30,7 @@ func TestDecodeIterRecordKeys(t *testing.T) {
 	require.NoError(t, err)
 	rec, keys, err := DecodeIterRecord(b)
 	require.NoError(t, err)
-	require.Equal(t, Keys{Rank: true, Iter: true, GenKVTokens: true}, keys)
+	require.Equal(t, Keys{Rank: true, Iter: true, GenKVTokens: true, IterMS: true}, keys)
 	require.Equal(t, 8192, rec.CtxTokens)
 	_, keys, err = DecodeIterRecord([]byte(`{"rank": null, "iter": 3}`))
 	require.NoError(t, err)

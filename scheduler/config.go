@@ -143,6 +143,9 @@ func validate(cfg *Config) (settings, error) {
 	if cfg.Policy != MaxUtilization && cfg.Policy != GuaranteedNoEvict {
 		return bad(SettingPolicy, int(cfg.Policy), "MAX_UTILIZATION or GUARANTEED_NO_EVICT")
 	}
+	if cfg.AdmissionLookahead < 0 {
+		return bad(SettingAdmissionLookahead, cfg.AdmissionLookahead, "≥ 0 (0 = off)")
+	}
 	if cfg.CostMode < CostOff || cfg.CostMode > CostAuto {
 		return st, fmt.Errorf("%w: ctx_cost.mode = %d, want off, manual or auto", ErrConfig, int(cfg.CostMode))
 	}
@@ -356,6 +359,9 @@ func (s *Scheduler) Describe() string {
 		b.WriteString(" demotion=off")
 	}
 	fmt.Fprintf(&b, " recompute-pause=%s prefix-aware=%s", onOff(s.cfg.RecomputePause), onOff(s.cfg.PrefixAware))
+	if s.watermarkOn() {
+		fmt.Fprintf(&b, " admission-lookahead=%d", s.cfg.AdmissionLookahead)
+	}
 	if s.cfg.Helix {
 		b.WriteString(" helix=on")
 	}

@@ -120,6 +120,10 @@ func (s *Scheduler) allocateContext(idx, n int) outcome {
 		s.fatal = fmt.Errorf("%w for request %d (continuation chunk of %d tokens)", ErrReservationViolated, r.ID, n)
 		return aborted
 	}
+	if r.State == ContextInit && s.pages != nil && !s.watermarkAllows(r, n) {
+		s.gated = true // no later first chunk is tried, none preempts
+		return skipped
+	}
 	if s.kv.ResizeContext(r, n) {
 		return scheduled
 	}

@@ -390,3 +390,12 @@ func (f *fakeKV) FirstChunkBlocked(*Request, func(*Request, int) int) bool { ret
 
 // NoFirstChunkFits never promises a failure.
 func (f *fakeKV) NoFirstChunkFits() bool { return false }
+
+// ObtainablePages is the admission watermark's page count (PageCounter):
+// free minus every reservation, or a large number for an unlimited pool.
+func (f *fakeKV) ObtainablePages() int {
+	if f.pages == 0 {
+		return 1 << 30
+	}
+	return f.available()
+}

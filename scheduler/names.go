@@ -25,6 +25,7 @@ const (
 	// SettingPoolSize is the KV pool's size, which the scheduler does not
 	// configure but names when an allocation failure is fatal (§13).
 	SettingPoolSize
+	SettingAdmissionLookahead // admission_lookahead_iterations (W, docs/scheduling.md)
 	numSettings
 )
 
@@ -51,6 +52,7 @@ var specNames = SettingNames{
 	SettingDemoteUncachedTokens: EnvDemoteUncachedTokens,
 	SettingDemoteMaxIters:       EnvDemoteMaxIters,
 	SettingPoolSize:             "max_gpu_total_bytes (rank-local bytes) or max_tokens (global ledger tokens)",
+	SettingAdmissionLookahead:   "admission_lookahead_iterations",
 }
 
 // Name returns the name of setting s for messages: the caller's name from

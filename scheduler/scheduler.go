@@ -79,6 +79,9 @@ type Scheduler struct {
 	fastSkip  bool                    // firstChunkBlocked may skip in this pass
 	chunkOf   func(*Request, int) int // firstChunkTokens, bound once in New
 	exhausted bool                    // firstChunksExhausted found no page to give in this pass
+	pages     PageCounter             // the watermark's page count (nil when it is off)
+	gated     bool                    // the watermark refused a first chunk in this pass
+	running   int                     // requests past their first chunk (-1: not counted yet)
 	demote    demotionCounters
 	stall     int
 }
@@ -97,6 +100,9 @@ func New(cfg Config, kv KVManager) (*Scheduler, error) {
 	s.chunkOf = s.firstChunkTokens
 	s.prefix.keys = make(map[BlockKey]struct{})
 	s.demote.counts = make(map[uint64]demoteEntry)
+	if err := s.newWatermark(); err != nil {
+		return nil, err
+	}
 	return s, nil
 }
 
@@ -195,6 +201,7 @@ func (s *Scheduler) begin(active []*Request, executing []uint64) {
 	// chunked MAX_UTILIZATION path without a host tier (no suspension for a
 	// context) and outside Helix; elsewhere every first chunk is tried.
 	s.exhausted = false
+	s.gated, s.running = false, -1
 	s.fastSkip = s.st.chunked && s.cfg.Policy == MaxUtilization && !s.cfg.Helix && !s.kv.HasHostTier()
 
 	if cap(s.flags) < len(active) {
@@ -298,6 +305,9 @@ func (s *Scheduler) phase2() {
 		}
 		if s.flags[idx]&(flagPreempted|flagPaused) != 0 {
 			continue // freed or suspended for an earlier context this pass
+		}
+		if s.gated && s.flags[idx]&flagContinuation == 0 {
+			continue // the watermark refused an earlier first chunk (FCFS)
 		}
 		if s.flags[idx]&flagContinuation == 0 && s.firstChunksExhausted() {
 			continue // the SKIP every first chunk would reach, without reading it

@@ -50,6 +50,15 @@ type Config struct {
 	LedgerBlockTokens int
 	// Helix enables the aggregated-Helix variants (spec §13).
 	Helix bool
+	// AdmissionLookahead is W of the decode-growth admission watermark
+	// (MAX_UTILIZATION only; 0 = off, the spec's behaviour): a first chunk
+	// is admitted only if, once its pages are allocated, the pool still
+	// holds a reserve of ceil((n+1)·W / ledger block) obtainable pages for
+	// the growth over the next W iterations of the n requests already
+	// past their first chunk, plus its own. Once one first chunk is
+	// refused this way, no later first chunk is tried in the pass (FCFS),
+	// and none preempts a running request. docs/scheduling.md.
+	AdmissionLookahead int
 	// CostMode says where O and D come from (spec §9.7). In CostAuto the cap
 	// stays off until the calibrator calls Scheduler.PublishCost.
 	CostMode CostMode

@@ -1,8 +1,10 @@
 package main
 
 import (
+	"fmt"
 	"io"
 	"os"
+	"runtime/pprof"
 
 	"github.com/lockstep-ai/lockstep/fleet"
 )
@@ -15,6 +17,17 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	o.GPUFreeMemory = gpuFreeMemory
+	if o.CPUProfile != "" {
+		f, err := os.Create(o.CPUProfile)
+		if err != nil {
+			return fmt.Errorf("--cpuprofile: %w", err)
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return fmt.Errorf("--cpuprofile: %w", err)
+		}
+		defer pprof.StopCPUProfile()
+	}
 	out, err := fleet.Run(o, stderr, os.Getenv)
 	if err != nil || out == nil {
 		return err // out == nil: not rank 0, which prints the report
