@@ -72,11 +72,6 @@ func (wr *writer) chunkObject() string {
 // streaming.
 func (wr *writer) choice(ch *choiceRun, text string, ids []int32, lps []executor.TokenLogprobs, finish *string, final bool) openai.Choice {
 	c := openai.Choice{Index: ch.index, FinishReason: finish}
-	defer func() {
-		if wr.p.Logprobs && (len(ids) > 0 || (final && !wr.p.Stream)) {
-			c.Logprobs = wr.logprobs(ch, ids, lps)
-		}
-	}()
 	if wr.chat {
 		if final && !wr.p.Stream {
 			c.Message = &openai.Message{Role: "assistant", Content: text}
@@ -90,6 +85,10 @@ func (wr *writer) choice(ch *choiceRun, text string, ids []int32, lps []executor
 		}
 	} else {
 		c.Text, c.Logprobs = &text, openai.NullLogprobs
+	}
+	if wr.p.Logprobs && (len(ids) > 0 || (final && !wr.p.Stream)) {
+		// A streamed chunk carries its own tokens' entries; a body all.
+		c.Logprobs = wr.logprobs(ch, ids, lps)
 	}
 	if wr.p.ReturnTokenID {
 		if ids == nil {
