@@ -199,7 +199,7 @@ func (s *suite) logprobs(t *testing.T) {
 		{Tokens: prompt(5, 1), BlockTable: []int32{0, 1}, Sample: true, Logprobs: true, TopLogprobs: 5},
 		{Tokens: prompt(2, 2), BlockTable: []int32{2}, Logprobs: true, TopLogprobs: 3},
 		{Tokens: prompt(3, 3), BlockTable: []int32{3}, Sample: true, Logprobs: true, TopLogprobs: bridge.MaxLogprobs,
-			Sampling: bridge.SamplingParams{Temperature: 1.3, TopK: 100, TopP: 0.9, Seed: 5, PresencePenalty: 0.5},
+			Sampling:     bridge.SamplingParams{Temperature: 1.3, TopK: 100, TopP: 0.9, Seed: 5, PresencePenalty: 0.5},
 			OutputTokens: []int32{1, 2}},
 		{Tokens: prompt(1, 4), BlockTable: []int32{4}, Sample: true},
 		{Tokens: prompt(1, 5), BlockTable: []int32{5}, Sample: true, Logprobs: true},
