@@ -68,6 +68,11 @@ type Config struct {
 	// Log receives a line per finished request (debug level), named by its
 	// X-Request-Id; nil: no log.
 	Log *zap.Logger
+	// RequestTimeout bounds a completion request from its acceptance to its
+	// last token (queue, prefill and decode); past it every choice is
+	// withdrawn from every rank (as when the client goes away) and the
+	// client gets 504, or an error event on a stream. 0: no bound.
+	RequestTimeout time.Duration
 	// Version is GET /version's answer; the binary's build version when "".
 	Version string
 	// Now is the clock (tests); time.Now when nil.
@@ -653,6 +658,12 @@ func (s *Server) answer(w http.ResponseWriter, r *http.Request, endpoint, apiID 
 		ch.roleSent = endpoint != "chat"
 	}
 	wake := runs[0].c.wake
+	var expired <-chan time.Time
+	if s.cfg.RequestTimeout > 0 {
+		timer := time.NewTimer(s.cfg.RequestTimeout)
+		defer timer.Stop()
+		expired = timer.C
+	}
 	// stopAll detaches every choice still running (but except), as finish.
 	stopAll := func(except *choiceRun, finish string) {
 		for _, ch := range runs {
@@ -667,6 +678,12 @@ func (s *Server) answer(w http.ResponseWriter, r *http.Request, endpoint, apiID 
 		case <-r.Context().Done():
 			// The client went away: every rank withdraws the requests.
 			stopAll(nil, "cancelled")
+			return
+		case <-expired:
+			// Past --request-timeout: withdrawn the same way, and told.
+			stopAll(nil, "cancelled")
+			out.fail(&apiError{Status: http.StatusGatewayTimeout, Type: "server_error", Code: "timeout",
+				Message: fmt.Sprintf("the request did not finish within the server's --request-timeout of %v; it was withdrawn", s.cfg.RequestTimeout)})
 			return
 		case <-wake:
 		}
