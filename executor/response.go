@@ -221,9 +221,10 @@ func decodeResponseBatch(b []byte) (responseBatch, error) {
 		}
 		rb.Responses = append(rb.Responses, r)
 	}
-	if d.err == nil && len(d.b) != 0 {
+	if d.err == nil && len(d.b) >= 4 && len(rb.Deltas) > 0 {
+		// (A shorter tail, or one after no delta, is trailing bytes.)
 		nl := int(d.u32())
-		if d.err == nil && nl > len(rb.Deltas) {
+		if d.err == nil && (nl == 0 || nl > len(rb.Deltas)) {
 			d.err = fmt.Errorf("%d delta log-probabilities for %d deltas", nl, len(rb.Deltas))
 		}
 		for j := 0; j < nl && d.err == nil; j++ {
