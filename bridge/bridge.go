@@ -266,6 +266,12 @@ type SeqStep struct {
 	// tokens it generated so far, read by the penalties (needed only when
 	// Sampling.HasPenalties).
 	PromptTokens, OutputTokens []int32
+	// Logprobs asks a sampled sequence for its token's log-probability and
+	// the TopLogprobs (0..MaxLogprobs) most probable tokens' (RowLogprobs:
+	// the raw logits' log_softmax, before any logits processor). They never
+	// change the sampled token.
+	Logprobs    bool
+	TopLogprobs int
 }
 
 // SamplePos is the absolute position of the token this step samples: the
@@ -281,9 +287,16 @@ type StepDesc struct {
 
 // StepResult is what a step returns.
 type StepResult struct {
-	Sampled  []int32   // per sequence; -1 where not sampled
-	Logits   []float32 // [num sampled rows × vocab] when WantLogits
-	DeviceMS float64   // device (or CPU compute) time of the step
+	Sampled []int32   // per sequence; -1 where not sampled
+	Logits  []float32 // [num sampled rows × vocab] when WantLogits
+	// Log-probabilities, when some sampled sequence sets Logprobs (empty
+	// otherwise): per sequence, its token's (0 where it asks for none), and
+	// [num_seqs × MaxLogprobs] top ids (highest first, −1 past its
+	// TopLogprobs) and their log-probabilities.
+	Logprobs      []float32
+	TopLogprobIDs []int32
+	TopLogprobs   []float32
+	DeviceMS      float64 // device (or CPU compute) time of the step
 	// MoEWaitMS is the part of DeviceMS spent in MoE exchanges (waiting for
 	// the slowest member and moving tokens); 0 without expert parallelism.
 	MoEWaitMS float64

@@ -98,6 +98,8 @@ func CheckStep(desc *StepDesc, g Geometry) error {
 //   - num_blocks: the block table covers positions [0, start_pos +
 //     num_tokens), at TokensPerPage·HelixSize tokens per entry;
 //   - sampling: SamplingParams.Validate (checked sampled or not);
+//   - logprobs: SeqStep.ValidateLogprobs (TopLogprobs in [0, MaxLogprobs],
+//     only with Logprobs);
 //   - tokens: every id in [0, VocabSize);
 //   - block_table: every entry, read or written, in [0, DevicePages);
 //
@@ -137,6 +139,9 @@ func (c *StepChecker) checkSeq(op string, i int, sq *SeqStep) error {
 			i, len(sq.BlockTable), covered, end-1, (end+ledger-1)/ledger)
 	}
 	if err := sq.Sampling.Validate(); err != nil {
+		return invalid(op, "seqs[%d]: %v", i, err)
+	}
+	if err := sq.ValidateLogprobs(); err != nil {
 		return invalid(op, "seqs[%d]: %v", i, err)
 	}
 	V := c.g.VocabSize

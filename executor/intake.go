@@ -42,6 +42,12 @@ type Arrival struct {
 	// StopTokenIDs end generation when sampled (the token is kept), as
 	// the model's stop tokens do with StopAtEOS, whatever StopAtEOS says.
 	StopTokenIDs []int32
+	// Logprobs asks for every generated token's log-probability and the
+	// TopLogprobs (0..bridge.MaxLogprobs) most probable tokens' at its
+	// position (Response.Logprobs, TokenDelta.Logprob); they never change
+	// the tokens.
+	Logprobs    bool
+	TopLogprobs int
 	// Prompt is the prompt's tokens. A source may leave it nil and set
 	// PromptLen and Synthesize instead: rank 0 then checks the lengths
 	// (scheduler.Admission) and calls Synthesize only for a request that can be
@@ -241,6 +247,9 @@ func (e *Executor) screenArrivals(items []Arrival, now time.Time) []Arrival {
 		if reason == "" && slices.ContainsFunc(a.StopTokenIDs, func(t int32) bool { return t < 0 }) {
 			reason = "invalid stop token ids: a negative id"
 		}
+		if err := a.validateLogprobs(); reason == "" && err != nil {
+			reason = "invalid logprobs: " + err.Error()
+		}
 		if reason != "" {
 			e.pending = append(e.pending, Response{ID: a.ID, Rank: NoRank, ArrivalUnixNS: a.ArrivalUnixNS,
 				FinishUnixNS: max(now.UnixNano(), a.ArrivalUnixNS), Error: reason})
@@ -267,7 +276,16 @@ const (
 	// arrivalProcessors: min_p, the penalties, the logit bias and the stop
 	// token ids follow the sampling fields.
 	arrivalProcessors
+	// arrivalLogprobs: the request wants log-probabilities; its top count
+	// (u8) follows the processor fields.
+	arrivalLogprobs
 )
+
+// validateLogprobs checks the log-probability request (bridge.SeqStep's rule).
+func (a *Arrival) validateLogprobs() error {
+	s := bridge.SeqStep{Logprobs: a.Logprobs, TopLogprobs: a.TopLogprobs}
+	return s.ValidateLogprobs()
+}
 
 // hasProcessors reports whether a needs the arrivalProcessors fields.
 func (a *Arrival) hasProcessors() bool {
@@ -283,8 +301,8 @@ func (a *Arrival) hasProcessors() bool {
 // [with arrivalSampling: temperature f32 bits u32, top_k u32, top_p f32
 // bits u32, seed u64], [with arrivalProcessors: min_p, presence,
 // frequency and repetition penalty f32 bits u32 each, n_bias u32, (id u32,
-// bias f32 bits u32)×n, n_stop u32, stop ids u32×n], n_tokens u32, tokens
-// u32×n. Rank 0 has screened the
+// bias f32 bits u32)×n, n_stop u32, stop ids u32×n], [with
+// arrivalLogprobs: top_logprobs u8], n_tokens u32, tokens u32×n. Rank 0 has screened the
 // items (scheduler.Admission, valid sampling parameters), so max_new, top_k and the
 // prompt length fit 32 bits; an item that does not is a broken invariant.
 func encodeArrivals(items []Arrival) []byte {
@@ -323,6 +341,9 @@ func encodeArrivals(items []Arrival) []byte {
 		if a.hasProcessors() {
 			flags |= arrivalProcessors
 		}
+		if a.Logprobs {
+			flags |= arrivalLogprobs
+		}
 		b = append(b, flags)
 		b = binary.LittleEndian.AppendUint32(b, uint32(a.Routing.Rank))
 		if flags&arrivalSampling != 0 {
@@ -346,6 +367,9 @@ func encodeArrivals(items []Arrival) []byte {
 			for _, t := range a.StopTokenIDs {
 				b = binary.LittleEndian.AppendUint32(b, uint32(t))
 			}
+		}
+		if flags&arrivalLogprobs != 0 {
+			b = append(b, byte(a.TopLogprobs))
 		}
 		b = binary.LittleEndian.AppendUint32(b, uint32(len(a.Prompt)))
 		for _, t := range a.Prompt {
@@ -401,12 +425,18 @@ func decodeArrivals(b []byte, want int) ([]Arrival, error) {
 				}
 			}
 		}
+		if flags&arrivalLogprobs != 0 {
+			a.Logprobs, a.TopLogprobs = true, int(d.u8())
+			if err := a.validateLogprobs(); d.err == nil && err != nil {
+				d.err = fmt.Errorf("arrival %d: %w", a.ID, err)
+			}
+		}
 		if flags&(arrivalSampling|arrivalProcessors) != 0 {
 			if err := a.Sampling.Validate(); d.err == nil && err != nil {
 				d.err = fmt.Errorf("arrival %d: %w", a.ID, err)
 			}
 		}
-		if d.err == nil && flags&^(arrivalHasRank|arrivalStrict|arrivalStopAtEOS|arrivalSampling|arrivalProcessors) != 0 {
+		if d.err == nil && flags&^(arrivalHasRank|arrivalStrict|arrivalStopAtEOS|arrivalSampling|arrivalProcessors|arrivalLogprobs) != 0 {
 			d.err = fmt.Errorf("arrival %d: unknown flags %#x", a.ID, flags)
 		}
 		n := int(d.u32())

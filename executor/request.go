@@ -30,11 +30,15 @@ type request struct {
 	sampling     bridge.SamplingParams
 	logitBias    []bridge.TokenBias
 	stopIDs      []int32 // the request's own stop token ids (Arrival.StopTokenIDs)
+	logprobs     bool    // Arrival.Logprobs: outLogprobs grows with output
+	topLogprobs  int
+	outLogprobs  []TokenLogprobs
 }
 
 func newRequest(a Arrival) *request {
 	r := &request{prompt: a.Prompt, maxNewTotal: a.MaxNewTokens, arrivalNS: a.ArrivalUnixNS, stopAtEOS: a.StopAtEOS,
-		sampling: a.Sampling, logitBias: a.LogitBias, stopIDs: a.StopTokenIDs}
+		sampling: a.Sampling, logitBias: a.LogitBias, stopIDs: a.StopTokenIDs, logprobs: a.Logprobs,
+		topLogprobs: a.TopLogprobs}
 	r.Request = scheduler.Request{
 		ID:               a.ID,
 		State:            scheduler.ContextInit,

@@ -3,13 +3,19 @@ package executor
 import (
 	"encoding/binary"
 	"fmt"
+	"math"
+
+	"github.com/lockstep-ai/lockstep/bridge"
 )
 
 // Response is a finished (or rejected) request as rank 0 receives it.
 type Response struct {
-	ID               uint64  // request id
-	Rank             int     // the rank that served it; NoRank if it was rejected before routing
-	Output           []int32 // generated tokens, in order
+	ID     uint64  // request id
+	Rank   int     // the rank that served it; NoRank if it was rejected before routing
+	Output []int32 // generated tokens, in order
+	// Logprobs, when the request asked for them (Arrival.Logprobs): one per
+	// Output token, in order.
+	Logprobs         []TokenLogprobs
 	ArrivalUnixNS    int64
 	ScheduledUnixNS  int64 // its first chunk was launched (0 if never): the queue time ends
 	FirstTokenUnixNS int64 // 0 if no token was produced
@@ -45,6 +51,50 @@ type responseBatch struct {
 type TokenDelta struct {
 	ID    uint64
 	Token int32
+	// Logprobs is the token's log-probabilities when the request asked for
+	// them (nil otherwise).
+	Logprobs *TokenLogprobs
+}
+
+// TokenLogprobs is one generated token's log-probabilities
+// (bridge.RowLogprobs): its own, and the request's TopLogprobs most
+// probable tokens' at its position, highest first (ties: lower id).
+type TokenLogprobs struct {
+	Logprob     float32
+	TopIDs      []int32
+	TopLogprobs []float32
+}
+
+// Response flags of the payload.
+const (
+	responseStopped  = 1
+	responseLogprobs = 2 // one TokenLogprobs per output token follows the output
+)
+
+func appendLogprobs(b []byte, lp *TokenLogprobs) []byte {
+	b = binary.LittleEndian.AppendUint32(b, math.Float32bits(lp.Logprob))
+	b = append(b, byte(len(lp.TopIDs)))
+	for j, id := range lp.TopIDs {
+		b = binary.LittleEndian.AppendUint32(b, uint32(id))
+		b = binary.LittleEndian.AppendUint32(b, math.Float32bits(lp.TopLogprobs[j]))
+	}
+	return b
+}
+
+func (d *decoder) logprobs() TokenLogprobs {
+	lp := TokenLogprobs{Logprob: math.Float32frombits(d.u32())}
+	k := int(d.u8())
+	if d.err == nil && k > 0 {
+		if k > bridge.MaxLogprobs || k > len(d.b)/8 {
+			d.err = errShort
+			return lp
+		}
+		lp.TopIDs, lp.TopLogprobs = make([]int32, k), make([]float32, k)
+		for j := range k {
+			lp.TopIDs[j], lp.TopLogprobs[j] = int32(d.u32()), math.Float32frombits(d.u32())
+		}
+	}
+	return lp
 }
 
 // size is the length of rb's encoding, so that encode allocates once (issue
@@ -79,7 +129,10 @@ func (rb responseBatch) encode() []byte {
 		b = binary.LittleEndian.AppendUint32(b, uint32(r.ReusedTokens))
 		var flags byte
 		if r.Stopped {
-			flags = 1
+			flags |= responseStopped
+		}
+		if r.Logprobs != nil {
+			flags |= responseLogprobs
 		}
 		b = append(b, flags)
 		b = binary.LittleEndian.AppendUint32(b, uint32(len(r.Error)))
@@ -87,6 +140,32 @@ func (rb responseBatch) encode() []byte {
 		b = binary.LittleEndian.AppendUint32(b, uint32(len(r.Output)))
 		for _, t := range r.Output {
 			b = binary.LittleEndian.AppendUint32(b, uint32(t))
+		}
+		if r.Logprobs != nil {
+			if len(r.Logprobs) != len(r.Output) {
+				panic(fmt.Sprintf("executor: response %d has %d log-probabilities for %d tokens", r.ID, len(r.Logprobs), len(r.Output)))
+			}
+			for j := range r.Logprobs {
+				b = appendLogprobs(b, &r.Logprobs[j])
+			}
+		}
+	}
+	// The deltas' log-probabilities, when some delta has them, trail the
+	// payload (count u32, then per delta: index u32, logprobs), so a
+	// payload without any is unchanged.
+	n := 0
+	for _, d := range rb.Deltas {
+		if d.Logprobs != nil {
+			n++
+		}
+	}
+	if n > 0 {
+		b = binary.LittleEndian.AppendUint32(b, uint32(n))
+		for i, d := range rb.Deltas {
+			if d.Logprobs != nil {
+				b = binary.LittleEndian.AppendUint32(b, uint32(i))
+				b = appendLogprobs(b, d.Logprobs)
+			}
 		}
 	}
 	return b
@@ -125,7 +204,11 @@ func decodeResponseBatch(b []byte) (responseBatch, error) {
 		r.Suspended = int(d.u32())
 		r.Recomputed = int(d.u32())
 		r.ReusedTokens = int(d.u32())
-		r.Stopped = d.u8()&1 != 0
+		flags := d.u8()
+		r.Stopped = flags&responseStopped != 0
+		if d.err == nil && flags&^(responseStopped|responseLogprobs) != 0 {
+			d.err = fmt.Errorf("response %d: unknown flags %#x", r.ID, flags)
+		}
 		r.Error = string(d.bytes(int(d.u32())))
 		k := int(d.u32())
 		if d.err == nil && k > len(d.b)/4 {
@@ -136,7 +219,33 @@ func decodeResponseBatch(b []byte) (responseBatch, error) {
 		for j := range r.Output {
 			r.Output[j] = int32(d.u32())
 		}
+		if flags&responseLogprobs != 0 {
+			if d.err == nil && k > len(d.b)/5 {
+				d.err = errShort
+				break
+			}
+			r.Logprobs = make([]TokenLogprobs, k)
+			for j := 0; j < k && d.err == nil; j++ {
+				r.Logprobs[j] = d.logprobs()
+			}
+		}
 		rb.Responses = append(rb.Responses, r)
+	}
+	if d.err == nil && len(d.b) >= 4 && len(rb.Deltas) > 0 {
+		// (A shorter tail, or one after no delta, is trailing bytes.)
+		nl := int(d.u32())
+		if d.err == nil && (nl == 0 || nl > len(rb.Deltas)) {
+			d.err = fmt.Errorf("%d delta log-probabilities for %d deltas", nl, len(rb.Deltas))
+		}
+		for j := 0; j < nl && d.err == nil; j++ {
+			i := int(d.u32())
+			if d.err == nil && (i >= len(rb.Deltas) || rb.Deltas[i].Logprobs != nil) {
+				d.err = fmt.Errorf("delta log-probabilities for delta %d of %d (or twice)", i, len(rb.Deltas))
+				break
+			}
+			lp := d.logprobs()
+			rb.Deltas[i].Logprobs = &lp
+		}
 	}
 	if d.err == nil && len(d.b) != 0 {
 		d.err = fmt.Errorf("%d trailing bytes", len(d.b))

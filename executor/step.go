@@ -69,6 +69,7 @@ func (e *Executor) buildStep(b *batch) error {
 		}
 		if s.Sample {
 			s.Sampling, s.LogitBias = r.sampling, r.logitBias
+			s.Logprobs, s.TopLogprobs = r.logprobs, r.topLogprobs
 			if r.sampling.HasPenalties() {
 				// Every token generated so far is applied (buildStep runs
 				// after the previous batch's tokens): the same history on
@@ -157,8 +158,17 @@ func (e *Executor) applyResults(b *batch, res *bridge.StepResult) (float64, erro
 			r.output = make([]int32, 0, min(max(r.maxNewTotal, 1), maxOutputPrealloc))
 		}
 		r.output = append(r.output, tok)
+		var lp *TokenLogprobs
+		if r.logprobs {
+			if len(res.Logprobs) != len(b.reqs) {
+				return 0, fmt.Errorf("engine returned %d log-probabilities for a batch of %d (request %d asks for them)",
+					len(res.Logprobs), len(b.reqs), r.ID)
+			}
+			r.outLogprobs = append(r.outLogprobs, stepLogprobs(res, i, r.topLogprobs))
+			lp = &r.outLogprobs[len(r.outLogprobs)-1]
+		}
 		if e.cfg.Stream {
-			e.deltas = append(e.deltas, TokenDelta{ID: r.ID, Token: tok})
+			e.deltas = append(e.deltas, TokenDelta{ID: r.ID, Token: tok, Logprobs: lp})
 		}
 		r.Generated++
 		if r.firstTokenNS == 0 {
@@ -207,7 +217,7 @@ func (e *Executor) applyResults(b *batch, res *bridge.StepResult) (float64, erro
 func (e *Executor) complete(r *request, now int64) {
 	r.State = scheduler.Complete
 	e.d.KV.Free(&r.Request)
-	resp := Response{ID: r.ID, Rank: e.cfg.Rank, Output: r.output,
+	resp := Response{ID: r.ID, Rank: e.cfg.Rank, Output: r.output, Logprobs: r.outLogprobs,
 		ArrivalUnixNS: r.arrivalNS, ScheduledUnixNS: r.scheduledNS, FirstTokenUnixNS: r.firstTokenNS, FinishUnixNS: now,
 		Suspended: r.suspended, Recomputed: r.recomputed, ReusedTokens: r.reused, Stopped: r.stopped && !r.cancelled}
 	if r.cancelled {
@@ -240,6 +250,18 @@ func (e *Executor) compactActive() {
 		e.active[i] = nil
 	}
 	e.active = kept
+}
+
+// stepLogprobs copies row i's log-probabilities (its token's and its top
+// k) out of an engine result.
+func stepLogprobs(res *bridge.StepResult, i, k int) TokenLogprobs {
+	lp := TokenLogprobs{Logprob: res.Logprobs[i]}
+	if k > 0 {
+		at := i * bridge.MaxLogprobs
+		lp.TopIDs = slices.Clone(res.TopLogprobIDs[at : at+k])
+		lp.TopLogprobs = slices.Clone(res.TopLogprobs[at : at+k])
+	}
+	return lp
 }
 
 // maxOutputPrealloc bounds the output buffer allocated at a request's first

@@ -453,6 +453,20 @@ func (t *Tokenizer) DecodeWith(ids []int32, opts DecodeOptions) string {
 	return sb.String()
 }
 
+// TokenBytes is the bytes token id stands for, control tokens included
+// (their text); nil for an id outside the vocabulary. The API's
+// log-probabilities name tokens by them.
+func (t *Tokenizer) TokenBytes(id int32) []byte { return t.piece(id, true) }
+
+// LossyString is b as text, bytes that do not form valid UTF-8 as U+FFFD
+// (one per byte), as Decode renders them.
+func LossyString(b []byte) string {
+	var sb strings.Builder
+	sb.Grow(len(b))
+	writeLossy(&sb, b)
+	return sb.String()
+}
+
 // piece is the bytes token id contributes to decoded text.
 func (t *Tokenizer) piece(id int32, special bool) []byte {
 	if id < 0 || int(id) >= len(t.pieces) {

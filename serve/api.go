@@ -79,6 +79,11 @@ type genParams struct {
 	Echo bool
 	// N is the number of choices per prompt (n; best_of only equal to it).
 	N int
+	// Logprobs: every generated token's log-probability, with the
+	// TopLogprobs most probable tokens' (completions: logprobs k; chat:
+	// logprobs true and top_logprobs k).
+	Logprobs    bool
+	TopLogprobs int
 }
 
 // maxChoices bounds n, and n times the prompts of one completions request
@@ -212,13 +217,12 @@ func (r *rawParams) check(defaultMax int) (genParams, *apiError) {
 		}
 		p.N = *r.N
 	}
+	if e := r.checkLogprobs(&p, defaultMax == restOfContext); e != nil {
+		return p, e
+	}
 	switch {
 	case r.BestOf != nil && *r.BestOf != p.N:
 		return p, badRequest("best_of", "best_of is supported only equal to n (%d), got %d", p.N, *r.BestOf)
-	case len(r.Logprobs) > 0 && string(r.Logprobs) != "null" && string(r.Logprobs) != "false" && string(r.Logprobs) != "0":
-		return p, badRequest("logprobs", "logprobs are not supported")
-	case r.TopLogprobs != nil && *r.TopLogprobs != 0:
-		return p, badRequest("top_logprobs", "logprobs are not supported")
 	case r.Echo && defaultMax == restOfContext: // chat (its default is the rest of the context)
 		return p, badRequest("echo", "echo is supported on /v1/completions only")
 	case r.Suffix != nil && *r.Suffix != "":
@@ -230,7 +234,7 @@ func (r *rawParams) check(defaultMax int) (genParams, *apiError) {
 	case r.MinTokens != nil && *r.MinTokens > 1 && !(r.IgnoreEOS && len(r.StopTokenIDs) == 0 && (*r.MinTokens <= p.MaxTokens || p.MaxTokens == restOfContext)):
 		return p, badRequest("min_tokens", "min_tokens is supported only with ignore_eos and no stop_token_ids (every request then generates max_tokens)")
 	case r.PromptLogprobs != nil:
-		return p, badRequest("prompt_logprobs", "prompt_logprobs are not supported")
+		return p, badRequest("prompt_logprobs", "prompt_logprobs are not supported (the engine computes the log-probabilities of sampled tokens only)")
 	case r.Priority != nil && *r.Priority != 0:
 		return p, badRequest("priority", "request priority is not supported (the scheduler serves requests in arrival order)")
 	case notNull(r.BadWords) && string(r.BadWords) != "[]":
@@ -264,6 +268,50 @@ func (r *rawParams) check(defaultMax int) (genParams, *apiError) {
 		return p, e
 	}
 	return p, nil
+}
+
+// checkLogprobs reads the log-probability fields into p: on completions an
+// integer logprobs k in [0, bridge.MaxLogprobs] (the sampled token's and the
+// top k's; top_logprobs is chat's), on chat logprobs true with top_logprobs
+// in [0, bridge.MaxLogprobs] (vLLM's bounds with its default max_logprobs).
+// With echo the prompt's log-probabilities would be due (vLLM's), which the
+// engine does not compute: refused.
+func (r *rawParams) checkLogprobs(p *genParams, chat bool) *apiError {
+	raw := string(r.Logprobs)
+	set := notNull(r.Logprobs)
+	if chat {
+		switch {
+		case set && raw != "true" && raw != "false":
+			return badRequest("logprobs", "logprobs must be true or false on /v1/chat/completions (the count is top_logprobs), got %s", raw)
+		case r.TopLogprobs != nil && (*r.TopLogprobs < 0 || *r.TopLogprobs > bridge.MaxLogprobs):
+			return badRequest("top_logprobs", "top_logprobs must be in [0, %d], got %d", bridge.MaxLogprobs, *r.TopLogprobs)
+		case r.TopLogprobs != nil && *r.TopLogprobs > 0 && raw != "true":
+			return badRequest("top_logprobs", "top_logprobs needs logprobs: true")
+		}
+		p.Logprobs = raw == "true"
+		if p.Logprobs && r.TopLogprobs != nil {
+			p.TopLogprobs = *r.TopLogprobs
+		}
+		return nil
+	}
+	if r.TopLogprobs != nil {
+		return badRequest("top_logprobs", "top_logprobs is a /v1/chat/completions field; on /v1/completions logprobs is the count")
+	}
+	if !set {
+		return nil
+	}
+	var k int
+	if err := json.Unmarshal(r.Logprobs, &k); err != nil {
+		return badRequest("logprobs", "logprobs must be an integer in [0, %d] on /v1/completions, got %s", bridge.MaxLogprobs, raw)
+	}
+	if k < 0 || k > bridge.MaxLogprobs {
+		return badRequest("logprobs", "logprobs must be in [0, %d], got %d", bridge.MaxLogprobs, k)
+	}
+	if r.Echo {
+		return badRequest("echo", "echo with logprobs needs the prompt's log-probabilities (prompt_logprobs), which are not supported")
+	}
+	p.Logprobs, p.TopLogprobs = true, k
+	return nil
 }
 
 // checkProcessors reads the logits-processor fields (penalties, min_p,

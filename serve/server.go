@@ -68,6 +68,11 @@ type Config struct {
 	// Log receives a line per finished request (debug level), named by its
 	// X-Request-Id; nil: no log.
 	Log *zap.Logger
+	// RequestTimeout bounds a completion request from its acceptance to its
+	// last token (queue, prefill and decode); past it every choice is
+	// withdrawn from every rank (as when the client goes away) and the
+	// client gets 504, or an error event on a stream. 0: no bound.
+	RequestTimeout time.Duration
 	// Version is GET /version's answer; the binary's build version when "".
 	Version string
 	// Now is the clock (tests); time.Now when nil.
@@ -255,6 +260,7 @@ type call struct {
 	wake   chan struct{}
 	mu     sync.Mutex
 	toks   []int32
+	lps    []executor.TokenLogprobs // with toks, when the request asked for them
 	resp   *executor.Response
 	err    error
 	prompt int
@@ -288,13 +294,14 @@ func (c *call) abort(err error) {
 	c.signal()
 }
 
-// take returns the tokens and the answer that arrived since the last call.
-func (c *call) take() ([]int32, *executor.Response, error) {
+// take returns the tokens (and their log-probabilities) and the answer
+// that arrived since the last call.
+func (c *call) take() ([]int32, []executor.TokenLogprobs, *executor.Response, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	t := c.toks
-	c.toks = nil
-	return t, c.resp, c.err
+	t, lp := c.toks, c.lps
+	c.toks, c.lps = nil, nil
+	return t, lp, c.resp, c.err
 }
 
 func (s *Server) onTokens(deltas []executor.TokenDelta) {
@@ -308,6 +315,9 @@ func (s *Server) onTokens(deltas []executor.TokenDelta) {
 		if c := s.calls[d.ID]; c != nil {
 			c.mu.Lock()
 			c.toks = append(c.toks, d.Token)
+			if d.Logprobs != nil {
+				c.lps = append(c.lps, *d.Logprobs)
+			}
 			if s.gaps != nil {
 				if c.lastTok != 0 {
 					c.gaps = append(c.gaps, seconds(now-c.lastTok))
@@ -576,7 +586,8 @@ func (s *Server) parse(w http.ResponseWriter, r *http.Request, req any, raw *raw
 		}
 		for j := 0; j < p.N; j++ {
 			a := executor.Arrival{ArrivalUnixNS: now, MaxNewTokens: maxTokens,
-				Prompt: ids, StopAtEOS: !p.IgnoreEOS, LogitBias: p.LogitBias, StopTokenIDs: p.StopTokenIDs}
+				Prompt: ids, StopAtEOS: !p.IgnoreEOS, LogitBias: p.LogitBias, StopTokenIDs: p.StopTokenIDs,
+				Logprobs: p.Logprobs, TopLogprobs: p.TopLogprobs}
 			if e := setSampling(&a, choiceParams(p, j)); e != nil {
 				return checkedRequest{}, e
 			}
@@ -627,6 +638,8 @@ type choiceRun struct {
 	stream        *model.StreamDecoder
 	text          strings.Builder
 	all           []int32
+	lps           []executor.TokenLogprobs // with all (genParams.Logprobs)
+	lpOffset      int                      // completions: text_offset of the next token
 	reused        int
 	finish        string // "" while it runs
 	// Streaming: the echoed prompt and (chat) the role are out.
@@ -637,6 +650,7 @@ type choiceRun struct {
 // one wake channel); a failure of any ends them all.
 func (s *Server) answer(w http.ResponseWriter, r *http.Request, endpoint, apiID string, runs []*choiceRun, p genParams) {
 	out := newWriter(w, endpoint, s.cfg.ModelName, apiID, s.cfg.Now().Unix(), p)
+	out.tok = s.cfg.Tokenizer
 	for _, ch := range runs {
 		if s.cfg.Tokenizer != nil {
 			ch.stream = s.cfg.Tokenizer.NewStreamWith(model.DecodeOptions{Special: p.SpecialTokens})
@@ -644,6 +658,12 @@ func (s *Server) answer(w http.ResponseWriter, r *http.Request, endpoint, apiID 
 		ch.roleSent = endpoint != "chat"
 	}
 	wake := runs[0].c.wake
+	var expired <-chan time.Time
+	if s.cfg.RequestTimeout > 0 {
+		timer := time.NewTimer(s.cfg.RequestTimeout)
+		defer timer.Stop()
+		expired = timer.C
+	}
 	// stopAll detaches every choice still running (but except), as finish.
 	stopAll := func(except *choiceRun, finish string) {
 		for _, ch := range runs {
@@ -659,19 +679,25 @@ func (s *Server) answer(w http.ResponseWriter, r *http.Request, endpoint, apiID 
 			// The client went away: every rank withdraws the requests.
 			stopAll(nil, "cancelled")
 			return
+		case <-expired:
+			// Past --request-timeout: withdrawn the same way, and told.
+			stopAll(nil, "cancelled")
+			out.fail(&apiError{Status: http.StatusGatewayTimeout, Type: "server_error", Code: "timeout",
+				Message: fmt.Sprintf("the request did not finish within the server's --request-timeout of %v; it was withdrawn", s.cfg.RequestTimeout)})
+			return
 		case <-wake:
 		}
 		for _, ch := range runs {
 			if ch.finish != "" {
 				continue
 			}
-			chunk, ids, e := s.step(ch, p)
+			chunk, ids, lps, e := s.step(ch, p)
 			if e != nil {
 				stopAll(ch, "cancelled")
 				out.fail(e)
 				return
 			}
-			if err := out.delta(ch, chunk, ids, s.usageOf(runs)); err != nil {
+			if err := out.delta(ch, chunk, ids, lps, s.usageOf(runs)); err != nil {
 				stopAll(nil, "cancelled")
 				return
 			}
@@ -689,18 +715,24 @@ func (s *Server) answer(w http.ResponseWriter, r *http.Request, endpoint, apiID 
 
 // step takes what arrived for ch since the last step: the text and ids to
 // send, and ch.finish once it is over; an error ends the whole answer.
-func (s *Server) step(ch *choiceRun, p genParams) (string, []int32, *apiError) {
+func (s *Server) step(ch *choiceRun, p genParams) (string, []int32, []executor.TokenLogprobs, *apiError) {
 	c := ch.c
-	toks, resp, err := c.take()
+	toks, lps, resp, err := c.take()
 	if pf := s.failed.Load(); pf != nil && resp == nil {
 		// (An answer that arrived whole is still given.)
 		s.record(c, nil, "error")
-		return "", nil, &apiError{Status: http.StatusInternalServerError, Type: "server_error", Message: "the fleet failed: " + (*pf).Error()}
+		return "", nil, nil, &apiError{Status: http.StatusInternalServerError, Type: "server_error", Message: "the fleet failed: " + (*pf).Error()}
 	}
 	if err != nil {
 		// Drain cancelled it (and withdrew it from the ranks).
-		return "", nil, &apiError{Status: http.StatusServiceUnavailable, Type: "server_error", Message: err.Error()}
+		return "", nil, nil, &apiError{Status: http.StatusServiceUnavailable, Type: "server_error", Message: err.Error()}
 	}
+	if p.Logprobs && len(lps) != len(toks) {
+		s.record(c, nil, "error")
+		return "", nil, nil, &apiError{Status: http.StatusInternalServerError, Type: "server_error",
+			Message: fmt.Sprintf("the fleet sent %d tokens with %d log-probabilities", len(toks), len(lps))}
+	}
+	ch.lps = append(ch.lps, lps...)
 	var piece strings.Builder
 	var pieceIDs []int32
 	for _, t := range toks {
@@ -733,7 +765,7 @@ func (s *Server) step(ch *choiceRun, p genParams) (string, []int32, *apiError) {
 	if resp != nil && ch.finish == "" {
 		if resp.Error != "" {
 			s.record(c, resp, "error")
-			return "", nil, &apiError{Status: http.StatusInternalServerError, Type: "server_error",
+			return "", nil, nil, &apiError{Status: http.StatusInternalServerError, Type: "server_error",
 				Message: fmt.Sprintf("rank %d: %s", resp.Rank, resp.Error)}
 		}
 		ch.finish = "length"
@@ -742,7 +774,7 @@ func (s *Server) step(ch *choiceRun, p genParams) (string, []int32, *apiError) {
 		}
 		s.record(c, resp, ch.finish)
 	}
-	return chunk, pieceIDs, nil
+	return chunk, pieceIDs, lps, nil
 }
 
 // usageOf is the usage of a request's choices so far: every choice's

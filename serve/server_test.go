@@ -60,7 +60,7 @@ func TestBadRequestsNameTheField(t *testing.T) {
 		{"/v1/completions", `{"prompt": [1, 2], "top_p": 0}`, 400, "top_p"},
 		{"/v1/completions", `{"prompt": [1, 2], "top_k": -2}`, 400, "top_k"},
 		{"/v1/completions", `{"prompt": [1, 2], "n": 129}`, 400, "n"},
-		{"/v1/completions", `{"prompt": [1, 2], "logprobs": 2}`, 400, "logprobs"},
+		{"/v1/completions", `{"prompt": [1, 2], "logprobs": 21}`, 400, "logprobs"},
 		{"/v1/completions", `{"prompt": [1, 2], "stop": ["a","b","c","d","e"]}`, 400, "stop"},
 		{"/v1/completions", `{"prompt": [1, 2], "stream_options": {"include_usage": true}}`, 400, "stream_options"},
 		{"/v1/completions", `{"prompt": [[1], []]}`, 400, "prompt"},

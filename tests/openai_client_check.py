@@ -164,6 +164,53 @@ mp = [client.completions.create(model=model, prompt="Once upon a time", max_toke
                                 extra_body={"min_p": 0.1}).choices[0].text for _ in range(2)]
 check(mp[0] == mp[1], f"min_p with a seed: {mp}")
 
+# logprobs (completions: an integer k; chat: logprobs + top_logprobs): the
+# raw model distribution's, extra output that changes no token. Greedy: each
+# token is the most probable one at its position, so its log-probability is
+# the largest of its top list; streamed entries are the non-streamed ones.
+lc = client.completions.create(model=model, prompt="The capital of France is", max_tokens=8, temperature=0, logprobs=3)
+ch0, lp = lc.choices[0], lc.choices[0].logprobs
+check(ch0.text == c.choices[0].text, f"logprobs changed the text: {ch0.text!r}")
+check(len(lp.tokens) == 8 and "".join(lp.tokens) == ch0.text, f"logprobs tokens {lp.tokens}")
+check(all(v <= 0 for v in lp.token_logprobs), f"token_logprobs {lp.token_logprobs}")
+check(all(3 <= len(top) <= 4 and max(top.values()) == v and top[t] == v
+          for t, v, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs)), f"top_logprobs {lp.top_logprobs}")
+check(lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(8)], f"text_offset {lp.text_offset}")
+streamed = []
+for chunk in client.completions.create(model=model, prompt="The capital of France is", max_tokens=8, temperature=0,
+                                       logprobs=3, stream=True):
+    for ch in chunk.choices:
+        if ch.logprobs is not None:
+            streamed += list(zip(ch.logprobs.tokens, ch.logprobs.token_logprobs, ch.logprobs.top_logprobs,
+                                 ch.logprobs.text_offset))
+check(streamed == list(zip(lp.tokens, lp.token_logprobs, lp.top_logprobs, lp.text_offset)),
+      f"streamed logprobs {streamed} != {lp}")
+# In one batch with another choice (n = 2) and sampled: the same values
+# (batch invariance; the sampled token's entry stands on its own when it is
+# not among the top k).
+g2 = client.completions.create(model=model, prompt="The capital of France is", max_tokens=8, temperature=0, logprobs=3, n=2)
+check(all(ch.logprobs.token_logprobs == lp.token_logprobs for ch in g2.choices), f"n=2 logprobs {g2.choices}")
+s0 = client.completions.create(model=model, prompt="Once upon a time", max_tokens=12, temperature=1.5, seed=11, logprobs=0)
+check(s0.choices[0].text == client.completions.create(model=model, prompt="Once upon a time", max_tokens=12,
+                                                     temperature=1.5, seed=11).choices[0].text, "logprobs changed a sampled text")
+check(all(list(top) == [t] for t, top in zip(s0.choices[0].logprobs.tokens, s0.choices[0].logprobs.top_logprobs)),
+      f"logprobs=0 top maps {s0.choices[0].logprobs.top_logprobs}")
+lr = client.chat.completions.create(model=model, messages=msgs, max_tokens=48, temperature=0, logprobs=True, top_logprobs=2)
+content = lr.choices[0].logprobs.content
+check(lr.choices[0].message.content == answer, f"chat logprobs changed the answer {lr.choices[0].message.content!r}")
+check("".join(e.token for e in content).startswith(answer) and len(content) == lr.usage.completion_tokens,
+      f"chat logprobs tokens {[e.token for e in content]}")
+check(all(len(e.top_logprobs) == 2 and e.top_logprobs[0].token == e.token and e.top_logprobs[0].logprob == e.logprob
+          and e.top_logprobs[1].logprob <= e.logprob and bytes(e.bytes) == e.token.encode() for e in content),
+      f"chat top_logprobs {content}")
+sc = []
+for chunk in client.chat.completions.create(model=model, messages=msgs, max_tokens=48, temperature=0, stream=True,
+                                            logprobs=True, top_logprobs=2):
+    for ch in chunk.choices:
+        if ch.logprobs is not None:
+            sc += ch.logprobs.content
+check([(e.token, e.logprob) for e in sc] == [(e.token, e.logprob) for e in content], "streamed chat logprobs differ")
+
 # Errors, in OpenAI's shape and with the right statuses.
 def expect(exc, status, fn):
     try:
@@ -176,7 +223,9 @@ def expect(exc, status, fn):
 
 expect(openai.BadRequestError, 400, lambda: client.completions.create(model=model, prompt="x", max_tokens=0))
 expect(openai.BadRequestError, 400, lambda: client.completions.create(model=model, prompt="x", n=2, best_of=3))
-expect(openai.BadRequestError, 400, lambda: client.completions.create(model=model, prompt="x", logprobs=2))
+expect(openai.BadRequestError, 400, lambda: client.completions.create(model=model, prompt="x", logprobs=21))
+expect(openai.BadRequestError, 400, lambda: client.completions.create(model=model, prompt="x", logprobs=1, echo=True))
+expect(openai.BadRequestError, 400, lambda: client.chat.completions.create(model=model, messages=msgs, top_logprobs=2))
 expect(openai.BadRequestError, 400, lambda: client.completions.create(model=model, prompt="x", temperature=3))
 expect(openai.BadRequestError, 400, lambda: client.completions.create(model=model, prompt="x", extra_body={"no_such_field": 1}))
 expect(openai.BadRequestError, 400, lambda: client.completions.create(model=model, prompt="x", extra_body={"guided_json": {}}))

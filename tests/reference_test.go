@@ -110,7 +110,7 @@ func TestAgainstReferenceImplementation(t *testing.T) {
 	for step := 0; step < steps; step++ {
 		desc.Seqs = desc.Seqs[:0]
 		for i, p := range ref.Prompts {
-			s := bridge.SeqStep{BlockTable: tables[i], Sample: true}
+			s := bridge.SeqStep{BlockTable: tables[i], Sample: true, Logprobs: true, TopLogprobs: 5}
 			if step == 0 {
 				s.Tokens = p.PromptIDs
 			} else {
@@ -123,6 +123,11 @@ func TestAgainstReferenceImplementation(t *testing.T) {
 		for i := range ref.Prompts {
 			ours[i] = append(ours[i], res.Sampled[i])
 			logits[i] = append(logits[i], append([]float32(nil), res.Logits[i*V:(i+1)*V]...))
+			// The log-probabilities the API reports, against a log_softmax
+			// of the whole row with the standard library.
+			requireLogprobsOfRow(t, res.Logits[i*V:(i+1)*V], res.Sampled[i], res.Logprobs[i],
+				res.TopLogprobIDs[i*bridge.MaxLogprobs:i*bridge.MaxLogprobs+5], res.TopLogprobs[i*bridge.MaxLogprobs:i*bridge.MaxLogprobs+5])
+			require.Equal(t, res.Sampled[i], res.TopLogprobIDs[i*bridge.MaxLogprobs], "%s step %d: the greedy token is the top one", ref.Prompts[i].Name, step)
 		}
 	}
 

@@ -3,6 +3,9 @@
 package tests
 
 import (
+	"cmp"
+	"math"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -26,6 +29,10 @@ type seededSource struct {
 	seedBase uint64
 	bias     []bridge.TokenBias
 	stopIDs  []int32
+	// logprobs asks every request for its tokens' log-probabilities with
+	// the top topLogprobs.
+	logprobs    bool
+	topLogprobs int
 }
 
 func (s *seededSource) Due(now time.Time) []executor.Arrival {
@@ -36,6 +43,7 @@ func (s *seededSource) Due(now time.Time) []executor.Arrival {
 			items[i].Sampling.Seed = s.seedBase + items[i].ID
 		}
 		items[i].LogitBias, items[i].StopTokenIDs = s.bias, s.stopIDs
+		items[i].Logprobs, items[i].TopLogprobs = s.logprobs, s.topLogprobs
 	}
 	return items
 }
@@ -56,6 +64,8 @@ type cpuRun struct {
 	overlap, chunked bool
 	pages            int
 	src              seededSource
+	// logprobs, when set, receives every request's log-probabilities.
+	logprobs map[uint64][]executor.TokenLogprobs
 }
 
 func serveCPUWith(t *testing.T, reqs []workload.Request, c cpuRun) map[uint64][]int32 {
@@ -115,6 +125,12 @@ func serveCPUWith(t *testing.T, reqs []workload.Request, c cpuRun) map[uint64][]
 		}
 		recomputed += r.Recomputed
 		out[r.ID] = r.Output
+		if c.logprobs != nil {
+			if c.src.logprobs {
+				require.Len(t, r.Logprobs, len(r.Output), "request %d", r.ID)
+			}
+			c.logprobs[r.ID] = r.Logprobs
+		}
 	}
 	if c.pages < 64 && len(c.src.stopIDs) == 0 { // (stopped requests may leave room)
 		require.Positive(t, recomputed, "a pool of %d pages preempted nothing", c.pages)
@@ -181,5 +197,98 @@ func TestLogitsProcessorsCPUEngine(t *testing.T) {
 			without := serveCPUWith(t, reqs, cpuRun{ranks: 1, chunked: true, pages: 128, src: plain})
 			require.NotEqual(t, without, ref, "the processors changed nothing")
 		})
+	}
+}
+
+// requireLogprobsOfRow checks an engine's log-probabilities of one row
+// against a log_softmax of the whole row computed here with the standard
+// library in float64: the token's and each top entry's within 1e-5, the top
+// ids the largest logits in order (ties: lower id).
+func requireLogprobsOfRow(t *testing.T, row []float32, tok int32, lp float32, ids []int32, lps []float32) {
+	t.Helper()
+	m := math.Inf(-1)
+	for _, l := range row {
+		m = math.Max(m, float64(l))
+	}
+	sum := 0.0
+	for _, l := range row {
+		sum += math.Exp(float64(l) - m)
+	}
+	lse := m + math.Log(sum)
+	require.InDelta(t, float64(row[tok])-lse, float64(lp), 1e-5, "token %d", tok)
+	order := make([]int32, len(row))
+	for i := range order {
+		order[i] = int32(i)
+	}
+	slices.SortStableFunc(order, func(a, b int32) int { return cmp.Compare(row[b], row[a]) })
+	require.Equal(t, order[:len(ids)], ids, "top ids")
+	for j, id := range ids {
+		require.InDelta(t, float64(row[id])-lse, float64(lps[j]), 1e-5, "top %d (id %d)", j, id)
+	}
+}
+
+// TestLogprobsCPUEngine: log-probabilities on the CPU engine are
+// bit-identical on 1 and 2 ranks, in both loops, chunked or not and under
+// recompute preemption, and change no token; against the logits of the
+// same positions recomputed by a plain engine step, they are a log_softmax
+// of the raw logits (before the penalties and the temperature).
+func TestLogprobsCPUEngine(t *testing.T) {
+	var reqs []workload.Request
+	for i := range 6 {
+		reqs = append(reqs, workload.Request{Index: i, Prompt: workload.AppendBlockTokens(nil, uint64(300+i), 40, 512, 3),
+			MaxNewTokens: 10})
+	}
+	src := seededSource{params: bridge.SamplingParams{Temperature: 0.8, TopK: 40, PresencePenalty: 1, RepetitionPenalty: 1.2},
+		seedBase: 500, logprobs: true, topLogprobs: 5}
+	run := func(ranks int, overlap, chunked bool, pages int, src seededSource) (map[uint64][]int32, map[uint64][]executor.TokenLogprobs) {
+		lps := map[uint64][]executor.TokenLogprobs{}
+		out := serveCPUWith(t, reqs, cpuRun{ranks: ranks, overlap: overlap, chunked: chunked, pages: pages, src: src, logprobs: lps})
+		return out, lps
+	}
+	ref, refLp := run(1, false, true, 128, src)
+	plain := src
+	plain.logprobs, plain.topLogprobs = false, 0
+	tokens, none := run(1, false, true, 128, plain)
+	require.Equal(t, tokens, ref, "asking for logprobs changed the tokens")
+	for id, l := range none {
+		require.Nil(t, l, "request %d did not ask for logprobs", id)
+	}
+	for _, c := range []struct {
+		name             string
+		ranks, pages     int
+		overlap, chunked bool
+	}{
+		{"2 ranks, overlap loop", 2, 128, true, true},
+		{"2 ranks, unchunked", 2, 128, false, false},
+		{"1 rank, recompute preemption", 1, 24, false, true},
+		{"2 ranks, overlap loop, recompute preemption", 2, 16, true, true},
+	} {
+		out, lps := run(c.ranks, c.overlap, c.chunked, c.pages, src)
+		require.Equal(t, ref, out, c.name)
+		require.Equal(t, len(refLp), len(lps), c.name)
+		for id, want := range refLp {
+			got := lps[id]
+			require.Len(t, got, len(want), "%s: request %d", c.name, id)
+			for j := range want {
+				require.Equal(t, math.Float32bits(want[j].Logprob), math.Float32bits(got[j].Logprob), "%s: request %d token %d", c.name, id, j)
+				require.Equal(t, want[j].TopIDs, got[j].TopIDs, "%s: request %d token %d", c.name, id, j)
+				for k := range want[j].TopLogprobs {
+					require.Equal(t, math.Float32bits(want[j].TopLogprobs[k]), math.Float32bits(got[j].TopLogprobs[k]), "%s: request %d token %d", c.name, id, j)
+				}
+			}
+		}
+	}
+	// Request 0's positions recomputed from scratch (one prefill each) with
+	// the raw logits: the reported values are their log_softmax.
+	eng, err := nativeengine.Open(bridge.Config{Preset: "tiny", Seed: 1, NumPages: 8, TokensPerPage: 8})
+	require.NoError(t, err)
+	defer eng.Close()
+	seq := append([]int32(nil), reqs[0].Prompt...)
+	for j, tok := range ref[0] {
+		var res bridge.StepResult
+		require.NoError(t, eng.Step(&bridge.StepDesc{WantLogits: true, Seqs: []bridge.SeqStep{{Tokens: seq,
+			BlockTable: []int32{0, 1, 2, 3, 4, 5, 6}, Sample: true}}}, &res))
+		requireLogprobsOfRow(t, res.Logits, tok, refLp[0][j].Logprob, refLp[0][j].TopIDs, refLp[0][j].TopLogprobs)
+		seq = append(seq, tok)
 	}
 }

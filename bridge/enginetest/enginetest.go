@@ -84,6 +84,7 @@ func Run(t *testing.T, open Opener, caps Capabilities) {
 		{"BatchInvariance", s.batchInvariance},
 		{"PageContent", s.pageContent},
 		{"LogitsAndSampling", s.logitsAndSampling},
+		{"Logprobs", s.logprobs},
 		{"ResultReuse", s.resultReuse},
 		{"EmptyStep", s.emptyStep},
 		{"NilArguments", s.nilArguments},

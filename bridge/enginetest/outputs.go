@@ -1,6 +1,8 @@
 package enginetest
 
 import (
+	"errors"
+	"math"
 	"slices"
 	"testing"
 
@@ -181,6 +183,81 @@ func (s *suite) logitsAndSampling(t *testing.T) {
 	}
 	if plain := step(t, e, desc(seqs...)); len(plain.Logits) != 0 || !slices.Equal(plain.Sampled, res.Sampled) {
 		t.Errorf("without WantLogits: %d logits, tokens %v (with: %v)", len(plain.Logits), plain.Sampled, res.Sampled)
+	}
+}
+
+// logprobs: a sampled sequence that sets Logprobs gets bridge.RowLogprobs
+// of its logits row bit for bit (its token's, its TopLogprobs top ids and
+// theirs, −1 and 0 past them); the others get 0, −1 and 0; the tokens are
+// those of the same step without log-probabilities, through Step and
+// Submit/Wait alike; a step without any has empty log-probability slices;
+// a bad TopLogprobs is refused.
+func (s *suite) logprobs(t *testing.T) {
+	e, _ := s.engine(t)
+	V := e.Shape().VocabSize
+	seqs := []bridge.SeqStep{
+		{Tokens: prompt(5, 1), BlockTable: []int32{0, 1}, Sample: true, Logprobs: true, TopLogprobs: 5},
+		{Tokens: prompt(2, 2), BlockTable: []int32{2}, Logprobs: true, TopLogprobs: 3},
+		{Tokens: prompt(3, 3), BlockTable: []int32{3}, Sample: true, Logprobs: true, TopLogprobs: bridge.MaxLogprobs,
+			Sampling:     bridge.SamplingParams{Temperature: 1.3, TopK: 100, TopP: 0.9, Seed: 5, PresencePenalty: 0.5},
+			OutputTokens: []int32{1, 2}},
+		{Tokens: prompt(1, 4), BlockTable: []int32{4}, Sample: true},
+		{Tokens: prompt(1, 5), BlockTable: []int32{5}, Sample: true, Logprobs: true},
+	}
+	plain := make([]bridge.SeqStep, len(seqs))
+	for i, sq := range seqs {
+		sq.Logprobs, sq.TopLogprobs = false, 0
+		plain[i] = sq
+	}
+	want := step(t, e, withLogits(plain...))
+	if len(want.Logprobs) != 0 || len(want.TopLogprobIDs) != 0 || len(want.TopLogprobs) != 0 {
+		t.Errorf("a step without logprobs returned %d, %d, %d log-probability entries",
+			len(want.Logprobs), len(want.TopLogprobIDs), len(want.TopLogprobs))
+	}
+	check := func(via string, res bridge.StepResult, logits bool) {
+		t.Helper()
+		if !slices.Equal(res.Sampled, want.Sampled) {
+			t.Errorf("%s: tokens %v, without logprobs %v", via, res.Sampled, want.Sampled)
+		}
+		K := bridge.MaxLogprobs
+		if len(res.Logprobs) != len(seqs) || len(res.TopLogprobIDs) != len(seqs)*K || len(res.TopLogprobs) != len(seqs)*K {
+			t.Fatalf("%s: %d, %d, %d log-probability entries for %d sequences", via,
+				len(res.Logprobs), len(res.TopLogprobIDs), len(res.TopLogprobs), len(seqs))
+		}
+		if logits != (len(res.Logits) == len(want.Logits)) {
+			t.Errorf("%s: %d logits (WantLogits %v)", via, len(res.Logits), logits)
+		}
+		row := 0
+		for i, sq := range seqs {
+			ids, lps := res.TopLogprobIDs[i*K:(i+1)*K], res.TopLogprobs[i*K:(i+1)*K]
+			wantIDs, wantLps := make([]int32, K), make([]float32, K)
+			for j := range wantIDs {
+				wantIDs[j] = -1
+			}
+			var wantLp float32
+			if sq.Sample {
+				r := want.Logits[row*V : (row+1)*V]
+				row++
+				if sq.Logprobs {
+					wantLp = bridge.RowLogprobs(r, want.Sampled[i], wantIDs[:sq.TopLogprobs], wantLps)
+				}
+			}
+			if math.Float32bits(res.Logprobs[i]) != math.Float32bits(wantLp) || !slices.Equal(ids, wantIDs) ||
+				!slices.EqualFunc(lps, wantLps, func(a, b float32) bool { return math.Float32bits(a) == math.Float32bits(b) }) {
+				t.Errorf("%s: seqs[%d]: logprob %v, top %v %v; want %v, %v %v", via, i, res.Logprobs[i], ids, lps, wantLp, wantIDs, wantLps)
+			}
+		}
+	}
+	check("step", step(t, e, desc(seqs...)), false)
+	check("step with logits", step(t, e, withLogits(seqs...)), true)
+	submit(t, e, desc(seqs...))
+	check("submit/wait", wait(t, e), false)
+	for _, bad := range []bridge.SeqStep{{TopLogprobs: 2}, {Logprobs: true, TopLogprobs: bridge.MaxLogprobs + 1}} {
+		bad.Tokens, bad.BlockTable, bad.Sample = prompt(1, 9), []int32{6}, true
+		var res bridge.StepResult
+		if err := e.Step(desc(bad), &res); !errors.Is(err, bridge.ErrInvalidArgument) {
+			t.Errorf("logprobs %v top_logprobs %d: %v, want INVALID_ARGUMENT", bad.Logprobs, bad.TopLogprobs, err)
+		}
 	}
 }
 

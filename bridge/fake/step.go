@@ -93,10 +93,15 @@ func (e *Engine) run(op string, desc *bridge.StepDesc, res *bridge.StepResult) e
 	vocab := e.shape.VocabSize
 	res.Sampled = goengine.Resize(res.Sampled, len(desc.Seqs))
 	res.Logits = res.Logits[:0]
+	lp := desc.WantsLogprobs()
+	bridge.ResizeLogprobs(res, len(desc.Seqs), lp)
 	for i := range desc.Seqs {
 		sq := &desc.Seqs[i]
 		if !sq.Sample {
 			res.Sampled[i] = -1
+			if lp {
+				bridge.FillLogprobs(res, i, nil, sq, -1)
+			}
 			continue
 		}
 		h := e.contentHash(sq)
@@ -107,6 +112,12 @@ func (e *Engine) run(op string, desc *bridge.StepDesc, res *bridge.StepResult) e
 			// Sample from the pseudo-logits row (whose argmax is tok).
 			e.row = appendLogits(e.row[:0], h, tok, vocab)
 			res.Sampled[i] = bridge.SampleSeq(e.row, sq)
+		}
+		if lp {
+			// The log-probabilities of the same row: O(vocab), only for a
+			// sequence that asks for them.
+			e.row = appendLogits(e.row[:0], h, tok, vocab)
+			bridge.FillLogprobs(res, i, e.row, sq, res.Sampled[i])
 		}
 		if desc.WantLogits {
 			res.Logits = appendLogits(res.Logits, h, tok, vocab)

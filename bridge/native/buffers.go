@@ -59,15 +59,20 @@ type stepBuffers struct {
 	// sampling array points into.
 	samplingIDs cbuf[int32]
 	biasValues  cbuf[float32]
+	// Log-probabilities of a step: [num_seqs], [num_seqs × MaxLogprobs] ×2.
+	logprobs, topLogprobs cbuf[float32]
+	topIDs                cbuf[int32]
 }
 
 func (s *stepBuffers) free() {
 	for _, b := range []*cbuf[int32]{&s.numTokens, &s.startPos, &s.numBlocks, &s.tokens, &s.blocks,
-		&s.sampled, &s.copySrc, &s.copyDst, &s.samplingIDs} {
+		&s.sampled, &s.copySrc, &s.copyDst, &s.samplingIDs, &s.topIDs} {
 		b.free()
 	}
 	s.sample.free()
 	s.logits.free()
+	s.logprobs.free()
+	s.topLogprobs.free()
 	s.biasValues.free()
 	s.sampling.free()
 }

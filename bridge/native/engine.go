@@ -59,6 +59,7 @@ type engine struct {
 type pendingStep struct {
 	seqs, sampled int
 	logits        bool
+	logprobs      bool // some sampled sequence asks for log-probabilities
 }
 
 // Open starts a native engine of cfg's backend ("cpu" when cfg.Backend is
@@ -324,6 +325,8 @@ func (e *engine) flattenAndStep(desc *bridge.StepDesc, res *bridge.StepResult) e
 		logits = b.logits.slice(sampled * e.shape.VocabSize)
 		cres.logits = (*C.float)(b.logits.p)
 	}
+	lp := desc.WantsLogprobs()
+	e.logprobResults(cres, n, lp)
 	c0, _ := cputime.Thread() // the engine goroutine is locked to its thread
 	st := C.eng_engine_step(e.h, e.cdesc, cres)
 	c1, _ := cputime.Thread()
@@ -333,9 +336,38 @@ func (e *engine) flattenAndStep(desc *bridge.StepDesc, res *bridge.StepResult) e
 	}
 	res.Sampled = append(res.Sampled[:0], out...)
 	res.Logits = append(res.Logits[:0], logits...)
+	e.copyLogprobs(res, n, lp)
 	res.DeviceMS = float64(cres.device_ms)
 	res.MoEWaitMS = float64(cres.moe_wait_ms)
 	return nil
+}
+
+// logprobResults points cres's log-probability arrays at the reusable C
+// buffers for n sequences (want) or leaves them NULL.
+func (e *engine) logprobResults(cres *C.eng_step_result, n int, want bool) {
+	if !want {
+		return
+	}
+	b := &e.bufs
+	b.logprobs.slice(n)
+	b.topIDs.slice(n * bridge.MaxLogprobs)
+	b.topLogprobs.slice(n * bridge.MaxLogprobs)
+	cres.logprobs = (*C.float)(b.logprobs.p)
+	cres.top_logprob_ids = b.topIDs.ptr()
+	cres.top_logprobs = (*C.float)(b.topLogprobs.p)
+}
+
+// copyLogprobs copies the log-probabilities of n sequences out of the C
+// buffers into res (want), or empties res's.
+func (e *engine) copyLogprobs(res *bridge.StepResult, n int, want bool) {
+	bridge.ResizeLogprobs(res, n, want)
+	if !want {
+		return
+	}
+	b := &e.bufs
+	copy(res.Logprobs, b.logprobs.slice(n))
+	copy(res.TopLogprobIDs, b.topIDs.slice(n*bridge.MaxLogprobs))
+	copy(res.TopLogprobs, b.topLogprobs.slice(n*bridge.MaxLogprobs))
 }
 
 // flatten copies desc into the reusable C buffers and fills e.cdesc. It
@@ -378,6 +410,12 @@ func (e *engine) flatten(op string, desc *bridge.StepDesc) (n, sampled int, err 
 		if err := s.Sampling.Validate(); err != nil {
 			return 0, 0, bridge.StatusError(op, bridge.StatusInvalidArgument, fmt.Sprintf("Seqs[%d]: %v", i, err))
 		}
+		if err := s.ValidateLogprobs(); err != nil {
+			return 0, 0, bridge.StatusError(op, bridge.StatusInvalidArgument, fmt.Sprintf("Seqs[%d]: %v", i, err))
+		}
+		if s.Sample && s.Logprobs {
+			csampling = b.sampling.slice(n)
+		}
 		if s.Sample && (!s.Sampling.IsGreedy() || s.HasProcessors()) {
 			csampling = b.sampling.slice(n)
 			nbias += len(s.LogitBias)
@@ -403,6 +441,9 @@ func (e *engine) flatten(op string, desc *bridge.StepDesc) (n, sampled int, err 
 				top_p: C.float(p.NativeTopP()), seed: C.uint64_t(p.Seed), min_p: C.float(p.MinP),
 				presence_penalty: C.float(p.PresencePenalty), frequency_penalty: C.float(p.FrequencyPenalty),
 				repetition_penalty: C.float(p.RepetitionPenalty)}
+			if s.Sample && s.Logprobs {
+				cs[i].logprobs, cs[i].top_logprobs = 1, C.int32_t(s.TopLogprobs)
+			}
 			if !s.Sample || (p.IsGreedy() && !s.HasProcessors()) {
 				continue
 			}
@@ -468,7 +509,8 @@ func (e *engine) Submit(desc *bridge.StepDesc) error {
 		c1, _ := cputime.Thread()
 		e.nativeCPU += c1 - c0
 		if err = e.status("submit", st); err == nil {
-			e.pending = append(e.pending, pendingStep{seqs: n, sampled: sampled, logits: desc.WantLogits})
+			e.pending = append(e.pending, pendingStep{seqs: n, sampled: sampled, logits: desc.WantLogits,
+				logprobs: desc.WantsLogprobs()})
 		}
 	}); cerr != nil {
 		return cerr
@@ -510,6 +552,7 @@ func (e *engine) Wait(res *bridge.StepResult) error {
 			logits = b.logits.slice(p.sampled * e.shape.VocabSize)
 			cres.logits = (*C.float)(b.logits.p)
 		}
+		e.logprobResults(cres, p.seqs, p.logprobs)
 		c0, _ := cputime.Thread()
 		st := C.eng_engine_wait(e.h, cres)
 		c1, _ := cputime.Thread()
@@ -519,6 +562,7 @@ func (e *engine) Wait(res *bridge.StepResult) error {
 		}
 		res.Sampled = append(res.Sampled[:0], out...)
 		res.Logits = append(res.Logits[:0], logits...)
+		e.copyLogprobs(res, p.seqs, p.logprobs)
 		res.DeviceMS = float64(cres.device_ms)
 		res.MoEWaitMS = float64(cres.moe_wait_ms)
 	}); cerr != nil {

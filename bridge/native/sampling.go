@@ -112,3 +112,32 @@ func SampleSeqRow(logits []float32, s *bridge.SeqStep) (int32, error) {
 	}
 	return int32(*out), nil
 }
+
+// LogprobsRow computes one logits row's log-probabilities with the native
+// procedure (eng_logprobs_row): token's, and the top k (0..MaxLogprobs)
+// ids and log-probabilities; the reference that bridge.RowLogprobs is
+// checked against.
+func LogprobsRow(logits []float32, token int32, k int) (float32, []int32, []float32, error) {
+	n := len(logits)
+	if n == 0 || n > 1<<31-1 || k < 0 || k > bridge.MaxLogprobs {
+		return 0, nil, nil, bridge.StatusError("logprobs_row", bridge.StatusInvalidArgument,
+			fmt.Sprintf("vocab %d or k %d out of range", n, k))
+	}
+	buf := (*C.float)(C.malloc(C.size_t(n) * 4))
+	defer C.free(unsafe.Pointer(buf))
+	copy(unsafe.Slice((*float32)(unsafe.Pointer(buf)), n), logits)
+	ids := (*C.int32_t)(C.malloc(C.size_t(bridge.MaxLogprobs) * 4))
+	defer C.free(unsafe.Pointer(ids))
+	lps := (*C.float)(C.malloc(C.size_t(bridge.MaxLogprobs) * 4))
+	defer C.free(unsafe.Pointer(lps))
+	tok := (*C.float)(C.malloc(4))
+	defer C.free(unsafe.Pointer(tok))
+	runtime.LockOSThread() // eng_last_error is thread-local
+	defer runtime.UnlockOSThread()
+	if st := C.eng_logprobs_row(buf, C.int32_t(n), C.int32_t(token), C.int32_t(k), tok, ids, lps); st != C.ENG_OK {
+		return 0, nil, nil, bridge.StatusError("logprobs_row", bridge.Status(st), C.GoString(C.eng_last_error()))
+	}
+	m := min(k, n)
+	return float32(*tok), append([]int32(nil), unsafe.Slice((*int32)(unsafe.Pointer(ids)), m)...),
+		append([]float32(nil), unsafe.Slice((*float32)(unsafe.Pointer(lps)), m)...), nil
+}

@@ -180,10 +180,15 @@ func (e *Engine) run(op string, desc *bridge.StepDesc, res *bridge.StepResult) (
 	vocab := e.shape.VocabSize
 	res.Sampled = goengine.Resize(res.Sampled, len(desc.Seqs))
 	res.Logits = res.Logits[:0]
+	lp := desc.WantsLogprobs()
+	bridge.ResizeLogprobs(res, len(desc.Seqs), lp)
 	for i := range desc.Seqs {
 		sq := &desc.Seqs[i]
 		if !sq.Sample {
 			res.Sampled[i] = -1
+			if lp {
+				bridge.FillLogprobs(res, i, nil, sq, -1)
+			}
 			continue
 		}
 		n := len(sq.Tokens)
@@ -196,6 +201,12 @@ func (e *Engine) run(op string, desc *bridge.StepDesc, res *bridge.StepResult) (
 			// sequence, only when it asks for sampling.
 			e.row = appendLogits(e.row[:0], h, tok, vocab)
 			res.Sampled[i] = bridge.SampleSeq(e.row, sq)
+		}
+		if lp {
+			// The log-probabilities of the same row: O(vocab), only for a
+			// sequence that asks for them.
+			e.row = appendLogits(e.row[:0], h, tok, vocab)
+			bridge.FillLogprobs(res, i, e.row, sq, res.Sampled[i])
 		}
 		if desc.WantLogits {
 			res.Logits = appendLogits(res.Logits, h, tok, vocab)

@@ -32,6 +32,7 @@ type apiServer struct {
 	apiKey   string
 	maxQueue int
 	drain    time.Duration
+	timeout  time.Duration // --request-timeout
 	name     string
 	limits   httpapi.HTTPOptions
 	maxBody  int64
@@ -51,6 +52,8 @@ func (api *apiServer) flags(fs *flag.FlagSet) {
 	fs.StringVar(&api.apiKey, "api-key", os.Getenv("LOCKSTEP_API_KEY"), "require this Bearer token on every route but /health (default $LOCKSTEP_API_KEY)")
 	fs.IntVar(&api.maxQueue, "max-queue", api.maxQueue, "requests in flight (accepted, unfinished) before new ones get 429")
 	fs.DurationVar(&api.drain, "drain-timeout", api.drain, "on SIGTERM, how long accepted requests may still run before they are cancelled")
+	fs.DurationVar(&api.timeout, "request-timeout", 0,
+		"bound a completion request from its acceptance to its last token: past it the request is withdrawn on every rank and the client gets 504 (a stream an error event); 0: none")
 	fs.StringVar(&api.name, "served-model-name", "", "the model's name in the API (default: the checkpoint's name, or the preset)")
 	fs.IntVar(&api.limits.MaxConnections, "max-connections", 0,
 		fmt.Sprintf("open client connections at once: at the bound the longest-idle keep-alive one is closed, else a new one gets 503 (0: %d, lowered to leave room under the descriptor limit)", httpapi.DefaultMaxConnections))
@@ -138,6 +141,8 @@ func parseServe(args []string, stderr io.Writer) (*fleet.Options, *apiServer, er
 		return nil, nil, usage.Errorf("serve takes its requests over HTTP: --trace, --prompt and --prompts belong to `worker run`")
 	case api.maxQueue < 1:
 		return nil, nil, usage.Errorf("--max-queue must be at least 1, got %d", api.maxQueue)
+	case api.timeout < 0:
+		return nil, nil, usage.Errorf("--request-timeout must not be negative, got %v", api.timeout)
 	case api.drain < 0:
 		return nil, nil, usage.Errorf("--drain-timeout must not be negative, got %v", api.drain)
 	case api.limits.MaxConnections < 0:
@@ -174,6 +179,7 @@ func (api *apiServer) build(o *fleet.Options) (nccl.Launch, error) {
 	}
 	cfg := httpapi.Config{ModelName: api.name, VocabSize: shape.VocabSize, MaxQueue: api.maxQueue, APIKey: api.apiKey,
 		MaxModelLen: o.Pages * o.TokensPerPage * o.CP, MaxBodyBytes: api.maxBody, PromptTokensDetails: api.promptDetails, Log: api.log,
+		RequestTimeout: api.timeout,
 		// Half the watchdog's bound: /health says "stalled" before the
 		// watchdog fails the fleet.
 		StallAfter: o.CollectiveTimeout / 2}

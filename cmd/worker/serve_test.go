@@ -107,6 +107,7 @@ func TestServeRefusesWhatItCannotServe(t *testing.T) {
 		{[]string{"--trace", "x.jsonl"}, "serve takes its requests over HTTP"},
 		{[]string{"--max-queue", "0"}, "--max-queue must be at least 1"},
 		{[]string{"--drain-timeout", "-1s"}, "--drain-timeout must not be negative"},
+		{[]string{"--request-timeout", "-1s"}, "--request-timeout must not be negative"},
 		{[]string{"--max-connections", "-1"}, "--max-connections must not be negative"},
 		{[]string{"--idle-timeout", "0s"}, "--idle-timeout must be positive"},
 		{[]string{"--max-body-bytes", "0"}, "--max-body-bytes must be at least 1"},

@@ -24,7 +24,11 @@ extern "C" {
 #endif
 
 /* Bumped on every incompatible change; eng_engine_init refuses a mismatch. */
-#define ENG_ABI_VERSION 7
+#define ENG_ABI_VERSION 8
+
+/* The most top log-probabilities a row may ask for (vLLM's default
+ * max_logprobs). */
+#define ENG_MAX_LOGPROBS 20
 
 typedef enum eng_status {
   ENG_OK = 0,
@@ -263,6 +267,19 @@ typedef struct eng_sampling {
   const int32_t* prompt_tokens; /* [num_prompt]: read by the repetition penalty */
   int32_t num_output;
   const int32_t* output_tokens; /* [num_output]: the tokens generated so far */
+  /* Log-probabilities of a sampled row (vLLM's raw_logprobs): log_softmax
+   * of the row's logits as the model produced them, before the logits
+   * processors, the temperature, top-k, top-p and min_p (NaN counts as
+   * -inf, +inf as FLT_MAX). logprobs 1: the step writes the sampled
+   * token's log-probability to res.logprobs[i] and the top_logprobs
+   * (0..ENG_MAX_LOGPROBS) most probable ids and their log-probabilities to
+   * res.top_logprob_ids / res.top_logprobs [i * ENG_MAX_LOGPROBS ...],
+   * highest first, ties to the lower id. The sums are in double: m = the
+   * largest logit, s = sum over ids in id order of exp(l - m) (sampling's
+   * exp), lp = float((l - m) - log(s)) with a log of +, -, *, / only
+   * (docs/sampling.md). logprobs 0 = none; top_logprobs must then be 0. */
+  int32_t logprobs;
+  int32_t top_logprobs;
 } eng_sampling;
 
 typedef struct eng_step_desc {
@@ -285,6 +302,14 @@ typedef struct eng_step_result {
   /* Of device_ms, the time spent in MoE exchanges (dispatch and combine:
    * waiting for the slowest member and moving the tokens); 0 without EP. */
   double moe_wait_ms;
+  /* Log-probabilities (eng_sampling.logprobs): [num_seqs] and
+   * [num_seqs * ENG_MAX_LOGPROBS] twice, written by the engine for every
+   * sequence (0, -1 and 0 where a sequence asks for none or for fewer
+   * top entries than ENG_MAX_LOGPROBS). They may be NULL only when no
+   * sampled sequence of the step sets logprobs. */
+  float* logprobs;
+  int32_t* top_logprob_ids;
+  float* top_logprobs;
 } eng_step_result;
 
 eng_status eng_engine_step(eng_engine_t eng, const eng_step_desc* desc,
@@ -296,6 +321,14 @@ eng_status eng_engine_step(eng_engine_t eng, const eng_step_desc* desc,
  * Errors leave their message in eng_last_error(). */
 eng_status eng_sample_row(const float* logits, int32_t vocab, const eng_sampling* params,
                           int64_t pos, int32_t* out);
+
+/* The log-probabilities of one logits row [vocab] exactly as a step
+ * computes them (eng_sampling.logprobs): token's into *token_logprob and the
+ * top k (0..ENG_MAX_LOGPROBS; min(k, vocab) entries) into ids[] and
+ * logprobs[] (may be NULL when k is 0). For cross-checks
+ * (bridge/logprobs.go); errors leave their message in eng_last_error(). */
+eng_status eng_logprobs_row(const float* logits, int32_t vocab, int32_t token, int32_t k,
+                            float* token_logprob, int32_t* ids, float* logprobs);
 
 /*
  * Asynchronous steps (the executor's overlap loop).

@@ -64,6 +64,7 @@ struct StepBatch {
   int64_t num_rows = 0;     // Σ num_tokens
   int32_t num_sampled = 0;  // sequences with sample set
   int32_t num_stochastic = 0;  // sampled sequences sampled on the host (sampling_on_host)
+  int32_t num_logprobs = 0;    // sampled sequences that ask for log-probabilities
   CpExchange* cp = nullptr; // Helix CP group member, or null
   // Expert-parallel group member (MoE), or null: every MoE layer dispatches
   // tokens to their experts' members and combines the outputs (docs/moe.md).

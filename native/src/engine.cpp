@@ -47,6 +47,10 @@ struct AsyncStep {
   bool want_logits = false;
   std::vector<int32_t> sampled;
   std::vector<float> logits;
+  // Log-probabilities (batch.num_logprobs > 0): [num_seqs], and
+  // [num_seqs * ENG_MAX_LOGPROBS] twice.
+  std::vector<float> logprobs, top_logprobs;
+  std::vector<int32_t> top_ids;
   double device_ms = 0;
   double moe_wait_ms = 0;
   eng_status status = ENG_OK;
@@ -74,6 +78,9 @@ struct eng_engine {
   // Reused per step: the validated batch and the page → writer map of the
   // write-conflict check ([num_pages], -1 = unwritten; reset after each check).
   lockstep::StepBatch batch;
+  // The sampled rows' logits of a step that wants log-probabilities but
+  // not the logits (reused).
+  std::vector<float> logprob_logits;
   std::vector<int32_t> page_writer;
   std::vector<int32_t> touched_pages;
   // Helix membership (null without Helix); cp_size 1 without.
@@ -154,7 +161,7 @@ eng_model_shape resolve_shape(const eng_engine_config& cfg, std::string* label) 
 }
 
 // Greedy sampling parameters (a NULL desc.sampling).
-constexpr eng_sampling kGreedy{0.0f, 0, 1.0f, 0, 0.0f, 0.0f, 0.0f, 0.0f, 0, nullptr, nullptr, 0, nullptr, 0, nullptr};
+constexpr eng_sampling kGreedy{0.0f, 0, 1.0f, 0, 0.0f, 0.0f, 0.0f, 0.0f, 0, nullptr, nullptr, 0, nullptr, 0, nullptr, 0, 0};
 
 bool backend_built(eng_backend b) { return (eng_supported_backends() >> b) & 1u; }
 
@@ -171,6 +178,7 @@ void build_batch(eng_engine* eng, const eng_step_desc* d, const eng_step_result*
   b.num_rows = 0;
   b.num_sampled = 0;
   b.num_stochastic = 0;
+  b.num_logprobs = 0;
   b.cp = eng->cp.get();
   b.ep = eng->ep.get();
   if (n == 0) return;
@@ -276,12 +284,60 @@ void build_batch(eng_engine* eng, const eng_step_desc* d, const eng_step_result*
     b.seqs.push_back({d->tokens + tok, d->num_tokens[i], d->start_pos[i], d->block_table + blk,
                       d->num_blocks[i], sample, sp});
     if (sample && lockstep::sampling_on_host(sp)) ++b.num_stochastic;
+    if (sample && sp.logprobs != 0) ++b.num_logprobs;
     tok += d->num_tokens[i];
     blk += d->num_blocks[i];
     if (sample) ++b.num_sampled;
   }
   b.num_rows = total_tokens;
   b.cp = eng->cp.get();
+}
+
+// Writes the log-probabilities of every sequence of b (eng_sampling.logprobs)
+// from the sampled rows' logits [num_sampled * V] in batch order.
+void fill_logprobs(const lockstep::StepBatch& b, int32_t V, const int32_t* sampled, const float* logits,
+                   float* lp, int32_t* ids, float* tlp) {
+  int64_t row = 0;
+  for (size_t i = 0; i < b.seqs.size(); ++i) {
+    const lockstep::StepSeq& q = b.seqs[i];
+    lp[i] = 0.0f;
+    int32_t* id = ids + i * ENG_MAX_LOGPROBS;
+    float* t = tlp + i * ENG_MAX_LOGPROBS;
+    for (int j = 0; j < ENG_MAX_LOGPROBS; ++j) {
+      id[j] = -1;
+      t[j] = 0.0f;
+    }
+    if (!q.sample) continue;
+    if (q.sampling.logprobs != 0)
+      lockstep::row_logprobs(logits + row * V, V, sampled[i], q.sampling.top_logprobs, &lp[i], id, t);
+    ++row;
+  }
+}
+
+// Runs b on the backend; when some sequence asks for log-probabilities,
+// the sampled rows' logits go to `logits` (or to scratch when the caller
+// wants none) and the log-probabilities to lp/ids/tlp.
+double run_step(lockstep::Backend* backend, const lockstep::StepBatch& b, int32_t V, int32_t* sampled,
+                float* logits, float* lp, int32_t* ids, float* tlp, std::vector<float>* scratch) {
+  float* lg = logits;
+  if (b.num_logprobs > 0 && lg == nullptr) {
+    scratch->resize(static_cast<size_t>(b.num_sampled) * static_cast<size_t>(V));
+    lg = scratch->data();
+  }
+  const double ms = backend->step(b, sampled, lg);
+  if (b.num_logprobs > 0) fill_logprobs(b, V, sampled, lg, lp, ids, tlp);
+  return ms;
+}
+
+// A step whose sequences ask for log-probabilities needs the result arrays.
+void check_logprob_results(const lockstep::StepBatch& b, const eng_step_result* res) {
+  if (b.num_logprobs == 0) return;
+  const char* null_field = res->logprobs == nullptr          ? "res.logprobs"
+                           : res->top_logprob_ids == nullptr ? "res.top_logprob_ids"
+                           : res->top_logprobs == nullptr    ? "res.top_logprobs"
+                                                             : nullptr;
+  if (null_field != nullptr)
+    invalid_argument(fmt("%s is NULL but %d sampled sequences set sampling.logprobs", null_field, b.num_logprobs));
 }
 
 // Validates the indices of a page copy; throws before anything is copied.
@@ -436,6 +492,7 @@ eng_status eng_engine_step(eng_engine_t eng, const eng_step_desc* desc, eng_step
       invalid_argument(fmt("%zu submitted steps have not been waited for; call eng_engine_wait first",
                            eng->inflight.size()));
     build_batch(eng, desc, res);
+    check_logprob_results(eng->batch, res);
     eng->stepped = true;
     res->moe_wait_ms = 0;
     // An EP member runs even an empty step: its peers need it in every
@@ -444,7 +501,9 @@ eng_status eng_engine_step(eng_engine_t eng, const eng_step_desc* desc, eng_step
       res->device_ms = 0;
       return;
     }
-    res->device_ms = eng->backend->step(eng->batch, res->sampled, res->logits);
+    res->device_ms = run_step(eng->backend.get(), eng->batch, eng->params.shape.vocab_size, res->sampled,
+                              res->logits, res->logprobs, res->top_logprob_ids, res->top_logprobs,
+                              &eng->logprob_logits);
     res->moe_wait_ms = eng->backend->moe_stats().last_step_wait_ms;
   });
 }
@@ -462,6 +521,19 @@ eng_status eng_sample_row(const float* logits, int32_t vocab, const eng_sampling
     if (!msg.empty()) invalid_argument(msg);
     lockstep::SamplingScratch scratch;
     *out = lockstep::sample_token(logits, vocab, s, pos, &scratch);
+  });
+}
+
+eng_status eng_logprobs_row(const float* logits, int32_t vocab, int32_t token, int32_t k, float* token_logprob,
+                            int32_t* ids, float* logprobs) {
+  return guarded(&g_last_error, [&] {
+    if (logits == nullptr) invalid_argument("logits is NULL");
+    if (token_logprob == nullptr) invalid_argument("token_logprob is NULL");
+    if (vocab < 1) invalid_argument(fmt("vocab must be >= 1, got %d", vocab));
+    if (token < 0 || token >= vocab) invalid_argument(fmt("token %d is out of range [0, %d)", token, vocab));
+    if (k < 0 || k > ENG_MAX_LOGPROBS) invalid_argument(fmt("k must be in [0, %d], got %d", ENG_MAX_LOGPROBS, k));
+    if (k > 0 && (ids == nullptr || logprobs == nullptr)) invalid_argument(fmt("ids or logprobs is NULL (k = %d)", k));
+    lockstep::row_logprobs(logits, vocab, token, k, token_logprob, ids, logprobs);
   });
 }
 
@@ -533,17 +605,25 @@ eng_status eng_engine_submit(eng_engine_t eng, const eng_step_desc* desc, int32_
     }
     job->want_logits = want_logits != 0;
     job->sampled.assign(job->batch.seqs.size(), -1);
-    if (job->want_logits)
+    if (job->want_logits || job->batch.num_logprobs > 0)
       job->logits.assign(static_cast<size_t>(job->batch.num_sampled) * eng->params.shape.vocab_size, 0.0f);
+    if (job->batch.num_logprobs > 0) {
+      const size_t ns = job->batch.seqs.size();
+      job->logprobs.assign(ns, 0.0f);
+      job->top_ids.assign(ns * ENG_MAX_LOGPROBS, -1);
+      job->top_logprobs.assign(ns * ENG_MAX_LOGPROBS, 0.0f);
+    }
+    const int32_t vocab = eng->params.shape.vocab_size;
     if (!eng->stream) eng->stream = std::make_unique<lockstep::Stream>();
     lockstep::Backend* backend = eng->backend.get();
     eng->inflight.push_back(job);
-    eng->stream->enqueue([job, backend] {
+    eng->stream->enqueue([job, backend, vocab] {
       std::string error;
       eng_status status = guarded(&error, [&] {
         if (job->batch.seqs.empty() && job->batch.ep == nullptr) return;
-        job->device_ms = backend->step(job->batch, job->sampled.data(),
-                                       job->want_logits ? job->logits.data() : nullptr);
+        job->device_ms = run_step(backend, job->batch, vocab, job->sampled.data(),
+                                  job->logits.empty() ? nullptr : job->logits.data(), job->logprobs.data(),
+                                  job->top_ids.data(), job->top_logprobs.data(), nullptr);
         job->moe_wait_ms = backend->moe_stats().last_step_wait_ms;
       });
       std::lock_guard<std::mutex> lk(job->mu);
@@ -563,6 +643,7 @@ eng_status eng_engine_wait(eng_engine_t eng, eng_step_result* res) {
     std::shared_ptr<AsyncStep> job = eng->inflight.front();
     const size_t n = job->batch.seqs.size();
     if (n > 0 && res->sampled == nullptr) invalid_argument(fmt("res.sampled is NULL (num_seqs = %zu)", n));
+    check_logprob_results(job->batch, res);
     {
       std::unique_lock<std::mutex> lk(job->mu);
       job->cv.wait(lk, [&] { return job->done; });
@@ -572,6 +653,11 @@ eng_status eng_engine_wait(eng_engine_t eng, eng_step_result* res) {
     std::copy(job->sampled.begin(), job->sampled.end(), res->sampled);
     if (res->logits != nullptr && job->want_logits)
       std::copy(job->logits.begin(), job->logits.end(), res->logits);
+    if (job->batch.num_logprobs > 0) {
+      std::copy(job->logprobs.begin(), job->logprobs.end(), res->logprobs);
+      std::copy(job->top_ids.begin(), job->top_ids.end(), res->top_logprob_ids);
+      std::copy(job->top_logprobs.begin(), job->top_logprobs.end(), res->top_logprobs);
+    }
     res->device_ms = job->device_ms;
     res->moe_wait_ms = job->moe_wait_ms;
   });

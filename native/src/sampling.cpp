@@ -9,6 +9,8 @@
 #include <cstdio>
 #include <cstring>
 
+static_assert(ENG_MAX_LOGPROBS == 20, "the messages of sampling_invalid name 20");
+
 namespace lockstep {
 
 double sampling_exp(double x) {
@@ -40,6 +42,73 @@ double sampling_exp(double x) {
   double scale;
   std::memcpy(&scale, &bits, sizeof scale);
   return p * scale;
+}
+
+double sampling_log(double x) {
+  // x = f 2^e with f in [sqrt(1/2), sqrt(2)); log f = 2 atanh(z), z = (f-1)/(f+1),
+  // |z| < 0.172: the odd series to z^21 (z^22 < 1.5e-17).
+  int e = 0;
+  double f = std::frexp(x, &e);  // f in [0.5, 1)
+  if (f < 0.70710678118654752440) {
+    f = f * 2.0;
+    e = e - 1;
+  }
+  const double kLn2Hi = 6.93147180369123816490e-01;
+  const double kLn2Lo = 1.90821492927058770002e-10;
+  const double z = (f - 1.0) / (f + 1.0);
+  const double z2 = z * z;
+  double p = 1.0 / 21.0;
+  for (int n = 19; n >= 1; n -= 2) p = p * z2 + 1.0 / static_cast<double>(n);
+  const double de = static_cast<double>(e);
+  return de * kLn2Hi + ((2.0 * z) * p + de * kLn2Lo);
+}
+
+namespace {
+
+// A logit as the log-probabilities see it: NaN -> -inf, +inf -> FLT_MAX.
+inline float lp_logit(float v) {
+  if (std::isnan(v)) return -INFINITY;
+  if (v > FLT_MAX) return FLT_MAX;
+  return v;
+}
+
+}  // namespace
+
+void row_logprobs(const float* logits, int32_t vocab, int32_t token, int32_t k, float* token_lp, int32_t* ids,
+                  float* lps) {
+  // 1. The largest logit and the top k (an insertion into a sorted list:
+  // ids come in ascending order, so a later id never displaces an equal one).
+  if (k > vocab) k = vocab;
+  int32_t n = 0;
+  float m = -INFINITY;
+  for (int32_t i = 0; i < vocab; ++i) {
+    const float v = lp_logit(logits[i]);
+    if (v > m) m = v;
+    if (k == 0 || (n == k && !(v > lp_logit(logits[ids[n - 1]])))) continue;
+    int32_t j = n < k ? n++ : k - 1;
+    while (j > 0 && v > lp_logit(logits[ids[j - 1]])) {
+      ids[j] = ids[j - 1];
+      --j;
+    }
+    ids[j] = i;
+  }
+  // 2. log(sum exp(l - m)) in double, in id order (sampling's exp).
+  if (m == -INFINITY) {
+    // No finite logit: every id is equally (im)probable.
+    const float u = static_cast<float>(-sampling_log(static_cast<double>(vocab)));
+    *token_lp = u;
+    for (int32_t j = 0; j < n; ++j) lps[j] = u;
+    return;
+  }
+  const double dm = m;
+  double sum = 0.0;
+  for (int32_t i = 0; i < vocab; ++i) sum += sampling_exp(static_cast<double>(lp_logit(logits[i])) - dm);
+  const double lse = sampling_log(sum);
+  auto lp = [&](int32_t id) {
+    return static_cast<float>((static_cast<double>(lp_logit(logits[id])) - dm) - lse);
+  };
+  *token_lp = lp(token);
+  for (int32_t j = 0; j < n; ++j) lps[j] = lp(ids[j]);
 }
 
 int32_t sampling_argmax(const float* x, int32_t n) {
@@ -131,6 +200,11 @@ std::string sampling_invalid(const eng_sampling& p, int32_t vocab, const std::st
         return buf;
       }
   }
+  if (p.logprobs != 0 && p.logprobs != 1) return bad("%s.logprobs must be 0 or 1, got %g", p.logprobs);
+  if (p.top_logprobs < 0 || p.top_logprobs > ENG_MAX_LOGPROBS)
+    return bad("%s.top_logprobs must be in [0, 20] (ENG_MAX_LOGPROBS), got %g", p.top_logprobs);
+  if (p.top_logprobs > 0 && p.logprobs == 0)
+    return bad("%s.top_logprobs = %g needs logprobs = 1", p.top_logprobs);
   if (p.num_bias > 0 && p.bias_values == nullptr) return bad("%s.bias_values is NULL (%g values)", p.num_bias);
   for (int32_t j = 0; j < p.num_bias; ++j)
     if (!std::isfinite(p.bias_values[j])) {

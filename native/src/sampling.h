@@ -64,6 +64,17 @@ inline double sampling_uniform(uint64_t seed, int64_t pos) {
 // Returns 0 for x < -700.
 double sampling_exp(double x);
 
+// log(x) for x >= 1 with only +, -, *, / and exact scaling (frexp), so that
+// the C++ and Go implementations round identically; relative error < 1e-15.
+double sampling_log(double x);
+
+// The log-probabilities of a row (eng_sampling.logprobs, vLLM's
+// raw_logprobs): token's into *token_lp, the top k (k <= ENG_MAX_LOGPROBS;
+// min(k, vocab) are written) into ids/lps, highest first, ties to the lower
+// id. NaN logits count as -inf, +inf as FLT_MAX.
+void row_logprobs(const float* logits, int32_t vocab, int32_t token, int32_t k, float* token_lp,
+                  int32_t* ids, float* lps);
+
 // Lowest index of the maximum (NaN never wins): the greedy pick.
 int32_t sampling_argmax(const float* logits, int32_t vocab);
 

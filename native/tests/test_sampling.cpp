@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "check.h"
@@ -217,6 +218,89 @@ void test_async_owns_sampling() {
   eng_engine_free(e);
 }
 
+// Log-probabilities: sampling_log against std::log, a row against a
+// log_softmax of std::exp/std::log, ties to the lower id; a step's equal
+// eng_logprobs_row of its logits bit for bit (the token unchanged, greedy
+// and stochastic, step and submit/wait); missing result arrays and bad
+// counts refused.
+void test_logprobs() {
+  for (double x : {1.0, 1.5, 2.0, 3.0, 1000.0, 123456.789, 49152.0})
+    CHECKF(std::fabs(lockstep::sampling_log(x) - std::log(x)) <= 4e-16 * std::fmax(1.0, std::log(x)), "x = %g", x);
+  std::vector<float> row{1.0f, 3.0f, -2.0f, 3.0f, 0.5f, NAN, 2.0f};
+  const int V = static_cast<int>(row.size());
+  double m = 3.0, sum = 0.0;
+  for (float v : row)
+    if (!std::isnan(v)) sum += std::exp(double(v) - m);
+  int32_t ids[ENG_MAX_LOGPROBS];
+  float lps[ENG_MAX_LOGPROBS], tok = 0;
+  REQUIRE(eng_logprobs_row(row.data(), V, 2, 4, &tok, ids, lps) == ENG_OK);
+  CHECK(ids[0] == 1 && ids[1] == 3 && ids[2] == 6 && ids[3] == 0);
+  CHECK(std::fabs(tok - (-2.0 - m - std::log(sum))) < 1e-6);
+  CHECK(std::fabs(lps[0] - (0.0 - std::log(sum))) < 1e-6 && lps[0] == lps[1]);
+  REQUIRE(eng_logprobs_row(row.data(), V, 5, 0, &tok, nullptr, nullptr) == ENG_OK);
+  CHECK(tok == -INFINITY);  // NaN counts as -inf
+  CHECK(eng_logprobs_row(row.data(), V, 7, 1, &tok, ids, lps) == ENG_INVALID_ARGUMENT);
+  CHECK(eng_logprobs_row(row.data(), V, 0, ENG_MAX_LOGPROBS + 1, &tok, ids, lps) == ENG_INVALID_ARGUMENT);
+
+  eng_engine_t e = test_engine(test_config("tiny", 32, kP));
+  const std::vector<int32_t> prompt = test_prompt(11, 6, kVocab);
+  std::vector<int32_t> nt{6, 6}, sp{0, 0}, nb{1, 1}, bt{0, 1};
+  std::vector<int32_t> toks(prompt.begin(), prompt.begin() + 6);
+  toks.insert(toks.end(), prompt.begin(), prompt.begin() + 6);
+  std::vector<uint8_t> sample{1, 1};
+  std::vector<eng_sampling> sampling{{0.0f, 0, 1.0f, 0}, {1.3f, 0, 1.0f, 555}};
+  sampling[0].logprobs = 1;
+  sampling[0].top_logprobs = 5;
+  sampling[1].logprobs = 1;
+  sampling[1].top_logprobs = ENG_MAX_LOGPROBS;
+  eng_step_desc d{2, nt.data(), sp.data(), toks.data(), nb.data(), bt.data(), sample.data(), sampling.data()};
+  int32_t got[2] = {-2, -2};
+  std::vector<float> logits(2 * kVocab), lp(2), tlp(2 * ENG_MAX_LOGPROBS);
+  std::vector<int32_t> tid(2 * ENG_MAX_LOGPROBS);
+  eng_step_result r{got, logits.data(), 0};
+  CHECK(eng_engine_step(e, &d, &r) == ENG_INVALID_ARGUMENT);  // no result arrays
+  CHECK(std::string(eng_engine_last_error(e)).find("res.logprobs") != std::string::npos);
+  r.logprobs = lp.data();
+  r.top_logprob_ids = tid.data();
+  r.top_logprobs = tlp.data();
+  REQUIRE(eng_engine_step(e, &d, &r) == ENG_OK);
+  for (int i = 0; i < 2; ++i) {
+    const float* lg = logits.data() + i * kVocab;
+    int32_t want = -3;
+    REQUIRE(eng_sample_row(lg, kVocab, &sampling[i], 6, &want) == ENG_OK);
+    CHECK(got[i] == want);
+    float wt = 0;
+    int32_t wid[ENG_MAX_LOGPROBS];
+    float wlp[ENG_MAX_LOGPROBS];
+    REQUIRE(eng_logprobs_row(lg, kVocab, got[i], sampling[i].top_logprobs, &wt, wid, wlp) == ENG_OK);
+    CHECK(lp[i] == wt);
+    for (int j = 0; j < ENG_MAX_LOGPROBS; ++j) {
+      const bool in = j < sampling[i].top_logprobs;
+      CHECK(tid[i * ENG_MAX_LOGPROBS + j] == (in ? wid[j] : -1));
+      CHECK(tlp[i * ENG_MAX_LOGPROBS + j] == (in ? wlp[j] : 0.0f));
+    }
+  }
+  CHECK(tid[0] == lockstep::sampling_argmax(logits.data(), kVocab));  // greedy: the token is the top one
+  CHECK(got[0] == tid[0]);
+  // Submit/wait: the same, without logits.
+  const std::vector<float> lp0 = lp;
+  const std::vector<int32_t> tid0 = tid;
+  REQUIRE(eng_engine_submit(e, &d, 0) == ENG_OK);
+  eng_step_result w{got, nullptr, 0};
+  CHECK(eng_engine_wait(e, &w) == ENG_INVALID_ARGUMENT);  // refused: the step stays queued
+  w.logprobs = lp.data();
+  w.top_logprob_ids = tid.data();
+  w.top_logprobs = tlp.data();
+  REQUIRE(eng_engine_wait(e, &w) == ENG_OK);
+  CHECK(lp == lp0 && tid == tid0);
+  sampling[0].top_logprobs = ENG_MAX_LOGPROBS + 1;
+  CHECK(eng_engine_step(e, &d, &r) == ENG_INVALID_ARGUMENT);
+  sampling[0].logprobs = 0;
+  sampling[0].top_logprobs = 1;
+  CHECK(eng_engine_step(e, &d, &r) == ENG_INVALID_ARGUMENT);
+  eng_engine_free(e);
+}
+
 }  // namespace
 
 int main() {
@@ -225,5 +309,6 @@ int main() {
   test_procedure();
   test_engine_invariance();
   test_async_owns_sampling();
+  test_logprobs();
   return check_exit_code("test_sampling");
 }

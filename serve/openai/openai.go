@@ -52,6 +52,37 @@ type Choice struct {
 	TokenIDs *[]int32 `json:"token_ids,omitempty"`
 }
 
+// CompletionLogprobs is a text completion choice's logprobs: per token its
+// text, its log-probability, a map of the top tokens' (and its own) texts to
+// theirs, and the offset of its text in the choice's text.
+type CompletionLogprobs struct {
+	Tokens        []string             `json:"tokens"`
+	TokenLogprobs []float64            `json:"token_logprobs"`
+	TopLogprobs   []map[string]float64 `json:"top_logprobs"`
+	TextOffset    []int                `json:"text_offset"`
+}
+
+// ChatLogprobs is a chat choice's logprobs.
+type ChatLogprobs struct {
+	Content []ChatTokenLogprob `json:"content"`
+}
+
+// ChatTokenLogprob is one generated token of a chat choice: its text, its
+// log-probability, its UTF-8 bytes and the top tokens at its position.
+type ChatTokenLogprob struct {
+	Token       string           `json:"token"`
+	Logprob     float64          `json:"logprob"`
+	Bytes       []int            `json:"bytes"`
+	TopLogprobs []ChatTopLogprob `json:"top_logprobs"`
+}
+
+// ChatTopLogprob is one of the top tokens at a position.
+type ChatTopLogprob struct {
+	Token   string  `json:"token"`
+	Logprob float64 `json:"logprob"`
+	Bytes   []int   `json:"bytes"`
+}
+
 // NullLogprobs is the logprobs value of a text completion's choice: null.
 var NullLogprobs = json.RawMessage("null")
 

@@ -8,6 +8,9 @@ import "github.com/lockstep-ai/lockstep/bridge"
 func CopyResult(dst, src *bridge.StepResult) {
 	dst.Sampled = append(dst.Sampled[:0], src.Sampled...)
 	dst.Logits = append(dst.Logits[:0], src.Logits...)
+	dst.Logprobs = append(dst.Logprobs[:0], src.Logprobs...)
+	dst.TopLogprobIDs = append(dst.TopLogprobIDs[:0], src.TopLogprobIDs...)
+	dst.TopLogprobs = append(dst.TopLogprobs[:0], src.TopLogprobs...)
 	dst.DeviceMS = src.DeviceMS
 	dst.MoEWaitMS = src.MoEWaitMS
 }
