@@ -47,7 +47,8 @@ type Result struct {
 	// (ctx_cost.mode auto).
 	CostPublications []costfit.Publication
 	// CollectiveMS is this rank's total time blocked in control-plane
-	// collectives (C1–C5, C7–C9).
+	// collectives (C1–C5, C7–C9); 0 under a virtual clock without an
+	// iteration log, a serving callback or the measured host time.
 	CollectiveMS float64
 	// EventsDropped counts KV events cut from the published stream (rank 0).
 	EventsDropped int64
@@ -116,6 +117,7 @@ type Executor struct {
 	waitDur              time.Duration
 	waitCPU              time.Duration // thread CPU inside this iteration's collectives (waitEnd)
 	cpuClock             bool          // the loop thread is locked and has a CPU clock (host_ms, MeasuredHostTime)
+	timed                bool          // something reads the wall clock's measurements (wall)
 	lastStats            RankState
 	// Optional capabilities of the dependencies, resolved once in New
 	// (resolveCapabilities; the source's in SetSource too): the planner's
@@ -163,6 +165,11 @@ func New(cfg Config, d Deps) (*Executor, error) {
 		e.virtual, e.vnow = coster, cfg.VirtualEpoch
 		e.cfg.Clock = func() time.Time { return e.vnow }
 	}
+	// Under a virtual clock the wall clock serves only the iteration log,
+	// the serving callback and the measured host time; without them it is
+	// not read (two readings per collective: a tenth of a 64-rank twin run's
+	// CPU), and wait_ms/CollectiveMS stay 0.
+	e.timed = e.virtual == nil || e.cfg.IterLog != nil || e.cfg.OnIteration != nil || e.measuredHost()
 	if cfg.CostCalibration != nil {
 		if cfg.Scheduler.CostMode != scheduler.CostAuto {
 			return nil, fmt.Errorf("executor: the online cost calibrator needs ctx_cost.mode auto (have %s)", cfg.Scheduler.CostMode)
@@ -216,8 +223,12 @@ func (e *Executor) SetSource(src Source, progress func(done int)) {
 }
 
 // wall reads the wall clock (Config.Clock, even when a virtual clock
-// replaced it for request timestamps).
+// replaced it for request timestamps); the zero time when nothing uses the
+// wall clock (timed false: a virtual clock without log or callback).
 func (e *Executor) wall() time.Time {
+	if !e.timed {
+		return time.Time{}
+	}
 	if e.wallClock != nil {
 		return e.wallClock()
 	}

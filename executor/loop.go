@@ -169,8 +169,8 @@ func (e *Executor) fetchAndRoute(p *plan) ([]Arrival, []RankState, error) {
 // requests), so every rank gets the same answer.
 func (e *Executor) fleetHasWork(items []Arrival, states []RankState) bool {
 	work := len(items) > 0 || e.waiting.Len() > 0
-	for _, s := range states {
-		work = work || s.ActiveRequests > 0 || s.RetiringRequests > 0
+	for i := 0; i < len(states) && !work; i++ {
+		work = states[i].ActiveRequests > 0 || states[i].RetiringRequests > 0
 	}
 	if !e.adp() {
 		work = work || e.hasRealWork() // identical on every CP rank
