@@ -106,23 +106,30 @@ func (m *Manager) resume(s *sequence) bool {
 	if s.partialPending {
 		partial = len(s.blocks) - 1
 	}
-	hostBlocks, anyHost := 0, false
-	for k, b := range s.blocks {
-		if b.where().tier == TierHost {
-			anyHost = true
-			if k != partial {
-				hostBlocks++
+	hostBlocks := 0
+	if s.claimedLocked {
+		// Claimed as locks just now (claimPrefix): every block is on the
+		// GPU and already locked.
+		s.claimedLocked = false
+	} else {
+		anyHost := false
+		for k, b := range s.blocks {
+			if b.where().tier == TierHost {
+				anyHost = true
+				if k != partial {
+					hostBlocks++
+				}
 			}
 		}
-	}
-	if anyHost && m.Utilization() > m.maxUtil {
-		return false
-	}
-	// Lock the GPU-resident pages first, so that this allocation cannot
-	// migrate the sequence's own pages to the host.
-	for _, b := range s.blocks {
-		if loc := b.where(); loc.tier == TierGPU {
-			m.holdToLock(loc)
+		if anyHost && m.Utilization() > m.maxUtil {
+			return false
+		}
+		// Lock the GPU-resident pages first, so that this allocation cannot
+		// migrate the sequence's own pages to the host.
+		for _, b := range s.blocks {
+			if loc := b.where(); loc.tier == TierGPU {
+				m.holdToLock(loc)
+			}
 		}
 	}
 	need := hostBlocks

@@ -19,7 +19,13 @@ import (
 // Reservation guard: blocks that were cached stop counting as available
 // once held. Under GUARANTEED_NO_EVICT the match is truncated so that the
 // cached pages it takes never uncover another request's reservation.
-func (m *Manager) claimPrefix(s *sequence, r *scheduler.Request) {
+//
+// locked takes the blocks as locks instead, for a caller that resumes the
+// sequence at once (PrepareContext): the matched blocks are all on the GPU,
+// so resume's hold-to-lock pass would only turn each hold into a lock, and
+// taking locks now saves that second walk of a long prompt's blocks (issue
+// 24, item 6). s.claimedLocked tells resume; the outcome is the same.
+func (m *Manager) claimPrefix(s *sequence, r *scheduler.Request, locked bool) {
 	if !m.cfg.EnableBlockReuse {
 		return
 	}
@@ -29,6 +35,7 @@ func (m *Manager) claimPrefix(s *sequence, r *scheduler.Request) {
 	}
 	km := m.cachedMatch(r)
 	res := matchResult{full: m.fullBlocks(km), partial: km.partial, q: km.q}
+	s.claimedLocked = locked
 	slack := m.gpu.numFree() + m.numCached - m.reserved
 	take := func(n *node) bool {
 		if n.cached {
@@ -38,7 +45,7 @@ func (m *Manager) claimPrefix(s *sequence, r *scheduler.Request) {
 			slack--
 			s.claimStamps = append(s.claimStamps, claimStamp{n, n.lastUse})
 		}
-		m.addRef(n.loc, false)
+		m.addRef(n.loc, locked)
 		s.blocks = append(s.blocks, blockRef{n: n})
 		s.table = append(s.table, n.loc.page)
 		return true

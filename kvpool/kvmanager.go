@@ -26,7 +26,7 @@ func (m *Manager) PrepareContext(r *scheduler.Request) bool {
 			return false
 		}
 		m.hintBlocks(s, r)
-		m.claimPrefix(s, r)
+		m.claimPrefix(s, r, true)
 		m.registerConversation(s, r)
 		if m.cfg.CP > 1 && r.TotalInputLenCP == 0 {
 			r.TotalInputLenCP = r.PromptLen
@@ -73,7 +73,7 @@ func (m *Manager) PrepareBlocksIfSchedulable(r *scheduler.Request, n int) bool {
 			return false
 		}
 		m.hintBlocks(s, r)
-		m.claimPrefix(s, r)
+		m.claimPrefix(s, r, false)
 		m.registerConversation(s, r)
 	}
 	wasSuspended, at := s.status == SeqSuspended, s.suspendedAt

@@ -98,6 +98,9 @@ type sequence struct {
 	// partial radix block, copied into a private page on first resume
 	// (copy-on-resume, §6.4).
 	partialPending bool
+	// claimedLocked: claimPrefix took the matched blocks as locks, not
+	// holds, and the sequence has not been resumed since (all on the GPU).
+	claimedLocked bool
 	// stopped: committing has ended (stopCommitting, a virtual stop, or
 	// reuse off).
 	stopped bool
