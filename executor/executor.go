@@ -27,6 +27,17 @@ type Result struct {
 	// LockstepWaste (rank 0): per forward iteration 1 − mean/max of the
 	// ranks' busy time, averaged over iterations where any rank was busy.
 	LockstepWaste float64
+	// TokenBalance (rank 0, attention DP): per forward iteration mean/max
+	// over the ranks of the real tokens in their batch (padding dummies
+	// count 0), averaged over the iterations where some rank had a token;
+	// 0 when none did. BalanceIterations counts those iterations.
+	TokenBalance      float64
+	BalanceIterations int64
+	// ForwardMS is Σ over forward iterations of the fleet's time (the
+	// slowest rank's busy time) and SOLForwardMS Σ of it × the iteration's
+	// token balance: the time a perfectly balanced fleet would have needed
+	// (the speed of light of ADP Balance's write-up; rank 0, attention DP).
+	ForwardMS, SOLForwardMS float64
 	// DeviceMS is this rank's total engine time, and MoEWaitMS the part of
 	// it spent in MoE exchanges.
 	DeviceMS  float64
@@ -104,6 +115,7 @@ type Executor struct {
 	calib    *calibrator
 	wasteSum float64
 	wasteN   int
+	bal      balance
 	// Serving (serving.go): this rank's cumulative preemptions, the tokens
 	// produced since the last response gather (Config.Stream), answers
 	// handed over on rank 0, and this iteration's per-rank busy time and
@@ -112,7 +124,9 @@ type Executor struct {
 	deltas               []TokenDelta
 	answered             int
 	iterBusy             []float64
+	iterTokens           []int64 // each rank's real tokens of the batch iterBusy timed
 	fleetBusyMS          float64 // the slowest rank's busy time of the last processed batch (iteration log)
+	fleetTokBal          float64 // its token balance (mean/max of the ranks' tokens); -1 when none
 	iterLoads            []RankLoad
 	waitDur              time.Duration
 	waitCPU              time.Duration // thread CPU inside this iteration's collectives (waitEnd)

@@ -40,7 +40,12 @@ type IterRecord struct {
 	// lockstep wait out (that wait is in wait_ms). With a virtual clock it
 	// is the modelled fleet step; otherwise the largest of this rank's
 	// device_ms and every rank's busy time, gathered with the responses.
-	FleetDeviceMS     *float64 `json:"fleet_device_ms"`
+	FleetDeviceMS *float64 `json:"fleet_device_ms"`
+	// TokenBalance (attention DP) is the token balance of this record's
+	// forward: mean/max over the ranks of the real tokens in their batch
+	// (padding dummies count 0); absent without a forward, without
+	// attention DP, or when no rank had a real token.
+	TokenBalance      *float64 `json:"token_balance,omitempty"`
 	WaitMS            float64  `json:"wait_ms"`
 	CanQueue          bool     `json:"can_queue"`
 	ADPDummy          bool     `json:"adp_dummy"`
@@ -167,6 +172,10 @@ func (e *Executor) writeIterRecord(rec *IterRecord, p *plan) error {
 	} else if rec.DeviceMS != nil {
 		f := round3(max(*rec.DeviceMS, e.fleetBusyMS))
 		rec.FleetDeviceMS = &f
+	}
+	if rec.DeviceMS != nil && e.adp() && e.fleetTokBal >= 0 {
+		t := round3(e.fleetTokBal)
+		rec.TokenBalance = &t
 	}
 	rec.KVUtil = round3(e.d.KV.Utilization())
 	rec.EventsDropped = int(e.res.EventsDropped)

@@ -50,6 +50,10 @@ func (e *Executor) Run() (*Result, error) {
 	if e.wasteN > 0 {
 		e.res.LockstepWaste = e.wasteSum / float64(e.wasteN)
 	}
+	if e.bal.n > 0 {
+		e.res.TokenBalance = e.bal.tokenSum / float64(e.bal.n)
+	}
+	e.res.BalanceIterations, e.res.ForwardMS, e.res.SOLForwardMS = e.bal.n, e.bal.forwardMS, e.bal.solMS
 	return &e.res, nil
 }
 
@@ -217,11 +221,13 @@ func (e *Executor) iteration() (bool, error) {
 // can_queue or runs unconditionally.
 func (e *Executor) nonOverlapTail(p *plan) error {
 	var deviceMS float64
+	var tokens int64
 	if p.canQueue {
 		b, err := e.prepareBatch(p.out, p)
 		if err != nil {
 			return err
 		}
+		tokens = b.tokens
 		e.dummy = nil // the dummy runs and leaves after the forward
 		if err := e.buildStep(b); err != nil {
 			return err
@@ -241,7 +247,7 @@ func (e *Executor) nonOverlapTail(p *plan) error {
 		if deviceMS, err = e.applyResults(b, &e.stepRes); err != nil {
 			return err
 		}
-		if err := e.gatherResponses("responses", e.finished, 0, false); err != nil {
+		if err := e.gatherResponses("responses", e.finished, 0, 0, false); err != nil {
 			return err
 		}
 		// R6: the non-overlap loop flushes under the agreed can_queue.
@@ -256,7 +262,7 @@ func (e *Executor) nonOverlapTail(p *plan) error {
 		}
 	}
 	e.finished = e.finished[:0]
-	if err := e.gatherResponses("pending_responses", e.pending, int64(deviceMS*1000), p.canQueue); err != nil {
+	if err := e.gatherResponses("pending_responses", e.pending, int64(deviceMS*1000), tokens, p.canQueue); err != nil {
 		return err
 	}
 	e.pending = e.pending[:0]
@@ -281,7 +287,9 @@ func (e *Executor) overlapTail(p *plan) error {
 	// 11: apply the previous batch's sampled tokens.
 	processed := e.prev != nil && shouldProcessPrev
 	var deviceMS float64
+	var tokens int64
 	if processed {
+		tokens = e.prev.tokens
 		res := &e.waitRes
 		if err := e.d.Engine.Wait(res); err != nil {
 			return err
@@ -291,7 +299,7 @@ func (e *Executor) overlapTail(p *plan) error {
 		}
 	}
 	// 12: pending responses, always (with the processed batch's busy time).
-	if err := e.gatherResponses("pending_responses", e.pending, int64(deviceMS*1000), processed); err != nil {
+	if err := e.gatherResponses("pending_responses", e.pending, int64(deviceMS*1000), tokens, processed); err != nil {
 		return err
 	}
 	e.pending = e.pending[:0]
@@ -357,13 +365,13 @@ func (e *Executor) launch(p *plan, b *batch) error {
 // is empty and only pairs the gather.
 func (e *Executor) answerPrevious(processed bool) error {
 	if processed {
-		if err := e.gatherResponses("responses", e.finished, 0, false); err != nil {
+		if err := e.gatherResponses("responses", e.finished, 0, 0, false); err != nil {
 			return err
 		}
 		if err := e.writeIterRecord(e.prev.rec, nil); err != nil { // timed at its launch
 			return err
 		}
-	} else if err := e.gatherResponses("responses", nil, 0, false); err != nil {
+	} else if err := e.gatherResponses("responses", nil, 0, 0, false); err != nil {
 		return err
 	}
 	e.finished = e.finished[:0]

@@ -41,7 +41,10 @@ const NoRank = -1
 // Config.Stream, the tokens its requests produced (C7); with
 // Config.OnIteration, its load (C8).
 type responseBatch struct {
-	DeviceUS  int64
+	DeviceUS int64
+	// Tokens is the real tokens of the batch DeviceUS timed (0 without a
+	// forward): the input of the token balance.
+	Tokens    int64
 	Responses []Response
 	Deltas    []TokenDelta
 	Load      RankLoad
@@ -100,7 +103,7 @@ func (d *decoder) logprobs() TokenLogprobs {
 // size is the length of rb's encoding, so that encode allocates once (issue
 // 24: regrowing the buffer was a tenth of a 64-rank twin run's CPU).
 func (rb responseBatch) size() int {
-	n := 8 + 8*len(rb.Load.fields()) + 4 + 12*len(rb.Deltas) + 4
+	n := 16 + 8*len(rb.Load.fields()) + 4 + 12*len(rb.Deltas) + 4
 	for _, r := range rb.Responses {
 		n += 8 + 4 + 4*8 + 3*4 + 1 + 4 + len(r.Error) + 4 + 4*len(r.Output)
 	}
@@ -109,6 +112,7 @@ func (rb responseBatch) size() int {
 
 func (rb responseBatch) encode() []byte {
 	b := binary.LittleEndian.AppendUint64(make([]byte, 0, rb.size()), uint64(rb.DeviceUS))
+	b = binary.LittleEndian.AppendUint64(b, uint64(rb.Tokens))
 	for _, v := range rb.Load.fields() {
 		b = binary.LittleEndian.AppendUint64(b, uint64(v))
 	}
@@ -177,6 +181,7 @@ func decodeResponseBatch(b []byte) (responseBatch, error) {
 	d := decoder{b: b}
 	var rb responseBatch
 	rb.DeviceUS = int64(d.u64())
+	rb.Tokens = int64(d.u64())
 	f := rb.Load.fields()
 	for i := range f {
 		f[i] = int64(d.u64())
@@ -275,8 +280,9 @@ func (l *RankLoad) setFields(f [6]int64) {
 }
 
 // gatherResponses sends this rank's responses to rank 0 (C7/C8). Rank 0
-// keeps them; with C8 it also accumulates the lockstep-waste metric.
-func (e *Executor) gatherResponses(name string, rs []Response, deviceUS int64, forward bool) error {
+// keeps them; with C8 it also accumulates the lockstep-waste and balance
+// metrics (tokens: the real tokens of the batch deviceUS timed).
+func (e *Executor) gatherResponses(name string, rs []Response, deviceUS, tokens int64, forward bool) error {
 	// The produced tokens ride the "responses" gather (after the step's
 	// results were applied), the loads the "pending_responses" one.
 	var deltas []TokenDelta
@@ -293,16 +299,18 @@ func (e *Executor) gatherResponses(name string, rs []Response, deviceUS int64, f
 			e.deliver(deltas, rs)
 			if name == "pending_responses" {
 				e.iterLoads = append(e.iterLoads[:0], load)
-				e.iterBusy = e.iterBusy[:0]
+				e.iterBusy, e.iterTokens = e.iterBusy[:0], e.iterTokens[:0]
 				if forward {
 					e.iterBusy = append(e.iterBusy, float64(deviceUS)/1000)
+					e.iterTokens = append(e.iterTokens, tokens)
 				}
 			}
 		}
 		return nil
 	}
 	t := e.waitStart()
-	all, err := e.d.Comm.AllGather(name, responseBatch{DeviceUS: deviceUS, Responses: rs, Deltas: deltas, Load: load}.encode())
+	all, err := e.d.Comm.AllGather(name, responseBatch{DeviceUS: deviceUS, Tokens: tokens, Responses: rs, Deltas: deltas,
+		Load: load}.encode())
 	e.waitEnd(t)
 	if err != nil {
 		return err
@@ -320,8 +328,9 @@ func (e *Executor) gatherResponses(name string, rs []Response, deviceUS int64, f
 		busy = make([]float32, len(all))
 	}
 	if name == "pending_responses" {
-		e.iterLoads, e.iterBusy = e.iterLoads[:0], e.iterBusy[:0]
+		e.iterLoads, e.iterBusy, e.iterTokens = e.iterLoads[:0], e.iterBusy[:0], e.iterTokens[:0]
 	}
+	var tokSum, tokMax int64
 	for i, b := range all {
 		rb, err := decodeResponseBatch(b)
 		if err != nil {
@@ -340,6 +349,11 @@ func (e *Executor) gatherResponses(name string, rs []Response, deviceUS int64, f
 			e.iterLoads = append(e.iterLoads, rb.Load)
 			if forward {
 				e.iterBusy = append(e.iterBusy, us/1000)
+				e.iterTokens = append(e.iterTokens, rb.Tokens)
+				tokSum += rb.Tokens
+				if rb.Tokens > tokMax {
+					tokMax = rb.Tokens
+				}
 			}
 		}
 	}
@@ -349,22 +363,69 @@ func (e *Executor) gatherResponses(name string, rs []Response, deviceUS int64, f
 	if name == "pending_responses" && forward && max > 0 {
 		e.wasteSum += 1 - sum/float64(len(all))/max
 		e.wasteN++
+		e.bal.add(max/1000, tokSum, tokMax, len(all))
 	}
 	return nil
 }
 
-// noteFleetBusy keeps the slowest rank's busy time of the batch whose
-// pending responses were just gathered, for the iteration log's
-// fleet_device_ms (every rank reads it: it leads each batch's encoding).
+// balance accumulates rank 0's balance metrics over the forward iterations
+// (issue 25, the measures of TensorRT-LLM's ADP Balance write-up): the
+// token balance ratio of an iteration is mean/max over the ranks of the
+// real tokens in their forward (padding dummies count 0), averaged over
+// the iterations where some rank had a token; the speed-of-light time is
+// Σ time_i × balance_i, time_i the iteration's fleet time (the slowest
+// rank's busy time), against forwardMS = Σ time_i.
+type balance struct {
+	tokenSum  float64 // Σ balance_i
+	n         int64   // iterations in tokenSum
+	solMS     float64 // Σ time_i × balance_i
+	forwardMS float64 // Σ time_i
+}
+
+func (b *balance) add(timeMS float64, tokSum, tokMax int64, ranks int) {
+	b.forwardMS += timeMS
+	if tokMax <= 0 || ranks == 0 {
+		return // no real token anywhere: the iteration's time was all padding
+	}
+	r := float64(tokSum) / float64(ranks) / float64(tokMax)
+	b.tokenSum += r
+	b.n++
+	b.solMS += timeMS * r
+}
+
+// tokenBalance is mean/max of tokens (0 when the slice is empty or all 0).
+func tokenBalance(tokens []int64) float64 {
+	var sum, mx int64
+	for _, t := range tokens {
+		sum += t
+		mx = max(mx, t)
+	}
+	if mx <= 0 {
+		return 0
+	}
+	return float64(sum) / float64(len(tokens)) / float64(mx)
+}
+
+// noteFleetBusy keeps the slowest rank's busy time and the token balance of
+// the batch whose pending responses were just gathered, for the iteration
+// log's fleet_device_ms and token_balance (every rank reads them: they lead
+// each batch's encoding).
 func (e *Executor) noteFleetBusy(all [][]byte, forward bool) {
-	e.fleetBusyMS = 0
+	e.fleetBusyMS, e.fleetTokBal = 0, -1
 	if !forward || e.cfg.IterLog == nil {
 		return
 	}
+	var sum, mx int64
 	for _, b := range all {
-		if len(b) >= 8 {
+		if len(b) >= 16 {
 			e.fleetBusyMS = max(e.fleetBusyMS, float64(int64(binary.LittleEndian.Uint64(b)))/1000)
+			t := int64(binary.LittleEndian.Uint64(b[8:]))
+			sum += t
+			mx = max(mx, t)
 		}
+	}
+	if mx > 0 {
+		e.fleetTokBal = float64(sum) / float64(len(all)) / float64(mx)
 	}
 }
 

@@ -37,6 +37,11 @@ type FleetStats struct {
 	// forward); LockstepWaste is 1 − mean/max of it.
 	BusyMS        []float64
 	LockstepWaste float64
+	// TokensPerRank is each rank's real tokens in that forward (padding
+	// dummies count 0; nil without a forward) and TokenBalance mean/max
+	// of it (0 when no rank had a token).
+	TokensPerRank []int64
+	TokenBalance  float64
 	// Ranks is each rank's load at the iteration's end (rank order; one
 	// entry without attention DP).
 	Ranks []RankLoad
@@ -76,6 +81,8 @@ func (e *Executor) reportIteration(p *plan) {
 		if max > 0 {
 			st.LockstepWaste = 1 - sum/float64(len(st.BusyMS))/max
 		}
+		st.TokensPerRank = append([]int64(nil), e.iterTokens...)
+		st.TokenBalance = tokenBalance(st.TokensPerRank)
 	}
 	e.cfg.OnIteration(st)
 }

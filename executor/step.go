@@ -15,6 +15,9 @@ type batch struct {
 	reqs   []*request
 	sample []bool
 	iter   int64
+	// tokens is the batch's real tokens: its context chunks and one per
+	// generation request, padding dummies not counted (the token balance).
+	tokens int64
 	start  time.Time // wall-clock start of the iteration that launched it
 	rec    *IterRecord
 }
@@ -29,6 +32,15 @@ func (e *Executor) prepareBatch(out *scheduler.Output, p *plan) (*batch, error) 
 	}
 	b.reqs, b.sample = b.reqs[:0], b.sample[:0]
 	b.iter, b.start, b.rec = e.iter, p.wallStart, p.rec
+	b.tokens = 0
+	for _, s := range out.Context {
+		b.tokens += int64(s.ChunkSize)
+	}
+	for _, s := range out.Generation {
+		if !s.IsDummy {
+			b.tokens++
+		}
+	}
 	for _, list := range [][]*scheduler.Request{out.Context, out.Generation} {
 		for _, s := range list {
 			r := e.byID[s.ID]

@@ -66,6 +66,10 @@ type Report struct {
 	TPOTMS          Percentiles `json:"tpot_ms"`
 	E2EMS           Percentiles `json:"e2e_ms"`
 	LockstepWaste   float64     `json:"lockstep_waste"`
+	// Balance (attention DP with two ranks or more; absent otherwise) is
+	// the fleet's balance measured as TensorRT-LLM's ADP Balance write-up
+	// does (docs/multi-rank.md, "Balance").
+	Balance *Balance `json:"balance,omitempty"`
 	// CPUContention is set when the ranks outnumbered the cores.
 	CPUContention *CPUContention `json:"cpu_contention,omitempty"`
 	Preemptions   struct {
@@ -97,6 +101,22 @@ type Report struct {
 	// Outputs are the completions of a prompt run (--prompt, --prompts).
 	Outputs    []PromptOutput `json:"outputs,omitempty"`
 	Rejections []Rejection    `json:"rejections"`
+}
+
+// Balance is how evenly the attention-DP ranks were loaded: the token
+// balance ratio (per forward iteration mean/max over the ranks of the real
+// tokens in their batch, averaged), the time balance (1 − lockstep_waste:
+// mean/max of the ranks' busy time), and the speed-of-light output
+// throughput sol = forward / sol_forward × output_tokens_per_s, where
+// forward is Σ time_i over the forward iterations (the slowest rank's busy
+// time) and sol_forward Σ time_i × token balance_i.
+type Balance struct {
+	TokenRatio     float64 `json:"token_ratio"`
+	TimeRatio      float64 `json:"time_ratio"`
+	Iterations     int64   `json:"iterations"`
+	ForwardS       float64 `json:"forward_s"`
+	SOLForwardS    float64 `json:"sol_forward_s"`
+	SOLOutputTokPS float64 `json:"sol_output_tokens_per_s"`
 }
 
 // Prefix is the radix reuse summary: reused prompt tokens / prompt
@@ -204,6 +224,15 @@ func Build(info RunInfo, reqs []workload.Request, rank0 *executor.Result) *Repor
 	if rep.DurationS > 0 {
 		rep.OutputTokPerS = Round(float64(rep.Tokens.Generated)/rep.DurationS, 1)
 		rep.PrefillTokPerS = Round(float64(ps.PromptTokens-ps.ReusedTokens)/rep.DurationS, 1)
+	}
+	if info.Ranks > 1 && rank0.BalanceIterations > 0 {
+		b := &Balance{TokenRatio: Round(rank0.TokenBalance, 4), TimeRatio: Round(1-rank0.LockstepWaste, 4),
+			Iterations: rank0.BalanceIterations, ForwardS: Round(rank0.ForwardMS/1000, 3),
+			SOLForwardS: Round(rank0.SOLForwardMS/1000, 3)}
+		if rank0.SOLForwardMS > 0 {
+			b.SOLOutputTokPS = Round(rank0.ForwardMS/rank0.SOLForwardMS*rep.OutputTokPerS, 1)
+		}
+		rep.Balance = b
 	}
 	rep.OutputDigest = OutputDigest(resp)
 	return rep
@@ -343,6 +372,10 @@ func (rep *Report) WriteText(w io.Writer) error {
 	}
 	rep.WriteLatencies(w)
 	p("  lockstep waste %.1f%% (mean over forward iterations of 1 - mean/max rank busy time)\n", 100*rep.LockstepWaste)
+	if b := rep.Balance; b != nil {
+		p("  balance      tokens %.1f%%, time %.1f%% (mean/max over the ranks per forward); speed of light %.1f output tokens/s\n",
+			100*b.TokenRatio, 100*b.TimeRatio, b.SOLOutputTokPS)
+	}
 	if c := rep.CPUContention; c != nil {
 		p("               (%d ranks shared %d cores here: the waste measures ranks waiting for a core, not scheduling)\n", c.Ranks, c.Cores)
 	}

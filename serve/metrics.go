@@ -60,6 +60,8 @@ type Metrics struct {
 	iterDuration     [2]prometheus.Observer // forward false, true
 	waste            prometheus.Gauge
 	busyMax          prometheus.Counter
+	tokenBalance     prometheus.Gauge
+	solForward       prometheus.Counter
 	suspends         prometheus.Counter
 	recomputes       prometheus.Counter
 	costPubs         prometheus.Counter
@@ -209,6 +211,10 @@ func NewMetricsWith(model string, ranks int, opts MetricsOptions) *Metrics {
 		"Lockstep waste of the last forward iteration: 1 - mean/max of the ranks' engine busy time.")
 	m.rankBusyTotal = counterVec("lockstep_busy_seconds_total",
 		"Engine busy time of the rank, summed over forward iterations.", "rank")
+	m.tokenBalance = gauge("lockstep_token_balance_ratio",
+		"Token balance of the last forward iteration with a real token: mean/max of the ranks' tokens in their batch (padding dummies count 0).")
+	m.solForward = counter("lockstep_sol_forward_seconds_total",
+		"The slowest rank's busy time of each forward iteration times its token balance, summed: the time a perfectly balanced fleet would need. busy_max/sol_forward times the output token rate is the speed-of-light throughput.")
 	m.busyMax = counter("lockstep_busy_max_seconds_total",
 		"The slowest rank's engine busy time, summed over forward iterations (the fleet's lockstep time).")
 	m.costPubs = counter("lockstep_cost_publications_total",
@@ -371,6 +377,10 @@ func (m *Metrics) OnIteration(s executor.FleetStats) {
 		}
 		m.busyMax.Add(busyMax / 1000)
 		m.waste.Set(s.LockstepWaste)
+		if s.TokenBalance > 0 {
+			m.tokenBalance.Set(s.TokenBalance)
+			m.solForward.Add(busyMax / 1000 * s.TokenBalance)
+		}
 	}
 
 	if d := increase(int64(s.CostPublications), &m.lastCostPubs); d > 0 {

@@ -239,6 +239,7 @@ func TestMetricsIterations(t *testing.T) {
 	// A restarted cumulative counter (smaller than before) counts in full;
 	// a rank that did not exist before gets its series.
 	m.OnIteration(executor.FleetStats{Iter: 3, Forward: true, BusyMS: []float64{4, 2, 1}, LockstepWaste: 1 - 7.0/3/4,
+		TokensPerRank: []int64{30, 10, 20}, TokenBalance: 0.5,
 		Ranks: []executor.RankLoad{
 			{Running: 1, UsedPages: 30, Pages: 200, Suspended: 1, Recompute: 2},
 			{Running: 4, UsedPages: 160, Pages: 200, Suspended: 1, Recompute: 3},
@@ -250,13 +251,16 @@ func TestMetricsIterations(t *testing.T) {
 	check(t, "rank 2 kv usage without pages", value(t, mfs, "lockstep_rank_kv_cache_usage_ratio", "rank", "2"), 0)
 	check(t, "rank 2 busy", value(t, mfs, "lockstep_busy_seconds_total", "rank", "2"), 0.001)
 	check(t, "waste", value(t, mfs, "lockstep_lockstep_waste_ratio"), 1-7.0/3/4)
+	check(t, "token balance (last forward)", value(t, mfs, "lockstep_token_balance_ratio"), 0.5)
+	check(t, "speed-of-light forward time", value(t, mfs, "lockstep_sol_forward_seconds_total"), 0.004*0.5)
 }
 
 // TestMetricsLint: every family but the Go runtime and process ones is
 // lockstep_*, carries the model label, has help, and promlint finds nothing.
 func TestMetricsLint(t *testing.T) {
 	m := NewMetrics("smol", 2)
-	m.OnIteration(executor.FleetStats{Forward: true, BusyMS: []float64{1, 2}, Ranks: make([]executor.RankLoad, 2)})
+	m.OnIteration(executor.FleetStats{Forward: true, BusyMS: []float64{1, 2}, TokensPerRank: []int64{2, 1}, TokenBalance: 0.75,
+		Ranks: make([]executor.RankLoad, 2)})
 	m.OnResponse(response(1, 2, 3, 2), 4, "stop")
 	mfs, err := m.reg.Gather()
 	if err != nil {
@@ -285,8 +289,8 @@ func TestMetricsLint(t *testing.T) {
 		}
 		ours = append(ours, mf)
 	}
-	if len(ours) != 24 {
-		t.Errorf("%d lockstep families, want 24", len(ours))
+	if len(ours) != 26 {
+		t.Errorf("%d lockstep families, want 26", len(ours))
 	}
 	problems, err := promlint.NewWithMetricFamilies(ours).Lint()
 	if err != nil {
