@@ -158,6 +158,9 @@ type Config struct {
 	// RecordBusy keeps every forward iteration's per-rank busy time on rank
 	// 0 (Result.Busy; attention DP only).
 	RecordBusy bool
+	// ADPBalance is TensorRT-LLM's attention_dp_config balance (adpbalance.go);
+	// off by default, and without attention DP it does nothing.
+	ADPBalance ADPBalance
 	// MaxIdleSleep bounds how long rank 0 sleeps waiting for the next arrival
 	// while the fleet is idle (keeps collectives well inside the watchdog).
 	MaxIdleSleep time.Duration
@@ -186,6 +189,9 @@ func (c *Config) validate(d Deps) error {
 			d.Comm.Rank(), d.Comm.Size(), c.Rank, c.Ranks)
 	case d.Engine == nil || d.KV == nil || d.Planner == nil:
 		return errors.New("executor: engine, KV manager and planner are required")
+	case c.ADPBalance.TimeoutIters < 0 || c.ADPBalance.BatchingWaitIters < 0:
+		return fmt.Errorf("executor: attention_dp_config timeout_iters %d and batching_wait_iters %d must be ≥ 0",
+			c.ADPBalance.TimeoutIters, c.ADPBalance.BatchingWaitIters)
 	}
 	return nil
 }

@@ -27,6 +27,9 @@ type Result struct {
 	// LockstepWaste (rank 0): per forward iteration 1 − mean/max of the
 	// ranks' busy time, averaged over iterations where any rank was busy.
 	LockstepWaste float64
+	// ADPBalanceHeld counts the iterations in which ADP Balance held the
+	// fleet's scheduled contexts back (Config.ADPBalance).
+	ADPBalanceHeld int64
 	// TokenBalance (rank 0, attention DP): per forward iteration mean/max
 	// over the ranks of the real tokens in their batch (padding dummies
 	// count 0), averaged over the iterations where some rank had a token;
@@ -116,6 +119,10 @@ type Executor struct {
 	wasteSum float64
 	wasteN   int
 	bal      balance
+	// adpWait and adpBatch are ADP Balance's counters (adpbalance.go):
+	// iterations contexts were held waiting for every rank to have one,
+	// and for batch equilibration. Equal on every rank.
+	adpWait, adpBatch int
 	// Serving (serving.go): this rank's cumulative preemptions, the tokens
 	// produced since the last response gather (Config.Stream), answers
 	// handed over on rank 0, and this iteration's per-rank busy time and

@@ -45,6 +45,8 @@ type fleet struct {
 	wrap   func(rank int, p Planner) Planner
 	// stopTokens end requests with StopAtEOS.
 	stopTokens []int32
+	// balance is every rank's ADP Balance setting.
+	balance ADPBalance
 }
 
 type recordingWriter struct {
@@ -119,7 +121,7 @@ func (f *fleet) run(t testing.TB) {
 		}
 		f.execs[i], err = New(Config{Rank: i, Ranks: f.ranks, StopTokens: f.stopTokens, Scheduler: f.sched, IterLog: f.iterLog[i],
 			MaxIdleSleep: time.Millisecond, Overlap: f.overlap, Events: f.events > 0, EventSink: f.eventLog,
-			EventBufferMaxSize: f.events}, d)
+			EventBufferMaxSize: f.events, ADPBalance: f.balance}, d)
 		require.NoError(t, err)
 	}
 	f.results = make([]*Result, f.ranks)

@@ -124,7 +124,11 @@ func (e *Executor) prologue() (*plan, error) {
 	if p.out, err = e.schedule(); err != nil {
 		return nil, err
 	}
-	if p.canQueue, p.canQueueThisRank, err = e.canQueue(p.out.NumFitting); err != nil {
+	if e.adp() && e.cfg.ADPBalance.Enable {
+		if p.canQueue, p.canQueueThisRank, err = e.canQueueBalanced(p.out); err != nil {
+			return nil, err
+		}
+	} else if p.canQueue, p.canQueueThisRank, err = e.canQueue(p.out.NumFitting); err != nil {
 		return nil, err
 	}
 	p.rec = e.newIterRecord(p.start, p.out, p.canQueue)

@@ -8,6 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/lockstep-ai/lockstep/executor"
 	"github.com/lockstep-ai/lockstep/internal/usage"
 	"github.com/lockstep-ai/lockstep/scheduler"
 )
@@ -50,7 +51,7 @@ func TestConfigFileStrict(t *testing.T) {
 		{"list value", "ranks: [1, 2]\n", []string{"ranks: want a base-10 integer, got a list"}},
 		{"second document", "engine: fake\n---\nbogus: 1\nranks: -7\n", []string{"c.yaml:3: a second YAML document starts here; the config file must hold exactly one"}},
 		{"empty second document", "engine: fake\n---\n", []string{"a second YAML document"}},
-		{"unknown key", "rankz: 3\n", []string{`c.yaml:1: unknown key "rankz" (allowed in the top level: engine, model, seed, ranks, cp, router, overlap, kv, kv_events_config, scheduler, twin, workload)`}},
+		{"unknown key", "rankz: 3\n", []string{`c.yaml:1: unknown key "rankz" (allowed in the top level: engine, model, seed, ranks, cp, router, overlap, kv, kv_events_config, scheduler, attention_dp_config, twin, workload)`}},
 		{"unknown nested key", "kv:\n  pagez: 3\n", []string{`c.yaml:2: unknown key "kv.pagez" (allowed in kv: pages, tokens_per_page`}},
 		{"renamed key", "scheduler:\n  equal_cost:\n    kv_offset: 35000\n", []string{"c.yaml:3: scheduler.equal_cost.kv_offset was renamed to scheduler.equal_cost.kv_cost_offset"}},
 		{"duplicate key", "ranks: 2\nengine: fake\nranks: 3\n", []string{"c.yaml:3: ranks is set twice (first at line 1)"}},
@@ -124,6 +125,10 @@ scheduler:
     refresh_interval: 64
     hysteresis: 0
     lockstep_correction: false
+attention_dp_config:
+  enable_balance: true
+  timeout_iters: 60
+  batching_wait_iters: 0
 twin:
   gpu: b200
   cost_profile: p.json
@@ -156,6 +161,7 @@ workload:
 	require.Equal(t, 6, o.Scheduler.SchedulerCapacity)
 	require.False(t, o.Scheduler.RecomputePause)
 	require.Equal(t, 64, o.Scheduler.AdmissionLookahead)
+	require.Equal(t, executor.ADPBalance{Enable: true, TimeoutIters: 60, BatchingWaitIters: 0}, o.ADPBalance)
 	require.Equal(t, "measured", o.TwinHostTime)
 	require.False(t, o.Scheduler.PrefixAware)
 	require.Equal(t, int64(35000), o.Scheduler.EqualCost.KVOffset)

@@ -73,6 +73,12 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.BoolVar(&o.ContextOnly, "context-only", o.ContextOnly, "serve as a disaggregated context server: every request generates its first token only "+
 		"(prefill, as the ranks the equal-cost calibration was designed on; docs/calibration.md)")
 	fs.IntVar(&o.MaxActivePerRank, "max-active-per-rank", o.MaxActivePerRank, "router hard cap of active requests per rank")
+	fs.BoolVar(&o.ADPBalance.Enable, "attention-dp-balance", o.ADPBalance.Enable,
+		"TensorRT-LLM's ADP Balance (attention_dp_config.enable_balance): hold contexts until every rank has one, then equilibrate (docs/multi-rank.md)")
+	fs.IntVar(&o.ADPBalance.TimeoutIters, "attention-dp-timeout-iters", o.ADPBalance.TimeoutIters,
+		"ADP Balance: iterations contexts wait at most for every rank to have one (attention_dp_config.timeout_iters)")
+	fs.IntVar(&o.ADPBalance.BatchingWaitIters, "attention-dp-batching-wait-iters", o.ADPBalance.BatchingWaitIters,
+		"ADP Balance: iterations of batch equilibration (attention_dp_config.batching_wait_iters)")
 	fs.BoolVar(&o.NoPrefixReuse, "no-prefix-reuse", o.NoPrefixReuse, "turn radix-tree prefix reuse off")
 	fs.StringVar(&o.KVEvents, "kv-events", o.KVEvents, "write the KV cache event stream (JSON Lines) to this file")
 	fs.IntVar(&o.EventBufferMaxSize, "event-buffer-max-size", o.EventBufferMaxSize, "KV events each rank publishes per flush (older ones are dropped and counted)")

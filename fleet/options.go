@@ -73,8 +73,11 @@ type Options struct {
 	Overlap           string        // --overlap: on or off
 	Router            string        // --router: default or conversation
 	MaxActivePerRank  int           // --max-active-per-rank
-	NoPrefixReuse     bool          // --no-prefix-reuse
-	GPUMemFraction    float64       // --gpu-mem-fraction
+	// ADPBalance is TensorRT-LLM's attention_dp_config (--attention-dp-balance,
+	// --attention-dp-timeout-iters, --attention-dp-batching-wait-iters).
+	ADPBalance     executor.ADPBalance
+	NoPrefixReuse  bool    // --no-prefix-reuse
+	GPUMemFraction float64 // --gpu-mem-fraction
 
 	GPU         string  // --gpu (twin)
 	CostProfile string  // --cost-profile (twin)
@@ -160,7 +163,7 @@ func Defaults() Options {
 		Pages: 4096, TokensPerPage: 16, Scheduler: sc,
 		LengthScale: 1, ArrivalScale: 1, Report: "text", Progress: "auto",
 		CollectiveTimeout: 60 * time.Second, LogLevel: "info", Overlap: "on",
-		Router: "default", MaxActivePerRank: 1024, CP: 1, EventBufferMaxSize: 1 << 20,
+		Router: "default", MaxActivePerRank: 1024, ADPBalance: executor.DefaultADPBalance(), CP: 1, EventBufferMaxSize: 1 << 20,
 		KVEventsConfig: KVEventsConfig{Publisher: "null", Endpoint: kvevents.DefaultEndpoint,
 			BufferSteps: kvevents.DefaultBufferSteps, HWM: kvevents.DefaultHWM, Encoding: kvevents.EncodingArray},
 		GPUMemFraction: 0.9, GPU: "h200", TP: 1, ExpertZipf: -1, TwinHostTime: "profile", Calibration: DefaultCalibSettings(),

@@ -189,7 +189,7 @@ func (s *rankSetup) executorConfig(o *Options, i int, parts *rankParts, iterLog,
 		Overlap: o.Overlap == "on", Router: rt, StopTokens: o.stopTokens(), MaxActivePerRank: o.MaxActivePerRank, Helix: helix,
 		Events: o.kvEventsOn(), EventSink: eventSink, EventBufferMaxSize: o.EventBufferMaxSize,
 		OnNote: func(rank int, n scheduler.Note) { logNote(log, rank, n) }, MoE: o.moe() && o.Engine != "twin",
-		RecordBusy: o.RecordBusy}
+		RecordBusy: o.RecordBusy, ADPBalance: o.ADPBalance}
 	if o.Engine == "twin" {
 		cfg.VirtualClock, cfg.VirtualEpoch = true, twinEpoch
 		cfg.MeasuredHostTime = o.TwinHostTime == "measured"

@@ -133,7 +133,8 @@ func (o *Options) validateCounts() error {
 		}
 	}
 	for _, p := range []intSetting{{"pages", o.Pages}, {"host-pages", o.HostPages}, {"max-seq-len", o.MaxSeqLen},
-		{"max-num-tokens", o.Scheduler.MaxNumTokens}, {"chunk-unit", o.Scheduler.ChunkUnitSize}, {"limit", o.Limit}} {
+		{"max-num-tokens", o.Scheduler.MaxNumTokens}, {"chunk-unit", o.Scheduler.ChunkUnitSize}, {"limit", o.Limit},
+		{"attention-dp-timeout-iters", o.ADPBalance.TimeoutIters}, {"attention-dp-batching-wait-iters", o.ADPBalance.BatchingWaitIters}} {
 		if p.v < 0 {
 			return usage.Errorf("%s must be non-negative, got %d", o.Src(p.flag), p.v)
 		}
