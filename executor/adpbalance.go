@@ -60,7 +60,7 @@ func (e *Executor) canQueueBalanced(out *scheduler.Output) (canQueue, thisRank b
 	if err != nil {
 		return false, false, err
 	}
-	ok := true
+	ok, anyCtx := true, false
 	counts := make([][2]int, len(all))
 	for i, x := range all {
 		if len(x) != 24 {
@@ -68,8 +68,9 @@ func (e *Executor) canQueueBalanced(out *scheduler.Output) (canQueue, thisRank b
 		}
 		ok = ok && binary.LittleEndian.Uint64(x) > 0
 		counts[i] = [2]int{int(binary.LittleEndian.Uint64(x[8:])), int(binary.LittleEndian.Uint64(x[16:]))}
+		anyCtx = anyCtx || counts[i][0] > 0
 	}
-	if e.holdContexts(counts) {
+	if e.holdContexts(counts) && anyCtx {
 		e.res.ADPBalanceHeld++
 		if len(out.Context) > 0 {
 			e.dropContexts(out)

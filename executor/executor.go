@@ -27,8 +27,8 @@ type Result struct {
 	// LockstepWaste (rank 0): per forward iteration 1 − mean/max of the
 	// ranks' busy time, averaged over iterations where any rank was busy.
 	LockstepWaste float64
-	// ADPBalanceHeld counts the iterations in which ADP Balance held the
-	// fleet's scheduled contexts back (Config.ADPBalance).
+	// ADPBalanceHeld counts the iterations in which ADP Balance held back
+	// the contexts some rank had scheduled (Config.ADPBalance).
 	ADPBalanceHeld int64
 	// TokenBalance (rank 0, attention DP): per forward iteration mean/max
 	// over the ranks of the real tokens in their batch (padding dummies

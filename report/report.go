@@ -117,6 +117,9 @@ type Balance struct {
 	ForwardS       float64 `json:"forward_s"`
 	SOLForwardS    float64 `json:"sol_forward_s"`
 	SOLOutputTokPS float64 `json:"sol_output_tokens_per_s"`
+	// ADPBalanceHeld counts the iterations in which ADP Balance held the
+	// fleet's contexts (--attention-dp-balance; absent when it never did).
+	ADPBalanceHeld int64 `json:"adp_balance_held_iterations,omitempty"`
 }
 
 // Prefix is the radix reuse summary: reused prompt tokens / prompt
@@ -228,7 +231,7 @@ func Build(info RunInfo, reqs []workload.Request, rank0 *executor.Result) *Repor
 	if info.Ranks > 1 && rank0.BalanceIterations > 0 {
 		b := &Balance{TokenRatio: Round(rank0.TokenBalance, 4), TimeRatio: Round(1-rank0.LockstepWaste, 4),
 			Iterations: rank0.BalanceIterations, ForwardS: Round(rank0.ForwardMS/1000, 3),
-			SOLForwardS: Round(rank0.SOLForwardMS/1000, 3)}
+			SOLForwardS: Round(rank0.SOLForwardMS/1000, 3), ADPBalanceHeld: rank0.ADPBalanceHeld}
 		if rank0.SOLForwardMS > 0 {
 			b.SOLOutputTokPS = Round(rank0.ForwardMS/rank0.SOLForwardMS*rep.OutputTokPerS, 1)
 		}
@@ -375,6 +378,9 @@ func (rep *Report) WriteText(w io.Writer) error {
 	if b := rep.Balance; b != nil {
 		p("  balance      tokens %.1f%%, time %.1f%% (mean/max over the ranks per forward); speed of light %.1f output tokens/s\n",
 			100*b.TokenRatio, 100*b.TimeRatio, b.SOLOutputTokPS)
+		if b.ADPBalanceHeld > 0 {
+			p("               ADP Balance held the contexts in %d iterations\n", b.ADPBalanceHeld)
+		}
 	}
 	if c := rep.CPUContention; c != nil {
 		p("               (%d ranks shared %d cores here: the waste measures ranks waiting for a core, not scheduling)\n", c.Ranks, c.Cores)

@@ -39,17 +39,18 @@ func TestReportNamesCPUContention(t *testing.T) {
 // and the speed-of-light throughput forward / sol_forward × the output
 // rate, for attention DP with two ranks or more; absent with one rank.
 func TestReportBalance(t *testing.T) {
-	res := &executor.Result{LockstepWaste: 0.2, TokenBalance: 0.6, BalanceIterations: 10, ForwardMS: 2000,
+	res := &executor.Result{LockstepWaste: 0.2, TokenBalance: 0.6, BalanceIterations: 10, ForwardMS: 2000, ADPBalanceHeld: 3,
 		SOLForwardMS: 1000, Responses: []executor.Response{{ID: 0, Output: make([]int32, 500), FinishUnixNS: 2e9}}}
 	reqs := []workload.Request{{Index: 0, Prompt: []int32{1, 2}, MaxNewTokens: 500}}
 	rep := Build(RunInfo{Engine: "twin", Ranks: 4, Wall: 2 * time.Second}, reqs, res)
 	require.NotNil(t, rep.Balance)
 	require.Equal(t, Balance{TokenRatio: 0.6, TimeRatio: 0.8, Iterations: 10, ForwardS: 2, SOLForwardS: 1,
-		SOLOutputTokPS: 2 * rep.OutputTokPerS}, *rep.Balance)
+		SOLOutputTokPS: 2 * rep.OutputTokPerS, ADPBalanceHeld: 3}, *rep.Balance)
 	require.Positive(t, rep.OutputTokPerS)
 	var text bytes.Buffer
 	require.NoError(t, rep.WriteText(&text))
 	require.Contains(t, text.String(), "balance      tokens 60.0%, time 80.0%")
+	require.Contains(t, text.String(), "ADP Balance held the contexts in 3 iterations")
 	b, err := json.Marshal(rep)
 	require.NoError(t, err)
 	require.Contains(t, string(b), `"balance":{"token_ratio":0.6,"time_ratio":0.8,"iterations":10,"forward_s":2,"sol_forward_s":1,`)

@@ -79,7 +79,11 @@ type report struct {
 	OutputDigest  string  `json:"output_digest"`
 	LockstepWaste float64 `json:"lockstep_waste"`
 	Iterations    int
-	Preemptions   struct {
+	Balance       *struct {
+		TokenRatio float64 `json:"token_ratio"`
+		Held       int64   `json:"adp_balance_held_iterations"`
+	}
+	Preemptions struct {
 		Suspended, Recompute int
 	}
 }

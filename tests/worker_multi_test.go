@@ -139,3 +139,26 @@ func TestWorkerUnderMPIRunFaults(t *testing.T) {
 	require.Contains(t, out, `allgather:"batch_size" at iteration 3 timed out after 3s`)
 	require.Contains(t, out, "rank 1 last entered")
 }
+
+// TestADPBalanceUnderMPIRunMatchesInProcess (issue 25): with
+// --attention-dp-balance, `mpirun -np 4` (the counts gathered over MPI)
+// makes the decisions of four in-process ranks: the same digest, the same
+// iterations and the same number of iterations whose contexts were held.
+func TestADPBalanceUnderMPIRunMatchesInProcess(t *testing.T) {
+	needMPIRun(t)
+	bin := worker(t)
+	args := []string{"--engine", "twin", "--gpu", "h200", "--model", "llama-8b", "--trace",
+		sharedTrace(t, "conversation_trace.jsonl"), "--limit", "100", "--attention-dp-balance", "--report", "json"}
+	inproc := serve(t, bin, append(args, "--ranks", "4", "--arrival-scale", "0", "--progress", "off")...)
+	require.NotNil(t, inproc.Balance)
+	require.Positive(t, inproc.Balance.Held, "the contexts were held in some iteration")
+	out, stderr, err, _ := mpirunRun(t, bin, 4, nil, args...)
+	require.NoError(t, err, stderr)
+	var rep report
+	require.NoError(t, json.Unmarshal([]byte(out), &rep), "exactly one report (rank 0's): %s", out)
+	require.Equal(t, 4, rep.Ranks)
+	require.Equal(t, inproc.Requests, rep.Requests)
+	require.Equal(t, inproc.OutputDigest, rep.OutputDigest, "mpirun -np 4 and --ranks 4 print the same digest")
+	require.Equal(t, inproc.Iterations, rep.Iterations)
+	require.Equal(t, *inproc.Balance, *rep.Balance, "the same balance, held iterations included")
+}
