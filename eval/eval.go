@@ -36,6 +36,8 @@ import (
 //	B  equal-cost chunking with the (O, D) `worker calibrate` fits from A's logs
 //	C  B + long-prefill demotion + the conversation-aware router
 //	D  C with ctx_cost auto (the online calibrator) instead of the fitted values
+//	E  A + ADP Balance (TensorRT-LLM's attention_dp_config), aggregated only
+//	F  B + ADP Balance, aggregated only
 //
 // on two workloads of the same trace: context servers (every request
 // generates its first token only: the disaggregated prefill ranks the
@@ -95,7 +97,7 @@ func (e *Options) Validate() error {
 // evalRun is one run of the evaluation: its configuration, load and
 // command line, and what came out.
 type evalRun struct {
-	Config   string   `json:"config"`   // A, B, C, D (or "capacity")
+	Config   string   `json:"config"`   // A–F (or "capacity")
 	Workload string   `json:"workload"` // context, aggregated
 	Load     string   `json:"load"`     // trace, saturated, all-at-once
 	Engine   string   `json:"engine"`
@@ -119,11 +121,19 @@ type evalRun struct {
 	Threshold      int64   `json:"kv_depth_threshold"`
 	Published      bool    `json:"published,omitempty"` // D: the online calibrator published (O, D)
 	WallS          float64 `json:"wall_s"`
+	// The balance of the attention-DP ranks (report.Balance): token and
+	// time balance ratios, the speed-of-light output throughput and the
+	// iterations ADP Balance held the contexts (E, F).
+	TokenBalance   float64 `json:"token_balance_ratio"`
+	TimeBalance    float64 `json:"time_balance_ratio"`
+	SOLOutputTokPS float64 `json:"sol_output_tokens_per_s"`
+	ADPBalanceHeld int64   `json:"adp_balance_held_iterations,omitempty"`
 
-	busy  [][]float32 // per forward iteration, per rank (ms)
-	waste []float64   // per forward iteration
-	ttftS []float64   // short requests' TTFT (ms)
-	ttftL []float64   // long prefills' TTFT (ms)
+	busy   [][]float32 // per forward iteration, per rank (ms)
+	tokBal []float64   // per forward iteration with a token: mean/max of the ranks' tokens
+	waste  []float64   // per forward iteration
+	ttftS  []float64   // short requests' TTFT (ms)
+	ttftL  []float64   // long prefills' TTFT (ms)
 }
 
 // Run runs the evaluation (progress lines on stderr) and writes its report
@@ -218,9 +228,12 @@ func (ev *Evaluation) twin() error {
 		{"aggregated", "trace", append(slices.Clone(base), "--arrival-scale", "1")},
 		{"aggregated", "saturated", append(slices.Clone(base), "--arrival-scale", sat)},
 	} {
-		for _, c := range []string{"A", "B", "C", "D"} {
+		for _, c := range allConfigs {
 			if c == "A" && w.workload == "context" {
 				continue // ran above, with logs
+			}
+			if (c == "E" || c == "F") && w.workload != "aggregated" {
+				continue // ADP Balance acts where contexts meet decodes
 			}
 			args, env, ok := ev.configure(c, w.args, ev.fit)
 			if !ok {
@@ -255,15 +268,21 @@ func (e *Options) deploymentArgs() []string {
 
 // configure adds configuration c's settings to args (and environment):
 // B the fitted (O, D), C B + demotion + the conversation-aware router,
-// D C with the online calibrator. ok is false when c needs a fit that
+// D C with the online calibrator, E A + ADP Balance (TensorRT-LLM's
+// attention_dp_config defaults), F B + ADP Balance. ok is false when c needs a fit that
 // failed.
 func (ev *Evaluation) configure(c string, args []string, fit *fitOutcome) ([]string, []string, bool) {
 	args = slices.Clone(args)
 	var env []string
-	if c == "A" {
+	switch c {
+	case "A":
 		return args, nil, true
+	case "E":
+		return append(args, "--attention-dp-balance"), nil, true
+	case "F":
+		args = append(args, "--attention-dp-balance")
 	}
-	if c == "B" || c == "C" {
+	if c == "B" || c == "C" || c == "F" {
 		if fit == nil || fit.err != nil {
 			return nil, nil, false
 		}
@@ -352,6 +371,19 @@ func (ev *Evaluation) reduce(r *evalRun, o *fleet.Options, out *fleet.Outcome) {
 	r.PrefillTokPerS, r.OutputTokPerS = rep.PrefillTokPerS, rep.OutputTokPerS
 	r.Preemptions = rep.Preemptions.Suspended + rep.Preemptions.Recompute
 	r.busy = out.Result.Rank0.Busy
+	if b := rep.Balance; b != nil {
+		r.TokenBalance, r.TimeBalance, r.SOLOutputTokPS, r.ADPBalanceHeld = b.TokenRatio, b.TimeRatio, b.SOLOutputTokPS, b.ADPBalanceHeld
+	}
+	for _, it := range out.Result.Rank0.Tokens {
+		var sum, mx int32
+		for _, t := range it {
+			sum += t
+			mx = max(mx, t)
+		}
+		if mx > 0 {
+			r.tokBal = append(r.tokBal, float64(sum)/float64(len(it))/float64(mx))
+		}
+	}
 	for _, it := range r.busy {
 		var sum, mx float64
 		for _, b := range it {

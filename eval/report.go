@@ -21,7 +21,11 @@ import (
 // configColours tell the configurations apart in every plot.
 var configColours = map[string]color.RGBA{
 	"A": {31, 119, 180, 255}, "B": {255, 127, 14, 255}, "C": {44, 160, 44, 255}, "D": {214, 39, 40, 255},
+	"E": {148, 103, 189, 255}, "F": {140, 86, 75, 255},
 }
+
+// allConfigs are the configurations in report order.
+var allConfigs = []string{"A", "B", "C", "D", "E", "F"}
 
 // write writes report.md, summary.json and the plots.
 func (ev *Evaluation) write() error {
@@ -45,6 +49,7 @@ func (ev *Evaluation) write() error {
 		{"ttft_cdf.png", ev.plotTTFT},
 		{"timeline.png", ev.plotTimeline},
 		{"waste.png", ev.plotWaste},
+		{"balance.png", ev.plotBalance},
 	} {
 		ok, err := p.draw(filepath.Join(out, p.name))
 		if err != nil {
@@ -78,7 +83,9 @@ func (ev *Evaluation) markdown(plots []string) string {
 	p("Configurations: **A** token budget only (M = %d); **B** equal-cost chunking with the (O, D) `worker calibrate` fitted "+
 		"from A's iteration logs; **C** B + long-prefill demotion (U = %d uncached tokens) + the conversation-aware router "+
 		"(conversations inferred from `hash_ids`); **D** C with `--ctx-cost auto` (the online calibrator with the lockstep "+
-		"correction) instead of the fitted values.\n\n", e.MaxNumTokens, e.Demote)
+		"correction) instead of the fitted values; **E** A + ADP Balance (`--attention-dp-balance`, TensorRT-LLM's "+
+		"`attention_dp_config` with its defaults: timeout_iters 50, batching_wait_iters 10) and **F** B + ADP Balance, on "+
+		"aggregated serving only.\n\n", e.MaxNumTokens, e.Demote)
 	p("Workloads: **context** — disaggregated context servers (every request generates its first token only: prefill, as " +
 		"on the ranks the calibration was designed on; A's logs come from this workload); **aggregated** — prefill and decode on " +
 		"the same ranks.\n\n")
@@ -89,7 +96,9 @@ func (ev *Evaluation) markdown(plots []string) string {
 	p("Split: a **long prefill** is a request whose uncached prompt (prompt minus the prefix its first admission reused) is at "+
 		"least %d tokens; every other request is a **short turn**.\n\n", e.LongPrefill)
 	p("Lockstep waste: per forward iteration, 1 − mean/max of the ranks' busy (modelled device) time; mean and p90 over " +
-		"iterations. Latencies are virtual (the twin's clock).\n\n")
+		"iterations. Token balance: per forward iteration mean/max of the ranks' real tokens, averaged; time balance = " +
+		"1 − waste; speed of light: the output rate × Σ iteration time / Σ iteration time × token balance (docs/multi-rank.md, " +
+		"\"Balance\"). Latencies are virtual (the twin's clock).\n\n")
 	ev.table(&b, "twin")
 	if ev.fit != nil {
 		p("\n## Calibration (from A on context servers)\n\n")
@@ -111,6 +120,12 @@ func (ev *Evaluation) markdown(plots []string) string {
 		p("\n## Lockstep timeline\n\n![timeline](timeline.png)\n\nPer-rank busy time over 60 consecutive forward iterations " +
 			"of context servers at the saturated load (the window starts at the middle of the run), A beside B: one line " +
 			"per rank, the dashed line is the slowest rank, which every rank waits for.\n")
+	}
+	if slices.Contains(plots, "balance.png") {
+		p("\n## Balance over iterations\n\n![balance](balance.png)\n\nThe token balance ratio (mean/max over the ranks of " +
+			"the real tokens in their forward) over the forward iterations of the aggregated workload at the saturated load, " +
+			"a moving mean over 100 iterations, one line per configuration (the measure of TensorRT-LLM's ADP Balance " +
+			"write-up, its Figures 3–6): A and B without ADP Balance, E and F with it.\n")
 	}
 	if slices.Contains(plots, "waste.png") {
 		p("\n## Waste distribution\n\n![waste](waste.png)\n\nThe distribution (CDF) of the per-iteration lockstep waste of each " +
@@ -136,8 +151,8 @@ func (ev *Evaluation) markdown(plots []string) string {
 // table writes the figures of every run of one engine.
 func (ev *Evaluation) table(b *strings.Builder, engine string) {
 	p := func(format string, a ...any) { fmt.Fprintf(b, format, a...) }
-	p("| config | workload | load | waste mean | waste p90 | prefill tok/s | output tok/s | TTFT short p50/p90/p99 (ms) | TTFT long p50/p90/p99 (ms) | E2E long p50 (ms) | TPOT p50/p90 (ms) | preempt | O, D |\n")
-	p("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	p("| config | workload | load | waste mean | waste p90 | token balance | time balance | prefill tok/s | output tok/s | speed of light tok/s | TTFT short p50/p90/p99 (ms) | TTFT long p50/p90/p99 (ms) | E2E long p50 (ms) | TPOT p50/p90 (ms) | preempt | O, D |\n")
+	p("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range ev.runs {
 		if r.Engine != engine || r.Config == "capacity" {
 			continue
@@ -151,8 +166,9 @@ func (ev *Evaluation) table(b *strings.Builder, engine string) {
 		case r.Offset > 0:
 			od = fmt.Sprintf("%d, %d (fitted)", r.Offset, r.Threshold)
 		}
-		p("| %s | %s | %s | %.1f%% | %.1f%% | %.0f | %.1f | %s (%d) | %s (%d) | %s | %s | %d | %s |\n",
-			r.Config, r.Workload, r.Load, 100*r.WasteMean, 100*r.WasteP90, r.PrefillTokPerS, r.OutputTokPerS,
+		p("| %s | %s | %s | %.1f%% | %.1f%% | %.3f | %.3f | %.0f | %.1f | %.1f | %s (%d) | %s (%d) | %s | %s | %d | %s |\n",
+			r.Config, r.Workload, r.Load, 100*r.WasteMean, 100*r.WasteP90, r.TokenBalance, r.TimeBalance, r.PrefillTokPerS,
+			r.OutputTokPerS, r.SOLOutputTokPS,
 			trio(r.TTFTShort), r.ShortN, trio(r.TTFTLong), r.LongN, num(r.E2ELong.P50), pair(r.TPOT), r.Preemptions, od)
 	}
 }
@@ -182,7 +198,7 @@ func (ev *Evaluation) plotTTFT(path string) (bool, error) {
 		pl.Add(plotter.NewGrid())
 		pl.Legend.Top, pl.Legend.Left = true, true
 	}
-	for _, c := range []string{"A", "B", "C", "D"} {
+	for _, c := range allConfigs {
 		r := ev.find(c, "aggregated", "saturated", "twin")
 		if r == nil {
 			continue
@@ -294,7 +310,7 @@ func (ev *Evaluation) plotWaste(path string) (bool, error) {
 		pl.Add(plotter.NewGrid())
 		pl.Legend.Top, pl.Legend.Left = true, true
 		n := 0
-		for _, c := range []string{"A", "B", "C", "D"} {
+		for _, c := range allConfigs {
 			r := ev.find(c, w, "saturated", "twin")
 			if r == nil || len(r.waste) == 0 {
 				continue
@@ -316,4 +332,45 @@ func (ev *Evaluation) plotWaste(path string) (bool, error) {
 		return false, nil
 	}
 	return true, report.SavePlots(path, 1600, 640, panels...)
+}
+
+// plotBalance: the token balance ratio over forward iterations per
+// configuration (aggregated serving, saturated load), a moving mean over
+// 100 iterations.
+func (ev *Evaluation) plotBalance(path string) (bool, error) {
+	pl := plot.New()
+	pl.Title.Text = "token balance ratio over forward iterations (aggregated, saturated; moving mean of 100)"
+	pl.X.Label.Text, pl.Y.Label.Text = "forward iteration", "mean/max of the ranks' tokens"
+	pl.Y.Min, pl.Y.Max = 0, 1.3 // room for the legend
+	pl.Add(plotter.NewGrid())
+	pl.Legend.Top = true
+	n := 0
+	for _, c := range allConfigs {
+		r := ev.find(c, "aggregated", "saturated", "twin")
+		if r == nil || len(r.tokBal) == 0 {
+			continue
+		}
+		const window = 100
+		pts := make(plotter.XYs, 0, len(r.tokBal))
+		sum := 0.0
+		for i, v := range r.tokBal {
+			sum += v
+			if i >= window {
+				sum -= r.tokBal[i-window]
+			}
+			pts = append(pts, plotter.XY{X: float64(i), Y: sum / float64(min(i+1, window))})
+		}
+		l, err := plotter.NewLine(pts)
+		if err != nil {
+			return false, err
+		}
+		l.Color, l.Width = configColours[c], vg.Points(1.5)
+		pl.Add(l)
+		pl.Legend.Add(fmt.Sprintf("%s (mean %.2f)", c, r.TokenBalance), l)
+		n++
+	}
+	if n == 0 {
+		return false, nil
+	}
+	return true, report.SavePlots(path, 1600, 640, pl)
 }

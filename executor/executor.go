@@ -57,6 +57,10 @@ type Result struct {
 	// iteration's busy time of each rank in ms, rank order — the input of
 	// the lockstep-waste distribution and timeline.
 	Busy [][]float32
+	// Tokens (beside Busy) is every forward iteration's real tokens of each
+	// rank (padding dummies count 0), rank order: the token balance over
+	// iterations.
+	Tokens [][]int32
 	// CostPublications are the online calibrator's publications, in order
 	// (ctx_cost.mode auto).
 	CostPublications []costfit.Publication

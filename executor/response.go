@@ -324,8 +324,9 @@ func (e *Executor) gatherResponses(name string, rs []Response, deviceUS, tokens 
 	var sum, max float64
 	record := e.cfg.RecordBusy && name == "pending_responses" && forward
 	var busy []float32
+	var toks []int32
 	if record {
-		busy = make([]float32, len(all))
+		busy, toks = make([]float32, len(all)), make([]int32, len(all))
 	}
 	if name == "pending_responses" {
 		e.iterLoads, e.iterBusy, e.iterTokens = e.iterLoads[:0], e.iterBusy[:0], e.iterTokens[:0]
@@ -343,7 +344,7 @@ func (e *Executor) gatherResponses(name string, rs []Response, deviceUS, tokens 
 			max = us
 		}
 		if record {
-			busy[i] = float32(us / 1000)
+			busy[i], toks[i] = float32(us/1000), int32(rb.Tokens)
 		}
 		if name == "pending_responses" {
 			e.iterLoads = append(e.iterLoads, rb.Load)
@@ -358,7 +359,7 @@ func (e *Executor) gatherResponses(name string, rs []Response, deviceUS, tokens 
 		}
 	}
 	if record {
-		e.res.Busy = append(e.res.Busy, busy)
+		e.res.Busy, e.res.Tokens = append(e.res.Busy, busy), append(e.res.Tokens, toks)
 	}
 	if name == "pending_responses" && forward && max > 0 {
 		e.wasteSum += 1 - sum/float64(len(all))/max
