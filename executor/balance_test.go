@@ -5,9 +5,6 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
-
-	"github.com/lockstep-ai/lockstep/bridge"
-	"github.com/lockstep-ai/lockstep/bridge/fake"
 )
 
 // TestBalanceAdd is the balance rule on hand-made iterations: mean/max of
@@ -35,15 +32,7 @@ func TestBalanceAdd(t *testing.T) {
 func TestTokenBalance(t *testing.T) {
 	for _, overlap := range []bool{false, true} {
 		const ranks = 3
-		f := &fleet{ranks: ranks, reqs: sampleRequests(t, 24, 0.05), overlap: overlap,
-			newEngine: func(rank int, cfg bridge.Config) (bridge.Engine, error) {
-				e, err := fake.New(cfg)
-				return &timedEngine{Engine: e, ms: float64(1 + 2*rank)}, err
-			}}
-		f.run(t)
-		for _, err := range f.errs {
-			require.NoError(t, err)
-		}
+		f := runTimedFleet(t, sampleRequests(t, 24, 0.05), overlap)
 		// Every rank's tokens per iteration, from its own records.
 		tokens := map[int64][]int64{}
 		balanceOf := map[int64][]*float64{}

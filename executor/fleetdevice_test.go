@@ -8,6 +8,7 @@ import (
 
 	"github.com/lockstep-ai/lockstep/bridge"
 	"github.com/lockstep-ai/lockstep/bridge/fake"
+	"github.com/lockstep-ai/lockstep/workload"
 )
 
 // timedEngine is the fake engine reporting a device time of ms per step.
@@ -28,20 +29,27 @@ func (t *timedEngine) Wait(r *bridge.StepResult) error {
 	return err
 }
 
+// runTimedFleet runs three ranks of the fake engine whose rank k reports
+// 1 + 2k ms per step, and requires that no rank failed.
+func runTimedFleet(t *testing.T, reqs []workload.Request, overlap bool) *fleet {
+	f := &fleet{ranks: 3, reqs: reqs, overlap: overlap,
+		newEngine: func(rank int, cfg bridge.Config) (bridge.Engine, error) {
+			e, err := fake.New(cfg)
+			return &timedEngine{Engine: e, ms: float64(1 + 2*rank)}, err
+		}}
+	f.run(t)
+	for _, err := range f.errs {
+		require.NoError(t, err)
+	}
+	return f
+}
+
 // TestFleetDeviceMS (issue 23, defect 16): every rank's record of an
 // iteration with a forward carries the fleet's time for it, the slowest
 // rank's device time, in both loops; device_ms stays the rank's own.
 func TestFleetDeviceMS(t *testing.T) {
 	for _, overlap := range []bool{false, true} {
-		f := &fleet{ranks: 3, reqs: sampleRequests(t, 12, 0.02), overlap: overlap,
-			newEngine: func(rank int, cfg bridge.Config) (bridge.Engine, error) {
-				e, err := fake.New(cfg)
-				return &timedEngine{Engine: e, ms: float64(1 + 2*rank)}, err
-			}}
-		f.run(t)
-		for _, err := range f.errs {
-			require.NoError(t, err)
-		}
+		f := runTimedFleet(t, sampleRequests(t, 12, 0.02), overlap)
 		forwards := 0
 		for rank, w := range f.iterLog {
 			for _, line := range w.lines {
