@@ -133,6 +133,8 @@ var fileKeys = []fileKey{
 	{path: "scheduler.ctx_cost.refresh_interval", setting: -1, kind: kindInt, set: func(o *Options, v fileValue) { o.Calibration.RefreshInterval = int(v.i) }},
 	{path: "scheduler.ctx_cost.hysteresis", setting: -1, kind: kindFloat, set: func(o *Options, v fileValue) { o.Calibration.Hysteresis = v.f }},
 	{path: "scheduler.ctx_cost.lockstep_correction", setting: -1, kind: kindBool, set: func(o *Options, v fileValue) { o.Calibration.LockstepCorrection = v.b }},
+	{path: "conversation_router.new_conv_placement", kind: kindString, flag: "new-conv-placement",
+		set: func(o *Options, v fileValue) { o.NewConvPlacement = v.s }},
 	{path: "attention_dp_config.enable_balance", kind: kindBool, flag: "attention-dp-balance",
 		set: func(o *Options, v fileValue) { o.ADPBalance.Enable = v.b }},
 	{path: "attention_dp_config.timeout_iters", kind: kindInt, flag: "attention-dp-timeout-iters",

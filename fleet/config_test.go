@@ -51,7 +51,7 @@ func TestConfigFileStrict(t *testing.T) {
 		{"list value", "ranks: [1, 2]\n", []string{"ranks: want a base-10 integer, got a list"}},
 		{"second document", "engine: fake\n---\nbogus: 1\nranks: -7\n", []string{"c.yaml:3: a second YAML document starts here; the config file must hold exactly one"}},
 		{"empty second document", "engine: fake\n---\n", []string{"a second YAML document"}},
-		{"unknown key", "rankz: 3\n", []string{`c.yaml:1: unknown key "rankz" (allowed in the top level: engine, model, seed, ranks, cp, router, overlap, kv, kv_events_config, scheduler, attention_dp_config, twin, workload)`}},
+		{"unknown key", "rankz: 3\n", []string{`c.yaml:1: unknown key "rankz" (allowed in the top level: engine, model, seed, ranks, cp, router, overlap, kv, kv_events_config, scheduler, conversation_router, attention_dp_config, twin, workload)`}},
 		{"unknown nested key", "kv:\n  pagez: 3\n", []string{`c.yaml:2: unknown key "kv.pagez" (allowed in kv: pages, tokens_per_page`}},
 		{"renamed key", "scheduler:\n  equal_cost:\n    kv_offset: 35000\n", []string{"c.yaml:3: scheduler.equal_cost.kv_offset was renamed to scheduler.equal_cost.kv_cost_offset"}},
 		{"duplicate key", "ranks: 2\nengine: fake\nranks: 3\n", []string{"c.yaml:3: ranks is set twice (first at line 1)"}},
@@ -125,6 +125,8 @@ scheduler:
     refresh_interval: 64
     hysteresis: 0
     lockstep_correction: false
+conversation_router:
+  new_conv_placement: least_tokens
 attention_dp_config:
   enable_balance: true
   timeout_iters: 60
@@ -162,6 +164,7 @@ workload:
 	require.False(t, o.Scheduler.RecomputePause)
 	require.Equal(t, 64, o.Scheduler.AdmissionLookahead)
 	require.Equal(t, executor.ADPBalance{Enable: true, TimeoutIters: 60, BatchingWaitIters: 0}, o.ADPBalance)
+	require.Equal(t, "least_tokens", o.NewConvPlacement)
 	require.Equal(t, "measured", o.TwinHostTime)
 	require.False(t, o.Scheduler.PrefixAware)
 	require.Equal(t, int64(35000), o.Scheduler.EqualCost.KVOffset)
@@ -219,6 +222,10 @@ func TestConfigErrorsNameTheirOrigin(t *testing.T) {
 		{"pages beyond the index type", "kv:\n  host_pages: 2147483648\n", nil, "c.yaml:2 kv.host_pages must be at most 2147483647 (int32 page indices)", "kvpool"},
 		{"twin host time", "twin:\n  host_time: wall\n", nil, `c.yaml:2 twin.host_time "wall" is not allowed (allowed: profile, measured)`, "--twin"},
 		{"twin host time flag", "", []string{"--twin-host-time", "cpu"}, `--twin-host-time "cpu" is not allowed (allowed: profile, measured)`, "c.yaml"},
+		{"new conversation placement", "conversation_router:\n  new_conv_placement: least_prefill\n", nil,
+			`c.yaml:2 conversation_router.new_conv_placement "least_prefill" is not allowed (allowed: round_robin, least_queued, least_tokens)`, "--new"},
+		{"ADP Balance timeout", "attention_dp_config:\n  timeout_iters: -1\n", nil,
+			"c.yaml:2 attention_dp_config.timeout_iters must be non-negative, got -1", "--attention"},
 		{"admission lookahead", "scheduler:\n  admission_lookahead_iterations: -2\n", nil,
 			"c.yaml:2 scheduler.admission_lookahead_iterations = -2, want ≥ 0 (0 = off)", "--admission"},
 		{"flag wins and is named", "kv:\n  pages: 64\n", []string{"--pages", "-1"}, "--pages must be non-negative, got -1", "c.yaml"},

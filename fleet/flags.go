@@ -73,6 +73,8 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.BoolVar(&o.ContextOnly, "context-only", o.ContextOnly, "serve as a disaggregated context server: every request generates its first token only "+
 		"(prefill, as the ranks the equal-cost calibration was designed on; docs/calibration.md)")
 	fs.IntVar(&o.MaxActivePerRank, "max-active-per-rank", o.MaxActivePerRank, "router hard cap of active requests per rank")
+	fs.StringVar(&o.NewConvPlacement, "new-conv-placement", o.NewConvPlacement,
+		"--router conversation: where a new conversation goes: round_robin, least_queued (fewest requests) or least_tokens (fewest prompt tokens)")
 	fs.BoolVar(&o.ADPBalance.Enable, "attention-dp-balance", o.ADPBalance.Enable,
 		"TensorRT-LLM's ADP Balance (attention_dp_config.enable_balance): hold contexts until every rank has one, then equilibrate (docs/multi-rank.md)")
 	fs.IntVar(&o.ADPBalance.TimeoutIters, "attention-dp-timeout-iters", o.ADPBalance.TimeoutIters,

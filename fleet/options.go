@@ -12,7 +12,6 @@ package fleet
 
 import (
 	"fmt"
-	"github.com/lockstep-ai/lockstep/serve/kvevents"
 	"strings"
 	"time"
 
@@ -21,6 +20,8 @@ import (
 	"github.com/lockstep-ai/lockstep/executor"
 	"github.com/lockstep-ai/lockstep/model"
 	"github.com/lockstep-ai/lockstep/scheduler"
+	"github.com/lockstep-ai/lockstep/scheduler/router"
+	"github.com/lockstep-ai/lockstep/serve/kvevents"
 )
 
 // Options is everything a fleet needs, after flags, the config file and
@@ -73,6 +74,10 @@ type Options struct {
 	Overlap           string        // --overlap: on or off
 	Router            string        // --router: default or conversation
 	MaxActivePerRank  int           // --max-active-per-rank
+	// NewConvPlacement (--new-conv-placement) is the conversation-aware
+	// router's placement of a new conversation: round_robin, least_queued
+	// or least_tokens.
+	NewConvPlacement string
 	// ADPBalance is TensorRT-LLM's attention_dp_config (--attention-dp-balance,
 	// --attention-dp-timeout-iters, --attention-dp-batching-wait-iters).
 	ADPBalance     executor.ADPBalance
@@ -163,7 +168,7 @@ func Defaults() Options {
 		Pages: 4096, TokensPerPage: 16, Scheduler: sc,
 		LengthScale: 1, ArrivalScale: 1, Report: "text", Progress: "auto",
 		CollectiveTimeout: 60 * time.Second, LogLevel: "info", Overlap: "on",
-		Router: "default", MaxActivePerRank: 1024, ADPBalance: executor.DefaultADPBalance(), CP: 1, EventBufferMaxSize: 1 << 20,
+		Router: "default", MaxActivePerRank: 1024, NewConvPlacement: router.PlacementRoundRobin, ADPBalance: executor.DefaultADPBalance(), CP: 1, EventBufferMaxSize: 1 << 20,
 		KVEventsConfig: KVEventsConfig{Publisher: "null", Endpoint: kvevents.DefaultEndpoint,
 			BufferSteps: kvevents.DefaultBufferSteps, HWM: kvevents.DefaultHWM, Encoding: kvevents.EncodingArray},
 		GPUMemFraction: 0.9, GPU: "h200", TP: 1, ExpertZipf: -1, TwinHostTime: "profile", Calibration: DefaultCalibSettings(),

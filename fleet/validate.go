@@ -4,6 +4,7 @@ import (
 	"github.com/lockstep-ai/lockstep/bridge"
 	"github.com/lockstep-ai/lockstep/internal/usage"
 	"github.com/lockstep-ai/lockstep/kvpool"
+	"github.com/lockstep-ai/lockstep/scheduler/router"
 	"github.com/lockstep-ai/lockstep/serve/kvevents"
 )
 
@@ -67,6 +68,7 @@ func (o *Options) validateNames() error {
 		{"progress", o.Progress, []string{"auto", "bar", "lines", "off"}},
 		{"log-level", o.LogLevel, []string{"debug", "info", "warn", "error"}},
 		{"overlap", o.Overlap, []string{"on", "off"}},
+		{"new-conv-placement", o.NewConvPlacement, router.Placements},
 	} {
 		if err := usage.OneOf(o.Src(c.flag), c.v, c.allowed...); err != nil {
 			return err

@@ -3,6 +3,7 @@ package router
 import (
 	"fmt"
 	"math"
+	"strings"
 )
 
 // Conversation is the conversation-aware router (spec §3): requests sharing
@@ -21,6 +22,7 @@ type Conversation struct {
 	capH        int
 	multiplier  float64
 	leastQueued bool
+	leastTokens bool
 	demotion    bool
 	notes       []string
 
@@ -35,6 +37,7 @@ type Conversation struct {
 	ranks  []int
 	placed []int
 	est    []int64
+	tokens []int64 // least_tokens: each rank's prompt tokens, with this call's placements
 }
 
 // NewConversation builds the conversation-aware router. An unknown
@@ -68,9 +71,11 @@ func NewConversation(cfg Config) (*Conversation, error) {
 	case "", PlacementRoundRobin:
 	case PlacementLeastQueued:
 		c.leastQueued = true
+	case PlacementLeastTokens:
+		c.leastTokens = true
 	default:
-		c.notes = append(c.notes, fmt.Sprintf("router: new_conv_placement %q is unknown; using %s (allowed: %s, %s)",
-			cfg.NewConvPlacement, PlacementRoundRobin, PlacementRoundRobin, PlacementLeastQueued))
+		c.notes = append(c.notes, fmt.Sprintf("router: new_conv_placement %q is unknown; using %s (allowed: %s)",
+			cfg.NewConvPlacement, PlacementRoundRobin, strings.Join(Placements, ", ")))
 	}
 	return c, nil
 }
@@ -86,7 +91,12 @@ func (c *Conversation) Notes() []string { return c.notes }
 func (c *Conversation) Route(items []Item, states []RankState) Result {
 	dp := len(states)
 	c.count = grow(c.count, dp)
-	rankVectors(states, c.count, nil)
+	var tokens []int64
+	if c.leastTokens {
+		c.tokens = grow(c.tokens, dp)
+		tokens = c.tokens
+	}
+	rankVectors(states, c.count, tokens)
 	c.ranks = grow(c.ranks, len(items))
 	c.placed = c.placed[:0]
 
@@ -108,7 +118,7 @@ func (c *Conversation) Route(items []Item, states []RankState) Result {
 		k := items[i].routingKey()
 		t := items[i].target(dp)
 		if (k == "" || !c.bind.has(k)) && t >= 0 && c.count[t] < c.capH {
-			c.place(i, t)
+			c.place(items, i, t)
 			if k != "" {
 				c.bind.put(k, int64(t))
 			}
@@ -127,7 +137,7 @@ func (c *Conversation) Route(items []Item, states []RankState) Result {
 			// resized fleet from indexing out of range.
 			if home, ok := c.bind.peek(k); ok && int(home) < dp && c.count[home] < c.capH {
 				c.bind.touch(k)
-				c.place(i, int(home))
+				c.place(items, i, int(home))
 				continue
 			}
 		}
@@ -135,7 +145,7 @@ func (c *Conversation) Route(items []Item, states []RankState) Result {
 		if k != "" && !c.bind.has(k) {
 			c.bind.put(k, int64(chosen))
 		}
-		c.place(i, chosen)
+		c.place(items, i, chosen)
 	}
 	for _, n := range c.count {
 		expected = max(expected, n)
@@ -143,14 +153,23 @@ func (c *Conversation) Route(items []Item, states []RankState) Result {
 	return Result{Ranks: c.ranks, Order: c.placed, Expected: expected, Estimates: est}
 }
 
-func (c *Conversation) place(i, rank int) {
+func (c *Conversation) place(items []Item, i, rank int) {
 	c.ranks[i] = rank
 	c.placed = append(c.placed, i)
 	c.count[rank]++
+	if c.leastTokens {
+		c.tokens[rank] += int64(items[i].PromptLen)
+	}
 }
 
 // choose picks a rank for a request without a usable home (spec §3.2).
 func (c *Conversation) choose(expected int) int {
+	if c.leastTokens {
+		if r := c.leastTokenRank(expected); r >= 0 {
+			return r
+		}
+		return c.leastTokenRank(int(^uint(0) >> 1))
+	}
 	if !c.leastQueued {
 		dp := len(c.count)
 		for range dp {
@@ -165,6 +184,22 @@ func (c *Conversation) choose(expected int) int {
 		return r
 	}
 	return leastCount(c.count, int(^uint(0)>>1))
+}
+
+// leastTokenRank is least_tokens' choice: among ranks with count < limit,
+// the one with the fewest prompt tokens (ties: the lower count, then the
+// lowest rank); -1 if there is none.
+func (c *Conversation) leastTokenRank(limit int) int {
+	best := -1
+	for r, n := range c.count {
+		if n >= limit {
+			continue
+		}
+		if best < 0 || c.tokens[r] < c.tokens[best] || c.tokens[r] == c.tokens[best] && n < c.count[best] {
+			best = r
+		}
+	}
+	return best
 }
 
 // estimate is the uncached-prefill estimate of §5 for one taken item, with

@@ -127,6 +127,27 @@ func TestConversationRouterCR(t *testing.T) {
 		assert.Equal(t, a, b)
 		assert.Equal(t, []int{2, 2, 3, 2, 0, 3, 2}, a.Ranks)
 	})
+	t.Run("least_tokens", func(t *testing.T) {
+		// Issue 25 item 6: a new conversation goes to the rank with the fewest
+		// prompt tokens under the bound (ties: fewer requests, then the lowest
+		// rank), counting the prompts placed earlier in the same call; a
+		// bound key still goes home.
+		c := newConv(t, Config{NewConvPlacement: PlacementLeastTokens, MaxActivePerRank: 100})
+		require.True(t, c.leastTokens)
+		require.Empty(t, c.Notes())
+		states := mkStates([]int{1, 3, 2, 2}, []int64{900, 300, 500, 300})
+		res := c.Route([]Item{item(0, 400, conv("A")), item(1, 100, conv("B")), item(2, 50, conv("C"))}, states)
+		// A: ranks 1 and 3 tie at 300 tokens with 3 and 2 requests: rank 3
+		// (→ 700); B: rank 1 (300 → 400); C: rank 1 (400 < 500).
+		assert.Equal(t, []int{3, 1, 1}, ownedCopy(res).Ranks)
+		res = c.Route([]Item{item(3, 10, conv("A"))}, mkStates([]int{0, 0, 0, 9}, []int64{0, 0, 0, 5000}))
+		assert.Equal(t, 3, res.Ranks[0], "sticky beats balance")
+		// The fair-share bound still holds: a rank at the expected count is
+		// passed over even with the fewest tokens.
+		c = newConv(t, Config{NewConvPlacement: PlacementLeastTokens, MaxActivePerRank: 100, FairShareMultiplier: 1})
+		res = c.Route([]Item{item(4, 10, conv("D"))}, mkStates([]int{5, 1}, []int64{10, 900}))
+		assert.Equal(t, 1, res.Ranks[0], "rank 0 is at the expected count (5): passed over")
+	})
 	t.Run("CR-16", func(t *testing.T) {
 		r, err := New(NameConversation, Config{MaxActivePerRank: 10, NewConvPlacement: "least_queued"})
 		require.NoError(t, err)

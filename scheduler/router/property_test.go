@@ -59,7 +59,7 @@ func (f *fleet) states() []RankState {
 // results, respect the cap (the pop runs first) and place every item once.
 func TestDeterminismProperty(t *testing.T) {
 	for _, name := range []string{NameDefault, NameConversation} {
-		for _, placement := range []string{PlacementRoundRobin, PlacementLeastQueued} {
+		for _, placement := range Placements {
 			for seed := range uint64(20) {
 				t.Run(fmt.Sprint(name, "/", placement, "/", seed), func(t *testing.T) {
 					rng := rand.New(rand.NewPCG(seed, 7))

@@ -149,7 +149,14 @@ const (
 const (
 	PlacementRoundRobin  = "round_robin"
 	PlacementLeastQueued = "least_queued"
+	// PlacementLeastTokens is TensorRT-LLM's least_tokens: the rank with
+	// the fewest prompt tokens among its counted requests (ActiveTokens,
+	// plus the prompts placed earlier in the same call).
+	PlacementLeastTokens = "least_tokens"
 )
+
+// Placements are the accepted NewConvPlacement names.
+var Placements = []string{PlacementRoundRobin, PlacementLeastQueued, PlacementLeastTokens}
 
 // Defaults of the conversation-aware router (spec §3.1).
 const (
@@ -168,8 +175,9 @@ type Config struct {
 	// FairShareMultiplier is m (0 = DefaultFairShareMultiplier); values
 	// below 1 are raised to 1.
 	FairShareMultiplier float64
-	// NewConvPlacement is PlacementRoundRobin (default, also for "") or
-	// PlacementLeastQueued; any other value means round-robin with a note.
+	// NewConvPlacement is PlacementRoundRobin (default, also for ""),
+	// PlacementLeastQueued or PlacementLeastTokens; any other value means
+	// round-robin with a note.
 	NewConvPlacement string
 	// Demotion says long-prefill demotion is on (U > 0 and chunked context,
 	// the scheduler's own predicate); only then are estimates published.
