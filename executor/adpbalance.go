@@ -48,8 +48,9 @@ func DefaultADPBalance() ADPBalance {
 
 // canQueueBalanced is canQueue (C5) with ADP Balance: the gather carries
 // each rank's batch size and its scheduled context and generation
-// counts; out loses its contexts when the fleet holds them.
-func (e *Executor) canQueueBalanced(out *scheduler.Output) (canQueue, thisRank bool, err error) {
+// counts; out loses its contexts when the fleet holds them (held: some
+// rank had contexts to hold).
+func (e *Executor) canQueueBalanced(out *scheduler.Output) (canQueue, thisRank, held bool, err error) {
 	v := make([]byte, 24)
 	binary.LittleEndian.PutUint64(v, uint64(out.NumFitting))
 	binary.LittleEndian.PutUint64(v[8:], uint64(len(out.Context)))
@@ -58,25 +59,26 @@ func (e *Executor) canQueueBalanced(out *scheduler.Output) (canQueue, thisRank b
 	all, err := e.d.Comm.AllGather("batch_size", v)
 	e.waitEnd(t)
 	if err != nil {
-		return false, false, err
+		return false, false, false, err
 	}
 	ok, anyCtx := true, false
 	counts := make([][2]int, len(all))
 	for i, x := range all {
 		if len(x) != 24 {
-			return false, false, fmt.Errorf("collective desync: batch size from rank %d has %d bytes, want 24 (ADP balance)", i, len(x))
+			return false, false, false, fmt.Errorf("collective desync: batch size from rank %d has %d bytes, want 24 (ADP balance)", i, len(x))
 		}
 		ok = ok && binary.LittleEndian.Uint64(x) > 0
 		counts[i] = [2]int{int(binary.LittleEndian.Uint64(x[8:])), int(binary.LittleEndian.Uint64(x[16:]))}
 		anyCtx = anyCtx || counts[i][0] > 0
 	}
 	if e.holdContexts(counts) && anyCtx {
+		held = true
 		e.res.ADPBalanceHeld++
 		if len(out.Context) > 0 {
 			e.dropContexts(out)
 		}
 	}
-	return ok, out.NumFitting > 0, nil
+	return ok, out.NumFitting > 0, held, nil
 }
 
 // holdContexts is the balance decision on every rank's [contexts,

@@ -93,6 +93,7 @@ type plan struct {
 	rec              *IterRecord
 	stats            RankState
 	fleetMS          float64 // virtual clock: the launched step's agreed duration
+	held             bool    // ADP Balance held the contexts of this pass
 }
 
 // prologue runs the shared part. It returns nil when the loop exits.
@@ -125,7 +126,7 @@ func (e *Executor) prologue() (*plan, error) {
 		return nil, err
 	}
 	if e.adp() && e.cfg.ADPBalance.Enable {
-		if p.canQueue, p.canQueueThisRank, err = e.canQueueBalanced(p.out); err != nil {
+		if p.canQueue, p.canQueueThisRank, p.held, err = e.canQueueBalanced(p.out); err != nil {
 			return nil, err
 		}
 	} else if p.canQueue, p.canQueueThisRank, err = e.canQueue(p.out.NumFitting); err != nil {

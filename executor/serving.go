@@ -42,6 +42,9 @@ type FleetStats struct {
 	// of it (0 when no rank had a token).
 	TokensPerRank []int64
 	TokenBalance  float64
+	// ContextsHeld says ADP Balance held back the contexts some rank had
+	// scheduled in this iteration (Config.ADPBalance).
+	ContextsHeld bool
 	// Ranks is each rank's load at the iteration's end (rank order; one
 	// entry without attention DP).
 	Ranks []RankLoad
@@ -84,6 +87,7 @@ func (e *Executor) reportIteration(p *plan) {
 		st.TokensPerRank = append([]int64(nil), e.iterTokens...)
 		st.TokenBalance = tokenBalance(st.TokensPerRank)
 	}
+	st.ContextsHeld = p.held
 	e.cfg.OnIteration(st)
 }
 

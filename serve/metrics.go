@@ -61,6 +61,7 @@ type Metrics struct {
 	waste            prometheus.Gauge
 	busyMax          prometheus.Counter
 	tokenBalance     prometheus.Gauge
+	adpHeld          prometheus.Counter
 	solForward       prometheus.Counter
 	suspends         prometheus.Counter
 	recomputes       prometheus.Counter
@@ -213,6 +214,8 @@ func NewMetricsWith(model string, ranks int, opts MetricsOptions) *Metrics {
 		"Engine busy time of the rank, summed over forward iterations.", "rank")
 	m.tokenBalance = gauge("lockstep_token_balance_ratio",
 		"Token balance of the last forward iteration with a real token: mean/max of the ranks' tokens in their batch (padding dummies count 0).")
+	m.adpHeld = counter("lockstep_adp_balance_held_iterations_total",
+		"Iterations in which ADP Balance (--attention-dp-balance) held back the contexts the ranks had scheduled.")
 	m.solForward = counter("lockstep_sol_forward_seconds_total",
 		"The slowest rank's busy time of each forward iteration times its token balance, summed: the time a perfectly balanced fleet would need. busy_max/sol_forward times the output token rate is the speed-of-light throughput.")
 	m.busyMax = counter("lockstep_busy_max_seconds_total",
@@ -383,6 +386,9 @@ func (m *Metrics) OnIteration(s executor.FleetStats) {
 		}
 	}
 
+	if s.ContextsHeld {
+		m.adpHeld.Inc()
+	}
 	if d := increase(int64(s.CostPublications), &m.lastCostPubs); d > 0 {
 		m.costPubs.Add(float64(d))
 	}

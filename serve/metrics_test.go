@@ -239,7 +239,7 @@ func TestMetricsIterations(t *testing.T) {
 	// A restarted cumulative counter (smaller than before) counts in full;
 	// a rank that did not exist before gets its series.
 	m.OnIteration(executor.FleetStats{Iter: 3, Forward: true, BusyMS: []float64{4, 2, 1}, LockstepWaste: 1 - 7.0/3/4,
-		TokensPerRank: []int64{30, 10, 20}, TokenBalance: 0.5,
+		TokensPerRank: []int64{30, 10, 20}, TokenBalance: 0.5, ContextsHeld: true,
 		Ranks: []executor.RankLoad{
 			{Running: 1, UsedPages: 30, Pages: 200, Suspended: 1, Recompute: 2},
 			{Running: 4, UsedPages: 160, Pages: 200, Suspended: 1, Recompute: 3},
@@ -253,6 +253,7 @@ func TestMetricsIterations(t *testing.T) {
 	check(t, "waste", value(t, mfs, "lockstep_lockstep_waste_ratio"), 1-7.0/3/4)
 	check(t, "token balance (last forward)", value(t, mfs, "lockstep_token_balance_ratio"), 0.5)
 	check(t, "speed-of-light forward time", value(t, mfs, "lockstep_sol_forward_seconds_total"), 0.004*0.5)
+	check(t, "ADP Balance holds", value(t, mfs, "lockstep_adp_balance_held_iterations_total"), 1)
 }
 
 // TestMetricsLint: every family but the Go runtime and process ones is
@@ -289,8 +290,8 @@ func TestMetricsLint(t *testing.T) {
 		}
 		ours = append(ours, mf)
 	}
-	if len(ours) != 26 {
-		t.Errorf("%d lockstep families, want 26", len(ours))
+	if len(ours) != 27 {
+		t.Errorf("%d lockstep families, want 27", len(ours))
 	}
 	problems, err := promlint.NewWithMetricFamilies(ours).Lint()
 	if err != nil {
