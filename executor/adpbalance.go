@@ -39,6 +39,10 @@ type ADPBalance struct {
 	Enable            bool // enable_balance
 	TimeoutIters      int  // timeout_iters (TensorRT-LLM's default 50)
 	BatchingWaitIters int  // batching_wait_iters (default 10)
+	// CostLeveling is lockstep's own enable_cost_leveling (leveling.go);
+	// with Enable too, a pass ADP Balance holds is not leveled. Its first
+	// chunks wait at most TimeoutIters iterations in a row.
+	CostLeveling bool
 }
 
 // DefaultADPBalance is TensorRT-LLM's defaults, balance off.
@@ -46,39 +50,48 @@ func DefaultADPBalance() ADPBalance {
 	return ADPBalance{TimeoutIters: 50, BatchingWaitIters: 10}
 }
 
-// canQueueBalanced is canQueue (C5) with ADP Balance: the gather carries
-// each rank's batch size and its scheduled context and generation
-// counts; out loses its contexts when the fleet holds them (held: some
-// rank had contexts to hold).
-func (e *Executor) canQueueBalanced(out *scheduler.Output) (canQueue, thisRank, held bool, err error) {
-	v := make([]byte, 24)
-	binary.LittleEndian.PutUint64(v, uint64(out.NumFitting))
-	binary.LittleEndian.PutUint64(v[8:], uint64(len(out.Context)))
-	binary.LittleEndian.PutUint64(v[16:], uint64(len(out.Generation)))
+// canQueueBalanced is canQueue (C5) with ADP Balance or cost leveling
+// (leveling.go): the gather carries each rank's batch size, its scheduled
+// context and generation counts and its costs (mandatory work, new first
+// chunks, the first of them); out loses the contexts the fleet holds back.
+// held: ADP Balance held contexts some rank had; leveled: cost leveling
+// deferred a first chunk of some rank.
+func (e *Executor) canQueueBalanced(out *scheduler.Output) (canQueue, thisRank, held, leveled bool, err error) {
+	mine := e.passCosts(out)
+	v := make([]byte, 48)
+	for i, x := range []int64{int64(out.NumFitting), int64(len(out.Context)), int64(len(out.Generation)),
+		mine.mandatory, mine.first, mine.firstOne} {
+		binary.LittleEndian.PutUint64(v[8*i:], uint64(x))
+	}
 	t := e.waitStart()
 	all, err := e.d.Comm.AllGather("batch_size", v)
 	e.waitEnd(t)
 	if err != nil {
-		return false, false, false, err
+		return false, false, false, false, err
 	}
 	ok, anyCtx := true, false
 	counts := make([][2]int, len(all))
+	costs := make([]passCost, len(all))
 	for i, x := range all {
-		if len(x) != 24 {
-			return false, false, false, fmt.Errorf("collective desync: batch size from rank %d has %d bytes, want 24 (ADP balance)", i, len(x))
+		if len(x) != 48 {
+			return false, false, false, false, fmt.Errorf("collective desync: batch size from rank %d has %d bytes, want 48 (ADP balance or cost leveling)", i, len(x))
 		}
 		ok = ok && binary.LittleEndian.Uint64(x) > 0
 		counts[i] = [2]int{int(binary.LittleEndian.Uint64(x[8:])), int(binary.LittleEndian.Uint64(x[16:]))}
+		costs[i] = passCost{mandatory: int64(binary.LittleEndian.Uint64(x[24:])), first: int64(binary.LittleEndian.Uint64(x[32:])),
+			firstOne: int64(binary.LittleEndian.Uint64(x[40:]))}
 		anyCtx = anyCtx || counts[i][0] > 0
 	}
-	if e.holdContexts(counts) && anyCtx {
+	if e.cfg.ADPBalance.Enable && e.holdContexts(counts) && anyCtx {
 		held = true
 		e.res.ADPBalanceHeld++
 		if len(out.Context) > 0 {
 			e.dropContexts(out)
 		}
+	} else if e.cfg.ADPBalance.CostLeveling {
+		leveled = e.level(out, costs)
 	}
-	return ok, out.NumFitting > 0, held, nil
+	return ok, out.NumFitting > 0, held, leveled, nil
 }
 
 // holdContexts is the balance decision on every rank's [contexts,

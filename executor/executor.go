@@ -30,6 +30,9 @@ type Result struct {
 	// ADPBalanceHeld counts the iterations in which ADP Balance held back
 	// the contexts some rank had scheduled (Config.ADPBalance).
 	ADPBalanceHeld int64
+	// CostLeveled counts the passes in which cost leveling deferred some
+	// rank's first chunks (Config.ADPBalance.CostLeveling).
+	CostLeveled int64
 	// TokenBalance (rank 0, attention DP): per forward iteration mean/max
 	// over the ranks of the real tokens in their batch (padding dummies
 	// count 0), averaged over the iterations where some rank had a token;
@@ -127,6 +130,9 @@ type Executor struct {
 	// iterations contexts were held waiting for every rank to have one,
 	// and for batch equilibration. Equal on every rank.
 	adpWait, adpBatch int
+	// levelWait counts the passes in a row cost leveling deferred a first
+	// chunk (leveling.go). Equal on every rank.
+	levelWait int
 	// Serving (serving.go): this rank's cumulative preemptions, the tokens
 	// produced since the last response gather (Config.Stream), answers
 	// handed over on rank 0, and this iteration's per-rank busy time and

@@ -94,6 +94,7 @@ type plan struct {
 	stats            RankState
 	fleetMS          float64 // virtual clock: the launched step's agreed duration
 	held             bool    // ADP Balance held the contexts of this pass
+	leveled          bool    // cost leveling deferred a first chunk of this pass
 }
 
 // prologue runs the shared part. It returns nil when the loop exits.
@@ -125,8 +126,8 @@ func (e *Executor) prologue() (*plan, error) {
 	if p.out, err = e.schedule(); err != nil {
 		return nil, err
 	}
-	if e.adp() && e.cfg.ADPBalance.Enable {
-		if p.canQueue, p.canQueueThisRank, p.held, err = e.canQueueBalanced(p.out); err != nil {
+	if e.adp() && (e.cfg.ADPBalance.Enable || e.cfg.ADPBalance.CostLeveling) {
+		if p.canQueue, p.canQueueThisRank, p.held, p.leveled, err = e.canQueueBalanced(p.out); err != nil {
 			return nil, err
 		}
 	} else if p.canQueue, p.canQueueThisRank, err = e.canQueue(p.out.NumFitting); err != nil {

@@ -137,6 +137,8 @@ var fileKeys = []fileKey{
 		set: func(o *Options, v fileValue) { o.NewConvPlacement = v.s }},
 	{path: "attention_dp_config.enable_balance", kind: kindBool, flag: "attention-dp-balance",
 		set: func(o *Options, v fileValue) { o.ADPBalance.Enable = v.b }},
+	{path: "attention_dp_config.enable_cost_leveling", kind: kindBool, flag: "attention-dp-cost-leveling",
+		set: func(o *Options, v fileValue) { o.ADPBalance.CostLeveling = v.b }},
 	{path: "attention_dp_config.timeout_iters", kind: kindInt, flag: "attention-dp-timeout-iters",
 		set: func(o *Options, v fileValue) { o.ADPBalance.TimeoutIters = int(v.i) }},
 	{path: "attention_dp_config.batching_wait_iters", kind: kindInt, flag: "attention-dp-batching-wait-iters",

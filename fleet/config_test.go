@@ -129,6 +129,7 @@ conversation_router:
   new_conv_placement: least_tokens
 attention_dp_config:
   enable_balance: true
+  enable_cost_leveling: true
   timeout_iters: 60
   batching_wait_iters: 0
 twin:
@@ -163,7 +164,7 @@ workload:
 	require.Equal(t, 6, o.Scheduler.SchedulerCapacity)
 	require.False(t, o.Scheduler.RecomputePause)
 	require.Equal(t, 64, o.Scheduler.AdmissionLookahead)
-	require.Equal(t, executor.ADPBalance{Enable: true, TimeoutIters: 60, BatchingWaitIters: 0}, o.ADPBalance)
+	require.Equal(t, executor.ADPBalance{Enable: true, TimeoutIters: 60, BatchingWaitIters: 0, CostLeveling: true}, o.ADPBalance)
 	require.Equal(t, "least_tokens", o.NewConvPlacement)
 	require.Equal(t, "measured", o.TwinHostTime)
 	require.False(t, o.Scheduler.PrefixAware)

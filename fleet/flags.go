@@ -77,6 +77,8 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 		"--router conversation: where a new conversation goes: round_robin, least_queued (fewest requests) or least_tokens (fewest prompt tokens)")
 	fs.BoolVar(&o.ADPBalance.Enable, "attention-dp-balance", o.ADPBalance.Enable,
 		"TensorRT-LLM's ADP Balance (attention_dp_config.enable_balance): hold contexts until every rank has one, then equilibrate (docs/multi-rank.md)")
+	fs.BoolVar(&o.ADPBalance.CostLeveling, "attention-dp-cost-leveling", o.ADPBalance.CostLeveling,
+		"cost leveling (attention_dp_config.enable_cost_leveling): a rank adds new prompts only up to the fleet's heaviest mandatory work (docs/multi-rank.md)")
 	fs.IntVar(&o.ADPBalance.TimeoutIters, "attention-dp-timeout-iters", o.ADPBalance.TimeoutIters,
 		"ADP Balance: iterations contexts wait at most for every rank to have one (attention_dp_config.timeout_iters)")
 	fs.IntVar(&o.ADPBalance.BatchingWaitIters, "attention-dp-batching-wait-iters", o.ADPBalance.BatchingWaitIters,

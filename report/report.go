@@ -120,6 +120,9 @@ type Balance struct {
 	// ADPBalanceHeld counts the iterations in which ADP Balance held the
 	// fleet's contexts (--attention-dp-balance; absent when it never did).
 	ADPBalanceHeld int64 `json:"adp_balance_held_iterations,omitempty"`
+	// CostLeveled counts the iterations in which cost leveling deferred some
+	// rank's new prompts (--attention-dp-cost-leveling).
+	CostLeveled int64 `json:"cost_leveling_deferred_iterations,omitempty"`
 }
 
 // Prefix is the radix reuse summary: reused prompt tokens / prompt
@@ -231,7 +234,8 @@ func Build(info RunInfo, reqs []workload.Request, rank0 *executor.Result) *Repor
 	if info.Ranks > 1 && rank0.BalanceIterations > 0 {
 		b := &Balance{TokenRatio: Round(rank0.TokenBalance, 4), TimeRatio: Round(1-rank0.LockstepWaste, 4),
 			Iterations: rank0.BalanceIterations, ForwardS: Round(rank0.ForwardMS/1000, 3),
-			SOLForwardS: Round(rank0.SOLForwardMS/1000, 3), ADPBalanceHeld: rank0.ADPBalanceHeld}
+			SOLForwardS: Round(rank0.SOLForwardMS/1000, 3), ADPBalanceHeld: rank0.ADPBalanceHeld,
+			CostLeveled: rank0.CostLeveled}
 		if rank0.SOLForwardMS > 0 {
 			b.SOLOutputTokPS = Round(rank0.ForwardMS/rank0.SOLForwardMS*rep.OutputTokPerS, 1)
 		}
@@ -380,6 +384,9 @@ func (rep *Report) WriteText(w io.Writer) error {
 			100*b.TokenRatio, 100*b.TimeRatio, b.SOLOutputTokPS)
 		if b.ADPBalanceHeld > 0 {
 			p("               ADP Balance held the contexts in %d iterations\n", b.ADPBalanceHeld)
+		}
+		if b.CostLeveled > 0 {
+			p("               cost leveling deferred new prompts in %d iterations\n", b.CostLeveled)
 		}
 	}
 	if c := rep.CPUContention; c != nil {

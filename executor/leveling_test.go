@@ -1,0 +1,63 @@
+package executor
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestLevelTarget: the cost-leveling rule's target and whether some rank
+// defers its new prompts, case by case (three ranks; costs in equal-cost
+// units: {mandatory, first chunks, the first of them}).
+func TestLevelTarget(t *testing.T) {
+	for _, c := range []struct {
+		costs  []passCost
+		target int64
+		level  bool
+		why    string
+	}{
+		{[]passCost{{100, 0, 0}, {80, 0, 0}, {50, 0, 0}}, 100, false, "no first chunk anywhere"},
+		{[]passCost{{100, 10, 10}, {80, 30, 30}, {50, 5, 5}}, 100, false, "every rank has one: never held back"},
+		{[]passCost{{100, 0, 0}, {80, 30, 10}, {50, 0, 0}}, 100, true, "rank 1 keeps 20 of its 30 (its first fits)"},
+		{[]passCost{{100, 0, 0}, {80, 20, 10}, {50, 0, 0}}, 100, false, "all of rank 1's fit under T"},
+		{[]passCost{{100, 40, 40}, {80, 0, 0}, {50, 0, 0}}, 100, false, "only the heaviest rank has a first chunk: none could keep one"},
+		{[]passCost{{100, 40, 40}, {80, 30, 30}, {50, 0, 0}}, 100, false, "neither rank's first fits: the fleet would stall"},
+		{[]passCost{{100, 40, 40}, {80, 30, 10}, {50, 0, 0}}, 100, true, "rank 1's first fits, rank 0 defers all"},
+		{[]passCost{{0, 500, 500}, {0, 0, 0}, {0, 0, 0}}, 0, false, "an idle fleet: T = 0 forbids all, so nothing is held"},
+	} {
+		target, level := levelTarget(c.costs)
+		require.Equal(t, c.target, target, c.why)
+		require.Equal(t, c.level, level, c.why)
+	}
+	require.Equal(t, int64(10*(7+3+5)), chunkCost(7, 3, 10), "n·(O + p + n/2)")
+}
+
+// TestCostLevelingRun: with cost leveling on, three in-process ranks in
+// both loops answer every request as with it off, some passes deferred new
+// prompts and every rank counted the same passes; combined with ADP Balance
+// it still answers alike.
+func TestCostLevelingRun(t *testing.T) {
+	reqs := sampleRequests(t, 64, 0.2)
+	for _, overlap := range []bool{false, true} {
+		base := &fleet{ranks: 3, reqs: reqs, overlap: overlap}
+		base.run(t)
+		for _, err := range base.errs {
+			require.NoError(t, err)
+		}
+		for _, b := range []ADPBalance{{CostLeveling: true, TimeoutIters: 50},
+			{Enable: true, CostLeveling: true, TimeoutIters: 50, BatchingWaitIters: 10}} {
+			f := &fleet{ranks: 3, reqs: reqs, overlap: overlap, balance: b}
+			f.run(t)
+			for _, err := range f.errs {
+				require.NoError(t, err)
+			}
+			require.Equal(t, base.digest(t), f.digest(t), "overlap %v, %+v: the same answers", overlap, b)
+			leveled := f.results[0].CostLeveled
+			require.Positive(t, leveled, "overlap %v, %+v", overlap, b)
+			for _, r := range f.results {
+				require.Equal(t, leveled, r.CostLeveled, "every rank made the same decisions")
+				require.Equal(t, f.results[0].ADPBalanceHeld, r.ADPBalanceHeld)
+			}
+		}
+	}
+}
