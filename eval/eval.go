@@ -38,6 +38,7 @@ import (
 //	D  C with ctx_cost auto (the online calibrator) instead of the fitted values
 //	E  A + ADP Balance (TensorRT-LLM's attention_dp_config), aggregated only
 //	F  B + ADP Balance, aggregated only
+//	G  C with least_tokens placement of new conversations, aggregated only
 //
 // on two workloads of the same trace: context servers (every request
 // generates its first token only: the disaggregated prefill ranks the
@@ -232,8 +233,8 @@ func (ev *Evaluation) twin() error {
 			if c == "A" && w.workload == "context" {
 				continue // ran above, with logs
 			}
-			if (c == "E" || c == "F") && w.workload != "aggregated" {
-				continue // ADP Balance acts where contexts meet decodes
+			if (c == "E" || c == "F" || c == "G") && w.workload != "aggregated" {
+				continue // ADP Balance and placement: aggregated serving only
 			}
 			args, env, ok := ev.configure(c, w.args, ev.fit)
 			if !ok {
@@ -269,7 +270,8 @@ func (e *Options) deploymentArgs() []string {
 // configure adds configuration c's settings to args (and environment):
 // B the fitted (O, D), C B + demotion + the conversation-aware router,
 // D C with the online calibrator, E A + ADP Balance (TensorRT-LLM's
-// attention_dp_config defaults), F B + ADP Balance. ok is false when c needs a fit that
+// attention_dp_config defaults), F B + ADP Balance, G C with least_tokens
+// placement of new conversations. ok is false when c needs a fit that
 // failed.
 func (ev *Evaluation) configure(c string, args []string, fit *fitOutcome) ([]string, []string, bool) {
 	args = slices.Clone(args)
@@ -281,15 +283,17 @@ func (ev *Evaluation) configure(c string, args []string, fit *fitOutcome) ([]str
 		return append(args, "--attention-dp-balance"), nil, true
 	case "F":
 		args = append(args, "--attention-dp-balance")
+	case "G":
+		args = append(args, "--new-conv-placement", "least_tokens")
 	}
-	if c == "B" || c == "C" || c == "F" {
+	if c == "B" || c == "C" || c == "F" || c == "G" {
 		if fit == nil || fit.err != nil {
 			return nil, nil, false
 		}
 		env = []string{fmt.Sprintf("TLLM_V2_CTX_COST_KV_OFFSET=%d", fit.result.Offset),
 			fmt.Sprintf("TLLM_V2_CTX_COST_KV_DEPTH_THRESHOLD=%d", fit.result.Threshold)}
 	}
-	if c == "C" || c == "D" {
+	if c == "C" || c == "D" || c == "G" {
 		env = append(env, fmt.Sprintf("TLLM_V2_CTX_DEMOTE_UNCACHED_TOKENS=%d", ev.opt.Demote))
 		args = append(args, "--router", "conversation", "--infer-conversations")
 	}

@@ -19,7 +19,7 @@ import (
 // directory: the table with every configuration, the calibration and its
 // plot, the plots as real PNGs, the JSON summary and the commands.
 //
-// A whole evaluation is 17 single-goroutine twin runs: it stays out of the
+// A whole evaluation is 19 single-goroutine twin runs: it stays out of the
 // race pass, where it took ten times as long and raced nothing. 400 requests
 // are the fewest with which A's logs of this slice still give a fit (300
 // give none, and B and C are then skipped).
@@ -56,9 +56,9 @@ func TestEvalWritesTheReport(t *testing.T) {
 		require.True(t, strings.HasPrefix(r.Command, "bin/worker run") || strings.Contains(r.Command, " bin/worker run "), r.Command)
 		seen[r.Config+"/"+r.Workload+"/"+r.Load] = true
 	}
-	for _, c := range []string{"A", "B", "C", "D", "E", "F"} {
+	for _, c := range []string{"A", "B", "C", "D", "E", "F", "G"} {
 		for _, w := range []string{"context/saturated", "aggregated/trace", "aggregated/saturated"} {
-			if (c == "E" || c == "F") && w == "context/saturated" {
+			if (c == "E" || c == "F" || c == "G") && w == "context/saturated" {
 				require.False(t, seen[c+"/"+w], "ADP Balance runs on aggregated serving only")
 				continue
 			}
@@ -69,7 +69,8 @@ func TestEvalWritesTheReport(t *testing.T) {
 	require.NoError(t, err)
 	for _, want := range []string{"| A | context | saturated |", "| D | aggregated | trace |", "export TLLM_V2_CTX_COST_KV_OFFSET=",
 		"![TTFT CDFs](ttft_cdf.png)", "![timeline](timeline.png)", "![waste](waste.png)", "![balance](balance.png)",
-		"| E | aggregated | saturated |", "--attention-dp-balance", "## Commands"} {
+		"| E | aggregated | saturated |", "--attention-dp-balance", "| G | aggregated | trace |", "--new-conv-placement least_tokens",
+		"## Commands"} {
 		require.Contains(t, string(md), want)
 	}
 	for _, name := range []string{"calibration.png", "ttft_cdf.png", "timeline.png", "waste.png", "balance.png"} {

@@ -21,11 +21,11 @@ import (
 // configColours tell the configurations apart in every plot.
 var configColours = map[string]color.RGBA{
 	"A": {31, 119, 180, 255}, "B": {255, 127, 14, 255}, "C": {44, 160, 44, 255}, "D": {214, 39, 40, 255},
-	"E": {148, 103, 189, 255}, "F": {140, 86, 75, 255},
+	"E": {148, 103, 189, 255}, "F": {140, 86, 75, 255}, "G": {23, 190, 207, 255},
 }
 
 // allConfigs are the configurations in report order.
-var allConfigs = []string{"A", "B", "C", "D", "E", "F"}
+var allConfigs = []string{"A", "B", "C", "D", "E", "F", "G"}
 
 // write writes report.md, summary.json and the plots.
 func (ev *Evaluation) write() error {
@@ -84,7 +84,8 @@ func (ev *Evaluation) markdown(plots []string) string {
 		"from A's iteration logs; **C** B + long-prefill demotion (U = %d uncached tokens) + the conversation-aware router "+
 		"(conversations inferred from `hash_ids`); **D** C with `--ctx-cost auto` (the online calibrator with the lockstep "+
 		"correction) instead of the fitted values; **E** A + ADP Balance (`--attention-dp-balance`, TensorRT-LLM's "+
-		"`attention_dp_config` with its defaults: timeout_iters 50, batching_wait_iters 10) and **F** B + ADP Balance, on "+
+		"`attention_dp_config` with its defaults: timeout_iters 50, batching_wait_iters 10), **F** B + ADP Balance and **G** C "+
+		"with new conversations placed on the rank with the fewest prompt tokens (`--new-conv-placement least_tokens`), on "+
 		"aggregated serving only.\n\n", e.MaxNumTokens, e.Demote)
 	p("Workloads: **context** — disaggregated context servers (every request generates its first token only: prefill, as " +
 		"on the ranks the calibration was designed on; A's logs come from this workload); **aggregated** — prefill and decode on " +
