@@ -47,18 +47,10 @@ func TestADPBalanceDecision(t *testing.T) {
 func TestADPBalanceRun(t *testing.T) {
 	reqs := sampleRequests(t, 64, 0.2)
 	for _, overlap := range []bool{false, true} {
-		base := &fleet{ranks: 3, reqs: reqs, overlap: overlap}
-		base.run(t)
-		for _, err := range base.errs {
-			require.NoError(t, err)
-		}
+		base := (&fleet{ranks: 3, reqs: reqs, overlap: overlap}).mustRun(t)
 		require.Zero(t, base.results[0].ADPBalanceHeld)
-		f := &fleet{ranks: 3, reqs: reqs, overlap: overlap,
-			balance: ADPBalance{Enable: true, TimeoutIters: 50, BatchingWaitIters: 10}}
-		f.run(t)
-		for _, err := range f.errs {
-			require.NoError(t, err)
-		}
+		f := (&fleet{ranks: 3, reqs: reqs, overlap: overlap,
+			balance: ADPBalance{Enable: true, TimeoutIters: 50, BatchingWaitIters: 10}}).mustRun(t)
 		require.Equal(t, base.digest(t), f.digest(t), "overlap %v: the same answers with balance on", overlap)
 		held := f.results[0].ADPBalanceHeld
 		require.Positive(t, held, "overlap %v", overlap)

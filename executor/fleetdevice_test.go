@@ -37,11 +37,7 @@ func runTimedFleet(t *testing.T, reqs []workload.Request, overlap bool) *fleet {
 			e, err := fake.New(cfg)
 			return &timedEngine{Engine: e, ms: float64(1 + 2*rank)}, err
 		}}
-	f.run(t)
-	for _, err := range f.errs {
-		require.NoError(t, err)
-	}
-	return f
+	return f.mustRun(t)
 }
 
 // TestFleetDeviceMS (issue 23, defect 16): every rank's record of an

@@ -140,6 +140,16 @@ func (f *fleet) run(t testing.TB) {
 	wg.Wait()
 }
 
+// mustRun runs the fleet and requires that no rank failed; it returns f.
+func (f *fleet) mustRun(t *testing.T) *fleet {
+	t.Helper()
+	f.run(t)
+	for _, err := range f.errs {
+		require.NoError(t, err)
+	}
+	return f
+}
+
 // digest hashes rank 0's responses in request order.
 func (f *fleet) digest(t testing.TB) string {
 	out := make([][]int32, len(f.reqs))

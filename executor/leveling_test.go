@@ -39,18 +39,10 @@ func TestLevelTarget(t *testing.T) {
 func TestCostLevelingRun(t *testing.T) {
 	reqs := sampleRequests(t, 64, 0.2)
 	for _, overlap := range []bool{false, true} {
-		base := &fleet{ranks: 3, reqs: reqs, overlap: overlap}
-		base.run(t)
-		for _, err := range base.errs {
-			require.NoError(t, err)
-		}
+		base := (&fleet{ranks: 3, reqs: reqs, overlap: overlap}).mustRun(t)
 		for _, b := range []ADPBalance{{CostLeveling: true, TimeoutIters: 50},
 			{Enable: true, CostLeveling: true, TimeoutIters: 50, BatchingWaitIters: 10}} {
-			f := &fleet{ranks: 3, reqs: reqs, overlap: overlap, balance: b}
-			f.run(t)
-			for _, err := range f.errs {
-				require.NoError(t, err)
-			}
+			f := (&fleet{ranks: 3, reqs: reqs, overlap: overlap, balance: b}).mustRun(t)
 			require.Equal(t, base.digest(t), f.digest(t), "overlap %v, %+v: the same answers", overlap, b)
 			leveled := f.results[0].CostLeveled
 			require.Positive(t, leveled, "overlap %v, %+v", overlap, b)
