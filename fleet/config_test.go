@@ -140,6 +140,9 @@ twin:
   kv_dtype: fp8
   gpus_per_node: 4
   expert_zipf: 0.5
+  cuda_graph: fleet
+  cuda_graph_max_batch_size: 256
+  moe_dp_padding: true
   host_time: measured
 workload:
   trace: t.jsonl
@@ -176,6 +179,9 @@ workload:
 	require.Equal(t, "fp8", o.KVDType)
 	require.Equal(t, 4, o.GPUsPerNode)
 	require.Equal(t, 0.5, o.ExpertZipf)
+	require.Equal(t, "fleet", o.TwinCUDAGraph)
+	require.Equal(t, 256, o.TwinCUDAGraphMaxBatch)
+	require.True(t, o.TwinMoEPadding)
 	require.Equal(t, "t.jsonl", o.Trace)
 	require.Equal(t, 0, o.Limit, "a flag given on the command line wins over the file")
 	require.Equal(t, 0.05, o.LengthScale)

@@ -34,6 +34,13 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 		"routed-expert popularity (0: uniform; negative: the profile's, uniform for the built-ins)")
 	fs.StringVar(&o.TwinHostTime, "twin-host-time", o.TwinHostTime, "with --engine twin: the host time of a virtual iteration: "+
 		"profile (the cost profile's host_overhead_ms) or measured (each rank's measured control-plane CPU time of the iteration; docs/twin.md)")
+	fs.StringVar(&o.TwinCUDAGraph, "twin-cuda-graph", o.TwinCUDAGraph, "with --engine twin: when a pure-decode step replays its CUDA graph: "+
+		"rank (whatever the other ranks run) or fleet (TensorRT-LLM under attention DP: only when every rank is generation-only, "+
+		"each padded to the captured size above the largest rank's batch; docs/twin.md)")
+	fs.IntVar(&o.TwinCUDAGraphMaxBatch, "twin-cuda-graph-max-batch-size", o.TwinCUDAGraphMaxBatch, "with --twin-cuda-graph fleet: "+
+		"the largest captured batch (cuda_graph_config.max_batch_size; 0: 128)")
+	fs.BoolVar(&o.TwinMoEPadding, "twin-moe-dp-padding", o.TwinMoEPadding, "with --engine twin and an MoE model: every rank pads "+
+		"its MoE layers' input to the largest rank's tokens (TensorRT-LLM's use_dp_padding; docs/twin.md)")
 	fs.StringVar(&o.CPUProfile, "cpuprofile", o.CPUProfile, "write a Go CPU profile of the run to this file (go tool pprof)")
 	o.flagCostMode = o.CostModeName()
 	fs.StringVar(&o.flagCostMode, "ctx-cost", o.flagCostMode, "where equal-cost chunking's kv_cost_offset and kv_depth_threshold come from: "+

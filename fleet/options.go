@@ -95,6 +95,15 @@ type Options struct {
 	// host time is the cost profile's host_overhead_ms; "measured", each
 	// rank's measured control-plane CPU time of the iteration.
 	TwinHostTime string
+	// The twin's attention-DP coupling (twin.AttentionDP, docs/twin.md):
+	// TwinCUDAGraph (--twin-cuda-graph) "rank" or "fleet" (TensorRT-LLM's
+	// rule: graphs only when every rank is generation-only, padded to the
+	// largest batch); TwinCUDAGraphMaxBatch (--twin-cuda-graph-max-batch-size)
+	// its largest captured batch, 0 = 128; TwinMoEPadding
+	// (--twin-moe-dp-padding) MoE inputs padded to the largest rank's tokens.
+	TwinCUDAGraph         string
+	TwinCUDAGraphMaxBatch int
+	TwinMoEPadding        bool
 	// CPUProfile (--cpuprofile): write a Go CPU profile of the run here
 	// (the command does, around the run; go tool pprof reads it).
 	CPUProfile string
@@ -171,7 +180,7 @@ func Defaults() Options {
 		Router: "default", MaxActivePerRank: 1024, NewConvPlacement: router.PlacementRoundRobin, ADPBalance: executor.DefaultADPBalance(), CP: 1, EventBufferMaxSize: 1 << 20,
 		KVEventsConfig: KVEventsConfig{Publisher: "null", Endpoint: kvevents.DefaultEndpoint,
 			BufferSteps: kvevents.DefaultBufferSteps, HWM: kvevents.DefaultHWM, Encoding: kvevents.EncodingArray},
-		GPUMemFraction: 0.9, GPU: "h200", TP: 1, ExpertZipf: -1, TwinHostTime: "profile", Calibration: DefaultCalibSettings(),
+		GPUMemFraction: 0.9, GPU: "h200", TP: 1, ExpertZipf: -1, TwinHostTime: "profile", TwinCUDAGraph: twin.GraphRank, Calibration: DefaultCalibSettings(),
 		Text: PromptOptions{MaxTokens: 128},
 	}
 }

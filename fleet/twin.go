@@ -39,6 +39,9 @@ func (o *Options) twinProfile() (*twin.Profile, error) {
 	if p, err = ApplyTwinDeployment(p, o.WeightDType, o.KVDType, o.GPUsPerNode, o.ExpertZipf, o.Src); err != nil {
 		return nil, err
 	}
+	if p, err = ApplyTwinAttentionDP(p, o.TwinCUDAGraph, o.TwinCUDAGraphMaxBatch, o.TwinMoEPadding, o.Src); err != nil {
+		return nil, err
+	}
 	if p, err = p.WithRanks(o.world()); err != nil {
 		return nil, usage.Errorf("--engine twin: %v", err)
 	}
@@ -78,6 +81,37 @@ func ApplyTwinDeployment(p *twin.Profile, weight, kv string, gpusPerNode int, zi
 		return nil, usage.Errorf("%s: %v", src("expert-zipf"), err)
 	}
 	return p, nil
+}
+
+// ApplyTwinAttentionDP applies the twin's attention-DP coupling
+// (--twin-cuda-graph, --twin-cuda-graph-max-batch-size,
+// --twin-moe-dp-padding) to a cost profile; src names where a setting came
+// from. A value the profile refuses is a usage error naming the setting.
+func ApplyTwinAttentionDP(p *twin.Profile, graph string, graphMax int, moePadding bool, src func(string) string) (*twin.Profile, error) {
+	if err := usage.OneOf(src("twin-cuda-graph"), graph, twin.GraphRank, twin.GraphFleet); err != nil {
+		return nil, err
+	}
+	if graphMax < 0 {
+		return nil, usage.Errorf("%s must be at least 1 (or 0: 128), got %d", src("twin-cuda-graph-max-batch-size"), graphMax)
+	}
+	if graphMax > 0 && graph != twin.GraphFleet {
+		return nil, usage.Errorf("%s %d needs %s fleet", src("twin-cuda-graph-max-batch-size"), graphMax, src("twin-cuda-graph"))
+	}
+	if moePadding && !p.Model.MoE() {
+		return nil, usage.Errorf("%s: model %s has no routed experts", src("twin-moe-dp-padding"), p.Model.Name)
+	}
+	a := p.AttentionDP // a --cost-profile file's own settings stay unless a flag sets one
+	if graph == twin.GraphFleet {
+		a.CUDAGraph, a.CUDAGraphMaxBatchSize = graph, graphMax
+	}
+	if moePadding {
+		a.MoEPadding = true
+	}
+	q, err := p.WithAttentionDP(a)
+	if err != nil {
+		return nil, usage.Errorf("%s, %s: %v", src("twin-cuda-graph"), src("twin-moe-dp-padding"), err)
+	}
+	return q, nil
 }
 
 // modelShape is the shape of --model: a bridge preset, or (twin only) the
@@ -125,7 +159,8 @@ func (o *Options) validateTwin() error {
 			set  bool
 		}{{"gpu", o.GPU != "h200"}, {"cost-profile", o.CostProfile != ""}, {"tp", o.TP != 1},
 			{"weight-dtype", o.WeightDType != ""}, {"kv-dtype", o.KVDType != ""}, {"gpus-per-node", o.GPUsPerNode != 0},
-			{"expert-zipf", o.ExpertZipf >= 0}} {
+			{"expert-zipf", o.ExpertZipf >= 0}, {"twin-cuda-graph", o.TwinCUDAGraph != twin.GraphRank},
+			{"twin-cuda-graph-max-batch-size", o.TwinCUDAGraphMaxBatch != 0}, {"twin-moe-dp-padding", o.TwinMoEPadding}} {
 			if f.set {
 				return usage.Errorf("%s is a setting of the digital twin: it needs --engine twin (got %s %s)",
 					o.Src(f.name), o.Src("engine"), o.Engine)

@@ -21,6 +21,10 @@ type Work struct {
 type StepCost struct {
 	Tokens int // new tokens on this rank
 	Seqs   int // sequences (context chunks and decodes) on this rank
+	// DecodeKV is the decodes' KV reads, each decode's KV depth plus
+	// itself (AttentionDP's CUDA-graph padding recosts a generation-only
+	// rank from it).
+	DecodeKV float64
 
 	// Rank-local times summed over layers.
 	GEMMMS      float64 // rank-local GEMMs (attention projections, dense MLP, shared experts, router)
@@ -55,17 +59,24 @@ func (p *Profile) StepCost(seqs []Work) StepCost {
 	if !p.ready {
 		panic("twin: profile not validated: call Validate before StepCost")
 	}
-	d := &p.d
 	st := sumsOf(seqs)
 	if len(seqs) == 0 {
 		return StepCost{}
 	}
-	c := StepCost{Tokens: st.tokens, Seqs: len(seqs)}
+	return p.costOf(&st, len(seqs), st.ctxKV == 0)
+}
+
+// costOf is the cost of a step of ns sequences whose sums are st; graph:
+// the step replays a CUDA graph (per-layer launch gaps of
+// graph_layer_overhead_ms, else layer_overhead_ms).
+func (p *Profile) costOf(st *stepSums, ns int, graph bool) StepCost {
+	d := &p.d
+	c := StepCost{Tokens: st.tokens, Seqs: ns, DecodeKV: st.decKV}
 	T := float64(st.tokens)
 	if d.linear {
 		c.GEMMMS = d.lin.TokenMS * T
 		c.AttentionMS = d.lin.CtxAttentionMS*st.ctxPairs + d.lin.DecodeKVMS*st.decKV
-		c.OverheadMS = d.lin.OverheadMS + d.lin.SeqMS*float64(len(seqs))
+		c.OverheadMS = d.lin.OverheadMS + d.lin.SeqMS*float64(ns)
 		return c
 	}
 
@@ -78,9 +89,9 @@ func (p *Profile) StepCost(seqs []Work) StepCost {
 		gemmMoE = d.gemmMS(T, &d.moe, d.gemmMSPerFLOP, d.wb)
 	}
 
-	attn := d.attention(&st)
+	attn := d.attention(st)
 	layerOvh := d.layerMS
-	if st.ctxKV == 0 {
+	if graph {
 		layerOvh = d.graphLayerMS // pure decode: a CUDA graph
 	}
 	ar := T*d.arMSPerToken + d.arLatMS
@@ -94,8 +105,8 @@ func (p *Profile) StepCost(seqs []Work) StepCost {
 
 	// The LM head of each sequence's last token, its logits written and read
 	// by the sampler; the embedding gather and the final norm.
-	ns := float64(len(seqs))
-	lm := d.gemmMS(ns, &d.lm, d.lmMSPerFLOP, d.eb) + k + ns*d.logitsBytesPerSeq*e
+	nsf := float64(ns)
+	lm := d.gemmMS(nsf, &d.lm, d.lmMSPerFLOP, d.eb) + k + nsf*d.logitsBytesPerSeq*e
 	embed, final := k+T*d.elemEmbed*e, k+T*d.elemFinal*e
 
 	c.GEMMMS = d.denseLayers*gemmDense + d.moeLayers*gemmMoE
@@ -170,16 +181,31 @@ func (d *derived) attention(st *stepSums) float64 {
 //	max Lead + (MoE layers − 1)·max MoELayer + max Tail
 //	  + MoE layers · (experts(Σ tokens) + all-to-all(Σ tokens, max tokens))
 //
-// It is never below the largest MS(). It does not allocate.
+// The profile's AttentionDP changes the ranks' steps first: with
+// GraphFleet a generation-only rank pads to the fleet's graph batch, or
+// runs eager when any rank cannot replay a graph; with MoEPadding the
+// experts see ranks × max tokens. It is never below the largest MS() of
+// the ranks as given when AttentionDP is off. It does not allocate.
 func (p *Profile) FleetStepMS(ranks []StepCost) float64 {
 	if !p.ready {
 		panic("twin: profile not validated: call Validate before FleetStepMS")
 	}
 	d := &p.d
-	if d.moeLayers == 0 || d.linear {
+	if d.linear {
+		return worstMS(ranks)
+	}
+	fleetGraph, graph := d.graphFleet, 0
+	if fleetGraph {
+		graph = p.fleetGraphBatch(ranks)
+	}
+	if d.moeLayers == 0 {
+		if !fleetGraph {
+			return worstMS(ranks)
+		}
 		worst := 0.0
 		for i := range ranks {
-			if ms := ranks[i].MS(); ms > worst {
+			r := p.fleetRank(&ranks[i], graph)
+			if ms := r.MS(); ms > worst {
 				worst = ms
 			}
 		}
@@ -191,6 +217,11 @@ func (p *Profile) FleetStepMS(ranks []StepCost) float64 {
 	var lead, layer, tail float64
 	for i := range ranks {
 		r := &ranks[i]
+		var fr StepCost
+		if fleetGraph {
+			fr = p.fleetRank(r, graph)
+			r = &fr
+		}
 		fleet += r.Tokens
 		if r.Tokens > maxTok {
 			maxTok = r.Tokens
@@ -208,6 +239,41 @@ func (p *Profile) FleetStepMS(ranks []StepCost) float64 {
 	if fleet == 0 {
 		return 0
 	}
+	if d.moePadding {
+		fleet = len(ranks) * maxTok
+	}
 	moe, a2a := d.moeLayer(float64(fleet), float64(maxTok))
 	return lead + (d.moeLayers-1)*layer + tail + d.moeLayers*(moe+a2a)
+}
+
+// worstMS is the largest MS() of ranks.
+func worstMS(ranks []StepCost) float64 {
+	worst := 0.0
+	for i := range ranks {
+		if ms := ranks[i].MS(); ms > worst {
+			worst = ms
+		}
+	}
+	return worst
+}
+
+// fleetGraphBatch is the batch every rank pads to under GraphFleet, or 0
+// when the fleet runs eager: a rank has a context chunk, or the largest
+// batch is above the largest captured size (TensorRT-LLM then pads none
+// and the batch sizes differ).
+func (p *Profile) fleetGraphBatch(ranks []StepCost) int {
+	n := 0
+	for i := range ranks {
+		r := &ranks[i]
+		if r.Tokens != r.Seqs {
+			return 0
+		}
+		if r.Seqs > n {
+			n = r.Seqs
+		}
+	}
+	if n == 0 {
+		return 0
+	}
+	return p.d.graphBatch(n)
 }

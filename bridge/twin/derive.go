@@ -59,6 +59,9 @@ type derived struct {
 	kernelsDense, kernelsMoE                 float64
 	// Overheads.
 	stepMS, layerMS, graphLayerMS float64
+	// Attention DP (adp.go): GraphFleet's captured batch sizes, MoE padding.
+	graphFleet, moePadding bool
+	graphSizes             []int
 	// Tensor parallelism: all-reduces per layer, ms per token and latency.
 	tp, arDense, arMoE, arMSPerToken, arLatMS float64
 	// MoE (moe.go).
@@ -133,6 +136,15 @@ func derive(p *Profile) derived {
 	d.logitsBytesPerSeq = 2 * V / tp * 4 // FP32 logits written, then read by the sampler
 
 	d.stepMS, d.layerMS, d.graphLayerMS = r.StepOverheadMS.Value, r.LayerOverheadMS.Value, r.GraphLayerOverheadMS.Value
+	if a := p.AttentionDP; a.CUDAGraph == GraphFleet {
+		d.graphFleet = true
+		max := a.CUDAGraphMaxBatchSize
+		if max == 0 {
+			max = defaultGraphMaxBatch
+		}
+		d.graphSizes = graphSizes(max)
+	}
+	d.moePadding = p.AttentionDP.MoEPadding
 	if p.Parallelism.TP > 1 {
 		perByte, lat := allReduceCost(p, p.Parallelism.TP)
 		d.arMSPerToken, d.arLatMS = perByte*h*actBytes, lat

@@ -49,6 +49,10 @@ type Profile struct {
 	Roofline *RooflineCoefficients `json:"roofline,omitempty"`
 	// Linear holds the terms of a linear profile.
 	Linear *LinearTerms `json:"linear,omitempty"`
+	// AttentionDP is how the modelled engine couples its attention-DP
+	// ranks' steps (roofline only; absent: no coupling beyond the MoE
+	// layers). adp.go, docs/twin.md.
+	AttentionDP AttentionDP `json:"attention_dp,omitzero"`
 	// HostOverheadMS is the modelled host time of one iteration (scheduler,
 	// executor, the cgo call): not part of a step's device time. The
 	// virtual clock adds it to the device time when host and device work
@@ -311,6 +315,9 @@ func (p *Profile) Validate() error {
 		}
 	default:
 		return fmt.Errorf("kind must be %q or %q, got %q", KindRoofline, KindLinear, p.Kind)
+	}
+	if err := p.AttentionDP.validate(p); err != nil {
+		return err
 	}
 	p.d = derive(p)
 	p.ready = true

@@ -143,6 +143,10 @@ func TestTwinDeploymentFlags(t *testing.T) {
 		{[]string{"--gpus-per-node", "-1"}, "--gpus-per-node must be at least 1"},
 		{[]string{"--expert-zipf", "0.5"}, "--expert-zipf 0.5: model llama-8b has no routed experts"},
 		{[]string{"--expert-zipf", "9"}, "--expert-zipf must be a Zipf exponent in [0, 4]"},
+		{[]string{"--twin-cuda-graph", "always"}, `--twin-cuda-graph "always" is not allowed (allowed: rank, fleet)`},
+		{[]string{"--twin-cuda-graph-max-batch-size", "64"}, "--twin-cuda-graph-max-batch-size 64 needs --twin-cuda-graph fleet"},
+		{[]string{"--twin-cuda-graph", "fleet", "--twin-cuda-graph-max-batch-size", "-2"}, "--twin-cuda-graph-max-batch-size must be at least 1"},
+		{[]string{"--twin-moe-dp-padding"}, "--twin-moe-dp-padding: model llama-8b has no routed experts"},
 	} {
 		code, _, stderr := runCLI(t, append(append([]string{}, twinRun...), tc.args...)...)
 		require.Equal(t, 2, code, "%v: %s", tc.args, stderr)
@@ -152,11 +156,30 @@ func TestTwinDeploymentFlags(t *testing.T) {
 	require.Equal(t, 2, code)
 	require.Contains(t, stderr, "--kv-dtype is a setting of the digital twin")
 
+	code, _, stderr = runCLI(t, "run", "--engine", "fake", "--twin-cuda-graph", "fleet")
+	require.Equal(t, 2, code)
+	require.Contains(t, stderr, "--twin-cuda-graph is a setting of the digital twin")
+
 	// FP8 weights and KV: the same tokens, sooner.
 	bf := runTwin(t, "--ranks", "2", "--pages", "0")
 	fp := runTwin(t, "--ranks", "2", "--pages", "0", "--weight-dtype", "fp8", "--kv-dtype", "fp8")
 	require.Equal(t, bf.OutputDigest, fp.OutputDigest)
 	require.Less(t, fp.DurationS, bf.DurationS, "FP8 weights halve the bytes every decode reads")
+}
+
+// TestTwinAttentionDPCoupling: TensorRT-LLM's fleet-wide CUDA graphs and
+// MoE padding keep the tokens and cost the fleet time; off is the default.
+func TestTwinAttentionDPCoupling(t *testing.T) {
+	moe := []string{"--model", "deepseek-v3", "--ranks", "8", "--pages", "0"}
+	off := runTwin(t, moe...)
+	graph := runTwin(t, append(moe, "--twin-cuda-graph", "fleet")...)
+	pad := runTwin(t, append(moe, "--twin-moe-dp-padding")...)
+	require.Equal(t, off.OutputDigest, graph.OutputDigest)
+	require.Equal(t, off.OutputDigest, pad.OutputDigest)
+	require.Greater(t, graph.DurationS, off.DurationS, "a context on one rank takes every rank off its CUDA graph")
+	require.Greater(t, pad.DurationS, off.DurationS, "the experts compute every rank padded to the largest")
+	same := runTwin(t, append(moe, "--twin-cuda-graph", "rank")...)
+	require.Equal(t, off.DurationS, same.DurationS, "rank is the default")
 }
 
 // TestTwinValidateCommand: the validation prints every operator table with
