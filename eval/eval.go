@@ -57,6 +57,11 @@ type Options struct {
 	WeightDType, KVDType string
 	GPUsPerNode          int
 	ExpertZipf           float64
+	// The twin's attention-DP coupling (`worker run`'s --twin-cuda-graph,
+	// --twin-cuda-graph-max-batch-size, --twin-moe-dp-padding; docs/twin.md).
+	TwinCUDAGraph         string
+	TwinCUDAGraphMaxBatch int
+	TwinMoEPadding        bool
 	Trace                string // the Mooncake trace (required)
 	Out                  string // the report directory (required; created)
 	LogLevel             string // the runs' log level (their logs go to Out/logs/)
@@ -98,7 +103,7 @@ func (e *Options) Validate() error {
 // evalRun is one run of the evaluation: its configuration, load and
 // command line, and what came out.
 type evalRun struct {
-	Config   string   `json:"config"`   // A–F (or "capacity")
+	Config   string   `json:"config"`   // A–I (or "capacity")
 	Workload string   `json:"workload"` // context, aggregated
 	Load     string   `json:"load"`     // trace, saturated, all-at-once
 	Engine   string   `json:"engine"`
@@ -233,8 +238,8 @@ func (ev *Evaluation) twin() error {
 			if c == "A" && w.workload == "context" {
 				continue // ran above, with logs
 			}
-			if (c == "E" || c == "F" || c == "G") && w.workload != "aggregated" {
-				continue // ADP Balance and placement: aggregated serving only
+			if aggregatedOnly(c) && w.workload != "aggregated" {
+				continue // ADP Balance, cost leveling and placement: aggregated serving only
 			}
 			args, env, ok := ev.configure(c, w.args, ev.fit)
 			if !ok {
@@ -264,14 +269,29 @@ func (e *Options) deploymentArgs() []string {
 	if e.ExpertZipf >= 0 {
 		a = append(a, "--expert-zipf", strconv.FormatFloat(e.ExpertZipf, 'g', -1, 64))
 	}
+	if e.TwinCUDAGraph != "" && e.TwinCUDAGraph != "rank" {
+		a = append(a, "--twin-cuda-graph", e.TwinCUDAGraph)
+	}
+	if e.TwinCUDAGraphMaxBatch != 0 {
+		a = append(a, "--twin-cuda-graph-max-batch-size", strconv.Itoa(e.TwinCUDAGraphMaxBatch))
+	}
+	if e.TwinMoEPadding {
+		a = append(a, "--twin-moe-dp-padding")
+	}
 	return a
 }
+
+// aggregatedOnly are the configurations that run on aggregated serving
+// only: ADP Balance (E, F), placement (G) and cost leveling (H, I) act where
+// contexts and decodes share the ranks.
+func aggregatedOnly(c string) bool { return strings.Contains("EFGHI", c) }
 
 // configure adds configuration c's settings to args (and environment):
 // B the fitted (O, D), C B + demotion + the conversation-aware router,
 // D C with the online calibrator, E A + ADP Balance (TensorRT-LLM's
 // attention_dp_config defaults), F B + ADP Balance, G C with least_tokens
-// placement of new conversations. ok is false when c needs a fit that
+// placement of new conversations, H A + cost leveling, I B + cost
+// leveling. ok is false when c needs a fit that
 // failed.
 func (ev *Evaluation) configure(c string, args []string, fit *fitOutcome) ([]string, []string, bool) {
 	args = slices.Clone(args)
@@ -285,8 +305,12 @@ func (ev *Evaluation) configure(c string, args []string, fit *fitOutcome) ([]str
 		args = append(args, "--attention-dp-balance")
 	case "G":
 		args = append(args, "--new-conv-placement", "least_tokens")
+	case "H":
+		return append(args, "--attention-dp-cost-leveling"), nil, true
+	case "I":
+		args = append(args, "--attention-dp-cost-leveling")
 	}
-	if c == "B" || c == "C" || c == "F" || c == "G" {
+	if c == "B" || c == "C" || c == "F" || c == "G" || c == "I" {
 		if fit == nil || fit.err != nil {
 			return nil, nil, false
 		}

@@ -56,10 +56,10 @@ func TestEvalWritesTheReport(t *testing.T) {
 		require.True(t, strings.HasPrefix(r.Command, "bin/worker run") || strings.Contains(r.Command, " bin/worker run "), r.Command)
 		seen[r.Config+"/"+r.Workload+"/"+r.Load] = true
 	}
-	for _, c := range []string{"A", "B", "C", "D", "E", "F", "G"} {
+	for _, c := range []string{"A", "B", "C", "D", "E", "F", "G", "H", "I"} {
 		for _, w := range []string{"context/saturated", "aggregated/trace", "aggregated/saturated"} {
-			if (c == "E" || c == "F" || c == "G") && w == "context/saturated" {
-				require.False(t, seen[c+"/"+w], "ADP Balance runs on aggregated serving only")
+			if strings.Contains("EFGHI", c) && w == "context/saturated" {
+				require.False(t, seen[c+"/"+w], "ADP Balance, placement and cost leveling run on aggregated serving only")
 				continue
 			}
 			require.True(t, seen[c+"/"+w], "run %s/%s missing (a failed fit skips B and C: check the calibration)", c, w)
@@ -70,7 +70,7 @@ func TestEvalWritesTheReport(t *testing.T) {
 	for _, want := range []string{"| A | context | saturated |", "| D | aggregated | trace |", "export TLLM_V2_CTX_COST_KV_OFFSET=",
 		"![TTFT CDFs](ttft_cdf.png)", "![timeline](timeline.png)", "![waste](waste.png)", "![balance](balance.png)",
 		"| E | aggregated | saturated |", "--attention-dp-balance", "| G | aggregated | trace |", "--new-conv-placement least_tokens",
-		"## Commands"} {
+		"| H | aggregated | saturated |", "| I | aggregated | trace |", "--attention-dp-cost-leveling", "## Commands"} {
 		require.Contains(t, string(md), want)
 	}
 	for _, name := range []string{"calibration.png", "ttft_cdf.png", "timeline.png", "waste.png", "balance.png"} {
@@ -91,5 +91,9 @@ func TestDeploymentArgs(t *testing.T) {
 	require.Empty(t, e.deploymentArgs())
 	e.WeightDType, e.KVDType, e.GPUsPerNode, e.ExpertZipf = "fp8", "bf16", 16, 0.5
 	require.Equal(t, []string{"--weight-dtype", "fp8", "--kv-dtype", "bf16", "--gpus-per-node", "16", "--expert-zipf", "0.5"},
+		e.deploymentArgs())
+	e = Defaults()
+	e.TwinCUDAGraph, e.TwinCUDAGraphMaxBatch, e.TwinMoEPadding = "fleet", 256, true
+	require.Equal(t, []string{"--twin-cuda-graph", "fleet", "--twin-cuda-graph-max-batch-size", "256", "--twin-moe-dp-padding"},
 		e.deploymentArgs())
 }

@@ -22,10 +22,15 @@ import (
 var configColours = map[string]color.RGBA{
 	"A": {31, 119, 180, 255}, "B": {255, 127, 14, 255}, "C": {44, 160, 44, 255}, "D": {214, 39, 40, 255},
 	"E": {148, 103, 189, 255}, "F": {140, 86, 75, 255}, "G": {23, 190, 207, 255},
+	"H": {188, 189, 34, 255}, "I": {227, 119, 194, 255},
 }
 
 // allConfigs are the configurations in report order.
-var allConfigs = []string{"A", "B", "C", "D", "E", "F", "G"}
+var allConfigs = []string{"A", "B", "C", "D", "E", "F", "G", "H", "I"}
+
+// balanceConfigs are the configurations balance.png compares: without a
+// balancing mode, with ADP Balance, with cost leveling.
+var balanceConfigs = []string{"A", "B", "E", "F", "H", "I"}
 
 // write writes report.md, summary.json and the plots.
 func (ev *Evaluation) write() error {
@@ -85,8 +90,9 @@ func (ev *Evaluation) markdown(plots []string) string {
 		"(conversations inferred from `hash_ids`); **D** C with `--ctx-cost auto` (the online calibrator with the lockstep "+
 		"correction) instead of the fitted values; **E** A + ADP Balance (`--attention-dp-balance`, TensorRT-LLM's "+
 		"`attention_dp_config` with its defaults: timeout_iters 50, batching_wait_iters 10), **F** B + ADP Balance and **G** C "+
-		"with new conversations placed on the rank with the fewest prompt tokens (`--new-conv-placement least_tokens`), on "+
-		"aggregated serving only.\n\n", e.MaxNumTokens, e.Demote)
+		"with new conversations placed on the rank with the fewest prompt tokens (`--new-conv-placement least_tokens`); **H** A + "+
+		"cost leveling (`--attention-dp-cost-leveling`, lockstep's own: ranks keep new first chunks only up to the fleet's "+
+		"heaviest mandatory work) and **I** B + cost leveling; E–I on aggregated serving only.\n\n", e.MaxNumTokens, e.Demote)
 	p("Workloads: **context** — disaggregated context servers (every request generates its first token only: prefill, as " +
 		"on the ranks the calibration was designed on; A's logs come from this workload); **aggregated** — prefill and decode on " +
 		"the same ranks.\n\n")
@@ -126,7 +132,7 @@ func (ev *Evaluation) markdown(plots []string) string {
 		p("\n## Balance over iterations\n\n![balance](balance.png)\n\nThe token balance ratio (mean/max over the ranks of " +
 			"the real tokens in their forward) over the forward iterations of the aggregated workload at the saturated load, " +
 			"a moving mean over 100 iterations, one line per configuration (the measure of TensorRT-LLM's ADP Balance " +
-			"write-up, its Figures 3–6): A and B without ADP Balance, E and F with it.\n")
+			"write-up, its Figures 3–6): A and B without a balancing mode, E and F with ADP Balance, H and I with cost leveling.\n")
 	}
 	if slices.Contains(plots, "waste.png") {
 		p("\n## Waste distribution\n\n![waste](waste.png)\n\nThe distribution (CDF) of the per-iteration lockstep waste of each " +
@@ -346,7 +352,7 @@ func (ev *Evaluation) plotBalance(path string) (bool, error) {
 	pl.Add(plotter.NewGrid())
 	pl.Legend.Top = true
 	n := 0
-	for _, c := range allConfigs {
+	for _, c := range balanceConfigs {
 		r := ev.find(c, "aggregated", "saturated", "twin")
 		if r == nil || len(r.tokBal) == 0 {
 			continue
