@@ -62,9 +62,9 @@ type Options struct {
 	TwinCUDAGraph         string
 	TwinCUDAGraphMaxBatch int
 	TwinMoEPadding        bool
-	Trace                string // the Mooncake trace (required)
-	Out                  string // the report directory (required; created)
-	LogLevel             string // the runs' log level (their logs go to Out/logs/)
+	Trace                 string // the Mooncake trace (required)
+	Out                   string // the report directory (required; created)
+	LogLevel              string // the runs' log level (their logs go to Out/logs/)
 
 	Ranks, Limit, MaxNumTokens, TokensPerPage int
 	MaxBatchSize, MaxActive                   int
