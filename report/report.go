@@ -82,7 +82,12 @@ type Report struct {
 	OutputTokPerS float64 `json:"output_tokens_per_s"`
 	// PrefillTokPerS counts the prompt tokens computed (not reused) per
 	// second of duration_s.
-	PrefillTokPerS  float64   `json:"prefill_tokens_per_s"`
+	PrefillTokPerS float64 `json:"prefill_tokens_per_s"`
+	// PromptTokPerS counts every prompt token of the completed requests,
+	// reused prefix included, per second of duration_s: the prompt load
+	// served, which a configuration that reuses more does not lose
+	// (prefix.hit_rate is the reused share of the admitted prompts).
+	PromptTokPerS   float64   `json:"prompt_tokens_per_s"`
 	DeviceMSPerRank []float64 `json:"device_ms_per_rank"`
 	// MoE (mixture-of-experts runs with expert parallelism): every rank's
 	// time inside MoE exchanges summed (waiting for the slowest rank's layer
@@ -230,6 +235,7 @@ func Build(info RunInfo, reqs []workload.Request, rank0 *executor.Result) *Repor
 	if rep.DurationS > 0 {
 		rep.OutputTokPerS = Round(float64(rep.Tokens.Generated)/rep.DurationS, 1)
 		rep.PrefillTokPerS = Round(float64(ps.PromptTokens-ps.ReusedTokens)/rep.DurationS, 1)
+		rep.PromptTokPerS = Round(float64(rep.Tokens.Prompt)/rep.DurationS, 1)
 	}
 	if info.Ranks > 1 && rank0.BalanceIterations > 0 {
 		b := &Balance{TokenRatio: Round(rank0.TokenBalance, 4), TimeRatio: Round(1-rank0.LockstepWaste, 4),
@@ -372,10 +378,11 @@ func (rep *Report) WriteText(w io.Writer) error {
 	p("  tokens       %d prompt, %d generated\n", rep.Tokens.Prompt, rep.Tokens.Generated)
 	p("  iterations   %d with a forward (%d in all)\n", rep.Iterations, rep.IterationsTotal)
 	if rep.Clock == "virtual" {
-		p("  virtual time %.2f s (modelled), %.1f output tokens/s, %.1f prefill tokens/s; wall %.2f s\n",
-			rep.DurationS, rep.OutputTokPerS, rep.PrefillTokPerS, rep.WallS)
+		p("  virtual time %.2f s (modelled), %.1f output tokens/s, %.1f prefill tokens/s computed (%.1f prompt tokens/s served); wall %.2f s\n",
+			rep.DurationS, rep.OutputTokPerS, rep.PrefillTokPerS, rep.PromptTokPerS, rep.WallS)
 	} else {
-		p("  wall         %.2f s, %.1f output tokens/s, %.1f prefill tokens/s\n", rep.WallS, rep.OutputTokPerS, rep.PrefillTokPerS)
+		p("  wall         %.2f s, %.1f output tokens/s, %.1f prefill tokens/s computed (%.1f prompt tokens/s served)\n",
+			rep.WallS, rep.OutputTokPerS, rep.PrefillTokPerS, rep.PromptTokPerS)
 	}
 	rep.WriteLatencies(w)
 	p("  lockstep waste %.1f%% (mean over forward iterations of 1 - mean/max rank busy time)\n", 100*rep.LockstepWaste)
