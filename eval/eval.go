@@ -111,22 +111,26 @@ type evalRun struct {
 	Command  string   `json:"command"`
 	Env      []string `json:"env,omitempty"`
 
-	Completed      int                `json:"completed"`
-	WasteMean      float64            `json:"lockstep_waste_mean"`
-	WasteP90       float64            `json:"lockstep_waste_p90"`
-	PrefillTokPerS float64            `json:"prefill_tokens_per_s"`
-	OutputTokPerS  float64            `json:"output_tokens_per_s"`
-	DurationS      float64            `json:"duration_s"`
-	TTFTShort      report.Percentiles `json:"ttft_short_ms"`
-	TTFTLong       report.Percentiles `json:"ttft_long_ms"`
-	E2ELong        report.Percentiles `json:"e2e_long_ms"`
-	TPOT           report.Percentiles `json:"tpot_ms"`
-	ShortN, LongN  int
-	Preemptions    int     `json:"preemptions"`
-	Offset         int64   `json:"kv_cost_offset"`
-	Threshold      int64   `json:"kv_depth_threshold"`
-	Published      bool    `json:"published,omitempty"` // D: the online calibrator published (O, D)
-	WallS          float64 `json:"wall_s"`
+	Completed      int     `json:"completed"`
+	WasteMean      float64 `json:"lockstep_waste_mean"`
+	WasteP90       float64 `json:"lockstep_waste_p90"`
+	PrefillTokPerS float64 `json:"prefill_tokens_per_s"` // prompt tokens computed
+	// PromptTokPerS is every prompt token served (reused prefix included),
+	// ReusedShare the reused share of the admitted prompt tokens.
+	PromptTokPerS float64            `json:"prompt_tokens_per_s"`
+	ReusedShare   float64            `json:"reused_share"`
+	OutputTokPerS float64            `json:"output_tokens_per_s"`
+	DurationS     float64            `json:"duration_s"`
+	TTFTShort     report.Percentiles `json:"ttft_short_ms"`
+	TTFTLong      report.Percentiles `json:"ttft_long_ms"`
+	E2ELong       report.Percentiles `json:"e2e_long_ms"`
+	TPOT          report.Percentiles `json:"tpot_ms"`
+	ShortN, LongN int
+	Preemptions   int     `json:"preemptions"`
+	Offset        int64   `json:"kv_cost_offset"`
+	Threshold     int64   `json:"kv_depth_threshold"`
+	Published     bool    `json:"published,omitempty"` // D: the online calibrator published (O, D)
+	WallS         float64 `json:"wall_s"`
 	// The balance of the attention-DP ranks (report.Balance): token and
 	// time balance ratios, the speed-of-light output throughput and the
 	// iterations ADP Balance held the contexts (E, F).
@@ -175,7 +179,7 @@ type Evaluation struct {
 	runs   []*evalRun
 	wall   time.Duration
 
-	capacity float64 // context capacity, prefill tokens/s (context-only, everything at once)
+	capacity float64 // context capacity, prompt tokens/s served (context-only, everything at once): the demand's unit
 	demand   float64 // the trace slice's prompt tokens per second at its own pace
 	satScale float64 // arrival scale of the saturated runs
 	fit      *fitOutcome
@@ -204,7 +208,7 @@ func (ev *Evaluation) twin() error {
 	if err != nil {
 		return err
 	}
-	ev.capacity = capRun.PrefillTokPerS
+	ev.capacity = capRun.PromptTokPerS // whole prompts per second, as the demand counts them
 	reqs, err := ev.traceDemand(base)
 	if err != nil {
 		return err
@@ -215,7 +219,7 @@ func (ev *Evaluation) twin() error {
 	}
 	ev.satScale = ev.demand / (ev.capacity * e.Saturation)
 	sat := strconv.FormatFloat(ev.satScale, 'g', 4, 64)
-	fmt.Fprintf(ev.stderr, "worker eval: context capacity %.0f prefill tokens/s; the trace offers %.0f (load %.2f); saturated runs at --arrival-scale %s (load %.2f)\n",
+	fmt.Fprintf(ev.stderr, "worker eval: context capacity %.0f prompt tokens/s served; the trace offers %.0f (load %.2f); saturated runs at --arrival-scale %s (load %.2f)\n",
 		ev.capacity, ev.demand, ev.demand/ev.capacity, sat, e.Saturation)
 
 	// 2. Context servers: A with iteration logs on every rank, then the fit.
@@ -397,6 +401,7 @@ func (ev *Evaluation) reduce(r *evalRun, o *fleet.Options, out *fleet.Outcome) {
 	rep := out.Report
 	r.Completed, r.DurationS, r.WallS = rep.Requests.Completed, rep.DurationS, rep.WallS
 	r.PrefillTokPerS, r.OutputTokPerS = rep.PrefillTokPerS, rep.OutputTokPerS
+	r.PromptTokPerS, r.ReusedShare = rep.PromptTokPerS, rep.Prefix.HitRate
 	r.Preemptions = rep.Preemptions.Suspended + rep.Preemptions.Recompute
 	r.busy = out.Result.Rank0.Busy
 	if b := rep.Balance; b != nil {
@@ -562,7 +567,7 @@ func quoteArgs(args []string) []string {
 // WriteSummary prints every run's figures as JSON.
 func (ev *Evaluation) WriteSummary(w io.Writer) error {
 	s := struct {
-		CapacityTokPerS float64    `json:"context_capacity_prefill_tokens_per_s"`
+		CapacityTokPerS float64    `json:"context_capacity_prompt_tokens_per_s"`
 		DemandTokPerS   float64    `json:"trace_prompt_tokens_per_s"`
 		TraceLoad       float64    `json:"trace_load"`
 		SaturatedScale  float64    `json:"saturated_arrival_scale"`

@@ -42,7 +42,7 @@ func TestEvalWritesTheReport(t *testing.T) {
 	require.NoError(t, ev.WriteSummary(&summary))
 	stdout := summary.String()
 	var sum struct {
-		Capacity float64 `json:"context_capacity_prefill_tokens_per_s"`
+		Capacity float64 `json:"context_capacity_prompt_tokens_per_s"`
 		Runs     []struct {
 			Config, Workload, Load, Command string
 			Completed                       int

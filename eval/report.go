@@ -97,7 +97,8 @@ func (ev *Evaluation) markdown(plots []string) string {
 		"on the ranks the calibration was designed on; A's logs come from this workload); **aggregated** — prefill and decode on " +
 		"the same ranks.\n\n")
 	p("Loads: the fleet's context capacity, measured with every request of the slice arriving at once on context servers "+
-		"(configuration A), is **%.0f prefill tokens/s**; the trace slice offers **%.0f prompt tokens/s** at its own pace "+
+		"(configuration A), is **%.0f prompt tokens/s** served (every prompt token, reused prefix included: the unit the "+
+		"demand counts in); the trace slice offers **%.0f prompt tokens/s** at its own pace "+
 		"(load %.2f). The **saturated** runs replay it at `--arrival-scale %.4g` (offered load %.2f× the capacity).\n\n",
 		ev.capacity, ev.demand, ev.demand/ev.capacity, ev.satScale, e.Saturation)
 	p("Split: a **long prefill** is a request whose uncached prompt (prompt minus the prefix its first admission reused) is at "+
@@ -158,8 +159,8 @@ func (ev *Evaluation) markdown(plots []string) string {
 // table writes the figures of every run of one engine.
 func (ev *Evaluation) table(b *strings.Builder, engine string) {
 	p := func(format string, a ...any) { fmt.Fprintf(b, format, a...) }
-	p("| config | workload | load | waste mean | waste p90 | token balance | time balance | prefill tok/s | output tok/s | speed of light tok/s | TTFT short p50/p90/p99 (ms) | TTFT long p50/p90/p99 (ms) | E2E long p50 (ms) | TPOT p50/p90 (ms) | preempt | O, D |\n")
-	p("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	p("| config | workload | load | waste mean | waste p90 | token balance | time balance | prompt tok/s served (reused) | prefill tok/s computed | output tok/s | speed of light tok/s | TTFT short p50/p90/p99 (ms) | TTFT long p50/p90/p99 (ms) | E2E long p50 (ms) | TPOT p50/p90 (ms) | preempt | O, D |\n")
+	p("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range ev.runs {
 		if r.Engine != engine || r.Config == "capacity" {
 			continue
@@ -173,8 +174,9 @@ func (ev *Evaluation) table(b *strings.Builder, engine string) {
 		case r.Offset > 0:
 			od = fmt.Sprintf("%d, %d (fitted)", r.Offset, r.Threshold)
 		}
-		p("| %s | %s | %s | %.1f%% | %.1f%% | %.3f | %.3f | %.0f | %.1f | %.1f | %s (%d) | %s (%d) | %s | %s | %d | %s |\n",
-			r.Config, r.Workload, r.Load, 100*r.WasteMean, 100*r.WasteP90, r.TokenBalance, r.TimeBalance, r.PrefillTokPerS,
+		p("| %s | %s | %s | %.1f%% | %.1f%% | %.3f | %.3f | %.0f (%.1f%%) | %.0f | %.1f | %.1f | %s (%d) | %s (%d) | %s | %s | %d | %s |\n",
+			r.Config, r.Workload, r.Load, 100*r.WasteMean, 100*r.WasteP90, r.TokenBalance, r.TimeBalance,
+			r.PromptTokPerS, 100*r.ReusedShare, r.PrefillTokPerS,
 			r.OutputTokPerS, r.SOLOutputTokPS,
 			trio(r.TTFTShort), r.ShortN, trio(r.TTFTLong), r.LongN, num(r.E2ELong.P50), pair(r.TPOT), r.Preemptions, od)
 	}
