@@ -295,7 +295,8 @@ func aggregatedOnly(c string) bool { return strings.Contains("EFGHI", c) }
 // D C with the online calibrator, E A + ADP Balance (TensorRT-LLM's
 // attention_dp_config defaults), F B + ADP Balance, G C with least_tokens
 // placement of new conversations, H A + cost leveling, I B + cost
-// leveling. ok is false when c needs a fit that
+// leveling, J B + the conversation-aware router (C without demotion: the
+// ladder's step between B and C). ok is false when c needs a fit that
 // failed.
 func (ev *Evaluation) configure(c string, args []string, fit *fitOutcome) ([]string, []string, bool) {
 	args = slices.Clone(args)
@@ -314,7 +315,7 @@ func (ev *Evaluation) configure(c string, args []string, fit *fitOutcome) ([]str
 	case "I":
 		args = append(args, "--attention-dp-cost-leveling")
 	}
-	if c == "B" || c == "C" || c == "F" || c == "G" || c == "I" {
+	if c == "B" || c == "C" || c == "F" || c == "G" || c == "I" || c == "J" {
 		if fit == nil || fit.err != nil {
 			return nil, nil, false
 		}
@@ -323,6 +324,8 @@ func (ev *Evaluation) configure(c string, args []string, fit *fitOutcome) ([]str
 	}
 	if c == "C" || c == "D" || c == "G" {
 		env = append(env, fmt.Sprintf("TLLM_V2_CTX_DEMOTE_UNCACHED_TOKENS=%d", ev.opt.Demote))
+	}
+	if c == "C" || c == "D" || c == "G" || c == "J" {
 		args = append(args, "--router", "conversation", "--infer-conversations")
 	}
 	if c == "D" {

@@ -55,8 +55,12 @@ func TestEvalWritesTheReport(t *testing.T) {
 		require.Equal(t, 400, r.Completed, "%s %s %s", r.Config, r.Workload, r.Load)
 		require.True(t, strings.HasPrefix(r.Command, "bin/worker run") || strings.Contains(r.Command, " bin/worker run "), r.Command)
 		seen[r.Config+"/"+r.Workload+"/"+r.Load] = true
+		if r.Config == "J" { // the ladder's step: the router without demotion
+			require.Contains(t, r.Command, "--router conversation")
+			require.NotContains(t, r.Command, "TLLM_V2_CTX_DEMOTE_UNCACHED_TOKENS")
+		}
 	}
-	for _, c := range []string{"A", "B", "C", "D", "E", "F", "G", "H", "I"} {
+	for _, c := range []string{"A", "B", "J", "C", "D", "E", "F", "G", "H", "I"} {
 		for _, w := range []string{"context/saturated", "aggregated/trace", "aggregated/saturated"} {
 			if strings.Contains("EFGHI", c) && w == "context/saturated" {
 				require.False(t, seen[c+"/"+w], "ADP Balance, placement and cost leveling run on aggregated serving only")
@@ -70,7 +74,7 @@ func TestEvalWritesTheReport(t *testing.T) {
 	for _, want := range []string{"| A | context | saturated |", "| D | aggregated | trace |", "export TLLM_V2_CTX_COST_KV_OFFSET=",
 		"![TTFT CDFs](ttft_cdf.png)", "![timeline](timeline.png)", "![waste](waste.png)", "![balance](balance.png)",
 		"| E | aggregated | saturated |", "--attention-dp-balance", "| G | aggregated | trace |", "--new-conv-placement least_tokens",
-		"| H | aggregated | saturated |", "| I | aggregated | trace |", "--attention-dp-cost-leveling", "## Commands"} {
+		"| H | aggregated | saturated |", "| I | aggregated | trace |", "--attention-dp-cost-leveling", "| J | context | saturated |", "| J | aggregated | trace |", "## Commands"} {
 		require.Contains(t, string(md), want)
 	}
 	for _, name := range []string{"calibration.png", "ttft_cdf.png", "timeline.png", "waste.png", "balance.png"} {

@@ -22,11 +22,11 @@ import (
 var configColours = map[string]color.RGBA{
 	"A": {31, 119, 180, 255}, "B": {255, 127, 14, 255}, "C": {44, 160, 44, 255}, "D": {214, 39, 40, 255},
 	"E": {148, 103, 189, 255}, "F": {140, 86, 75, 255}, "G": {23, 190, 207, 255},
-	"H": {188, 189, 34, 255}, "I": {227, 119, 194, 255},
+	"H": {188, 189, 34, 255}, "I": {227, 119, 194, 255}, "J": {127, 127, 127, 255},
 }
 
 // allConfigs are the configurations in report order.
-var allConfigs = []string{"A", "B", "C", "D", "E", "F", "G", "H", "I"}
+var allConfigs = []string{"A", "B", "J", "C", "D", "E", "F", "G", "H", "I"}
 
 // balanceConfigs are the configurations balance.png compares: without a
 // balancing mode, with ADP Balance, with cost leveling.
@@ -92,7 +92,8 @@ func (ev *Evaluation) markdown(plots []string) string {
 		"`attention_dp_config` with its defaults: timeout_iters 50, batching_wait_iters 10), **F** B + ADP Balance and **G** C "+
 		"with new conversations placed on the rank with the fewest prompt tokens (`--new-conv-placement least_tokens`); **H** A + "+
 		"cost leveling (`--attention-dp-cost-leveling`, lockstep's own: ranks keep new first chunks only up to the fleet's "+
-		"heaviest mandatory work) and **I** B + cost leveling; E–I on aggregated serving only.\n\n", e.MaxNumTokens, e.Demote)
+		"heaviest mandatory work) and **I** B + cost leveling; E–I on aggregated serving only; **J** B + the conversation-aware "+
+		"router alone (C without demotion), so that the router's and demotion's effects each have a row (B → J → C).\n\n", e.MaxNumTokens, e.Demote)
 	p("Workloads: **context** — disaggregated context servers (every request generates its first token only: prefill, as " +
 		"on the ranks the calibration was designed on; A's logs come from this workload); **aggregated** — prefill and decode on " +
 		"the same ranks.\n\n")
