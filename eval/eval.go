@@ -10,16 +10,20 @@ package eval
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
+	"github.com/lockstep-ai/lockstep/bridge/twin"
 	"github.com/lockstep-ai/lockstep/fleet"
 	"github.com/lockstep-ai/lockstep/report"
 	"github.com/lockstep-ai/lockstep/scheduler"
@@ -30,27 +34,65 @@ import (
 )
 
 // `worker eval` runs the seed's workflow and its policies side by side and
-// writes a report directory (issue 11; docs/eval.md):
+// writes a report directory (issues 11 and 27; docs/eval.md). The
+// configurations form a ladder, each step adding one thing:
 //
 //	A  token budget only (equal-cost off), iteration logs on every rank
-//	B  equal-cost chunking with the (O, D) `worker calibrate` fits from A's logs
-//	C  B + long-prefill demotion + the conversation-aware router
+//	B  A + equal-cost chunking with the (O, D) `worker calibrate` fits from A's logs
+//	J  B + the conversation-aware router
+//	C  J + long-prefill demotion
 //	D  C with ctx_cost auto (the online calibrator) instead of the fitted values
-//	E  A + ADP Balance (TensorRT-LLM's attention_dp_config), aggregated only
-//	F  B + ADP Balance, aggregated only
-//	G  C with least_tokens placement of new conversations, aggregated only
+//
+// and, beside the ladder, aggregated serving only:
+//
+//	E  A + ADP Balance (TensorRT-LLM's attention_dp_config)
+//	F  B + ADP Balance
+//	G  C with least_tokens placement of new conversations
+//	H  A + cost leveling
+//	I  B + cost leveling
 //
 // on two workloads of the same trace: context servers (every request
 // generates its first token only: the disaggregated prefill ranks the
 // calibration was designed on, where A's logs come from) and aggregated
-// serving (prefill and decode on the same ranks), each at a saturating load,
-// and the aggregated one also at the trace's own pace.
+// serving (prefill and decode on the same ranks). Each workload's capacity
+// is measured first (configuration A, every request at once); the ladder
+// then runs at every point of a load sweep (multiples of that capacity),
+// and the configurations beside it at the sweep's highest point.
+
+// ladder are the configurations of the ladder, in order, with what each
+// step adds; they run at every point of the sweep.
+var ladder = []struct{ config, step string }{
+	{"A", "token budget only"},
+	{"B", "A + equal-cost chunking (offline fit)"},
+	{"J", "B + conversation-aware router"},
+	{"C", "J + long-prefill demotion"},
+	{"D", "C with the online calibrator"},
+}
+
+// steps name what each configuration beside the ladder adds.
+var steps = map[string]string{
+	"E": "A + ADP Balance", "F": "B + ADP Balance", "G": "C + least_tokens placement",
+	"H": "A + cost leveling", "I": "B + cost leveling",
+}
+
+// stepOf is what configuration c adds ("" for the capacity runs).
+func stepOf(c string) string {
+	for _, l := range ladder {
+		if l.config == c {
+			return l.step
+		}
+	}
+	return steps[c]
+}
+
+// inLadder is whether c is one of the ladder's configurations.
+func inLadder(c string) bool { return stepOf(c) != "" && steps[c] == "" }
 
 // Options are the evaluation's settings (`worker eval`'s flags).
 type Options struct {
-	Engine string // the main evaluation's engine: twin
-	GPU    string // the twin's GPU
-	Model  string // the twin's model
+	Engine string   // the main evaluation's engine: twin
+	GPU    string   // the twin's GPU
+	Models []string // the twin's models, one section of the report each
 	// The twin's deployment (as `worker run`'s flags of the same names):
 	// element types ("" = the model's), GPUs per NVLink domain (0 = the
 	// GPU's) and the Zipf exponent of expert popularity (< 0 = uniform).
@@ -71,17 +113,34 @@ type Options struct {
 	// Demote is configuration C's demotion threshold U; LongPrefill splits
 	// the report's requests into long prefills and short turns.
 	Demote, LongPrefill int
-	// Saturation is the saturated runs' offered prefill load, a multiple of
-	// the fleet's measured context capacity.
-	Saturation float64
+	// Sweep are the offered loads, multiples of each workload's measured
+	// capacity, ascending; the highest is the "saturated" point where the
+	// configurations beside the ladder run.
+	Sweep []float64
+	// Configs are the configurations run: the ladder's at every point, the
+	// others (aggregated serving only) at the highest.
+	Configs []string
+	// SLOTTFT and SLOTPOT are the goodput's service-level objective: a
+	// request counts when its TTFT and its mean time per output token are
+	// within them (TPOT only for requests with more than one output token).
+	SLOTTFT, SLOTPOT time.Duration
+	// Jobs are the runs in flight at once (each run is one goroutine-bound
+	// twin fleet; the report does not depend on Jobs).
+	Jobs int
 	// CPU also runs configurations A–D on the CPU engine at small scale.
 	CPU bool
 }
 
+// DefaultConfigs are the configurations of a default evaluation: the
+// ladder and the two balancing modes on A and B (G runs with --configs).
+var DefaultConfigs = []string{"A", "B", "J", "C", "D", "E", "F", "H", "I"}
+
 // Defaults are the evaluation's defaults (the seed's scale).
 func Defaults() Options {
-	return Options{Engine: "twin", GPU: "h200", Model: "deepseek-v3", Ranks: 8, Limit: 3000, MaxNumTokens: 8192,
-		TokensPerPage: 32, MaxBatchSize: 256, MaxActive: 256, Demote: 16384, LongPrefill: 16384, Saturation: 1.1,
+	return Options{Engine: "twin", GPU: "h200", Models: []string{"deepseek-v3", "llama-8b"}, Ranks: 8, Limit: 2000,
+		MaxNumTokens: 8192, TokensPerPage: 32, MaxBatchSize: 256, MaxActive: 256, Demote: 16384, LongPrefill: 16384,
+		Sweep: []float64{0.1, 0.2, 0.3, 0.5, 0.7, 0.9, 1.1}, Configs: slices.Clone(DefaultConfigs),
+		SLOTTFT: 10 * time.Second, SLOTPOT: 100 * time.Millisecond, Jobs: min(4, max(1, runtime.GOMAXPROCS(0))),
 		CPU: true, LogLevel: "warn", ExpertZipf: -1}
 }
 
@@ -94,18 +153,75 @@ func (e *Options) Validate() error {
 		return usage.Errorf("--out DIR is required")
 	case e.Engine != "twin":
 		return usage.Errorf("--engine %q: the evaluation runs on the twin (add --cpu for the CPU engine's small-scale check)", e.Engine)
-	case !(e.Saturation > 0):
-		return usage.Errorf("--saturation must be positive, got %v", e.Saturation)
+	case len(e.Models) == 0:
+		return usage.Errorf("--model: name at least one of the twin's models")
+	case len(e.Sweep) == 0:
+		return usage.Errorf("--sweep: give at least one load (multiples of the measured capacity, e.g. 0.3,0.5,0.7,0.9,1.1)")
+	case len(e.Configs) == 0:
+		return usage.Errorf("--configs: name at least one configuration")
+	case e.SLOTTFT <= 0 || e.SLOTPOT <= 0:
+		return usage.Errorf("--slo-ttft and --slo-tpot must be positive, got %v and %v", e.SLOTTFT, e.SLOTPOT)
+	case e.Jobs < 1:
+		return usage.Errorf("--jobs must be at least 1, got %d", e.Jobs)
+	}
+	for i, x := range e.Sweep {
+		if !(x > 0) || math.IsInf(x, 0) {
+			return usage.Errorf("--sweep: load %v is not a positive multiple of the capacity", x)
+		}
+		if i > 0 && x <= e.Sweep[i-1] {
+			return usage.Errorf("--sweep: the loads must ascend without repeats, got %v after %v", x, e.Sweep[i-1])
+		}
+	}
+	seen := map[string]bool{}
+	for _, c := range e.Configs {
+		if stepOf(c) == "" {
+			return usage.Errorf("--configs: unknown configuration %q (allowed: %s)", c, strings.Join(allConfigs, ","))
+		}
+		if seen[c] {
+			return usage.Errorf("--configs: %s is named twice", c)
+		}
+		seen[c] = true
+	}
+	for _, m := range e.Models {
+		if _, err := twin.BuiltinProfile(e.GPU, m, twin.Parallelism{}); err != nil {
+			return usage.Errorf("--gpu %s --model %s: %v", e.GPU, m, err)
+		}
 	}
 	return nil
+}
+
+// ParseList splits a comma-separated flag value, dropping blanks.
+func ParseList(v string) []string {
+	var out []string
+	for _, s := range strings.Split(v, ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// ParseSweep parses --sweep's comma-separated loads.
+func ParseSweep(v string) ([]float64, error) {
+	var out []float64
+	for _, s := range ParseList(v) {
+		x, err := strconv.ParseFloat(s, 64)
+		if err != nil {
+			return nil, usage.Errorf("--sweep: %q is not a number (give loads as multiples of the capacity, e.g. 0.3,0.5,0.7,0.9,1.1)", s)
+		}
+		out = append(out, x)
+	}
+	return out, nil
 }
 
 // evalRun is one run of the evaluation: its configuration, load and
 // command line, and what came out.
 type evalRun struct {
-	Config   string   `json:"config"`   // A–I (or "capacity")
-	Workload string   `json:"workload"` // context, aggregated
-	Load     string   `json:"load"`     // trace, saturated, all-at-once
+	Model    string   `json:"model"`
+	Config   string   `json:"config"`           // A–J (or "capacity")
+	Workload string   `json:"workload"`         // context, aggregated
+	Load     string   `json:"load"`             // all-at-once, or the sweep point ("0.70×")
+	LoadX    float64  `json:"load_x,omitempty"` // the sweep point: offered load / measured capacity
 	Engine   string   `json:"engine"`
 	Scale    float64  `json:"arrival_scale"`
 	Command  string   `json:"command"`
@@ -117,20 +233,33 @@ type evalRun struct {
 	PrefillTokPerS float64 `json:"prefill_tokens_per_s"` // prompt tokens computed
 	// PromptTokPerS is every prompt token served (reused prefix included),
 	// ReusedShare the reused share of the admitted prompt tokens.
-	PromptTokPerS float64            `json:"prompt_tokens_per_s"`
-	ReusedShare   float64            `json:"reused_share"`
-	OutputTokPerS float64            `json:"output_tokens_per_s"`
-	DurationS     float64            `json:"duration_s"`
+	PromptTokPerS float64 `json:"prompt_tokens_per_s"`
+	ReusedShare   float64 `json:"reused_share"`
+	OutputTokPerS float64 `json:"output_tokens_per_s"`
+	DurationS     float64 `json:"duration_s"`
+	// Requests per second: offered (the slice's requests over its scaled
+	// arrival span), completed, and completed within the SLO (goodput).
+	OfferedRPS    float64            `json:"offered_requests_per_s,omitempty"`
+	ThroughputRPS float64            `json:"throughput_requests_per_s"`
+	GoodputRPS    float64            `json:"goodput_requests_per_s"`
+	SLOMet        int                `json:"slo_met"`
+	TTFT          report.Percentiles `json:"ttft_ms"`
+	E2E           report.Percentiles `json:"e2e_ms"`
 	TTFTShort     report.Percentiles `json:"ttft_short_ms"`
 	TTFTLong      report.Percentiles `json:"ttft_long_ms"`
 	E2ELong       report.Percentiles `json:"e2e_long_ms"`
 	TPOT          report.Percentiles `json:"tpot_ms"`
 	ShortN, LongN int
-	Preemptions   int     `json:"preemptions"`
-	Offset        int64   `json:"kv_cost_offset"`
-	Threshold     int64   `json:"kv_depth_threshold"`
-	Published     bool    `json:"published,omitempty"` // D: the online calibrator published (O, D)
-	WallS         float64 `json:"wall_s"`
+	Preemptions   int   `json:"preemptions"`
+	Offset        int64 `json:"kv_cost_offset"`
+	Threshold     int64 `json:"kv_depth_threshold"`
+	Published     bool  `json:"published,omitempty"` // D: the online calibrator published (O, D)
+	// D: the iteration of the online calibrator's first publication, its
+	// publications, and the run's forward iterations (does it settle?).
+	FirstPublication int64   `json:"first_publication_iteration,omitempty"`
+	Publications     int     `json:"publications,omitempty"`
+	Iterations       int     `json:"forward_iterations"`
+	WallS            float64 `json:"wall_s"`
 	// The balance of the attention-DP ranks (report.Balance): token and
 	// time balance ratios, the speed-of-light output throughput and the
 	// iterations ADP Balance held the contexts (E, F).
@@ -156,35 +285,91 @@ func Run(e Options, stderr io.Writer) (*Evaluation, error) {
 	}
 	start := time.Now()
 	ev := &Evaluation{opt: e, stderr: stderr}
-	if err := ev.twin(); err != nil {
-		return nil, err
-	}
-	if e.CPU {
-		if err := ev.cpuCheck(); err != nil {
+	for _, m := range e.Models {
+		if err := ev.twin(m); err != nil {
 			return nil, err
 		}
 	}
+	if e.CPU {
+		t := ev.phase("CPU engine")
+		if err := ev.cpuCheck(); err != nil {
+			return nil, err
+		}
+		t.done()
+	}
 	ev.wall = time.Since(start)
+	t := time.Now()
 	if err := ev.write(); err != nil {
 		return nil, err
 	}
-	fmt.Fprintf(stderr, "worker eval: %d runs in %.0f s; report: %s\n", len(ev.runs), ev.wall.Seconds(), filepath.Join(e.Out, "report.md"))
+	ev.phases = append(ev.phases, phase{Name: "report and plots", WallS: time.Since(t).Seconds()})
+	fmt.Fprintf(stderr, "worker eval: %d runs in %.0f s (%d at once); report: %s\n", len(ev.runs), ev.wall.Seconds(), e.Jobs,
+		filepath.Join(e.Out, "report.md"))
+	ev.writeTime(stderr)
 	return ev, nil
 }
 
 // Evaluation is one `worker eval`: its runs and figures.
 type Evaluation struct {
-	opt    Options
-	stderr io.Writer
-	runs   []*evalRun
-	wall   time.Duration
+	opt     Options
+	stderr  io.Writer
+	mu      sync.Mutex // guards runs and the progress lines
+	runs    []*evalRun
+	wall    time.Duration
+	phases  []phase
+	models  []*modelEval
+	cpuFit  *fitOutcome
+	cpuNote string
+}
 
-	capacity float64 // context capacity, prompt tokens/s served (context-only, everything at once): the demand's unit
-	demand   float64 // the trace slice's prompt tokens per second at its own pace
-	satScale float64 // arrival scale of the saturated runs
+// modelEval is one model's capacities, demand and fit.
+type modelEval struct {
+	Model    string             `json:"model"`
+	Capacity map[string]float64 `json:"capacity_prompt_tokens_per_s"` // per workload: A, every request at once, prompt tokens/s served
+	Demand   float64            `json:"trace_prompt_tokens_per_s"`    // the slice at its own pace
+	Requests int                `json:"requests"`
+	SpanS    float64            `json:"trace_span_s"` // the slice's last arrival at its own pace
 	fit      *fitOutcome
-	cpuFit   *fitOutcome
-	cpuNote  string
+}
+
+// scale is the arrival scale that offers load x of workload w's capacity.
+func (m *modelEval) scale(w string, x float64) float64 { return m.Demand / (m.Capacity[w] * x) }
+
+// phase is where part of the evaluation's wall time went.
+type phase struct {
+	Name  string  `json:"name"`
+	WallS float64 `json:"wall_s"`
+	Runs  int     `json:"runs"`
+	RunS  float64 `json:"run_s"` // the runs' own wall time, summed (more than WallS when runs overlap)
+	start time.Time
+	ev    *Evaluation
+	first int
+}
+
+// phase starts timing one part of the evaluation.
+func (ev *Evaluation) phase(name string) *phase {
+	return &phase{Name: name, start: time.Now(), ev: ev, first: len(ev.runs)}
+}
+
+// done records the phase with the runs it added.
+func (p *phase) done() {
+	p.WallS = time.Since(p.start).Seconds()
+	for _, r := range p.ev.runs[p.first:] {
+		p.Runs++
+		p.RunS += r.WallS
+	}
+	p.ev.phases = append(p.ev.phases, *p)
+}
+
+// writeTime prints where the evaluation's wall time went.
+func (ev *Evaluation) writeTime(w io.Writer) {
+	for _, p := range ev.phases {
+		if p.Runs > 0 {
+			fmt.Fprintf(w, "  %-40s %6.1f s wall, %3d runs, %6.1f s of run time\n", p.Name, p.WallS, p.Runs, p.RunS)
+		} else {
+			fmt.Fprintf(w, "  %-40s %6.1f s wall\n", p.Name, p.WallS)
+		}
+	}
 }
 
 // fitOutcome is the calibration of A's logs: the result or why it failed.
@@ -193,68 +378,134 @@ type fitOutcome struct {
 	err    error
 	text   string // §8.3 output
 	logs   string // the {rank} path fitted
+	plot   string // the calibration plot's file name
 }
 
-// twin runs the evaluation on the twin.
-func (ev *Evaluation) twin() error {
+// job is one run to make.
+type job struct {
+	config, workload, load string
+	x                      float64
+	args, env              []string
+	iterLog                string
+}
+
+// twin runs the evaluation of one model on the twin.
+func (ev *Evaluation) twin(model string) error {
 	e := ev.opt
-	base := []string{"--engine", "twin", "--gpu", e.GPU, "--model", e.Model, "--pages", "0", "--ranks", strconv.Itoa(e.Ranks),
+	m := &modelEval{Model: model, Capacity: map[string]float64{}}
+	ev.models = append(ev.models, m)
+	base := []string{"--engine", "twin", "--gpu", e.GPU, "--model", model, "--pages", "0", "--ranks", strconv.Itoa(e.Ranks),
 		"--trace", e.Trace, "--limit", strconv.Itoa(e.Limit), "--max-num-tokens", strconv.Itoa(e.MaxNumTokens),
 		"--tokens-per-page", strconv.Itoa(e.TokensPerPage), "--max-batch-size", strconv.Itoa(e.MaxBatchSize),
 		"--max-active-per-rank", strconv.Itoa(e.MaxActive)}
 	base = append(base, e.deploymentArgs()...)
-	// 1. The fleet's context capacity: context servers, everything at once.
-	capRun, err := ev.run("capacity", "context", "all-at-once", append(slices.Clone(base), "--context-only", "--arrival-scale", "0"), nil, "")
-	if err != nil {
-		return err
-	}
-	ev.capacity = capRun.PromptTokPerS // whole prompts per second, as the demand counts them
-	reqs, err := ev.traceDemand(base)
-	if err != nil {
-		return err
-	}
-	ev.demand = reqs
-	if ev.capacity <= 0 || ev.demand <= 0 {
-		return fmt.Errorf("eval: no context capacity (%.0f tokens/s) or demand (%.0f tokens/s) measured", ev.capacity, ev.demand)
-	}
-	ev.satScale = ev.demand / (ev.capacity * e.Saturation)
-	sat := strconv.FormatFloat(ev.satScale, 'g', 4, 64)
-	fmt.Fprintf(ev.stderr, "worker eval: context capacity %.0f prompt tokens/s served; the trace offers %.0f (load %.2f); saturated runs at --arrival-scale %s (load %.2f)\n",
-		ev.capacity, ev.demand, ev.demand/ev.capacity, sat, e.Saturation)
+	workloads := []struct {
+		name string
+		args []string
+	}{{"context", append(slices.Clone(base), "--context-only")}, {"aggregated", base}}
 
-	// 2. Context servers: A with iteration logs on every rank, then the fit.
-	logs := filepath.Join(e.Out, "iter", "A-context.{rank}.jsonl")
-	ctx := append(slices.Clone(base), "--context-only", "--arrival-scale", sat)
-	if _, err := ev.run("A", "context", "saturated", ctx, nil, logs); err != nil {
+	// 1. Each workload's capacity: configuration A, every request at once.
+	t := ev.phase(model + ": capacity")
+	var jobs []job
+	for _, w := range workloads {
+		jobs = append(jobs, job{config: "capacity", workload: w.name, load: "all-at-once", args: append(slices.Clone(w.args), "--arrival-scale", "0")})
+	}
+	caps, err := ev.runAll(model, jobs, e.Jobs)
+	if err != nil {
 		return err
 	}
-	ev.fit = ev.calibrate(logs, int64(e.MaxNumTokens), filepath.Join(e.Out, "calibration.png"))
-	// 3. Every configuration on both workloads.
-	for _, w := range []struct {
-		workload, load string
-		args           []string
-	}{
-		{"context", "saturated", ctx},
-		{"aggregated", "trace", append(slices.Clone(base), "--arrival-scale", "1")},
-		{"aggregated", "saturated", append(slices.Clone(base), "--arrival-scale", sat)},
-	} {
-		for _, c := range allConfigs {
-			if c == "A" && w.workload == "context" {
-				continue // ran above, with logs
-			}
-			if aggregatedOnly(c) && w.workload != "aggregated" {
-				continue // ADP Balance, cost leveling and placement: aggregated serving only
-			}
-			args, env, ok := ev.configure(c, w.args, ev.fit)
-			if !ok {
-				continue
-			}
-			if _, err := ev.run(c, w.workload, w.load, args, env, ""); err != nil {
-				return err
+	for i, w := range workloads {
+		m.Capacity[w.name] = caps[i].PromptTokPerS
+	}
+	if err := ev.traceDemand(m, base); err != nil {
+		return err
+	}
+	for _, w := range workloads {
+		if m.Capacity[w.name] <= 0 || m.Demand <= 0 {
+			return fmt.Errorf("eval %s: no %s capacity (%.0f prompt tokens/s) or demand (%.0f prompt tokens/s) measured", model, w.name, m.Capacity[w.name], m.Demand)
+		}
+		fmt.Fprintf(ev.stderr, "worker eval: %s %s capacity %.0f prompt tokens/s served; the trace offers %.0f at its own pace (load %.2f)\n",
+			model, w.name, m.Capacity[w.name], m.Demand, m.Demand/m.Capacity[w.name])
+	}
+	t.done()
+
+	// 2. A on context servers at the highest load with iteration logs on
+	// every rank, then the fit B's step uses.
+	t = ev.phase(model + ": A's logs and the fit")
+	top := e.Sweep[len(e.Sweep)-1]
+	logged := func(c, w string, x float64) bool { return c == "A" && w == "context" && x == top }
+	logs := filepath.Join(e.Out, "iter", "A-context-"+model+".{rank}.jsonl")
+	wantFit := slices.ContainsFunc(e.Configs, func(c string) bool { return c != "A" && c != "D" && c != "E" && c != "H" })
+	if slices.Contains(e.Configs, "A") || wantFit {
+		if _, err := ev.runAll(model, []job{ev.sweepJob(m, "A", "context", workloads[0].args, top, logs)}, 1); err != nil {
+			return err
+		}
+		if wantFit {
+			m.fit = ev.calibrate(logs, int64(e.MaxNumTokens), filepath.Join(e.Out, "calibration-"+model+".png"))
+			if m.fit.err != nil {
+				fmt.Fprintf(ev.stderr, "worker eval: %s: A's logs gave no fit (%v); the configurations that need it are skipped\n", model, m.fit.err)
 			}
 		}
 	}
+	t.done()
+
+	// 3. The ladder at every point, the others at the highest, aggregated.
+	t = ev.phase(model + ": the sweep")
+	jobs = jobs[:0]
+	for _, w := range workloads {
+		for _, x := range e.Sweep {
+			for _, c := range allConfigs {
+				if !slices.Contains(e.Configs, c) || logged(c, w.name, x) {
+					continue
+				}
+				if !inLadder(c) && (w.name != "aggregated" || x != top) {
+					continue // ADP Balance, cost leveling and placement: aggregated serving, the highest load
+				}
+				j := ev.sweepJob(m, c, w.name, w.args, x, "")
+				var ok bool
+				if j.args, j.env, ok = ev.configure(c, j.args, m.fit); ok {
+					jobs = append(jobs, j)
+				}
+			}
+		}
+	}
+	if _, err := ev.runAll(model, jobs, e.Jobs); err != nil {
+		return err
+	}
+	t.done()
 	return nil
+}
+
+// sweepJob is configuration c's run of workload w at load x.
+func (ev *Evaluation) sweepJob(m *modelEval, c, w string, args []string, x float64, iterLog string) job {
+	s := strconv.FormatFloat(m.scale(w, x), 'g', 4, 64)
+	return job{config: c, workload: w, load: loadLabel(x), x: x, args: append(slices.Clone(args), "--arrival-scale", s), iterLog: iterLog}
+}
+
+// loadLabel names a sweep point.
+func loadLabel(x float64) string { return strconv.FormatFloat(x, 'f', 2, 64) + "×" }
+
+// runAll makes the jobs, Options.Jobs at a time, and records their runs in
+// the jobs' order (the report does not depend on the order they finish in).
+func (ev *Evaluation) runAll(model string, jobs []job, parallel int) ([]*evalRun, error) {
+	out := make([]*evalRun, len(jobs))
+	errs := make([]error, len(jobs))
+	sem := make(chan struct{}, parallel)
+	var wg sync.WaitGroup
+	for i, j := range jobs {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			out[i], errs[i] = ev.run(model, j)
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	ev.runs = append(ev.runs, out...)
+	return out, nil
 }
 
 // deploymentArgs are the twin's deployment flags that differ from their
@@ -334,15 +585,16 @@ func (ev *Evaluation) configure(c string, args []string, fit *fitOutcome) ([]str
 	return args, env, true
 }
 
-// traceDemand is the trace slice's prompt tokens per second at its own pace.
-func (ev *Evaluation) traceDemand(base []string) (float64, error) {
+// traceDemand measures the trace slice at its own pace: its prompt tokens
+// per second, its requests and its arrival span.
+func (ev *Evaluation) traceDemand(m *modelEval, base []string) error {
 	o, err := fleet.ParseArgs(append(slices.Clone(base), "--arrival-scale", "1"), ev.stderr)
 	if err != nil {
-		return 0, err
+		return err
 	}
 	reqs, err := o.LoadWorkload(o.Ranks)
 	if err != nil {
-		return 0, err
+		return err
 	}
 	var tokens float64
 	var last time.Duration
@@ -350,21 +602,23 @@ func (ev *Evaluation) traceDemand(base []string) (float64, error) {
 		tokens += float64(reqs[i].Len())
 		last = max(last, reqs[i].Arrival)
 	}
-	if last <= 0 {
-		return 0, nil
+	m.Requests, m.SpanS = len(reqs), last.Seconds()
+	if last > 0 {
+		m.Demand = tokens / last.Seconds()
 	}
-	return tokens / last.Seconds(), nil
+	return nil
 }
 
-// run executes one `worker run` in process with args (its environment: env
-// only, plus TLLM_PROFILE_LOG_RANKS=all with iteration logs) and reduces
-// its outcome.
-func (ev *Evaluation) run(config, workloadName, load string, args, env []string, iterLog string) (*evalRun, error) {
+// run executes one `worker run` in process with the job's args (its
+// environment: the job's only, plus TLLM_PROFILE_LOG_RANKS=all with
+// iteration logs) and reduces its outcome.
+func (ev *Evaluation) run(model string, j job) (*evalRun, error) {
 	e := ev.opt
-	name := fmt.Sprintf("%s-%s-%s-%s", config, workloadName, load, engineOf(args))
-	args = append(args, "--progress", "off", "--log-level", e.LogLevel)
-	if iterLog != "" {
-		args = append(args, "--iter-log", iterLog)
+	name := fmt.Sprintf("%s-%s-%s-%s-%s", model, j.config, j.workload, strings.TrimSuffix(j.load, "×"), engineOf(j.args))
+	args := append(slices.Clone(j.args), "--progress", "off", "--log-level", e.LogLevel)
+	env := slices.Clone(j.env)
+	if j.iterLog != "" {
+		args = append(args, "--iter-log", j.iterLog)
 		env = append(env, "TLLM_PROFILE_LOG_RANKS=all")
 	}
 	vars := map[string]string{}
@@ -383,30 +637,31 @@ func (ev *Evaluation) run(config, workloadName, load string, args, env []string,
 		return nil, fmt.Errorf("eval run %s: %w", name, err)
 	}
 	o.RecordBusy = true
-	fmt.Fprintf(ev.stderr, "worker eval: %s ...", name)
 	t := time.Now()
 	out, err := fleet.Run(o, logf, getenv)
 	if err != nil {
-		fmt.Fprintln(ev.stderr, " failed")
 		return nil, fmt.Errorf("eval run %s (log %s): %w", name, logf.Name(), err)
 	}
-	fmt.Fprintf(ev.stderr, " %.1f s\n", time.Since(t).Seconds())
-	r := &evalRun{Config: config, Workload: workloadName, Load: load, Engine: o.Engine, Env: env,
-		Command: strings.Join(append(envPrefix(env), append([]string{"bin/worker", "run"}, quoteArgs(args)...)...), " ")}
+	r := &evalRun{Model: model, Config: j.config, Workload: j.workload, Load: j.load, LoadX: j.x, Engine: o.Engine, Env: env,
+		Command: strings.Join(append(slices.Clone(env), append([]string{"bin/worker", "run"}, quoteArgs(args)...)...), " ")}
 	r.Scale = o.ArrivalScale
 	ev.reduce(r, o, out)
-	ev.runs = append(ev.runs, r)
+	r.WallS = time.Since(t).Seconds()
+	ev.mu.Lock()
+	fmt.Fprintf(ev.stderr, "worker eval: %s %.1f s\n", name, r.WallS)
+	ev.mu.Unlock()
 	return r, nil
 }
 
 // reduce computes a run's figures from its outcome.
 func (ev *Evaluation) reduce(r *evalRun, o *fleet.Options, out *fleet.Outcome) {
 	rep := out.Report
-	r.Completed, r.DurationS, r.WallS = rep.Requests.Completed, rep.DurationS, rep.WallS
+	r.Completed, r.DurationS = rep.Requests.Completed, rep.DurationS
 	r.PrefillTokPerS, r.OutputTokPerS = rep.PrefillTokPerS, rep.OutputTokPerS
 	r.PromptTokPerS, r.ReusedShare = rep.PromptTokPerS, rep.Prefix.HitRate
 	r.Preemptions = rep.Preemptions.Suspended + rep.Preemptions.Recompute
 	r.busy = out.Result.Rank0.Busy
+	r.Iterations = len(r.busy)
 	if b := rep.Balance; b != nil {
 		r.TokenBalance, r.TimeBalance, r.SOLOutputTokPS, r.ADPBalanceHeld = b.TokenRatio, b.TimeRatio, b.SOLOutputTokPS, b.ADPBalanceHeld
 	}
@@ -440,23 +695,42 @@ func (ev *Evaluation) reduce(r *evalRun, o *fleet.Options, out *fleet.Outcome) {
 		slices.Sort(sorted)
 		r.WasteP90 = report.Round(sorted[min(len(sorted)-1, int(math.Ceil(0.9*float64(len(sorted))))-1)], 4)
 	}
-	var e2eL, tpot []float64
+	var ttft, e2e, e2eL, tpot []float64
+	sloTTFT, sloTPOT := float64(ev.opt.SLOTTFT)/1e6, float64(ev.opt.SLOTPOT)/1e6
+	var last time.Duration
 	for i, resp := range report.ByIndex(len(out.Reqs), out.Result.Rank0.Responses) {
+		last = max(last, out.Reqs[i].Arrival)
 		if resp == nil || resp.Error != "" {
 			continue
 		}
-		ttft := report.MSBetween(resp.ArrivalUnixNS, resp.FirstTokenUnixNS)
+		first := report.MSBetween(resp.ArrivalUnixNS, resp.FirstTokenUnixNS)
+		whole := report.MSBetween(resp.ArrivalUnixNS, resp.FinishUnixNS)
+		ttft, e2e = append(ttft, first), append(e2e, whole)
 		if out.Reqs[i].Len()-resp.ReusedTokens >= ev.opt.LongPrefill {
-			r.ttftL = append(r.ttftL, ttft)
-			e2eL = append(e2eL, report.MSBetween(resp.ArrivalUnixNS, resp.FinishUnixNS))
+			r.ttftL = append(r.ttftL, first)
+			e2eL = append(e2eL, whole)
 		} else {
-			r.ttftS = append(r.ttftS, ttft)
+			r.ttftS = append(r.ttftS, first)
 		}
+		met := first <= sloTTFT
 		if len(resp.Output) > 1 {
-			tpot = append(tpot, report.MSBetween(resp.FirstTokenUnixNS, resp.FinishUnixNS)/float64(len(resp.Output)-1))
+			per := report.MSBetween(resp.FirstTokenUnixNS, resp.FinishUnixNS) / float64(len(resp.Output)-1)
+			tpot = append(tpot, per)
+			met = met && per <= sloTPOT
+		}
+		if met {
+			r.SLOMet++
 		}
 	}
+	if r.LoadX > 0 && last > 0 {
+		r.OfferedRPS = report.Round(float64(len(out.Reqs))/last.Seconds(), 4) // the arrivals are already scaled
+	}
+	if r.DurationS > 0 {
+		r.ThroughputRPS = report.Round(float64(r.Completed)/r.DurationS, 4)
+		r.GoodputRPS = report.Round(float64(r.SLOMet)/r.DurationS, 4)
+	}
 	r.ShortN, r.LongN = len(r.ttftS), len(r.ttftL)
+	r.TTFT, r.E2E = report.Pct(ttft), report.Pct(e2e)
 	r.TTFTShort, r.TTFTLong = report.Pct(slices.Clone(r.ttftS)), report.Pct(slices.Clone(r.ttftL))
 	r.E2ELong, r.TPOT = report.Pct(e2eL), report.Pct(tpot)
 	sc, _, _ := o.SchedulerConfig(func(k string) string {
@@ -470,15 +744,18 @@ func (ev *Evaluation) reduce(r *evalRun, o *fleet.Options, out *fleet.Outcome) {
 	r.Offset, r.Threshold = sc.EqualCost.KVOffset, sc.EqualCost.KVDepthThreshold
 	if o.Scheduler.CostMode == scheduler.CostAuto {
 		r.Offset, r.Threshold, r.Published = 0, 0, false
-		if p := lastPublication(out); p != nil {
-			r.Offset, r.Threshold, r.Published = p.Offset, p.Threshold, true
+		pubs := out.Result.Rank0.CostPublications
+		r.Publications = len(pubs)
+		if len(pubs) > 0 {
+			p := pubs[len(pubs)-1]
+			r.Offset, r.Threshold, r.Published, r.FirstPublication = p.Offset, p.Threshold, true, pubs[0].Iteration
 		}
 	}
 }
 
 // calibrate fits A's logs as `worker calibrate` does and writes its plot.
 func (ev *Evaluation) calibrate(logs string, m int64, plotPath string) *fitOutcome {
-	f := &fitOutcome{logs: logs}
+	f := &fitOutcome{logs: logs, plot: filepath.Base(plotPath)}
 	files, err := report.ExpandLogPaths([]string{logs})
 	if err != nil {
 		f.err = err
@@ -505,7 +782,8 @@ func (ev *Evaluation) calibrate(logs string, m int64, plotPath string) *fitOutco
 }
 
 // cpuCheck runs A–D on the CPU engine at small scale: real compute, real
-// time, two in-process ranks.
+// time, two in-process ranks, one run at a time (the wall clock is the
+// measure).
 func (ev *Evaluation) cpuCheck() error {
 	e := ev.opt
 	base := []string{"--engine", "cpu", "--model", "tiny", "--ranks", "2", "--trace", e.Trace, "--limit", "160",
@@ -513,13 +791,14 @@ func (ev *Evaluation) cpuCheck() error {
 		"--arrival-scale", "0"}
 	logs := filepath.Join(e.Out, "iter", "A-context-cpu.{rank}.jsonl")
 	ctx := append(slices.Clone(base), "--context-only")
-	if _, err := ev.run("A", "context", "all-at-once", ctx, nil, logs); err != nil {
+	if _, err := ev.runAll("tiny", []job{{config: "A", workload: "context", load: "all-at-once", args: ctx, iterLog: logs}}, 1); err != nil {
 		return err
 	}
 	ev.cpuFit = ev.calibrate(logs, 256, filepath.Join(e.Out, "calibration-cpu.png"))
 	if ev.cpuFit.err != nil {
 		ev.cpuNote = fmt.Sprintf("the CPU engine's logs gave no fit (%v): B and C are skipped on the CPU engine", ev.cpuFit.err)
 	}
+	var jobs []job
 	for _, c := range []string{"A", "B", "C", "D"} {
 		args, env, ok := ev.configure(c, base, ev.cpuFit)
 		if !ok {
@@ -529,11 +808,10 @@ func (ev *Evaluation) cpuCheck() error {
 			// The CPU runs are short: refit often enough to publish.
 			args = append(args, "--config", ev.cpuCalibConfig())
 		}
-		if _, err := ev.run(c, "aggregated", "all-at-once", args, env, ""); err != nil {
-			return err
-		}
+		jobs = append(jobs, job{config: c, workload: "aggregated", load: "all-at-once", args: args, env: env})
 	}
-	return nil
+	_, err := ev.runAll("tiny", jobs, 1)
+	return err
 }
 
 // cpuCalibConfig writes the small-run calibrator settings of the CPU check.
@@ -553,8 +831,6 @@ func engineOf(args []string) string {
 	return "cpu"
 }
 
-func envPrefix(env []string) []string { return slices.Clone(env) }
-
 // quoteArgs quotes arguments a shell would split or expand.
 func quoteArgs(args []string) []string {
 	out := make([]string, len(args))
@@ -569,29 +845,32 @@ func quoteArgs(args []string) []string {
 
 // WriteSummary prints every run's figures as JSON.
 func (ev *Evaluation) WriteSummary(w io.Writer) error {
+	type modelSummary struct {
+		*modelEval
+		Fit      any    `json:"fit,omitempty"`
+		FitError string `json:"fit_error,omitempty"`
+		Knees    []knee `json:"knees"`
+	}
 	s := struct {
-		CapacityTokPerS float64    `json:"context_capacity_prompt_tokens_per_s"`
-		DemandTokPerS   float64    `json:"trace_prompt_tokens_per_s"`
-		TraceLoad       float64    `json:"trace_load"`
-		SaturatedScale  float64    `json:"saturated_arrival_scale"`
-		SaturatedLoad   float64    `json:"saturated_load"`
-		Fit             any        `json:"fit,omitempty"`
-		Runs            []*evalRun `json:"runs"`
-		WallS           float64    `json:"wall_s"`
-	}{ev.capacity, ev.demand, ev.demand / ev.capacity, ev.satScale, ev.opt.Saturation, nil, ev.runs, ev.wall.Seconds()}
-	if ev.fit != nil && ev.fit.err == nil {
-		s.Fit = ev.fit.result
+		SLOTTFTMS float64        `json:"slo_ttft_ms"`
+		SLOTPOTMS float64        `json:"slo_tpot_ms"`
+		Sweep     []float64      `json:"sweep_loads"`
+		Models    []modelSummary `json:"models"`
+		Runs      []*evalRun     `json:"runs"`
+		Phases    []phase        `json:"time"`
+		WallS     float64        `json:"wall_s"`
+	}{SLOTTFTMS: float64(ev.opt.SLOTTFT) / 1e6, SLOTPOTMS: float64(ev.opt.SLOTPOT) / 1e6, Sweep: ev.opt.Sweep,
+		Runs: ev.runs, Phases: ev.phases, WallS: ev.wall.Seconds()}
+	for _, m := range ev.models {
+		ms := modelSummary{modelEval: m, Knees: ev.knees(m.Model)}
+		if m.fit != nil && m.fit.err == nil {
+			ms.Fit = m.fit.result
+		} else if m.fit != nil {
+			ms.FitError = m.fit.err.Error()
+		}
+		s.Models = append(s.Models, ms)
 	}
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	return enc.Encode(s)
-}
-
-// lastPublication is the online calibrator's last publication of a run.
-func lastPublication(out *fleet.Outcome) *costfit.Publication {
-	p := out.Result.Rank0.CostPublications
-	if len(p) == 0 {
-		return nil
-	}
-	return &p[len(p)-1]
 }

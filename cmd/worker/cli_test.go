@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 
 	"github.com/lockstep-ai/lockstep/internal/usage"
@@ -34,4 +35,26 @@ var fakeRun = []string{"run", "--progress", "off", "--arrival-scale", "0", "--en
 func requireUserFacing(t *testing.T, msg string) {
 	t.Helper()
 	require.Empty(t, usage.Unreadable(msg), "an error: %s", msg)
+}
+
+// TestEvalFlagsRefused: `worker eval` refuses a bad sweep, configuration,
+// model or objective before any run, naming the flag (exit status 2).
+func TestEvalFlagsRefused(t *testing.T) {
+	base := []string{"eval", "--trace", "t.jsonl", "--out", t.TempDir()}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--sweep", "0.3,abc"}, `--sweep: "abc" is not a number`},
+		{[]string{"--sweep", "0.9,0.3"}, "--sweep: the loads must ascend"},
+		{[]string{"--configs", "A,Q"}, `--configs: unknown configuration "Q"`},
+		{[]string{"--model", "deepseek-v3,gpt-5"}, `unknown model "gpt-5"`},
+		{[]string{"--slo-ttft", "-1s"}, "--slo-ttft and --slo-tpot must be positive"},
+		{[]string{"--jobs", "0"}, "--jobs must be at least 1"},
+	} {
+		code, _, stderr := runCLI(t, append(slices.Clone(base), tc.args...)...)
+		require.Equal(t, 2, code, "%v: %s", tc.args, stderr)
+		require.Contains(t, stderr, tc.want, tc.args)
+		requireUserFacing(t, stderr)
+	}
 }

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"flag"
 	"io"
+	"strings"
 
 	"github.com/lockstep-ai/lockstep/eval"
 	"github.com/lockstep-ai/lockstep/internal/usage"
@@ -20,7 +21,7 @@ func runEval(args []string, stdout, stderr io.Writer) error {
 	fs.SetOutput(stderr)
 	fs.StringVar(&e.Engine, "engine", e.Engine, "engine of the main evaluation: twin (cpu runs a small real-compute check with --cpu)")
 	fs.StringVar(&e.GPU, "gpu", e.GPU, "the twin's GPU")
-	fs.StringVar(&e.Model, "model", e.Model, "the twin's model (the MLA + MoE preset the seed was tuned on)")
+	models := fs.String("model", strings.Join(e.Models, ","), "the twin's models, comma-separated: one report section each")
 	fs.StringVar(&e.WeightDType, "weight-dtype", e.WeightDType, "the twin's weight element type: bf16 or fp8 (default: the model's)")
 	fs.StringVar(&e.KVDType, "kv-dtype", e.KVDType, "the twin's KV-cache element type: bf16 or fp8 (default: the model's)")
 	fs.IntVar(&e.GPUsPerNode, "gpus-per-node", e.GPUsPerNode, "the twin's GPUs per NVLink domain (0: the GPU's)")
@@ -38,7 +39,11 @@ func runEval(args []string, stdout, stderr io.Writer) error {
 	fs.IntVar(&e.MaxActive, "max-active-per-rank", e.MaxActive, "router cap of active requests per rank (the rest waits in the router)")
 	fs.IntVar(&e.Demote, "demote-uncached", e.Demote, "configuration C: long-prefill demotion threshold U (uncached prompt tokens)")
 	fs.IntVar(&e.LongPrefill, "long-prefill", e.LongPrefill, "requests whose uncached prompt is at least this many tokens are long prefills in the report; the others are short turns")
-	fs.Float64Var(&e.Saturation, "saturation", e.Saturation, "offered prefill load of the saturated runs, as a multiple of the fleet's measured context capacity")
+	sweep := fs.String("sweep", "0.1,0.2,0.3,0.5,0.7,0.9,1.1", "offered loads of the sweep, ascending multiples of each workload's measured capacity; the configurations beside the ladder run at the highest")
+	configs := fs.String("configs", strings.Join(e.Configs, ","), "configurations to run (ladder A,B,J,C,D at every load; E,F,G,H,I aggregated at the highest)")
+	fs.DurationVar(&e.SLOTTFT, "slo-ttft", e.SLOTTFT, "goodput objective: time to first token")
+	fs.DurationVar(&e.SLOTPOT, "slo-tpot", e.SLOTPOT, "goodput objective: mean time per output token after the first")
+	fs.IntVar(&e.Jobs, "jobs", e.Jobs, "runs in flight at once (the twin's runs; the CPU engine's run one at a time)")
 	fs.BoolVar(&e.CPU, "cpu", e.CPU, "also run configurations A–D on the CPU engine at small scale (real compute, wall clock)")
 	fs.BoolVar(&jsonOut, "json", false, "print the summary as JSON on stdout (report.md and summary.json are written either way)")
 	fs.StringVar(&e.LogLevel, "log-level", e.LogLevel, "log level of the runs (their logs go to OUT/logs/)")
@@ -50,6 +55,11 @@ func runEval(args []string, stdout, stderr io.Writer) error {
 	}
 	if fs.NArg() > 0 {
 		return usage.Errorf("unexpected arguments: %v", fs.Args())
+	}
+	e.Models, e.Configs = eval.ParseList(*models), eval.ParseList(*configs)
+	var err error
+	if e.Sweep, err = eval.ParseSweep(*sweep); err != nil {
+		return err
 	}
 	if err := e.Validate(); err != nil {
 		return err
