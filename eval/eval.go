@@ -329,6 +329,11 @@ type modelEval struct {
 	Demand   float64            `json:"trace_prompt_tokens_per_s"`    // the slice at its own pace
 	Requests int                `json:"requests"`
 	SpanS    float64            `json:"trace_span_s"` // the slice's last arrival at its own pace
+	// Instants are the slice's distinct arrival times and MaxBurst the
+	// most requests arriving at one: scaling the arrivals stretches the
+	// gaps between bursts, never a burst.
+	Instants int `json:"arrival_instants"`
+	MaxBurst int `json:"max_burst"`
 	fit      *fitOutcome
 }
 
@@ -598,11 +603,16 @@ func (ev *Evaluation) traceDemand(m *modelEval, base []string) error {
 	}
 	var tokens float64
 	var last time.Duration
+	at := map[time.Duration]int{}
 	for i := range reqs {
 		tokens += float64(reqs[i].Len())
 		last = max(last, reqs[i].Arrival)
+		at[reqs[i].Arrival]++
 	}
-	m.Requests, m.SpanS = len(reqs), last.Seconds()
+	m.Requests, m.SpanS, m.Instants = len(reqs), last.Seconds(), len(at)
+	for _, n := range at {
+		m.MaxBurst = max(m.MaxBurst, n)
+	}
 	if last > 0 {
 		m.Demand = tokens / last.Seconds()
 	}

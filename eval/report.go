@@ -140,9 +140,15 @@ func (ev *Evaluation) markdown(plots map[string]bool) string {
 	if e.CPU {
 		p("\n## CPU engine (real compute, wall clock)\n\nTwo in-process ranks of the tiny model on the first 160 requests " +
 			"(lengths × 0.05), everything arriving at once, one run at a time. ")
-		if ev.cpuNote != "" {
-			p("%s. %s\n\n", ev.cpuNote, cpuFitExplanation)
-		} else {
+		switch {
+		case ev.cpuNote != "":
+			p("%s. %s.\n\n", ev.cpuNote, cpuFitExplanation)
+		case ev.cpuFit != nil && ev.cpuFit.result != nil:
+			r := ev.cpuFit.result
+			p("A's logs gave a fit this time (intercept %.2f ms, slope %.2f µs per KV token, O = %d, D = %d), but it is not "+
+				"stable from run to run: other runs of the same command read a fixed cost at or below zero, and then B and C "+
+				"are skipped. %s.\n\n", r.InterceptMS, 1000*r.SlopeMS, r.Offset, r.Threshold, cpuFitExplanation)
+		default:
 			p("\n\n")
 		}
 		ev.table(&b, "tiny", "cpu", "")
@@ -183,14 +189,29 @@ func (ev *Evaluation) modelSection(b *strings.Builder, m *modelEval, plots map[s
 	e := ev.opt
 	p := func(format string, a ...any) { fmt.Fprintf(b, format, a...) }
 	p("## %s on %d × %s\n\n", m.Model, e.Ranks, strings.ToUpper(e.GPU))
-	p("The slice (%d requests over %.0f s at the trace's pace) offers %.0f prompt tokens/s. Capacity: ", m.Requests, m.SpanS, m.Demand)
+	p("The slice (%d requests over %.0f s at the trace's pace) offers %.0f prompt tokens/s. It arrives in bursts: %d distinct "+
+		"arrival times, up to %d requests at one. Scaling the arrivals stretches the gaps between bursts, never a burst, so "+
+		"at the lowest loads the latencies stop falling: what remains is the cost of one burst alone. Capacity: ",
+		m.Requests, m.SpanS, m.Demand, m.Instants, m.MaxBurst)
 	for i, w := range []string{"context", "aggregated"} {
 		if i > 0 {
 			p("; ")
 		}
 		p("%s %.0f prompt tokens/s served (the trace's own pace is load %.2f)", w, m.Capacity[w], m.Demand/m.Capacity[w])
 	}
-	p(".\n\n### Knees\n\nThe highest swept rate with goodput ≥ %.0f %% of the offered rate (requests/s, and the load as a "+
+	p(".\n\n")
+	for _, w := range []string{"context", "aggregated"} {
+		c, top := ev.find(m.Model, "capacity", w, "all-at-once", "twin"), ev.find(m.Model, "A", w, ev.topLoad(), "twin")
+		if c != nil && top != nil {
+			p("On %s, the capacity run completed %.3f requests/s with %d preemptions; A at %s of it is offered %.3f and "+
+				"completes %.3f. ", w, c.ThroughputRPS, c.Preemptions, ev.topLoad(), top.OfferedRPS, top.ThroughputRPS)
+		}
+	}
+	p("The capacity is the sweep's yardstick, not its limit: every request at once keeps every context server busy, " +
+		"while arrivals over time leave ranks idle between bursts; on aggregated serving every request at once makes " +
+		"MAX_UTILIZATION admit them all and recompute, which arrivals over time may not (then the top of the sweep is not " +
+		"saturation).")
+	p("\n\n### Knees\n\nThe highest swept rate with goodput ≥ %.0f %% of the offered rate (requests/s, and the load as a "+
 		"multiple of the workload's capacity); \"below the sweep\" when even the lowest load misses it.\n\n"+
 		"| config | adds | context servers | aggregated serving |\n|---|---|---|---|\n", 100*kneeShare)
 	knees := ev.knees(m.Model)
