@@ -258,6 +258,7 @@ type evalRun struct {
 	// publications, and the run's forward iterations (does it settle?).
 	FirstPublication int64   `json:"first_publication_iteration,omitempty"`
 	Publications     int     `json:"publications,omitempty"`
+	LastRefit        string  `json:"last_refit,omitempty"` // D: the calibrator's last refit ("published" or why not)
 	Iterations       int     `json:"forward_iterations"`
 	WallS            float64 `json:"wall_s"`
 	// The balance of the attention-DP ranks (report.Balance): token and
@@ -755,7 +756,7 @@ func (ev *Evaluation) reduce(r *evalRun, o *fleet.Options, out *fleet.Outcome) {
 	if o.Scheduler.CostMode == scheduler.CostAuto {
 		r.Offset, r.Threshold, r.Published = 0, 0, false
 		pubs := out.Result.Rank0.CostPublications
-		r.Publications = len(pubs)
+		r.Publications, r.LastRefit = len(pubs), out.Result.Rank0.CostLastRefit
 		if len(pubs) > 0 {
 			p := pubs[len(pubs)-1]
 			r.Offset, r.Threshold, r.Published, r.FirstPublication = p.Offset, p.Threshold, true, pubs[0].Iteration

@@ -324,7 +324,11 @@ func (ev *Evaluation) calibratorText(model string) string {
 			fmt.Fprintf(&b, "%s %s: first published at iteration %d of %d (%d publications, last O = %d, D = %d)",
 				r.Workload, r.Load, r.FirstPublication, r.Iterations, r.Publications, r.Offset, r.Threshold)
 		} else {
-			fmt.Fprintf(&b, "%s %s: never published in %d iterations (it ran without a cap)", r.Workload, r.Load, r.Iterations)
+			why := "it never refitted"
+			if r.LastRefit != "" {
+				why = "last refit: " + r.LastRefit
+			}
+			fmt.Fprintf(&b, "%s %s: never published in %d iterations, so it ran without a cap (%s)", r.Workload, r.Load, r.Iterations, why)
 		}
 	}
 	b.WriteString(". A run whose first publication comes late in its iterations runs mostly uncapped: it did not settle.")

@@ -67,6 +67,9 @@ type Result struct {
 	// CostPublications are the online calibrator's publications, in order
 	// (ctx_cost.mode auto).
 	CostPublications []costfit.Publication
+	// CostLastRefit is the online calibrator's last refit, "" if it never
+	// refitted: why it did not publish (ctx_cost.mode auto).
+	CostLastRefit string
 	// CollectiveMS is this rank's total time blocked in control-plane
 	// collectives (C1–C5, C7–C9); 0 under a virtual clock without an
 	// iteration log, a serving callback or the measured host time.

@@ -54,6 +54,14 @@ func (e *Executor) Run() (*Result, error) {
 		e.res.TokenBalance = e.bal.tokenSum / float64(e.bal.n)
 	}
 	e.res.BalanceIterations, e.res.ForwardMS, e.res.SOLForwardMS = e.bal.n, e.bal.forwardMS, e.bal.solMS
+	if e.calib != nil {
+		if r, ok := e.calib.cal.LastRefresh(); ok {
+			e.res.CostLastRefit = "published"
+			if r.Reason != "" {
+				e.res.CostLastRefit = r.Reason
+			}
+		}
+	}
 	return &e.res, nil
 }
 
