@@ -321,8 +321,12 @@ func (ev *Evaluation) calibratorText(model string) string {
 		}
 		n++
 		if r.Published {
-			fmt.Fprintf(&b, "%s %s: first published at iteration %d of %d (%d publications, last O = %d, D = %d)",
-				r.Workload, r.Load, r.FirstPublication, r.Iterations, r.Publications, r.Offset, r.Threshold)
+			pubs := "publications"
+			if r.Publications == 1 {
+				pubs = "publication"
+			}
+			fmt.Fprintf(&b, "%s %s: first published at iteration %d of %d (%d %s, last O = %d, D = %d)",
+				r.Workload, r.Load, r.FirstPublication, r.Iterations, r.Publications, pubs, r.Offset, r.Threshold)
 		} else {
 			why := "it never refitted"
 			if r.LastRefit != "" {

@@ -52,8 +52,11 @@ func TestDocLinksResolve(t *testing.T) {
 				t.Errorf("%s links to %s, which does not exist", f, m[1])
 			}
 		}
-		for _, m := range namedPath.FindAllStringSubmatch(text, -1) {
-			p := strings.TrimSuffix(m[1], ".")
+		for _, ix := range namedPath.FindAllStringSubmatchIndex(text, -1) {
+			p := strings.TrimSuffix(text[ix[2]:ix[3]], ".")
+			if rest := text[ix[3]:]; strings.HasPrefix(rest, "{") || strings.HasPrefix(rest, ".{") {
+				continue // a pattern ('DIR/iter.{rank}.jsonl'), not a path
+			}
 			var full string
 			switch {
 			case strings.HasPrefix(p, "docs/"):
