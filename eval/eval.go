@@ -57,7 +57,8 @@ import (
 // serving (prefill and decode on the same ranks). Each workload's capacity
 // is measured first (configuration A, every request at once); the ladder
 // then runs at every point of a load sweep (multiples of that capacity),
-// and the configurations beside it at the sweep's highest point.
+// ADP Balance (E, F) at every point of aggregated serving's, and the other
+// configurations beside it at the sweep's highest point.
 
 // ladder are the configurations of the ladder, in order, with what each
 // step adds; they run at every point of the sweep.
@@ -88,6 +89,30 @@ func stepOf(c string) string {
 // inLadder is whether c is one of the ladder's configurations.
 func inLadder(c string) bool { return stepOf(c) != "" && steps[c] == "" }
 
+// sweptBeside are the configurations beside the ladder that also run at
+// every load of the sweep, on aggregated serving: ADP Balance (E, F), whose
+// effect the latency and goodput curves show. Placement (G) and cost
+// leveling (H, I) run at the highest load only: leveling changes nothing
+// measurable there (docs/eval.md), and each sweep line costs about a
+// sixth of the default evaluation's wall time.
+const sweptBeside = "EF"
+
+// runsAt is whether configuration c runs on workload w at load x of a sweep
+// whose highest load is top: the ladder everywhere, the configurations
+// beside it on aggregated serving only, ADP Balance at every load and the
+// others at the highest.
+func runsAt(c, w string, x, top float64) bool {
+	switch {
+	case inLadder(c):
+		return true
+	case w != "aggregated":
+		return false
+	case strings.Contains(sweptBeside, c):
+		return true
+	}
+	return x == top
+}
+
 // Options are the evaluation's settings (`worker eval`'s flags).
 type Options struct {
 	Engine string   // the main evaluation's engine: twin
@@ -114,11 +139,11 @@ type Options struct {
 	// the report's requests into long prefills and short turns.
 	Demote, LongPrefill int
 	// Sweep are the offered loads, multiples of each workload's measured
-	// capacity, ascending; the highest is the "saturated" point where the
-	// configurations beside the ladder run.
+	// capacity, ascending; the highest is the point where G, H and I run.
 	Sweep []float64
 	// Configs are the configurations run: the ladder's at every point, the
-	// others (aggregated serving only) at the highest.
+	// others on aggregated serving only, E and F at every point and G, H, I
+	// at the highest.
 	Configs []string
 	// SLOTTFT and SLOTPOT are the goodput's service-level objective: a
 	// request counts when its TTFT and its mean time per output token are
@@ -284,19 +309,25 @@ func Run(e Options, stderr io.Writer) (*Evaluation, error) {
 			return nil, fmt.Errorf("--out: %w", err)
 		}
 	}
+	if err := clearOutputs(e.Out); err != nil {
+		return nil, err
+	}
 	start := time.Now()
 	ev := &Evaluation{opt: e, stderr: stderr}
-	for _, m := range e.Models {
-		if err := ev.twin(m); err != nil {
-			return nil, err
-		}
-	}
+	// The CPU engine first: its timings are wall clock, in this process,
+	// and the twin runs leave a heap of gigabytes whose collection would
+	// take cores from the CPU ranks and scatter the samples its fit reads.
 	if e.CPU {
 		t := ev.phase("CPU engine")
 		if err := ev.cpuCheck(); err != nil {
 			return nil, err
 		}
 		t.done()
+	}
+	for _, m := range e.Models {
+		if err := ev.twin(m); err != nil {
+			return nil, err
+		}
 	}
 	ev.wall = time.Since(start)
 	t := time.Now()
@@ -308,6 +339,29 @@ func Run(e Options, stderr io.Writer) (*Evaluation, error) {
 		filepath.Join(e.Out, "report.md"))
 	ev.writeTime(stderr)
 	return ev, nil
+}
+
+// outputs are the files an evaluation writes under its directory, as
+// patterns: an earlier evaluation's are removed first, so a plot or log that
+// this one does not write again (a fit that failed this time, a model or
+// configuration not run) cannot sit beside its report as if it were its own.
+// Nothing else in the directory is touched.
+var outputs = []string{"report.md", "summary.json", "*-*.png", "logs/*.log", "logs/cpu-ctx-cost.yaml", "iter/A-context-*.jsonl"}
+
+// clearOutputs removes an earlier evaluation's outputs from dir.
+func clearOutputs(dir string) error {
+	for _, pat := range outputs {
+		names, err := filepath.Glob(filepath.Join(dir, pat))
+		if err != nil {
+			return err
+		}
+		for _, n := range names {
+			if err := os.Remove(n); err != nil {
+				return fmt.Errorf("--out: an earlier evaluation's output: %w", err)
+			}
+		}
+	}
+	return nil
 }
 
 // Evaluation is one `worker eval`: its runs and figures.
@@ -455,7 +509,8 @@ func (ev *Evaluation) twin(model string) error {
 	}
 	t.done()
 
-	// 3. The ladder at every point, the others at the highest, aggregated.
+	// 3. The ladder at every point; beside it, on aggregated serving, ADP
+	// Balance at every point and the others at the highest.
 	t = ev.phase(model + ": the sweep")
 	jobs = jobs[:0]
 	for _, w := range workloads {
@@ -464,8 +519,8 @@ func (ev *Evaluation) twin(model string) error {
 				if !slices.Contains(e.Configs, c) || logged(c, w.name, x) {
 					continue
 				}
-				if !inLadder(c) && (w.name != "aggregated" || x != top) {
-					continue // ADP Balance, cost leveling and placement: aggregated serving, the highest load
+				if !runsAt(c, w.name, x, top) {
+					continue
 				}
 				j := ev.sweepJob(m, c, w.name, w.args, x, "")
 				var ok bool
@@ -807,7 +862,7 @@ func (ev *Evaluation) cpuCheck() error {
 	}
 	ev.cpuFit = ev.calibrate(logs, 256, filepath.Join(e.Out, "calibration-cpu.png"))
 	if ev.cpuFit.err != nil {
-		ev.cpuNote = fmt.Sprintf("the CPU engine's logs gave no fit (%v): B and C are skipped on the CPU engine", ev.cpuFit.err)
+		ev.cpuNote = fmt.Sprintf("The CPU engine's logs gave no fit this time (%v): B and C are skipped on the CPU engine", ev.cpuFit.err)
 	}
 	var jobs []job
 	for _, c := range []string{"A", "B", "C", "D"} {

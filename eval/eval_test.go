@@ -7,6 +7,7 @@ import (
 	"image/png"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -62,7 +63,7 @@ func TestEvalWritesTheReport(t *testing.T) {
 	require.Len(t, sum.Models, 1)
 	require.Greater(t, sum.Models[0].Capacity["context"], 0.0)
 	require.Greater(t, sum.Models[0].Capacity["aggregated"], 0.0)
-	require.Len(t, sum.Models[0].Knees, 10, "the five ladder configurations on both workloads")
+	require.Len(t, sum.Models[0].Knees, 12, "the five ladder configurations on both workloads, ADP Balance (E, F) on aggregated serving")
 	seen := map[string]bool{}
 	for _, r := range sum.Runs {
 		require.Equal(t, 400, r.Completed, "%s %s %s", r.Config, r.Workload, r.Load)
@@ -80,8 +81,12 @@ func TestEvalWritesTheReport(t *testing.T) {
 	require.True(t, seen["capacity/context/all-at-once"] && seen["capacity/aggregated/all-at-once"])
 	for _, c := range []string{"A", "B", "J", "C", "D", "E", "F", "G", "H", "I"} {
 		for _, w := range []string{"context/0.50×", "context/1.10×", "aggregated/0.50×", "aggregated/1.10×"} {
-			if strings.Contains("EFGHI", c) && w != "aggregated/1.10×" {
-				require.False(t, seen[c+"/"+w], "ADP Balance, placement and cost leveling: aggregated serving at the highest load only")
+			if strings.Contains("EF", c) && !strings.HasPrefix(w, "aggregated/") {
+				require.False(t, seen[c+"/"+w], "ADP Balance: aggregated serving only")
+				continue
+			}
+			if strings.Contains("GHI", c) && w != "aggregated/1.10×" {
+				require.False(t, seen[c+"/"+w], "placement and cost leveling: aggregated serving at the highest load only")
 				continue
 			}
 			require.True(t, seen[c+"/"+w], "run %s/%s missing (a failed fit skips B, J and C: check the calibration)", c, w)
@@ -94,7 +99,8 @@ func TestEvalWritesTheReport(t *testing.T) {
 		"![latency_vs_rate](latency_vs_rate-deepseek-v3.png)", "**D's online calibrator**", "Where the time went",
 		"![TTFT CDFs](ttft_cdf-deepseek-v3.png)", "![timeline](timeline-deepseek-v3.png)", "![waste](waste-deepseek-v3.png)",
 		"![balance](balance-deepseek-v3.png)", "--attention-dp-balance", "--new-conv-placement least_tokens",
-		"--attention-dp-cost-leveling", "| **G** | C + least_tokens placement |", "## Commands"} {
+		"--attention-dp-cost-leveling", "| **G** | C + least_tokens placement |", "| E | aggregated | 0.50× |",
+		"| **E** | A + ADP Balance | every load, aggregated serving |", "## Commands"} {
 		require.Contains(t, string(md), want)
 	}
 	for _, name := range []string{"calibration-deepseek-v3.png", "goodput_vs_rate-deepseek-v3.png", "latency_vs_rate-deepseek-v3.png",
@@ -132,6 +138,40 @@ func TestEvalInParallel(t *testing.T) {
 		return
 	}
 	require.Equal(t, string(report(1, "A", "D")), string(report(2, "A", "D")))
+}
+
+// TestEvalClearsAnEarlierEvaluation: a plot, log or report of an earlier
+// evaluation into the same directory does not survive beside the new one,
+// and files the evaluation does not write are left alone.
+func TestEvalClearsAnEarlierEvaluation(t *testing.T) {
+	out := t.TempDir()
+	stale := []string{"calibration-cpu.png", "goodput_vs_rate-llama-8b.png", "logs/llama-8b-B-context-0.50-twin.log", "iter/A-context-cpu.0.jsonl"}
+	require.NoError(t, os.MkdirAll(filepath.Join(out, "logs"), 0o755))
+	require.NoError(t, os.MkdirAll(filepath.Join(out, "iter"), 0o755))
+	for _, n := range append(slices.Clone(stale), "notes.txt", "logs/mine.txt", "report.md", "summary.json") {
+		require.NoError(t, os.WriteFile(filepath.Join(out, n), []byte("x"), 0o644))
+	}
+	e := Defaults()
+	e.Trace, e.Out, e.Limit, e.Ranks, e.CPU = conversationTrace(t), out, 16, 2, false
+	e.Models, e.Sweep, e.Configs = []string{"moe-tiny"}, []float64{0.5, 1.1}, []string{"A"}
+	require.NoError(t, e.Validate())
+	var progress strings.Builder
+	_, err := Run(e, &progress)
+	require.NoError(t, err, progress.String())
+	for _, n := range stale {
+		_, err := os.Stat(filepath.Join(out, n))
+		require.True(t, os.IsNotExist(err), "%s: an earlier evaluation's output survived", n)
+	}
+	for _, n := range []string{"notes.txt", "logs/mine.txt"} {
+		b, err := os.ReadFile(filepath.Join(out, n))
+		require.NoError(t, err, n)
+		require.Equal(t, "x", string(b), n)
+	}
+	md, err := os.ReadFile(filepath.Join(out, "report.md"))
+	require.NoError(t, err)
+	require.Contains(t, string(md), "## moe-tiny")
+	_, err = os.Stat(filepath.Join(out, "goodput_vs_rate-moe-tiny.png"))
+	require.NoError(t, err)
 }
 
 // TestKnee: the knee is the highest point whose goodput keeps 90 % of the

@@ -99,14 +99,19 @@ func (ev *Evaluation) markdown(plots map[string]bool) string {
 		p("| %s | %.1f | %d | %.1f |\n", ph.Name, ph.WallS, ph.Runs, ph.RunS)
 	}
 	p("\n## What runs\n\nThe configurations form a ladder, each adding one thing to the one before; every ladder " +
-		"configuration runs at every load of the sweep, on both workloads. The configurations beside the ladder run on " +
-		"aggregated serving at the sweep's highest load.\n\n| config | adds | runs |\n|---|---|---|\n")
+		"configuration runs at every load of the sweep, on both workloads. The configurations beside the ladder add one " +
+		"thing to A or B and run on aggregated serving only, where contexts and decodes share the ranks: ADP Balance at " +
+		"every load, the others at the sweep's highest load.\n\n| config | adds | runs |\n|---|---|---|\n")
 	for _, c := range allConfigs {
 		if !slices.Contains(e.Configs, c) {
 			continue
 		}
 		where := "every load, both workloads"
-		if !inLadder(c) {
+		switch {
+		case inLadder(c):
+		case strings.Contains(sweptBeside, c):
+			where = "every load, aggregated serving"
+		default:
 			where = "aggregated serving, the highest load"
 		}
 		p("| **%s** | %s | %s |\n", c, stepOf(c), where)
@@ -237,7 +242,7 @@ func (ev *Evaluation) modelSection(b *strings.Builder, m *modelEval, plots map[s
 	}
 	p("\nAbove: goodput against the offered rate (dashed: the offered rate itself and %.0f %% of it, the knee's line); "+
 		"below: p90 TTFT on both workloads and p90 TPOT on aggregated serving against the offered rate, log scale, the "+
-		"objective dashed. One line per ladder configuration.\n\n", 100*kneeShare)
+		"objective dashed. One line per configuration swept (the ladder, and ADP Balance on aggregated serving).\n\n", 100*kneeShare)
 	p("### The sweep\n\n| config | workload | load | offered req/s | completed req/s | goodput req/s (share) | TTFT p50 / p90 / p99 (s) | TPOT p50 / p90 / p99 (ms) | E2E p50 / p90 / p99 (s) | waste | prompt tok/s served (reused) | preempt |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, w := range []string{"context", "aggregated"} {
 		for _, c := range allConfigs {

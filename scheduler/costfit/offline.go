@@ -188,14 +188,14 @@ func Fit(recs []Record, opt Options) (*Result, error) {
 	}
 	res.SlopeMS = Median(slopes)
 	if !(res.SlopeMS > 0) {
-		return nil, fmt.Errorf("%w: the Theil–Sen slope over %d spans is %g ms per KV token: the iteration time does not grow with the KV depth "+
+		return nil, fmt.Errorf("%w: the Theil–Sen slope over %d spans is %.3g ms per KV token: the iteration time does not grow with the KV depth "+
 			"(do the logs hold every rank, with the fleet's iteration time, fleet_device_ms? is attention negligible at these depths?)",
 			ErrNoFit, len(res.Spans), res.SlopeMS)
 	}
 	res.C2 = res.SlopeMS / float64(opt.MaxNumTokens)
 	res.InterceptMS = intercept(res.Samples, res.SlopeMS)
 	if !(res.InterceptMS > 0) {
-		return nil, fmt.Errorf("%w: the intercept A is %g ms; a full-budget iteration must have a positive fixed cost (check --max-num-tokens against the run's M)",
+		return nil, fmt.Errorf("%w: the intercept A is %.3g ms; a full-budget iteration must have a positive fixed cost (check --max-num-tokens against the run's M)",
 			ErrNoFit, res.InterceptMS)
 	}
 	res.OffsetHi = res.InterceptMS / res.SlopeMS
