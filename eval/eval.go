@@ -27,6 +27,7 @@ import (
 	"github.com/lockstep-ai/lockstep/fleet"
 	"github.com/lockstep-ai/lockstep/report"
 	"github.com/lockstep-ai/lockstep/scheduler"
+	"github.com/lockstep-ai/lockstep/workload"
 
 	"github.com/lockstep-ai/lockstep/internal/usage"
 
@@ -154,6 +155,10 @@ type Options struct {
 	Jobs int
 	// CPU also runs configurations A–D on the CPU engine at small scale.
 	CPU bool
+	// Arrivals is the twin runs' arrival process (`worker run --arrivals`):
+	// the trace's own times, bursts included, or a Poisson process at its
+	// mean rate.
+	Arrivals string
 }
 
 // DefaultConfigs are the configurations of a default evaluation: the
@@ -166,7 +171,7 @@ func Defaults() Options {
 		MaxNumTokens: 8192, TokensPerPage: 32, MaxBatchSize: 256, MaxActive: 256, Demote: 16384, LongPrefill: 16384,
 		Sweep: []float64{0.1, 0.2, 0.3, 0.5, 0.7, 0.9, 1.1}, Configs: slices.Clone(DefaultConfigs),
 		SLOTTFT: 10 * time.Second, SLOTPOT: 100 * time.Millisecond, Jobs: min(4, max(1, runtime.GOMAXPROCS(0))),
-		CPU: true, LogLevel: "warn", ExpertZipf: -1}
+		CPU: true, LogLevel: "warn", ExpertZipf: -1, Arrivals: workload.ArrivalsTrace}
 }
 
 // Validate refuses settings the evaluation cannot run, before any work.
@@ -188,6 +193,9 @@ func (e *Options) Validate() error {
 		return usage.Errorf("--slo-ttft and --slo-tpot must be positive, got %v and %v", e.SLOTTFT, e.SLOTPOT)
 	case e.Jobs < 1:
 		return usage.Errorf("--jobs must be at least 1, got %d", e.Jobs)
+	}
+	if err := workload.CheckArrivals(e.Arrivals, "--arrivals"); err != nil {
+		return usage.Wrap(err)
 	}
 	for i, x := range e.Sweep {
 		if !(x > 0) || math.IsInf(x, 0) {
@@ -459,6 +467,9 @@ func (ev *Evaluation) twin(model string) error {
 		"--tokens-per-page", strconv.Itoa(e.TokensPerPage), "--max-batch-size", strconv.Itoa(e.MaxBatchSize),
 		"--max-active-per-rank", strconv.Itoa(e.MaxActive)}
 	base = append(base, e.deploymentArgs()...)
+	if e.Arrivals != workload.ArrivalsTrace {
+		base = append(base, "--arrivals", e.Arrivals)
+	}
 	workloads := []struct {
 		name string
 		args []string

@@ -174,6 +174,31 @@ func TestEvalClearsAnEarlierEvaluation(t *testing.T) {
 	require.NoError(t, err)
 }
 
+// TestEvalPoissonArrivals: --arrivals poisson reaches every twin run and
+// the report; the slice then arrives one request at a time.
+func TestEvalPoissonArrivals(t *testing.T) {
+	e := Defaults()
+	e.Trace, e.Out, e.Limit, e.Ranks, e.CPU = conversationTrace(t), t.TempDir(), 32, 2, false
+	e.Models, e.Sweep, e.Configs, e.Arrivals = []string{"moe-tiny"}, []float64{0.5, 1.1}, []string{"A"}, "poisson"
+	require.NoError(t, e.Validate())
+	var progress strings.Builder
+	ev, err := Run(e, &progress)
+	require.NoError(t, err, progress.String())
+	for _, r := range ev.runs {
+		require.Contains(t, r.Command, "--arrivals poisson", r.Command)
+	}
+	require.Equal(t, 32, ev.models[0].Instants, "a Poisson process: every request at its own time")
+	require.Equal(t, 1, ev.models[0].MaxBurst)
+	md, err := os.ReadFile(filepath.Join(e.Out, "report.md"))
+	require.NoError(t, err)
+	require.Contains(t, string(md), "--arrivals poisson` (")
+	require.Contains(t, string(md), "is replayed as a Poisson process at the trace's mean rate")
+	require.Contains(t, string(md), "every request at its own time")
+
+	e.Arrivals = "bursty"
+	require.ErrorContains(t, e.Validate(), `--arrivals must be trace or poisson, got "bursty"`)
+}
+
 // TestKnee: the knee is the highest point whose goodput keeps 90 % of the
 // offer; a failing point beneath it is flagged; none below the sweep.
 func TestKnee(t *testing.T) {

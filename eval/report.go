@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/lockstep-ai/lockstep/report"
+	"github.com/lockstep-ai/lockstep/workload"
 
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
@@ -176,6 +177,9 @@ func (ev *Evaluation) commandLine() string {
 	if a := e.deploymentArgs(); len(a) > 0 {
 		s += " " + strings.Join(a, " ")
 	}
+	if e.Arrivals != workload.ArrivalsTrace {
+		s += " --arrivals " + e.Arrivals
+	}
 	return s
 }
 
@@ -194,10 +198,21 @@ func (ev *Evaluation) modelSection(b *strings.Builder, m *modelEval, plots map[s
 	e := ev.opt
 	p := func(format string, a ...any) { fmt.Fprintf(b, format, a...) }
 	p("## %s on %d × %s\n\n", m.Model, e.Ranks, strings.ToUpper(e.GPU))
-	p("The slice (%d requests over %.0f s at the trace's pace) offers %.0f prompt tokens/s. It arrives in bursts: %d distinct "+
-		"arrival times, up to %d requests at one. Scaling the arrivals stretches the gaps between bursts, never a burst, so "+
-		"at the lowest loads the latencies stop falling: what remains is the cost of one burst alone. Capacity: ",
-		m.Requests, m.SpanS, m.Demand, m.Instants, m.MaxBurst)
+	if e.Arrivals == workload.ArrivalsPoisson {
+		at := fmt.Sprintf("%d distinct arrival times, up to %d requests at one", m.Instants, m.MaxBurst)
+		if m.MaxBurst == 1 {
+			at = "every request at its own time"
+		}
+		p("The slice (%d requests over %.0f s) is replayed as a Poisson process at the trace's mean rate (`--arrivals "+
+			"poisson`: the same requests in the same order, exponential gaps) and offers %.0f prompt tokens/s at that pace, "+
+			"%s. Capacity: ", m.Requests, m.SpanS, m.Demand, at)
+	} else {
+		p("The slice (%d requests over %.0f s at the trace's pace) offers %.0f prompt tokens/s. It arrives in bursts: %d distinct "+
+			"arrival times, up to %d requests at one. Scaling the arrivals stretches the gaps between bursts, never a burst, so "+
+			"at the lowest loads the latencies stop falling: what remains is the cost of one burst alone (`--arrivals poisson` "+
+			"replays the slice without them). Capacity: ",
+			m.Requests, m.SpanS, m.Demand, m.Instants, m.MaxBurst)
+	}
 	for i, w := range []string{"context", "aggregated"} {
 		if i > 0 {
 			p("; ")

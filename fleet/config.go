@@ -158,6 +158,7 @@ var fileKeys = []fileKey{
 	{path: "workload.limit", kind: kindInt, flag: "limit", set: func(o *Options, v fileValue) { o.Limit = int(v.i) }},
 	{path: "workload.length_scale", kind: kindFloat, flag: "length-scale", set: func(o *Options, v fileValue) { o.LengthScale = v.f }},
 	{path: "workload.arrival_scale", kind: kindFloat, flag: "arrival-scale", set: func(o *Options, v fileValue) { o.ArrivalScale = v.f }},
+	{path: "workload.arrivals", kind: kindString, flag: "arrivals", set: func(o *Options, v fileValue) { o.Arrivals = v.s }},
 }
 
 // renamedKeys are keys of earlier versions, refused with their new name

@@ -149,6 +149,7 @@ workload:
   limit: 5
   length_scale: 0.05
   arrival_scale: 0
+  arrivals: poisson
 `
 	fc, err := parseFileConfig("c.yaml", []byte(text))
 	require.NoError(t, err)
@@ -186,6 +187,7 @@ workload:
 	require.Equal(t, 0, o.Limit, "a flag given on the command line wins over the file")
 	require.Equal(t, 0.05, o.LengthScale)
 	require.Equal(t, 0.0, o.ArrivalScale)
+	require.Equal(t, "poisson", o.Arrivals)
 	require.Equal(t, KVEventsConfig{EnableKVCacheEvents: true, Publisher: "zmq", Endpoint: "tcp://*:6000",
 		ReplayEndpoint: "tcp://*:6100", Topic: "kv", BufferSteps: 50, HWM: 7, Encoding: "map"}, o.KVEventsConfig)
 	require.True(t, o.kvZMQ())

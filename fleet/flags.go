@@ -67,6 +67,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.IntVar(&o.Limit, "limit", o.Limit, "serve at most N requests of the trace (0 = all)")
 	fs.Float64Var(&o.LengthScale, "length-scale", o.LengthScale, "multiply input, output and block lengths by F (at least 1 token each)")
 	fs.Float64Var(&o.ArrivalScale, "arrival-scale", o.ArrivalScale, "multiply trace arrival times by F (0 = every request arrives at once)")
+	fs.StringVar(&o.Arrivals, "arrivals", o.Arrivals, "arrival process: trace (the trace's own times, bursts included) or poisson (a Poisson process at the trace's mean rate, seeded by --seed, same order)")
 	fs.StringVar(&o.Report, "report", o.Report, "report format: text or json")
 	fs.StringVar(&o.IterLog, "iter-log", o.IterLog, "per-rank iteration log, JSON Lines ({rank} is replaced by the rank; ranks from TLLM_PROFILE_LOG_RANKS)")
 	fs.StringVar(&o.RequestsOut, "requests-out", o.RequestsOut, "write one JSON line per request to this file")

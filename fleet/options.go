@@ -22,6 +22,7 @@ import (
 	"github.com/lockstep-ai/lockstep/scheduler"
 	"github.com/lockstep-ai/lockstep/scheduler/router"
 	"github.com/lockstep-ai/lockstep/serve/kvevents"
+	"github.com/lockstep-ai/lockstep/workload"
 )
 
 // Options is everything a fleet needs, after flags, the config file and
@@ -54,6 +55,7 @@ type Options struct {
 	Limit              int     // --limit
 	LengthScale        float64 // --length-scale
 	ArrivalScale       float64 // --arrival-scale
+	Arrivals           string  // --arrivals: workload.ArrivalsTrace or ArrivalsPoisson (at the trace's mean rate, seeded by Seed)
 	InferConversations bool    // --infer-conversations
 	ContextOnly        bool    // --context-only: every request generates its first token only
 	Text               PromptOptions
@@ -175,7 +177,7 @@ func Defaults() Options {
 	return Options{
 		Engine: "cpu", Model: "tiny", Seed: 1, Ranks: 4,
 		Pages: 4096, TokensPerPage: 16, Scheduler: sc,
-		LengthScale: 1, ArrivalScale: 1, Report: "text", Progress: "auto",
+		LengthScale: 1, ArrivalScale: 1, Arrivals: workload.ArrivalsTrace, Report: "text", Progress: "auto",
 		CollectiveTimeout: 60 * time.Second, LogLevel: "info", Overlap: "on",
 		Router: "default", MaxActivePerRank: 1024, NewConvPlacement: router.PlacementRoundRobin, ADPBalance: executor.DefaultADPBalance(), CP: 1, EventBufferMaxSize: 1 << 20,
 		KVEventsConfig: KVEventsConfig{Publisher: "null", Endpoint: kvevents.DefaultEndpoint,

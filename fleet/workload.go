@@ -25,6 +25,9 @@ func (o *Options) validateScales() error {
 	if err := workload.CheckArrivalScale(o.ArrivalScale, o.settingName("arrival-scale")); err != nil {
 		return usage.Wrap(err)
 	}
+	if err := workload.CheckArrivals(o.Arrivals, o.settingName("arrivals")); err != nil {
+		return usage.Wrap(err)
+	}
 	return nil
 }
 
@@ -65,6 +68,9 @@ func (o *Options) LoadWorkload(adpRanks int) ([]workload.Request, error) {
 		VocabSize: shape.VocabSize, Seed: o.Seed, Ranks: adpRanks,
 		LengthScaleName: o.settingName("length-scale"), ArrivalScaleName: o.settingName("arrival-scale")}
 	reqs, err := workload.Load(o.Trace, opt)
+	if err == nil && o.Arrivals == workload.ArrivalsPoisson {
+		workload.PoissonArrivals(reqs, o.Seed)
+	}
 	if err == nil && o.ContextOnly {
 		for i := range reqs {
 			reqs[i].MaxNewTokens = 1

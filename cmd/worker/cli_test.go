@@ -51,6 +51,7 @@ func TestEvalFlagsRefused(t *testing.T) {
 		{[]string{"--model", "deepseek-v3,gpt-5"}, `unknown model "gpt-5"`},
 		{[]string{"--slo-ttft", "-1s"}, "--slo-ttft and --slo-tpot must be positive"},
 		{[]string{"--jobs", "0"}, "--jobs must be at least 1"},
+		{[]string{"--arrivals", "bursts"}, `--arrivals must be trace or poisson, got "bursts"`},
 	} {
 		code, _, stderr := runCLI(t, append(slices.Clone(base), tc.args...)...)
 		require.Equal(t, 2, code, "%v: %s", tc.args, stderr)

@@ -29,6 +29,7 @@ func loadgenFlags(fs *flag.FlagSet, o *loadgen.Options, report, requestsOut *str
 	fs.IntVar(&o.Limit, "limit", o.Limit, "send at most N requests (0 = all)")
 	fs.Float64Var(&o.LengthScale, "length-scale", o.LengthScale, "multiply a trace's input, output and block lengths by F")
 	fs.Float64Var(&o.ArrivalScale, "arrival-scale", o.ArrivalScale, "multiply trace arrival times by F (0 = every request at once)")
+	fs.StringVar(&o.Arrivals, "arrivals", o.Arrivals, "arrival process of a trace: trace (its own times, bursts included) or poisson (a Poisson process at its mean rate, seeded by --seed, same order)")
 	fs.IntVar(&o.MaxConcurrency, "max-concurrency", o.MaxConcurrency, "most requests in flight (0 = unbounded); a request due while N are in flight waits")
 	fs.DurationVar(&o.Duration, "duration", o.Duration, "stop issuing requests after D (0 = no limit); requests in flight then get --grace to finish")
 	fs.DurationVar(&o.Grace, "grace", o.Grace, "with --duration: how long requests in flight may run past it before they are cancelled")

@@ -561,6 +561,7 @@ func TestLoadgenFlags(t *testing.T) {
 		{[]string{"--trace", "a", "--prompts", "b"}, "mutually exclusive"},
 		{[]string{"--max-concurrency", "-1"}, "--max-concurrency"},
 		{[]string{"--arrival-scale", "-1"}, "--arrival-scale"},
+		{[]string{"--arrivals", "bursty"}, `--arrivals must be trace or poisson, got "bursty"`},
 		{[]string{"--duration", "-1s"}, "--duration"},
 		{[]string{"--model", "m", "--trace", "/nonexistent.jsonl"}, "/nonexistent.jsonl"},
 	}

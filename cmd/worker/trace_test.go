@@ -138,6 +138,7 @@ func TestRunRejectsOutOfRangeWorkloadValues(t *testing.T) {
 	}
 	lsInf, asNeg, asHuge := cfg("  length_scale: .inf\n"), cfg("  arrival_scale: -2\n"), cfg("  arrival_scale: 1e300\n")
 	lsTwo := cfg("  length_scale: 2\n\n")
+	arrBad := cfg("  arrivals: \"Poisson\"\n") // 22 bytes: a file name of its own
 	cases := []struct {
 		name string
 		args []string
@@ -152,6 +153,8 @@ func TestRunRejectsOutOfRangeWorkloadValues(t *testing.T) {
 		{"arrival scale NaN", []string{"--arrival-scale", "NaN"}, 2, "--arrival-scale must be a finite number ≥ 0, got NaN"},
 		{"arrival scale Inf", []string{"--arrival-scale", "Inf"}, 2, "--arrival-scale must be a finite number ≥ 0, got +Inf"},
 		{"arrival scale negative", []string{"--arrival-scale", "-0.5"}, 2, "--arrival-scale must be a finite number ≥ 0, got -0.5"},
+		{"arrival process unknown", []string{"--arrivals", "gamma"}, 2, `--arrivals must be trace or poisson, got "gamma"`},
+		{"config arrival process", []string{"--config", arrBad}, 2, arrBad + `:3 workload.arrivals must be trace or poisson, got "Poisson"`},
 		{"arrival scale 1e300", []string{"--arrival-scale", "1e300", "--trace", writeTrace(t, ok, traceLine(7, 10, 3, ""))}, 1,
 			`t.jsonl:2: field "timestamp": 7 ms × --arrival-scale 1e+300 is beyond the longest replay of 31536000000 ms (365 days)`},
 		{"timestamp 1e13", []string{"--trace", writeTrace(t, ok, traceLine(1e13, 10, 3, ""))}, 1,
@@ -363,4 +366,27 @@ func TestUpFrontCheckMatchesTheRanks(t *testing.T) {
 			require.Equal(t, c.want, rep.Rejections[0].Reason)
 		})
 	}
+}
+
+// TestRunPoissonArrivals: --arrivals poisson replays the same requests (the
+// same outputs) at the trace's mean rate without its bursts, so the
+// latencies change and the span stays about the same; the same seed gives
+// the same run.
+func TestRunPoissonArrivals(t *testing.T) {
+	trace := filepath.Join("..", "..", "..", "shared", "data", "mooncake", "conversation_trace.jsonl")
+	runTwin := func(arrivals string) report.Report {
+		code, stdout, stderr := runCode("run", "--engine", "twin", "--gpu", "h200", "--model", "llama-8b", "--ranks", "2",
+			"--pages", "0", "--trace", trace, "--limit", "200", "--arrival-scale", "0.05", "--arrivals", arrivals,
+			"--report", "json", "--progress", "off")
+		require.Equal(t, 0, code, stderr)
+		var rep report.Report
+		require.NoError(t, json.Unmarshal([]byte(stdout), &rep), stdout)
+		require.Equal(t, 200, rep.Requests.Completed)
+		return rep
+	}
+	tr, po, again := runTwin("trace"), runTwin("poisson"), runTwin("poisson")
+	require.Equal(t, tr.OutputDigest, po.OutputDigest, "the same requests, the same outputs")
+	require.NotEqual(t, tr.TTFTMS, po.TTFTMS, "other arrival times, other latencies")
+	require.Equal(t, po.TTFTMS, again.TTFTMS, "the same seed, the same run")
+	require.InEpsilon(t, tr.DurationS, po.DurationS, 0.5, "about the same span")
 }

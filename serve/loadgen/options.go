@@ -24,6 +24,9 @@ type Options struct {
 	Trace, PromptsFile        string
 	Limit                     int
 	LengthScale, ArrivalScale float64
+	// Arrivals is the arrival process of a trace: workload.ArrivalsTrace or
+	// workload.ArrivalsPoisson (as worker run --arrivals).
+	Arrivals string
 	// MaxConcurrency bounds the requests in flight (0: unbounded).
 	MaxConcurrency int
 	// Duration stops issuing requests (0: no limit); Grace is how long
@@ -50,7 +53,7 @@ const DefaultVocabSize = 32000
 
 // Defaults are the options of a replay with no flags given.
 func Defaults() Options {
-	return Options{URL: "http://127.0.0.1:8000", LengthScale: 1, ArrivalScale: 1, Grace: 30 * time.Second,
+	return Options{URL: "http://127.0.0.1:8000", LengthScale: 1, ArrivalScale: 1, Arrivals: workload.ArrivalsTrace, Grace: 30 * time.Second,
 		Timeout: 10 * time.Minute, Endpoint: "completions", Stream: true, IgnoreEOS: true,
 		MaxTokens: 128, Seed: 1}
 }
@@ -110,6 +113,9 @@ func (o *Options) Validate(getenv func(string) string) error {
 		return usage.Wrap(err)
 	}
 	if err := workload.CheckArrivalScale(o.ArrivalScale, "--arrival-scale"); err != nil {
+		return usage.Wrap(err)
+	}
+	if err := workload.CheckArrivals(o.Arrivals, "--arrivals"); err != nil {
 		return usage.Wrap(err)
 	}
 	return nil

@@ -171,6 +171,9 @@ func (g *Generator) loadWorkload(stderr io.Writer) error {
 	if err != nil {
 		return usage.Wrap(err)
 	}
+	if o.Arrivals == workload.ArrivalsPoisson {
+		workload.PoissonArrivals(reqs, o.Seed)
+	}
 	for i := range reqs {
 		g.reqs = append(g.reqs, request{index: i, arrival: reqs[i].Arrival, trace: &reqs[i], maxTokens: reqs[i].MaxNewTokens})
 	}
