@@ -252,7 +252,11 @@ func (c *Calibrator) refit() Refresh {
 	}
 	r.Kept = len(c.pts)
 	if 2*r.Kept < c.set.MinSamples {
-		r.Reason = fmt.Sprintf("%d samples left after dropping outliers and S ≤ 0, need %d", r.Kept, (c.set.MinSamples+1)/2)
+		samples := "samples"
+		if r.Kept == 1 {
+			samples = "sample"
+		}
+		r.Reason = fmt.Sprintf("%d %s left after dropping outliers and S ≤ 0, need %d", r.Kept, samples, (c.set.MinSamples+1)/2)
 		return r
 	}
 	// Step 3: pair the k-th lowest x with the k-th of the highest half.
