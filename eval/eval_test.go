@@ -199,6 +199,18 @@ func TestEvalPoissonArrivals(t *testing.T) {
 	require.ErrorContains(t, e.Validate(), `--arrivals must be trace or poisson, got "bursty"`)
 }
 
+// TestWholeTicks: iteration ticks read as whole numbers, never "175.00".
+func TestWholeTicks(t *testing.T) {
+	labelled := 0
+	for _, tk := range (wholeTicks{}).Ticks(174, 233) {
+		if tk.Label != "" {
+			labelled++
+			require.NotContains(t, tk.Label, ".", tk.Label)
+		}
+	}
+	require.Greater(t, labelled, 1)
+}
+
 // TestKnee: the knee is the highest point whose goodput keeps 90 % of the
 // offer; a failing point beneath it is flagged; none below the sweep.
 func TestKnee(t *testing.T) {

@@ -3,6 +3,7 @@ package eval
 import (
 	"fmt"
 	"image/color"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -471,6 +472,7 @@ func (ev *Evaluation) plotTimeline(model, path string) (bool, error) {
 		pl := plot.New()
 		pl.Title.Text = fmt.Sprintf("%s %s: per-rank busy time, forward iterations %d–%d (context servers, %s)", model, c, start, end-1, ev.topLoad())
 		pl.X.Label.Text, pl.Y.Label.Text = "forward iteration", "busy time (ms)"
+		pl.X.Tick.Marker = wholeTicks{}
 		pl.Add(plotter.NewGrid())
 		ranks := len(r.busy[start])
 		for k := 0; k < ranks; k++ {
@@ -514,6 +516,24 @@ func (ev *Evaluation) plotTimeline(model, path string) (bool, error) {
 		pl.Y.Min, pl.Y.Max = 0, yMax*1.45 // room for the legend
 	}
 	return true, report.SavePlots(path, 1600, 640, panels...)
+}
+
+// wholeTicks are gonum's default ticks labelled as whole numbers (iteration
+// numbers): a label at a fraction is dropped, and "175.00" reads "175".
+type wholeTicks struct{}
+
+func (wholeTicks) Ticks(lo, hi float64) []plot.Tick {
+	ts := plot.DefaultTicks{}.Ticks(lo, hi)
+	for i := range ts {
+		if ts[i].Label == "" {
+			continue
+		}
+		ts[i].Label = ""
+		if v := ts[i].Value; v == math.Trunc(v) {
+			ts[i].Label = strconv.FormatFloat(v, 'f', 0, 64)
+		}
+	}
+	return ts
 }
 
 // plotWaste: CDFs of the per-iteration lockstep waste per configuration,
