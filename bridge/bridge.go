@@ -249,6 +249,27 @@ type ExchangeStaller interface {
 	StallNextExchange(kind ExchangeKind, layer int, d time.Duration) error
 }
 
+// ThreadOwner is implemented by engines that run every call on one OS thread
+// of their own (the native engine: a CUDA context and the native side's
+// thread-local state live there). A call from any other goroutine is a
+// hand-off between two threads, twice per call: on a shared machine each
+// costs tens of microseconds of CPU, on the loop's critical path.
+// RunOnEngineThread runs fn on the engine's thread; calls that fn makes on
+// the engine (on any Engine method, from fn's goroutine) run inline, without
+// a hand-off. Calls from other goroutines wait until fn returns. fn must not
+// switch coroutines (nccl.CoroGroup members run on their driver's goroutine).
+type ThreadOwner interface {
+	RunOnEngineThread(fn func() error) error
+}
+
+// NativeCPUReporter is implemented by engines that measure the CPU time
+// their native calls took on the engine's thread (the compute of the CPU
+// engine, the launches of the CUDA one). A loop that runs on the engine's
+// thread (ThreadOwner) leaves it out of its own host time.
+type NativeCPUReporter interface {
+	NativeCPU() time.Duration
+}
+
 // SeqStep is one sequence of a step: its new tokens at positions
 // StartPos..StartPos+len(Tokens)-1, its block table (page indices covering at
 // least StartPos+len(Tokens) tokens), whether its last token is sampled, and

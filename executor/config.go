@@ -150,6 +150,15 @@ type Config struct {
 	// Then host_ms and MeasuredHostTime read the thread's CPU clock, less
 	// the CPU inside collectives; otherwise they fall back to wall time.
 	ThreadLocked bool
+	// EngineThread runs the loop on the engine's own thread when the
+	// engine has one (bridge.ThreadOwner, the native engine): every engine
+	// call then runs in place instead of being handed to the engine's
+	// goroutine and back (two thread wake-ups a call). The loop thread is
+	// then locked, so host_ms reads its CPU clock as with ThreadLocked, less
+	// the engine's own CPU (bridge.NativeCPUReporter). Leave it off for
+	// ranks that run as coroutines (nccl.RunCoroutines): a coroutine may
+	// not continue on another goroutine.
+	EngineThread bool
 	// CostCalibration, when set, runs the online context-cost calibrator
 	// (Scheduler.CostMode must be auto): every rank feeds the gathered
 	// statistics of the previous iteration and publishes the fitted (O, D)

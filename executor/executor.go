@@ -151,8 +151,13 @@ type Executor struct {
 	waitDur              time.Duration
 	waitCPU              time.Duration // thread CPU inside this iteration's collectives (waitEnd)
 	cpuClock             bool          // the loop thread is locked and has a CPU clock (host_ms, MeasuredHostTime)
-	timed                bool          // something reads the wall clock's measurements (wall)
-	lastStats            RankState
+	// engineCPU is the engine's native CPU clock when its calls run on the
+	// loop thread (Config.EngineThread): left out of host_ms. nil otherwise.
+	engineCPU      bridge.NativeCPUReporter
+	engineCPUStart time.Duration // engineCPU at the iteration's start
+	lastYield      time.Time     // the last yieldIfDue that yielded
+	timed          bool          // something reads the wall clock's measurements (wall)
+	lastStats      RankState
 	// Optional capabilities of the dependencies, resolved once in New
 	// (resolveCapabilities; the source's in SetSource too): the planner's
 	// PublishCost (ctx_cost.mode auto), the comm's watchdog iteration and

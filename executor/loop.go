@@ -3,6 +3,7 @@ package executor
 import (
 	"errors"
 	"fmt"
+	"runtime"
 	"time"
 
 	"github.com/lockstep-ai/lockstep/bridge"
@@ -23,12 +24,35 @@ func (e *Executor) Run() (*Result, error) {
 	if e.cfg.Rank == 0 && e.d.Source == nil {
 		return nil, errors.New("executor: rank 0 needs a request source")
 	}
+	if o, ok := e.d.Engine.(bridge.ThreadOwner); ok && e.cfg.EngineThread {
+		var res *Result
+		err := o.RunOnEngineThread(func() error {
+			var err error
+			res, err = e.run(true)
+			return err
+		})
+		return res, err
+	}
+	return e.run(false)
+}
+
+// run is Run on the caller's goroutine; onEngineThread: that goroutine is
+// the engine's, locked to its thread (Config.EngineThread).
+func (e *Executor) run(onEngineThread bool) (*Result, error) {
 	// The host time of an iteration is the loop thread's CPU clock
 	// (hostCPU), which measures this goroutine only while it keeps its
-	// thread (Config.ThreadLocked); wall time otherwise. Read only where
-	// something uses it: each reading is a system call, two per collective.
-	e.cpuClock = e.cfg.ThreadLocked && (e.cfg.IterLog != nil || e.measuredHost()) && cputime.Available()
+	// thread (Config.ThreadLocked, or the engine's thread); wall time
+	// otherwise. Read only where something uses it: each reading is a
+	// system call, two per collective.
+	locked := e.cfg.ThreadLocked || onEngineThread
+	e.cpuClock = locked && (e.cfg.IterLog != nil || e.measuredHost()) && cputime.Available()
+	if r, ok := e.d.Engine.(bridge.NativeCPUReporter); ok && onEngineThread && e.cpuClock {
+		e.engineCPU = r // its compute runs on the loop thread: not host time
+	}
 	for {
+		if onEngineThread {
+			e.yieldIfDue()
+		}
 		more, err := e.iteration()
 		if err != nil {
 			return nil, fmt.Errorf("rank %d iteration %d: %w", e.cfg.Rank, e.iter, err)
@@ -115,6 +139,9 @@ func (e *Executor) prologue() (*plan, error) {
 		p.cpuStart, _ = cputime.Thread()
 	}
 	e.waitDur, e.waitCPU = 0, 0
+	if e.engineCPU != nil {
+		e.engineCPUStart = e.engineCPU.NativeCPU()
+	}
 	// A watchdog comm names the iteration in its timeout reports.
 	if e.iterComm != nil {
 		e.iterComm.SetIteration(e.iter)
@@ -430,19 +457,44 @@ func (e *Executor) idleWait() {
 	}
 }
 
+// engineThreadYield is how often a loop that runs on the engine's thread
+// (Config.EngineThread) lets the Go scheduler run: below the runtime's
+// forced-preemption limit (10 ms on one scheduling tick). Such a loop never
+// blocks on a one-rank fleet, so without it the runtime's monitor takes it
+// for a goroutine that hogs its processor and takes the processor away
+// during the next engine call, every 10 ms: on a shared 2-core machine
+// that cost 0.3-0.4 ms of CPU per 7 ms decode step, where a yield costs
+// tens of microseconds (BenchmarkDecodeHostOverheadCPU, docs/scheduling.md).
+const engineThreadYield = 5 * time.Millisecond
+
+// yieldIfDue yields the processor once engineThreadYield has passed since
+// the last yield (wall clock: only native engines own their thread, never
+// a virtual-clock run).
+func (e *Executor) yieldIfDue() {
+	if now := time.Now(); now.Sub(e.lastYield) >= engineThreadYield {
+		runtime.Gosched()
+		e.lastYield = now
+	}
+}
+
 // measuredHost reports whether virtual iterations take the measured host
 // time (Config.MeasuredHostTime).
 func (e *Executor) measuredHost() bool { return e.virtual != nil && e.cfg.MeasuredHostTime }
 
 // hostCPU is the loop thread's CPU time since p started, less the CPU time
-// inside the iteration's collectives (in-process coroutine ranks share one
+// of the engine's native calls when they run on that thread
+// (Config.EngineThread) and the CPU time inside the iteration's collectives (in-process coroutine ranks share one
 // thread, and run each other while one waits in a collective; a wait on
 // other processes costs no CPU), or the wall time when there is no thread
 // CPU clock (the thread is not locked, or the platform has none).
 func (e *Executor) hostCPU(p *plan) time.Duration {
 	if e.cpuClock {
 		if now, ok := cputime.Thread(); ok {
-			return now - p.cpuStart - e.waitCPU
+			d := now - p.cpuStart - e.waitCPU
+			if e.engineCPU != nil {
+				d -= e.engineCPU.NativeCPU() - e.engineCPUStart
+			}
+			return d
 		}
 	}
 	return e.wall().Sub(p.wallStart)

@@ -48,7 +48,7 @@ func runInProcess(o *Options, sc scheduler.Config, reqs []workload.Request, log 
 		// The coroutine ranks share this goroutine's thread: locked, its
 		// CPU clock times every rank's host work (executor.Config.ThreadLocked).
 		runtime.LockOSThread()
-		setup.threadLocked = true
+		setup.threadLocked, setup.coroutines = true, true
 		nccl.RunCoroutines(coro, func(i int, _ *nccl.CoroComm) error { runRank(i); return nil })
 		runtime.UnlockOSThread()
 	} else {

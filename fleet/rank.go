@@ -73,6 +73,9 @@ type rankSetup struct {
 	// threadLocked: the ranks run as coroutines of one goroutine locked to
 	// its OS thread (executor.Config.ThreadLocked).
 	threadLocked bool
+	// coroutines: the ranks are coroutines of one goroutine, which may not
+	// run their loops on an engine's thread (executor.Config.EngineThread).
+	coroutines bool
 }
 
 // build builds rank i (on GPU device) of a world of o.world() ranks, with
@@ -195,6 +198,7 @@ func (s *rankSetup) executorConfig(o *Options, i int, parts *rankParts, iterLog,
 		cfg.MeasuredHostTime = o.TwinHostTime == "measured"
 	}
 	cfg.ThreadLocked = s.threadLocked
+	cfg.EngineThread = !s.coroutines // a native engine's calls without hand-offs
 	if o.API != nil {
 		cfg.Stream = true // every rank: the same gathers
 		if i == 0 {

@@ -4,6 +4,7 @@ package tests
 
 import (
 	"cmp"
+	"io"
 	"math"
 	"slices"
 	"sync"
@@ -66,6 +67,11 @@ type cpuRun struct {
 	src              seededSource
 	// logprobs, when set, receives every request's log-probabilities.
 	logprobs map[uint64][]executor.TokenLogprobs
+	// engineThread runs each rank's loop on its engine's thread
+	// (executor.Config.EngineThread); iterLogs, when set, receives each
+	// rank's iteration log.
+	engineThread bool
+	iterLogs     []io.Writer
 }
 
 func serveCPUWith(t *testing.T, reqs []workload.Request, c cpuRun) map[uint64][]int32 {
@@ -92,8 +98,12 @@ func serveCPUWith(t *testing.T, reqs []workload.Request, c cpuRun) map[uint64][]
 		if i == 0 {
 			d.Source = source
 		}
-		execs[i], err = executor.New(executor.Config{Rank: i, Ranks: ranks, Scheduler: sc, Overlap: overlap,
-			MaxIdleSleep: time.Millisecond}, d)
+		cfg := executor.Config{Rank: i, Ranks: ranks, Scheduler: sc, Overlap: overlap,
+			MaxIdleSleep: time.Millisecond, EngineThread: c.engineThread}
+		if c.iterLogs != nil {
+			cfg.IterLog = c.iterLogs[i]
+		}
+		execs[i], err = executor.New(cfg, d)
 		require.NoError(t, err)
 	}
 	results := make([]*executor.Result, ranks)

@@ -12,7 +12,9 @@
 // (runtime.LockOSThread). Every native call on the handle is a request run on
 // that goroutine, so calls are serialised, the native side always sees the
 // same thread (a CUDA backend's current device, thread-local last errors),
-// and a step costs exactly one cgo call.
+// and a step costs exactly one cgo call. A loop that drives the engine may
+// run on that goroutine itself (bridge.ThreadOwner, RunOnEngineThread): its
+// calls then run in place, with no hand-off between two threads per call.
 package native
 
 // EngineLibrary is the hash of the libengine.a this binary links, stamped

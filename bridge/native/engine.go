@@ -18,6 +18,8 @@ import (
 	"runtime"
 	"strconv"
 	"sync"
+	"sync/atomic"
+	"syscall"
 	"time"
 	"unsafe"
 
@@ -35,6 +37,12 @@ type engine struct {
 	closed    bool          // after Close
 	reqs      chan func()   // requests, run on the engine goroutine
 	done      chan struct{} // one signal per finished request
+
+	// tid is the engine thread's id, set by loop before its first request.
+	// owned is true while RunOnEngineThread's function runs on that thread:
+	// a call from that thread then runs inline (inline).
+	tid   int
+	owned atomic.Bool
 
 	shape bridge.ModelShape // resolved at Open; immutable
 
@@ -127,6 +135,7 @@ func backendOf(name string) (C.eng_backend, error) {
 // a thread that carries native per-thread state (e.g. a CUDA context).
 func (e *engine) loop() {
 	runtime.LockOSThread()
+	e.tid = syscall.Gettid() // before the first receive: every caller sees it
 	for fn := range e.reqs {
 		fn()
 		e.done <- struct{}{}
@@ -142,8 +151,40 @@ func (e *engine) run(fn func()) {
 	<-e.done
 }
 
-// call is run for an open engine: it fails with bridge.ErrClosed after Close.
+// inline reports whether the caller is the engine goroutine running
+// RunOnEngineThread's function: then calls run in place (the goroutine is
+// locked to the engine thread, so the thread id names it). Any other caller
+// hands its call over and waits for e.mu, which the owning call holds.
+func (e *engine) inline() bool {
+	return e.owned.Load() && syscall.Gettid() == e.tid
+}
+
+// RunOnEngineThread implements bridge.ThreadOwner: fn runs on the engine
+// thread, and the engine calls it makes run there without a hand-off. A
+// call from inside fn runs fn in place.
+func (e *engine) RunOnEngineThread(fn func() error) error {
+	if e.inline() {
+		return fn()
+	}
+	var err error
+	if cerr := e.call("run_on_engine_thread", func() {
+		e.owned.Store(true)
+		defer e.owned.Store(false)
+		err = fn()
+	}); cerr != nil {
+		return cerr
+	}
+	return err
+}
+
+// call is run for an open engine: it fails with bridge.ErrClosed after
+// Close. On the engine thread inside RunOnEngineThread it runs fn in place
+// (the engine cannot be closed meanwhile: Close waits for e.mu).
 func (e *engine) call(op string, fn func()) error {
+	if e.inline() {
+		fn()
+		return nil
+	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.closed {
@@ -289,6 +330,9 @@ func (e *engine) Shape() bridge.ModelShape { return e.shape }
 
 // Step runs one forward step with exactly one cgo call.
 func (e *engine) Step(desc *bridge.StepDesc, res *bridge.StepResult) error {
+	if e.inline() {
+		return e.flattenAndStep(desc, res)
+	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.closed {
@@ -493,29 +537,37 @@ func (e *engine) flatten(op string, desc *bridge.StepDesc) (n, sampled int, err 
 // Submit queues a step on the engine's stream and returns without waiting
 // for it (one cgo call; the engine copies the descriptor).
 func (e *engine) Submit(desc *bridge.StepDesc) error {
+	if e.inline() {
+		return e.doSubmit(desc)
+	}
 	var err error
-	if cerr := e.call("submit", func() {
-		n, sampled, ferr := e.flatten("submit", desc)
-		if ferr != nil {
-			err = ferr
-			return
-		}
-		want := C.int32_t(0)
-		if desc.WantLogits {
-			want = 1
-		}
-		c0, _ := cputime.Thread()
-		st := C.eng_engine_submit(e.h, e.cdesc, want)
-		c1, _ := cputime.Thread()
-		e.nativeCPU += c1 - c0
-		if err = e.status("submit", st); err == nil {
-			e.pending = append(e.pending, pendingStep{seqs: n, sampled: sampled, logits: desc.WantLogits,
-				logprobs: desc.WantsLogprobs()})
-		}
-	}); cerr != nil {
+	if cerr := e.call("submit", func() { err = e.doSubmit(desc) }); cerr != nil {
 		return cerr
 	}
 	return err
+}
+
+// doSubmit flattens desc and queues it on the engine's stream. Runs on the
+// engine goroutine.
+func (e *engine) doSubmit(desc *bridge.StepDesc) error {
+	n, sampled, err := e.flatten("submit", desc)
+	if err != nil {
+		return err
+	}
+	want := C.int32_t(0)
+	if desc.WantLogits {
+		want = 1
+	}
+	c0, _ := cputime.Thread()
+	st := C.eng_engine_submit(e.h, e.cdesc, want)
+	c1, _ := cputime.Thread()
+	e.nativeCPU += c1 - c0
+	if err := e.status("submit", st); err != nil {
+		return err
+	}
+	e.pending = append(e.pending, pendingStep{seqs: n, sampled: sampled, logits: desc.WantLogits,
+		logprobs: desc.WantsLogprobs()})
+	return nil
 }
 
 // NativeCPU is the engine thread's CPU time spent in the native step calls
@@ -523,8 +575,23 @@ func (e *engine) Submit(desc *bridge.StepDesc) error {
 // process's CPU time to get the host's). It is 0 where the platform has no
 // per-thread CPU clock.
 func (e *engine) NativeCPU() time.Duration {
+	if e.inline() {
+		return e.nativeCPU
+	}
 	var d time.Duration
 	if err := e.call("native_cpu", func() { d = e.nativeCPU }); err != nil {
+		return 0
+	}
+	return d
+}
+
+// ThreadCPU is the engine thread's whole CPU time so far: its native calls
+// (NativeCPU) and, while a loop runs on the thread (RunOnEngineThread), that
+// loop's. A benchmark takes the difference of the two as the loop's host
+// time on the critical path. 0 where the platform has no thread CPU clock.
+func (e *engine) ThreadCPU() time.Duration {
+	var d time.Duration
+	if err := e.call("thread_cpu", func() { d, _ = cputime.Thread() }); err != nil {
 		return 0
 	}
 	return d
@@ -535,40 +602,49 @@ func (e *engine) Wait(res *bridge.StepResult) error {
 	if res == nil {
 		return bridge.StatusError("wait", bridge.StatusInvalidArgument, "res must not be nil")
 	}
+	if e.inline() {
+		return e.doWait(res)
+	}
 	var err error
-	if cerr := e.call("wait", func() {
-		if len(e.pending) == 0 {
-			err = bridge.StatusError("wait", bridge.StatusInvalidArgument, "no submitted step to wait for")
-			return
-		}
-		p := e.pending[0]
-		e.pending = e.pending[1:]
-		b := &e.bufs
-		out := b.sampled.slice(p.seqs)
-		cres := e.cres
-		*cres = C.eng_step_result{sampled: (*C.int32_t)(b.sampled.p)}
-		var logits []float32
-		if p.logits {
-			logits = b.logits.slice(p.sampled * e.shape.VocabSize)
-			cres.logits = (*C.float)(b.logits.p)
-		}
-		e.logprobResults(cres, p.seqs, p.logprobs)
-		c0, _ := cputime.Thread()
-		st := C.eng_engine_wait(e.h, cres)
-		c1, _ := cputime.Thread()
-		e.nativeCPU += c1 - c0
-		if err = e.status("wait", st); err != nil {
-			return
-		}
-		res.Sampled = append(res.Sampled[:0], out...)
-		res.Logits = append(res.Logits[:0], logits...)
-		e.copyLogprobs(res, p.seqs, p.logprobs)
-		res.DeviceMS = float64(cres.device_ms)
-		res.MoEWaitMS = float64(cres.moe_wait_ms)
-	}); cerr != nil {
+	if cerr := e.call("wait", func() { err = e.doWait(res) }); cerr != nil {
 		return cerr
 	}
 	return err
+}
+
+// doWait waits for the oldest submitted step and copies its results into
+// res. Runs on the engine goroutine.
+func (e *engine) doWait(res *bridge.StepResult) error {
+	if len(e.pending) == 0 {
+		return bridge.StatusError("wait", bridge.StatusInvalidArgument, "no submitted step to wait for")
+	}
+	p := e.pending[0]
+	// Shift in place (at most MaxInflight entries), so that the slice
+	// never creeps along its array and reallocates.
+	e.pending = e.pending[:copy(e.pending, e.pending[1:])]
+	b := &e.bufs
+	out := b.sampled.slice(p.seqs)
+	cres := e.cres
+	*cres = C.eng_step_result{sampled: (*C.int32_t)(b.sampled.p)}
+	var logits []float32
+	if p.logits {
+		logits = b.logits.slice(p.sampled * e.shape.VocabSize)
+		cres.logits = (*C.float)(b.logits.p)
+	}
+	e.logprobResults(cres, p.seqs, p.logprobs)
+	c0, _ := cputime.Thread()
+	st := C.eng_engine_wait(e.h, cres)
+	c1, _ := cputime.Thread()
+	e.nativeCPU += c1 - c0
+	if err := e.status("wait", st); err != nil {
+		return err
+	}
+	res.Sampled = append(res.Sampled[:0], out...)
+	res.Logits = append(res.Logits[:0], logits...)
+	e.copyLogprobs(res, p.seqs, p.logprobs)
+	res.DeviceMS = float64(cres.device_ms)
+	res.MoEWaitMS = float64(cres.moe_wait_ms)
+	return nil
 }
 
 // CopyPages copies page src[k] of srcTier to page dst[k] of dstTier.
@@ -598,6 +674,10 @@ func (e *engine) CopyPages(srcTier bridge.Tier, src []int32, dstTier bridge.Tier
 // Close frees the native engine and stops its goroutine. Further calls,
 // Close included, fail with bridge.ErrClosed.
 func (e *engine) Close() error {
+	if e.inline() {
+		return bridge.StatusError("close", bridge.StatusInvalidArgument,
+			"the engine cannot be closed from inside RunOnEngineThread")
+	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.closed {
