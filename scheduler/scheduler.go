@@ -65,14 +65,16 @@ type Scheduler struct {
 	genVisited bool  // phase 1 visited a generation request in the window
 	fatal      error // first fatal error of the pass
 
-	flags     []uint8  // per list index, see flag*
-	pending   []int32  // context requests of phase 2, in list order
-	order     []int32  // phase-2 visiting order (demotion)
-	exec      []uint64 // executing ids, sorted
-	lastChunk []bool   // per Context entry: a last chunk (§16)
-	pausedIdx []int32  // list index of each Paused entry
-	sortReq   []*Request
-	sortInt   []int
+	flags   []uint8 // per list index, see flag*
+	pending []int32 // context requests of phase 2, in list order
+	// continuations counts pending's CONTEXT_IN_PROGRESS requests.
+	continuations int
+	order         []int32  // phase-2 visiting order (demotion)
+	exec          []uint64 // executing ids, sorted
+	lastChunk     []bool   // per Context entry: a last chunk (§16)
+	pausedIdx     []int32  // list index of each Paused entry
+	sortReq       []*Request
+	sortInt       []int
 
 	prefix    prefixSkip
 	victims   victimMemo              // failed context-preemption searches of this pass
@@ -210,6 +212,7 @@ func (s *Scheduler) begin(active []*Request, executing []uint64) {
 	s.flags = s.flags[:len(active)]
 	clear(s.flags)
 	s.pending = s.pending[:0]
+	s.continuations = 0
 	s.order = s.order[:0]
 	s.lastChunk = s.lastChunk[:0]
 	s.pausedIdx = s.pausedIdx[:0]
@@ -274,6 +277,7 @@ func (s *Scheduler) phase1() {
 			s.pending = append(s.pending, int32(i))
 			if r.State == ContextInProgress {
 				s.flags[i] |= flagContinuation
+				s.continuations++
 			}
 			continue
 		}
@@ -296,21 +300,33 @@ func (s *Scheduler) phase1() {
 func (s *Scheduler) phase2() {
 	order := s.demote.classify(s)
 	s.prefix.begin(s)
+	contLeft := s.continuations // continuations not yet visited (order holds them all)
 	for _, idx := range order {
 		if s.requestsFull() {
 			break
 		}
 		if s.st.chunked && s.tokensLeft() < s.st.unit {
-			continue // cheap SKIP: no chunk unit fits, no KV call
+			// The SKIP every request left would reach, with no KV call: the
+			// token budget only shrinks within a pass (issue 24: the walk
+			// stops when nothing further can be admitted).
+			break
+		}
+		cont := s.flags[idx]&flagContinuation != 0
+		if cont {
+			contLeft--
 		}
 		if s.flags[idx]&(flagPreempted|flagPaused) != 0 {
 			continue // freed or suspended for an earlier context this pass
 		}
-		if s.gated && s.flags[idx]&flagContinuation == 0 {
-			continue // the watermark refused an earlier first chunk (FCFS)
-		}
-		if s.flags[idx]&flagContinuation == 0 && s.firstChunksExhausted() {
-			continue // the SKIP every first chunk would reach, without reading it
+		if !cont && (s.gated || s.firstChunksExhausted()) {
+			// The watermark refused an earlier first chunk (FCFS), or no
+			// first chunk can get a page: the SKIP every first chunk left
+			// would reach, without reading it. Once only first chunks are
+			// left the walk stops.
+			if contLeft == 0 {
+				break
+			}
+			continue
 		}
 		r := s.list[idx]
 		// A blocked first chunk is skipped in O(1), the SKIP scheduleContext
@@ -361,17 +377,25 @@ func (s *Scheduler) firstChunkBlocked(idx int) bool {
 }
 
 // firstChunksExhausted reports that every first chunk left in this pass is
-// certain to end SKIPPED without a trace and cannot be deferred either, so
-// the waiting walk need not read them (issue 24: the walk stops when
-// nothing further can be admitted; continuations are still visited, as one
-// may fit in the room of its last page). It holds when the fast skip is on,
-// no prefix key is registered (no first chunk can be deferred), no victim
-// can be freed (as in firstChunkBlocked) and the KV manager has no page to
-// give at all (KVManager.NoFirstChunkFits). Once true it stays true for the
-// pass but for the registered keys: pages are only taken from here on (a
-// freed victim ends the pass) and the victims' set only shrinks.
+// certain to end SKIPPED without a trace, so the waiting walk need not read
+// them (issue 24: the walk stops when nothing further can be admitted;
+// continuations are still visited, as one may fit in the room of its last
+// page). It holds when the fast skip is on, no victim can be freed (as in
+// firstChunkBlocked) and the KV manager has no page to give at all
+// (KVManager.NoFirstChunkFits). Once true it stays true for the pass: pages
+// are only taken from here on (a freed victim ends the pass) and the
+// victims' set only shrinks.
+//
+// Deliberate difference from spec §8: a first chunk behind this point is
+// not probed, so one whose first new block was registered earlier in the
+// pass is not listed in Output.Deferred (the spec defers it before it
+// would be skipped). Deferral and this skip have the same effect (the
+// request waits, nothing changes); only the list, which feeds the
+// iteration log's num_deferred and no plan digest, is shorter. Probing
+// every waiting request kept the pass O(waiting) on a full pool
+// (docs/scheduling.md).
 func (s *Scheduler) firstChunksExhausted() bool {
-	if !s.fastSkip || (s.prefix.on && len(s.prefix.keys) > 0) {
+	if !s.fastSkip {
 		return false
 	}
 	if s.exhausted {
