@@ -103,7 +103,9 @@ type Config struct {
 	// Router places arrivals on ranks (scheduler/router); nil: the default
 	// load-balanced router. Every rank must use an identically configured one.
 	Router router.Router
-	// MaxActivePerRank is the routers' hard cap H of active requests per rank.
+	// MaxActivePerRank is the hard cap H of active requests per rank: the
+	// routers' under attention DP, admission's without it (admitUpToCap);
+	// the rest waits in the executor's queue.
 	MaxActivePerRank int
 	// Events turns on the rank-symmetric KV event flush (every rank must
 	// agree); rank 0 writes the published stream to EventSink.

@@ -92,42 +92,58 @@ func medianMin(ds []time.Duration) (med, lo time.Duration) {
 // full KV pool: the real executor, scheduler, conversation router and KV
 // pool of one rank over the twin (llama-8b on H200), MAX_UTILIZATION with
 // recompute pause, batch 256, an 8 192-token budget, 32-token pages, 4 096
-// pages, waiting requests all admitted to the scheduler at t=0 (the
-// router's cap above the queue). The first 24 passes fill the pool (about
-// 16 passes of 8 192 prefill tokens fill its 131 072); the next ones are
-// timed. It reports the median and minimum CPU time of a pass, the mean
-// number of requests waiting (CONTEXT_INIT) and of tokens free or
-// evictable in the pool before each timed pass. Target (issue 24):
-// ≤ 1 ms at 20 000 waiting and no more than 2× from 1 000 to 20 000.
+// pages, all requests arriving at t=0. The first 24 passes fill the pool
+// (about 16 passes of 8 192 prefill tokens fill its 131 072); the next ones
+// are timed. It reports the median and minimum CPU time of a pass, the mean
+// number of requests waiting in the scheduler (CONTEXT_INIT) and of tokens
+// free or evictable in the pool before each timed pass.
+//
+// Two router caps H (max active requests per rank):
+//   - cap=default (1 024, the fleet's default): the router's queue holds
+//     what the cap leaves out, as TensorRT-LLM's executor holds requests
+//     beyond max_num_active_requests; a pass sees at most H requests and
+//     routing costs what it admits (BenchmarkRouteDeepQueue).
+//   - cap=none (above the queue): every request reaches the scheduler, whose
+//     MAX_UTILIZATION walk must try each waiting first chunk that could fit
+//     the pages left (docs/scheduling.md).
+//
+// Target (issue 24): ≤ 1 ms at 20 000 requests and no more than 2× from
+// 1 000 to 20 000.
 func BenchmarkDeepQueuePass(b *testing.B) {
-	for _, n := range []int{100, 1000, 5000, 20000} {
-		b.Run(fmt.Sprintf("waiting=%d", n), func(b *testing.B) {
-			reqs := deepQueueRequests(b, n)
-			measure := 8
-			if n >= 5000 {
-				measure = 4
-			}
-			var all []time.Duration
-			var waiting, avail float64
-			for i := 0; i < b.N; i++ {
-				t := runDeepQueue(b, reqs, 24, measure)
-				all = append(all, t.cpu...)
-				for k := range t.cpu {
-					waiting += float64(t.waiting[k])
-					avail += float64(t.avail[k])
+	for _, c := range []struct {
+		name string
+		capH int // 0: above the queue
+	}{{"default", 1024}, {"none", 0}} {
+		for _, n := range []int{100, 1000, 5000, 20000} {
+			b.Run(fmt.Sprintf("cap=%s/requests=%d", c.name, n), func(b *testing.B) {
+				reqs := deepQueueRequests(b, n)
+				measure := 8
+				if n >= 5000 {
+					measure = 4
 				}
-			}
-			med, lo := medianMin(all)
-			b.ReportMetric(float64(med.Nanoseconds()), "cpu-ns/pass")
-			b.ReportMetric(float64(lo.Nanoseconds()), "min-cpu-ns/pass")
-			b.ReportMetric(waiting/float64(len(all)), "waiting")
-			b.ReportMetric(avail/float64(len(all)), "free-tokens")
-		})
+				var all []time.Duration
+				var waiting, avail float64
+				for i := 0; i < b.N; i++ {
+					t := runDeepQueue(b, reqs, c.capH, 24, measure)
+					all = append(all, t.cpu...)
+					for k := range t.cpu {
+						waiting += float64(t.waiting[k])
+						avail += float64(t.avail[k])
+					}
+				}
+				med, lo := medianMin(all)
+				b.ReportMetric(float64(med.Nanoseconds()), "cpu-ns/pass")
+				b.ReportMetric(float64(lo.Nanoseconds()), "min-cpu-ns/pass")
+				b.ReportMetric(waiting/float64(len(all)), "waiting")
+				b.ReportMetric(avail/float64(len(all)), "free-tokens")
+			})
+		}
 	}
 }
 
-// runDeepQueue runs one rank until measure passes after skip are timed.
-func runDeepQueue(tb testing.TB, reqs []workload.Request, skip, measure int) *passTimer {
+// runDeepQueue runs one rank with the router's cap capH (0: above the
+// queue) until measure passes after skip are timed.
+func runDeepQueue(tb testing.TB, reqs []workload.Request, capH, skip, measure int) *passTimer {
 	tb.Helper()
 	p, err := twin.BuiltinProfile("h200", "llama-8b", twin.Parallelism{})
 	if err != nil {
@@ -149,7 +165,9 @@ func runDeepQueue(tb testing.TB, reqs []workload.Request, skip, measure int) *pa
 	if err != nil {
 		tb.Fatal(err)
 	}
-	capH := len(reqs) + 1
+	if capH == 0 {
+		capH = len(reqs) + 1
+	}
 	rt, err := router.New("conversation", router.Config{MaxActivePerRank: capH})
 	if err != nil {
 		tb.Fatal(err)

@@ -199,11 +199,7 @@ func (e *Executor) fetchAndRoute(p *plan) ([]Arrival, []RankState, error) {
 	if e.adp() {
 		e.route(items, states)
 	} else {
-		// Without attention DP every rank takes every request (Helix CP
-		// ranks hold replicas; every rank receives the same broadcast).
-		for _, a := range items {
-			e.admit(a, scheduler.UnsetEstimate)
-		}
+		e.admitUpToCap(items, states[0])
 	}
 	return items, states, nil
 }

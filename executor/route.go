@@ -55,6 +55,24 @@ func (e *Executor) route(items []Arrival, states []RankState) {
 	e.putBack = kept[:0]
 }
 
+// admitUpToCap is admission without attention DP: every rank takes every
+// request (Helix CP ranks hold replicas; every rank receives the same
+// broadcast), up to the cap H of active requests per rank
+// (Config.MaxActivePerRank, as the routers apply it under attention DP: own
+// counts the same active requests, retiring ones left out). The rest waits
+// in the queue in arrival order, so that a deep queue never reaches the
+// scheduler, whose pass then costs what H costs (issue 24; TensorRT-LLM's
+// executor likewise holds requests beyond max_num_active_requests). Every
+// replica reads the same state, so every one admits the same requests.
+func (e *Executor) admitUpToCap(items []Arrival, own RankState) {
+	e.waiting.PushBack(items)
+	n := min(e.waiting.Len(), max(0, e.cfg.MaxActivePerRank-int(own.ActiveRequests)))
+	for i := range n {
+		e.admit(*e.waiting.At(i), scheduler.UnsetEstimate)
+	}
+	e.waiting.DropFront(n)
+}
+
 // admit validates an arrival (§3.4); a request that can never run is
 // rejected at once with the reason and never enters active.
 func (e *Executor) admit(a Arrival, estimate int64) {

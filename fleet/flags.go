@@ -80,7 +80,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.BoolVar(&o.InferConversations, "infer-conversations", o.InferConversations, "infer conversation ids of a Mooncake trace from its hash_ids prefix chains")
 	fs.BoolVar(&o.ContextOnly, "context-only", o.ContextOnly, "serve as a disaggregated context server: every request generates its first token only "+
 		"(prefill, as the ranks the equal-cost calibration was designed on; docs/calibration.md)")
-	fs.IntVar(&o.MaxActivePerRank, "max-active-per-rank", o.MaxActivePerRank, "router hard cap of active requests per rank")
+	fs.IntVar(&o.MaxActivePerRank, "max-active-per-rank", o.MaxActivePerRank, "hard cap of active requests per rank; the rest waits in the queue")
 	fs.StringVar(&o.NewConvPlacement, "new-conv-placement", o.NewConvPlacement,
 		"--router conversation: where a new conversation goes: round_robin, least_queued (fewest requests) or least_tokens (fewest prompt tokens)")
 	fs.BoolVar(&o.ADPBalance.Enable, "attention-dp-balance", o.ADPBalance.Enable,
