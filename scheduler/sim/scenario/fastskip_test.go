@@ -153,3 +153,75 @@ func (p *countingPool) NoFirstChunkFits() bool {
 	}
 	return ok
 }
+
+// TestExhaustedWalkDoesNotListDeferrals pins the deliberate difference of
+// the walk's stop (scheduler.firstChunksExhausted): once no first chunk can
+// get a page, the first chunks left are skipped unprobed, so one whose first
+// new block an earlier first chunk of the pass registered is not listed in
+// Deferred, where the full walk defers it (spec §8). The plan is the same.
+func TestExhaustedWalkDoesNotListDeferrals(t *testing.T) {
+	shared := make([]int32, 20)
+	for i := range shared {
+		shared[i] = int32(100 + i)
+	}
+	pass := func(slow bool) *scheduler.Output {
+		pool, err := kvpool.New(kvpool.Config{NumPages: 4, TokensPerPage: 4, EnableBlockReuse: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer pool.Close()
+		var kv scheduler.KVManager = &dryRunPool{Manager: pool, policy: scheduler.MaxUtilization}
+		if slow {
+			kv = slowPool{kv.(*dryRunPool)}
+		}
+		s, err := scheduler.New(scheduler.Config{MaxBatchSize: 8, MaxNumTokens: 64, ChunkedContext: true, ChunkUnitSize: 4,
+			Policy: scheduler.MaxUtilization, PrefixAware: true, LedgerBlockTokens: 4}, kv)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Request 1's first chunk takes the whole pool (16 tokens, 4 pages)
+		// and registers the key of its first block; request 2 starts with
+		// the same 16 tokens.
+		a := &scheduler.Request{ID: 1, State: scheduler.ContextInit, Tokens: shared[:16], PromptLen: 16, MaxNewTokens: 4,
+			BatchIndex: scheduler.NoBatchIndex, UncachedEstimate: scheduler.UnsetEstimate}
+		b := &scheduler.Request{ID: 2, State: scheduler.ContextInit, Tokens: shared, PromptLen: 20, MaxNewTokens: 4,
+			BatchIndex: scheduler.NoBatchIndex, UncachedEstimate: scheduler.UnsetEstimate}
+		out, err := s.Schedule([]*scheduler.Request{a, b}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	slow := pass(true)
+	slowCtx, slowDeferred := ids(slow.Context), append([]uint64(nil), slow.Deferred...)
+	fast := pass(false)
+	if got := ids(fast.Context); !equalIDs(got, slowCtx) || !equalIDs(got, []uint64{1}) {
+		t.Fatalf("context chunks: walk with the stop %v, full walk %v; want [1] in both", got, slowCtx)
+	}
+	if !equalIDs(slowDeferred, []uint64{2}) {
+		t.Fatalf("the full walk deferred %v, want [2] (spec §8)", slowDeferred)
+	}
+	if len(fast.Deferred) != 0 {
+		t.Fatalf("the walk with the stop listed %v as deferred; it stops before reading request 2", fast.Deferred)
+	}
+}
+
+func ids(rs []*scheduler.Request) []uint64 {
+	var out []uint64
+	for _, r := range rs {
+		out = append(out, r.ID)
+	}
+	return out
+}
+
+func equalIDs(a, b []uint64) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
