@@ -47,6 +47,8 @@ type fleet struct {
 	stopTokens []int32
 	// balance is every rank's ADP Balance setting.
 	balance ADPBalance
+	// maxActive is every rank's cap H (Config.MaxActivePerRank; 0: the default).
+	maxActive int
 }
 
 type recordingWriter struct {
@@ -121,7 +123,7 @@ func (f *fleet) run(t testing.TB) {
 		}
 		f.execs[i], err = New(Config{Rank: i, Ranks: f.ranks, StopTokens: f.stopTokens, Scheduler: f.sched, IterLog: f.iterLog[i],
 			MaxIdleSleep: time.Millisecond, Overlap: f.overlap, Events: f.events > 0, EventSink: f.eventLog,
-			EventBufferMaxSize: f.events, ADPBalance: f.balance}, d)
+			EventBufferMaxSize: f.events, ADPBalance: f.balance, MaxActivePerRank: f.maxActive}, d)
 		require.NoError(t, err)
 	}
 	f.results = make([]*Result, f.ranks)
