@@ -107,14 +107,17 @@ type Executor struct {
 	pending  []Response // rejections, flushed at C8
 	finished []Response // completions of this iteration's forward, gathered at C7
 
-	step      bridge.StepDesc
-	stepRes   bridge.StepResult
-	waitRes   bridge.StepResult // overlap loop: the previous batch's results
-	planBuf   plan              // the iteration's plan (prologue)
-	ownState  [1]RankState      // the gathered states without attention DP
-	prev      *batch            // overlap loop: launched, results not applied yet
-	spare     *batch            // recycled batch object
-	executing []uint64          // ids of prev, handed to the scheduler
+	step     bridge.StepDesc
+	stepRes  bridge.StepResult
+	waitRes  bridge.StepResult // overlap loop: the previous batch's results
+	planBuf  plan              // the iteration's plan (prologue)
+	ownState [1]RankState      // the gathered states without attention DP
+	prev     *batch            // overlap loop: launched, results not applied yet
+	spare    *batch            // recycled batch object
+	// spareDummies are padding dummies that ran and left, whose storage
+	// the next dummies reuse (takeDummy).
+	spareDummies []*request
+	executing    []uint64 // ids of prev, handed to the scheduler
 
 	res Result
 	// wallClock is the wall clock (Config.Clock before a virtual clock replaces

@@ -53,11 +53,22 @@ func newRequest(a Arrival) *request {
 }
 
 func newDummy(id uint64) *request {
-	r := &request{}
+	return resetDummy(&request{}, id)
+}
+
+// resetDummy makes r a fresh padding dummy with id, keeping only the
+// storage of its one-token slice when it has one (reused spent dummies,
+// Executor.takeDummy).
+func resetDummy(r *request, id uint64) *request {
+	tokens := r.Tokens[:0:min(cap(r.Tokens), 1)]
+	if cap(tokens) == 0 {
+		tokens = make([]int32, 0, 1)
+	}
+	*r = request{}
 	r.Request = scheduler.Request{
 		ID:               id,
 		State:            scheduler.GenerationInProgress,
-		Tokens:           []int32{0},
+		Tokens:           append(tokens, 0),
 		PromptLen:        1,
 		MaxNewTokens:     1 << 30,
 		UncachedEstimate: scheduler.UnsetEstimate,

@@ -248,12 +248,19 @@ func (e *Executor) isStopToken(tok int32) bool {
 	return false
 }
 
+// maxSpareDummies bounds the spent dummies kept for reuse: the overlap
+// loop has at most two in flight (one launched, one padded).
+const maxSpareDummies = 2
+
 // compactActive drops completed requests and spent dummies, keeping order.
 func (e *Executor) compactActive() {
 	kept := e.active[:0]
 	for _, r := range e.active {
 		if r.State == scheduler.Complete {
 			delete(e.byID, r.ID)
+			if r.IsDummy && len(e.spareDummies) < maxSpareDummies {
+				e.spareDummies = append(e.spareDummies, r) // it ran and left: takeDummy reuses it
+			}
 			continue
 		}
 		kept = append(kept, r)
