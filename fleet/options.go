@@ -109,6 +109,10 @@ type Options struct {
 	// CPUProfile (--cpuprofile): write a Go CPU profile of the run here
 	// (the command does, around the run; go tool pprof reads it).
 	CPUProfile string
+	// MemProfile (--memprofile): write a Go allocation profile (every
+	// allocation of the run, sampled; pprof's alloc_space and alloc_objects)
+	// here when the run ends.
+	MemProfile string
 
 	// RecordBusy keeps every forward iteration's per-rank busy times in
 	// the result (worker eval's timeline and waste plots).

@@ -28,6 +28,18 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 		}
 		defer pprof.StopCPUProfile()
 	}
+	if o.MemProfile != "" {
+		f, err := os.Create(o.MemProfile)
+		if err != nil {
+			return fmt.Errorf("--memprofile: %w", err)
+		}
+		defer f.Close()
+		defer func() {
+			if err := pprof.Lookup("allocs").WriteTo(f, 0); err != nil {
+				fmt.Fprintf(stderr, "--memprofile: %v\n", err)
+			}
+		}()
+	}
 	out, err := fleet.Run(o, stderr, os.Getenv)
 	if err != nil || out == nil {
 		return err // out == nil: not rank 0, which prints the report
