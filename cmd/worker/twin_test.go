@@ -197,3 +197,21 @@ func TestTwinValidateCommand(t *testing.T) {
 	require.Equal(t, 2, code)
 	require.Contains(t, stderr, `unknown table "gemm"`)
 }
+
+// TestRunProfiles: --cpuprofile and --memprofile write Go profiles of the
+// run (gzip-compressed protocol buffers, as go tool pprof reads them); a
+// path that cannot be created is refused naming the flag.
+func TestRunProfiles(t *testing.T) {
+	dir := t.TempDir()
+	cpu, mem := filepath.Join(dir, "cpu.pprof"), filepath.Join(dir, "mem.pprof")
+	runTwin(t, "--ranks", "2", "--pages", "0", "--cpuprofile", cpu, "--memprofile", mem)
+	for _, p := range []string{cpu, mem} {
+		b, err := os.ReadFile(p)
+		require.NoError(t, err)
+		require.Greater(t, len(b), 2, p)
+		require.Equal(t, []byte{0x1f, 0x8b}, b[:2], "%s is not a gzip-compressed profile", p)
+	}
+	code, _, stderr := runCLI(t, append(append([]string{}, twinRun...), "--memprofile", filepath.Join(dir, "no", "such", "dir", "m"))...)
+	require.NotEqual(t, 0, code)
+	require.Contains(t, stderr, "--memprofile")
+}
