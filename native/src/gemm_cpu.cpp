@@ -27,6 +27,12 @@ namespace {
 // Floats of W one column block may hold (about 384 KiB: well inside L2).
 constexpr int64_t kBlockFloats = 96 * 1024;
 
+// A threaded product (gemm_rows_pool) cuts the columns into ranges of whole
+// groups of kParallelCols, and gives each range at least kMinParallelMacs
+// multiply-adds: below that, waking a thread costs more than it saves.
+constexpr int64_t kParallelCols = 64;
+constexpr int64_t kMinParallelMacs = 1 << 16;
+
 // The vector kernels prefetch the W row this many rows ahead of the one they
 // multiply: a panel walks W with a stride of a whole row, which the hardware
 // prefetchers follow poorly when W streams from memory (the LM head; every
@@ -44,28 +50,33 @@ int64_t column_block(int64_t in, int64_t panel) {
 // ---------------------------------------------------------------------------
 // Scalar: the reference matvec per row (Y[r] zeroed, then for each i the
 // element-wise y[o] += x[i] * w[i][o]).
-void gemm_scalar(const float* X, int64_t rows, int64_t in, const float* W, int64_t out, float* Y) {
+// Every driver computes the columns [o0, o1) of Y = X · W, where W and Y are
+// ld floats wide (ld = out for the whole product): one call per column range
+// of a threaded product (gemm_rows_pool), the whole range otherwise. Which
+// columns a call covers never changes how an element is summed.
+void gemm_scalar(const float* X, int64_t rows, int64_t in, const float* W, int64_t ld, int64_t o0,
+                 int64_t o1, float* Y) {
   for (int64_t r = 0; r < rows; ++r) {
     const float* __restrict x = X + r * in;
-    float* __restrict y = Y + r * out;
-    for (int64_t o = 0; o < out; ++o) y[o] = 0.0f;
+    float* __restrict y = Y + r * ld;
+    for (int64_t o = o0; o < o1; ++o) y[o] = 0.0f;
     for (int64_t i = 0; i < in; ++i) {
       const float xi = x[i];
-      const float* __restrict w = W + i * out;
-      for (int64_t o = 0; o < out; ++o) y[o] += xi * w[o];
+      const float* __restrict w = W + i * ld;
+      for (int64_t o = o0; o < o1; ++o) y[o] += xi * w[o];
     }
   }
 }
 
-// Columns [o0, out) of every row, one element at a time (the column tail of
+// Columns [o0, o1) of every row, one element at a time (the column tail of
 // the vector kernels).
-void tail_columns(const float* X, int64_t rows, int64_t in, const float* W, int64_t out, int64_t o0,
+void tail_columns(const float* X, int64_t rows, int64_t in, const float* W, int64_t ld, int64_t o0, int64_t o1,
                   float* Y) {
   for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t o = o0; o < out; ++o) {
+    for (int64_t o = o0; o < o1; ++o) {
       float acc = 0.0f;
-      for (int64_t i = 0; i < in; ++i) acc += X[r * in + i] * W[i * out + o];
-      Y[r * out + o] = acc;
+      for (int64_t i = 0; i < in; ++i) acc += X[r * in + i] * W[i * ld + o];
+      Y[r * ld + o] = acc;
     }
   }
 }
@@ -73,23 +84,24 @@ void tail_columns(const float* X, int64_t rows, int64_t in, const float* W, int6
 // The shared blocking. K provides:
 //   kRows, kVecs, kWidth   register block: kRows rows x kVecs vectors of kWidth
 //   run(mr, nv, X, in, W, ldw, Y, ldy)   mr <= kRows rows, nv <= kVecs full vectors
-//   tail(X, rows, in, W, out, o0, Y)     columns [o0, out), fewer than kWidth
+//   tail(X, rows, in, W, ld, o0, o1, Y)  columns [o0, o1), fewer than kWidth
 template <class K>
-void drive(const float* X, int64_t rows, int64_t in, const float* W, int64_t out, float* Y) {
+void drive(const float* X, int64_t rows, int64_t in, const float* W, int64_t ld, int64_t o0, int64_t o1,
+           float* Y) {
   constexpr int64_t panel = int64_t{K::kVecs} * K::kWidth;
-  const int64_t full = out - out % K::kWidth;  // columns in whole vectors
+  const int64_t full = o1 - (o1 - o0) % K::kWidth;  // columns in whole vectors
   const int64_t ncb = column_block(in, panel);
-  for (int64_t c0 = 0; c0 < full; c0 += ncb) {
+  for (int64_t c0 = o0; c0 < full; c0 += ncb) {
     const int64_t c1 = c0 + ncb < full ? c0 + ncb : full;
     for (int64_t r0 = 0; r0 < rows; r0 += K::kRows) {
       const int mr = static_cast<int>(rows - r0 < K::kRows ? rows - r0 : K::kRows);
       for (int64_t o = c0; o < c1; o += panel) {
         const int nv = static_cast<int>((c1 - o < panel ? c1 - o : panel) / K::kWidth);
-        K::run(mr, nv, X + r0 * in, in, W + o, out, Y + r0 * out + o, out);
+        K::run(mr, nv, X + r0 * in, in, W + o, ld, Y + r0 * ld + o, ld);
       }
     }
   }
-  if (full < out) K::tail(X, rows, in, W, out, full, Y);
+  if (full < o1) K::tail(X, rows, in, W, ld, full, o1, Y);
 }
 
 // Few rows (one register block, e.g. decoding): every W element is used by
@@ -101,21 +113,22 @@ void drive(const float* X, int64_t rows, int64_t in, const float* W, int64_t out
 constexpr int64_t kStreamK = 16;
 constexpr int64_t kStreamCols = 2048;
 template <class K>
-void drive_stream(const float* X, int64_t rows, int64_t in, const float* W, int64_t out, float* Y) {
+void drive_stream(const float* X, int64_t rows, int64_t in, const float* W, int64_t ld, int64_t o0, int64_t o1,
+                  float* Y) {
   constexpr int64_t panel = int64_t{K::kVecs} * K::kWidth;
-  const int64_t full = out - out % K::kWidth;
+  const int64_t full = o1 - (o1 - o0) % K::kWidth;
   const int mr = static_cast<int>(rows);
-  for (int64_t c0 = 0; c0 < full; c0 += kStreamCols) {
+  for (int64_t c0 = o0; c0 < full; c0 += kStreamCols) {
     const int64_t c1 = c0 + kStreamCols < full ? c0 + kStreamCols : full;
     for (int64_t i0 = 0; i0 < in; i0 += kStreamK) {
       const int64_t i1 = i0 + kStreamK < in ? i0 + kStreamK : in;
       for (int64_t o = c0; o < c1; o += panel) {
         const int nv = static_cast<int>((c1 - o < panel ? c1 - o : panel) / K::kWidth);
-        K::run_part(mr, nv, X, in, i0, i1, W + o, out, Y + o, out);
+        K::run_part(mr, nv, X, in, i0, i1, W + o, ld, Y + o, ld);
       }
     }
   }
-  if (full < out) K::tail(X, rows, in, W, out, full, Y);
+  if (full < o1) K::tail(X, rows, in, W, ld, full, o1, Y);
 }
 
 // Calls F::template k<R, V>(args...) for runtime mr in [1, MR], nv in [1, NV].
@@ -167,9 +180,9 @@ struct Portable {
                   int64_t ldy) {
     Dispatch<Portable, kRows, kVecs>::call(mr, nv, X, in, W, ldw, Y, ldy);
   }
-  static void tail(const float* X, int64_t rows, int64_t in, const float* W, int64_t out, int64_t o0,
+  static void tail(const float* X, int64_t rows, int64_t in, const float* W, int64_t ld, int64_t o0, int64_t o1,
                    float* Y) {
-    tail_columns(X, rows, in, W, out, o0, Y);
+    tail_columns(X, rows, in, W, ld, o0, o1, Y);
   }
 };
 
@@ -218,9 +231,9 @@ struct Avx2 {
                   int64_t ldy) {
     Dispatch<Avx2, kRows, kVecs>::call(mr, nv, X, in, W, ldw, Y, ldy);
   }
-  static void tail(const float* X, int64_t rows, int64_t in, const float* W, int64_t out, int64_t o0,
+  static void tail(const float* X, int64_t rows, int64_t in, const float* W, int64_t ld, int64_t o0, int64_t o1,
                    float* Y) {
-    tail_columns(X, rows, in, W, out, o0, Y);
+    tail_columns(X, rows, in, W, ld, o0, o1, Y);
   }
 };
 
@@ -292,23 +305,23 @@ struct Avx512 {
                         __mmask16 mask) {
     kp<R, 1, true>(X, in, 0, in, W, ldw, Y, ldy, false, mask);
   }
-  static void tail(const float* X, int64_t rows, int64_t in, const float* W, int64_t out, int64_t o0,
+  static void tail(const float* X, int64_t rows, int64_t in, const float* W, int64_t ld, int64_t o0, int64_t o1,
                    float* Y) {
-    const __mmask16 mask = static_cast<__mmask16>((1u << (out - o0)) - 1u);
+    const __mmask16 mask = static_cast<__mmask16>((1u << (o1 - o0)) - 1u);
     for (int64_t r0 = 0; r0 < rows; r0 += kRows) {
       const int64_t mr = rows - r0 < kRows ? rows - r0 : kRows;
       const float* x = X + r0 * in;
       const float* w = W + o0;
-      float* y = Y + r0 * out + o0;
+      float* y = Y + r0 * ld + o0;
       switch (mr) {
-        case 8: tail_rows<8>(x, in, w, out, y, out, mask); break;
-        case 7: tail_rows<7>(x, in, w, out, y, out, mask); break;
-        case 6: tail_rows<6>(x, in, w, out, y, out, mask); break;
-        case 5: tail_rows<5>(x, in, w, out, y, out, mask); break;
-        case 4: tail_rows<4>(x, in, w, out, y, out, mask); break;
-        case 3: tail_rows<3>(x, in, w, out, y, out, mask); break;
-        case 2: tail_rows<2>(x, in, w, out, y, out, mask); break;
-        default: tail_rows<1>(x, in, w, out, y, out, mask); break;
+        case 8: tail_rows<8>(x, in, w, ld, y, ld, mask); break;
+        case 7: tail_rows<7>(x, in, w, ld, y, ld, mask); break;
+        case 6: tail_rows<6>(x, in, w, ld, y, ld, mask); break;
+        case 5: tail_rows<5>(x, in, w, ld, y, ld, mask); break;
+        case 4: tail_rows<4>(x, in, w, ld, y, ld, mask); break;
+        case 3: tail_rows<3>(x, in, w, ld, y, ld, mask); break;
+        case 2: tail_rows<2>(x, in, w, ld, y, ld, mask); break;
+        default: tail_rows<1>(x, in, w, ld, y, ld, mask); break;
       }
     }
   }
@@ -363,23 +376,46 @@ GemmIsa gemm_active_isa() {
   return isa;
 }
 
+void gemm_cols_isa(GemmIsa isa, const float* X, int64_t rows, int64_t in, const float* W, int64_t out,
+                   int64_t o0, int64_t o1, float* Y) {
+  if (rows <= 0 || o1 <= o0) return;
+  switch (isa) {
+    case GemmIsa::kScalar: return gemm_scalar(X, rows, in, W, out, o0, o1, Y);
+#ifdef LOCKSTEP_GEMM_X86
+    case GemmIsa::kAvx2: return drive<Avx2>(X, rows, in, W, out, o0, o1, Y);
+    case GemmIsa::kAvx512:
+      if (rows <= Avx512::kRows && in > 0) return drive_stream<Avx512>(X, rows, in, W, out, o0, o1, Y);
+      return drive<Avx512>(X, rows, in, W, out, o0, o1, Y);
+#endif
+    default: return drive<Portable>(X, rows, in, W, out, o0, o1, Y);
+  }
+}
+
 void gemm_rows_isa(GemmIsa isa, const float* X, int64_t rows, int64_t in, const float* W, int64_t out,
                    float* Y) {
-  if (rows <= 0 || out <= 0) return;
-  switch (isa) {
-    case GemmIsa::kScalar: return gemm_scalar(X, rows, in, W, out, Y);
-#ifdef LOCKSTEP_GEMM_X86
-    case GemmIsa::kAvx2: return drive<Avx2>(X, rows, in, W, out, Y);
-    case GemmIsa::kAvx512:
-      if (rows <= Avx512::kRows && in > 0) return drive_stream<Avx512>(X, rows, in, W, out, Y);
-      return drive<Avx512>(X, rows, in, W, out, Y);
-#endif
-    default: return drive<Portable>(X, rows, in, W, out, Y);
-  }
+  gemm_cols_isa(isa, X, rows, in, W, out, 0, out, Y);
 }
 
 void gemm_rows(const float* X, int64_t rows, int64_t in, const float* W, int64_t out, float* Y) {
   gemm_rows_isa(gemm_active_isa(), X, rows, in, W, out, Y);
+}
+
+void gemm_rows_pool(ThreadPool* pool, const float* X, int64_t rows, int64_t in, const float* W, int64_t out,
+                    float* Y) {
+  const GemmIsa isa = gemm_active_isa();
+  const int threads = pool != nullptr ? pool->size() : 1;
+  // Ranges of whole 64-column groups (every kernel's vector width divides
+  // 64), the last one with the tail; at least kMinParallelMacs of work each.
+  const int64_t groups = (out + kParallelCols - 1) / kParallelCols;
+  int64_t parts = threads;
+  if (rows * in * out < kMinParallelMacs * threads) parts = rows * in * out / kMinParallelMacs;
+  parts = parts < groups ? parts : groups;
+  if (parts <= 1) return gemm_rows_isa(isa, X, rows, in, W, out, Y);
+  pool->for_each(parts, [&](int64_t p, int) {
+    const int64_t o0 = groups * p / parts * kParallelCols;
+    const int64_t o1 = p + 1 == parts ? out : groups * (p + 1) / parts * kParallelCols;
+    gemm_cols_isa(isa, X, rows, in, W, out, o0, o1, Y);
+  });
 }
 
 }  // namespace lockstep

@@ -20,11 +20,20 @@
 
 #include <cstdint>
 
+#include "thread_pool.h"
+
 namespace lockstep {
 
 // Y[rows][out] = X[rows][in] · W[in][out], all row-major and dense. Y must not
 // alias X or W. Uses the best kernel this CPU supports (gemm_active_isa).
 void gemm_rows(const float* X, int64_t rows, int64_t in, const float* W, int64_t out, float* Y);
+
+// gemm_rows with the output columns cut into ranges run by the threads of
+// pool (nullptr or one thread: gemm_rows). Every element is still summed by
+// one kernel in the reference order, so Y has the same bits for any number
+// of threads. Small products stay on the calling thread.
+void gemm_rows_pool(ThreadPool* pool, const float* X, int64_t rows, int64_t in, const float* W, int64_t out,
+                    float* Y);
 
 // The implementations, for tests and benchmarks.
 enum class GemmIsa : int {
@@ -45,6 +54,9 @@ GemmIsa gemm_active_isa();
 // gemm_rows with a given implementation; isa must be supported.
 void gemm_rows_isa(GemmIsa isa, const float* X, int64_t rows, int64_t in, const float* W,
                    int64_t out, float* Y);
+// The columns [o0, o1) of gemm_rows_isa's Y (W and Y are out floats wide).
+void gemm_cols_isa(GemmIsa isa, const float* X, int64_t rows, int64_t in, const float* W, int64_t out,
+                   int64_t o0, int64_t o1, float* Y);
 
 }  // namespace lockstep
 

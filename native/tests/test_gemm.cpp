@@ -79,6 +79,30 @@ void check_shape(const std::vector<float>& X, int64_t rows, int64_t in, const st
     const int64_t r = rand_int(0, rows - 1);
     lockstep::gemm_rows_isa(isa, X.data() + r * in, 1, in, W.data(), out, y1.data());
     CHECK(std::memcmp(y1.data(), want.data() + r * out, sizeof(float) * y1.size()) == 0);
+    // A column range alone (a thread's share): the same bits in it, nothing
+    // written outside it.
+    const int64_t o0 = rand_int(0, out - 1), o1 = rand_int(o0 + 1, out);
+    std::vector<float> Y3(static_cast<size_t>(rows * out), 777.0f);
+    lockstep::gemm_cols_isa(isa, X.data(), rows, in, W.data(), out, o0, o1, Y3.data());
+    for (int64_t rr = 0; rr < rows; ++rr)
+      for (int64_t o = 0; o < out; ++o) {
+        const float got = Y3[static_cast<size_t>(rr * out + o)];
+        if (o >= o0 && o < o1)
+          CHECK(std::memcmp(&got, &want[static_cast<size_t>(rr * out + o)], sizeof got) == 0);
+        else
+          CHECK(got == 777.0f);
+      }
+  }
+  // The threaded product, whatever the number of threads: the same bits.
+  for (int threads : {1, 2, 3, 4}) {
+    lockstep::ThreadPool pool(threads);
+    std::vector<float> Y(static_cast<size_t>(rows * out));
+    lockstep::gemm_rows_pool(&pool, X.data(), rows, in, W.data(), out, Y.data());
+    const bool same = std::memcmp(Y.data(), want.data(), sizeof(float) * want.size()) == 0;
+    if (!same)
+      std::fprintf(stderr, "gemm_rows_pool with %d threads differs: rows=%lld in=%lld out=%lld\n", threads,
+                   static_cast<long long>(rows), static_cast<long long>(in), static_cast<long long>(out));
+    CHECK(same);
   }
 }
 
