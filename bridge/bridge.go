@@ -205,6 +205,10 @@ type Config struct {
 	// shapes only; nil: every expert local).
 	Expert  *ExpertMember
 	Backend string // native backend: "cpu" (default when "") or "cuda"
+	// CPUThreads is how many threads the CPU engine runs a step on (0 = 1).
+	// Every thread count gives the same bits: the threads share out whole
+	// output elements. Other engines ignore it.
+	CPUThreads int
 }
 
 // HelixMember places an engine in a Helix context-parallel group. Group is an

@@ -223,6 +223,7 @@ func (e *engine) init(cfg bridge.Config, backend C.eng_backend) error {
 		{"TokensPerPage", cfg.TokensPerPage, &c.tokens_per_page},
 		{"NumHostPages", cfg.NumHostPages, &c.num_host_pages},
 		{"DeviceID", cfg.DeviceID, &c.device_id},
+		{"CPUThreads", cfg.CPUThreads, &c.num_threads},
 	}
 	for _, f := range ints {
 		if err := setInt32(f.dst, "init", "Config."+f.field, f.v); err != nil {

@@ -3,6 +3,7 @@
 package native
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -12,17 +13,27 @@ import (
 )
 
 // BenchmarkSmolLM2 measures the CPU engine on the real SmolLM2-135M
-// (issue 12's yardstick): one step prefilling 8 prompts of 512 tokens, then
-// 32 decode steps at batch 8. Reported: prefill and decode tokens per second
-// of one engine (one core).
+// (issue 12's yardstick): one step prefilling `batch` prompts of 512 tokens,
+// then 32 decode steps of the batch, on 1 and 2 threads (issue 31: the same
+// bits on any number). Reported: prefill and decode tokens per second of one
+// engine.
 func BenchmarkSmolLM2(b *testing.B) {
+	for _, c := range []struct{ batch, threads int }{{8, 1}, {8, 2}, {1, 1}, {1, 2}} {
+		b.Run(fmt.Sprintf("batch=%d/threads=%d", c.batch, c.threads), func(b *testing.B) {
+			benchSmolLM2(b, c.batch, c.threads)
+		})
+	}
+}
+
+func benchSmolLM2(b *testing.B, batch, threads int) {
 	m, err := model.Load(modeltest.SmolLM2(b))
 	if err != nil {
 		b.Fatal(err)
 	}
-	const batch, promptLen, decode, P = 8, 512, 32, 16
+	const promptLen, decode, P = 512, 32, 16
 	perSeq := (promptLen + decode + P - 1) / P
-	eng, err := Open(bridge.Config{Shape: m.Shape, Tensors: m.Tensors, NumPages: batch * perSeq, TokensPerPage: P})
+	eng, err := Open(bridge.Config{Shape: m.Shape, Tensors: m.Tensors, NumPages: batch * perSeq, TokensPerPage: P,
+		CPUThreads: threads})
 	m.Close()
 	if err != nil {
 		b.Fatal(err)

@@ -24,7 +24,7 @@ extern "C" {
 #endif
 
 /* Bumped on every incompatible change; eng_engine_init refuses a mismatch. */
-#define ENG_ABI_VERSION 8
+#define ENG_ABI_VERSION 9
 
 /* The most top log-probabilities a row may ask for (vLLM's default
  * max_logprobs). */
@@ -188,6 +188,10 @@ typedef struct eng_engine_config {
    * num_tensors 0 = synthetic weights from seed. */
   const eng_tensor* tensors;
   int32_t num_tensors;
+  /* CPU backend: threads that share each step's work, 1 .. 1024 (0 = 1).
+   * Results are the same bits for every count: threads share out whole
+   * output elements, never one element's sum. The CUDA backend ignores it. */
+  int32_t num_threads;
 } eng_engine_config;
 
 /* Fills *out with a preset's shape. Unknown name -> ENG_INVALID_ARGUMENT. */

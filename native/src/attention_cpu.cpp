@@ -47,7 +47,9 @@ void paged_attention_row(const PageSlab& slab, int32_t layer, const int32_t* blo
 __attribute__((target_clones("avx512f", "avx2", "default")))
 void paged_attention_rows(const PageSlab& slab, int32_t layer, const int32_t* blocks, const int32_t* pos,
                           int32_t n, const float* q, size_t q_stride, int32_t num_heads, int32_t num_kv_heads,
-                          int32_t head_dim, float* out, size_t out_stride, AttnScratch& scratch) {
+                          int32_t head_dim, float* out, size_t out_stride, AttnScratch& scratch, int32_t g0,
+                          int32_t g1) {
+  if (g1 < 0) g1 = num_kv_heads;
   const int32_t P = slab.tokens_per_page(), D = head_dim;
   const size_t stride = static_cast<size_t>(slab.kv_width());
   const int32_t group = num_heads / num_kv_heads;
@@ -65,7 +67,7 @@ void paged_attention_rows(const PageSlab& slab, int32_t layer, const int32_t* bl
     ml[2 * i + 1] = 0.0f;
   }
   float* kt = scratch.kt.data();
-  for (int32_t g = 0; g < num_kv_heads; ++g) {
+  for (int32_t g = g0; g < g1; ++g) {
     const size_t head_off = static_cast<size_t>(g) * D;
     for (int32_t b = 0; b <= max_last; ++b) {
       // Slots of this page that any row reads.
@@ -97,7 +99,7 @@ void paged_attention_rows(const PageSlab& slab, int32_t layer, const int32_t* bl
     }
   }
   for (int32_t r = 0; r < n; ++r)
-    for (int32_t h = 0; h < num_heads; ++h) {
+    for (int32_t h = g0 * group; h < g1 * group; ++h) {
       float* O = out + r * out_stride + static_cast<size_t>(h) * D;
       attn_finish(O, ml[2 * (static_cast<size_t>(r) * num_heads + h) + 1], O, D);
     }

@@ -30,6 +30,8 @@ struct EngineParams {
   // none = synthetic weights from seed.
   const eng_tensor* tensors = nullptr;
   int32_t num_tensors = 0;
+  // CPU backend: threads of a step (>= 1); the CUDA backend ignores it.
+  int32_t num_threads = 1;
 };
 
 // One sequence of a validated step. Pointers alias the caller's descriptor and

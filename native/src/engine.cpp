@@ -101,6 +101,8 @@ namespace {
 // Host memory the CPU backend may use for weights and pages. Shapes beyond it
 // (llama-8b, llama-70b) are for validate_only or the CUDA backend.
 constexpr double kCpuMemoryLimitBytes = 8.0 * 1024 * 1024 * 1024;
+// The most threads a CPU engine may run a step on (eng_engine_config.num_threads).
+constexpr int32_t kMaxThreads = 1024;
 
 thread_local std::string g_last_error;
 
@@ -414,6 +416,8 @@ eng_status eng_engine_init(const eng_engine_config* cfg, eng_engine_t* out) {
       invalid_argument(fmt("tokens_per_page must be positive, got %d", cfg->tokens_per_page));
     if (cfg->num_host_pages < 0)
       invalid_argument(fmt("num_host_pages must be >= 0, got %d", cfg->num_host_pages));
+    if (cfg->num_threads < 0 || cfg->num_threads > kMaxThreads)
+      invalid_argument(fmt("num_threads must be in 0 .. %d (0 = 1), got %d", kMaxThreads, cfg->num_threads));
     if (cfg->backend == ENG_BACKEND_CUDA && cfg->device_id < 0)
       invalid_argument(fmt("device_id must be >= 0, got %d", cfg->device_id));
     if (cfg->num_tensors != 0 || cfg->tensors != nullptr) {
@@ -448,6 +452,7 @@ eng_status eng_engine_init(const eng_engine_config* cfg, eng_engine_t* out) {
     eng->params.device_id = cfg->device_id;
     eng->params.tensors = cfg->tensors;
     eng->params.num_tensors = cfg->num_tensors;
+    eng->params.num_threads = cfg->num_threads > 0 ? cfg->num_threads : 1;
     eng->backend_kind = cfg->backend;
     eng->validate_only = cfg->validate_only != 0;
     if (!eng->validate_only) {

@@ -24,6 +24,14 @@ namespace {
 constexpr int64_t kRowChunk = 256;
 constexpr int64_t kLogitChunk = 64;
 
+// With several threads, a sequence's attention rows are shared out in blocks
+// of kAttnRowBlock rows per kv head (each block reads the pages its rows
+// need); with one thread a run of rows is one call, as before.
+constexpr int32_t kAttnRowBlock = 32;
+
+// Elements of an element-wise loop (SiLU) per thread's share at least.
+constexpr int64_t kMinParallelElems = 1 << 14;
+
 // y = RMSNorm(x) * w over n elements (sum of squares in double); y may be x.
 void rms_norm(const float* x, const float* w, int32_t n, float eps, float* y) {
   double ss = 0.0;
@@ -50,6 +58,8 @@ CpuBackend::CpuBackend(const EngineParams& p)
             p.shape.num_kv_heads * p.shape.head_dim) {
   weights_ = own_weights_ ? std::shared_ptr<const Weights>(own_weights_)
                           : shared_weights(p.shape, p.tensors, p.num_tensors);
+  if (p.num_threads > 1) pool_ = std::make_unique<ThreadPool>(p.num_threads);
+  attn_scratch_.resize(static_cast<size_t>(p.num_threads > 1 ? p.num_threads : 1));
   inv_freq_ = rope_inv_freq(shape_, weights_->rope_freqs);
   if (shape_.num_experts > 0) moe_stats_.layers.resize(static_cast<size_t>(shape_.num_layers));
   const size_t hidden = static_cast<size_t>(shape_.hidden_size);
@@ -122,9 +132,9 @@ void CpuBackend::write_kv(int32_t layer, const StepBatch& batch, const float* hi
     float* v = k + n * kvd;
     for (int64_t j = 0; j < n; ++j)
       rms_norm(hidden + (r0 + j) * H, w.attn_norm.data(), shape_.hidden_size, shape_.rms_eps, x + j * H);
-    gemm_rows(x, n, H, w.wq.data(), qd, q + r0 * qd);
-    gemm_rows(x, n, H, w.wk.data(), kvd, k);
-    gemm_rows(x, n, H, w.wv.data(), kvd, v);
+    gemm_rows_pool(pool_.get(), x, n, H, w.wq.data(), qd, q + r0 * qd);
+    gemm_rows_pool(pool_.get(), x, n, H, w.wk.data(), kvd, k);
+    gemm_rows_pool(pool_.get(), x, n, H, w.wv.data(), kvd, v);
     if (shape_.qk_norm) {
       // Qwen3: every head of q and k RMS-normed over head_dim (in place).
       for (int64_t j = 0; j < n; ++j) {
@@ -173,25 +183,11 @@ void CpuBackend::attend_mlp(int32_t layer, const StepBatch& batch, const int64_t
     const float* a = attn != nullptr ? attn + c0 * qd : nullptr;
     if (a == nullptr) {
       float* out = grow(attn_, static_cast<size_t>(m * qd));
-      // Runs of consecutive rows of one sequence share its pages.
-      int32_t* pos = grow(run_pos_, static_cast<size_t>(m));
-      for (int64_t j = 0; j < m;) {
-        const int32_t seq = row_seq_[rr[j]];
-        int64_t e = j;
-        while (e < m && row_seq_[rr[e]] == seq && (e == j || rr[e] == rr[e - 1] + 1)) {
-          pos[e - j] = row_pos_[rr[e]];
-          ++e;
-        }
-        const StepSeq& s = batch.seqs[static_cast<size_t>(seq)];
-        paged_attention_rows(device_, layer, s.blocks, pos, static_cast<int32_t>(e - j), q_.data() + rr[j] * qd,
-                             static_cast<size_t>(qd), shape_.num_heads, shape_.num_kv_heads, shape_.head_dim,
-                             out + j * qd, static_cast<size_t>(qd), attn_scratch_);
-        j = e;
-      }
+      attend(layer, batch, rr, m, out);
       a = out;
     }
     float* t = grow(tmp_, static_cast<size_t>(m * H));
-    gemm_rows(a, m, qd, w.wo.data(), H, t);
+    gemm_rows_pool(pool_.get(), a, m, qd, w.wo.data(), H, t);
     float* x = grow(x_, static_cast<size_t>(m * H));
     for (int64_t j = 0; j < m; ++j) {
       float* h = hidden + rr[j] * H;
@@ -204,13 +200,10 @@ void CpuBackend::attend_mlp(int32_t layer, const StepBatch& batch, const int64_t
     }
     float* gate = grow(gate_, static_cast<size_t>(m * F));
     float* up = grow(up_, static_cast<size_t>(m * F));
-    gemm_rows(x, m, H, w.w_gate.data(), F, gate);
-    gemm_rows(x, m, H, w.w_up.data(), F, up);
-    for (int64_t j = 0; j < m * F; ++j) {
-      const float g = gate[j];
-      gate[j] = g / (1.0f + std::exp(-g)) * up[j];
-    }
-    gemm_rows(gate, m, F, w.w_down.data(), H, t);
+    gemm_rows_pool(pool_.get(), x, m, H, w.w_gate.data(), F, gate);
+    gemm_rows_pool(pool_.get(), x, m, H, w.w_up.data(), F, up);
+    silu_mul(gate, up, m * F);
+    gemm_rows_pool(pool_.get(), gate, m, F, w.w_down.data(), H, t);
     for (int64_t j = 0; j < m; ++j) {
       float* h = hidden + rr[j] * H;
       for (int64_t i = 0; i < H; ++i) h[i] += t[j * H + i];
@@ -224,6 +217,61 @@ void CpuBackend::attend_mlp(int32_t layer, const StepBatch& batch, const int64_t
       for (int64_t i = 0; i < H; ++i) h[i] += mo[j * H + i];
     }
   }
+}
+
+// Attention of the m batch rows rr[0..m) (ascending) into out[m][heads *
+// head_dim]. Runs of consecutive rows of one sequence share its pages; with
+// several threads each run is cut into (kv head, block of rows) items, which
+// give every (row, head) the bits of the one-call run (attention_cpu.h).
+void CpuBackend::attend(int32_t layer, const StepBatch& batch, const int64_t* rr, int64_t m, float* out) {
+  const int64_t qd = int64_t{shape_.num_heads} * shape_.head_dim;
+  int32_t* pos = grow(run_pos_, static_cast<size_t>(m));
+  attn_items_.clear();
+  const bool split = pool_ != nullptr;
+  for (int64_t j = 0; j < m;) {
+    const int32_t seq = row_seq_[rr[j]];
+    int64_t e = j;
+    while (e < m && row_seq_[rr[e]] == seq && (e == j || rr[e] == rr[e - 1] + 1)) {
+      pos[e] = row_pos_[rr[e]];
+      ++e;
+    }
+    if (!split) {
+      attn_items_.push_back(AttnItem{j, e, seq, 0, shape_.num_kv_heads});
+    } else {
+      for (int32_t g = 0; g < shape_.num_kv_heads; ++g)
+        for (int64_t b = j; b < e; b += kAttnRowBlock)
+          attn_items_.push_back(AttnItem{b, std::min<int64_t>(b + kAttnRowBlock, e), seq, g, g + 1});
+    }
+    j = e;
+  }
+  auto run = [&](int64_t i, int thread) {
+    const AttnItem& it = attn_items_[static_cast<size_t>(i)];
+    const StepSeq& s = batch.seqs[static_cast<size_t>(it.seq)];
+    paged_attention_rows(device_, layer, s.blocks, pos + it.r0, static_cast<int32_t>(it.r1 - it.r0),
+                         q_.data() + rr[it.r0] * qd, static_cast<size_t>(qd), shape_.num_heads, shape_.num_kv_heads,
+                         shape_.head_dim, out + it.r0 * qd, static_cast<size_t>(qd),
+                         attn_scratch_[static_cast<size_t>(thread)], it.g0, it.g1);
+  };
+  const int64_t n = static_cast<int64_t>(attn_items_.size());
+  if (pool_ == nullptr) {
+    for (int64_t i = 0; i < n; ++i) run(i, 0);
+  } else {
+    pool_->for_each(n, run);
+  }
+}
+
+// gate[j] = silu(gate[j]) * up[j] for j < n (element-wise: shared out in
+// ranges when several threads may run it).
+void CpuBackend::silu_mul(float* gate, const float* up, int64_t n) {
+  auto range = [gate, up](int64_t j0, int64_t j1) {
+    for (int64_t j = j0; j < j1; ++j) {
+      const float g = gate[j];
+      gate[j] = g / (1.0f + std::exp(-g)) * up[j];
+    }
+  };
+  const int64_t parts = pool_ == nullptr ? 1 : std::min<int64_t>(pool_->size(), n / kMinParallelElems);
+  if (parts <= 1) return range(0, n);
+  pool_->for_each(parts, [&](int64_t p, int) { range(n * p / parts, n * (p + 1) / parts); });
 }
 
 void CpuBackend::decoder_layer(int32_t layer, const StepBatch& batch, float* hidden) {
@@ -289,7 +337,7 @@ double CpuBackend::step(const StepBatch& batch, int32_t* sampled, float* logits)
       rms_norm(hidden + srows[static_cast<size_t>(c0 + j)] * H, weights_->final_norm.data(),
                shape_.hidden_size, shape_.rms_eps, x + j * H);
     float* lg = logits != nullptr ? logits + c0 * V : grow(logits_, static_cast<size_t>(m * V));
-    gemm_rows(x, m, H, weights_->lm_head.data(), V, lg);
+    gemm_rows_pool(pool_.get(), x, m, H, weights_->lm_head.data(), V, lg);
     for (int64_t j = 0; j < m; ++j) {
       const int32_t seq = row_seq_[srows[static_cast<size_t>(c0 + j)]];
       const StepSeq& s = batch.seqs[static_cast<size_t>(seq)];
@@ -318,7 +366,8 @@ void CpuBackend::helix_attention(int32_t layer, const StepBatch& batch, const st
   size_t local_recs = 0;
   for (int64_t row : rows) local_recs += static_cast<size_t>(heads) * owned(row_pos_[row] / P, me);
   float* local = grow(helix_local_, local_recs * rec);
-  if (attn_scratch_.scores.size() < static_cast<size_t>(P)) attn_scratch_.scores.resize(P);
+  AttnScratch& scratch = attn_scratch_[0];
+  if (scratch.scores.size() < static_cast<size_t>(P)) scratch.scores.resize(P);
   float* out = local;
   for (int64_t row : rows) {
     const StepSeq& s = batch.seqs[static_cast<size_t>(row_seq_[row])];
@@ -330,7 +379,7 @@ void CpuBackend::helix_attention(int32_t layer, const StepBatch& batch, const st
         const int32_t n = g < last ? P : pos % P + 1;
         const int32_t page = s.blocks[g / cp];
         attn_page_partial(q + static_cast<size_t>(h) * D, scale, device_.kv(page, layer, 0) + head_off,
-                          device_.kv(page, layer, 1) + head_off, stride, n, D, attn_scratch_.scores.data(),
+                          device_.kv(page, layer, 1) + head_off, stride, n, D, scratch.scores.data(),
                           &out[0], &out[1], out + 2);
         out += rec;
       }
@@ -378,13 +427,10 @@ void CpuBackend::swiglu(const ExpertWeights& w, int64_t width, int64_t n, const 
     const int64_t m = n - r0 < kRowChunk ? n - r0 : kRowChunk;
     float* gate = grow(gate_, static_cast<size_t>(m * width));
     float* up = grow(up_, static_cast<size_t>(m * width));
-    gemm_rows(x + r0 * H, m, H, w.gate.data(), width, gate);
-    gemm_rows(x + r0 * H, m, H, w.up.data(), width, up);
-    for (int64_t j = 0; j < m * width; ++j) {
-      const float g = gate[j];
-      gate[j] = g / (1.0f + std::exp(-g)) * up[j];
-    }
-    gemm_rows(gate, m, width, w.down.data(), H, y + r0 * H);
+    gemm_rows_pool(pool_.get(), x + r0 * H, m, H, w.gate.data(), width, gate);
+    gemm_rows_pool(pool_.get(), x + r0 * H, m, H, w.up.data(), width, up);
+    silu_mul(gate, up, m * width);
+    gemm_rows_pool(pool_.get(), gate, m, width, w.down.data(), H, y + r0 * H);
   }
 }
 
@@ -439,7 +485,7 @@ void CpuBackend::moe_block(int32_t layer, const StepBatch& batch, int64_t n, con
   float* logits = grow(moe_logits_, static_cast<size_t>(n * E));
   for (int64_t r0 = 0; r0 < n; r0 += kRowChunk) {
     const int64_t m = n - r0 < kRowChunk ? n - r0 : kRowChunk;
-    gemm_rows(x + r0 * H, m, H, w.router.data(), E, logits + r0 * E);
+    gemm_rows_pool(pool_.get(), x + r0 * H, m, H, w.router.data(), E, logits + r0 * E);
   }
   int32_t* ex = grow(moe_experts_, static_cast<size_t>(n * K));
   float* wt = grow(moe_weights_, static_cast<size_t>(n * K));

@@ -4,7 +4,10 @@
 // every token row is computed by the same code in a fixed operation order
 // that depends only on the row's own inputs (its token, position and the
 // contents of its sequence's pages), never on the batch around it. No BLAS, no
-// threads, no FMA contraction (-ffp-contract=off). Loops that the compiler may
+// FMA contraction (-ffp-contract=off). Threads (EngineParams.num_threads)
+// only share out whole output elements (a GEMM's columns, an attention
+// (row, head), an element-wise range), each still computed in that order, so
+// the bits do not depend on the number of threads. Loops that the compiler may
 // vectorise are element-wise across outputs, so vectorisation cannot change
 // any sum's order. The projections run as GEMMs over the step's rows
 // (gemm_cpu.h: register-blocked, vectorised, runtime-dispatched kernels) that
@@ -60,6 +63,7 @@
 #include "backend.h"
 #include "page_slab.h"
 #include "sampling.h"
+#include "thread_pool.h"
 #include "weights.h"
 
 namespace lockstep {
@@ -102,6 +106,8 @@ class CpuBackend final : public Backend {
                   float* hidden, const float* attn = nullptr);
   void helix_attention(int32_t layer, const StepBatch& batch, const std::vector<int64_t>& rows);
   void rope(float* x, int32_t heads, const float* cos_sin) const;
+  void attend(int32_t layer, const StepBatch& batch, const int64_t* rr, int64_t m, float* out);
+  void silu_mul(float* gate, const float* up, int64_t n);
   // MoE block of a layer over n rows: x [n][hidden] (normed) → out
   // [n][hidden] (to be added to the residual). Makes exactly one dispatch
   // and one combine exchange when batch.ep is set, also for n == 0.
@@ -128,8 +134,17 @@ class CpuBackend final : public Backend {
   std::vector<float> x_, attn_, tmp_, gate_, up_, logits_;
   SamplingScratch sampling_;  // sample_token's buffers
   std::vector<float> kv_scratch_;  // K and V of a position this Helix rank does not own
-  AttnScratch attn_scratch_;
-  std::vector<int32_t> run_pos_;  // positions of a run of one sequence's rows (attention)
+  // The step's threads (nullptr: one thread, the caller's) and their
+  // attention scratch, one per thread.
+  std::unique_ptr<ThreadPool> pool_;
+  std::vector<AttnScratch> attn_scratch_;
+  // An attention work item: batch rows rr[r0 .. r1) of sequence seq, kv heads [g0, g1).
+  struct AttnItem {
+    int64_t r0, r1;
+    int32_t seq, g0, g1;
+  };
+  std::vector<AttnItem> attn_items_;
+  std::vector<int32_t> run_pos_;  // positions of the pass's rows (attention)
   // Helix scratch: this step's rows needing attention in the current layer,
   // their attention outputs, the local partials and the gathered ones.
   std::vector<int64_t> helix_rows_;
