@@ -40,6 +40,11 @@ type Options struct {
 	TokensPerPage int // --tokens-per-page
 	HostPages     int // --host-pages: host-tier pages per rank (0: none)
 	MaxSeqLen     int // --max-seq-len (0: the pool's size)
+	// CPUThreads (--cpu-threads) is how many threads each rank's CPU engine
+	// runs a step on; 0: the cores this process may use, shared by the ranks
+	// that compute on them (resolved by prepare into cpuThreads).
+	CPUThreads int
+	cpuThreads int
 
 	// Scheduler holds every scheduler setting, from flags and the config
 	// file alike. Two follow the flags' conventions until SchedulerConfig

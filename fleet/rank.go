@@ -130,6 +130,9 @@ func (s *rankSetup) build(i, device int, comm nccl.Comm, iterLog, eventSink io.W
 func (o *Options) openRankEngine(i, device int, cpGroup any) (bridge.Engine, error) {
 	ecfg := bridge.Config{Preset: o.Model, Seed: o.Seed, NumPages: o.Pages, TokensPerPage: o.TokensPerPage,
 		NumHostPages: o.HostPages, DeviceID: device}
+	if o.Engine == "cpu" {
+		ecfg.CPUThreads = max(1, o.cpuThreads)
+	}
 	if o.loaded != nil {
 		ecfg.Preset, ecfg.Shape, ecfg.Tensors = "", o.loaded.Shape, o.loaded.Tensors
 	}

@@ -126,6 +126,7 @@ func (o *Options) prepare(log *zap.Logger, getenv func(string) string) (schedule
 	if err != nil {
 		return sc, launch, err
 	}
+	o.cpuThreads = o.resolveCPUThreads(launch, runtime.GOMAXPROCS(0))
 	for _, n := range append(notes, more...) {
 		log.Info(n)
 	}
@@ -134,6 +135,28 @@ func (o *Options) prepare(log *zap.Logger, getenv func(string) string) (schedule
 			zap.String("format", m.Format), zap.Int64("weight_bytes", m.WeightBytes()), zap.Any("shape", m.Shape))
 	}
 	return sc, launch, nil
+}
+
+// MaxCPUThreads is the most threads a rank's CPU engine may use (--cpu-threads).
+const MaxCPUThreads = 1024
+
+// ranksHere is how many ranks compute on this machine's cores: this
+// process's, or the launcher's processes on the node.
+func (o *Options) ranksHere(launch nccl.Launch) int {
+	if launch.MultiProcess() {
+		return max(launch.LocalSize, 1)
+	}
+	return o.world()
+}
+
+// resolveCPUThreads is --cpu-threads, or for 0 the cores this process may use
+// (GOMAXPROCS: CPU affinity and cgroup quota) shared by the ranks computing
+// on them, at least 1. Only the CPU engine uses it.
+func (o *Options) resolveCPUThreads(launch nccl.Launch, cores int) int {
+	if o.CPUThreads > 0 {
+		return o.CPUThreads
+	}
+	return max(1, cores/o.ranksHere(launch))
 }
 
 // runInfo is what the report says about the run besides its requests.
@@ -150,10 +173,7 @@ func (o *Options) runInfo(res *Result, launch nccl.Launch) report.RunInfo {
 		// The ranks that computed on this node's cores: this process's, or
 		// the launcher's processes on the node. GOMAXPROCS is the cores the
 		// process may use (CPU affinity and cgroup quota).
-		info.RanksHere, info.Cores = o.world(), runtime.GOMAXPROCS(0)
-		if launch.MultiProcess() {
-			info.RanksHere = max(launch.LocalSize, 1)
-		}
+		info.RanksHere, info.Cores, info.ThreadsPerRank = o.ranksHere(launch), runtime.GOMAXPROCS(0), o.cpuThreads
 	}
 	if o.Engine == "twin" {
 		info.Model, info.VirtualEpoch = o.profile.Model.Name, twinEpoch

@@ -141,6 +141,10 @@ func (o *Options) validateCounts() error {
 			return usage.Errorf("%s must be non-negative, got %d", o.Src(p.flag), p.v)
 		}
 	}
+	if o.CPUThreads < 0 || o.CPUThreads > MaxCPUThreads {
+		return usage.Errorf("%s must be in 0..%d (0 = the cores this process may use, shared by its ranks), got %d",
+			o.Src("cpu-threads"), MaxCPUThreads, o.CPUThreads)
+	}
 	for _, p := range []intSetting{{"pages", o.Pages}, {"host-pages", o.HostPages}} {
 		if p.v > kvpool.MaxPages {
 			return usage.Errorf("%s must be at most %d (int32 page indices), got %d", o.Src(p.flag), kvpool.MaxPages, p.v)

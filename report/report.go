@@ -171,14 +171,18 @@ type RunInfo struct {
 	// that computes on the CPU, 0 otherwise. More ranks than cores make the
 	// lockstep waste measure CPU contention rather than scheduling.
 	RanksHere, Cores int
+	// ThreadsPerRank is each rank's CPU engine threads (0 or 1: one).
+	ThreadsPerRank int
 }
 
-// CPUContention says that a run's computing ranks outnumbered the cores
-// they could use: its lockstep waste (and its latencies) then measure
-// ranks waiting for a core, not scheduling.
+// CPUContention says that a run's computing threads (ranks × each rank's
+// CPU engine threads) outnumbered the cores they could use: its lockstep
+// waste (and its latencies) then measure threads waiting for a core, not
+// scheduling.
 type CPUContention struct {
-	Ranks int `json:"ranks"`
-	Cores int `json:"cores"`
+	Ranks          int `json:"ranks"`
+	ThreadsPerRank int `json:"threads_per_rank"`
+	Cores          int `json:"cores"`
 }
 
 // ByIndex returns the responses indexed by request id (= trace index),
@@ -205,8 +209,8 @@ func Build(info RunInfo, reqs []workload.Request, rank0 *executor.Result) *Repor
 	rep.Iterations = rank0.ForwardIterations
 	rep.IterationsTotal = rank0.Iterations
 	rep.LockstepWaste = Round(rank0.LockstepWaste, 4)
-	if info.Cores > 0 && info.RanksHere > info.Cores {
-		rep.CPUContention = &CPUContention{Ranks: info.RanksHere, Cores: info.Cores}
+	if threads := max(info.ThreadsPerRank, 1); info.Cores > 0 && info.RanksHere*threads > info.Cores {
+		rep.CPUContention = &CPUContention{Ranks: info.RanksHere, ThreadsPerRank: threads, Cores: info.Cores}
 	}
 	ps := rank0.Prefix
 	rep.Prefix = Prefix{ReusedTokens: ps.ReusedTokens, PromptTokens: ps.PromptTokens, Admissions: ps.Admissions,
@@ -397,7 +401,12 @@ func (rep *Report) WriteText(w io.Writer) error {
 		}
 	}
 	if c := rep.CPUContention; c != nil {
-		p("               (%d ranks shared %d cores here: the waste measures ranks waiting for a core, not scheduling)\n", c.Ranks, c.Cores)
+		if c.ThreadsPerRank > 1 {
+			p("               (%d ranks × %d threads shared %d cores here: the waste measures threads waiting for a core, not scheduling)\n",
+				c.Ranks, c.ThreadsPerRank, c.Cores)
+		} else {
+			p("               (%d ranks shared %d cores here: the waste measures ranks waiting for a core, not scheduling)\n", c.Ranks, c.Cores)
+		}
 	}
 	p("  preemptions  %d suspended, %d recompute\n", rep.Preemptions.Suspended, rep.Preemptions.Recompute)
 	p("  prefix reuse %.1f%% of prompt tokens (%d reused of %d)\n", 100*rep.Prefix.HitRate, rep.Prefix.ReusedTokens, rep.Prefix.PromptTokens)

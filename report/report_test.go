@@ -12,22 +12,31 @@ import (
 	"github.com/lockstep-ai/lockstep/workload"
 )
 
-// A run whose ranks outnumber the cores says so beside the lockstep waste,
-// in the text and the JSON report; one that fits says nothing (issue 23).
+// A run whose computing threads (ranks × CPU engine threads) outnumber the
+// cores says so beside the lockstep waste, in the text and the JSON report;
+// one that fits says nothing (issues 23, 31).
 func TestReportNamesCPUContention(t *testing.T) {
 	res := &executor.Result{LockstepWaste: 0.652}
 	for _, c := range []struct {
-		ranks, cores int
-		want         bool
-	}{{4, 2, true}, {2, 2, false}, {4, 0, false}} {
-		rep := Build(RunInfo{Engine: "cpu", Ranks: 4, RanksHere: c.ranks, Cores: c.cores}, nil, res)
+		ranks, threads, cores int
+		text, json            string // "": no contention
+	}{
+		{4, 0, 2, "(4 ranks shared 2 cores here: the waste measures ranks waiting for a core, not scheduling)",
+			`"cpu_contention":{"ranks":4,"threads_per_rank":1,"cores":2}`},
+		{2, 1, 2, "", ""},
+		{4, 0, 0, "", ""},
+		{1, 2, 2, "", ""},
+		{2, 2, 2, "(2 ranks × 2 threads shared 2 cores here: the waste measures threads waiting for a core, not scheduling)",
+			`"cpu_contention":{"ranks":2,"threads_per_rank":2,"cores":2}`},
+	} {
+		rep := Build(RunInfo{Engine: "cpu", Ranks: 4, RanksHere: c.ranks, Cores: c.cores, ThreadsPerRank: c.threads}, nil, res)
 		var text bytes.Buffer
 		require.NoError(t, rep.WriteText(&text))
 		b, err := json.Marshal(rep)
 		require.NoError(t, err)
-		if c.want {
-			require.Contains(t, text.String(), "(4 ranks shared 2 cores here: the waste measures ranks waiting for a core, not scheduling)")
-			require.Contains(t, string(b), `"cpu_contention":{"ranks":4,"cores":2}`)
+		if c.text != "" {
+			require.Contains(t, text.String(), c.text)
+			require.Contains(t, string(b), c.json)
 		} else {
 			require.NotContains(t, text.String(), "cores here")
 			require.NotContains(t, string(b), "cpu_contention")

@@ -122,10 +122,26 @@ func TestTraceEndToEndCPUEngine(t *testing.T) {
 	require.Equal(t, four.OutputDigest, again.OutputDigest, "a second run prints the same digest")
 	one := serve(t, bin, append(args, "--ranks", "1", "--overlap", "off")...)
 	require.Equal(t, four.OutputDigest, one.OutputDigest, "--ranks 1 (non-overlap loop) and --ranks 4 (overlap loop) print the same digest")
+	threads := serve(t, bin, append(args, "--ranks", "2", "--cpu-threads", "3")...)
+	require.Equal(t, four.OutputDigest, threads.OutputDigest, "3 CPU engine threads per rank print the same digest")
 	// A pool small enough to force recompute preemption keeps the digest.
 	tight := serve(t, bin, append(args, "--ranks", "2", "--pages", "40", "--tokens-per-page", "16", "--max-num-tokens", "256")...)
 	require.Positive(t, tight.Preemptions.Recompute, "the 640-token pool should force recompute preemption")
 	require.Equal(t, four.OutputDigest, tight.OutputDigest, "recompute preemption must not change outputs")
+}
+
+// TestCPUThreadsRefused: a thread count outside 0..1024 is refused before
+// any work, naming the flag and what is allowed.
+func TestCPUThreadsRefused(t *testing.T) {
+	bin := worker(t)
+	for _, v := range []string{"-1", "1025"} {
+		var out, errb bytes.Buffer
+		cmd := exec.Command(bin, "run", "--engine", "cpu", "--cpu-threads", v, "--progress", "off")
+		cmd.Stdout, cmd.Stderr = &out, &errb
+		require.Error(t, cmd.Run(), "--cpu-threads %s was accepted", v)
+		require.Contains(t, errb.String(), "--cpu-threads must be in 0..1024")
+		require.NotContains(t, errb.String(), "serving", "refused before any work")
+	}
 }
 
 // TestBuiltInSampleCPUEngine is README command 1 in miniature.

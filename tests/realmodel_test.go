@@ -59,14 +59,15 @@ func TestRealModelCompletes(t *testing.T) {
 }
 
 // TestRealModelDigestRule: the same prompts give the same tokens on 1, 2
-// and 4 ranks, chunked or not, with and without prefix reuse, under
-// recompute preemption, in both loops, with Helix CP 2, and under mpirun.
+// and 4 ranks, on 1, 2 and 4 CPU engine threads per rank, chunked or not,
+// with and without prefix reuse, under recompute preemption, in both loops,
+// with Helix CP 2, and under mpirun.
 func TestRealModelDigestRule(t *testing.T) {
 	m := modeltest.SmolLM2(t)
 	bin := worker(t)
 	base := []string{"--model", m, "--prompts", "testdata/smollm2_prompts.jsonl", "--max-tokens", "24"}
 	want := servePrompts(t, bin, append(base, "--ranks", "1", "--pages", "256", "--no-prefix-reuse",
-		"--chunked-prefill=false", "--overlap", "off")...)
+		"--chunked-prefill=false", "--overlap", "off", "--cpu-threads", "1")...)
 	require.Equal(t, 8, want.Requests.Completed)
 	stops := 0
 	for _, o := range want.Outputs {
@@ -86,6 +87,10 @@ func TestRealModelDigestRule(t *testing.T) {
 		{"2 ranks under recompute pressure", []string{"--ranks", "2", "--pages", "8", "--max-num-tokens", "64"}, true},
 		{"1 rank under pressure, overlap off", []string{"--ranks", "1", "--pages", "8", "--overlap", "off", "--chunked-prefill=false"}, true},
 		{"Helix CP 2 under pressure", []string{"--cp", "2", "--pages", "5", "--max-num-tokens", "64"}, true},
+		{"1 rank on 2 threads, chunked", []string{"--ranks", "1", "--cpu-threads", "2", "--max-num-tokens", "48"}, false},
+		{"1 rank on 4 threads, overlap off", []string{"--ranks", "1", "--cpu-threads", "4", "--overlap", "off"}, false},
+		{"2 ranks of 2 threads under pressure", []string{"--ranks", "2", "--cpu-threads", "2", "--pages", "8",
+			"--max-num-tokens", "64"}, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			got := servePrompts(t, bin, append(base, c.args...)...)
