@@ -112,6 +112,8 @@ func (s *TraceSource) Due(now time.Time) []Arrival {
 			ConversationID: r.ConversationID,
 			Routing:        r.Routing,
 			StopAtEOS:      r.StopAtEOS,
+			Logprobs:       r.Logprobs,
+			TopLogprobs:    r.TopLogprobs,
 		}
 		if r.Prompt != nil {
 			a.Prompt = r.Prompt

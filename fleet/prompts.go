@@ -3,6 +3,8 @@ package fleet
 import (
 	"flag"
 
+	"github.com/lockstep-ai/lockstep/bridge"
+
 	"github.com/lockstep-ai/lockstep/workload/prompts"
 
 	"github.com/lockstep-ai/lockstep/report"
@@ -20,7 +22,10 @@ type PromptOptions struct {
 	Chat      bool   // --chat: Prompt is a user message rendered with the chat template
 	System    string // --system: a system message for --chat
 	MaxTokens int    // --max-tokens
-	inputs    []prompts.Input
+	// Logprobs (--logprobs K): every completion token's log-probability and
+	// the K most probable tokens' at its position (-1: none).
+	Logprobs int
+	inputs   []prompts.Input
 }
 
 func (p *PromptOptions) flags(fs *flag.FlagSet) {
@@ -29,6 +34,7 @@ func (p *PromptOptions) flags(fs *flag.FlagSet) {
 	fs.BoolVar(&p.Chat, "chat", p.Chat, "render --prompt as a user message with the model's chat template")
 	fs.StringVar(&p.System, "system", p.System, "with --chat: a system message before the user's")
 	fs.IntVar(&p.MaxTokens, "max-tokens", p.MaxTokens, "with --prompt or --prompts: most tokens to generate per prompt (a stop token of the model ends generation earlier)")
+	fs.IntVar(&p.Logprobs, "logprobs", p.Logprobs, "with --prompt or --prompts: print each completion token's log-probability and the K most probable tokens' at its position, 0-20 (-1 = none)")
 }
 
 // Active reports whether the run's workload is text prompts.
@@ -38,9 +44,15 @@ func (p *PromptOptions) Active() bool { return p.Prompt != "" || p.File != "" }
 // (after the model is open).
 func (o *Options) validatePrompts() error {
 	p := &o.Text
+	if p.Logprobs < -1 || p.Logprobs > bridge.MaxLogprobs {
+		return usage.Errorf("--logprobs must be in -1..%d (-1 = none), got %d", bridge.MaxLogprobs, p.Logprobs)
+	}
 	if !p.Active() {
 		if p.Chat || p.System != "" {
 			return usage.Errorf("--chat and --system need --prompt")
+		}
+		if p.Logprobs >= 0 {
+			return usage.Errorf("--logprobs needs --prompt or --prompts (a trace's tokens are synthetic)")
 		}
 		return nil
 	}
@@ -169,11 +181,15 @@ func (o *Options) promptWorkload() ([]workload.Request, error) {
 		if in.MaxTokens > 0 {
 			max = in.MaxTokens
 		}
-		reqs = append(reqs, workload.Request{Index: i, PromptLen: len(ids), MaxNewTokens: max, Prompt: ids, StopAtEOS: true})
+		reqs = append(reqs, workload.Request{Index: i, PromptLen: len(ids), MaxNewTokens: max, Prompt: ids, StopAtEOS: true,
+			Logprobs: o.Text.Logprobs >= 0, TopLogprobs: o.topLogprobs()})
 		o.rendered = append(o.rendered, r)
 	}
 	return reqs, nil
 }
+
+// topLogprobs is --logprobs as a top count (0 when off).
+func (o *Options) topLogprobs() int { return max(o.Text.Logprobs, 0) }
 
 // promptOutputs decodes the responses of a prompt run.
 func (o *Options) promptOutputs(res *Result) []report.PromptOutput {
@@ -196,6 +212,16 @@ func (o *Options) promptOutputs(res *Result) []report.PromptOutput {
 			ids = ids[:len(ids)-1] // the stop token is not text
 		}
 		p.Text = tok.Decode(ids)
+		if o.Text.Logprobs >= 0 && len(r.Logprobs) == len(r.Output) {
+			p.Logprobs = make([]report.TokenLogprob, len(r.Output))
+			for k, lp := range r.Logprobs {
+				t := report.TokenLogprob{ID: r.Output[k], Token: tok.Decode(r.Output[k : k+1]), Logprob: lp.Logprob}
+				for j, id := range lp.TopIDs {
+					t.Top = append(t.Top, report.TopLogprob{ID: id, Token: tok.Decode([]int32{id}), Logprob: lp.TopLogprobs[j]})
+				}
+				p.Logprobs[k] = t
+			}
+		}
 	}
 	return out
 }

@@ -28,6 +28,16 @@ type promptReport struct {
 		CompletionTokens int    `json:"completion_tokens"`
 		FinishReason     string `json:"finish_reason"`
 		Error            string
+		Logprobs         []struct {
+			ID      int32
+			Token   string
+			Logprob float32
+			Top     []struct {
+				ID      int32
+				Token   string
+				Logprob float32
+			} `json:"top_logprobs"`
+		}
 	}
 }
 
@@ -118,6 +128,47 @@ func TestRealModelDigestRule(t *testing.T) {
 		require.NoError(t, json.Unmarshal(out.Bytes(), &got), out.String())
 		require.Equal(t, want.OutputDigest, got.OutputDigest)
 	})
+}
+
+// TestRealModelLogprobs (issue 31 item 5): worker run --logprobs K gives
+// every completion token its log-probability and the K most probable
+// tokens', highest first; under greedy decoding the chosen token is the
+// first of them, and asking changes no token.
+func TestRealModelLogprobs(t *testing.T) {
+	m := modeltest.SmolLM2(t)
+	bin := worker(t)
+	base := []string{"--model", m, "--prompts", "testdata/smollm2_prompts.jsonl", "--max-tokens", "12", "--ranks", "2"}
+	plain := servePrompts(t, bin, base...)
+	got := servePrompts(t, bin, append(base, "--logprobs", "4")...)
+	require.Equal(t, plain.OutputDigest, got.OutputDigest, "asking for log-probabilities changed the tokens")
+	for i, o := range got.Outputs {
+		require.Empty(t, o.Error)
+		require.Len(t, o.Logprobs, o.CompletionTokens, "prompt %d", i)
+		for k, lp := range o.Logprobs {
+			require.LessOrEqual(t, lp.Logprob, float32(0), "prompt %d token %d", i, k)
+			require.Len(t, lp.Top, 4, "prompt %d token %d", i, k)
+			require.Equal(t, lp.ID, lp.Top[0].ID, "prompt %d token %d: greedy picks the most probable", i, k)
+			require.Equal(t, lp.Logprob, lp.Top[0].Logprob)
+			for j := 1; j < len(lp.Top); j++ {
+				require.GreaterOrEqual(t, lp.Top[j-1].Logprob, lp.Top[j].Logprob, "prompt %d token %d: top order", i, k)
+			}
+		}
+		require.Nil(t, plain.Outputs[i].Logprobs, "no log-probabilities unless asked")
+	}
+	text := serveText(t, bin, "--model", m, "--prompt", "The capital of France is", "--max-tokens", "4", "--ranks", "1",
+		"--logprobs", "2")
+	require.Contains(t, text, "--- log-probabilities (position, token, logprob, margin over the next candidate; candidates) ---")
+	require.Contains(t, text, `" Paris"`)
+}
+
+// serveText runs `worker run` with the text report and returns its stdout.
+func serveText(t *testing.T, bin string, args ...string) string {
+	t.Helper()
+	var out, errb bytes.Buffer
+	cmd := exec.Command(bin, append([]string{"run", "--progress", "off", "--arrival-scale", "0"}, args...)...)
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	require.NoError(t, cmd.Run(), errb.String())
+	return out.String()
 }
 
 // TestRealModelTrace: a Mooncake trace still runs on a real model (token

@@ -103,6 +103,11 @@ type Request struct {
 	// StopAtEOS ends the request at the model's stop tokens as well as at
 	// MaxNewTokens (text prompts); trace requests keep their lengths.
 	StopAtEOS bool
+	// Logprobs asks for every generated token's log-probability and the
+	// TopLogprobs most probable tokens' at its position (text prompts:
+	// worker run --logprobs).
+	Logprobs    bool
+	TopLogprobs int
 
 	vocab int
 	seed  uint64
