@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# bench-vs-llamacpp.sh: lockstep's CPU engine beside llama.cpp on the same GGUF
+# (SmolLM2-135M-Instruct Q4_1, scripts/fetch-model.sh) and the same thread
+# counts (issue 31 item 4). llama.cpp is node-llama-cpp 3.22.1's prebuilt CPU
+# build from the npm registry (no compiler), installed once into
+# $LOCKSTEP_NLC_DIR (default ~/.cache/lockstep/node-llama-cpp).
+#
+#   scripts/bench-vs-llamacpp.sh [RUNS]      (default 3 runs of each, medians)
+#
+# Shapes (both engines): prefill of one 512-token prompt, decode of one
+# sequence, and decode of 8 sequences together after their 512-token
+# prompts; greedy. lockstep's figures are BenchmarkSmolLM2's
+# (bridge/native; 32 decode steps, llama.cpp's 128). Run it on a quiet
+# machine: the engines run one after the other.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+RUNS="${1:-3}"
+export CGO_CFLAGS="${CGO_CFLAGS:--O2 -g -Wno-deprecated-declarations}"
+MODEL="$(scripts/fetch-model.sh)"
+NLC="${LOCKSTEP_NLC_DIR:-$HOME/.cache/lockstep/node-llama-cpp}"
+command -v node >/dev/null || { echo "bench-vs-llamacpp: node (Node.js >= 20) is needed for llama.cpp's build" >&2; exit 1; }
+if [ ! -d "$NLC/node_modules/node-llama-cpp" ]; then
+  echo "bench-vs-llamacpp: installing node-llama-cpp 3.22.1 into $NLC" >&2
+  mkdir -p "$NLC"
+  cp scripts/llamacpp/package.json "$NLC/"
+  (cd "$NLC" && npm install --no-audit --no-fund --ignore-scripts >&2)
+fi
+cp scripts/llamacpp/bench.mjs "$NLC/bench.mjs"
+
+tmp="$(mktemp -d)"
+trap 'rm -rf "$tmp"' EXIT
+go test -tags native -c -o "$tmp/native.test" ./bridge/native/ >&2
+for r in $(seq "$RUNS"); do
+  for t in 1 2; do
+    echo "bench-vs-llamacpp: run $r, $t thread(s)" >&2
+    (cd bridge/native && "$tmp/native.test" -test.run '^$' -test.bench "SmolLM2/batch=(1|8)/threads=$t\$" \
+      -test.benchtime 1x) | awk -v t="$t" '/^BenchmarkSmolLM2/ {
+        split($1, a, "/"); b = a[2]; sub("batch=", "", b)
+        for (i = 2; i <= NF; i++) { if ($i == "prefill_tok/s") p[b] = $(i-1); if ($i == "decode_tok/s") d[b] = $(i-1) }
+      }
+      END { printf("{\"engine\":\"lockstep\",\"threads\":%s,\"prefill_tok_s\":%s,\"decode_tok_s\":%s,\"batch8_decode_tok_s\":%s}\n", t, p["1"], d["1"], d["8"]) }' >> "$tmp/runs.jsonl"
+    (cd "$NLC" && node bench.mjs "$MODEL" "$t") >> "$tmp/runs.jsonl"
+  done
+done
+python3 - "$tmp/runs.jsonl" <<'PYEOF'
+import json, statistics, sys
+runs = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+def med(engine, t, key):
+    return statistics.median(r[key] for r in runs if r["engine"] == engine and r["threads"] == t)
+print("| threads | measure | lockstep exact | llama.cpp | lockstep / llama.cpp |")
+print("|---|---|---|---|---|")
+for t in (1, 2):
+    for key, name in (("prefill_tok_s", "prefill tok/s (512-token prompt)"), ("decode_tok_s", "decode tok/s (1 sequence)"),
+                      ("batch8_decode_tok_s", "decode tok/s (8 sequences)")):
+        a, b = med("lockstep", t, key), med("llama.cpp", t, key)
+        print(f"| {t} | {name} | {a:.1f} | {b:.1f} | {a / b:.2f}× |")
+n = len(runs) // 4
+print(f"\nmedians of {n} run(s) each; lockstep 2 threads / 1 thread: prefill "
+      f"{med('lockstep', 2, 'prefill_tok_s') / med('lockstep', 1, 'prefill_tok_s'):.2f}×, decode "
+      f"{med('lockstep', 2, 'decode_tok_s') / med('lockstep', 1, 'decode_tok_s'):.2f}×, 8 sequences "
+      f"{med('lockstep', 2, 'batch8_decode_tok_s') / med('lockstep', 1, 'batch8_decode_tok_s'):.2f}×")
+PYEOF
