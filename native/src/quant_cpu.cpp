@@ -1,0 +1,403 @@
+// quant_cpu.cpp: quantised products (see quant_cpu.h for the arithmetic).
+#include "quant_cpu.h"
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+
+#include "checkpoint.h"
+#include "status.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define LOCKSTEP_QUANT_X86 1
+#endif
+
+namespace lockstep {
+namespace {
+
+// A product shares its column groups out so that each thread gets at least
+// this many multiply-adds: below that a wake-up costs more than it saves.
+constexpr int64_t kMinParallelMacs = 1 << 16;
+
+bool is_q4(int32_t dtype) { return dtype == ENG_DTYPE_Q4_0 || dtype == ENG_DTYPE_Q4_1; }
+
+uint16_t load_u16(const uint8_t* p) {
+  uint16_t v;
+  std::memcpy(&v, p, 2);
+  return v;
+}
+
+// Record layout: float dw[8], float mw[8] (Q4 only), then the quants.
+int64_t quants_offset(int32_t dtype) { return is_q4(dtype) ? 64 : 32; }
+int64_t column_quant_bytes(int32_t dtype) { return is_q4(dtype) ? 16 : 32; }
+
+// ---------------------------------------------------------------------------
+// Scalar: the reference order, one element at a time.
+void scalar_cols(const QuantRows& X, const QuantMatrix& W, int64_t o0, int64_t o1, float* Y, int64_t ldy) {
+  const int64_t nb = W.blocks(), rec = W.record_bytes(), qoff = quants_offset(W.dtype);
+  const int64_t qbytes = column_quant_bytes(W.dtype);
+  const bool q4 = is_q4(W.dtype);
+  for (int64_t r = 0; r < X.rows; ++r) {
+    const int8_t* xq = X.q.data() + r * X.in;
+    const float* xd = X.d.data() + r * nb;
+    const float* xs = X.sd.data() + r * nb;
+    for (int64_t o = o0; o < o1; ++o) {
+      const int64_t g = o / kQuantCols, c = o % kQuantCols;
+      const uint8_t* base = W.data.data() + g * nb * rec;
+      float acc = 0.0f;
+      for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* R = base + b * rec;
+        float dw, mw = 0.0f;
+        std::memcpy(&dw, R + 4 * c, 4);
+        if (q4) std::memcpy(&mw, R + 32 + 4 * c, 4);
+        const uint8_t* qs = R + qoff + c * qbytes;
+        const int8_t* x = xq + b * kQuantBlock;
+        int32_t isum = 0;
+        if (q4) {
+          for (int j = 0; j < 16; ++j)
+            isum += static_cast<int32_t>(qs[j] & 0xF) * x[j] + static_cast<int32_t>(qs[j] >> 4) * x[j + 16];
+        } else {
+          const int8_t* w = reinterpret_cast<const int8_t*>(qs);
+          for (int j = 0; j < 32; ++j) isum += static_cast<int32_t>(w[j]) * x[j];
+        }
+        const float t1 = (dw * xd[b]) * static_cast<float>(isum);
+        acc = acc + t1;
+        if (q4) {
+          const float t2 = mw * xs[b];
+          acc = acc + t2;
+        }
+      }
+      Y[r * ldy + o] = acc;
+    }
+  }
+}
+
+#ifdef LOCKSTEP_QUANT_X86
+// ---------------------------------------------------------------------------
+// AVX2: one group of 8 columns per pass over the blocks, the columns in the
+// lanes of the float accumulator (so each lane adds its terms in block
+// order, as the scalar code does), the integer dot of a (column, block) by
+// maddubs/madd and a lane reduction, exact.
+
+// Lane c of the result = the sum of the 8 int32 of p[c].
+__attribute__((target("avx2,avx512vl,avx512vnni"))) inline __m256i hsum8(const __m256i p[8]) {
+  const __m256i a01 = _mm256_hadd_epi32(p[0], p[1]), a23 = _mm256_hadd_epi32(p[2], p[3]);
+  const __m256i a45 = _mm256_hadd_epi32(p[4], p[5]), a67 = _mm256_hadd_epi32(p[6], p[7]);
+  const __m256i b03 = _mm256_hadd_epi32(a01, a23), b47 = _mm256_hadd_epi32(a45, a67);
+  return _mm256_add_epi32(_mm256_permute2x128_si256(b03, b47, 0x20), _mm256_permute2x128_si256(b03, b47, 0x31));
+}
+
+// Rows r0 .. r0+R of group g: the 8 columns' quants of a block are unpacked
+// once and used for the R rows (each with its own accumulator, the same
+// operations as alone).
+// The integer dot of 32 u8 (w) and 32 s8 (x), as 8 partial int32 sums:
+// maddubs + madd (AVX2; the pair sums stay below 2^15), or one dpbusd
+// (AVX-512 VNNI on 256-bit vectors). Both exact: the same sums.
+template <bool Vnni>
+__attribute__((target("avx2,avx512vl,avx512vnni"))) inline __m256i dot_u8s8(__m256i w, __m256i x, __m256i ones) {
+  if constexpr (Vnni) {
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), w, x);
+  } else {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), ones);
+  }
+}
+
+template <bool Q4, int R, bool Vnni>
+__attribute__((target("avx2,avx512vl,avx512vnni"))) void avx2_rows(const QuantRows& X, const QuantMatrix& W,
+                                                                   int64_t g, int64_t r0, float* out /* [R][8] */) {
+  const int64_t nb = W.blocks(), rec = W.record_bytes();
+  const uint8_t* base = W.data.data() + g * nb * rec;
+  const __m256i ones = _mm256_set1_epi16(1);
+  const __m128i low4 = _mm_set1_epi8(0x0F);
+  __m256 acc[R];
+  for (int k = 0; k < R; ++k) acc[k] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* Rp = base + b * rec;
+    _mm_prefetch(reinterpret_cast<const char*>(Rp + 4 * rec), _MM_HINT_T0);
+    __m256i w[8];
+    if constexpr (Q4) {
+      const uint8_t* qs = Rp + 64;
+      for (int c = 0; c < 8; ++c) {
+        const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs + 16 * c));
+        w[c] = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), low4), _mm_and_si128(raw, low4));
+      }
+    } else {
+      const uint8_t* qs = Rp + 32;
+      for (int c = 0; c < 8; ++c) w[c] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * c));
+    }
+    const __m256 dw = _mm256_loadu_ps(reinterpret_cast<const float*>(Rp));
+    __m256 mw = _mm256_setzero_ps();
+    if constexpr (Q4) mw = _mm256_loadu_ps(reinterpret_cast<const float*>(Rp + 32));
+    for (int k = 0; k < R; ++k) {
+      const int64_t r = r0 + k;
+      const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(X.q.data() + r * X.in + b * kQuantBlock));
+      __m256i p[8];
+      for (int c = 0; c < 8; ++c) {
+        if constexpr (Q4) {
+          p[c] = dot_u8s8<Vnni>(w[c], xv, ones);
+        } else {
+          // The unsigned operand: |w| against x with w's sign.
+          p[c] = dot_u8s8<Vnni>(_mm256_sign_epi8(w[c], w[c]), _mm256_sign_epi8(xv, w[c]), ones);
+        }
+      }
+      const __m256 isum = _mm256_cvtepi32_ps(hsum8(p));
+      acc[k] = _mm256_add_ps(acc[k], _mm256_mul_ps(_mm256_mul_ps(dw, _mm256_set1_ps(X.d[r * nb + b])), isum));
+      if constexpr (Q4) acc[k] = _mm256_add_ps(acc[k], _mm256_mul_ps(mw, _mm256_set1_ps(X.sd[r * nb + b])));
+    }
+  }
+  for (int k = 0; k < R; ++k) _mm256_storeu_ps(out + 8 * k, acc[k]);
+}
+
+template <bool Q4, bool Vnni>
+void avx2_group(const QuantRows& X, const QuantMatrix& W, int64_t g, float* Y, int64_t ldy, int64_t o0, int64_t o1) {
+  constexpr int kRows = 4;
+  float out[kRows * 8];
+  const int64_t first = g * kQuantCols;
+  for (int64_t r0 = 0; r0 < X.rows; r0 += kRows) {
+    const int64_t n = X.rows - r0 < kRows ? X.rows - r0 : kRows;
+    switch (n) {
+      case 4: avx2_rows<Q4, 4, Vnni>(X, W, g, r0, out); break;
+      case 3: avx2_rows<Q4, 3, Vnni>(X, W, g, r0, out); break;
+      case 2: avx2_rows<Q4, 2, Vnni>(X, W, g, r0, out); break;
+      default: avx2_rows<Q4, 1, Vnni>(X, W, g, r0, out); break;
+    }
+    for (int64_t k = 0; k < n; ++k)
+      for (int64_t c = 0; c < kQuantCols; ++c) {
+        const int64_t o = first + c;
+        if (o >= o0 && o < o1) Y[(r0 + k) * ldy + o] = out[k * 8 + c];
+      }
+  }
+}
+
+template <bool Vnni>
+void avx2_cols(const QuantRows& X, const QuantMatrix& W, int64_t o0, int64_t o1, float* Y, int64_t ldy) {
+  for (int64_t g = o0 / kQuantCols; g * kQuantCols < o1; ++g) {
+    if (is_q4(W.dtype))
+      avx2_group<true, Vnni>(X, W, g, Y, ldy, o0, o1);
+    else
+      avx2_group<false, Vnni>(X, W, g, Y, ldy, o0, o1);
+  }
+}
+#endif  // LOCKSTEP_QUANT_X86
+
+QuantIsa choose_isa() {
+  const char* env = std::getenv("LOCKSTEP_QUANT");
+  if (env != nullptr && *env != '\0') {
+    for (QuantIsa isa : {QuantIsa::kScalar, QuantIsa::kAvx2, QuantIsa::kAvx512Vnni})
+      if (std::strcmp(env, quant_isa_name(isa)) == 0 && quant_isa_supported(isa)) return isa;
+  }
+  if (quant_isa_supported(QuantIsa::kAvx512Vnni)) return QuantIsa::kAvx512Vnni;
+  return quant_isa_supported(QuantIsa::kAvx2) ? QuantIsa::kAvx2 : QuantIsa::kScalar;
+}
+
+}  // namespace
+
+bool quant_dtype(int32_t dtype) {
+  return dtype == ENG_DTYPE_Q8_0 || dtype == ENG_DTYPE_Q4_0 || dtype == ENG_DTYPE_Q4_1;
+}
+
+int64_t QuantMatrix::record_bytes() const {
+  return quants_offset(dtype) + kQuantCols * column_quant_bytes(dtype);
+}
+
+QuantMatrix pack_quant_matrix(const eng_tensor& t, int32_t head_dim) {
+  if (!quant_dtype(t.dtype)) invalid_argument("pack_quant_matrix: not a quantised dtype");
+  QuantMatrix m;
+  m.dtype = t.dtype;
+  m.in = t.cols;
+  m.out = t.rows;
+  const int64_t nb = m.blocks(), rec = m.record_bytes(), qoff = quants_offset(t.dtype);
+  const int64_t qbytes = column_quant_bytes(t.dtype);
+  const int64_t src_block = t.dtype == ENG_DTYPE_Q8_0 ? 34 : t.dtype == ENG_DTYPE_Q4_0 ? 18 : 20;
+  m.data.assign(static_cast<size_t>(m.groups() * nb * rec), 0);
+  const uint8_t* src = static_cast<const uint8_t*>(t.data);
+  const int32_t half = head_dim / 2;
+  for (int64_t row = 0; row < t.rows; ++row) {
+    int64_t o = row;
+    if (t.interleaved_rope_heads > 0) {
+      // GGUF row 2i+s of a head holds Hugging Face's row s*half+i.
+      const int64_t head = row / head_dim, j = row % head_dim;
+      o = head * head_dim + (j % 2) * half + j / 2;
+    }
+    const int64_t g = o / kQuantCols, c = o % kQuantCols;
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* s = src + (row * nb + b) * src_block;
+      uint8_t* R = m.data.data() + (g * nb + b) * rec;
+      const float d = half_to_float(load_u16(s));
+      float mw = 0.0f;
+      const uint8_t* qs = s + 2;
+      if (t.dtype == ENG_DTYPE_Q4_0) {
+        mw = -8.0f * d;  // d·(q − 8) = d·q + (−8·d), −8·d exact
+      } else if (t.dtype == ENG_DTYPE_Q4_1) {
+        mw = half_to_float(load_u16(s + 2));
+        qs = s + 4;
+      }
+      std::memcpy(R + 4 * c, &d, 4);
+      if (is_q4(t.dtype)) std::memcpy(R + 32 + 4 * c, &mw, 4);
+      std::memcpy(R + qoff + c * qbytes, qs, static_cast<size_t>(qbytes));
+    }
+  }
+  return m;
+}
+
+namespace {
+
+// One block of 32 activations: q, and the block's dx and sd. The scalar
+// and the AVX2 versions compute the same values: max and rounding to the
+// nearest even are exact operations, whatever their order.
+void quantize_block_scalar(const float* x, int8_t* q, float* d_out, float* sd_out) {
+  float amax = 0.0f;
+  for (int j = 0; j < kQuantBlock; ++j) {
+    const float a = std::fabs(x[j]);
+    amax = a > amax ? a : amax;
+  }
+  const float d = amax / 127.0f;
+  const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+  int32_t sum = 0;
+  for (int j = 0; j < kQuantBlock; ++j) {
+    float v = std::nearbyint(x[j] * id);
+    v = v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v;
+    const int32_t qi = static_cast<int32_t>(v);
+    q[j] = static_cast<int8_t>(qi);
+    sum += qi;
+  }
+  *d_out = d;
+  *sd_out = d * static_cast<float>(sum);
+}
+
+#ifdef LOCKSTEP_QUANT_X86
+__attribute__((target("avx2"))) void quantize_block_avx2(const float* x, int8_t* q, float* d_out, float* sd_out) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  __m256 v[4];
+  __m256 m = _mm256_setzero_ps();
+  for (int k = 0; k < 4; ++k) {
+    v[k] = _mm256_loadu_ps(x + 8 * k);
+    m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v[k]));
+  }
+  __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+  h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+  h = _mm_max_ss(h, _mm_movehdup_ps(h));
+  const float amax = _mm_cvtss_f32(h);
+  const float d = amax / 127.0f;
+  const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+  const __m256 idv = _mm256_set1_ps(id), hi = _mm256_set1_ps(127.0f), lo = _mm256_set1_ps(-127.0f);
+  __m256i qi[4];
+  __m256i sum = _mm256_setzero_si256();
+  for (int k = 0; k < 4; ++k) {
+    __m256 r = _mm256_round_ps(_mm256_mul_ps(v[k], idv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    r = _mm256_min_ps(_mm256_max_ps(r, lo), hi);
+    qi[k] = _mm256_cvtps_epi32(r);
+    sum = _mm256_add_epi32(sum, qi[k]);
+  }
+  // int32 → int8 in order: packs interleave the 128-bit lanes, the permute
+  // puts them back.
+  const __m256i p01 = _mm256_packs_epi32(qi[0], qi[1]), p23 = _mm256_packs_epi32(qi[2], qi[3]);
+  const __m256i p = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(p01, p23), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(q), p);
+  __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+  s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
+  s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
+  *d_out = d;
+  *sd_out = d * static_cast<float>(_mm_cvtsi128_si32(s4));
+}
+#endif
+
+}  // namespace
+
+void quantize_rows(const float* X, int64_t rows, int64_t in, QuantRows* out) {
+  const int64_t nb = in / kQuantBlock;
+  out->rows = rows;
+  out->in = in;
+  if (out->q.size() < static_cast<size_t>(rows * in)) out->q.resize(static_cast<size_t>(rows * in));
+  if (out->d.size() < static_cast<size_t>(rows * nb)) out->d.resize(static_cast<size_t>(rows * nb));
+  if (out->sd.size() < static_cast<size_t>(rows * nb)) out->sd.resize(static_cast<size_t>(rows * nb));
+#ifdef LOCKSTEP_QUANT_X86
+  const bool avx2 = quant_active_isa() != QuantIsa::kScalar;
+#else
+  const bool avx2 = false;
+#endif
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t b = 0; b < nb; ++b) {
+      const float* x = X + r * in + b * kQuantBlock;
+      int8_t* q = out->q.data() + r * in + b * kQuantBlock;
+      float* d = out->d.data() + r * nb + b;
+      float* sd = out->sd.data() + r * nb + b;
+#ifdef LOCKSTEP_QUANT_X86
+      if (avx2) {
+        quantize_block_avx2(x, q, d, sd);
+        continue;
+      }
+#endif
+      (void)avx2;
+      quantize_block_scalar(x, q, d, sd);
+    }
+}
+
+void quantize_rows_scalar(const float* X, int64_t rows, int64_t in, QuantRows* out) {
+  const int64_t nb = in / kQuantBlock;
+  out->rows = rows;
+  out->in = in;
+  out->q.resize(static_cast<size_t>(rows * in));
+  out->d.resize(static_cast<size_t>(rows * nb));
+  out->sd.resize(static_cast<size_t>(rows * nb));
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t b = 0; b < nb; ++b)
+      quantize_block_scalar(X + r * in + b * kQuantBlock, out->q.data() + r * in + b * kQuantBlock,
+                            out->d.data() + r * nb + b, out->sd.data() + r * nb + b);
+}
+
+bool quant_isa_supported(QuantIsa isa) {
+  switch (isa) {
+    case QuantIsa::kScalar: return true;
+#ifdef LOCKSTEP_QUANT_X86
+    case QuantIsa::kAvx2: return __builtin_cpu_supports("avx2");
+    case QuantIsa::kAvx512Vnni:
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("avx512vl") &&
+             __builtin_cpu_supports("avx512vnni");
+#endif
+    default: return false;
+  }
+}
+
+const char* quant_isa_name(QuantIsa isa) {
+  switch (isa) {
+    case QuantIsa::kScalar: return "scalar";
+    case QuantIsa::kAvx2: return "avx2";
+    case QuantIsa::kAvx512Vnni: return "avx512vnni";
+  }
+  return "?";
+}
+
+QuantIsa quant_active_isa() {
+  static const QuantIsa isa = choose_isa();
+  return isa;
+}
+
+void quant_gemm_cols_isa(QuantIsa isa, const QuantRows& X, const QuantMatrix& W, int64_t o0, int64_t o1, float* Y,
+                         int64_t ldy) {
+  if (X.rows <= 0 || o1 <= o0) return;
+  if (X.in != W.in) invalid_argument("quant_gemm: activations and weights disagree on the input width");
+#ifdef LOCKSTEP_QUANT_X86
+  if (isa == QuantIsa::kAvx2) return avx2_cols<false>(X, W, o0, o1, Y, ldy);
+  if (isa == QuantIsa::kAvx512Vnni) return avx2_cols<true>(X, W, o0, o1, Y, ldy);
+#endif
+  scalar_cols(X, W, o0, o1, Y, ldy);
+}
+
+void quant_gemm(ThreadPool* pool, const QuantRows& X, const QuantMatrix& W, float* Y) {
+  const QuantIsa isa = quant_active_isa();
+  const int64_t groups = W.groups();
+  int64_t parts = pool != nullptr ? pool->size() : 1;
+  const int64_t macs = X.rows * W.in * W.out;
+  if (macs < kMinParallelMacs * parts) parts = macs / kMinParallelMacs;
+  parts = parts < groups ? parts : groups;
+  if (parts <= 1) return quant_gemm_cols_isa(isa, X, W, 0, W.out, Y, W.out);
+  pool->for_each(parts, [&](int64_t p, int) {
+    const int64_t o0 = groups * p / parts * kQuantCols;
+    const int64_t o1 = p + 1 == parts ? W.out : groups * (p + 1) / parts * kQuantCols;
+    quant_gemm_cols_isa(isa, X, W, o0, o1, Y, W.out);
+  });
+}
+
+}  // namespace lockstep
