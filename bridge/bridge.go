@@ -209,7 +209,16 @@ type Config struct {
 	// Every thread count gives the same bits: the threads share out whole
 	// output elements. Other engines ignore it.
 	CPUThreads int
+	// CPUKernels is the CPU engine's products: "exact" (or ""), float32 in
+	// the reference order, or "quant": a checkpoint's Q8_0/Q4_0/Q4_1 dense
+	// projections multiplied in their blocks against 8-bit activations
+	// (faster, not the exact bits; the same bits for any thread count and
+	// batch). Other engines ignore it.
+	CPUKernels string
 }
+
+// CPUKernelNames are the CPU engine's products (Config.CPUKernels).
+var CPUKernelNames = []string{"exact", "quant"}
 
 // HelixMember places an engine in a Helix context-parallel group. Group is an
 // engine-specific handle (bridge/native.CPGroup for the native engine) shared

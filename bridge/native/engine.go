@@ -225,6 +225,15 @@ func (e *engine) init(cfg bridge.Config, backend C.eng_backend) error {
 		{"DeviceID", cfg.DeviceID, &c.device_id},
 		{"CPUThreads", cfg.CPUThreads, &c.num_threads},
 	}
+	switch cfg.CPUKernels {
+	case "", "exact":
+		c.cpu_kernels = C.ENG_CPU_KERNELS_EXACT
+	case "quant":
+		c.cpu_kernels = C.ENG_CPU_KERNELS_QUANT
+	default:
+		return bridge.StatusError("init", bridge.StatusInvalidArgument,
+			fmt.Sprintf("Config.CPUKernels %q is not a CPU kernel set (allowed: exact, quant)", cfg.CPUKernels))
+	}
 	for _, f := range ints {
 		if err := setInt32(f.dst, "init", "Config."+f.field, f.v); err != nil {
 			return err

@@ -4,6 +4,7 @@ package native
 
 import (
 	"errors"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -119,4 +120,19 @@ func TestRunOnEngineThreadAfterClose(t *testing.T) {
 	if err := eng.(bridge.ThreadOwner).RunOnEngineThread(func() error { ran = true; return nil }); !errors.Is(err, bridge.ErrClosed) || ran {
 		t.Errorf("after Close: ran %v, err %v; want ErrClosed", ran, err)
 	}
+}
+
+// TestCPUKernelsRefused: an unknown kernel set is refused naming the field
+// and what is allowed, before any native work.
+func TestCPUKernelsRefused(t *testing.T) {
+	_, err := Open(bridge.Config{Preset: "tiny", NumPages: 4, TokensPerPage: 4, CPUKernels: "fast"})
+	if !errors.Is(err, bridge.ErrInvalidArgument) || err == nil ||
+		!strings.Contains(err.Error(), `Config.CPUKernels "fast" is not a CPU kernel set (allowed: exact, quant)`) {
+		t.Fatalf("CPUKernels fast: %v", err)
+	}
+	eng, err := Open(bridge.Config{Preset: "tiny", NumPages: 4, TokensPerPage: 4, CPUKernels: "quant"})
+	if err != nil {
+		t.Fatalf("quant kernels on synthetic weights (run exactly): %v", err)
+	}
+	eng.Close()
 }

@@ -15,17 +15,19 @@ import (
 // BenchmarkSmolLM2 measures the CPU engine on the real SmolLM2-135M
 // (issue 12's yardstick): one step prefilling `batch` prompts of 512 tokens,
 // then 32 decode steps of the batch, on 1 and 2 threads (issue 31: the same
-// bits on any number). Reported: prefill and decode tokens per second of one
-// engine.
+// bits on any number), with the exact and the quantised kernels. Reported:
+// prefill and decode tokens per second of one engine.
 func BenchmarkSmolLM2(b *testing.B) {
-	for _, c := range []struct{ batch, threads int }{{8, 1}, {8, 2}, {1, 1}, {1, 2}} {
-		b.Run(fmt.Sprintf("batch=%d/threads=%d", c.batch, c.threads), func(b *testing.B) {
-			benchSmolLM2(b, c.batch, c.threads)
-		})
+	for _, kernels := range bridge.CPUKernelNames {
+		for _, c := range []struct{ batch, threads int }{{8, 1}, {8, 2}, {1, 1}, {1, 2}} {
+			b.Run(fmt.Sprintf("kernels=%s/batch=%d/threads=%d", kernels, c.batch, c.threads), func(b *testing.B) {
+				benchSmolLM2(b, kernels, c.batch, c.threads)
+			})
+		}
 	}
 }
 
-func benchSmolLM2(b *testing.B, batch, threads int) {
+func benchSmolLM2(b *testing.B, kernels string, batch, threads int) {
 	m, err := model.Load(modeltest.SmolLM2(b))
 	if err != nil {
 		b.Fatal(err)
@@ -33,7 +35,7 @@ func benchSmolLM2(b *testing.B, batch, threads int) {
 	const promptLen, decode, P = 512, 32, 16
 	perSeq := (promptLen + decode + P - 1) / P
 	eng, err := Open(bridge.Config{Shape: m.Shape, Tensors: m.Tensors, NumPages: batch * perSeq, TokensPerPage: P,
-		CPUThreads: threads})
+		CPUThreads: threads, CPUKernels: kernels})
 	m.Close()
 	if err != nil {
 		b.Fatal(err)

@@ -166,6 +166,18 @@ typedef struct eng_tensor {
   int64_t nbytes; /* must equal the size rows x cols occupy in dtype */
 } eng_tensor;
 
+/* The CPU backend's products. EXACT: every weight converted to float32,
+ * float32 GEMMs in the reference order (the oracle). QUANT: a checkpoint's
+ * Q8_0, Q4_0 and Q4_1 dense projections and LM head stay in their blocks and
+ * multiply activations quantised to 8 bits per 32-element block with
+ * integer dot products (native/src/quant_cpu.h: the same bits for any
+ * thread count and batch; not the exact mode's bits). Other weights, and
+ * synthetic ones, stay exact. */
+typedef enum eng_cpu_kernels {
+  ENG_CPU_KERNELS_EXACT = 0,
+  ENG_CPU_KERNELS_QUANT = 1
+} eng_cpu_kernels;
+
 typedef struct eng_engine_config {
   uint32_t abi_version;       /* must be ENG_ABI_VERSION */
   eng_backend backend;
@@ -192,6 +204,8 @@ typedef struct eng_engine_config {
    * Results are the same bits for every count: threads share out whole
    * output elements, never one element's sum. The CUDA backend ignores it. */
   int32_t num_threads;
+  /* CPU backend: eng_cpu_kernels. The CUDA backend ignores it. */
+  int32_t cpu_kernels;
 } eng_engine_config;
 
 /* Fills *out with a preset's shape. Unknown name -> ENG_INVALID_ARGUMENT. */

@@ -32,6 +32,8 @@ struct EngineParams {
   int32_t num_tensors = 0;
   // CPU backend: threads of a step (>= 1); the CUDA backend ignores it.
   int32_t num_threads = 1;
+  // CPU backend: ENG_CPU_KERNELS_EXACT or _QUANT.
+  int32_t cpu_kernels = 0;
 };
 
 // One sequence of a validated step. Pointers alias the caller's descriptor and

@@ -309,7 +309,7 @@ void tensor_to_input_major(const eng_tensor& t, int32_t head_dim, float* out) {
   }
 }
 
-Weights load_weights(const eng_model_shape& s, const eng_tensor* tensors, int32_t n) {
+Weights load_weights(const eng_model_shape& s, const eng_tensor* tensors, int32_t n, bool quant) {
   Weights w;
   w.tied = s.tied_embeddings != 0;
   w.layers.resize(static_cast<size_t>(s.num_layers));
@@ -338,7 +338,27 @@ Weights load_weights(const eng_model_shape& s, const eng_tensor* tensors, int32_
                                      nullptr,     &L.q_norm, &L.k_norm, &L.router,   &X.gate,    &X.up,
                                      &X.down,     &X.gate,   &X.up,     &X.down};
         dst = per[t.kind];
+        // Quantised kernels: the dense projections stay in their blocks.
+        QuantMatrix* q = nullptr;
+        switch (t.kind) {
+          case ENG_WEIGHT_WQ: q = &L.qwq; break;
+          case ENG_WEIGHT_WK: q = &L.qwk; break;
+          case ENG_WEIGHT_WV: q = &L.qwv; break;
+          case ENG_WEIGHT_WO: q = &L.qwo; break;
+          case ENG_WEIGHT_W_GATE: q = &L.qw_gate; break;
+          case ENG_WEIGHT_W_UP: q = &L.qw_up; break;
+          case ENG_WEIGHT_W_DOWN: q = &L.qw_down; break;
+          default: break;
+        }
+        if (quant && q != nullptr && quant_dtype(t.dtype)) {
+          *q = pack_quant_matrix(t, s.head_dim);
+          continue;
+        }
       }
+    }
+    if (quant && (t.kind == ENG_WEIGHT_LM_HEAD || (t.kind == ENG_WEIGHT_EMBEDDING && w.tied)) && quant_dtype(t.dtype)) {
+      w.q_lm_head = pack_quant_matrix(t, s.head_dim);
+      if (!w.tied) continue;  // a tied embedding keeps its float copy for the lookups
     }
     dst->resize(static_cast<size_t>(t.rows * t.cols));
     tensor_to_input_major(t, s.head_dim, dst->data());
@@ -367,9 +387,12 @@ uint64_t hash_bytes(const uint8_t* p, int64_t n, uint64_t h) {
 
 }  // namespace
 
-std::shared_ptr<const Weights> shared_weights(const eng_model_shape& s, const eng_tensor* tensors, int32_t n) {
-  // The key: the shape, then per tensor its description and content hash.
+std::shared_ptr<const Weights> shared_weights(const eng_model_shape& s, const eng_tensor* tensors, int32_t n,
+                                              bool quant) {
+  // The key: the shape and the kernels, then per tensor its description and
+  // content hash.
   std::string key(reinterpret_cast<const char*>(&s), sizeof s);
+  key.push_back(quant ? 'q' : 'x');
   for (int32_t i = 0; i < n; ++i) {
     const eng_tensor& t = tensors[i];
     const int64_t desc[] = {t.kind, t.layer, t.dtype, t.interleaved_rope_heads, t.expert, t.rows, t.cols, t.nbytes,
@@ -386,7 +409,7 @@ std::shared_ptr<const Weights> shared_weights(const eng_model_shape& s, const en
       ++it;
   }
   if (auto w = cache[key].lock()) return w;
-  auto w = std::make_shared<const Weights>(load_weights(s, tensors, n));
+  auto w = std::make_shared<const Weights>(load_weights(s, tensors, n, quant));
   cache[key] = w;
   return w;
 }

@@ -48,13 +48,17 @@ void validate_tensors(const eng_model_shape& shape, const eng_tensor* tensors, i
 // Converts validated tensors into the backend layout of weights.h. With tied
 // embeddings, the embedding is stored once, as lm_head ([hidden][vocab]) and
 // Weights::embedding stays empty (Weights::embed reads the column).
-Weights load_weights(const eng_model_shape& shape, const eng_tensor* tensors, int32_t n);
+// quant (cpu_kernels = quant): the dense projections and the LM head given as
+// Q8_0, Q4_0 or Q4_1 stay quantised (LayerWeights::qw*, Weights::q_lm_head)
+// instead of being converted to float.
+Weights load_weights(const eng_model_shape& shape, const eng_tensor* tensors, int32_t n, bool quant = false);
 
 // load_weights, shared: engines of this process built from tensors of the
 // same shape, kinds, types and contents (a content hash, so the same file
 // mapped twice matches and a different file at a reused address does not)
 // share one Weights while any of them lives.
-std::shared_ptr<const Weights> shared_weights(const eng_model_shape& shape, const eng_tensor* tensors, int32_t n);
+std::shared_ptr<const Weights> shared_weights(const eng_model_shape& shape, const eng_tensor* tensors, int32_t n,
+                                              bool quant = false);
 
 // Converts one validated tensor to float32 input-major W[c * rows + r] =
 // tensor[r][c] (a linear layer's x·W layout), restoring the rotate-half row

@@ -418,6 +418,8 @@ eng_status eng_engine_init(const eng_engine_config* cfg, eng_engine_t* out) {
       invalid_argument(fmt("num_host_pages must be >= 0, got %d", cfg->num_host_pages));
     if (cfg->num_threads < 0 || cfg->num_threads > kMaxThreads)
       invalid_argument(fmt("num_threads must be in 0 .. %d (0 = 1), got %d", kMaxThreads, cfg->num_threads));
+    if (cfg->cpu_kernels != ENG_CPU_KERNELS_EXACT && cfg->cpu_kernels != ENG_CPU_KERNELS_QUANT)
+      invalid_argument(fmt("cpu_kernels = %d is not an eng_cpu_kernels (0 = exact, 1 = quant)", cfg->cpu_kernels));
     if (cfg->backend == ENG_BACKEND_CUDA && cfg->device_id < 0)
       invalid_argument(fmt("device_id must be >= 0, got %d", cfg->device_id));
     if (cfg->num_tensors != 0 || cfg->tensors != nullptr) {
@@ -453,6 +455,7 @@ eng_status eng_engine_init(const eng_engine_config* cfg, eng_engine_t* out) {
     eng->params.tensors = cfg->tensors;
     eng->params.num_tensors = cfg->num_tensors;
     eng->params.num_threads = cfg->num_threads > 0 ? cfg->num_threads : 1;
+    eng->params.cpu_kernels = cfg->cpu_kernels;
     eng->backend_kind = cfg->backend;
     eng->validate_only = cfg->validate_only != 0;
     if (!eng->validate_only) {

@@ -57,7 +57,7 @@ CpuBackend::CpuBackend(const EngineParams& p)
       host_(p.num_host_pages, p.tokens_per_page, p.shape.num_layers,
             p.shape.num_kv_heads * p.shape.head_dim) {
   weights_ = own_weights_ ? std::shared_ptr<const Weights>(own_weights_)
-                          : shared_weights(p.shape, p.tensors, p.num_tensors);
+                          : shared_weights(p.shape, p.tensors, p.num_tensors, p.cpu_kernels == ENG_CPU_KERNELS_QUANT);
   if (p.num_threads > 1) pool_ = std::make_unique<ThreadPool>(p.num_threads);
   attn_scratch_.resize(static_cast<size_t>(p.num_threads > 1 ? p.num_threads : 1));
   inv_freq_ = rope_inv_freq(shape_, weights_->rope_freqs);
@@ -132,9 +132,9 @@ void CpuBackend::write_kv(int32_t layer, const StepBatch& batch, const float* hi
     float* v = k + n * kvd;
     for (int64_t j = 0; j < n; ++j)
       rms_norm(hidden + (r0 + j) * H, w.attn_norm.data(), shape_.hidden_size, shape_.rms_eps, x + j * H);
-    gemm_rows_pool(pool_.get(), x, n, H, w.wq.data(), qd, q + r0 * qd);
-    gemm_rows_pool(pool_.get(), x, n, H, w.wk.data(), kvd, k);
-    gemm_rows_pool(pool_.get(), x, n, H, w.wv.data(), kvd, v);
+    linear(x, n, H, w.wq, w.qwq, qd, q + r0 * qd);
+    linear(x, n, H, w.wk, w.qwk, kvd, k);
+    linear(x, n, H, w.wv, w.qwv, kvd, v);
     if (shape_.qk_norm) {
       // Qwen3: every head of q and k RMS-normed over head_dim (in place).
       for (int64_t j = 0; j < n; ++j) {
@@ -187,7 +187,7 @@ void CpuBackend::attend_mlp(int32_t layer, const StepBatch& batch, const int64_t
       a = out;
     }
     float* t = grow(tmp_, static_cast<size_t>(m * H));
-    gemm_rows_pool(pool_.get(), a, m, qd, w.wo.data(), H, t);
+    linear(a, m, qd, w.wo, w.qwo, H, t);
     float* x = grow(x_, static_cast<size_t>(m * H));
     for (int64_t j = 0; j < m; ++j) {
       float* h = hidden + rr[j] * H;
@@ -200,10 +200,10 @@ void CpuBackend::attend_mlp(int32_t layer, const StepBatch& batch, const int64_t
     }
     float* gate = grow(gate_, static_cast<size_t>(m * F));
     float* up = grow(up_, static_cast<size_t>(m * F));
-    gemm_rows_pool(pool_.get(), x, m, H, w.w_gate.data(), F, gate);
-    gemm_rows_pool(pool_.get(), x, m, H, w.w_up.data(), F, up);
+    linear(x, m, H, w.w_gate, w.qw_gate, F, gate);
+    linear(x, m, H, w.w_up, w.qw_up, F, up);
     silu_mul(gate, up, m * F);
-    gemm_rows_pool(pool_.get(), gate, m, F, w.w_down.data(), H, t);
+    linear(gate, m, F, w.w_down, w.qw_down, H, t);
     for (int64_t j = 0; j < m; ++j) {
       float* h = hidden + rr[j] * H;
       for (int64_t i = 0; i < H; ++i) h[i] += t[j * H + i];
@@ -258,6 +258,16 @@ void CpuBackend::attend(int32_t layer, const StepBatch& batch, const int64_t* rr
   } else {
     pool_->for_each(n, run);
   }
+}
+
+// Y[rows][out] = X[rows][in] · W: the quantised product when the checkpoint
+// gave W in blocks and the engine runs the quantised kernels (quant_cpu.h;
+// X is quantised per row block first), the float GEMM otherwise.
+void CpuBackend::linear(const float* X, int64_t rows, int64_t in, const std::vector<float>& W, const QuantMatrix& Wq,
+                        int64_t out, float* Y) {
+  if (Wq.empty()) return gemm_rows_pool(pool_.get(), X, rows, in, W.data(), out, Y);
+  quantize_rows(X, rows, in, &qx_);
+  quant_gemm(pool_.get(), qx_, Wq, Y);
 }
 
 // gate[j] = silu(gate[j]) * up[j] for j < n (element-wise: shared out in
@@ -337,7 +347,7 @@ double CpuBackend::step(const StepBatch& batch, int32_t* sampled, float* logits)
       rms_norm(hidden + srows[static_cast<size_t>(c0 + j)] * H, weights_->final_norm.data(),
                shape_.hidden_size, shape_.rms_eps, x + j * H);
     float* lg = logits != nullptr ? logits + c0 * V : grow(logits_, static_cast<size_t>(m * V));
-    gemm_rows_pool(pool_.get(), x, m, H, weights_->lm_head.data(), V, lg);
+    linear(x, m, H, weights_->lm_head, weights_->q_lm_head, V, lg);
     for (int64_t j = 0; j < m; ++j) {
       const int32_t seq = row_seq_[srows[static_cast<size_t>(c0 + j)]];
       const StepSeq& s = batch.seqs[static_cast<size_t>(seq)];

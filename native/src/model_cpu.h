@@ -62,6 +62,7 @@
 #include "attention_cpu.h"
 #include "backend.h"
 #include "page_slab.h"
+#include "quant_cpu.h"
 #include "sampling.h"
 #include "thread_pool.h"
 #include "weights.h"
@@ -108,6 +109,8 @@ class CpuBackend final : public Backend {
   void rope(float* x, int32_t heads, const float* cos_sin) const;
   void attend(int32_t layer, const StepBatch& batch, const int64_t* rr, int64_t m, float* out);
   void silu_mul(float* gate, const float* up, int64_t n);
+  void linear(const float* X, int64_t rows, int64_t in, const std::vector<float>& W, const QuantMatrix& Wq,
+              int64_t out, float* Y);
   // MoE block of a layer over n rows: x [n][hidden] (normed) → out
   // [n][hidden] (to be added to the residual). Makes exactly one dispatch
   // and one combine exchange when batch.ep is set, also for n == 0.
@@ -144,6 +147,7 @@ class CpuBackend final : public Backend {
     int32_t seq, g0, g1;
   };
   std::vector<AttnItem> attn_items_;
+  QuantRows qx_;  // a quantised product's activations (linear)
   std::vector<int32_t> run_pos_;  // positions of the pass's rows (attention)
   // Helix scratch: this step's rows needing attention in the current layer,
   // their attention outputs, the local partials and the gathered ones.

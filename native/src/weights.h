@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "engine.h"
+#include "quant_cpu.h"
 
 namespace lockstep {
 
@@ -108,6 +109,10 @@ struct LayerWeights {
   std::vector<float> router;
   ExpertWeights shared;
   std::vector<ExpertWeights> experts;
+  // cpu_kernels = quant: the dense projections a checkpoint gives as Q8_0,
+  // Q4_0 or Q4_1, kept quantised (quant_cpu.h); their float copy above is
+  // then left empty. Empty matrices: the float path.
+  QuantMatrix qwq, qwk, qwv, qwo, qw_gate, qw_up, qw_down;
 };
 
 // Generates routed expert `expert` of `layer` (synthetic weights).
@@ -117,6 +122,7 @@ ExpertWeights generate_expert(const eng_model_shape& shape, uint64_t seed, int l
 // (checkpoint.h) the embedding lives only in lm_head and `embedding` is empty.
 struct Weights {
   std::vector<float> embedding, final_norm, lm_head;
+  QuantMatrix q_lm_head;  // cpu_kernels = quant (see LayerWeights)
   std::vector<LayerWeights> layers;
   bool tied = false;
   // Checkpoint only, optional: per-dimension RoPE divisors [head_dim / 2].

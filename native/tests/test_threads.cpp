@@ -1,7 +1,7 @@
 // The CPU backend's threads change no bit: the same steps (prefill chunks of
 // several sequences, decoding, a MoE model) on 1, 2, 3 and 4 threads sample
 // the same tokens with the same logits, memcmp-equal; and a bad thread count
-// is refused naming the field.
+// or kernel set is refused naming the field.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -91,6 +91,20 @@ int main() {
     eng_engine_t e = nullptr;
     CHECK(eng_engine_init(&c, &e) == ENG_INVALID_ARGUMENT && e == nullptr);
     CHECK(std::string(eng_last_error()).find("num_threads") != std::string::npos);
+  }
+  for (int32_t bad : {-1, 2}) {
+    eng_engine_config c = test_config("tiny", 8, kPageTokens);
+    c.cpu_kernels = bad;
+    eng_engine_t e = nullptr;
+    CHECK(eng_engine_init(&c, &e) == ENG_INVALID_ARGUMENT && e == nullptr);
+    CHECK(std::string(eng_last_error()).find("cpu_kernels") != std::string::npos);
+  }
+  // Synthetic weights have no quantised blocks: quant runs them exactly.
+  {
+    eng_engine_config c = test_config("tiny", 8, kPageTokens);
+    c.cpu_kernels = ENG_CPU_KERNELS_QUANT;
+    eng_engine_t e = test_engine(c);
+    eng_engine_free(e);
   }
   return check_exit_code("test_threads");
 }
