@@ -85,6 +85,7 @@ var fileKeys = []fileKey{
 	{path: "ranks", kind: kindInt, flag: "ranks", set: func(o *Options, v fileValue) { o.Ranks = int(v.i) }},
 	{path: "cp", kind: kindInt, flag: "cp", set: func(o *Options, v fileValue) { o.CP = int(v.i) }},
 	{path: "cpu_threads", kind: kindInt, flag: "cpu-threads", set: func(o *Options, v fileValue) { o.CPUThreads = int(v.i) }},
+	{path: "cpu_kernels", kind: kindString, flag: "cpu-kernels", set: func(o *Options, v fileValue) { o.CPUKernels = v.s }},
 	{path: "router", kind: kindString, flag: "router", set: func(o *Options, v fileValue) { o.Router = v.s }},
 	{path: "overlap", kind: kindString, flag: "overlap", set: func(o *Options, v fileValue) { o.Overlap = v.s }},
 	{path: "kv.pages", kind: kindInt, flag: "pages", set: func(o *Options, v fileValue) { o.Pages = int(v.i) }},

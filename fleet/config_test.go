@@ -51,7 +51,7 @@ func TestConfigFileStrict(t *testing.T) {
 		{"list value", "ranks: [1, 2]\n", []string{"ranks: want a base-10 integer, got a list"}},
 		{"second document", "engine: fake\n---\nbogus: 1\nranks: -7\n", []string{"c.yaml:3: a second YAML document starts here; the config file must hold exactly one"}},
 		{"empty second document", "engine: fake\n---\n", []string{"a second YAML document"}},
-		{"unknown key", "rankz: 3\n", []string{`c.yaml:1: unknown key "rankz" (allowed in the top level: engine, model, seed, ranks, cp, cpu_threads, router, overlap, kv, kv_events_config, scheduler, conversation_router, attention_dp_config, twin, workload)`}},
+		{"unknown key", "rankz: 3\n", []string{`c.yaml:1: unknown key "rankz" (allowed in the top level: engine, model, seed, ranks, cp, cpu_threads, cpu_kernels, router, overlap, kv, kv_events_config, scheduler, conversation_router, attention_dp_config, twin, workload)`}},
 		{"unknown nested key", "kv:\n  pagez: 3\n", []string{`c.yaml:2: unknown key "kv.pagez" (allowed in kv: pages, tokens_per_page`}},
 		{"renamed key", "scheduler:\n  equal_cost:\n    kv_offset: 35000\n", []string{"c.yaml:3: scheduler.equal_cost.kv_offset was renamed to scheduler.equal_cost.kv_cost_offset"}},
 		{"duplicate key", "ranks: 2\nengine: fake\nranks: 3\n", []string{"c.yaml:3: ranks is set twice (first at line 1)"}},
@@ -151,6 +151,7 @@ workload:
   arrival_scale: 0
   arrivals: poisson
 cpu_threads: 2
+cpu_kernels: quant
 `
 	fc, err := parseFileConfig("c.yaml", []byte(text))
 	require.NoError(t, err)
@@ -190,6 +191,7 @@ cpu_threads: 2
 	require.Equal(t, 0.0, o.ArrivalScale)
 	require.Equal(t, "poisson", o.Arrivals)
 	require.Equal(t, 2, o.CPUThreads)
+	require.Equal(t, "quant", o.CPUKernels)
 	require.Equal(t, KVEventsConfig{EnableKVCacheEvents: true, Publisher: "zmq", Endpoint: "tcp://*:6000",
 		ReplayEndpoint: "tcp://*:6100", Topic: "kv", BufferSteps: 50, HWM: 7, Encoding: "map"}, o.KVEventsConfig)
 	require.True(t, o.kvZMQ())

@@ -45,6 +45,9 @@ type Options struct {
 	// that compute on them (resolved by prepare into cpuThreads).
 	CPUThreads int
 	cpuThreads int
+	// CPUKernels (--cpu-kernels): the CPU engine's products, exact or quant
+	// (bridge.Config.CPUKernels).
+	CPUKernels string
 
 	// Scheduler holds every scheduler setting, from flags and the config
 	// file alike. Two follow the flags' conventions until SchedulerConfig
@@ -192,7 +195,7 @@ func Defaults() Options {
 		KVEventsConfig: KVEventsConfig{Publisher: "null", Endpoint: kvevents.DefaultEndpoint,
 			BufferSteps: kvevents.DefaultBufferSteps, HWM: kvevents.DefaultHWM, Encoding: kvevents.EncodingArray},
 		GPUMemFraction: 0.9, GPU: "h200", TP: 1, ExpertZipf: -1, TwinHostTime: "profile", TwinCUDAGraph: twin.GraphRank, Calibration: DefaultCalibSettings(),
-		Text: PromptOptions{MaxTokens: 128, Logprobs: -1},
+		Text: PromptOptions{MaxTokens: 128, Logprobs: -1}, CPUKernels: "exact",
 	}
 }
 

@@ -131,7 +131,7 @@ func (o *Options) openRankEngine(i, device int, cpGroup any) (bridge.Engine, err
 	ecfg := bridge.Config{Preset: o.Model, Seed: o.Seed, NumPages: o.Pages, TokensPerPage: o.TokensPerPage,
 		NumHostPages: o.HostPages, DeviceID: device}
 	if o.Engine == "cpu" {
-		ecfg.CPUThreads = max(1, o.cpuThreads)
+		ecfg.CPUThreads, ecfg.CPUKernels = max(1, o.cpuThreads), o.CPUKernels
 	}
 	if o.loaded != nil {
 		ecfg.Preset, ecfg.Shape, ecfg.Tensors = "", o.loaded.Shape, o.loaded.Tensors

@@ -141,6 +141,9 @@ func (o *Options) validateCounts() error {
 			return usage.Errorf("%s must be non-negative, got %d", o.Src(p.flag), p.v)
 		}
 	}
+	if err := usage.OneOf(o.Src("cpu-kernels"), o.CPUKernels, bridge.CPUKernelNames...); err != nil {
+		return err
+	}
 	if o.CPUThreads < 0 || o.CPUThreads > MaxCPUThreads {
 		return usage.Errorf("%s must be in 0..%d (0 = the cores this process may use, shared by its ranks), got %d",
 			o.Src("cpu-threads"), MaxCPUThreads, o.CPUThreads)

@@ -130,8 +130,9 @@ func TestTraceEndToEndCPUEngine(t *testing.T) {
 	require.Equal(t, four.OutputDigest, tight.OutputDigest, "recompute preemption must not change outputs")
 }
 
-// TestCPUThreadsRefused: a thread count outside 0..1024 is refused before
-// any work, naming the flag and what is allowed.
+// TestCPUThreadsRefused: a thread count outside 0..1024, or an unknown
+// kernel set, is refused before any work, naming the flag and what is
+// allowed.
 func TestCPUThreadsRefused(t *testing.T) {
 	bin := worker(t)
 	for _, v := range []string{"-1", "1025"} {
@@ -142,6 +143,11 @@ func TestCPUThreadsRefused(t *testing.T) {
 		require.Contains(t, errb.String(), "--cpu-threads must be in 0..1024")
 		require.NotContains(t, errb.String(), "serving", "refused before any work")
 	}
+	var out, errb bytes.Buffer
+	cmd := exec.Command(bin, "run", "--engine", "cpu", "--cpu-kernels", "fast", "--progress", "off")
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	require.Error(t, cmd.Run())
+	require.Contains(t, errb.String(), `--cpu-kernels "fast" is not allowed (allowed: exact, quant)`)
 }
 
 // TestBuiltInSampleCPUEngine is README command 1 in miniature.

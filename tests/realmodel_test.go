@@ -130,6 +130,36 @@ func TestRealModelDigestRule(t *testing.T) {
 	})
 }
 
+// TestRealModelQuantDigestRule (issue 31 item 2): the quantised kernels give
+// the same tokens on 1, 2 and 4 ranks, on 1, 2 and 4 threads, chunked or
+// not, under recompute preemption and in both loops (their own digest, not
+// the exact kernels').
+func TestRealModelQuantDigestRule(t *testing.T) {
+	m := modeltest.SmolLM2(t)
+	bin := worker(t)
+	base := []string{"--model", m, "--prompts", "testdata/smollm2_prompts.jsonl", "--max-tokens", "24", "--cpu-kernels", "quant"}
+	want := servePrompts(t, bin, append(base, "--ranks", "1", "--cpu-threads", "1", "--overlap", "off",
+		"--chunked-prefill=false")...)
+	require.Equal(t, 8, want.Requests.Completed)
+	exact := servePrompts(t, bin, "--model", m, "--prompts", "testdata/smollm2_prompts.jsonl", "--max-tokens", "24",
+		"--ranks", "1", "--cpu-threads", "1")
+	require.NotEqual(t, exact.OutputDigest, want.OutputDigest, "the quantised kernels gave the exact kernels' tokens: not in use?")
+	for _, c := range []struct {
+		name string
+		args []string
+	}{
+		{"4 ranks, chunked, overlap", []string{"--ranks", "4", "--max-num-tokens", "48"}},
+		{"1 rank on 2 threads", []string{"--ranks", "1", "--cpu-threads", "2"}},
+		{"1 rank on 4 threads, chunked", []string{"--ranks", "1", "--cpu-threads", "4", "--max-num-tokens", "32"}},
+		{"2 ranks of 2 threads under pressure", []string{"--ranks", "2", "--cpu-threads", "2", "--pages", "8", "--max-num-tokens", "64"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			got := servePrompts(t, bin, append(base, c.args...)...)
+			require.Equal(t, want.OutputDigest, got.OutputDigest)
+		})
+	}
+}
+
 // TestRealModelLogprobs (issue 31 item 5): worker run --logprobs K gives
 // every completion token its log-probability and the K most probable
 // tokens', highest first; under greedy decoding the chosen token is the
