@@ -10,8 +10,9 @@
 # Shapes (both engines): prefill of one 512-token prompt, decode of one
 # sequence, and decode of 8 sequences together after their 512-token
 # prompts; greedy. lockstep's figures are BenchmarkSmolLM2's
-# (bridge/native; 32 decode steps, llama.cpp's 128). Run it on a quiet
-# machine: the engines run one after the other.
+# (bridge/native; 32 decode steps, llama.cpp's 128), with the exact and the
+# quantised kernels (--cpu-kernels). Run it on a quiet machine: the engines
+# run one after the other.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNS="${1:-3}"
@@ -32,13 +33,16 @@ trap 'rm -rf "$tmp"' EXIT
 go test -tags native -c -o "$tmp/native.test" ./bridge/native/ >&2
 for r in $(seq "$RUNS"); do
   for t in 1 2; do
-    echo "bench-vs-llamacpp: run $r, $t thread(s)" >&2
-    (cd bridge/native && "$tmp/native.test" -test.run '^$' -test.bench "SmolLM2/batch=(1|8)/threads=$t\$" \
-      -test.benchtime 1x) | awk -v t="$t" '/^BenchmarkSmolLM2/ {
-        split($1, a, "/"); b = a[2]; sub("batch=", "", b)
-        for (i = 2; i <= NF; i++) { if ($i == "prefill_tok/s") p[b] = $(i-1); if ($i == "decode_tok/s") d[b] = $(i-1) }
-      }
-      END { printf("{\"engine\":\"lockstep\",\"threads\":%s,\"prefill_tok_s\":%s,\"decode_tok_s\":%s,\"batch8_decode_tok_s\":%s}\n", t, p["1"], d["1"], d["8"]) }' >> "$tmp/runs.jsonl"
+    for k in exact quant; do
+      echo "bench-vs-llamacpp: run $r, $t thread(s), lockstep $k" >&2
+      (cd bridge/native && "$tmp/native.test" -test.run '^$' -test.bench "SmolLM2/kernels=$k/batch=(1|8)/threads=$t\$" \
+        -test.benchtime 1x) | awk -v t="$t" -v k="$k" '/^BenchmarkSmolLM2/ {
+          split($1, a, "/"); b = a[3]; sub("batch=", "", b)
+          for (i = 2; i <= NF; i++) { if ($i == "prefill_tok/s") p[b] = $(i-1); if ($i == "decode_tok/s") d[b] = $(i-1) }
+        }
+        END { printf("{\"engine\":\"lockstep %s\",\"threads\":%s,\"prefill_tok_s\":%s,\"decode_tok_s\":%s,\"batch8_decode_tok_s\":%s}\n", k, t, p["1"], d["1"], d["8"]) }' >> "$tmp/runs.jsonl"
+    done
+    echo "bench-vs-llamacpp: run $r, $t thread(s), llama.cpp" >&2
     (cd "$NLC" && node bench.mjs "$MODEL" "$t") >> "$tmp/runs.jsonl"
   done
 done
@@ -47,16 +51,18 @@ import json, statistics, sys
 runs = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 def med(engine, t, key):
     return statistics.median(r[key] for r in runs if r["engine"] == engine and r["threads"] == t)
-print("| threads | measure | lockstep exact | llama.cpp | lockstep / llama.cpp |")
-print("|---|---|---|---|---|")
+print("| threads | measure | lockstep exact | lockstep quant | llama.cpp | exact / llama.cpp | quant / llama.cpp |")
+print("|---|---|---|---|---|---|---|")
 for t in (1, 2):
     for key, name in (("prefill_tok_s", "prefill tok/s (512-token prompt)"), ("decode_tok_s", "decode tok/s (1 sequence)"),
                       ("batch8_decode_tok_s", "decode tok/s (8 sequences)")):
-        a, b = med("lockstep", t, key), med("llama.cpp", t, key)
-        print(f"| {t} | {name} | {a:.1f} | {b:.1f} | {a / b:.2f}× |")
-n = len(runs) // 4
-print(f"\nmedians of {n} run(s) each; lockstep 2 threads / 1 thread: prefill "
-      f"{med('lockstep', 2, 'prefill_tok_s') / med('lockstep', 1, 'prefill_tok_s'):.2f}×, decode "
-      f"{med('lockstep', 2, 'decode_tok_s') / med('lockstep', 1, 'decode_tok_s'):.2f}×, 8 sequences "
-      f"{med('lockstep', 2, 'batch8_decode_tok_s') / med('lockstep', 1, 'batch8_decode_tok_s'):.2f}×")
+        a, q, b = med("lockstep exact", t, key), med("lockstep quant", t, key), med("llama.cpp", t, key)
+        print(f"| {t} | {name} | {a:.1f} | {q:.1f} | {b:.1f} | {a / b:.2f}× | {q / b:.2f}× |")
+n = len(runs) // 6
+for k in ("exact", "quant"):
+    e = "lockstep " + k
+    print(f"\nlockstep {k}, 2 threads / 1 thread (medians of {n} run(s)): prefill "
+          f"{med(e, 2, 'prefill_tok_s') / med(e, 1, 'prefill_tok_s'):.2f}×, decode "
+          f"{med(e, 2, 'decode_tok_s') / med(e, 1, 'decode_tok_s'):.2f}×, 8 sequences "
+          f"{med(e, 2, 'batch8_decode_tok_s') / med(e, 1, 'batch8_decode_tok_s'):.2f}×")
 PYEOF
