@@ -403,19 +403,11 @@ void gemm_rows(const float* X, int64_t rows, int64_t in, const float* W, int64_t
 void gemm_rows_pool(ThreadPool* pool, const float* X, int64_t rows, int64_t in, const float* W, int64_t out,
                     float* Y) {
   const GemmIsa isa = gemm_active_isa();
-  const int threads = pool != nullptr ? pool->size() : 1;
+  if (pool == nullptr) return gemm_rows_isa(isa, X, rows, in, W, out, Y);
   // Ranges of whole 64-column groups (every kernel's vector width divides
   // 64), the last one with the tail; at least kMinParallelMacs of work each.
-  const int64_t groups = (out + kParallelCols - 1) / kParallelCols;
-  int64_t parts = threads;
-  if (rows * in * out < kMinParallelMacs * threads) parts = rows * in * out / kMinParallelMacs;
-  parts = parts < groups ? parts : groups;
-  if (parts <= 1) return gemm_rows_isa(isa, X, rows, in, W, out, Y);
-  pool->for_each(parts, [&](int64_t p, int) {
-    const int64_t o0 = groups * p / parts * kParallelCols;
-    const int64_t o1 = p + 1 == parts ? out : groups * (p + 1) / parts * kParallelCols;
-    gemm_cols_isa(isa, X, rows, in, W, out, o0, o1, Y);
-  });
+  pool->for_ranges(out, kParallelCols, rows * in * out, kMinParallelMacs,
+                   [&](int64_t o0, int64_t o1) { gemm_cols_isa(isa, X, rows, in, W, out, o0, o1, Y); });
 }
 
 }  // namespace lockstep

@@ -387,17 +387,10 @@ void quant_gemm_cols_isa(QuantIsa isa, const QuantRows& X, const QuantMatrix& W,
 
 void quant_gemm(ThreadPool* pool, const QuantRows& X, const QuantMatrix& W, float* Y) {
   const QuantIsa isa = quant_active_isa();
-  const int64_t groups = W.groups();
-  int64_t parts = pool != nullptr ? pool->size() : 1;
-  const int64_t macs = X.rows * W.in * W.out;
-  if (macs < kMinParallelMacs * parts) parts = macs / kMinParallelMacs;
-  parts = parts < groups ? parts : groups;
-  if (parts <= 1) return quant_gemm_cols_isa(isa, X, W, 0, W.out, Y, W.out);
-  pool->for_each(parts, [&](int64_t p, int) {
-    const int64_t o0 = groups * p / parts * kQuantCols;
-    const int64_t o1 = p + 1 == parts ? W.out : groups * (p + 1) / parts * kQuantCols;
-    quant_gemm_cols_isa(isa, X, W, o0, o1, Y, W.out);
-  });
+  if (pool == nullptr) return quant_gemm_cols_isa(isa, X, W, 0, W.out, Y, W.out);
+  // Ranges of whole column groups, so that no group is split.
+  pool->for_ranges(W.out, kQuantCols, X.rows * W.in * W.out, kMinParallelMacs,
+                   [&](int64_t o0, int64_t o1) { quant_gemm_cols_isa(isa, X, W, o0, o1, Y, W.out); });
 }
 
 }  // namespace lockstep

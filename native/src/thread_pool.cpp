@@ -93,6 +93,20 @@ void ThreadPool::for_each(int64_t n, const std::function<void(int64_t, int)>& fn
   }
 }
 
+void ThreadPool::for_ranges(int64_t n, int64_t group, int64_t work, int64_t min_work,
+                            const std::function<void(int64_t, int64_t)>& fn) {
+  const int64_t groups = (n + group - 1) / group;
+  int64_t parts = size_;
+  if (work < min_work * parts) parts = work / min_work;
+  parts = parts < groups ? parts : groups;
+  if (parts <= 1) return fn(0, n);
+  for_each(parts, [&](int64_t p, int) {
+    const int64_t o0 = groups * p / parts * group;
+    const int64_t o1 = p + 1 == parts ? n : groups * (p + 1) / parts * group;
+    fn(o0, o1);
+  });
+}
+
 void ThreadPool::worker_loop(int index) {
   uint64_t seen = 0;
   for (;;) {

@@ -42,6 +42,14 @@ class ThreadPool {
   // for_each; one caller at a time.
   void for_each(int64_t n, const std::function<void(int64_t item, int thread)>& fn);
 
+  // Runs fn(o0, o1) over [0, n) cut into at most size() ranges of whole
+  // groups of `group` (the last range ends at n), each worth at least
+  // min_work of work_per_unit·(its length) — with `work` the whole job's work;
+  // one range (on the caller) when the job is too small to share. For
+  // products whose output columns the threads share out (gemm, quant_gemm).
+  void for_ranges(int64_t n, int64_t group, int64_t work, int64_t min_work,
+                  const std::function<void(int64_t o0, int64_t o1)>& fn);
+
   // CPU time the workers spent running items so far, in nanoseconds (the
   // caller's own share is on its thread's clock).
   uint64_t worker_cpu_ns() const { return worker_cpu_ns_.load(std::memory_order_relaxed); }
