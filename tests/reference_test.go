@@ -89,15 +89,7 @@ func TestAgainstReferenceImplementation(t *testing.T) {
 
 	const P = 16
 	steps := ref.Steps
-	pages := 0
-	tables := make([][]int32, len(ref.Prompts))
-	for i, p := range ref.Prompts {
-		n := (len(p.PromptIDs) + steps + P - 1) / P
-		for k := 0; k < n; k++ {
-			tables[i] = append(tables[i], int32(pages+k))
-		}
-		pages += n
-	}
+	tables, pages := referenceTables(&ref, P)
 	eng, err := native.Open(bridge.Config{Shape: m.Shape, Tensors: m.Tensors, NumPages: pages, TokensPerPage: P})
 	require.NoError(t, err)
 	defer eng.Close()
@@ -172,21 +164,27 @@ func toolList(tools map[string]string) string {
 	return strings.Join(s, ", ")
 }
 
+// referenceTables gives every reference prompt its own pages of P tokens,
+// enough for its prompt and ref.Steps generated tokens; pages is the total.
+func referenceTables(ref *reference, P int) (tables [][]int32, pages int) {
+	tables = make([][]int32, len(ref.Prompts))
+	for i, p := range ref.Prompts {
+		n := (len(p.PromptIDs) + ref.Steps + P - 1) / P
+		for k := 0; k < n; k++ {
+			tables[i] = append(tables[i], int32(pages+k))
+		}
+		pages += n
+	}
+	return tables, pages
+}
+
 // greedyRun decodes every reference prompt greedily for steps tokens, all in
 // one batch, on an engine with the given CPU kernels and threads.
 func greedyRun(t *testing.T, m *model.Model, ref *reference, kernels string, threads int) [][]int32 {
 	t.Helper()
 	const P = 16
 	steps := ref.Steps
-	pages := 0
-	tables := make([][]int32, len(ref.Prompts))
-	for i, p := range ref.Prompts {
-		n := (len(p.PromptIDs) + steps + P - 1) / P
-		for k := 0; k < n; k++ {
-			tables[i] = append(tables[i], int32(pages+k))
-		}
-		pages += n
-	}
+	tables, pages := referenceTables(ref, P)
 	eng, err := native.Open(bridge.Config{Shape: m.Shape, Tensors: m.Tensors, NumPages: pages, TokensPerPage: P,
 		CPUKernels: kernels, CPUThreads: threads})
 	require.NoError(t, err)
