@@ -479,10 +479,11 @@ func (e *Executor) measuredHost() bool { return e.virtual != nil && e.cfg.Measur
 
 // hostCPU is the loop thread's CPU time since p started, less the CPU time
 // of the engine's native calls when they run on that thread
-// (Config.EngineThread) and the CPU time inside the iteration's collectives (in-process coroutine ranks share one
-// thread, and run each other while one waits in a collective; a wait on
-// other processes costs no CPU), or the wall time when there is no thread
-// CPU clock (the thread is not locked, or the platform has none).
+// (Config.EngineThread) and the CPU time inside the iteration's collectives
+// (in-process coroutine ranks share one thread, and run each other while
+// one waits in a collective; a wait on other processes costs no CPU), or
+// the wall time when there is no thread CPU clock (the thread is not
+// locked, or the platform has none).
 func (e *Executor) hostCPU(p *plan) time.Duration {
 	if e.cpuClock {
 		if now, ok := cputime.Thread(); ok {
