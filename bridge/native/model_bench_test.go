@@ -4,6 +4,7 @@ package native
 
 import (
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -34,6 +35,7 @@ func benchSmolLM2(b *testing.B, kernels string, batch, threads int) {
 	}
 	const promptLen, decode, P = 512, 32, 16
 	perSeq := (promptLen + decode + P - 1) / P
+	weightBytes := decodeWeightBytes(m.Tensors, kernels)
 	eng, err := Open(bridge.Config{Shape: m.Shape, Tensors: m.Tensors, NumPages: batch * perSeq, TokensPerPage: P,
 		CPUThreads: threads, CPUKernels: kernels})
 	m.Close()
@@ -70,4 +72,70 @@ func benchSmolLM2(b *testing.B, kernels string, batch, threads int) {
 	b.ReportMetric(float64(b.N*batch*decode)/dec.Seconds(), "decode_tok/s")
 	b.ReportMetric(prefill.Seconds()/float64(b.N), "prefill_s")
 	b.ReportMetric(dec.Seconds()/float64(b.N), "decode_s")
+	// Every decode step reads each projection weight once, whatever the
+	// batch: the bandwidth the weights stream at (the KV and activations
+	// aside), to set beside BenchmarkCopyBandwidth, decode's physical limit.
+	b.ReportMetric(float64(weightBytes)*float64(b.N*decode)/dec.Seconds()/1e9, "weight_GB/s")
+}
+
+// decodeWeightBytes is what one decode step reads of the projections and
+// the LM head (the tensors the products read; norms and the embedding row
+// are negligible): float32 under the exact kernels, the blocks (repacked by
+// 8 columns with float scales: 24 bytes per Q4_1 block, 22 per Q4_0, 36 per
+// Q8_0) under the quantised ones.
+func decodeWeightBytes(ts []bridge.WeightTensor, kernels string) int64 {
+	perBlock := map[bridge.DType]int64{bridge.DTypeQ8_0: 36, bridge.DTypeQ4_0: 24, bridge.DTypeQ4_1: 24}
+	var n int64
+	for _, t := range ts {
+		switch t.Kind {
+		case bridge.WeightQ, bridge.WeightK, bridge.WeightV, bridge.WeightO, bridge.WeightGate, bridge.WeightUp,
+			bridge.WeightDown, bridge.WeightLMHead, bridge.WeightEmbedding:
+		default:
+			continue
+		}
+		if t.Kind == bridge.WeightEmbedding && hasKind(ts, bridge.WeightLMHead) {
+			continue // only a tied embedding is the LM head
+		}
+		if q, ok := perBlock[t.DType]; ok && kernels == "quant" {
+			n += t.Rows * t.Cols / 32 * q
+		} else {
+			n += 4 * t.Rows * t.Cols
+		}
+	}
+	return n
+}
+
+func hasKind(ts []bridge.WeightTensor, k bridge.WeightKind) bool {
+	for _, t := range ts {
+		if t.Kind == k {
+			return true
+		}
+	}
+	return false
+}
+
+// BenchmarkCopyBandwidth is the machine's copy bandwidth, a STREAM-like
+// yardstick for decode: copying 256 MiB (read and write counted, as STREAM
+// does), on 1 and 2 goroutines each copying its half.
+func BenchmarkCopyBandwidth(b *testing.B) {
+	const size = 256 << 20
+	src, dst := make([]byte, size), make([]byte, size)
+	for i := range src {
+		src[i] = byte(i)
+	}
+	copy(dst, src) // fault the pages in
+	for _, threads := range []int{1, 2} {
+		b.Run(fmt.Sprintf("threads=%d", threads), func(b *testing.B) {
+			t0 := time.Now()
+			for i := 0; i < b.N; i++ {
+				var wg sync.WaitGroup
+				part := size / threads
+				for k := 0; k < threads; k++ {
+					wg.Go(func() { copy(dst[k*part:(k+1)*part], src[k*part:(k+1)*part]) })
+				}
+				wg.Wait()
+			}
+			b.ReportMetric(float64(2*size)*float64(b.N)/time.Since(t0).Seconds()/1e9, "copy_GB/s")
+		})
+	}
 }
