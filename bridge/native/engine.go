@@ -19,7 +19,6 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 	"unsafe"
 
@@ -128,71 +127,6 @@ func backendOf(name string) (C.eng_backend, error) {
 	}
 	return 0, bridge.StatusError("init", bridge.StatusInvalidArgument,
 		fmt.Sprintf("unknown backend %q (allowed: cpu, cuda)", name))
-}
-
-// loop runs requests on one OS thread for the engine's lifetime. The thread
-// stays locked when the goroutine exits, so Go destroys it rather than reuse
-// a thread that carries native per-thread state (e.g. a CUDA context).
-func (e *engine) loop() {
-	runtime.LockOSThread()
-	e.tid = syscall.Gettid() // before the first receive: every caller sees it
-	for fn := range e.reqs {
-		fn()
-		e.done <- struct{}{}
-	}
-}
-
-// run executes fn on the engine goroutine and waits for it. Caller holds no
-// lock; run takes e.mu so requests never interleave.
-func (e *engine) run(fn func()) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	e.reqs <- fn
-	<-e.done
-}
-
-// inline reports whether the caller is the engine goroutine running
-// RunOnEngineThread's function: then calls run in place (the goroutine is
-// locked to the engine thread, so the thread id names it). Any other caller
-// hands its call over and waits for e.mu, which the owning call holds.
-func (e *engine) inline() bool {
-	return e.owned.Load() && syscall.Gettid() == e.tid
-}
-
-// RunOnEngineThread implements bridge.ThreadOwner: fn runs on the engine
-// thread, and the engine calls it makes run there without a hand-off. A
-// call from inside fn runs fn in place.
-func (e *engine) RunOnEngineThread(fn func() error) error {
-	if e.inline() {
-		return fn()
-	}
-	var err error
-	if cerr := e.call("run_on_engine_thread", func() {
-		e.owned.Store(true)
-		defer e.owned.Store(false)
-		err = fn()
-	}); cerr != nil {
-		return cerr
-	}
-	return err
-}
-
-// call is run for an open engine: it fails with bridge.ErrClosed after
-// Close. On the engine thread inside RunOnEngineThread it runs fn in place
-// (the engine cannot be closed meanwhile: Close waits for e.mu).
-func (e *engine) call(op string, fn func()) error {
-	if e.inline() {
-		fn()
-		return nil
-	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.closed {
-		return fmt.Errorf("engine %s: %w", op, bridge.ErrClosed)
-	}
-	e.reqs <- fn
-	<-e.done
-	return nil
 }
 
 // status converts a native status of a call on the handle into an error.
@@ -578,33 +512,6 @@ func (e *engine) doSubmit(desc *bridge.StepDesc) error {
 	e.pending = append(e.pending, pendingStep{seqs: n, sampled: sampled, logits: desc.WantLogits,
 		logprobs: desc.WantsLogprobs()})
 	return nil
-}
-
-// NativeCPU is the engine thread's CPU time spent in the native step calls
-// so far: on the CPU engine, the compute (a benchmark subtracts it from the
-// process's CPU time to get the host's). It is 0 where the platform has no
-// per-thread CPU clock.
-func (e *engine) NativeCPU() time.Duration {
-	if e.inline() {
-		return e.nativeCPU
-	}
-	var d time.Duration
-	if err := e.call("native_cpu", func() { d = e.nativeCPU }); err != nil {
-		return 0
-	}
-	return d
-}
-
-// ThreadCPU is the engine thread's whole CPU time so far: its native calls
-// (NativeCPU) and, while a loop runs on the thread (RunOnEngineThread), that
-// loop's. A benchmark takes the difference of the two as the loop's host
-// time on the critical path. 0 where the platform has no thread CPU clock.
-func (e *engine) ThreadCPU() time.Duration {
-	var d time.Duration
-	if err := e.call("thread_cpu", func() { d, _ = cputime.Thread() }); err != nil {
-		return 0
-	}
-	return d
 }
 
 // Wait blocks until the oldest submitted step finished and writes its result.
