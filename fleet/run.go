@@ -3,6 +3,7 @@ package fleet
 import (
 	"errors"
 	"fmt"
+	"github.com/lockstep-ai/lockstep/bridge"
 	"io"
 	"runtime"
 	"time"
@@ -134,7 +135,33 @@ func (o *Options) prepare(log *zap.Logger, getenv func(string) string) (schedule
 		log.Info("model", zap.String("path", m.Path), zap.String("name", m.Name),
 			zap.String("format", m.Format), zap.Int64("weight_bytes", m.WeightBytes()), zap.Any("shape", m.Shape))
 	}
+	if o.Engine == "cpu" && o.CPUKernels == "quant" && !o.hasQuantisedProjections() {
+		log.Info("cpu kernels: the model has no Q8_0, Q4_0 or Q4_1 projection to keep in blocks; every product stays exact",
+			zap.String("model", o.Model))
+	}
 	return sc, launch, nil
+}
+
+// hasQuantisedProjections reports whether the loaded checkpoint gives a
+// dense projection or the LM head as Q8_0, Q4_0 or Q4_1 blocks, which
+// --cpu-kernels quant keeps quantised (a synthetic preset gives none).
+func (o *Options) hasQuantisedProjections() bool {
+	if o.loaded == nil {
+		return false
+	}
+	for _, t := range o.loaded.Tensors {
+		switch t.DType {
+		case bridge.DTypeQ8_0, bridge.DTypeQ4_0, bridge.DTypeQ4_1:
+		default:
+			continue
+		}
+		switch t.Kind {
+		case bridge.WeightQ, bridge.WeightK, bridge.WeightV, bridge.WeightO, bridge.WeightGate, bridge.WeightUp,
+			bridge.WeightDown, bridge.WeightLMHead, bridge.WeightEmbedding:
+			return true
+		}
+	}
+	return false
 }
 
 // MaxCPUThreads is the most threads a rank's CPU engine may use (--cpu-threads).
