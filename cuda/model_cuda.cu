@@ -108,6 +108,10 @@ std::unique_ptr<Backend> make_cuda_backend(const EngineParams& params) {
     throw EngineError(ENG_UNSUPPORTED,
                       "the CUDA backend has no mixture-of-experts layers yet (num_experts > 0); run MoE models on "
                       "the cpu engine, or model them with --engine twin");
+  if (params.shape.kv_lora_rank > 0)
+    throw EngineError(ENG_UNSUPPORTED,
+                      "the CUDA backend has no multi-head latent attention (MLA, kv_lora_rank > 0) yet; run MLA "
+                      "models on the CPU backend");
   if (params.shape.qk_norm)
     throw EngineError(ENG_UNSUPPORTED, "the CUDA backend has no per-head q/k RMSNorm (qk_norm, Qwen3) yet");
   if (int64_t{params.shape.num_heads} * params.shape.head_dim != params.shape.hidden_size)

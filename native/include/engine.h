@@ -24,7 +24,7 @@ extern "C" {
 #endif
 
 /* Bumped on every incompatible change; eng_engine_init refuses a mismatch. */
-#define ENG_ABI_VERSION 9
+#define ENG_ABI_VERSION 10
 
 /* The most top log-probabilities a row may ask for (vLLM's default
  * max_logprobs). */
@@ -83,6 +83,49 @@ typedef struct eng_model_shape {
   /* 1: per-head RMSNorm of q and k (gains [head_dim], rms_eps) after the
    * projections, before RoPE (Qwen3); 0 = none. */
   int32_t qk_norm;
+  /* Multi-head latent attention (DeepSeek-V2/V3, Kimi K2; docs/models.md
+   * "MLA"); kv_lora_rank 0 = GQA, and every field of this group must then
+   * be 0. With kv_lora_rank > 0 a token's cache per layer is one latent
+   * vector of kv_lora_rank + qk_rope_head_dim floats (not per-head K/V);
+   * num_kv_heads must equal num_heads and head_dim must equal
+   * qk_nope_head_dim + qk_rope_head_dim (the query head width). Per token:
+   *   q = (q_lora_rank ? RMSNorm(x·W_q_a)·q_a_norm : x)·W_q   [heads][nope|rope]
+   *   [c | k_pe] = x·W_kv_a;  c = RMSNorm(c)·kv_a_norm;  RoPE on k_pe and on
+   *   every q head's rope tail (qk_rope_head_dim dims);  latent = [c | k_pe]
+   *   attention (absorbed): per head, q_lat = q_nope·W_kb[h] (kv_lora_rank),
+   *   score_t = [q_lat | q_pe]·latent_t · scale, o_lat = Σ p_t c_t,
+   *   o[h] = o_lat·W_vb[h] (v_head_dim); out = o·W_o */
+  int32_t q_lora_rank;        /* 0: q = x·W_q directly */
+  int32_t kv_lora_rank;
+  int32_t qk_nope_head_dim;
+  int32_t qk_rope_head_dim;   /* even */
+  int32_t v_head_dim;
+  /* MoE shapes: layers [0, first_dense_layers) keep a dense SwiGLU MLP of
+   * intermediate_size (DeepSeek's first_k_dense_replace); < num_layers. */
+  int32_t first_dense_layers;
+  /* MoE: the routed experts' weights are multiplied by this (DeepSeek's
+   * routed_scaling_factor), in double before rounding; 0 = 1. */
+  float routed_scaling_factor;
+  /* Group-limited routing (DeepSeek): the experts form expert_groups equal
+   * groups by id; only the experts of the expert_groups_used best groups
+   * compete for the top-k (a group's score: its best score for softmax
+   * routers, the sum of its two best biased scores for sigmoid ones).
+   * 0 = none (then both 0). */
+  int32_t expert_groups;
+  int32_t expert_groups_used;
+  /* YaRN RoPE scaling (rope_scaling.type "yarn", DeepSeek-V3 / Kimi K2);
+   * yarn_factor 0 = none; else > 1 with yarn_original_max_positions > 0,
+   * yarn_beta_fast > yarn_beta_slow > 0, and not with rope_scaling_factor.
+   * Frequencies blend the interpolated (/factor) and original ones over
+   * the correction range of the betas; cos and sin are scaled by
+   * m(mscale) / m(mscale_all_dim) and the attention scale by
+   * m(mscale_all_dim)^2 when mscale_all_dim != 0, m(x) = 0.1 x ln(factor) + 1. */
+  float yarn_factor;
+  int32_t yarn_original_max_positions;
+  float yarn_beta_fast;
+  float yarn_beta_slow;
+  float yarn_mscale;
+  float yarn_mscale_all_dim;
 } eng_model_shape;
 
 /* How the router turns the chosen experts' scores into weights. Top-k picks
@@ -92,7 +135,16 @@ typedef enum eng_router_norm {
    * norm_topk_prob = true) */
   ENG_ROUTER_SOFTMAX_TOPK = 0,
   /* top-k logits, softmax over the k (Mixtral) */
-  ENG_ROUTER_TOPK_SOFTMAX = 1
+  ENG_ROUTER_TOPK_SOFTMAX = 1,
+  /* softmax over every expert, top-k, not renormalised (DeepSeek-V2,
+   * norm_topk_prob = false) */
+  ENG_ROUTER_SOFTMAX_TOPK_RAW = 2,
+  /* sigmoid scores; the top-k by score + the router bias (ROUTER_BIAS,
+   * DeepSeek-V3's e_score_correction_bias; 0 without one), weighted by
+   * their unbiased scores renormalised over the k (norm_topk_prob) */
+  ENG_ROUTER_SIGMOID_TOPK = 3,
+  /* as SIGMOID_TOPK, the scores not renormalised */
+  ENG_ROUTER_SIGMOID_TOPK_RAW = 4
 } eng_router_norm;
 
 /*
@@ -144,7 +196,21 @@ typedef enum eng_weight {
    * S = num_shared_experts * moe_intermediate_size */
   ENG_WEIGHT_SHARED_GATE = 19,  /* [S][hidden] */
   ENG_WEIGHT_SHARED_UP = 20,    /* [S][hidden] */
-  ENG_WEIGHT_SHARED_DOWN = 21   /* [hidden][S] */
+  ENG_WEIGHT_SHARED_DOWN = 21,  /* [hidden][S] */
+  /* MLA shapes (kv_lora_rank > 0), which have no WK/WV; there WQ is
+   * [heads*(nope+rope)][q_lora_rank, or hidden without q_lora] (the q_b
+   * projection) and WO is [hidden][heads*v_head_dim]. Either KV_B or both
+   * K_B and V_B. */
+  ENG_WEIGHT_Q_A = 22,          /* [q_lora][hidden] (q_lora_rank > 0) */
+  ENG_WEIGHT_Q_A_NORM = 23,     /* [1][q_lora] (q_lora_rank > 0) */
+  ENG_WEIGHT_KV_A = 24,         /* [kv_lora+rope][hidden] */
+  ENG_WEIGHT_KV_A_NORM = 25,    /* [1][kv_lora] */
+  ENG_WEIGHT_KV_B = 26,         /* [heads*(nope+v)][kv_lora]: per head nope rows, then v rows */
+  ENG_WEIGHT_K_B = 27,          /* [heads*kv_lora][nope]: per head W_kb transposed (llama.cpp's attn_k_b) */
+  ENG_WEIGHT_V_B = 28,          /* [heads*v][kv_lora] (llama.cpp's attn_v_b) */
+  /* Optional with a sigmoid router: [1][num_experts], added to the scores
+   * for the choice only. */
+  ENG_WEIGHT_ROUTER_BIAS = 29
 } eng_weight;
 
 typedef struct eng_tensor {
@@ -154,7 +220,10 @@ typedef struct eng_tensor {
   /* WQ/WK only: > 0 when the rows of each of this many heads are in the
    * interleaved RoPE order of llama.cpp's GGUF conversion (row 2i+s of a head
    * is Hugging Face's row s*head_dim/2+i); the engine restores the
-   * rotate-half order. 0 otherwise. */
+   * rotate-half order. MLA shapes: WQ (num_heads) and KV_A (1), and only the
+   * qk_rope_head_dim rows at the tail of each head (of KV_A's rows) are
+   * adjacent pairs (DeepSeek's checkpoints, GGUF and Hugging Face alike).
+   * 0 otherwise. */
   int32_t interleaved_rope_heads;
   /* EXPERT_GATE/UP/DOWN: the routed expert, 0..num_experts-1 (a stacked
    * [experts][rows][cols] checkpoint tensor is handed over as one tensor per
@@ -196,7 +265,9 @@ typedef struct eng_engine_config {
   /* Checkpoint weights: every tensor of the shape exactly once (kinds 0-11,
    * minus LM_HEAD when tied; ROPE_FREQS optional; a MoE shape has ROUTER and
    * every expert's EXPERT_* instead of W_GATE/W_UP/W_DOWN, SHARED_* when
-   * num_shared_experts > 0; Q_NORM/K_NORM with qk_norm).
+   * num_shared_experts > 0; Q_NORM/K_NORM with qk_norm; an MLA shape has
+   * the MLA kinds instead of WK/WV, and its first_dense_layers keep
+   * W_GATE/W_UP/W_DOWN).
    * num_tensors 0 = synthetic weights from seed. */
   const eng_tensor* tensors;
   int32_t num_tensors;

@@ -89,7 +89,7 @@ void paged_attention_rows(const PageSlab& slab, int32_t layer, const int32_t* bl
           if (b > last) continue;
           const int32_t cnt = b < last ? P : pos[r] % P + 1;
           float m, l;
-          attn_page_partial_kt(q + r * q_stride + static_cast<size_t>(h) * D, scale, kt, P, V, stride, cnt, D,
+          attn_page_partial_kt(q + r * q_stride + static_cast<size_t>(h) * D, scale, kt, P, V, stride, cnt, D, D,
                                scratch.scores.data(), &m, &l, scratch.o_page.data());
           float* st = ml + 2 * (static_cast<size_t>(r) * num_heads + h);
           attn_merge(&st[0], &st[1], out + r * out_stride + static_cast<size_t>(h) * D, m, l,
@@ -102,6 +102,65 @@ void paged_attention_rows(const PageSlab& slab, int32_t layer, const int32_t* bl
     for (int32_t h = g0 * group; h < g1 * group; ++h) {
       float* O = out + r * out_stride + static_cast<size_t>(h) * D;
       attn_finish(O, ml[2 * (static_cast<size_t>(r) * num_heads + h) + 1], O, D);
+    }
+}
+
+}  // namespace lockstep
+
+namespace lockstep {
+
+// The latent form of paged_attention_rows (attention_cpu.h): one K plane
+// shared by every head, V its first dv elements.
+__attribute__((target_clones("avx512f", "avx2", "default")))
+void paged_latent_attention_rows(const PageSlab& slab, int32_t layer, const int32_t* blocks, const int32_t* pos,
+                                 int32_t n, const float* q, size_t q_stride, int32_t num_heads, int32_t dk,
+                                 int32_t dv, float scale, float* out, size_t out_stride, AttnScratch& scratch,
+                                 int32_t h0, int32_t h1) {
+  if (h1 < 0) h1 = num_heads;
+  const int32_t P = slab.tokens_per_page();
+  const size_t stride = static_cast<size_t>(slab.kv_width());
+  int32_t max_last = 0;
+  for (int32_t r = 0; r < n; ++r) max_last = std::max(max_last, pos[r] / P);
+  if (scratch.scores.size() < static_cast<size_t>(P)) scratch.scores.resize(P);
+  if (scratch.o_page.size() < static_cast<size_t>(dv)) scratch.o_page.resize(dv);
+  if (scratch.kt.size() < static_cast<size_t>(dk) * P) scratch.kt.resize(static_cast<size_t>(dk) * P);
+  const size_t states = static_cast<size_t>(n) * num_heads;
+  if (scratch.ml.size() < 2 * states) scratch.ml.resize(2 * states);
+  float* ml = scratch.ml.data();
+  for (size_t i = 0; i < states; ++i) {
+    ml[2 * i] = -INFINITY;
+    ml[2 * i + 1] = 0.0f;
+  }
+  float* kt = scratch.kt.data();
+  for (int32_t b = 0; b <= max_last; ++b) {
+    int32_t slots = 0;
+    for (int32_t r = 0; r < n; ++r) {
+      const int32_t last = pos[r] / P;
+      if (b < last) slots = P;
+      else if (b == last) slots = std::max(slots, pos[r] % P + 1);
+    }
+    if (slots == 0) continue;
+    const float* K = slab.kv(blocks[b], layer, 0);
+    for (int32_t j = 0; j < slots; ++j)
+      for (int32_t d = 0; d < dk; ++d) kt[static_cast<size_t>(d) * P + j] = K[static_cast<size_t>(j) * stride + d];
+    for (int32_t h = h0; h < h1; ++h) {
+      for (int32_t r = 0; r < n; ++r) {
+        const int32_t last = pos[r] / P;
+        if (b > last) continue;
+        const int32_t cnt = b < last ? P : pos[r] % P + 1;
+        float m, l;
+        attn_page_partial_kt(q + r * q_stride + static_cast<size_t>(h) * dk, scale, kt, P, K, stride, cnt, dk, dv,
+                             scratch.scores.data(), &m, &l, scratch.o_page.data());
+        float* st = ml + 2 * (static_cast<size_t>(r) * num_heads + h);
+        attn_merge(&st[0], &st[1], out + r * out_stride + static_cast<size_t>(h) * dv, m, l, scratch.o_page.data(),
+                   dv);
+      }
+    }
+  }
+  for (int32_t r = 0; r < n; ++r)
+    for (int32_t h = h0; h < h1; ++h) {
+      float* O = out + r * out_stride + static_cast<size_t>(h) * dv;
+      attn_finish(O, ml[2 * (static_cast<size_t>(r) * num_heads + h) + 1], O, dv);
     }
 }
 

@@ -43,6 +43,18 @@ void paged_attention_rows(const PageSlab& slab, int32_t layer, const int32_t* bl
                           int32_t head_dim, float* out, size_t out_stride, AttnScratch& scratch, int32_t g0 = 0,
                           int32_t g1 = -1);
 
+// Multi-head latent attention (MLA, absorbed form) of n rows of one
+// sequence: every head's query q[r][h] is dk floats ([q_lat | q_pe]) and
+// attends over the page slab's one latent plane (slot width dk = kv_width):
+// score = q · latent * scale, value = the latent's first dv floats (c_kv).
+// Writes out[r][h] (dv floats) for heads [h0, h1) (h1 < 0: every head).
+// The same page order and partial arithmetic as paged_attention_rows, so a
+// (row, head) gets the same bits in any call, chunking or Helix split.
+void paged_latent_attention_rows(const PageSlab& slab, int32_t layer, const int32_t* blocks, const int32_t* pos,
+                                 int32_t n, const float* q, size_t q_stride, int32_t num_heads, int32_t dk,
+                                 int32_t dv, float scale, float* out, size_t out_stride, AttnScratch& scratch,
+                                 int32_t h0 = 0, int32_t h1 = -1);
+
 }  // namespace lockstep
 
 #endif  // LOCKSTEP_NATIVE_ATTENTION_CPU_H

@@ -27,14 +27,16 @@ namespace lockstep {
 //   scores  scratch of n floats
 // Writes *m, *l and o[0..head_dim). q·k is summed in increasing d (from 0.0f),
 // the softmax terms in increasing slot.
+// dk: the width of q and of each K; dv: of each V and of o (an MLA latent's
+// V is the first dv elements of its K: v may equal k with dv < dk).
 inline void attn_page_partial(const float* q, float scale, const float* k, const float* v,
-                              size_t stride, int32_t n, int32_t head_dim, float* scores,
+                              size_t stride, int32_t n, int32_t dk, int32_t dv, float* scores,
                               float* m, float* l, float* o) {
   // scores[j] = Σ_d q[d] * k_j[d], each summed in increasing d. The d-outer,
   // slot-inner order keeps that per-slot order while giving the CPU n
   // independent accumulation chains instead of one long dependent one.
   for (int32_t j = 0; j < n; ++j) scores[j] = 0.0f;
-  for (int32_t d = 0; d < head_dim; ++d) {
+  for (int32_t d = 0; d < dk; ++d) {
     const float qd = q[d];
     const float* kd = k + d;
     for (int32_t j = 0; j < n; ++j) scores[j] += qd * kd[static_cast<size_t>(j) * stride];
@@ -45,7 +47,7 @@ inline void attn_page_partial(const float* q, float scale, const float* k, const
     scores[j] = s;
     if (s > mx) mx = s;
   }
-  for (int32_t d = 0; d < head_dim; ++d) o[d] = 0.0f;
+  for (int32_t d = 0; d < dv; ++d) o[d] = 0.0f;
   float sum = 0.0f;
   for (int32_t j = 0; j < n; ++j) {
     const float p = std::exp(scores[j] - mx);
@@ -53,24 +55,32 @@ inline void attn_page_partial(const float* q, float scale, const float* k, const
     const float* vj = v + static_cast<size_t>(j) * stride;
     // Element-wise over d: each o[d] still sums in slot order, so the compiler
     // may vectorise this loop without changing a bit.
-    for (int32_t d = 0; d < head_dim; ++d) o[d] += p * vj[d];
+    for (int32_t d = 0; d < dv; ++d) o[d] += p * vj[d];
   }
   *m = mx;
   *l = sum;
+}
+
+// attn_page_partial with K and V of one width.
+inline void attn_page_partial(const float* q, float scale, const float* k, const float* v,
+                              size_t stride, int32_t n, int32_t head_dim, float* scores,
+                              float* m, float* l, float* o) {
+  attn_page_partial(q, scale, k, v, stride, n, head_dim, head_dim, scores, m, l, o);
 }
 
 // attn_page_partial with the page's K transposed: kt[d * ldk + j] is slot
 // j's K element d. The same operations in the same order per element (so the
 // same bits), blocked so that the accumulators live in registers: 16 slots'
 // scores at a time over d, then 16 output elements at a time over the slots.
+// dk, dv as for attn_page_partial.
 __attribute__((always_inline)) inline void attn_page_partial_kt(const float* __restrict q, float scale, const float* __restrict kt, size_t ldk,
-                                 const float* __restrict v, size_t stride, int32_t n, int32_t head_dim,
+                                 const float* __restrict v, size_t stride, int32_t n, int32_t dk, int32_t dv,
                                  float* __restrict scores, float* m, float* l, float* __restrict o) {
   constexpr int32_t kB = 16;
   int32_t j0 = 0;
   for (; j0 + kB <= n; j0 += kB) {
     float acc[kB] = {};
-    for (int32_t d = 0; d < head_dim; ++d) {
+    for (int32_t d = 0; d < dk; ++d) {
       const float qd = q[d];
       const float* kd = kt + static_cast<size_t>(d) * ldk + j0;
       for (int32_t jj = 0; jj < kB; ++jj) acc[jj] += qd * kd[jj];
@@ -79,7 +89,7 @@ __attribute__((always_inline)) inline void attn_page_partial_kt(const float* __r
   }
   for (int32_t j = j0; j < n; ++j) {
     float acc = 0.0f;
-    for (int32_t d = 0; d < head_dim; ++d) acc += q[d] * kt[static_cast<size_t>(d) * ldk + j];
+    for (int32_t d = 0; d < dk; ++d) acc += q[d] * kt[static_cast<size_t>(d) * ldk + j];
     scores[j] = acc;
   }
   float mx = -INFINITY;
@@ -95,7 +105,7 @@ __attribute__((always_inline)) inline void attn_page_partial_kt(const float* __r
     sum += p;
   }
   int32_t d0 = 0;
-  for (; d0 + kB <= head_dim; d0 += kB) {
+  for (; d0 + kB <= dv; d0 += kB) {
     float acc[kB] = {};
     for (int32_t j = 0; j < n; ++j) {
       const float p = scores[j];
@@ -104,7 +114,7 @@ __attribute__((always_inline)) inline void attn_page_partial_kt(const float* __r
     }
     for (int32_t dd = 0; dd < kB; ++dd) o[d0 + dd] = acc[dd];
   }
-  for (int32_t d = d0; d < head_dim; ++d) {
+  for (int32_t d = d0; d < dv; ++d) {
     float acc = 0.0f;
     for (int32_t j = 0; j < n; ++j) acc += scores[j] * v[static_cast<size_t>(j) * stride + d];
     o[d] = acc;

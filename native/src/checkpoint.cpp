@@ -20,8 +20,9 @@ const char* kind_name(int32_t kind) {
   static const char* const names[] = {
       "embedding", "final_norm", "lm_head",     "attn_norm",   "wq",          "wk",          "wv",         "wo",
       "mlp_norm",  "w_gate",     "w_up",        "w_down",      "rope_freqs",  "q_norm",      "k_norm",     "router",
-      "expert_gate", "expert_up", "expert_down", "shared_gate", "shared_up", "shared_down"};
-  return kind >= 0 && kind <= ENG_WEIGHT_SHARED_DOWN ? names[kind] : "unknown";
+      "expert_gate", "expert_up", "expert_down", "shared_gate", "shared_up", "shared_down", "q_a", "q_a_norm",
+      "kv_a", "kv_a_norm", "kv_b", "k_b", "v_b", "router_bias"};
+  return kind >= 0 && kind <= ENG_WEIGHT_ROUTER_BIAS ? names[kind] : "unknown";
 }
 
 bool is_expert(int32_t kind) { return kind >= ENG_WEIGHT_EXPERT_GATE && kind <= ENG_WEIGHT_EXPERT_DOWN; }
@@ -50,7 +51,24 @@ void expected_dims(const eng_model_shape& s, int32_t kind, int64_t* rows, int64_
   const int64_t H = s.hidden_size, qd = int64_t{s.num_heads} * s.head_dim,
                 kvd = int64_t{s.num_kv_heads} * s.head_dim, F = s.intermediate_size, V = s.vocab_size;
   const int64_t Fm = s.moe_intermediate_size, Fs = int64_t{s.num_shared_experts} * s.moe_intermediate_size;
+  if (s.kv_lora_rank > 0) {
+    const int64_t heads = s.num_heads, QL = s.q_lora_rank, KL = s.kv_lora_rank, R = s.qk_rope_head_dim;
+    const int64_t N = s.qk_nope_head_dim, Vh = s.v_head_dim;
+    switch (kind) {
+      case ENG_WEIGHT_WQ: *rows = heads * (N + R); *cols = QL > 0 ? QL : H; return;
+      case ENG_WEIGHT_WO: *rows = H; *cols = heads * Vh; return;
+      case ENG_WEIGHT_Q_A: *rows = QL; *cols = H; return;
+      case ENG_WEIGHT_Q_A_NORM: *rows = 1; *cols = QL; return;
+      case ENG_WEIGHT_KV_A: *rows = KL + R; *cols = H; return;
+      case ENG_WEIGHT_KV_A_NORM: *rows = 1; *cols = KL; return;
+      case ENG_WEIGHT_KV_B: *rows = heads * (N + Vh); *cols = KL; return;
+      case ENG_WEIGHT_K_B: *rows = heads * KL; *cols = N; return;
+      case ENG_WEIGHT_V_B: *rows = heads * Vh; *cols = KL; return;
+      case ENG_WEIGHT_ROPE_FREQS: *rows = 1; *cols = R / 2; return;
+    }
+  }
   switch (kind) {
+    case ENG_WEIGHT_ROUTER_BIAS: *rows = 1; *cols = s.num_experts; return;
     case ENG_WEIGHT_EMBEDDING: case ENG_WEIGHT_LM_HEAD: *rows = V; *cols = H; return;
     case ENG_WEIGHT_FINAL_NORM: case ENG_WEIGHT_ATTN_NORM: case ENG_WEIGHT_MLP_NORM: *rows = 1; *cols = H; return;
     case ENG_WEIGHT_WQ: *rows = qd; *cols = H; return;
@@ -74,33 +92,52 @@ bool is_global(int32_t kind) {
          kind == ENG_WEIGHT_ROPE_FREQS;
 }
 
-// Why a layer kind does not belong to the shape ("" when it does).
-const char* foreign_reason(const eng_model_shape& s, int32_t kind) {
-  const bool moe = s.num_experts > 0;
+bool sigmoid_router(const eng_model_shape& s) {
+  return s.router_norm == ENG_ROUTER_SIGMOID_TOPK || s.router_norm == ENG_ROUTER_SIGMOID_TOPK_RAW;
+}
+
+// Why a layer kind does not belong to the shape's layer ("" when it does).
+const char* foreign_reason(const eng_model_shape& s, int32_t kind, int32_t layer) {
+  const bool moe = s.num_experts > 0 && layer >= s.first_dense_layers;
+  const bool mla = s.kv_lora_rank > 0;
   switch (kind) {
     case ENG_WEIGHT_W_GATE: case ENG_WEIGHT_W_UP: case ENG_WEIGHT_W_DOWN:
-      return moe ? "a dense MLP weight, but the shape is a mixture of experts (num_experts > 0)" : "";
+      return moe ? "a dense MLP weight, but the layer is a mixture of experts (num_experts > 0, at or past "
+                   "first_dense_layers)"
+                 : "";
     case ENG_WEIGHT_ROUTER: case ENG_WEIGHT_EXPERT_GATE: case ENG_WEIGHT_EXPERT_UP: case ENG_WEIGHT_EXPERT_DOWN:
-      return moe ? "" : "a mixture-of-experts weight, but the shape is dense (num_experts 0)";
+      return moe ? "" : "a mixture-of-experts weight, but the layer is dense (num_experts 0, or below first_dense_layers)";
     case ENG_WEIGHT_SHARED_GATE: case ENG_WEIGHT_SHARED_UP: case ENG_WEIGHT_SHARED_DOWN:
+      if (!moe) return "a shared-expert weight, but the layer is dense";
       return s.num_shared_experts > 0 ? "" : "a shared-expert weight, but the shape has num_shared_experts 0";
+    case ENG_WEIGHT_ROUTER_BIAS:
+      if (!moe) return "a router bias, but the layer is dense";
+      return sigmoid_router(s) ? "" : "a router bias, but the shape's router is not a sigmoid one (router_norm 3 or 4)";
     case ENG_WEIGHT_Q_NORM: case ENG_WEIGHT_K_NORM:
       return s.qk_norm ? "" : "a q/k norm gain, but the shape has qk_norm 0";
+    case ENG_WEIGHT_WK: case ENG_WEIGHT_WV:
+      return mla ? "a K/V projection, but the shape uses latent attention (kv_lora_rank > 0: KV_A and KV_B)" : "";
+    case ENG_WEIGHT_Q_A: case ENG_WEIGHT_Q_A_NORM:
+      if (!mla) return "an MLA weight, but the shape has kv_lora_rank 0";
+      return s.q_lora_rank > 0 ? "" : "a q LoRA weight, but the shape has q_lora_rank 0 (WQ is the whole projection)";
+    case ENG_WEIGHT_KV_A: case ENG_WEIGHT_KV_A_NORM: case ENG_WEIGHT_KV_B: case ENG_WEIGHT_K_B: case ENG_WEIGHT_V_B:
+      return mla ? "" : "an MLA weight, but the shape has kv_lora_rank 0";
   }
   return "";
 }
 
-// Slot table: globals 0..2, rope_freqs 3, then per layer the 15 non-expert
-// layer kinds (attn_norm .. w_down, q_norm, k_norm, router, shared_*), then
-// 3 per routed expert.
-int64_t layer_slots(const eng_model_shape& s) { return 15 + 3 * int64_t{s.num_experts}; }
+// Slot table: globals 0..2, rope_freqs 3, then per layer the 23 non-expert
+// layer kinds (attn_norm .. w_down, q_norm, k_norm, router, shared_*, the
+// MLA kinds and router_bias), then 3 per routed expert.
+int64_t layer_slots(const eng_model_shape& s) { return 23 + 3 * int64_t{s.num_experts}; }
 
 int64_t slot_of(const eng_model_shape& s, int32_t kind, int32_t layer, int32_t expert) {
   if (kind == ENG_WEIGHT_ROPE_FREQS) return 3;
   if (is_global(kind)) return kind;
   const int64_t base = 4 + int64_t{layer} * layer_slots(s);
   if (kind <= ENG_WEIGHT_W_DOWN) return base + (kind - ENG_WEIGHT_ATTN_NORM);
-  if (is_expert(kind)) return base + 15 + int64_t{expert} * 3 + (kind - ENG_WEIGHT_EXPERT_GATE);
+  if (is_expert(kind)) return base + 23 + int64_t{expert} * 3 + (kind - ENG_WEIGHT_EXPERT_GATE);
+  if (kind >= ENG_WEIGHT_Q_A) return base + 15 + (kind - ENG_WEIGHT_Q_A);
   if (kind >= ENG_WEIGHT_SHARED_GATE) return base + 12 + (kind - ENG_WEIGHT_SHARED_GATE);
   return base + 9 + (kind - ENG_WEIGHT_Q_NORM);  // q_norm, k_norm, router
 }
@@ -207,8 +244,8 @@ void validate_tensors(const eng_model_shape& s, const eng_tensor* tensors, int32
   std::vector<int32_t> seen(static_cast<size_t>(slots), -1);
   for (int32_t i = 0; i < n; ++i) {
     const eng_tensor& t = tensors[i];
-    if (t.kind < 0 || t.kind > ENG_WEIGHT_SHARED_DOWN)
-      invalid_argument(fmt("tensors[%lld]: kind %lld is not an eng_weight (0..%lld)", i, t.kind, ENG_WEIGHT_SHARED_DOWN));
+    if (t.kind < 0 || t.kind > ENG_WEIGHT_ROUTER_BIAS)
+      invalid_argument(fmt("tensors[%lld]: kind %lld is not an eng_weight (0..%lld)", i, t.kind, ENG_WEIGHT_ROUTER_BIAS));
     const std::string name = label(t, i);
     if (is_global(t.kind) ? t.layer != -1 : (t.layer < 0 || t.layer >= s.num_layers))
       invalid_argument(name + fmt(": layer %lld out of range (global tensors use -1, layer tensors 0..%lld)",
@@ -216,7 +253,7 @@ void validate_tensors(const eng_model_shape& s, const eng_tensor* tensors, int32
     if (is_expert(t.kind) ? (t.expert < 0 || t.expert >= s.num_experts) : t.expert != 0)
       invalid_argument(name + fmt(": expert %lld out of range (expert tensors use 0..%lld, others 0)", t.expert,
                                   s.num_experts - 1));
-    if (const char* why = foreign_reason(s, t.kind); *why != '\0') invalid_argument(name + ": " + why);
+    if (const char* why = foreign_reason(s, t.kind, t.layer); *why != '\0') invalid_argument(name + ": " + why);
     if (t.kind == ENG_WEIGHT_LM_HEAD && s.tied_embeddings)
       invalid_argument(name + ": an lm_head was given but the shape has tied_embeddings set");
     if (t.kind == ENG_WEIGHT_ROPE_FREQS && s.rope_scaling_factor != 0)
@@ -239,10 +276,13 @@ void validate_tensors(const eng_model_shape& s, const eng_tensor* tensors, int32
                        dtype_name(t.dtype) + fmt(" is %lld bytes", rb * t.rows));
     if (t.data == nullptr) invalid_argument(name + ": data is NULL");
     if (t.interleaved_rope_heads != 0) {
-      const int32_t want = t.kind == ENG_WEIGHT_WQ ? s.num_heads : t.kind == ENG_WEIGHT_WK ? s.num_kv_heads : 0;
+      const int32_t want = t.kind == ENG_WEIGHT_WQ                               ? s.num_heads
+                           : t.kind == ENG_WEIGHT_WK                             ? s.num_kv_heads
+                           : t.kind == ENG_WEIGHT_KV_A && s.kv_lora_rank > 0     ? 1
+                                                                                 : 0;
       if (t.interleaved_rope_heads != want)
         invalid_argument(name + fmt(": interleaved_rope_heads = %lld, want 0 or %lld (wq: num_heads, wk: "
-                                    "num_kv_heads, others: 0)",
+                                    "num_kv_heads, MLA kv_a: 1, others: 0)",
                                     t.interleaved_rope_heads, want));
       if (s.qk_norm)
         invalid_argument(name + ": interleaved_rope_heads with qk_norm (the norm gains would need the same "
@@ -263,12 +303,31 @@ void validate_tensors(const eng_model_shape& s, const eng_tensor* tensors, int32
   missing(ENG_WEIGHT_FINAL_NORM, -1, 0);
   if (!s.tied_embeddings) missing(ENG_WEIGHT_LM_HEAD, -1, 0);
   for (int32_t l = 0; l < s.num_layers; ++l) {
-    for (int32_t k = ENG_WEIGHT_ATTN_NORM; k <= ENG_WEIGHT_MLP_NORM; ++k) missing(k, l, 0);
+    for (int32_t k = ENG_WEIGHT_ATTN_NORM; k <= ENG_WEIGHT_MLP_NORM; ++k)
+      if (s.kv_lora_rank == 0 || (k != ENG_WEIGHT_WK && k != ENG_WEIGHT_WV)) missing(k, l, 0);
     if (s.qk_norm) {
       missing(ENG_WEIGHT_Q_NORM, l, 0);
       missing(ENG_WEIGHT_K_NORM, l, 0);
     }
-    if (s.num_experts == 0) {
+    if (s.kv_lora_rank > 0) {
+      if (s.q_lora_rank > 0) {
+        missing(ENG_WEIGHT_Q_A, l, 0);
+        missing(ENG_WEIGHT_Q_A_NORM, l, 0);
+      }
+      missing(ENG_WEIGHT_KV_A, l, 0);
+      missing(ENG_WEIGHT_KV_A_NORM, l, 0);
+      const bool kv_b = seen[static_cast<size_t>(slot_of(s, ENG_WEIGHT_KV_B, l, 0))] >= 0;
+      const bool k_b = seen[static_cast<size_t>(slot_of(s, ENG_WEIGHT_K_B, l, 0))] >= 0;
+      const bool v_b = seen[static_cast<size_t>(slot_of(s, ENG_WEIGHT_V_B, l, 0))] >= 0;
+      if (kv_b && (k_b || v_b))
+        invalid_argument(fmt("layer %lld: kv_b and k_b/v_b both given; give kv_b, or k_b and v_b", l));
+      if (!kv_b) {
+        if (!k_b && !v_b) invalid_argument(fmt("missing tensor: layer %lld kv_b (or k_b and v_b)", l));
+        missing(ENG_WEIGHT_K_B, l, 0);
+        missing(ENG_WEIGHT_V_B, l, 0);
+      }
+    }
+    if (s.num_experts == 0 || l < s.first_dense_layers) {
       for (int32_t k = ENG_WEIGHT_W_GATE; k <= ENG_WEIGHT_W_DOWN; ++k) missing(k, l, 0);
       continue;
     }
@@ -309,6 +368,83 @@ void tensor_to_input_major(const eng_tensor& t, int32_t head_dim, float* out) {
   }
 }
 
+namespace {
+
+// Rows of an MLA tensor in the engine's order: with interleaved_rope_heads,
+// the rope tail of each head (of width `head`, the last R rows) is turned
+// from adjacent pairs into rotate-half order.
+int64_t mla_row(const eng_tensor& t, int64_t r, int64_t head, int64_t R) {
+  if (t.interleaved_rope_heads == 0) return r;
+  const int64_t h = r / head, j = r % head, nope = head - R;
+  if (j < nope) return r;
+  const int64_t k = j - nope;
+  return h * head + nope + (k % 2) * (R / 2) + k / 2;
+}
+
+// The MLA kinds that need more than tensor_to_input_major (the rope-tail
+// reordering of WQ and KV_A, the per-head absorbed forms of KV_B, K_B and
+// V_B): converted into L; false for every other kind.
+bool load_mla_tensor(const eng_model_shape& s, const eng_tensor& t, LayerWeights* L) {
+  const int64_t heads = s.num_heads, KL = s.kv_lora_rank, R = s.qk_rope_head_dim, N = s.qk_nope_head_dim;
+  const int64_t Vh = s.v_head_dim;
+  const int64_t rb = dtype_row_bytes(t.dtype, t.cols);
+  const uint8_t* base = static_cast<const uint8_t*>(t.data);
+  std::vector<float> row(static_cast<size_t>(t.cols));
+  auto each_row = [&](auto&& put) {
+    for (int64_t r = 0; r < t.rows; ++r) {
+      dequantize_row(t.dtype, base + r * rb, t.cols, row.data());
+      put(r);
+    }
+  };
+  switch (t.kind) {
+    case ENG_WEIGHT_WQ: case ENG_WEIGHT_KV_A: {
+      // Input-major [cols][rows] with the rows reordered.
+      std::vector<float>& dst = t.kind == ENG_WEIGHT_WQ ? L->wq : L->wkv_a;
+      const int64_t head = t.kind == ENG_WEIGHT_WQ ? N + R : KL + R;
+      dst.assign(static_cast<size_t>(t.rows * t.cols), 0.0f);
+      each_row([&](int64_t r) {
+        const int64_t o = mla_row(t, r, head, R);
+        for (int64_t c = 0; c < t.cols; ++c) dst[static_cast<size_t>(c * t.rows + o)] = row[static_cast<size_t>(c)];
+      });
+      return true;
+    }
+    case ENG_WEIGHT_KV_B:
+      // Row h*(N+Vh) + n (n < N) is W_kb[h][n][:]; row h*(N+Vh) + N + v is
+      // W_vb[h][:][v].
+      L->w_kb.assign(static_cast<size_t>(heads * N * KL), 0.0f);
+      L->w_vb.assign(static_cast<size_t>(heads * KL * Vh), 0.0f);
+      each_row([&](int64_t r) {
+        const int64_t h = r / (N + Vh), j = r % (N + Vh);
+        for (int64_t c = 0; c < KL; ++c) {
+          if (j < N)
+            L->w_kb[static_cast<size_t>((h * N + j) * KL + c)] = row[static_cast<size_t>(c)];
+          else
+            L->w_vb[static_cast<size_t>((h * KL + c) * Vh + (j - N))] = row[static_cast<size_t>(c)];
+        }
+      });
+      return true;
+    case ENG_WEIGHT_K_B:
+      // Row h*KL + c holds W_kb[h][:][c] (llama.cpp's attn_k_b).
+      L->w_kb.assign(static_cast<size_t>(heads * N * KL), 0.0f);
+      each_row([&](int64_t r) {
+        const int64_t h = r / KL, c = r % KL;
+        for (int64_t n = 0; n < N; ++n) L->w_kb[static_cast<size_t>((h * N + n) * KL + c)] = row[static_cast<size_t>(n)];
+      });
+      return true;
+    case ENG_WEIGHT_V_B:
+      // Row h*Vh + v holds W_vb[h][:][v] (llama.cpp's attn_v_b).
+      L->w_vb.assign(static_cast<size_t>(heads * KL * Vh), 0.0f);
+      each_row([&](int64_t r) {
+        const int64_t h = r / Vh, v = r % Vh;
+        for (int64_t c = 0; c < KL; ++c) L->w_vb[static_cast<size_t>((h * KL + c) * Vh + v)] = row[static_cast<size_t>(c)];
+      });
+      return true;
+  }
+  return false;
+}
+
+}  // namespace
+
 Weights load_weights(const eng_model_shape& s, const eng_tensor* tensors, int32_t n, bool quant) {
   Weights w;
   w.tied = s.tied_embeddings != 0;
@@ -326,6 +462,8 @@ Weights load_weights(const eng_model_shape& s, const eng_tensor* tensors, int32_
                        w.embedding.data() + r * t.cols);
       continue;
     }
+    if (s.kv_lora_rank > 0 && load_mla_tensor(s, t, &w.layers[static_cast<size_t>(t.layer < 0 ? 0 : t.layer)]))
+      continue;
     switch (t.kind) {
       case ENG_WEIGHT_ROPE_FREQS: dst = &w.rope_freqs; break;
       case ENG_WEIGHT_EMBEDDING: case ENG_WEIGHT_LM_HEAD: dst = &w.lm_head; break;
@@ -336,7 +474,8 @@ Weights load_weights(const eng_model_shape& s, const eng_tensor* tensors, int32_
         std::vector<float>* per[] = {nullptr,     nullptr,   nullptr,  &L.attn_norm, &L.wq,      &L.wk,
                                      &L.wv,       &L.wo,     &L.mlp_norm, &L.w_gate, &L.w_up,    &L.w_down,
                                      nullptr,     &L.q_norm, &L.k_norm, &L.router,   &X.gate,    &X.up,
-                                     &X.down,     &X.gate,   &X.up,     &X.down};
+                                     &X.down,     &X.gate,   &X.up,     &X.down,     &L.wq_a,    &L.q_a_norm,
+                                     &L.wkv_a,    &L.kv_a_norm, nullptr, nullptr,    nullptr,    &L.router_bias};
         dst = per[t.kind];
         // Quantised kernels: the dense projections stay in their blocks.
         QuantMatrix* q = nullptr;
@@ -350,7 +489,8 @@ Weights load_weights(const eng_model_shape& s, const eng_tensor* tensors, int32_
           case ENG_WEIGHT_W_DOWN: q = &L.qw_down; break;
           default: break;
         }
-        if (quant && q != nullptr && quant_dtype(t.dtype)) {
+        // (An MLA shape's WQ stays float: its rope tails are reordered on load.)
+        if (quant && q != nullptr && quant_dtype(t.dtype) && !(s.kv_lora_rank > 0 && t.kind == ENG_WEIGHT_WQ)) {
           *q = pack_quant_matrix(t, s.head_dim);
           continue;
         }
@@ -415,12 +555,30 @@ std::shared_ptr<const Weights> shared_weights(const eng_model_shape& s, const en
 }
 
 std::vector<double> rope_inv_freq(const eng_model_shape& s, const std::vector<float>& rope_freqs) {
-  const int32_t half = s.head_dim / 2;
+  const int32_t dim = rope_dim(s), half = dim / 2;
   std::vector<double> f(static_cast<size_t>(half));
   for (int32_t i = 0; i < half; ++i)
-    f[i] = std::pow(static_cast<double>(s.rope_theta), -2.0 * i / static_cast<double>(s.head_dim));
+    f[i] = std::pow(static_cast<double>(s.rope_theta), -2.0 * i / static_cast<double>(dim));
   if (!rope_freqs.empty()) {
     for (int32_t i = 0; i < half; ++i) f[i] /= static_cast<double>(rope_freqs[static_cast<size_t>(i)]);
+    return f;
+  }
+  if (s.yarn_factor != 0) {
+    // YaRN (DeepSeek-V3's yarn rotary embedding): dimensions that turn
+    // more than beta_fast times over the original context keep their
+    // frequency, those under beta_slow are interpolated (/factor), and a
+    // linear ramp blends the band between.
+    const double pi = 3.14159265358979323846, base = s.rope_theta, orig = s.yarn_original_max_positions;
+    auto corr_dim = [&](double rotations) {
+      return dim * std::log(orig / (rotations * 2 * pi)) / (2 * std::log(base));
+    };
+    const double low = std::max(std::floor(corr_dim(s.yarn_beta_fast)), 0.0);
+    double high = std::min(std::ceil(corr_dim(s.yarn_beta_slow)), static_cast<double>(dim - 1));
+    if (high == low) high += 0.001;
+    for (int32_t i = 0; i < half; ++i) {
+      const double ramp = std::min(std::max((i - low) / (high - low), 0.0), 1.0);
+      f[i] = f[i] / s.yarn_factor * ramp + f[i] * (1 - ramp);
+    }
     return f;
   }
   if (s.rope_scaling_factor == 0) return f;
@@ -441,6 +599,26 @@ std::vector<double> rope_inv_freq(const eng_model_shape& s, const std::vector<fl
     }
   }
   return f;
+}
+
+}  // namespace lockstep
+
+namespace lockstep {
+
+double yarn_mscale(double factor, double mscale) { return factor <= 1 ? 1.0 : 0.1 * mscale * std::log(factor) + 1.0; }
+
+double rope_magnitude(const eng_model_shape& s) {
+  if (s.yarn_factor == 0) return 1.0;
+  return yarn_mscale(s.yarn_factor, s.yarn_mscale) / yarn_mscale(s.yarn_factor, s.yarn_mscale_all_dim);
+}
+
+float attention_scale(const eng_model_shape& s) {
+  double scale = 1.0 / std::sqrt(static_cast<double>(s.head_dim));
+  if (s.yarn_factor != 0 && s.yarn_mscale_all_dim != 0) {
+    const double m = yarn_mscale(s.yarn_factor, s.yarn_mscale_all_dim);
+    scale *= m * m;
+  }
+  return static_cast<float>(scale);
 }
 
 }  // namespace lockstep

@@ -66,10 +66,23 @@ std::shared_ptr<const Weights> shared_weights(const eng_model_shape& shape, cons
 // rows*cols floats.
 void tensor_to_input_major(const eng_tensor& t, int32_t head_dim, float* out);
 
-// The RoPE inverse frequencies theta^(-2i/D), i < D/2, with Llama-3-style
-// scaling applied when shape.rope_scaling_factor is set, each divided by
-// rope_freqs[i] when those are given (a checkpoint's ROPE_FREQS). In double.
+// The dimensions RoPE rotates per head: head_dim, or an MLA shape's
+// qk_rope_head_dim.
+inline int32_t rope_dim(const eng_model_shape& s) { return s.kv_lora_rank > 0 ? s.qk_rope_head_dim : s.head_dim; }
+
+// The RoPE inverse frequencies theta^(-2i/D), i < D/2 (D = rope_dim), with
+// Llama-3-style scaling applied when shape.rope_scaling_factor is set, or
+// YaRN's blend when shape.yarn_factor is, each divided by rope_freqs[i] when
+// those are given (a checkpoint's ROPE_FREQS). In double.
 std::vector<double> rope_inv_freq(const eng_model_shape& shape, const std::vector<float>& rope_freqs = {});
+
+// YaRN's magnitude factor of cos and sin: m(mscale) / m(mscale_all_dim),
+// m(x) = 0.1 x ln(factor) + 1; 1 without YaRN. In double.
+double rope_magnitude(const eng_model_shape& shape);
+
+// The attention softmax scale: 1/sqrt(head_dim), times m(mscale_all_dim)^2
+// under YaRN with mscale_all_dim != 0; computed in double, rounded once.
+float attention_scale(const eng_model_shape& shape);
 
 }  // namespace lockstep
 

@@ -432,11 +432,11 @@ eng_status eng_engine_init(const eng_engine_config* cfg, eng_engine_t* out) {
                         "the CUDA backend is not available: this engine library was built without CUDA "
                         "(configure CMake with -DENGINE_CUDA=ON); supported backends: cpu");
 
-    const double kv_width = double(shape.num_kv_heads) * shape.head_dim;
     const double bytes =
         4.0 * (lockstep::weight_elements(shape) +
                (double(cfg->num_pages) + cfg->num_host_pages) *
-                   lockstep::page_elements(cfg->tokens_per_page, shape.num_layers, 1) * kv_width);
+                   lockstep::page_elements(cfg->tokens_per_page, shape.num_layers, lockstep::kv_width(shape),
+                                           lockstep::kv_planes(shape)));
     if (!cfg->validate_only && cfg->backend == ENG_BACKEND_CPU && bytes > kCpuMemoryLimitBytes)
       throw EngineError(ENG_OUT_OF_MEMORY,
                         fmt("%s with %d device + %d host pages of %d tokens needs %.1f GiB of host memory for "

@@ -12,6 +12,7 @@
 #include "checkpoint.h"
 #include "cp_group.h"
 #include "gemm_cpu.h"
+#include "presets.h"
 #include "sampling.h"
 #include "status.h"
 
@@ -52,15 +53,17 @@ CpuBackend::CpuBackend(const EngineParams& p)
     : shape_(p.shape),
       tokens_per_page_(p.tokens_per_page),
       own_weights_(p.num_tensors > 0 ? nullptr : std::make_shared<Weights>(generate_weights(p.shape, p.seed))),
-      device_(p.num_pages, p.tokens_per_page, p.shape.num_layers,
-              p.shape.num_kv_heads * p.shape.head_dim),
-      host_(p.num_host_pages, p.tokens_per_page, p.shape.num_layers,
-            p.shape.num_kv_heads * p.shape.head_dim) {
+      device_(p.num_pages, p.tokens_per_page, p.shape.num_layers, kv_width(p.shape), kv_planes(p.shape)),
+      host_(p.num_host_pages, p.tokens_per_page, p.shape.num_layers, kv_width(p.shape), kv_planes(p.shape)) {
   weights_ = own_weights_ ? std::shared_ptr<const Weights>(own_weights_)
                           : shared_weights(p.shape, p.tensors, p.num_tensors, p.cpu_kernels == ENG_CPU_KERNELS_QUANT);
   if (p.num_threads > 1) pool_ = std::make_unique<ThreadPool>(p.num_threads);
   attn_scratch_.resize(static_cast<size_t>(p.num_threads > 1 ? p.num_threads : 1));
   inv_freq_ = rope_inv_freq(shape_, weights_->rope_freqs);
+  rope_dim_ = rope_dim(shape_);
+  rope_mag_ = rope_magnitude(shape_);
+  attn_scale_ = attention_scale(shape_);
+  mla_ = is_mla(shape_);
   if (shape_.num_experts > 0) moe_stats_.layers.resize(static_cast<size_t>(shape_.num_layers));
   const size_t hidden = static_cast<size_t>(shape_.hidden_size);
   const size_t inter = static_cast<size_t>(shape_.intermediate_size);
@@ -79,7 +82,7 @@ std::unique_ptr<Backend> make_cpu_backend(const EngineParams& params) {
 // Fills the row → (sequence, position) maps and each row's RoPE table.
 void CpuBackend::prepare_rows(const StepBatch& batch) {
   const size_t rows = static_cast<size_t>(batch.num_rows);
-  const int32_t D = shape_.head_dim, half = D / 2;
+  const int32_t D = rope_dim_, half = D / 2;
   int32_t* row_seq = grow(row_seq_, rows);
   int32_t* row_pos = grow(row_pos_, rows);
   float* cs = grow(rope_cs_, rows * D);
@@ -92,20 +95,25 @@ void CpuBackend::prepare_rows(const StepBatch& batch) {
       float* c = cs + r * D;
       for (int32_t k = 0; k < half; ++k) {
         const double angle = static_cast<double>(row_pos[r]) * inv_freq_[k];
-        c[k] = static_cast<float>(std::cos(angle));
-        c[half + k] = static_cast<float>(std::sin(angle));
+        if (shape_.yarn_factor == 0) {
+          c[k] = static_cast<float>(std::cos(angle));
+          c[half + k] = static_cast<float>(std::sin(angle));
+        } else {
+          c[k] = static_cast<float>(std::cos(angle) * rope_mag_);
+          c[half + k] = static_cast<float>(std::sin(angle) * rope_mag_);
+        }
       }
     }
   }
 }
 
 // Rotate-half RoPE of `heads` heads of x in place (cos_sin: cos[D/2], sin[D/2]).
-void CpuBackend::rope(float* x, int32_t heads, const float* cos_sin) const {
-  const int32_t D = shape_.head_dim, half = D / 2;
+void CpuBackend::rope(float* x, int32_t heads, int64_t stride, const float* cos_sin) const {
+  const int32_t half = rope_dim_ / 2;
   const float* c = cos_sin;
   const float* s = cos_sin + half;
   for (int32_t h = 0; h < heads; ++h) {
-    float* xh = x + static_cast<size_t>(h) * D;
+    float* xh = x + h * stride;
     for (int32_t i = 0; i < half; ++i) {
       const float x0 = xh[i], x1 = xh[half + i];
       xh[i] = x0 * c[i] - x1 * s[i];
@@ -119,6 +127,7 @@ void CpuBackend::rope(float* x, int32_t heads, const float* cos_sin) const {
 // the K/V of the earlier rows of its chunk from the pages. The projections are
 // GEMMs over passes of up to kRowChunk rows.
 void CpuBackend::write_kv(int32_t layer, const StepBatch& batch, const float* hidden) {
+  if (mla_) return write_latent(layer, batch, hidden);
   const LayerWeights& w = weights_->layers[static_cast<size_t>(layer)];
   const int64_t H = shape_.hidden_size, D = shape_.head_dim;
   const int64_t qd = int64_t{shape_.num_heads} * D, kvd = int64_t{shape_.num_kv_heads} * D;
@@ -151,8 +160,8 @@ void CpuBackend::write_kv(int32_t layer, const StepBatch& batch, const float* hi
       const StepSeq& s = batch.seqs[static_cast<size_t>(row_seq_[r])];
       const int32_t pos = row_pos_[r];
       const float* cs = rope_cs_.data() + r * D;
-      rope(q + r * qd, shape_.num_heads, cs);
-      rope(k + j * kvd, shape_.num_kv_heads, cs);
+      rope(q + r * qd, shape_.num_heads, D, cs);
+      rope(k + j * kvd, shape_.num_kv_heads, D, cs);
       // Under Helix a rank computes K/V of every row (the arithmetic is
       // replicated) but stores only the positions it owns.
       if ((pos / P) % cp != cp_rank) continue;
@@ -164,6 +173,86 @@ void CpuBackend::write_kv(int32_t layer, const StepBatch& batch, const float* hi
   }
 }
 
+int64_t CpuBackend::attn_width() const {
+  return int64_t{shape_.num_heads} * (mla_ ? shape_.kv_lora_rank : shape_.head_dim);
+}
+
+int64_t CpuBackend::query_width() const {
+  return int64_t{shape_.num_heads} * (mla_ ? shape_.kv_lora_rank + shape_.qk_rope_head_dim : shape_.head_dim);
+}
+
+// MLA phase 1 for every row (model_cpu.h), in passes of up to kRowChunk
+// rows: the projections are GEMMs over the pass, the absorption one GEMM per
+// head over the pass's rows.
+void CpuBackend::write_latent(int32_t layer, const StepBatch& batch, const float* hidden) {
+  static const QuantMatrix kFloat;  // the MLA-only projections stay float
+  const LayerWeights& w = weights_->layers[static_cast<size_t>(layer)];
+  const int64_t H = shape_.hidden_size, heads = shape_.num_heads, QL = shape_.q_lora_rank;
+  const int64_t KL = shape_.kv_lora_rank, R = shape_.qk_rope_head_dim, N = shape_.qk_nope_head_dim;
+  const int64_t Lw = KL + R, qh = N + R, qf = heads * qh, qd = heads * Lw;
+  const int32_t P = tokens_per_page_;
+  const int32_t cp = batch.cp ? batch.cp->size() : 1, cp_rank = batch.cp ? batch.cp->rank() : 0;
+  float* q = grow(q_, static_cast<size_t>(batch.num_rows * qd));
+  for (int64_t r0 = 0; r0 < batch.num_rows; r0 += kRowChunk) {
+    const int64_t n = batch.num_rows - r0 < kRowChunk ? batch.num_rows - r0 : kRowChunk;
+    float* x = grow(x_, static_cast<size_t>(n * H));
+    for (int64_t j = 0; j < n; ++j)
+      rms_norm(hidden + (r0 + j) * H, w.attn_norm.data(), shape_.hidden_size, shape_.rms_eps, x + j * H);
+    float* full = grow(mla_q_, static_cast<size_t>(n * qf));
+    if (QL > 0) {
+      float* cq = grow(mla_a_, static_cast<size_t>(n * QL));
+      linear(x, n, H, w.wq_a, kFloat, QL, cq);
+      for (int64_t j = 0; j < n; ++j)
+        rms_norm(cq + j * QL, w.q_a_norm.data(), shape_.q_lora_rank, shape_.rms_eps, cq + j * QL);
+      linear(cq, n, QL, w.wq, kFloat, qf, full);
+    } else {
+      linear(x, n, H, w.wq, kFloat, qf, full);
+    }
+    float* kv = grow(kv_scratch_, static_cast<size_t>(n * Lw));
+    linear(x, n, H, w.wkv_a, kFloat, Lw, kv);
+    for (int64_t j = 0; j < n; ++j) {
+      const float* cs = rope_cs_.data() + (r0 + j) * R;
+      float* lat = kv + j * Lw;
+      rms_norm(lat, w.kv_a_norm.data(), shape_.kv_lora_rank, shape_.rms_eps, lat);
+      rope(lat + KL, 1, R, cs);
+      rope(full + j * qf + N, shape_.num_heads, qh, cs);
+    }
+    // Absorption: q_lat[j][h] = q_nope[j][h] · W_kb[h]; the rope tail is
+    // copied beside it.
+    float* qn = grow(mla_h_, static_cast<size_t>(n * (N > KL ? N : KL) * 2));
+    float* ql = qn + n * N;
+    for (int64_t h = 0; h < heads; ++h) {
+      for (int64_t j = 0; j < n; ++j) std::memcpy(qn + j * N, full + j * qf + h * qh, sizeof(float) * N);
+      gemm_rows_pool(pool_.get(), qn, n, N, w.w_kb.data() + h * N * KL, KL, ql);
+      for (int64_t j = 0; j < n; ++j) {
+        float* dst = q + (r0 + j) * qd + h * Lw;
+        std::memcpy(dst, ql + j * KL, sizeof(float) * KL);
+        std::memcpy(dst + KL, full + j * qf + h * qh + N, sizeof(float) * R);
+      }
+    }
+    for (int64_t j = 0; j < n; ++j) {
+      const int64_t r = r0 + j;
+      const int32_t pos = row_pos_[r];
+      // Helix: every rank computes every row's latent, stores its own pages.
+      if ((pos / P) % cp != cp_rank) continue;
+      const StepSeq& s = batch.seqs[static_cast<size_t>(row_seq_[r])];
+      const int32_t page = s.blocks[pos / (P * cp)];
+      std::memcpy(device_.kv(page, layer, 0) + static_cast<size_t>(pos % P) * Lw, kv + j * Lw, sizeof(float) * Lw);
+    }
+  }
+}
+
+void CpuBackend::latent_to_values(const LayerWeights& w, const float* x, int64_t m, float* y) {
+  const int64_t heads = shape_.num_heads, KL = shape_.kv_lora_rank, V = shape_.v_head_dim;
+  float* a = grow(mla_h_, static_cast<size_t>(m * (KL + V)));
+  float* b = a + m * KL;
+  for (int64_t h = 0; h < heads; ++h) {
+    for (int64_t j = 0; j < m; ++j) std::memcpy(a + j * KL, x + j * heads * KL + h * KL, sizeof(float) * KL);
+    gemm_rows_pool(pool_.get(), a, m, KL, w.w_vb.data() + h * KL * V, V, b);
+    for (int64_t j = 0; j < m; ++j) std::memcpy(y + j * heads * V + h * V, b + j * V, sizeof(float) * V);
+  }
+}
+
 // Phase 2 of a layer for rows[0..n) (ascending batch rows): attention (or
 // attn[n][heads * head_dim] when given, the Helix path), output projection,
 // MLP, both residual adds, in place on hidden[row]. Every projection is a GEMM
@@ -172,10 +261,11 @@ void CpuBackend::attend_mlp(int32_t layer, const StepBatch& batch, const int64_t
                             float* hidden, const float* attn) {
   const LayerWeights& w = weights_->layers[static_cast<size_t>(layer)];
   const int64_t H = shape_.hidden_size, F = shape_.intermediate_size;
-  const int64_t qd = int64_t{shape_.num_heads} * shape_.head_dim;
+  const int64_t qd = attn_width();
+  const int64_t od = mla_ ? int64_t{shape_.num_heads} * shape_.v_head_dim : qd;  // W_o's input
   // A MoE layer collects every row's normed x first: its exchanges happen
   // once per layer, however many passes the rows take.
-  const bool moe = shape_.num_experts > 0;
+  const bool moe = moe_layer(shape_, layer);
   float* moe_x = moe ? grow(moe_x_, static_cast<size_t>(n * H)) : nullptr;
   for (int64_t c0 = 0; c0 < n; c0 += kRowChunk) {
     const int64_t m = n - c0 < kRowChunk ? n - c0 : kRowChunk;
@@ -186,8 +276,13 @@ void CpuBackend::attend_mlp(int32_t layer, const StepBatch& batch, const int64_t
       attend(layer, batch, rr, m, out);
       a = out;
     }
+    if (mla_) {
+      float* o = grow(mla_o_, static_cast<size_t>(m * od));
+      latent_to_values(w, a, m, o);
+      a = o;
+    }
     float* t = grow(tmp_, static_cast<size_t>(m * H));
-    linear(a, m, qd, w.wo, w.qwo, H, t);
+    linear(a, m, od, w.wo, w.qwo, H, t);
     float* x = grow(x_, static_cast<size_t>(m * H));
     for (int64_t j = 0; j < m; ++j) {
       float* h = hidden + rr[j] * H;
@@ -224,10 +319,13 @@ void CpuBackend::attend_mlp(int32_t layer, const StepBatch& batch, const int64_t
 // several threads each run is cut into (kv head, block of rows) items, which
 // give every (row, head) the bits of the one-call run (attention_cpu.h).
 void CpuBackend::attend(int32_t layer, const StepBatch& batch, const int64_t* rr, int64_t m, float* out) {
-  const int64_t qd = int64_t{shape_.num_heads} * shape_.head_dim;
+  const int64_t qd = query_width(), od = attn_width();
   int32_t* pos = grow(run_pos_, static_cast<size_t>(m));
   attn_items_.clear();
   const bool split = pool_ != nullptr;
+  // The items' head groups: kv heads (GQA), or blocks of query heads over
+  // the one latent plane (MLA: a block per thread).
+  const int32_t groups = mla_ ? std::min<int32_t>(shape_.num_heads, pool_ ? pool_->size() : 1) : shape_.num_kv_heads;
   for (int64_t j = 0; j < m;) {
     const int32_t seq = row_seq_[rr[j]];
     int64_t e = j;
@@ -236,9 +334,9 @@ void CpuBackend::attend(int32_t layer, const StepBatch& batch, const int64_t* rr
       ++e;
     }
     if (!split) {
-      attn_items_.push_back(AttnItem{j, e, seq, 0, shape_.num_kv_heads});
+      attn_items_.push_back(AttnItem{j, e, seq, 0, groups});
     } else {
-      for (int32_t g = 0; g < shape_.num_kv_heads; ++g)
+      for (int32_t g = 0; g < groups; ++g)
         for (int64_t b = j; b < e; b += kAttnRowBlock)
           attn_items_.push_back(AttnItem{b, std::min<int64_t>(b + kAttnRowBlock, e), seq, g, g + 1});
     }
@@ -247,6 +345,16 @@ void CpuBackend::attend(int32_t layer, const StepBatch& batch, const int64_t* rr
   auto run = [&](int64_t i, int thread) {
     const AttnItem& it = attn_items_[static_cast<size_t>(i)];
     const StepSeq& s = batch.seqs[static_cast<size_t>(it.seq)];
+    if (mla_) {
+      // Head block g of `groups`: heads [g * heads / groups, (g + 1) * heads / groups).
+      const int32_t heads = shape_.num_heads;
+      paged_latent_attention_rows(device_, layer, s.blocks, pos + it.r0, static_cast<int32_t>(it.r1 - it.r0),
+                                  q_.data() + rr[it.r0] * qd, static_cast<size_t>(qd), heads,
+                                  shape_.kv_lora_rank + shape_.qk_rope_head_dim, shape_.kv_lora_rank, attn_scale_,
+                                  out + it.r0 * od, static_cast<size_t>(od), attn_scratch_[static_cast<size_t>(thread)],
+                                  it.g0 * heads / groups, it.g1 * heads / groups);
+      return;
+    }
     paged_attention_rows(device_, layer, s.blocks, pos + it.r0, static_cast<int32_t>(it.r1 - it.r0),
                          q_.data() + rr[it.r0] * qd, static_cast<size_t>(qd), shape_.num_heads, shape_.num_kv_heads,
                          shape_.head_dim, out + it.r0 * qd, static_cast<size_t>(qd),
@@ -366,11 +474,16 @@ double CpuBackend::step(const StepBatch& batch, int32_t* sampled, float* logits)
 // in order, per head, its pages g ≡ k (mod cp) with g ≤ pos / P in order.
 void CpuBackend::helix_attention(int32_t layer, const StepBatch& batch, const std::vector<int64_t>& rows) {
   const int32_t P = tokens_per_page_, cp = batch.cp->size(), me = batch.cp->rank();
-  const int32_t heads = shape_.num_heads, D = shape_.head_dim, group = heads / shape_.num_kv_heads;
-  const size_t rec = static_cast<size_t>(D) + 2;
+  // GQA: query head h reads kv head h / group, K and V of head_dim each. MLA:
+  // every head reads the one latent plane, K of kv_lora + rope, V its first
+  // kv_lora (engine.h).
+  const int32_t heads = shape_.num_heads, group = heads / shape_.num_kv_heads;
+  const int32_t dk = mla_ ? shape_.kv_lora_rank + shape_.qk_rope_head_dim : shape_.head_dim;
+  const int32_t dv = mla_ ? shape_.kv_lora_rank : shape_.head_dim;
+  const size_t rec = static_cast<size_t>(dv) + 2;
   const size_t stride = static_cast<size_t>(device_.kv_width());
-  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
-  const int64_t qd = int64_t{heads} * D;
+  const float scale = mla_ ? attn_scale_ : static_cast<float>(1.0 / std::sqrt(static_cast<double>(dk)));
+  const int64_t qd = query_width(), od = attn_width();
   // Pages g <= last with g % cp == k.
   auto owned = [cp](int32_t last, int32_t k) -> int32_t { return last >= k ? (last - k) / cp + 1 : 0; };
   size_t local_recs = 0;
@@ -384,12 +497,13 @@ void CpuBackend::helix_attention(int32_t layer, const StepBatch& batch, const st
     const int32_t pos = row_pos_[row], last = pos / P;
     const float* q = q_.data() + row * qd;
     for (int32_t h = 0; h < heads; ++h) {
-      const size_t head_off = static_cast<size_t>(h / group) * D;
+      const size_t head_off = mla_ ? 0 : static_cast<size_t>(h / group) * dk;
       for (int32_t g = me; g <= last; g += cp) {
         const int32_t n = g < last ? P : pos % P + 1;
         const int32_t page = s.blocks[g / cp];
-        attn_page_partial(q + static_cast<size_t>(h) * D, scale, device_.kv(page, layer, 0) + head_off,
-                          device_.kv(page, layer, 1) + head_off, stride, n, D, scratch.scores.data(),
+        const float* k = device_.kv(page, layer, 0) + head_off;
+        const float* v = mla_ ? k : device_.kv(page, layer, 1) + head_off;
+        attn_page_partial(q + static_cast<size_t>(h) * dk, scale, k, v, stride, n, dk, dv, scratch.scores.data(),
                           &out[0], &out[1], out + 2);
         out += rec;
       }
@@ -399,11 +513,11 @@ void CpuBackend::helix_attention(int32_t layer, const StepBatch& batch, const st
                       &helix_all_);
   // Merge in global page order, reading page g's partial from rank g % cp.
   std::vector<size_t> cursor(static_cast<size_t>(cp), 0);  // per rank, in records
-  float* attn = grow(helix_attn_, rows.size() * static_cast<size_t>(qd));
+  float* attn = grow(helix_attn_, rows.size() * static_cast<size_t>(od));
   for (size_t i = 0; i < rows.size(); ++i) {
     const int32_t last = row_pos_[rows[i]] / P;
     for (int32_t h = 0; h < heads; ++h) {
-      float* O = attn + i * qd + static_cast<size_t>(h) * D;
+      float* O = attn + i * od + static_cast<size_t>(h) * dv;
       float M = -INFINITY, L = 0.0f;
       for (int32_t g = 0; g <= last; ++g) {
         const int32_t k = g % cp;
@@ -412,9 +526,9 @@ void CpuBackend::helix_attention(int32_t layer, const StepBatch& batch, const st
         if ((at + rec) * sizeof(float) > buf.size())
           throw EngineError(ENG_COMM_ERROR, "Helix CP exchange: a member sent fewer attention partials than its pages");
         const float* p = reinterpret_cast<const float*>(buf.data()) + at;
-        attn_merge(&M, &L, O, p[0], p[1], p + 2, D);
+        attn_merge(&M, &L, O, p[0], p[1], p + 2, dv);
       }
-      attn_finish(O, L, O, D);
+      attn_finish(O, L, O, dv);
     }
   }
 }
@@ -445,34 +559,88 @@ void CpuBackend::swiglu(const ExpertWeights& w, int64_t width, int64_t n, const 
 }
 
 void moe_route_row(const float* logits, int32_t E, int32_t K, int32_t norm, int32_t* experts, float* weights,
-               std::vector<char>& taken) {
+                   std::vector<char>& taken) {
+  RouteParams p;
+  p.E = E;
+  p.K = K;
+  p.norm = norm;
+  moe_route_row(logits, p, experts, weights, taken);
+}
+
+void moe_route_row(const float* logits, const RouteParams& rp, int32_t* experts, float* weights,
+                   std::vector<char>& taken) {
+  const int32_t E = rp.E, K = rp.K;
+  const bool sigmoid = rp.norm == ENG_ROUTER_SIGMOID_TOPK || rp.norm == ENG_ROUTER_SIGMOID_TOPK_RAW;
+  thread_local std::vector<double> score, choice;  // per expert: weight score, choice score
+  score.resize(static_cast<size_t>(E));
+  choice.resize(static_cast<size_t>(E));
+  for (int32_t e = 0; e < E; ++e) {
+    score[e] = sigmoid ? 1.0 / (1.0 + std::exp(-static_cast<double>(logits[e]))) : static_cast<double>(logits[e]);
+    choice[e] = score[e] + (sigmoid && rp.bias != nullptr ? static_cast<double>(rp.bias[e]) : 0.0);
+  }
   taken.assign(static_cast<size_t>(E), 0);
+  if (rp.groups > 0) {
+    // Group scores: the best choice score (softmax routers) or the sum of
+    // the two best (sigmoid routers); the experts of the groups not among
+    // the groups_used best are out of the running.
+    const int32_t G = rp.groups, per = E / G;
+    thread_local std::vector<double> gs;
+    thread_local std::vector<char> gtaken;
+    gs.assign(static_cast<size_t>(G), 0.0);
+    for (int32_t g = 0; g < G; ++g) {
+      double b1 = -INFINITY, b2 = -INFINITY;
+      for (int32_t e = g * per; e < (g + 1) * per; ++e) {
+        if (choice[e] > b1) {
+          b2 = b1;
+          b1 = choice[e];
+        } else if (choice[e] > b2) {
+          b2 = choice[e];
+        }
+      }
+      gs[g] = sigmoid ? b1 + b2 : b1;
+    }
+    gtaken.assign(static_cast<size_t>(G), 0);
+    for (int32_t k = 0; k < rp.groups_used; ++k) {
+      int32_t best = -1;
+      for (int32_t g = 0; g < G; ++g)
+        if (!gtaken[g] && (best < 0 || gs[g] > gs[best])) best = g;
+      gtaken[best] = 1;
+    }
+    for (int32_t e = 0; e < E; ++e) taken[e] = gtaken[e / per] ? 0 : 1;
+  }
   for (int32_t k = 0; k < K; ++k) {
     int32_t best = -1;
     for (int32_t e = 0; e < E; ++e)
-      if (!taken[static_cast<size_t>(e)] && (best < 0 || logits[e] > logits[best])) best = e;
+      if (!taken[static_cast<size_t>(e)] && (best < 0 || choice[e] > choice[best])) best = e;
     taken[static_cast<size_t>(best)] = 1;
     experts[k] = best;
   }
   std::sort(experts, experts + K);
+  const double scale = rp.scaling;
   double p[512];  // K <= E; K above 512 is refused by moe_block
-  if (norm == ENG_ROUTER_SOFTMAX_TOPK) {
+  if (sigmoid) {
+    double sum = 0;
+    for (int32_t k = 0; k < K; ++k) sum += p[k] = score[experts[k]];
+    for (int32_t k = 0; k < K; ++k)
+      weights[k] = static_cast<float>((rp.norm == ENG_ROUTER_SIGMOID_TOPK ? p[k] / sum : p[k]) * scale);
+  } else if (rp.norm == ENG_ROUTER_SOFTMAX_TOPK || rp.norm == ENG_ROUTER_SOFTMAX_TOPK_RAW) {
     // Softmax over every expert (max-subtracted, in double), then the
-    // chosen probabilities renormalised over the k.
+    // chosen probabilities, renormalised over the k unless RAW.
     double mx = logits[0];
     for (int32_t e = 1; e < E; ++e) mx = std::max(mx, static_cast<double>(logits[e]));
     double all = 0;
     for (int32_t e = 0; e < E; ++e) all += std::exp(static_cast<double>(logits[e]) - mx);
     double sum = 0;
     for (int32_t k = 0; k < K; ++k) sum += p[k] = std::exp(static_cast<double>(logits[experts[k]]) - mx) / all;
-    for (int32_t k = 0; k < K; ++k) weights[k] = static_cast<float>(p[k] / sum);
+    for (int32_t k = 0; k < K; ++k)
+      weights[k] = static_cast<float>((rp.norm == ENG_ROUTER_SOFTMAX_TOPK ? p[k] / sum : p[k]) * scale);
   } else {
     // Softmax over the k chosen logits.
     double mx = logits[experts[0]];
     for (int32_t k = 1; k < K; ++k) mx = std::max(mx, static_cast<double>(logits[experts[k]]));
     double sum = 0;
     for (int32_t k = 0; k < K; ++k) sum += p[k] = std::exp(static_cast<double>(logits[experts[k]]) - mx);
-    for (int32_t k = 0; k < K; ++k) weights[k] = static_cast<float>(p[k] / sum);
+    for (int32_t k = 0; k < K; ++k) weights[k] = static_cast<float>(p[k] / sum * scale);
   }
 }
 
@@ -500,7 +668,15 @@ void CpuBackend::moe_block(int32_t layer, const StepBatch& batch, int64_t n, con
   int32_t* ex = grow(moe_experts_, static_cast<size_t>(n * K));
   float* wt = grow(moe_weights_, static_cast<size_t>(n * K));
   std::vector<char> taken;
-  for (int64_t i = 0; i < n; ++i) moe_route_row(logits + i * E, E, K, shape_.router_norm, ex + i * K, wt + i * K, taken);
+  RouteParams rp;
+  rp.E = E;
+  rp.K = K;
+  rp.norm = shape_.router_norm;
+  rp.bias = w.router_bias.empty() ? nullptr : w.router_bias.data();
+  rp.scaling = shape_.routed_scaling_factor == 0 ? 1.0 : static_cast<double>(shape_.routed_scaling_factor);
+  rp.groups = shape_.expert_groups;
+  rp.groups_used = shape_.expert_groups_used;
+  for (int64_t i = 0; i < n; ++i) moe_route_row(logits + i * E, rp, ex + i * K, wt + i * K, taken);
 
   // Dispatch.
   const size_t xrec = sizeof(float) * static_cast<size_t>(H);

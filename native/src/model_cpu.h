@@ -43,6 +43,17 @@
 // The last layer's phase 2 runs only for sampled rows: no other row's output
 // is observable.
 //
+// MLA shapes (kv_lora_rank > 0; engine.h gives the maths) differ in phase
+// 1 and in attention only: phase 1 projects q (through the q LoRA) and the
+// latent [c | k_pe] (c RMS-normed), ropes k_pe and every head's rope tail
+// of q, writes the latent to the page slot and absorbs q_nope into the
+// latent space (q_lat = q_nope · W_kb[h], a GEMM per head over the rows);
+// attention is then MQA over the latents ([q_lat | q_pe] · latent, value
+// c), every row in this one form (decode, prefill chunks, Helix partials
+// alike), and phase 2 maps each head's latent output through W_vb[h]
+// before W_o. Layers below first_dense_layers of a MoE shape keep the
+// dense MLP.
+//
 // Arithmetic conventions (a second backend must match them to agree):
 //   matvec    y[o] = Σ_i x[i] * W[i][o], summed from i = 0 in float32: from
 //             +0.0f, per i the rounded product, then the add (never fused)
@@ -76,6 +87,22 @@ namespace lockstep {
 void moe_route_row(const float* logits, int32_t E, int32_t K, int32_t norm, int32_t* experts, float* weights,
                    std::vector<char>& taken);
 
+// The router's full configuration (eng_model_shape's MoE fields).
+struct RouteParams {
+  int32_t E = 0, K = 0, norm = 0;
+  const float* bias = nullptr;  // [E]: sigmoid routers' choice bias, or none
+  double scaling = 1.0;         // routed_scaling_factor (0 in the shape = 1)
+  int32_t groups = 0, groups_used = 0;
+};
+
+// moe_route_row with every option: sigmoid scores (choice by score + bias,
+// weights from the unbiased scores), group-limited choice (the experts of
+// the groups_used best groups compete, ties to the lower group id), and the
+// routed scaling, multiplied in double before the one rounding. Without
+// them it gives moe_route_row's bits.
+void moe_route_row(const float* logits, const RouteParams& p, int32_t* experts, float* weights,
+                   std::vector<char>& taken);
+
 class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(const EngineParams& params);
@@ -103,10 +130,22 @@ class CpuBackend final : public Backend {
  private:
   void prepare_rows(const StepBatch& batch);
   void write_kv(int32_t layer, const StepBatch& batch, const float* hidden);
+  // MLA phase 1 (see above): latents into the pages, absorbed queries
+  // [rows][heads][kv_lora + rope] into q_.
+  void write_latent(int32_t layer, const StepBatch& batch, const float* hidden);
+  // MLA: y[m][heads * v] = per head x[m][h] (kv_lora) · W_vb[h].
+  void latent_to_values(const LayerWeights& w, const float* x, int64_t m, float* y);
+  // Width of a row's attention output: heads * head_dim, or an MLA
+  // shape's heads * kv_lora_rank (the latent outputs).
+  int64_t attn_width() const;
+  // Width of a row's queries in q_: heads * head_dim, or heads *
+  // (kv_lora_rank + rope) for MLA.
+  int64_t query_width() const;
   void attend_mlp(int32_t layer, const StepBatch& batch, const int64_t* rows, int64_t n,
                   float* hidden, const float* attn = nullptr);
   void helix_attention(int32_t layer, const StepBatch& batch, const std::vector<int64_t>& rows);
-  void rope(float* x, int32_t heads, const float* cos_sin) const;
+  // Rotate-half RoPE of rope_dim_ dims of `heads` heads, head h at x + h * stride.
+  void rope(float* x, int32_t heads, int64_t stride, const float* cos_sin) const;
   void attend(int32_t layer, const StepBatch& batch, const int64_t* rr, int64_t m, float* out);
   void silu_mul(float* gate, const float* up, int64_t n);
   void linear(const float* X, int64_t rows, int64_t in, const std::vector<float>& W, const QuantMatrix& Wq,
@@ -127,11 +166,16 @@ class CpuBackend final : public Backend {
   std::shared_ptr<Weights> own_weights_;
   std::shared_ptr<const Weights> weights_;
   PageSlab device_, host_;
-  std::vector<double> inv_freq_;  // [head_dim / 2]: theta^(-2i/D)
+  std::vector<double> inv_freq_;  // [rope_dim / 2]: theta^(-2i/D)
+  int32_t rope_dim_;              // head_dim, or an MLA shape's qk_rope_head_dim
+  double rope_mag_;               // YaRN's cos/sin factor (1 without)
+  float attn_scale_;              // the softmax scale (checkpoint.h attention_scale)
+  bool mla_;
 
   // Per-step scratch, grown on demand and reused (no allocation per token).
   std::vector<int32_t> row_seq_, row_pos_;  // [rows]
-  std::vector<float> rope_cs_;              // [rows][head_dim]: cos[D/2], sin[D/2]
+  std::vector<float> rope_cs_;              // [rows][rope_dim]: cos[D/2], sin[D/2]
+  std::vector<float> mla_q_, mla_a_, mla_h_, mla_o_;  // MLA scratch
   std::vector<float> hidden_;               // [rows][hidden]
   std::vector<float> q_;                    // [rows][heads * head_dim]
   std::vector<float> x_, attn_, tmp_, gate_, up_, logits_;

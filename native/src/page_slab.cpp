@@ -4,15 +4,16 @@
 namespace lockstep {
 
 PageSlab::PageSlab(int32_t num_pages, int32_t tokens_per_page, int32_t num_layers,
-                   int32_t kv_width)
+                   int32_t kv_width, int32_t planes)
     : num_pages_(num_pages),
       tokens_per_page_(tokens_per_page),
       kv_width_(kv_width),
-      page_floats_(static_cast<size_t>(num_layers) * 2 * tokens_per_page * kv_width),
+      planes_(planes),
+      page_floats_(static_cast<size_t>(num_layers) * planes * tokens_per_page * kv_width),
       data_(static_cast<size_t>(num_pages) * page_floats_, 0.0f) {}
 
-double page_elements(int32_t tokens_per_page, int32_t num_layers, int32_t kv_width) {
-  return 2.0 * num_layers * tokens_per_page * kv_width;
+double page_elements(int32_t tokens_per_page, int32_t num_layers, int32_t kv_width, int32_t planes) {
+  return double(planes) * num_layers * tokens_per_page * kv_width;
 }
 
 }  // namespace lockstep

@@ -5,7 +5,9 @@
 //   page[layer][K=0 | V=1][slot][kv_head][head_dim]   (float32)
 // so that one page is one contiguous block (a page copy is one memcpy) and a
 // token's K (or V) for one layer is kv_width = num_kv_heads*head_dim
-// contiguous floats.
+// contiguous floats. An MLA model's slab has one plane per layer instead of
+// two: page[layer][slot][latent], kv_width = kv_lora_rank + qk_rope_head_dim
+// (kv(p, layer, 0) is the latent; there is no V plane).
 #ifndef LOCKSTEP_NATIVE_PAGE_SLAB_H
 #define LOCKSTEP_NATIVE_PAGE_SLAB_H
 
@@ -18,8 +20,9 @@ namespace lockstep {
 class PageSlab {
  public:
   PageSlab() = default;
-  // Allocates num_pages zeroed pages (num_pages may be 0).
-  PageSlab(int32_t num_pages, int32_t tokens_per_page, int32_t num_layers, int32_t kv_width);
+  // Allocates num_pages zeroed pages (num_pages may be 0) of `planes` (2: K
+  // and V; 1: an MLA latent) planes per layer.
+  PageSlab(int32_t num_pages, int32_t tokens_per_page, int32_t num_layers, int32_t kv_width, int32_t planes = 2);
 
   int32_t num_pages() const { return num_pages_; }
   int32_t tokens_per_page() const { return tokens_per_page_; }
@@ -32,22 +35,22 @@ class PageSlab {
     return data_.data() + static_cast<size_t>(p) * page_floats_;
   }
   // K (kv = 0) or V (kv = 1) of slot 0 of `layer` in page p; slot s is
-  // s * kv_width() floats further.
+  // s * kv_width() floats further. kv < planes.
   float* kv(int32_t p, int32_t layer, int kv) {
-    return page(p) + (static_cast<size_t>(layer) * 2 + kv) * tokens_per_page_ * kv_width_;
+    return page(p) + (static_cast<size_t>(layer) * planes_ + kv) * tokens_per_page_ * kv_width_;
   }
   const float* kv(int32_t p, int32_t layer, int kv) const {
-    return page(p) + (static_cast<size_t>(layer) * 2 + kv) * tokens_per_page_ * kv_width_;
+    return page(p) + (static_cast<size_t>(layer) * planes_ + kv) * tokens_per_page_ * kv_width_;
   }
 
  private:
-  int32_t num_pages_ = 0, tokens_per_page_ = 0, kv_width_ = 0;
+  int32_t num_pages_ = 0, tokens_per_page_ = 0, kv_width_ = 0, planes_ = 2;
   size_t page_floats_ = 0;
   std::vector<float> data_;
 };
 
 // Floats in one page of a slab with this geometry (double: for sizing checks).
-double page_elements(int32_t tokens_per_page, int32_t num_layers, int32_t kv_width);
+double page_elements(int32_t tokens_per_page, int32_t num_layers, int32_t kv_width, int32_t planes = 2);
 
 }  // namespace lockstep
 

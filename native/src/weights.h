@@ -53,6 +53,14 @@ enum class TensorKind : uint32_t {
   kExpertGate = 16,  // [hidden][moe_intermediate]
   kExpertUp = 17,
   kExpertDown = 18,  // [moe_intermediate][hidden]
+  // MLA layers (kv_lora_rank > 0): keyed by mla_tensor_id.
+  kQA = 19,          // [hidden][q_lora]
+  kQANorm = 20,      // [q_lora]
+  kKVA = 21,         // [hidden][kv_lora + rope]
+  kKVANorm = 22,     // [kv_lora]
+  kKB = 23,          // [heads][nope][kv_lora]
+  kVB = 24,          // [heads][kv_lora][v]
+  kRouterBias = 25,  // [num_experts]
 };
 
 // splitmix64 finaliser (Steele, Lea, Flood 2014): a bijective 64-bit mixer.
@@ -83,6 +91,11 @@ inline uint64_t qk_norm_tensor_id(int layer, int which) {
   return (uint64_t{1} << 41) | (static_cast<uint64_t>(layer) << 4) | static_cast<uint64_t>(which);
 }
 
+// Stable id of an MLA tensor (kQA .. kRouterBias) of a layer: bit 42 set.
+inline uint64_t mla_tensor_id(TensorKind kind, int layer) {
+  return (uint64_t{1} << 42) | (static_cast<uint64_t>(layer) << 8) | static_cast<uint64_t>(kind);
+}
+
 // Uniform in [-1, 1) with 24 bits of resolution, a pure function of the key.
 inline float uniform_pm1(uint64_t seed, uint64_t tensor, uint64_t index) {
   const uint64_t h = splitmix64(splitmix64(seed ^ splitmix64(tensor)) + index);
@@ -107,6 +120,14 @@ struct LayerWeights {
   std::vector<float> q_norm, k_norm;  // [head_dim] each, qk_norm shapes only
   std::vector<float> mlp_norm, w_gate, w_up, w_down;
   std::vector<float> router;
+  std::vector<float> router_bias;  // [num_experts]; empty = no bias
+  // MLA (kv_lora_rank > 0; wk, wv empty): wq is q_b [q_lora or hidden]
+  // [heads*(nope+rope)] with each head's rope tail in rotate-half order,
+  // wq_a [hidden][q_lora] and q_a_norm [q_lora] with a q LoRA, wkv_a
+  // [hidden][kv_lora+rope] (its rope tail likewise), kv_a_norm [kv_lora],
+  // w_kb [heads][nope][kv_lora] and w_vb [heads][kv_lora][v] (the
+  // absorbed forms of kv_b), wo [heads*v][hidden].
+  std::vector<float> wq_a, q_a_norm, wkv_a, kv_a_norm, w_kb, w_vb;
   ExpertWeights shared;
   std::vector<ExpertWeights> experts;
   // cpu_kernels = quant: the dense projections a checkpoint gives as Q8_0,

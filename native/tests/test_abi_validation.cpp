@@ -70,7 +70,7 @@ int main() {
   CHECK(eng_preset_shape("llama-70b", &s) == ENG_OK);
   CHECK(s.num_layers == 80 && s.hidden_size == 8192 && s.intermediate_size == 28672);
   CHECK(eng_preset_shape("gpt-5", &s) == ENG_INVALID_ARGUMENT);
-  CHECK(contains(eng_last_error(), "gpt-5") && contains(eng_last_error(), "llama-70b, llama-8b, mixtral-8x7b, moe-tiny, qwen3-30b-a3b, tiny"));
+  CHECK(contains(eng_last_error(), "gpt-5") && contains(eng_last_error(), "deepseek-tiny, deepseek-v3, kimi-k2, llama-70b, llama-8b, mixtral-8x7b, moe-tiny, qwen3-30b-a3b, tiny"));
   CHECK(eng_preset_shape(nullptr, &s) == ENG_INVALID_ARGUMENT);
   CHECK(eng_preset_shape("tiny", nullptr) == ENG_INVALID_ARGUMENT);
   CHECK((eng_supported_backends() & 1u) == 1u);
@@ -124,9 +124,51 @@ int main() {
              }),
              ENG_INVALID_ARGUMENT, {"moe_intermediate_size"});
   check_init("router_norm", custom([](eng_model_shape& s) {
-               s.num_experts = 4, s.num_experts_per_tok = 2, s.moe_intermediate_size = 8, s.router_norm = 2;
+               s.num_experts = 4, s.num_experts_per_tok = 2, s.moe_intermediate_size = 8, s.router_norm = 5;
              }),
-             ENG_INVALID_ARGUMENT, {"router_norm", "2"});
+             ENG_INVALID_ARGUMENT, {"router_norm", "5"});
+  check_init("first_dense_layers", custom([](eng_model_shape& s) {
+               s.num_experts = 4, s.num_experts_per_tok = 2, s.moe_intermediate_size = 8, s.first_dense_layers = 2;
+             }),
+             ENG_INVALID_ARGUMENT, {"first_dense_layers", "num_layers"});
+  check_init("dense first_dense_layers", custom([](eng_model_shape& s) { s.first_dense_layers = 1; }),
+             ENG_INVALID_ARGUMENT, {"first_dense_layers", "dense"});
+  check_init("expert_groups", custom([](eng_model_shape& s) {
+               s.num_experts = 4, s.num_experts_per_tok = 2, s.moe_intermediate_size = 8, s.expert_groups = 3,
+               s.expert_groups_used = 1;
+             }),
+             ENG_INVALID_ARGUMENT, {"expert_groups must divide"});
+  check_init("expert_groups_used", custom([](eng_model_shape& s) {
+               s.num_experts = 4, s.num_experts_per_tok = 3, s.moe_intermediate_size = 8, s.expert_groups = 2,
+               s.expert_groups_used = 1;
+             }),
+             ENG_INVALID_ARGUMENT, {"expert_groups_used", "num_experts_per_tok"});
+  check_init("mla fields without kv_lora_rank", custom([](eng_model_shape& s) { s.v_head_dim = 8; }),
+             ENG_INVALID_ARGUMENT, {"v_head_dim", "kv_lora_rank 0"});
+  check_init("mla head_dim", custom([](eng_model_shape& s) {
+               s.num_kv_heads = s.num_heads, s.kv_lora_rank = 8, s.qk_nope_head_dim = 8, s.qk_rope_head_dim = 4,
+               s.v_head_dim = 8;
+             }),
+             ENG_INVALID_ARGUMENT, {"head_dim must equal", "12"});
+  check_init("mla odd rope", custom([](eng_model_shape& s) {
+               s.num_kv_heads = s.num_heads, s.kv_lora_rank = 8, s.qk_nope_head_dim = 13, s.qk_rope_head_dim = 3,
+               s.v_head_dim = 8;
+             }),
+             ENG_INVALID_ARGUMENT, {"qk_rope_head_dim", "even"});
+  check_init("mla kv heads", custom([](eng_model_shape& s) {
+               s.kv_lora_rank = 8, s.qk_nope_head_dim = 8, s.qk_rope_head_dim = 8, s.v_head_dim = 8;
+             }),
+             ENG_INVALID_ARGUMENT, {"num_kv_heads must equal num_heads"});
+  check_init("yarn without mla", custom([](eng_model_shape& s) {
+               s.yarn_factor = 4, s.yarn_original_max_positions = 64, s.yarn_beta_fast = 32, s.yarn_beta_slow = 1;
+             }),
+             ENG_INVALID_ARGUMENT, {"YaRN", "MLA"});
+  check_init("yarn betas", custom([](eng_model_shape& s) {
+               s.num_kv_heads = s.num_heads, s.kv_lora_rank = 8, s.qk_nope_head_dim = 8, s.qk_rope_head_dim = 8,
+               s.v_head_dim = 8, s.yarn_factor = 4, s.yarn_original_max_positions = 64, s.yarn_beta_fast = 1,
+               s.yarn_beta_slow = 32;
+             }),
+             ENG_INVALID_ARGUMENT, {"beta_fast >= beta_slow"});
   check_init("intermediate_size", custom([](eng_model_shape& s) { s.intermediate_size = 0; }),
              ENG_INVALID_ARGUMENT, {"intermediate_size"});
   check_init("vocab_size", custom([](eng_model_shape& s) { s.vocab_size = 1; }), ENG_INVALID_ARGUMENT,

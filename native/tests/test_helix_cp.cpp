@@ -2,7 +2,7 @@
 // whose pages are dealt round-robin over cp in-process members (each member
 // an engine on its own thread) yields bit-identical tokens and logits to a
 // single engine, for several cp sizes, page sizes, chunkings and short
-// prompts that leave some members without pages; a member that never
+// prompts that leave some members without pages, for GQA and MLA (latent) attention; a member that never
 // arrives makes the others fail with ENG_TIMEOUT instead of hanging.
 #include <thread>
 #include <vector>
@@ -33,7 +33,8 @@ std::vector<TestStepOut> run_script(eng_engine_t e, const std::vector<ScriptStep
   return outs;
 }
 
-void check_case(int32_t cp, int32_t P, int32_t prompt_len, const std::vector<int32_t>& chunks) {
+void check_case(int32_t cp, int32_t P, int32_t prompt_len, const std::vector<int32_t>& chunks,
+                const char* preset = "tiny") {
   const int32_t V = 512, decode = 6;
   const std::vector<int32_t> prompt = test_prompt(11 + cp, prompt_len, V);
   std::vector<ScriptStep> script;
@@ -51,7 +52,7 @@ void check_case(int32_t cp, int32_t P, int32_t prompt_len, const std::vector<int
   const int32_t ref_pages = (total + P - 1) / P;
   std::vector<int32_t> ref_blocks;
   for (int32_t i = 0; i < ref_pages; ++i) ref_blocks.push_back((i * 7) % 64);
-  eng_engine_t ref = test_engine(test_config("tiny", 64, P));
+  eng_engine_t ref = test_engine(test_config(preset, 64, P));
   const std::vector<TestStepOut> want = run_script(ref, script, ref_blocks, V);
   eng_engine_free(ref);
 
@@ -62,7 +63,7 @@ void check_case(int32_t cp, int32_t P, int32_t prompt_len, const std::vector<int
   std::vector<std::vector<TestStepOut>> got(static_cast<size_t>(cp));
   std::vector<eng_engine_t> engines(static_cast<size_t>(cp));
   for (int32_t r = 0; r < cp; ++r) {
-    engines[r] = test_engine(test_config("tiny", 64, P));
+    engines[r] = test_engine(test_config(preset, 64, P));
     REQUIRE(eng_engine_join_cp(engines[r], group, r) == ENG_OK);
   }
   CHECK(eng_engine_join_cp(engines[0], group, 0) == ENG_INVALID_ARGUMENT);  // only once
@@ -97,6 +98,9 @@ int main() {
   check_case(3, 8, 61, {16, 3});
   check_case(4, 4, 5, {5});  // short prompt: members 2 and 3 hold no prompt KV
   check_case(1, 8, 20, {7});
+  // MLA: the latent partials of each member's pages, merged in page order.
+  check_case(2, 4, 37, {8, 5, 1, 16}, "deepseek-tiny");
+  check_case(3, 8, 30, {30}, "deepseek-tiny");
 
   // A member that never arrives: the other fails with ENG_TIMEOUT.
   {

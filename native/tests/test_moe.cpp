@@ -43,6 +43,59 @@ void check_router() {
   const float flat[4] = {1, 1, 1, 1};
   moe_route_row(flat, 4, 1, ENG_ROUTER_SOFTMAX_TOPK, ex, w, taken);
   CHECK(ex[0] == 0 && w[0] == 1.0f);
+
+  // DeepSeek-V2: softmax over every expert, top-k, not renormalised, scaled.
+  lockstep::RouteParams rp;
+  rp.E = 6;
+  rp.K = 3;
+  rp.norm = ENG_ROUTER_SOFTMAX_TOPK_RAW;
+  rp.scaling = 2.0;
+  moe_route_row(tie, rp, ex, w, taken);
+  CHECK(ex[0] == 1 && ex[1] == 2 && ex[2] == 3);
+  {
+    double all = 0;
+    for (float l : tie) all += std::exp(double(l) - 2.0);
+    CHECK(w[0] == static_cast<float>(std::exp(0.0) / all * 2.0));
+    CHECK(w[1] == static_cast<float>(std::exp(-1.0) / all * 2.0));
+  }
+  // DeepSeek-V3: sigmoid scores; the bias moves the choice (expert 5 wins
+  // with +10, expert 1 loses with -10) but not the weights, which are the
+  // unbiased scores renormalised over the k, times the scaling.
+  const float bias[6] = {0, -10, 0, 0, 0, 10};
+  rp.norm = ENG_ROUTER_SIGMOID_TOPK;
+  rp.bias = bias;
+  rp.scaling = 2.5;
+  moe_route_row(tie, rp, ex, w, taken);
+  CHECK(ex[0] == 2 && ex[1] == 3 && ex[2] == 5);
+  {
+    auto sig = [](double x) { return 1.0 / (1.0 + std::exp(-x)); };
+    const double a = sig(1.0), b = sig(2.0), c = sig(-3.0), sum = a + b + c;
+    CHECK(w[0] == static_cast<float>(a / sum * 2.5));
+    CHECK(w[1] == static_cast<float>(b / sum * 2.5));
+    CHECK(w[2] == static_cast<float>(c / sum * 2.5));
+  }
+  rp.norm = ENG_ROUTER_SIGMOID_TOPK_RAW;
+  moe_route_row(tie, rp, ex, w, taken);
+  CHECK(w[0] == static_cast<float>(1.0 / (1.0 + std::exp(-1.0)) * 2.5));
+  // Groups: 3 groups of 2 ({0,1}, {2,3}, {4,5}); a sigmoid group scores
+  // the sum of its two best biased scores. With no bias group {2,3} (1, 2)
+  // beats {0,1} (0.5, 2) and {4,5}; one group used: experts 2 and 3 only.
+  rp.bias = nullptr;
+  rp.norm = ENG_ROUTER_SIGMOID_TOPK;
+  rp.K = 2;
+  rp.groups = 3;
+  rp.groups_used = 1;
+  moe_route_row(tie, rp, ex, w, taken);
+  CHECK(ex[0] == 2 && ex[1] == 3);
+  // A softmax router's group scores its best: {0,1} and {2,3} tie at 2.0,
+  // the lower group wins: experts 0 and 1.
+  rp.norm = ENG_ROUTER_SOFTMAX_TOPK;
+  moe_route_row(tie, rp, ex, w, taken);
+  CHECK(ex[0] == 0 && ex[1] == 1);
+  // Two groups used: the top-2 of {0,1,2,3}.
+  rp.groups_used = 2;
+  moe_route_row(tie, rp, ex, w, taken);
+  CHECK(ex[0] == 1 && ex[1] == 3);
 }
 
 // A request: prompt, then decodes fed with the previous sample.
@@ -116,11 +169,11 @@ std::vector<Req> make_reqs() {
   return reqs;
 }
 
-void check_ep(int32_t ep) {
+void check_ep(int32_t ep, const char* preset = "moe-tiny", uint64_t moe_layers = 3) {
   const std::vector<Req> reqs = make_reqs();
   const int32_t steps = 16;
   // Reference: one engine, no EP group.
-  eng_engine_t ref = test_engine(test_config("moe-tiny", 128, kP));
+  eng_engine_t ref = test_engine(test_config(preset, 128, kP));
   std::string err;
   const std::vector<ReqOut> want = run_member(ref, reqs, steps, &err);
   CHECKF(err.empty(), "reference: %s", err.c_str());
@@ -142,7 +195,7 @@ void check_ep(int32_t ep) {
     ids[m].push_back(i);
   }
   for (int32_t r = 0; r < ep; ++r) {
-    engines[r] = test_engine(test_config("moe-tiny", 128, kP));
+    engines[r] = test_engine(test_config(preset, 128, kP));
     REQUIRE(eng_engine_join_ep(engines[r], group, r) == ENG_OK);
   }
   CHECK(eng_engine_join_ep(engines[0], group, 0) == ENG_INVALID_ARGUMENT);  // only once
@@ -162,7 +215,7 @@ void check_ep(int32_t ep) {
     }
     eng_moe_stats st;
     REQUIRE(eng_engine_moe_stats(engines[r], &st) == ENG_OK);
-    CHECKF(st.exchanges == 2u * 3u * 40u, "ep %d member %d: %llu exchanges, want 2 per MoE layer per step", ep, r,
+    CHECKF(st.exchanges == 2u * moe_layers * 40u, "ep %d member %d: %llu exchanges, want 2 per MoE layer per step", ep, r,
            static_cast<unsigned long long>(st.exchanges));
     CHECK(ep == 1 || st.bytes_received > 0);
     eng_engine_free(engines[r]);
@@ -177,6 +230,11 @@ int main() {
   check_ep(2);
   check_ep(3);
   check_ep(4);
+  // deepseek-tiny: MLA, a leading dense layer (no exchange), 2 MoE layers
+  // with grouped sigmoid routing and a shared expert.
+  check_ep(1, "deepseek-tiny", 2);
+  check_ep(3, "deepseek-tiny", 2);
+  check_ep(4, "deepseek-tiny", 2);
 
   // A member that stops arriving: the other fails with ENG_TIMEOUT naming
   // the MoE exchange and its layer.

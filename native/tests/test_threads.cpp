@@ -13,7 +13,7 @@
 
 namespace {
 
-constexpr int32_t kVocab = 512;  // tiny and moe-tiny
+constexpr int32_t kVocab = 512;  // tiny, moe-tiny and deepseek-tiny
 constexpr int32_t kPageTokens = 8;
 
 struct Run {
@@ -79,7 +79,7 @@ bool same(const Run& a, const Run& b) {
 }  // namespace
 
 int main() {
-  for (const char* preset : {"tiny", "moe-tiny"}) {
+  for (const char* preset : {"tiny", "moe-tiny", "deepseek-tiny"}) {
     const Run ref = run(preset, 1);
     CHECK(ref.tokens.size() == 24);
     for (int32_t threads : {0, 2, 3, 4})
