@@ -8,6 +8,7 @@ package bridge
 import (
 	"errors"
 	"fmt"
+	"reflect"
 	"time"
 )
 
@@ -42,6 +43,48 @@ type ModelShape struct {
 	// QKNorm: every head of q and k is RMS-normed over HeadDim (gains
 	// WeightQNorm/WeightKNorm) after the projections, before RoPE (Qwen3).
 	QKNorm bool `json:"qk_norm,omitempty"`
+
+	// Multi-head latent attention (DeepSeek-V2/V3, Kimi K2; docs/models.md
+	// "MLA"); KVLoraRank 0 = GQA (the other MLA fields are then 0). With
+	// KVLoraRank > 0, NumKVHeads = NumHeads, HeadDim = QKNopeHeadDim +
+	// QKRopeHeadDim, and a token's cache per layer is one latent of
+	// KVLoraRank + QKRopeHeadDim elements.
+	QLoraRank     int `json:"q_lora_rank,omitempty"`
+	KVLoraRank    int `json:"kv_lora_rank,omitempty"`
+	QKNopeHeadDim int `json:"qk_nope_head_dim,omitempty"`
+	QKRopeHeadDim int `json:"qk_rope_head_dim,omitempty"`
+	VHeadDim      int `json:"v_head_dim,omitempty"`
+	// FirstDenseLayers (MoE shapes): layers below it keep a dense SwiGLU MLP
+	// of IntermediateSize (DeepSeek's first_k_dense_replace).
+	FirstDenseLayers int `json:"first_dense_layers,omitempty"`
+	// RoutedScalingFactor multiplies the routed experts' weights (0 = 1).
+	RoutedScalingFactor float32 `json:"routed_scaling_factor,omitempty"`
+	// Group-limited routing (DeepSeek's n_group, topk_group); 0 = none.
+	ExpertGroups     int `json:"n_group,omitempty"`
+	ExpertGroupsUsed int `json:"topk_group,omitempty"`
+	// Yarn is DeepSeek's YaRN RoPE scaling (MLA shapes only); nil = none.
+	Yarn *YarnScaling `json:"yarn,omitempty"`
+}
+
+// Equal reports whether two shapes are the same, comparing RopeScaling and
+// Yarn by value (== compares their pointers).
+func (s ModelShape) Equal(o ModelShape) bool { return reflect.DeepEqual(s, o) }
+
+// MLA reports whether the shape uses multi-head latent attention.
+func (s ModelShape) MLA() bool { return s.KVLoraRank > 0 }
+
+// MoELayer reports whether layer l's MLP is a mixture of experts.
+func (s ModelShape) MoELayer(l int) bool { return s.NumExperts > 0 && l >= s.FirstDenseLayers }
+
+// YarnScaling is Hugging Face's rope_scaling of type "yarn" as DeepSeek-V3
+// uses it (engine.h: the yarn_* fields).
+type YarnScaling struct {
+	Factor               float32 `json:"factor"`
+	OriginalMaxPositions int     `json:"original_max_position_embeddings"`
+	BetaFast             float32 `json:"beta_fast"`
+	BetaSlow             float32 `json:"beta_slow"`
+	MScale               float32 `json:"mscale"`
+	MScaleAllDim         float32 `json:"mscale_all_dim"`
 }
 
 // MoE reports whether the shape is a mixture of experts.
@@ -58,7 +101,19 @@ const (
 	RouterSoftmaxTopK RouterNorm = 0
 	// RouterTopKSoftmax: top-k logits, softmax over the k (Mixtral).
 	RouterTopKSoftmax RouterNorm = 1
+	// RouterSoftmaxTopKRaw: softmax over every expert, top-k, not
+	// renormalised (DeepSeek-V2, norm_topk_prob false).
+	RouterSoftmaxTopKRaw RouterNorm = 2
+	// RouterSigmoidTopK: sigmoid scores, top-k by score + the router bias
+	// (WeightRouterBias), weights the unbiased scores renormalised over the k
+	// (DeepSeek-V3, Kimi K2).
+	RouterSigmoidTopK RouterNorm = 3
+	// RouterSigmoidTopKRaw: as RouterSigmoidTopK, not renormalised.
+	RouterSigmoidTopKRaw RouterNorm = 4
 )
+
+// Sigmoid reports whether the router scores with a sigmoid.
+func (r RouterNorm) Sigmoid() bool { return r == RouterSigmoidTopK || r == RouterSigmoidTopKRaw }
 
 func (r RouterNorm) String() string {
 	switch r {
@@ -66,6 +121,12 @@ func (r RouterNorm) String() string {
 		return "softmax_topk"
 	case RouterTopKSoftmax:
 		return "topk_softmax"
+	case RouterSoftmaxTopKRaw:
+		return "softmax_topk_raw"
+	case RouterSigmoidTopK:
+		return "sigmoid_topk"
+	case RouterSigmoidTopKRaw:
+		return "sigmoid_topk_raw"
 	}
 	return fmt.Sprintf("RouterNorm(%d)", int32(r))
 }
@@ -154,6 +215,17 @@ const (
 	WeightSharedGate WeightKind = 19
 	WeightSharedUp   WeightKind = 20
 	WeightSharedDown WeightKind = 21
+	// MLA shapes (no WeightK/WeightV; WeightQ is [heads*(nope+rope)][q_lora
+	// or hidden], WeightO [hidden][heads*v_head_dim]); either WeightKVB or
+	// WeightKB and WeightVB.
+	WeightQA         WeightKind = 22 // [q_lora][hidden]
+	WeightQANorm     WeightKind = 23 // [1][q_lora]
+	WeightKVA        WeightKind = 24 // [kv_lora+rope][hidden]
+	WeightKVANorm    WeightKind = 25 // [1][kv_lora]
+	WeightKVB        WeightKind = 26 // [heads*(nope+v)][kv_lora]
+	WeightKB         WeightKind = 27 // [heads*kv_lora][nope] (llama.cpp's attn_k_b)
+	WeightVB         WeightKind = 28 // [heads*v][kv_lora] (llama.cpp's attn_v_b)
+	WeightRouterBias WeightKind = 29 // [1][experts]: a sigmoid router's choice bias
 )
 
 // IsExpert reports whether the kind is a routed expert's (indexed by
@@ -170,7 +242,8 @@ type WeightTensor struct {
 	Layer int // -1 for global tensors
 	DType DType
 	// InterleavedRopeHeads > 0 marks WQ/WK rows in llama.cpp's interleaved
-	// RoPE order (GGUF); the engine restores rotate-half order.
+	// RoPE order (GGUF); the engine restores rotate-half order. MLA shapes:
+	// WQ (NumHeads) and WKVA (1), only each head's QKRopeHeadDim tail.
 	InterleavedRopeHeads int
 	// Expert is the routed expert of a WeightExpert* tensor (a slice of a
 	// stacked [experts][rows][cols] checkpoint tensor, or a per-expert one);
@@ -182,7 +255,11 @@ type WeightTensor struct {
 
 // KVBytesPerToken is the K and V storage of one token over every layer, given
 // the element size in bytes (4 for the CPU engine's float32, 2 for bf16).
+// An MLA shape stores one latent of KVLoraRank + QKRopeHeadDim per layer.
 func (s ModelShape) KVBytesPerToken(elemBytes int) int {
+	if s.MLA() {
+		return s.NumLayers * (s.KVLoraRank + s.QKRopeHeadDim) * elemBytes
+	}
 	return 2 * s.NumLayers * s.NumKVHeads * s.HeadDim * elemBytes
 }
 

@@ -35,6 +35,33 @@ var Presets = map[string]ModelShape{
 	"mixtral-8x7b": {NumLayers: 32, HiddenSize: 4096, NumHeads: 32, NumKVHeads: 8, HeadDim: 128,
 		IntermediateSize: 14336, VocabSize: 32000, RopeTheta: 1000000, RMSEps: 1e-5,
 		NumExperts: 8, NumExpertsPerTok: 2, MoEIntermediateSize: 14336, RouterNorm: RouterTopKSoftmax},
+	// deepseek-tiny: fast on the CPU engine: MLA (q and kv LoRA), one
+	// leading dense layer, 16 experts in 4 groups (2 used), top-4, one
+	// shared expert, a sigmoid router with routed scaling.
+	"deepseek-tiny": deepseekShape(3, 64, 4, 32, 32, 16, 8, 16, 128, 512, 10000, 16, 4, 32, 1, 1, 2.5, 4, 2, nil),
+	// deepseek-v3: DeepSeek-V3 config.json (huggingface.co/deepseek-ai/DeepSeek-V3):
+	// MLA (q_lora 1536, kv_lora 512, nope 128, rope 64, v 128), 3 dense
+	// layers, 256 experts in 8 groups (4 used), top-8, 1 shared, sigmoid
+	// router with its bias, routed scaling 2.5, YaRN factor 40 over 4096.
+	"deepseek-v3": deepseekShape(61, 7168, 128, 1536, 512, 128, 64, 128, 18432, 129280, 10000, 256, 8, 2048, 1, 3, 2.5, 8, 4,
+		&YarnScaling{Factor: 40, OriginalMaxPositions: 4096, BetaFast: 32, BetaSlow: 1, MScale: 1, MScaleAllDim: 1}),
+	// kimi-k2: Kimi-K2-Instruct config.json (huggingface.co/moonshotai/Kimi-K2-Instruct):
+	// DeepSeek-V3's architecture with 64 heads, 384 experts (no groups), 1
+	// dense layer, routed scaling 2.827, rope_theta 50000, YaRN factor 32.
+	"kimi-k2": deepseekShape(61, 7168, 64, 1536, 512, 128, 64, 128, 18432, 163840, 50000, 384, 8, 2048, 1, 1, 2.827, 0, 0,
+		&YarnScaling{Factor: 32, OriginalMaxPositions: 4096, BetaFast: 1, BetaSlow: 1, MScale: 1, MScaleAllDim: 1}),
+}
+
+// deepseekShape is a DeepSeek-V3-architecture shape (native presets.cpp's
+// deepseek_shape): MLA, dense leading layers, a sigmoid router.
+func deepseekShape(layers, hidden, heads, qLora, kvLora, nope, rope, v, inter, vocab int, theta float32,
+	experts, topK, moeInter, shared, dense int, scaling float32, groups, groupsUsed int, yarn *YarnScaling) ModelShape {
+	return ModelShape{NumLayers: layers, HiddenSize: hidden, NumHeads: heads, NumKVHeads: heads, HeadDim: nope + rope,
+		IntermediateSize: inter, VocabSize: vocab, RopeTheta: theta, RMSEps: 1e-6,
+		NumExperts: experts, NumExpertsPerTok: topK, MoEIntermediateSize: moeInter, NumSharedExperts: shared,
+		RouterNorm: RouterSigmoidTopK, QLoraRank: qLora, KVLoraRank: kvLora, QKNopeHeadDim: nope, QKRopeHeadDim: rope,
+		VHeadDim: v, FirstDenseLayers: dense, RoutedScalingFactor: scaling, ExpertGroups: groups, ExpertGroupsUsed: groupsUsed,
+		Yarn: yarn}
 }
 
 // PresetNames lists the preset names in sorted order.
@@ -83,6 +110,9 @@ func (s ModelShape) Validate() error {
 	if err := s.validateMoE(); err != nil {
 		return err
 	}
+	if err := s.validateMLA(); err != nil {
+		return err
+	}
 	if r := s.RopeScaling; r != nil {
 		switch {
 		case !(r.Factor > 1):
@@ -117,8 +147,77 @@ func (s ModelShape) validateMoE() error {
 		return fmt.Errorf("model shape: moe_intermediate_size must be positive, got %d", s.MoEIntermediateSize)
 	case s.NumSharedExperts < 0:
 		return fmt.Errorf("model shape: num_shared_experts must be >= 0, got %d", s.NumSharedExperts)
-	case s.RouterNorm != RouterSoftmaxTopK && s.RouterNorm != RouterTopKSoftmax:
-		return fmt.Errorf("model shape: router_norm must be 0 (softmax, top-k, renormalise) or 1 (top-k, softmax), got %d", s.RouterNorm)
+	case s.RouterNorm < RouterSoftmaxTopK || s.RouterNorm > RouterSigmoidTopKRaw:
+		return fmt.Errorf("model shape: router_norm must be 0 (softmax, top-k, renormalise), 1 (top-k, softmax), 2 (softmax, top-k), "+
+			"3 (sigmoid, top-k, renormalise) or 4 (sigmoid, top-k), got %d", s.RouterNorm)
+	case s.FirstDenseLayers < 0 || s.FirstDenseLayers >= s.NumLayers:
+		return fmt.Errorf("model shape: first_dense_layers must be in [0, num_layers (%d)), got %d", s.NumLayers, s.FirstDenseLayers)
+	case !(s.RoutedScalingFactor >= 0) || math.IsInf(float64(s.RoutedScalingFactor), 0):
+		return fmt.Errorf("model shape: routed_scaling_factor must be >= 0 and finite (0 = 1), got %g", s.RoutedScalingFactor)
+	}
+	if s.ExpertGroups != 0 || s.ExpertGroupsUsed != 0 {
+		switch {
+		case s.ExpertGroups < 1 || s.NumExperts%s.ExpertGroups != 0:
+			return fmt.Errorf("model shape: expert_groups must divide num_experts (%d), got %d", s.NumExperts, s.ExpertGroups)
+		case s.ExpertGroupsUsed < 1 || s.ExpertGroupsUsed > s.ExpertGroups:
+			return fmt.Errorf("model shape: expert_groups_used must be in [1, expert_groups (%d)], got %d", s.ExpertGroups, s.ExpertGroupsUsed)
+		case s.ExpertGroupsUsed*(s.NumExperts/s.ExpertGroups) < s.NumExpertsPerTok:
+			return fmt.Errorf("model shape: expert_groups_used (%d) groups hold fewer experts than num_experts_per_tok (%d)", s.ExpertGroupsUsed, s.NumExpertsPerTok)
+		case s.RouterNorm.Sigmoid() && s.NumExperts/s.ExpertGroups < 2:
+			return fmt.Errorf("model shape: expert_groups with a sigmoid router need at least 2 experts per group (a group scores by its two best)")
+		}
+	}
+	return nil
+}
+
+// validateMLA checks the latent-attention and YaRN fields (native
+// validate_shape's rules and wording).
+func (s ModelShape) validateMLA() error {
+	if s.NumExperts == 0 && (s.FirstDenseLayers != 0 || s.RoutedScalingFactor != 0 || s.ExpertGroups != 0 || s.ExpertGroupsUsed != 0) {
+		return fmt.Errorf("model shape: first_dense_layers, routed_scaling_factor, expert_groups and expert_groups_used must be 0 for a dense model (num_experts 0)")
+	}
+	if s.KVLoraRank < 0 {
+		return fmt.Errorf("model shape: kv_lora_rank must be >= 0 (0 = no MLA), got %d", s.KVLoraRank)
+	}
+	if s.KVLoraRank == 0 {
+		if s.QLoraRank != 0 || s.QKNopeHeadDim != 0 || s.QKRopeHeadDim != 0 || s.VHeadDim != 0 {
+			return fmt.Errorf("model shape: q_lora_rank, qk_nope_head_dim, qk_rope_head_dim and v_head_dim must be 0 without MLA (kv_lora_rank 0)")
+		}
+	} else {
+		switch {
+		case s.QLoraRank < 0:
+			return fmt.Errorf("model shape: q_lora_rank must be >= 0 (0 = no q LoRA), got %d", s.QLoraRank)
+		case s.QKNopeHeadDim <= 0:
+			return fmt.Errorf("model shape: qk_nope_head_dim must be positive, got %d", s.QKNopeHeadDim)
+		case s.QKRopeHeadDim <= 0 || s.QKRopeHeadDim%2 != 0:
+			return fmt.Errorf("model shape: qk_rope_head_dim must be positive and even, got %d", s.QKRopeHeadDim)
+		case s.VHeadDim <= 0:
+			return fmt.Errorf("model shape: v_head_dim must be positive, got %d", s.VHeadDim)
+		case int64(s.QKNopeHeadDim)+int64(s.QKRopeHeadDim) != int64(s.HeadDim):
+			return fmt.Errorf("model shape: MLA: head_dim must equal qk_nope_head_dim + qk_rope_head_dim (%d), got %d", int64(s.QKNopeHeadDim)+int64(s.QKRopeHeadDim), s.HeadDim)
+		case s.NumKVHeads != s.NumHeads:
+			return fmt.Errorf("model shape: MLA: num_kv_heads must equal num_heads (%d), got %d", s.NumHeads, s.NumKVHeads)
+		case s.QKNorm:
+			return fmt.Errorf("model shape: MLA with qk_norm is not supported")
+		case int64(s.NumHeads)*(int64(s.KVLoraRank)+int64(s.QKRopeHeadDim)) > 1<<31-1 || int64(s.NumHeads)*int64(s.VHeadDim) > 1<<31-1:
+			return fmt.Errorf("model shape: MLA: num_heads * (kv_lora_rank + qk_rope_head_dim) or num_heads * v_head_dim exceeds the int32 range")
+		}
+	}
+	if y := s.Yarn; y != nil {
+		switch {
+		case !(y.Factor > 1) || math.IsInf(float64(y.Factor), 0):
+			return fmt.Errorf("model shape: yarn_factor must be 0 (none) or > 1, got %g", y.Factor)
+		case s.RopeScaling != nil:
+			return fmt.Errorf("model shape: yarn_factor and rope_scaling_factor are both set; a shape has one RoPE scaling")
+		case s.KVLoraRank == 0:
+			return fmt.Errorf("model shape: yarn_factor: YaRN is supported on MLA shapes only (DeepSeek's form; kv_lora_rank > 0)")
+		case y.OriginalMaxPositions <= 0:
+			return fmt.Errorf("model shape: yarn_original_max_positions must be positive, got %d", y.OriginalMaxPositions)
+		case !(y.BetaSlow > 0) || !(y.BetaFast >= y.BetaSlow) || math.IsInf(float64(y.BetaFast), 0):
+			return fmt.Errorf("model shape: yarn betas need beta_fast >= beta_slow > 0, got %g and %g", y.BetaFast, y.BetaSlow)
+		case !(y.MScale >= 0) || !(y.MScaleAllDim >= 0) || math.IsInf(float64(y.MScale), 0) || math.IsInf(float64(y.MScaleAllDim), 0):
+			return fmt.Errorf("model shape: yarn mscale and mscale_all_dim must be >= 0 and finite, got %g and %g", y.MScale, y.MScaleAllDim)
+		}
 	}
 	return nil
 }

@@ -657,6 +657,14 @@ func shapeToC(s *bridge.ModelShape, c *C.eng_model_shape) error {
 		{"MoEIntermediateSize", s.MoEIntermediateSize, &c.moe_intermediate_size},
 		{"NumSharedExperts", s.NumSharedExperts, &c.num_shared_experts},
 		{"RouterNorm", int(s.RouterNorm), &c.router_norm},
+		{"QLoraRank", s.QLoraRank, &c.q_lora_rank},
+		{"KVLoraRank", s.KVLoraRank, &c.kv_lora_rank},
+		{"QKNopeHeadDim", s.QKNopeHeadDim, &c.qk_nope_head_dim},
+		{"QKRopeHeadDim", s.QKRopeHeadDim, &c.qk_rope_head_dim},
+		{"VHeadDim", s.VHeadDim, &c.v_head_dim},
+		{"FirstDenseLayers", s.FirstDenseLayers, &c.first_dense_layers},
+		{"ExpertGroups", s.ExpertGroups, &c.expert_groups},
+		{"ExpertGroupsUsed", s.ExpertGroupsUsed, &c.expert_groups_used},
 	}
 	for _, f := range ints {
 		if err := setInt32(f.dst, "init", "Shape."+f.field, f.v); err != nil {
@@ -672,6 +680,15 @@ func shapeToC(s *bridge.ModelShape, c *C.eng_model_shape) error {
 		if err := setInt32(&c.rope_original_max_positions, "init", "Shape.RopeScaling.OriginalMaxPositions", r.OriginalMaxPositions); err != nil {
 			return err
 		}
+	}
+	c.routed_scaling_factor = C.float(s.RoutedScalingFactor)
+	if y := s.Yarn; y != nil {
+		c.yarn_factor = C.float(y.Factor)
+		if err := setInt32(&c.yarn_original_max_positions, "init", "Shape.Yarn.OriginalMaxPositions", y.OriginalMaxPositions); err != nil {
+			return err
+		}
+		c.yarn_beta_fast, c.yarn_beta_slow = C.float(y.BetaFast), C.float(y.BetaSlow)
+		c.yarn_mscale, c.yarn_mscale_all_dim = C.float(y.MScale), C.float(y.MScaleAllDim)
 	}
 	if s.TiedEmbeddings {
 		c.tied_embeddings = 1
@@ -701,6 +718,21 @@ func shapeFromC(c *C.eng_model_shape) bridge.ModelShape {
 		NumSharedExperts:    int(c.num_shared_experts),
 		RouterNorm:          bridge.RouterNorm(c.router_norm),
 		QKNorm:              c.qk_norm != 0,
+
+		QLoraRank:           int(c.q_lora_rank),
+		KVLoraRank:          int(c.kv_lora_rank),
+		QKNopeHeadDim:       int(c.qk_nope_head_dim),
+		QKRopeHeadDim:       int(c.qk_rope_head_dim),
+		VHeadDim:            int(c.v_head_dim),
+		FirstDenseLayers:    int(c.first_dense_layers),
+		RoutedScalingFactor: float32(c.routed_scaling_factor),
+		ExpertGroups:        int(c.expert_groups),
+		ExpertGroupsUsed:    int(c.expert_groups_used),
+	}
+	if c.yarn_factor != 0 {
+		s.Yarn = &bridge.YarnScaling{Factor: float32(c.yarn_factor), OriginalMaxPositions: int(c.yarn_original_max_positions),
+			BetaFast: float32(c.yarn_beta_fast), BetaSlow: float32(c.yarn_beta_slow),
+			MScale: float32(c.yarn_mscale), MScaleAllDim: float32(c.yarn_mscale_all_dim)}
 	}
 	if c.rope_scaling_factor != 0 {
 		s.RopeScaling = &bridge.RopeScaling{

@@ -52,7 +52,7 @@ func TestPresetsMatchBridge(t *testing.T) {
 		if err != nil {
 			t.Fatalf("PresetShape(%q): %v", name, err)
 		}
-		if got != want {
+		if !got.Equal(want) {
 			t.Errorf("preset %q: native %+v, bridge %+v", name, got, want)
 		}
 	}

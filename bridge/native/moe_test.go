@@ -26,7 +26,15 @@ func TestMoEShapeValidationMatchesNative(t *testing.T) {
 		{"top-k above experts", func(s *bridge.ModelShape) { s.NumExpertsPerTok = 17 }},
 		{"no expert width", func(s *bridge.ModelShape) { s.MoEIntermediateSize = 0 }},
 		{"negative shared", func(s *bridge.ModelShape) { s.NumSharedExperts = -1 }},
-		{"unknown router", func(s *bridge.ModelShape) { s.RouterNorm = 2 }},
+		{"unknown router", func(s *bridge.ModelShape) { s.RouterNorm = 5 }},
+		{"dense layers past the end", func(s *bridge.ModelShape) { s.FirstDenseLayers = s.NumLayers }},
+		{"groups not dividing", func(s *bridge.ModelShape) { s.ExpertGroups, s.ExpertGroupsUsed = 3, 1 }},
+		{"mla head_dim", func(s *bridge.ModelShape) {
+			s.NumKVHeads, s.KVLoraRank, s.QKNopeHeadDim, s.QKRopeHeadDim, s.VHeadDim = s.NumHeads, 8, 8, 6, 8
+		}},
+		{"yarn without mla", func(s *bridge.ModelShape) {
+			s.Yarn = &bridge.YarnScaling{Factor: 4, OriginalMaxPositions: 64, BetaFast: 32, BetaSlow: 1}
+		}},
 		{"hidden not positive", func(s *bridge.ModelShape) { s.HiddenSize = 0 }},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -42,7 +50,7 @@ func TestMoEShapeValidationMatchesNative(t *testing.T) {
 			}
 		})
 	}
-	for _, name := range []string{"moe-tiny", "qwen3-30b-a3b", "mixtral-8x7b"} {
+	for _, name := range []string{"moe-tiny", "qwen3-30b-a3b", "mixtral-8x7b", "deepseek-tiny", "deepseek-v3", "kimi-k2"} {
 		s := bridge.Presets[name]
 		if err := s.Validate(); err != nil {
 			t.Errorf("%s: %v", name, err)

@@ -74,7 +74,7 @@ func New(cfg bridge.Config, p *Profile) (*Engine, error) {
 	switch {
 	case cfg.Preset != "" && cfg.Preset != p.Model.Name:
 		return nil, invalid("init", "model %q does not match the cost profile's model %q", cfg.Preset, p.Model.Name)
-	case cfg.Preset == "" && cfg.Shape != (bridge.ModelShape{}) && cfg.Shape != shape:
+	case cfg.Preset == "" && !cfg.Shape.Equal(bridge.ModelShape{}) && !cfg.Shape.Equal(shape):
 		return nil, invalid("init", "model shape %+v does not match the cost profile's model %q (%+v)", cfg.Shape, p.Model.Name, shape)
 	case cfg.NumPages <= 0:
 		return nil, invalid("init", "num_pages must be positive, got %d", cfg.NumPages)

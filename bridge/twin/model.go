@@ -142,57 +142,49 @@ func ModelFromShape(name string, s bridge.ModelShape) Model {
 	}
 	if s.MoE() {
 		m.RoutedExperts, m.TopK, m.MoEIntermediate, m.SharedExperts = s.NumExperts, s.NumExpertsPerTok, s.MoEIntermediateSize, s.NumSharedExperts
+		m.DenseLayers = s.FirstDenseLayers
 		m.Source = fmt.Sprintf("bridge.Presets[%q] (Llama-architecture attention, every layer a mixture of %d experts, top-%d, %d shared); "+
 			"BF16 weights and KV cache", name, s.NumExperts, s.NumExpertsPerTok, s.NumSharedExperts)
+	}
+	if s.MLA() {
+		m.KVHeads, m.HeadDim = 0, 0
+		m.QLoraRank, m.KVLoraRank, m.QKNopeHeadDim, m.QKRopeHeadDim, m.VHeadDim = s.QLoraRank, s.KVLoraRank, s.QKNopeHeadDim, s.QKRopeHeadDim, s.VHeadDim
+		m.Source = fmt.Sprintf("bridge.Presets[%q] (DeepSeek architecture: MLA, %d dense layers, then %d experts, top-%d, %d shared); "+
+			"BF16 weights and KV latent", name, s.FirstDenseLayers, s.NumExperts, s.NumExpertsPerTok, s.NumSharedExperts)
 	}
 	return m
 }
 
-// Shape is the bridge shape the engine reports. GQA models report their own
-// shape. MLA models report the closest GQA-equivalent: the real layer count,
-// hidden size, head count and vocabulary; HeadDim = hidden/heads (so the
-// shape validates); NumKVHeads = the divisor of the head count whose K+V
-// width 2·kv_heads·head_dim is nearest the latent width kv_lora_rank +
-// qk_rope_head_dim; IntermediateSize = the dense layers' width (equal to
-// (top_k + shared)·moe_intermediate for DeepSeek-V3 and Kimi K2). Its
-// KVBytesPerToken is therefore NOT the MLA cache size: size pools with
-// Profile.PoolPages / Profile.KVBytesPerToken.
+// Shape is the bridge shape the engine reports: the bridge preset of the
+// model's name when the geometry is the preset's (its RoPE, norm, router and
+// YaRN constants change none of the twin's costs), else the model's own
+// geometry with default constants. MLA models report their latent
+// attention (KVLoraRank …, NumKVHeads = NumHeads, HeadDim = nope + rope),
+// their leading dense layers and experts.
 func (m *Model) Shape() bridge.ModelShape {
 	s := bridge.ModelShape{NumLayers: m.Layers, HiddenSize: m.Hidden, NumHeads: m.Heads, NumKVHeads: m.KVHeads,
 		HeadDim: m.HeadDim, IntermediateSize: m.Intermediate, VocabSize: m.Vocab, RopeTheta: 500000, RMSEps: 1e-5}
-	if m.MoE() && m.DenseLayers == 0 && !m.MLA() {
+	if m.MoE() && (m.DenseLayers == 0 || m.MLA()) {
 		s.NumExperts, s.NumExpertsPerTok, s.MoEIntermediateSize, s.NumSharedExperts = m.RoutedExperts, m.TopK, m.MoEIntermediate, m.SharedExperts
+		s.FirstDenseLayers = m.DenseLayers
 	}
-	if !m.MLA() {
-		// A preset's own RoPE, norm, router and q/k-norm constants when the
-		// geometry is the preset's (none of them changes the twin's costs).
-		if p, ok := bridge.Presets[m.Name]; ok {
-			q := p
-			q.RopeTheta, q.RMSEps, q.RouterNorm, q.QKNorm = s.RopeTheta, s.RMSEps, s.RouterNorm, s.QKNorm
-			if q == s {
-				return p
-			}
-		}
-		return s
-	}
-	s.HeadDim = m.Hidden / m.Heads
-	s.RopeTheta, s.RMSEps = 10000, 1e-6
-	latent := m.KVLoraRank + m.QKRopeHeadDim
-	best := 1
-	for kv := 1; kv <= m.Heads; kv++ {
-		if m.Heads%kv == 0 && abs(2*kv*s.HeadDim-latent) < abs(2*best*s.HeadDim-latent) {
-			best = kv
+	if m.MLA() {
+		s.NumKVHeads, s.HeadDim = m.Heads, m.QKNopeHeadDim+m.QKRopeHeadDim
+		s.QLoraRank, s.KVLoraRank, s.QKNopeHeadDim, s.QKRopeHeadDim, s.VHeadDim = m.QLoraRank, m.KVLoraRank, m.QKNopeHeadDim, m.QKRopeHeadDim, m.VHeadDim
+		s.RopeTheta, s.RMSEps = 10000, 1e-6
+		if s.NumExperts > 0 {
+			s.RouterNorm = bridge.RouterSigmoidTopK
 		}
 	}
-	s.NumKVHeads = best
+	if p, ok := bridge.Presets[m.Name]; ok {
+		q := p
+		q.RopeTheta, q.RMSEps, q.RouterNorm, q.QKNorm = s.RopeTheta, s.RMSEps, s.RouterNorm, s.QKNorm
+		q.RoutedScalingFactor, q.ExpertGroups, q.ExpertGroupsUsed, q.Yarn = 0, 0, 0, nil
+		if q.Equal(s) {
+			return p
+		}
+	}
 	return s
-}
-
-func abs(x int) int {
-	if x < 0 {
-		return -x
-	}
-	return x
 }
 
 // validate checks the shape; the error names the JSON field.

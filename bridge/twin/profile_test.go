@@ -25,7 +25,7 @@ func TestBuiltinProfilesValidate(t *testing.T) {
 	}
 	for _, tc := range []struct{ gpu, model, want string }{
 		{"a100", "llama-8b", `unknown GPU "a100" (allowed: b200, gb300, h100, h200)`},
-		{"h200", "llama-405b", `unknown model "llama-405b" (allowed: deepseek-v3, kimi-k2, llama-2-70b, llama-2-7b, llama-70b, llama-8b, mixtral-8x7b, moe-tiny, qwen3-30b-a3b, tiny)`},
+		{"h200", "llama-405b", `unknown model "llama-405b" (allowed: deepseek-tiny, deepseek-v3, kimi-k2, llama-2-70b, llama-2-7b, llama-70b, llama-8b, mixtral-8x7b, moe-tiny, qwen3-30b-a3b, tiny)`},
 	} {
 		_, err := BuiltinProfile(tc.gpu, tc.model, Parallelism{})
 		if err == nil || err.Error() != tc.want {
@@ -40,7 +40,7 @@ func TestModelsMatchBridgePresets(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got := m.Shape(); got != bridge.Presets[name] {
+		if got := m.Shape(); !got.Equal(bridge.Presets[name]) {
 			t.Errorf("%s: Shape() = %+v, want the bridge preset %+v", name, got, bridge.Presets[name])
 		}
 	}
@@ -48,10 +48,11 @@ func TestModelsMatchBridgePresets(t *testing.T) {
 		m, _ := BuiltinModel(name)
 		s := m.Shape()
 		if err := s.Validate(); err != nil {
-			t.Errorf("%s: GQA-equivalent shape %+v does not validate: %v", name, s, err)
+			t.Errorf("%s: shape %+v does not validate: %v", name, s, err)
 		}
-		// Latent 512+64 = 576; head_dim 7168/heads; nearest 2·kv·head_dim.
-		if s.NumLayers != 61 || s.HiddenSize != 7168 || s.VocabSize != m.Vocab || s.IntermediateSize != 18432 {
+		// The real latent attention: one latent of 512 + 64 per layer.
+		if !s.MLA() || s.KVLoraRank != 512 || s.QKRopeHeadDim != 64 || s.KVBytesPerToken(2) != 61*576*2 ||
+			s.FirstDenseLayers != m.DenseLayers || s.NumExperts != m.RoutedExperts {
 			t.Errorf("%s: shape %+v", name, s)
 		}
 	}
