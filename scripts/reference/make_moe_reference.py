@@ -16,6 +16,24 @@ Architectures (each file is a few hundred KB):
             experts), the same attention as qwen3moe without the router
   mixtral   general.architecture llama with expert_count: 8 experts, top-2,
             adjacent-pair RoPE (GGUF's interleaved Q/K rows), tied embeddings
+  deepseek2       general.architecture deepseek2 (DeepSeek-V3-like): MLA with
+                  q LoRA, attn_k_b / attn_v_b split as convert_hf_to_gguf.py
+                  writes it today (llama.cpp's absorbed-MLA path), 1 leading
+                  dense layer, 16 experts top-4 in 4 groups (2 used), 1 shared
+                  expert, sigmoid gating + exp_probs_b bias, norm, scale 2.5
+  deepseek2-lite  general.architecture deepseek2 (DeepSeek-V2-Lite-like): no q
+                  LoRA, the combined attn_kv_b of older files (llama.cpp's
+                  non-MLA path), v_head_dim != qk_nope_head_dim, 8 experts
+                  top-2, 2 shared experts, softmax gating, no norm
+  deepseek2-yarn  deepseek2's weights with DeepSeek-V3's YaRN rope scaling
+                  (factor 4, original context 32, mscale_all_dim 1)
+
+For the deepseek2 files the script also runs an independent float64 numpy
+forward written from Hugging Face's DeepSeek-V2/V3 modeling code (kv_b_proj
+unsplit, interleaved-pair RoPE, YaRN inv_freq and mscale^2 softmax scale,
+group-limited routing with masked_fill(0)) over every prompt + greedy tokens,
+and prints its largest |logit - llama.cpp| over the recorded top-5 and how
+often the bias / the groups changed the routed experts (stderr only).
 
 Writes, under --out-dir (default tests/testdata/moe relative to the repo):
   <arch>.gguf            the checkpoint
@@ -28,7 +46,8 @@ feeding greedy token k-1. llama.cpp runs on 2 threads with an F32 KV cache and
 flash attention off, so every operation is float32 (F32 weights: no activation
 quantisation).
 
-Usage: see scripts/reference/README.md ("MoE checkpoints").
+Usage: see scripts/reference/README.md ("MoE checkpoints", "DeepSeek (MLA) checkpoints");
+--arch NAME (repeatable) or --archs a,b,c writes only those files.
 """
 
 import argparse
@@ -68,6 +87,28 @@ ARCHS = {
                     experts=8, used=2, expert_ff=32, ff=32, theta=1000000.0, eps=1e-5,
                     tied=True, seed=29002),
 }
+
+# DeepSeek (general.architecture deepseek2). Field names follow Hugging Face's config.json.
+DEEPSEEK = {
+    "deepseek2": dict(arch="deepseek2", layers=3, hidden=32, heads=4, q_lora_rank=16, kv_lora_rank=16,
+                      qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=8, first_k_dense_replace=1,
+                      intermediate_size=64, n_routed_experts=16, num_experts_per_tok=4,
+                      moe_intermediate_size=8, n_shared_experts=1, n_group=4, topk_group=2,
+                      scoring_func="sigmoid", e_score_correction_bias=True, norm_topk_prob=True,
+                      routed_scaling_factor=2.5, mla_split=True, rope_scaling=None, context_length=512,
+                      theta=10000.0, eps=1e-6, tied=False, seed=31001),
+    "deepseek2-lite": dict(arch="deepseek2", layers=2, hidden=32, heads=4, q_lora_rank=None, kv_lora_rank=16,
+                           qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=16, first_k_dense_replace=1,
+                           intermediate_size=64, n_routed_experts=8, num_experts_per_tok=2,
+                           moe_intermediate_size=8, n_shared_experts=2, n_group=None, topk_group=None,
+                           scoring_func="softmax", e_score_correction_bias=False, norm_topk_prob=False,
+                           routed_scaling_factor=1.0, mla_split=False, rope_scaling=None, context_length=512,
+                           theta=10000.0, eps=1e-6, tied=False, seed=31002),
+}
+# The same weights as deepseek2 (same seed), with DeepSeek-V3's rope_scaling block.
+DEEPSEEK["deepseek2-yarn"] = dict(DEEPSEEK["deepseek2"], rope_scaling=dict(
+    type="yarn", factor=4.0, original_max_position_embeddings=32, mscale=1.0, mscale_all_dim=1.0,
+    beta_fast=32.0, beta_slow=1.0))
 
 
 def bytes_to_unicode():
@@ -177,6 +218,318 @@ def write_gguf(path, cfg):
     w.close()
 
 
+def deepseek_weights(cfg):
+    """Random float32 weights in Hugging Face's DeepSeek-V2/V3 layout ([out][in] linear layers,
+    kv_b_proj unsplit), keyed by the HF parameter name without the "model." prefix."""
+    rng = np.random.default_rng(cfg["seed"])
+    tokens, _, _, _ = tokenizer()
+    V, H, NH = len(tokens), cfg["hidden"], cfg["heads"]
+    NOPE, ROPE, VD = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"]
+    QR, KVR = cfg["q_lora_rank"], cfg["kv_lora_rank"]
+    E, F, S = cfg["n_routed_experts"], cfg["moe_intermediate_size"], cfg["n_shared_experts"]
+
+    def mat(rows, cols, scale=None):
+        s = 1.0 / np.sqrt(cols) if scale is None else scale
+        return (rng.standard_normal((rows, cols)) * s).astype(np.float32)
+
+    def gain(n):
+        return (1.0 + 0.25 * rng.standard_normal(n)).astype(np.float32)
+
+    W = {"embed_tokens.weight": mat(V, H, 1.0)}
+    for l in range(cfg["layers"]):
+        p = f"layers.{l}."
+        W[p + "input_layernorm.weight"] = gain(H)
+        if QR:
+            W[p + "self_attn.q_a_proj.weight"] = mat(QR, H)
+            W[p + "self_attn.q_a_layernorm.weight"] = gain(QR)
+            W[p + "self_attn.q_b_proj.weight"] = mat(NH * (NOPE + ROPE), QR)
+        else:
+            W[p + "self_attn.q_proj.weight"] = mat(NH * (NOPE + ROPE), H)
+        W[p + "self_attn.kv_a_proj_with_mqa.weight"] = mat(KVR + ROPE, H)
+        W[p + "self_attn.kv_a_layernorm.weight"] = gain(KVR)
+        W[p + "self_attn.kv_b_proj.weight"] = mat(NH * (NOPE + VD), KVR)
+        W[p + "self_attn.o_proj.weight"] = mat(H, NH * VD)
+        W[p + "post_attention_layernorm.weight"] = gain(H)
+        if l < cfg["first_k_dense_replace"]:
+            FF = cfg["intermediate_size"]
+            W[p + "mlp.gate_proj.weight"] = mat(FF, H)
+            W[p + "mlp.up_proj.weight"] = mat(FF, H)
+            W[p + "mlp.down_proj.weight"] = mat(H, FF)
+            continue
+        # Router logits of unit scale: sigmoid scores spread over (0.2, 0.8).
+        W[p + "mlp.gate.weight"] = mat(E, H)
+        if cfg["e_score_correction_bias"]:
+            # Non-negative, so sigmoid + bias > 0 and HF's masked_fill(0.0) of the dropped groups
+            # selects the same experts as llama.cpp's -inf mask.
+            W[p + "mlp.gate.e_score_correction_bias"] = rng.uniform(0.0, 0.2, E).astype(np.float32)
+        W[p + "mlp.experts.gate_proj.weight"] = (rng.standard_normal((E, F, H)) / np.sqrt(H)).astype(np.float32)
+        W[p + "mlp.experts.up_proj.weight"] = (rng.standard_normal((E, F, H)) / np.sqrt(H)).astype(np.float32)
+        W[p + "mlp.experts.down_proj.weight"] = (rng.standard_normal((E, H, F)) / np.sqrt(F)).astype(np.float32)
+        W[p + "mlp.shared_experts.gate_proj.weight"] = mat(S * F, H)
+        W[p + "mlp.shared_experts.up_proj.weight"] = mat(S * F, H)
+        W[p + "mlp.shared_experts.down_proj.weight"] = mat(H, S * F)
+    W["norm.weight"] = gain(H)
+    # Logits spread over several units so that near ties are rare.
+    W["lm_head.weight"] = mat(V, H, 3.0 / np.sqrt(H))
+    return W
+
+
+def write_deepseek_gguf(path, cfg, W):
+    """The GGUF that llama.cpp's convert_hf_to_gguf.py (DeepseekV2Model) writes for these weights:
+    mla_split=True is today's converter (kv_b_proj split into attn_k_b, transposed, and attn_v_b;
+    head_count_kv 1, key/value_length of the latent cache, *_mla lengths), mla_split=False the
+    converter before the split (attn_kv_b, head_count_kv = heads, key/value_length per head)."""
+    import gguf
+    tokens, types, merges, eos = tokenizer()
+    V, H, L, NH = len(tokens), cfg["hidden"], cfg["layers"], cfg["heads"]
+    NOPE, ROPE, VD = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"]
+    QR, KVR = cfg["q_lora_rank"], cfg["kv_lora_rank"]
+    rs = cfg["rope_scaling"]
+
+    w = gguf.GGUFWriter(path, cfg["arch"])
+    w.add_name(os.path.splitext(os.path.basename(path))[0])
+    # TextModel.set_gguf_parameters
+    w.add_block_count(L)
+    w.add_context_length(cfg["context_length"])
+    w.add_embedding_length(H)
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(NH)
+    w.add_head_count_kv(1 if cfg["mla_split"] else NH)
+    if rs is not None:
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(rs["factor"])
+        w.add_rope_scaling_orig_ctx_len(rs["original_max_position_embeddings"])
+        w.add_rope_scaling_yarn_beta_fast(rs["beta_fast"])
+        w.add_rope_scaling_yarn_beta_slow(rs["beta_slow"])
+    w.add_rope_freq_base(cfg["theta"])
+    w.add_layer_norm_rms_eps(cfg["eps"])
+    w.add_expert_count(cfg["n_routed_experts"])
+    w.add_expert_used_count(cfg["num_experts_per_tok"])
+    if cfg["n_group"]:
+        w.add_expert_group_count(cfg["n_group"])
+        w.add_expert_group_used_count(cfg["topk_group"])
+    w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID if cfg["scoring_func"] == "sigmoid"
+                             else gguf.ExpertGatingFuncType.SOFTMAX)
+    w.add_file_type(0)  # ALL_F32
+    # DeepseekV2Model.set_gguf_parameters
+    w.add_leading_dense_block_count(cfg["first_k_dense_replace"])
+    w.add_vocab_size(V)
+    # llama.cpp requires q_lora_rank unless the layer count is that of a known lite model
+    # (26, 27 or 48): a small q-LoRA-less file has to say 0.
+    w.add_q_lora_rank(QR or 0)
+    w.add_kv_lora_rank(KVR)
+    if cfg["mla_split"]:
+        w.add_key_length(KVR + ROPE)
+        w.add_value_length(KVR)
+        w.add_key_length_mla(NOPE + ROPE)
+        w.add_value_length_mla(VD)
+    else:
+        w.add_key_length(NOPE + ROPE)
+        w.add_value_length(VD)
+    w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
+    w.add_expert_shared_count(cfg["n_shared_experts"])
+    w.add_expert_weights_scale(cfg["routed_scaling_factor"])
+    if cfg["norm_topk_prob"] or not cfg["mla_split"]:
+        # (the converter before the split wrote the flag unconditionally; today's only when true)
+        w.add_expert_weights_norm(cfg["norm_topk_prob"])
+    w.add_rope_dimension_count(ROPE)
+    if rs is not None:
+        w.add_rope_scaling_yarn_log_mul(0.1 * rs["mscale_all_dim"])
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("smollm")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    w.add_bos_token_id(eos)
+    w.add_eos_token_id(eos)
+    w.add_add_bos_token(False)
+
+    # numpy shape (rows, cols) is GGUF ne (cols, rows).
+    w.add_tensor("token_embd.weight", W["embed_tokens.weight"])
+    for l in range(L):
+        p, b = f"layers.{l}.", f"blk.{l}."
+        w.add_tensor(b + "attn_norm.weight", W[p + "input_layernorm.weight"])
+        if QR:
+            w.add_tensor(b + "attn_q_a.weight", W[p + "self_attn.q_a_proj.weight"])
+            w.add_tensor(b + "attn_q_a_norm.weight", W[p + "self_attn.q_a_layernorm.weight"])
+            w.add_tensor(b + "attn_q_b.weight", W[p + "self_attn.q_b_proj.weight"])
+        else:
+            w.add_tensor(b + "attn_q.weight", W[p + "self_attn.q_proj.weight"])
+        w.add_tensor(b + "attn_kv_a_mqa.weight", W[p + "self_attn.kv_a_proj_with_mqa.weight"])
+        w.add_tensor(b + "attn_kv_a_norm.weight", W[p + "self_attn.kv_a_layernorm.weight"])
+        kv_b = W[p + "self_attn.kv_b_proj.weight"]
+        if cfg["mla_split"]:
+            # DeepseekV2Model.modify_tensors: view (heads, nope + v, kv_lora), split, k_b.transpose(1, 2)
+            kv_b = kv_b.reshape(NH, NOPE + VD, KVR)
+            w.add_tensor(b + "attn_k_b.weight", np.ascontiguousarray(kv_b[:, :NOPE, :].transpose(0, 2, 1)))
+            w.add_tensor(b + "attn_v_b.weight", np.ascontiguousarray(kv_b[:, NOPE:, :]))
+        else:
+            w.add_tensor(b + "attn_kv_b.weight", kv_b)
+        w.add_tensor(b + "attn_output.weight", W[p + "self_attn.o_proj.weight"])
+        w.add_tensor(b + "ffn_norm.weight", W[p + "post_attention_layernorm.weight"])
+        if l < cfg["first_k_dense_replace"]:
+            for g, h in (("gate", "gate_proj"), ("up", "up_proj"), ("down", "down_proj")):
+                w.add_tensor(b + f"ffn_{g}.weight", W[p + f"mlp.{h}.weight"])
+            continue
+        w.add_tensor(b + "ffn_gate_inp.weight", W[p + "mlp.gate.weight"])
+        if cfg["e_score_correction_bias"]:
+            w.add_tensor(b + "exp_probs_b.bias", W[p + "mlp.gate.e_score_correction_bias"])
+        for g, h in (("gate", "gate_proj"), ("up", "up_proj"), ("down", "down_proj")):
+            w.add_tensor(b + f"ffn_{g}_exps.weight", W[p + f"mlp.experts.{h}.weight"])
+        for g, h in (("gate", "gate_proj"), ("up", "up_proj"), ("down", "down_proj")):
+            w.add_tensor(b + f"ffn_{g}_shexp.weight", W[p + f"mlp.shared_experts.{h}.weight"])
+    w.add_tensor("output_norm.weight", W["norm.weight"])
+    w.add_tensor("output.weight", W["lm_head.weight"])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def deepseek_hf_forward(cfg, W, ids, stats=None):
+    """float64 logits [len(ids), vocab] computed as Hugging Face's DeepSeek-V2/V3 modeling code does
+    (modeling_deepseek.py / transformers' deepseek_v3), from the unsplit HF weights. A check on
+    llama.cpp and on the conventions written in scripts/reference/README.md, not a fixture."""
+    W = {k: v.astype(np.float64) for k, v in W.items()}
+    T, H, NH = len(ids), cfg["hidden"], cfg["heads"]
+    NOPE, ROPE, VD = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"]
+    KVR, eps = cfg["kv_lora_rank"], cfg["eps"]
+    E, K = cfg["n_routed_experts"], cfg["num_experts_per_tok"]
+    rs = cfg["rope_scaling"]
+
+    def rms(x, g):
+        return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * g
+
+    def silu(x):
+        return x / (1.0 + np.exp(-x))
+
+    def mlp(x, g, u, d):
+        return (silu(x @ g.T) * (x @ u.T)) @ d.T
+
+    # RoPE over the qk_rope_head_dim tail (DeepseekV3YarnRotaryEmbedding / _compute_yarn_parameters).
+    dim, base = ROPE, cfg["theta"]
+    freq_extra = 1.0 / base ** (np.arange(0, dim, 2) / dim)
+    softmax_scale = (NOPE + ROPE) ** -0.5
+    mag = 1.0
+    if rs is not None:
+        fac, orig = rs["factor"], rs["original_max_position_embeddings"]
+
+        def corr_dim(n_rot):
+            return dim * np.log(orig / (n_rot * 2 * np.pi)) / (2 * np.log(base))
+
+        low = max(np.floor(corr_dim(rs["beta_fast"])), 0)
+        high = min(np.ceil(corr_dim(rs["beta_slow"])), dim - 1)
+        if low == high:
+            high += 0.001
+        ramp = np.clip((np.arange(dim // 2) - low) / (high - low), 0, 1)
+        inv_freq_mask = 1.0 - ramp
+        inv_freq = freq_extra / fac * (1 - inv_freq_mask) + freq_extra * inv_freq_mask
+
+        def get_mscale(scale, m):
+            return 1.0 if scale <= 1 else 0.1 * m * np.log(scale) + 1.0
+
+        mag = get_mscale(fac, rs["mscale"]) / get_mscale(fac, rs["mscale_all_dim"])
+        softmax_scale *= get_mscale(fac, rs["mscale_all_dim"]) ** 2
+    else:
+        inv_freq = freq_extra
+    ang = np.arange(T)[:, None] * inv_freq[None, :]
+    emb = np.concatenate([ang, ang], axis=-1)
+    cos, sin = np.cos(emb) * mag, np.sin(emb) * mag
+
+    def rope(x):  # x [..., T, dim]; apply_rotary_pos_emb with the interleave de-permutation
+        x = x.reshape(x.shape[:-1] + (dim // 2, 2)).swapaxes(-1, -2).reshape(x.shape)
+        rot = np.concatenate([-x[..., dim // 2:], x[..., :dim // 2]], axis=-1)
+        return x * cos + rot * sin
+
+    x = W["embed_tokens.weight"][np.asarray(ids)]
+    mask = np.triu(np.full((T, T), -np.inf), 1)
+    for l in range(cfg["layers"]):
+        p = f"layers.{l}."
+        h = rms(x, W[p + "input_layernorm.weight"])
+        if cfg["q_lora_rank"]:
+            q = rms(h @ W[p + "self_attn.q_a_proj.weight"].T, W[p + "self_attn.q_a_layernorm.weight"])
+            q = q @ W[p + "self_attn.q_b_proj.weight"].T
+        else:
+            q = h @ W[p + "self_attn.q_proj.weight"].T
+        q = q.reshape(T, NH, NOPE + ROPE).transpose(1, 0, 2)  # [NH, T, d]
+        ckv = h @ W[p + "self_attn.kv_a_proj_with_mqa.weight"].T
+        c, k_pe = ckv[:, :KVR], ckv[:, KVR:]
+        kv = rms(c, W[p + "self_attn.kv_a_layernorm.weight"]) @ W[p + "self_attn.kv_b_proj.weight"].T
+        kv = kv.reshape(T, NH, NOPE + VD).transpose(1, 0, 2)
+        k_nope, v = kv[..., :NOPE], kv[..., NOPE:]
+        q_pe, k_pe = rope(q[..., NOPE:]), rope(k_pe[None])
+        qs = np.concatenate([q[..., :NOPE], q_pe], axis=-1)
+        ks = np.concatenate([k_nope, np.broadcast_to(k_pe, (NH, T, ROPE))], axis=-1)
+        a = qs @ ks.transpose(0, 2, 1) * softmax_scale + mask
+        a = np.exp(a - a.max(-1, keepdims=True))
+        a /= a.sum(-1, keepdims=True)
+        o = (a @ v).transpose(1, 0, 2).reshape(T, NH * VD)
+        x = x + o @ W[p + "self_attn.o_proj.weight"].T
+        h = rms(x, W[p + "post_attention_layernorm.weight"])
+        if l < cfg["first_k_dense_replace"]:
+            x = x + mlp(h, W[p + "mlp.gate_proj.weight"], W[p + "mlp.up_proj.weight"], W[p + "mlp.down_proj.weight"])
+            continue
+        logits = h @ W[p + "mlp.gate.weight"].T
+        if cfg["scoring_func"] == "sigmoid":
+            scores = 1.0 / (1.0 + np.exp(-logits))
+        else:
+            scores = np.exp(logits - logits.max(-1, keepdims=True))
+            scores /= scores.sum(-1, keepdims=True)
+        choice = scores.copy()
+        if cfg["e_score_correction_bias"]:
+            choice = choice + W[p + "mlp.gate.e_score_correction_bias"]
+        plain = np.argsort(-scores, axis=-1, kind="stable")[:, :K]
+        unmasked = np.argsort(-choice, axis=-1, kind="stable")[:, :K]
+        if cfg["n_group"]:
+            G = cfg["n_group"]
+            grp = np.sort(choice.reshape(T, G, E // G), axis=-1)[..., -2:].sum(-1)  # top-2 sum per group
+            keep = np.argsort(-grp, axis=-1, kind="stable")[:, :cfg["topk_group"]]
+            gmask = np.zeros((T, G), dtype=bool)
+            np.put_along_axis(gmask, keep, True, axis=-1)
+            choice = np.where(np.repeat(gmask, E // G, axis=-1), choice, 0.0)
+        idx = np.argsort(-choice, axis=-1, kind="stable")[:, :K]
+        wts = np.take_along_axis(scores, idx, axis=-1)
+        if cfg["norm_topk_prob"]:
+            wts = wts / (wts.sum(-1, keepdims=True) + 1e-20)
+        wts = wts * cfg["routed_scaling_factor"]
+        if stats is not None:
+            same = lambda a_, b_: np.sort(a_, -1) == np.sort(b_, -1)
+            stats["routings"] = stats.get("routings", 0) + T
+            stats["bias_changed"] = stats.get("bias_changed", 0) + int((~same(plain, unmasked).all(-1)).sum())
+            stats["groups_changed"] = stats.get("groups_changed", 0) + int((~same(unmasked, idx).all(-1)).sum())
+        out = np.zeros_like(h)
+        gE, uE, dE = (W[p + f"mlp.experts.{n}_proj.weight"] for n in ("gate", "up", "down"))
+        for t in range(T):
+            for j in range(K):
+                e = idx[t, j]
+                out[t] += wts[t, j] * mlp(h[t], gE[e], uE[e], dE[e])
+        out += mlp(h, W[p + "mlp.shared_experts.gate_proj.weight"], W[p + "mlp.shared_experts.up_proj.weight"],
+                   W[p + "mlp.shared_experts.down_proj.weight"])
+        x = x + out
+    return rms(x, W["norm.weight"]) @ W["lm_head.weight"].T
+
+
+def check_deepseek(cfg, W, prompts):
+    """Largest |numpy HF-convention logit - llama.cpp logit| over every recorded top-5, and routing stats."""
+    worst, stats = 0.0, {}
+    for pr in prompts:
+        seq = pr["prompt_ids"] + pr["tokens"][:-1]
+        lg = deepseek_hf_forward(cfg, W, seq, stats)
+        n = len(pr["prompt_ids"])
+        for k, top in enumerate(pr["top"]):
+            row = lg[n - 1 + k]
+            for t, v in top:
+                worst = max(worst, abs(row[t] - v))
+            if int(np.argmax(row)) != pr["tokens"][k]:
+                print(f"  numpy check: {pr['name']} step {k}: argmax {int(np.argmax(row))} != llama.cpp {pr['tokens'][k]}",
+                      file=sys.stderr)
+    print(f"  numpy HF-convention forward vs llama.cpp: max |logit diff| over the top-5 {worst:.2e}; "
+          f"routed choices changed by the bias {stats.get('bias_changed', 0)}/{stats.get('routings', 0)}, "
+          f"by the groups {stats.get('groups_changed', 0)}/{stats.get('routings', 0)} (token x MoE layer)",
+          file=sys.stderr)
+    return worst
+
+
 def run_llama(path):
     from llama_cpp import Llama
     kw = dict(model_path=path, logits_all=True, n_ctx=512, n_threads=2, n_threads_batch=2, seed=0,
@@ -208,19 +561,32 @@ def run_llama(path):
 
 def main():
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    names = sorted(ARCHS) + sorted(DEEPSEEK)
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out-dir", default=os.path.join(root, "tests", "testdata", "moe"))
-    ap.add_argument("--arch", action="append", choices=sorted(ARCHS), help="default: all")
+    ap.add_argument("--arch", action="append", choices=names, help="default: all")
+    ap.add_argument("--archs", help="comma-separated list, as --arch (e.g. deepseek2,deepseek2-lite,deepseek2-yarn)")
     args = ap.parse_args()
+    chosen = list(args.arch or [])
+    for name in (args.archs.split(",") if args.archs else []):
+        if name not in names:
+            ap.error(f"--archs: unknown {name!r} (choose from {', '.join(names)})")
+        chosen.append(name)
     os.makedirs(args.out_dir, exist_ok=True)
     import gguf
     import llama_cpp
-    for name in args.arch or sorted(ARCHS):
-        cfg = ARCHS[name]
+    for name in chosen or names:
+        cfg = ARCHS.get(name) or DEEPSEEK[name]
         path = os.path.join(args.out_dir, name + ".gguf")
         print(f"{name}: writing {path}", file=sys.stderr)
-        write_gguf(path, cfg)
+        if name in DEEPSEEK:
+            W = deepseek_weights(cfg)
+            write_deepseek_gguf(path, cfg, W)
+        else:
+            write_gguf(path, cfg)
         prompts = run_llama(path)
+        if name in DEEPSEEK:
+            check_deepseek(cfg, W, prompts)
         ref = {
             "model": name + ".gguf",
             "architecture": cfg["arch"],
