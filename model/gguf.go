@@ -2,6 +2,7 @@ package model
 
 import (
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -21,6 +22,12 @@ var ggufLayerTensor = map[string]bridge.WeightKind{
 	"ffn_gate": bridge.WeightGate, "ffn_up": bridge.WeightUp, "ffn_down": bridge.WeightDown,
 	"attn_q_norm": bridge.WeightQNorm, "attn_k_norm": bridge.WeightKNorm, "ffn_gate_inp": bridge.WeightRouter,
 	"ffn_gate_shexp": bridge.WeightSharedGate, "ffn_up_shexp": bridge.WeightSharedUp, "ffn_down_shexp": bridge.WeightSharedDown,
+	// deepseek2 (MLA): attn_q_b is the q projection after the q LoRA;
+	// attn_k_b / attn_v_b are 3-D ([heads][kv_lora][nope], [heads][v][kv_lora]),
+	// read as their [heads·rows][cols] matrices.
+	"attn_q_a": bridge.WeightQA, "attn_q_a_norm": bridge.WeightQANorm, "attn_q_b": bridge.WeightQ,
+	"attn_kv_a_mqa": bridge.WeightKVA, "attn_kv_a_norm": bridge.WeightKVANorm, "attn_kv_b": bridge.WeightKVB,
+	"attn_k_b": bridge.WeightKB, "attn_v_b": bridge.WeightVB,
 }
 
 // ggufStackedExperts are the 3-D expert tensors, [experts][rows][cols]
@@ -45,16 +52,25 @@ var ggufTypes = map[gguf.GGMLType]bridge.DType{
 
 var blkTensor = regexp.MustCompile(`^blk\.(\d+)\.([a-z_]+)\.weight$`)
 
+// blkRouterBias is deepseek2's score-correction bias of a sigmoid router.
+var blkRouterBias = regexp.MustCompile(`^blk\.(\d+)\.exp_probs_b\.bias$`)
+
 // ggufArchitectures are the general.architecture values this loader reads:
-// Llama (dense, or with experts: Mixtral), Qwen3 (q/k norms) and Qwen3-MoE.
-// The value says whether llama.cpp's converter stored Q and K rows in its
-// interleaved RoPE order (it permutes them for "llama" only; Qwen models
-// use its NeoX rotation, which is rotate-half).
-var ggufArchitectures = map[string]struct{ interleaved, qkNorm bool }{
-	"llama":    {interleaved: true},
-	"qwen3":    {qkNorm: true},
-	"qwen3moe": {qkNorm: true},
+// Llama (dense, or with experts: Mixtral), Qwen3 (q/k norms), Qwen3-MoE and
+// DeepSeek-V2/V3 (deepseek2: MLA, docs/models.md). The value says whether
+// llama.cpp's converter stored Q and K rows in its interleaved RoPE order
+// (it permutes them for "llama"; DeepSeek's checkpoints are interleaved
+// in the rope tails of q and of the latent projection; Qwen models use its
+// NeoX rotation, which is rotate-half).
+var ggufArchitectures = map[string]struct{ interleaved, qkNorm, mla bool }{
+	"llama":     {interleaved: true},
+	"qwen3":     {qkNorm: true},
+	"qwen3moe":  {qkNorm: true},
+	"deepseek2": {interleaved: true, mla: true},
 }
+
+// ggufArchitectureNames lists them for messages.
+const ggufArchitectureNames = "deepseek2, llama, qwen3, qwen3moe"
 
 // parseGGUF parses a GGUF file's header. The parser panics on some
 // corrupt headers (a size product that overflows); that panic is the
@@ -87,7 +103,7 @@ func loadGGUF(path string) (m *Model, err error) {
 	arch := str("general.architecture")
 	archInfo, ok := ggufArchitectures[arch]
 	if !ok {
-		return nil, fmt.Errorf("model %s: architecture %q is not supported (supported: llama, qwen3, qwen3moe)", path, arch)
+		return nil, fmt.Errorf("model %s: architecture %q is not supported (supported: %s)", path, arch, ggufArchitectureNames)
 	}
 	num := func(k string, def float64, required bool) (float64, error) {
 		v, ok := kvs.Get(arch + "." + k)
@@ -128,28 +144,13 @@ func loadGGUF(path string) (m *Model, err error) {
 		return nil, err
 	}
 	shape.NumKVHeads = int(kvHeads)
-	// The head size: attention.key_length (Qwen3 writes it, and its heads
-	// need not tile the hidden size), else the RoPE dimension, else
-	// hidden / heads. RoPE must rotate the whole head, and V heads must be
-	// as wide as K heads.
-	headDim, err := num("rope.dimension_count", float64(shape.HiddenSize/shape.NumHeads), false)
-	if err != nil {
+	if archInfo.mla {
+		if err := ggufMLA(path, arch, num, kvs, &shape); err != nil {
+			return nil, err
+		}
+	} else if err := ggufHeadDim(path, arch, num, kvs, &shape); err != nil {
 		return nil, err
 	}
-	if kl, err := num("attention.key_length", headDim, false); err != nil {
-		return nil, err
-	} else if _, hasRope := kvs.Get(arch + ".rope.dimension_count"); !hasRope {
-		headDim = kl
-	} else if kl != headDim {
-		return nil, fmt.Errorf("model %s: attention.key_length %v differs from the RoPE dimension %v (partial RoPE is not supported)", path, kl, headDim)
-	}
-	if vl, err := num("attention.value_length", headDim, false); err != nil || vl != headDim {
-		return nil, fmt.Errorf("model %s: attention.value_length %v differs from the key length %v (unequal K and V heads are not supported)", path, vl, headDim)
-	}
-	if headDim != float64(int32(headDim)) || headDim <= 0 {
-		return nil, fmt.Errorf("model %s: the head size %v is not a positive integer", path, headDim)
-	}
-	shape.HeadDim = int(headDim)
 	shape.QKNorm = archInfo.qkNorm
 	theta, err := num("rope.freq_base", 10000, false)
 	if err != nil {
@@ -161,14 +162,49 @@ func loadGGUF(path string) (m *Model, err error) {
 		return nil, err
 	}
 	shape.RMSEps = float32(eps)
-	if err := ggufMoE(path, arch, num, &shape); err != nil {
+	if err := ggufMoE(path, arch, num, kvs, &shape); err != nil {
 		return nil, err
 	}
-	if t := str(arch + ".rope.scaling.type"); t != "" && t != "none" {
-		return nil, fmt.Errorf("model %s: RoPE scaling type %q is not supported (llama.cpp writes Llama-3 scaling as the rope_freqs.weight tensor, which is supported)", path, t)
+	if err := ggufRopeScaling(path, arch, num, str, &shape); err != nil {
+		return nil, err
 	}
 	ctx, _ := num("context_length", 0, false)
+	return loadGGUFTensors(path, gf, arch, num, str, shape, int(ctx))
+}
 
+// ggufHeadDim reads a GQA model's head size.
+func ggufHeadDim(path, arch string, num func(string, float64, bool) (float64, error), kvs gguf.GGUFMetadataKVs, shape *bridge.ModelShape) error {
+	// The head size: attention.key_length (Qwen3 writes it, and its heads
+	// need not tile the hidden size), else the RoPE dimension, else
+	// hidden / heads. RoPE must rotate the whole head, and V heads must be
+	// as wide as K heads.
+	headDim, err := num("rope.dimension_count", float64(shape.HiddenSize/shape.NumHeads), false)
+	if err != nil {
+		return err
+	}
+	if kl, err := num("attention.key_length", headDim, false); err != nil {
+		return err
+	} else if _, hasRope := kvs.Get(arch + ".rope.dimension_count"); !hasRope {
+		headDim = kl
+	} else if kl != headDim {
+		return fmt.Errorf("model %s: attention.key_length %v differs from the RoPE dimension %v (partial RoPE is not supported)", path, kl, headDim)
+	}
+	if vl, err := num("attention.value_length", headDim, false); err != nil || vl != headDim {
+		return fmt.Errorf("model %s: attention.value_length %v differs from the key length %v (unequal K and V heads are not supported)", path, vl, headDim)
+	}
+	if headDim != float64(int32(headDim)) || headDim <= 0 {
+		return fmt.Errorf("model %s: the head size %v is not a positive integer", path, headDim)
+	}
+	shape.HeadDim = int(headDim)
+	return nil
+}
+
+// loadGGUFTensors reads the tokenizer and maps the tensors of a GGUF file
+// whose shape is read.
+func loadGGUFTensors(path string, gf *gguf.GGUFFile, arch string, num func(string, float64, bool) (float64, error),
+	str func(string) string, shape bridge.ModelShape, ctx int) (m *Model, err error) {
+	kvs := gf.Header.MetadataKV
+	archInfo := ggufArchitectures[arch]
 	spec, err := TokenizerSpecFromGGUF(kvs)
 	if err != nil {
 		return nil, fmt.Errorf("model %s: %w", path, err)
@@ -191,7 +227,7 @@ func loadGGUF(path string) (m *Model, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("model %s: mapping the file: %w", path, err)
 	}
-	m = &Model{Path: path, Format: "gguf", Name: str("general.name"), ContextLength: int(ctx), Tokenizer: tok,
+	m = &Model{Path: path, Format: "gguf", Name: str("general.name"), ContextLength: ctx, Tokenizer: tok,
 		mappings: []interface{ Close() error }{closerFunc(mm.Unmap)}}
 	// Unmap on failure. The model is passed in: by the time this runs, an
 	// error return has already set m to nil.
@@ -219,6 +255,12 @@ func loadGGUF(path string) (m *Model, err error) {
 		if k, ok := ggufGlobalTensor[ti.Name]; ok {
 			kind = k
 			hasOutput = hasOutput || k == bridge.WeightLMHead
+		} else if sm := blkRouterBias.FindStringSubmatch(ti.Name); sm != nil {
+			l, _ := strconv.Atoi(sm[1])
+			if l >= shape.NumLayers {
+				return nil, fmt.Errorf("model %s: tensor %s: layer out of range (%d layers)", path, ti.Name, shape.NumLayers)
+			}
+			kind, layer = bridge.WeightRouterBias, l
 		} else if sm := blkTensor.FindStringSubmatch(ti.Name); sm != nil {
 			k, ok := ggufLayerTensor[sm[2]]
 			if !ok {
@@ -247,7 +289,8 @@ func loadGGUF(path string) (m *Model, err error) {
 		if !ok {
 			return nil, fmt.Errorf("model %s: tensor %s has type %v; supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1", path, ti.Name, ti.Type)
 		}
-		if n := len(ti.Dimensions); stacked != (n == 3) {
+		perHead := kind == bridge.WeightKB || kind == bridge.WeightVB // 3-D, read flat
+		if n := len(ti.Dimensions); stacked != (n == 3) && !perHead {
 			want := "1 or 2"
 			if stacked {
 				want = "3 (experts, rows, cols)"
@@ -266,6 +309,8 @@ func loadGGUF(path string) (m *Model, err error) {
 			t.InterleavedRopeHeads = shape.NumHeads
 		case kind == bridge.WeightK && archInfo.interleaved:
 			t.InterleavedRopeHeads = shape.NumKVHeads
+		case kind == bridge.WeightKVA && archInfo.interleaved:
+			t.InterleavedRopeHeads = 1 // the latent's rope tail (k_pe)
 		}
 		if !stacked {
 			m.Tensors = append(m.Tensors, t)
@@ -344,11 +389,15 @@ func (f closerFunc) Close() error { return f() }
 
 // ggufMoE reads the mixture-of-experts metadata of arch into shape:
 // expert_count 0 or absent is a dense model. The expert width is
-// expert_feed_forward_length (Qwen3-MoE), else feed_forward_length (llama
-// with experts: Mixtral). Router weighting as llama.cpp computes each
-// family: Qwen3-MoE softmax over every expert, top-k, renormalised; Mixtral
-// top-k, then softmax over the k (the same weights).
-func ggufMoE(path, arch string, num func(string, float64, bool) (float64, error), shape *bridge.ModelShape) error {
+// expert_feed_forward_length (Qwen3-MoE, DeepSeek), else
+// feed_forward_length (llama with experts: Mixtral). Router weighting as
+// llama.cpp computes each family: Qwen3-MoE softmax over every expert,
+// top-k, renormalised; Mixtral top-k, then softmax over the k (the same
+// weights); DeepSeek per expert_gating_func (1 softmax, 2 sigmoid),
+// expert_weights_norm, expert_weights_scale and the expert groups, with
+// leading_dense_block_count dense layers and shared experts.
+func ggufMoE(path, arch string, num func(string, float64, bool) (float64, error), kvs gguf.GGUFMetadataKVs, shape *bridge.ModelShape) error {
+	deepseek := arch == "deepseek2"
 	experts, err := num("expert_count", 0, false)
 	if err != nil {
 		return err
@@ -363,7 +412,7 @@ func ggufMoE(path, arch string, num func(string, float64, bool) (float64, error)
 	if err != nil {
 		return err
 	}
-	width, err := num("expert_feed_forward_length", float64(shape.IntermediateSize), arch == "qwen3moe")
+	width, err := num("expert_feed_forward_length", float64(shape.IntermediateSize), arch == "qwen3moe" || deepseek)
 	if err != nil {
 		return err
 	}
@@ -379,13 +428,156 @@ func ggufMoE(path, arch string, num func(string, float64, bool) (float64, error)
 			return fmt.Errorf("model %s: GGUF metadata %s.%s = %v is not a positive integer", path, arch, f.key, f.v)
 		}
 	}
-	if shared != 0 {
+	if shared != 0 && !deepseek {
 		return fmt.Errorf("model %s: %s.expert_shared_count = %v: shared experts of this architecture are not supported", path, arch, shared)
 	}
+	if shared < 0 || shared != float64(int32(shared)) {
+		return fmt.Errorf("model %s: GGUF metadata %s.expert_shared_count = %v is not a non-negative integer", path, arch, shared)
+	}
 	shape.NumExperts, shape.NumExpertsPerTok, shape.MoEIntermediateSize = int(experts), int(used), int(width)
+	shape.NumSharedExperts = int(shared)
 	shape.RouterNorm = bridge.RouterSoftmaxTopK
 	if arch == "llama" {
 		shape.RouterNorm = bridge.RouterTopKSoftmax
 	}
+	if !deepseek {
+		return nil
+	}
+	ints := []struct {
+		key string
+		dst *int
+	}{{"leading_dense_block_count", &shape.FirstDenseLayers}, {"expert_group_count", &shape.ExpertGroups},
+		{"expert_group_used_count", &shape.ExpertGroupsUsed}}
+	for _, f := range ints {
+		v, err := num(f.key, 0, false)
+		if err != nil {
+			return err
+		}
+		if v < 0 || v != float64(int32(v)) {
+			return fmt.Errorf("model %s: GGUF metadata %s.%s = %v is not a non-negative integer", path, arch, f.key, v)
+		}
+		*f.dst = int(v)
+	}
+	if shape.ExpertGroups <= 1 {
+		shape.ExpertGroups, shape.ExpertGroupsUsed = 0, 0 // one group: no limit
+	}
+	gating, err := num("expert_gating_func", 1, false)
+	if err != nil {
+		return err
+	}
+	norm := false
+	if v, ok := kvs.Get(arch + ".expert_weights_norm"); ok {
+		if v.ValueType != gguf.GGUFMetadataValueTypeBool {
+			return fmt.Errorf("model %s: GGUF metadata %s.expert_weights_norm is a %v, want a bool", path, arch, v.ValueType)
+		}
+		norm = v.ValueBool()
+	}
+	switch {
+	case gating == 1 && norm:
+		shape.RouterNorm = bridge.RouterSoftmaxTopK
+	case gating == 1:
+		shape.RouterNorm = bridge.RouterSoftmaxTopKRaw
+	case gating == 2 && norm:
+		shape.RouterNorm = bridge.RouterSigmoidTopK
+	case gating == 2:
+		shape.RouterNorm = bridge.RouterSigmoidTopKRaw
+	default:
+		return fmt.Errorf("model %s: %s.expert_gating_func = %v is not supported (1 softmax, 2 sigmoid)", path, arch, gating)
+	}
+	scale, err := num("expert_weights_scale", 1, false)
+	if err != nil {
+		return err
+	}
+	if !(scale > 0) || math.IsInf(scale, 0) {
+		return fmt.Errorf("model %s: GGUF metadata %s.expert_weights_scale = %v is not a positive number", path, arch, scale)
+	}
+	shape.RoutedScalingFactor = float32(scale)
+	return nil
+}
+
+// ggufMLA reads deepseek2's latent-attention metadata into shape. Files of
+// llama.cpp's current converter (the absorbed form, attn_k_b/attn_v_b)
+// give the per-head sizes as attention.key_length_mla / value_length_mla
+// and the latent's as key_length / value_length; older ones (attn_kv_b)
+// give the per-head sizes as key_length / value_length.
+func ggufMLA(path, arch string, num func(string, float64, bool) (float64, error), kvs gguf.GGUFMetadataKVs, shape *bridge.ModelShape) error {
+	get := func(key string, def float64, required bool) (int, error) {
+		v, err := num(key, def, required)
+		if err != nil {
+			return 0, err
+		}
+		if v < 0 || v != float64(int32(v)) {
+			return 0, fmt.Errorf("model %s: GGUF metadata %s.%s = %v is not a non-negative integer", path, arch, key, v)
+		}
+		return int(v), nil
+	}
+	var err error
+	if shape.QLoraRank, err = get("attention.q_lora_rank", 0, false); err != nil {
+		return err
+	}
+	if shape.KVLoraRank, err = get("attention.kv_lora_rank", 0, true); err != nil {
+		return err
+	}
+	if shape.QKRopeHeadDim, err = get("rope.dimension_count", 0, true); err != nil {
+		return err
+	}
+	keyKey, valKey := "attention.key_length", "attention.value_length"
+	if _, ok := kvs.Get(arch + ".attention.key_length_mla"); ok {
+		keyKey, valKey = "attention.key_length_mla", "attention.value_length_mla"
+	}
+	if shape.HeadDim, err = get(keyKey, 0, true); err != nil {
+		return err
+	}
+	if shape.VHeadDim, err = get(valKey, 0, true); err != nil {
+		return err
+	}
+	if shape.KVLoraRank == 0 || shape.HeadDim <= shape.QKRopeHeadDim {
+		return fmt.Errorf("model %s: %s.attention.kv_lora_rank %d and %s %d (with rope.dimension_count %d) do not describe latent attention",
+			path, arch, shape.KVLoraRank, keyKey, shape.HeadDim, shape.QKRopeHeadDim)
+	}
+	shape.QKNopeHeadDim = shape.HeadDim - shape.QKRopeHeadDim
+	shape.NumKVHeads = shape.NumHeads // the latent is shared; the shape counts query heads
+	return nil
+}
+
+// ggufRopeScaling reads rope.scaling.*: YaRN for deepseek2 (DeepSeek-V3's
+// form: the attention scale's mscale from yarn_log_multiplier = 0.1 ×
+// mscale_all_dim, cos and sin unscaled as llama.cpp computes them), none
+// otherwise (llama.cpp writes Llama-3 scaling as the rope_freqs.weight
+// tensor, which is read).
+func ggufRopeScaling(path, arch string, num func(string, float64, bool) (float64, error), str func(string) string, shape *bridge.ModelShape) error {
+	t := str(arch + ".rope.scaling.type")
+	if t == "" || t == "none" {
+		return nil
+	}
+	if t != "yarn" || arch != "deepseek2" {
+		return fmt.Errorf("model %s: RoPE scaling type %q is not supported for %s (supported: yarn on deepseek2; llama.cpp writes Llama-3 scaling as the rope_freqs.weight tensor, which is supported)", path, t, arch)
+	}
+	factor, err := num("rope.scaling.factor", 0, true)
+	if err != nil {
+		return err
+	}
+	orig, err := num("rope.scaling.original_context_length", 0, true)
+	if err != nil {
+		return err
+	}
+	fast, err := num("rope.scaling.yarn_beta_fast", 32, false)
+	if err != nil {
+		return err
+	}
+	slow, err := num("rope.scaling.yarn_beta_slow", 1, false)
+	if err != nil {
+		return err
+	}
+	logMul, err := num("rope.scaling.yarn_log_multiplier", 0, false)
+	if err != nil {
+		return err
+	}
+	if orig != float64(int32(orig)) || orig <= 0 {
+		return fmt.Errorf("model %s: GGUF metadata %s.rope.scaling.original_context_length = %v is not a positive integer", path, arch, orig)
+	}
+	all := float32(logMul / 0.1)
+	shape.Yarn = &bridge.YarnScaling{Factor: float32(factor), OriginalMaxPositions: int(orig), BetaFast: float32(fast),
+		BetaSlow: float32(slow), MScale: all, MScaleAllDim: all}
 	return nil
 }

@@ -107,6 +107,22 @@ func checkTensors(s bridge.ModelShape, ts []bridge.WeightTensor) error {
 		bridge.WeightRouter: {int64(s.NumExperts), H}, bridge.WeightExpertGate: {Fm, H},
 		bridge.WeightExpertUp: {Fm, H}, bridge.WeightExpertDown: {H, Fm},
 		bridge.WeightSharedGate: {Fs, H}, bridge.WeightSharedUp: {Fs, H}, bridge.WeightSharedDown: {H, Fs},
+		bridge.WeightRouterBias: {1, int64(s.NumExperts)},
+	}
+	if s.MLA() {
+		heads, QL, KL := int64(s.NumHeads), int64(s.QLoraRank), int64(s.KVLoraRank)
+		N, R, Vh := int64(s.QKNopeHeadDim), int64(s.QKRopeHeadDim), int64(s.VHeadDim)
+		qIn := H
+		if QL > 0 {
+			qIn = QL
+		}
+		dims[bridge.WeightQ] = [2]int64{heads * (N + R), qIn}
+		dims[bridge.WeightO] = [2]int64{H, heads * Vh}
+		dims[bridge.WeightRopeFreqs] = [2]int64{1, R / 2}
+		dims[bridge.WeightQA], dims[bridge.WeightQANorm] = [2]int64{QL, H}, [2]int64{1, QL}
+		dims[bridge.WeightKVA], dims[bridge.WeightKVANorm] = [2]int64{KL + R, H}, [2]int64{1, KL}
+		dims[bridge.WeightKVB] = [2]int64{heads * (N + Vh), KL}
+		dims[bridge.WeightKB], dims[bridge.WeightVB] = [2]int64{heads * KL, N}, [2]int64{heads * Vh, KL}
 	}
 	type key struct {
 		k         bridge.WeightKind
@@ -114,15 +130,8 @@ func checkTensors(s bridge.ModelShape, ts []bridge.WeightTensor) error {
 	}
 	seen := map[key]string{}
 	for _, t := range ts {
-		switch {
-		case s.MoE() && (t.Kind == bridge.WeightGate || t.Kind == bridge.WeightUp || t.Kind == bridge.WeightDown):
-			return fmt.Errorf("tensor %s is a dense MLP weight in a mixture-of-experts model", t.Name)
-		case !s.MoE() && (t.Kind == bridge.WeightRouter || t.Kind.IsExpert()):
-			return fmt.Errorf("tensor %s is a mixture-of-experts weight in a dense model (no expert count in the metadata)", t.Name)
-		case s.NumSharedExperts == 0 && t.Kind >= bridge.WeightSharedGate && t.Kind <= bridge.WeightSharedDown:
-			return fmt.Errorf("tensor %s is a shared expert's, but the model has no shared experts", t.Name)
-		case !s.QKNorm && (t.Kind == bridge.WeightQNorm || t.Kind == bridge.WeightKNorm):
-			return fmt.Errorf("tensor %s is a q/k norm gain, which this architecture does not have", t.Name)
+		if err := foreignTensor(s, t); err != nil {
+			return err
 		}
 		d := dims[t.Kind]
 		if t.Rows != d[0] || t.Cols != d[1] {
@@ -150,11 +159,28 @@ func checkTensors(s bridge.ModelShape, ts []bridge.WeightTensor) error {
 		return fmt.Errorf("missing tensor: %s (and the embeddings are not tied)", kindNames[bridge.WeightLMHead])
 	}
 	for l := 0; l < s.NumLayers; l++ {
-		need := []bridge.WeightKind{bridge.WeightAttnNorm, bridge.WeightQ, bridge.WeightK, bridge.WeightV, bridge.WeightO, bridge.WeightMLPNorm}
+		need := []bridge.WeightKind{bridge.WeightAttnNorm, bridge.WeightQ, bridge.WeightO, bridge.WeightMLPNorm}
+		if s.MLA() {
+			need = append(need, bridge.WeightKVA, bridge.WeightKVANorm)
+			if s.QLoraRank > 0 {
+				need = append(need, bridge.WeightQA, bridge.WeightQANorm)
+			}
+			_, kvb := seen[key{bridge.WeightKVB, l, 0}]
+			_, kb := seen[key{bridge.WeightKB, l, 0}]
+			_, vb := seen[key{bridge.WeightVB, l, 0}]
+			switch {
+			case kvb && (kb || vb):
+				return fmt.Errorf("layer %d has both attn_kv_b and attn_k_b/attn_v_b; a file has one form", l)
+			case !kvb:
+				need = append(need, bridge.WeightKB, bridge.WeightVB)
+			}
+		} else {
+			need = append(need, bridge.WeightK, bridge.WeightV)
+		}
 		if s.QKNorm {
 			need = append(need, bridge.WeightQNorm, bridge.WeightKNorm)
 		}
-		if !s.MoE() {
+		if !s.MoELayer(l) {
 			need = append(need, bridge.WeightGate, bridge.WeightUp, bridge.WeightDown)
 		} else {
 			need = append(need, bridge.WeightRouter)
@@ -167,6 +193,9 @@ func checkTensors(s bridge.ModelShape, ts []bridge.WeightTensor) error {
 				return fmt.Errorf("missing tensor: layer %d %s", l, kindNames[k])
 			}
 		}
+		if !s.MoELayer(l) {
+			continue
+		}
 		for e := 0; e < s.NumExperts; e++ {
 			for _, k := range []bridge.WeightKind{bridge.WeightExpertGate, bridge.WeightExpertUp, bridge.WeightExpertDown} {
 				if _, ok := seen[key{k, l, e}]; !ok {
@@ -174,6 +203,35 @@ func checkTensors(s bridge.ModelShape, ts []bridge.WeightTensor) error {
 				}
 			}
 		}
+	}
+	return nil
+}
+
+// foreignTensor says why a tensor does not belong to the shape (or its
+// layer), nil when it does.
+func foreignTensor(s bridge.ModelShape, t bridge.WeightTensor) error {
+	moe := s.MoELayer(t.Layer)
+	switch k := t.Kind; {
+	case moe && (k == bridge.WeightGate || k == bridge.WeightUp || k == bridge.WeightDown):
+		return fmt.Errorf("tensor %s is a dense MLP weight in a mixture-of-experts layer", t.Name)
+	case !moe && (k == bridge.WeightRouter || k == bridge.WeightRouterBias || k.IsExpert() ||
+		k >= bridge.WeightSharedGate && k <= bridge.WeightSharedDown):
+		if s.MoE() {
+			return fmt.Errorf("tensor %s is a mixture-of-experts weight in dense layer %d (the first %d layers are dense)", t.Name, t.Layer, s.FirstDenseLayers)
+		}
+		return fmt.Errorf("tensor %s is a mixture-of-experts weight in a dense model (no expert count in the metadata)", t.Name)
+	case s.NumSharedExperts == 0 && k >= bridge.WeightSharedGate && k <= bridge.WeightSharedDown:
+		return fmt.Errorf("tensor %s is a shared expert's, but the model has no shared experts", t.Name)
+	case k == bridge.WeightRouterBias && !s.RouterNorm.Sigmoid():
+		return fmt.Errorf("tensor %s is a router bias, but the model's router is a softmax one", t.Name)
+	case !s.QKNorm && (k == bridge.WeightQNorm || k == bridge.WeightKNorm):
+		return fmt.Errorf("tensor %s is a q/k norm gain, which this architecture does not have", t.Name)
+	case s.MLA() && (k == bridge.WeightK || k == bridge.WeightV):
+		return fmt.Errorf("tensor %s is a K/V projection, but the model uses latent attention (MLA)", t.Name)
+	case !s.MLA() && k >= bridge.WeightQA && k <= bridge.WeightVB:
+		return fmt.Errorf("tensor %s is a latent-attention (MLA) weight, but the model has no kv_lora_rank", t.Name)
+	case s.QLoraRank == 0 && (k == bridge.WeightQA || k == bridge.WeightQANorm):
+		return fmt.Errorf("tensor %s is a q LoRA weight, but the model has no q_lora_rank", t.Name)
 	}
 	return nil
 }
@@ -187,5 +245,9 @@ var kindNames = map[bridge.WeightKind]string{
 	bridge.WeightRouter: "router (expert gate)", bridge.WeightExpertGate: "expert gate projection",
 	bridge.WeightExpertUp: "expert up projection", bridge.WeightExpertDown: "expert down projection",
 	bridge.WeightSharedGate: "shared expert gate projection", bridge.WeightSharedUp: "shared expert up projection",
-	bridge.WeightSharedDown: "shared expert down projection",
+	bridge.WeightSharedDown: "shared expert down projection", bridge.WeightQA: "q LoRA down projection (attn_q_a)",
+	bridge.WeightQANorm: "q LoRA norm (attn_q_a_norm)", bridge.WeightKVA: "latent KV projection (attn_kv_a_mqa)",
+	bridge.WeightKVANorm: "latent KV norm (attn_kv_a_norm)", bridge.WeightKVB: "latent KV up projection (attn_kv_b)",
+	bridge.WeightKB: "latent K up projection (attn_k_b)", bridge.WeightVB: "latent V up projection (attn_v_b)",
+	bridge.WeightRouterBias: "router bias (exp_probs_b)",
 }

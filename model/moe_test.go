@@ -175,7 +175,7 @@ func TestGGUFMoERefusals(t *testing.T) {
 		}, nil, []string{"missing tensor: layer 1 expert 0 expert up projection"}},
 		{"dense MLP in a MoE model", "llama", func(m *tinyModel) {
 			m.tensors = append(m.tensors, &tinyTensor{gguf: "blk.0.ffn_gate.weight", kind: bridge.WeightGate, rows: 96, cols: 64, data: make([]float32, 96*64)})
-		}, nil, []string{"blk.0.ffn_gate.weight", "dense MLP weight in a mixture-of-experts model"}},
+		}, nil, []string{"blk.0.ffn_gate.weight", "dense MLP weight in a mixture-of-experts layer"}},
 		{"2-D expert tensor", "llama", func(m *tinyModel) {
 			for _, x := range m.tensors {
 				if x.gguf == "blk.0.ffn_down_exps.weight" {

@@ -27,7 +27,7 @@ func TestMoECheckpointDigestAcrossRanks(t *testing.T) {
 		lines = append(lines, string(b))
 	}
 	require.NoError(t, os.WriteFile(prompts, []byte(strings.Join(lines, "\n")+"\n"), 0o644))
-	for _, arch := range []string{"qwen3moe", "mixtral"} {
+	for _, arch := range []string{"qwen3moe", "mixtral", "deepseek2", "deepseek2-lite"} {
 		t.Run(arch, func(t *testing.T) {
 			args := []string{"--engine", "cpu", "--model", filepath.Join("testdata", "moe", arch+".gguf"), "--prompts", prompts}
 			one := moeServe(t, bin, append(args, "--ranks", "1")...)

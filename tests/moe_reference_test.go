@@ -58,7 +58,7 @@ type moeReference struct {
 // logits to one engine (for the dense Qwen3: four engines, each with a
 // quarter of the prompts).
 func TestMoEAgainstLlamaCPP(t *testing.T) {
-	for _, arch := range []string{"qwen3moe", "mixtral", "qwen3"} {
+	for _, arch := range []string{"qwen3moe", "mixtral", "qwen3", "deepseek2", "deepseek2-lite", "deepseek2-yarn"} {
 		t.Run(arch, func(t *testing.T) {
 			raw, err := os.ReadFile(filepath.Join("testdata", "moe", arch+".reference.json"))
 			require.NoError(t, err)
@@ -220,7 +220,7 @@ func argmax(row []float32) int32 {
 // tie or end-of-text token of the reference.
 func TestMoEWorkerMatchesLlamaCPP(t *testing.T) {
 	bin := worker(t)
-	for _, arch := range []string{"qwen3moe", "mixtral", "qwen3"} {
+	for _, arch := range []string{"qwen3moe", "mixtral", "qwen3", "deepseek2", "deepseek2-lite", "deepseek2-yarn"} {
 		t.Run(arch, func(t *testing.T) {
 			raw, err := os.ReadFile(filepath.Join("testdata", "moe", arch+".reference.json"))
 			require.NoError(t, err)
