@@ -49,10 +49,33 @@ type hfModelConfig struct {
 	SharedExpertSize    int             `json:"shared_expert_intermediate_size"`
 	SlidingWindow       json.RawMessage `json:"sliding_window"`
 	UseSlidingWindow    bool            `json:"use_sliding_window"`
+	// DeepSeek-V2/V3 and Kimi K2 (model_type deepseek_v2, deepseek_v3,
+	// kimi_k2): latent attention and their MoE.
+	QLoraRank          *int            `json:"q_lora_rank"`
+	KVLoraRank         int             `json:"kv_lora_rank"`
+	QKNopeHeadDim      int             `json:"qk_nope_head_dim"`
+	QKRopeHeadDim      int             `json:"qk_rope_head_dim"`
+	VHeadDim           int             `json:"v_head_dim"`
+	FirstKDenseReplace int             `json:"first_k_dense_replace"`
+	MoELayerFreq       *int            `json:"moe_layer_freq"`
+	NRoutedExperts     int             `json:"n_routed_experts"`
+	NSharedExperts     int             `json:"n_shared_experts"`
+	RoutedScaling      float64         `json:"routed_scaling_factor"`
+	ScoringFunc        string          `json:"scoring_func"`
+	TopKMethod         string          `json:"topk_method"`
+	NGroup             int             `json:"n_group"`
+	TopKGroup          int             `json:"topk_group"`
+	QuantizationConfig json.RawMessage `json:"quantization_config"`
 }
 
 // hfModelTypes are the config.json model_type values this loader reads.
-var hfModelTypes = map[string]bool{"llama": true, "qwen3": true, "qwen3_moe": true, "mixtral": true}
+var hfModelTypes = map[string]bool{"llama": true, "qwen3": true, "qwen3_moe": true, "mixtral": true,
+	"deepseek_v2": true, "deepseek_v3": true, "kimi_k2": true}
+
+const hfModelTypeNames = "deepseek_v2, deepseek_v3, kimi_k2, llama, mixtral, qwen3, qwen3_moe"
+
+// hfDeepSeek reports whether a model_type is DeepSeek's architecture.
+func hfDeepSeek(t string) bool { return t == "deepseek_v2" || t == "deepseek_v3" || t == "kimi_k2" }
 
 // hfExpertName is a routed expert's tensor (the part after model.layers.N.):
 // Qwen3-MoE's mlp.experts.E.{gate,up,down}_proj, Mixtral's
@@ -71,7 +94,16 @@ var hfLayerTensor = map[string]bridge.WeightKind{
 	"mlp.gate_proj": bridge.WeightGate, "mlp.up_proj": bridge.WeightUp, "mlp.down_proj": bridge.WeightDown,
 	"self_attn.q_norm": bridge.WeightQNorm, "self_attn.k_norm": bridge.WeightKNorm,
 	"mlp.gate": bridge.WeightRouter, "block_sparse_moe.gate": bridge.WeightRouter,
+	// DeepSeek (MLA, shared experts).
+	"self_attn.q_a_proj": bridge.WeightQA, "self_attn.q_a_layernorm": bridge.WeightQANorm,
+	"self_attn.q_b_proj": bridge.WeightQ, "self_attn.kv_a_proj_with_mqa": bridge.WeightKVA,
+	"self_attn.kv_a_layernorm": bridge.WeightKVANorm, "self_attn.kv_b_proj": bridge.WeightKVB,
+	"mlp.shared_experts.gate_proj": bridge.WeightSharedGate, "mlp.shared_experts.up_proj": bridge.WeightSharedUp,
+	"mlp.shared_experts.down_proj": bridge.WeightSharedDown,
 }
+
+// hfRouterBias is DeepSeek-V3's score-correction bias of the sigmoid router.
+var hfRouterBias = regexp.MustCompile(`^model\.layers\.(\d+)\.mlp\.gate\.e_score_correction_bias$`)
 
 var hfGlobalTensor = map[string]bridge.WeightKind{
 	"model.embed_tokens.weight": bridge.WeightEmbedding, "model.norm.weight": bridge.WeightFinalNorm,
@@ -82,6 +114,11 @@ var hfLayerName = regexp.MustCompile(`^model\.layers\.(\d+)\.(.+)\.weight$`)
 
 var safetensorsTypes = map[safetensors.DType]bridge.DType{
 	safetensors.F32: bridge.DTypeF32, safetensors.F16: bridge.DTypeF16, safetensors.BF16: bridge.DTypeBF16,
+}
+
+func atoi(s string) int {
+	n, _ := strconv.Atoi(s)
+	return n
 }
 
 // hfShape reads config.json.
@@ -98,7 +135,7 @@ func hfShape(dir string) (bridge.ModelShape, hfModelConfig, error) {
 		return bridge.ModelShape{}, c, fmt.Errorf("model %s: config.json: "+format, append([]any{dir}, a...)...)
 	}
 	if !hfModelTypes[c.ModelType] {
-		return bad("model_type %q is not supported (supported: llama, mixtral, qwen3, qwen3_moe)", c.ModelType)
+		return bad("model_type %q is not supported (supported: %s)", c.ModelType, hfModelTypeNames)
 	}
 	if c.HiddenAct != "" && c.HiddenAct != "silu" {
 		return bad("hidden_act %q is not supported (Llama uses silu)", c.HiddenAct)
@@ -129,14 +166,23 @@ func hfShape(dir string) (bridge.ModelShape, hfModelConfig, error) {
 	if err := hfMoE(&c, &s); err != nil {
 		return bad("%v", err)
 	}
+	if hfDeepSeek(c.ModelType) {
+		if err := hfDeepSeekShape(&c, &s); err != nil {
+			return bad("%v", err)
+		}
+	}
 	if len(c.RopeScaling) > 0 && string(c.RopeScaling) != "null" {
 		var r struct {
-			RopeType       string  `json:"rope_type"`
-			Type           string  `json:"type"`
-			Factor         float32 `json:"factor"`
-			LowFreqFactor  float32 `json:"low_freq_factor"`
-			HighFreqFactor float32 `json:"high_freq_factor"`
-			Original       int     `json:"original_max_position_embeddings"`
+			RopeType       string   `json:"rope_type"`
+			Type           string   `json:"type"`
+			Factor         float32  `json:"factor"`
+			LowFreqFactor  float32  `json:"low_freq_factor"`
+			HighFreqFactor float32  `json:"high_freq_factor"`
+			Original       int      `json:"original_max_position_embeddings"`
+			BetaFast       *float32 `json:"beta_fast"`
+			BetaSlow       *float32 `json:"beta_slow"`
+			MScale         *float32 `json:"mscale"`
+			MScaleAllDim   *float32 `json:"mscale_all_dim"`
 		}
 		if err := json.Unmarshal(c.RopeScaling, &r); err != nil {
 			return bad("rope_scaling: %v", err)
@@ -150,8 +196,23 @@ func hfShape(dir string) (bridge.ModelShape, hfModelConfig, error) {
 		case "llama3":
 			s.RopeScaling = &bridge.RopeScaling{Factor: r.Factor, LowFreqFactor: r.LowFreqFactor,
 				HighFreqFactor: r.HighFreqFactor, OriginalMaxPositions: r.Original}
+		case "yarn":
+			if !hfDeepSeek(c.ModelType) {
+				return bad("rope_scaling type \"yarn\" is supported for DeepSeek models only (deepseek_v2, deepseek_v3, kimi_k2)")
+			}
+			// DeepSeek's defaults (modeling_deepseek.py's DeepseekV2YarnRotaryEmbedding).
+			y := &bridge.YarnScaling{Factor: r.Factor, OriginalMaxPositions: r.Original, BetaFast: 32, BetaSlow: 1, MScale: 1}
+			for _, f := range []struct {
+				v   *float32
+				dst *float32
+			}{{r.BetaFast, &y.BetaFast}, {r.BetaSlow, &y.BetaSlow}, {r.MScale, &y.MScale}, {r.MScaleAllDim, &y.MScaleAllDim}} {
+				if f.v != nil {
+					*f.dst = *f.v
+				}
+			}
+			s.Yarn = y
 		default:
-			return bad("rope_scaling type %q is not supported (supported: llama3)", t)
+			return bad("rope_scaling type %q is not supported (supported: llama3; yarn for DeepSeek models)", t)
 		}
 	}
 	if err := s.Validate(); err != nil {
@@ -189,6 +250,53 @@ func hfMoE(c *hfModelConfig, s *bridge.ModelShape) error {
 		return fmt.Errorf("%s without experts (num_experts / num_local_experts %d)", c.ModelType, s.NumExperts)
 	}
 	s.NumExpertsPerTok = c.NumExpertsPerTok
+	return nil
+}
+
+// hfDeepSeekShape reads DeepSeek's latent attention, leading dense layers
+// and router (scoring_func, topk_method with n_group/topk_group,
+// norm_topk_prob, routed_scaling_factor), refusing what the engine does not
+// compute: FP8 block-quantised checkpoints and MoE layers at a stride.
+func hfDeepSeekShape(c *hfModelConfig, s *bridge.ModelShape) error {
+	if len(c.QuantizationConfig) > 0 && string(c.QuantizationConfig) != "null" {
+		return fmt.Errorf("quantization_config %s: quantised DeepSeek checkpoints (FP8 with block scales) are not supported; dequantise to BF16 first", c.QuantizationConfig)
+	}
+	if c.MoELayerFreq != nil && *c.MoELayerFreq != 1 {
+		return fmt.Errorf("moe_layer_freq %d: MoE layers at a stride are not supported (1: every layer after first_k_dense_replace)", *c.MoELayerFreq)
+	}
+	if c.QLoraRank != nil {
+		s.QLoraRank = *c.QLoraRank
+	}
+	s.KVLoraRank, s.QKNopeHeadDim, s.QKRopeHeadDim, s.VHeadDim = c.KVLoraRank, c.QKNopeHeadDim, c.QKRopeHeadDim, c.VHeadDim
+	s.HeadDim = c.QKNopeHeadDim + c.QKRopeHeadDim
+	s.NumKVHeads = s.NumHeads
+	if c.NRoutedExperts == 0 {
+		return nil // a dense DeepSeek model
+	}
+	s.NumExperts, s.NumExpertsPerTok, s.MoEIntermediateSize = c.NRoutedExperts, c.NumExpertsPerTok, c.MoEIntermediateSize
+	s.NumSharedExperts, s.FirstDenseLayers = c.NSharedExperts, c.FirstKDenseReplace
+	s.RoutedScalingFactor = float32(c.RoutedScaling)
+	norm := c.NormTopKProb != nil && *c.NormTopKProb
+	switch {
+	case c.ScoringFunc == "" || c.ScoringFunc == "softmax":
+		s.RouterNorm = map[bool]bridge.RouterNorm{true: bridge.RouterSoftmaxTopK, false: bridge.RouterSoftmaxTopKRaw}[norm]
+	case c.ScoringFunc == "sigmoid":
+		s.RouterNorm = map[bool]bridge.RouterNorm{true: bridge.RouterSigmoidTopK, false: bridge.RouterSigmoidTopKRaw}[norm]
+	default:
+		return fmt.Errorf("scoring_func %q is not supported (softmax, sigmoid)", c.ScoringFunc)
+	}
+	switch c.TopKMethod {
+	case "", "greedy":
+	case "group_limited_greedy", "noaux_tc":
+		if (c.TopKMethod == "noaux_tc") != s.RouterNorm.Sigmoid() {
+			return fmt.Errorf("topk_method %q with scoring_func %q is not supported (noaux_tc goes with sigmoid, group_limited_greedy with softmax)", c.TopKMethod, c.ScoringFunc)
+		}
+		if c.NGroup > 1 {
+			s.ExpertGroups, s.ExpertGroupsUsed = c.NGroup, c.TopKGroup
+		}
+	default:
+		return fmt.Errorf("topk_method %q is not supported (greedy, group_limited_greedy, noaux_tc)", c.TopKMethod)
+	}
 	return nil
 }
 
@@ -285,6 +393,11 @@ func loadHF(dir string) (m *Model, err error) {
 			kind, layer, expert := bridge.WeightKind(-1), -1, 0
 			if k, ok := hfGlobalTensor[name]; ok {
 				kind = k
+			} else if sm := hfRouterBias.FindStringSubmatch(name); sm != nil {
+				kind, layer = bridge.WeightRouterBias, atoi(sm[1])
+				if layer >= shape.NumLayers {
+					return nil, fmt.Errorf("model %s: %s: tensor %s: layer out of range (%d layers)", dir, file, name, shape.NumLayers)
+				}
 			} else if sm := hfLayerName.FindStringSubmatch(name); sm != nil {
 				k, ok := hfLayerTensor[sm[2]]
 				l, _ := strconv.Atoi(sm[1])
@@ -319,8 +432,18 @@ func loadHF(dir string) (m *Model, err error) {
 			default:
 				return nil, fmt.Errorf("model %s: %s: tensor %s has %d dimensions, want 1 or 2", dir, file, name, len(sh))
 			}
-			m.Tensors = append(m.Tensors, bridge.WeightTensor{Name: name, Kind: kind, Layer: layer, Expert: expert, DType: dt,
-				Rows: rows, Cols: cols, Data: tv.Data()})
+			w := bridge.WeightTensor{Name: name, Kind: kind, Layer: layer, Expert: expert, DType: dt,
+				Rows: rows, Cols: cols, Data: tv.Data()}
+			// DeepSeek's checkpoints keep the rope tails of q and of the
+			// latent projection in adjacent-pair order (the modeling code
+			// de-interleaves them at run time); the engine restores
+			// rotate-half order.
+			if shape.MLA() && kind == bridge.WeightQ {
+				w.InterleavedRopeHeads = shape.NumHeads
+			} else if shape.MLA() && kind == bridge.WeightKVA {
+				w.InterleavedRopeHeads = 1
+			}
+			m.Tensors = append(m.Tensors, w)
 		}
 	}
 	if err := checkTensors(shape, m.Tensors); err != nil {
