@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -173,5 +174,31 @@ func TestMoEGuards(t *testing.T) {
 		stderr, _ := failRun(t, bin, c.env, c.args...)
 		require.Contains(t, stderr, c.want)
 		require.NotContains(t, stderr, "serving", "refused before any work")
+	}
+}
+
+// TestMLADigestIndependentOfParallelism: deepseek-tiny (latent attention, a
+// leading dense layer, grouped sigmoid routing, a shared expert) served on 1,
+// 2 and 4 attention-DP ranks (experts dealt over them), on 2 Helix CP ranks
+// (latent partials merged across them), with small prefill chunks, and with
+// a page pool small enough to preempt, prints one digest.
+func TestMLADigestIndependentOfParallelism(t *testing.T) {
+	bin := worker(t)
+	args := []string{"--engine", "cpu", "--model", "deepseek-tiny", "--trace", sharedTrace(t, "synthetic_trace.jsonl"),
+		"--limit", "120", "--length-scale", "0.01"}
+	one := moeServe(t, bin, append(args, "--ranks", "1")...)
+	require.Equal(t, 120, one.Requests.Completed)
+	require.Len(t, one.OutputDigest, 64)
+	for _, extra := range [][]string{{"--ranks", "2"}, {"--ranks", "4"}, {"--cp", "2"},
+		{"--ranks", "2", "--max-num-tokens", "48"}, {"--ranks", "2", "--pages", "40", "--tokens-per-page", "16", "--max-num-tokens", "256"}} {
+		rep := moeServe(t, bin, append(args, extra...)...)
+		require.Equal(t, 120, rep.Requests.Completed, "%v", extra)
+		require.Equal(t, one.OutputDigest, rep.OutputDigest, "%v and --ranks 1 print the same digest", extra)
+		if extra[0] == "--ranks" && extra[1] != "1" {
+			require.Positive(t, *rep.MoEWaitMS, "%v: the ranks exchange tokens with their experts", extra)
+		}
+		if slices.Contains(extra, "--pages") {
+			require.Positive(t, rep.Preemptions.Recompute, "%v: the 640-token pool forces recompute preemption", extra)
+		}
 	}
 }
