@@ -50,6 +50,15 @@ for kernel, groups in (("flashinfer", (4, 8)), ("handwritten", (4,))):
                 flops = 4.0 * 128 * 8 * g * (chunk * depth + chunk * (chunk + 1) / 2)
                 rows.append(f"prefill\t{kernel}\t{g}\t{chunk}\t{depth}\t{flops / (tf * 1e9):.4f}\t{tf:.1f}\t{100 * tf / 780:.1f}")
 rows += ["iteration\tdecode 64 x 2k\t9.500\tms", "iteration\tchunk 8k\t60.000\tms"]
+# The per-kernel rows (bench_kernels.cu: cuBLAS GEMMs of llama-8b's two
+# shapes, the batch-1 attention kernels, RMSNorm of 1 and 4096 rows): a
+# 1-token GEMM of 0.006 ms + its bf16 weights at ~4 000 GB/s, attention's
+# fixed 0.0118 ms, element-wise 0.0031 ms + bytes at ~2 580 GB/s.
+for n, ms in ((6144, 0.0186), (28672, 0.0647)):
+    rows.append(f"gemm\t1\t4096\t{n}\t{ms:.4f}")
+    rows.append(f"gemm\t256\t4096\t{n}\t{ms * 3:.4f}")
+rows += ["fixed\tdecode\t0.0118", "fixed\tchunk\t0.0152",
+         "elementwise\t1\t24576\t0.0031", "elementwise\t4096\t100663296\t0.0421"]
 open(sys.argv[1], "w").write("\n".join(rows) + "\n")
 PY
 
@@ -154,6 +163,11 @@ elif ! grep -q 'FlashInfer GQA 8:1: .*prefill 8k over 32k .* = 57.7% of matmul' 
 elif ! grep -q 'host us per decode iteration, batch 64: 210 eager, 40 with graphs' "$out/summary.txt"; then why="no host-time headline"
 elif ! grep -q 'cuda_e2e_test: fake agreement 99%' "$out/summary.txt"; then why="the e2e test's figure is not in the summary"
 elif ! grep -q '"decode_attention_gbps": 3500.0' "$out/summary.txt"; then why="the measured profile is not the FlashInfer rows' median"
+elif ! grep -q '"gemm_kernel_ms": 0.006' "$out/summary.txt" || ! grep -q '"gemm_weight_gbps": 4003.2' "$out/summary.txt"; then
+  why="the measured profile lacks the GEMM kernel cost and streaming rate solved from the two 1-token GEMMs"
+elif ! grep -q '"attention_kernel_ms": 0.0118' "$out/summary.txt"; then why="the measured profile lacks the attention kernels' fixed cost"
+elif ! grep -q '"elementwise_kernel_ms": 0.0031' "$out/summary.txt" || ! grep -q '"elementwise_gbps": 2580.5' "$out/summary.txt"; then
+  why="the measured profile lacks the element-wise kernel cost and rate"
 elif ! grep -q 'not asked: .*cuda_kernels_test --full (FULL=0)' "$out/summary.txt"; then why="the summary does not say the long sweep was not asked"
 elif ! grep -q 'FlashInfer (production)' "$out/table.txt" || ! grep -q 'GQA 8:1' "$out/table.txt"; then why="table.txt lacks the FlashInfer tables"
 elif ! tar -xzOf "$out/device-check.tar.gz" ./measured.json | grep -q '"prefill_attention_tflops": 450.0'; then why="no measured.json in the archive"
