@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/lockstep-ai/lockstep/bridge"
+	"github.com/lockstep-ai/lockstep/bridge/native"
 )
 
 // deepseekFiles are the random-weight deepseek2 checkpoints of
@@ -235,4 +236,76 @@ func writeDeepSeekHF(t *testing.T, m *Model, edits ...func(cfg map[string]any)) 
 	writeHFTokenizer(t, dir, &tinyModel{tokens: sp.Tokens, types: sp.TokenTypes, merges: sp.Merges, bos: sp.BOS, eos: sp.EOS,
 		addBOS: sp.AddBOS, tmpl: sp.ChatTemplate})
 	return dir
+}
+
+// TestDeepSeekQuantisedTensors: deepseek2 with its projections of 32-wide
+// rows given as Q8_0 blocks (q_a, kv_a_mqa with its interleaved rope tail,
+// o_proj, the dense and expert gate/up, the shared experts, the LM head)
+// loads and, with the exact kernels, runs to the bits of an F32 copy of the
+// dequantised values; with the quantised kernels it runs too and gives the
+// same first greedy token.
+func TestDeepSeekQuantisedTensors(t *testing.T) {
+	if !haveEngine() {
+		t.Skip("built without the native engine (go test -tags native)")
+	}
+	m := loadOK(t, deepseekPath("deepseek2"))
+	q8, f32 := *m, *m
+	q8.Tensors, f32.Tensors = nil, nil
+	quantised := 0
+	for _, w := range m.Tensors {
+		if w.Rows == 1 || w.Cols%32 != 0 || w.Kind == bridge.WeightEmbedding {
+			q8.Tensors, f32.Tensors = append(q8.Tensors, w), append(f32.Tensors, w)
+			continue
+		}
+		vals := make([]float32, w.Rows*w.Cols)
+		for i := range vals {
+			vals[i] = math.Float32frombits(binary.LittleEndian.Uint32(w.Data[4*i:]))
+		}
+		var blocks []byte
+		for b := 0; b < len(vals)/32; b++ {
+			blk := vals[32*b : 32*b+32]
+			var amax float32
+			for _, x := range blk {
+				amax = max(amax, float32(math.Abs(float64(x))))
+			}
+			d := amax / 127
+			dh := f32ToF16(d)
+			blocks = binary.LittleEndian.AppendUint16(blocks, dh)
+			for j, x := range blk {
+				var q int8
+				if d != 0 {
+					q = int8(max(-127, min(127, math.Round(float64(x/d)))))
+				}
+				blocks = append(blocks, byte(q))
+				blk[j] = f16ToF32(dh) * float32(q)
+			}
+		}
+		x := w
+		x.DType, x.Data = bridge.DTypeQ8_0, blocks
+		q8.Tensors = append(q8.Tensors, x)
+		y := w
+		y.Data = encode(t, "F32", vals)
+		f32.Tensors = append(f32.Tensors, y)
+		quantised++
+	}
+	if quantised < 10 {
+		t.Fatalf("only %d tensors have 32-wide rows", quantised)
+	}
+	prompt := m.Tokenizer.Encode("The capital of France is", EncodeOptions{})
+	exact := runEngine(t, &q8, prompt)
+	requireSameRun(t, exact, runEngine(t, &f32, prompt))
+	eng, err := native.Open(bridge.Config{Shape: m.Shape, Tensors: q8.Tensors, NumPages: 8, TokensPerPage: 4,
+		CPUKernels: "quant"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer eng.Close()
+	table := []int32{0, 1, 2, 3, 4, 5, 6, 7}
+	var res bridge.StepResult
+	if err := eng.Step(&bridge.StepDesc{Seqs: []bridge.SeqStep{{Tokens: prompt, BlockTable: table, Sample: true}}, WantLogits: true}, &res); err != nil {
+		t.Fatal(err)
+	}
+	if res.Sampled[0] != exact.sampled[0] {
+		t.Errorf("quantised kernels sampled %d first, the exact ones %d", res.Sampled[0], exact.sampled[0])
+	}
 }
