@@ -138,8 +138,8 @@ func writeDeepSeekHF(t *testing.T, m *Model, edits ...func(cfg map[string]any)) 
 		"n_routed_experts": s.NumExperts, "n_shared_experts": s.NumSharedExperts, "num_experts_per_tok": s.NumExpertsPerTok,
 		"moe_intermediate_size": s.MoEIntermediateSize, "routed_scaling_factor": float64(s.RoutedScalingFactor),
 		"norm_topk_prob": s.RouterNorm == bridge.RouterSigmoidTopK || s.RouterNorm == bridge.RouterSoftmaxTopK,
-		"scoring_func": map[bool]string{true: "sigmoid", false: "softmax"}[s.RouterNorm.Sigmoid()],
-		"topk_method":  "greedy", "n_group": 1, "topk_group": 1, "q_lora_rank": nil, "rope_scaling": nil,
+		"scoring_func":   map[bool]string{true: "sigmoid", false: "softmax"}[s.RouterNorm.Sigmoid()],
+		"topk_method":    "greedy", "n_group": 1, "topk_group": 1, "q_lora_rank": nil, "rope_scaling": nil,
 	}
 	if s.QLoraRank > 0 {
 		cfg["q_lora_rank"] = s.QLoraRank
