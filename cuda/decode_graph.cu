@@ -65,7 +65,10 @@ void CudaBackend::set_decode_graphs(bool on) {
 }
 
 bool CudaBackend::graph_eligible(const StepBatch& b) const {
-  if (!graphs_on_ || b.cp != nullptr || b.seqs.empty() || b.seqs.size() > size_t(kMaxGraphBatch)) return false;
+  // A MoE step routes on the host between its layers: no graph.
+  if (!graphs_on_ || b.cp != nullptr || b.seqs.empty() || b.seqs.size() > size_t(kMaxGraphBatch) ||
+      shape_.num_experts > 0)
+    return false;
   for (const StepSeq& s : b.seqs)
     if (s.num_tokens != 1) return false;
   return true;

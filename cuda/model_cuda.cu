@@ -12,12 +12,14 @@
 #include "kernels/attn_merge.cuh"
 #include "kernels/embed.cuh"
 #include "kernels/kv_append.cuh"
+#include "kernels/moe.cuh"
 #include "kernels/q_pack.cuh"
 #include "kernels/rmsnorm.cuh"
 #include "kernels/rope.cuh"
 #include "kernels/swiglu.cuh"
 #include "kernels/weights_gen.cuh"
 #include "checkpoint.h"
+#include "presets.h"
 #include "sampling.h"
 #include "weights.h"
 
@@ -102,12 +104,16 @@ CudaBackend::~CudaBackend() {
   // The members (buffers, cuBLAS handle, events, stream) free themselves.
 }
 
-std::unique_ptr<Backend> make_cuda_backend(const EngineParams& params) {
-  // Refused before any device memory is touched (docs/moe.md).
-  if (params.shape.num_experts > 0)
+void CudaBackend::join_ep(int32_t size, int32_t rank) {
+  (void)rank;
+  if (size > 1)
     throw EngineError(ENG_UNSUPPORTED,
-                      "the CUDA backend has no mixture-of-experts layers yet (num_experts > 0); run MoE models on "
-                      "the cpu engine, or model them with --engine twin");
+                      "the CUDA backend has no expert parallelism over NCCL yet: one CUDA engine holds every expert "
+                      "(run the MoE model on one attention-DP rank, or on the cpu engine)");
+}
+
+std::unique_ptr<Backend> make_cuda_backend(const EngineParams& params) {
+  // Refused before any device memory is touched (docs/cuda.md).
   if (params.shape.kv_lora_rank > 0)
     throw EngineError(ENG_UNSUPPORTED,
                       "the CUDA backend has no multi-head latent attention (MLA, kv_lora_rank > 0) yet; run MLA "
@@ -164,6 +170,10 @@ void CudaBackend::generate_weights(uint64_t seed) {
     generate_bf16(gen(TensorKind::kWv, l, H, kvd, qkv, qd + kvd), L.wqkv.as<__nv_bfloat16>(), stream_);
     L.wo.reserve(size_t(qd * H) * bf);
     generate_bf16(gen(TensorKind::kWo, l, qd, H, H, 0), L.wo.as<__nv_bfloat16>(), stream_);
+    if (moe_layer(shape_, l)) {
+      generate_moe(seed, l, gen);
+      continue;
+    }
     L.wgu.reserve(size_t(H * 2 * F) * bf);
     generate_bf16(gen(TensorKind::kWGate, l, H, F, 2 * F, 0), L.wgu.as<__nv_bfloat16>(), stream_);
     generate_bf16(gen(TensorKind::kWUp, l, H, F, 2 * F, F), L.wgu.as<__nv_bfloat16>(), stream_);
@@ -171,6 +181,45 @@ void CudaBackend::generate_weights(uint64_t seed) {
     generate_bf16(gen(TensorKind::kWDown, l, F, H, H, 0), L.wdown.as<__nv_bfloat16>(), stream_);
   }
 
+}
+
+// The MoE weights of layer l, generated as the CPU backend generates them
+// (weights.cpp: router, shared experts, generate_expert; a sigmoid router's
+// bias on the host).
+template <class Gen>
+void CudaBackend::generate_moe(uint64_t seed, int l, Gen&& gen) {
+  const int64_t H = shape_.hidden_size, E = shape_.num_experts, Fm = shape_.moe_intermediate_size;
+  const int64_t Fs = int64_t(shape_.num_shared_experts) * Fm;
+  const size_t bf = sizeof(__nv_bfloat16);
+  CudaLayer& L = layers_[size_t(l)];
+  L.moe = true;
+  L.router.reserve(size_t(H * E) * bf);
+  generate_bf16(gen(TensorKind::kRouter, l, H, E, E, 0), L.router.as<__nv_bfloat16>(), stream_);
+  if (shape_.router_norm == ENG_ROUTER_SIGMOID_TOPK || shape_.router_norm == ENG_ROUTER_SIGMOID_TOPK_RAW) {
+    L.router_bias.resize(size_t(E));
+    for (size_t i = 0; i < L.router_bias.size(); ++i)
+      L.router_bias[i] = uniform_pm1(seed, mla_tensor_id(TensorKind::kRouterBias, l), i) * 0.125f;
+  }
+  auto swiglu_pair = [&](CudaExpert& x, int64_t F, GenTensor g, GenTensor u, GenTensor d) {
+    x.wgu.reserve(size_t(H * 2 * F) * bf);
+    x.wdown.reserve(size_t(F * H) * bf);
+    generate_bf16(g, x.wgu.as<__nv_bfloat16>(), stream_);
+    generate_bf16(u, x.wgu.as<__nv_bfloat16>(), stream_);
+    generate_bf16(d, x.wdown.as<__nv_bfloat16>(), stream_);
+  };
+  if (Fs > 0)
+    swiglu_pair(L.shared, Fs, gen(TensorKind::kSharedGate, l, H, Fs, 2 * Fs, 0),
+                gen(TensorKind::kSharedUp, l, H, Fs, 2 * Fs, Fs), gen(TensorKind::kSharedDown, l, Fs, H, H, 0));
+  L.experts.resize(size_t(E));
+  for (int e = 0; e < int(E); ++e) {
+    auto expert = [&](TensorKind kind, int64_t rows, int64_t cols, int64_t ld, int64_t col_off) {
+      GenTensor t = gen(kind, l, rows, cols, ld, col_off);
+      t.tensor_id = expert_tensor_id(kind, l, e);
+      return t;
+    };
+    swiglu_pair(L.experts[size_t(e)], Fm, expert(TensorKind::kExpertGate, H, Fm, 2 * Fm, 0),
+                expert(TensorKind::kExpertUp, H, Fm, 2 * Fm, Fm), expert(TensorKind::kExpertDown, Fm, H, H, 0));
+  }
 }
 
 // Checkpoint weights (validated by engine.cpp): each tensor is converted on
@@ -187,13 +236,30 @@ void CudaBackend::load_weights(const eng_tensor* tensors, int32_t n) {
   lm_head_.reserve(size_t(H * V) * bf);
   final_norm_.reserve(size_t(H) * sizeof(float));
   layers_.resize(size_t(shape_.num_layers));
-  for (CudaLayer& L : layers_) {
+  const int64_t E = shape_.num_experts, Fm = shape_.moe_intermediate_size;
+  const int64_t Fs = int64_t(shape_.num_shared_experts) * Fm;
+  for (int32_t l = 0; l < shape_.num_layers; ++l) {
+    CudaLayer& L = layers_[size_t(l)];
     L.attn_norm.reserve(size_t(H) * sizeof(float));
     L.mlp_norm.reserve(size_t(H) * sizeof(float));
     L.wqkv.reserve(size_t(H * qkv) * bf);
     L.wo.reserve(size_t(qd * H) * bf);
-    L.wgu.reserve(size_t(H * 2 * F) * bf);
-    L.wdown.reserve(size_t(F * H) * bf);
+    if (!moe_layer(shape_, l)) {
+      L.wgu.reserve(size_t(H * 2 * F) * bf);
+      L.wdown.reserve(size_t(F * H) * bf);
+      continue;
+    }
+    L.moe = true;
+    L.router.reserve(size_t(H * E) * bf);
+    L.experts.resize(size_t(E));
+    for (CudaExpert& x : L.experts) {
+      x.wgu.reserve(size_t(H * 2 * Fm) * bf);
+      x.wdown.reserve(size_t(Fm * H) * bf);
+    }
+    if (Fs > 0) {
+      L.shared.wgu.reserve(size_t(H * 2 * Fs) * bf);
+      L.shared.wdown.reserve(size_t(Fs * H) * bf);
+    }
   }
   std::vector<float> host;
   std::vector<__nv_bfloat16> host_bf;
@@ -234,6 +300,14 @@ void CudaBackend::load_weights(const eng_tensor* tensors, int32_t n) {
       case ENG_WEIGHT_W_UP: put_bf16(layers_[size_t(t.layer)].wgu, in, out, 2 * F, F); break;
       case ENG_WEIGHT_W_DOWN: put_bf16(layers_[size_t(t.layer)].wdown, in, out, H, 0); break;
       case ENG_WEIGHT_ROPE_FREQS: rope_freqs_ = host; break;  // applied by upload_inv_freq
+      case ENG_WEIGHT_ROUTER: put_bf16(layers_[size_t(t.layer)].router, in, out, E, 0); break;
+      case ENG_WEIGHT_ROUTER_BIAS: layers_[size_t(t.layer)].router_bias = host; break;
+      case ENG_WEIGHT_EXPERT_GATE: put_bf16(layers_[size_t(t.layer)].experts[size_t(t.expert)].wgu, in, out, 2 * Fm, 0); break;
+      case ENG_WEIGHT_EXPERT_UP: put_bf16(layers_[size_t(t.layer)].experts[size_t(t.expert)].wgu, in, out, 2 * Fm, Fm); break;
+      case ENG_WEIGHT_EXPERT_DOWN: put_bf16(layers_[size_t(t.layer)].experts[size_t(t.expert)].wdown, in, out, H, 0); break;
+      case ENG_WEIGHT_SHARED_GATE: put_bf16(layers_[size_t(t.layer)].shared.wgu, in, out, 2 * Fs, 0); break;
+      case ENG_WEIGHT_SHARED_UP: put_bf16(layers_[size_t(t.layer)].shared.wgu, in, out, 2 * Fs, Fs); break;
+      case ENG_WEIGHT_SHARED_DOWN: put_bf16(layers_[size_t(t.layer)].shared.wdown, in, out, H, 0); break;
     }
   }
   // The copies above are synchronous copies from pageable memory on the
@@ -349,6 +423,63 @@ void CudaBackend::reserve_scratch(int64_t R, int32_t num_sampled) {
   act_.reserve(size_t(R * F) * bf);
   logits_.reserve(size_t(std::max(num_sampled, 1)) * shape_.vocab_size * sizeof(float));
   sampled_.reserve(size_t(std::max(num_sampled, 1)) * sizeof(int32_t));
+  if (shape_.num_experts > 0) {
+    // Every row takes top_k slots: the worst case of any layer, reserved
+    // before the first launch (a buffer never moves under queued work).
+    const int64_t E = shape_.num_experts, K = shape_.num_experts_per_tok, Fm = shape_.moe_intermediate_size;
+    const int64_t Fs = int64_t(shape_.num_shared_experts) * Fm, S = R * K;
+    moe_logits_.reserve(size_t(R * E) * sizeof(float));
+    moe_desc_.reserve(size_t(S + 2 * S) * sizeof(int32_t));
+    moe_x_.reserve(size_t(S * H) * bf);
+    moe_y_.reserve(size_t(S * H) * sizeof(float));
+    moe_gu_.reserve(size_t(std::max(S * 2 * Fm, R * 2 * Fs)) * sizeof(float));
+    moe_act_.reserve(size_t(std::max(S * Fm, R * Fs)) * bf);
+    if (Fs > 0) moe_m_.reserve(size_t(R * H) * sizeof(float));
+  }
+}
+
+void CudaBackend::moe_mlp(int32_t layer) {
+  const CudaLayer& L = layers_[size_t(layer)];
+  const int64_t H = shape_.hidden_size, E = shape_.num_experts, K = shape_.num_experts_per_tok;
+  const int64_t Fm = shape_.moe_intermediate_size, Fs = int64_t(shape_.num_shared_experts) * Fm, R = desc_.rows;
+  const __nv_bfloat16* x = xb_.as<__nv_bfloat16>();
+  // Router logits to the host, routed there by the CPU engine's rule.
+  gemm_->bf16_f32(x, R, H, L.router.as<__nv_bfloat16>(), E, moe_logits_.as<float>(), 0.0f);
+  moe_host_logits_.reserve(size_t(R * E) * sizeof(float));
+  CUDA_CHECK(cudaMemcpyAsync(moe_host_logits_.as<void>(), moe_logits_.as<void>(), size_t(R * E) * sizeof(float),
+                             cudaMemcpyDeviceToHost, stream_));
+  CUDA_CHECK(cudaStreamSynchronize(stream_));
+  build_moe_layout(shape_, moe_host_logits_.as<float>(), R, L.router_bias.empty() ? nullptr : L.router_bias.data(),
+                   &moe_layout_);
+  const int64_t words = moe_layout_.device_words(), S = moe_layout_.total();
+  moe_host_desc_.reserve(size_t(words) * sizeof(int32_t));
+  moe_layout_.pack(moe_host_desc_.as<int32_t>());
+  CUDA_CHECK(cudaMemcpyAsync(moe_desc_.as<void>(), moe_host_desc_.as<void>(), size_t(words) * sizeof(int32_t),
+                             cudaMemcpyHostToDevice, stream_));
+  const int32_t* src_row = moe_desc_.as<int32_t>();
+  const int32_t* slot_of = src_row + S;
+  const float* weight = reinterpret_cast<const float*>(slot_of + R * K);
+  // Rows by expert, each expert's SwiGLU over its rows.
+  __nv_bfloat16* xe = moe_x_.as<__nv_bfloat16>();
+  moe_gather(x, H, src_row, S, xe, stream_);
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t off = moe_layout_.offsets[size_t(e)], cnt = moe_layout_.offsets[size_t(e) + 1] - off;
+    if (cnt == 0) continue;
+    const CudaExpert& X = L.experts[size_t(e)];
+    gemm_->bf16_f32(xe + off * H, cnt, H, X.wgu.as<__nv_bfloat16>(), 2 * Fm, moe_gu_.as<float>(), 0.0f);
+    swiglu(moe_gu_.as<float>(), cnt, int32_t(Fm), moe_act_.as<__nv_bfloat16>(), stream_);
+    gemm_->bf16_f32(moe_act_.as<__nv_bfloat16>(), cnt, Fm, X.wdown.as<__nv_bfloat16>(), H,
+                    moe_y_.as<float>() + off * H, 0.0f);
+  }
+  const float* m = nullptr;
+  if (Fs > 0) {
+    gemm_->bf16_f32(x, R, H, L.shared.wgu.as<__nv_bfloat16>(), 2 * Fs, moe_gu_.as<float>(), 0.0f);
+    swiglu(moe_gu_.as<float>(), R, int32_t(Fs), moe_act_.as<__nv_bfloat16>(), stream_);
+    gemm_->bf16_f32(moe_act_.as<__nv_bfloat16>(), R, Fs, L.shared.wdown.as<__nv_bfloat16>(), H,
+                    moe_m_.as<float>(), 0.0f);
+    m = moe_m_.as<float>();
+  }
+  moe_combine(moe_y_.as<float>(), H, slot_of, weight, int32_t(K), R, m, hidden_.as<float>(), stream_);
 }
 
 // The step set up by upload_descriptors (or upload_graph_descriptors):
@@ -378,6 +509,10 @@ void CudaBackend::forward(const StepBatch& b, bool want_logits) {
     gemm_->bf16_f32(attn_.as<__nv_bfloat16>(), R, qd, L.wo.as<__nv_bfloat16>(), H, hidden, 1.0f);
     rmsnorm(hidden, nullptr, L.mlp_norm.as<float>(), int32_t(H), shape_.rms_eps, R,
             xb_.as<__nv_bfloat16>(), nullptr, stream_);
+    if (L.moe) {
+      moe_mlp(l);
+      continue;
+    }
     gemm_->bf16_f32(xb_.as<__nv_bfloat16>(), R, H, L.wgu.as<__nv_bfloat16>(), 2 * F, gu_.as<float>(), 0.0f);
     swiglu(gu_.as<float>(), R, int32_t(F), act_.as<__nv_bfloat16>(), stream_);
     gemm_->bf16_f32(act_.as<__nv_bfloat16>(), R, F, L.wdown.as<__nv_bfloat16>(), H, hidden, 1.0f);

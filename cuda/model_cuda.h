@@ -13,6 +13,14 @@
 //   (+= residual) ->
 //   RMSNorm -> gate/up GEMM -> SwiGLU -> down GEMM (+= residual)
 //   -> final RMSNorm of the sampled rows -> LM head GEMM -> argmax.
+// A mixture-of-experts layer (moe_layer(shape, l)) replaces the dense MLP:
+//   router GEMM -> logits to the host -> routed there with the CPU engine's
+//   rule (moe_layout.h) -> the layout to the device -> gather the rows by
+//   expert -> per expert with rows: gate/up GEMM, SwiGLU, down GEMM -> the
+//   shared experts over every row -> combine in ascending expert id
+//   (kernels/moe.cuh), += residual. The host round trip makes a MoE step
+//   synchronous per layer and keeps it out of the decode graphs; expert
+//   parallelism (EP over NCCL) is not built: one engine holds every expert.
 // All step descriptors go to the device in one pinned host-to-device copy;
 // results come back in one device-to-host copy.
 //
@@ -63,6 +71,7 @@
 #include "kernels/attn_common.cuh"
 #include "page_pool.h"
 #include "sampling.h"
+#include "moe_layout.h"
 #include "step_layout.h"
 
 namespace lockstep {
@@ -101,9 +110,23 @@ class GraphExec {
   cudaGraphExec_t g_ = nullptr;
 };
 
+// One SwiGLU expert: bf16, input-major, gate and up fused ([hidden][2F],
+// [F][hidden]).
+struct CudaExpert {
+  DeviceBuffer wgu, wdown;
+};
+
 struct CudaLayer {
   DeviceBuffer attn_norm, mlp_norm;  // float32 [hidden]
-  DeviceBuffer wqkv, wo, wgu, wdown; // bf16, input-major
+  DeviceBuffer wqkv, wo, wgu, wdown; // bf16, input-major (wgu/wdown: dense layers)
+  // A mixture-of-experts layer: the router [hidden][experts] (bf16), a
+  // sigmoid router's bias (host: routing runs there), the routed experts and
+  // the shared ones as one SwiGLU (num_shared_experts > 0).
+  bool moe = false;
+  DeviceBuffer router;
+  std::vector<float> router_bias;
+  std::vector<CudaExpert> experts;
+  CudaExpert shared;
 };
 
 class CudaBackend final : public Backend {
@@ -112,6 +135,9 @@ class CudaBackend final : public Backend {
   ~CudaBackend() override;
 
   const char* name() const override { return "cuda"; }
+  // Expert parallelism over NCCL is not built: refused (one CUDA engine
+  // holds every expert).
+  void join_ep(int32_t size, int32_t rank) override;
   double step(const StepBatch& batch, int32_t* sampled, float* logits) override;
   void copy_pages(eng_tier src_tier, const int32_t* src, eng_tier dst_tier, const int32_t* dst,
                   int32_t n) override;
@@ -141,6 +167,8 @@ class CudaBackend final : public Backend {
   template <class Body>
   void guarded(const char* what, Body&& body);
   void generate_weights(uint64_t seed);
+  template <class Gen>
+  void generate_moe(uint64_t seed, int layer, Gen&& gen);
   void load_weights(const eng_tensor* tensors, int32_t n);
   void upload_inv_freq();
   std::vector<float> rope_freqs_;  // a checkpoint's per-dimension RoPE divisors (may be empty)
@@ -148,6 +176,9 @@ class CudaBackend final : public Backend {
   void reserve_scratch(int64_t rows, int32_t num_sampled);
   void forward(const StepBatch& batch, bool want_logits);
   void attention(int32_t layer);
+  // The MoE block of layer `layer` over the step's rows (xb_ holds their
+  // normed inputs); adds its output to hidden_.
+  void moe_mlp(int32_t layer);
 
   // --- Decode graphs (decode_graph.cu). ---
   // One bucket's graph, and whether it has run once eagerly (warm-up: lazy
@@ -200,6 +231,12 @@ class CudaBackend final : public Backend {
 
   // Per-step scratch (grown on demand).
   DeviceBuffer hidden_, xb_, qkv_, attn_, gu_, act_, logits_, sampled_, o_part_, lse_part_, q_bf16_;
+  // MoE scratch (reserved for rows * top_k slots): router logits, the layout
+  // block, the gathered rows, the experts' answers, their gate/up and
+  // activations, the shared experts' output.
+  DeviceBuffer moe_logits_, moe_desc_, moe_x_, moe_y_, moe_gu_, moe_act_, moe_m_;
+  PinnedBuffer moe_host_logits_, moe_host_desc_;
+  MoeLayout moe_layout_;
 };
 
 }  // namespace lockstep

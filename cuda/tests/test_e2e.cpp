@@ -183,5 +183,8 @@ int main() {
   Report report;
   run_model("tiny model (hand-written attention)", "tiny", report);
   run_model("SmolLM2-shaped model (head dim 64, GQA 3:1: FlashInfer attention)", nullptr, report);
+  // Mixture of experts: routed on the host by the CPU engine's rule, the
+  // experts' GEMMs per expert, the shared expert, the fixed combine order.
+  run_model("moe-tiny (16 experts, top-2, a shared expert)", "moe-tiny", report);
   return report.finish();
 }
