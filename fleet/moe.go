@@ -24,9 +24,10 @@ func (o *Options) expertParallel(world int) bool {
 // checkMoE refuses MoE configurations no engine can run, and a moe-stop
 // fault that could never fire, before any work (docs/moe.md).
 func (o *Options) checkMoE(world int) error {
-	if o.moe() && o.Engine == "cuda" {
-		return usage.Errorf("%s %s is a mixture-of-experts model: the cuda engine has no MoE layers yet; "+
-			"use --engine cpu (moe-tiny) or --engine twin", o.Src("model"), o.Model)
+	if o.moe() && o.Engine == "cuda" && world > 1 {
+		return usage.Errorf("%s %s is a mixture-of-experts model on %d ranks: the cuda engine has no expert parallelism "+
+			"over NCCL yet (one CUDA engine holds every expert); run it on one rank, or use --engine cpu or --engine twin",
+			o.Src("model"), o.Model, world)
 	}
 	f := o.fault
 	if f == nil || f.kind != "moe-stop" {
