@@ -143,33 +143,36 @@ func isProjection(k bridge.WeightKind) bool {
 // values and a Q8_0 GGUF of the blocks hold the same numbers.
 func (m *tinyModel) quantiseProjections() {
 	for _, t := range m.tensors {
-		if !isProjection(t.kind) {
-			continue
-		}
-		nb := t.cols / 32
-		t.q8 = make([]byte, 0, t.rows*nb*34)
-		for r := 0; r < t.rows; r++ {
-			for b := 0; b < nb; b++ {
-				blk := t.data[r*t.cols+b*32 : r*t.cols+b*32+32]
-				var amax float32
-				for _, x := range blk {
-					amax = max(amax, float32(math.Abs(float64(x))))
-				}
-				d := amax / 127
-				dh := f32ToF16(d)
-				t.q8 = binary.LittleEndian.AppendUint16(t.q8, dh)
-				df := f16ToF32(dh)
-				for j, x := range blk {
-					var q int8
-					if d != 0 {
-						q = int8(max(-127, min(127, math.Round(float64(x/d)))))
-					}
-					t.q8 = append(t.q8, byte(q))
-					blk[j] = df * float32(q)
-				}
-			}
+		if isProjection(t.kind) {
+			t.q8 = quantiseQ8(t.data)
 		}
 	}
+}
+
+// quantiseQ8 encodes vals (rows of a multiple of 32 elements) as Q8_0
+// blocks and replaces each value by its dequantised float32(half(d))·q.
+func quantiseQ8(vals []float32) []byte {
+	out := make([]byte, 0, len(vals)/32*34)
+	for b := 0; b < len(vals)/32; b++ {
+		blk := vals[32*b : 32*b+32]
+		var amax float32
+		for _, x := range blk {
+			amax = max(amax, float32(math.Abs(float64(x))))
+		}
+		d := amax / 127
+		dh := f32ToF16(d)
+		out = binary.LittleEndian.AppendUint16(out, dh)
+		df := f16ToF32(dh)
+		for j, x := range blk {
+			var q int8
+			if d != 0 {
+				q = int8(max(-127, min(127, math.Round(float64(x/d)))))
+			}
+			out = append(out, byte(q))
+			blk[j] = df * float32(q)
+		}
+	}
+	return out
 }
 
 // f16ToF32 decodes IEEE half bits exactly.

@@ -261,25 +261,7 @@ func TestDeepSeekQuantisedTensors(t *testing.T) {
 		for i := range vals {
 			vals[i] = math.Float32frombits(binary.LittleEndian.Uint32(w.Data[4*i:]))
 		}
-		var blocks []byte
-		for b := 0; b < len(vals)/32; b++ {
-			blk := vals[32*b : 32*b+32]
-			var amax float32
-			for _, x := range blk {
-				amax = max(amax, float32(math.Abs(float64(x))))
-			}
-			d := amax / 127
-			dh := f32ToF16(d)
-			blocks = binary.LittleEndian.AppendUint16(blocks, dh)
-			for j, x := range blk {
-				var q int8
-				if d != 0 {
-					q = int8(max(-127, min(127, math.Round(float64(x/d)))))
-				}
-				blocks = append(blocks, byte(q))
-				blk[j] = f16ToF32(dh) * float32(q)
-			}
-		}
+		blocks := quantiseQ8(vals)
 		x := w
 		x.DType, x.Data = bridge.DTypeQ8_0, blocks
 		q8.Tensors = append(q8.Tensors, x)
