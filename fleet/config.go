@@ -152,6 +152,7 @@ var fileKeys = []fileKey{
 	{path: "twin.kv_dtype", kind: kindString, flag: "kv-dtype", set: func(o *Options, v fileValue) { o.KVDType = v.s }},
 	{path: "twin.gpus_per_node", kind: kindInt, flag: "gpus-per-node", set: func(o *Options, v fileValue) { o.GPUsPerNode = int(v.i) }},
 	{path: "twin.host_time", kind: kindString, flag: "twin-host-time", set: func(o *Options, v fileValue) { o.TwinHostTime = v.s }},
+	{path: "twin.threads", kind: kindInt, flag: "twin-threads", set: func(o *Options, v fileValue) { o.TwinThreads = int(v.i) }},
 	{path: "twin.cuda_graph", kind: kindString, flag: "twin-cuda-graph", set: func(o *Options, v fileValue) { o.TwinCUDAGraph = v.s }},
 	{path: "twin.cuda_graph_max_batch_size", kind: kindInt, flag: "twin-cuda-graph-max-batch-size", set: func(o *Options, v fileValue) { o.TwinCUDAGraphMaxBatch = int(v.i) }},
 	{path: "twin.moe_dp_padding", kind: kindBool, flag: "twin-moe-dp-padding", set: func(o *Options, v fileValue) { o.TwinMoEPadding = v.b }},

@@ -45,11 +45,15 @@ func runInProcess(o *Options, sc scheduler.Config, reqs []workload.Request, log 
 		}
 	}
 	if coro != nil {
-		// The coroutine ranks share this goroutine's thread: locked, its
-		// CPU clock times every rank's host work (executor.Config.ThreadLocked).
+		// The coroutine ranks run on o.twinThreads drivers. Where a rank's
+		// host time is measured (iteration log, --twin-host-time measured)
+		// each driver is locked to its thread, whose CPU clock then times
+		// only its ranks' host work (executor.Config.ThreadLocked).
+		threads := o.twinThreads(world)
+		locked := threads == 1 || o.IterLog != "" || o.TwinHostTime == "measured"
+		setup.threadLocked, setup.coroutines = locked, true
 		runtime.LockOSThread()
-		setup.threadLocked, setup.coroutines = true, true
-		nccl.RunCoroutines(coro, func(i int, _ *nccl.CoroComm) error { runRank(i); return nil })
+		nccl.RunCoroutinesParallel(coro, threads, locked, func(i int, _ *nccl.CoroComm) error { runRank(i); return nil })
 		runtime.UnlockOSThread()
 	} else {
 		setup.threadLocked = true
@@ -75,6 +79,26 @@ func runInProcess(o *Options, sc scheduler.Config, reqs []workload.Request, log 
 		res.DeviceMS = append(res.DeviceMS, r.DeviceMS)
 	}
 	return res, nil
+}
+
+// twinThreadsMinRanks is the smallest fleet whose coroutine ranks are
+// spread over several threads by default: below it a round's work is too
+// small to pay for the threads meeting at every collective.
+const twinThreadsMinRanks = 16
+
+// maxTwinThreads bounds --twin-threads.
+const maxTwinThreads = 256
+
+// twinThreads is how many threads drive a coroutine fleet of world ranks
+// (--twin-threads; 0: one per usable core from twinThreadsMinRanks ranks).
+func (o *Options) twinThreads(world int) int {
+	if o.TwinThreads > 0 {
+		return o.TwinThreads
+	}
+	if world < twinThreadsMinRanks {
+		return 1
+	}
+	return runtime.GOMAXPROCS(0)
 }
 
 // inProcessComms are the world's communicators. The twin's ranks run as

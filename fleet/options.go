@@ -105,6 +105,11 @@ type Options struct {
 	// host time is the cost profile's host_overhead_ms; "measured", each
 	// rank's measured control-plane CPU time of the iteration.
 	TwinHostTime string
+	// TwinThreads (--twin-threads): OS threads that drive the twin's
+	// in-process ranks (nccl.RunCoroutinesParallel); 0 picks one per
+	// usable core for fleets of at least twinThreadsMinRanks ranks, else 1.
+	// The results do not depend on it.
+	TwinThreads int
 	// The twin's attention-DP coupling (twin.AttentionDP, docs/twin.md):
 	// TwinCUDAGraph (--twin-cuda-graph) "rank" or "fleet" (TensorRT-LLM's
 	// rule: graphs only when every rank is generation-only, padded to the

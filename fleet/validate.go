@@ -33,6 +33,9 @@ func (o *Options) validateEngine() error {
 	if err := usage.OneOf(o.Src("twin-host-time"), o.TwinHostTime, "profile", "measured"); err != nil {
 		return err
 	}
+	if o.TwinThreads < 0 || o.TwinThreads > maxTwinThreads {
+		return usage.Errorf("%s must be between 0 (automatic) and %d, got %d", o.Src("twin-threads"), maxTwinThreads, o.TwinThreads)
+	}
 	if err := o.openModel(); err != nil {
 		return err
 	}

@@ -4,7 +4,10 @@ import (
 	"errors"
 	"fmt"
 	"iter"
+	"runtime"
 	"slices"
+	"sync"
+	"sync/atomic"
 )
 
 // A coroutine group runs every member of an in-process group as a coroutine
@@ -165,42 +168,176 @@ func (c *CoroComm) enter(call coroCall) error {
 // collectives at the same call number all fail with ErrMismatch naming both
 // sides.
 func RunCoroutines(g *CoroGroup, body func(rank int, c *CoroComm) error) []error {
+	errs := make([]error, len(g.members))
+	all := make([]int, len(g.members))
+	for r := range all {
+		all[r] = r
+	}
+	d := newCoroDriver(g, all, body, errs)
+	defer d.stop()
+	for {
+		if d.run() == 0 {
+			return errs
+		}
+		g.complete()
+	}
+}
+
+// RunCoroutinesParallel is RunCoroutines with the members dealt over
+// workers driving goroutines: member r is driven by worker r mod workers.
+// Between two collectives the workers run their members at the same time;
+// each collective completes on the last worker to reach it, exactly as
+// RunCoroutines completes it (same results, errors, call count and trace),
+// and no member resumes before it has. Members that share no mutable state
+// except through the group therefore compute the same things whatever the
+// number of workers; only the order in which members of different workers
+// run between collectives changes. workers ≤ 1 (or a group of one) is
+// RunCoroutines on the caller.
+//
+// lockThreads locks each worker to an OS thread of its own, so that a
+// member's thread CPU clock counts only its worker's members (host-time
+// measurements); a waiting worker then spins, then sleeps. Unlocked, a
+// waiting worker yields its processor while it spins, so the garbage
+// collector and the other worker run on it.
+func RunCoroutinesParallel(g *CoroGroup, workers int, lockThreads bool, body func(rank int, c *CoroComm) error) []error {
 	n := len(g.members)
+	workers = min(workers, n)
+	if workers <= 1 {
+		return RunCoroutines(g, body)
+	}
 	errs := make([]error, n)
-	nexts := make([]func() (struct{}, bool), n)
-	stops := make([]func(), n)
-	for r, c := range g.members {
-		r, c := r, c
+	b := &coroBarrier{workers: int32(workers), yield: !lockThreads, spin: coroSpinUnlocked}
+	if lockThreads {
+		b.spin = coroSpinLocked
+	}
+	b.cond.L = &b.mu
+	var wg sync.WaitGroup
+	for w := range workers {
+		var own []int
+		for r := w; r < n; r += workers {
+			own = append(own, r)
+		}
+		wg.Go(func() {
+			if lockThreads {
+				runtime.LockOSThread()
+				defer runtime.UnlockOSThread()
+			}
+			d := newCoroDriver(g, own, body, errs)
+			defer d.stop()
+			for b.arrive(d.run(), g.complete) > 0 {
+			}
+		})
+	}
+	wg.Wait()
+	return errs
+}
+
+// coroDriver runs a set of members as coroutines of the calling goroutine.
+type coroDriver struct {
+	g     *CoroGroup
+	own   []int
+	nexts []func() (struct{}, bool)
+	stops []func()
+}
+
+func newCoroDriver(g *CoroGroup, own []int, body func(rank int, c *CoroComm) error, errs []error) *coroDriver {
+	d := &coroDriver{g: g, own: own}
+	for _, r := range own {
+		c := g.members[r]
 		seq := iter.Seq[struct{}](func(yield func(struct{}) bool) {
 			c.yield = yield
 			errs[r] = body(r, c)
 			c.exited, c.waiting = true, false
 		})
-		nexts[r], stops[r] = iter.Pull(seq)
+		next, stop := iter.Pull(seq)
+		d.nexts, d.stops = append(d.nexts, next), append(d.stops, stop)
 	}
-	defer func() {
-		for _, stop := range stops {
-			stop()
+	return d
+}
+
+// run resumes every live member of the driver up to its next collective
+// (or its end) and returns how many are still live.
+func (d *coroDriver) run() int {
+	live := 0
+	for i, r := range d.own {
+		c := d.g.members[r]
+		if c.exited {
+			continue
 		}
-	}()
-	for {
-		// Run every live member up to its next collective (or its end).
-		live := 0
-		for r, c := range g.members {
-			if c.exited {
-				continue
-			}
-			if _, ok := nexts[r](); !ok {
-				c.exited = true
-				continue
-			}
-			live++
+		if _, ok := d.nexts[i](); !ok {
+			c.exited = true
+			continue
 		}
-		if live == 0 {
-			return errs
-		}
-		g.complete()
+		live++
 	}
+	return live
+}
+
+func (d *coroDriver) stop() {
+	for _, stop := range d.stops {
+		stop()
+	}
+}
+
+// coroBarrier is where the workers of RunCoroutinesParallel meet at every
+// collective. The last to arrive completes the collective (every other
+// worker is waiting, so it alone touches the members); the others spin for
+// a while, since the workers usually arrive within microseconds of each
+// other, then sleep.
+type coroBarrier struct {
+	workers int32
+	yield   bool // unlocked workers: yield the processor while spinning
+	spin    int  // polls before sleeping
+	arrived atomic.Int32
+	live    atomic.Int32
+	gen     atomic.Uint64
+	total   int32 // live members at the round that just ended (written before gen moves)
+	mu      sync.Mutex
+	cond    sync.Cond
+}
+
+// How many times a waiting worker polls before it sleeps: about a
+// millisecond either way (unlocked, it yields every 64 polls). Waking a
+// sleeping worker takes tens of microseconds, longer than most rounds, so
+// a worker that slept once would make the other sleep at the next round.
+const (
+	coroSpinLocked   = 1 << 20
+	coroSpinUnlocked = 1 << 16
+)
+
+// arrive reports live members of the caller's worker and returns the live
+// members of the whole group once the round ended: complete ran if any.
+func (b *coroBarrier) arrive(live int, complete func()) int {
+	gen := b.gen.Load()
+	b.live.Add(int32(live))
+	if b.arrived.Add(1) == b.workers {
+		total := b.live.Load()
+		b.arrived.Store(0)
+		b.live.Store(0)
+		if total > 0 {
+			complete()
+		}
+		b.total = total
+		b.mu.Lock()
+		b.gen.Add(1)
+		b.cond.Broadcast()
+		b.mu.Unlock()
+		return int(total)
+	}
+	for i := range b.spin {
+		if b.gen.Load() != gen {
+			return int(b.total)
+		}
+		if b.yield && i%64 == 63 {
+			runtime.Gosched()
+		}
+	}
+	b.mu.Lock()
+	for b.gen.Load() == gen {
+		b.cond.Wait()
+	}
+	b.mu.Unlock()
+	return int(b.total)
 }
 
 // complete finishes the collective every live member is waiting in: the

@@ -3,18 +3,34 @@ package nccl
 import (
 	"errors"
 	"fmt"
+	"runtime"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 )
 
+// runCoro is RunCoroutines (workers 1) or RunCoroutinesParallel.
+func runCoro(g *CoroGroup, workers int, body func(rank int, c *CoroComm) error) []error {
+	if workers == 1 {
+		return RunCoroutines(g, body)
+	}
+	return RunCoroutinesParallel(g, workers, workers%2 == 1, body) // odd: locked threads
+}
+
 func TestCoroGroupCollectives(t *testing.T) {
+	for _, workers := range []int{1, 2, 3, 8} {
+		t.Run(fmt.Sprintf("workers=%d", workers), func(t *testing.T) { testCoroGroupCollectives(t, workers) })
+	}
+}
+
+func testCoroGroupCollectives(t *testing.T, workers int) {
 	const n = 5
 	g := NewCoroGroup(n, true)
 	got := make([][]string, n)
-	errs := RunCoroutines(g, func(rank int, c *CoroComm) error {
+	errs := runCoro(g, workers, func(rank int, c *CoroComm) error {
 		for it := 0; it < 3; it++ {
 			all, err := c.AllGather("g", []byte(fmt.Sprintf("r%d-%d", rank, it)))
 			if err != nil {
@@ -46,8 +62,14 @@ func TestCoroGroupCollectives(t *testing.T) {
 }
 
 func TestCoroGroupMismatchAndEarlyExit(t *testing.T) {
+	for _, workers := range []int{1, 2, 3} {
+		t.Run(fmt.Sprintf("workers=%d", workers), func(t *testing.T) { testCoroGroupMismatchAndEarlyExit(t, workers) })
+	}
+}
+
+func testCoroGroupMismatchAndEarlyExit(t *testing.T, workers int) {
 	g := NewCoroGroup(3, false)
-	errs := RunCoroutines(g, func(rank int, c *CoroComm) error {
+	errs := runCoro(g, workers, func(rank int, c *CoroComm) error {
 		name := "a"
 		if rank == 1 {
 			name = "b"
@@ -61,7 +83,7 @@ func TestCoroGroupMismatchAndEarlyExit(t *testing.T) {
 	}
 
 	g = NewCoroGroup(3, false)
-	errs = RunCoroutines(g, func(rank int, c *CoroComm) error {
+	errs = runCoro(g, workers, func(rank int, c *CoroComm) error {
 		if rank == 2 {
 			return nil // leaves without entering
 		}
@@ -110,31 +132,39 @@ func BenchmarkCollectiveRound(b *testing.B) {
 			}
 			wg.Wait()
 		})
-		b.Run(fmt.Sprintf("coroutines/%d", n), func(b *testing.B) {
-			g := NewCoroGroup(n, false)
-			b.ResetTimer()
-			errs := RunCoroutines(g, func(rank int, c *CoroComm) error {
-				for i := 0; i < b.N; i++ {
-					if err := round(c, rank); err != nil {
-						return err
+		for _, workers := range []int{1, 2} {
+			b.Run(fmt.Sprintf("coroutines/%d/workers=%d", n, workers), func(b *testing.B) {
+				g := NewCoroGroup(n, false)
+				b.ResetTimer()
+				errs := runCoro(g, workers, func(rank int, c *CoroComm) error {
+					for i := 0; i < b.N; i++ {
+						if err := round(c, rank); err != nil {
+							return err
+						}
 					}
+					return nil
+				})
+				if err := errors.Join(errs...); err != nil {
+					b.Fatal(err)
 				}
-				return nil
 			})
-			if err := errors.Join(errs...); err != nil {
-				b.Fatal(err)
-			}
-		})
+		}
 	}
 }
 
 // TestCoroAllGatherDecodedRunsOnce: the group decodes once and every member
 // receives the same value; a decode error reaches every member.
 func TestCoroAllGatherDecodedRunsOnce(t *testing.T) {
+	for _, workers := range []int{1, 2} {
+		t.Run(fmt.Sprintf("workers=%d", workers), func(t *testing.T) { testCoroAllGatherDecodedRunsOnce(t, workers) })
+	}
+}
+
+func testCoroAllGatherDecodedRunsOnce(t *testing.T, workers int) {
 	g := NewCoroGroup(4, false)
 	calls := 0
 	got := make([]any, 4)
-	errs := RunCoroutines(g, func(rank int, c *CoroComm) error {
+	errs := runCoro(g, workers, func(rank int, c *CoroComm) error {
 		v, err := c.AllGatherDecoded("x", []byte{byte(rank)}, func(all [][]byte) (any, error) {
 			calls++
 			s := 0
@@ -155,4 +185,40 @@ func TestCoroAllGatherDecodedRunsOnce(t *testing.T) {
 	for _, err := range errs {
 		require.ErrorContains(t, err, "bad payload")
 	}
+}
+
+// TestCoroParallelMembersRunConcurrently: with two workers, members of
+// different workers run between collectives at the same time (each waits
+// for the other inside one round, which a single driver would deadlock on),
+// and a long round (a worker sleeping past the spin) still completes.
+func TestCoroParallelMembersRunConcurrently(t *testing.T) {
+	if runtime.GOMAXPROCS(0) < 2 {
+		t.Skip("needs two processors")
+	}
+	g := NewCoroGroup(2, false)
+	var flag [2]atomic.Bool
+	errs := RunCoroutinesParallel(g, 2, false, func(rank int, c *CoroComm) error {
+		for round := 0; round < 50; round++ {
+			flag[rank].Store(true)
+			deadline := time.Now().Add(10 * time.Second)
+			for !flag[1-rank].Load() {
+				if time.Now().After(deadline) {
+					return fmt.Errorf("rank %d: the other worker never ran in round %d", rank, round)
+				}
+			}
+			if round%10 == 0 && rank == 1 {
+				time.Sleep(2 * time.Millisecond) // the other worker falls asleep
+			}
+			if _, err := c.AllGather("a", []byte{byte(round)}); err != nil {
+				return err
+			}
+			flag[rank].Store(false)
+			if _, err := c.AllReduceInt64("b", ReduceSum, []int64{1}); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	require.NoError(t, errors.Join(errs...))
+	require.Equal(t, 100, g.Calls())
 }

@@ -4,12 +4,14 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/lockstep-ai/lockstep/bridge/twin"
+	"github.com/lockstep-ai/lockstep/internal/racetest"
 )
 
 // twinRun is a small twin run of the built-in sample (arrivals replayed on
@@ -214,4 +216,56 @@ func TestRunProfiles(t *testing.T) {
 	code, _, stderr := runCLI(t, append(append([]string{}, twinRun...), "--memprofile", filepath.Join(dir, "no", "such", "dir", "m"))...)
 	require.NotEqual(t, 0, code)
 	require.Contains(t, stderr, "--memprofile")
+}
+
+// TestTwinThreadsChangeNothing: the twin's ranks driven by one, two or
+// three threads (--twin-threads) print the same report (all but the wall
+// time), over the features whose state lives on each rank: calibration,
+// ADP balance, the conversation router, KV events, a small pool with
+// recompute preemption, an MoE model. Under -race this is also the check
+// that no rank shares mutable state with another outside the collectives.
+func TestTwinThreadsChangeNothing(t *testing.T) {
+	dir := t.TempDir()
+	limit := racetest.Size(64, 12) // the race pass checks the sharing, on a short run
+	threadCounts := []string{"1", "2", "3"}
+	if racetest.Enabled {
+		threadCounts = threadCounts[:2]
+	}
+	for _, c := range []struct {
+		name string
+		args []string
+	}{
+		{"dense", []string{"--model", "llama-8b", "--ranks", "16", "--pages", "0", "--ctx-cost", "auto",
+			"--attention-dp-balance", "--kv-events", filepath.Join(dir, "ev-{rank}.jsonl")}},
+		{"moe-preempt", []string{"--model", "qwen3-30b-a3b", "--ranks", "5", "--pages", "170", "--tokens-per-page", "16",
+			"--arrival-scale", "0", "--attention-dp-cost-leveling", "--twin-moe-dp-padding", "--twin-cuda-graph", "fleet"}},
+		{"iter-log", []string{"--model", "llama-8b", "--ranks", "16", "--pages", "0", "--overlap", "off",
+			"--iter-log", filepath.Join(dir, "it-{rank}.jsonl")}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var first map[string]any
+			for _, threads := range threadCounts {
+				code, stdout, stderr := runCLI(t, append(append(append([]string{}, twinRun...), c.args...),
+					"--limit", strconv.Itoa(limit), "--twin-threads", threads)...)
+				require.Equal(t, 0, code, stderr)
+				var rep map[string]any
+				require.NoError(t, json.Unmarshal([]byte(stdout), &rep), stdout)
+				for _, k := range []string{"wall_s", "output_tokens_per_s_wall"} {
+					delete(rep, k)
+				}
+				require.Equal(t, float64(limit), rep["requests"].(map[string]any)["completed"])
+				if first == nil {
+					first = rep
+					if c.name == "moe-preempt" && !racetest.Enabled {
+						require.NotZero(t, rep["preemptions"].(map[string]any)["recompute"])
+					}
+					continue
+				}
+				require.Equal(t, first, rep, "--twin-threads %s", threads)
+			}
+		})
+	}
+	code, _, stderr := runCLI(t, append(append([]string{}, twinRun...), "--twin-threads", "-1")...)
+	require.Equal(t, 2, code)
+	require.Contains(t, stderr, "--twin-threads must be between 0 (automatic) and 256, got -1")
 }
