@@ -1,6 +1,7 @@
 package nccl
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"iter"
@@ -101,7 +102,7 @@ func (c *CoroComm) Size() int { return len(c.g.members) }
 // AllGather returns every member's data in rank order. The result is shared
 // by every member: read-only.
 func (c *CoroComm) AllGather(name string, data []byte) ([][]byte, error) {
-	if err := c.enter(coroCall{kind: KindAllGather, name: name, data: data}); err != nil {
+	if err := c.enter(coroCall{kind: KindAllGather, name: name, data: bytes.Clone(data)}); err != nil {
 		return nil, err
 	}
 	return c.gathered, nil
@@ -113,7 +114,7 @@ func (c *CoroComm) AllGather(name string, data []byte) ([][]byte, error) {
 // gathered once instead of once per rank. The result is shared: read-only.
 // A decode error is every member's error.
 func (c *CoroComm) AllGatherDecoded(name string, data []byte, decode func([][]byte) (any, error)) (any, error) {
-	if err := c.enter(coroCall{kind: KindAllGather, name: name, data: data, decode: decode}); err != nil {
+	if err := c.enter(coroCall{kind: KindAllGather, name: name, data: bytes.Clone(data), decode: decode}); err != nil {
 		return nil, err
 	}
 	return c.decoded, nil
@@ -157,6 +158,7 @@ func (c *CoroComm) enter(call coroCall) error {
 	if !c.yield(struct{}{}) {
 		return &collectiveError{kind: ErrClosed, msg: fmt.Sprintf("rank %d: group stopped during %s:%s", c.rank, call.kind, call.name)}
 	}
+	c.call = coroCall{} // here, not in complete: members clear their own in parallel
 	c.seq++
 	return c.err
 }
@@ -184,7 +186,9 @@ func RunCoroutines(g *CoroGroup, body func(rank int, c *CoroComm) error) []error
 }
 
 // RunCoroutinesParallel is RunCoroutines with the members dealt over
-// workers driving goroutines: member r is driven by worker r mod workers.
+// workers driving goroutines: member r is driven by worker r mod workers,
+// always the same one (its state stays in that core's caches; members
+// claimed afresh by whichever worker is free each round ran slower here).
 // Between two collectives the workers run their members at the same time;
 // each collective completes on the last worker to reach it, exactly as
 // RunCoroutines completes it (same results, errors, call count and trace),
@@ -198,7 +202,8 @@ func RunCoroutines(g *CoroGroup, body func(rank int, c *CoroComm) error) []error
 // member's thread CPU clock counts only its worker's members (host-time
 // measurements); a waiting worker then spins, then sleeps. Unlocked, a
 // waiting worker yields its processor while it spins, so the garbage
-// collector and the other worker run on it.
+// collector runs on it. Either way the caller's own locking does not
+// matter.
 func RunCoroutinesParallel(g *CoroGroup, workers int, lockThreads bool, body func(rank int, c *CoroComm) error) []error {
 	n := len(g.members)
 	workers = min(workers, n)
@@ -207,24 +212,31 @@ func RunCoroutinesParallel(g *CoroGroup, workers int, lockThreads bool, body fun
 	}
 	errs := make([]error, n)
 	b := &coroBarrier{workers: int32(workers), yield: !lockThreads, spin: coroSpinUnlocked}
+	b.cond.L = &b.mu
+	var wg sync.WaitGroup
 	if lockThreads {
 		b.spin = coroSpinLocked
 	}
-	b.cond.L = &b.mu
-	var wg sync.WaitGroup
 	for w := range workers {
 		var own []int
 		for r := w; r < n; r += workers {
 			own = append(own, r)
 		}
 		wg.Go(func() {
+			// The worker creates its members' coroutines: a coroutine made
+			// on a locked thread must always resume on it.
 			if lockThreads {
 				runtime.LockOSThread()
 				defer runtime.UnlockOSThread()
 			}
 			d := newCoroDriver(g, own, body, errs)
 			defer d.stop()
-			for b.arrive(d.run(), g.complete) > 0 {
+			end := func(total int) {
+				if total > 0 {
+					g.complete()
+				}
+			}
+			for b.arrive(d.run(), end) > 0 {
 			}
 		})
 	}
@@ -259,18 +271,26 @@ func newCoroDriver(g *CoroGroup, own []int, body func(rank int, c *CoroComm) err
 // (or its end) and returns how many are still live.
 func (d *coroDriver) run() int {
 	live := 0
-	for i, r := range d.own {
-		c := d.g.members[r]
-		if c.exited {
-			continue
+	for i := range d.own {
+		if d.resume(i) {
+			live++
 		}
-		if _, ok := d.nexts[i](); !ok {
-			c.exited = true
-			continue
-		}
-		live++
 	}
 	return live
+}
+
+// resume runs member own[i] up to its next collective and reports whether
+// it is still live.
+func (d *coroDriver) resume(i int) bool {
+	c := d.g.members[d.own[i]]
+	if c.exited {
+		return false
+	}
+	if _, ok := d.nexts[i](); !ok {
+		c.exited = true
+		return false
+	}
+	return true
 }
 
 func (d *coroDriver) stop() {
@@ -306,17 +326,16 @@ const (
 )
 
 // arrive reports live members of the caller's worker and returns the live
-// members of the whole group once the round ended: complete ran if any.
-func (b *coroBarrier) arrive(live int, complete func()) int {
+// members of the whole group once the round ended: the last worker to
+// arrive ran end(total) first, alone.
+func (b *coroBarrier) arrive(live int, end func(total int)) int {
 	gen := b.gen.Load()
 	b.live.Add(int32(live))
 	if b.arrived.Add(1) == b.workers {
 		total := b.live.Load()
 		b.arrived.Store(0)
 		b.live.Store(0)
-		if total > 0 {
-			complete()
-		}
+		end(int(total))
 		b.total = total
 		b.mu.Lock()
 		b.gen.Add(1)
@@ -373,16 +392,11 @@ func (g *CoroGroup) complete() {
 	g.calls++
 	switch ref.kind {
 	case KindAllGather:
-		total := 0
-		for _, c := range g.members {
-			total += len(c.call.data)
-		}
-		buf := make([]byte, 0, total)
+		// Each member's data is its own copy (AllGather cloned it on the
+		// member's thread): the result points at them.
 		out := make([][]byte, len(g.members))
 		for r, c := range g.members {
-			start := len(buf)
-			buf = append(buf, c.call.data...)
-			out[r] = buf[start:len(buf):len(buf)]
+			out[r] = c.call.data[:len(c.call.data):len(c.call.data)]
 		}
 		var decoded any
 		var derr error
@@ -425,7 +439,7 @@ func (g *CoroGroup) complete() {
 		}
 	}
 	for _, c := range g.members {
-		c.waiting, c.call = false, coroCall{}
+		c.waiting = false
 	}
 }
 

@@ -17,7 +17,13 @@ func runCoro(g *CoroGroup, workers int, body func(rank int, c *CoroComm) error) 
 	if workers == 1 {
 		return RunCoroutines(g, body)
 	}
-	return RunCoroutinesParallel(g, workers, workers%2 == 1, body) // odd: locked threads
+	if workers%2 == 0 {
+		// Unlocked workers, called from a locked thread (as the fleet does).
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		return RunCoroutinesParallel(g, workers, false, body)
+	}
+	return RunCoroutinesParallel(g, workers, true, body)
 }
 
 func TestCoroGroupCollectives(t *testing.T) {
