@@ -65,10 +65,9 @@ func (e *Executor) canQueue(b int) (canQueue, thisRank bool, err error) {
 	if !e.adp() {
 		return b > 0, b > 0, nil
 	}
-	v := make([]byte, 8)
-	binary.LittleEndian.PutUint64(v, uint64(b))
+	e.wire = binary.LittleEndian.AppendUint64(e.wire[:0], uint64(b))
 	t := e.waitStart()
-	all, err := e.d.Comm.AllGather("batch_size", v)
+	all, err := e.d.Comm.AllGather("batch_size", e.wire)
 	e.waitEnd(t)
 	if err != nil {
 		return false, false, err

@@ -97,10 +97,13 @@ type Executor struct {
 	dummy     *request // pendingDummy (§4.2)
 	shutdown  bool
 
-	waiting      waitQueue // received, not routed yet (identical on every rank)
-	popper       router.Popper
-	putBack      []Arrival // scratch of route: the put-backs of one pop
-	eventBuf     []byte
+	waiting  waitQueue // received, not routed yet (identical on every rank)
+	popper   router.Popper
+	putBack  []Arrival // scratch of route: the put-backs of one pop
+	eventBuf []byte
+	// wire is the scratch buffer this rank's collective payloads are
+	// encoded into (a Comm does not keep the data it is given).
+	wire         []byte
 	flushes      int // event flushes (tests)
 	routerStates []router.RankState
 

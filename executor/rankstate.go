@@ -3,6 +3,7 @@ package executor
 import (
 	"encoding/binary"
 	"fmt"
+	"slices"
 
 	"github.com/lockstep-ai/lockstep/scheduler"
 )
@@ -28,7 +29,10 @@ type RankState struct {
 	PausedAndRecomp  int64
 }
 
-func (s RankState) encode() []byte {
+func (s RankState) encode() []byte { return s.appendTo(nil) }
+
+// appendTo appends the wire form of s to b.
+func (s RankState) appendTo(b []byte) []byte {
 	has := int64(0)
 	if s.HasStats {
 		has = 1
@@ -36,7 +40,7 @@ func (s RankState) encode() []byte {
 	v := [RankStateLen]int64{s.Rank, s.ActiveRequests, s.ActiveTokens, s.RetiringRequests, has,
 		s.StatsIter, s.CtxRequests, s.CtxTokens, s.GenRequests, s.GenTokens, s.CostS, s.HostUS,
 		s.PausedAndRecomp}
-	b := make([]byte, 0, 8*RankStateLen)
+	b = slices.Grow(b, 8*RankStateLen)
 	for _, x := range v {
 		b = binary.LittleEndian.AppendUint64(b, uint64(x))
 	}
@@ -66,7 +70,8 @@ func (e *Executor) gatherRankStates() ([]RankState, error) {
 		return e.ownState[:], nil
 	}
 	t := e.waitStart()
-	v, err := e.allGatherDecoded("rank_state", mine.encode(), e.decodeRankStates)
+	e.wire = mine.appendTo(e.wire[:0])
+	v, err := e.allGatherDecoded("rank_state", e.wire, e.decodeRankStates)
 	e.waitEnd(t)
 	if err != nil {
 		return nil, err

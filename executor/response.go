@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"slices"
 
 	"github.com/lockstep-ai/lockstep/bridge"
 )
@@ -110,8 +111,11 @@ func (rb responseBatch) size() int {
 	return n
 }
 
-func (rb responseBatch) encode() []byte {
-	b := binary.LittleEndian.AppendUint64(make([]byte, 0, rb.size()), uint64(rb.DeviceUS))
+func (rb responseBatch) encode() []byte { return rb.appendTo(nil) }
+
+// appendTo appends the wire form of rb to b.
+func (rb responseBatch) appendTo(b []byte) []byte {
+	b = binary.LittleEndian.AppendUint64(slices.Grow(b, rb.size()), uint64(rb.DeviceUS))
 	b = binary.LittleEndian.AppendUint64(b, uint64(rb.Tokens))
 	for _, v := range rb.Load.fields() {
 		b = binary.LittleEndian.AppendUint64(b, uint64(v))
@@ -309,8 +313,8 @@ func (e *Executor) gatherResponses(name string, rs []Response, deviceUS, tokens 
 		return nil
 	}
 	t := e.waitStart()
-	all, err := e.d.Comm.AllGather(name, responseBatch{DeviceUS: deviceUS, Tokens: tokens, Responses: rs, Deltas: deltas,
-		Load: load}.encode())
+	e.wire = responseBatch{DeviceUS: deviceUS, Tokens: tokens, Responses: rs, Deltas: deltas, Load: load}.appendTo(e.wire[:0])
+	all, err := e.d.Comm.AllGather(name, e.wire)
 	e.waitEnd(t)
 	if err != nil {
 		return err

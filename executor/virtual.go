@@ -31,11 +31,10 @@ type StepCoster interface {
 // every rank): every rank's cost of the step it just launched, combined
 // into the fleet's step duration. The record, when logging, gets the time
 // this rank waited for the slowest one.
-// stepCostCap is the capacity fleetStepMS gives an engine's step cost.
-const stepCostCap = 128
 
 func (e *Executor) fleetStepMS(rec *IterRecord) (float64, error) {
-	mine := e.virtual.AppendStepCost(make([]byte, 0, stepCostCap)) // one allocation (twin: 120 bytes)
+	e.wire = e.virtual.AppendStepCost(e.wire[:0])
+	mine := e.wire
 	var fleet float64
 	if e.multi() {
 		// Every rank's engine models the same profile, so the fleet's

@@ -51,7 +51,9 @@ type Comm interface {
 	Rank() int
 	Size() int
 	// AllGather returns every member's data, in rank order. Sizes may differ.
-	// The returned slices are owned by the caller.
+	// The returned slices are owned by the caller. No implementation keeps
+	// data (nor Broadcast's, nor vals) past the call: callers reuse their
+	// buffers.
 	AllGather(name string, data []byte) ([][]byte, error)
 	// Broadcast returns root's data on every member (data is ignored off root).
 	Broadcast(name string, root int, data []byte) ([]byte, error)

@@ -1,7 +1,6 @@
 package nccl
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"iter"
@@ -24,12 +23,18 @@ import (
 // concurrency (one goroutine per rank, a watchdog, per-member traces).
 //
 // Results are shared: the slices AllGather and Broadcast return are the same
-// backing arrays on every member and must be treated as read-only. They stay
-// valid after later collectives (every collective allocates its own).
+// backing arrays on every member and must be treated as read-only. An
+// AllGather's result is valid until the caller's next collective returns:
+// each member's payload and the result's slice headers are kept in two
+// buffers used in turn, so a steady fleet gathers without allocating (a
+// member can be at most one collective ahead of any other, so the buffer of
+// collective k is reused at k+2, after every member finished with k).
+// Broadcast results stay valid (each allocates its own).
 
 // CoroGroup is an in-process group of coroutine members; see RunCoroutines.
 type CoroGroup struct {
 	members []*CoroComm
+	outs    [2][][]byte // AllGather results, used in turn
 	// trace records the collectives of member 0 when tracing is on.
 	tracing bool
 	trace   []TraceEntry
@@ -85,6 +90,7 @@ type CoroComm struct {
 	closed  bool
 
 	gathered [][]byte
+	payload  [2][]byte // AllGather's copies of data, used in turn
 	decoded  any
 	bcast    []byte
 	reduced  []int64
@@ -102,7 +108,7 @@ func (c *CoroComm) Size() int { return len(c.g.members) }
 // AllGather returns every member's data in rank order. The result is shared
 // by every member: read-only.
 func (c *CoroComm) AllGather(name string, data []byte) ([][]byte, error) {
-	if err := c.enter(coroCall{kind: KindAllGather, name: name, data: bytes.Clone(data)}); err != nil {
+	if err := c.enter(coroCall{kind: KindAllGather, name: name, data: c.copyPayload(data)}); err != nil {
 		return nil, err
 	}
 	return c.gathered, nil
@@ -114,10 +120,18 @@ func (c *CoroComm) AllGather(name string, data []byte) ([][]byte, error) {
 // gathered once instead of once per rank. The result is shared: read-only.
 // A decode error is every member's error.
 func (c *CoroComm) AllGatherDecoded(name string, data []byte, decode func([][]byte) (any, error)) (any, error) {
-	if err := c.enter(coroCall{kind: KindAllGather, name: name, data: bytes.Clone(data), decode: decode}); err != nil {
+	if err := c.enter(coroCall{kind: KindAllGather, name: name, data: c.copyPayload(data), decode: decode}); err != nil {
 		return nil, err
 	}
 	return c.decoded, nil
+}
+
+// copyPayload copies an AllGather's data into this member's buffer for the
+// coming collective, on the member's own thread (RunCoroutinesParallel).
+func (c *CoroComm) copyPayload(data []byte) []byte {
+	b := append(c.payload[c.seq&1][:0], data...)
+	c.payload[c.seq&1] = b
+	return b
 }
 
 // Broadcast returns root's data on every member (shared, read-only).
@@ -392,9 +406,13 @@ func (g *CoroGroup) complete() {
 	g.calls++
 	switch ref.kind {
 	case KindAllGather:
-		// Each member's data is its own copy (AllGather cloned it on the
+		// Each member's data is its own copy (AllGather made it on the
 		// member's thread): the result points at them.
-		out := make([][]byte, len(g.members))
+		out := g.outs[g.calls&1]
+		if out == nil {
+			out = make([][]byte, len(g.members))
+			g.outs[g.calls&1] = out
+		}
 		for r, c := range g.members {
 			out[r] = c.call.data[:len(c.call.data):len(c.call.data)]
 		}

@@ -226,7 +226,7 @@ func TestRunProfiles(t *testing.T) {
 // that no rank shares mutable state with another outside the collectives.
 func TestTwinThreadsChangeNothing(t *testing.T) {
 	dir := t.TempDir()
-	limit := racetest.Size(64, 12) // the race pass checks the sharing, on a short run
+	limit := racetest.Size(64, 24) // the race pass checks the sharing, on a short run
 	threadCounts := []string{"1", "2", "3"}
 	if racetest.Enabled {
 		threadCounts = threadCounts[:2]
