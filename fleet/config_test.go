@@ -144,6 +144,7 @@ twin:
   cuda_graph_max_batch_size: 256
   moe_dp_padding: true
   host_time: measured
+  threads: 3
 workload:
   trace: t.jsonl
   limit: 5
@@ -173,6 +174,7 @@ cpu_kernels: quant
 	require.Equal(t, executor.ADPBalance{Enable: true, TimeoutIters: 60, BatchingWaitIters: 0, CostLeveling: true}, o.ADPBalance)
 	require.Equal(t, "least_tokens", o.NewConvPlacement)
 	require.Equal(t, "measured", o.TwinHostTime)
+	require.Equal(t, 3, o.TwinThreads)
 	require.False(t, o.Scheduler.PrefixAware)
 	require.Equal(t, int64(35000), o.Scheduler.EqualCost.KVOffset)
 	require.Equal(t, int64(3), o.Scheduler.EqualCost.PerChunkDepthTokens)
