@@ -3,6 +3,8 @@
 
 #include <cstring>
 
+#include "backend.h"
+
 #include "model_cpu.h"
 
 namespace lockstep {
@@ -46,6 +48,79 @@ void build_moe_layout(const eng_model_shape& s, const float* logits, int64_t row
       out->src_row[size_t(slot)] = int32_t(r);
       out->slot_of[size_t(r * K + k)] = slot;
     }
+}
+
+void plan_moe_dispatch(const MoeLayout& L, int32_t members, int32_t me, MoeEpPlan* p) {
+  const int64_t R = L.rows;
+  const int32_t K = L.top_k;
+  p->members = members;
+  p->me = me;
+  p->send_offsets.assign(size_t(members) + 1, 0);
+  for (int32_t e : L.expert) ++p->send_offsets[size_t(expert_owner(e, members)) + 1];
+  for (int32_t d = 0; d < members; ++d) p->send_offsets[size_t(d) + 1] += p->send_offsets[size_t(d)];
+  std::vector<int32_t> next(p->send_offsets.begin(), p->send_offsets.end() - 1);
+  p->send_row.resize(size_t(R * K));
+  p->send_pos.resize(size_t(R * K));
+  p->send_experts.resize(size_t(members));
+  for (int32_t d = 0; d < members; ++d)
+    p->send_experts[size_t(d)].resize(sizeof(int32_t) *
+                                      size_t(p->send_offsets[size_t(d) + 1] - p->send_offsets[size_t(d)]));
+  for (int64_t r = 0; r < R; ++r)
+    for (int32_t k = 0; k < K; ++k) {
+      const int32_t e = L.expert[size_t(r * K + k)], d = expert_owner(e, members);
+      const int32_t at = next[size_t(d)]++;
+      p->send_row[size_t(at)] = int32_t(r);
+      p->send_pos[size_t(r * K + k)] = at;
+      std::memcpy(p->send_experts[size_t(d)].data() + sizeof(int32_t) * size_t(at - p->send_offsets[size_t(d)]), &e,
+                  sizeof e);
+    }
+}
+
+std::string plan_moe_receive(const std::vector<std::vector<char>>& recv, int32_t E, MoeEpPlan* p) {
+  const int32_t P = p->members;
+  if (int32_t(recv.size()) != P)
+    return "expert ids from " + std::to_string(recv.size()) + " members, not " + std::to_string(P);
+  p->recv_offsets.assign(size_t(P) + 1, 0);
+  for (int32_t s = 0; s < P; ++s) {
+    if (recv[size_t(s)].size() % sizeof(int32_t) != 0)
+      return "member " + std::to_string(s) + " sent " + std::to_string(recv[size_t(s)].size()) +
+             " bytes of expert ids, not a whole number of int32s";
+    p->recv_offsets[size_t(s) + 1] = p->recv_offsets[size_t(s)] + int32_t(recv[size_t(s)].size() / sizeof(int32_t));
+  }
+  const int64_t n = p->received();
+  std::vector<int32_t> expert(static_cast<size_t>(n));
+  p->grouped_offsets.assign(size_t(E) + 1, 0);
+  for (int32_t s = 0; s < P; ++s)
+    for (int32_t j = p->recv_offsets[size_t(s)]; j < p->recv_offsets[size_t(s) + 1]; ++j) {
+      int32_t e = -1;
+      std::memcpy(&e, recv[size_t(s)].data() + sizeof(int32_t) * size_t(j - p->recv_offsets[size_t(s)]), sizeof e);
+      if (e < 0 || e >= E || expert_owner(e, P) != p->me)
+        return "member " + std::to_string(s) + " sent a token for expert " + std::to_string(e) + ", which member " +
+               std::to_string(p->me) + " does not own";
+      expert[size_t(j)] = e;
+      ++p->grouped_offsets[size_t(e) + 1];
+    }
+  for (int32_t e = 0; e < E; ++e) p->grouped_offsets[size_t(e) + 1] += p->grouped_offsets[size_t(e)];
+  // Records in (source, record) order are already that order within each
+  // expert: a stable counting sort.
+  std::vector<int32_t> next(p->grouped_offsets.begin(), p->grouped_offsets.end() - 1);
+  p->grouped_src.resize(size_t(n));
+  p->answer_slot.resize(size_t(n));
+  for (int64_t j = 0; j < n; ++j) {
+    const int32_t g = next[size_t(expert[size_t(j)])]++;
+    p->grouped_src[size_t(g)] = int32_t(j);
+    p->answer_slot[size_t(j)] = g;
+  }
+  return "";
+}
+
+void MoeEpPlan::pack(const MoeLayout& L, int32_t* out) const {
+  const int64_t S = sent(), rk = L.rows * L.top_k, n = received();
+  std::memcpy(out, send_row.data(), sizeof(int32_t) * size_t(S));
+  std::memcpy(out + S, send_pos.data(), sizeof(int32_t) * size_t(rk));
+  std::memcpy(out + S + rk, L.weight.data(), sizeof(float) * size_t(rk));
+  std::memcpy(out + S + 2 * rk, grouped_src.data(), sizeof(int32_t) * size_t(n));
+  std::memcpy(out + S + 2 * rk + n, answer_slot.data(), sizeof(int32_t) * size_t(n));
 }
 
 }  // namespace lockstep

@@ -19,6 +19,7 @@
 #define LOCKSTEP_CUDA_MOE_LAYOUT_H
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "engine.h"
@@ -39,6 +40,49 @@ struct MoeLayout {
   // Writes the device block (device_words() int32s) into out.
   void pack(int32_t* out) const;
 };
+
+// Expert parallelism (EP over NCCL, model_cuda.cu; docs/cuda.md): expert e
+// lives on member e % members (expert_owner). A member's MoE layer then
+//   1. routes its rows (MoeLayout) and sends each (row, k) pair to the owner
+//      of its expert: dispatch records grouped by destination, (row, k)
+//      order within one (the CPU engine's order, model_cpu.cpp moe_block);
+//      the expert ids travel on the host (Exchange::alltoallv, with its tag
+//      and round checks), the rows over NCCL;
+//   2. groups the records it received by expert (ascending id; within one,
+//      by source member, then record: the CPU engine's order) and runs each
+//      owned expert over its rows;
+//   3. returns every answer to its sender in record order (NCCL again), so
+//      the combine finds the answer to its pair (r, k) where it sent it:
+//      send_pos[r][k], and sums them in ascending expert id as on one engine.
+struct MoeEpPlan {
+  int32_t members = 1, me = 0;
+  // Sender side (plan_moe_dispatch).
+  std::vector<int32_t> send_offsets;               // [members + 1]: records to d are [send_offsets[d], [d + 1])
+  std::vector<int32_t> send_row;                   // [rows * K]: the row record i copies
+  std::vector<int32_t> send_pos;                   // [rows][K]: the record (and answer) of pair (r, k)
+  std::vector<std::vector<char>> send_experts;     // [members]: int32 expert ids of the records to d
+  // Receiver side (plan_moe_receive).
+  std::vector<int32_t> recv_offsets;               // [members + 1]: records from s are [recv_offsets[s], [s + 1])
+  std::vector<int32_t> grouped_offsets;            // [E + 1]: expert e's grouped slots
+  std::vector<int32_t> grouped_src;                // [received]: the received record grouped slot g copies
+  std::vector<int32_t> answer_slot;                // [received]: the grouped slot holding record i's answer
+  int64_t sent() const { return send_offsets.empty() ? 0 : send_offsets.back(); }
+  int64_t received() const { return recv_offsets.empty() ? 0 : recv_offsets.back(); }
+  // Words of the device block: send_row, send_pos, weight bits (from the
+  // layout), grouped_src, answer_slot.
+  int64_t device_words(const MoeLayout& L) const { return sent() + 2 * L.rows * L.top_k + 2 * received(); }
+  void pack(const MoeLayout& L, int32_t* out) const;
+};
+
+// Builds the sender side of *plan for member `me` of `members` from its
+// layout.
+void plan_moe_dispatch(const MoeLayout& L, int32_t members, int32_t me, MoeEpPlan* plan);
+
+// Builds the receiver side of *plan from the expert ids every member sent
+// this one (recv_experts[s]: int32s, as alltoallv delivers them). Returns ""
+// or what is wrong with them (a ragged list, an expert out of range or not
+// this member's), naming the member; the caller throws ENG_COMM_ERROR.
+std::string plan_moe_receive(const std::vector<std::vector<char>>& recv_experts, int32_t experts, MoeEpPlan* plan);
 
 // Routes `rows` rows of router logits [rows][E] for layer `layer` of shape
 // (router_bias: that layer's bias [E], or null) and fills *out.
