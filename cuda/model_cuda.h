@@ -19,8 +19,12 @@
 //   expert -> per expert with rows: gate/up GEMM, SwiGLU, down GEMM -> the
 //   shared experts over every row -> combine in ascending expert id
 //   (kernels/moe.cuh), += residual. The host round trip makes a MoE step
-//   synchronous per layer and keeps it out of the decode graphs; expert
-//   parallelism (EP over NCCL) is not built: one engine holds every expert.
+//   synchronous per layer and keeps it out of the decode graphs. Under
+//   expert parallelism (join_ep; built with NCCL) a member keeps only its
+//   experts (e % members) and each MoE layer exchanges the expert ids on the
+//   host (the EP group's Exchange, with its tag and round checks) and the
+//   rows and answers over NCCL (grouped ncclSend/ncclRecv on the engine's
+//   stream; moe_layout.h MoeEpPlan says the layout), every wait bounded.
 // All step descriptors go to the device in one pinned host-to-device copy;
 // results come back in one device-to-host copy.
 //
@@ -73,6 +77,9 @@
 #include "sampling.h"
 #include "moe_layout.h"
 #include "step_layout.h"
+#ifdef ENGINE_HAVE_NCCL
+#include "nccl_comm.h"
+#endif
 
 namespace lockstep {
 
@@ -129,15 +136,21 @@ struct CudaLayer {
   CudaExpert shared;
 };
 
+// Bound on every wait of an expert-parallel NCCL exchange (the Go side's
+// collective watchdog fires first and names the stuck collective).
+constexpr int kEpNcclTimeoutMs = 300000;
+
 class CudaBackend final : public Backend {
  public:
   explicit CudaBackend(const EngineParams& params);
   ~CudaBackend() override;
 
   const char* name() const override { return "cuda"; }
-  // Expert parallelism over NCCL is not built: refused (one CUDA engine
-  // holds every expert).
+  // Expert parallelism over NCCL: keeps this member's experts. Refused in a
+  // build without NCCL. The NCCL communicator is made at the first step,
+  // its unique id sent through the EP group.
   void join_ep(int32_t size, int32_t rank) override;
+  const MoeStats& moe_stats() const override { return moe_stats_; }
   double step(const StepBatch& batch, int32_t* sampled, float* logits) override;
   void copy_pages(eng_tier src_tier, const int32_t* src, eng_tier dst_tier, const int32_t* dst,
                   int32_t n) override;
@@ -179,6 +192,10 @@ class CudaBackend final : public Backend {
   // The MoE block of layer `layer` over the step's rows (xb_ holds their
   // normed inputs); adds its output to hidden_.
   void moe_mlp(int32_t layer);
+  // The same under expert parallelism (ep_ set): the router and combine over
+  // this member's rows (none in an empty step), the experts over the rows
+  // the members sent it.
+  void moe_mlp_ep(int32_t layer);
 
   // --- Decode graphs (decode_graph.cu). ---
   // One bucket's graph, and whether it has run once eagerly (warm-up: lazy
@@ -237,6 +254,19 @@ class CudaBackend final : public Backend {
   DeviceBuffer moe_logits_, moe_desc_, moe_x_, moe_y_, moe_gu_, moe_act_, moe_m_;
   PinnedBuffer moe_host_logits_, moe_host_desc_;
   MoeLayout moe_layout_;
+  // Expert parallelism: the group (this step's member handle), the plan and
+  // scratch of a layer (rows sent and received, bf16; answers in record
+  // order and as received back, float32), the counters.
+  int32_t ep_size_ = 1, ep_rank_ = 0;
+  Exchange* ep_ = nullptr;
+  MoeEpPlan moe_plan_;
+  DeviceBuffer moe_send_, moe_recv_, moe_yrec_, moe_ycomb_;
+  CudaEvent ev_ep_[4];
+  MoeStats moe_stats_;
+#ifdef ENGINE_HAVE_NCCL
+  std::unique_ptr<NcclComm> ep_comm_;
+  void open_ep_comm();
+#endif
 };
 
 }  // namespace lockstep

@@ -156,6 +156,36 @@ void NcclComm::wait(const char* what) {
   }
 }
 
+void NcclComm::alltoallv_device(const void* send, const std::vector<int64_t>& send_offs, void* recv,
+                                const std::vector<int64_t>& recv_offs, const std::string& what) {
+  usable(what.c_str());
+  if (send_offs.size() != size_t(world_) + 1 || recv_offs.size() != size_t(world_) + 1)
+    throw EngineError(ENG_INTERNAL, "NCCL " + what + ": offsets for " + std::to_string(send_offs.size()) + " / " +
+                                        std::to_string(recv_offs.size()) + " ranks in a group of " +
+                                        std::to_string(world_));
+  CUDA_CHECK(cudaSetDevice(device_));
+  const char* sp = static_cast<const char*>(send);
+  char* rp = static_cast<char*>(recv);
+  NCCL_CHECK(ncclGroupStart());
+  for (int peer = 0; peer < world_; ++peer) {
+    if (peer == rank_) continue;
+    const int64_t sn = send_offs[size_t(peer) + 1] - send_offs[size_t(peer)];
+    const int64_t rn = recv_offs[size_t(peer) + 1] - recv_offs[size_t(peer)];
+    if (sn > 0) NCCL_CHECK(ncclSend(sp + send_offs[size_t(peer)], size_t(sn), ncclUint8, peer, as_comm(comm_), stream_));
+    if (rn > 0) NCCL_CHECK(ncclRecv(rp + recv_offs[size_t(peer)], size_t(rn), ncclUint8, peer, as_comm(comm_), stream_));
+  }
+  NCCL_CHECK(ncclGroupEnd());
+  issued(what.c_str());
+  const int64_t own = send_offs[size_t(rank_) + 1] - send_offs[size_t(rank_)];
+  if (own != recv_offs[size_t(rank_) + 1] - recv_offs[size_t(rank_)])
+    throw EngineError(ENG_INTERNAL, "NCCL " + what + ": this rank sends itself " + std::to_string(own) +
+                                        " bytes but expects " +
+                                        std::to_string(recv_offs[size_t(rank_) + 1] - recv_offs[size_t(rank_)]));
+  if (own > 0)
+    CUDA_CHECK(cudaMemcpyAsync(rp + recv_offs[size_t(rank_)], sp + send_offs[size_t(rank_)], size_t(own),
+                               cudaMemcpyDeviceToDevice, stream_));
+}
+
 void NcclComm::stage(size_t bytes) {
   send_.reserve(std::max<size_t>(bytes, 16));
   recv_.reserve(std::max<size_t>(bytes * size_t(world_), 16));

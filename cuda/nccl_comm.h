@@ -76,6 +76,21 @@ class NcclComm {
   // Broadcast of `bytes` bytes from root into buf on every rank. Zero bytes
   // still run a (one-byte) collective: every rank issues the same sequence.
   void broadcast(void* buf, size_t bytes, int root);
+  // Device-to-device all-to-all on the communicator's stream (expert
+  // parallelism, model_cuda.cu): sends the bytes [send_offs[d], send_offs[d +
+  // 1]) of send to rank d and receives rank s's bytes into [recv_offs[s],
+  // recv_offs[s + 1]) of recv, one grouped ncclSend/ncclRecv per peer with
+  // bytes (this rank's own share is a device copy). Both offset vectors have
+  // world + 1 entries; the peers' counts must pair (the caller agreed on them
+  // beforehand). Returns once the exchange is on the stream (issued within
+  // the timeout); `what` names it in every error ("MoE dispatch exchange at
+  // layer 3"). Does not wait for completion: wait_done does.
+  void alltoallv_device(const void* send, const std::vector<int64_t>& send_offs, void* recv,
+                        const std::vector<int64_t>& recv_offs, const std::string& what);
+  // Waits within the timeout for the stream's queued work, the exchange
+  // `what` included; aborts the communicator and throws ENG_TIMEOUT naming
+  // it on expiry.
+  void wait_done(const std::string& what) { wait(what.c_str()); }
   // In-place allreduce of count elements (count 0 still runs a one-element
   // collective on a zero).
   void allreduce(void* buf, size_t count, ReduceDType dtype, ReduceOp op);

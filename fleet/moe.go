@@ -15,19 +15,30 @@ func (o *Options) moe() bool {
 }
 
 // expertParallel reports whether the run deals a MoE model's experts over
-// its attention-DP ranks: the native CPU engine (the one with MoE exchanges)
-// with more than one rank. Helix CP ranks hold every expert instead.
+// its attention-DP ranks: a native engine (CPU, or CUDA over NCCL) with more
+// than one rank. Helix CP ranks hold every expert instead.
 func (o *Options) expertParallel(world int) bool {
-	return o.moe() && o.Engine == "cpu" && o.CP == 1 && world > 1
+	return o.moe() && (o.Engine == "cpu" || o.Engine == "cuda") && o.CP == 1 && world > 1
+}
+
+// ncclUsable is nil when the engine library can open NCCL communicators
+// (the CUDA engine's expert parallelism runs over them), else why not: a
+// library built without NCCL, or without the native engine at all.
+var ncclUsable = func() error {
+	_, err := nativeengine.NCCLUniqueID()
+	return err
 }
 
 // checkMoE refuses MoE configurations no engine can run, and a moe-stop
 // fault that could never fire, before any work (docs/moe.md).
 func (o *Options) checkMoE(world int) error {
-	if o.moe() && o.Engine == "cuda" && world > 1 {
-		return usage.Errorf("%s %s is a mixture-of-experts model on %d ranks: the cuda engine has no expert parallelism "+
-			"over NCCL yet (one CUDA engine holds every expert); run it on one rank, or use --engine cpu or --engine twin",
-			o.Src("model"), o.Model, world)
+	if o.expertParallel(world) && o.Engine == "cuda" {
+		if err := ncclUsable(); err != nil {
+			return usage.Errorf("%s %s is a mixture-of-experts model on %d ranks: the cuda engine's expert parallelism "+
+				"runs over NCCL, which this engine library cannot open (%v); "+
+				"run it on one rank, or use --engine cpu or --engine twin", o.Src("model"), o.Model,
+				world, err)
+		}
 	}
 	f := o.fault
 	if f == nil || f.kind != "moe-stop" {

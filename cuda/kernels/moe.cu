@@ -18,6 +18,13 @@ __global__ void moe_gather_kernel(const __nv_bfloat16* x, int64_t H, const int32
   }
 }
 
+__global__ void moe_gather_f32_kernel(const float* y, int64_t H, const int32_t* src_row, int64_t n, float* out) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n * H; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t s = i / H, c = i % H;
+    out[i] = y[int64_t(src_row[s]) * H + c];
+  }
+}
+
 __global__ void moe_combine_kernel(const float* y, int64_t H, const int32_t* slot_of, const float* weight, int32_t K,
                                    int64_t rows, const float* m, float* hidden) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < rows * H;
@@ -36,6 +43,12 @@ void moe_gather(const __nv_bfloat16* x, int64_t H, const int32_t* src_row, int64
                 cudaStream_t stream) {
   if (n * H == 0) return;
   moe_gather_kernel<<<grid_for(n * H), 256, 0, stream>>>(x, H, src_row, n, out);
+  CUDA_CHECK_LAUNCH();
+}
+
+void moe_gather_f32(const float* y, int64_t H, const int32_t* src_row, int64_t n, float* out, cudaStream_t stream) {
+  if (n * H == 0) return;
+  moe_gather_f32_kernel<<<grid_for(n * H), 256, 0, stream>>>(y, H, src_row, n, out);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -14,6 +14,10 @@ namespace lockstep {
 void moe_gather(const __nv_bfloat16* x, int64_t H, const int32_t* src_row, int64_t n, __nv_bfloat16* out,
                 cudaStream_t stream);
 
+// out[s] = y[src_row[s]] for n rows of H float32 (expert parallelism: the
+// experts' answers back into the order their records arrived in).
+void moe_gather_f32(const float* y, int64_t H, const int32_t* src_row, int64_t n, float* out, cudaStream_t stream);
+
 // The CPU engine's combine, per row r and element c: acc = m[r][c] (the
 // shared experts' output; +0 when m is null), then for k = 0 .. K-1 (the
 // row's experts in ascending id) acc += weight[r][k] * y[slot_of[r][k]][c]

@@ -786,10 +786,9 @@ eng_status eng_engine_join_ep(eng_engine_t eng, eng_cp_group_t group, int32_t ra
       eng->ep = group->group->member(rank);
       return;
     }
-    if (eng->backend_kind != ENG_BACKEND_CPU)
-      throw EngineError(ENG_UNSUPPORTED, "expert parallelism is implemented by the CPU backend only");
-    eng->ep = group->group->member(rank);
+    // The CUDA backend refuses it by name when built without NCCL.
     eng->backend->join_ep(size, rank);
+    eng->ep = group->group->member(rank);
   });
 }
 
