@@ -467,6 +467,21 @@ void CudaBackend::reserve_scratch(int64_t R, int32_t num_sampled) {
   }
 }
 
+// Each expert with slots [offsets[e], offsets[e + 1]) of xe: its SwiGLU over
+// them into the same rows of moe_y_.
+void CudaBackend::run_experts(const CudaLayer& L, const __nv_bfloat16* xe, const std::vector<int32_t>& offsets) {
+  const int64_t H = shape_.hidden_size, Fm = shape_.moe_intermediate_size;
+  for (size_t e = 0; e + 1 < offsets.size(); ++e) {
+    const int64_t off = offsets[e], cnt = offsets[e + 1] - off;
+    if (cnt == 0) continue;
+    const CudaExpert& X = L.experts[e];
+    gemm_->bf16_f32(xe + off * H, cnt, H, X.wgu.as<__nv_bfloat16>(), 2 * Fm, moe_gu_.as<float>(), 0.0f);
+    swiglu(moe_gu_.as<float>(), cnt, int32_t(Fm), moe_act_.as<__nv_bfloat16>(), stream_);
+    gemm_->bf16_f32(moe_act_.as<__nv_bfloat16>(), cnt, Fm, X.wdown.as<__nv_bfloat16>(), H,
+                    moe_y_.as<float>() + off * H, 0.0f);
+  }
+}
+
 void CudaBackend::moe_mlp(int32_t layer) {
   if (ep_ != nullptr) {
     moe_mlp_ep(layer);
@@ -495,15 +510,7 @@ void CudaBackend::moe_mlp(int32_t layer) {
   // Rows by expert, each expert's SwiGLU over its rows.
   __nv_bfloat16* xe = moe_x_.as<__nv_bfloat16>();
   moe_gather(x, H, src_row, S, xe, stream_);
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t off = moe_layout_.offsets[size_t(e)], cnt = moe_layout_.offsets[size_t(e) + 1] - off;
-    if (cnt == 0) continue;
-    const CudaExpert& X = L.experts[size_t(e)];
-    gemm_->bf16_f32(xe + off * H, cnt, H, X.wgu.as<__nv_bfloat16>(), 2 * Fm, moe_gu_.as<float>(), 0.0f);
-    swiglu(moe_gu_.as<float>(), cnt, int32_t(Fm), moe_act_.as<__nv_bfloat16>(), stream_);
-    gemm_->bf16_f32(moe_act_.as<__nv_bfloat16>(), cnt, Fm, X.wdown.as<__nv_bfloat16>(), H,
-                    moe_y_.as<float>() + off * H, 0.0f);
-  }
+  run_experts(L, xe, moe_layout_.offsets);
   const float* m = nullptr;
   if (Fs > 0) {
     gemm_->bf16_f32(x, R, H, L.shared.wgu.as<__nv_bfloat16>(), 2 * Fs, moe_gu_.as<float>(), 0.0f);
@@ -581,15 +588,7 @@ void CudaBackend::moe_mlp_ep(int32_t layer) {
   CUDA_CHECK(cudaEventRecord(ev_ep_[1].get(), stream_));
   __nv_bfloat16* xe = moe_x_.as<__nv_bfloat16>();
   moe_gather(moe_recv_.as<__nv_bfloat16>(), H, grouped_src, N, xe, stream_);
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t off = moe_plan_.grouped_offsets[size_t(e)], cnt = moe_plan_.grouped_offsets[size_t(e) + 1] - off;
-    if (cnt == 0) continue;
-    const CudaExpert& X = L.experts[size_t(e)];
-    gemm_->bf16_f32(xe + off * H, cnt, H, X.wgu.as<__nv_bfloat16>(), 2 * Fm, moe_gu_.as<float>(), 0.0f);
-    swiglu(moe_gu_.as<float>(), cnt, int32_t(Fm), moe_act_.as<__nv_bfloat16>(), stream_);
-    gemm_->bf16_f32(moe_act_.as<__nv_bfloat16>(), cnt, Fm, X.wdown.as<__nv_bfloat16>(), H,
-                    moe_y_.as<float>() + off * H, 0.0f);
-  }
+  run_experts(L, xe, moe_plan_.grouped_offsets);
   // Combine: answers back in record order, to the members that sent them.
   moe_gather_f32(moe_y_.as<float>(), H, answer_slot, N, moe_yrec_.as<float>(), stream_);
   CUDA_CHECK(cudaEventRecord(ev_ep_[2].get(), stream_));

@@ -196,6 +196,7 @@ class CudaBackend final : public Backend {
   // this member's rows (none in an empty step), the experts over the rows
   // the members sent it.
   void moe_mlp_ep(int32_t layer);
+  void run_experts(const CudaLayer& L, const __nv_bfloat16* xe, const std::vector<int32_t>& offsets);
 
   // --- Decode graphs (decode_graph.cu). ---
   // One bucket's graph, and whether it has run once eagerly (warm-up: lazy

@@ -222,15 +222,7 @@ int main() {
         CHECKF(!check_layout(s, logits, bias, bad).empty(), "%s: an off-by-one offset went unnoticed", preset);
       }
     }
-  }
-  // Expert parallelism.
-  for (const char* preset : {"moe-tiny", "deepseek-tiny"}) {
-    eng_model_shape s;
-    REQUIRE(find_preset(preset, &s));
-    const int32_t E = s.num_experts;
-    std::vector<float> bias;
-    if (s.router_norm == ENG_ROUTER_SIGMOID_TOPK)
-      for (int32_t e = 0; e < E; ++e) bias.push_back(0.1f * normal(rng));
+    // Expert parallelism.
     for (int32_t P : {2, 3, 4}) {
       std::vector<MoeLayout> Ls(static_cast<size_t>(P));
       std::vector<int32_t> first(static_cast<size_t>(P));
