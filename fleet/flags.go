@@ -35,7 +35,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.TwinHostTime, "twin-host-time", o.TwinHostTime, "with --engine twin: the host time of a virtual iteration: "+
 		"profile (the cost profile's host_overhead_ms) or measured (each rank's measured control-plane CPU time of the iteration; docs/twin.md)")
 	fs.IntVar(&o.TwinThreads, "twin-threads", o.TwinThreads, "with --engine twin: OS threads that run the in-process ranks "+
-		"between collectives (0: one per usable core for 16 ranks or more, else 1); the results do not depend on it")
+		"between collectives (0: one per usable core for 16 ranks or more, at most one per 8 ranks; else 1); the results do not depend on it")
 	fs.StringVar(&o.TwinCUDAGraph, "twin-cuda-graph", o.TwinCUDAGraph, "with --engine twin: when a pure-decode step replays its CUDA graph: "+
 		"rank (whatever the other ranks run) or fleet (TensorRT-LLM under attention DP: only when every rank is generation-only, "+
 		"each padded to the captured size above the largest rank's batch; docs/twin.md)")

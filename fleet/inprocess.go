@@ -83,14 +83,20 @@ func runInProcess(o *Options, sc scheduler.Config, reqs []workload.Request, log 
 
 // twinThreadsMinRanks is the smallest fleet whose coroutine ranks are
 // spread over several threads by default: below it a round's work is too
-// small to pay for the threads meeting at every collective.
-const twinThreadsMinRanks = 16
+// small to pay for the threads meeting at every collective. By default a
+// thread drives at least twinRanksPerThread ranks, for the same reason (the
+// meeting costs more with every thread; measured on 2 cores only).
+const (
+	twinThreadsMinRanks = 16
+	twinRanksPerThread  = 8
+)
 
 // maxTwinThreads bounds --twin-threads.
 const maxTwinThreads = 256
 
 // twinThreads is how many threads drive a coroutine fleet of world ranks
-// (--twin-threads; 0: one per usable core from twinThreadsMinRanks ranks).
+// (--twin-threads; 0: one per usable core from twinThreadsMinRanks ranks,
+// at most one per twinRanksPerThread ranks).
 func (o *Options) twinThreads(world int) int {
 	if o.TwinThreads > 0 {
 		return o.TwinThreads
@@ -98,7 +104,7 @@ func (o *Options) twinThreads(world int) int {
 	if world < twinThreadsMinRanks {
 		return 1
 	}
-	return runtime.GOMAXPROCS(0)
+	return max(1, min(runtime.GOMAXPROCS(0), world/twinRanksPerThread))
 }
 
 // inProcessComms are the world's communicators. The twin's ranks run as
