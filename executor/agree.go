@@ -67,19 +67,25 @@ func (e *Executor) canQueue(b int) (canQueue, thisRank bool, err error) {
 	}
 	e.wire = binary.LittleEndian.AppendUint64(e.wire[:0], uint64(b))
 	t := e.waitStart()
-	all, err := e.d.Comm.AllGather("batch_size", e.wire)
+	v, err := e.allGatherDecoded("batch_size", e.wire, decodeCanQueue) // once per fleet in process
 	e.waitEnd(t)
 	if err != nil {
 		return false, false, err
 	}
+	return v.(bool), b > 0, nil
+}
+
+// decodeCanQueue is C5's verdict from every rank's batch size: whether all
+// of them have a batch.
+func decodeCanQueue(all [][]byte) (any, error) {
 	ok := true
 	for i, x := range all {
 		if len(x) != 8 {
-			return false, false, fmt.Errorf("collective desync: batch size from rank %d has %d bytes", i, len(x))
+			return false, fmt.Errorf("collective desync: batch size from rank %d has %d bytes", i, len(x))
 		}
 		ok = ok && binary.LittleEndian.Uint64(x) > 0
 	}
-	return ok, b > 0, nil
+	return ok, nil
 }
 
 // revertGeneration undoes the KV growth of a pass that is not launched
