@@ -160,7 +160,8 @@ func (o *Options) validateTwin() error {
 		}{{"gpu", o.GPU != "h200"}, {"cost-profile", o.CostProfile != ""}, {"tp", o.TP != 1},
 			{"weight-dtype", o.WeightDType != ""}, {"kv-dtype", o.KVDType != ""}, {"gpus-per-node", o.GPUsPerNode != 0},
 			{"expert-zipf", o.ExpertZipf >= 0}, {"twin-cuda-graph", o.TwinCUDAGraph != twin.GraphRank},
-			{"twin-cuda-graph-max-batch-size", o.TwinCUDAGraphMaxBatch != 0}, {"twin-moe-dp-padding", o.TwinMoEPadding}} {
+			{"twin-cuda-graph-max-batch-size", o.TwinCUDAGraphMaxBatch != 0}, {"twin-moe-dp-padding", o.TwinMoEPadding},
+			{"twin-threads", o.TwinThreads != 0}} {
 			if f.set {
 				return usage.Errorf("%s is a setting of the digital twin: it needs --engine twin (got %s %s)",
 					o.Src(f.name), o.Src("engine"), o.Engine)

@@ -268,4 +268,7 @@ func TestTwinThreadsChangeNothing(t *testing.T) {
 	code, _, stderr := runCLI(t, append(append([]string{}, twinRun...), "--twin-threads", "-1")...)
 	require.Equal(t, 2, code)
 	require.Contains(t, stderr, "--twin-threads must be between 0 (automatic) and 256, got -1")
+	code, _, stderr = runCLI(t, "run", "--engine", "fake", "--twin-threads", "2", "--limit", "2", "--progress", "off")
+	require.Equal(t, 2, code)
+	require.Contains(t, stderr, "--twin-threads is a setting of the digital twin: it needs --engine twin")
 }
