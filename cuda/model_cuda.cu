@@ -123,7 +123,34 @@ void CudaBackend::join_ep(int32_t size, int32_t rank) {
   });
 }
 
+void CudaBackend::join_cp(int32_t size, int32_t rank) {
+#ifndef ENGINE_HAVE_NCCL
+  throw EngineError(ENG_UNSUPPORTED,
+                    "the CUDA backend's Helix context parallelism exchanges attention partials over NCCL, and this "
+                    "engine library was built without NCCL (ENGINE_NCCL=OFF): run --cp on the CPU engine, or rebuild "
+                    "with NCCL");
+#endif
+  cp_share_ = HelixShare{size, rank};
+}
+
 #ifdef ENGINE_HAVE_NCCL
+// The Helix group's NCCL communicator, made at the first Helix step as the
+// EP group's is (member 0's unique id through the group's own exchange).
+void CudaBackend::open_cp_comm() {
+  if (cp_comm_) return;
+  NcclUniqueIdBytes id{};
+  if (cp_share_.rank == 0) id = NcclComm::new_unique_id();
+  std::vector<std::vector<char>> all;
+  cp_->allgather(ExchangeTag{ExchangeKind::kHelixAttention, -1}, id.data(), cp_share_.rank == 0 ? id.size() : 0,
+                 &all);
+  if (all.size() != size_t(cp_share_.size) || all[0].size() != id.size())
+    throw EngineError(ENG_COMM_ERROR, "Helix NCCL bootstrap: member 0 sent " +
+                                          std::to_string(all.empty() ? 0 : all[0].size()) +
+                                          " bytes of unique id, not " + std::to_string(id.size()));
+  std::memcpy(id.data(), all[0].data(), id.size());
+  cp_comm_ = std::make_unique<NcclComm>(id, cp_share_.rank, cp_share_.size, device_, stream_, kHelixNcclTimeoutMs);
+}
+
 // The EP group's NCCL communicator, made at the first step: member 0's
 // unique id reaches the others through the group's own exchange.
 void CudaBackend::open_ep_comm() {
@@ -360,7 +387,7 @@ void CudaBackend::upload_inv_freq() {
 // Builds every per-step descriptor in one pinned buffer (step_layout.h) and
 // queues one copy.
 void CudaBackend::upload_descriptors(const StepBatch& b) {
-  size_step_desc(b, &desc_);
+  size_step_desc(b, &desc_, cp_ != nullptr ? cp_share_ : HelixShare{});
   host_desc_.reserve(desc_.total * sizeof(int32_t));
   dev_desc_.reserve(desc_.total * sizeof(int32_t));
   int32_t* h = host_desc_.as<int32_t>();
@@ -368,11 +395,14 @@ void CudaBackend::upload_descriptors(const StepBatch& b) {
   CUDA_CHECK(cudaMemcpyAsync(dev_desc_.as<void>(), h, desc_.total * sizeof(int32_t),
                              cudaMemcpyHostToDevice, stream_));
   // FlashInfer's work split for this step (host), shared by every layer.
-  if (fi_ && desc_.rows > 0)  // an expert-parallel member's empty step has no attention
+  // (An expert-parallel member's empty step has no attention; a Helix step
+  // uses the hand-written kernel.)
+  if (fi_ && desc_.rows > 0 && cp_ == nullptr)
     fi_->plan(desc_.fi_decode.data(), desc_.n_decode, desc_.fi_chunks.data(), desc_.n_chunk, /*graph_safe=*/false);
 }
 
 void CudaBackend::attention(int32_t layer) {
+  if (cp_ != nullptr) return helix_attention(layer);
   const int32_t D = shape_.head_dim, Hq = shape_.num_heads, Hkv = shape_.num_kv_heads;
   const int64_t qkv_stride = int64_t(Hq + 2 * Hkv) * D;
   AttnArgs a;
@@ -435,6 +465,48 @@ void CudaBackend::attention(int32_t layer) {
   }
 }
 
+// Helix attention of one layer (model_cuda.h): this member's partial of
+// every (row, head) into its block of helix_parts_, the blocks exchanged in
+// place, the merge in member order into attn_.
+void CudaBackend::helix_attention(int32_t layer) {
+#ifdef ENGINE_HAVE_NCCL
+  const int32_t D = shape_.head_dim, Hq = shape_.num_heads, Hkv = shape_.num_kv_heads;
+  const int64_t R = desc_.rows, items = R * Hq;
+  const int64_t block = items * (D + 1);  // floats per member: outputs, then LSEs
+  float* parts = helix_parts_.as<float>();
+  float* mine = parts + cp_share_.rank * block;
+  AttnArgs a;
+  a.q = qkv_.as<float>();
+  a.q_stride = int64_t(Hq + 2 * Hkv) * D;
+  a.kv = pages_->view(layer);
+  a.block_tables = at<int32_t>(dev_desc_, desc_.off_blocks);
+  a.seqs = reinterpret_cast<const AttnSeq*>(at<int32_t>(dev_desc_, desc_.off_hseqs));
+  a.num_seqs = int32_t(R);
+  a.num_heads = Hq;
+  a.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
+  a.o_part = mine;
+  a.lse_part = mine + items * D;
+  a.part_rows = int32_t(R);
+  attn_decode(a, stream_);
+  cp_comm_->allgather_device(parts, size_t(block) * sizeof(float),
+                             describe(ExchangeTag{ExchangeKind::kHelixAttention, layer}));
+  MergeArgs m;
+  m.o_part = parts;
+  m.lse_part = parts + items * D;
+  m.o_part_stride = m.lse_part_stride = block;
+  m.num_parts = cp_share_.size;
+  m.part_items = items;
+  m.num_heads = Hq;
+  m.head_dim = D;
+  m.out_bf16 = attn_.as<__nv_bfloat16>();
+  m.out_stride = int64_t(Hq) * D;
+  attn_merge(m, stream_);
+#else
+  (void)layer;
+  throw EngineError(ENG_INTERNAL, "Helix step in a CUDA build without NCCL");
+#endif
+}
+
 // Grows the per-step scratch to `rows` rows and `num_sampled` sampled rows
 // (the decode graphs reserve their largest bucket here once, so that a
 // captured step never reallocates).
@@ -451,6 +523,8 @@ void CudaBackend::reserve_scratch(int64_t R, int32_t num_sampled) {
   gu_.reserve(size_t(R * 2 * F) * sizeof(float));
   act_.reserve(size_t(R * F) * bf);
   logits_.reserve(size_t(std::max(num_sampled, 1)) * shape_.vocab_size * sizeof(float));
+  if (cp_ != nullptr)  // every member's partials: outputs and LSEs of R * Hq items
+    helix_parts_.reserve(size_t(cp_share_.size) * size_t(R) * shape_.num_heads * size_t(D + 1) * sizeof(float));
   sampled_.reserve(size_t(std::max(num_sampled, 1)) * sizeof(int32_t));
   if (shape_.num_experts > 0) {
     // Every row takes top_k slots: the worst case of any layer, reserved
@@ -683,6 +757,9 @@ double CudaBackend::step(const StepBatch& batch, int32_t* sampled, float* logits
   ep_ = ep_size_ > 1 ? batch.ep : nullptr;
   if (ep_size_ > 1 && (ep_ == nullptr || ep_->size() != ep_size_ || ep_->rank() != ep_rank_))
     throw EngineError(ENG_INTERNAL, "MoE step with an EP group the engine did not join");
+  cp_ = batch.cp != nullptr && batch.cp->size() > 1 ? batch.cp : nullptr;
+  if (cp_ != nullptr && (cp_->size() != cp_share_.size || cp_->rank() != cp_share_.rank))
+    throw EngineError(ENG_INTERNAL, "Helix step with a CP group the engine did not join");
   moe_stats_.last_step_wait_ms = 0;
   guarded("step", [&] {
     if (graph_eligible(batch)) {
@@ -691,6 +768,9 @@ double CudaBackend::step(const StepBatch& batch, int32_t* sampled, float* logits
     }
     const auto t0 = std::chrono::steady_clock::now();
     if (graphs_on_) ++graph_stats_.eager;
+#ifdef ENGINE_HAVE_NCCL
+    if (cp_ != nullptr) open_cp_comm();
+#endif
     upload_descriptors(batch);
     // Scratch growth (cudaFree/cudaMalloc) happens inside forward before the
     // first launch that uses it; the start event is recorded after it would
@@ -721,6 +801,10 @@ double CudaBackend::step(const StepBatch& batch, int32_t* sampled, float* logits
                                        cudaMemcpyDeviceToHost, stream_));
       }
     }
+#ifdef ENGINE_HAVE_NCCL
+    if (cp_ != nullptr)  // the step's Helix exchanges, within the timeout
+      cp_comm_->wait_done("Helix attention exchanges of a step");
+#endif
     CUDA_CHECK(cudaStreamSynchronize(stream_));
     CUDA_CHECK(cudaEventElapsedTime(&ms, ev_start_.get(), ev_stop_.get()));
     for (size_t i = 0; i < batch.seqs.size(); ++i) sampled[i] = -1;

@@ -25,6 +25,18 @@
 //   host (the EP group's Exchange, with its tag and round checks) and the
 //   rows and answers over NCCL (grouped ncclSend/ncclRecv on the engine's
 //   stream; moe_layout.h MoeEpPlan says the layout), every wait bounded.
+// Under Helix context parallelism (join_cp; built with NCCL) a member holds
+// the K/V of its own pages only (global page g on member g % size, backend.h):
+// each row's K/V is written by the member owning its position, every member
+// computes per layer one partial (output, natural LSE) per (row, head) over
+// its keys of that row (the hand-written decode kernel, one query per row:
+// step_layout.h's Helix list), the members exchange them with one in-place
+// NCCL allgather on the engine's stream, and attn_merge merges them in member
+// order into the layer's attention output. Helix steps run eagerly (no
+// decode graph, no FlashInfer plan); the step's end waits for the stream
+// within kHelixNcclTimeoutMs. The merged output is not bit-identical to one
+// engine's (a different summation order over the keys); the tolerance is
+// that of split-KV decode (docs/cuda.md).
 // All step descriptors go to the device in one pinned host-to-device copy;
 // results come back in one device-to-host copy.
 //
@@ -139,6 +151,8 @@ struct CudaLayer {
 // Bound on every wait of an expert-parallel NCCL exchange (the Go side's
 // collective watchdog fires first and names the stuck collective).
 constexpr int kEpNcclTimeoutMs = 300000;
+// The same bound for a Helix step's partial exchanges.
+constexpr int kHelixNcclTimeoutMs = 300000;
 
 class CudaBackend final : public Backend {
  public:
@@ -150,6 +164,9 @@ class CudaBackend final : public Backend {
   // build without NCCL. The NCCL communicator is made at the first step,
   // its unique id sent through the EP group.
   void join_ep(int32_t size, int32_t rank) override;
+  // Helix over NCCL: refused in a build without NCCL. The communicator is
+  // made at the first Helix step, its unique id sent through the CP group.
+  void join_cp(int32_t size, int32_t rank) override;
   const MoeStats& moe_stats() const override { return moe_stats_; }
   double step(const StepBatch& batch, int32_t* sampled, float* logits) override;
   void copy_pages(eng_tier src_tier, const int32_t* src, eng_tier dst_tier, const int32_t* dst,
@@ -189,6 +206,9 @@ class CudaBackend final : public Backend {
   void reserve_scratch(int64_t rows, int32_t num_sampled);
   void forward(const StepBatch& batch, bool want_logits);
   void attention(int32_t layer);
+  // Helix attention of every row of the step (cp_ set): this member's
+  // partials, the allgather, the merge into attn_.
+  void helix_attention(int32_t layer);
   // The MoE block of layer `layer` over the step's rows (xb_ holds their
   // normed inputs); adds its output to hidden_.
   void moe_mlp(int32_t layer);
@@ -264,9 +284,16 @@ class CudaBackend final : public Backend {
   DeviceBuffer moe_send_, moe_recv_, moe_yrec_, moe_ycomb_;
   CudaEvent ev_ep_[4];
   MoeStats moe_stats_;
+  // Helix: the group (this step's member handle) and its share, the
+  // members' partials of a layer ([size][rows * heads * (head_dim + 1)]
+  // floats: per member its outputs, then its LSEs), the exchanges made.
+  HelixShare cp_share_;
+  Exchange* cp_ = nullptr;
+  DeviceBuffer helix_parts_;
 #ifdef ENGINE_HAVE_NCCL
-  std::unique_ptr<NcclComm> ep_comm_;
+  std::unique_ptr<NcclComm> ep_comm_, cp_comm_;
   void open_ep_comm();
+  void open_cp_comm();
 #endif
 };
 

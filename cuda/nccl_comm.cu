@@ -186,6 +186,15 @@ void NcclComm::alltoallv_device(const void* send, const std::vector<int64_t>& se
                                cudaMemcpyDeviceToDevice, stream_));
 }
 
+void NcclComm::allgather_device(void* buf, size_t bytes, const std::string& what) {
+  usable(what.c_str());
+  CUDA_CHECK(cudaSetDevice(device_));
+  char* p = static_cast<char*>(buf);
+  // In place: the send buffer is this rank's block of the receive buffer.
+  NCCL_CHECK(ncclAllGather(p + size_t(rank_) * bytes, p, bytes, ncclUint8, as_comm(comm_), stream_));
+  issued(what.c_str());
+}
+
 void NcclComm::stage(size_t bytes) {
   send_.reserve(std::max<size_t>(bytes, 16));
   recv_.reserve(std::max<size_t>(bytes * size_t(world_), 16));

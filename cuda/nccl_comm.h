@@ -87,6 +87,13 @@ class NcclComm {
   // layer 3"). Does not wait for completion: wait_done does.
   void alltoallv_device(const void* send, const std::vector<int64_t>& send_offs, void* recv,
                         const std::vector<int64_t>& recv_offs, const std::string& what);
+  // In-place device allgather on the communicator's stream (Helix,
+  // model_cuda.cu): buf holds world blocks of `bytes` bytes; this rank's
+  // block (rank * bytes) is sent, and every other rank's block arrives in
+  // its place. Every rank passes the same `bytes` (the caller agreed on it
+  // beforehand). Returns once the collective is on the stream; `what` names
+  // it in every error. Does not wait for completion: wait_done does.
+  void allgather_device(void* buf, size_t bytes, const std::string& what);
   // Waits within the timeout for the stream's queued work, the exchange
   // `what` included; aborts the communicator and throws ENG_TIMEOUT naming
   // it on expiry.

@@ -26,7 +26,8 @@ void fill_list(const FiSeq* seqs, int32_t n, int32_t P, int32_t* indptr, int32_t
 
 }  // namespace
 
-void size_step_desc(const StepBatch& b, StepDesc* d) {
+void size_step_desc(const StepBatch& b, StepDesc* d, HelixShare helix) {
+  d->helix = helix;
   d->rows = b.num_rows;
   d->num_sampled = b.num_sampled;
   d->n_decode = d->n_chunk = d->max_chunk_tokens = d->max_decode_ctx = 0;
@@ -52,12 +53,15 @@ void size_step_desc(const StepBatch& b, StepDesc* d) {
   d->off_blocks = d->off_decode_rows + size_t(d->n_decode);
   d->off_dseqs = round_up(d->off_blocks + size_t(blocks), 8);  // AttnSeq: 32-byte aligned
   d->off_cseqs = d->off_dseqs + size_t(d->n_decode) * seq_ints;
-  d->total = d->off_cseqs + size_t(d->n_chunk) * seq_ints;
+  d->off_hseqs = d->off_cseqs + size_t(d->n_chunk) * seq_ints;
+  d->total = d->off_hseqs + (helix.size > 1 ? rows * seq_ints : 0);
 }
 
 void fill_step_desc(const StepBatch& b, int32_t P, StepDesc* d, int32_t* h) {
   AttnSeq* dseq = reinterpret_cast<AttnSeq*>(h + d->off_dseqs);
   AttnSeq* cseq = reinterpret_cast<AttnSeq*>(h + d->off_cseqs);
+  AttnSeq* hseq = reinterpret_cast<AttnSeq*>(h + d->off_hseqs);
+  const HelixShare cp = d->helix;
   d->sample_seq.clear();
   d->fi_decode.clear();
   d->fi_chunks.clear();
@@ -72,8 +76,13 @@ void fill_step_desc(const StepBatch& b, int32_t P, StepDesc* d, int32_t* h) {
       const int32_t pos = s.start_pos + t;
       h[d->off_tokens + row + t] = s.tokens[t];
       h[d->off_pos + row + t] = pos;
-      h[d->off_page + row + t] = s.blocks[pos / P];
+      // Helix: only the member owning the position's page writes it.
+      h[d->off_page + row + t] = (pos / P) % cp.size == cp.rank ? s.blocks[pos / (P * cp.size)] : -1;
       h[d->off_slot + row + t] = pos % P;
+      if (cp.size > 1) {
+        const int32_t keys = helix_local_keys(pos, P, cp);
+        hseq[row + t] = AttnSeq{row + t, 1, keys - 1, blk, 0, keys, row + t, 0};
+      }
     }
     std::memcpy(h + d->off_blocks + blk, s.blocks, sizeof(int32_t) * size_t(s.num_blocks));
     AttnSeq a{row, s.num_tokens, s.start_pos, blk, 0, s.start_pos + s.num_tokens, 0, 0};
@@ -109,7 +118,8 @@ void size_graph_desc(int32_t B, StepDesc* d) {
   d->off_slot = 3 * size_t(B);
   d->off_sample = 4 * size_t(B);
   d->off_decode_rows = 5 * size_t(B);
-  d->off_blocks = d->off_dseqs = d->off_cseqs = 6 * size_t(B);  // unused: FlashInfer has its own lists
+  d->off_blocks = d->off_dseqs = d->off_cseqs = d->off_hseqs = 6 * size_t(B);  // unused: FlashInfer has its own lists
+  d->helix = HelixShare{};  // a graph step is never a Helix step
   d->total = 6 * size_t(B);
 }
 

@@ -61,11 +61,40 @@ struct FiSeq {
   const int32_t* blocks;  // at least ceil(kv_len / P) entries
 };
 
+// This engine's share of a Helix context-parallel group (backend.h): size 1
+// without Helix.
+struct HelixShare {
+  int32_t size = 1;
+  int32_t rank = 0;
+};
+
+// The keys a query row at global position pos sees on Helix member `share`:
+// the member's local pages (global pages g = rank, rank + size, ... up to
+// pos / P) read as one contiguous prefix of its block table, every page
+// full but the row's own, which holds pos % P + 1 keys. 0 when the member
+// owns no page up to pos. Without Helix: pos + 1.
+LOCKSTEP_HD inline int32_t helix_local_keys(int32_t pos, int32_t P, HelixShare share) {
+  const int32_t last = pos / P;
+  if (last < share.rank) return 0;
+  const int32_t n = (last - share.rank) / share.size + 1;  // owned pages g <= last
+  const int32_t g = share.rank + (n - 1) * share.size;     // the last of them
+  return g == last ? (n - 1) * P + pos % P + 1 : n * P;
+}
+
 // The int32 descriptor buffer of one step (copied to the device in one
 // transfer) and what the host keeps of it. Offsets are in int32 elements:
 //   tokens, pos, page, slot [rows each], sample_rows [num_sampled],
 //   decode_rows [n_decode], block tables, then the AttnSeq arrays (decode,
-//   chunk), 32-byte aligned.
+//   chunk; under Helix one more, a decode-style entry per row), 32-byte
+//   aligned.
+//
+// Helix (share.size > 1): a row's page is its local page (block p / (P *
+// size)) on the member that owns its position (global page p / P ≡ rank
+// mod size) and -1 (kv_append writes nothing) on every other member. Entry
+// r of the Helix list makes row r a one-token query over this member's keys
+// of it (helix_local_keys), into partial row r: each member computes one
+// partial (output, LSE) per (row, head), the members exchange them and merge
+// (model_cuda.cu).
 // Rows are ordered decode sequences first (one row each, in batch order),
 // then every chunk's rows (in batch order): FlashInfer's decode and prefill
 // each take a contiguous run of rows. Only the sampled rows map back to batch
@@ -74,18 +103,21 @@ struct StepDesc {
   int64_t rows = 0;
   int32_t num_sampled = 0, n_decode = 0, n_chunk = 0, max_chunk_tokens = 0, max_decode_ctx = 0;
   size_t off_tokens = 0, off_pos = 0, off_page = 0, off_slot = 0, off_sample = 0, off_decode_rows = 0,
-         off_blocks = 0, off_dseqs = 0, off_cseqs = 0;
+         off_blocks = 0, off_dseqs = 0, off_cseqs = 0, off_hseqs = 0;
+  HelixShare helix;                  // size 1: no Helix list
   size_t total = 0;                  // int32 elements of the buffer
   std::vector<int32_t> sample_seq;   // batch index of each sampled row
   std::vector<FiSeq> fi_decode;      // FlashInfer's decode list (row i = fi_decode[i])
   std::vector<FiSeq> fi_chunks;      // FlashInfer's prefill list (rows after the decode rows)
 };
 
-// Counts and offsets of batch b's descriptors (nothing written).
-void size_step_desc(const StepBatch& b, StepDesc* d);
+// Counts and offsets of batch b's descriptors (nothing written), for Helix
+// member `helix` (size 1: no Helix).
+void size_step_desc(const StepBatch& b, StepDesc* d, HelixShare helix = {});
 // Writes b's descriptors into h (at least d->total int32s, laid out by
 // size_step_desc) and fills d's FlashInfer lists and sample map. The
-// FlashInfer lists point into b's block tables.
+// FlashInfer lists point into b's block tables (they are not used under
+// Helix).
 void fill_step_desc(const StepBatch& b, int32_t tokens_per_page, StepDesc* d, int32_t* h);
 
 // The fixed layout of decode-graph bucket B (int32): tokens, pos, page, slot,

@@ -94,8 +94,8 @@ func (o *Options) validateHelix() error {
 	case o.CP > 1 && o.HostPages > 0:
 		return usage.Errorf("%s %d with %s %d: aggregated Helix does not support a host cache tier",
 			o.Src("host-pages"), o.HostPages, o.Src("cp"), o.CP)
-	case o.CP > 1 && o.Engine != "cpu":
-		return usage.Errorf("%s %d needs --engine cpu (the %s engine of %s has no Helix attention)",
+	case o.CP > 1 && o.Engine != "cpu" && o.Engine != "cuda":
+		return usage.Errorf("%s %d needs --engine cpu or cuda (the %s engine of %s has no Helix attention)",
 			o.Src("cp"), o.CP, o.Engine, o.Src("engine"))
 	}
 	return nil

@@ -8,14 +8,16 @@ namespace {
 __global__ void attn_merge_kernel(MergeArgs m) {
   const int64_t item = blockIdx.x;
   const int d = threadIdx.x;
+  const int64_t os = m.o_part_stride > 0 ? m.o_part_stride : m.part_items * m.head_dim;
+  const int64_t ls = m.lse_part_stride > 0 ? m.lse_part_stride : m.part_items;
   float mx = -INFINITY;
-  for (int k = 0; k < m.num_parts; ++k) mx = fmaxf(mx, m.lse_part[k * m.part_items + item]);
+  for (int k = 0; k < m.num_parts; ++k) mx = fmaxf(mx, m.lse_part[k * ls + item]);
   float wsum = 0.0f, acc = 0.0f;
   if (mx != -INFINITY) {
     for (int k = 0; k < m.num_parts; ++k) {
-      const float w = __expf(m.lse_part[k * m.part_items + item] - mx);
+      const float w = __expf(m.lse_part[k * ls + item] - mx);
       wsum += w;
-      acc += w * m.o_part[(k * m.part_items + item) * m.head_dim + d];
+      acc += w * m.o_part[k * os + item * m.head_dim + d];
     }
   }
   const float o = wsum > 0.0f ? acc / wsum : 0.0f;

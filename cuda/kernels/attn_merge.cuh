@@ -24,6 +24,10 @@ struct MergeArgs {
   const float* lse_part = nullptr;
   int32_t num_parts = 0;
   int64_t part_items = 0;   // items per part (partial rows * num_heads)
+  // Elements from one part to the next, when the parts are not packed as
+  // above (0 = part_items * head_dim for o_part, part_items for lse_part):
+  // o_part[k * o_part_stride + i * D + d], lse_part[k * lse_part_stride + i].
+  int64_t o_part_stride = 0, lse_part_stride = 0;
   int32_t num_heads = 0;
   int32_t head_dim = 0;
   // Output row of partial row pr: out_rows[pr] (or pr itself when null).

@@ -110,6 +110,14 @@ class Backend {
     (void)size;
     (void)rank;
   }
+  // Helix context parallelism: this engine is member `rank` of a CP group of
+  // `size` (size > 1), before the first step. The CPU backend needs nothing
+  // (its exchange is the step's CpExchange); the CUDA backend exchanges the
+  // partials over NCCL and refuses it in a build without NCCL.
+  virtual void join_cp(int32_t size, int32_t rank) {
+    (void)size;
+    (void)rank;
+  }
   // MoE exchange counters (zero without EP).
   virtual const MoeStats& moe_stats() const {
     static const MoeStats none;

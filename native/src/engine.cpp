@@ -758,8 +758,8 @@ eng_status eng_engine_join_cp(eng_engine_t eng, eng_cp_group_t group, int32_t ra
     if (local >= 0 && rank != local)
       invalid_argument(fmt("this process is rank %d of its %s group; it cannot join as rank %d", local,
                            group->group->transport(), rank));
-    if (eng->backend_kind != ENG_BACKEND_CPU)
-      throw EngineError(ENG_UNSUPPORTED, "Helix CP is implemented by the CPU backend only");
+    // The CUDA backend refuses it by name when built without NCCL.
+    if (!eng->validate_only && size > 1) eng->backend->join_cp(size, rank);
     eng->cp = group->group->member(rank);
     eng->cp_size = size;
   });

@@ -27,11 +27,22 @@
 // The checker must also fail on planted bugs: NHD instead of HND strides, an
 // off-by-one in last_page_len, chunk rows before decode rows (mutated copies
 // of correct descriptors, below).
+//
+// Helix (run_helix_case): the same batches on 2 and 3 context-parallel
+// members, each with its own local block tables (a block is P * members
+// global tokens). Every member's writes are replayed on its own slab; each
+// row's Helix entry is read back on every member through the block table and
+// the key range the hand-written decode kernel uses. Every row must write
+// exactly on the member owning its position, and the members' reads of a row
+// together must see each key 0..its position exactly once (so the merged
+// partials are its whole attention), and nothing after it. Planted bugs: one
+// key too many, every member writing, a member using another's share.
 #include <algorithm>
 #include <cmath>
 #include <cstdarg>
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -405,6 +416,195 @@ void check_lse() {
   CHECKF(worst_raw > 1e-3, "the base-2 LSE is indistinguishable from the natural one (%.3g)", worst_raw);
 }
 
+// --- Helix: the per-member descriptors (see the file comment). ---
+
+// One member's copy of a batch: the same tokens, its own local block tables
+// (block j holds global page j * size + rank), on pages of its own.
+Batch make_helix_batch(const Case& c, HelixShare share) {
+  Batch out;
+  const size_t n = c.seqs.size();
+  out.tokens.resize(n);
+  out.blocks.resize(n);
+  const int32_t span = c.P * share.size;
+  int32_t total = 0;
+  for (const SeqSpec& s : c.seqs) total += (s.start + s.n + span - 1) / span;
+  out.num_pages = total + 2;
+  int32_t next = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const SeqSpec& s = c.seqs[i];
+    for (int32_t t = 0; t < s.n; ++t) out.tokens[i].push_back(token_of(int32_t(i), s.start + t));
+    const int32_t nb = (s.start + s.n + span - 1) / span;
+    // Scattered: member k's pages counted down from the top.
+    for (int32_t k = 0; k < nb; ++k) out.blocks[i].push_back(out.num_pages - 1 - (next++));
+  }
+  for (size_t i = 0; i < n; ++i) {
+    StepSeq q{};
+    q.tokens = out.tokens[i].data();
+    q.num_tokens = c.seqs[i].n;
+    q.start_pos = c.seqs[i].start;
+    q.blocks = out.blocks[i].data();
+    q.num_blocks = int32_t(out.blocks[i].size());
+    q.sample = c.seqs[i].sample;
+    out.b.seqs.push_back(q);
+    out.b.num_rows += q.num_tokens;
+    out.b.num_sampled += q.sample ? 1 : 0;
+  }
+  return out;
+}
+
+struct HelixBuilt {
+  StepDesc desc;
+  std::vector<int32_t> h;
+  int64_t page_elems = 0;
+};
+
+HelixBuilt build_helix(const Case& c, const Batch& bt, HelixShare share) {
+  HelixBuilt o;
+  o.page_elems = int64_t(kLayers) * 2 * kKVHeads * c.P * c.D;
+  size_step_desc(bt.b, &o.desc, share);
+  o.h.assign(o.desc.total, -7);
+  fill_step_desc(bt.b, c.P, &o.desc, o.h.data());
+  return o;
+}
+
+// Replays member `share`'s writes and reads; adds to seen[seq][pos] every
+// key the member's Helix entries read for the row at (seq, row position).
+// seen is indexed [row][global position].
+void check_helix_member(Checker& ck, const Case& c, const Batch& bt, const HelixBuilt& o, HelixShare share,
+                        std::vector<std::vector<int32_t>>* seen) {
+  const StepDesc& d = o.desc;
+  ck.expect(d.off_hseqs + size_t(d.rows) * (sizeof(AttnSeq) / sizeof(int32_t)) <= d.total,
+            "%s: the Helix list does not fit the descriptor buffer", c.name);
+  std::vector<int64_t> slab(size_t(bt.num_pages * o.page_elems), -1);
+  auto write = [&](int32_t page, int32_t slot, int32_t token, int32_t pos) {
+    for (int32_t l = 0; l < kLayers; ++l)
+      for (int32_t kv = 0; kv < 2; ++kv)
+        for (int32_t hd = 0; hd < kKVHeads; ++hd)
+          for (int32_t dd = 0; dd < c.D; ++dd)
+            slab[size_t(kv_page_offset(o.page_elems, c.P, kKVHeads, c.D, page, l, kv, hd) + int64_t(slot) * c.D +
+                        dd)] = key_id(token, pos, l, kv, hd, dd);
+  };
+  const int32_t span = c.P * share.size;
+  auto owns = [&](int32_t pos) { return (pos / c.P) % share.size == share.rank; };
+  for (size_t i = 0; i < c.seqs.size(); ++i)
+    for (int32_t p = 0; p < c.seqs[i].start; ++p)
+      if (owns(p)) write(bt.blocks[i][size_t(p / span)], p % c.P, token_of(int32_t(i), p), p);
+  for (int64_t r = 0; r < d.rows; ++r) {
+    const int32_t page = o.h[d.off_page + size_t(r)], pos = o.h[d.off_pos + size_t(r)];
+    ck.expect((page >= 0) == owns(pos), "%s: member %d of %d: row %lld at position %d %s", c.name, share.rank,
+              share.size, (long long)r, pos, page >= 0 ? "writes a position it does not own" : "is not written");
+    if (page < 0) continue;
+    if (page >= bt.num_pages) {
+      ck.expect(false, "%s: row %lld writes page %d outside the slab", c.name, (long long)r, page);
+      continue;
+    }
+    write(page, o.h[d.off_slot + size_t(r)], o.h[d.off_tokens + size_t(r)], pos);
+  }
+  const AttnSeq* hs = reinterpret_cast<const AttnSeq*>(o.h.data() + d.off_hseqs);
+  for (int64_t r = 0; r < d.rows; ++r) {
+    const AttnSeq& a = hs[r];
+    const int32_t tok = o.h[d.off_tokens + size_t(r)], pos = o.h[d.off_pos + size_t(r)];
+    const int32_t seq = tok / kTokBase;
+    ck.expect(a.q_row == r && a.part_row == r && a.num_tokens == 1,
+              "%s: member %d: Helix entry %lld names query row %d, partial row %d, %d tokens", c.name, share.rank,
+              (long long)r, a.q_row, a.part_row, a.num_tokens);
+    // The decode kernel's key range: [kv_begin, min(kv_end, start_pos + 1)).
+    const int32_t k1 = std::min(a.kv_end, a.start_pos + 1);
+    int bad = 0;
+    for (int32_t p = a.kv_begin; p < k1 && bad == 0; ++p) {
+      const int32_t j = p / c.P;  // local page
+      const int32_t gpos = (j * share.size + share.rank) * c.P + p % c.P;
+      const int32_t page = o.h[d.off_blocks + size_t(a.block_off + j)];
+      if (page < 0 || page >= bt.num_pages) {
+        ++bad;
+        break;
+      }
+      for (int32_t l = 0; l < kLayers; ++l)
+        for (int32_t kv = 0; kv < 2; ++kv)
+          for (int32_t hd = 0; hd < kKVHeads; ++hd) {
+            const int64_t at = kv_page_offset(o.page_elems, c.P, kKVHeads, c.D, page, l, kv, hd) +
+                               int64_t(p % c.P) * c.D + c.D - 1;
+            bad += slab[size_t(at)] != key_id(token_of(seq, gpos), gpos, l, kv, hd, c.D - 1);
+          }
+      if (bad == 0) {
+        ck.expect(gpos <= pos, "%s: member %d: row %lld at position %d reads the later key %d", c.name, share.rank,
+                  (long long)r, pos, gpos);
+        if (gpos < int32_t((*seen)[size_t(r)].size())) ++(*seen)[size_t(r)][size_t(gpos)];
+      }
+    }
+    ck.expect(bad == 0, "%s: member %d of %d: row %lld reads a key its writer did not leave there", c.name,
+              share.rank, share.size, (long long)r);
+  }
+}
+
+// Checks all members of one Helix group together; returns the errors.
+int check_helix(const Case& c, int32_t size, bool quiet,
+                const std::function<void(HelixShare, HelixBuilt*)>& mutate = nullptr) {
+  Checker ck;
+  ck.quiet = quiet;
+  int64_t rows = 0;
+  for (const SeqSpec& s : c.seqs) rows += s.n;
+  std::vector<std::vector<int32_t>> seen(static_cast<size_t>(rows));
+  std::vector<int32_t> row_pos(size_t(rows), 0);
+  for (int32_t k = 0; k < size; ++k) {
+    const HelixShare share{size, k};
+    const Batch bt = make_helix_batch(c, share);
+    HelixBuilt o = build_helix(c, bt, share);
+    if (k == 0)
+      for (int64_t r = 0; r < rows; ++r) {
+        row_pos[size_t(r)] = o.h[o.desc.off_pos + size_t(r)];
+        seen[size_t(r)].assign(size_t(row_pos[size_t(r)] + 1), 0);
+      }
+    if (mutate) mutate(share, &o);
+    check_helix_member(ck, c, bt, o, share, &seen);
+  }
+  for (int64_t r = 0; r < rows; ++r)
+    for (int32_t p = 0; p <= row_pos[size_t(r)]; ++p)
+      ck.expect(seen[size_t(r)][size_t(p)] == 1, "%s on %d members: row %lld (position %d) sees key %d %d times",
+                c.name, size, (long long)r, row_pos[size_t(r)], p, seen[size_t(r)][size_t(p)]);
+  return ck.errors;
+}
+
+void run_helix_case(const Case& c) {
+  for (int32_t size : {2, 3}) {
+    CHECKF(check_helix(c, size, false) == 0, "%s: Helix descriptors on %d members are wrong", c.name, size);
+    const size_t seq_ints = sizeof(AttnSeq) / sizeof(int32_t);
+    auto hseq = [&](HelixBuilt* o, int64_t r) {
+      return reinterpret_cast<AttnSeq*>(o->h.data() + o->desc.off_hseqs + size_t(r) * seq_ints);
+    };
+    // One key too many for the last row on the member owning its page.
+    CHECKF(check_helix(c, size, true,
+                       [&](HelixShare share, HelixBuilt* o) {
+                         const int64_t r = o->desc.rows - 1;
+                         const int32_t pos = o->h[o->desc.off_pos + size_t(r)];
+                         if ((pos / c.P) % share.size == share.rank) {
+                           hseq(o, r)->kv_end += 1;
+                           hseq(o, r)->start_pos += 1;
+                         }
+                       }) > 0,
+           "%s: the Helix checker missed a row reading one key too many", c.name);
+    // Every member writes every row.
+    CHECKF(check_helix(c, size, true,
+                       [&](HelixShare, HelixBuilt* o) {
+                         for (int64_t r = 0; r < o->desc.rows; ++r)
+                           if (o->h[o->desc.off_page + size_t(r)] < 0) o->h[o->desc.off_page + size_t(r)] = 0;
+                       }) > 0,
+           "%s: the Helix checker missed a member writing positions it does not own", c.name);
+    // Member 1 computes its key counts as member 0 would.
+    CHECKF(check_helix(c, size, true,
+                       [&](HelixShare share, HelixBuilt* o) {
+                         if (share.rank != 1) return;
+                         for (int64_t r = 0; r < o->desc.rows; ++r) {
+                           const int32_t keys = helix_local_keys(o->h[o->desc.off_pos + size_t(r)], c.P,
+                                                                 HelixShare{share.size, 0});
+                           hseq(o, r)->kv_end = keys;
+                           hseq(o, r)->start_pos = keys - 1;
+                         }
+                       }) > 0,
+           "%s: the Helix checker missed a member reading with another member's share", c.name);
+  }
+}
+
 std::vector<Case> cases() {
   std::vector<Case> out;
   for (int32_t P : {16, 32, 64})
@@ -446,11 +646,17 @@ std::vector<Case> cases() {
 
 int main() {
   int n = 0;
+  int helix = 0;
   for (const Case& c : cases()) {
     run_case(c);
     ++n;
+    if (c.bucket == 0) {
+      run_helix_case(c);
+      ++helix;
+    }
   }
   check_lse();
-  std::printf("test_fi_descriptors: %d steps (pages 16/32/64, head dims 64/128, graph buckets 8/16) checked\n", n);
+  std::printf("test_fi_descriptors: %d steps (pages 16/32/64, head dims 64/128, graph buckets 8/16) checked; "
+              "%d of them as Helix steps on 2 and 3 members\n", n, helix);
   return check_exit_code("test_fi_descriptors");
 }
