@@ -123,34 +123,54 @@ void CudaBackend::join_ep(int32_t size, int32_t rank) {
   });
 }
 
-void CudaBackend::join_cp(int32_t size, int32_t rank) {
-#ifndef ENGINE_HAVE_NCCL
-  throw EngineError(ENG_UNSUPPORTED,
-                    "the CUDA backend's Helix context parallelism exchanges attention partials over NCCL, and this "
-                    "engine library was built without NCCL (ENGINE_NCCL=OFF): run --cp on the CPU engine, or rebuild "
-                    "with NCCL");
+void CudaBackend::join_cp(int32_t size, int32_t rank) { cp_share_ = HelixShare{size, rank}; }
+
+// The Helix transport, chosen at the first Helix step from what every
+// member sends through the CP group: whether it was built with NCCL and its
+// device's PCI bus id. NCCL when every member has it and a device of its own;
+// otherwise the group's exchange through the host. Every member sees the same
+// replies, so all choose alike. With NCCL, member 0's unique id then reaches
+// the others the same way, and each opens a communicator on its device and
+// stream.
+void CudaBackend::open_helix() {
+  if (helix_open_) return;
+  constexpr size_t kBusId = 64;
+  char mine[1 + kBusId] = {};
+#ifdef ENGINE_HAVE_NCCL
+  mine[0] = 1;
 #endif
-  cp_share_ = HelixShare{size, rank};
+  CUDA_CHECK(cudaDeviceGetPCIBusId(mine + 1, int(kBusId) - 1, device_));
+  const ExchangeTag boot{ExchangeKind::kHelixAttention, -1};
+  std::vector<std::vector<char>> all;
+  cp_->allgather(boot, mine, sizeof(mine), &all);
+  bool nccl = all.size() == size_t(cp_share_.size);
+  for (size_t i = 0; nccl && i < all.size(); ++i) {
+    if (all[i].size() != sizeof(mine))
+      throw EngineError(ENG_COMM_ERROR, "Helix bootstrap: member " + std::to_string(i) + " sent " +
+                                            std::to_string(all[i].size()) + " bytes, not " +
+                                            std::to_string(sizeof(mine)));
+    nccl = all[i][0] == 1;
+    for (size_t j = 0; nccl && j < i; ++j)
+      nccl = std::strncmp(all[i].data() + 1, all[j].data() + 1, kBusId) != 0;
+  }
+#ifdef ENGINE_HAVE_NCCL
+  if (nccl) {
+    NcclUniqueIdBytes id{};
+    if (cp_share_.rank == 0) id = NcclComm::new_unique_id();
+    cp_->allgather(boot, id.data(), cp_share_.rank == 0 ? id.size() : 0, &all);
+    if (all.size() != size_t(cp_share_.size) || all[0].size() != id.size())
+      throw EngineError(ENG_COMM_ERROR, "Helix NCCL bootstrap: member 0 sent " +
+                                            std::to_string(all.empty() ? 0 : all[0].size()) +
+                                            " bytes of unique id, not " + std::to_string(id.size()));
+    std::memcpy(id.data(), all[0].data(), id.size());
+    cp_comm_ = std::make_unique<NcclComm>(id, cp_share_.rank, cp_share_.size, device_, stream_, kHelixNcclTimeoutMs);
+  }
+#endif
+  helix_nccl_ = nccl;
+  helix_open_ = true;
 }
 
 #ifdef ENGINE_HAVE_NCCL
-// The Helix group's NCCL communicator, made at the first Helix step as the
-// EP group's is (member 0's unique id through the group's own exchange).
-void CudaBackend::open_cp_comm() {
-  if (cp_comm_) return;
-  NcclUniqueIdBytes id{};
-  if (cp_share_.rank == 0) id = NcclComm::new_unique_id();
-  std::vector<std::vector<char>> all;
-  cp_->allgather(ExchangeTag{ExchangeKind::kHelixAttention, -1}, id.data(), cp_share_.rank == 0 ? id.size() : 0,
-                 &all);
-  if (all.size() != size_t(cp_share_.size) || all[0].size() != id.size())
-    throw EngineError(ENG_COMM_ERROR, "Helix NCCL bootstrap: member 0 sent " +
-                                          std::to_string(all.empty() ? 0 : all[0].size()) +
-                                          " bytes of unique id, not " + std::to_string(id.size()));
-  std::memcpy(id.data(), all[0].data(), id.size());
-  cp_comm_ = std::make_unique<NcclComm>(id, cp_share_.rank, cp_share_.size, device_, stream_, kHelixNcclTimeoutMs);
-}
-
 // The EP group's NCCL communicator, made at the first step: member 0's
 // unique id reaches the others through the group's own exchange.
 void CudaBackend::open_ep_comm() {
@@ -469,7 +489,6 @@ void CudaBackend::attention(int32_t layer) {
 // every (row, head) into its block of helix_parts_, the blocks exchanged in
 // place, the merge in member order into attn_.
 void CudaBackend::helix_attention(int32_t layer) {
-#ifdef ENGINE_HAVE_NCCL
   const int32_t D = shape_.head_dim, Hq = shape_.num_heads, Hkv = shape_.num_kv_heads;
   const int64_t R = desc_.rows, items = R * Hq;
   const int64_t block = items * (D + 1);  // floats per member: outputs, then LSEs
@@ -488,8 +507,28 @@ void CudaBackend::helix_attention(int32_t layer) {
   a.lse_part = mine + items * D;
   a.part_rows = int32_t(R);
   attn_decode(a, stream_);
-  cp_comm_->allgather_device(parts, size_t(block) * sizeof(float),
-                             describe(ExchangeTag{ExchangeKind::kHelixAttention, layer}));
+  const ExchangeTag tag{ExchangeKind::kHelixAttention, layer};
+  const size_t bytes = size_t(block) * sizeof(float);
+  if (helix_nccl_) {
+#ifdef ENGINE_HAVE_NCCL
+    cp_comm_->allgather_device(parts, bytes, describe(tag));
+#endif
+  } else {
+    // Through the host: this member's block out, every member's back in
+    // (buffers sized by reserve_scratch).
+    CUDA_CHECK(cudaMemcpyAsync(helix_host_.as<void>(), mine, bytes, cudaMemcpyDeviceToHost, stream_));
+    CUDA_CHECK(cudaStreamSynchronize(stream_));  // also: the last layer's upload of helix_host_all_ is done
+    cp_->allgather(tag, helix_host_.as<void>(), bytes, &helix_all_);
+    char* dst = helix_host_all_.as<char>();
+    for (size_t k = 0; k < helix_all_.size(); ++k) {
+      if (helix_all_[k].size() != bytes)
+        throw EngineError(ENG_COMM_ERROR, describe(tag) + ": member " + std::to_string(k) + " sent " +
+                                              std::to_string(helix_all_[k].size()) + " bytes of partials, not " +
+                                              std::to_string(bytes));
+      std::memcpy(dst + k * bytes, helix_all_[k].data(), bytes);
+    }
+    CUDA_CHECK(cudaMemcpyAsync(parts, dst, bytes * size_t(cp_share_.size), cudaMemcpyHostToDevice, stream_));
+  }
   MergeArgs m;
   m.o_part = parts;
   m.lse_part = parts + items * D;
@@ -501,10 +540,6 @@ void CudaBackend::helix_attention(int32_t layer) {
   m.out_bf16 = attn_.as<__nv_bfloat16>();
   m.out_stride = int64_t(Hq) * D;
   attn_merge(m, stream_);
-#else
-  (void)layer;
-  throw EngineError(ENG_INTERNAL, "Helix step in a CUDA build without NCCL");
-#endif
 }
 
 // Grows the per-step scratch to `rows` rows and `num_sampled` sampled rows
@@ -523,8 +558,14 @@ void CudaBackend::reserve_scratch(int64_t R, int32_t num_sampled) {
   gu_.reserve(size_t(R * 2 * F) * sizeof(float));
   act_.reserve(size_t(R * F) * bf);
   logits_.reserve(size_t(std::max(num_sampled, 1)) * shape_.vocab_size * sizeof(float));
-  if (cp_ != nullptr)  // every member's partials: outputs and LSEs of R * Hq items
-    helix_parts_.reserve(size_t(cp_share_.size) * size_t(R) * shape_.num_heads * size_t(D + 1) * sizeof(float));
+  if (cp_ != nullptr) {  // every member's partials: outputs and LSEs of R * Hq items
+    const size_t block = size_t(R) * shape_.num_heads * size_t(D + 1) * sizeof(float);
+    helix_parts_.reserve(size_t(cp_share_.size) * block);
+    if (!helix_nccl_) {
+      helix_host_.reserve(block);
+      helix_host_all_.reserve(size_t(cp_share_.size) * block);
+    }
+  }
   sampled_.reserve(size_t(std::max(num_sampled, 1)) * sizeof(int32_t));
   if (shape_.num_experts > 0) {
     // Every row takes top_k slots: the worst case of any layer, reserved
@@ -768,9 +809,7 @@ double CudaBackend::step(const StepBatch& batch, int32_t* sampled, float* logits
     }
     const auto t0 = std::chrono::steady_clock::now();
     if (graphs_on_) ++graph_stats_.eager;
-#ifdef ENGINE_HAVE_NCCL
-    if (cp_ != nullptr) open_cp_comm();
-#endif
+    if (cp_ != nullptr) open_helix();
     upload_descriptors(batch);
     // Scratch growth (cudaFree/cudaMalloc) happens inside forward before the
     // first launch that uses it; the start event is recorded after it would
@@ -802,7 +841,7 @@ double CudaBackend::step(const StepBatch& batch, int32_t* sampled, float* logits
       }
     }
 #ifdef ENGINE_HAVE_NCCL
-    if (cp_ != nullptr)  // the step's Helix exchanges, within the timeout
+    if (cp_ != nullptr && helix_nccl_)  // the step's Helix exchanges, within the timeout
       cp_comm_->wait_done("Helix attention exchanges of a step");
 #endif
     CUDA_CHECK(cudaStreamSynchronize(stream_));

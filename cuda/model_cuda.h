@@ -25,18 +25,21 @@
 //   host (the EP group's Exchange, with its tag and round checks) and the
 //   rows and answers over NCCL (grouped ncclSend/ncclRecv on the engine's
 //   stream; moe_layout.h MoeEpPlan says the layout), every wait bounded.
-// Under Helix context parallelism (join_cp; built with NCCL) a member holds
-// the K/V of its own pages only (global page g on member g % size, backend.h):
-// each row's K/V is written by the member owning its position, every member
-// computes per layer one partial (output, natural LSE) per (row, head) over
-// its keys of that row (the hand-written decode kernel, one query per row:
-// step_layout.h's Helix list), the members exchange them with one in-place
-// NCCL allgather on the engine's stream, and attn_merge merges them in member
-// order into the layer's attention output. Helix steps run eagerly (no
-// decode graph, no FlashInfer plan); the step's end waits for the stream
-// within kHelixNcclTimeoutMs. The merged output is not bit-identical to one
-// engine's (a different summation order over the keys); the tolerance is
-// that of split-KV decode (docs/cuda.md).
+// Under Helix context parallelism (join_cp) a member holds the K/V of its own
+// pages only (global page g on member g % size, backend.h): each row's K/V is
+// written by the member owning its position, every member computes per layer
+// one partial (output, natural LSE) per (row, head) over its keys of that row
+// (the hand-written decode kernel, one query per row: step_layout.h's Helix
+// list), the members exchange them, and attn_merge merges them in member
+// order into the layer's attention output. The exchange is one in-place NCCL
+// allgather on the engine's stream when every member has NCCL and a device of
+// its own (the step's end then waits for the stream within
+// kHelixNcclTimeoutMs); otherwise (members sharing a device, which NCCL
+// refuses, or a build without NCCL) the partials go through the CP group's
+// own exchange via pinned host buffers, one synchronise per layer. Helix
+// steps run eagerly (no decode graph, no FlashInfer plan). The merged output
+// is not bit-identical to one engine's (a different summation order over the
+// keys); the tolerance is that of split-KV decode (docs/cuda.md).
 // All step descriptors go to the device in one pinned host-to-device copy;
 // results come back in one device-to-host copy.
 //
@@ -164,9 +167,11 @@ class CudaBackend final : public Backend {
   // build without NCCL. The NCCL communicator is made at the first step,
   // its unique id sent through the EP group.
   void join_ep(int32_t size, int32_t rank) override;
-  // Helix over NCCL: refused in a build without NCCL. The communicator is
-  // made at the first Helix step, its unique id sent through the CP group.
+  // Helix: the transport is chosen at the first Helix step (open_helix).
   void join_cp(int32_t size, int32_t rank) override;
+  // Whether this engine's Helix partials go over NCCL (after its first
+  // Helix step; tests and the device check).
+  bool helix_over_nccl() const { return helix_nccl_; }
   const MoeStats& moe_stats() const override { return moe_stats_; }
   double step(const StepBatch& batch, int32_t* sampled, float* logits) override;
   void copy_pages(eng_tier src_tier, const int32_t* src, eng_tier dst_tier, const int32_t* dst,
@@ -286,14 +291,19 @@ class CudaBackend final : public Backend {
   MoeStats moe_stats_;
   // Helix: the group (this step's member handle) and its share, the
   // members' partials of a layer ([size][rows * heads * (head_dim + 1)]
-  // floats: per member its outputs, then its LSEs), the exchanges made.
+  // floats: per member its outputs, then its LSEs), and the transport,
+  // chosen at the first Helix step (open_helix): NCCL, or the CP group's own
+  // exchange through pinned host buffers.
   HelixShare cp_share_;
   Exchange* cp_ = nullptr;
   DeviceBuffer helix_parts_;
+  bool helix_open_ = false, helix_nccl_ = false;
+  PinnedBuffer helix_host_, helix_host_all_;
+  std::vector<std::vector<char>> helix_all_;
+  void open_helix();
 #ifdef ENGINE_HAVE_NCCL
   std::unique_ptr<NcclComm> ep_comm_, cp_comm_;
   void open_ep_comm();
-  void open_cp_comm();
 #endif
 };
 

@@ -29,17 +29,9 @@ var ncclUsable = func() error {
 	return err
 }
 
-// checkMoE refuses MoE configurations no engine can run, Helix on a CUDA
-// engine library that cannot open NCCL, and a moe-stop fault that could
-// never fire, before any work (docs/moe.md, docs/cuda.md).
+// checkMoE refuses MoE configurations no engine can run, and a moe-stop
+// fault that could never fire, before any work (docs/moe.md).
 func (o *Options) checkMoE(world int) error {
-	if o.CP > 1 && o.Engine == "cuda" {
-		if err := ncclUsable(); err != nil {
-			return usage.Errorf("%s %d on the cuda engine exchanges Helix attention partials over NCCL, which this "+
-				"engine library cannot open (%v); run Helix with --engine cpu, or without %s", o.Src("cp"), o.CP, err,
-				o.Src("cp"))
-		}
-	}
 	if o.expertParallel(world) && o.Engine == "cuda" {
 		if err := ncclUsable(); err != nil {
 			return usage.Errorf("%s %s is a mixture-of-experts model on %d ranks: the cuda engine's expert parallelism "+

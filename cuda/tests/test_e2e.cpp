@@ -6,11 +6,15 @@
 // cascade; per step the sampled logits must agree within a bf16 tolerance and
 // the greedy tokens must agree on >= 99% of steps. Also checks a batch of
 // several sequences with mixed chunk/decode rows and a suspend/resume round
-// trip through the host tier (copy_pages).
+// trip through the host tier (copy_pages). Helix: 2 and 3 CUDA engines in one
+// context-parallel group on this one device (their partials then go through
+// the group's host exchange: NCCL refuses members sharing a device) against
+// the CPU engine, with the same tolerance.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 #include "engine.h"
@@ -63,15 +67,16 @@ struct Seq {
 };
 
 // One step of `seqs` (each with its own new tokens) on engine e.
+// span: the tokens of one block-table entry (P, or P * cp under Helix).
 void step(eng_engine_t e, std::vector<Seq*> seqs, const std::vector<std::vector<int32_t>>& toks,
-          std::vector<int32_t>* sampled, std::vector<float>* logits, int vocab) {
+          std::vector<int32_t>* sampled, std::vector<float>* logits, int vocab, int span = kP) {
   std::vector<int32_t> nt, sp, all, nb, bt;
   std::vector<uint8_t> sample;
   for (size_t i = 0; i < seqs.size(); ++i) {
     nt.push_back(int32_t(toks[i].size()));
     sp.push_back(seqs[i]->pos);
     all.insert(all.end(), toks[i].begin(), toks[i].end());
-    const int need = (seqs[i]->pos + int(toks[i].size()) + kP - 1) / kP;
+    const int need = (seqs[i]->pos + int(toks[i].size()) + span - 1) / span;
     nb.push_back(need);
     bt.insert(bt.end(), seqs[i]->blocks.begin(), seqs[i]->blocks.begin() + need);
     sample.push_back(1);
@@ -176,6 +181,79 @@ void run_model(const char* label, const char* preset, Report& report) {
   eng_engine_free(gpu);
 }
 
+// Helix: one sequence, prefilled in uneven chunks then decoded, on `cp`
+// CUDA members (each on its own thread, local block tables of P * cp tokens
+// per entry) and on the CPU engine; every member's logits against the CPU's.
+void run_helix(const char* preset, int cp, Report& report) {
+  eng_engine_t cpu = make(ENG_BACKEND_CPU, preset);
+  eng_model_shape shape;
+  eng_engine_shape(cpu, &shape);
+  const int V = shape.vocab_size, prompt_len = 77, decode = 40;
+  std::vector<int32_t> prompt;
+  for (int t = 0; t < prompt_len; ++t) prompt.push_back((t * 53 + 11) % V);
+  const std::vector<int> chunks = {13, 1, 30, 33};
+  eng_cp_group_t group = nullptr;
+  if (eng_cp_group_create(cp, 60000, &group) != ENG_OK) {
+    std::printf("FAIL: cp group: %s\n", eng_last_error());
+    std::exit(1);
+  }
+  std::vector<eng_engine_t> members;
+  for (int r = 0; r < cp; ++r) {
+    members.push_back(make(ENG_BACKEND_CUDA, preset));
+    if (eng_engine_join_cp(members.back(), group, r) != ENG_OK) {
+      std::printf("FAIL: join_cp: %s\n", eng_engine_last_error(members.back()));
+      std::exit(1);
+    }
+  }
+  eng_cp_group_free(group);
+  Seq ref;
+  for (int b = 0; b < 12; ++b) ref.blocks.push_back((b * 5 + 3) % 48);
+  std::vector<Seq> local(static_cast<size_t>(cp));
+  for (int r = 0; r < cp; ++r)
+    for (int b = 0; b < 12; ++b) local[size_t(r)].blocks.push_back((b * 7 + r) % 48);
+  int steps = 0, agree = 0;
+  double worst = 0;
+  std::vector<int32_t> sc;
+  std::vector<float> lc;
+  std::vector<std::vector<int32_t>> sg(static_cast<size_t>(cp));
+  std::vector<std::vector<float>> lg(static_cast<size_t>(cp));
+  auto one_step = [&](const std::vector<int32_t>& toks, bool compare) {
+    step(cpu, {&ref}, {toks}, &sc, &lc, V);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < cp; ++r)
+      threads.emplace_back([&, r] {
+        step(members[size_t(r)], {&local[size_t(r)]}, {toks}, &sg[size_t(r)], &lg[size_t(r)], V, kP * cp);
+      });
+    for (auto& t : threads) t.join();
+    ref.pos += int32_t(toks.size());
+    for (auto& l : local) l.pos += int32_t(toks.size());
+    if (!compare) return;
+    for (int r = 0; r < cp; ++r) {
+      worst = std::max(worst, rel(lg[size_t(r)].data(), lc.data(), V));
+      agree += sg[size_t(r)][0] == sc[0];
+      ++steps;
+    }
+  };
+  int pos = 0;
+  for (size_t c = 0; pos < prompt_len; ++c) {
+    const int n = std::min(chunks[c % chunks.size()], prompt_len - pos);
+    one_step(std::vector<int32_t>(prompt.begin() + pos, prompt.begin() + pos + n), pos + n == prompt_len);
+    pos += n;
+  }
+  for (int g = 0; g < decode; ++g) one_step({sc[0]}, true);  // teacher forcing with the CPU's token
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "Helix on %d CUDA members (%s) vs the CPU engine: worst logits rel %.2e (tol %.0e)",
+                cp, preset, worst, kLogitTol);
+  report.check(worst <= kLogitTol, buf);
+  std::snprintf(buf, sizeof buf, "Helix on %d CUDA members (%s) vs the CPU engine: greedy tokens agree on %d of %d",
+                cp, preset, agree, steps);
+  report.check(agree * 100 >= steps * 99, buf);
+  std::printf("figure: Helix --cp %d on one device (%s): worst logits rel %.2e (tol %.0e), greedy agree %d of %d\n",
+              cp, preset, worst, kLogitTol, agree, steps);
+  for (eng_engine_t e : members) eng_engine_free(e);
+  eng_engine_free(cpu);
+}
+
 }  // namespace
 
 int main() {
@@ -186,5 +264,8 @@ int main() {
   // Mixture of experts: routed on the host by the CPU engine's rule, the
   // experts' GEMMs per expert, the shared expert, the fixed combine order.
   run_model("moe-tiny (16 experts, top-2, a shared expert)", "moe-tiny", report);
+  // Helix context parallelism: partials per member, merged on the device.
+  run_helix("tiny", 2, report);
+  run_helix("tiny", 3, report);
   return report.finish();
 }
