@@ -26,8 +26,9 @@ void fill_list(const FiSeq* seqs, int32_t n, int32_t P, int32_t* indptr, int32_t
 
 }  // namespace
 
-void size_step_desc(const StepBatch& b, StepDesc* d, HelixShare helix) {
+void size_step_desc(const StepBatch& b, StepDesc* d, HelixShare helix, bool row_list) {
   d->helix = helix;
+  d->row_list = row_list || helix.size > 1;
   d->rows = b.num_rows;
   d->num_sampled = b.num_sampled;
   d->n_decode = d->n_chunk = d->max_chunk_tokens = d->max_decode_ctx = 0;
@@ -54,7 +55,7 @@ void size_step_desc(const StepBatch& b, StepDesc* d, HelixShare helix) {
   d->off_dseqs = round_up(d->off_blocks + size_t(blocks), 8);  // AttnSeq: 32-byte aligned
   d->off_cseqs = d->off_dseqs + size_t(d->n_decode) * seq_ints;
   d->off_hseqs = d->off_cseqs + size_t(d->n_chunk) * seq_ints;
-  d->total = d->off_hseqs + (helix.size > 1 ? rows * seq_ints : 0);
+  d->total = d->off_hseqs + (d->row_list ? rows * seq_ints : 0);
 }
 
 void fill_step_desc(const StepBatch& b, int32_t P, StepDesc* d, int32_t* h) {
@@ -79,7 +80,7 @@ void fill_step_desc(const StepBatch& b, int32_t P, StepDesc* d, int32_t* h) {
       // Helix: only the member owning the position's page writes it.
       h[d->off_page + row + t] = (pos / P) % cp.size == cp.rank ? s.blocks[pos / (P * cp.size)] : -1;
       h[d->off_slot + row + t] = pos % P;
-      if (cp.size > 1) {
+      if (d->row_list) {
         const int32_t keys = helix_local_keys(pos, P, cp);
         hseq[row + t] = AttnSeq{row + t, 1, keys - 1, blk, 0, keys, row + t, 0};
       }
@@ -120,6 +121,7 @@ void size_graph_desc(int32_t B, StepDesc* d) {
   d->off_decode_rows = 5 * size_t(B);
   d->off_blocks = d->off_dseqs = d->off_cseqs = d->off_hseqs = 6 * size_t(B);  // unused: FlashInfer has its own lists
   d->helix = HelixShare{};  // a graph step is never a Helix step
+  d->row_list = false;
   d->total = 6 * size_t(B);
 }
 
@@ -190,6 +192,52 @@ FiKVView fi_kv_view(int32_t layer, int32_t hkv, int32_t P, int32_t D, int64_t pa
   v.k_offset = kv_page_offset(page_elems, P, hkv, D, 0, layer, 0, 0);
   v.v_offset = kv_page_offset(page_elems, P, hkv, D, 0, layer, 1, 0);
   return v;
+}
+
+}  // namespace lockstep
+
+namespace lockstep {
+
+FiMlaView fi_mla_view(int32_t layer, int32_t P, int32_t kv_lora, int32_t rope, int64_t page_elems) {
+  const int32_t W = kv_lora + rope;
+  FiMlaView v;
+  v.ckv_offset = latent_offset(page_elems, P, W, 0, layer, 0);
+  v.kpe_offset = v.ckv_offset + kv_lora;
+  v.stride_page = page_elems;
+  v.stride_n = W;
+  return v;
+}
+
+FiMlaList size_fi_mla_list(const FiSeq* decode, int32_t nd, const FiSeq* chunks, int32_t nc, int32_t P) {
+  size_t pages = 0;
+  for (int32_t i = 0; i < nd; ++i) pages += size_t(pages_of(decode[i], P));
+  for (int32_t i = 0; i < nc; ++i) pages += size_t(pages_of(chunks[i], P));
+  const size_t n = size_t(nd) + size_t(nc);
+  FiMlaList l;
+  l.batch = int32_t(n);
+  l.off_qo_indptr = 0;
+  l.off_kv_indptr = l.off_qo_indptr + n + 1;
+  l.off_kv_len = l.off_kv_indptr + n + 1;
+  l.off_indices = round_up(l.off_kv_len + n, 4);
+  l.total = l.off_indices + pages + 4;
+  return l;
+}
+
+void fill_fi_mla_list(const FiSeq* decode, int32_t nd, const FiSeq* chunks, int32_t nc, int32_t P,
+                      const FiMlaList& l, int32_t* h) {
+  int32_t rows = 0, pages = 0;
+  h[l.off_qo_indptr] = 0;
+  h[l.off_kv_indptr] = 0;
+  for (int32_t i = 0; i < nd + nc; ++i) {
+    const FiSeq& s = i < nd ? decode[i] : chunks[i - nd];
+    const int32_t np = pages_of(s, P);
+    for (int32_t k = 0; k < np; ++k) h[l.off_indices + size_t(pages + k)] = s.blocks[k];
+    rows += s.q_rows;
+    pages += np;
+    h[l.off_qo_indptr + size_t(i) + 1] = rows;
+    h[l.off_kv_indptr + size_t(i) + 1] = pages;
+    h[l.off_kv_len + size_t(i)] = s.kv_len;
+  }
 }
 
 }  // namespace lockstep

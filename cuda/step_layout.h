@@ -91,10 +91,11 @@ LOCKSTEP_HD inline int32_t helix_local_keys(int32_t pos, int32_t P, HelixShare s
 // Helix (share.size > 1): a row's page is its local page (block p / (P *
 // size)) on the member that owns its position (global page p / P ≡ rank
 // mod size) and -1 (kv_append writes nothing) on every other member. Entry
-// r of the Helix list makes row r a one-token query over this member's keys
-// of it (helix_local_keys), into partial row r: each member computes one
-// partial (output, LSE) per (row, head), the members exchange them and merge
-// (model_cuda.cu).
+// r of the per-row list (off_hseqs, written under Helix or on request) makes
+// row r a one-token query over this member's keys of it (helix_local_keys;
+// all keys up to its position without Helix), into partial row r: under
+// Helix each member computes one partial (output, LSE) per (row, head), the
+// members exchange them and merge (model_cuda.cu).
 // Rows are ordered decode sequences first (one row each, in batch order),
 // then every chunk's rows (in batch order): FlashInfer's decode and prefill
 // each take a contiguous run of rows. Only the sampled rows map back to batch
@@ -104,7 +105,8 @@ struct StepDesc {
   int32_t num_sampled = 0, n_decode = 0, n_chunk = 0, max_chunk_tokens = 0, max_decode_ctx = 0;
   size_t off_tokens = 0, off_pos = 0, off_page = 0, off_slot = 0, off_sample = 0, off_decode_rows = 0,
          off_blocks = 0, off_dseqs = 0, off_cseqs = 0, off_hseqs = 0;
-  HelixShare helix;                  // size 1: no Helix list
+  HelixShare helix;                  // size 1: no Helix
+  bool row_list = false;             // the per-row list (off_hseqs) is written
   size_t total = 0;                  // int32 elements of the buffer
   std::vector<int32_t> sample_seq;   // batch index of each sampled row
   std::vector<FiSeq> fi_decode;      // FlashInfer's decode list (row i = fi_decode[i])
@@ -112,8 +114,10 @@ struct StepDesc {
 };
 
 // Counts and offsets of batch b's descriptors (nothing written), for Helix
-// member `helix` (size 1: no Helix).
-void size_step_desc(const StepBatch& b, StepDesc* d, HelixShare helix = {});
+// member `helix` (size 1: no Helix). row_list: emit the per-row list even
+// without Helix (the hand-written MLA kernel reads it: each row a one-token
+// query over keys [0, its position]).
+void size_step_desc(const StepBatch& b, StepDesc* d, HelixShare helix = {}, bool row_list = false);
 // Writes b's descriptors into h (at least d->total int32s, laid out by
 // size_step_desc) and fills d's FlashInfer lists and sample map. The
 // FlashInfer lists point into b's block tables (they are not used under
@@ -167,6 +171,42 @@ struct FiKVView {
   int64_t k_offset, v_offset;
 };
 FiKVView fi_kv_view(int32_t layer, int32_t num_kv_heads, int32_t page_size, int32_t head_dim, int64_t page_elems);
+
+// --- Multi-head latent attention (MLA: kv_lora_rank > 0). ---
+//
+// Latent pages: per layer, P slots of W = kv_lora_rank + qk_rope_head_dim
+// bf16 values, the normalised latent c then the roped k_pe, as the CPU
+// engine's latent plane (one plane per layer; no heads):
+//   page[layer][slot][W].
+// Element offset of (page, layer, slot) in the slab.
+LOCKSTEP_HD inline int64_t latent_offset(int64_t page_elems, int32_t tokens_per_page, int32_t width, int32_t page,
+                                         int32_t layer, int32_t slot) {
+  return int64_t(page) * page_elems + (int64_t(layer) * tokens_per_page + slot) * width;
+}
+
+// How FlashInfer's MLA kernel sees layer `layer` of the latent slab: it
+// addresses ckv[page * stride_page + slot * stride_n + d] (d < kv_lora) and
+// kpe the same way (d < rope), from these element offsets of the slab; the
+// two share the strides.
+struct FiMlaView {
+  int64_t ckv_offset, kpe_offset, stride_page, stride_n;
+};
+FiMlaView fi_mla_view(int32_t layer, int32_t page_size, int32_t kv_lora, int32_t rope, int64_t page_elems);
+
+// FlashInfer's MLA plan and run inputs of one step as one request list:
+// the decode sequences then the chunks (the step's row order), in one int32
+// buffer (offsets in int32 elements): qo_indptr [n+1] (query rows), kv_indptr
+// [n+1] (pages), kv_len [n] (keys), then the page indices (16-byte aligned).
+// Request i's rows attend causally, bottom-right aligned: row t of q_rows
+// sees keys [0, kv_len - q_rows + t].
+struct FiMlaList {
+  size_t off_qo_indptr = 0, off_kv_indptr = 0, off_kv_len = 0, off_indices = 0;
+  size_t total = 0;  // int32 elements
+  int32_t batch = 0;
+};
+FiMlaList size_fi_mla_list(const FiSeq* decode, int32_t nd, const FiSeq* chunks, int32_t nc, int32_t P);
+void fill_fi_mla_list(const FiSeq* decode, int32_t nd, const FiSeq* chunks, int32_t nc, int32_t P,
+                      const FiMlaList& l, int32_t* h);
 
 // FlashInfer's log-sum-exp is base 2 (log2 Σ 2^(s·scale·log2 e)); the Helix
 // merge (attn_merge) and the CPU engine's partials use the natural log:

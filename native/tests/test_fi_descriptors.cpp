@@ -37,6 +37,13 @@
 // together must see each key 0..its position exactly once (so the merged
 // partials are its whole attention), and nothing after it. Planted bugs: one
 // key too many, every member writing, a member using another's share.
+//
+// MLA (run_mla_case): the same batches on latent pages (page[layer][slot]
+// [kv_lora + rope]): every row's keys read back through FlashInfer's MLA
+// request list (qo_indptr, kv_indptr, kv_len, indices, causal bottom-right)
+// and its ckv/kpe view, and through the per-row list of the hand-written MLA
+// kernel, must be the latents their writers left. Planted bugs: a slot
+// stride of the K/V view, kpe read from the latent's start, a short kv_len.
 #include <algorithm>
 #include <cmath>
 #include <cstdarg>
@@ -605,6 +612,126 @@ void run_helix_case(const Case& c) {
   }
 }
 
+// --- MLA: latent pages through FlashInfer's MLA addressing. ---
+
+constexpr int32_t kLatent = 24, kRope = 8, kLatentW = kLatent + kRope;
+
+struct MlaBuilt {
+  StepDesc desc;
+  std::vector<int32_t> h, fi;
+  FiMlaList list;
+  std::vector<FiMlaView> views;
+  int64_t page_elems = 0;
+};
+
+MlaBuilt build_mla(const Case& c, const Batch& bt) {
+  MlaBuilt o;
+  o.page_elems = int64_t(kLayers) * c.P * kLatentW;
+  size_step_desc(bt.b, &o.desc, HelixShare{}, /*row_list=*/true);
+  o.h.assign(o.desc.total, -7);
+  fill_step_desc(bt.b, c.P, &o.desc, o.h.data());
+  const StepDesc& d = o.desc;
+  o.list = size_fi_mla_list(d.fi_decode.data(), d.n_decode, d.fi_chunks.data(), d.n_chunk, c.P);
+  o.fi.assign(o.list.total, -7);
+  fill_fi_mla_list(d.fi_decode.data(), d.n_decode, d.fi_chunks.data(), d.n_chunk, c.P, o.list, o.fi.data());
+  for (int32_t l = 0; l < kLayers; ++l) o.views.push_back(fi_mla_view(l, c.P, kLatent, kRope, o.page_elems));
+  return o;
+}
+
+// Replays the latent writes (prefix and step rows) and reads every query
+// row's keys back twice: through FlashInfer's MLA request list and view, and
+// through the per-row list the hand-written MLA kernel reads.
+int check_mla(const Case& c, const Batch& bt, const MlaBuilt& o, bool quiet) {
+  Checker ck;
+  ck.quiet = quiet;
+  const StepDesc& d = o.desc;
+  std::vector<int64_t> slab(size_t(bt.num_pages * o.page_elems), -1);
+  auto write = [&](int32_t page, int32_t slot, int32_t token, int32_t pos) {
+    for (int32_t l = 0; l < kLayers; ++l)
+      for (int32_t e = 0; e < kLatentW; ++e)
+        slab[size_t(latent_offset(o.page_elems, c.P, kLatentW, page, l, slot) + e)] = key_id(token, pos, l, 0, 0, e);
+  };
+  for (size_t i = 0; i < c.seqs.size(); ++i)
+    for (int32_t p = 0; p < c.seqs[i].start; ++p)
+      write(bt.blocks[i][size_t(p / c.P)], p % c.P, token_of(int32_t(i), p), p);
+  for (int64_t r = 0; r < d.rows; ++r)
+    write(o.h[d.off_page + size_t(r)], o.h[d.off_slot + size_t(r)], o.h[d.off_tokens + size_t(r)],
+          o.h[d.off_pos + size_t(r)]);
+  auto read_ok = [&](int64_t ckv_at, int64_t kpe_at, int32_t seq, int32_t p, int32_t l) {
+    int bad = 0;
+    for (int32_t e = 0; e < kLatentW; ++e) {
+      const int64_t at = e < kLatent ? ckv_at + e : kpe_at + (e - kLatent);
+      bad += !(at >= 0 && at < int64_t(slab.size()) && slab[size_t(at)] == key_id(token_of(seq, p), p, l, 0, 0, e));
+    }
+    return bad == 0;
+  };
+  const int32_t* f = o.fi.data();
+  int64_t row = 0;
+  for (int32_t i = 0; i < o.list.batch; ++i) {
+    const int32_t q0 = f[o.list.off_qo_indptr + size_t(i)], q1 = f[o.list.off_qo_indptr + size_t(i) + 1];
+    const int32_t len = f[o.list.off_kv_len + size_t(i)], pg = f[o.list.off_kv_indptr + size_t(i)];
+    ck.expect(q0 == row && f[o.list.off_kv_indptr + size_t(i) + 1] - pg == (len + c.P - 1) / c.P,
+              "%s: MLA request %d: rows from %d (want %lld), %d pages for %d keys", c.name, i, q0, (long long)row,
+              f[o.list.off_kv_indptr + size_t(i) + 1] - pg, len);
+    for (int32_t t = 0; t < q1 - q0; ++t, ++row) {
+      const int32_t tok = o.h[d.off_tokens + size_t(row)], pos = o.h[d.off_pos + size_t(row)];
+      const int32_t seq = tok / kTokBase, sees = len - (q1 - q0) + t + 1;
+      ck.expect(sees == pos + 1, "%s: MLA row %lld at position %d sees %d keys", c.name, (long long)row, pos, sees);
+      for (int32_t p = 0; p < std::min(sees, pos + 1); ++p) {
+        const int32_t page = f[o.list.off_indices + size_t(pg + p / c.P)];
+        bool ok = true;
+        for (int32_t l = 0; l < kLayers && ok; ++l) {
+          const FiMlaView& v = o.views[size_t(l)];
+          const int64_t base = int64_t(page) * v.stride_page + int64_t(p % c.P) * v.stride_n;
+          ok = read_ok(v.ckv_offset + base, v.kpe_offset + base, seq, p, l);
+        }
+        ck.expect(ok, "%s: FlashInfer MLA row %lld reads a wrong latent at position %d", c.name, (long long)row, p);
+        if (!ok) break;
+      }
+    }
+  }
+  ck.expect(row == d.rows, "%s: the MLA requests cover %lld of %lld rows", c.name, (long long)row, (long long)d.rows);
+  // The per-row list: keys [kv_begin, min(kv_end, start_pos + 1)) through the block table.
+  const AttnSeq* rs = reinterpret_cast<const AttnSeq*>(o.h.data() + d.off_hseqs);
+  for (int64_t r = 0; r < d.rows; ++r) {
+    const AttnSeq& a = rs[r];
+    const int32_t pos = o.h[d.off_pos + size_t(r)], seq = o.h[d.off_tokens + size_t(r)] / kTokBase;
+    const int32_t k1 = std::min(a.kv_end, a.start_pos + 1);
+    ck.expect(a.q_row == r && a.kv_begin == 0 && k1 == pos + 1, "%s: per-row entry %lld reads keys [%d, %d), not [0, %d]",
+              c.name, (long long)r, a.kv_begin, k1, pos);
+    for (int32_t p = a.kv_begin; p < k1; ++p) {
+      const int32_t page = o.h[d.off_blocks + size_t(a.block_off + p / c.P)];
+      const int64_t at = latent_offset(o.page_elems, c.P, kLatentW, page, 1, p % c.P);
+      if (!read_ok(at, at + kLatent, seq, p, 1)) {
+        ck.expect(false, "%s: per-row entry %lld reads a wrong latent at position %d", c.name, (long long)r, p);
+        break;
+      }
+    }
+  }
+  return ck.errors;
+}
+
+void run_mla_case(const Case& c) {
+  const Batch bt = make_batch(c);
+  const MlaBuilt o = build_mla(c, bt);
+  CHECKF(check_mla(c, bt, o, false) == 0, "%s: MLA descriptors are wrong", c.name);
+  {  // the K/V view's per-head stride instead of the latent row
+    MlaBuilt m = o;
+    for (FiMlaView& v : m.views) v.stride_n = kLatent;
+    CHECKF(check_mla(c, bt, m, true) > 0, "%s: the MLA checker missed a wrong slot stride", c.name);
+  }
+  {  // kpe read from the latent's start
+    MlaBuilt m = o;
+    for (FiMlaView& v : m.views) v.kpe_offset = v.ckv_offset;
+    CHECKF(check_mla(c, bt, m, true) > 0, "%s: the MLA checker missed a wrong kpe offset", c.name);
+  }
+  {  // one key too few for the first request
+    MlaBuilt m = o;
+    m.fi[m.list.off_kv_len] -= 1;
+    CHECKF(check_mla(c, bt, m, true) > 0, "%s: the MLA checker missed a short kv_len", c.name);
+  }
+}
+
 std::vector<Case> cases() {
   std::vector<Case> out;
   for (int32_t P : {16, 32, 64})
@@ -652,11 +779,12 @@ int main() {
     ++n;
     if (c.bucket == 0) {
       run_helix_case(c);
+      run_mla_case(c);
       ++helix;
     }
   }
   check_lse();
   std::printf("test_fi_descriptors: %d steps (pages 16/32/64, head dims 64/128, graph buckets 8/16) checked; "
-              "%d of them as Helix steps on 2 and 3 members\n", n, helix);
+              "%d of them as Helix steps on 2 and 3 members and as MLA steps (latent pages)\n", n, helix);
   return check_exit_code("test_fi_descriptors");
 }
