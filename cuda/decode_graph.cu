@@ -53,6 +53,10 @@ void CudaBackend::set_decode_graphs(bool on) {
   graphs_note_ = "off (LOCKSTEP_CUDA_SYNC_CHECK build: a synchronise after each launch cannot be captured)";
   return;
 #endif
+  if (mla_) {
+    graphs_note_ = "off (MLA steps run eagerly)";
+    return;
+  }
   if (!fi_) {
     graphs_note_ = "off (head_dim " + std::to_string(shape_.head_dim) +
                    " runs the hand-written attention, whose split is chosen on the host per step)";

@@ -49,4 +49,17 @@ void Gemm::bf16_f32(const __nv_bfloat16* X, int64_t rows, int64_t in, const __nv
                             CUDA_R_32F, int(out), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
+void Gemm::bf16_f32_heads(const __nv_bfloat16* X, int64_t x_row, int64_t x_head, int64_t rows, int64_t in,
+                          const __nv_bfloat16* W, int64_t out, float* Y, int64_t y_row, int64_t y_head,
+                          int64_t batch) {
+  if (rows == 0 || batch == 0) return;
+  const float alpha = 1.0f, beta = 0.0f;
+  // Column-major, per head: Y_h^T (out x rows, ld y_row) = W_h^T (out x in,
+  // ld out) · X_h^T (in x rows, ld x_row).
+  CUBLAS_CHECK(cublasGemmStridedBatchedEx(handle_, CUBLAS_OP_N, CUBLAS_OP_N, int(out), int(rows), int(in), &alpha,
+                                          W, CUDA_R_16BF, int(out), in * out, X, CUDA_R_16BF, int(x_row), x_head,
+                                          &beta, Y, CUDA_R_32F, int(y_row), y_head, int(batch), CUBLAS_COMPUTE_32F,
+                                          CUBLAS_GEMM_DEFAULT));
+}
+
 }  // namespace lockstep

@@ -29,6 +29,12 @@ class Gemm {
   // residual add into the product (Y is the hidden state).
   void bf16_f32(const __nv_bfloat16* X, int64_t rows, int64_t in, const __nv_bfloat16* W,
                 int64_t out, float* Y, float beta);
+  // One product per head (MLA's absorptions): for h < batch,
+  //   Y_h[rows][out] = X_h[rows][in] · W_h[in][out],
+  // with X_h row r at X + h * x_head + r * x_row, W_h = W + h * in * out
+  // (packed input-major), Y_h row r at Y + h * y_head + r * y_row.
+  void bf16_f32_heads(const __nv_bfloat16* X, int64_t x_row, int64_t x_head, int64_t rows, int64_t in,
+                      const __nv_bfloat16* W, int64_t out, float* Y, int64_t y_row, int64_t y_head, int64_t batch);
 
  private:
   static constexpr size_t kWorkspaceBytes = size_t(32) << 20;  // cuBLAS's recommendation for sm_90

@@ -12,6 +12,7 @@
 #include "kernels/attn_merge.cuh"
 #include "kernels/embed.cuh"
 #include "kernels/kv_append.cuh"
+#include "kernels/mla.cuh"
 #include "kernels/moe.cuh"
 #include "kernels/q_pack.cuh"
 #include "kernels/rmsnorm.cuh"
@@ -75,16 +76,30 @@ int32_t select_device(int32_t device_id) {
 CudaBackend::CudaBackend(const EngineParams& p)
     : shape_(p.shape), device_(select_device(p.device_id)), tokens_per_page_(p.tokens_per_page) {
   const int32_t D = shape_.head_dim, G = shape_.num_heads / shape_.num_kv_heads;
-  if (!attn_chunk_supported(D) || !attn_decode_supported(D, G))
+  mla_ = shape_.kv_lora_rank > 0;
+  if (mla_) {
+    rope_mag_ = rope_magnitude(shape_);
+    attn_scale_ = attention_scale(shape_);
+  }
+  if (!mla_ && (!attn_chunk_supported(D) || !attn_decode_supported(D, G)))
     throw EngineError(ENG_UNSUPPORTED, "CUDA backend: head_dim " + std::to_string(D) + " with GQA group " +
                                            std::to_string(G) + " is not built (head_dim 16/32/64/128, group <= " +
                                            std::to_string(kDecodeMaxGroup) + ")");
   CUDA_CHECK(cudaDeviceGetAttribute(&num_sms_, cudaDevAttrMultiProcessorCount, device_));
   stream_ = stream_holder_.get();
   gemm_ = std::make_unique<Gemm>(stream_);
-  pages_ = std::make_unique<PagePool>(p.num_pages, p.num_host_pages, p.tokens_per_page,
-                                      shape_.num_layers, shape_.num_kv_heads, D, stream_);
-  if (FlashInferAttention::supported(D, G))
+  if (mla_) {
+    // One latent plane per layer (step_layout.h latent_offset).
+    const int32_t W = shape_.kv_lora_rank + shape_.qk_rope_head_dim;
+    pages_ = std::make_unique<PagePool>(p.num_pages, p.num_host_pages, p.tokens_per_page, shape_.num_layers,
+                                        /*num_kv_heads=*/1, W, stream_, /*planes=*/1);
+    if (FlashInferMla::supported(shape_.kv_lora_rank, shape_.qk_rope_head_dim))
+      fi_mla_ = std::make_unique<FlashInferMla>(shape_.num_heads, tokens_per_page_, pages_->page_elems(), stream_);
+  } else {
+    pages_ = std::make_unique<PagePool>(p.num_pages, p.num_host_pages, p.tokens_per_page,
+                                        shape_.num_layers, shape_.num_kv_heads, D, stream_);
+  }
+  if (!mla_ && FlashInferAttention::supported(D, G))
     fi_ = std::make_unique<FlashInferAttention>(shape_.num_heads, shape_.num_kv_heads, D, tokens_per_page_,
                                                 pages_->page_elems(), stream_);
   if (p.num_tensors > 0)
@@ -123,7 +138,12 @@ void CudaBackend::join_ep(int32_t size, int32_t rank) {
   });
 }
 
-void CudaBackend::join_cp(int32_t size, int32_t rank) { cp_share_ = HelixShare{size, rank}; }
+void CudaBackend::join_cp(int32_t size, int32_t rank) {
+  if (mla_)
+    throw EngineError(ENG_UNSUPPORTED, "the CUDA backend's Helix has no latent (MLA) partials yet: run an MLA model "
+                                       "with --cp on the CPU backend, or without --cp on CUDA");
+  cp_share_ = HelixShare{size, rank};
+}
 
 // The Helix transport, chosen at the first Helix step from what every
 // member sends through the CP group: whether it was built with NCCL and its
@@ -190,13 +210,10 @@ void CudaBackend::open_ep_comm() {
 
 std::unique_ptr<Backend> make_cuda_backend(const EngineParams& params) {
   // Refused before any device memory is touched (docs/cuda.md).
-  if (params.shape.kv_lora_rank > 0)
-    throw EngineError(ENG_UNSUPPORTED,
-                      "the CUDA backend has no multi-head latent attention (MLA, kv_lora_rank > 0) yet; run MLA "
-                      "models on the CPU backend");
   if (params.shape.qk_norm)
     throw EngineError(ENG_UNSUPPORTED, "the CUDA backend has no per-head q/k RMSNorm (qk_norm, Qwen3) yet");
-  if (int64_t{params.shape.num_heads} * params.shape.head_dim != params.shape.hidden_size)
+  if (params.shape.kv_lora_rank == 0 &&
+      int64_t{params.shape.num_heads} * params.shape.head_dim != params.shape.hidden_size)
     throw EngineError(ENG_UNSUPPORTED, "the CUDA backend needs hidden_size == num_heads * head_dim");
   return std::make_unique<CudaBackend>(params);
 }
@@ -239,13 +256,17 @@ void CudaBackend::generate_weights(uint64_t seed) {
     CudaLayer& L = layers_[size_t(l)];
     norm(TensorKind::kAttnNorm, l, L.attn_norm);
     norm(TensorKind::kMLPNorm, l, L.mlp_norm);
-    const int64_t qkv = qd + 2 * kvd;
-    L.wqkv.reserve(size_t(H * qkv) * bf);
-    generate_bf16(gen(TensorKind::kWq, l, H, qd, qkv, 0), L.wqkv.as<__nv_bfloat16>(), stream_);
-    generate_bf16(gen(TensorKind::kWk, l, H, kvd, qkv, qd), L.wqkv.as<__nv_bfloat16>(), stream_);
-    generate_bf16(gen(TensorKind::kWv, l, H, kvd, qkv, qd + kvd), L.wqkv.as<__nv_bfloat16>(), stream_);
-    L.wo.reserve(size_t(qd * H) * bf);
-    generate_bf16(gen(TensorKind::kWo, l, qd, H, H, 0), L.wo.as<__nv_bfloat16>(), stream_);
+    if (mla_) {
+      generate_mla(seed, l);
+    } else {
+      const int64_t qkv = qd + 2 * kvd;
+      L.wqkv.reserve(size_t(H * qkv) * bf);
+      generate_bf16(gen(TensorKind::kWq, l, H, qd, qkv, 0), L.wqkv.as<__nv_bfloat16>(), stream_);
+      generate_bf16(gen(TensorKind::kWk, l, H, kvd, qkv, qd), L.wqkv.as<__nv_bfloat16>(), stream_);
+      generate_bf16(gen(TensorKind::kWv, l, H, kvd, qkv, qd + kvd), L.wqkv.as<__nv_bfloat16>(), stream_);
+      L.wo.reserve(size_t(qd * H) * bf);
+      generate_bf16(gen(TensorKind::kWo, l, qd, H, H, 0), L.wo.as<__nv_bfloat16>(), stream_);
+    }
     if (moe_layer(shape_, l)) {
       generate_moe(seed, l, gen);
       continue;
@@ -257,6 +278,57 @@ void CudaBackend::generate_weights(uint64_t seed) {
     generate_bf16(gen(TensorKind::kWDown, l, F, H, H, 0), L.wdown.as<__nv_bfloat16>(), stream_);
   }
 
+}
+
+// Layer l's MLA attention weights, generated as the CPU backend generates
+// them (weights.cpp generate_mla: the MLA tensors keyed by mla_tensor_id,
+// norms 1 + u/8, projections u / sqrt(fan_in); wq and wo as ordinary
+// tensors).
+void CudaBackend::generate_mla(uint64_t seed, int l) {
+  const int64_t H = shape_.hidden_size, heads = shape_.num_heads, QL = shape_.q_lora_rank;
+  const int64_t KL = shape_.kv_lora_rank, R = shape_.qk_rope_head_dim, N = shape_.qk_nope_head_dim;
+  const int64_t Vd = shape_.v_head_dim, q_in = QL > 0 ? QL : H, qf = heads * (N + R);
+  const size_t bf = sizeof(__nv_bfloat16);
+  CudaLayer& L = layers_[size_t(l)];
+  // An [in][out] tensor (generator index i * out + o), packed.
+  auto mla = [&](TensorKind kind, int64_t in, int64_t out, int64_t fan_in) {
+    GenTensor t;
+    t.seed = seed;
+    t.tensor_id = mla_tensor_id(kind, l);
+    t.rows = in;
+    t.cols = out;
+    t.ld = out;
+    if (fan_in == 0) {
+      t.scale = 0.125f;
+      t.bias = 1.0f;
+    } else {
+      t.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(fan_in)));
+    }
+    return t;
+  };
+  auto plain = [&](TensorKind kind, int64_t in, int64_t out) {
+    GenTensor t = mla(kind, in, out, in);
+    t.tensor_id = tensor_id(kind, l);
+    return t;
+  };
+  if (QL > 0) {
+    L.wqa.reserve(size_t(H * QL) * bf);
+    generate_bf16(mla(TensorKind::kQA, H, QL, H), L.wqa.as<__nv_bfloat16>(), stream_);
+    L.qa_norm.reserve(size_t(QL) * sizeof(float));
+    generate_f32(mla(TensorKind::kQANorm, 1, QL, 0), L.qa_norm.as<float>(), stream_);
+  }
+  L.wqb.reserve(size_t(q_in * qf) * bf);
+  generate_bf16(plain(TensorKind::kWq, q_in, qf), L.wqb.as<__nv_bfloat16>(), stream_);
+  L.wkva.reserve(size_t(H * (KL + R)) * bf);
+  generate_bf16(mla(TensorKind::kKVA, H, KL + R, H), L.wkva.as<__nv_bfloat16>(), stream_);
+  L.kva_norm.reserve(size_t(KL) * sizeof(float));
+  generate_f32(mla(TensorKind::kKVANorm, 1, KL, 0), L.kva_norm.as<float>(), stream_);
+  L.wkb.reserve(size_t(heads * N * KL) * bf);
+  generate_bf16(mla(TensorKind::kKB, heads * N, KL, KL), L.wkb.as<__nv_bfloat16>(), stream_);
+  L.wvb.reserve(size_t(heads * KL * Vd) * bf);
+  generate_bf16(mla(TensorKind::kVB, heads * KL, Vd, KL), L.wvb.as<__nv_bfloat16>(), stream_);
+  L.wo.reserve(size_t(heads * Vd * H) * bf);
+  generate_bf16(plain(TensorKind::kWo, heads * Vd, H), L.wo.as<__nv_bfloat16>(), stream_);
 }
 
 // The MoE weights of layer l, generated as the CPU backend generates them
@@ -318,8 +390,23 @@ void CudaBackend::load_weights(const eng_tensor* tensors, int32_t n) {
     CudaLayer& L = layers_[size_t(l)];
     L.attn_norm.reserve(size_t(H) * sizeof(float));
     L.mlp_norm.reserve(size_t(H) * sizeof(float));
-    L.wqkv.reserve(size_t(H * qkv) * bf);
-    L.wo.reserve(size_t(qd * H) * bf);
+    if (mla_) {
+      const int64_t heads = shape_.num_heads, QL = shape_.q_lora_rank, KL = shape_.kv_lora_rank;
+      const int64_t R = shape_.qk_rope_head_dim, N = shape_.qk_nope_head_dim, Vd = shape_.v_head_dim;
+      if (QL > 0) {
+        L.wqa.reserve(size_t(H * QL) * bf);
+        L.qa_norm.reserve(size_t(QL) * sizeof(float));
+      }
+      L.wqb.reserve(size_t((QL > 0 ? QL : H) * heads * (N + R)) * bf);
+      L.wkva.reserve(size_t(H * (KL + R)) * bf);
+      L.kva_norm.reserve(size_t(KL) * sizeof(float));
+      L.wkb.reserve(size_t(heads * N * KL) * bf);
+      L.wvb.reserve(size_t(heads * KL * Vd) * bf);
+      L.wo.reserve(size_t(heads * Vd * H) * bf);
+    } else {
+      L.wqkv.reserve(size_t(H * qkv) * bf);
+      L.wo.reserve(size_t(qd * H) * bf);
+    }
     if (!moe_layer(shape_, l)) {
       L.wgu.reserve(size_t(H * 2 * F) * bf);
       L.wdown.reserve(size_t(F * H) * bf);
@@ -350,8 +437,23 @@ void CudaBackend::load_weights(const eng_tensor* tensors, int32_t n) {
   auto put_f32 = [&](DeviceBuffer& dst) {
     CUDA_CHECK(cudaMemcpy(dst.as<float>(), host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice));
   };
+  LayerWeights mla_host;  // one MLA tensor at a time, converted by the CPU's loader (checkpoint.h)
+  auto put_packed = [&](DeviceBuffer& dst, const std::vector<float>& src) {
+    host_bf.resize(src.size());
+    for (size_t i = 0; i < src.size(); ++i) host_bf[i] = __float2bfloat16(src[i]);
+    CUDA_CHECK(cudaMemcpy(dst.as<void>(), host_bf.data(), host_bf.size() * bf, cudaMemcpyHostToDevice));
+  };
   for (int32_t i = 0; i < n; ++i) {
     const eng_tensor& t = tensors[i];
+    if (mla_ && t.layer >= 0 && load_mla_tensor(shape_, t, &mla_host)) {
+      CudaLayer& L = layers_[size_t(t.layer)];
+      if (!mla_host.wq.empty()) put_packed(L.wqb, mla_host.wq);
+      if (!mla_host.wkv_a.empty()) put_packed(L.wkva, mla_host.wkv_a);
+      if (!mla_host.w_kb.empty()) put_packed(L.wkb, mla_host.w_kb);
+      if (!mla_host.w_vb.empty()) put_packed(L.wvb, mla_host.w_vb);
+      mla_host = LayerWeights{};
+      continue;
+    }
     host.resize(size_t(t.rows * t.cols));
     tensor_to_input_major(t, int32_t(D), host.data());  // [cols][rows]
     const int64_t in = t.cols, out = t.rows;
@@ -384,6 +486,10 @@ void CudaBackend::load_weights(const eng_tensor* tensors, int32_t n) {
       case ENG_WEIGHT_SHARED_GATE: put_bf16(layers_[size_t(t.layer)].shared.wgu, in, out, 2 * Fs, 0); break;
       case ENG_WEIGHT_SHARED_UP: put_bf16(layers_[size_t(t.layer)].shared.wgu, in, out, 2 * Fs, Fs); break;
       case ENG_WEIGHT_SHARED_DOWN: put_bf16(layers_[size_t(t.layer)].shared.wdown, in, out, H, 0); break;
+      case ENG_WEIGHT_Q_A: put_bf16(layers_[size_t(t.layer)].wqa, in, out, out, 0); break;
+      case ENG_WEIGHT_Q_A_NORM: put_f32(layers_[size_t(t.layer)].qa_norm); break;
+      case ENG_WEIGHT_KV_A_NORM: put_f32(layers_[size_t(t.layer)].kva_norm); break;
+      default: break;  // KV_A, KV_B, K_B, V_B: load_mla_tensor above
     }
   }
   // The copies above are synchronous copies from pageable memory on the
@@ -407,7 +513,7 @@ void CudaBackend::upload_inv_freq() {
 // Builds every per-step descriptor in one pinned buffer (step_layout.h) and
 // queues one copy.
 void CudaBackend::upload_descriptors(const StepBatch& b) {
-  size_step_desc(b, &desc_, cp_ != nullptr ? cp_share_ : HelixShare{});
+  size_step_desc(b, &desc_, cp_ != nullptr ? cp_share_ : HelixShare{}, /*row_list=*/mla_ && !fi_mla_);
   host_desc_.reserve(desc_.total * sizeof(int32_t));
   dev_desc_.reserve(desc_.total * sizeof(int32_t));
   int32_t* h = host_desc_.as<int32_t>();
@@ -417,6 +523,8 @@ void CudaBackend::upload_descriptors(const StepBatch& b) {
   // FlashInfer's work split for this step (host), shared by every layer.
   // (An expert-parallel member's empty step has no attention; a Helix step
   // uses the hand-written kernel.)
+  if (fi_mla_ && desc_.rows > 0)
+    fi_mla_->plan(desc_.fi_decode.data(), desc_.n_decode, desc_.fi_chunks.data(), desc_.n_chunk);
   if (fi_ && desc_.rows > 0 && cp_ == nullptr)
     fi_->plan(desc_.fi_decode.data(), desc_.n_decode, desc_.fi_chunks.data(), desc_.n_chunk, /*graph_safe=*/false);
 }
@@ -542,6 +650,63 @@ void CudaBackend::helix_attention(int32_t layer) {
   attn_merge(m, stream_);
 }
 
+// The MLA attention block of layer `layer` over the step's rows (xb_ holds
+// their normed inputs): model_cuda.h says the stages; adds W_o's output to
+// hidden_.
+void CudaBackend::mla_attention_block(int32_t layer) {
+  const CudaLayer& L = layers_[size_t(layer)];
+  const int64_t R = desc_.rows, H = shape_.hidden_size, heads = shape_.num_heads;
+  const int64_t QL = shape_.q_lora_rank, KL = shape_.kv_lora_rank, Rr = shape_.qk_rope_head_dim;
+  const int64_t N = shape_.qk_nope_head_dim, Vd = shape_.v_head_dim;
+  const int64_t qh = N + Rr, qf = heads * qh, W = KL + Rr, qa = heads * W;
+  const int32_t* pos = at<int32_t>(dev_desc_, desc_.off_pos);
+  const __nv_bfloat16* x = xb_.as<__nv_bfloat16>();
+  float* q = mla_q_.as<float>();
+  // q: through the q LoRA and its norm, or straight from x.
+  if (QL > 0) {
+    gemm_->bf16_f32(x, R, H, L.wqa.as<__nv_bfloat16>(), QL, mla_cq_.as<float>(), 0.0f);
+    rmsnorm(mla_cq_.as<float>(), nullptr, L.qa_norm.as<float>(), int32_t(QL), shape_.rms_eps, R,
+            mla_cqb_.as<__nv_bfloat16>(), nullptr, stream_);
+    gemm_->bf16_f32(mla_cqb_.as<__nv_bfloat16>(), R, QL, L.wqb.as<__nv_bfloat16>(), qf, q, 0.0f);
+  } else {
+    gemm_->bf16_f32(x, R, H, L.wqb.as<__nv_bfloat16>(), qf, q, 0.0f);
+  }
+  // The latent [c | k_pe]: normed, roped, into the pages.
+  gemm_->bf16_f32(x, R, H, L.wkva.as<__nv_bfloat16>(), W, mla_kv_.as<float>(), 0.0f);
+  rope(q + N, qf, int32_t(heads), int32_t(Rr), pos, inv_freq_.as<double>(), R, stream_, qh, rope_mag_);
+  LatentPages lp;
+  lp.slab = pages_->device_page(0);
+  lp.page_elems = pages_->page_elems();
+  lp.tokens_per_page = tokens_per_page_;
+  lp.kv_lora = int32_t(KL);
+  lp.rope = int32_t(Rr);
+  lp.layer = layer;
+  mla_latent_append(lp, mla_kv_.as<float>(), W, L.kva_norm.as<float>(), shape_.rms_eps, pos, inv_freq_.as<double>(),
+                    rope_mag_, at<int32_t>(dev_desc_, desc_.off_page), at<int32_t>(dev_desc_, desc_.off_slot), R,
+                    stream_);
+  // Absorption: q_lat[r][h] = q_nope[r][h] · W_kb[h], beside q_pe: [R][heads][W].
+  q_pack(q, qf, R, int32_t(qf), mla_qb_.as<__nv_bfloat16>(), stream_);
+  gemm_->bf16_f32_heads(mla_qb_.as<__nv_bfloat16>(), qf, qh, R, N, L.wkb.as<__nv_bfloat16>(), KL,
+                        mla_qa_.as<float>(), qa, W, heads);
+  copy_heads(q + N, qf, qh, mla_qa_.as<float>() + KL, qa, W, int32_t(heads), int32_t(Rr), R, stream_);
+  // Attention over the latents: o_lat [R][heads][KL].
+  __nv_bfloat16* o = mla_o_.as<__nv_bfloat16>();
+  if (fi_mla_) {
+    q_pack(mla_qa_.as<float>(), qa, R, int32_t(qa), mla_qab_.as<__nv_bfloat16>(), stream_);
+    const __nv_bfloat16* qb = mla_qab_.as<__nv_bfloat16>();
+    fi_mla_->run(pages_->device_page(0), layer, qb, qb + KL, qa, W, attn_scale_, o);
+  } else {
+    mla_attention(lp, mla_qa_.as<float>(), int32_t(heads), at<int32_t>(dev_desc_, desc_.off_blocks),
+                  reinterpret_cast<const AttnSeq*>(at<int32_t>(dev_desc_, desc_.off_hseqs)), R, attn_scale_, o,
+                  stream_);
+  }
+  // Values: o_lat[r][h] · W_vb[h], then W_o.
+  gemm_->bf16_f32_heads(o, heads * KL, KL, R, KL, L.wvb.as<__nv_bfloat16>(), Vd, mla_v_.as<float>(), heads * Vd, Vd,
+                        heads);
+  q_pack(mla_v_.as<float>(), heads * Vd, R, int32_t(heads * Vd), attn_.as<__nv_bfloat16>(), stream_);
+  gemm_->bf16_f32(attn_.as<__nv_bfloat16>(), R, heads * Vd, L.wo.as<__nv_bfloat16>(), H, hidden_.as<float>(), 1.0f);
+}
+
 // Grows the per-step scratch to `rows` rows and `num_sampled` sampled rows
 // (the decode graphs reserve their largest bucket here once, so that a
 // captured step never reallocates).
@@ -553,7 +718,23 @@ void CudaBackend::reserve_scratch(int64_t R, int32_t num_sampled) {
   hidden_.reserve(size_t(R * H) * sizeof(float));
   xb_.reserve(size_t(R * std::max(H, F)) * bf);
   qkv_.reserve(size_t(R * qkv) * sizeof(float));
-  attn_.reserve(size_t(R * qd) * bf);
+  attn_.reserve(size_t(R * std::max<int64_t>(qd, int64_t(shape_.num_heads) * shape_.v_head_dim)) * bf);
+  if (mla_) {
+    const int64_t heads = shape_.num_heads, QL = shape_.q_lora_rank, KL = shape_.kv_lora_rank;
+    const int64_t W = KL + shape_.qk_rope_head_dim, qf = heads * (shape_.qk_nope_head_dim + shape_.qk_rope_head_dim);
+    const int64_t Vd = shape_.v_head_dim;
+    if (QL > 0) {
+      mla_cq_.reserve(size_t(R * QL) * sizeof(float));
+      mla_cqb_.reserve(size_t(R * QL) * bf);
+    }
+    mla_q_.reserve(size_t(R * qf) * sizeof(float));
+    mla_qb_.reserve(size_t(R * qf) * bf);
+    mla_kv_.reserve(size_t(R * W) * sizeof(float));
+    mla_qa_.reserve(size_t(R * heads * W) * sizeof(float));
+    if (fi_mla_) mla_qab_.reserve(size_t(R * heads * W) * bf);
+    mla_o_.reserve(size_t(R * heads * KL) * bf);
+    mla_v_.reserve(size_t(R * heads * Vd) * sizeof(float));
+  }
   if (fi_) q_bf16_.reserve(size_t(R * qd) * bf);
   gu_.reserve(size_t(R * 2 * F) * sizeof(float));
   act_.reserve(size_t(R * F) * bf);
@@ -767,13 +948,17 @@ void CudaBackend::forward(const StepBatch& b, bool want_logits) {
     const CudaLayer& L = layers_[size_t(l)];
     rmsnorm(hidden, nullptr, L.attn_norm.as<float>(), int32_t(H), shape_.rms_eps, R,
             xb_.as<__nv_bfloat16>(), nullptr, stream_);
-    gemm_->bf16_f32(xb_.as<__nv_bfloat16>(), R, H, L.wqkv.as<__nv_bfloat16>(), qkv, qkv_.as<float>(), 0.0f);
-    rope(qkv_.as<float>(), qkv, shape_.num_heads, int32_t(D), pos, inv_freq_.as<double>(), R, stream_);
-    rope(qkv_.as<float>() + qd, qkv, shape_.num_kv_heads, int32_t(D), pos, inv_freq_.as<double>(), R, stream_);
-    kv_append(pages_->view(l), qkv_.as<float>() + qd, qkv_.as<float>() + qd + kvd, qkv,
-              at<int32_t>(dev_desc_, desc_.off_page), at<int32_t>(dev_desc_, desc_.off_slot), R, stream_);
-    attention(l);
-    gemm_->bf16_f32(attn_.as<__nv_bfloat16>(), R, qd, L.wo.as<__nv_bfloat16>(), H, hidden, 1.0f);
+    if (mla_) {
+      mla_attention_block(l);  // through W_o, += hidden
+    } else {
+      gemm_->bf16_f32(xb_.as<__nv_bfloat16>(), R, H, L.wqkv.as<__nv_bfloat16>(), qkv, qkv_.as<float>(), 0.0f);
+      rope(qkv_.as<float>(), qkv, shape_.num_heads, int32_t(D), pos, inv_freq_.as<double>(), R, stream_);
+      rope(qkv_.as<float>() + qd, qkv, shape_.num_kv_heads, int32_t(D), pos, inv_freq_.as<double>(), R, stream_);
+      kv_append(pages_->view(l), qkv_.as<float>() + qd, qkv_.as<float>() + qd + kvd, qkv,
+                at<int32_t>(dev_desc_, desc_.off_page), at<int32_t>(dev_desc_, desc_.off_slot), R, stream_);
+      attention(l);
+      gemm_->bf16_f32(attn_.as<__nv_bfloat16>(), R, qd, L.wo.as<__nv_bfloat16>(), H, hidden, 1.0f);
+    }
     rmsnorm(hidden, nullptr, L.mlp_norm.as<float>(), int32_t(H), shape_.rms_eps, R,
             xb_.as<__nv_bfloat16>(), nullptr, stream_);
     if (L.moe) {

@@ -25,6 +25,16 @@
 //   host (the EP group's Exchange, with its tag and round checks) and the
 //   rows and answers over NCCL (grouped ncclSend/ncclRecv on the engine's
 //   stream; moe_layout.h MoeEpPlan says the layout), every wait bounded.
+// Multi-head latent attention (MLA: kv_lora_rank > 0, DeepSeek-V2/V3, Kimi
+// K2) replaces the attention block, as the CPU engine computes it
+// (model_cpu.h): q (through the q LoRA and its norm when the shape has one)
+// and the latent [c | k_pe] by GEMMs; RoPE (YaRN's magnitude on cos and sin)
+// on q's and the latent's rope tails; the latent RMS-normed and written into
+// latent pages (page[layer][slot][kv_lora + rope], step_layout.h); the
+// absorbed query q_lat = q_nope · W_kb per head (one strided-batched GEMM);
+// attention over the latents (FlashInfer's MLA kernel for kv_lora 512 /
+// rope 64, attention/fi_mla.h; the hand-written kernels/mla.cu otherwise);
+// then · W_vb per head and W_o. MLA steps run eagerly, without Helix.
 // Under Helix context parallelism (join_cp) a member holds the K/V of its own
 // pages only (global page g on member g % size, backend.h): each row's K/V is
 // written by the member owning its position, every member computes per layer
@@ -84,6 +94,7 @@
 #include <vector>
 
 #include "backend.h"
+#include "attention/fi_mla.h"
 #include "attention/flashinfer_attn.h"
 #include "device_buffer.h"
 #include "gemm.h"
@@ -141,6 +152,13 @@ struct CudaExpert {
 struct CudaLayer {
   DeviceBuffer attn_norm, mlp_norm;  // float32 [hidden]
   DeviceBuffer wqkv, wo, wgu, wdown; // bf16, input-major (wgu/wdown: dense layers)
+  // Multi-head latent attention (kv_lora_rank > 0; no wqkv), bf16
+  // input-major as the CPU's LayerWeights: wqa [hidden][q_lora] with its
+  // norm qa_norm (float32; q LoRA only), wqb [q_lora or hidden][heads *
+  // (nope + rope)], wkva [hidden][kv_lora + rope], kva_norm [kv_lora]
+  // (float32), wkb [heads][nope][kv_lora], wvb [heads][kv_lora][v]; wo is
+  // [heads * v][hidden].
+  DeviceBuffer wqa, qa_norm, wqb, wkva, kva_norm, wkb, wvb;
   // A mixture-of-experts layer: the router [hidden][experts] (bf16), a
   // sigmoid router's bias (host: routing runs there), the routed experts and
   // the shared ones as one SwiGLU (num_shared_experts > 0).
@@ -260,7 +278,17 @@ class CudaBackend final : public Backend {
   cudaStream_t stream_ = nullptr;  // stream_holder_.get()
   std::unique_ptr<Gemm> gemm_;
   std::unique_ptr<PagePool> pages_;
-  std::unique_ptr<FlashInferAttention> fi_;  // null for head dims FlashInfer is not built for
+  std::unique_ptr<FlashInferAttention> fi_;  // null for head dims FlashInfer is not built for, and for MLA
+  // MLA (mla_): FlashInfer's MLA kernel when it is built for the shape (else
+  // null: kernels/mla.cu), YaRN's magnitude of cos and sin, the softmax
+  // scale (checkpoint.h attention_scale), and the layer's scratch.
+  bool mla_ = false;
+  std::unique_ptr<FlashInferMla> fi_mla_;
+  double rope_mag_ = 1.0;
+  float attn_scale_ = 0.0f;
+  DeviceBuffer mla_cq_, mla_cqb_, mla_q_, mla_qb_, mla_kv_, mla_qa_, mla_qab_, mla_o_, mla_v_;
+  void mla_attention_block(int32_t layer);
+  void generate_mla(uint64_t seed, int layer);
 
   DeviceBuffer embedding_, final_norm_, lm_head_, inv_freq_;
   std::vector<CudaLayer> layers_;

@@ -6,11 +6,12 @@
 namespace lockstep {
 
 PagePool::PagePool(int32_t num_pages, int32_t num_host_pages, int32_t tokens_per_page,
-                   int32_t num_layers, int32_t num_kv_heads, int32_t head_dim, cudaStream_t stream)
+                   int32_t num_layers, int32_t num_kv_heads, int32_t head_dim, cudaStream_t stream,
+                   int32_t planes)
     : tokens_per_page_(tokens_per_page),
       num_kv_heads_(num_kv_heads),
       head_dim_(head_dim),
-      page_elems_(int64_t(num_layers) * 2 * num_kv_heads * tokens_per_page * head_dim),
+      page_elems_(int64_t(num_layers) * planes * num_kv_heads * tokens_per_page * head_dim),
       stream_(stream) {
   if (num_pages > 0) {
     device_.reserve(size_t(num_pages) * page_bytes());

@@ -22,9 +22,11 @@ namespace lockstep {
 class PagePool {
  public:
   // Allocates and zeroes num_pages device pages and num_host_pages pinned
-  // host pages (either may be 0).
+  // host pages (either may be 0). planes: 2 (K and V per kv head), or 1 for
+  // MLA's latent pages (num_kv_heads 1, head_dim = kv_lora + rope:
+  // step_layout.h latent_offset).
   PagePool(int32_t num_pages, int32_t num_host_pages, int32_t tokens_per_page,
-           int32_t num_layers, int32_t num_kv_heads, int32_t head_dim, cudaStream_t stream);
+           int32_t num_layers, int32_t num_kv_heads, int32_t head_dim, cudaStream_t stream, int32_t planes = 2);
 
   int64_t page_elems() const { return page_elems_; }
   size_t page_bytes() const { return size_t(page_elems_) * sizeof(__nv_bfloat16); }

@@ -12,10 +12,12 @@
 
 namespace lockstep {
 
-// In place on x[r * stride + h * D + i] for rows r < rows, heads h < heads,
-// at position pos[r]. inv_freq is a device array of D/2 doubles.
+// In place on x[r * stride + h * head_stride + i] (head_stride 0: D) for
+// rows r < rows, heads h < heads, i < D, at position pos[r]. inv_freq is a
+// device array of D/2 doubles. mag multiplies cos and sin in double before
+// their rounding (YaRN's magnitude on MLA shapes; 1 leaves them exact).
 void rope(float* x, int64_t stride, int32_t heads, int32_t head_dim, const int32_t* pos,
-          const double* inv_freq, int64_t rows, cudaStream_t stream);
+          const double* inv_freq, int64_t rows, cudaStream_t stream, int64_t head_stride = 0, double mag = 1.0);
 
 }  // namespace lockstep
 

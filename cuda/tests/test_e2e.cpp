@@ -9,7 +9,9 @@
 // trip through the host tier (copy_pages). Helix: 2 and 3 CUDA engines in one
 // context-parallel group on this one device (their partials then go through
 // the group's host exchange: NCCL refuses members sharing a device) against
-// the CPU engine, with the same tolerance.
+// the CPU engine, with the same tolerance. MLA: deepseek-tiny (the
+// hand-written latent kernel) and the same model at FlashInfer's MLA
+// geometry with YaRN (FlashInfer's MLA kernel).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -42,12 +44,31 @@ eng_model_shape fi_shape() {
   return s;
 }
 
-eng_engine_t make(eng_backend b, const char* preset) {
+// deepseek-tiny with FlashInfer's MLA geometry (latent 512, rope 64) and
+// YaRN, so that the CUDA engine runs FlashInfer's MLA kernel and the rope
+// magnitude path.
+eng_model_shape fi_mla_shape() {
+  eng_model_shape s{};
+  eng_preset_shape("deepseek-tiny", &s);
+  s.kv_lora_rank = 512;
+  s.qk_rope_head_dim = 64;
+  s.head_dim = s.qk_nope_head_dim + s.qk_rope_head_dim;  // an MLA shape's rule
+  s.yarn_factor = 4.0f;
+  s.yarn_original_max_positions = 64;
+  s.yarn_beta_fast = 32.0f;
+  s.yarn_beta_slow = 1.0f;
+  s.yarn_mscale = 1.0f;
+  s.yarn_mscale_all_dim = 1.0f;
+  return s;
+}
+
+// preset, or `shape` when preset is null (fi_shape() when both are).
+eng_engine_t make(eng_backend b, const char* preset, const eng_model_shape* shape = nullptr) {
   eng_engine_config cfg{};
   cfg.abi_version = ENG_ABI_VERSION;
   cfg.backend = b;
   cfg.preset = preset;
-  if (preset == nullptr) cfg.shape = fi_shape();
+  if (preset == nullptr) cfg.shape = shape != nullptr ? *shape : fi_shape();
   cfg.seed = 1234;
   cfg.num_pages = kPages;
   cfg.tokens_per_page = kP;
@@ -102,8 +123,8 @@ double rel(const float* a, const float* b, int n) {
 }
 
 // Runs the comparison for one model (preset, or fi_shape() when null).
-void run_model(const char* label, const char* preset, Report& report) {
-  eng_engine_t cpu = make(ENG_BACKEND_CPU, preset), gpu = make(ENG_BACKEND_CUDA, preset);
+void run_model(const char* label, const char* preset, Report& report, const eng_model_shape* custom = nullptr) {
+  eng_engine_t cpu = make(ENG_BACKEND_CPU, preset, custom), gpu = make(ENG_BACKEND_CUDA, preset, custom);
   eng_model_shape shape;
   eng_engine_shape(cpu, &shape);
   const int V = shape.vocab_size;
@@ -264,6 +285,12 @@ int main() {
   // Mixture of experts: routed on the host by the CPU engine's rule, the
   // experts' GEMMs per expert, the shared expert, the fixed combine order.
   run_model("moe-tiny (16 experts, top-2, a shared expert)", "moe-tiny", report);
+  // Multi-head latent attention: the hand-written latent kernel (deepseek-
+  // tiny: latent 32, rope 8), then FlashInfer's MLA kernel (latent 512,
+  // rope 64, YaRN), each with DeepSeek's MoE (sigmoid groups, shared expert).
+  run_model("deepseek-tiny (MLA: hand-written latent attention; MoE)", "deepseek-tiny", report);
+  const eng_model_shape mla = fi_mla_shape();
+  run_model("deepseek-tiny at latent 512 / rope 64 with YaRN (FlashInfer MLA)", nullptr, report, &mla);
   // Helix context parallelism: partials per member, merged on the device.
   run_helix("tiny", 2, report);
   run_helix("tiny", 3, report);

@@ -381,9 +381,11 @@ int64_t mla_row(const eng_tensor& t, int64_t r, int64_t head, int64_t R) {
   return h * head + nope + (k % 2) * (R / 2) + k / 2;
 }
 
+}  // namespace
+
 // The MLA kinds that need more than tensor_to_input_major (the rope-tail
 // reordering of WQ and KV_A, the per-head absorbed forms of KV_B, K_B and
-// V_B): converted into L; false for every other kind.
+// V_B): converted into L; false for every other kind (checkpoint.h).
 bool load_mla_tensor(const eng_model_shape& s, const eng_tensor& t, LayerWeights* L) {
   const int64_t heads = s.num_heads, KL = s.kv_lora_rank, R = s.qk_rope_head_dim, N = s.qk_nope_head_dim;
   const int64_t Vh = s.v_head_dim;
@@ -442,8 +444,6 @@ bool load_mla_tensor(const eng_model_shape& s, const eng_tensor& t, LayerWeights
   }
   return false;
 }
-
-}  // namespace
 
 Weights load_weights(const eng_model_shape& s, const eng_tensor* tensors, int32_t n, bool quant) {
   Weights w;

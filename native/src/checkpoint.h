@@ -66,6 +66,13 @@ std::shared_ptr<const Weights> shared_weights(const eng_model_shape& shape, cons
 // rows*cols floats.
 void tensor_to_input_major(const eng_tensor& t, int32_t head_dim, float* out);
 
+// An MLA shape's tensors that need more than tensor_to_input_major: WQ and
+// KV_A (input-major, each head's rope tail turned to rotate-half order when
+// interleaved_rope_heads is set), KV_B, K_B and V_B (the per-head absorbed
+// forms w_kb [heads][nope][kv_lora], w_vb [heads][kv_lora][v]): converted
+// into L's fields; false (L untouched) for every other kind.
+bool load_mla_tensor(const eng_model_shape& shape, const eng_tensor& t, LayerWeights* L);
+
 // The dimensions RoPE rotates per head: head_dim, or an MLA shape's
 // qk_rope_head_dim.
 inline int32_t rope_dim(const eng_model_shape& s) { return s.kv_lora_rank > 0 ? s.qk_rope_head_dim : s.head_dim; }
