@@ -411,7 +411,7 @@ PLAN=()
 NOT_ASKED=()
 if [[ "${SKIP_BUILD:-0}" != 1 ]]; then PLAN+=("build (sm_90a)|60|step_build"); fi
 PLAN+=("test cuda_kernels_test|15|step_test cuda_kernels_test"
-       "test cuda_e2e_test|10|step_test cuda_e2e_test"
+       "test cuda_e2e_test|20|step_test cuda_e2e_test"
        "test cuda_graphs_test|10|step_test cuda_graphs_test")
 if [[ -x "$BUILD_DIR/cuda/tests/cuda_nccl_test" || "${SKIP_BUILD:-0}" != 1 ]]; then
   PLAN+=("test cuda_nccl_test|10|step_test cuda_nccl_test" "test cuda_nccl_test --ranks 2|15|step_test cuda_nccl_test --ranks 2")

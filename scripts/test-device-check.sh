@@ -59,6 +59,10 @@ for n, ms in ((6144, 0.0186), (28672, 0.0647)):
     rows.append(f"gemm\t256\t4096\t{n}\t{ms * 3:.4f}")
 rows += ["fixed\tdecode\t0.0118", "fixed\tchunk\t0.0152",
          "elementwise\t1\t24576\t0.0031", "elementwise\t4096\t100663296\t0.0421"]
+# FlashInfer's MLA kernel (DeepSeek-V3 geometry): one decode row, one prefill row, one error row.
+rows += ["mla\tdecode\tflashinfer\t128\t64\t8192\t0.4000\t1509.9\t35.1",
+         "mla\tprefill\tflashinfer\t128\t512\t8192\t1.2000\t261.5\t33.5",
+         "mla\tdecode\tflashinfer\t128\t256\t32768\terror\tplan refused"]
 open(sys.argv[1], "w").write("\n".join(rows) + "\n")
 PY
 
@@ -170,6 +174,7 @@ elif ! grep -q '"elementwise_kernel_ms": 0.0031' "$out/summary.txt" || ! grep -q
   why="the measured profile lacks the element-wise kernel cost and rate"
 elif ! grep -q 'not asked: .*cuda_kernels_test --full (FULL=0)' "$out/summary.txt"; then why="the summary does not say the long sweep was not asked"
 elif ! grep -q 'FlashInfer (production)' "$out/table.txt" || ! grep -q 'GQA 8:1' "$out/table.txt"; then why="table.txt lacks the FlashInfer tables"
+elif ! grep -q 'MLA attention (FlashInfer' "$out/table.txt" || ! grep -q 'error (plan refused)' "$out/table.txt"; then why="table.txt lacks the MLA rows"
 elif ! tar -xzOf "$out/device-check.tar.gz" ./measured.json | grep -q '"prefill_attention_tflops": 450.0'; then why="no measured.json in the archive"
 fi
 report "$name" "$why" "$(grep -m 1 'FlashInfer GQA 4:1' "$out/summary.txt" 2>/dev/null || true)"

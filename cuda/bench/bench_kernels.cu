@@ -23,6 +23,13 @@
 //              128-token chunk at depth 0 (GQA 4:1), whose traffic takes < 1 us:
 //              the attention kernels' fixed cost
 //   elementwise  RMSNorm of 1 and 4096 rows of 4096: rows, bytes, time
+//   mla        FlashInfer's MLA kernel (attention/fi_mla.h) as the engine runs
+//              it, DeepSeek-V3's geometry (128 heads, latent 512, rope 64),
+//              latent pages of 32 in a shuffled order: decode batch
+//              1/16/64/256 x context 1k/8k/32k (GB/s of latents read, % of
+//              the copy ceiling) and prefill batch 1, chunk 512/2k over a
+//              prefix of 0/8k (TFLOP/s, 2 * heads * (2 * 512 + 64) per
+//              query-key pair, % of the matmul ceiling)
 // A shape that fails (FlashInfer's planner or kernel refusing it) is written as
 // an "error" row with the message and the run goes on; the exit status is then
 // 1. Usage: cuda_bench OUT.tsv
@@ -39,6 +46,7 @@
 #include <string>
 #include <vector>
 
+#include "attention/fi_mla.h"
 #include "attention/flashinfer_attn.h"
 #include "engine.h"
 #include "kernels/attn_chunk.cuh"
@@ -388,6 +396,66 @@ void iteration_bench() {
 
 }  // namespace
 
+// FlashInfer's MLA kernel over latent pages laid over the slab's memory.
+void mla_bench(const Slab& slab, double copy_gbs, double mm_tflops) {
+  constexpr int kHeads = 128, kLatent = FlashInferMla::kLatent, kRope = FlashInferMla::kRope, kW = kLatent + kRope;
+  const int64_t page_elems = int64_t(kP) * kW;  // one layer
+  const int64_t max_pages = slab.max_pages * slab.page_elems / page_elems;
+  std::vector<int32_t> order(static_cast<size_t>(max_pages));
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), std::mt19937_64(43));
+  FlashInferMla mla(kHeads, kP, page_elems, nullptr);
+  auto row = [&](int batch, int tokens, int depth) {
+    const bool decode = tokens == 1;
+    const int ctx = depth + tokens, blocks = (ctx + kP - 1) / kP;
+    const int a = decode ? batch : tokens, b = decode ? ctx : depth;
+    const char* kind = decode ? "decode" : "prefill";
+    if (int64_t(batch) * blocks > max_pages) {
+      std::fprintf(tsv, "mla\t%s\tflashinfer\t%d\t%d\t%d\tskipped\tlatents over the slab\n", kind, kHeads, a, b);
+      return;
+    }
+    try {
+      std::vector<FiSeq> seqs;
+      for (int i = 0; i < batch; ++i) seqs.push_back(FiSeq{tokens, ctx, order.data() + size_t(i) * blocks});
+      if (decode)
+        mla.plan(seqs.data(), batch, nullptr, 0);
+      else
+        mla.plan(nullptr, 0, seqs.data(), batch);
+      const size_t rows = size_t(batch) * tokens;
+      QO qo(rows * kHeads * kW * 2, rows * kHeads * kLatent * 2);
+      fill_random(static_cast<__nv_bfloat16*>(qo.q), rows * kHeads * kW, 9);
+      const auto* q = static_cast<const __nv_bfloat16*>(qo.q);
+      const float scale = 1.0f / std::sqrt(float(128 + kRope));
+      const double ms = time_ms([&] { mla.run(slab.data, 0, q, q + kLatent, int64_t(kHeads) * kW, kW, scale, qo.out); },
+                                decode ? 11 : 5);
+      if (decode) {
+        const double gbs = double(batch) * ctx * kW * 2 / (ms * 1e6);
+        std::fprintf(tsv, "mla\tdecode\tflashinfer\t%d\t%d\t%d\t%.4f\t%.1f\t%.1f\n", kHeads, a, b, ms, gbs,
+                     100 * gbs / copy_gbs);
+      } else {
+        const double pairs = double(tokens) * depth + double(tokens) * (tokens + 1) / 2;
+        const double tf = 2.0 * kHeads * (2 * kLatent + kRope) * pairs / (ms * 1e9);
+        std::fprintf(tsv, "mla\tprefill\tflashinfer\t%d\t%d\t%d\t%.4f\t%.1f\t%.1f\n", kHeads, a, b, ms, tf,
+                     100 * tf / mm_tflops);
+      }
+      std::printf("flashinfer MLA %s %d x %d: %.4f ms\n", kind, a, b, ms);
+    } catch (const EngineError& e) {
+      std::string msg = e.what();
+      std::replace(msg.begin(), msg.end(), '\t', ' ');
+      std::replace(msg.begin(), msg.end(), '\n', ' ');
+      std::fprintf(tsv, "mla\t%s\tflashinfer\t%d\t%d\t%d\terror\t%s\n", kind, kHeads, a, b, msg.c_str());
+      std::printf("FAIL: flashinfer MLA %s %d x %d: %s\n", kind, a, b, msg.c_str());
+      any_failed = true;
+    }
+    std::fflush(tsv);
+    std::fflush(stdout);
+  };
+  for (int batch : {1, 16, 64, 256})
+    for (int ctx : {1024, 8192, 32768}) row(batch, 1, ctx - 1);
+  for (int chunk : {512, 2048})
+    for (int depth : {0, 8192}) row(1, chunk, depth);
+}
+
 int main(int argc, char** argv) {
   lockstep_test::skip_without_device("cuda_bench");
   tsv = std::fopen(argc > 1 ? argv[1] : "bench.tsv", "w");
@@ -428,6 +496,7 @@ int main(int argc, char** argv) {
       FlashInferAttention fa(kHkv * 4, kHkv, kD, kP, slab.page_elems, nullptr);
       twin_kernel_bench(slab, fa);
     }
+    mla_bench(slab, copy_gbs, mm_tflops);
     cudaFree(slab.data);
     iteration_bench();
   } catch (const EngineError& e) {

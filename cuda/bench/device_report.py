@@ -11,6 +11,8 @@ BENCH.tsv rows (tab-separated; cuda/bench/bench_kernels.cu and bench_graphs.cu):
     prefill    flashinfer|handwritten  group  chunk  depth    ms  TFLOP/s  %matmul
     (a decode/prefill row whose ms is "skipped" or "error" carries the reason next)
     iteration  name  ms  ms
+    mla        decode|prefill  flashinfer  heads  batch|chunk  context|depth  ms  GB/s|TFLOP/s  %ceiling
+    (an mla row whose ms is "skipped" or "error" carries the reason next)
     hostgraph  batch  eager|graphs  host_us  wall_us  device_ms
 SDPA.tsv rows (cuda/bench/sdpa_bench.py):
     sdpa  decode|prefill  group  batch|chunk  context|depth  ms|oom  backend
@@ -105,6 +107,16 @@ def table(rows, sdpa):
                     line += " | " + sdpa_cell(kind, key, s, copy, mm)
                 out.append(line)
             out.append("")
+    mla = [r for r in rows if r[0] == "mla" and len(r) >= 7]
+    if mla:
+        out.append("MLA attention (FlashInfer's MLA kernel, latent 512 + rope 64, bf16 latent pages of 32): "
+                   "ms, GB/s of latents (decode) or TFLOP/s (prefill), % of the copy / matmul ceiling")
+        out.append(f"  {'kind':>7} {'heads':>5} {'batch|chunk':>11} {'ctx|depth':>9} | {'FlashInfer MLA':>25}")
+        for r in mla:
+            cell = (f"{r[6]} ({r[7] if len(r) > 7 else ''})" if r[6] in ("skipped", "error")
+                    else fmt_cell((float(r[6]), float(r[7]), float(r[8]))))
+            out.append(f"  {r[1]:>7} {r[3]:>5} {r[4]:>11} {r[5]:>9} | {cell:>25}")
+        out.append("")
     iters = [r for r in rows if r[0] == "iteration"]
     if iters:
         out.append("llama-8b iteration (engine.h, CUDA backend, device time, median of 5)")
