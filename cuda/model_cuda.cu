@@ -37,6 +37,27 @@ T* at(const DeviceBuffer& b, size_t off_elems = 0) { return b.as<T>() + off_elem
 
 size_t round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
+// A generated rows x cols tensor (weights_gen.cuh) placed at column col_off
+// of rows of ld: u / sqrt(fan_in), or a norm gain 1 + u/8 when fan_in is 0
+// (the CPU generator's values, weights.cpp).
+GenTensor gen_tensor(uint64_t seed, uint64_t id, int64_t rows, int64_t cols, int64_t ld, int64_t col_off,
+                     int64_t fan_in) {
+  GenTensor t;
+  t.seed = seed;
+  t.tensor_id = id;
+  t.rows = rows;
+  t.cols = cols;
+  t.ld = ld;
+  t.col_off = col_off;
+  if (fan_in == 0) {
+    t.scale = 0.125f;
+    t.bias = 1.0f;
+  } else {
+    t.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(fan_in)));
+  }
+  return t;
+}
+
 }  // namespace
 
 template <class Body>
@@ -225,15 +246,7 @@ void CudaBackend::generate_weights(uint64_t seed) {
   const size_t bf = sizeof(__nv_bfloat16);
   // value = u * 1/sqrt(fan_in) for projections, 1 + u/8 for norms, u for the embedding.
   auto gen = [&](TensorKind kind, int layer, int64_t rows, int64_t cols, int64_t ld, int64_t col_off) {
-    GenTensor t;
-    t.seed = seed;
-    t.tensor_id = tensor_id(kind, layer);
-    t.rows = rows;
-    t.cols = cols;
-    t.ld = ld;
-    t.col_off = col_off;
-    t.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(rows)));
-    return t;
+    return gen_tensor(seed, tensor_id(kind, layer), rows, cols, ld, col_off, rows);
   };
   auto norm = [&](TensorKind kind, int layer, DeviceBuffer& buf) {
     buf.reserve(size_t(H) * sizeof(float));
@@ -292,19 +305,7 @@ void CudaBackend::generate_mla(uint64_t seed, int l) {
   CudaLayer& L = layers_[size_t(l)];
   // An [in][out] tensor (generator index i * out + o), packed.
   auto mla = [&](TensorKind kind, int64_t in, int64_t out, int64_t fan_in) {
-    GenTensor t;
-    t.seed = seed;
-    t.tensor_id = mla_tensor_id(kind, l);
-    t.rows = in;
-    t.cols = out;
-    t.ld = out;
-    if (fan_in == 0) {
-      t.scale = 0.125f;
-      t.bias = 1.0f;
-    } else {
-      t.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(fan_in)));
-    }
-    return t;
+    return gen_tensor(seed, mla_tensor_id(kind, l), in, out, out, 0, fan_in);
   };
   auto plain = [&](TensorKind kind, int64_t in, int64_t out) {
     GenTensor t = mla(kind, in, out, in);

@@ -111,6 +111,22 @@ struct Batch {
   int32_t num_pages = 0;
 };
 
+// Points out->b's sequences at out's tokens and block tables.
+void link_batch(const Case& c, Batch* out) {
+  for (size_t i = 0; i < c.seqs.size(); ++i) {
+    StepSeq q{};
+    q.tokens = out->tokens[i].data();
+    q.num_tokens = c.seqs[i].n;
+    q.start_pos = c.seqs[i].start;
+    q.blocks = out->blocks[i].data();
+    q.num_blocks = int32_t(out->blocks[i].size());
+    q.sample = c.seqs[i].sample;
+    out->b.seqs.push_back(q);
+    out->b.num_rows += q.num_tokens;
+    out->b.num_sampled += q.sample ? 1 : 0;
+  }
+}
+
 Batch make_batch(const Case& c) {
   Batch out;
   const size_t n = c.seqs.size();
@@ -130,18 +146,7 @@ Batch make_batch(const Case& c) {
     const int32_t nb = (s.start + s.n + c.P - 1) / c.P;
     for (int32_t k = 0; k < nb; ++k) out.blocks[i].push_back(order[size_t(next++)]);
   }
-  for (size_t i = 0; i < n; ++i) {
-    StepSeq q{};
-    q.tokens = out.tokens[i].data();
-    q.num_tokens = c.seqs[i].n;
-    q.start_pos = c.seqs[i].start;
-    q.blocks = out.blocks[i].data();
-    q.num_blocks = int32_t(out.blocks[i].size());
-    q.sample = c.seqs[i].sample;
-    out.b.seqs.push_back(q);
-    out.b.num_rows += q.num_tokens;
-    out.b.num_sampled += q.sample ? 1 : 0;
-  }
+  link_batch(c, &out);
   return out;
 }
 
@@ -444,18 +449,7 @@ Batch make_helix_batch(const Case& c, HelixShare share) {
     // Scattered: member k's pages counted down from the top.
     for (int32_t k = 0; k < nb; ++k) out.blocks[i].push_back(out.num_pages - 1 - (next++));
   }
-  for (size_t i = 0; i < n; ++i) {
-    StepSeq q{};
-    q.tokens = out.tokens[i].data();
-    q.num_tokens = c.seqs[i].n;
-    q.start_pos = c.seqs[i].start;
-    q.blocks = out.blocks[i].data();
-    q.num_blocks = int32_t(out.blocks[i].size());
-    q.sample = c.seqs[i].sample;
-    out.b.seqs.push_back(q);
-    out.b.num_rows += q.num_tokens;
-    out.b.num_sampled += q.sample ? 1 : 0;
-  }
+  link_batch(c, &out);
   return out;
 }
 
