@@ -608,14 +608,20 @@ void CudaBackend::helix_attention(int32_t layer) {
   a.q_stride = int64_t(Hq + 2 * Hkv) * D;
   a.kv = pages_->view(layer);
   a.block_tables = at<int32_t>(dev_desc_, desc_.off_blocks);
-  a.seqs = reinterpret_cast<const AttnSeq*>(at<int32_t>(dev_desc_, desc_.off_hseqs));
-  a.num_seqs = int32_t(R);
+  const AttnSeq* entries = reinterpret_cast<const AttnSeq*>(at<int32_t>(dev_desc_, desc_.off_hseqs));
   a.num_heads = Hq;
   a.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
   a.o_part = mine;
   a.lse_part = mine + items * D;
   a.part_rows = int32_t(R);
-  attn_decode(a, stream_);
+  // One entry per row, in launches of at most 65 535 (the grid's z limit);
+  // each entry names its own partial row.
+  constexpr int64_t kMaxGridZ = 65535;
+  for (int64_t r0 = 0; r0 < R; r0 += kMaxGridZ) {
+    a.seqs = entries + r0;
+    a.num_seqs = int32_t(std::min(kMaxGridZ, R - r0));
+    attn_decode(a, stream_);
+  }
   const ExchangeTag tag{ExchangeKind::kHelixAttention, layer};
   const size_t bytes = size_t(block) * sizeof(float);
   if (helix_nccl_) {
