@@ -1,5 +1,6 @@
 // model_cuda.cu: the CUDA backend's forward step (see model_cuda.h).
 #include "model_cuda.h"
+#include "model_cuda_internal.h"
 
 #include <algorithm>
 #include <chrono>
@@ -26,53 +27,18 @@
 #include "weights.h"
 
 namespace lockstep {
+
+using cuda_internal::at;
+using cuda_internal::gen_tensor;
+using cuda_internal::round_up;
+
 namespace {
 
 // Decode contexts up to this many keys never split (one block per kv head
 // already streams them fast enough); longer ones split to fill the GPU.
 constexpr int32_t kNoSplitContext = 1024;
 
-template <class T>
-T* at(const DeviceBuffer& b, size_t off_elems = 0) { return b.as<T>() + off_elems; }
-
-size_t round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
-
-// A generated rows x cols tensor (weights_gen.cuh) placed at column col_off
-// of rows of ld: u / sqrt(fan_in), or a norm gain 1 + u/8 when fan_in is 0
-// (the CPU generator's values, weights.cpp).
-GenTensor gen_tensor(uint64_t seed, uint64_t id, int64_t rows, int64_t cols, int64_t ld, int64_t col_off,
-                     int64_t fan_in) {
-  GenTensor t;
-  t.seed = seed;
-  t.tensor_id = id;
-  t.rows = rows;
-  t.cols = cols;
-  t.ld = ld;
-  t.col_off = col_off;
-  if (fan_in == 0) {
-    t.scale = 0.125f;
-    t.bias = 1.0f;
-  } else {
-    t.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(fan_in)));
-  }
-  return t;
-}
-
 }  // namespace
-
-template <class Body>
-void CudaBackend::guarded(const char* what, Body&& body) {
-  if (!broken_.empty())
-    throw EngineError(ENG_DEVICE_ERROR, std::string("CUDA backend unusable after an earlier device error (") +
-                                            broken_ + "); " + what + " refused: restart the worker");
-  CUDA_CHECK(cudaSetDevice(device_));
-  try {
-    body();
-  } catch (const EngineError& e) {
-    if (e.status() == ENG_DEVICE_ERROR) broken_ = e.what();
-    throw;
-  }
-}
 
 namespace {
 // Checks that device_id names a visible device and makes it current; runs
@@ -141,91 +107,20 @@ CudaBackend::~CudaBackend() {
   // The members (buffers, cuBLAS handle, events, stream) free themselves.
 }
 
-void CudaBackend::join_ep(int32_t size, int32_t rank) {
-#ifndef ENGINE_HAVE_NCCL
-  if (size > 1)
-    throw EngineError(ENG_UNSUPPORTED,
-                      "the CUDA backend's expert parallelism runs over NCCL, and this engine library was built "
-                      "without NCCL (ENGINE_NCCL=OFF): run the MoE model on one attention-DP rank, or rebuild with NCCL");
-#endif
-  ep_size_ = size;
-  ep_rank_ = rank;
-  moe_stats_.layers.assign(size_t(shape_.num_layers), MoeLayerStats{});
-  // Keep only this member's routed experts.
-  guarded("join_ep", [&] {
-    for (CudaLayer& L : layers_)
-      for (size_t e = 0; e < L.experts.size(); ++e)
-        if (expert_owner(int32_t(e), size) != rank) L.experts[e] = CudaExpert{};
-  });
-}
-
-void CudaBackend::join_cp(int32_t size, int32_t rank) {
-  if (mla_)
-    throw EngineError(ENG_UNSUPPORTED, "the CUDA backend's Helix has no latent (MLA) partials yet: run an MLA model "
-                                       "with --cp on the CPU backend, or without --cp on CUDA");
-  cp_share_ = HelixShare{size, rank};
-}
-
-// The Helix transport, chosen at the first Helix step from what every
-// member sends through the CP group: whether it was built with NCCL and its
-// device's PCI bus id. NCCL when every member has it and a device of its own;
-// otherwise the group's exchange through the host. Every member sees the same
-// replies, so all choose alike. With NCCL, member 0's unique id then reaches
-// the others the same way, and each opens a communicator on its device and
-// stream.
-void CudaBackend::open_helix() {
-  if (helix_open_) return;
-  constexpr size_t kBusId = 64;
-  char mine[1 + kBusId] = {};
 #ifdef ENGINE_HAVE_NCCL
-  mine[0] = 1;
-#endif
-  CUDA_CHECK(cudaDeviceGetPCIBusId(mine + 1, int(kBusId) - 1, device_));
-  const ExchangeTag boot{ExchangeKind::kHelixAttention, -1};
-  std::vector<std::vector<char>> all;
-  cp_->allgather(boot, mine, sizeof(mine), &all);
-  bool nccl = all.size() == size_t(cp_share_.size);
-  for (size_t i = 0; nccl && i < all.size(); ++i) {
-    if (all[i].size() != sizeof(mine))
-      throw EngineError(ENG_COMM_ERROR, "Helix bootstrap: member " + std::to_string(i) + " sent " +
-                                            std::to_string(all[i].size()) + " bytes, not " +
-                                            std::to_string(sizeof(mine)));
-    nccl = all[i][0] == 1;
-    for (size_t j = 0; nccl && j < i; ++j)
-      nccl = std::strncmp(all[i].data() + 1, all[j].data() + 1, kBusId) != 0;
-  }
-#ifdef ENGINE_HAVE_NCCL
-  if (nccl) {
-    NcclUniqueIdBytes id{};
-    if (cp_share_.rank == 0) id = NcclComm::new_unique_id();
-    cp_->allgather(boot, id.data(), cp_share_.rank == 0 ? id.size() : 0, &all);
-    if (all.size() != size_t(cp_share_.size) || all[0].size() != id.size())
-      throw EngineError(ENG_COMM_ERROR, "Helix NCCL bootstrap: member 0 sent " +
-                                            std::to_string(all.empty() ? 0 : all[0].size()) +
-                                            " bytes of unique id, not " + std::to_string(id.size()));
-    std::memcpy(id.data(), all[0].data(), id.size());
-    cp_comm_ = std::make_unique<NcclComm>(id, cp_share_.rank, cp_share_.size, device_, stream_, kHelixNcclTimeoutMs);
-  }
-#endif
-  helix_nccl_ = nccl;
-  helix_open_ = true;
-}
-
-#ifdef ENGINE_HAVE_NCCL
-// The EP group's NCCL communicator, made at the first step: member 0's
-// unique id reaches the others through the group's own exchange.
-void CudaBackend::open_ep_comm() {
-  if (ep_comm_) return;
+std::unique_ptr<NcclComm> cuda_internal::open_group_nccl(Exchange* group, const ExchangeTag& tag, int device,
+                                                         cudaStream_t stream, int timeout_ms, const char* what) {
+  const int rank = group->rank(), size = group->size();
   NcclUniqueIdBytes id{};
-  if (ep_rank_ == 0) id = NcclComm::new_unique_id();
+  if (rank == 0) id = NcclComm::new_unique_id();
   std::vector<std::vector<char>> all;
-  ep_->allgather(ExchangeTag{ExchangeKind::kMoeDispatch, -1}, id.data(), ep_rank_ == 0 ? id.size() : 0, &all);
-  if (all.size() != size_t(ep_size_) || all[0].size() != id.size())
-    throw EngineError(ENG_COMM_ERROR, "expert-parallel NCCL bootstrap: member 0 sent " +
+  group->allgather(tag, id.data(), rank == 0 ? id.size() : 0, &all);
+  if (all.size() != size_t(size) || all[0].size() != id.size())
+    throw EngineError(ENG_COMM_ERROR, std::string(what) + " NCCL bootstrap: member 0 sent " +
                                           std::to_string(all.empty() ? 0 : all[0].size()) +
                                           " bytes of unique id, not " + std::to_string(id.size()));
   std::memcpy(id.data(), all[0].data(), id.size());
-  ep_comm_ = std::make_unique<NcclComm>(id, ep_rank_, ep_size_, device_, stream_, kEpNcclTimeoutMs);
+  return std::make_unique<NcclComm>(id, rank, size, device, stream, timeout_ms);
 }
 #endif
 
@@ -291,45 +186,6 @@ void CudaBackend::generate_weights(uint64_t seed) {
     generate_bf16(gen(TensorKind::kWDown, l, F, H, H, 0), L.wdown.as<__nv_bfloat16>(), stream_);
   }
 
-}
-
-// Layer l's MLA attention weights, generated as the CPU backend generates
-// them (weights.cpp generate_mla: the MLA tensors keyed by mla_tensor_id,
-// norms 1 + u/8, projections u / sqrt(fan_in); wq and wo as ordinary
-// tensors).
-void CudaBackend::generate_mla(uint64_t seed, int l) {
-  const int64_t H = shape_.hidden_size, heads = shape_.num_heads, QL = shape_.q_lora_rank;
-  const int64_t KL = shape_.kv_lora_rank, R = shape_.qk_rope_head_dim, N = shape_.qk_nope_head_dim;
-  const int64_t Vd = shape_.v_head_dim, q_in = QL > 0 ? QL : H, qf = heads * (N + R);
-  const size_t bf = sizeof(__nv_bfloat16);
-  CudaLayer& L = layers_[size_t(l)];
-  // An [in][out] tensor (generator index i * out + o), packed.
-  auto mla = [&](TensorKind kind, int64_t in, int64_t out, int64_t fan_in) {
-    return gen_tensor(seed, mla_tensor_id(kind, l), in, out, out, 0, fan_in);
-  };
-  auto plain = [&](TensorKind kind, int64_t in, int64_t out) {
-    GenTensor t = mla(kind, in, out, in);
-    t.tensor_id = tensor_id(kind, l);
-    return t;
-  };
-  if (QL > 0) {
-    L.wqa.reserve(size_t(H * QL) * bf);
-    generate_bf16(mla(TensorKind::kQA, H, QL, H), L.wqa.as<__nv_bfloat16>(), stream_);
-    L.qa_norm.reserve(size_t(QL) * sizeof(float));
-    generate_f32(mla(TensorKind::kQANorm, 1, QL, 0), L.qa_norm.as<float>(), stream_);
-  }
-  L.wqb.reserve(size_t(q_in * qf) * bf);
-  generate_bf16(plain(TensorKind::kWq, q_in, qf), L.wqb.as<__nv_bfloat16>(), stream_);
-  L.wkva.reserve(size_t(H * (KL + R)) * bf);
-  generate_bf16(mla(TensorKind::kKVA, H, KL + R, H), L.wkva.as<__nv_bfloat16>(), stream_);
-  L.kva_norm.reserve(size_t(KL) * sizeof(float));
-  generate_f32(mla(TensorKind::kKVANorm, 1, KL, 0), L.kva_norm.as<float>(), stream_);
-  L.wkb.reserve(size_t(heads * N * KL) * bf);
-  generate_bf16(mla(TensorKind::kKB, heads * N, KL, KL), L.wkb.as<__nv_bfloat16>(), stream_);
-  L.wvb.reserve(size_t(heads * KL * Vd) * bf);
-  generate_bf16(mla(TensorKind::kVB, heads * KL, Vd, KL), L.wvb.as<__nv_bfloat16>(), stream_);
-  L.wo.reserve(size_t(heads * Vd * H) * bf);
-  generate_bf16(plain(TensorKind::kWo, heads * Vd, H), L.wo.as<__nv_bfloat16>(), stream_);
 }
 
 // The MoE weights of layer l, generated as the CPU backend generates them
@@ -594,126 +450,6 @@ void CudaBackend::attention(int32_t layer) {
   }
 }
 
-// Helix attention of one layer (model_cuda.h): this member's partial of
-// every (row, head) into its block of helix_parts_, the blocks exchanged in
-// place, the merge in member order into attn_.
-void CudaBackend::helix_attention(int32_t layer) {
-  const int32_t D = shape_.head_dim, Hq = shape_.num_heads, Hkv = shape_.num_kv_heads;
-  const int64_t R = desc_.rows, items = R * Hq;
-  const int64_t block = items * (D + 1);  // floats per member: outputs, then LSEs
-  float* parts = helix_parts_.as<float>();
-  float* mine = parts + cp_share_.rank * block;
-  AttnArgs a;
-  a.q = qkv_.as<float>();
-  a.q_stride = int64_t(Hq + 2 * Hkv) * D;
-  a.kv = pages_->view(layer);
-  a.block_tables = at<int32_t>(dev_desc_, desc_.off_blocks);
-  const AttnSeq* entries = reinterpret_cast<const AttnSeq*>(at<int32_t>(dev_desc_, desc_.off_hseqs));
-  a.num_heads = Hq;
-  a.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
-  a.o_part = mine;
-  a.lse_part = mine + items * D;
-  a.part_rows = int32_t(R);
-  // One entry per row, in launches of at most 65 535 (the grid's z limit);
-  // each entry names its own partial row.
-  constexpr int64_t kMaxGridZ = 65535;
-  for (int64_t r0 = 0; r0 < R; r0 += kMaxGridZ) {
-    a.seqs = entries + r0;
-    a.num_seqs = int32_t(std::min(kMaxGridZ, R - r0));
-    attn_decode(a, stream_);
-  }
-  const ExchangeTag tag{ExchangeKind::kHelixAttention, layer};
-  const size_t bytes = size_t(block) * sizeof(float);
-  if (helix_nccl_) {
-#ifdef ENGINE_HAVE_NCCL
-    cp_comm_->allgather_device(parts, bytes, describe(tag));
-#endif
-  } else {
-    // Through the host: this member's block out, every member's back in
-    // (buffers sized by reserve_scratch).
-    CUDA_CHECK(cudaMemcpyAsync(helix_host_.as<void>(), mine, bytes, cudaMemcpyDeviceToHost, stream_));
-    CUDA_CHECK(cudaStreamSynchronize(stream_));  // also: the last layer's upload of helix_host_all_ is done
-    cp_->allgather(tag, helix_host_.as<void>(), bytes, &helix_all_);
-    char* dst = helix_host_all_.as<char>();
-    for (size_t k = 0; k < helix_all_.size(); ++k) {
-      if (helix_all_[k].size() != bytes)
-        throw EngineError(ENG_COMM_ERROR, describe(tag) + ": member " + std::to_string(k) + " sent " +
-                                              std::to_string(helix_all_[k].size()) + " bytes of partials, not " +
-                                              std::to_string(bytes));
-      std::memcpy(dst + k * bytes, helix_all_[k].data(), bytes);
-    }
-    CUDA_CHECK(cudaMemcpyAsync(parts, dst, bytes * size_t(cp_share_.size), cudaMemcpyHostToDevice, stream_));
-  }
-  MergeArgs m;
-  m.o_part = parts;
-  m.lse_part = parts + items * D;
-  m.o_part_stride = m.lse_part_stride = block;
-  m.num_parts = cp_share_.size;
-  m.part_items = items;
-  m.num_heads = Hq;
-  m.head_dim = D;
-  m.out_bf16 = attn_.as<__nv_bfloat16>();
-  m.out_stride = int64_t(Hq) * D;
-  attn_merge(m, stream_);
-}
-
-// The MLA attention block of layer `layer` over the step's rows (xb_ holds
-// their normed inputs): model_cuda.h says the stages; adds W_o's output to
-// hidden_.
-void CudaBackend::mla_attention_block(int32_t layer) {
-  const CudaLayer& L = layers_[size_t(layer)];
-  const int64_t R = desc_.rows, H = shape_.hidden_size, heads = shape_.num_heads;
-  const int64_t QL = shape_.q_lora_rank, KL = shape_.kv_lora_rank, Rr = shape_.qk_rope_head_dim;
-  const int64_t N = shape_.qk_nope_head_dim, Vd = shape_.v_head_dim;
-  const int64_t qh = N + Rr, qf = heads * qh, W = KL + Rr, qa = heads * W;
-  const int32_t* pos = at<int32_t>(dev_desc_, desc_.off_pos);
-  const __nv_bfloat16* x = xb_.as<__nv_bfloat16>();
-  float* q = mla_q_.as<float>();
-  // q: through the q LoRA and its norm, or straight from x.
-  if (QL > 0) {
-    gemm_->bf16_f32(x, R, H, L.wqa.as<__nv_bfloat16>(), QL, mla_cq_.as<float>(), 0.0f);
-    rmsnorm(mla_cq_.as<float>(), nullptr, L.qa_norm.as<float>(), int32_t(QL), shape_.rms_eps, R,
-            mla_cqb_.as<__nv_bfloat16>(), nullptr, stream_);
-    gemm_->bf16_f32(mla_cqb_.as<__nv_bfloat16>(), R, QL, L.wqb.as<__nv_bfloat16>(), qf, q, 0.0f);
-  } else {
-    gemm_->bf16_f32(x, R, H, L.wqb.as<__nv_bfloat16>(), qf, q, 0.0f);
-  }
-  // The latent [c | k_pe]: normed, roped, into the pages.
-  gemm_->bf16_f32(x, R, H, L.wkva.as<__nv_bfloat16>(), W, mla_kv_.as<float>(), 0.0f);
-  rope(q + N, qf, int32_t(heads), int32_t(Rr), pos, inv_freq_.as<double>(), R, stream_, qh, rope_mag_);
-  LatentPages lp;
-  lp.slab = pages_->device_page(0);
-  lp.page_elems = pages_->page_elems();
-  lp.tokens_per_page = tokens_per_page_;
-  lp.kv_lora = int32_t(KL);
-  lp.rope = int32_t(Rr);
-  lp.layer = layer;
-  mla_latent_append(lp, mla_kv_.as<float>(), W, L.kva_norm.as<float>(), shape_.rms_eps, pos, inv_freq_.as<double>(),
-                    rope_mag_, at<int32_t>(dev_desc_, desc_.off_page), at<int32_t>(dev_desc_, desc_.off_slot), R,
-                    stream_);
-  // Absorption: q_lat[r][h] = q_nope[r][h] · W_kb[h], beside q_pe: [R][heads][W].
-  q_pack(q, qf, R, int32_t(qf), mla_qb_.as<__nv_bfloat16>(), stream_);
-  gemm_->bf16_f32_heads(mla_qb_.as<__nv_bfloat16>(), qf, qh, R, N, L.wkb.as<__nv_bfloat16>(), KL,
-                        mla_qa_.as<float>(), qa, W, heads);
-  copy_heads(q + N, qf, qh, mla_qa_.as<float>() + KL, qa, W, int32_t(heads), int32_t(Rr), R, stream_);
-  // Attention over the latents: o_lat [R][heads][KL].
-  __nv_bfloat16* o = mla_o_.as<__nv_bfloat16>();
-  if (fi_mla_) {
-    q_pack(mla_qa_.as<float>(), qa, R, int32_t(qa), mla_qab_.as<__nv_bfloat16>(), stream_);
-    const __nv_bfloat16* qb = mla_qab_.as<__nv_bfloat16>();
-    fi_mla_->run(pages_->device_page(0), layer, qb, qb + KL, qa, W, attn_scale_, o);
-  } else {
-    mla_attention(lp, mla_qa_.as<float>(), int32_t(heads), at<int32_t>(dev_desc_, desc_.off_blocks),
-                  reinterpret_cast<const AttnSeq*>(at<int32_t>(dev_desc_, desc_.off_hseqs)), R, attn_scale_, o,
-                  stream_);
-  }
-  // Values: o_lat[r][h] · W_vb[h], then W_o.
-  gemm_->bf16_f32_heads(o, heads * KL, KL, R, KL, L.wvb.as<__nv_bfloat16>(), Vd, mla_v_.as<float>(), heads * Vd, Vd,
-                        heads);
-  q_pack(mla_v_.as<float>(), heads * Vd, R, int32_t(heads * Vd), attn_.as<__nv_bfloat16>(), stream_);
-  gemm_->bf16_f32(attn_.as<__nv_bfloat16>(), R, heads * Vd, L.wo.as<__nv_bfloat16>(), H, hidden_.as<float>(), 1.0f);
-}
-
 // Grows the per-step scratch to `rows` rows and `num_sampled` sampled rows
 // (the decode graphs reserve their largest bucket here once, so that a
 // captured step never reallocates).
@@ -768,165 +504,6 @@ void CudaBackend::reserve_scratch(int64_t R, int32_t num_sampled) {
     moe_act_.reserve(size_t(std::max(S * Fm, R * Fs)) * bf);
     if (Fs > 0) moe_m_.reserve(size_t(R * H) * sizeof(float));
   }
-}
-
-// Each expert with slots [offsets[e], offsets[e + 1]) of xe: its SwiGLU over
-// them into the same rows of moe_y_.
-void CudaBackend::run_experts(const CudaLayer& L, const __nv_bfloat16* xe, const std::vector<int32_t>& offsets) {
-  const int64_t H = shape_.hidden_size, Fm = shape_.moe_intermediate_size;
-  for (size_t e = 0; e + 1 < offsets.size(); ++e) {
-    const int64_t off = offsets[e], cnt = offsets[e + 1] - off;
-    if (cnt == 0) continue;
-    const CudaExpert& X = L.experts[e];
-    gemm_->bf16_f32(xe + off * H, cnt, H, X.wgu.as<__nv_bfloat16>(), 2 * Fm, moe_gu_.as<float>(), 0.0f);
-    swiglu(moe_gu_.as<float>(), cnt, int32_t(Fm), moe_act_.as<__nv_bfloat16>(), stream_);
-    gemm_->bf16_f32(moe_act_.as<__nv_bfloat16>(), cnt, Fm, X.wdown.as<__nv_bfloat16>(), H,
-                    moe_y_.as<float>() + off * H, 0.0f);
-  }
-}
-
-void CudaBackend::moe_mlp(int32_t layer) {
-  if (ep_ != nullptr) {
-    moe_mlp_ep(layer);
-    return;
-  }
-  const CudaLayer& L = layers_[size_t(layer)];
-  const int64_t H = shape_.hidden_size, E = shape_.num_experts, K = shape_.num_experts_per_tok;
-  const int64_t Fm = shape_.moe_intermediate_size, Fs = int64_t(shape_.num_shared_experts) * Fm, R = desc_.rows;
-  const __nv_bfloat16* x = xb_.as<__nv_bfloat16>();
-  // Router logits to the host, routed there by the CPU engine's rule.
-  gemm_->bf16_f32(x, R, H, L.router.as<__nv_bfloat16>(), E, moe_logits_.as<float>(), 0.0f);
-  moe_host_logits_.reserve(size_t(R * E) * sizeof(float));
-  CUDA_CHECK(cudaMemcpyAsync(moe_host_logits_.as<void>(), moe_logits_.as<void>(), size_t(R * E) * sizeof(float),
-                             cudaMemcpyDeviceToHost, stream_));
-  CUDA_CHECK(cudaStreamSynchronize(stream_));
-  build_moe_layout(shape_, moe_host_logits_.as<float>(), R, L.router_bias.empty() ? nullptr : L.router_bias.data(),
-                   &moe_layout_);
-  const int64_t words = moe_layout_.device_words(), S = moe_layout_.total();
-  moe_host_desc_.reserve(size_t(words) * sizeof(int32_t));
-  moe_layout_.pack(moe_host_desc_.as<int32_t>());
-  CUDA_CHECK(cudaMemcpyAsync(moe_desc_.as<void>(), moe_host_desc_.as<void>(), size_t(words) * sizeof(int32_t),
-                             cudaMemcpyHostToDevice, stream_));
-  const int32_t* src_row = moe_desc_.as<int32_t>();
-  const int32_t* slot_of = src_row + S;
-  const float* weight = reinterpret_cast<const float*>(slot_of + R * K);
-  // Rows by expert, each expert's SwiGLU over its rows.
-  __nv_bfloat16* xe = moe_x_.as<__nv_bfloat16>();
-  moe_gather(x, H, src_row, S, xe, stream_);
-  run_experts(L, xe, moe_layout_.offsets);
-  const float* m = nullptr;
-  if (Fs > 0) {
-    gemm_->bf16_f32(x, R, H, L.shared.wgu.as<__nv_bfloat16>(), 2 * Fs, moe_gu_.as<float>(), 0.0f);
-    swiglu(moe_gu_.as<float>(), R, int32_t(Fs), moe_act_.as<__nv_bfloat16>(), stream_);
-    gemm_->bf16_f32(moe_act_.as<__nv_bfloat16>(), R, Fs, L.shared.wdown.as<__nv_bfloat16>(), H,
-                    moe_m_.as<float>(), 0.0f);
-    m = moe_m_.as<float>();
-  }
-  moe_combine(moe_y_.as<float>(), H, slot_of, weight, int32_t(K), R, m, hidden_.as<float>(), stream_);
-}
-
-// Expert parallelism (moe_layout.h MoeEpPlan): route this member's rows,
-// send each (row, k) pair to its expert's member, run the owned experts over
-// what arrived, send the answers back, combine as on one engine.
-void CudaBackend::moe_mlp_ep(int32_t layer) {
-#ifndef ENGINE_HAVE_NCCL
-  (void)layer;
-  throw EngineError(ENG_INTERNAL, "expert parallelism in a CUDA build without NCCL");
-#else
-  open_ep_comm();
-  const CudaLayer& L = layers_[size_t(layer)];
-  const int64_t H = shape_.hidden_size, E = shape_.num_experts, K = shape_.num_experts_per_tok;
-  const int64_t Fm = shape_.moe_intermediate_size, Fs = int64_t(shape_.num_shared_experts) * Fm, R = desc_.rows;
-  const __nv_bfloat16* x = xb_.as<__nv_bfloat16>();
-  const ExchangeTag dtag{ExchangeKind::kMoeDispatch, layer}, ctag{ExchangeKind::kMoeCombine, layer};
-  if (R > 0) {
-    gemm_->bf16_f32(x, R, H, L.router.as<__nv_bfloat16>(), E, moe_logits_.as<float>(), 0.0f);
-    moe_host_logits_.reserve(size_t(R * E) * sizeof(float));
-    CUDA_CHECK(cudaMemcpyAsync(moe_host_logits_.as<void>(), moe_logits_.as<void>(), size_t(R * E) * sizeof(float),
-                               cudaMemcpyDeviceToHost, stream_));
-  }
-  // Everything queued so far has finished before any scratch below grows.
-  CUDA_CHECK(cudaStreamSynchronize(stream_));
-  build_moe_layout(shape_, R > 0 ? moe_host_logits_.as<float>() : nullptr, R,
-                   L.router_bias.empty() ? nullptr : L.router_bias.data(), &moe_layout_);
-  plan_moe_dispatch(moe_layout_, ep_size_, ep_rank_, &moe_plan_);
-  std::vector<std::vector<char>> recv_ids;
-  ep_->alltoallv(dtag, moe_plan_.send_experts, &recv_ids);
-  const std::string why = plan_moe_receive(recv_ids, int32_t(E), &moe_plan_);
-  if (!why.empty()) throw EngineError(ENG_COMM_ERROR, describe(dtag) + ": " + why);
-  const int64_t S = moe_plan_.sent(), N = moe_plan_.received();
-  const size_t bf = sizeof(__nv_bfloat16);
-  const int64_t words = moe_plan_.device_words(moe_layout_);
-  moe_desc_.reserve(size_t(std::max<int64_t>(words, 1)) * sizeof(int32_t));
-  moe_send_.reserve(size_t(std::max<int64_t>(S * H, 1)) * bf);
-  moe_recv_.reserve(size_t(std::max<int64_t>(N * H, 1)) * bf);
-  moe_x_.reserve(size_t(std::max<int64_t>(N * H, 1)) * bf);
-  moe_y_.reserve(size_t(std::max<int64_t>(N * H, 1)) * sizeof(float));
-  moe_yrec_.reserve(size_t(std::max<int64_t>(N * H, 1)) * sizeof(float));
-  moe_ycomb_.reserve(size_t(std::max<int64_t>(S * H, 1)) * sizeof(float));
-  moe_gu_.reserve(size_t(std::max<int64_t>({N * 2 * Fm, R * 2 * Fs, 1})) * sizeof(float));
-  moe_act_.reserve(size_t(std::max<int64_t>({N * Fm, R * Fs, 1})) * bf);
-  moe_host_desc_.reserve(size_t(std::max<int64_t>(words, 1)) * sizeof(int32_t));
-  moe_plan_.pack(moe_layout_, moe_host_desc_.as<int32_t>());
-  if (words > 0)
-    CUDA_CHECK(cudaMemcpyAsync(moe_desc_.as<void>(), moe_host_desc_.as<void>(), size_t(words) * sizeof(int32_t),
-                               cudaMemcpyHostToDevice, stream_));
-  const int32_t* send_row = moe_desc_.as<int32_t>();
-  const int32_t* send_pos = send_row + S;
-  const float* weight = reinterpret_cast<const float*>(send_pos + R * K);
-  const int32_t* grouped_src = reinterpret_cast<const int32_t*>(weight + R * K);
-  const int32_t* answer_slot = grouped_src + N;
-  // Byte offsets of each member's share, rows of H bf16 (dispatch) or
-  // float32 (combine).
-  auto offs = [&](const std::vector<int32_t>& rec, size_t elem) {
-    std::vector<int64_t> o(rec.size());
-    for (size_t i = 0; i < rec.size(); ++i) o[i] = int64_t(rec[i]) * H * int64_t(elem);
-    return o;
-  };
-  // Dispatch: rows by destination, over NCCL; then by expert.
-  moe_gather(x, H, send_row, S, moe_send_.as<__nv_bfloat16>(), stream_);
-  CUDA_CHECK(cudaEventRecord(ev_ep_[0].get(), stream_));
-  ep_comm_->alltoallv_device(moe_send_.as<void>(), offs(moe_plan_.send_offsets, bf), moe_recv_.as<void>(),
-                             offs(moe_plan_.recv_offsets, bf), describe(dtag));
-  CUDA_CHECK(cudaEventRecord(ev_ep_[1].get(), stream_));
-  __nv_bfloat16* xe = moe_x_.as<__nv_bfloat16>();
-  moe_gather(moe_recv_.as<__nv_bfloat16>(), H, grouped_src, N, xe, stream_);
-  run_experts(L, xe, moe_plan_.grouped_offsets);
-  // Combine: answers back in record order, to the members that sent them.
-  moe_gather_f32(moe_y_.as<float>(), H, answer_slot, N, moe_yrec_.as<float>(), stream_);
-  CUDA_CHECK(cudaEventRecord(ev_ep_[2].get(), stream_));
-  ep_comm_->alltoallv_device(moe_yrec_.as<void>(), offs(moe_plan_.recv_offsets, sizeof(float)),
-                             moe_ycomb_.as<void>(), offs(moe_plan_.send_offsets, sizeof(float)), describe(ctag));
-  CUDA_CHECK(cudaEventRecord(ev_ep_[3].get(), stream_));
-  const float* m = nullptr;
-  if (Fs > 0 && R > 0) {
-    gemm_->bf16_f32(x, R, H, L.shared.wgu.as<__nv_bfloat16>(), 2 * Fs, moe_gu_.as<float>(), 0.0f);
-    swiglu(moe_gu_.as<float>(), R, int32_t(Fs), moe_act_.as<__nv_bfloat16>(), stream_);
-    gemm_->bf16_f32(moe_act_.as<__nv_bfloat16>(), R, Fs, L.shared.wdown.as<__nv_bfloat16>(), H,
-                    moe_m_.as<float>(), 0.0f);
-    m = moe_m_.as<float>();
-  }
-  moe_combine(moe_ycomb_.as<float>(), H, send_pos, weight, int32_t(K), R, m, hidden_.as<float>(), stream_);
-  ep_comm_->wait_done(describe(ctag));  // the layer's exchanges, within the timeout
-  // Counters: the exchanges' device time (events), bytes to other members.
-  float dispatch_ms = 0, combine_ms = 0;
-  CUDA_CHECK(cudaEventElapsedTime(&dispatch_ms, ev_ep_[0].get(), ev_ep_[1].get()));
-  CUDA_CHECK(cudaEventElapsedTime(&combine_ms, ev_ep_[2].get(), ev_ep_[3].get()));
-  const int64_t own_sent = moe_plan_.send_offsets[size_t(ep_rank_) + 1] - moe_plan_.send_offsets[size_t(ep_rank_)];
-  const int64_t own_recv = moe_plan_.recv_offsets[size_t(ep_rank_) + 1] - moe_plan_.recv_offsets[size_t(ep_rank_)];
-  MoeLayerStats& ls = moe_stats_.layers[size_t(layer)];
-  ++ls.calls;
-  ls.dispatch_ms += dispatch_ms;
-  ls.combine_ms += combine_ms;
-  ls.dispatch_bytes += uint64_t((S - own_sent) * H) * bf;
-  ls.combine_bytes += uint64_t((N - own_recv) * H) * sizeof(float);
-  moe_stats_.exchanges += 2;
-  moe_stats_.tokens_routed += uint64_t(R * K);
-  moe_stats_.bytes_sent += uint64_t((S - own_sent) * H) * bf + uint64_t((N - own_recv) * H) * sizeof(float);
-  moe_stats_.bytes_received += uint64_t((N - own_recv) * H) * bf + uint64_t((S - own_sent) * H) * sizeof(float);
-  moe_stats_.wait_ms += double(dispatch_ms) + double(combine_ms);
-  moe_stats_.last_step_wait_ms += double(dispatch_ms) + double(combine_ms);
-#endif
 }
 
 // The step set up by upload_descriptors (or upload_graph_descriptors):

@@ -2,7 +2,7 @@
 // step, in plain C++ (no CUDA header), built in every configuration so that
 // native/tests/test_moe_layout.cpp checks it on machines without CUDA.
 //
-// A MoE layer on the device (model_cuda.cu, docs/cuda.md "Mixture of
+// A MoE layer on the device (moe_cuda.cu, docs/cuda.md "Mixture of
 // experts"): the router's logits [rows][E] come back to the host, which
 // routes every row with the CPU engine's own rule (moe_route_row: the same
 // top-k, ties, groups, bias and weights) and builds this layout; the device
@@ -41,7 +41,7 @@ struct MoeLayout {
   void pack(int32_t* out) const;
 };
 
-// Expert parallelism (EP over NCCL, model_cuda.cu; docs/cuda.md): expert e
+// Expert parallelism (EP over NCCL, moe_cuda.cu; docs/cuda.md): expert e
 // lives on member e % members (expert_owner). A member's MoE layer then
 //   1. routes its rows (MoeLayout) and sends each (row, k) pair to the owner
 //      of its expert: dispatch records grouped by destination, (row, k)

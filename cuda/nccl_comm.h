@@ -77,7 +77,7 @@ class NcclComm {
   // still run a (one-byte) collective: every rank issues the same sequence.
   void broadcast(void* buf, size_t bytes, int root);
   // Device-to-device all-to-all on the communicator's stream (expert
-  // parallelism, model_cuda.cu): sends the bytes [send_offs[d], send_offs[d +
+  // parallelism, moe_cuda.cu): sends the bytes [send_offs[d], send_offs[d +
   // 1]) of send to rank d and receives rank s's bytes into [recv_offs[s],
   // recv_offs[s + 1]) of recv, one grouped ncclSend/ncclRecv per peer with
   // bytes (this rank's own share is a device copy). Both offset vectors have
@@ -88,7 +88,7 @@ class NcclComm {
   void alltoallv_device(const void* send, const std::vector<int64_t>& send_offs, void* recv,
                         const std::vector<int64_t>& recv_offs, const std::string& what);
   // In-place device allgather on the communicator's stream (Helix,
-  // model_cuda.cu): buf holds world blocks of `bytes` bytes; this rank's
+  // helix_cuda.cu): buf holds world blocks of `bytes` bytes; this rank's
   // block (rank * bytes) is sent, and every other rank's block arrives in
   // its place. Every rank passes the same `bytes` (the caller agreed on it
   // beforehand). Returns once the collective is on the stream; `what` names

@@ -95,7 +95,7 @@ LOCKSTEP_HD inline int32_t helix_local_keys(int32_t pos, int32_t P, HelixShare s
 // row r a one-token query over this member's keys of it (helix_local_keys;
 // all keys up to its position without Helix), into partial row r: under
 // Helix each member computes one partial (output, LSE) per (row, head), the
-// members exchange them and merge (model_cuda.cu).
+// members exchange them and merge (helix_cuda.cu).
 // Rows are ordered decode sequences first (one row each, in batch order),
 // then every chunk's rows (in batch order): FlashInfer's decode and prefill
 // each take a contiguous run of rows. Only the sampled rows map back to batch

@@ -1,5 +1,5 @@
 // moe.cuh: the device steps of a mixture-of-experts layer around its
-// per-expert GEMMs (model_cuda.cu; the host-side layout: moe_layout.h).
+// per-expert GEMMs (moe_cuda.cu; the host-side layout: moe_layout.h).
 #ifndef LOCKSTEP_CUDA_MOE_CUH
 #define LOCKSTEP_CUDA_MOE_CUH
 
