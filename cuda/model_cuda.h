@@ -39,8 +39,8 @@
 // pages only (global page g on member g % size, backend.h): each row's K/V is
 // written by the member owning its position, every member computes per layer
 // one partial (output, natural LSE) per (row, head) over its keys of that row
-// (the hand-written decode kernel, one query per row: step_layout.h's Helix
-// list), the members exchange them, and attn_merge merges them in member
+// (the hand-written decode kernel, one query per row: step_layout.h's
+// per-row list), the members exchange them, and attn_merge merges them in member
 // order into the layer's attention output. The exchange is one in-place NCCL
 // allgather on the engine's stream when every member has NCCL and a device of
 // its own (the step's end then waits for the stream within
@@ -187,9 +187,6 @@ class CudaBackend final : public Backend {
   void join_ep(int32_t size, int32_t rank) override;
   // Helix: the transport is chosen at the first Helix step (open_helix).
   void join_cp(int32_t size, int32_t rank) override;
-  // Whether this engine's Helix partials go over NCCL (after its first
-  // Helix step; tests and the device check).
-  bool helix_over_nccl() const { return helix_nccl_; }
   const MoeStats& moe_stats() const override { return moe_stats_; }
   double step(const StepBatch& batch, int32_t* sampled, float* logits) override;
   void copy_pages(eng_tier src_tier, const int32_t* src, eng_tier dst_tier, const int32_t* dst,
