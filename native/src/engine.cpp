@@ -19,9 +19,9 @@
 #include <vector>
 
 #include "backend.h"
+#include "engine_internal.h"
 #include "checkpoint.h"
 #include "cp_group.h"
-#include "exchange_tcp.h"
 #include "engine.h"
 #include "page_slab.h"
 #include "presets.h"
@@ -32,82 +32,12 @@
 
 using lockstep::EngineError;
 using lockstep::invalid_argument;
+using namespace lockstep::engine_internal;
 
-namespace {
-
-// A submitted step: an owned copy of the validated descriptor, and its
-// result once the stream ran it.
-struct AsyncStep {
-  std::vector<int32_t> tokens, blocks;
-  // The sampling token arrays (bias ids, prompt and output tokens) and bias
-  // values of every sequence, which the copied seqs point into.
-  std::vector<int32_t> sampling_ids;
-  std::vector<float> bias_values;
-  lockstep::StepBatch batch;  // seqs point into tokens and blocks
-  bool want_logits = false;
-  std::vector<int32_t> sampled;
-  std::vector<float> logits;
-  // Log-probabilities (batch.num_logprobs > 0): [num_seqs], and
-  // [num_seqs * ENG_MAX_LOGPROBS] twice.
-  std::vector<float> logprobs, top_logprobs;
-  std::vector<int32_t> top_ids;
-  double device_ms = 0;
-  double moe_wait_ms = 0;
-  eng_status status = ENG_OK;
-  std::string error;
-  // Completion, signalled by the stream worker.
-  std::mutex mu;
-  std::condition_variable cv;
-  bool done = false;
-};
-
-}  // namespace
-
-// The handle behind eng_cp_group_t: a reference to the shared group.
-struct eng_cp_group {
-  std::shared_ptr<lockstep::ExchangeGroup> group;
-};
-
-// The handle behind eng_engine_t.
-struct eng_engine {
-  lockstep::EngineParams params;
-  eng_backend backend_kind = ENG_BACKEND_CPU;
-  bool validate_only = false;
-  std::unique_ptr<lockstep::Backend> backend;  // null when validate_only
-  std::string last_error;
-  // Reused per step: the validated batch and the page → writer map of the
-  // write-conflict check ([num_pages], -1 = unwritten; reset after each check).
-  lockstep::StepBatch batch;
-  // The sampled rows' logits of a step that wants log-probabilities but
-  // not the logits (reused).
-  std::vector<float> logprob_logits;
-  std::vector<int32_t> page_writer;
-  std::vector<int32_t> touched_pages;
-  // Helix membership (null without Helix); cp_size 1 without.
-  std::unique_ptr<lockstep::CpExchange> cp;
-  int32_t cp_size = 1;
-  // Expert-parallel membership (MoE; null without EP).
-  std::unique_ptr<lockstep::Exchange> ep;
-  bool stepped = false;  // a step ran or was submitted (joins come before)
-  // The overlap loop's asynchronous steps, oldest first, and the stream they
-  // run on (created at the first submit). Declared last: destroyed first, so
-  // the worker is joined before the backend goes away.
-  std::deque<std::shared_ptr<AsyncStep>> inflight;
-  std::unique_ptr<lockstep::Stream> stream;
-};
-
-namespace {
-
-// Host memory the CPU backend may use for weights and pages. Shapes beyond it
-// (llama-8b, llama-70b) are for validate_only or the CUDA backend.
-constexpr double kCpuMemoryLimitBytes = 8.0 * 1024 * 1024 * 1024;
-// The most threads a CPU engine may run a step on (eng_engine_config.num_threads).
-constexpr int32_t kMaxThreads = 1024;
+namespace lockstep::engine_internal {
 
 thread_local std::string g_last_error;
 
-// printf into a std::string.
-std::string fmt(const char* f, ...) __attribute__((format(printf, 1, 2)));
 std::string fmt(const char* f, ...) {
   char buf[512];
   va_list ap;
@@ -117,35 +47,22 @@ std::string fmt(const char* f, ...) {
   return buf;
 }
 
-// Runs body, converting any exception into a status and a message stored in
-// *err. Storing the message cannot throw out of here.
-template <class Body>
-eng_status guarded(std::string* err, Body&& body) {
-  eng_status status = ENG_INTERNAL;
-  const char* msg = "internal error: unknown exception";
-  std::string what;
-  try {
-    body();
-    return ENG_OK;
-  } catch (const EngineError& e) {
-    status = e.status();
-    msg = e.what();
-    try { what = msg; } catch (...) {}
-  } catch (const std::bad_alloc&) {
-    status = ENG_OUT_OF_MEMORY;
-    msg = "out of host memory";
-  } catch (const std::exception& e) {
-    status = ENG_INTERNAL;
-    try { what = std::string("internal error: ") + e.what(); } catch (...) {}
-  } catch (...) {
-  }
-  try {
-    *err = what.empty() ? std::string(msg) : what;
-  } catch (...) {
-    err->clear();
-  }
-  return status;
+bool check_handle(eng_engine_t eng) {
+  if (eng != nullptr) return true;
+  g_last_error = "engine handle is NULL";
+  return false;
 }
+
+}  // namespace lockstep::engine_internal
+
+
+namespace {
+
+// Host memory the CPU backend may use for weights and pages. Shapes beyond it
+// (llama-8b, llama-70b) are for validate_only or the CUDA backend.
+constexpr double kCpuMemoryLimitBytes = 8.0 * 1024 * 1024 * 1024;
+// The most threads a CPU engine may run a step on (eng_engine_config.num_threads).
+constexpr int32_t kMaxThreads = 1024;
 
 // Resolves the shape of cfg (preset or explicit) and validates it.
 eng_model_shape resolve_shape(const eng_engine_config& cfg, std::string* label) {
@@ -365,13 +282,6 @@ void validate_copy(const eng_engine* eng, eng_tier src_tier, const int32_t* src,
       invalid_argument(fmt("dst[%d] = %d is out of range [0, %d) of the %s tier", k, dst[k], dst_pages,
                            tier_name[dst_tier]));
   }
-}
-
-// A handle is required; without one the message goes to eng_last_error().
-bool check_handle(eng_engine_t eng) {
-  if (eng != nullptr) return true;
-  g_last_error = "engine handle is NULL";
-  return false;
 }
 
 }  // namespace
@@ -668,168 +578,6 @@ eng_status eng_engine_wait(eng_engine_t eng, eng_step_result* res) {
     }
     res->device_ms = job->device_ms;
     res->moe_wait_ms = job->moe_wait_ms;
-  });
-}
-
-eng_status eng_cp_group_create(int32_t size, int32_t timeout_ms, eng_cp_group_t* out) {
-  return guarded(&g_last_error, [&] {
-    if (out == nullptr) invalid_argument("out is NULL");
-    *out = nullptr;
-    if (size < 1) invalid_argument(fmt("size must be >= 1, got %d", size));
-    if (timeout_ms < 1) invalid_argument(fmt("timeout_ms must be >= 1, got %d", timeout_ms));
-    auto g = std::make_unique<eng_cp_group>();
-    g->group = std::make_shared<lockstep::LocalCpGroup>(size, std::chrono::milliseconds(timeout_ms));
-    *out = g.release();
-  });
-}
-
-eng_status eng_tcp_listen(const char* host, int32_t* port, eng_tcp_listener_t* out) {
-  return guarded(&g_last_error, [&] {
-    if (out == nullptr || port == nullptr) invalid_argument("out or port is NULL");
-    *out = nullptr;
-    auto l = std::make_unique<lockstep::TcpListener>(host == nullptr ? "" : host);
-    *port = l->port();
-    *out = reinterpret_cast<eng_tcp_listener_t>(l.release());
-  });
-}
-
-eng_status eng_tcp_listener_free(eng_tcp_listener_t ln) {
-  std::string ignored;
-  return guarded(&ignored, [&] { delete reinterpret_cast<lockstep::TcpListener*>(ln); });
-}
-
-eng_status eng_cp_group_create_tcp(eng_tcp_listener_t ln, int32_t rank, int32_t size, const char* const* addrs,
-                                   const uint8_t* secret, int32_t timeout_ms, eng_cp_group_t* out) {
-  return guarded(&g_last_error, [&] {
-    if (out == nullptr) invalid_argument("out is NULL");
-    *out = nullptr;
-    if (ln == nullptr) invalid_argument("listener is NULL");
-    if (size < 1) invalid_argument(fmt("size must be >= 1, got %d", size));
-    if (rank < 0 || rank >= size) invalid_argument(fmt("rank = %d is out of range [0, %d)", rank, size));
-    if (addrs == nullptr || secret == nullptr) invalid_argument("addrs or secret is NULL");
-    if (timeout_ms < 1) invalid_argument(fmt("timeout_ms must be >= 1, got %d", timeout_ms));
-    std::vector<std::string> a;
-    for (int32_t r = 0; r < size; ++r) {
-      if (addrs[r] == nullptr) invalid_argument(fmt("addrs[%d] is NULL", r));
-      a.emplace_back(addrs[r]);
-    }
-    auto g = std::make_unique<eng_cp_group>();
-    g->group = lockstep::open_tcp_exchange_group(reinterpret_cast<lockstep::TcpListener*>(ln), rank, a, secret,
-                                                 std::chrono::milliseconds(timeout_ms));
-    *out = g.release();
-  });
-}
-
-eng_status eng_cp_group_create_mpi(int32_t color, int32_t timeout_ms, eng_cp_group_t* out) {
-  return guarded(&g_last_error, [&] {
-    if (out == nullptr) invalid_argument("out is NULL");
-    *out = nullptr;
-    if (color < 0) invalid_argument(fmt("color must be >= 0, got %d", color));
-    if (timeout_ms < 1) invalid_argument(fmt("timeout_ms must be >= 1, got %d", timeout_ms));
-    auto g = std::make_unique<eng_cp_group>();
-    g->group = lockstep::open_mpi_exchange_group(color, std::chrono::milliseconds(timeout_ms));
-    *out = g.release();
-  });
-}
-
-int32_t eng_cp_group_size(eng_cp_group_t group) { return group == nullptr ? -1 : group->group->size(); }
-
-int32_t eng_cp_group_local_rank(eng_cp_group_t group) {
-  return group == nullptr ? -1 : group->group->local_rank();
-}
-
-eng_status eng_cp_group_free(eng_cp_group_t group) {
-  std::string ignored;
-  return guarded(&ignored, [&] { delete group; });
-}
-
-eng_status eng_engine_join_cp(eng_engine_t eng, eng_cp_group_t group, int32_t rank) {
-  if (!check_handle(eng)) return ENG_INVALID_ARGUMENT;
-  return guarded(&eng->last_error, [&] {
-    if (group == nullptr) invalid_argument("group is NULL");
-    if (eng->cp) invalid_argument("this engine already joined a CP group");
-    if (eng->ep && eng->ep->size() > 1 && group->group->size() > 1)
-      throw EngineError(ENG_UNSUPPORTED, "Helix CP together with expert parallelism over more than one member is not "
-                                         "supported: a CP group's members hold every expert (docs/moe.md)");
-    if (!eng->inflight.empty()) invalid_argument("join the CP group before submitting steps");
-    const int32_t size = group->group->size();
-    if (rank < 0 || rank >= size) invalid_argument(fmt("rank = %d is out of range [0, %d)", rank, size));
-    const int32_t local = group->group->local_rank();
-    if (local >= 0 && rank != local)
-      invalid_argument(fmt("this process is rank %d of its %s group; it cannot join as rank %d", local,
-                           group->group->transport(), rank));
-    // The CUDA backend refuses it by name when built without NCCL.
-    if (!eng->validate_only && size > 1) eng->backend->join_cp(size, rank);
-    eng->cp = group->group->member(rank);
-    eng->cp_size = size;
-  });
-}
-
-eng_status eng_engine_join_ep(eng_engine_t eng, eng_cp_group_t group, int32_t rank) {
-  if (!check_handle(eng)) return ENG_INVALID_ARGUMENT;
-  return guarded(&eng->last_error, [&] {
-    if (group == nullptr) invalid_argument("group is NULL");
-    if (eng->ep) invalid_argument("this engine already joined an EP group");
-    if (eng->stepped || !eng->inflight.empty()) invalid_argument("join the EP group before the first step");
-    if (eng->params.shape.num_experts == 0)
-      invalid_argument("expert parallelism needs a mixture-of-experts model (num_experts > 0); this shape is dense");
-    const int32_t size = group->group->size();
-    if (rank < 0 || rank >= size) invalid_argument(fmt("rank = %d is out of range [0, %d)", rank, size));
-    const int32_t local = group->group->local_rank();
-    if (local >= 0 && rank != local)
-      invalid_argument(fmt("this process is rank %d of its %s group; it cannot join as rank %d", local,
-                           group->group->transport(), rank));
-    if (eng->cp && eng->cp_size > 1 && size > 1)
-      throw EngineError(ENG_UNSUPPORTED, "Helix CP together with expert parallelism over more than one member is not "
-                                         "supported: a CP group's members hold every expert (docs/moe.md)");
-    if (eng->validate_only) {
-      eng->ep = group->group->member(rank);
-      return;
-    }
-    // The CUDA backend refuses it by name when built without NCCL.
-    eng->backend->join_ep(size, rank);
-    eng->ep = group->group->member(rank);
-  });
-}
-
-eng_status eng_engine_moe_stats(eng_engine_t eng, eng_moe_stats* out) {
-  if (!check_handle(eng)) return ENG_INVALID_ARGUMENT;
-  return guarded(&eng->last_error, [&] {
-    if (out == nullptr) invalid_argument("out is NULL");
-    *out = eng_moe_stats{};
-    if (!eng->backend) return;
-    if (eng->stream) eng->stream->drain();  // counters of submitted steps
-    const lockstep::MoeStats& m = eng->backend->moe_stats();
-    *out = eng_moe_stats{m.exchanges, m.bytes_sent, m.bytes_received, m.tokens_routed, m.wait_ms};
-  });
-}
-
-eng_status eng_engine_moe_layer_stats(eng_engine_t eng, int32_t layer, eng_moe_layer_stats* out) {
-  if (!check_handle(eng)) return ENG_INVALID_ARGUMENT;
-  return guarded(&eng->last_error, [&] {
-    if (out == nullptr) invalid_argument("out is NULL");
-    if (layer < 0 || layer >= eng->params.shape.num_layers)
-      invalid_argument(fmt("layer = %d is out of range [0, %d)", layer, eng->params.shape.num_layers));
-    *out = eng_moe_layer_stats{};
-    if (!eng->backend) return;
-    if (eng->stream) eng->stream->drain();
-    const lockstep::MoeStats& m = eng->backend->moe_stats();
-    if (static_cast<size_t>(layer) >= m.layers.size()) return;  // a dense model
-    const lockstep::MoeLayerStats& l = m.layers[static_cast<size_t>(layer)];
-    *out = eng_moe_layer_stats{l.calls, l.dispatch_bytes, l.combine_bytes, l.dispatch_ms, l.combine_ms};
-  });
-}
-
-eng_status eng_engine_test_stall(eng_engine_t eng, int32_t kind, int32_t layer, int32_t ms) {
-  if (!check_handle(eng)) return ENG_INVALID_ARGUMENT;
-  return guarded(&eng->last_error, [&] {
-    if (kind < -1 || kind > static_cast<int32_t>(lockstep::ExchangeKind::kTest))
-      invalid_argument(fmt("kind = %d is not an exchange kind (or -1 for any)", kind));
-    if (layer < -1) invalid_argument(fmt("layer = %d must be >= -1", layer));
-    if (ms < 1) invalid_argument(fmt("ms = %d must be >= 1", ms));
-    if (!eng->cp && !eng->ep) invalid_argument("this engine is in no exchange group: nothing to stall");
-    if (eng->cp) eng->cp->arm_stall(kind, layer, ms);
-    if (eng->ep) eng->ep->arm_stall(kind, layer, ms);
   });
 }
 
