@@ -12,6 +12,20 @@ using lockstep::EngineError;
 using lockstep::invalid_argument;
 using namespace lockstep::engine_internal;
 
+namespace {
+
+// rank must name a member of g, and in a group of processes this process's own.
+void check_member_rank(const eng_cp_group& g, int32_t rank) {
+  const int32_t size = g.group->size();
+  if (rank < 0 || rank >= size) invalid_argument(fmt("rank = %d is out of range [0, %d)", rank, size));
+  const int32_t local = g.group->local_rank();
+  if (local >= 0 && rank != local)
+    invalid_argument(fmt("this process is rank %d of its %s group; it cannot join as rank %d", local,
+                         g.group->transport(), rank));
+}
+
+}  // namespace
+
 extern "C" {
 
 eng_status eng_cp_group_create(int32_t size, int32_t timeout_ms, eng_cp_group_t* out) {
@@ -96,12 +110,8 @@ eng_status eng_engine_join_cp(eng_engine_t eng, eng_cp_group_t group, int32_t ra
                                          "supported: a CP group's members hold every expert (docs/moe.md)");
     if (!eng->inflight.empty()) invalid_argument("join the CP group before submitting steps");
     const int32_t size = group->group->size();
-    if (rank < 0 || rank >= size) invalid_argument(fmt("rank = %d is out of range [0, %d)", rank, size));
-    const int32_t local = group->group->local_rank();
-    if (local >= 0 && rank != local)
-      invalid_argument(fmt("this process is rank %d of its %s group; it cannot join as rank %d", local,
-                           group->group->transport(), rank));
-    // The CUDA backend refuses it by name when built without NCCL.
+    check_member_rank(*group, rank);
+    // A backend refuses by name what its Helix cannot run (the CUDA backend: MLA).
     if (!eng->validate_only && size > 1) eng->backend->join_cp(size, rank);
     eng->cp = group->group->member(rank);
     eng->cp_size = size;
@@ -117,11 +127,7 @@ eng_status eng_engine_join_ep(eng_engine_t eng, eng_cp_group_t group, int32_t ra
     if (eng->params.shape.num_experts == 0)
       invalid_argument("expert parallelism needs a mixture-of-experts model (num_experts > 0); this shape is dense");
     const int32_t size = group->group->size();
-    if (rank < 0 || rank >= size) invalid_argument(fmt("rank = %d is out of range [0, %d)", rank, size));
-    const int32_t local = group->group->local_rank();
-    if (local >= 0 && rank != local)
-      invalid_argument(fmt("this process is rank %d of its %s group; it cannot join as rank %d", local,
-                           group->group->transport(), rank));
+    check_member_rank(*group, rank);
     if (eng->cp && eng->cp_size > 1 && size > 1)
       throw EngineError(ENG_UNSUPPORTED, "Helix CP together with expert parallelism over more than one member is not "
                                          "supported: a CP group's members hold every expert (docs/moe.md)");
