@@ -14,12 +14,7 @@ namespace lockstep {
 
 using cuda_internal::at;
 
-void CudaBackend::join_cp(int32_t size, int32_t rank) {
-  if (mla_)
-    throw EngineError(ENG_UNSUPPORTED, "the CUDA backend's Helix has no latent (MLA) partials yet: run an MLA model "
-                                       "with --cp on the CPU backend, or without --cp on CUDA");
-  cp_share_ = HelixShare{size, rank};
-}
+void CudaBackend::join_cp(int32_t size, int32_t rank) { cp_share_ = HelixShare{size, rank}; }
 
 // The Helix transport, chosen at the first Helix step from what every
 // member sends through the CP group: whether it was built with NCCL and its
@@ -58,8 +53,8 @@ void CudaBackend::open_helix() {
 }
 
 // Helix attention of one layer (model_cuda.h): this member's partial of
-// every (row, head) into its block of helix_parts_, the blocks exchanged in
-// place, the merge in member order into attn_.
+// every (row, head) into its block of helix_parts_, then exchange_and_merge
+// into attn_.
 void CudaBackend::helix_attention(int32_t layer) {
   const int32_t D = shape_.head_dim, Hq = shape_.num_heads, Hkv = shape_.num_kv_heads;
   const int64_t R = desc_.rows, items = R * Hq;
@@ -85,6 +80,19 @@ void CudaBackend::helix_attention(int32_t layer) {
     a.num_seqs = int32_t(std::min(kMaxGridZ, R - r0));
     attn_decode(a, stream_);
   }
+  exchange_and_merge(layer, int32_t(D), attn_.as<__nv_bfloat16>());
+}
+
+// The members' partials of layer `layer` (each member's block of
+// helix_parts_: rows * heads outputs of width `width`, then their LSEs; this
+// member's block written), exchanged over the chosen transport, then merged
+// in member order into out ([rows][heads][width], bf16).
+void CudaBackend::exchange_and_merge(int32_t layer, int32_t width, __nv_bfloat16* out) {
+  const int32_t heads = shape_.num_heads;
+  const int64_t R = desc_.rows, items = R * heads;
+  const int64_t block = items * (width + 1);
+  float* parts = helix_parts_.as<float>();
+  const float* mine = parts + cp_share_.rank * block;
   const ExchangeTag tag{ExchangeKind::kHelixAttention, layer};
   const size_t bytes = size_t(block) * sizeof(float);
   if (helix_nccl_) {
@@ -109,14 +117,14 @@ void CudaBackend::helix_attention(int32_t layer) {
   }
   MergeArgs m;
   m.o_part = parts;
-  m.lse_part = parts + items * D;
+  m.lse_part = parts + items * width;
   m.o_part_stride = m.lse_part_stride = block;
   m.num_parts = cp_share_.size;
   m.part_items = items;
-  m.num_heads = Hq;
-  m.head_dim = D;
-  m.out_bf16 = attn_.as<__nv_bfloat16>();
-  m.out_stride = int64_t(Hq) * D;
+  m.num_heads = heads;
+  m.head_dim = width;
+  m.out_bf16 = out;
+  m.out_stride = int64_t(heads) * width;
   attn_merge(m, stream_);
 }
 

@@ -98,7 +98,16 @@ void CudaBackend::mla_attention_block(int32_t layer) {
   copy_heads(q + N, qf, qh, mla_qa_.as<float>() + KL, qa, W, int32_t(heads), int32_t(Rr), R, stream_);
   // Attention over the latents: o_lat [R][heads][KL].
   __nv_bfloat16* o = mla_o_.as<__nv_bfloat16>();
-  if (fi_mla_) {
+  if (cp_ != nullptr) {
+    // Helix: this member's partial of every (row, head) over its own latent
+    // pages (the per-row list holds its keys), then the members' merge.
+    const int64_t items = R * heads;
+    float* mine = helix_parts_.as<float>() + cp_share_.rank * items * (KL + 1);
+    mla_attention(lp, mla_qa_.as<float>(), int32_t(heads), at<int32_t>(dev_desc_, desc_.off_blocks),
+                  reinterpret_cast<const AttnSeq*>(at<int32_t>(dev_desc_, desc_.off_hseqs)), R, attn_scale_,
+                  nullptr, stream_, mine, mine + items * KL);
+    exchange_and_merge(layer, int32_t(KL), o);
+  } else if (fi_mla_) {
     q_pack(mla_qa_.as<float>(), qa, R, int32_t(qa), mla_qab_.as<__nv_bfloat16>(), stream_);
     const __nv_bfloat16* qb = mla_qab_.as<__nv_bfloat16>();
     fi_mla_->run(pages_->device_page(0), layer, qb, qb + KL, qa, W, attn_scale_, o);

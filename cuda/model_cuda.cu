@@ -380,7 +380,7 @@ void CudaBackend::upload_descriptors(const StepBatch& b) {
   // FlashInfer's work split for this step (host), shared by every layer.
   // (An expert-parallel member's empty step has no attention; a Helix step
   // uses the hand-written kernel.)
-  if (fi_mla_ && desc_.rows > 0)
+  if (fi_mla_ && desc_.rows > 0 && cp_ == nullptr)
     fi_mla_->plan(desc_.fi_decode.data(), desc_.n_decode, desc_.fi_chunks.data(), desc_.n_chunk);
   if (fi_ && desc_.rows > 0 && cp_ == nullptr)
     fi_->plan(desc_.fi_decode.data(), desc_.n_decode, desc_.fi_chunks.data(), desc_.n_chunk, /*graph_safe=*/false);
@@ -483,7 +483,8 @@ void CudaBackend::reserve_scratch(int64_t R, int32_t num_sampled) {
   act_.reserve(size_t(R * F) * bf);
   logits_.reserve(size_t(std::max(num_sampled, 1)) * shape_.vocab_size * sizeof(float));
   if (cp_ != nullptr) {  // every member's partials: outputs and LSEs of R * Hq items
-    const size_t block = size_t(R) * shape_.num_heads * size_t(D + 1) * sizeof(float);
+    const int64_t width = mla_ ? shape_.kv_lora_rank : D;  // a partial's output per (row, head)
+    const size_t block = size_t(R) * shape_.num_heads * size_t(width + 1) * sizeof(float);
     helix_parts_.reserve(size_t(cp_share_.size) * block);
     if (!helix_nccl_) {
       helix_host_.reserve(block);

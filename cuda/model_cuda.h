@@ -34,7 +34,9 @@
 // absorbed query q_lat = q_nope · W_kb per head (one strided-batched GEMM);
 // attention over the latents (FlashInfer's MLA kernel for kv_lora 512 /
 // rope 64, attention/fi_mla.h; the hand-written kernels/mla.cu otherwise);
-// then · W_vb per head and W_o. MLA steps run eagerly, without Helix.
+// then · W_vb per head and W_o. MLA steps run eagerly. Under Helix each
+// member's latent kernel gives one partial per (row, head) over its own
+// latent pages, merged as GQA's are (below).
 // Under Helix context parallelism (join_cp) a member holds the K/V of its own
 // pages only (global page g on member g % size, backend.h): each row's K/V is
 // written by the member owning its position, every member computes per layer
@@ -229,6 +231,10 @@ class CudaBackend final : public Backend {
   // Helix attention of every row of the step (cp_ set): this member's
   // partials, the allgather, the merge into attn_.
   void helix_attention(int32_t layer);
+  // The members' partials of a layer (this member's block of helix_parts_
+  // written; outputs of `width` per (row, head)) exchanged and merged into
+  // out. GQA and MLA (width kv_lora) alike.
+  void exchange_and_merge(int32_t layer, int32_t width, __nv_bfloat16* out);
   // The MoE block of layer `layer` over the step's rows (xb_ holds their
   // normed inputs); adds its output to hidden_.
   void moe_mlp(int32_t layer);
@@ -315,8 +321,9 @@ class CudaBackend final : public Backend {
   CudaEvent ev_ep_[4];
   MoeStats moe_stats_;
   // Helix: the group (this step's member handle) and its share, the
-  // members' partials of a layer ([size][rows * heads * (head_dim + 1)]
-  // floats: per member its outputs, then its LSEs), and the transport,
+  // members' partials of a layer ([size][rows * heads * (width + 1)] floats,
+  // width head_dim or MLA's kv_lora: per member its outputs, then its LSEs),
+  // and the transport,
   // chosen at the first Helix step (open_helix): NCCL, or the CP group's own
   // exchange through pinned host buffers.
   HelixShare cp_share_;

@@ -89,7 +89,7 @@ __global__ void copy_heads_kernel(const float* src, int64_t src_stride, int64_t 
 // accumulated in registers.
 __global__ void __launch_bounds__(kThreads)
     mla_attention_kernel(LatentPages lp, const float* q, int32_t heads, const int32_t* block_tables,
-                         const AttnSeq* seqs, float scale, __nv_bfloat16* out) {
+                         const AttnSeq* seqs, float scale, __nv_bfloat16* out, float* o_part, float* lse_part) {
   extern __shared__ __align__(16) unsigned char smem[];
   const int64_t r = blockIdx.x;
   const int h = blockIdx.y;
@@ -145,12 +145,18 @@ __global__ void __launch_bounds__(kThreads)
     }
     __syncthreads();  // before the next tile overwrites ps
   }
+  const int64_t item = r * heads + h;
 #pragma unroll
   for (int k = 0; k < kMaxPerThread; ++k) {
     const int e = threadIdx.x + k * kThreads;
     if (e >= KL) break;
-    out[(r * heads + h) * int64_t(KL) + e] = __float2bfloat16(l > 0.0f ? acc[k] / l : 0.0f);
+    const float o = l > 0.0f ? acc[k] / l : 0.0f;
+    if (o_part != nullptr)
+      o_part[item * KL + e] = o;
+    else
+      out[item * KL + e] = __float2bfloat16(o);
   }
+  if (lse_part != nullptr && threadIdx.x == 0) lse_part[item] = l > 0.0f ? m + logf(l) : -INFINITY;
 }
 
 }  // namespace
@@ -175,7 +181,8 @@ void copy_heads(const float* src, int64_t src_stride, int64_t src_head, float* d
 }
 
 void mla_attention(const LatentPages& lp, const float* q, int32_t heads, const int32_t* block_tables,
-                   const AttnSeq* seqs, int64_t rows, float scale, __nv_bfloat16* out, cudaStream_t stream) {
+                   const AttnSeq* seqs, int64_t rows, float scale, __nv_bfloat16* out, cudaStream_t stream,
+                   float* o_part, float* lse_part) {
   if (rows == 0) return;
   if (lp.kv_lora > kThreads * kMaxPerThread)
     throw EngineError(ENG_UNSUPPORTED, "MLA attention: kv_lora_rank " + std::to_string(lp.kv_lora) +
@@ -183,7 +190,8 @@ void mla_attention(const LatentPages& lp, const float* q, int32_t heads, const i
                                            std::to_string(kThreads * kMaxPerThread));
   const size_t smem = size_t(lp.kv_lora + lp.rope + kTile) * sizeof(float);
   const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>(heads), 1u);
-  mla_attention_kernel<<<grid, kThreads, smem, stream>>>(lp, q, heads, block_tables, seqs, scale, out);
+  mla_attention_kernel<<<grid, kThreads, smem, stream>>>(lp, q, heads, block_tables, seqs, scale, out, o_part,
+                                                        lse_part);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -48,9 +48,13 @@ void copy_heads(const float* src, int64_t src_stride, int64_t src_head, float* d
 // Attention over the latent pages for every (row, head): row r's keys are
 // those of seqs[r] (one-token entries: step_layout.h's per-row list), its
 // query q[r][head][kv_lora + rope] (float32, absorbed), its output
-// out[r][head][kv_lora] (bf16). kv_lora <= 1024.
+// out[r][head][kv_lora] (bf16). kv_lora <= 1024. With o_part set instead of
+// out (Helix), the normalised partial goes to o_part[r][head][kv_lora] and
+// its natural log-sum-exp to lse_part[r][head] (no key: 0 and -inf), as
+// attn_merge takes them.
 void mla_attention(const LatentPages& lp, const float* q, int32_t heads, const int32_t* block_tables,
-                   const AttnSeq* seqs, int64_t rows, float scale, __nv_bfloat16* out, cudaStream_t stream);
+                   const AttnSeq* seqs, int64_t rows, float scale, __nv_bfloat16* out, cudaStream_t stream,
+                   float* o_part = nullptr, float* lse_part = nullptr);
 
 }  // namespace lockstep
 

@@ -9,7 +9,8 @@
 // trip through the host tier (copy_pages). Helix: 2 and 3 CUDA engines in one
 // context-parallel group on this one device (their partials then go through
 // the group's host exchange: NCCL refuses members sharing a device) against
-// the CPU engine, with the same tolerance. MLA: deepseek-tiny (the
+// the CPU engine, with the same tolerance; and deepseek-tiny on 2 (latent
+// partials). MLA: deepseek-tiny (the
 // hand-written latent kernel) and the same model at FlashInfer's MLA
 // geometry with YaRN (FlashInfer's MLA kernel).
 #include <algorithm>
@@ -294,5 +295,6 @@ int main() {
   // Helix context parallelism: partials per member, merged on the device.
   run_helix("tiny", 2, report);
   run_helix("tiny", 3, report);
+  run_helix("deepseek-tiny", 2, report);  // latent partials (the hand-written MLA kernel)
   return report.finish();
 }
