@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"fmt"
+	"slices"
 
 	"github.com/lockstep-ai/lockstep/internal/usage"
 
@@ -27,6 +28,20 @@ func (o *Options) expertParallel(world int) bool {
 var ncclUsable = func() error {
 	_, err := nativeengine.NCCLUniqueID()
 	return err
+}
+
+// cudaBuilt reports whether the linked engine library has the CUDA backend.
+var cudaBuilt = func() bool { return slices.Contains(nativeengine.SupportedBackends(), "cuda") }
+
+// checkCUDA refuses --engine cuda with a library built without it, before
+// any check that would blame something the user cannot fix that way.
+func (o *Options) checkCUDA() error {
+	if o.Engine != "cuda" || cudaBuilt() {
+		return nil
+	}
+	return usage.Errorf("%s cuda: this engine library was built without the CUDA backend (build it with "+
+		"-DENGINE_CUDA=ON, as scripts/ci-cuda-compile.sh does; docs/cuda.md); use --engine cpu or --engine twin",
+		o.Src("engine"))
 }
 
 // checkMoE refuses MoE configurations no engine can run, and a moe-stop

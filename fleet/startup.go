@@ -60,6 +60,9 @@ func (o *Options) startupChecks(sc scheduler.Config, l nccl.Launch, getenv func(
 	if err := checkFault(o.fault, world, helix && check, helix || o.expertParallel(world)); err != nil {
 		return nil, usage.Wrap(err)
 	}
+	if err := o.checkCUDA(); err != nil {
+		return nil, usage.Wrap(err)
+	}
 	if err := o.checkMoE(world); err != nil {
 		return nil, usage.Wrap(err)
 	}

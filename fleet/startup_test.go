@@ -348,3 +348,28 @@ func TestInjectedEnvironmentReachesTheRanks(t *testing.T) {
 	require.ErrorContains(t, err, "rank 0 iteration 3: helix schedule divergence at iteration 3")
 	require.ErrorContains(t, err, "sat-out ids differs")
 }
+
+// TestCUDAEngineGuards: --engine cuda on a library without CUDA is refused
+// first, naming the build; with CUDA but without NCCL, a MoE model on
+// several ranks is refused naming NCCL (the CUDA engine's expert
+// parallelism), and one rank or Helix is not.
+func TestCUDAEngineGuards(t *testing.T) {
+	built, usable := cudaBuilt, ncclUsable
+	t.Cleanup(func() { cudaBuilt, ncclUsable = built, usable })
+	cudaBuilt = func() bool { return false }
+	_, _, err := startupErr(nil, "--engine", "cuda", "--model", "moe-tiny", "--ranks", "2")
+	require.ErrorContains(t, err, "--engine cuda: this engine library was built without the CUDA backend")
+	require.True(t, usage.Is(err), "a usage error (exit 2)")
+
+	cudaBuilt = func() bool { return true }
+	ncclUsable = func() error { return errors.New("built without NCCL") }
+	_, _, err = startupErr(nil, "--engine", "cuda", "--model", "moe-tiny", "--ranks", "2")
+	require.ErrorContains(t, err, "the cuda engine's expert parallelism runs over NCCL, which this engine library cannot open (built without NCCL)")
+	for _, args := range [][]string{
+		{"--engine", "cuda", "--model", "moe-tiny", "--ranks", "1"},
+		{"--engine", "cuda", "--model", "tiny", "--cp", "2"},
+	} {
+		_, _, err := startupErr(nil, args...)
+		require.NoError(t, err, "%v", args)
+	}
+}

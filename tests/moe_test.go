@@ -166,7 +166,9 @@ func TestMoEGuards(t *testing.T) {
 		args []string
 		want string
 	}{
-		{nil, []string{"--engine", "cuda", "--model", "moe-tiny", "--ranks", "2"}, "the cuda engine's expert parallelism runs over NCCL, which this engine library cannot open"},
+		// CI's engine library has no CUDA backend: that is said first (fleet's
+		// TestCUDAEngineGuards checks the NCCL refusal with CUDA present).
+		{nil, []string{"--engine", "cuda", "--model", "moe-tiny", "--ranks", "2"}, "--engine cuda: this engine library was built without the CUDA backend"},
 		{[]string{"LOCKSTEP_TEST_FAULT=moe-stop:1:3:1"}, []string{"--ranks", "2"}, "needs a MoE model"},
 		{[]string{"LOCKSTEP_TEST_FAULT=moe-stop:1:3:7"}, []string{"--model", "moe-tiny", "--ranks", "2"}, "layer 7 is outside the model's 3 layers"},
 		{[]string{"LOCKSTEP_TEST_FAULT=moe-stop:1:3"}, []string{"--model", "moe-tiny", "--ranks", "2"}, "moe-stop takes 4 fields"},
