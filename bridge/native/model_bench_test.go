@@ -4,9 +4,12 @@ package native
 
 import (
 	"fmt"
+	"os"
 	"sync"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/cpu"
 
 	"github.com/lockstep-ai/lockstep/bridge"
 	"github.com/lockstep-ai/lockstep/model"
@@ -80,11 +83,19 @@ func benchSmolLM2(b *testing.B, kernels string, batch, threads int) {
 
 // decodeWeightBytes is what one decode step reads of the projections and
 // the LM head (the tensors the products read; norms and the embedding row
-// are negligible): float32 under the exact kernels, the blocks (repacked by
-// 8 columns with float scales: 24 bytes per Q4_1 block, 22 per Q4_0, 36 per
-// Q8_0) under the quantised ones.
+// are negligible). Under the quantised kernels: the blocks (repacked by 8
+// columns with float scales: 24 bytes per Q4_1 block, 22 per Q4_0, 36 per
+// Q8_0). Under the exact ones, a step of at most 8 rows reads Q8_0, Q4_0 and
+// Q4_1 weights from their packed panels where the CPU has AVX-512
+// (packed_cpu.h: float scale and offset per column and block, 40 bytes per
+// Q8_0 block, 24 per Q4) unless LOCKSTEP_PACKED=none, and everything else
+// as float32.
 func decodeWeightBytes(ts []bridge.WeightTensor, kernels string) int64 {
 	perBlock := map[bridge.DType]int64{bridge.DTypeQ8_0: 36, bridge.DTypeQ4_0: 24, bridge.DTypeQ4_1: 24}
+	packed := kernels == "exact" && cpu.X86.HasAVX512F && os.Getenv("LOCKSTEP_PACKED") != "none"
+	if packed {
+		perBlock = map[bridge.DType]int64{bridge.DTypeQ8_0: 40, bridge.DTypeQ4_0: 24, bridge.DTypeQ4_1: 24}
+	}
 	var n int64
 	for _, t := range ts {
 		switch t.Kind {
@@ -96,7 +107,7 @@ func decodeWeightBytes(ts []bridge.WeightTensor, kernels string) int64 {
 		if t.Kind == bridge.WeightEmbedding && hasKind(ts, bridge.WeightLMHead) {
 			continue // only a tied embedding is the LM head
 		}
-		if q, ok := perBlock[t.DType]; ok && kernels == "quant" {
+		if q, ok := perBlock[t.DType]; ok && (kernels == "quant" || packed) {
 			n += t.Rows * t.Cols / 32 * q
 		} else {
 			n += 4 * t.Rows * t.Cols

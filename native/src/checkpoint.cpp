@@ -478,27 +478,36 @@ Weights load_weights(const eng_model_shape& s, const eng_tensor* tensors, int32_
                                      &L.wkv_a,    &L.kv_a_norm, nullptr, nullptr,    nullptr,    &L.router_bias};
         dst = per[t.kind];
         // Quantised kernels: the dense projections stay in their blocks.
+        // Exact kernels: they stay in packed panels too, for decode steps.
         QuantMatrix* q = nullptr;
+        PackedMatrix* pk = nullptr;
         switch (t.kind) {
-          case ENG_WEIGHT_WQ: q = &L.qwq; break;
-          case ENG_WEIGHT_WK: q = &L.qwk; break;
-          case ENG_WEIGHT_WV: q = &L.qwv; break;
-          case ENG_WEIGHT_WO: q = &L.qwo; break;
-          case ENG_WEIGHT_W_GATE: q = &L.qw_gate; break;
-          case ENG_WEIGHT_W_UP: q = &L.qw_up; break;
-          case ENG_WEIGHT_W_DOWN: q = &L.qw_down; break;
+          case ENG_WEIGHT_WQ: q = &L.qwq, pk = &L.pwq; break;
+          case ENG_WEIGHT_WK: q = &L.qwk, pk = &L.pwk; break;
+          case ENG_WEIGHT_WV: q = &L.qwv, pk = &L.pwv; break;
+          case ENG_WEIGHT_WO: q = &L.qwo, pk = &L.pwo; break;
+          case ENG_WEIGHT_W_GATE: q = &L.qw_gate, pk = &L.pw_gate; break;
+          case ENG_WEIGHT_W_UP: q = &L.qw_up, pk = &L.pw_up; break;
+          case ENG_WEIGHT_W_DOWN: q = &L.qw_down, pk = &L.pw_down; break;
           default: break;
         }
         // (An MLA shape's WQ stays float: its rope tails are reordered on load.)
-        if (quant && q != nullptr && quant_dtype(t.dtype) && !(s.kv_lora_rank > 0 && t.kind == ENG_WEIGHT_WQ)) {
-          *q = pack_quant_matrix(t, s.head_dim);
-          continue;
+        if (q != nullptr && quant_dtype(t.dtype) && !(s.kv_lora_rank > 0 && t.kind == ENG_WEIGHT_WQ)) {
+          if (quant) {
+            *q = pack_quant_matrix(t, s.head_dim);
+            continue;
+          }
+          *pk = pack_exact_matrix(t, s.head_dim);
         }
       }
     }
-    if (quant && (t.kind == ENG_WEIGHT_LM_HEAD || (t.kind == ENG_WEIGHT_EMBEDDING && w.tied)) && quant_dtype(t.dtype)) {
-      w.q_lm_head = pack_quant_matrix(t, s.head_dim);
-      if (!w.tied) continue;  // a tied embedding keeps its float copy for the lookups
+    if ((t.kind == ENG_WEIGHT_LM_HEAD || (t.kind == ENG_WEIGHT_EMBEDDING && w.tied)) && quant_dtype(t.dtype)) {
+      if (!quant) {
+        w.p_lm_head = pack_exact_matrix(t, s.head_dim);
+      } else {
+        w.q_lm_head = pack_quant_matrix(t, s.head_dim);
+        if (!w.tied) continue;  // a tied embedding keeps its float copy for the lookups
+      }
     }
     dst->resize(static_cast<size_t>(t.rows * t.cols));
     tensor_to_input_major(t, s.head_dim, dst->data());

@@ -141,9 +141,9 @@ void CpuBackend::write_kv(int32_t layer, const StepBatch& batch, const float* hi
     float* v = k + n * kvd;
     for (int64_t j = 0; j < n; ++j)
       rms_norm(hidden + (r0 + j) * H, w.attn_norm.data(), shape_.hidden_size, shape_.rms_eps, x + j * H);
-    linear(x, n, H, w.wq, w.qwq, qd, q + r0 * qd);
-    linear(x, n, H, w.wk, w.qwk, kvd, k);
-    linear(x, n, H, w.wv, w.qwv, kvd, v);
+    linear(x, n, H, w.wq, w.qwq, w.pwq, qd, q + r0 * qd);
+    linear(x, n, H, w.wk, w.qwk, w.pwk, kvd, k);
+    linear(x, n, H, w.wv, w.qwv, w.pwv, kvd, v);
     if (shape_.qk_norm) {
       // Qwen3: every head of q and k RMS-normed over head_dim (in place).
       for (int64_t j = 0; j < n; ++j) {
@@ -186,6 +186,7 @@ int64_t CpuBackend::query_width() const {
 // head over the pass's rows.
 void CpuBackend::write_latent(int32_t layer, const StepBatch& batch, const float* hidden) {
   static const QuantMatrix kFloat;  // the MLA-only projections stay float
+  static const PackedMatrix kNoPacked;
   const LayerWeights& w = weights_->layers[static_cast<size_t>(layer)];
   const int64_t H = shape_.hidden_size, heads = shape_.num_heads, QL = shape_.q_lora_rank;
   const int64_t KL = shape_.kv_lora_rank, R = shape_.qk_rope_head_dim, N = shape_.qk_nope_head_dim;
@@ -201,15 +202,15 @@ void CpuBackend::write_latent(int32_t layer, const StepBatch& batch, const float
     float* full = grow(mla_q_, static_cast<size_t>(n * qf));
     if (QL > 0) {
       float* cq = grow(mla_a_, static_cast<size_t>(n * QL));
-      linear(x, n, H, w.wq_a, kFloat, QL, cq);
+      linear(x, n, H, w.wq_a, kFloat, kNoPacked, QL, cq);
       for (int64_t j = 0; j < n; ++j)
         rms_norm(cq + j * QL, w.q_a_norm.data(), shape_.q_lora_rank, shape_.rms_eps, cq + j * QL);
-      linear(cq, n, QL, w.wq, kFloat, qf, full);
+      linear(cq, n, QL, w.wq, kFloat, kNoPacked, qf, full);
     } else {
-      linear(x, n, H, w.wq, kFloat, qf, full);
+      linear(x, n, H, w.wq, kFloat, kNoPacked, qf, full);
     }
     float* kv = grow(kv_scratch_, static_cast<size_t>(n * Lw));
-    linear(x, n, H, w.wkv_a, kFloat, Lw, kv);
+    linear(x, n, H, w.wkv_a, kFloat, kNoPacked, Lw, kv);
     for (int64_t j = 0; j < n; ++j) {
       const float* cs = rope_cs_.data() + (r0 + j) * R;
       float* lat = kv + j * Lw;
@@ -282,7 +283,7 @@ void CpuBackend::attend_mlp(int32_t layer, const StepBatch& batch, const int64_t
       a = o;
     }
     float* t = grow(tmp_, static_cast<size_t>(m * H));
-    linear(a, m, od, w.wo, w.qwo, H, t);
+    linear(a, m, od, w.wo, w.qwo, w.pwo, H, t);
     float* x = grow(x_, static_cast<size_t>(m * H));
     for (int64_t j = 0; j < m; ++j) {
       float* h = hidden + rr[j] * H;
@@ -295,10 +296,10 @@ void CpuBackend::attend_mlp(int32_t layer, const StepBatch& batch, const int64_t
     }
     float* gate = grow(gate_, static_cast<size_t>(m * F));
     float* up = grow(up_, static_cast<size_t>(m * F));
-    linear(x, m, H, w.w_gate, w.qw_gate, F, gate);
-    linear(x, m, H, w.w_up, w.qw_up, F, up);
+    linear(x, m, H, w.w_gate, w.qw_gate, w.pw_gate, F, gate);
+    linear(x, m, H, w.w_up, w.qw_up, w.pw_up, F, up);
     silu_mul(gate, up, m * F);
-    linear(gate, m, F, w.w_down, w.qw_down, H, t);
+    linear(gate, m, F, w.w_down, w.qw_down, w.pw_down, H, t);
     for (int64_t j = 0; j < m; ++j) {
       float* h = hidden + rr[j] * H;
       for (int64_t i = 0; i < H; ++i) h[i] += t[j * H + i];
@@ -370,10 +371,16 @@ void CpuBackend::attend(int32_t layer, const StepBatch& batch, const int64_t* rr
 
 // Y[rows][out] = X[rows][in] · W: the quantised product when the checkpoint
 // gave W in blocks and the engine runs the quantised kernels (quant_cpu.h;
-// X is quantised per row block first), the float GEMM otherwise.
+// X is quantised per row block first); with the exact kernels, the float
+// GEMM, or for a few rows (decoding) the same product read from W's packed
+// blocks (packed_cpu.h: the same bits, a fifth of the bytes).
 void CpuBackend::linear(const float* X, int64_t rows, int64_t in, const std::vector<float>& W, const QuantMatrix& Wq,
-                        int64_t out, float* Y) {
-  if (Wq.empty()) return gemm_rows_pool(pool_.get(), X, rows, in, W.data(), out, Y);
+                        const PackedMatrix& Wp, int64_t out, float* Y) {
+  if (Wq.empty()) {
+    if (!Wp.empty() && rows <= kPackedMaxRows && packed_active_isa() != PackedIsa::kNone)
+      return packed_gemm(pool_.get(), X, rows, Wp, Y);
+    return gemm_rows_pool(pool_.get(), X, rows, in, W.data(), out, Y);
+  }
   quantize_rows(X, rows, in, &qx_);
   quant_gemm(pool_.get(), qx_, Wq, Y);
 }
@@ -455,7 +462,7 @@ double CpuBackend::step(const StepBatch& batch, int32_t* sampled, float* logits)
       rms_norm(hidden + srows[static_cast<size_t>(c0 + j)] * H, weights_->final_norm.data(),
                shape_.hidden_size, shape_.rms_eps, x + j * H);
     float* lg = logits != nullptr ? logits + c0 * V : grow(logits_, static_cast<size_t>(m * V));
-    linear(x, m, H, weights_->lm_head, weights_->q_lm_head, V, lg);
+    linear(x, m, H, weights_->lm_head, weights_->q_lm_head, weights_->p_lm_head, V, lg);
     for (int64_t j = 0; j < m; ++j) {
       const int32_t seq = row_seq_[srows[static_cast<size_t>(c0 + j)]];
       const StepSeq& s = batch.seqs[static_cast<size_t>(seq)];

@@ -149,7 +149,7 @@ class CpuBackend final : public Backend {
   void attend(int32_t layer, const StepBatch& batch, const int64_t* rr, int64_t m, float* out);
   void silu_mul(float* gate, const float* up, int64_t n);
   void linear(const float* X, int64_t rows, int64_t in, const std::vector<float>& W, const QuantMatrix& Wq,
-              int64_t out, float* Y);
+              const PackedMatrix& Wp, int64_t out, float* Y);
   // MoE block of a layer over n rows: x [n][hidden] (normed) → out
   // [n][hidden] (to be added to the residual). Makes exactly one dispatch
   // and one combine exchange when batch.ep is set, also for n == 0.

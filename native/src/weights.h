@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "engine.h"
+#include "packed_cpu.h"
 #include "quant_cpu.h"
 
 namespace lockstep {
@@ -134,6 +135,10 @@ struct LayerWeights {
   // Q4_0 or Q4_1, kept quantised (quant_cpu.h); their float copy above is
   // then left empty. Empty matrices: the float path.
   QuantMatrix qwq, qwk, qwv, qwo, qw_gate, qw_up, qw_down;
+  // cpu_kernels = exact: the same projections also in packed panels
+  // (packed_cpu.h), which decode steps read instead of the float copy, with
+  // the same bits. Empty matrices: the float copy only.
+  PackedMatrix pwq, pwk, pwv, pwo, pw_gate, pw_up, pw_down;
 };
 
 // Generates routed expert `expert` of `layer` (synthetic weights).
@@ -143,7 +148,8 @@ ExpertWeights generate_expert(const eng_model_shape& shape, uint64_t seed, int l
 // (checkpoint.h) the embedding lives only in lm_head and `embedding` is empty.
 struct Weights {
   std::vector<float> embedding, final_norm, lm_head;
-  QuantMatrix q_lm_head;  // cpu_kernels = quant (see LayerWeights)
+  QuantMatrix q_lm_head;   // cpu_kernels = quant (see LayerWeights)
+  PackedMatrix p_lm_head;  // cpu_kernels = exact (see LayerWeights)
   std::vector<LayerWeights> layers;
   bool tied = false;
   // Checkpoint only, optional: per-dimension RoPE divisors [head_dim / 2].
