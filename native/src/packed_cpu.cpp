@@ -188,26 +188,151 @@ void tile_avx512(const float* X, int64_t rows, const PackedMatrix& W, int64_t p,
   }
 }
 
+// ---------------------------------------------------------------------------
+// AVX2: a panel is two vectors of 8 columns. R rows (at most 4 at a time) x
+// G panels, R·2G <= 8 accumulators of the 16 ymm registers.
+template <int R, int G, int DT>
+__attribute__((target("avx2"))) void k256(const float* X, int64_t in, const uint8_t* P, int64_t pstride,
+                                          int64_t nb, int64_t rec, float* Y, int64_t ldy) {
+  constexpr int V = 2 * G;
+  __m256 acc[R][V];
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+    for (int v = 0; v < V; ++v) acc[r][v] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* B = P + b * rec;
+    const float* x = X + b * kPackedBlock;
+    __m256 d[V], m[V];
+#pragma GCC unroll 8
+    for (int v = 0; v < V; ++v) {
+      const uint8_t* h = B + (v / 2) * pstride + 32 * (v % 2);
+      if (v % 2 == 0) _mm_prefetch(reinterpret_cast<const char*>(h + 4 * rec), _MM_HINT_T0);
+      d[v] = _mm256_loadu_ps(reinterpret_cast<const float*>(h));
+      m[v] = DT == ENG_DTYPE_Q4_1 ? _mm256_loadu_ps(reinterpret_cast<const float*>(h + 64)) : _mm256_setzero_ps();
+    }
+    // The quants of vector v (8 columns) of input row k of the record.
+    auto quants = [&](int v, int k) {
+      return _mm_loadl_epi64(reinterpret_cast<const __m128i*>(B + (v / 2) * pstride + kHeaderBytes + 16 * k + 8 * (v % 2)));
+    };
+    if constexpr (DT == ENG_DTYPE_Q8_0) {
+      for (int j = 0; j < kPackedBlock; ++j) {
+        __m256 w[V];
+#pragma GCC unroll 8
+        for (int v = 0; v < V; ++v)
+          w[v] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(quants(v, j))), d[v]);
+#pragma GCC unroll 4
+        for (int r = 0; r < R; ++r) {
+          const __m256 xv = _mm256_set1_ps(x[r * in + j]);
+#pragma GCC unroll 8
+          for (int v = 0; v < V; ++v) acc[r][v] = _mm256_add_ps(acc[r][v], _mm256_mul_ps(xv, w[v]));
+        }
+      }
+    } else {
+      const __m256i low = _mm256_set1_epi32(0xF), eight = _mm256_set1_epi32(8);
+      for (int p = 0; p < kPackedBlock / 2; ++p) {
+        __m256 wl[V], wh[V];
+#pragma GCC unroll 8
+        for (int v = 0; v < V; ++v) {
+          const __m256i q = _mm256_cvtepu8_epi32(quants(v, p));
+          __m256i lo = _mm256_and_si256(q, low), hi = _mm256_srli_epi32(q, 4);
+          if constexpr (DT == ENG_DTYPE_Q4_0) {
+            lo = _mm256_sub_epi32(lo, eight);
+            hi = _mm256_sub_epi32(hi, eight);
+          }
+          wl[v] = _mm256_mul_ps(_mm256_cvtepi32_ps(lo), d[v]);
+          wh[v] = _mm256_mul_ps(_mm256_cvtepi32_ps(hi), d[v]);
+          if constexpr (DT == ENG_DTYPE_Q4_1) {
+            wl[v] = _mm256_add_ps(wl[v], m[v]);
+            wh[v] = _mm256_add_ps(wh[v], m[v]);
+          }
+        }
+#pragma GCC unroll 4
+        for (int r = 0; r < R; ++r) {
+          const __m256 xv = _mm256_set1_ps(x[r * in + 2 * p]);
+#pragma GCC unroll 8
+          for (int v = 0; v < V; ++v) acc[r][v] = _mm256_add_ps(acc[r][v], _mm256_mul_ps(xv, wl[v]));
+        }
+#pragma GCC unroll 4
+        for (int r = 0; r < R; ++r) {
+          const __m256 xv = _mm256_set1_ps(x[r * in + 2 * p + 1]);
+#pragma GCC unroll 8
+          for (int v = 0; v < V; ++v) acc[r][v] = _mm256_add_ps(acc[r][v], _mm256_mul_ps(xv, wh[v]));
+        }
+      }
+    }
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+    for (int v = 0; v < V; ++v) _mm256_storeu_ps(Y + r * ldy + 8 * v, acc[r][v]);
+}
+
+template <int DT>
+void tile256_rows(int rows, int g, const float* X, int64_t in, const uint8_t* P, int64_t pstride, int64_t nb,
+                  int64_t rec, float* Y, int64_t ldy) {
+  for (int r0 = 0; r0 < rows; r0 += 4) {
+    const float* x = X + r0 * in;
+    float* y = Y + r0 * ldy;
+    switch (rows - r0 < 4 ? rows - r0 : 4) {
+      case 1:
+        if (g == 2) k256<1, 2, DT>(x, in, P, pstride, nb, rec, y, ldy);
+        else k256<1, 1, DT>(x, in, P, pstride, nb, rec, y, ldy);
+        break;
+      case 2:
+        if (g == 2) k256<2, 2, DT>(x, in, P, pstride, nb, rec, y, ldy);
+        else k256<2, 1, DT>(x, in, P, pstride, nb, rec, y, ldy);
+        break;
+      case 3: k256<3, 1, DT>(x, in, P, pstride, nb, rec, y, ldy); break;
+      default: k256<4, 1, DT>(x, in, P, pstride, nb, rec, y, ldy); break;
+    }
+  }
+}
+
+// The ISAs' tiles: g panels starting at panel p, written to Y (ldy wide)
+// from its column 0; panels(rows) is the widest tile.
+struct Avx512Tiles {
+  static int panels(int64_t rows) { return tile_panels(static_cast<int>(rows)); }
+  static void tile(const float* X, int64_t rows, const PackedMatrix& W, int64_t p, int g, float* Y, int64_t ldy) {
+    tile_avx512(X, rows, W, p, g, Y, ldy);
+  }
+};
+struct Avx2Tiles {
+  // Two panels while one or two rows leave the registers for them.
+  static int panels(int64_t rows) { return rows <= 2 ? 2 : 1; }
+  static void tile(const float* X, int64_t rows, const PackedMatrix& W, int64_t p, int g, float* Y, int64_t ldy) {
+    const int64_t nb = W.blocks(), rec = W.record_bytes(), pstride = nb * rec;
+    const uint8_t* P = W.data.data() + p * pstride;
+    const int r = static_cast<int>(rows);
+    switch (W.dtype) {
+      case ENG_DTYPE_Q8_0: return tile256_rows<ENG_DTYPE_Q8_0>(r, g, X, W.in, P, pstride, nb, rec, Y, ldy);
+      case ENG_DTYPE_Q4_0: return tile256_rows<ENG_DTYPE_Q4_0>(r, g, X, W.in, P, pstride, nb, rec, Y, ldy);
+      default: return tile256_rows<ENG_DTYPE_Q4_1>(r, g, X, W.in, P, pstride, nb, rec, Y, ldy);
+    }
+  }
+};
+
 // Columns [o0, o1): whole panels in tiles straight into Y; a panel cut by
 // the range (or by the matrix's last columns) through a scratch row block.
-void avx512_cols(const float* X, int64_t rows, const PackedMatrix& W, int64_t o0, int64_t o1, float* Y,
-                 int64_t ldy) {
-  const int G = tile_panels(static_cast<int>(rows));
+template <class T>
+void drive_cols(const float* X, int64_t rows, const PackedMatrix& W, int64_t o0, int64_t o1, float* Y,
+                int64_t ldy) {
+  const int G = T::panels(rows);
   int64_t o = o0;
   while (o < o1) {
     const int64_t p = o / kPackedCols, start = p * kPackedCols;
     if (o != start || start + kPackedCols > o1) {
       float tmp[kPackedMaxRows * kPackedCols];
-      tile_avx512(X, rows, W, p, 1, tmp, kPackedCols);
+      T::tile(X, rows, W, p, 1, tmp, kPackedCols);
       const int64_t end = start + kPackedCols < o1 ? start + kPackedCols : o1;
       for (int64_t r = 0; r < rows; ++r)
         std::memcpy(Y + r * ldy + o, tmp + r * kPackedCols + (o - start), sizeof(float) * static_cast<size_t>(end - o));
       o = end;
       continue;
     }
-    int64_t whole = (o1 - o) / kPackedCols;
+    const int64_t whole = (o1 - o) / kPackedCols;
     const int g = static_cast<int>(whole < G ? whole : G);
-    tile_avx512(X, rows, W, p, g, Y + o, ldy);
+    T::tile(X, rows, W, p, g, Y + o, ldy);
     o += g * kPackedCols;
   }
 }
@@ -215,6 +340,7 @@ void avx512_cols(const float* X, int64_t rows, const PackedMatrix& W, int64_t o0
 
 PackedIsa best_isa() {
   if (packed_isa_supported(PackedIsa::kAvx512)) return PackedIsa::kAvx512;
+  if (packed_isa_supported(PackedIsa::kAvx2)) return PackedIsa::kAvx2;
   return PackedIsa::kNone;
 }
 
@@ -283,6 +409,8 @@ bool packed_isa_supported(PackedIsa isa) {
     case PackedIsa::kScalar:
       return true;
 #ifdef LOCKSTEP_PACKED_X86
+    case PackedIsa::kAvx2:
+      return __builtin_cpu_supports("avx2");
     case PackedIsa::kAvx512:
       return __builtin_cpu_supports("avx512f");
 #endif
@@ -312,7 +440,8 @@ void packed_gemm_cols_isa(PackedIsa isa, const float* X, int64_t rows, const Pac
   if (rows > kPackedMaxRows) invalid_argument("packed_gemm: more rows than kPackedMaxRows");
   switch (isa) {
 #ifdef LOCKSTEP_PACKED_X86
-    case PackedIsa::kAvx512: return avx512_cols(X, rows, W, o0, o1, Y, ldy);
+    case PackedIsa::kAvx512: return drive_cols<Avx512Tiles>(X, rows, W, o0, o1, Y, ldy);
+    case PackedIsa::kAvx2: return drive_cols<Avx2Tiles>(X, rows, W, o0, o1, Y, ldy);
 #endif
     case PackedIsa::kScalar: return scalar_cols(X, rows, W, o0, o1, Y, ldy);
     default: invalid_argument("packed_gemm: kernel not supported here");

@@ -1,19 +1,26 @@
 // bench_gemm: single-thread GFLOP/s of the CPU backend's GEMM (gemm_cpu.h) at
 // SmolLM2-135M's projection shapes, for every implementation this CPU runs.
 // "matvec" is the reference per-row matvec (the backend's projection before
-// the blocked kernels); the others are gemm_rows_isa. Each cell is the
-// fastest call of a series. Not a ctest.
+// the blocked kernels); the others are gemm_rows_isa. A second table sets
+// the packed products (packed_cpu.h: the same bits from Q4_1 / Q8_0 blocks)
+// beside the float GEMM at decoding's row counts. Each cell is the fastest
+// call of a series. Not a ctest.
 //
 //   bench_gemm [min_seconds_per_cell]   (default 0.25)
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <vector>
 
+#include "checkpoint.h"
 #include "gemm_cpu.h"
+#include "packed_cpu.h"
+#include "quant_tensors.h"
 
 using lockstep::GemmIsa;
+using lockstep::PackedIsa;
 
 namespace {
 
@@ -21,23 +28,71 @@ double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-// GFLOP/s of isa on X[rows][in] · W[in][out]: the fastest of the calls made
-// in at least min_s (the best case is the stable statistic on a shared
-// machine).
-double measure(GemmIsa isa, const std::vector<float>& X, int64_t rows, int64_t in,
-               const std::vector<float>& W, int64_t out, std::vector<float>& Y, double min_s) {
-  lockstep::gemm_rows_isa(isa, X.data(), rows, in, W.data(), out, Y.data());  // warm up
+// GFLOP/s of the product f computes (rows x in x out): the fastest of the
+// calls made in at least min_s (the best case is the stable statistic on a
+// shared machine).
+template <class F>
+double gflops(F f, int64_t rows, int64_t in, int64_t out, double min_s) {
+  f();  // warm up
   double best = 1e30;
   const double t0 = now_s();
   int calls = 0;
   for (;;) {
     const double a = now_s();
-    lockstep::gemm_rows_isa(isa, X.data(), rows, in, W.data(), out, Y.data());
+    f();
     const double b = now_s();
     if (b - a < best) best = b - a;
     if (b - t0 >= min_s && ++calls >= 3) break;
   }
   return 2.0 * static_cast<double>(rows) * in * out / best / 1e9;
+}
+
+double measure(GemmIsa isa, const std::vector<float>& X, int64_t rows, int64_t in,
+               const std::vector<float>& W, int64_t out, std::vector<float>& Y, double min_s) {
+  return gflops([&] { lockstep::gemm_rows_isa(isa, X.data(), rows, in, W.data(), out, Y.data()); }, rows, in, out,
+                min_s);
+}
+
+// Decoding's products from packed blocks against the float GEMM on the
+// loader's float32 copy of the same tensor (single thread).
+void packed_table(double min_s) {
+  struct Shape {
+    int64_t in, out;
+    int32_t dtype;
+    const char* what;
+  };
+  const Shape shapes[] = {{576, 576, ENG_DTYPE_Q4_1, "q, o"}, {576, 1536, ENG_DTYPE_Q4_1, "gate, up"},
+                          {1536, 576, ENG_DTYPE_Q4_1, "down"}, {576, 49152, ENG_DTYPE_Q8_0, "lm_head"}};
+  const PackedIsa isas[] = {PackedIsa::kAvx2, PackedIsa::kAvx512};
+  std::printf("\npacked products (SmolLM2's Q4_1 projections, Q8_0 LM head), single thread, GFLOP/s;\n"
+              "the small shapes stay in cache across calls here, where a model's decode step streams\n"
+              "every weight from memory as the LM head does\n");
+  std::printf("%-10s %5s %6s %6s | %9s", "shape", "rows", "in", "out", "float");
+  for (PackedIsa isa : isas) std::printf(" %9s", (std::string("packed ") + lockstep::packed_isa_name(isa)).c_str());
+  std::printf("\n");
+  for (const Shape& sh : shapes) {
+    const std::vector<uint8_t> raw = random_tensor(sh.dtype, sh.out, sh.in);
+    const eng_tensor t = tensor_of(sh.dtype, sh.out, sh.in, raw);
+    const lockstep::PackedMatrix P = lockstep::pack_exact_matrix(t, 64);
+    std::vector<float> W(static_cast<size_t>(sh.in * sh.out));
+    lockstep::tensor_to_input_major(t, 64, W.data());
+    for (int64_t rows : {int64_t{1}, int64_t{8}}) {
+      std::vector<float> X(static_cast<size_t>(rows * sh.in), 0.25f), Y(static_cast<size_t>(rows * sh.out));
+      std::printf("%-10s %5lld %6lld %6lld | %9.2f", sh.what, static_cast<long long>(rows),
+                  static_cast<long long>(sh.in), static_cast<long long>(sh.out),
+                  measure(lockstep::gemm_active_isa(), X, rows, sh.in, W, sh.out, Y, min_s));
+      for (PackedIsa isa : isas) {
+        if (!lockstep::packed_isa_supported(isa)) {
+          std::printf(" %9s", "-");
+          continue;
+        }
+        std::printf(" %9.2f", gflops([&] { lockstep::packed_gemm_cols_isa(isa, X.data(), rows, P, 0, sh.out, Y.data(), sh.out); },
+                                     rows, sh.in, sh.out, min_s));
+        std::fflush(stdout);
+      }
+      std::printf("\n");
+    }
+  }
 }
 
 }  // namespace
@@ -88,5 +143,6 @@ int main(int argc, char** argv) {
       std::printf("\n");
     }
   }
+  packed_table(min_s);
   return 0;
 }
