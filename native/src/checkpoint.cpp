@@ -478,7 +478,9 @@ Weights load_weights(const eng_model_shape& s, const eng_tensor* tensors, int32_
                                      &L.wkv_a,    &L.kv_a_norm, nullptr, nullptr,    nullptr,    &L.router_bias};
         dst = per[t.kind];
         // Quantised kernels: the dense projections stay in their blocks.
-        // Exact kernels: they stay in packed panels too, for decode steps.
+        // The dense projections: kept quantised under the quantised kernels;
+        // under the exact ones (and for experts, exact under either setting)
+        // also in packed panels, which steps of few rows read (packed_cpu.h).
         QuantMatrix* q = nullptr;
         PackedMatrix* pk = nullptr;
         switch (t.kind) {
@@ -489,11 +491,14 @@ Weights load_weights(const eng_model_shape& s, const eng_tensor* tensors, int32_
           case ENG_WEIGHT_W_GATE: q = &L.qw_gate, pk = &L.pw_gate; break;
           case ENG_WEIGHT_W_UP: q = &L.qw_up, pk = &L.pw_up; break;
           case ENG_WEIGHT_W_DOWN: q = &L.qw_down, pk = &L.pw_down; break;
+          case ENG_WEIGHT_EXPERT_GATE: case ENG_WEIGHT_SHARED_GATE: pk = &X.pgate; break;
+          case ENG_WEIGHT_EXPERT_UP: case ENG_WEIGHT_SHARED_UP: pk = &X.pup; break;
+          case ENG_WEIGHT_EXPERT_DOWN: case ENG_WEIGHT_SHARED_DOWN: pk = &X.pdown; break;
           default: break;
         }
         // (An MLA shape's WQ stays float: its rope tails are reordered on load.)
-        if (q != nullptr && quant_dtype(t.dtype) && !(s.kv_lora_rank > 0 && t.kind == ENG_WEIGHT_WQ)) {
-          if (quant) {
+        if (pk != nullptr && quant_dtype(t.dtype) && !(s.kv_lora_rank > 0 && t.kind == ENG_WEIGHT_WQ)) {
+          if (quant && q != nullptr) {
             *q = pack_quant_matrix(t, s.head_dim);
             continue;
           }

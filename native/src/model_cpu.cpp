@@ -553,15 +553,16 @@ void CpuBackend::join_ep(int32_t size, int32_t rank) {
 }
 
 void CpuBackend::swiglu(const ExpertWeights& w, int64_t width, int64_t n, const float* x, float* y) {
+  static const QuantMatrix kExact;  // experts never take the quantised kernels
   const int64_t H = shape_.hidden_size;
   for (int64_t r0 = 0; r0 < n; r0 += kRowChunk) {
     const int64_t m = n - r0 < kRowChunk ? n - r0 : kRowChunk;
     float* gate = grow(gate_, static_cast<size_t>(m * width));
     float* up = grow(up_, static_cast<size_t>(m * width));
-    gemm_rows_pool(pool_.get(), x + r0 * H, m, H, w.gate.data(), width, gate);
-    gemm_rows_pool(pool_.get(), x + r0 * H, m, H, w.up.data(), width, up);
+    linear(x + r0 * H, m, H, w.gate, kExact, w.pgate, width, gate);
+    linear(x + r0 * H, m, H, w.up, kExact, w.pup, width, up);
     silu_mul(gate, up, m * width);
-    gemm_rows_pool(pool_.get(), gate, m, width, w.down.data(), H, y + r0 * H);
+    linear(gate, m, width, w.down, kExact, w.pdown, H, y + r0 * H);
   }
 }
 

@@ -110,6 +110,9 @@ void generate_tensor(float* out, size_t n, uint64_t seed, TensorKind kind, int l
 // One SwiGLU expert: gate/up [hidden][width], down [width][hidden].
 struct ExpertWeights {
   std::vector<float> gate, up, down;
+  // A checkpoint's Q8_0, Q4_0 or Q4_1 expert also in packed panels, which
+  // steps of few rows read instead (packed_cpu.h; the same bits).
+  PackedMatrix pgate, pup, pdown;
 };
 
 // One decoder layer's weights (layout above). A MoE layer (shape.num_experts

@@ -5,8 +5,11 @@
 //    BF16-representable values as BF16) steps bit-identically to the
 //    synthetic engine;
 //  - interleaved (GGUF) WQ/WK rows give the same results as rotate-half rows;
+//  - Q8_0, Q4_0 and Q4_1 projections, LM head and experts step with the bits
+//    of their dequantised F32 values (decode steps read packed blocks);
 //  - tied embeddings equal an untied model whose lm_head is the embedding;
 //  - every malformed tensor set is refused, naming the tensor.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -129,6 +132,40 @@ std::vector<float> run(eng_engine_t e, int32_t vocab) {
     s.tokens = {o.sampled[0]};
   }
   return all;
+}
+
+// m ([rows][cols], cols a multiple of 32) in dtype's ggml blocks (Q8_0,
+// Q4_0 or Q4_1): a plain round-to-nearest quantisation, for test data.
+std::vector<uint8_t> quantize_matrix(int32_t dtype, const std::vector<float>& m, int64_t rows, int64_t cols) {
+  const int64_t bb = dtype == ENG_DTYPE_Q8_0 ? 34 : dtype == ENG_DTYPE_Q4_0 ? 18 : 20;
+  std::vector<uint8_t> out(static_cast<size_t>(rows * cols / 32 * bb), 0);
+  for (int64_t k = 0; k < rows * cols / 32; ++k) {
+    const float* x = m.data() + k * 32;
+    uint8_t* b = out.data() + k * bb;
+    float lo = x[0], hi = x[0], amax = 0.0f;
+    for (int j = 0; j < 32; ++j) {
+      lo = std::min(lo, x[j]);
+      hi = std::max(hi, x[j]);
+      amax = std::max(amax, std::fabs(x[j]));
+    }
+    const float scale = dtype == ENG_DTYPE_Q8_0 ? amax / 127.0f : dtype == ENG_DTYPE_Q4_0 ? amax / 7.0f : (hi - lo) / 15.0f;
+    const uint16_t dh = f2h_bits(scale), mh = f2h_bits(lo);
+    const float d = lockstep::half_to_float(dh), mn = lockstep::half_to_float(mh);
+    std::memcpy(b, &dh, 2);
+    if (dtype == ENG_DTYPE_Q4_1) std::memcpy(b + 2, &mh, 2);
+    uint8_t* q = b + (dtype == ENG_DTYPE_Q4_1 ? 4 : 2);
+    for (int j = 0; j < 32; ++j) {
+      if (dtype == ENG_DTYPE_Q8_0) {
+        const float v = d > 0 ? std::nearbyint(x[j] / d) : 0.0f;
+        q[j] = static_cast<uint8_t>(static_cast<int8_t>(std::max(-127.0f, std::min(127.0f, v))));
+        continue;
+      }
+      const float v = d > 0 ? std::nearbyint(dtype == ENG_DTYPE_Q4_0 ? x[j] / d + 8.0f : (x[j] - mn) / d) : 8.0f;
+      const uint8_t n = static_cast<uint8_t>(std::max(0.0f, std::min(15.0f, v)));
+      q[j % 16] |= static_cast<uint8_t>(j < 16 ? n : n << 4);
+    }
+  }
+  return out;
 }
 
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
@@ -272,6 +309,43 @@ int main() {
     CHECKF(same_bits(run(ef, V), run(eb, V)), "BF16 tensors differ from their F32 values");
     eng_engine_free(ef);
     eng_engine_free(eb);
+  }
+
+  // Quantised checkpoints (Q8_0, Q4_0, Q4_1 projections, LM head and
+  // experts) step with the bits of their dequantised F32 values: the decode
+  // steps read the packed blocks (packed_cpu.h), the F32 model its floats.
+  for (const char* preset : {"tiny", "moe-tiny"}) {
+    eng_model_shape s;
+    REQUIRE(eng_preset_shape(preset, &s) == ENG_OK);
+    for (int32_t dtype : {ENG_DTYPE_Q8_0, ENG_DTYPE_Q4_0, ENG_DTYPE_Q4_1}) {
+      Checkpoint f = from_synthetic(s, 7), q = from_synthetic(s, 7);
+      std::vector<std::vector<uint8_t>> bytes(q.tensors.size());
+      int quantised = 0;
+      for (size_t i = 0; i < q.tensors.size(); ++i) {
+        eng_tensor& t = q.tensors[i];
+        const bool projection = t.kind == ENG_WEIGHT_WQ || t.kind == ENG_WEIGHT_WK || t.kind == ENG_WEIGHT_WV ||
+                                t.kind == ENG_WEIGHT_WO || t.kind == ENG_WEIGHT_W_GATE || t.kind == ENG_WEIGHT_W_UP ||
+                                t.kind == ENG_WEIGHT_W_DOWN || t.kind == ENG_WEIGHT_LM_HEAD ||
+                                (t.kind >= ENG_WEIGHT_EXPERT_GATE && t.kind <= ENG_WEIGHT_SHARED_DOWN);
+        if (!projection || t.cols % 32 != 0) continue;
+        bytes[i] = quantize_matrix(dtype, q.store[i], t.rows, t.cols);
+        t.dtype = dtype;
+        t.data = bytes[i].data();
+        t.nbytes = static_cast<int64_t>(bytes[i].size());
+        // Its F32 twin holds the dequantised values.
+        const int64_t rb = t.cols / 32 * (dtype == ENG_DTYPE_Q8_0 ? 34 : dtype == ENG_DTYPE_Q4_0 ? 18 : 20);
+        for (int64_t r = 0; r < t.rows; ++r)
+          lockstep::dequantize_row(dtype, bytes[i].data() + r * rb, t.cols, f.store[i].data() + r * t.cols);
+        ++quantised;
+      }
+      CHECK(quantised >= 7);
+      eng_engine_t ef = test_engine(config_for(f));
+      eng_engine_t eq = test_engine(config_for(q));
+      CHECKF(same_bits(run(ef, s.vocab_size), run(eq, s.vocab_size)), "%s as %s differs from its F32 values", preset,
+             lockstep::dtype_name(dtype));
+      eng_engine_free(ef);
+      eng_engine_free(eq);
+    }
   }
 
   // Tied embeddings == an untied model whose lm_head is the embedding.
