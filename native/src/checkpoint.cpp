@@ -342,7 +342,6 @@ void validate_tensors(const eng_model_shape& s, const eng_tensor* tensors, int32
 void tensor_to_input_major(const eng_tensor& t, int32_t head_dim, float* out) {
   const int64_t rows = t.rows, cols = t.cols;
   const int64_t rb = dtype_row_bytes(t.dtype, cols);
-  const int32_t half = head_dim / 2;
   // Rows are converted kBlockRows at a time so that the transposed writes
   // fill whole cache lines (out[c * rows + o .. o + kBlockRows)).
   constexpr int64_t kBlockRows = 16;
@@ -354,12 +353,7 @@ void tensor_to_input_major(const eng_tensor& t, int32_t head_dim, float* out) {
     for (int64_t k = 0; k < n; ++k) {
       const int64_t r = r0 + k;
       dequantize_row(t.dtype, base + r * rb, cols, block.data() + k * cols);
-      dest[k] = r;
-      if (t.interleaved_rope_heads > 0) {
-        // GGUF row 2i+s of a head holds Hugging Face's row s*half+i.
-        const int64_t head = r / head_dim, j = r % head_dim;
-        dest[k] = head * head_dim + (j % 2) * half + j / 2;
-      }
+      dest[k] = engine_row(t, r, head_dim);
     }
     for (int64_t c = 0; c < cols; ++c) {
       float* col = out + c * rows;

@@ -24,6 +24,15 @@ namespace lockstep {
 // dtype whose block size does not divide cols, -2 for an unknown dtype.
 int64_t dtype_row_bytes(int32_t dtype, int64_t cols);
 
+// The engine's row (Hugging Face's rotate-half order) of checkpoint row
+// `row` of t: with interleaved_rope_heads, GGUF row 2i+s of a head of
+// head_dim rows holds row s*(head_dim/2)+i; otherwise the row itself.
+inline int64_t engine_row(const eng_tensor& t, int64_t row, int32_t head_dim) {
+  if (t.interleaved_rope_heads <= 0) return row;
+  const int64_t head = row / head_dim, j = row % head_dim;
+  return head * head_dim + (j % 2) * (head_dim / 2) + j / 2;
+}
+
 // Name of a dtype ("F32", "Q4_1", ...) or "dtype(N)".
 const char* dtype_name(int32_t dtype);
 

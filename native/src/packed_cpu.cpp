@@ -369,17 +369,11 @@ PackedMatrix pack_exact_matrix(const eng_tensor& t, int32_t head_dim) {
   w.in = t.cols;
   w.out = t.rows;
   const int64_t nb = w.blocks(), rec = w.record_bytes();
-  const int64_t src_block = t.dtype == ENG_DTYPE_Q8_0 ? 34 : t.dtype == ENG_DTYPE_Q4_0 ? 18 : 20;
+  const int64_t src_block = dtype_row_bytes(t.dtype, kPackedBlock);
   w.data.assign(static_cast<size_t>(w.panels() * nb * rec), 0);
   const uint8_t* src = static_cast<const uint8_t*>(t.data);
-  const int32_t half = head_dim / 2;
   for (int64_t row = 0; row < t.rows; ++row) {
-    int64_t o = row;
-    if (t.interleaved_rope_heads > 0) {
-      // GGUF row 2i+s of a head holds Hugging Face's row s*half+i.
-      const int64_t head = row / head_dim, j = row % head_dim;
-      o = head * head_dim + (j % 2) * half + j / 2;
-    }
+    const int64_t o = engine_row(t, row, head_dim);
     const int64_t p = o / kPackedCols, c = o % kPackedCols;
     for (int64_t b = 0; b < nb; ++b) {
       const uint8_t* s = src + (row * nb + b) * src_block;

@@ -209,17 +209,11 @@ QuantMatrix pack_quant_matrix(const eng_tensor& t, int32_t head_dim) {
   m.out = t.rows;
   const int64_t nb = m.blocks(), rec = m.record_bytes(), qoff = quants_offset(t.dtype);
   const int64_t qbytes = column_quant_bytes(t.dtype);
-  const int64_t src_block = t.dtype == ENG_DTYPE_Q8_0 ? 34 : t.dtype == ENG_DTYPE_Q4_0 ? 18 : 20;
+  const int64_t src_block = dtype_row_bytes(t.dtype, kQuantBlock);
   m.data.assign(static_cast<size_t>(m.groups() * nb * rec), 0);
   const uint8_t* src = static_cast<const uint8_t*>(t.data);
-  const int32_t half = head_dim / 2;
   for (int64_t row = 0; row < t.rows; ++row) {
-    int64_t o = row;
-    if (t.interleaved_rope_heads > 0) {
-      // GGUF row 2i+s of a head holds Hugging Face's row s*half+i.
-      const int64_t head = row / head_dim, j = row % head_dim;
-      o = head * head_dim + (j % 2) * half + j / 2;
-    }
+    const int64_t o = engine_row(t, row, head_dim);
     const int64_t g = o / kQuantCols, c = o % kQuantCols;
     for (int64_t b = 0; b < nb; ++b) {
       const uint8_t* s = src + (row * nb + b) * src_block;

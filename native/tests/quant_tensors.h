@@ -69,6 +69,19 @@ eng_tensor tensor_of(int32_t dtype, int64_t rows, int64_t cols, const std::vecto
   return t;
 }
 
+// A product's columns [o0, o1) computed alone into Y (rows x out, filled with
+// `fill` before): whether they have ref's bits and every other element is
+// still `fill`.
+inline bool range_only(const std::vector<float>& Y, const std::vector<float>& ref, int64_t rows, int64_t out,
+                       int64_t o0, int64_t o1, float fill) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t o = 0; o < out; ++o) {
+      const size_t k = static_cast<size_t>(r * out + o);
+      if (o >= o0 && o < o1 ? std::memcmp(&Y[k], &ref[k], 4) != 0 : Y[k] != fill) return false;
+    }
+  return true;
+}
+
 }  // namespace
 
 #endif  // LOCKSTEP_NATIVE_TESTS_QUANT_TENSORS_H
