@@ -471,7 +471,6 @@ Weights load_weights(const eng_model_shape& s, const eng_tensor* tensors, int32_
                                      &X.down,     &X.gate,   &X.up,     &X.down,     &L.wq_a,    &L.q_a_norm,
                                      &L.wkv_a,    &L.kv_a_norm, nullptr, nullptr,    nullptr,    &L.router_bias};
         dst = per[t.kind];
-        // Quantised kernels: the dense projections stay in their blocks.
         // The dense projections: kept quantised under the quantised kernels;
         // under the exact ones (and for experts, exact under either setting)
         // also in packed panels, which steps of few rows read (packed_cpu.h).
