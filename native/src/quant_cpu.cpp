@@ -30,13 +30,23 @@ uint16_t load_u16(const uint8_t* p) {
 
 // Record layout: float dw[8], float mw[8] (Q4 only), then the quants.
 int64_t quants_offset(int32_t dtype) { return is_q4(dtype) ? 64 : 32; }
+// Quant bytes of one column in a record (Q4 16, Q8 32).
 int64_t column_quant_bytes(int32_t dtype) { return is_q4(dtype) ? 16 : 32; }
+
+// The quants of column c's element j (0..31) in a record (layout in
+// quant_cpu.h): Q4 0..15, Q8 the signed value.
+int32_t weight_quant(const uint8_t* qs, bool q4, int64_t c, int j) {
+  if (q4) {
+    const uint8_t byte = qs[((j & 15) >> 2) * 32 + c * 4 + (j & 3)];
+    return j < 16 ? byte & 0xF : byte >> 4;
+  }
+  return static_cast<int32_t>(qs[(j >> 2) * 32 + c * 4 + (j & 3)]) - 128;
+}
 
 // ---------------------------------------------------------------------------
 // Scalar: the reference order, one element at a time.
 void scalar_cols(const QuantRows& X, const QuantMatrix& W, int64_t o0, int64_t o1, float* Y, int64_t ldy) {
   const int64_t nb = W.blocks(), rec = W.record_bytes(), qoff = quants_offset(W.dtype);
-  const int64_t qbytes = column_quant_bytes(W.dtype);
   const bool q4 = is_q4(W.dtype);
   for (int64_t r = 0; r < X.rows; ++r) {
     const int8_t* xq = X.q.data() + r * X.in;
@@ -51,16 +61,9 @@ void scalar_cols(const QuantRows& X, const QuantMatrix& W, int64_t o0, int64_t o
         float dw, mw = 0.0f;
         std::memcpy(&dw, R + 4 * c, 4);
         if (q4) std::memcpy(&mw, R + 32 + 4 * c, 4);
-        const uint8_t* qs = R + qoff + c * qbytes;
         const int8_t* x = xq + b * kQuantBlock;
         int32_t isum = 0;
-        if (q4) {
-          for (int j = 0; j < 16; ++j)
-            isum += static_cast<int32_t>(qs[j] & 0xF) * x[j] + static_cast<int32_t>(qs[j] >> 4) * x[j + 16];
-        } else {
-          const int8_t* w = reinterpret_cast<const int8_t*>(qs);
-          for (int j = 0; j < 32; ++j) isum += static_cast<int32_t>(w[j]) * x[j];
-        }
+        for (int j = 0; j < kQuantBlock; ++j) isum += weight_quant(R + qoff, q4, c, j) * x[j];
         const float t1 = (dw * xd[b]) * static_cast<float>(isum);
         acc = acc + t1;
         if (q4) {
@@ -75,41 +78,45 @@ void scalar_cols(const QuantRows& X, const QuantMatrix& W, int64_t o0, int64_t o
 
 #ifdef LOCKSTEP_QUANT_X86
 // ---------------------------------------------------------------------------
-// AVX2: one group of 8 columns per pass over the blocks, the columns in the
-// lanes of the float accumulator (so each lane adds its terms in block
-// order, as the scalar code does), the integer dot of a (column, block) by
-// maddubs/madd and a lane reduction, exact.
+// AVX2 and AVX-512 VNNI: one group of 8 columns per pass over the blocks,
+// the columns in the lanes of every vector. A record's quants are stored as
+// 8 vectors (Q4: 4, each holding two as nibbles) whose lane c holds column
+// c's elements 4t..4t+3; the same 4 activations broadcast to every lane,
+// so the integer dots accumulate per column in its lane, exact, with no
+// reduction across lanes. The float part is then the scalar code's, lane
+// by lane.
 
-// Lane c of the result = the sum of the 8 int32 of p[c].
-__attribute__((target("avx2,avx512vl,avx512vnni"))) inline __m256i hsum8(const __m256i p[8]) {
-  const __m256i a01 = _mm256_hadd_epi32(p[0], p[1]), a23 = _mm256_hadd_epi32(p[2], p[3]);
-  const __m256i a45 = _mm256_hadd_epi32(p[4], p[5]), a67 = _mm256_hadd_epi32(p[6], p[7]);
-  const __m256i b03 = _mm256_hadd_epi32(a01, a23), b47 = _mm256_hadd_epi32(a45, a67);
-  return _mm256_add_epi32(_mm256_permute2x128_si256(b03, b47, 0x20), _mm256_permute2x128_si256(b03, b47, 0x31));
-}
-
-// Rows r0 .. r0+R of group g: the 8 columns' quants of a block are unpacked
-// once and used for the R rows (each with its own accumulator, the same
-// operations as alone).
-// The integer dot of 32 u8 (w) and 32 s8 (x), as 8 partial int32 sums:
-// maddubs + madd (AVX2; the pair sums stay below 2^15), or one dpbusd
-// (AVX-512 VNNI on 256-bit vectors). Both exact: the same sums.
-template <bool Vnni>
-__attribute__((target("avx2,avx512vl,avx512vnni"))) inline __m256i dot_u8s8(__m256i w, __m256i x, __m256i ones) {
+// acc + the 4-element dots of w (u8 in 0..15, Q4) or of the stored
+// w + 128 (Q8) with the broadcast activations x (s8), per 32-bit lane.
+// VNNI: dpbusd, with Q8's offset taken out by the caller (128 · Σ x);
+// AVX2: maddubs + madd (pair sums below 2^15: Q4 15·127·2; Q8 by |w|
+// against x with w's sign, 128·127·2).
+template <bool Q4, bool Vnni>
+__attribute__((target("avx2,avx512vl,avx512vnni"))) inline __m256i dot4(__m256i acc, __m256i w, __m256i x) {
   if constexpr (Vnni) {
-    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), w, x);
+    return _mm256_dpbusd_epi32(acc, w, x);
+  } else if constexpr (Q4) {
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1)));
   } else {
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), ones);
+    const __m256i ws = _mm256_xor_si256(w, _mm256_set1_epi8(static_cast<char>(0x80)));
+    return _mm256_add_epi32(
+        acc, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(ws), _mm256_sign_epi8(x, ws)), _mm256_set1_epi16(1)));
   }
 }
 
+// Rows r0 .. r0+R of group g: the 8 columns' quants of a block are loaded
+// once and used for the R rows (each with its own accumulator, the same
+// operations as alone).
 template <bool Q4, int R, bool Vnni>
 __attribute__((target("avx2,avx512vl,avx512vnni"))) void avx2_rows(const QuantRows& X, const QuantMatrix& W,
                                                                    int64_t g, int64_t r0, float* out /* [R][8] */) {
-  const int64_t nb = W.blocks(), rec = W.record_bytes();
+  const int64_t nb = W.blocks(), rec = W.record_bytes(), in = X.in;
   const uint8_t* base = W.data.data() + g * nb * rec;
-  const __m256i ones = _mm256_set1_epi16(1);
-  const __m128i low4 = _mm_set1_epi8(0x0F);
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  const int8_t* xq = X.q.data() + r0 * in;
+  const float* xd = X.d.data() + r0 * nb;
+  const float* xs = X.sd.data() + r0 * nb;
+  const int32_t* xsum = X.s.data() + r0 * nb;
   __m256 acc[R];
   for (int k = 0; k < R; ++k) acc[k] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
@@ -117,33 +124,32 @@ __attribute__((target("avx2,avx512vl,avx512vnni"))) void avx2_rows(const QuantRo
     _mm_prefetch(reinterpret_cast<const char*>(Rp + 4 * rec), _MM_HINT_T0);
     __m256i w[8];
     if constexpr (Q4) {
-      const uint8_t* qs = Rp + 64;
-      for (int c = 0; c < 8; ++c) {
-        const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs + 16 * c));
-        w[c] = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), low4), _mm_and_si128(raw, low4));
+      for (int s = 0; s < 4; ++s) {
+        const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(Rp + 64 + 32 * s));
+        w[s] = _mm256_and_si256(raw, low4);
+        w[s + 4] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
       }
     } else {
-      const uint8_t* qs = Rp + 32;
-      for (int c = 0; c < 8; ++c) w[c] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * c));
+      for (int t = 0; t < 8; ++t) w[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(Rp + 32 + 32 * t));
     }
     const __m256 dw = _mm256_loadu_ps(reinterpret_cast<const float*>(Rp));
     __m256 mw = _mm256_setzero_ps();
     if constexpr (Q4) mw = _mm256_loadu_ps(reinterpret_cast<const float*>(Rp + 32));
     for (int k = 0; k < R; ++k) {
-      const int64_t r = r0 + k;
-      const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(X.q.data() + r * X.in + b * kQuantBlock));
-      __m256i p[8];
-      for (int c = 0; c < 8; ++c) {
-        if constexpr (Q4) {
-          p[c] = dot_u8s8<Vnni>(w[c], xv, ones);
-        } else {
-          // The unsigned operand: |w| against x with w's sign.
-          p[c] = dot_u8s8<Vnni>(_mm256_sign_epi8(w[c], w[c]), _mm256_sign_epi8(xv, w[c]), ones);
-        }
+      const int8_t* x = xq + k * in + b * kQuantBlock;
+      __m256i i0 = _mm256_setzero_si256(), i1 = _mm256_setzero_si256();
+      for (int t = 0; t < 8; t += 2) {
+        int32_t x0, x1;
+        std::memcpy(&x0, x + 4 * t, 4);
+        std::memcpy(&x1, x + 4 * t + 4, 4);
+        i0 = dot4<Q4, Vnni>(i0, w[t], _mm256_set1_epi32(x0));
+        i1 = dot4<Q4, Vnni>(i1, w[t + 1], _mm256_set1_epi32(x1));
       }
-      const __m256 isum = _mm256_cvtepi32_ps(hsum8(p));
-      acc[k] = _mm256_add_ps(acc[k], _mm256_mul_ps(_mm256_mul_ps(dw, _mm256_set1_ps(X.d[r * nb + b])), isum));
-      if constexpr (Q4) acc[k] = _mm256_add_ps(acc[k], _mm256_mul_ps(mw, _mm256_set1_ps(X.sd[r * nb + b])));
+      __m256i isum = _mm256_add_epi32(i0, i1);
+      if constexpr (!Q4 && Vnni) isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(128 * xsum[k * nb + b]));
+      const __m256 fsum = _mm256_cvtepi32_ps(isum);
+      acc[k] = _mm256_add_ps(acc[k], _mm256_mul_ps(_mm256_mul_ps(dw, _mm256_set1_ps(xd[k * nb + b])), fsum));
+      if constexpr (Q4) acc[k] = _mm256_add_ps(acc[k], _mm256_mul_ps(mw, _mm256_set1_ps(xs[k * nb + b])));
     }
   }
   for (int k = 0; k < R; ++k) _mm256_storeu_ps(out + 8 * k, acc[k]);
@@ -229,7 +235,13 @@ QuantMatrix pack_quant_matrix(const eng_tensor& t, int32_t head_dim) {
       }
       std::memcpy(R + 4 * c, &d, 4);
       if (is_q4(t.dtype)) std::memcpy(R + 32 + 4 * c, &mw, 4);
-      std::memcpy(R + qoff + c * qbytes, qs, static_cast<size_t>(qbytes));
+      // Lane c of quant vector t: bytes 4t..4t+3 (Q4: ggml's bytes, each
+      // element j low and j + 16 high; Q8: the values plus 128).
+      for (int64_t v = 0; v < qbytes / 4; ++v)
+        for (int64_t j = 0; j < 4; ++j) {
+          const uint8_t q = qs[4 * v + j];
+          R[qoff + v * 32 + c * 4 + j] = is_q4(t.dtype) ? q : static_cast<uint8_t>(q ^ 0x80);
+        }
     }
   }
   return m;
@@ -240,7 +252,7 @@ namespace {
 // One block of 32 activations: q, and the block's dx and sd. The scalar
 // and the AVX2 versions compute the same values: max and rounding to the
 // nearest even are exact operations, whatever their order.
-void quantize_block_scalar(const float* x, int8_t* q, float* d_out, float* sd_out) {
+void quantize_block_scalar(const float* x, int8_t* q, float* d_out, float* sd_out, int32_t* s_out) {
   float amax = 0.0f;
   for (int j = 0; j < kQuantBlock; ++j) {
     const float a = std::fabs(x[j]);
@@ -258,10 +270,12 @@ void quantize_block_scalar(const float* x, int8_t* q, float* d_out, float* sd_ou
   }
   *d_out = d;
   *sd_out = d * static_cast<float>(sum);
+  *s_out = sum;
 }
 
 #ifdef LOCKSTEP_QUANT_X86
-__attribute__((target("avx2"))) void quantize_block_avx2(const float* x, int8_t* q, float* d_out, float* sd_out) {
+__attribute__((target("avx2"))) void quantize_block_avx2(const float* x, int8_t* q, float* d_out, float* sd_out,
+                                                         int32_t* s_out) {
   const __m256 sign = _mm256_set1_ps(-0.0f);
   __m256 v[4];
   __m256 m = _mm256_setzero_ps();
@@ -292,8 +306,10 @@ __attribute__((target("avx2"))) void quantize_block_avx2(const float* x, int8_t*
   __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
   s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
   s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
+  const int32_t sum_q = _mm_cvtsi128_si32(s4);
   *d_out = d;
-  *sd_out = d * static_cast<float>(_mm_cvtsi128_si32(s4));
+  *sd_out = d * static_cast<float>(sum_q);
+  *s_out = sum_q;
 }
 #endif
 
@@ -306,6 +322,7 @@ void quantize_rows(const float* X, int64_t rows, int64_t in, QuantRows* out) {
   if (out->q.size() < static_cast<size_t>(rows * in)) out->q.resize(static_cast<size_t>(rows * in));
   if (out->d.size() < static_cast<size_t>(rows * nb)) out->d.resize(static_cast<size_t>(rows * nb));
   if (out->sd.size() < static_cast<size_t>(rows * nb)) out->sd.resize(static_cast<size_t>(rows * nb));
+  if (out->s.size() < static_cast<size_t>(rows * nb)) out->s.resize(static_cast<size_t>(rows * nb));
 #ifdef LOCKSTEP_QUANT_X86
   const bool avx2 = quant_active_isa() != QuantIsa::kScalar;
 #else
@@ -317,14 +334,15 @@ void quantize_rows(const float* X, int64_t rows, int64_t in, QuantRows* out) {
       int8_t* q = out->q.data() + r * in + b * kQuantBlock;
       float* d = out->d.data() + r * nb + b;
       float* sd = out->sd.data() + r * nb + b;
+      int32_t* sq = out->s.data() + r * nb + b;
 #ifdef LOCKSTEP_QUANT_X86
       if (avx2) {
-        quantize_block_avx2(x, q, d, sd);
+        quantize_block_avx2(x, q, d, sd, sq);
         continue;
       }
 #endif
       (void)avx2;
-      quantize_block_scalar(x, q, d, sd);
+      quantize_block_scalar(x, q, d, sd, sq);
     }
 }
 
@@ -335,10 +353,11 @@ void quantize_rows_scalar(const float* X, int64_t rows, int64_t in, QuantRows* o
   out->q.resize(static_cast<size_t>(rows * in));
   out->d.resize(static_cast<size_t>(rows * nb));
   out->sd.resize(static_cast<size_t>(rows * nb));
+  out->s.resize(static_cast<size_t>(rows * nb));
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t b = 0; b < nb; ++b)
       quantize_block_scalar(X + r * in + b * kQuantBlock, out->q.data() + r * in + b * kQuantBlock,
-                            out->d.data() + r * nb + b, out->sd.data() + r * nb + b);
+                            out->d.data() + r * nb + b, out->sd.data() + r * nb + b, out->s.data() + r * nb + b);
 }
 
 bool quant_isa_supported(QuantIsa isa) {

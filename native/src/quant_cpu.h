@@ -34,9 +34,12 @@ constexpr int64_t kQuantBlock = 32;
 
 // A weight matrix y = W·x (out × in) kept as quantised blocks, repacked by
 // groups of kQuantCols output columns: per group and block, the columns'
-// scales dw[8] and offsets mw[8] (float) and their quants (Q4: 16 bytes of
-// nibbles per column, element j low and j+16 high as in ggml; Q8: 32 int8).
-// The last group is padded with zero columns.
+// scales dw[8] and offsets mw[8] (float) and their quants as 32-byte
+// vectors whose 4-byte lane c holds column c's quants 4t..4t+3 (Q8: 8
+// vectors of the values plus 128, as u8; Q4: 4 vectors of ggml's nibble
+// bytes, element j low and j+16 high, so vector t's low nibbles are
+// elements 4t.. and its high nibbles elements 16+4t..). The last group is
+// padded with zero columns.
 struct QuantMatrix {
   int32_t dtype = -1;  // ENG_DTYPE_Q8_0, _Q4_0 or _Q4_1; -1: none
   int64_t in = 0, out = 0;
@@ -62,6 +65,7 @@ struct QuantRows {
   std::vector<int8_t> q;    // [rows][in]
   std::vector<float> d;     // [rows][in / 32]: dx
   std::vector<float> sd;    // [rows][in / 32]: dx · float(Σ q)
+  std::vector<int32_t> s;   // [rows][in / 32]: Σ q
 };
 
 // Quantises X[rows][in] (in a multiple of 32) into out, vectorised where the

@@ -4,7 +4,8 @@
 // the blocked kernels); the others are gemm_rows_isa. A second table sets
 // the packed products (packed_cpu.h: the same bits from Q4_1 / Q8_0 blocks)
 // beside the float GEMM at decoding's row counts. Each cell is the fastest
-// call of a series. Not a ctest.
+// call of a series. A third table times the quantised products
+// (quant_cpu.h). Not a ctest.
 //
 //   bench_gemm [min_seconds_per_cell]   (default 0.25)
 #include <chrono>
@@ -17,6 +18,7 @@
 #include "checkpoint.h"
 #include "gemm_cpu.h"
 #include "packed_cpu.h"
+#include "quant_cpu.h"
 #include "quant_tensors.h"
 
 using lockstep::GemmIsa;
@@ -95,6 +97,48 @@ void packed_table(double min_s) {
   }
 }
 
+// The quantised products (quant_cpu.h, --cpu-kernels quant) at every row
+// count the engine runs them with (single thread; GFLOP/s counts the
+// multiply-adds of the block dot products as flops).
+void quant_table(double min_s) {
+  struct Shape {
+    int64_t in, out;
+    int32_t dtype;
+    const char* what;
+  };
+  const Shape shapes[] = {{576, 576, ENG_DTYPE_Q4_1, "q, o"}, {576, 1536, ENG_DTYPE_Q4_1, "gate, up"},
+                          {1536, 576, ENG_DTYPE_Q4_1, "down"}, {576, 49152, ENG_DTYPE_Q8_0, "lm_head"}};
+  const lockstep::QuantIsa isas[] = {lockstep::QuantIsa::kAvx2, lockstep::QuantIsa::kAvx512Vnni};
+  std::printf("\nquantised products (--cpu-kernels quant: SmolLM2's Q4_1 projections, Q8_0 LM head),\n"
+              "single thread, GFLOP/s\n");
+  std::printf("%-10s %5s %6s %6s |", "shape", "rows", "in", "out");
+  for (lockstep::QuantIsa isa : isas) std::printf(" %10s", lockstep::quant_isa_name(isa));
+  std::printf("\n");
+  for (const Shape& sh : shapes) {
+    const std::vector<uint8_t> raw = random_tensor(sh.dtype, sh.out, sh.in);
+    const lockstep::QuantMatrix W = lockstep::pack_quant_matrix(tensor_of(sh.dtype, sh.out, sh.in, raw), 64);
+    for (int64_t rows : {int64_t{1}, int64_t{8}, int64_t{64}, int64_t{512}}) {
+      if (rows == 512 && sh.out > 4096) continue;  // the LM head runs on the sampled rows only
+      std::vector<float> X(static_cast<size_t>(rows * sh.in)), Y(static_cast<size_t>(rows * sh.out));
+      for (float& x : X) x = uniform();
+      lockstep::QuantRows Xq;
+      lockstep::quantize_rows(X.data(), rows, sh.in, &Xq);
+      std::printf("%-10s %5lld %6lld %6lld |", sh.what, static_cast<long long>(rows), static_cast<long long>(sh.in),
+                  static_cast<long long>(sh.out));
+      for (lockstep::QuantIsa isa : isas) {
+        if (!lockstep::quant_isa_supported(isa)) {
+          std::printf(" %10s", "-");
+          continue;
+        }
+        std::printf(" %10.2f", gflops([&] { lockstep::quant_gemm_cols_isa(isa, Xq, W, 0, sh.out, Y.data(), sh.out); },
+                                      rows, sh.in, sh.out, min_s));
+        std::fflush(stdout);
+      }
+      std::printf("\n");
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -144,5 +188,6 @@ int main(int argc, char** argv) {
     }
   }
   packed_table(min_s);
+  quant_table(min_s);
   return 0;
 }

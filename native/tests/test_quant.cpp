@@ -40,6 +40,7 @@ void check_shape(int32_t dtype, int64_t rows, int64_t in, int64_t out) {
   CHECK(std::memcmp(Xq.q.data(), Xs.q.data(), static_cast<size_t>(rows * in)) == 0);
   CHECK(std::memcmp(Xq.d.data(), Xs.d.data(), sizeof(float) * static_cast<size_t>(rows * in / 32)) == 0);
   CHECK(std::memcmp(Xq.sd.data(), Xs.sd.data(), sizeof(float) * static_cast<size_t>(rows * in / 32)) == 0);
+  CHECK(std::memcmp(Xq.s.data(), Xs.s.data(), sizeof(int32_t) * static_cast<size_t>(rows * in / 32)) == 0);
 
   std::vector<float> ref(static_cast<size_t>(rows * out));
   lockstep::quant_gemm_cols_isa(QuantIsa::kScalar, Xq, W, 0, out, ref.data(), out);
