@@ -131,8 +131,11 @@ ExpertWeights generate_expert(const eng_model_shape& s, uint64_t seed, int layer
     for (size_t i = 0; i < v.size(); ++i) v[i] = uniform_pm1(seed, id, i) * scale;
     return v;
   };
-  return ExpertWeights{t(h, fm, TensorKind::kExpertGate), t(h, fm, TensorKind::kExpertUp),
-                       t(fm, h, TensorKind::kExpertDown)};
+  ExpertWeights e;
+  e.gate = t(h, fm, TensorKind::kExpertGate);
+  e.up = t(h, fm, TensorKind::kExpertUp);
+  e.down = t(fm, h, TensorKind::kExpertDown);
+  return e;
 }
 
 double weight_elements(const eng_model_shape& s) {
