@@ -28,8 +28,16 @@ uint16_t load_u16(const uint8_t* p) {
   return v;
 }
 
-// Record layout: float dw[8], float mw[8] (Q4 only), then the quants.
-int64_t quants_offset(int32_t dtype) { return is_q4(dtype) ? 64 : 32; }
+// Record layout: the scales dw[8] as halves, Q4_1's offsets mw[8] as halves
+// (Q4_0's are −8·dw), then the quants.
+int64_t quants_offset(int32_t dtype) { return dtype == ENG_DTYPE_Q4_1 ? 32 : 16; }
+
+// Column c's scale and offset in a record, as the kernels read them: the
+// stored halves widened (exact), Q4_0's offset −8·dw (exact).
+void record_scales(const uint8_t* R, int32_t dtype, int64_t c, float* dw, float* mw) {
+  *dw = half_to_float(load_u16(R + 2 * c));
+  *mw = dtype == ENG_DTYPE_Q4_1 ? half_to_float(load_u16(R + 16 + 2 * c)) : dtype == ENG_DTYPE_Q4_0 ? -8.0f * *dw : 0.0f;
+}
 // Quant bytes of one column in a record (Q4 16, Q8 32).
 int64_t column_quant_bytes(int32_t dtype) { return is_q4(dtype) ? 16 : 32; }
 
@@ -58,9 +66,8 @@ void scalar_cols(const QuantRows& X, const QuantMatrix& W, int64_t o0, int64_t o
       float acc = 0.0f;
       for (int64_t b = 0; b < nb; ++b) {
         const uint8_t* R = base + b * rec;
-        float dw, mw = 0.0f;
-        std::memcpy(&dw, R + 4 * c, 4);
-        if (q4) std::memcpy(&mw, R + 32 + 4 * c, 4);
+        float dw, mw;
+        record_scales(R, W.dtype, c, &dw, &mw);
         const int8_t* x = xq + b * kQuantBlock;
         int32_t isum = 0;
         for (int j = 0; j < kQuantBlock; ++j) isum += weight_quant(R + qoff, q4, c, j) * x[j];
@@ -107,9 +114,11 @@ __attribute__((target("avx2,avx512vl,avx512vnni"))) inline __m256i dot4(__m256i 
 // Rows r0 .. r0+R of group g: the 8 columns' quants of a block are loaded
 // once and used for the R rows (each with its own accumulator, the same
 // operations as alone).
-template <bool Q4, int R, bool Vnni>
-__attribute__((target("avx2,avx512vl,avx512vnni"))) void avx2_rows(const QuantRows& X, const QuantMatrix& W,
-                                                                   int64_t g, int64_t r0, float* out /* [R][8] */) {
+template <int32_t Dtype, int R, bool Vnni>
+__attribute__((target("avx2,avx512vl,avx512vnni,f16c"))) void avx2_rows(const QuantRows& X, const QuantMatrix& W,
+                                                                        int64_t g, int64_t r0, float* out /* [R][8] */) {
+  constexpr bool Q4 = Dtype != ENG_DTYPE_Q8_0;
+  constexpr int64_t qoff = Dtype == ENG_DTYPE_Q4_1 ? 32 : 16;
   const int64_t nb = W.blocks(), rec = W.record_bytes(), in = X.in;
   const uint8_t* base = W.data.data() + g * nb * rec;
   const __m256i low4 = _mm256_set1_epi8(0x0F);
@@ -125,16 +134,17 @@ __attribute__((target("avx2,avx512vl,avx512vnni"))) void avx2_rows(const QuantRo
     __m256i w[8];
     if constexpr (Q4) {
       for (int s = 0; s < 4; ++s) {
-        const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(Rp + 64 + 32 * s));
+        const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(Rp + qoff + 32 * s));
         w[s] = _mm256_and_si256(raw, low4);
         w[s + 4] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
       }
     } else {
-      for (int t = 0; t < 8; ++t) w[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(Rp + 32 + 32 * t));
+      for (int t = 0; t < 8; ++t) w[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(Rp + qoff + 32 * t));
     }
-    const __m256 dw = _mm256_loadu_ps(reinterpret_cast<const float*>(Rp));
+    const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(Rp)));
     __m256 mw = _mm256_setzero_ps();
-    if constexpr (Q4) mw = _mm256_loadu_ps(reinterpret_cast<const float*>(Rp + 32));
+    if constexpr (Dtype == ENG_DTYPE_Q4_1) mw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(Rp + 16)));
+    if constexpr (Dtype == ENG_DTYPE_Q4_0) mw = _mm256_mul_ps(dw, _mm256_set1_ps(-8.0f));
     for (int k = 0; k < R; ++k) {
       const int8_t* x = xq + k * in + b * kQuantBlock;
       __m256i i0 = _mm256_setzero_si256(), i1 = _mm256_setzero_si256();
@@ -155,7 +165,7 @@ __attribute__((target("avx2,avx512vl,avx512vnni"))) void avx2_rows(const QuantRo
   for (int k = 0; k < R; ++k) _mm256_storeu_ps(out + 8 * k, acc[k]);
 }
 
-template <bool Q4, bool Vnni>
+template <int32_t Dtype, bool Vnni>
 void avx2_group(const QuantRows& X, const QuantMatrix& W, int64_t g, float* Y, int64_t ldy, int64_t o0, int64_t o1) {
   constexpr int kRows = 4;
   float out[kRows * 8];
@@ -163,10 +173,10 @@ void avx2_group(const QuantRows& X, const QuantMatrix& W, int64_t g, float* Y, i
   for (int64_t r0 = 0; r0 < X.rows; r0 += kRows) {
     const int64_t n = X.rows - r0 < kRows ? X.rows - r0 : kRows;
     switch (n) {
-      case 4: avx2_rows<Q4, 4, Vnni>(X, W, g, r0, out); break;
-      case 3: avx2_rows<Q4, 3, Vnni>(X, W, g, r0, out); break;
-      case 2: avx2_rows<Q4, 2, Vnni>(X, W, g, r0, out); break;
-      default: avx2_rows<Q4, 1, Vnni>(X, W, g, r0, out); break;
+      case 4: avx2_rows<Dtype, 4, Vnni>(X, W, g, r0, out); break;
+      case 3: avx2_rows<Dtype, 3, Vnni>(X, W, g, r0, out); break;
+      case 2: avx2_rows<Dtype, 2, Vnni>(X, W, g, r0, out); break;
+      default: avx2_rows<Dtype, 1, Vnni>(X, W, g, r0, out); break;
     }
     for (int64_t k = 0; k < n; ++k)
       for (int64_t c = 0; c < kQuantCols; ++c) {
@@ -179,10 +189,12 @@ void avx2_group(const QuantRows& X, const QuantMatrix& W, int64_t g, float* Y, i
 template <bool Vnni>
 void avx2_cols(const QuantRows& X, const QuantMatrix& W, int64_t o0, int64_t o1, float* Y, int64_t ldy) {
   for (int64_t g = o0 / kQuantCols; g * kQuantCols < o1; ++g) {
-    if (is_q4(W.dtype))
-      avx2_group<true, Vnni>(X, W, g, Y, ldy, o0, o1);
+    if (W.dtype == ENG_DTYPE_Q4_1)
+      avx2_group<ENG_DTYPE_Q4_1, Vnni>(X, W, g, Y, ldy, o0, o1);
+    else if (W.dtype == ENG_DTYPE_Q4_0)
+      avx2_group<ENG_DTYPE_Q4_0, Vnni>(X, W, g, Y, ldy, o0, o1);
     else
-      avx2_group<false, Vnni>(X, W, g, Y, ldy, o0, o1);
+      avx2_group<ENG_DTYPE_Q8_0, Vnni>(X, W, g, Y, ldy, o0, o1);
   }
 }
 #endif  // LOCKSTEP_QUANT_X86
@@ -224,17 +236,13 @@ QuantMatrix pack_quant_matrix(const eng_tensor& t, int32_t head_dim) {
     for (int64_t b = 0; b < nb; ++b) {
       const uint8_t* s = src + (row * nb + b) * src_block;
       uint8_t* R = m.data.data() + (g * nb + b) * rec;
-      const float d = half_to_float(load_u16(s));
-      float mw = 0.0f;
+      // Q4_0: d·(q − 8) = d·q + (−8·d), the offset made by the kernels.
+      std::memcpy(R + 2 * c, s, 2);
       const uint8_t* qs = s + 2;
-      if (t.dtype == ENG_DTYPE_Q4_0) {
-        mw = -8.0f * d;  // d·(q − 8) = d·q + (−8·d), −8·d exact
-      } else if (t.dtype == ENG_DTYPE_Q4_1) {
-        mw = half_to_float(load_u16(s + 2));
+      if (t.dtype == ENG_DTYPE_Q4_1) {
+        std::memcpy(R + 16 + 2 * c, s + 2, 2);
         qs = s + 4;
       }
-      std::memcpy(R + 4 * c, &d, 4);
-      if (is_q4(t.dtype)) std::memcpy(R + 32 + 4 * c, &mw, 4);
       // Lane c of quant vector t: bytes 4t..4t+3 (Q4: ggml's bytes, each
       // element j low and j + 16 high; Q8: the values plus 128).
       for (int64_t v = 0; v < qbytes / 4; ++v)

@@ -34,7 +34,8 @@ constexpr int64_t kQuantBlock = 32;
 
 // A weight matrix y = W·x (out × in) kept as quantised blocks, repacked by
 // groups of kQuantCols output columns: per group and block, the columns'
-// scales dw[8] and offsets mw[8] (float) and their quants as 32-byte
+// scales dw[8] and (Q4_1) offsets mw[8] as the file's halves (Q4_0's
+// offset is −8·dw, exact) and their quants as 32-byte
 // vectors whose 4-byte lane c holds column c's quants 4t..4t+3 (Q8: 8
 // vectors of the values plus 128, as u8; Q4: 4 vectors of ggml's nibble
 // bytes, element j low and j+16 high, so vector t's low nibbles are
