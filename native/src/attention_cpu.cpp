@@ -31,9 +31,9 @@ void paged_attention_row(const PageSlab& slab, int32_t layer, const int32_t* blo
       const int32_t n = b < last_page ? P : pos % P + 1;
       const int32_t page = blocks[b];
       float m, l;
-      attn_page_partial(qh, scale, slab.kv(page, layer, 0) + head_off,
-                        slab.kv(page, layer, 1) + head_off, stride, n, head_dim, scores, &m,
-                        &l, o_page);
+      attn_page_partial(qh, scale, slab.kv(page, layer, 0) + slab.k_index(0, static_cast<int32_t>(head_off)), 1,
+                        static_cast<size_t>(P), slab.kv(page, layer, 1) + head_off, stride, n, head_dim, head_dim,
+                        scores, &m, &l, o_page);
       attn_merge(&M, &L, O, m, l, o_page, head_dim);
     }
     attn_finish(O, L, O, head_dim);
@@ -80,17 +80,24 @@ __attribute__((always_inline)) inline void attention_rows(const PageSlab& slab, 
       }
       if (slots == 0) continue;
       const int32_t page = blocks[b];
-      const float* K = slab.kv(page, layer, 0) + head_off;
       const float* V = slab.kv(page, layer, v_plane) + head_off;
-      for (int32_t j = 0; j < slots; ++j)
-        for (int32_t d = 0; d < dk; ++d) kt[static_cast<size_t>(d) * P + j] = K[static_cast<size_t>(j) * stride + d];
+      // A K plane beside a V plane is stored transposed ([dk][slot], read as
+      // it is); a latent plane is row-major, transposed here.
+      const float* kp = kt;
+      if (v_plane == 1) {
+        kp = slab.kv(page, layer, 0) + slab.k_index(0, static_cast<int32_t>(head_off));
+      } else {
+        const float* K = slab.kv(page, layer, 0) + head_off;
+        for (int32_t j = 0; j < slots; ++j)
+          for (int32_t d = 0; d < dk; ++d) kt[static_cast<size_t>(d) * P + j] = K[static_cast<size_t>(j) * stride + d];
+      }
       for (int32_t h = g * group + sub0; h < g * group + sub1; ++h) {
         for (int32_t r = 0; r < n; ++r) {
           const int32_t last = pos[r] / P;
           if (b > last) continue;
           const int32_t cnt = b < last ? P : pos[r] % P + 1;
           float m, l;
-          attn_page_partial_kt(q + r * q_stride + static_cast<size_t>(h) * dk, scale, kt, P, V, stride, cnt, dk, dv,
+          attn_page_partial_kt(q + r * q_stride + static_cast<size_t>(h) * dk, scale, kp, P, V, stride, cnt, dk, dv,
                                scratch.scores.data(), &m, &l, scratch.o_page.data());
           float* st = ml + 2 * (static_cast<size_t>(r) * num_heads + h);
           attn_merge(&st[0], &st[1], out + r * out_stride + static_cast<size_t>(h) * dv, m, l,

@@ -23,14 +23,17 @@ namespace lockstep {
 
 // Partial of one query head over n >= 1 slots of one page.
 //   q       [head_dim]
-//   k, v    K and V of slot 0 for this head's kv head; slot j is j*stride further
+//   k       K of slot 0 for this head's kv head: slot j's element d is
+//           k[j * k_slot + d * k_dim] (row-major K: k_slot = the slot stride,
+//           k_dim = 1; a page's K stored transposed: k_slot = 1, k_dim = slots)
+//   v       V of slot 0; slot j is j * v_stride further
 //   scores  scratch of n floats
 // Writes *m, *l and o[0..head_dim). q·k is summed in increasing d (from 0.0f),
 // the softmax terms in increasing slot.
 // dk: the width of q and of each K; dv: of each V and of o (an MLA latent's
 // V is the first dv elements of its K: v may equal k with dv < dk).
-inline void attn_page_partial(const float* q, float scale, const float* k, const float* v,
-                              size_t stride, int32_t n, int32_t dk, int32_t dv, float* scores,
+inline void attn_page_partial(const float* q, float scale, const float* k, size_t k_slot, size_t k_dim,
+                              const float* v, size_t v_stride, int32_t n, int32_t dk, int32_t dv, float* scores,
                               float* m, float* l, float* o) {
   // scores[j] = Σ_d q[d] * k_j[d], each summed in increasing d. The d-outer,
   // slot-inner order keeps that per-slot order while giving the CPU n
@@ -38,8 +41,8 @@ inline void attn_page_partial(const float* q, float scale, const float* k, const
   for (int32_t j = 0; j < n; ++j) scores[j] = 0.0f;
   for (int32_t d = 0; d < dk; ++d) {
     const float qd = q[d];
-    const float* kd = k + d;
-    for (int32_t j = 0; j < n; ++j) scores[j] += qd * kd[static_cast<size_t>(j) * stride];
+    const float* kd = k + static_cast<size_t>(d) * k_dim;
+    for (int32_t j = 0; j < n; ++j) scores[j] += qd * kd[static_cast<size_t>(j) * k_slot];
   }
   float mx = -INFINITY;
   for (int32_t j = 0; j < n; ++j) {
@@ -52,13 +55,19 @@ inline void attn_page_partial(const float* q, float scale, const float* k, const
   for (int32_t j = 0; j < n; ++j) {
     const float p = std::exp(scores[j] - mx);
     sum += p;
-    const float* vj = v + static_cast<size_t>(j) * stride;
+    const float* vj = v + static_cast<size_t>(j) * v_stride;
     // Element-wise over d: each o[d] still sums in slot order, so the compiler
     // may vectorise this loop without changing a bit.
     for (int32_t d = 0; d < dv; ++d) o[d] += p * vj[d];
   }
   *m = mx;
   *l = sum;
+}
+
+// attn_page_partial with row-major K and V of one slot stride.
+inline void attn_page_partial(const float* q, float scale, const float* k, const float* v, size_t stride, int32_t n,
+                              int32_t dk, int32_t dv, float* scores, float* m, float* l, float* o) {
+  attn_page_partial(q, scale, k, stride, 1, v, stride, n, dk, dv, scores, m, l, o);
 }
 
 // attn_page_partial with K and V of one width.

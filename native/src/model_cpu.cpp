@@ -166,9 +166,10 @@ void CpuBackend::write_kv(int32_t layer, const StepBatch& batch, const float* hi
       // replicated) but stores only the positions it owns.
       if ((pos / P) % cp != cp_rank) continue;
       const int32_t page = s.blocks[pos / (P * cp)];
-      const size_t slot_off = static_cast<size_t>(pos % P) * kvd;
-      std::memcpy(device_.kv(page, layer, 0) + slot_off, k + j * kvd, sizeof(float) * kvd);
-      std::memcpy(device_.kv(page, layer, 1) + slot_off, v + j * kvd, sizeof(float) * kvd);
+      const int32_t slot = pos % P;
+      float* K = device_.kv(page, layer, 0);
+      for (int64_t c = 0; c < kvd; ++c) K[device_.k_index(slot, static_cast<int32_t>(c))] = k[j * kvd + c];
+      std::memcpy(device_.kv(page, layer, 1) + static_cast<size_t>(slot) * kvd, v + j * kvd, sizeof(float) * kvd);
     }
   }
 }
@@ -508,10 +509,12 @@ void CpuBackend::helix_attention(int32_t layer, const StepBatch& batch, const st
       for (int32_t g = me; g <= last; g += cp) {
         const int32_t n = g < last ? P : pos % P + 1;
         const int32_t page = s.blocks[g / cp];
-        const float* k = device_.kv(page, layer, 0) + head_off;
+        const float* planes = device_.kv(page, layer, 0);
+        // GQA: this kv head's K as stored, [dk][slot]; MLA: the latent, row-major.
+        const float* k = mla_ ? planes : planes + device_.k_index(0, static_cast<int32_t>(head_off));
         const float* v = mla_ ? k : device_.kv(page, layer, 1) + head_off;
-        attn_page_partial(q + static_cast<size_t>(h) * dk, scale, k, v, stride, n, dk, dv, scratch.scores.data(),
-                          &out[0], &out[1], out + 2);
+        attn_page_partial(q + static_cast<size_t>(h) * dk, scale, k, mla_ ? stride : 1, mla_ ? 1 : P, v, stride, n,
+                          dk, dv, scratch.scores.data(), &out[0], &out[1], out + 2);
         out += rec;
       }
     }

@@ -2,12 +2,15 @@
 //
 // Go decides which page holds what (DESIGN.md §4); the slab only stores. A
 // page holds tokens_per_page token slots of K and V for every layer, laid out
-//   page[layer][K=0 | V=1][slot][kv_head][head_dim]   (float32)
-// so that one page is one contiguous block (a page copy is one memcpy) and a
-// token's K (or V) for one layer is kv_width = num_kv_heads*head_dim
-// contiguous floats. An MLA model's slab has one plane per layer instead of
-// two: page[layer][slot][latent], kv_width = kv_lora_rank + qk_rope_head_dim
-// (kv(p, layer, 0) is the latent; there is no V plane).
+//   page[layer][K=0][kv_head][head_dim][slot]        (float32)
+//   page[layer][V=1][slot][kv_head][head_dim]
+// so that one page is one contiguous block (a page copy is one memcpy), a
+// token's V for one layer is kv_width = num_kv_heads*head_dim contiguous
+// floats, and one kv head's K of a page is a [head_dim][slot] matrix: the
+// attention's scores read it as it is stored (k_index). An MLA model's slab
+// has one plane per layer instead of two: page[layer][slot][latent],
+// kv_width = kv_lora_rank + qk_rope_head_dim (kv(p, layer, 0) is the latent,
+// K and V at once, row-major; there is no V plane).
 #ifndef LOCKSTEP_NATIVE_PAGE_SLAB_H
 #define LOCKSTEP_NATIVE_PAGE_SLAB_H
 
@@ -34,13 +37,19 @@ class PageSlab {
   const float* page(int32_t p) const {
     return data_.data() + static_cast<size_t>(p) * page_floats_;
   }
-  // K (kv = 0) or V (kv = 1) of slot 0 of `layer` in page p; slot s is
-  // s * kv_width() floats further. kv < planes.
+  // The K (kv = 0) or V (kv = 1) plane of `layer` in page p: V's slot s is
+  // s * kv_width() floats further, K's element c of slot s at k_index(s, c)
+  // (an MLA latent: row-major, as V). kv < planes.
   float* kv(int32_t p, int32_t layer, int kv) {
     return page(p) + (static_cast<size_t>(layer) * planes_ + kv) * tokens_per_page_ * kv_width_;
   }
   const float* kv(int32_t p, int32_t layer, int kv) const {
     return page(p) + (static_cast<size_t>(layer) * planes_ + kv) * tokens_per_page_ * kv_width_;
+  }
+  // Where a K plane (two planes) keeps element c (kv_head * head_dim + d) of
+  // slot s's K.
+  size_t k_index(int32_t s, int32_t c) const {
+    return static_cast<size_t>(c) * static_cast<size_t>(tokens_per_page_) + static_cast<size_t>(s);
   }
 
  private:

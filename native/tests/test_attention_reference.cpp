@@ -57,9 +57,10 @@ void run_case(const Case& c, uint64_t seed) {
       std::vector<double> s(pos + 1);
       double mx = -INFINITY;
       for (int32_t t = 0; t <= pos; ++t) {
-        const float* k = slab.kv(blocks[t / P], layer, 0) + (t % P) * kvw + g * c.head_dim;
+        const float* k = slab.kv(blocks[t / P], layer, 0);
         double dot = 0;
-        for (int32_t d = 0; d < c.head_dim; ++d) dot += double(q[h * c.head_dim + d]) * k[d];
+        for (int32_t d = 0; d < c.head_dim; ++d)
+          dot += double(q[h * c.head_dim + d]) * k[slab.k_index(t % P, g * c.head_dim + d)];
         s[t] = dot / std::sqrt(double(c.head_dim));
         mx = std::max(mx, s[t]);
       }

@@ -16,6 +16,15 @@ namespace {
 
 using Vec = std::vector<double>;
 
+// Slot s's K of `layer` in page p as the slab keeps it (page_slab.h: a K
+// plane is stored [kv_head][head_dim][slot]).
+Vec stored_k(const PageSlab& slab, int32_t p, int32_t layer, int32_t s, int32_t kvd) {
+  const float* K = slab.kv(p, layer, 0);
+  Vec k(static_cast<size_t>(kvd));
+  for (int32_t c = 0; c < kvd; ++c) k[static_cast<size_t>(c)] = K[slab.k_index(s, c)];
+  return k;
+}
+
 // y = x · W with W input-major [in][out].
 Vec matvec(const Vec& x, const std::vector<float>& W, size_t out) {
   Vec y(out, 0.0);
@@ -75,9 +84,8 @@ int main() {
   // Snapshot of layer 1's prefix K/V as the reference's input.
   std::vector<Vec> keys, vals;
   for (int t = 0; t < prefix; ++t) {
-    const float* k = be.device_pages().kv(blocks[t / P], layer, 0) + (t % P) * kvd;
     const float* v = be.device_pages().kv(blocks[t / P], layer, 1) + (t % P) * kvd;
-    keys.emplace_back(k, k + kvd);
+    keys.push_back(stored_k(be.device_pages(), blocks[t / P], layer, t % P, kvd));
     vals.emplace_back(v, v + kvd);
   }
 
@@ -146,7 +154,7 @@ int main() {
       CHECKF(err < 1e-5, "row %d hidden[%d]: got %.9g want %.9g", r, i, hidden[r * H + i], out[r][i]);
     }
     const int pos = prefix + r;
-    const float* k = be.device_pages().kv(blocks[pos / P], layer, 0) + (pos % P) * kvd;
+    const Vec k = stored_k(be.device_pages(), blocks[pos / P], layer, pos % P, kvd);
     const float* v = be.device_pages().kv(blocks[pos / P], layer, 1) + (pos % P) * kvd;
     for (int i = 0; i < kvd; ++i) {
       const double ek = std::fabs(k[i] - keys[pos][i]) / (1 + std::fabs(keys[pos][i]));
