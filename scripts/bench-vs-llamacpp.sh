@@ -28,9 +28,14 @@ if [ ! -d "$NLC/node_modules/node-llama-cpp" ]; then
 fi
 cp scripts/llamacpp/bench.mjs "$NLC/bench.mjs"
 
+make -s native >&2  # the engine library the benchmark links, up to date
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
-go test -tags native -c -o "$tmp/native.test" ./bridge/native/ >&2
+# The library's hash in the binary (as the Makefile stamps it): go's build
+# cache does not look at libengine.a, and would otherwise hand back a test
+# binary linked against an older build of it.
+go test -tags native -c -ldflags "-X github.com/lockstep-ai/lockstep/bridge/native.EngineLibrary=$(sha256sum build/native/libengine.a | cut -c1-16)" \
+  -o "$tmp/native.test" ./bridge/native/ >&2
 for r in $(seq "$RUNS"); do
   for t in 1 2; do
     for k in exact quant; do
