@@ -55,16 +55,20 @@ double measure(GemmIsa isa, const std::vector<float>& X, int64_t rows, int64_t i
                 min_s);
 }
 
+// SmolLM2's quantised products: its Q4_1 projections and Q8_0 LM head.
+struct BlockShape {
+  int64_t in, out;
+  int32_t dtype;
+  const char* what;
+};
+const BlockShape kBlockShapes[] = {{576, 576, ENG_DTYPE_Q4_1, "q, o"},
+                                   {576, 1536, ENG_DTYPE_Q4_1, "gate, up"},
+                                   {1536, 576, ENG_DTYPE_Q4_1, "down"},
+                                   {576, 49152, ENG_DTYPE_Q8_0, "lm_head"}};
+
 // Decoding's products from packed blocks against the float GEMM on the
 // loader's float32 copy of the same tensor (single thread).
 void packed_table(double min_s) {
-  struct Shape {
-    int64_t in, out;
-    int32_t dtype;
-    const char* what;
-  };
-  const Shape shapes[] = {{576, 576, ENG_DTYPE_Q4_1, "q, o"}, {576, 1536, ENG_DTYPE_Q4_1, "gate, up"},
-                          {1536, 576, ENG_DTYPE_Q4_1, "down"}, {576, 49152, ENG_DTYPE_Q8_0, "lm_head"}};
   const PackedIsa isas[] = {PackedIsa::kAvx2, PackedIsa::kAvx512};
   std::printf("\npacked products (SmolLM2's Q4_1 projections, Q8_0 LM head), single thread, GFLOP/s;\n"
               "the small shapes stay in cache across calls here, where a model's decode step streams\n"
@@ -72,7 +76,7 @@ void packed_table(double min_s) {
   std::printf("%-10s %5s %6s %6s | %9s", "shape", "rows", "in", "out", "float");
   for (PackedIsa isa : isas) std::printf(" %9s", (std::string("packed ") + lockstep::packed_isa_name(isa)).c_str());
   std::printf("\n");
-  for (const Shape& sh : shapes) {
+  for (const BlockShape& sh : kBlockShapes) {
     const std::vector<uint8_t> raw = random_tensor(sh.dtype, sh.out, sh.in);
     const eng_tensor t = tensor_of(sh.dtype, sh.out, sh.in, raw);
     const lockstep::PackedMatrix P = lockstep::pack_exact_matrix(t, 64);
@@ -101,20 +105,13 @@ void packed_table(double min_s) {
 // count the engine runs them with (single thread; GFLOP/s counts the
 // multiply-adds of the block dot products as flops).
 void quant_table(double min_s) {
-  struct Shape {
-    int64_t in, out;
-    int32_t dtype;
-    const char* what;
-  };
-  const Shape shapes[] = {{576, 576, ENG_DTYPE_Q4_1, "q, o"}, {576, 1536, ENG_DTYPE_Q4_1, "gate, up"},
-                          {1536, 576, ENG_DTYPE_Q4_1, "down"}, {576, 49152, ENG_DTYPE_Q8_0, "lm_head"}};
   const lockstep::QuantIsa isas[] = {lockstep::QuantIsa::kAvx2, lockstep::QuantIsa::kAvx512Vnni};
   std::printf("\nquantised products (--cpu-kernels quant: SmolLM2's Q4_1 projections, Q8_0 LM head),\n"
               "single thread, GFLOP/s\n");
   std::printf("%-10s %5s %6s %6s |", "shape", "rows", "in", "out");
   for (lockstep::QuantIsa isa : isas) std::printf(" %10s", lockstep::quant_isa_name(isa));
   std::printf("\n");
-  for (const Shape& sh : shapes) {
+  for (const BlockShape& sh : kBlockShapes) {
     const std::vector<uint8_t> raw = random_tensor(sh.dtype, sh.out, sh.in);
     const lockstep::QuantMatrix W = lockstep::pack_quant_matrix(tensor_of(sh.dtype, sh.out, sh.in, raw), 64);
     for (int64_t rows : {int64_t{1}, int64_t{8}, int64_t{64}, int64_t{512}}) {
