@@ -166,10 +166,7 @@ void CpuBackend::write_kv(int32_t layer, const StepBatch& batch, const float* hi
       // replicated) but stores only the positions it owns.
       if ((pos / P) % cp != cp_rank) continue;
       const int32_t page = s.blocks[pos / (P * cp)];
-      const int32_t slot = pos % P;
-      float* K = device_.kv(page, layer, 0);
-      for (int64_t c = 0; c < kvd; ++c) K[device_.k_index(slot, static_cast<int32_t>(c))] = k[j * kvd + c];
-      std::memcpy(device_.kv(page, layer, 1) + static_cast<size_t>(slot) * kvd, v + j * kvd, sizeof(float) * kvd);
+      device_.write_kv(page, layer, pos % P, k + j * kvd, v + j * kvd);
     }
   }
 }

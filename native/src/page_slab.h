@@ -51,6 +51,9 @@ class PageSlab {
   size_t k_index(int32_t s, int32_t c) const {
     return static_cast<size_t>(c) * static_cast<size_t>(tokens_per_page_) + static_cast<size_t>(s);
   }
+  // Stores slot s's K and V (kv_width() floats each) of `layer` in page p of
+  // a two-plane slab, each in its plane's layout.
+  void write_kv(int32_t p, int32_t layer, int32_t s, const float* k, const float* v);
 
  private:
   int32_t num_pages_ = 0, tokens_per_page_ = 0, kv_width_ = 0, planes_ = 2;
