@@ -13,7 +13,7 @@ namespace lockstep {
 struct AttnScratch {
   std::vector<float> scores;  // [tokens_per_page]
   std::vector<float> o_page;  // [head_dim]
-  std::vector<float> kt;      // [head_dim][tokens_per_page]: one page's K of one kv head, transposed
+  std::vector<float> kt;      // [dk][tokens_per_page]: one page's MLA latent, transposed (a K plane is stored so)
   std::vector<float> ml;      // [rows][heads][2]: running max and sum
 };
 
@@ -33,11 +33,11 @@ void paged_attention_row(const PageSlab& slab, int32_t layer, const int32_t* blo
 // positions pos[0..n): q row r at q + r * q_stride, output row r at
 // out + r * out_stride. Every row gets exactly the bits paged_attention_row
 // would give it (same partials, merged in the same page order); the rows
-// and the query heads of a kv head share each page's K, read once and
-// transposed, which is what makes a prefill chunk's attention fast. Only the
-// query heads of kv heads [g0, g1) are computed (g1 < 0: every kv head), so
-// that threads can share a call's work: a (row, head) gets the same bits in
-// any call that computes it.
+// and the query heads of a kv head share each page's K, read as the slab
+// stores it (page_slab.h), which is what makes a prefill chunk's attention
+// fast. Only the query heads of kv heads [g0, g1) are computed (g1 < 0:
+// every kv head), so that threads can share a call's work: a (row, head)
+// gets the same bits in any call that computes it.
 void paged_attention_rows(const PageSlab& slab, int32_t layer, const int32_t* blocks, const int32_t* pos,
                           int32_t n, const float* q, size_t q_stride, int32_t num_heads, int32_t num_kv_heads,
                           int32_t head_dim, float* out, size_t out_stride, AttnScratch& scratch, int32_t g0 = 0,
