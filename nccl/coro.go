@@ -34,7 +34,14 @@ import (
 // CoroGroup is an in-process group of coroutine members; see RunCoroutines.
 type CoroGroup struct {
 	members []*CoroComm
-	outs    [2][][]byte // AllGather results, used in turn
+	// outs are the AllGather results, used in turn: member r writes its
+	// payload into outs[seq&1][r] itself as it enters (on its own worker).
+	outs [2][][]byte
+	// rounds holds each driver's account of its members at the end of the
+	// round (coroRound), for complete; res is the completed collective's
+	// result, which each member reads back as it resumes.
+	rounds []coroRound
+	res    coroResult
 	// trace records the collectives of member 0 when tracing is on.
 	tracing bool
 	trace   []TraceEntry
@@ -49,6 +56,7 @@ func NewCoroGroup(size int, trace bool) *CoroGroup {
 		panic(fmt.Sprintf("nccl: NewCoroGroup size must be positive, got %d", size))
 	}
 	g := &CoroGroup{members: make([]*CoroComm, size), tracing: trace}
+	g.outs[0], g.outs[1] = make([][]byte, size), make([][]byte, size)
 	for r := range g.members {
 		g.members[r] = &CoroComm{g: g, rank: r}
 	}
@@ -97,6 +105,17 @@ type CoroComm struct {
 	err      error
 }
 
+// coroResult is a completed (or failed) collective's outcome, shared by
+// every member that waited in it.
+type coroResult struct {
+	err     error // the collective failed (every waiting member's error)
+	out     [][]byte
+	decoded any
+	derr    error // AllGatherDecoded's decode error (members that decode)
+	bcast   []byte
+	reduced []int64
+}
+
 var _ Comm = (*CoroComm)(nil)
 
 // Rank is this member's index.
@@ -131,6 +150,7 @@ func (c *CoroComm) AllGatherDecoded(name string, data []byte, decode func([][]by
 func (c *CoroComm) copyPayload(data []byte) []byte {
 	b := append(c.payload[c.seq&1][:0], data...)
 	c.payload[c.seq&1] = b
+	c.g.outs[c.seq&1][c.rank] = b[:len(b):len(b)]
 	return b
 }
 
@@ -172,7 +192,24 @@ func (c *CoroComm) enter(call coroCall) error {
 	if !c.yield(struct{}{}) {
 		return &collectiveError{kind: ErrClosed, msg: fmt.Sprintf("rank %d: group stopped during %s:%s", c.rank, call.kind, call.name)}
 	}
-	c.call = coroCall{} // here, not in complete: members clear their own in parallel
+	// The member takes its result itself (here, not in complete: members
+	// of different workers do it in parallel, each in its own caches).
+	res := &c.g.res
+	c.waiting, c.err = false, res.err
+	if res.err == nil {
+		switch call.kind {
+		case KindAllGather:
+			c.gathered, c.decoded = res.out, nil
+			if call.decode != nil {
+				c.decoded, c.err = res.decoded, res.derr
+			}
+		case KindBroadcast:
+			c.bcast = res.bcast
+		case KindAllReduce:
+			c.reduced = res.reduced
+		}
+	}
+	c.call = coroCall{}
 	c.seq++
 	return c.err
 }
@@ -189,7 +226,9 @@ func RunCoroutines(g *CoroGroup, body func(rank int, c *CoroComm) error) []error
 	for r := range all {
 		all[r] = r
 	}
+	g.rounds = make([]coroRound, 1)
 	d := newCoroDriver(g, all, body, errs)
+	d.round = &g.rounds[0]
 	defer d.stop()
 	for {
 		if d.run() == 0 {
@@ -225,6 +264,7 @@ func RunCoroutinesParallel(g *CoroGroup, workers int, lockThreads bool, body fun
 		return RunCoroutines(g, body)
 	}
 	errs := make([]error, n)
+	g.rounds = make([]coroRound, workers)
 	b := &coroBarrier{workers: int32(workers), yield: !lockThreads, spin: coroSpinUnlocked}
 	b.cond.L = &b.mu
 	var wg sync.WaitGroup
@@ -244,6 +284,7 @@ func RunCoroutinesParallel(g *CoroGroup, workers int, lockThreads bool, body fun
 				defer runtime.UnlockOSThread()
 			}
 			d := newCoroDriver(g, own, body, errs)
+			d.round = &g.rounds[w]
 			defer d.stop()
 			end := func(total int) {
 				if total > 0 {
@@ -264,6 +305,17 @@ type coroDriver struct {
 	own   []int
 	nexts []func() (struct{}, bool)
 	stops []func()
+	round *coroRound // this driver's slot of g.rounds
+}
+
+// coroRound is a driver's account of its members after a round, taken
+// while they are in its own caches: the lowest rank waiting in a
+// collective, the lowest one whose call decodes, and whether every
+// member is waiting in a call that pairs with the first's. complete then
+// checks the group against one call per driver instead of every member.
+type coroRound struct {
+	first, decode int // -1: none
+	clean         bool
 }
 
 func newCoroDriver(g *CoroGroup, own []int, body func(rank int, c *CoroComm) error, errs []error) *coroDriver {
@@ -285,10 +337,26 @@ func newCoroDriver(g *CoroGroup, own []int, body func(rank int, c *CoroComm) err
 // (or its end) and returns how many are still live.
 func (d *coroDriver) run() int {
 	live := 0
-	for i := range d.own {
+	rd := coroRound{first: -1, decode: -1, clean: true}
+	for i, r := range d.own {
 		if d.resume(i) {
 			live++
 		}
+		c := d.g.members[r]
+		switch {
+		case !c.waiting:
+			rd.clean = false // gone: complete reports it
+		case rd.first < 0:
+			rd.first = r
+		case c.call.mismatch(d.g.members[rd.first].call) != nil:
+			rd.clean = false
+		}
+		if rd.decode < 0 && c.waiting && c.call.decode != nil {
+			rd.decode = r
+		}
+	}
+	if d.round != nil {
+		*d.round = rd
 	}
 	return live
 }
@@ -375,69 +443,51 @@ func (b *coroBarrier) arrive(live int, end func(total int)) int {
 
 // complete finishes the collective every live member is waiting in: the
 // result on a match, ErrClosed when some member left, ErrMismatch otherwise.
+// It runs alone (every other driver waits at the barrier), so it touches as
+// few members as it can: when every driver's round is clean it compares one
+// call per driver; otherwise it walks every member to name the culprit.
 func (g *CoroGroup) complete() {
-	first := -1
-	var gone []int
-	for r, c := range g.members {
-		switch {
-		case c.exited || c.closed && !c.waiting:
-			gone = append(gone, r)
-		case first < 0:
-			first = r
+	g.res = coroResult{}
+	first, decode, clean := -1, -1, true
+	for _, rd := range g.rounds {
+		clean = clean && rd.clean
+		if rd.first >= 0 && (first < 0 || rd.first < first) {
+			first = rd.first
+		}
+		if rd.decode >= 0 && (decode < 0 || rd.decode < decode) {
+			decode = rd.decode
 		}
 	}
-	ref := g.members[first].call
-	if len(gone) > 0 {
-		err := &collectiveError{kind: ErrClosed, msg: fmt.Sprintf("collective #%d %s:%s: rank %d left the group before entering it",
-			g.members[first].seq, ref.kind, ref.name, gone[0])}
-		g.fail(err)
+	if first < 0 {
+		clean = false
+	}
+	if clean {
+		ref := g.members[first].call
+		for _, rd := range g.rounds {
+			if rd.first >= 0 && g.members[rd.first].call.mismatch(ref) != nil {
+				clean = false
+			}
+		}
+	}
+	if !clean && !g.check() {
 		return
 	}
-	for r, c := range g.members {
-		if err := c.call.mismatch(ref); err != nil {
-			g.fail(&collectiveError{kind: ErrMismatch, msg: fmt.Sprintf("collective #%d: rank %d entered %s:%s, rank %d entered %s:%s (%v)",
-				c.seq, first, ref.kind, ref.name, r, c.call.kind, c.call.name, err)})
-			return
-		}
-	}
+	ref := g.members[first].call
 	if g.tracing {
 		g.trace = append(g.trace, TraceEntry{Seq: g.calls, Kind: ref.kind, Name: ref.name})
 	}
 	g.calls++
 	switch ref.kind {
 	case KindAllGather:
-		// Each member's data is its own copy (AllGather made it on the
-		// member's thread): the result points at them.
-		out := g.outs[g.calls&1]
-		if out == nil {
-			out = make([][]byte, len(g.members))
-			g.outs[g.calls&1] = out
-		}
-		for r, c := range g.members {
-			out[r] = c.call.data[:len(c.call.data):len(c.call.data)]
-		}
-		var decoded any
-		var derr error
-		for _, c := range g.members {
-			if c.call.decode != nil {
-				decoded, derr = c.call.decode(out)
-				break
-			}
-		}
-		for _, c := range g.members {
-			c.gathered, c.decoded = out, nil
-			if c.call.decode != nil {
-				c.decoded = decoded
-				if derr != nil && c.err == nil {
-					c.err = derr
-				}
-			}
+		// Each member put its own copy of its data in out as it entered
+		// (copyPayload, on its own thread).
+		out := g.outs[g.members[first].seq&1]
+		g.res.out = out
+		if decode >= 0 {
+			g.res.decoded, g.res.derr = g.members[decode].call.decode(out)
 		}
 	case KindBroadcast:
-		b := slices.Clone(g.members[ref.root].call.data)
-		for _, c := range g.members {
-			c.bcast = b
-		}
+		g.res.bcast = slices.Clone(g.members[ref.root].call.data)
 	case KindAllReduce:
 		out := slices.Clone(g.members[0].call.vals)
 		for _, c := range g.members[1:] {
@@ -452,22 +502,38 @@ func (g *CoroGroup) complete() {
 				}
 			}
 		}
-		for _, c := range g.members {
-			c.reduced = out
-		}
-	}
-	for _, c := range g.members {
-		c.waiting = false
+		g.res.reduced = out
 	}
 }
 
-// fail ends the pending collective with err on every waiting member.
-func (g *CoroGroup) fail(err error) {
-	for _, c := range g.members {
-		if c.waiting {
-			c.err, c.waiting, c.call = err, false, coroCall{}
+// check walks every member: it fails the collective (and returns false)
+// when a member left the group before entering it, or entered another
+// collective than the lowest live rank.
+func (g *CoroGroup) check() bool {
+	first := -1
+	var gone []int
+	for r, c := range g.members {
+		switch {
+		case c.exited || c.closed && !c.waiting:
+			gone = append(gone, r)
+		case first < 0:
+			first = r
 		}
 	}
+	ref := g.members[first].call
+	if len(gone) > 0 {
+		g.res.err = &collectiveError{kind: ErrClosed, msg: fmt.Sprintf("collective #%d %s:%s: rank %d left the group before entering it",
+			g.members[first].seq, ref.kind, ref.name, gone[0])}
+		return false
+	}
+	for r, c := range g.members {
+		if err := c.call.mismatch(ref); err != nil {
+			g.res.err = &collectiveError{kind: ErrMismatch, msg: fmt.Sprintf("collective #%d: rank %d entered %s:%s, rank %d entered %s:%s (%v)",
+				c.seq, first, ref.kind, ref.name, r, c.call.kind, c.call.name, err)}
+			return false
+		}
+	}
+	return true
 }
 
 // mismatch reports how c differs from ref, or nil when they pair.
