@@ -515,6 +515,9 @@ type waitMark struct {
 
 // waitStart marks the start of a collective wait.
 func (e *Executor) waitStart() waitMark {
+	if !e.timed {
+		return waitMark{} // nothing reads wait_ms (nor measures host time)
+	}
 	m := waitMark{wall: e.wall()}
 	if e.cpuClock {
 		m.cpu, _ = cputime.Thread()
@@ -525,6 +528,9 @@ func (e *Executor) waitStart() waitMark {
 // waitEnd books a collective wait begun at m: its wall time (wait_ms) and
 // the thread CPU time spent inside it (left out of host_ms).
 func (e *Executor) waitEnd(m waitMark) {
+	if !e.timed {
+		return
+	}
 	e.waitDur += e.wall().Sub(m.wall)
 	if e.cpuClock {
 		if c, ok := cputime.Thread(); ok {
