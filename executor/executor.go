@@ -114,6 +114,11 @@ type Executor struct {
 	stepRes  bridge.StepResult
 	waitRes  bridge.StepResult // overlap loop: the previous batch's results
 	planBuf  plan              // the iteration's plan (prologue)
+	// costPlan is the launched plan whose step cost rides this iteration's
+	// response gather (overlap loop under attention DP with a virtual
+	// clock, virtual.go); costSplit is that gather's decode scratch.
+	costPlan  *plan
+	costSplit [][]byte
 	ownState [1]RankState      // the gathered states without attention DP
 	prev     *batch            // overlap loop: launched, results not applied yet
 	spare    *batch            // recycled batch object

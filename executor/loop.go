@@ -350,6 +350,9 @@ func (e *Executor) overlapTail(p *plan) error {
 	if err := e.answerPrevious(processed); err != nil {
 		return err
 	}
+	if e.costPlan != nil {
+		return fmt.Errorf("executor: iteration %d: the launched step's cost was not agreed", e.iter)
+	}
 	// 16: exactly once per iteration, right after the previous-batch branch.
 	if err := e.addKVCacheEventsSynced(processed); err != nil {
 		return err
@@ -387,9 +390,13 @@ func (e *Executor) launch(p *plan, b *batch) error {
 		return err
 	}
 	if e.virtual != nil {
-		var err error
-		if p.fleetMS, err = e.fleetStepMS(p.rec); err != nil {
-			return err
+		if e.fusedStepCost() {
+			e.costPlan = p // agreed in this iteration's C7 (answerPrevious)
+		} else {
+			var err error
+			if p.fleetMS, err = e.fleetStepMS(p.rec); err != nil {
+				return err
+			}
 		}
 	}
 	e.markLaunched(b)

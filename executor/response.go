@@ -314,7 +314,13 @@ func (e *Executor) gatherResponses(name string, rs []Response, deviceUS, tokens 
 	}
 	t := e.waitStart()
 	e.wire = responseBatch{DeviceUS: deviceUS, Tokens: tokens, Responses: rs, Deltas: deltas, Load: load}.appendTo(e.wire[:0])
-	all, err := e.d.Comm.AllGather(name, e.wire)
+	var all [][]byte
+	var err error
+	if name == "responses" && e.costPlan != nil {
+		all, err = e.gatherWithStepCost(name)
+	} else {
+		all, err = e.d.Comm.AllGather(name, e.wire)
+	}
 	e.waitEnd(t)
 	if err != nil {
 		return err

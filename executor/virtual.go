@@ -1,6 +1,8 @@
 package executor
 
 import (
+	"encoding/binary"
+	"fmt"
 	"time"
 )
 
@@ -55,11 +57,76 @@ func (e *Executor) fleetStepMS(rec *IterRecord) (float64, error) {
 			return 0, err
 		}
 	}
+	e.bookFleetStep(rec, fleet)
+	return fleet, nil
+}
+
+// bookFleetStep books the agreed duration of the launched step.
+func (e *Executor) bookFleetStep(rec *IterRecord, fleet float64) {
 	e.res.VirtualDeviceMS += fleet
 	if rec != nil {
 		rec.fleetMS = fleet
 	}
-	return fleet, nil
+}
+
+// fusedStepCost reports whether the launched step's cost rides the
+// iteration's response gather (C7) instead of a "step_cost" allgather of
+// its own: in the overlap loop under attention DP, where C7 runs in every
+// iteration right after the launch and nothing between the two reads the
+// fleet's step duration (it moves the clock at the iteration's end). A
+// deliberate difference from executor.md §7's inventory: one collective
+// less per forward on a virtual clock, the same values (issue 24 item 8).
+// The sequential loop needs the duration before it applies the results,
+// so it keeps "step_cost".
+func (e *Executor) fusedStepCost() bool { return e.cfg.Overlap && e.adp() }
+
+// gatherWithStepCost is C7 carrying the launched step's cost: e.wire (the
+// response batch) gets the cost and its length appended, the fleet's step
+// duration is computed once per gather (once per coroutine fleet) and
+// booked on e.costPlan, and the response batches come back without the
+// cost.
+func (e *Executor) gatherWithStepCost(name string) ([][]byte, error) {
+	p := e.costPlan
+	e.costPlan = nil
+	n0 := len(e.wire)
+	e.wire = e.virtual.AppendStepCost(e.wire)
+	e.wire = binary.LittleEndian.AppendUint32(e.wire, uint32(len(e.wire)-n0))
+	v, err := e.allGatherDecoded(name, e.wire, e.splitStepCosts)
+	if err != nil {
+		return nil, err
+	}
+	g := v.(*costedGather)
+	p.fleetMS = g.fleetMS
+	e.bookFleetStep(p.rec, g.fleetMS)
+	return g.batches, nil
+}
+
+// costedGather is a C7 result with the step costs taken off.
+type costedGather struct {
+	batches [][]byte
+	fleetMS float64
+}
+
+// splitStepCosts splits every member's C7 payload into its response batch
+// and its step cost, and combines the costs into the fleet's duration.
+func (e *Executor) splitStepCosts(all [][]byte) (any, error) {
+	g := &costedGather{batches: make([][]byte, len(all))}
+	e.costSplit = e.costSplit[:0]
+	for i, b := range all {
+		if len(b) < 4 {
+			return nil, fmt.Errorf("collective desync: responses of rank %d carry no step cost (%d bytes)", i, len(b))
+		}
+		n := int(binary.LittleEndian.Uint32(b[len(b)-4:]))
+		if n > len(b)-4 {
+			return nil, fmt.Errorf("collective desync: rank %d's step cost of %d bytes in %d", i, n, len(b))
+		}
+		cut := len(b) - 4 - n
+		g.batches[i] = b[:cut:cut]
+		e.costSplit = append(e.costSplit, b[cut:len(b)-4])
+	}
+	var err error
+	g.fleetMS, err = e.virtual.FleetStepMS(e.costSplit)
+	return g, err
 }
 
 // advance moves the virtual clock by ms (rounded to the nanosecond the same
