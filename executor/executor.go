@@ -110,18 +110,21 @@ type Executor struct {
 	pending  []Response // rejections, flushed at C8
 	finished []Response // completions of this iteration's forward, gathered at C7
 
-	step     bridge.StepDesc
-	stepRes  bridge.StepResult
-	waitRes  bridge.StepResult // overlap loop: the previous batch's results
-	planBuf  plan              // the iteration's plan (prologue)
+	step    bridge.StepDesc
+	stepRes bridge.StepResult
+	waitRes bridge.StepResult // overlap loop: the previous batch's results
+	planBuf plan              // the iteration's plan (prologue)
 	// costPlan is the launched plan whose step cost rides this iteration's
 	// response gather (overlap loop under attention DP with a virtual
 	// clock, virtual.go); costSplit is that gather's decode scratch.
 	costPlan  *plan
 	costSplit [][]byte
-	ownState [1]RankState      // the gathered states without attention DP
-	prev     *batch            // overlap loop: launched, results not applied yet
-	spare    *batch            // recycled batch object
+	// intakeBuf is rank 0's intake encoded for its rank state (C1 with
+	// C2/C3 folded in, gatherStatesAndArrivals).
+	intakeBuf []byte
+	ownState  [1]RankState // the gathered states without attention DP
+	prev      *batch       // overlap loop: launched, results not applied yet
+	spare     *batch       // recycled batch object
 	// spareDummies are padding dummies that ran and left, whose storage
 	// the next dummies reuse (takeDummy).
 	spareDummies []*request
@@ -285,7 +288,8 @@ func (e *Executor) wall() time.Time {
 	return e.cfg.Clock()
 }
 
-// multi: more than one rank (the world collectives C2/C3 run).
+// multi: more than one rank (the world collectives C2/C3 run; under
+// attention DP they ride C1, gatherStatesAndArrivals).
 func (e *Executor) multi() bool { return e.cfg.Ranks > 1 }
 
 // adp: attention data parallelism — each rank owns its requests and the tp

@@ -141,68 +141,40 @@ func (s *TraceSource) NextArrival() time.Time {
 func (s *TraceSource) Total() int { return len(s.reqs) }
 
 // fetchArrivals is C2/C3: rank 0 broadcasts the count (and the shutdown
-// flag), then the items only if the count is non-zero.
+// flag), then the items only if the count is non-zero. Under attention DP
+// the same header and items ride rank 0's rank state instead
+// (gatherStatesAndArrivals).
 func (e *Executor) fetchArrivals(now time.Time) ([]Arrival, error) {
 	var items []Arrival
 	var cancels []uint64
 	var shut bool
 	if e.cfg.Rank == 0 {
-		items = e.screenArrivals(e.d.Source.Due(now), now)
-		if e.canceller != nil {
-			cancels = e.canceller.Cancelled()
-		}
-		// Rejections made here are gathered at this iteration's C8; hold the
-		// shutdown back one iteration so that the loop cannot exit first
-		// (they are not fleet work: the other ranks never see them).
-		shut = e.d.Source.Exhausted() && len(e.pending) == 0
+		items, cancels, shut = e.takeArrivals(now)
 	}
 	if !e.multi() {
 		e.shutdown = e.shutdown || shut
 		e.cancelRequests(cancels)
 		return items, nil
 	}
-	// Header: arrivals, shutdown, cancellations, [rank 0's virtual clock].
-	hdrLen := 24
-	if e.virtual != nil {
-		hdrLen = 32 // + rank 0's virtual clock (configuration-dependent, identical on every rank)
-	}
-	hdr := make([]byte, hdrLen)
-	binary.LittleEndian.PutUint64(hdr, uint64(len(items)))
-	if shut {
-		binary.LittleEndian.PutUint64(hdr[8:], 1)
-	}
-	binary.LittleEndian.PutUint64(hdr[16:], uint64(len(cancels)))
-	if e.virtual != nil {
-		binary.LittleEndian.PutUint64(hdr[24:], uint64(e.vnow.UnixNano()))
-	}
+	hdr := e.appendIntakeHeader(nil, len(items), shut, len(cancels))
 	t := e.waitStart()
 	defer func() { e.waitEnd(t) }()
 	got, err := e.d.Comm.Broadcast("arrival_count", 0, hdr)
 	if err != nil {
 		return nil, err
 	}
-	if len(got) != hdrLen {
-		return nil, fmt.Errorf("collective desync: arrival count of %d bytes", len(got))
+	count, nc, err := e.applyIntakeHeader(got, true)
+	if err != nil {
+		return nil, err
 	}
-	if e.virtual != nil {
-		e.vnow = time.Unix(0, int64(binary.LittleEndian.Uint64(got[24:])))
-	}
-	count := int(binary.LittleEndian.Uint64(got))
-	e.shutdown = e.shutdown || binary.LittleEndian.Uint64(got[8:]) != 0
-	if nc := binary.LittleEndian.Uint64(got[16:]); nc > 0 {
-		// Every rank withdraws them here, before this iteration schedules.
-		if nc > 1<<20 {
-			return nil, fmt.Errorf("collective desync: %d cancellations announced", nc)
-		}
+	if nc > 0 {
 		raw, err := e.d.Comm.Broadcast("cancellations", 0, encodeIDs(cancels))
 		if err != nil {
 			return nil, err
 		}
-		ids, err := decodeIDs(raw, int(nc))
-		if err != nil {
+		if err := e.applyCancellations(raw, nc); err != nil {
 			return nil, err
 		}
-		e.cancelRequests(ids)
 	}
 	if count == 0 {
 		return nil, nil
@@ -218,6 +190,142 @@ func (e *Executor) fetchArrivals(now time.Time) ([]Arrival, error) {
 		return items, nil
 	}
 	return decodeArrivals(payload, count)
+}
+
+// gatherStatesAndArrivals is C1 with C2/C3 folded into it, under attention
+// DP (where C1 runs in every iteration and world = tp): rank 0's rank state
+// carries the arrival header, the cancelled ids and the items, so an
+// iteration takes one collective where it took two or three. Every rank
+// reads the same values at the same point of the iteration as from the
+// broadcasts (the intake does not depend on the rank states, nor the rank
+// states on the intake), so schedules and digests are unchanged. A
+// deliberate difference from executor.md §7's inventory (issue 24 item 8).
+func (e *Executor) gatherStatesAndArrivals(now time.Time) ([]Arrival, []RankState, error) {
+	var items []Arrival
+	var intake []byte
+	if e.cfg.Rank == 0 {
+		items, cancels, shut := e.takeArrivals(now)
+		intake = e.appendIntakeHeader(e.intakeBuf[:0], len(items), shut, len(cancels))
+		for _, id := range cancels {
+			intake = binary.LittleEndian.AppendUint64(intake, id)
+		}
+		intake = appendArrivals(intake, items)
+		e.intakeBuf = intake
+		states, _, err := e.gatherRankStates(intake)
+		if err != nil {
+			return nil, nil, err
+		}
+		// Rank 0 applies its own header as every rank does (shutdown,
+		// cancellations, clock) and keeps its items.
+		if _, err := e.applyIntake(intake); err != nil {
+			return nil, nil, err
+		}
+		return items, states, nil
+	}
+	states, tail, err := e.gatherRankStates(nil)
+	if err != nil {
+		return nil, nil, err
+	}
+	items, err = e.applyIntake(tail)
+	return items, states, err
+}
+
+// applyIntake applies the intake that rode rank 0's state: header, then
+// the cancelled ids, then the items (decoded unless this is rank 0).
+func (e *Executor) applyIntake(b []byte) ([]Arrival, error) {
+	count, nc, err := e.applyIntakeHeader(b, false)
+	if err != nil {
+		return nil, err
+	}
+	b = b[e.intakeHeaderLen():]
+	if len(b) < 8*nc {
+		return nil, fmt.Errorf("collective desync: %d bytes of cancellations, want %d ids", len(b), nc)
+	}
+	if nc > 0 {
+		if err := e.applyCancellations(b[:8*nc], nc); err != nil {
+			return nil, err
+		}
+	}
+	b = b[8*nc:]
+	if count == 0 || e.cfg.Rank == 0 {
+		if count == 0 && len(b) != 0 {
+			return nil, fmt.Errorf("collective desync: %d bytes of arrivals, none announced", len(b))
+		}
+		return nil, nil
+	}
+	return decodeArrivals(b, count)
+}
+
+// takeArrivals is rank 0's intake: the arrivals due at now (screened), the
+// cancellations, and whether the source is done.
+func (e *Executor) takeArrivals(now time.Time) (items []Arrival, cancels []uint64, shut bool) {
+	items = e.screenArrivals(e.d.Source.Due(now), now)
+	if e.canceller != nil {
+		cancels = e.canceller.Cancelled()
+	}
+	// Rejections made here are gathered at this iteration's C8; hold the
+	// shutdown back one iteration so that the loop cannot exit first
+	// (they are not fleet work: the other ranks never see them).
+	shut = e.d.Source.Exhausted() && len(e.pending) == 0
+	return items, cancels, shut
+}
+
+// intakeHeaderLen is the arrival header's size: arrivals, shutdown,
+// cancellations, [rank 0's virtual clock] (configuration-dependent,
+// identical on every rank).
+func (e *Executor) intakeHeaderLen() int {
+	if e.virtual != nil {
+		return 32
+	}
+	return 24
+}
+
+// appendIntakeHeader appends the arrival header to b.
+func (e *Executor) appendIntakeHeader(b []byte, count int, shut bool, cancels int) []byte {
+	b = binary.LittleEndian.AppendUint64(b, uint64(count))
+	var s uint64
+	if shut {
+		s = 1
+	}
+	b = binary.LittleEndian.AppendUint64(b, s)
+	b = binary.LittleEndian.AppendUint64(b, uint64(cancels))
+	if e.virtual != nil {
+		b = binary.LittleEndian.AppendUint64(b, uint64(e.vnow.UnixNano()))
+	}
+	return b
+}
+
+// applyIntakeHeader reads the arrival header at the start of got (exact:
+// got is the header alone): the clock and the shutdown flag take effect,
+// and it returns the announced arrivals and cancellations.
+func (e *Executor) applyIntakeHeader(got []byte, exact bool) (count, cancels int, err error) {
+	hdrLen := e.intakeHeaderLen()
+	if len(got) < hdrLen || exact && len(got) != hdrLen {
+		return 0, 0, fmt.Errorf("collective desync: arrival count of %d bytes", len(got))
+	}
+	if e.virtual != nil {
+		e.vnow = time.Unix(0, int64(binary.LittleEndian.Uint64(got[24:])))
+	}
+	e.shutdown = e.shutdown || binary.LittleEndian.Uint64(got[8:]) != 0
+	n, nc := binary.LittleEndian.Uint64(got), binary.LittleEndian.Uint64(got[16:])
+	if nc > 1<<20 {
+		return 0, 0, fmt.Errorf("collective desync: %d cancellations announced", nc)
+	}
+	if n > 1<<31 {
+		return 0, 0, fmt.Errorf("collective desync: %d arrivals announced", n)
+	}
+	return int(n), int(nc), nil
+}
+
+// applyCancellations withdraws the nc cancelled ids of raw, on every rank,
+// before this iteration schedules.
+func (e *Executor) applyCancellations(raw []byte, nc int) error {
+	ids, err := decodeIDs(raw, nc)
+	if err != nil {
+		return err
+	}
+	e.cancelRequests(ids)
+	return nil
 }
 
 // screenArrivals is rank 0's length check before the broadcast: an arrival
@@ -307,12 +415,15 @@ func (a *Arrival) hasProcessors() bool {
 // arrivalLogprobs: top_logprobs u8], n_tokens u32, tokens u32×n. Rank 0 has screened the
 // items (scheduler.Admission, valid sampling parameters), so max_new, top_k and the
 // prompt length fit 32 bits; an item that does not is a broken invariant.
-func encodeArrivals(items []Arrival) []byte {
+func encodeArrivals(items []Arrival) []byte { return appendArrivals(nil, items) }
+
+// appendArrivals appends the wire form of items to b.
+func appendArrivals(b []byte, items []Arrival) []byte {
 	n := 0
 	for _, a := range items {
 		n += 8 + 8 + 4 + 4 + len(a.ConversationID) + 4 + len(a.Routing.AffinityID) + 1 + 4 + 20 + 4 + 4*len(a.Prompt)
 	}
-	b := make([]byte, 0, n)
+	b = slices.Grow(b, n)
 	for _, a := range items {
 		if a.MaxNewTokens < 0 || a.MaxNewTokens > scheduler.MaxSequenceTokens || a.Routing.Rank < 0 || a.Routing.Rank > math.MaxInt32 {
 			panic(fmt.Sprintf("executor: arrival %d was not screened: max_new_tokens %d, target rank %d", a.ID, a.MaxNewTokens, a.Routing.Rank))

@@ -178,11 +178,14 @@ func (e *Executor) prologue() (*plan, error) {
 // returns the broadcast arrivals and the gathered rank states; with a
 // virtual clock p.start becomes rank 0's clock, agreed in the broadcast.
 func (e *Executor) fetchAndRoute(p *plan) ([]Arrival, []RankState, error) {
-	states, err := e.gatherRankStates()
-	if err != nil {
-		return nil, nil, err
+	var items []Arrival
+	var states []RankState
+	var err error
+	if e.adp() {
+		items, states, err = e.gatherStatesAndArrivals(p.start)
+	} else if states, _, err = e.gatherRankStates(nil); err == nil {
+		items, err = e.fetchArrivals(p.start)
 	}
-	items, err := e.fetchArrivals(p.start)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -63,28 +63,46 @@ func decodeRankState(b []byte) (RankState, error) {
 }
 
 // gatherRankStates is C1: every rank's state, indexed by its rank field.
-func (e *Executor) gatherRankStates() ([]RankState, error) {
+// Rank 0's may carry the iteration's intake after it (intake, from rank 0;
+// nil elsewhere), which every rank gets back as tail (nil when none rode).
+func (e *Executor) gatherRankStates(intake []byte) (states []RankState, tail []byte, err error) {
 	mine := e.rankState()
 	if !e.adp() {
 		e.ownState[0] = mine
-		return e.ownState[:], nil
+		return e.ownState[:], nil, nil
 	}
 	t := e.waitStart()
 	e.wire = mine.appendTo(e.wire[:0])
+	e.wire = append(e.wire, intake...)
 	v, err := e.allGatherDecoded("rank_state", e.wire, e.decodeRankStates)
 	e.waitEnd(t)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return v.([]RankState), nil // shared with the other ranks of a coroutine fleet: read-only
+	g := v.(*gatheredStates) // shared with the other ranks of a coroutine fleet: read-only
+	return g.states, g.intake, nil
+}
+
+// gatheredStates is C1's decoded result: the states by rank and the intake
+// that rode rank 0's state (a copy: the gathered buffers are reused, and
+// decoded arrivals keep their prompt bytes).
+type gatheredStates struct {
+	states []RankState
+	intake []byte
 }
 
 // decodeRankStates decodes the gathered rank states, indexed by their rank
 // field. It reads only its argument (and the configured rank count), so a
-// coroutine fleet runs it once for every rank.
+// coroutine fleet runs it once for every rank. Rank 0's state may be
+// followed by the intake (gatherStatesAndArrivals); any other longer state
+// is a desync.
 func (e *Executor) decodeRankStates(all [][]byte) (any, error) {
-	states := make([]RankState, e.cfg.Ranks)
+	g := &gatheredStates{states: make([]RankState, e.cfg.Ranks)}
 	for i, b := range all {
+		if len(b) > 8*RankStateLen && binary.LittleEndian.Uint64(b) == 0 {
+			g.intake = slices.Clone(b[8*RankStateLen:])
+			b = b[:8*RankStateLen]
+		}
 		s, err := decodeRankState(b)
 		if err != nil {
 			return nil, err
@@ -92,9 +110,9 @@ func (e *Executor) decodeRankStates(all [][]byte) (any, error) {
 		if s.Rank < 0 || int(s.Rank) >= e.cfg.Ranks {
 			return nil, fmt.Errorf("collective desync: rank state from member %d names rank %d", i, s.Rank)
 		}
-		states[s.Rank] = s
+		g.states[s.Rank] = s
 	}
-	return states, nil
+	return g, nil
 }
 
 // rankState is this rank's contribution to C1: its loads now (dummies left

@@ -129,7 +129,7 @@ func TestRankStateAllgather(t *testing.T) {
 			for i := 0; i <= r; i++ { // rank 0: one request of 10; rank 1: two of 10
 				inject(e, newRequest(arrival(uint64(10*r+i), 10, 2)))
 			}
-			got[r], errs[r] = e.gatherRankStates()
+			got[r], _, errs[r] = e.gatherRankStates(nil)
 		})
 		require.NoError(t, errs[0])
 		require.NoError(t, errs[1])
@@ -153,7 +153,7 @@ func TestRankStateAllgather(t *testing.T) {
 			hc.send = func(_ string, _ []byte) []byte { return wire(5) }
 		}
 		e, _, _ := unitExec(t, r, 2, 64, hc)
-		_, errs[r] = e.gatherRankStates()
+		_, _, errs[r] = e.gatherRankStates(nil)
 	})
 	for r := range errs {
 		require.ErrorContains(t, errs[r], "collective desync")
@@ -172,7 +172,9 @@ func TestRankStateCarriesPreviousIterationStats(t *testing.T) {
 			rr := rr
 			rr.hc.send = func(name string, data []byte) []byte {
 				if name == "rank_state" {
-					sent[rr.rank] = append(sent[rr.rank], unwire(t, data))
+					// Rank 0's state carries the intake after it
+					// (gatherStatesAndArrivals).
+					sent[rr.rank] = append(sent[rr.rank], unwire(t, data[:min(len(data), 8*RankStateLen)]))
 				}
 				return data
 			}
