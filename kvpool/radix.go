@@ -15,7 +15,8 @@ import (
 type node struct {
 	key scheduler.BlockKey // lookup key (LookupKeyOf): the key of Manager.nodes
 	// hash is the block's §6.1 SHA-256 chain key, as events carry it,
-	// computed once when the block is stored.
+	// computed once when the block is stored (zero without events: nothing
+	// else reads it).
 	hash     scheduler.BlockKey
 	tokens   []int32 // the block's tokens: P for a full block, fewer for a partial one
 	parent   *node   // nil for a root

@@ -37,9 +37,12 @@ func (m *Manager) saltOf(r *scheduler.Request) string {
 func (m *Manager) insert(parent *node, key scheduler.BlockKey, tokens []int32, loc pageLoc) *node {
 	n := &node{key: key, tokens: append([]int32(nil), tokens...), parent: parent, loc: loc,
 		salt: parent.salt, inTree: true, heapIdx: -1}
-	// The §6.1 key (events, snapshots): once per stored block, not per
-	// lookup.
-	n.hash = m.hasher.sha(parent.hash, tokens)
+	// The §6.1 key, which only events carry: once per stored block, not
+	// per lookup, and not at all without events (a block's parent is
+	// stored before it, so with events every hash in the tree is set).
+	if m.ev.enabled {
+		n.hash = m.hasher.sha(parent.hash, tokens)
+	}
 	m.nodes[key] = n
 	parent.childGen++
 	if parent.cached { // a cached leaf that gains a child is no longer a leaf
