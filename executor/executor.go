@@ -122,6 +122,13 @@ type Executor struct {
 	// intakeBuf is rank 0's intake encoded for its rank state (C1 with
 	// C2/C3 folded in, gatherStatesAndArrivals).
 	intakeBuf []byte
+	// The decoders of C1 and of C7 with a step cost, and their results,
+	// two of each used in turn: a decoded gather is read only until the
+	// next gather of its kind (a coroutine fleet shares rank 0's).
+	decodeStates, splitCosts func([][]byte) (any, error)
+	statesBuf                [2]gatheredStates
+	costedBuf                [2]costedGather
+	statesTurn, costedTurn   int
 	ownState  [1]RankState // the gathered states without attention DP
 	prev      *batch       // overlap loop: launched, results not applied yet
 	spare     *batch       // recycled batch object
@@ -214,6 +221,7 @@ func New(cfg Config, d Deps) (*Executor, error) {
 	}
 	e := &Executor{cfg: cfg, d: d, adm: adm, byID: map[uint64]*request{}, nextDummy: dummyIDBase,
 		lastStats: RankState{StatsIter: -1}, wallClock: cfg.Clock}
+	e.decodeStates, e.splitCosts = e.decodeRankStates, e.splitStepCosts // made once: no closure per gather
 	if coster != nil {
 		e.virtual, e.vnow = coster, cfg.VirtualEpoch
 		e.cfg.Clock = func() time.Time { return e.vnow }

@@ -74,7 +74,7 @@ func (e *Executor) gatherRankStates(intake []byte) (states []RankState, tail []b
 	t := e.waitStart()
 	e.wire = mine.appendTo(e.wire[:0])
 	e.wire = append(e.wire, intake...)
-	v, err := e.allGatherDecoded("rank_state", e.wire, e.decodeRankStates)
+	v, err := e.allGatherDecoded("rank_state", e.wire, e.decodeStates)
 	e.waitEnd(t)
 	if err != nil {
 		return nil, nil, err
@@ -97,7 +97,13 @@ type gatheredStates struct {
 // followed by the intake (gatherStatesAndArrivals); any other longer state
 // is a desync.
 func (e *Executor) decodeRankStates(all [][]byte) (any, error) {
-	g := &gatheredStates{states: make([]RankState, e.cfg.Ranks)}
+	g := &e.statesBuf[e.statesTurn]
+	e.statesTurn ^= 1
+	if len(g.states) != e.cfg.Ranks {
+		g.states = make([]RankState, e.cfg.Ranks)
+	}
+	clear(g.states)
+	g.intake = nil
 	for i, b := range all {
 		if len(b) > 8*RankStateLen && binary.LittleEndian.Uint64(b) == 0 {
 			g.intake = slices.Clone(b[8*RankStateLen:])

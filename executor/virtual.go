@@ -91,7 +91,7 @@ func (e *Executor) gatherWithStepCost(name string) ([][]byte, error) {
 	n0 := len(e.wire)
 	e.wire = e.virtual.AppendStepCost(e.wire)
 	e.wire = binary.LittleEndian.AppendUint32(e.wire, uint32(len(e.wire)-n0))
-	v, err := e.allGatherDecoded(name, e.wire, e.splitStepCosts)
+	v, err := e.allGatherDecoded(name, e.wire, e.splitCosts)
 	if err != nil {
 		return nil, err
 	}
@@ -110,7 +110,9 @@ type costedGather struct {
 // splitStepCosts splits every member's C7 payload into its response batch
 // and its step cost, and combines the costs into the fleet's duration.
 func (e *Executor) splitStepCosts(all [][]byte) (any, error) {
-	g := &costedGather{batches: make([][]byte, len(all))}
+	g := &e.costedBuf[e.costedTurn]
+	e.costedTurn ^= 1
+	g.batches = append(g.batches[:0], all...)
 	e.costSplit = e.costSplit[:0]
 	for i, b := range all {
 		if len(b) < 4 {
