@@ -64,7 +64,7 @@ func (m *Manager) CheckInvariants() error {
 	for t, p := range []*tierPool{&m.gpu, &m.host} {
 		tier := Tier(t)
 		inFree := make([]bool, p.numPages())
-		for _, pg := range p.free {
+		for _, pg := range p.freePages() {
 			inFree[pg] = true
 		}
 		for pg := range p.numPages() {
@@ -113,19 +113,22 @@ func (m *Manager) CheckInvariants() error {
 	return nil
 }
 
-// checkFreeList verifies one tier's free heap.
+// checkFreeList verifies one tier's free set: its count, no page beyond
+// the pool, and the summary words.
 func (m *Manager) checkFreeList(p *tierPool, tier Tier) error {
-	seen := make([]bool, p.numPages())
-	for i, pg := range p.free {
-		if pg < 0 || int(pg) >= p.numPages() {
-			return fmt.Errorf("%s free list: page %d out of range [0, %d)", tier, pg, p.numPages())
+	pages := p.freePages()
+	if len(pages) != p.nfree {
+		return fmt.Errorf("%s free set: %d pages listed, count %d", tier, len(pages), p.nfree)
+	}
+	if len(pages) > 0 && int(pages[len(pages)-1]) >= p.numPages() {
+		return fmt.Errorf("%s free set: page %d out of range [0, %d)", tier, pages[len(pages)-1], p.numPages())
+	}
+	for w, word := range p.free {
+		if got := p.sum[w/64]&(1<<(w%64)) != 0; got != (word != 0) {
+			return fmt.Errorf("%s free set: summary bit of word %d is %v", tier, w, got)
 		}
-		if seen[pg] {
-			return fmt.Errorf("%s free list: page %d listed twice", tier, pg)
-		}
-		seen[pg] = true
-		if i > 0 && p.free[(i-1)/2] > pg {
-			return fmt.Errorf("%s free list: heap order broken at slot %d", tier, i)
+		if word != 0 && w/64 < p.lo {
+			return fmt.Errorf("%s free set: word %d below the low mark %d", tier, w, p.lo)
 		}
 	}
 	return nil

@@ -38,9 +38,7 @@ type SnapBlock struct {
 
 // SnapFree returns tier's free pages in increasing order.
 func (m *Manager) SnapFree(t Tier) []int32 {
-	free := slices.Clone(m.tierOf(t).free)
-	slices.Sort(free)
-	return free
+	return m.tierOf(t).freePages()
 }
 
 // SnapSequenceIDs lists the open sequences in id order.
