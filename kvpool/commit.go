@@ -163,8 +163,8 @@ func (m *Manager) commitBlock(s *sequence, r *scheduler.Request, k, length int) 
 	} else {
 		key = m.hasher.key(parent.key, tokens)
 	}
-	if ex := m.nodes[key]; ex != nil {
-		if ex.parent != parent || !slices.Equal(ex.tokens, tokens) {
+	if ex := m.nodes[nodeIndex(key)]; ex != nil {
+		if ex.key != key || ex.parent != parent || !slices.Equal(ex.tokens, tokens) {
 			return false // another block's lookup key collides: not inserted
 		}
 		if length != m.lb || len(ex.tokens) != m.lb || ex.loc.tier != TierGPU {

@@ -146,7 +146,7 @@ func (m *Manager) checkTree(cachedPages int) error {
 					return
 				}
 				switch {
-				case c.parent != n || !c.inTree || m.nodes[c.key] != c:
+				case c.parent != n || !c.inTree || m.nodes[nodeIndex(c.key)] != c:
 					err = fmt.Errorf("block %x: broken parent/child/map link", c.key[:4])
 				case m.tierOf(c.loc.tier).owner[c.loc.page] != c:
 					err = fmt.Errorf("block %x: page %s %d not owned by it", c.key[:4], c.loc.tier, c.loc.page)

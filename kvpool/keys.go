@@ -113,6 +113,10 @@ func LookupKeyOf(parent scheduler.BlockKey, tokens []int32) scheduler.BlockKey {
 	return out
 }
 
+// nodeIndex is a lookup key's index in Manager.nodes: its first 64 bits
+// (the lanes are mixed, so any 64 of them are as good).
+func nodeIndex(key scheduler.BlockKey) uint64 { return binary.LittleEndian.Uint64(key[:8]) }
+
 // mix64 is the 128-bit product of a and b folded to 64 bits.
 func mix64(a, b uint64) uint64 {
 	hi, lo := bits.Mul64(a, b)
@@ -137,8 +141,8 @@ func (m *Manager) lookupChild(parent *node, key scheduler.BlockKey, tokens []int
 		}
 		return nil
 	}
-	b := m.nodes[key]
-	if b == nil || b.parent != parent || !slices.Equal(b.tokens, tokens) {
+	b := m.nodes[nodeIndex(key)]
+	if b == nil || b.key != key || b.parent != parent || !slices.Equal(b.tokens, tokens) {
 		return nil
 	}
 	return b

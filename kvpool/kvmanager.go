@@ -316,7 +316,7 @@ func (m *Manager) ProbeFirstNewBlockKey(r *scheduler.Request) (scheduler.BlockKe
 		// A lookup key names its whole prefix only with the re-check of
 		// every block above it (lookupChild); this probe checks the block's
 		// tokens: a collision here can only name a block as present.
-		if b := m.nodes[key]; b == nil || b.loc.tier != TierGPU || !slices.Equal(b.tokens, r.Tokens[k*m.lb:(k+1)*m.lb]) {
+		if b := m.nodes[nodeIndex(key)]; b == nil || b.key != key || b.loc.tier != TierGPU || !slices.Equal(b.tokens, r.Tokens[k*m.lb:(k+1)*m.lb]) {
 			return key, true
 		}
 	}
@@ -445,7 +445,7 @@ func (m *Manager) cachedMatch(r *scheduler.Request) keptMatch {
 		// last's children changed. Unless its first new block arrived (the
 		// full match extends: match again), only the partial step can
 		// differ: redo it alone.
-		if b := m.nodes[memo.firstNew]; !memo.hasNew || b == nil || b.loc.tier != TierGPU || len(b.tokens) != m.lb {
+		if b := m.nodes[nodeIndex(memo.firstNew)]; !memo.hasNew || b == nil || b.key != memo.firstNew || b.loc.tier != TierGPU || len(b.tokens) != m.lb {
 			lookup := r.Tokens[:max(0, min(len(r.Tokens), r.PromptLen)-1)]
 			memo.partial, memo.q = nil, 0
 			if len(lookup) > 0 {

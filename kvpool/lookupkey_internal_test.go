@@ -39,12 +39,12 @@ func TestLookupKeyCollisionIsAMiss(t *testing.T) {
 	runPrompt(t, m, collisionReq(1, a))
 	b := []int32{11, 12, 13, 14, 15, 16, 17, 18, 19}
 	root := m.roots[""]
-	blockA := m.nodes[LookupKeyOf(root.key, a[:4])]
+	blockA := m.nodes[nodeIndex(LookupKeyOf(root.key, a[:4]))]
 	if blockA == nil {
 		t.Fatal("the first block of a is not in the tree")
 	}
 	keyB := LookupKeyOf(root.key, b[:4])
-	m.nodes[keyB] = blockA // b's first block now collides with a's
+	m.nodes[nodeIndex(keyB)] = blockA // b's first block now collides with a's
 	r := collisionReq(2, b)
 	if got := m.ProbeReuse(r); got != 0 {
 		t.Fatalf("a colliding block was reused: %d tokens", got)
@@ -57,10 +57,10 @@ func TestLookupKeyCollisionIsAMiss(t *testing.T) {
 	}
 	r.ContextPosition = len(b)
 	m.UpdateAfterContext(r)
-	if m.nodes[keyB] != blockA {
+	if m.nodes[nodeIndex(keyB)] != blockA {
 		t.Fatal("committing b replaced the block filed under its lookup key")
 	}
-	delete(m.nodes, keyB) // undo the forced collision for the invariant check
+	delete(m.nodes, nodeIndex(keyB)) // undo the forced collision for the invariant check
 	m.Free(r)
 	if err := m.CheckInvariants(); err != nil {
 		t.Fatal(err)
@@ -68,7 +68,7 @@ func TestLookupKeyCollisionIsAMiss(t *testing.T) {
 	// Without the collision b is stored and matched as usual, and its
 	// event hash is the §6.1 SHA-256 chain key.
 	runPrompt(t, m, collisionReq(3, b))
-	nb := m.nodes[keyB]
+	nb := m.nodes[nodeIndex(keyB)]
 	if nb == nil || nb.hash != BlockKeyOf(RootKey(""), b[:4]) {
 		t.Fatal("b's first block is not stored under its lookup key with its SHA-256 hash")
 	}

@@ -48,7 +48,11 @@ type Manager struct {
 
 	// Radix tree (§6): every in-tree node (roots included) by key, the
 	// cached leaves in eviction order, and the number of cached nodes.
-	nodes     map[scheduler.BlockKey]*node
+	// nodes is indexed by the lookup key's first 64 bits (nodeIndex):
+	// half the map's memory traffic of the whole key. An entry whose full
+	// key, parent or tokens differ from the ones looked for is a
+	// collision, handled as one of the whole key always was.
+	nodes     map[uint64]*node
 	roots     map[string]*node // by cache salt
 	leaves    leafHeap
 	numCached int
@@ -80,7 +84,7 @@ func New(cfg Config) (*Manager, error) {
 		gpu:     newTierPool(cfg.NumPages),
 		host:    newTierPool(cfg.HostPages),
 		seqs:    make(map[uint64]*sequence),
-		nodes:   make(map[scheduler.BlockKey]*node),
+		nodes:   make(map[uint64]*node),
 		roots:   make(map[string]*node),
 		convs:   make(map[string]*conversation),
 		maxUtil: cfg.MaxUtilForResume,

@@ -18,7 +18,7 @@ func (m *Manager) rootFor(salt string, create bool) *node {
 		return nil
 	}
 	n := &node{key: LookupRootKey(salt), hash: RootKey(salt), isRoot: true, salt: salt, inTree: true, heapIdx: -1}
-	m.nodes[n.key] = n
+	m.nodes[nodeIndex(n.key)] = n
 	m.roots[salt] = n
 	return n
 }
@@ -43,7 +43,7 @@ func (m *Manager) insert(parent *node, key scheduler.BlockKey, tokens []int32, l
 	if m.ev.enabled {
 		n.hash = m.hasher.sha(parent.hash, tokens)
 	}
-	m.nodes[key] = n
+	m.nodes[nodeIndex(key)] = n
 	parent.childGen++
 	if parent.cached { // a cached leaf that gains a child is no longer a leaf
 		m.leaves.remove(parent)
@@ -62,7 +62,7 @@ func (m *Manager) insert(parent *node, key scheduler.BlockKey, tokens []int32, l
 // become a cached leaf.
 func (m *Manager) unlink(n *node) {
 	m.setCached(n, false)
-	delete(m.nodes, n.key)
+	delete(m.nodes, nodeIndex(n.key))
 	n.inTree = false
 	p := n.parent
 	p.removeChild(n)
