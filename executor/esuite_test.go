@@ -548,3 +548,26 @@ func TestE19OverlapRecordsWrittenOneIterationLate(t *testing.T) {
 	require.Equal(t, []int64{0, 1, 2}, []int64{recs[0].Iter, recs[1].Iter, recs[2].Iter})
 	require.Equal(t, 3, rr.eng.(*stampEngine).launched)
 }
+
+// The empty batch (no deltas, no responses) is read by a fast path: it must
+// give what the general decoder gives, and a batch of that size whose counts
+// are not zero must still go through the general one.
+func TestEmptyResponseBatchFastPath(t *testing.T) {
+	rb := responseBatch{DeviceUS: 1234, Tokens: 56,
+		Load: RankLoad{Running: 1, Waiting: 2, UsedPages: 3, Pages: 4, Suspended: 5, Recompute: 6}}
+	b := rb.encode()
+	require.Len(t, b, emptyResponseBatch)
+	got, err := decodeResponseBatch(b)
+	require.NoError(t, err)
+	require.Equal(t, rb, got)
+	// With one delta the general decoder reads the same header.
+	rb.Deltas = []TokenDelta{{ID: 7, Token: 8}}
+	back, err := decodeResponseBatch(rb.encode())
+	require.NoError(t, err)
+	require.Equal(t, rb, back)
+	// Counts that are not zero at the empty size: a short payload.
+	bad := slices.Clone(b)
+	binary.LittleEndian.PutUint32(bad[emptyResponseBatch-4:], 1)
+	_, err = decodeResponseBatch(bad)
+	require.Error(t, err)
+}

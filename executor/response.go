@@ -182,6 +182,19 @@ func (rb responseBatch) appendTo(b []byte) []byte {
 // decodeResponseBatch parses a gathered payload; failure means the gather
 // paired with an unrelated collective (executor.md §8, E-14).
 func decodeResponseBatch(b []byte) (responseBatch, error) {
+	if len(b) == emptyResponseBatch && binary.LittleEndian.Uint64(b[emptyResponseBatch-8:]) == 0 {
+		// No deltas, no responses (most ranks, most iterations): the
+		// header alone, read directly.
+		var rb responseBatch
+		rb.DeviceUS = int64(binary.LittleEndian.Uint64(b))
+		rb.Tokens = int64(binary.LittleEndian.Uint64(b[8:]))
+		var f [6]int64
+		for i := range f {
+			f[i] = int64(binary.LittleEndian.Uint64(b[16+8*i:]))
+		}
+		rb.Load.setFields(f)
+		return rb, nil
+	}
 	d := decoder{b: b}
 	var rb responseBatch
 	rb.DeviceUS = int64(d.u64())
@@ -282,6 +295,10 @@ func (l RankLoad) fields() [6]int64 {
 func (l *RankLoad) setFields(f [6]int64) {
 	l.Running, l.Waiting, l.UsedPages, l.Pages, l.Suspended, l.Recompute = f[0], f[1], f[2], f[3], f[4], f[5]
 }
+
+// emptyResponseBatch is the wire size of a batch without deltas or
+// responses: busy time, tokens, the six load fields and the two counts.
+const emptyResponseBatch = 8 + 8 + 6*8 + 4 + 4
 
 // gatherResponses sends this rank's responses to rank 0 (C7/C8). Rank 0
 // keeps them; with C8 it also accumulates the lockstep-waste and balance
