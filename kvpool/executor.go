@@ -14,7 +14,7 @@ import (
 // reads scheduled, hence active, requests). The slice is a view of the
 // manager's storage: valid until the next mutating call; copy to keep it.
 func (m *Manager) BlockTable(id uint64) []int32 {
-	s, ok := m.seqs[id]
+	s, ok := m.seq(id)
 	if !ok {
 		return nil
 	}
@@ -24,7 +24,7 @@ func (m *Manager) BlockTable(id uint64) []int32 {
 // Row is id's page-table row index (§4.3), or −1 without a cache. Rows are
 // handed out lowest first when a cache is created and released on close.
 func (m *Manager) Row(id uint64) int {
-	if s, ok := m.seqs[id]; ok {
+	if s, ok := m.seq(id); ok {
 		return s.row
 	}
 	return -1
@@ -32,7 +32,7 @@ func (m *Manager) Row(id uint64) int {
 
 // Capacity is id's capacity in tokens (0 without a cache).
 func (m *Manager) Capacity(id uint64) int {
-	if s, ok := m.seqs[id]; ok {
+	if s, ok := m.seq(id); ok {
 		return s.capacity
 	}
 	return 0
@@ -46,7 +46,7 @@ func (m *Manager) Capacity(id uint64) int {
 // nothing, when r already has a cache, after Close, without a free row, or
 // when the pages are not available (reservations are respected).
 func (m *Manager) AddDummy(r *scheduler.Request, tokens int) bool {
-	if _, ok := m.seqs[r.ID]; ok || m.closed || tokens < 0 {
+	if _, ok := m.seq(r.ID); ok || m.closed || tokens < 0 {
 		return false
 	}
 	capacity := tokens
@@ -99,7 +99,7 @@ func (m *Manager) PagesToCompletion(r *scheduler.Request) int {
 // admission in PrefixStats. No-op without a cache; a position beyond
 // capacity panics.
 func (m *Manager) UpdateAfterContext(r *scheduler.Request) {
-	s, ok := m.seqs[r.ID]
+	s, ok := m.seq(r.ID)
 	if !ok {
 		return
 	}
@@ -136,7 +136,7 @@ func (m *Manager) UpdateAfterContext(r *scheduler.Request) {
 // final and can no longer be reverted. History never decreases; one beyond
 // capacity panics.
 func (m *Manager) UpdateAfterGeneration(r *scheduler.Request) {
-	s, ok := m.seqs[r.ID]
+	s, ok := m.seq(r.ID)
 	if !ok {
 		return
 	}

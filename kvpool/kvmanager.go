@@ -17,7 +17,7 @@ import (
 // false when no row is free (nothing created) or the resume is refused (the
 // created cache is kept, suspended; a later pass retries).
 func (m *Manager) PrepareContext(r *scheduler.Request) bool {
-	s, ok := m.seqs[r.ID]
+	s, ok := m.seq(r.ID)
 	if !ok {
 		if m.closed {
 			return false
@@ -63,7 +63,7 @@ func (m *Manager) ResizeContext(r *scheduler.Request, n int) bool {
 // this call had to create is closed again and r.ContextPosition restored.
 // Normally PrepareContext ran first.
 func (m *Manager) PrepareBlocksIfSchedulable(r *scheduler.Request, n int) bool {
-	s, existed := m.seqs[r.ID]
+	s, existed := m.seq(r.ID)
 	oldPos := r.ContextPosition
 	if !existed {
 		if m.closed {
@@ -139,7 +139,7 @@ func (m *Manager) resumePages(s *sequence) int {
 // allocation succeeded. It also makes a failed admission leave no trace,
 // which lets the scheduler skip one it knows will fail (FirstChunkBlocked).
 func (m *Manager) ReleaseContextAdmission(r *scheduler.Request) {
-	if s, ok := m.seqs[r.ID]; ok {
+	if s, ok := m.seq(r.ID); ok {
 		stamps := s.claimStamps
 		m.closeSeq(s)
 		for _, st := range stamps {
@@ -161,7 +161,7 @@ func (m *Manager) ReleaseContextAdmission(r *scheduler.Request) {
 // (r.HelixDecodeCount mirrors g). On false nothing changed (a cache resumed
 // by this call is suspended again). A request without a cache gets false.
 func (m *Manager) TryAllocateGeneration(r *scheduler.Request) bool {
-	s, ok := m.seqs[r.ID]
+	s, ok := m.seq(r.ID)
 	if !ok {
 		return false
 	}
@@ -194,7 +194,7 @@ func (m *Manager) TryAllocateGeneration(r *scheduler.Request) bool {
 // second revert is a no-op. The shrink cannot fail; if history already
 // covers the token it panics.
 func (m *Manager) RevertAllocateGeneration(r *scheduler.Request) {
-	s, ok := m.seqs[r.ID]
+	s, ok := m.seq(r.ID)
 	if !ok || !s.growthRecorded {
 		return
 	}
@@ -228,7 +228,7 @@ func (m *Manager) resumeInPlace(s *sequence) {
 // pages may then migrate to the host under GPU pressure; without one they
 // stay held on the device. No-op without an active cache.
 func (m *Manager) Suspend(r *scheduler.Request) {
-	if s, ok := m.seqs[r.ID]; ok {
+	if s, ok := m.seq(r.ID); ok {
 		m.suspend(s)
 	}
 }
@@ -236,20 +236,20 @@ func (m *Manager) Suspend(r *scheduler.Request) {
 // Free closes r's cache, releasing its pages, its reservation and its row.
 // Committed blocks nobody else uses become cached. Idempotent.
 func (m *Manager) Free(r *scheduler.Request) {
-	if s, ok := m.seqs[r.ID]; ok {
+	if s, ok := m.seq(r.ID); ok {
 		m.closeSeq(s)
 	}
 }
 
 // IsActive reports whether id has an ACTIVE cache.
 func (m *Manager) IsActive(id uint64) bool {
-	s, ok := m.seqs[id]
+	s, ok := m.seq(id)
 	return ok && s.status == SeqActive
 }
 
 // HasCache reports whether id has a cache (active or suspended).
 func (m *Manager) HasCache(id uint64) bool {
-	_, ok := m.seqs[id]
+	_, ok := m.seq(id)
 	return ok
 }
 
@@ -257,7 +257,7 @@ func (m *Manager) HasCache(id uint64) bool {
 // device (GPU tier). Without a host tier every page of a cache is on the
 // device; with one, a suspended cache's pages may all have migrated.
 func (m *Manager) HoldsDevicePages(id uint64) bool {
-	s, ok := m.seqs[id]
+	s, ok := m.seq(id)
 	if !ok {
 		return false
 	}
@@ -296,7 +296,7 @@ func (m *Manager) ProbeFirstNewBlockKey(r *scheduler.Request) (scheduler.BlockKe
 		return scheduler.BlockKey{}, false
 	}
 	lookup := min(len(r.Tokens), r.PromptLen) - 1
-	s := m.seqs[r.ID]
+	s, _ := m.seq(r.ID)
 	if s == nil && r.ContextPosition == 0 && lookup > 0 {
 		// From the first block the probe is match's first new block
 		// (match stops at the same block), kept with r's match.
@@ -350,7 +350,7 @@ func (m *Manager) FirstChunkBlocked(r *scheduler.Request, chunk func(r *schedule
 	if m.closed || m.reserved != 0 || m.host.numPages() > 0 {
 		return false
 	}
-	if _, ok := m.seqs[r.ID]; ok {
+	if _, ok := m.seq(r.ID); ok {
 		return false
 	}
 	if m.cfg.EnableBlockReuse && m.cfg.ReusePolicy == scheduler.PerConversation {
@@ -492,7 +492,7 @@ func (m *Manager) fullBlocks(km keptMatch) []*node {
 // mustSeq returns id's sequence or panics naming the operation: the
 // scheduler only resizes caches it has just prepared.
 func (m *Manager) mustSeq(op string, id uint64) *sequence {
-	s, ok := m.seqs[id]
+	s, ok := m.seq(id)
 	if !ok {
 		panic(fmt.Sprintf("kvpool: %s of request %d: no cache (PrepareContext first)", op, id))
 	}

@@ -30,6 +30,8 @@ type Manager struct {
 	// seqs holds every open (active or suspended) sequence. It is only ever
 	// looked up by id; no decision iterates it in map order.
 	seqs map[uint64]*sequence
+	// seqCache holds open sequences only (seq; closeSeq clears a slot).
+	seqCache [seqCacheSize]*sequence
 	// spare holds closed sequences for reuse, so that steady-state traffic
 	// allocates no new block tables.
 	spare []*sequence
@@ -153,7 +155,7 @@ func (m *Manager) NumSequences() int { return len(m.seqs) }
 
 // Sequence returns a snapshot of id's sequence, if it is open.
 func (m *Manager) Sequence(id uint64) (SequenceInfo, bool) {
-	s, ok := m.seqs[id]
+	s, ok := m.seq(id)
 	if !ok {
 		return SequenceInfo{}, false
 	}
@@ -183,7 +185,28 @@ func (m *Manager) create(id uint64, dummy bool) *sequence {
 	m.tick++
 	s.suspendedAt = m.tick
 	m.seqs[id] = s
+	m.seqCache[id%seqCacheSize] = s
 	return s
+}
+
+// seqCacheSize is the number of slots of Manager.seqCache.
+const seqCacheSize = 512
+
+// seq returns id's open sequence. A direct-mapped cache of the last
+// sequence seen in each slot (by id) answers most lookups with one load and
+// one compare; the map answers the rest (issue 24: the map's probes were the
+// control plane's largest cost per decoded request at batch 256, every
+// lookup a cache miss after the engine's step).
+func (m *Manager) seq(id uint64) (*sequence, bool) {
+	slot := &m.seqCache[id%seqCacheSize]
+	if s := *slot; s != nil && s.id == id {
+		return s, true
+	}
+	s, ok := m.seqs[id]
+	if ok {
+		*slot = s
+	}
+	return s, ok
 }
 
 // suspend makes an active sequence SUSPENDED: locks become holds; nothing
@@ -213,6 +236,9 @@ func (m *Manager) closeSeq(s *sequence) {
 	s.table = s.table[:0]
 	m.rows.release(s.row, s.dummy)
 	delete(m.seqs, s.id)
+	if slot := &m.seqCache[s.id%seqCacheSize]; *slot == s {
+		*slot = nil
+	}
 	s.status = SeqClosed
 	s.reserveTarget = 0
 	m.endConversationTurn(s)
