@@ -28,7 +28,7 @@ func (e *Executor) padDummy() {
 	}
 	e.nextDummy++
 	e.active = append(e.active, d)
-	e.byID[d.ID] = d
+	e.index(d)
 	e.dummy = d
 }
 

@@ -91,6 +91,9 @@ type Executor struct {
 
 	active    []*request
 	byID      map[uint64]*request
+	// idCache holds indexed requests only, by id (request; a direct-mapped
+	// cache in front of byID).
+	idCache [idCacheSize]*request
 	sched     []*scheduler.Request // view of active handed to the planner
 	iter      int64
 	nextDummy uint64
@@ -339,5 +342,37 @@ func (e *Executor) remove(r *request) {
 			break
 		}
 	}
+	e.unindex(r)
+}
+
+// idCacheSize is the number of slots of Executor.idCache.
+const idCacheSize = 512
+
+// index makes r findable by its id.
+func (e *Executor) index(r *request) {
+	e.byID[r.ID] = r
+	e.idCache[r.ID%idCacheSize] = r
+}
+
+// unindex forgets r's id.
+func (e *Executor) unindex(r *request) {
 	delete(e.byID, r.ID)
+	if slot := &e.idCache[r.ID%idCacheSize]; *slot == r {
+		*slot = nil
+	}
+}
+
+// request returns the active request (or dummy) id, nil when none: one
+// load and one compare for most ids (the map's probe is a cache miss per
+// scheduled request after an engine step).
+func (e *Executor) request(id uint64) *request {
+	slot := &e.idCache[id%idCacheSize]
+	if r := *slot; r != nil && r.ID == id {
+		return r
+	}
+	r := e.byID[id]
+	if r != nil {
+		*slot = r
+	}
+	return r
 }

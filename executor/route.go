@@ -91,7 +91,7 @@ func (e *Executor) admit(a Arrival, estimate int64) {
 		return
 	}
 	e.active = append(e.active, r)
-	e.byID[r.ID] = r
+	e.index(r)
 }
 
 // verdict is arrival validation on the owning rank (executor.md §3 step 4),

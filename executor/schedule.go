@@ -54,12 +54,12 @@ func (e *Executor) schedule() (*scheduler.Output, error) {
 // handlePaused counts suspensions and resets recompute victims (§11.1–11.2).
 func (e *Executor) handlePaused(out *scheduler.Output) {
 	for _, s := range out.Paused {
-		e.byID[s.ID].suspended++
+		e.request(s.ID).suspended++
 		e.suspends++
 	}
 	for _, s := range out.RecomputePaused {
 		e.recomputes++
-		r := e.byID[s.ID]
+		r := e.request(s.ID)
 		if e.d.KV.HasCache(r.ID) {
 			e.d.KV.Free(&r.Request)
 		}

@@ -98,7 +98,7 @@ func (e *Executor) cancelRequests(ids []uint64) {
 	now := e.cfg.Clock().UnixNano()
 	removed := false
 	for _, id := range ids {
-		r := e.byID[id]
+		r := e.request(id)
 		if r == nil || r.IsDummy || r.State == scheduler.Complete {
 			continue
 		}

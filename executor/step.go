@@ -43,7 +43,7 @@ func (e *Executor) prepareBatch(out *scheduler.Output, p *plan) (*batch, error) 
 	}
 	for _, list := range [][]*scheduler.Request{out.Context, out.Generation} {
 		for _, s := range list {
-			r := e.byID[s.ID]
+			r := e.request(s.ID)
 			if r == nil {
 				return nil, fmt.Errorf("invariant prepareBatch: scheduled request %d is not active", s.ID)
 			}
@@ -257,7 +257,7 @@ func (e *Executor) compactActive() {
 	kept := e.active[:0]
 	for _, r := range e.active {
 		if r.State == scheduler.Complete {
-			delete(e.byID, r.ID)
+			e.unindex(r)
 			if r.IsDummy && len(e.spareDummies) < maxSpareDummies {
 				e.spareDummies = append(e.spareDummies, r) // it ran and left: takeDummy reuses it
 			}
