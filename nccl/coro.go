@@ -469,8 +469,11 @@ func (g *CoroGroup) complete() {
 			}
 		}
 	}
-	if !clean && !g.check() {
-		return
+	if !clean {
+		var ok bool
+		if first, ok = g.check(); !ok {
+			return
+		}
 	}
 	ref := g.members[first].call
 	if g.tracing {
@@ -508,8 +511,8 @@ func (g *CoroGroup) complete() {
 
 // check walks every member: it fails the collective (and returns false)
 // when a member left the group before entering it, or entered another
-// collective than the lowest live rank.
-func (g *CoroGroup) check() bool {
+// collective than the lowest live rank, which it returns.
+func (g *CoroGroup) check() (int, bool) {
 	first := -1
 	var gone []int
 	for r, c := range g.members {
@@ -524,16 +527,16 @@ func (g *CoroGroup) check() bool {
 	if len(gone) > 0 {
 		g.res.err = &collectiveError{kind: ErrClosed, msg: fmt.Sprintf("collective #%d %s:%s: rank %d left the group before entering it",
 			g.members[first].seq, ref.kind, ref.name, gone[0])}
-		return false
+		return first, false
 	}
 	for r, c := range g.members {
 		if err := c.call.mismatch(ref); err != nil {
 			g.res.err = &collectiveError{kind: ErrMismatch, msg: fmt.Sprintf("collective #%d: rank %d entered %s:%s, rank %d entered %s:%s (%v)",
 				c.seq, first, ref.kind, ref.name, r, c.call.kind, c.call.name, err)}
-			return false
+			return first, false
 		}
 	}
-	return true
+	return first, true
 }
 
 // mismatch reports how c differs from ref, or nil when they pair.
