@@ -34,9 +34,12 @@ type GPU struct {
 	FP8FLOPS Coef `json:"fp8_flops"`
 	// HBMBytesPerS is the HBM bandwidth, bytes/s.
 	HBMBytesPerS Coef `json:"hbm_bytes_per_s"`
-	// HBMBytes is the HBM capacity, bytes. Datasheet "GB" are taken as
-	// decimal gigabytes, which is slightly below what the driver reports
-	// usable (conservative for pool sizing).
+	// HBMBytes is the HBM capacity, bytes: what the driver reports as the
+	// device's total memory (nvidia-smi's "Total", NVML's memory.total,
+	// cudaMemGetInfo's total), the figure the CUDA engine sizes its pool
+	// from and trtllm-bench its batch from. The datasheets' "80GB" and
+	// "141GB" are binary gigabytes less a little the driver keeps, so the
+	// decimal reading is 6-7 % short.
 	HBMBytes Coef `json:"hbm_bytes"`
 	// NVLinkBytesPerS is the NVLink bandwidth of one GPU in ONE direction,
 	// bytes/s (half the bidirectional figure NVIDIA prints).
@@ -49,6 +52,9 @@ type GPU struct {
 	// direction, bytes/s: its own RDMA NIC (400 Gb/s = 50 GB/s).
 	RDMABytesPerS Coef `json:"rdma_bytes_per_s"`
 }
+
+// mib is a mebibyte: drivers report memory in MiB.
+const mib = 1 << 20
 
 // Datasheet names, quoted in each source string.
 const (
@@ -71,7 +77,7 @@ var builtinGPUs = map[string]GPU{
 		BF16FLOPS:        Coef{989.5e12, srcH100 + `: "BF16 Tensor Core 1,979 teraFLOPS*" (*with sparsity); dense = 1,979 / 2`},
 		FP8FLOPS:         Coef{1979e12, srcH100 + `: "FP8 Tensor Core 3,958 teraFLOPS*" (*with sparsity); dense = 3,958 / 2`},
 		HBMBytesPerS:     Coef{3.35e12, srcH100 + `: "GPU memory bandwidth 3.35TB/s"`},
-		HBMBytes:         Coef{80e9, srcH100 + `: "GPU memory 80GB" (decimal GB)`},
+		HBMBytes:         Coef{81559 * mib, srcH100 + `: "GPU memory 80GB"; the driver reports 81559 MiB total (nvidia-smi "NVIDIA H100 80GB HBM3 ... / 81559MiB")`},
 		NVLinkBytesPerS:  Coef{450e9, srcH100 + `: "NVIDIA NVLink 900GB/s" (both directions, 18 NVLink-4 links); one direction = 900 / 2`},
 		NVLinkDomainGPUs: Coef{8, srcHGX8},
 		RDMABytesPerS:    Coef{50e9, srcCX7},
@@ -81,7 +87,7 @@ var builtinGPUs = map[string]GPU{
 		BF16FLOPS:        Coef{989.5e12, srcH200 + `: "BF16 Tensor Core 1,979 TFLOPS*" (*with sparsity); dense = 1,979 / 2`},
 		FP8FLOPS:         Coef{1979e12, srcH200 + `: "FP8 Tensor Core 3,958 TFLOPS*" (*with sparsity); dense = 3,958 / 2`},
 		HBMBytesPerS:     Coef{4.8e12, srcH200 + `: "GPU Memory Bandwidth 4.8TB/s"`},
-		HBMBytes:         Coef{141e9, srcH200 + `: "GPU Memory 141GB" (decimal GB)`},
+		HBMBytes:         Coef{143771 * mib, srcH200 + `: "GPU Memory 141GB"; the driver reports 143771 MiB total (nvidia-smi "NVIDIA H200 ... / 143771MiB")`},
 		NVLinkBytesPerS:  Coef{450e9, srcH200 + `: "NVIDIA NVLink 900GB/s" (both directions); one direction = 900 / 2`},
 		NVLinkDomainGPUs: Coef{8, srcHGX8},
 		RDMABytesPerS:    Coef{50e9, srcCX7},
@@ -91,7 +97,7 @@ var builtinGPUs = map[string]GPU{
 		BF16FLOPS:        Coef{2.25e15, srcHGXB + `: "FP16/BF16 Tensor Core 36 PFLOPS" per 8 GPUs, with sparsity; dense per GPU = 36 / 8 / 2 = 2.25 PFLOP/s`},
 		FP8FLOPS:         Coef{4.5e15, srcHGXB + `: "FP8 Tensor Core 72 PFLOPS" per 8 GPUs, with sparsity; dense per GPU = 72 / 8 / 2 = 4.5 PFLOP/s`},
 		HBMBytesPerS:     Coef{8e12, srcHGXB + `: "64TB/s HBM3e bandwidth" per 8 GPUs; per GPU = 8 TB/s`},
-		HBMBytes:         Coef{180e9, srcHGXB + `: "1,440GB total GPU memory" per 8 GPUs; per GPU = 180 GB (decimal)`},
+		HBMBytes:         Coef{183359 * mib, srcHGXB + `: "1,440GB total GPU memory" per 8 GPUs = 180 GB per GPU; the driver reports 183359 MiB total (nvidia-smi "NVIDIA B200 ... / 183359MiB")`},
 		NVLinkBytesPerS:  Coef{900e9, srcHGXB + `: "14.4TB/s aggregate NVLink bandwidth" per 8 GPUs = 1.8 TB/s per GPU, both directions (NVLink 5); one direction = 900 GB/s`},
 		NVLinkDomainGPUs: Coef{8, srcHGX8},
 		RDMABytesPerS:    Coef{50e9, srcCX7},
@@ -101,7 +107,7 @@ var builtinGPUs = map[string]GPU{
 		BF16FLOPS:        Coef{2.5e15, srcGB300 + `: "FP16/BF16 Tensor Core 360 PFLOPS" per 72 GPUs, with sparsity (180 dense); per GPU dense = 2.5 PFLOP/s`},
 		FP8FLOPS:         Coef{5e15, srcGB300 + `: "FP8 Tensor Core 720 PFLOPS" per 72 GPUs, with sparsity (360 dense); per GPU dense = 5 PFLOP/s`},
 		HBMBytesPerS:     Coef{8e12, srcGB300 + `: "up to 576 TB/s" HBM3e bandwidth per 72 GPUs; per GPU = 8 TB/s`},
-		HBMBytes:         Coef{288e9, srcGB300 + `: "up to 21 TB" HBM3e per 72 GPUs; NVIDIA publishes 288 GB HBM3e per Blackwell Ultra GPU (decimal GB)`},
+		HBMBytes:         Coef{288e9, srcGB300 + `: "up to 21 TB" HBM3e per 72 GPUs; NVIDIA publishes 288 GB HBM3e per Blackwell Ultra GPU (decimal GB: no driver-reported total found, so possibly a few % short)`},
 		NVLinkBytesPerS:  Coef{900e9, srcGB300 + `: "130 TB/s" NVLink per 72 GPUs = 1.8 TB/s per GPU, both directions (NVLink 5); one direction = 900 GB/s`},
 		NVLinkDomainGPUs: Coef{72, srcGB300 + ": one NVLink domain of 72 GPUs (NVLink Switch trays)"},
 		RDMABytesPerS:    Coef{100e9, srcGB300 + `: "NVIDIA ConnectX-8 SuperNIC" 800 Gb/s per GPU for scale-out; 800 Gb/s = 100 GB/s per direction`},

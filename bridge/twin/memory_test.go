@@ -16,24 +16,25 @@ func TestPoolPages(t *testing.T) {
 		pages      int
 	}{
 		// llama-8b bf16: 8,030,261,248 parameters (fleet's weightBytes
-		// formula) = 16,060,522,496 B. Pool = (141e9 − 16.06e9 − 2e9)·0.9 =
-		// 110,645,529,753.6 B; page = 32 tokens · 131,072 B (2·32·8·128·2)
-		// = 4,194,304 B → 26,379 pages.
-		{"h200", "llama-8b", Parallelism{}, 16060522496, 131072, 26379},
+		// formula) = 16,060,522,496 B. H200 total 143,771 MiB =
+		// 150,754,820,096 B. Pool = (150.75e9 − 16.06e9 − 2e9)·0.9 =
+		// 119,424,867,840 B; page = 32 tokens · 131,072 B (2·32·8·128·2)
+		// = 4,194,304 B → 28,473 pages.
+		{"h200", "llama-8b", Parallelism{}, 16060522496, 131072, 28473},
 		// llama-70b, tp 2: linear 68,451,041,280 / 2 + embedding and LM head
 		// 2,101,346,304 / 2 + norms 1,318,912 = 35,277,512,704 params =
 		// 70,555,025,408 B per GPU; KV 2·80·4·128·2 = 163,840 B per token per
-		// GPU. Pool (141e9 − 70.555e9 − 2e9)·0.9 = 61,600,477,132.8 B; page
-		// 5,242,880 B → 11,749 pages.
-		{"h200", "llama-70b", Parallelism{TP: 2}, 70555025408, 163840, 11749},
+		// GPU. Pool (150.75e9 − 70.555e9 − 2e9)·0.9 = 70,379,815,219.2 B;
+		// page 5,242,880 B → 13,423 pages.
+		{"h200", "llama-70b", Parallelism{TP: 2}, 70555025408, 163840, 13423},
 		// deepseek-v3 fp8, ep 8: attention 61·187,105,280 + dense MLP
 		// 3·396,361,728 + 58·(shared 44,040,192 + router 1,835,008 + 32
 		// experts·44,040,192) = 97,001,865,216 B; embedding, LM head and norms
 		// (1,853,358,080 + 1,006,592)·2 = 3,708,729,344 B; total
 		// 100,710,594,560 B. KV latent 61·576·2 = 70,272 B per token. Pool
-		// (141e9 − 100.71e9 − 2e9)·0.9 = 34,460,464,896 B; page 2,248,704 B
-		// → 15,324 pages.
-		{"h200", "deepseek-v3", Parallelism{EP: 8}, 100710594560, 70272, 15324},
+		// (150.75e9 − 100.71e9 − 2e9)·0.9 = 43,239,802,982.4 B; page
+		// 2,248,704 B → 19,228 pages.
+		{"h200", "deepseek-v3", Parallelism{EP: 8}, 100710594560, 70272, 19228},
 	} {
 		p := builtin(t, tc.gpu, tc.model, tc.par)
 		near(t, tc.model+" weights", p.WeightBytesPerGPU(), tc.weights)
@@ -63,17 +64,16 @@ func TestPoolPagesRefusesWhatDoesNotFit(t *testing.T) {
 		par        Parallelism
 		want       []string
 	}{
-		{"h200", "llama-70b", Parallelism{}, []string{
+		{"h100", "llama-70b", Parallelism{}, []string{
 			"llama-70b (bf16 weights) needs 141.1 GB of weights per GPU with tp 1",
-			"h200 has 141.0 GB, minus a 2.0 GB reserve",
+			"h100 has 85.5 GB, minus a 2.0 GB reserve",
 			"use --tp 2 (70.6 GB of weights per GPU)",
 		}},
-		{"h100", "llama-70b", Parallelism{}, []string{"h100 has 80.0 GB", "use --tp 2"}},
-		{"h200", "kimi-k2", Parallelism{EP: 8}, []string{
+		{"h100", "kimi-k2", Parallelism{EP: 8}, []string{
 			"kimi-k2 (fp8 weights) needs 140.9 GB of weights per GPU with tp 1 and ep 8",
 			"spread the experts over more GPUs (ep 16",
 		}},
-		{"h100", "deepseek-v3", Parallelism{EP: 8}, []string{"needs 100.7 GB", "h100 has 80.0 GB", "(ep 16"}},
+		{"h100", "deepseek-v3", Parallelism{EP: 8}, []string{"needs 100.7 GB", "h100 has 85.5 GB", "(ep 16"}},
 	} {
 		p := builtin(t, tc.gpu, tc.model, tc.par)
 		_, err := p.PoolPages(32)

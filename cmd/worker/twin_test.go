@@ -61,11 +61,11 @@ func TestTwinRunIsVirtualAndDeterministic(t *testing.T) {
 // TestTwinRefusals: a model that does not fit the GPU is refused with the
 // numbers; twin flags need the twin; a bad profile names the key.
 func TestTwinRefusals(t *testing.T) {
-	code, _, stderr := runCLI(t, append(append([]string{}, twinRun...), "--model", "llama-70b", "--pages", "0")...)
+	code, _, stderr := runCLI(t, append(append([]string{}, twinRun...), "--model", "llama-70b", "--gpu", "h100", "--pages", "0")...)
 	require.Equal(t, 2, code, stderr)
 	require.Contains(t, stderr, "141.1 GB of weights per GPU")
 	require.Contains(t, stderr, "--tp 2")
-	code, _, stderr = runCLI(t, append(append([]string{}, twinRun...), "--model", "llama-70b", "--pages", "0", "--tp", "2")...)
+	code, _, stderr = runCLI(t, append(append([]string{}, twinRun...), "--model", "llama-70b", "--gpu", "h100", "--pages", "0", "--tp", "2")...)
 	require.Equal(t, 0, code, stderr)
 
 	code, _, stderr = runCLI(t, "run", "--engine", "fake", "--gpu", "b200")

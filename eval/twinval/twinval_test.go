@@ -153,17 +153,17 @@ func TestThroughputRowsSample(t *testing.T) {
 
 // TestBenchSettings: trtllm-bench's sizing rule, worked by hand for
 // Llama-3.1-8B FP8 on H200 at 2048/128. Weights 9.08 GB (FP8 layers, BF16
-// embedding and LM head); (141e9 − 9.08e9) B = 122.86 GiB; KV 65,536 B =
-// 6.10e-5 GiB per token; 0.95·122.86 / (6.10e-5 · 2176) = 878.8 requests →
-// batch 128·⌈878.8/128⌉ = 896; tokens 878.8·(1 + 2048/128) = 14,940 →
-// 1024·⌈14.59⌉ = 15,360.
+// embedding and LM head); the card's 143,771 MiB = 150.75e9 B;
+// (150.75e9 − 9.08e9) B = 131.94 GiB; KV 65,536 B = 6.10e-5 GiB per token;
+// 0.95·131.94 / (6.10e-5 · 2176) = 943.8 requests → batch 128·⌈943.8/128⌉
+// = 1024; tokens 943.8·(1 + 2048/128) = 16,045 → 1024·⌈15.67⌉ = 16,384.
 func TestBenchSettings(t *testing.T) {
 	p, err := profileFor("h200", "llama-8b", 1, twin.FP8, twin.FP8)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if bs, tok := benchSettings(p, 2048, 128); bs != 896 || tok != 15360 {
-		t.Errorf("benchSettings = %d, %d; want 896, 15360", bs, tok)
+	if bs, tok := benchSettings(p, 2048, 128); bs != 1024 || tok != 16384 {
+		t.Errorf("benchSettings = %d, %d; want 1024, 16384", bs, tok)
 	}
 	// The floors: at least 64 requests and 2048 tokens.
 	q, err := profileFor("h200", "llama-70b", 1, twin.FP8, twin.FP8)
