@@ -36,12 +36,13 @@ void paged_attention_row(const PageSlab& slab, int32_t layer, const int32_t* blo
 // and the query heads of a kv head share each page's K, read as the slab
 // stores it (page_slab.h), which is what makes a prefill chunk's attention
 // fast. Only the query heads of kv heads [g0, g1) are computed (g1 < 0:
-// every kv head), so that threads can share a call's work: a (row, head)
-// gets the same bits in any call that computes it.
+// every kv head), and of each of those only its query heads [s0, s1) of
+// the group (s1 < 0: all of them), so that threads can share a call's
+// work: a (row, head) gets the same bits in any call that computes it.
 void paged_attention_rows(const PageSlab& slab, int32_t layer, const int32_t* blocks, const int32_t* pos,
                           int32_t n, const float* q, size_t q_stride, int32_t num_heads, int32_t num_kv_heads,
                           int32_t head_dim, float* out, size_t out_stride, AttnScratch& scratch, int32_t g0 = 0,
-                          int32_t g1 = -1);
+                          int32_t g1 = -1, int32_t s0 = 0, int32_t s1 = -1);
 
 // Multi-head latent attention (MLA, absorbed form) of n rows of one
 // sequence: every head's query q[r][h] is dk floats ([q_lat | q_pe]) and

@@ -17,6 +17,19 @@
 #include "status.h"
 
 namespace lockstep {
+
+namespace {
+
+// gate[j] = silu(gate[j]) · up[j] for j in [j0, j1).
+void silu_mul_range(float* gate, const float* up, int64_t j0, int64_t j1) {
+  for (int64_t j = j0; j < j1; ++j) {
+    const float g = gate[j];
+    gate[j] = g / (1.0f + std::exp(-g)) * up[j];
+  }
+}
+
+}  // namespace
+
 namespace {
 
 // Rows per GEMM pass of a layer's phases (and sampled rows per LM-head pass):
@@ -141,9 +154,16 @@ void CpuBackend::write_kv(int32_t layer, const StepBatch& batch, const float* hi
     float* v = k + n * kvd;
     for (int64_t j = 0; j < n; ++j)
       rms_norm(hidden + (r0 + j) * H, w.attn_norm.data(), shape_.hidden_size, shape_.rms_eps, x + j * H);
-    linear(x, n, H, w.wq, w.qwq, w.pwq, qd, q + r0 * qd);
-    linear(x, n, H, w.wk, w.qwk, w.pwk, kvd, k);
-    linear(x, n, H, w.wv, w.qwv, w.pwv, kvd, v);
+    if (packed_rows(n, w.qwq, w.pwq) && packed_rows(n, w.qwk, w.pwk) && packed_rows(n, w.qwv, w.pwv)) {
+      // Decoding: the three products in one pass of the threads (K and V
+      // alone are too small to share out).
+      const PackedJob jobs[3] = {{&w.pwq, q + r0 * qd}, {&w.pwk, k}, {&w.pwv, v}};
+      packed_gemm_jobs(pool_.get(), x, n, jobs, 3);
+    } else {
+      linear(x, n, H, w.wq, w.qwq, w.pwq, qd, q + r0 * qd);
+      linear(x, n, H, w.wk, w.qwk, w.pwk, kvd, k);
+      linear(x, n, H, w.wv, w.qwv, w.pwv, kvd, v);
+    }
     if (shape_.qk_norm) {
       // Qwen3: every head of q and k RMS-normed over head_dim (in place).
       for (int64_t j = 0; j < n; ++j) {
@@ -294,9 +314,17 @@ void CpuBackend::attend_mlp(int32_t layer, const StepBatch& batch, const int64_t
     }
     float* gate = grow(gate_, static_cast<size_t>(m * F));
     float* up = grow(up_, static_cast<size_t>(m * F));
-    linear(x, m, H, w.w_gate, w.qw_gate, w.pw_gate, F, gate);
-    linear(x, m, H, w.w_up, w.qw_up, w.pw_up, F, up);
-    silu_mul(gate, up, m * F);
+    if (packed_rows(m, w.qw_gate, w.pw_gate) && packed_rows(m, w.qw_up, w.pw_up)) {
+      // Decoding: both products and the activation in one pass of the
+      // threads, each range of columns finished by the thread that made it.
+      packed_gemm_gated(pool_.get(), x, m, w.pw_gate, w.pw_up, gate, up, [&](int64_t o0, int64_t o1) {
+        for (int64_t j = 0; j < m; ++j) silu_mul_range(gate + j * F, up + j * F, o0, o1);
+      });
+    } else {
+      linear(x, m, H, w.w_gate, w.qw_gate, w.pw_gate, F, gate);
+      linear(x, m, H, w.w_up, w.qw_up, w.pw_up, F, up);
+      silu_mul(gate, up, m * F);
+    }
     linear(gate, m, F, w.w_down, w.qw_down, w.pw_down, H, t);
     for (int64_t j = 0; j < m; ++j) {
       float* h = hidden + rr[j] * H;
@@ -341,6 +369,24 @@ void CpuBackend::attend(int32_t layer, const StepBatch& batch, const int64_t* rr
     }
     j = e;
   }
+  // Too few items to keep the threads equally busy (a decode of one or two
+  // sequences: one item per kv head, 3 on SmolLM2 for 2 threads): each
+  // item's group is cut into its query heads. Every head's arithmetic is
+  // the same in either cut, so the bits are too.
+  const int32_t group = mla_ ? 1 : shape_.num_heads / shape_.num_kv_heads;
+  if (split && group > 1 && attn_items_.size() < static_cast<size_t>(4 * pool_->size())) {
+    const size_t items = attn_items_.size();
+    attn_items_.reserve(items * static_cast<size_t>(group));
+    for (size_t i = 0; i < items; ++i) {
+      attn_items_[i].s1 = 1;
+      for (int32_t h = 1; h < group; ++h) {
+        AttnItem more = attn_items_[i];
+        more.s0 = h;
+        more.s1 = h + 1;
+        attn_items_.push_back(more);
+      }
+    }
+  }
   auto run = [&](int64_t i, int thread) {
     const AttnItem& it = attn_items_[static_cast<size_t>(i)];
     const StepSeq& s = batch.seqs[static_cast<size_t>(it.seq)];
@@ -357,7 +403,7 @@ void CpuBackend::attend(int32_t layer, const StepBatch& batch, const int64_t* rr
     paged_attention_rows(device_, layer, s.blocks, pos + it.r0, static_cast<int32_t>(it.r1 - it.r0),
                          q_.data() + rr[it.r0] * qd, static_cast<size_t>(qd), shape_.num_heads, shape_.num_kv_heads,
                          shape_.head_dim, out + it.r0 * qd, static_cast<size_t>(qd),
-                         attn_scratch_[static_cast<size_t>(thread)], it.g0, it.g1);
+                         attn_scratch_[static_cast<size_t>(thread)], it.g0, it.g1, it.s0, it.s1);
   };
   const int64_t n = static_cast<int64_t>(attn_items_.size());
   if (pool_ == nullptr) {
@@ -372,11 +418,14 @@ void CpuBackend::attend(int32_t layer, const StepBatch& batch, const int64_t* rr
 // X is quantised per row block first); with the exact kernels, the float
 // GEMM, or for a few rows (decoding) the same product read from W's packed
 // blocks (packed_cpu.h: the same bits, a fifth of the bytes).
+bool CpuBackend::packed_rows(int64_t rows, const QuantMatrix& Wq, const PackedMatrix& Wp) {
+  return Wq.empty() && !Wp.empty() && rows <= kPackedMaxRows && packed_active_isa() != PackedIsa::kNone;
+}
+
 void CpuBackend::linear(const float* X, int64_t rows, int64_t in, const std::vector<float>& W, const QuantMatrix& Wq,
                         const PackedMatrix& Wp, int64_t out, float* Y) {
   if (Wq.empty()) {
-    if (!Wp.empty() && rows <= kPackedMaxRows && packed_active_isa() != PackedIsa::kNone)
-      return packed_gemm(pool_.get(), X, rows, Wp, Y);
+    if (packed_rows(rows, Wq, Wp)) return packed_gemm(pool_.get(), X, rows, Wp, Y);
     return gemm_rows_pool(pool_.get(), X, rows, in, W.data(), out, Y);
   }
   quantize_rows(X, rows, in, &qx_);
@@ -386,12 +435,7 @@ void CpuBackend::linear(const float* X, int64_t rows, int64_t in, const std::vec
 // gate[j] = silu(gate[j]) * up[j] for j < n (element-wise: shared out in
 // ranges when several threads may run it).
 void CpuBackend::silu_mul(float* gate, const float* up, int64_t n) {
-  auto range = [gate, up](int64_t j0, int64_t j1) {
-    for (int64_t j = j0; j < j1; ++j) {
-      const float g = gate[j];
-      gate[j] = g / (1.0f + std::exp(-g)) * up[j];
-    }
-  };
+  auto range = [gate, up](int64_t j0, int64_t j1) { silu_mul_range(gate, up, j0, j1); };
   const int64_t parts = pool_ == nullptr ? 1 : std::min<int64_t>(pool_->size(), n / kMinParallelElems);
   if (parts <= 1) return range(0, n);
   pool_->for_each(parts, [&](int64_t p, int) { range(n * p / parts, n * (p + 1) / parts); });

@@ -148,6 +148,9 @@ class CpuBackend final : public Backend {
   void rope(float* x, int32_t heads, int64_t stride, const float* cos_sin) const;
   void attend(int32_t layer, const StepBatch& batch, const int64_t* rr, int64_t m, float* out);
   void silu_mul(float* gate, const float* up, int64_t n);
+  // Whether a product of this many rows reads W from its packed panels
+  // (the exact kernels' decode path, packed_cpu.h).
+  static bool packed_rows(int64_t rows, const QuantMatrix& Wq, const PackedMatrix& Wp);
   void linear(const float* X, int64_t rows, int64_t in, const std::vector<float>& W, const QuantMatrix& Wq,
               const PackedMatrix& Wp, int64_t out, float* Y);
   // MoE block of a layer over n rows: x [n][hidden] (normed) → out
@@ -189,6 +192,7 @@ class CpuBackend final : public Backend {
   struct AttnItem {
     int64_t r0, r1;
     int32_t seq, g0, g1;
+    int32_t s0 = 0, s1 = -1;  // query heads [s0, s1) of each group (s1 < 0: all)
   };
   std::vector<AttnItem> attn_items_;
   QuantRows qx_;  // a quantised product's activations (linear)

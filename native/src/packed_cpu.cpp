@@ -1,6 +1,7 @@
 // packed_cpu.cpp: exact products from quantised panels (see packed_cpu.h).
 #include "packed_cpu.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -447,6 +448,66 @@ void packed_gemm(ThreadPool* pool, const float* X, int64_t rows, const PackedMat
   if (pool == nullptr) return packed_gemm_cols_isa(isa, X, rows, W, 0, W.out, Y, W.out);
   pool->for_ranges(W.out, kPackedCols, rows * W.in * W.out, kMinParallelMacs,
                    [&](int64_t o0, int64_t o1) { packed_gemm_cols_isa(isa, X, rows, W, o0, o1, Y, W.out); });
+}
+
+namespace {
+
+// Ranges a thread of a multi-product pass (claimed dynamically), and the
+// most ranges one job is cut into.
+constexpr int64_t kRangesPerThread = 2;
+constexpr int64_t kMaxJobRanges = 16;
+
+// Cuts [0, out) into parts ranges of whole panels (the last ending at out).
+int64_t range_bound(int64_t out, int64_t parts, int64_t p) {
+  const int64_t panels = (out + kPackedCols - 1) / kPackedCols;
+  return p >= parts ? out : std::min(out, panels * p / parts * kPackedCols);
+}
+
+// How many ranges a product of this much work is cut into.
+int64_t job_parts(const ThreadPool& pool, int64_t rows, const PackedMatrix& W) {
+  const int64_t panels = (W.out + kPackedCols - 1) / kPackedCols;
+  int64_t parts = std::min<int64_t>(pool.size() * kRangesPerThread, kMaxJobRanges);
+  parts = std::min(parts, rows * W.in * W.out / kMinParallelMacs);
+  return std::max<int64_t>(1, std::min(parts, panels));
+}
+
+}  // namespace
+
+void packed_gemm_jobs(ThreadPool* pool, const float* X, int64_t rows, const PackedJob* jobs, int njobs) {
+  if (njobs > kPackedMaxJobs) invalid_argument("packed_gemm_jobs: more than kPackedMaxJobs jobs");
+  const PackedIsa isa = packed_active_isa();
+  if (pool == nullptr) {
+    for (int j = 0; j < njobs; ++j)
+      packed_gemm_cols_isa(isa, X, rows, *jobs[j].W, 0, jobs[j].W->out, jobs[j].Y, jobs[j].W->out);
+    return;
+  }
+  // Item i belongs to the job whose cumulative range count passes it.
+  int64_t first[kPackedMaxJobs + 1] = {0};
+  for (int j = 0; j < njobs; ++j) first[j + 1] = first[j] + job_parts(*pool, rows, *jobs[j].W);
+  pool->for_each(first[njobs], [&](int64_t i, int) {
+    int j = 0;
+    while (i >= first[j + 1]) ++j;
+    const PackedMatrix& W = *jobs[j].W;
+    const int64_t parts = first[j + 1] - first[j], p = i - first[j];
+    packed_gemm_cols_isa(isa, X, rows, W, range_bound(W.out, parts, p), range_bound(W.out, parts, p + 1), jobs[j].Y,
+                         W.out);
+  });
+}
+
+void packed_gemm_gated(ThreadPool* pool, const float* X, int64_t rows, const PackedMatrix& Wg,
+                       const PackedMatrix& Wu, float* gate, float* up,
+                       const std::function<void(int64_t o0, int64_t o1)>& after) {
+  if (Wg.out != Wu.out || Wg.in != Wu.in) invalid_argument("packed_gemm_gated: gate and up differ in shape");
+  const PackedIsa isa = packed_active_isa();
+  const int64_t out = Wg.out;
+  auto range = [&](int64_t o0, int64_t o1) {
+    packed_gemm_cols_isa(isa, X, rows, Wg, o0, o1, gate, out);
+    packed_gemm_cols_isa(isa, X, rows, Wu, o0, o1, up, out);
+    after(o0, o1);
+  };
+  if (pool == nullptr) return range(0, out);
+  const int64_t parts = job_parts(*pool, 2 * rows, Wg);
+  pool->for_each(parts, [&](int64_t p, int) { range(range_bound(out, parts, p), range_bound(out, parts, p + 1)); });
 }
 
 }  // namespace lockstep

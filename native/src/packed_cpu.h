@@ -21,6 +21,7 @@
 #define LOCKSTEP_NATIVE_PACKED_CPU_H
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "engine.h"
@@ -79,6 +80,25 @@ void packed_gemm_cols_isa(PackedIsa isa, const float* X, int64_t rows, const Pac
 // Y[rows][out] with the active kernel, the panels shared out over pool's
 // threads (nullptr: the caller's only). packed_active_isa() must not be kNone.
 void packed_gemm(ThreadPool* pool, const float* X, int64_t rows, const PackedMatrix& W, float* Y);
+
+// Several products of the same rows in one pass of the pool (one barrier
+// instead of one each): Y_j[rows][W_j.out] = X · W_j for every job, the
+// jobs' panels cut into ranges that the threads claim as they come free.
+// Every W_j.in must be the same. At most kPackedMaxJobs jobs.
+struct PackedJob {
+  const PackedMatrix* W;
+  float* Y;
+};
+constexpr int kPackedMaxJobs = 4;
+void packed_gemm_jobs(ThreadPool* pool, const float* X, int64_t rows, const PackedJob* jobs, int njobs);
+
+// A gated MLP's two products in one pass: gate = X · Wg and up = X · Wu
+// (same shapes), each range of columns [o0, o1) of both computed by one
+// thread, which then runs after(o0, o1) on them (the activation), so
+// that the products and the activation share one barrier.
+void packed_gemm_gated(ThreadPool* pool, const float* X, int64_t rows, const PackedMatrix& Wg,
+                       const PackedMatrix& Wu, float* gate, float* up,
+                       const std::function<void(int64_t o0, int64_t o1)>& after);
 
 }  // namespace lockstep
 

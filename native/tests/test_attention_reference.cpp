@@ -124,6 +124,15 @@ void rows_equal_row(const Case& c, uint64_t seed) {
                          c.kv_heads, c.head_dim, got.data() + r0 * qd, qd, b);
   }
   CHECKF(std::memcmp(want.data(), got.data(), sizeof(float) * want.size()) == 0, "runs of 3 rows != row");
+  // Each (kv head, query head of its group) alone, as threads share out a
+  // decode of few sequences (CpuBackend::attend).
+  std::fill(got.begin(), got.end(), 0.0f);
+  const int32_t group = c.heads / c.kv_heads;
+  for (int32_t g = 0; g < c.kv_heads; ++g)
+    for (int32_t h = 0; h < group; ++h)
+      paged_attention_rows(slab, layer, blocks.data(), pos.data(), c.chunk, q.data(), qd, c.heads, c.kv_heads,
+                           c.head_dim, got.data(), qd, b, g, g + 1, h, h + 1);
+  CHECKF(std::memcmp(want.data(), got.data(), sizeof(float) * want.size()) == 0, "one query head at a time != row");
 }
 
 }  // namespace

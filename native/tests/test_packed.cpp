@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <memory>
+#include <mutex>
 #include <vector>
 
 #include "check.h"
@@ -65,6 +67,69 @@ void check_shape(int32_t dtype, int64_t rows, int64_t in, int64_t out, int32_t h
   }
 }
 
+// packed_gemm_jobs and packed_gemm_gated give every product the bits of
+// its own packed_gemm (the float GEMM's), and the gated pass's activation
+// sees exactly the finished columns, on 1-4 threads.
+void check_passes(int32_t dtype, int64_t rows, int64_t in) {
+  const int64_t outs[3] = {1 + static_cast<int64_t>(next() % 700), 1 + static_cast<int64_t>(next() % 200),
+                           1 + static_cast<int64_t>(next() % 200)};
+  std::vector<std::vector<uint8_t>> raws;
+  std::vector<lockstep::PackedMatrix> Ws;
+  std::vector<std::vector<float>> refs;
+  std::vector<float> X(static_cast<size_t>(rows * in));
+  for (float& x : X) x = uniform();
+  for (int64_t out : outs) {
+    raws.push_back(random_tensor(dtype, out, in));
+    const eng_tensor t = tensor_of(dtype, out, in, raws.back(), 0);
+    Ws.push_back(lockstep::pack_exact_matrix(t, 64));
+    refs.emplace_back(static_cast<size_t>(rows * out));
+    lockstep::packed_gemm(nullptr, X.data(), rows, Ws.back(), refs.back().data());
+  }
+  // A gate and an up of one shape, and their activation.
+  const int64_t F = outs[0];
+  const std::vector<uint8_t> raw_up = random_tensor(dtype, F, in);
+  const lockstep::PackedMatrix Wu = lockstep::pack_exact_matrix(tensor_of(dtype, F, in, raw_up, 0), 64);
+  std::vector<float> up_ref(static_cast<size_t>(rows * F));
+  lockstep::packed_gemm(nullptr, X.data(), rows, Wu, up_ref.data());
+  std::vector<float> act_ref = refs[0];
+  for (size_t i = 0; i < act_ref.size(); ++i) act_ref[i] = act_ref[i] * 0.5f + up_ref[i];
+
+  for (int threads : {0, 1, 2, 3, 4}) {
+    lockstep::ThreadPool* pool = nullptr;
+    std::unique_ptr<lockstep::ThreadPool> owned;
+    if (threads > 0) {
+      owned = std::make_unique<lockstep::ThreadPool>(threads);
+      pool = owned.get();
+    }
+    std::vector<std::vector<float>> Ys;
+    lockstep::PackedJob jobs[3];
+    for (int j = 0; j < 3; ++j) {
+      Ys.emplace_back(static_cast<size_t>(rows * outs[j]), 5.0f);
+      jobs[j] = {&Ws[static_cast<size_t>(j)], Ys.back().data()};
+    }
+    for (int j = 0; j < 3; ++j) jobs[j].Y = Ys[static_cast<size_t>(j)].data();
+    lockstep::packed_gemm_jobs(pool, X.data(), rows, jobs, 3);
+    for (int j = 0; j < 3; ++j)
+      CHECKF(same_bits(Ys[static_cast<size_t>(j)].data(), refs[static_cast<size_t>(j)].data(), rows * outs[j]),
+             "packed_gemm_jobs job %d on %d threads differs (dtype %d rows %lld)", j, threads, dtype,
+             static_cast<long long>(rows));
+    std::vector<float> gate(static_cast<size_t>(rows * F), 3.0f), up(static_cast<size_t>(rows * F), 3.0f);
+    std::vector<int> seen(static_cast<size_t>(F), 0);
+    std::mutex mu;
+    lockstep::packed_gemm_gated(pool, X.data(), rows, Ws[0], Wu, gate.data(), up.data(), [&](int64_t o0, int64_t o1) {
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        for (int64_t o = o0; o < o1; ++o) ++seen[static_cast<size_t>(o)];
+      }
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t o = o0; o < o1; ++o) gate[r * F + o] = gate[r * F + o] * 0.5f + up[r * F + o];
+    });
+    CHECKF(same_bits(gate.data(), act_ref.data(), rows * F), "packed_gemm_gated on %d threads differs", threads);
+    CHECK(same_bits(up.data(), up_ref.data(), rows * F));
+    for (int v : seen) CHECK(v == 1);  // every column activated once
+  }
+}
+
 }  // namespace
 
 int main() {
@@ -82,6 +147,11 @@ int main() {
     check_shape(dtype, 8, 1536, 576, 0, 64);
     check_shape(dtype, 3, 64, 2 * 8, 2, 8);   // RoPE rows: 2 heads of 8
     check_shape(dtype, 1, 96, 3 * 16, 3, 16);
+  }
+  if (lockstep::packed_active_isa() != PackedIsa::kNone) {
+    for (int32_t dtype : {ENG_DTYPE_Q8_0, ENG_DTYPE_Q4_0, ENG_DTYPE_Q4_1})
+      for (int64_t rows : {int64_t{1}, int64_t{3}, lockstep::kPackedMaxRows})
+        check_passes(dtype, rows, 32 * (1 + static_cast<int64_t>(next() % 20)));
   }
   // A shape that is not a multiple of 32 inputs is refused.
   const std::vector<uint8_t> raw = random_tensor(ENG_DTYPE_Q8_0, 4, 64);
