@@ -9,8 +9,12 @@ padding"), and prints one Markdown table: output tokens/s and its ratio to
 the baseline of the same coupling, the token balance (per-iteration mean
 and time-weighted), the time balance, TTFT p50, TPOT p50 and preemptions.
 
-usage: scripts/adp-balance-table.py [--requests N] [--policy P] [--worker BIN]
+usage: scripts/adp-balance-table.py [--requests N] [--policy P] [--worker BIN] [--fp8]
                                     [--modes none,balance,...] [--coupling off,on]
+
+--fp8 runs FP8 weights and KV (--weight-dtype fp8 --kv-dtype fp8): a B200 rank
+then holds 256 requests of this workload (batch-bound, as the write-up's FP4
+GB200 run), not about 125 (KV-bound).
 
 Run from the repository root after `make worker`. 16 000 requests (the
 blog's count) take about a minute of CPU per run under
@@ -35,11 +39,11 @@ COUPLING = {
 }
 
 
-def run(worker, trace, policy, extra):
+def run(worker, trace, policy, extra, fp8=False):
     cmd = [worker, "run", "--engine", "twin", "--gpu", "b200", "--model", "deepseek-v3", "--ranks", "8",
            "--pages", "0", "--max-batch-size", "256", "--max-num-tokens", "8192", "--policy", policy,
            "--trace", trace, "--arrival-scale", "0", "--report", "json", "--progress", "off",
-           "--log-level", "warn"] + extra
+           "--log-level", "warn"] + (["--weight-dtype", "fp8", "--kv-dtype", "fp8"] if fp8 else []) + extra
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     return cmd, json.loads(out)
 
@@ -52,6 +56,7 @@ def main():
     ap.add_argument("--modes", default="none,balance,leveling,both")
     ap.add_argument("--coupling", default="off,on")
     ap.add_argument("--seed", type=int, default=25)
+    ap.add_argument("--fp8", action="store_true", help="FP8 weights and KV cache")
     a = ap.parse_args()
     modes, couplings = a.modes.split(","), a.coupling.split(",")
     for m in modes:
@@ -68,14 +73,15 @@ def main():
         subprocess.run([sys.executable, os.path.join(here, "adp-balance-workload.py"), str(a.requests), trace,
                         str(a.seed)], check=True, stdout=subprocess.DEVNULL)
         print(f"DeepSeek-V3, 8 × B200 (twin), {a.requests} requests at once "
-              f"(scripts/adp-balance-workload.py {a.requests} W.jsonl {a.seed}), --policy {a.policy}\n")
+              f"(scripts/adp-balance-workload.py {a.requests} W.jsonl {a.seed}), --policy {a.policy}"
+              f"{', FP8 weights and KV' if a.fp8 else ''}\n")
         print("| coupling | mode | output tok/s | × baseline | token balance (iter / time-weighted) | time balance "
               "| TTFT p50 (s) | TPOT p50 (ms) | preemptions | digest |")
         print("|---|---|---|---|---|---|---|---|---|---|")
         for c in couplings:
             base = None
             for m in modes:
-                _, r = run(a.worker, trace, a.policy, COUPLING[c] + MODES[m])
+                _, r = run(a.worker, trace, a.policy, COUPLING[c] + MODES[m], a.fp8)
                 b = r["balance"]
                 tps = r["output_tokens_per_s"]
                 if m == "none":
