@@ -107,7 +107,7 @@ var builtinGPUs = map[string]GPU{
 		BF16FLOPS:        Coef{2.5e15, srcGB300 + `: "FP16/BF16 Tensor Core 360 PFLOPS" per 72 GPUs, with sparsity (180 dense); per GPU dense = 2.5 PFLOP/s`},
 		FP8FLOPS:         Coef{5e15, srcGB300 + `: "FP8 Tensor Core 720 PFLOPS" per 72 GPUs, with sparsity (360 dense); per GPU dense = 5 PFLOP/s`},
 		HBMBytesPerS:     Coef{8e12, srcGB300 + `: "up to 576 TB/s" HBM3e bandwidth per 72 GPUs; per GPU = 8 TB/s`},
-		HBMBytes:         Coef{288e9, srcGB300 + `: "up to 21 TB" HBM3e per 72 GPUs; NVIDIA publishes 288 GB HBM3e per Blackwell Ultra GPU (decimal GB: no driver-reported total found, so possibly a few % short)`},
+		HBMBytes:         Coef{284208 * mib, srcGB300 + `: "up to 21 TB" HBM3e per 72 GPUs, 288 GB HBM3e per Blackwell Ultra GPU; the driver reports 284208 MiB total (nvidia-smi "NVIDIA GB300 ... / 284208MiB")`},
 		NVLinkBytesPerS:  Coef{900e9, srcGB300 + `: "130 TB/s" NVLink per 72 GPUs = 1.8 TB/s per GPU, both directions (NVLink 5); one direction = 900 GB/s`},
 		NVLinkDomainGPUs: Coef{72, srcGB300 + ": one NVLink domain of 72 GPUs (NVLink Switch trays)"},
 		RDMABytesPerS:    Coef{100e9, srcGB300 + `: "NVIDIA ConnectX-8 SuperNIC" 800 Gb/s per GPU for scale-out; 800 Gb/s = 100 GB/s per direction`},
