@@ -175,6 +175,16 @@ class CpuBackend final : public Backend {
   float attn_scale_;              // the softmax scale (checkpoint.h attention_scale)
   bool mla_;
 
+  // Rows per GEMM pass of a layer's phases: bounds the per-step scratch.
+  // Rows never interact (gemm_cpu.h), so how the rows are cut into passes
+  // changes no result.
+  static constexpr int64_t kRowChunk = 256;
+  // v's storage for at least n elements, grown on demand and kept.
+  template <class T>
+  static T* grow(std::vector<T>& v, size_t n) {
+    if (v.size() < n) v.resize(n);
+    return v.data();
+  }
   // Per-step scratch, grown on demand and reused (no allocation per token).
   std::vector<int32_t> row_seq_, row_pos_;  // [rows]
   std::vector<float> rope_cs_;              // [rows][rope_dim]: cos[D/2], sin[D/2]
