@@ -28,10 +28,6 @@ void silu_mul_range(float* gate, const float* up, int64_t j0, int64_t j1) {
   }
 }
 
-}  // namespace
-
-namespace {
-
 // Sampled rows per LM-head pass (rows per GEMM pass of a layer: kRowChunk,
 // model_cpu.h).
 constexpr int64_t kLogitChunk = 64;
