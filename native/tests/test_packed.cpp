@@ -102,12 +102,9 @@ void check_passes(int32_t dtype, int64_t rows, int64_t in) {
       pool = owned.get();
     }
     std::vector<std::vector<float>> Ys;
+    for (int j = 0; j < 3; ++j) Ys.emplace_back(static_cast<size_t>(rows * outs[j]), 5.0f);
     lockstep::PackedJob jobs[3];
-    for (int j = 0; j < 3; ++j) {
-      Ys.emplace_back(static_cast<size_t>(rows * outs[j]), 5.0f);
-      jobs[j] = {&Ws[static_cast<size_t>(j)], Ys.back().data()};
-    }
-    for (int j = 0; j < 3; ++j) jobs[j].Y = Ys[static_cast<size_t>(j)].data();
+    for (int j = 0; j < 3; ++j) jobs[j] = {&Ws[static_cast<size_t>(j)], Ys[static_cast<size_t>(j)].data()};
     lockstep::packed_gemm_jobs(pool, X.data(), rows, jobs, 3);
     for (int j = 0; j < 3; ++j)
       CHECKF(same_bits(Ys[static_cast<size_t>(j)].data(), refs[static_cast<size_t>(j)].data(), rows * outs[j]),
