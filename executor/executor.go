@@ -30,9 +30,10 @@ type Result struct {
 	// ADPBalanceHeld counts the iterations in which ADP Balance held back
 	// the contexts some rank had scheduled (Config.ADPBalance).
 	ADPBalanceHeld int64
-	// CostLeveled counts the passes in which cost leveling deferred some
-	// rank's first chunks (Config.ADPBalance.CostLeveling).
-	CostLeveled int64
+	// CostLeveled counts the passes in which cost leveling deferred or cut
+	// some rank's first chunks (Config.ADPBalance.CostLeveling);
+	// CostLevelCut the first chunks this rank cut to the room it had.
+	CostLeveled, CostLevelCut int64
 	// TokenBalance (rank 0, attention DP): per forward iteration mean/max
 	// over the ranks of the real tokens in their batch (padding dummies
 	// count 0), averaged over the iterations where some rank had a token;

@@ -20,20 +20,27 @@ import (
 //   - the target T = max_r M_r: the heaviest mandatory work, which the
 //     forward costs anyway;
 //   - rank r keeps its new first chunks, in the scheduler's order, while
-//     M_r + Σ kept ≤ T; the others wait for the next pass (their admission
-//     is given back, as for a pass the fleet does not launch).
+//     M_r + Σ kept ≤ T; with chunked prefill the first one that does not
+//     fit is cut to the most whole chunk units whose cost still fits (the
+//     room T − M_r − Σ kept; the rest of its prompt is a continuation next
+//     pass); the others wait for the next pass (their admission is given
+//     back, as for a pass the fleet does not launch).
 //
 // Contexts are never held back when every rank has one, nor when no rank
-// could keep its first one (T would forbid all context work: the fleet
-// would only stall), nor after TimeoutIters passes in a row that deferred
-// some rank's first chunk. Every rank computes T and the escapes from the
-// same gathered costs; each keeps or defers only its own chunks.
+// could keep any of its first one (T would forbid all context work: the
+// fleet would only stall), nor after TimeoutIters passes in a row that
+// deferred or cut some rank's first chunk. Every rank computes T and the
+// escapes from the same gathered costs; each keeps, cuts or defers only its
+// own chunks.
 
 // passCost is one rank's predicted costs of a pass (equal-cost units).
 type passCost struct {
 	mandatory int64 // decodes and continuation chunks
 	first     int64 // new first chunks
-	firstOne  int64 // the first new first chunk (0: none)
+	// firstOne is the least of the first new first chunk this rank could
+	// keep (0: none): one chunk unit of it with chunked prefill (when it is
+	// longer), else all of it.
+	firstOne int64
 }
 
 // costOffset is O: the online calibrator's last publication, else the
@@ -68,6 +75,9 @@ func (e *Executor) passCosts(out *scheduler.Output) passCost {
 		}
 		if c.firstOne == 0 {
 			c.firstOne = k
+			if u := e.levelUnit(); u > 0 && r.ChunkSize > u {
+				c.firstOne = chunkCost(o, r.ContextPosition, u)
+			}
 		}
 		c.first += k
 	}
@@ -116,10 +126,23 @@ func (e *Executor) level(out *scheduler.Output, costs []passCost) bool {
 	charged := out.Charged[:0]
 	kept := true
 	for i, r := range out.Context {
+		c := 0
+		if i < len(out.Charged) {
+			c = out.Charged[i]
+		}
 		if r.State == scheduler.ContextInit {
 			k := chunkCost(o, r.ContextPosition, r.ChunkSize)
-			kept = kept && k <= budget
-			if !kept {
+			if kept && k > budget {
+				kept = false // this one is cut or deferred, every later one deferred
+				if n := cutChunk(o, r.ContextPosition, r.ChunkSize, e.levelUnit(), budget); n > 0 {
+					r.ChunkSize, c = n, n
+					k = chunkCost(o, r.ContextPosition, n)
+					e.res.CostLevelCut++
+				} else {
+					e.d.KV.ReleaseContextAdmission(r)
+					continue
+				}
+			} else if !kept {
 				e.d.KV.ReleaseContextAdmission(r)
 				continue
 			}
@@ -127,11 +150,47 @@ func (e *Executor) level(out *scheduler.Output, costs []passCost) bool {
 		}
 		keep = append(keep, r)
 		if i < len(out.Charged) {
-			charged = append(charged, out.Charged[i])
+			charged = append(charged, c)
 		}
 	}
 	clear(out.Context[len(keep):])
 	out.Context, out.Charged = keep, charged
 	out.NumFitting = len(out.Context) + len(out.Generation)
 	return true
+}
+
+// levelUnit is the chunk unit a first chunk may be cut to (0: chunks are
+// not cut, chunked prefill is off). The scheduler's own unit, so that a cut
+// chunk is one it could have planned: a multiple of the unit that is not
+// the prompt's last.
+func (e *Executor) levelUnit() int {
+	if !e.cfg.Scheduler.ChunkedContext {
+		return 0
+	}
+	if p, ok := e.d.Planner.(interface{ ChunkUnitSize() int }); ok {
+		return p.ChunkUnitSize()
+	}
+	if u := e.cfg.Scheduler.ChunkUnitSize; u > 0 {
+		return u
+	}
+	return e.d.KV.LedgerBlockTokens()
+}
+
+// cutChunk is the most whole units u of a chunk of n tokens at position pos
+// whose cost n'·(O + pos + n'/2) is at most room (0: not even one unit, or
+// no unit). The cut is shorter than n: a chunk that fits is not cut.
+func cutChunk(o int64, pos, n, u int, room int64) int {
+	if u <= 0 || n <= u || room <= 0 {
+		return 0
+	}
+	lo, hi := 0, (n-1)/u // whole units strictly below n
+	for lo < hi {
+		mid := (lo + hi + 1) / 2
+		if chunkCost(o, pos, mid*u) <= room {
+			lo = mid
+		} else {
+			hi = mid - 1
+		}
+	}
+	return lo * u
 }

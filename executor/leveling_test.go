@@ -46,10 +46,61 @@ func TestCostLevelingRun(t *testing.T) {
 			require.Equal(t, base.digest(t), f.digest(t), "overlap %v, %+v: the same answers", overlap, b)
 			leveled := f.results[0].CostLeveled
 			require.Positive(t, leveled, "overlap %v, %+v", overlap, b)
+			var cut int64
+			for _, r := range f.results {
+				cut += r.CostLevelCut
+			}
+			t.Logf("overlap %v, %+v: %d passes leveled, %d first chunks cut", overlap, b, leveled, cut)
 			for _, r := range f.results {
 				require.Equal(t, leveled, r.CostLeveled, "every rank made the same decisions")
 				require.Equal(t, f.results[0].ADPBalanceHeld, r.ADPBalanceHeld)
 			}
 		}
+	}
+}
+
+// TestCutChunk: a first chunk that does not fit the room is cut to the most
+// whole units that do; one that fits, or a room below one unit, is not cut.
+func TestCutChunk(t *testing.T) {
+	for _, c := range []struct {
+		o         int64
+		pos, n, u int
+		room      int64
+		want      int
+		why       string
+	}{
+		{0, 0, 512, 64, 64 * 32, 64, "one unit at depth 0 costs 64·32"},
+		{0, 0, 512, 64, 64*32 - 1, 0, "a room below one unit: deferred"},
+		{0, 0, 512, 64, 256 * 128, 256, "256 tokens cost 256·128"},
+		{0, 0, 512, 64, 512*256 + 5, 448, "the whole chunk would fit but is never cut to itself: whole units below it"},
+		{100, 1000, 300, 32, 96 * (100 + 1000 + 48), 96, "depth and offset count: 96·(100+1000+48)"},
+		{0, 0, 64, 64, 1 << 40, 0, "a chunk of one unit cannot be cut"},
+		{0, 0, 512, 0, 1 << 40, 0, "no unit (chunking off): never cut"},
+		{0, 0, 512, 64, 0, 0, "no room"},
+	} {
+		require.Equal(t, c.want, cutChunk(c.o, c.pos, c.n, c.u, c.room), c.why)
+		if c.want > 0 && c.want+c.u < c.n {
+			require.LessOrEqual(t, chunkCost(c.o, c.pos, c.want), c.room, c.why)
+			require.Greater(t, chunkCost(c.o, c.pos, c.want+c.u), c.room, "%s: one unit more does not fit", c.why)
+		}
+	}
+}
+
+// TestCostLevelingCuts: with longer prompts some ranks cut a first chunk to
+// the room the heaviest rank's mandatory work leaves, and the answers are
+// still those of a run without leveling (a cut chunk's rest runs as a
+// continuation).
+func TestCostLevelingCuts(t *testing.T) {
+	reqs := sampleRequests(t, 64, 1)
+	for _, overlap := range []bool{false, true} {
+		base := (&fleet{ranks: 4, reqs: reqs, overlap: overlap, pages: 512}).mustRun(t)
+		f := (&fleet{ranks: 4, reqs: reqs, overlap: overlap, pages: 512,
+			balance: ADPBalance{CostLeveling: true, TimeoutIters: 50}}).mustRun(t)
+		require.Equal(t, base.digest(t), f.digest(t), "overlap %v: the same answers", overlap)
+		var cut int64
+		for _, r := range f.results {
+			cut += r.CostLevelCut
+		}
+		require.Positive(t, cut, "overlap %v: some first chunk was cut", overlap)
 	}
 }
