@@ -90,11 +90,11 @@ type Executor struct {
 	d   Deps
 	adm scheduler.Admission // arrival validation, from cfg and the KV pool
 
-	active    []*request
-	byID      map[uint64]*request
+	active []*request
+	byID   map[uint64]*request
 	// idCache holds indexed requests only, by id (request; a direct-mapped
 	// cache in front of byID).
-	idCache [idCacheSize]*request
+	idCache   [idCacheSize]*request
 	sched     []*scheduler.Request // view of active handed to the planner
 	iter      int64
 	nextDummy uint64
@@ -133,9 +133,9 @@ type Executor struct {
 	statesBuf                [2]gatheredStates
 	costedBuf                [2]costedGather
 	statesTurn, costedTurn   int
-	ownState  [1]RankState // the gathered states without attention DP
-	prev      *batch       // overlap loop: launched, results not applied yet
-	spare     *batch       // recycled batch object
+	ownState                 [1]RankState // the gathered states without attention DP
+	prev                     *batch       // overlap loop: launched, results not applied yet
+	spare                    *batch       // recycled batch object
 	// spareDummies are padding dummies that ran and left, whose storage
 	// the next dummies reuse (takeDummy).
 	spareDummies []*request
