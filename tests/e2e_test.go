@@ -82,6 +82,7 @@ type report struct {
 	Balance       *struct {
 		TokenRatio float64 `json:"token_ratio"`
 		Held       int64   `json:"adp_balance_held_iterations"`
+		Leveled    int64   `json:"cost_leveling_deferred_iterations"`
 	}
 	Preemptions struct {
 		Suspended, Recompute int

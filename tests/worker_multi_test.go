@@ -142,24 +142,30 @@ func TestWorkerUnderMPIRunFaults(t *testing.T) {
 }
 
 // TestADPBalanceUnderMPIRunMatchesInProcess (issue 25): with
-// --attention-dp-balance, `mpirun -np 4` (the counts gathered over MPI)
-// makes the decisions of four in-process ranks: the same digest, the same
-// iterations and the same number of iterations whose contexts were held.
+// --attention-dp-balance, and with cost leveling beside it, `mpirun -np 4`
+// (the counts and costs gathered over MPI) makes the decisions of four
+// in-process ranks: the same digest, the same iterations and the same
+// number of iterations whose contexts were held or leveled.
 func TestADPBalanceUnderMPIRunMatchesInProcess(t *testing.T) {
 	needMPIRun(t)
 	bin := worker(t)
-	args := []string{"--engine", "twin", "--gpu", "h200", "--model", "llama-8b", "--trace",
-		sharedTrace(t, "conversation_trace.jsonl"), "--limit", "100", "--attention-dp-balance", "--report", "json"}
-	inproc := serve(t, bin, append(args, "--ranks", "4", "--arrival-scale", "0", "--progress", "off")...)
-	require.NotNil(t, inproc.Balance)
-	require.Positive(t, inproc.Balance.Held, "the contexts were held in some iteration")
-	out, stderr, err, _ := mpirunRun(t, bin, 4, nil, args...)
-	require.NoError(t, err, stderr)
-	var rep report
-	require.NoError(t, json.Unmarshal([]byte(out), &rep), "exactly one report (rank 0's): %s", out)
-	require.Equal(t, 4, rep.Ranks)
-	require.Equal(t, inproc.Requests, rep.Requests)
-	require.Equal(t, inproc.OutputDigest, rep.OutputDigest, "mpirun -np 4 and --ranks 4 print the same digest")
-	require.Equal(t, inproc.Iterations, rep.Iterations)
-	require.Equal(t, *inproc.Balance, *rep.Balance, "the same balance, held iterations included")
+	for _, modes := range [][]string{{"--attention-dp-balance"}, {"--attention-dp-balance", "--attention-dp-cost-leveling"}} {
+		args := append([]string{"--engine", "twin", "--gpu", "h200", "--model", "llama-8b", "--trace",
+			sharedTrace(t, "conversation_trace.jsonl"), "--limit", "100", "--report", "json"}, modes...)
+		inproc := serve(t, bin, append(args, "--ranks", "4", "--arrival-scale", "0", "--progress", "off")...)
+		require.NotNil(t, inproc.Balance)
+		require.Positive(t, inproc.Balance.Held, "%v: the contexts were held in some iteration", modes)
+		if len(modes) > 1 {
+			require.Positive(t, inproc.Balance.Leveled, "%v: some pass was leveled", modes)
+		}
+		out, stderr, err, _ := mpirunRun(t, bin, 4, nil, args...)
+		require.NoError(t, err, stderr)
+		var rep report
+		require.NoError(t, json.Unmarshal([]byte(out), &rep), "exactly one report (rank 0's): %s", out)
+		require.Equal(t, 4, rep.Ranks)
+		require.Equal(t, inproc.Requests, rep.Requests)
+		require.Equal(t, inproc.OutputDigest, rep.OutputDigest, "%v: mpirun -np 4 and --ranks 4 print the same digest", modes)
+		require.Equal(t, inproc.Iterations, rep.Iterations, "%v", modes)
+		require.Equal(t, *inproc.Balance, *rep.Balance, "%v: the same balance, held and leveled iterations included", modes)
+	}
 }
