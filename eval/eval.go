@@ -47,6 +47,7 @@ import (
 //	G  C with least_tokens placement of new conversations
 //	H  A + cost leveling
 //	I  B + cost leveling
+//	K  E + cost leveling (ADP Balance and cost leveling together)
 //
 // on two workloads of the same trace: context servers (every request
 // generates its first token only: the disaggregated prefill ranks the
@@ -70,7 +71,7 @@ var ladder = []struct{ config, step string }{
 // steps name what each configuration beside the ladder adds.
 var steps = map[string]string{
 	"E": "A + ADP Balance", "F": "B + ADP Balance", "G": "C + least_tokens placement",
-	"H": "A + cost leveling", "I": "B + cost leveling",
+	"H": "A + cost leveling", "I": "B + cost leveling", "K": "E + cost leveling",
 }
 
 // stepOf is what configuration c adds ("" for the capacity runs).
@@ -89,7 +90,7 @@ func inLadder(c string) bool { return stepOf(c) != "" && steps[c] == "" }
 // sweptBeside are the configurations beside the ladder that also run at
 // every load of the sweep, on aggregated serving: ADP Balance (E, F), whose
 // effect the latency and goodput curves show. Placement (G) and cost
-// leveling (H, I) run at the highest load only: leveling changes nothing
+// leveling (H, I, K) run at the highest load only: leveling changes nothing
 // measurable there (docs/eval.md), and each sweep line costs about a
 // sixth of the default evaluation's wall time.
 const sweptBeside = "EF"
@@ -114,7 +115,7 @@ func runsAt(c, w string, x, top float64) bool {
 // command line, and what came out.
 type evalRun struct {
 	Model    string   `json:"model"`
-	Config   string   `json:"config"`           // A–J (or "capacity")
+	Config   string   `json:"config"`           // A–K (or "capacity")
 	Workload string   `json:"workload"`         // context, aggregated
 	Load     string   `json:"load"`             // all-at-once, or the sweep point ("0.70×")
 	LoadX    float64  `json:"load_x,omitempty"` // the sweep point: offered load / measured capacity
@@ -369,7 +370,7 @@ func (ev *Evaluation) twin(model string) error {
 	top := e.Sweep[len(e.Sweep)-1]
 	logged := func(c, w string, x float64) bool { return c == "A" && w == "context" && x == top }
 	logs := filepath.Join(e.Out, "iter", "A-context-"+model+".{rank}.jsonl")
-	wantFit := slices.ContainsFunc(e.Configs, func(c string) bool { return c != "A" && c != "D" && c != "E" && c != "H" })
+	wantFit := slices.ContainsFunc(e.Configs, func(c string) bool { return c != "A" && c != "D" && c != "E" && c != "H" && c != "K" })
 	if slices.Contains(e.Configs, "A") || wantFit {
 		if _, err := ev.runAll(model, []job{ev.sweepJob(m, "A", "context", workloads[0].args, top, logs)}, 1); err != nil {
 			return err
@@ -472,16 +473,16 @@ func (e *Options) deploymentArgs() []string {
 }
 
 // aggregatedOnly are the configurations that run on aggregated serving
-// only: ADP Balance (E, F), placement (G) and cost leveling (H, I) act where
-// contexts and decodes share the ranks.
-func aggregatedOnly(c string) bool { return strings.Contains("EFGHI", c) }
+// only: ADP Balance (E, F), placement (G) and cost leveling (H, I, K) act
+// where contexts and decodes share the ranks.
+func aggregatedOnly(c string) bool { return strings.Contains("EFGHIK", c) }
 
 // configure adds configuration c's settings to args (and environment):
 // B the fitted (O, D), C B + demotion + the conversation-aware router,
 // D C with the online calibrator, E A + ADP Balance (TensorRT-LLM's
 // attention_dp_config defaults), F B + ADP Balance, G C with least_tokens
 // placement of new conversations, H A + cost leveling, I B + cost
-// leveling, J B + the conversation-aware router (C without demotion: the
+// leveling, K E + cost leveling, J B + the conversation-aware router (C without demotion: the
 // ladder's step between B and C). ok is false when c needs a fit that
 // failed.
 func (ev *Evaluation) configure(c string, args []string, fit *fitOutcome) ([]string, []string, bool) {
@@ -500,6 +501,8 @@ func (ev *Evaluation) configure(c string, args []string, fit *fitOutcome) ([]str
 		return append(args, "--attention-dp-cost-leveling"), nil, true
 	case "I":
 		args = append(args, "--attention-dp-cost-leveling")
+	case "K":
+		return append(args, "--attention-dp-balance", "--attention-dp-cost-leveling"), nil, true
 	}
 	if c == "B" || c == "C" || c == "F" || c == "G" || c == "I" || c == "J" {
 		if fit == nil || fit.err != nil {

@@ -39,11 +39,11 @@ type Options struct {
 	// the report's requests into long prefills and short turns.
 	Demote, LongPrefill int
 	// Sweep are the offered loads, multiples of each workload's measured
-	// capacity, ascending; the highest is the point where G, H and I run.
+	// capacity, ascending; the highest is the point where G, H, I and K run.
 	Sweep []float64
 	// Configs are the configurations run: the ladder's at every point, the
 	// others on aggregated serving only, E and F at every point and G, H, I
-	// at the highest.
+	// and K at the highest.
 	Configs []string
 	// SLOTTFT and SLOTPOT are the goodput's service-level objective: a
 	// request counts when its TTFT and its mean time per output token are
@@ -62,7 +62,7 @@ type Options struct {
 
 // DefaultConfigs are the configurations of a default evaluation: the
 // ladder and the two balancing modes on A and B (G runs with --configs).
-var DefaultConfigs = []string{"A", "B", "J", "C", "D", "E", "F", "H", "I"}
+var DefaultConfigs = []string{"A", "B", "J", "C", "D", "E", "F", "H", "I", "K"}
 
 // Defaults are the evaluation's defaults (the seed's scale).
 func Defaults() Options {

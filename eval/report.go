@@ -26,14 +26,15 @@ var configColours = map[string]color.RGBA{
 	"A": {31, 119, 180, 255}, "B": {255, 127, 14, 255}, "C": {44, 160, 44, 255}, "D": {214, 39, 40, 255},
 	"E": {148, 103, 189, 255}, "F": {140, 86, 75, 255}, "G": {23, 190, 207, 255},
 	"H": {188, 189, 34, 255}, "I": {227, 119, 194, 255}, "J": {127, 127, 127, 255},
+	"K": {0, 0, 0, 255},
 }
 
 // allConfigs are the configurations in report order.
-var allConfigs = []string{"A", "B", "J", "C", "D", "E", "F", "G", "H", "I"}
+var allConfigs = []string{"A", "B", "J", "C", "D", "E", "F", "G", "H", "I", "K"}
 
 // balanceConfigs are the configurations balance.png compares: without a
-// balancing mode, with ADP Balance, with cost leveling.
-var balanceConfigs = []string{"A", "B", "E", "F", "H", "I"}
+// balancing mode, with ADP Balance, with cost leveling, with both.
+var balanceConfigs = []string{"A", "B", "E", "F", "H", "I", "K"}
 
 // write writes report.md, summary.json and the plots.
 func (ev *Evaluation) write() error {
@@ -304,7 +305,7 @@ func (ev *Evaluation) modelSection(b *strings.Builder, m *modelEval, plots map[s
 		p("\n### Balance over iterations\n\n![balance](%s)\n\nThe token balance ratio (mean/max over the ranks of "+
 			"the real tokens in their forward) over the forward iterations of aggregated serving at %s, a moving mean over 100 "+
 			"iterations, one line per configuration (the measure of TensorRT-LLM's ADP Balance write-up, its Figures 3–6): A "+
-			"and B without a balancing mode, E and F with ADP Balance, H and I with cost leveling.\n", name, at)
+			"and B without a balancing mode, E and F with ADP Balance, H and I with cost leveling, K with both.\n", name, at)
 	}
 	if name := plotName("waste", m.Model); plots[name] {
 		p("\n### Waste distribution\n\n![waste](%s)\n\nThe distribution (CDF) of the per-iteration lockstep waste of "+
