@@ -11,10 +11,14 @@ and time-weighted), the time balance, TTFT p50, TPOT p50 and preemptions.
 
 usage: scripts/adp-balance-table.py [--requests N] [--policy P] [--worker BIN] [--fp8]
                                     [--modes none,balance,...] [--coupling off,on]
+                                    [--max-input N] [--max-output N]
 
 --fp8 runs FP8 weights and KV (--weight-dtype fp8 --kv-dtype fp8): a B200 rank
 then holds 256 requests of this workload (batch-bound, as the write-up's FP4
 GB200 run), not about 125 (KV-bound).
+
+--max-input and --max-output cap the workload's lengths (scripts/adp-balance-workload.py:
+the law is truncated with its means kept; the defaults, 16 000 and 32 000, clip).
 
 Run from the repository root after `make worker`. 16 000 requests (the
 blog's count) take about a minute of CPU per run under
@@ -57,6 +61,8 @@ def main():
     ap.add_argument("--coupling", default="off,on")
     ap.add_argument("--seed", type=int, default=25)
     ap.add_argument("--fp8", action="store_true", help="FP8 weights and KV cache")
+    ap.add_argument("--max-input", type=int, default=16000, help="longest prompt of the workload")
+    ap.add_argument("--max-output", type=int, default=32000, help="longest output of the workload")
     a = ap.parse_args()
     modes, couplings = a.modes.split(","), a.coupling.split(",")
     for m in modes:
@@ -70,10 +76,11 @@ def main():
     here = os.path.dirname(os.path.abspath(__file__))
     with tempfile.TemporaryDirectory() as tmp:
         trace = os.path.join(tmp, "workload.jsonl")
+        caps = [str(a.max_input), str(a.max_output)]
         subprocess.run([sys.executable, os.path.join(here, "adp-balance-workload.py"), str(a.requests), trace,
-                        str(a.seed)], check=True, stdout=subprocess.DEVNULL)
+                        str(a.seed)] + caps, check=True, stdout=subprocess.DEVNULL)
         print(f"DeepSeek-V3, 8 × B200 (twin), {a.requests} requests at once "
-              f"(scripts/adp-balance-workload.py {a.requests} W.jsonl {a.seed}), --policy {a.policy}"
+              f"(scripts/adp-balance-workload.py {a.requests} W.jsonl {a.seed} {' '.join(caps)}), --policy {a.policy}"
               f"{', FP8 weights and KV' if a.fp8 else ''}\n")
         print("| coupling | mode | output tok/s | × baseline | token balance (iter / time-weighted) | time balance "
               "| TTFT p50 (s) | TPOT p50 (ms) | preemptions | digest |")
