@@ -97,7 +97,7 @@ type Options struct {
 	GPU         string  // --gpu (twin)
 	CostProfile string  // --cost-profile (twin)
 	TP          int     // --tp (twin)
-	WeightDType string  // --weight-dtype (twin): bf16, fp8 or "" (the model's)
+	WeightDType string  // --weight-dtype (twin): bf16, fp8, nvfp4 or "" (the model's)
 	KVDType     string  // --kv-dtype (twin): bf16, fp8 or "" (the model's)
 	GPUsPerNode int     // --gpus-per-node (twin): GPUs per NVLink domain, 0 = the profile's
 	ExpertZipf  float64 // --expert-zipf (twin): Zipf exponent of expert popularity, < 0 = the profile's

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/lockstep-ai/lockstep/bridge"
+	"github.com/stretchr/testify/require"
 )
 
 // Rates and coefficients of the built-in h200 profile, written out so that
@@ -227,7 +228,7 @@ func TestFP8Deployment(t *testing.T) {
 		t.Fatal(err)
 	}
 	if fp.Model.WeightBytes != 1 || fp.Model.KVBytes != 1 || fp.Model.EmbeddingBytes != 2 || bf.Model.WeightBytes != 2 {
-		t.Errorf("dtypes: fp8 copy %+v, original weight bytes %d", fp.Model, bf.Model.WeightBytes)
+		t.Errorf("dtypes: fp8 copy %+v, original weight bytes %g", fp.Model, bf.Model.WeightBytes)
 	}
 	near(t, "KV bytes per token", fp.KVBytesPerToken(), bf.KVBytesPerToken()/2)
 	pb, _ := bf.PoolPages(32)
@@ -239,7 +240,7 @@ func TestFP8Deployment(t *testing.T) {
 	if r, want := fp.StepCost(w).GEMMMS/bf.StepCost(w).GEMMMS, gemmRate/fp8GemmRate; math.Abs(r-want) > 0.02 {
 		t.Errorf("4096-token chunk: FP8/BF16 GEMM time %.3f, want ≈ %.3f", r, want)
 	}
-	if _, err := ParseDType("fp4"); err == nil || err.Error() != `unknown dtype "fp4" (allowed: bf16, fp8)` {
+	if _, err := ParseDType("fp4"); err == nil || err.Error() != `unknown dtype "fp4" (allowed: bf16, fp8, nvfp4 (weights only))` {
 		t.Errorf("ParseDType(fp4) = %v", err)
 	}
 	lin, _ := NewLinearProfile(ModelFromShape("tiny", bridge.Presets["tiny"]), LinearCoefficients{1, 0, 0, 0, 0}, "t")
@@ -251,6 +252,41 @@ func TestFP8Deployment(t *testing.T) {
 	if same.StepCost(w) != bf.StepCost(w) {
 		t.Error("empty dtypes must keep the model's")
 	}
+}
+
+// TestNVFP4Deployment: NVFP4 weights (4.5 bits an element) on a Blackwell
+// GPU shrink the weights to 0.5625 of FP8's, so more KV pages fit, and run
+// large GEMMs at the FP4 rate; Hopper has no FP4 tensor cores and a KV cache
+// is never NVFP4.
+func TestNVFP4Deployment(t *testing.T) {
+	base, err := builtin(t, "b200", "deepseek-v3", Parallelism{}).WithRanks(8)
+	require.NoError(t, err)
+	f8, err := base.WithDTypes(FP8, FP8)
+	require.NoError(t, err)
+	f4, err := base.WithDTypes(NVFP4, FP8)
+	require.NoError(t, err)
+	require.Equal(t, 0.5625, f4.Model.WeightBytes)
+	require.Equal(t, 2, f4.Model.EmbeddingBytes, "the embedding and LM head stay BF16")
+	w8, w4 := f8.WeightBytesPerGPU(), f4.WeightBytesPerGPU()
+	require.Less(t, w4, 0.6*w8, "NVFP4 linear weights are 0.5625 of FP8's")
+	p8, err := f8.PoolPages(32)
+	require.NoError(t, err)
+	p4, err := f4.PoolPages(32)
+	require.NoError(t, err)
+	require.Greater(t, p4, p8, "the room NVFP4 weights leave goes to the KV cache")
+	big := []Work{{8192, 0}}
+	r := f4.StepCost(big).GEMMMS / f8.StepCost(big).GEMMMS
+	require.Less(t, r, 0.75, "an 8 192-token chunk's GEMMs run at the FP4 rate (twice FP8's), less the fixed costs")
+	require.Less(t, f4.GEMMMS(4096, 7168, 18432, NVFP4), f4.GEMMMS(4096, 7168, 18432, FP8))
+	require.Contains(t, f4.Model.Source, "weights nvfp4")
+
+	_, err = builtin(t, "h200", "llama-8b", Parallelism{}).WithDTypes(NVFP4, "")
+	require.ErrorContains(t, err, "nvfp4 weights need FP4 tensor cores, which the h200 has not")
+	_, err = base.WithDTypes("", NVFP4)
+	require.ErrorContains(t, err, "the twin's KV cache is bf16 or fp8, not nvfp4")
+	d, err := ParseDType(" NVFP4 ")
+	require.NoError(t, err)
+	require.Equal(t, NVFP4, d)
 }
 
 func TestTensorParallelSplitsWorkAndAddsAllReduce(t *testing.T) {

@@ -11,37 +11,50 @@ type DType string
 
 // The element types the twin models. FP8 is e4m3 with per-tensor or
 // per-block scales (ModelOpt's FP8 checkpoints, DeepSeek's 128×128 blocks);
-// the scales are not counted (< 0.1% of the bytes).
+// the scales are not counted (< 0.1% of the bytes). NVFP4 is e2m1 with one
+// e4m3 scale per 16 elements (ModelOpt's NVFP4 checkpoints, e.g.
+// DeepSeek-R1-FP4): 4.5 bits an element, the scales counted; weights only,
+// on GPUs with FP4 tensor cores (Blackwell).
 const (
-	BF16 DType = "bf16"
-	FP8  DType = "fp8"
+	BF16  DType = "bf16"
+	FP8   DType = "fp8"
+	NVFP4 DType = "nvfp4"
 )
 
+// nvfp4Bytes is NVFP4's size per element: 4 bits and an 8-bit scale per 16.
+const nvfp4Bytes = (4 + 8.0/16) / 8
+
 // DTypeNames are the allowed names, for messages and flag help.
-const DTypeNames = "bf16, fp8"
+const DTypeNames = "bf16, fp8, nvfp4 (weights only)"
 
 // ParseDType reads a dtype name; "" is allowed and means "the model's own"
 // (the zero DType, which WithDTypes leaves unchanged).
 func ParseDType(s string) (DType, error) {
 	switch d := DType(strings.ToLower(strings.TrimSpace(s))); d {
-	case "", BF16, FP8:
+	case "", BF16, FP8, NVFP4:
 		return d, nil
 	}
 	return "", fmt.Errorf("unknown dtype %q (allowed: %s)", s, DTypeNames)
 }
 
-// Bytes is the element size: 2 for BF16, 1 for FP8.
-func (d DType) Bytes() int {
-	if d == FP8 {
+// Bytes is the element size: 2 for BF16, 1 for FP8, 0.5625 for NVFP4.
+func (d DType) Bytes() float64 {
+	switch d {
+	case FP8:
 		return 1
+	case NVFP4:
+		return nvfp4Bytes
 	}
 	return 2
 }
 
 // dtypeOf names an element size.
-func dtypeOf(bytes int) DType {
-	if bytes == 1 {
+func dtypeOf(bytes float64) DType {
+	switch bytes {
+	case 1:
 		return FP8
+	case nvfp4Bytes:
+		return NVFP4
 	}
 	return BF16
 }
@@ -50,6 +63,9 @@ func dtypeOf(bytes int) DType {
 // layers' linear weights are stored as weight and whose KV cache as kv (an
 // empty DType keeps the model's own). FP8 weights halve the weight bytes and
 // make the layers' GEMMs run at the GPU's FP8 rate (fp8_gemm_efficiency);
+// NVFP4 weights take 0.5625 bytes an element and run at the GPU's FP4 rate
+// with the same efficiency (no published NVFP4 GEMM efficiency table was
+// found), their activations quantised to NVFP4 too;
 // the embedding, LM head and norms stay BF16, as in FP8 checkpoints. An FP8
 // KV cache halves the KV bytes per token (what fits doubles, attention reads
 // half); attention arithmetic stays at the BF16 rate. Linear profiles have
@@ -58,6 +74,12 @@ func (p *Profile) WithDTypes(weight, kv DType) (*Profile, error) {
 	if p.Kind != KindRoofline && (weight != "" || kv != "") {
 		return nil, fmt.Errorf("a %s cost profile has no dtypes (its times were fitted to an engine as it ran)", p.Kind)
 	}
+	if kv == NVFP4 {
+		return nil, fmt.Errorf("the twin's KV cache is bf16 or fp8, not %s", kv)
+	}
+	if weight == NVFP4 && p.GPU.FP4FLOPS.Value <= 0 {
+		return nil, fmt.Errorf("%s weights need FP4 tensor cores, which the %s has not (Blackwell has: b200, gb300)", weight, p.GPU.Name)
+	}
 	q := p.clone()
 	m := &q.Model
 	var changed []string
@@ -65,8 +87,8 @@ func (p *Profile) WithDTypes(weight, kv DType) (*Profile, error) {
 		m.WeightBytes = weight.Bytes()
 		changed = append(changed, "weights "+string(weight))
 	}
-	if kv != "" && kv.Bytes() != m.KVBytes {
-		m.KVBytes = kv.Bytes()
+	if kv != "" && int(kv.Bytes()) != m.KVBytes {
+		m.KVBytes = int(kv.Bytes())
 		changed = append(changed, "KV cache "+string(kv))
 	}
 	if len(changed) > 0 {

@@ -87,11 +87,14 @@ func derive(p *Profile) derived {
 
 	d.bf16GemmMSPerFLOP = 1e3 / (g.BF16FLOPS.Value * r.GEMMEfficiency.Value)
 	d.gemmMSPerFLOP = d.bf16GemmMSPerFLOP
-	if m.WeightBytes == 1 {
+	switch dtypeOf(m.WeightBytes) {
+	case FP8:
 		d.gemmMSPerFLOP = 1e3 / (g.FP8FLOPS.Value * r.FP8GEMMEfficiency.Value)
+	case NVFP4:
+		d.gemmMSPerFLOP = 1e3 / (g.FP4FLOPS.Value * r.FP8GEMMEfficiency.Value)
 	}
 	d.gemmMSPerByte = 1e3 / (g.HBMBytesPerS.Value * r.GEMMBandwidthEfficiency.Value)
-	d.wb, d.eb = float64(m.WeightBytes), float64(m.EmbeddingBytes)
+	d.wb, d.eb = m.WeightBytes, float64(m.EmbeddingBytes)
 	d.tile, d.gemmKernelMS = r.GEMMTileTokens.Value, r.GEMMKernelMS.Value
 
 	attn, elemAttn := d.deriveAttention(m, tp)

@@ -32,6 +32,9 @@ type GPU struct {
 	// FP8FLOPS is the dense FP8 tensor-core rate, FLOP/s; GEMMs of models
 	// whose weights are FP8 (weight_bytes 1) run at this rate.
 	FP8FLOPS Coef `json:"fp8_flops"`
+	// FP4FLOPS is the dense FP4 tensor-core rate, FLOP/s (0: none, before
+	// Blackwell); GEMMs of NVFP4 weights run at this rate.
+	FP4FLOPS Coef `json:"fp4_flops,omitzero"`
 	// HBMBytesPerS is the HBM bandwidth, bytes/s.
 	HBMBytesPerS Coef `json:"hbm_bytes_per_s"`
 	// HBMBytes is the HBM capacity, bytes: what the driver reports as the
@@ -96,6 +99,7 @@ var builtinGPUs = map[string]GPU{
 		Name:             "b200",
 		BF16FLOPS:        Coef{2.25e15, srcHGXB + `: "FP16/BF16 Tensor Core 36 PFLOPS" per 8 GPUs, with sparsity; dense per GPU = 36 / 8 / 2 = 2.25 PFLOP/s`},
 		FP8FLOPS:         Coef{4.5e15, srcHGXB + `: "FP8 Tensor Core 72 PFLOPS" per 8 GPUs, with sparsity; dense per GPU = 72 / 8 / 2 = 4.5 PFLOP/s`},
+		FP4FLOPS:         Coef{9e15, srcHGXB + `: "FP4 Tensor Core 144 PFLOPS" per 8 GPUs, with sparsity; dense per GPU = 144 / 8 / 2 = 9 PFLOP/s`},
 		HBMBytesPerS:     Coef{8e12, srcHGXB + `: "64TB/s HBM3e bandwidth" per 8 GPUs; per GPU = 8 TB/s`},
 		HBMBytes:         Coef{183359 * mib, srcHGXB + `: "1,440GB total GPU memory" per 8 GPUs = 180 GB per GPU; the driver reports 183359 MiB total (nvidia-smi "NVIDIA B200 ... / 183359MiB")`},
 		NVLinkBytesPerS:  Coef{900e9, srcHGXB + `: "14.4TB/s aggregate NVLink bandwidth" per 8 GPUs = 1.8 TB/s per GPU, both directions (NVLink 5); one direction = 900 GB/s`},
@@ -106,6 +110,7 @@ var builtinGPUs = map[string]GPU{
 		Name:             "gb300",
 		BF16FLOPS:        Coef{2.5e15, srcGB300 + `: "FP16/BF16 Tensor Core 360 PFLOPS" per 72 GPUs, with sparsity (180 dense); per GPU dense = 2.5 PFLOP/s`},
 		FP8FLOPS:         Coef{5e15, srcGB300 + `: "FP8 Tensor Core 720 PFLOPS" per 72 GPUs, with sparsity (360 dense); per GPU dense = 5 PFLOP/s`},
+		FP4FLOPS:         Coef{15e15, srcGB300 + `: "FP4 Tensor Core 1,440 PFLOPS" per 72 GPUs, with sparsity (1,080 dense); per GPU dense = 1,080 / 72 = 15 PFLOP/s`},
 		HBMBytesPerS:     Coef{8e12, srcGB300 + `: "up to 576 TB/s" HBM3e bandwidth per 72 GPUs; per GPU = 8 TB/s`},
 		HBMBytes:         Coef{284208 * mib, srcGB300 + `: "up to 21 TB" HBM3e per 72 GPUs, 288 GB HBM3e per Blackwell Ultra GPU; the driver reports 284208 MiB total (nvidia-smi "NVIDIA GB300 ... / 284208MiB")`},
 		NVLinkBytesPerS:  Coef{900e9, srcGB300 + `: "130 TB/s" NVLink per 72 GPUs = 1.8 TB/s per GPU, both directions (NVLink 5); one direction = 900 GB/s`},
@@ -146,6 +151,9 @@ func (g *GPU) validate() error {
 		if err := c.c.positive(c.field); err != nil {
 			return err
 		}
+	}
+	if v := g.FP4FLOPS.Value; v < 0 || math.IsNaN(v) || math.IsInf(v, 0) {
+		return fmt.Errorf("gpu.fp4_flops.value must be 0 (no FP4 tensor cores) or positive, got %g", v)
 	}
 	if d := g.NVLinkDomainGPUs.Value; d != math.Trunc(d) || d > 1<<20 {
 		return fmt.Errorf("gpu.nvlink_domain_gpus.value must be a whole number of GPUs, got %g", d)

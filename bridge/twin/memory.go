@@ -28,7 +28,7 @@ func (p *Profile) WeightBytesPerGPU() float64 {
 		linear += moe * (float64(m.SharedExperts)*3*h*mf/tp + h*E + perGPU*3*h*mf)
 	}
 	norms := float64(m.Layers)*(2*h+attnNorm) + h
-	return linear*float64(m.WeightBytes) + (2*V*h/tp+norms)*float64(m.EmbeddingBytes)
+	return linear*m.WeightBytes + (2*V*h/tp+norms)*float64(m.EmbeddingBytes)
 }
 
 // KVBytesPerToken is the KV cache of one token over all layers on one GPU

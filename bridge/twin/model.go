@@ -37,8 +37,9 @@ type Model struct {
 	MoEIntermediate int    `json:"moe_intermediate_size"`
 	DenseLayers     int    `json:"dense_layers"` // MoE: leading layers with a dense MLP
 	// WeightBytes is the element size of the layers' linear weights: 2 for
-	// BF16, 1 for FP8 (whose GEMMs then run at the GPU's FP8 rate).
-	WeightBytes int `json:"weight_bytes"`
+	// BF16, 1 for FP8 (whose GEMMs then run at the GPU's FP8 rate), 0.5625
+	// for NVFP4 (4 bits and an 8-bit scale per 16; the GPU's FP4 rate).
+	WeightBytes float64 `json:"weight_bytes"`
 	// EmbeddingBytes is the element size of the embedding and LM head (and
 	// of norm weights), which stay BF16 in FP8 checkpoints.
 	EmbeddingBytes int `json:"embedding_bytes"`
@@ -201,6 +202,12 @@ func (m *Model) validate() error {
 		}
 		return nil
 	}
+	weightElem := func(v float64) error {
+		if v != 1 && v != 2 && v != nvfp4Bytes {
+			return fmt.Errorf("model.weight_bytes must be 2 (BF16), 1 (FP8) or %g (NVFP4), got %g", nvfp4Bytes, v)
+		}
+		return nil
+	}
 	elem := func(field string, v int) error {
 		if v != 1 && v != 2 {
 			return fmt.Errorf("model.%s must be 1 (FP8) or 2 (BF16), got %d", field, v)
@@ -215,7 +222,7 @@ func (m *Model) validate() error {
 	}
 	checks := []error{
 		pos("num_layers", m.Layers), pos("hidden_size", m.Hidden), pos("num_heads", m.Heads),
-		pos("vocab_size", m.Vocab), elem("weight_bytes", m.WeightBytes),
+		pos("vocab_size", m.Vocab), weightElem(m.WeightBytes),
 		elem("embedding_bytes", m.EmbeddingBytes), elem("kv_bytes", m.KVBytes),
 	}
 	if m.MLA() {

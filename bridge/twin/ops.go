@@ -46,12 +46,15 @@ func (p *Profile) GEMMMS(rows, k, n int, weight DType) float64 {
 	}
 	d := &p.d
 	perFLOP := d.bf16GemmMSPerFLOP
-	if weight == FP8 {
+	switch weight {
+	case FP8:
 		perFLOP = 1e3 / (p.GPU.FP8FLOPS.Value * p.Roofline.FP8GEMMEfficiency.Value)
+	case NVFP4:
+		perFLOP = 1e3 / (p.GPU.FP4FLOPS.Value * p.Roofline.FP8GEMMEfficiency.Value)
 	}
 	var s gemmSet
 	s.add(float64(k), float64(n))
-	return d.gemmMS(float64(rows), &s, perFLOP, float64(weight.Bytes()))
+	return d.gemmMS(float64(rows), &s, perFLOP, weight.Bytes())
 }
 
 // AllReduceMS is the modelled time of one all-reduce of bytes over gpus

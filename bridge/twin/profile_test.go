@@ -198,7 +198,7 @@ func TestStrictLoading(t *testing.T) {
 		{"dense layers", "deepseek-v3", func(m map[string]any) { obj(m, "model")["dense_layers"] = 61 },
 			"model.dense_layers must be in [0, num_layers 61), got 61"},
 		{"weight bytes", "llama-8b", func(m map[string]any) { obj(m, "model")["weight_bytes"] = 4 },
-			"model.weight_bytes must be 1 (FP8) or 2 (BF16), got 4"},
+			"model.weight_bytes must be 2 (BF16), 1 (FP8) or 0.5625 (NVFP4), got 4"},
 		{"linear in roofline", "llama-8b", func(m map[string]any) { m["linear"] = map[string]any{} }, "linear must be absent in a roofline profile"},
 	} {
 		data := mutate(t, "h200", tc.model, tc.edit)

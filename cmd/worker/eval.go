@@ -22,7 +22,7 @@ func runEval(args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&e.Engine, "engine", e.Engine, "engine of the main evaluation: twin (cpu runs a small real-compute check with --cpu)")
 	fs.StringVar(&e.GPU, "gpu", e.GPU, "the twin's GPU")
 	models := fs.String("model", strings.Join(e.Models, ","), "the twin's models, comma-separated: one report section each")
-	fs.StringVar(&e.WeightDType, "weight-dtype", e.WeightDType, "the twin's weight element type: bf16 or fp8 (default: the model's)")
+	fs.StringVar(&e.WeightDType, "weight-dtype", e.WeightDType, "the twin's weight element type: bf16, fp8 or nvfp4 (default: the model's)")
 	fs.StringVar(&e.KVDType, "kv-dtype", e.KVDType, "the twin's KV-cache element type: bf16 or fp8 (default: the model's)")
 	fs.IntVar(&e.GPUsPerNode, "gpus-per-node", e.GPUsPerNode, "the twin's GPUs per NVLink domain (0: the GPU's)")
 	fs.Float64Var(&e.ExpertZipf, "expert-zipf", e.ExpertZipf, "the twin's Zipf exponent of expert popularity (0: uniform; negative: the profile's)")

@@ -128,10 +128,17 @@ func TestTwinDeploymentFlags(t *testing.T) {
 	require.Equal(t, 0, code, stderr)
 	p, err := twin.ReadProfile(strings.NewReader(stdout))
 	require.NoError(t, err)
-	require.Equal(t, 1, p.Model.WeightBytes)
+	require.Equal(t, 1.0, p.Model.WeightBytes)
 	require.Equal(t, 1, p.Model.KVBytes)
 	require.Equal(t, 2, p.Model.EmbeddingBytes, "the embedding and LM head stay BF16")
 	require.Equal(t, 4, p.Parallelism.GPUsPerNode)
+	code, stdout, stderr = runCLI(t, "twin-profile", "--gpu", "b200", "--model", "deepseek-v3", "--ranks", "8",
+		"--weight-dtype", "nvfp4", "--kv-dtype", "fp8")
+	require.Equal(t, 0, code, stderr)
+	p, err = twin.ReadProfile(strings.NewReader(stdout))
+	require.NoError(t, err)
+	require.Equal(t, 0.5625, p.Model.WeightBytes, "NVFP4: 4 bits and an 8-bit scale per 16")
+	require.Positive(t, p.GPU.FP4FLOPS.Value)
 	code, stdout, stderr = runCLI(t, "twin-profile", "--model", "deepseek-v3", "--expert-zipf", "0.8")
 	require.Equal(t, 0, code, stderr)
 	require.Contains(t, stdout, `"value": 0.8`)
@@ -140,8 +147,10 @@ func TestTwinDeploymentFlags(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"--weight-dtype", "fp4"}, `--weight-dtype: unknown dtype "fp4" (allowed: bf16, fp8)`},
-		{[]string{"--kv-dtype", "int8"}, `--kv-dtype: unknown dtype "int8" (allowed: bf16, fp8)`},
+		{[]string{"--weight-dtype", "fp4"}, `--weight-dtype: unknown dtype "fp4" (allowed: bf16, fp8, nvfp4 (weights only))`},
+		{[]string{"--kv-dtype", "int8"}, `--kv-dtype: unknown dtype "int8" (allowed: bf16, fp8, nvfp4 (weights only))`},
+		{[]string{"--weight-dtype", "nvfp4"}, "nvfp4 weights need FP4 tensor cores, which the h200 has not"},
+		{[]string{"--kv-dtype", "nvfp4"}, "the twin's KV cache is bf16 or fp8, not nvfp4"},
 		{[]string{"--gpus-per-node", "-1"}, "--gpus-per-node must be at least 1"},
 		{[]string{"--expert-zipf", "0.5"}, "--expert-zipf 0.5: model llama-8b has no routed experts"},
 		{[]string{"--expert-zipf", "9"}, "--expert-zipf must be a Zipf exponent in [0, 4]"},
