@@ -113,6 +113,14 @@ type Executor struct {
 
 	pending  []Response // rejections, flushed at C8
 	finished []Response // completions of this iteration's forward, gathered at C7
+	// pendingWire is the C8 payload encoded at step 12 of the overlap loop
+	// under attention DP, gathered with C7 (foldPending); pendingFolded
+	// says it waits for it, pendingForward whether it timed a forward.
+	// pendSplit and respSplit are rank 0's split of that gather.
+	pendingWire          []byte
+	pendingFolded        bool
+	pendingForward       bool
+	pendSplit, respSplit [][]byte
 
 	step    bridge.StepDesc
 	stepRes bridge.StepResult

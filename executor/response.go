@@ -329,8 +329,20 @@ func (e *Executor) gatherResponses(name string, rs []Response, deviceUS, tokens 
 		}
 		return nil
 	}
+	if name == "pending_responses" && e.foldPending() {
+		// Encoded now, with this point's load; gathered with C7 at step 15.
+		e.pendingWire = responseBatch{DeviceUS: deviceUS, Tokens: tokens, Responses: rs, Load: load}.appendTo(e.pendingWire[:0])
+		e.pendingFolded, e.pendingForward = true, forward
+		return nil
+	}
 	t := e.waitStart()
 	e.wire = responseBatch{DeviceUS: deviceUS, Tokens: tokens, Responses: rs, Deltas: deltas, Load: load}.appendTo(e.wire[:0])
+	folded := name == "responses" && e.pendingFolded
+	if folded {
+		e.wire = append(e.wire, e.pendingWire...)
+		e.wire = binary.LittleEndian.AppendUint32(e.wire, uint32(len(e.pendingWire)))
+		e.pendingFolded = false
+	}
 	var all [][]byte
 	var err error
 	if name == "responses" && e.costPlan != nil {
@@ -342,6 +354,58 @@ func (e *Executor) gatherResponses(name string, rs []Response, deviceUS, tokens 
 	if err != nil {
 		return err
 	}
+	if folded {
+		if e.cfg.Rank != 0 && e.cfg.IterLog == nil {
+			return nil // only rank 0 and the iteration log read C7 and C8
+		}
+		if err := e.splitPending(all); err != nil {
+			return err
+		}
+		if err := e.receiveResponses("pending_responses", e.pendSplit, e.pendingForward); err != nil {
+			return err
+		}
+		return e.receiveResponses("responses", e.respSplit, false)
+	}
+	return e.receiveResponses(name, all, forward)
+}
+
+// foldPending reports that C8 (pending responses) rides this iteration's C7
+// (responses) instead of a gather of its own: the overlap loop under
+// attention DP, where step 12 encodes the payload and step 15 gathers both
+// and rank 0 reads C8's part of every rank before C7's, as it did when C8
+// ran first. Between the two only the launch runs, which reads neither
+// (rank 0's deliveries and the metrics of the processed batch are read at
+// the iteration's end). A deliberate difference from executor.md §7's
+// inventory (issue 24 item 8): an overlap-loop iteration takes three
+// collectives (C1, C5, C7) instead of four; the sequential loop keeps C8.
+func (e *Executor) foldPending() bool { return e.cfg.Overlap && e.adp() && !unfoldPending }
+
+// unfoldPending turns foldPending off (tests compare the two).
+var unfoldPending bool
+
+// splitPending cuts each rank's C7 payload into its responses and the C8
+// payload appended to it (foldPending), into pendSplit and respSplit.
+func (e *Executor) splitPending(all [][]byte) error {
+	e.pendSplit, e.respSplit = e.pendSplit[:0], e.respSplit[:0]
+	for i, b := range all {
+		if len(b) < 4 {
+			return fmt.Errorf("collective desync: responses of rank %d carry no pending responses (%d bytes)", i, len(b))
+		}
+		n := int(binary.LittleEndian.Uint32(b[len(b)-4:]))
+		if n > len(b)-4 {
+			return fmt.Errorf("collective desync: rank %d's pending responses of %d bytes in %d", i, n, len(b))
+		}
+		cut := len(b) - 4 - n
+		e.respSplit = append(e.respSplit, b[:cut:cut])
+		e.pendSplit = append(e.pendSplit, b[cut:len(b)-4:len(b)-4])
+	}
+	return nil
+}
+
+// receiveResponses is what a rank does with a gathered C7 or C8: the fleet's
+// busy time for the iteration log (C8), and on rank 0 the deliveries and the
+// metrics.
+func (e *Executor) receiveResponses(name string, all [][]byte, forward bool) error {
 	if name == "pending_responses" {
 		e.noteFleetBusy(all, forward)
 	}
