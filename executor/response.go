@@ -339,8 +339,8 @@ func (e *Executor) gatherResponses(name string, rs []Response, deviceUS, tokens 
 	e.wire = responseBatch{DeviceUS: deviceUS, Tokens: tokens, Responses: rs, Deltas: deltas, Load: load}.appendTo(e.wire[:0])
 	folded := name == "responses" && e.pendingFolded
 	if folded {
-		e.wire = append(e.wire, e.pendingWire...)
-		e.wire = binary.LittleEndian.AppendUint32(e.wire, uint32(len(e.pendingWire)))
+		n0 := len(e.wire)
+		e.wire = endTrailer(append(e.wire, e.pendingWire...), n0)
 		e.pendingFolded = false
 	}
 	var all [][]byte
@@ -388,18 +388,35 @@ var unfoldPending bool
 func (e *Executor) splitPending(all [][]byte) error {
 	e.pendSplit, e.respSplit = e.pendSplit[:0], e.respSplit[:0]
 	for i, b := range all {
-		if len(b) < 4 {
-			return fmt.Errorf("collective desync: responses of rank %d carry no pending responses (%d bytes)", i, len(b))
+		resp, pend, ok := cutTrailer(b)
+		if !ok {
+			return fmt.Errorf("collective desync: responses of rank %d (%d bytes) carry no pending responses", i, len(b))
 		}
-		n := int(binary.LittleEndian.Uint32(b[len(b)-4:]))
-		if n > len(b)-4 {
-			return fmt.Errorf("collective desync: rank %d's pending responses of %d bytes in %d", i, n, len(b))
-		}
-		cut := len(b) - 4 - n
-		e.respSplit = append(e.respSplit, b[:cut:cut])
-		e.pendSplit = append(e.pendSplit, b[cut:len(b)-4:len(b)-4])
+		e.respSplit, e.pendSplit = append(e.respSplit, resp), append(e.pendSplit, pend)
 	}
 	return nil
+}
+
+// endTrailer closes a part appended to a collective's payload at n0 (the
+// payload's length before it) with its length, so that the gathered
+// payload can be cut in two again (cutTrailer): C8 and the step cost ride
+// C7 that way.
+func endTrailer(b []byte, n0 int) []byte {
+	return binary.LittleEndian.AppendUint32(b, uint32(len(b)-n0))
+}
+
+// cutTrailer splits b into the payload and the part endTrailer closed at
+// its end; ok is false when b does not end in such a part.
+func cutTrailer(b []byte) (head, trailer []byte, ok bool) {
+	if len(b) < 4 {
+		return nil, nil, false
+	}
+	n := int(binary.LittleEndian.Uint32(b[len(b)-4:]))
+	if n > len(b)-4 {
+		return nil, nil, false
+	}
+	cut, end := len(b)-4-n, len(b)-4
+	return b[:cut:cut], b[cut:end:end], true
 }
 
 // receiveResponses is what a rank does with a gathered C7 or C8: the fleet's

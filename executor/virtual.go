@@ -1,7 +1,6 @@
 package executor
 
 import (
-	"encoding/binary"
 	"fmt"
 	"time"
 )
@@ -89,8 +88,7 @@ func (e *Executor) gatherWithStepCost(name string) ([][]byte, error) {
 	p := e.costPlan
 	e.costPlan = nil
 	n0 := len(e.wire)
-	e.wire = e.virtual.AppendStepCost(e.wire)
-	e.wire = binary.LittleEndian.AppendUint32(e.wire, uint32(len(e.wire)-n0))
+	e.wire = endTrailer(e.virtual.AppendStepCost(e.wire), n0)
 	v, err := e.allGatherDecoded(name, e.wire, e.splitCosts)
 	if err != nil {
 		return nil, err
@@ -115,16 +113,12 @@ func (e *Executor) splitStepCosts(all [][]byte) (any, error) {
 	g.batches = append(g.batches[:0], all...)
 	e.costSplit = e.costSplit[:0]
 	for i, b := range all {
-		if len(b) < 4 {
-			return nil, fmt.Errorf("collective desync: responses of rank %d carry no step cost (%d bytes)", i, len(b))
+		batch, cost, ok := cutTrailer(b)
+		if !ok {
+			return nil, fmt.Errorf("collective desync: responses of rank %d (%d bytes) carry no step cost", i, len(b))
 		}
-		n := int(binary.LittleEndian.Uint32(b[len(b)-4:]))
-		if n > len(b)-4 {
-			return nil, fmt.Errorf("collective desync: rank %d's step cost of %d bytes in %d", i, n, len(b))
-		}
-		cut := len(b) - 4 - n
-		g.batches[i] = b[:cut:cut]
-		e.costSplit = append(e.costSplit, b[cut:len(b)-4])
+		g.batches[i] = batch
+		e.costSplit = append(e.costSplit, cost)
 	}
 	var err error
 	g.fleetMS, err = e.virtual.FleetStepMS(e.costSplit)
