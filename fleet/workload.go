@@ -44,6 +44,27 @@ func (o *Options) AttentionDPRanks(l nccl.Launch) int {
 	return o.Ranks
 }
 
+// adpConfigWarning is the warning for an attention_dp_config mode asked for
+// where there is no attention DP (one rank, or Helix CP ranks): like
+// TensorRT-LLM, which reads attention_dp_config only with attention DP on,
+// the run goes on without it, but says so once.
+func (o *Options) adpConfigWarning(adpRanks int) string {
+	if adpRanks > 1 {
+		return ""
+	}
+	var on []string
+	if o.ADPBalance.Enable {
+		on = append(on, o.Src("attention-dp-balance"))
+	}
+	if o.ADPBalance.CostLeveling {
+		on = append(on, o.Src("attention-dp-cost-leveling"))
+	}
+	if len(on) == 0 {
+		return ""
+	}
+	return strings.Join(on, " and ") + ": no effect without attention DP (this run has one attention-DP rank); ignored"
+}
+
 // workloadName labels the workload in messages: the trace path or the
 // built-in sample.
 func (o *Options) workloadName() string {

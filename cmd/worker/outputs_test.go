@@ -78,3 +78,22 @@ func TestOutputsWritten(t *testing.T) {
 	require.NoError(t, err)
 	require.NotEmpty(t, b)
 }
+
+// TestADPConfigWithoutAttentionDPWarns: attention_dp_config's modes on a
+// run without attention DP (one rank) are ignored, as TensorRT-LLM ignores
+// them, with one warning naming where they were set; on two ranks no
+// warning.
+func TestADPConfigWithoutAttentionDPWarns(t *testing.T) {
+	code, stdout, stderr := runCLI(t, append(append([]string{}, fakeRun...), "--report", "json", "--ranks", "1",
+		"--attention-dp-balance", "--attention-dp-cost-leveling")...)
+	require.Equal(t, 0, code, stderr)
+	require.Contains(t, stderr, "--attention-dp-balance and --attention-dp-cost-leveling: no effect without attention DP")
+	require.Equal(t, 1, strings.Count(stderr, "no effect without attention DP"), stderr)
+	var rep map[string]any
+	require.NoError(t, json.Unmarshal([]byte(stdout), &rep))
+	require.EqualValues(t, 8, field(rep, "requests.completed"))
+
+	code, _, stderr = runCLI(t, append(append([]string{}, fakeRun...), "--ranks", "2", "--attention-dp-balance")...)
+	require.Equal(t, 0, code, stderr)
+	require.NotContains(t, stderr, "no effect without attention DP")
+}
