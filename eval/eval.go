@@ -45,6 +45,7 @@ import (
 //	E  A + ADP Balance (TensorRT-LLM's attention_dp_config)
 //	F  B + ADP Balance
 //	G  C with least_tokens placement of new conversations
+//	L  C with least_prefill placement of new conversations
 //	H  A + cost leveling
 //	I  B + cost leveling
 //	K  E + cost leveling (ADP Balance and cost leveling together)
@@ -71,6 +72,7 @@ var ladder = []struct{ config, step string }{
 // steps name what each configuration beside the ladder adds.
 var steps = map[string]string{
 	"E": "A + ADP Balance", "F": "B + ADP Balance", "G": "C + least_tokens placement",
+	"L": "C + least_prefill placement",
 	"H": "A + cost leveling", "I": "B + cost leveling", "K": "E + cost leveling",
 }
 
@@ -89,7 +91,7 @@ func inLadder(c string) bool { return stepOf(c) != "" && steps[c] == "" }
 
 // sweptBeside are the configurations beside the ladder that also run at
 // every load of the sweep, on aggregated serving: ADP Balance (E, F), whose
-// effect the latency and goodput curves show. Placement (G) and cost
+// effect the latency and goodput curves show. Placement (G, L) and cost
 // leveling (H, I, K) run at the highest load only: leveling changes nothing
 // measurable there (docs/eval.md), and each sweep line costs about a
 // sixth of the default evaluation's wall time.
@@ -115,7 +117,7 @@ func runsAt(c, w string, x, top float64) bool {
 // command line, and what came out.
 type evalRun struct {
 	Model    string   `json:"model"`
-	Config   string   `json:"config"`           // A–K (or "capacity")
+	Config   string   `json:"config"`           // A–L (or "capacity")
 	Workload string   `json:"workload"`         // context, aggregated
 	Load     string   `json:"load"`             // all-at-once, or the sweep point ("0.70×")
 	LoadX    float64  `json:"load_x,omitempty"` // the sweep point: offered load / measured capacity
@@ -473,15 +475,15 @@ func (e *Options) deploymentArgs() []string {
 }
 
 // aggregatedOnly are the configurations that run on aggregated serving
-// only: ADP Balance (E, F), placement (G) and cost leveling (H, I, K) act
-// where contexts and decodes share the ranks.
-func aggregatedOnly(c string) bool { return strings.Contains("EFGHIK", c) }
+// only: ADP Balance (E, F), placement (G, L) and cost leveling (H, I, K)
+// act where contexts and decodes share the ranks.
+func aggregatedOnly(c string) bool { return strings.Contains("EFGHIKL", c) }
 
 // configure adds configuration c's settings to args (and environment):
 // B the fitted (O, D), C B + demotion + the conversation-aware router,
 // D C with the online calibrator, E A + ADP Balance (TensorRT-LLM's
 // attention_dp_config defaults), F B + ADP Balance, G C with least_tokens
-// placement of new conversations, H A + cost leveling, I B + cost
+// placement of new conversations (L with least_prefill), H A + cost leveling, I B + cost
 // leveling, K E + cost leveling, J B + the conversation-aware router (C without demotion: the
 // ladder's step between B and C). ok is false when c needs a fit that
 // failed.
@@ -497,6 +499,8 @@ func (ev *Evaluation) configure(c string, args []string, fit *fitOutcome) ([]str
 		args = append(args, "--attention-dp-balance")
 	case "G":
 		args = append(args, "--new-conv-placement", "least_tokens")
+	case "L":
+		args = append(args, "--new-conv-placement", "least_prefill")
 	case "H":
 		return append(args, "--attention-dp-cost-leveling"), nil, true
 	case "I":
@@ -504,17 +508,17 @@ func (ev *Evaluation) configure(c string, args []string, fit *fitOutcome) ([]str
 	case "K":
 		return append(args, "--attention-dp-balance", "--attention-dp-cost-leveling"), nil, true
 	}
-	if c == "B" || c == "C" || c == "F" || c == "G" || c == "I" || c == "J" {
+	if c == "B" || c == "C" || c == "F" || c == "G" || c == "I" || c == "J" || c == "L" {
 		if fit == nil || fit.err != nil {
 			return nil, nil, false
 		}
 		env = []string{fmt.Sprintf("TLLM_V2_CTX_COST_KV_OFFSET=%d", fit.result.Offset),
 			fmt.Sprintf("TLLM_V2_CTX_COST_KV_DEPTH_THRESHOLD=%d", fit.result.Threshold)}
 	}
-	if c == "C" || c == "D" || c == "G" {
+	if c == "C" || c == "D" || c == "G" || c == "L" {
 		env = append(env, fmt.Sprintf("TLLM_V2_CTX_DEMOTE_UNCACHED_TOKENS=%d", ev.opt.Demote))
 	}
-	if c == "C" || c == "D" || c == "G" || c == "J" {
+	if c == "C" || c == "D" || c == "G" || c == "J" || c == "L" {
 		args = append(args, "--router", "conversation", "--infer-conversations")
 	}
 	if c == "D" {

@@ -34,7 +34,7 @@ func TestEvalWritesTheReport(t *testing.T) {
 	e := Defaults()
 	e.Trace, e.Out, e.Limit, e.Ranks, e.CPU = conversationTrace(t), out, 400, 8, false
 	e.Models, e.Sweep = []string{"deepseek-v3"}, []float64{0.5, 1.1}
-	e.Configs = append(e.Configs, "G")
+	e.Configs = append(e.Configs, "G", "L")
 	require.NoError(t, e.Validate())
 	var progress strings.Builder
 	ev, err := Run(e, &progress)
@@ -79,13 +79,13 @@ func TestEvalWritesTheReport(t *testing.T) {
 		}
 	}
 	require.True(t, seen["capacity/context/all-at-once"] && seen["capacity/aggregated/all-at-once"])
-	for _, c := range []string{"A", "B", "J", "C", "D", "E", "F", "G", "H", "I", "K"} {
+	for _, c := range []string{"A", "B", "J", "C", "D", "E", "F", "G", "L", "H", "I", "K"} {
 		for _, w := range []string{"context/0.50×", "context/1.10×", "aggregated/0.50×", "aggregated/1.10×"} {
 			if strings.Contains("EF", c) && !strings.HasPrefix(w, "aggregated/") {
 				require.False(t, seen[c+"/"+w], "ADP Balance: aggregated serving only")
 				continue
 			}
-			if strings.Contains("GHIK", c) && w != "aggregated/1.10×" {
+			if strings.Contains("GHIKL", c) && w != "aggregated/1.10×" {
 				require.False(t, seen[c+"/"+w], "placement and cost leveling: aggregated serving at the highest load only")
 				continue
 			}

@@ -61,7 +61,7 @@ type Options struct {
 }
 
 // DefaultConfigs are the configurations of a default evaluation: the
-// ladder and the two balancing modes on A and B (G runs with --configs).
+// ladder and the two balancing modes on A and B (G and L run with --configs).
 var DefaultConfigs = []string{"A", "B", "J", "C", "D", "E", "F", "H", "I", "K"}
 
 // Defaults are the evaluation's defaults (the seed's scale).

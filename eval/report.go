@@ -26,11 +26,11 @@ var configColours = map[string]color.RGBA{
 	"A": {31, 119, 180, 255}, "B": {255, 127, 14, 255}, "C": {44, 160, 44, 255}, "D": {214, 39, 40, 255},
 	"E": {148, 103, 189, 255}, "F": {140, 86, 75, 255}, "G": {23, 190, 207, 255},
 	"H": {188, 189, 34, 255}, "I": {227, 119, 194, 255}, "J": {127, 127, 127, 255},
-	"K": {0, 0, 0, 255},
+	"K": {0, 0, 0, 255}, "L": {0, 128, 128, 255},
 }
 
 // allConfigs are the configurations in report order.
-var allConfigs = []string{"A", "B", "J", "C", "D", "E", "F", "G", "H", "I", "K"}
+var allConfigs = []string{"A", "B", "J", "C", "D", "E", "F", "G", "L", "H", "I", "K"}
 
 // balanceConfigs are the configurations balance.png compares: without a
 // balancing mode, with ADP Balance, with cost leveling, with both.

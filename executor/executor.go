@@ -142,8 +142,12 @@ type Executor struct {
 	costedBuf                [2]costedGather
 	statesTurn, costedTurn   int
 	ownState                 [1]RankState // the gathered states without attention DP
-	prev                     *batch       // overlap loop: launched, results not applied yet
-	spare                    *batch       // recycled batch object
+	// stateLen is the number of values of this fleet's rank states:
+	// RankStateLen, or rankStateLenPrefill when the router reads the
+	// ranks' pending prefill (least_prefill placement).
+	stateLen int
+	prev     *batch // overlap loop: launched, results not applied yet
+	spare    *batch // recycled batch object
 	// spareDummies are padding dummies that ran and left, whose storage
 	// the next dummies reuse (takeDummy).
 	spareDummies []*request
@@ -234,6 +238,10 @@ func New(cfg Config, d Deps) (*Executor, error) {
 	e := &Executor{cfg: cfg, d: d, adm: adm, byID: map[uint64]*request{}, nextDummy: dummyIDBase,
 		lastStats: RankState{StatsIter: -1}, wallClock: cfg.Clock}
 	e.decodeStates, e.splitCosts = e.decodeRankStates, e.splitStepCosts // made once: no closure per gather
+	e.stateLen = RankStateLen
+	if router.ReadsPendingPrefill(cfg.Router) {
+		e.stateLen = rankStateLenPrefill
+	}
 	if coster != nil {
 		e.virtual, e.vnow = coster, cfg.VirtualEpoch
 		e.cfg.Clock = func() time.Time { return e.vnow }

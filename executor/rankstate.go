@@ -12,6 +12,13 @@ import (
 // (router-and-calibration.md §1.2).
 const RankStateLen = 13
 
+// rankStateLenPrefill is a rank state's length when the router reads the
+// ranks' pending prefill (least_prefill placement): a 14th value,
+// PendingPrefill, follows the spec's 13. An extension of lockstep's (the
+// spec's wire has 13 values); with any other placement the state is the
+// spec's.
+const rankStateLenPrefill = RankStateLen + 1
+
 // RankState is one rank's contribution to the per-iteration state allgather.
 type RankState struct {
 	Rank             int64
@@ -27,39 +34,49 @@ type RankState struct {
 	CostS            int64
 	HostUS           int64
 	PausedAndRecomp  int64
+	// PendingPrefill (the 14th value, sent only with least_prefill
+	// placement): Σ prompt tokens not yet in KV over the counted requests.
+	PendingPrefill int64
 }
 
-func (s RankState) encode() []byte { return s.appendTo(nil) }
+// encode is the spec's wire form (RankStateLen values).
+func (s RankState) encode() []byte { return s.appendTo(nil, RankStateLen) }
 
-// appendTo appends the wire form of s to b.
-func (s RankState) appendTo(b []byte) []byte {
+// appendTo appends the wire form of s to b: its first n values
+// (RankStateLen, or rankStateLenPrefill with the pending prefill).
+func (s RankState) appendTo(b []byte, n int) []byte {
 	has := int64(0)
 	if s.HasStats {
 		has = 1
 	}
-	v := [RankStateLen]int64{s.Rank, s.ActiveRequests, s.ActiveTokens, s.RetiringRequests, has,
+	v := [rankStateLenPrefill]int64{s.Rank, s.ActiveRequests, s.ActiveTokens, s.RetiringRequests, has,
 		s.StatsIter, s.CtxRequests, s.CtxTokens, s.GenRequests, s.GenTokens, s.CostS, s.HostUS,
-		s.PausedAndRecomp}
-	b = slices.Grow(b, 8*RankStateLen)
-	for _, x := range v {
+		s.PausedAndRecomp, s.PendingPrefill}
+	b = slices.Grow(b, 8*n)
+	for _, x := range v[:n] {
 		b = binary.LittleEndian.AppendUint64(b, uint64(x))
 	}
 	return b
 }
 
-// decodeRankState pads missing trailing fields with their defaults and
-// rejects a longer payload.
-func decodeRankState(b []byte) (RankState, error) {
-	if len(b)%8 != 0 || len(b) > 8*RankStateLen || len(b) < 8 {
-		return RankState{}, fmt.Errorf("collective desync: rank state of %d bytes (want 8..%d, a multiple of 8)", len(b), 8*RankStateLen)
+// decodeRankState decodes a spec rank state (at most RankStateLen values):
+// missing trailing fields take their defaults, a longer payload is a
+// desync.
+func decodeRankState(b []byte) (RankState, error) { return decodeRankStateN(b, RankStateLen) }
+
+// decodeRankStateN is decodeRankState for states of at most n values
+// (rankStateLenPrefill with least_prefill placement).
+func decodeRankStateN(b []byte, n int) (RankState, error) {
+	if len(b)%8 != 0 || len(b) > 8*n || len(b) < 8 {
+		return RankState{}, fmt.Errorf("collective desync: rank state of %d bytes (want 8..%d, a multiple of 8)", len(b), 8*n)
 	}
-	v := [RankStateLen]int64{5: -1}
+	v := [rankStateLenPrefill]int64{5: -1}
 	for i := 0; i < len(b)/8; i++ {
 		v[i] = int64(binary.LittleEndian.Uint64(b[8*i:]))
 	}
 	return RankState{Rank: v[0], ActiveRequests: v[1], ActiveTokens: v[2], RetiringRequests: v[3],
 		HasStats: v[4] != 0, StatsIter: v[5], CtxRequests: v[6], CtxTokens: v[7], GenRequests: v[8],
-		GenTokens: v[9], CostS: v[10], HostUS: v[11], PausedAndRecomp: v[12]}, nil
+		GenTokens: v[9], CostS: v[10], HostUS: v[11], PausedAndRecomp: v[12], PendingPrefill: v[13]}, nil
 }
 
 // gatherRankStates is C1: every rank's state, indexed by its rank field.
@@ -72,7 +89,7 @@ func (e *Executor) gatherRankStates(intake []byte) (states []RankState, tail []b
 		return e.ownState[:], nil, nil
 	}
 	t := e.waitStart()
-	e.wire = mine.appendTo(e.wire[:0])
+	e.wire = mine.appendTo(e.wire[:0], e.stateLen)
 	e.wire = append(e.wire, intake...)
 	v, err := e.allGatherDecoded("rank_state", e.wire, e.decodeStates)
 	e.waitEnd(t)
@@ -95,7 +112,8 @@ type gatheredStates struct {
 // field. It reads only its argument (and the configured rank count), so a
 // coroutine fleet runs it once for every rank. Rank 0's state may be
 // followed by the intake (gatherStatesAndArrivals); any other longer state
-// is a desync.
+// is a desync. A state is e.stateLen values long (the same on every rank:
+// it follows the fleet's router configuration).
 func (e *Executor) decodeRankStates(all [][]byte) (any, error) {
 	g := &e.statesBuf[e.statesTurn]
 	e.statesTurn ^= 1
@@ -105,11 +123,11 @@ func (e *Executor) decodeRankStates(all [][]byte) (any, error) {
 	clear(g.states)
 	g.intake = nil
 	for i, b := range all {
-		if len(b) > 8*RankStateLen && binary.LittleEndian.Uint64(b) == 0 {
-			g.intake = slices.Clone(b[8*RankStateLen:])
-			b = b[:8*RankStateLen]
+		if n := 8 * e.stateLen; len(b) > n && binary.LittleEndian.Uint64(b) == 0 {
+			g.intake = slices.Clone(b[n:])
+			b = b[:n]
 		}
-		s, err := decodeRankState(b)
+		s, err := decodeRankStateN(b, e.stateLen)
 		if err != nil {
 			return nil, err
 		}
@@ -127,7 +145,8 @@ func (e *Executor) decodeRankStates(all [][]byte) (any, error) {
 func (e *Executor) rankState() RankState {
 	s := e.lastStats
 	s.Rank = int64(e.cfg.Rank)
-	s.ActiveRequests, s.ActiveTokens, s.RetiringRequests = 0, 0, 0
+	s.ActiveRequests, s.ActiveTokens, s.RetiringRequests, s.PendingPrefill = 0, 0, 0, 0
+	prefill := e.stateLen > RankStateLen
 	for _, r := range e.active {
 		if r.IsDummy {
 			continue
@@ -138,6 +157,9 @@ func (e *Executor) rankState() RankState {
 		}
 		s.ActiveRequests++
 		s.ActiveTokens += int64(len(r.prompt))
+		if prefill && r.State.IsContext() {
+			s.PendingPrefill += int64(r.Remaining())
+		}
 	}
 	return s
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/lockstep-ai/lockstep/nccl"
 	"github.com/lockstep-ai/lockstep/scheduler"
+	"github.com/lockstep-ai/lockstep/scheduler/router"
 )
 
 // wire encodes int64 values as the C1 payload does.
@@ -201,6 +202,95 @@ func TestRankStateCarriesPreviousIterationStats(t *testing.T) {
 				require.GreaterOrEqual(t, v[11], int64(0), "host wall time")
 				require.Equal(t, int64(rec.NumPaused+rec.NumRecomputePaused), v[12])
 			}
+		}
+	}
+}
+
+// With least_prefill placement (issue 25 item 6) the rank state carries a
+// 14th value, the rank's prompt tokens not yet in KV, which the router
+// reads; with any other placement the state is the spec's 13 values and
+// the pending prefill is not computed.
+func TestRankStatePendingPrefill(t *testing.T) {
+	leastPrefill := func(c *Config) {
+		r, err := router.New(router.NameConversation, router.Config{MaxActivePerRank: 64,
+			NewConvPlacement: router.PlacementLeastPrefill})
+		require.NoError(t, err)
+		c.Router = r
+	}
+	fill := func(e *Executor) {
+		inject(e, newRequest(arrival(1, 100, 2))) // waiting: its whole prompt
+		mid := inject(e, newRequest(arrival(2, 100, 2)))
+		mid.State, mid.ContextPosition = scheduler.ContextInProgress, 40 // 60 left
+		gen := inject(e, newRequest(arrival(3, 50, 2)))
+		gen.State, gen.ContextPosition = scheduler.GenerationInProgress, 50
+		done := inject(e, newRequest(arrival(4, 70, 2)))
+		done.State = scheduler.GenerationToComplete
+		inject(e, newDummy(dummyIDBase))
+	}
+
+	e, _, _ := unitExecWith(t, 0, 1, 64, nil, leastPrefill)
+	require.Equal(t, rankStateLenPrefill, e.stateLen)
+	fill(e)
+	s := e.rankState()
+	require.Equal(t, int64(160), s.PendingPrefill, "100 waiting + 60 left of a chunked prompt; generation, retiring and dummy count nothing")
+	require.Equal(t, [3]int64{3, 250, 1}, [3]int64{s.ActiveRequests, s.ActiveTokens, s.RetiringRequests})
+	v := unwire(t, s.appendTo(nil, e.stateLen))
+	require.Len(t, v, 14)
+	require.Equal(t, int64(160), v[13])
+	back, err := decodeRankStateN(s.appendTo(nil, e.stateLen), e.stateLen)
+	require.NoError(t, err)
+	require.Equal(t, s, back)
+
+	plain, _, _ := unitExec(t, 0, 1, 64, nil)
+	require.Equal(t, RankStateLen, plain.stateLen, "the default router: the spec's 13 values")
+	fill(plain)
+	require.Zero(t, plain.rankState().PendingPrefill, "not computed when no router reads it")
+
+	// Two ranks gather the 14 values; rank 0's intake still rides after its
+	// state and comes back whole.
+	comms := nccl.NewLocalGroup(2, nccl.LocalOptions{})
+	var got [2][]RankState
+	var tails [2][]byte
+	var sent [2]int
+	var errs [2]error
+	intake := wire(7, 8, 9)
+	onTwo(func(r int) {
+		hc := &hookComm{LocalComm: comms[r]}
+		hc.send = func(_ string, data []byte) []byte { sent[r] = len(data); return data }
+		e, _, _ := unitExecWith(t, r, 2, 64, hc, leastPrefill)
+		inject(e, newRequest(arrival(uint64(10+r), 30+10*r, 2)))
+		var in []byte
+		if r == 0 {
+			in = intake
+		}
+		got[r], tails[r], errs[r] = e.gatherRankStates(in)
+	})
+	require.NoError(t, errs[0])
+	require.NoError(t, errs[1])
+	require.Equal(t, [2]int{8*14 + len(intake), 8 * 14}, sent)
+	for r := range 2 {
+		require.Equal(t, []int64{30, 40}, []int64{got[r][0].PendingPrefill, got[r][1].PendingPrefill})
+		require.Equal(t, intake, tails[r])
+	}
+
+	// A state longer than the fleet's is a desync either way.
+	for _, withPrefill := range []bool{false, true} {
+		comms := nccl.NewLocalGroup(2, nccl.LocalOptions{})
+		var errs [2]error
+		onTwo(func(r int) {
+			hc := &hookComm{LocalComm: comms[r]}
+			if r == 1 {
+				hc.send = func(_ string, _ []byte) []byte { return wire(1, 0, 0, 0, 0, -1, 0, 0, 0, 0, 0, 0, 0, 0, 0) }
+			}
+			var edit func(*Config)
+			if withPrefill {
+				edit = leastPrefill
+			}
+			e, _, _ := unitExecWith(t, r, 2, 64, hc, edit)
+			_, _, errs[r] = e.gatherRankStates(nil)
+		})
+		for r := range errs {
+			require.ErrorContains(t, errs[r], "collective desync", "least_prefill %v", withPrefill)
 		}
 	}
 }

@@ -620,6 +620,13 @@ func (e *seqEngine) page(p int32) []int32 {
 // fresh kvpool of `pages` pages (P = 8) wrapped by a recKV.
 func unitExec(t *testing.T, rank, ranks, pages int, comm nccl.Comm) (*Executor, *recKV, *kvpool.Manager) {
 	t.Helper()
+	return unitExecWith(t, rank, ranks, pages, comm, nil)
+}
+
+// unitExecWith is unitExec with the executor's configuration edited by
+// edit (nil: unchanged) before New.
+func unitExecWith(t *testing.T, rank, ranks, pages int, comm nccl.Comm, edit func(*Config)) (*Executor, *recKV, *kvpool.Manager) {
+	t.Helper()
 	pool, err := kvpool.New(kvpool.Config{NumPages: pages, TokensPerPage: 8})
 	require.NoError(t, err)
 	kv := &recKV{KV: pool}
@@ -632,7 +639,11 @@ func unitExec(t *testing.T, rank, ranks, pages int, comm nccl.Comm) (*Executor, 
 	if rank == 0 {
 		d.Source = &scriptSource{byIter: make([][]Arrival, 1<<20)} // never exhausted, never due
 	}
-	e, err := New(Config{Rank: rank, Ranks: ranks, Scheduler: sc, MaxIdleSleep: time.Millisecond}, d)
+	cfg := Config{Rank: rank, Ranks: ranks, Scheduler: sc, MaxIdleSleep: time.Millisecond}
+	if edit != nil {
+		edit(&cfg)
+	}
+	e, err := New(cfg, d)
 	require.NoError(t, err)
 	return e, kv, pool
 }

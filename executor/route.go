@@ -22,7 +22,7 @@ func (e *Executor) route(items []Arrival, states []RankState) {
 	rs := e.routerStates[:0]
 	for _, s := range states {
 		rs = append(rs, router.RankState{Rank: int(s.Rank), ActiveRequests: int(s.ActiveRequests),
-			ActiveTokens: s.ActiveTokens, RetiringRequests: int(s.RetiringRequests)})
+			ActiveTokens: s.ActiveTokens, RetiringRequests: int(s.RetiringRequests), PendingPrefill: s.PendingPrefill})
 	}
 	e.routerStates = rs
 	// Pop from the head of the queue (router.Popper): only the arrivals

@@ -87,7 +87,8 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 		"(prefill, as the ranks the equal-cost calibration was designed on; docs/calibration.md)")
 	fs.IntVar(&o.MaxActivePerRank, "max-active-per-rank", o.MaxActivePerRank, "hard cap of active requests per rank; the rest waits in the queue")
 	fs.StringVar(&o.NewConvPlacement, "new-conv-placement", o.NewConvPlacement,
-		"--router conversation: where a new conversation goes: round_robin, least_queued (fewest requests) or least_tokens (fewest prompt tokens)")
+		"--router conversation: where a new conversation goes: round_robin, least_queued (fewest requests), least_tokens (fewest prompt tokens) "+
+			"or least_prefill (fewest prompt tokens still to prefill)")
 	fs.BoolVar(&o.ADPBalance.Enable, "attention-dp-balance", o.ADPBalance.Enable,
 		"TensorRT-LLM's ADP Balance (attention_dp_config.enable_balance): hold contexts until every rank has one, then equilibrate (docs/multi-rank.md)")
 	fs.BoolVar(&o.ADPBalance.CostLeveling, "attention-dp-cost-leveling", o.ADPBalance.CostLeveling,

@@ -85,8 +85,8 @@ type Options struct {
 	Router            string        // --router: default or conversation
 	MaxActivePerRank  int           // --max-active-per-rank
 	// NewConvPlacement (--new-conv-placement) is the conversation-aware
-	// router's placement of a new conversation: round_robin, least_queued
-	// or least_tokens.
+	// router's placement of a new conversation: round_robin, least_queued,
+	// least_tokens or least_prefill.
 	NewConvPlacement string
 	// ADPBalance is TensorRT-LLM's attention_dp_config (--attention-dp-balance,
 	// --attention-dp-timeout-iters, --attention-dp-batching-wait-iters).

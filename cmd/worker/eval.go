@@ -40,7 +40,7 @@ func runEval(args []string, stdout, stderr io.Writer) error {
 	fs.IntVar(&e.Demote, "demote-uncached", e.Demote, "configuration C: long-prefill demotion threshold U (uncached prompt tokens)")
 	fs.IntVar(&e.LongPrefill, "long-prefill", e.LongPrefill, "requests whose uncached prompt is at least this many tokens are long prefills in the report; the others are short turns")
 	sweep := fs.String("sweep", "0.1,0.2,0.3,0.5,0.7,0.9,1.1", "offered loads of the sweep, ascending multiples of each workload's measured capacity; G, H, I and K run at the highest")
-	configs := fs.String("configs", strings.Join(e.Configs, ","), "configurations to run (ladder A,B,J,C,D at every load; E,F aggregated at every load; G,H,I,K aggregated at the highest)")
+	configs := fs.String("configs", strings.Join(e.Configs, ","), "configurations to run (ladder A,B,J,C,D at every load; E,F aggregated at every load; G,H,I,K,L aggregated at the highest)")
 	fs.StringVar(&e.Arrivals, "arrivals", e.Arrivals, "arrival process of the twin runs: trace (the trace's own times, bursts included) or poisson (a Poisson process at its mean rate)")
 	fs.DurationVar(&e.SLOTTFT, "slo-ttft", e.SLOTTFT, "goodput objective: time to first token")
 	fs.DurationVar(&e.SLOTPOT, "slo-tpot", e.SLOTPOT, "goodput objective: mean time per output token after the first")

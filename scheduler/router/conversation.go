@@ -9,8 +9,9 @@ import (
 // Conversation is the conversation-aware router (spec §3): requests sharing
 // a routing key (affinity id, else conversation id) stick to the rank that
 // served the key first, so later turns find their prefix in that rank's KV
-// cache; new keys and key-less requests are spread by round-robin or
-// least-queued placement under a fair-share bound; no rank takes more than
+// cache; new keys and key-less requests are spread by round-robin,
+// least-queued, least-tokens or least-prefill placement under a fair-share
+// bound; no rank takes more than
 // H requests unless the caller skipped the pop. While demotion is on it
 // also publishes the uncached-prefill estimate (§5).
 //
@@ -19,12 +20,13 @@ import (
 // round-robin cursor and the conversation → previous prompt length history
 // (LRU, MaxSessions; only while demotion is on).
 type Conversation struct {
-	capH        int
-	multiplier  float64
-	leastQueued bool
-	leastTokens bool
-	demotion    bool
-	notes       []string
+	capH         int
+	multiplier   float64
+	leastQueued  bool
+	leastTokens  bool // least_tokens or least_prefill: the fewest tokens in c.tokens
+	leastPrefill bool // least_prefill: c.tokens holds pending prefill, not prompt tokens
+	demotion     bool
+	notes        []string
 
 	bind    *lru // routing key → rank
 	history *lru // conversation id → previous prompt length
@@ -37,7 +39,7 @@ type Conversation struct {
 	ranks  []int
 	placed []int
 	est    []int64
-	tokens []int64 // least_tokens: each rank's prompt tokens, with this call's placements
+	tokens []int64 // least_tokens (least_prefill): each rank's prompt (pending prefill) tokens, with this call's placements
 }
 
 // NewConversation builds the conversation-aware router. An unknown
@@ -73,6 +75,8 @@ func NewConversation(cfg Config) (*Conversation, error) {
 		c.leastQueued = true
 	case PlacementLeastTokens:
 		c.leastTokens = true
+	case PlacementLeastPrefill:
+		c.leastTokens, c.leastPrefill = true, true
 	default:
 		c.notes = append(c.notes, fmt.Sprintf("router: new_conv_placement %q is unknown; using %s (allowed: %s)",
 			cfg.NewConvPlacement, PlacementRoundRobin, strings.Join(Placements, ", ")))
@@ -96,7 +100,7 @@ func (c *Conversation) Route(items []Item, states []RankState) Result {
 		c.tokens = grow(c.tokens, dp)
 		tokens = c.tokens
 	}
-	rankVectors(states, c.count, tokens)
+	rankVectors(states, c.count, tokens, c.leastPrefill)
 	c.ranks = grow(c.ranks, len(items))
 	c.placed = c.placed[:0]
 
@@ -188,7 +192,8 @@ func (c *Conversation) choose(expected int) int {
 
 // leastTokenRank is least_tokens' choice: among ranks with count < limit,
 // the one with the fewest prompt tokens (ties: the lower count, then the
-// lowest rank); -1 if there is none.
+// lowest rank); -1 if there is none. With least_prefill the tokens are the
+// ranks' pending prefill, so the same rule picks the fewest of those.
 func (c *Conversation) leastTokenRank(limit int) int {
 	best := -1
 	for r, n := range c.count {

@@ -148,6 +148,40 @@ func TestConversationRouterCR(t *testing.T) {
 		res = c.Route([]Item{item(4, 10, conv("D"))}, mkStates([]int{5, 1}, []int64{10, 900}))
 		assert.Equal(t, 1, res.Ranks[0], "rank 0 is at the expected count (5): passed over")
 	})
+	t.Run("least_prefill", func(t *testing.T) {
+		// A new conversation goes to the rank with the fewest prompt tokens
+		// still to prefill (PendingPrefill, not ActiveTokens), counting the
+		// prompts placed earlier in the same call; ties as least_tokens.
+		c := newConv(t, Config{NewConvPlacement: PlacementLeastPrefill, MaxActivePerRank: 100})
+		require.True(t, c.leastPrefill)
+		require.Empty(t, c.Notes())
+		r, err := New(NameConversation, Config{MaxActivePerRank: 10, NewConvPlacement: PlacementLeastPrefill})
+		require.NoError(t, err)
+		assert.True(t, ReadsPendingPrefill(r))
+		for _, p := range []string{PlacementRoundRobin, PlacementLeastQueued, PlacementLeastTokens} {
+			r, err := New(NameConversation, Config{MaxActivePerRank: 10, NewConvPlacement: p})
+			require.NoError(t, err)
+			assert.False(t, ReadsPendingPrefill(r), p)
+		}
+		d, err := New(NameDefault, Config{MaxActivePerRank: 10, NewConvPlacement: PlacementLeastPrefill})
+		require.NoError(t, err)
+		assert.False(t, ReadsPendingPrefill(d), "the default router places by count")
+
+		// Rank 0 has the fewest prompt tokens but the most left to prefill:
+		// least_tokens would pick it, least_prefill does not.
+		states := mkStates([]int{2, 2, 2, 3}, []int64{100, 900, 800, 700})
+		for r, p := range []int64{5000, 200, 200, 0} {
+			states[r].PendingPrefill = p
+		}
+		res := c.Route([]Item{item(0, 300, conv("A")), item(1, 100, conv("B")), item(2, 150, conv("C"))}, states)
+		// A: rank 3 (0 → 300); B: ranks 1 and 2 tie at 200 with 2 requests
+		// each: rank 1 (→ 300); C: rank 2 (200).
+		assert.Equal(t, []int{3, 1, 2}, ownedCopy(res).Ranks)
+		lt := newConv(t, Config{NewConvPlacement: PlacementLeastTokens, MaxActivePerRank: 100})
+		assert.Equal(t, 0, lt.Route([]Item{item(0, 300, conv("A"))}, states).Ranks[0], "least_tokens: rank 0")
+		res = c.Route([]Item{item(3, 10, conv("A"))}, mkStates([]int{0, 0, 0, 9}, nil))
+		assert.Equal(t, 3, res.Ranks[0], "sticky beats balance")
+	})
 	t.Run("CR-16", func(t *testing.T) {
 		r, err := New(NameConversation, Config{MaxActivePerRank: 10, NewConvPlacement: "least_queued"})
 		require.NoError(t, err)

@@ -38,7 +38,7 @@ func (d *Default) Route(items []Item, states []RankState) Result {
 	dp := len(states)
 	d.count = grow(d.count, dp)
 	d.tokens = grow(d.tokens, dp)
-	rankVectors(states, d.count, d.tokens)
+	rankVectors(states, d.count, d.tokens, false)
 	d.ranks = grow(d.ranks, len(items))
 	d.placed = d.placed[:0]
 	d.order = strictFirst(items, d.order)

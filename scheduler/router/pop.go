@@ -57,7 +57,7 @@ type Popper struct {
 func (p *Popper) Begin(states []RankState, maxActivePerRank int) {
 	dp := len(states)
 	p.running = grow(p.running, dp)
-	rankVectors(states, p.running, nil)
+	rankVectors(states, p.running, nil, false)
 	p.budget = maxActivePerRank * dp
 	for _, c := range p.running {
 		p.budget -= c

@@ -80,6 +80,12 @@ type RankState struct {
 	ActiveRequests   int   // counted requests: dummies and retiring ones excluded
 	ActiveTokens     int64 // Σ original prompt lengths of the counted requests
 	RetiringRequests int   // requests in GENERATION_TO_COMPLETE (informational)
+	// PendingPrefill is Σ prompt tokens not yet in KV over the counted
+	// requests (a waiting request counts its whole prompt until its first
+	// chunk is admitted). Read only by least_prefill placement; the
+	// executor gathers it only for a router that reads it
+	// (ReadsPendingPrefill).
+	PendingPrefill int64
 }
 
 // Result is the outcome of one Route call. Its slices belong to the router
@@ -153,10 +159,24 @@ const (
 	// the fewest prompt tokens among its counted requests (ActiveTokens,
 	// plus the prompts placed earlier in the same call).
 	PlacementLeastTokens = "least_tokens"
+	// PlacementLeastPrefill: the rank with the fewest prompt tokens still to
+	// prefill (RankState.PendingPrefill, plus the prompts placed earlier in
+	// the same call). The name is the one issue 25 gives for TensorRT-LLM's
+	// KV-cache-aware ADP routing; its source was not found there, so the
+	// rule is lockstep's own (docs/multi-rank.md).
+	PlacementLeastPrefill = "least_prefill"
 )
 
 // Placements are the accepted NewConvPlacement names.
-var Placements = []string{PlacementRoundRobin, PlacementLeastQueued, PlacementLeastTokens}
+var Placements = []string{PlacementRoundRobin, PlacementLeastQueued, PlacementLeastTokens, PlacementLeastPrefill}
+
+// ReadsPendingPrefill says whether r reads RankState.PendingPrefill (the
+// conversation router with least_prefill placement): only then does the
+// executor compute it and carry it in the rank-state gather.
+func ReadsPendingPrefill(r Router) bool {
+	c, ok := r.(*Conversation)
+	return ok && c.leastPrefill
+}
 
 // Defaults of the conversation-aware router (spec §3.1).
 const (
@@ -176,8 +196,8 @@ type Config struct {
 	// below 1 are raised to 1.
 	FairShareMultiplier float64
 	// NewConvPlacement is PlacementRoundRobin (default, also for ""),
-	// PlacementLeastQueued or PlacementLeastTokens; any other value means
-	// round-robin with a note.
+	// PlacementLeastQueued, PlacementLeastTokens or PlacementLeastPrefill;
+	// any other value means round-robin with a note.
 	NewConvPlacement string
 	// Demotion says long-prefill demotion is on (U > 0 and chunked context,
 	// the scheduler's own predicate); only then are estimates published.
@@ -212,8 +232,9 @@ func (c Config) validateCap() error {
 }
 
 // rankVectors fills count and tokens (length dp) from states by their Rank
-// field. It panics unless the states name every rank 0..dp-1 exactly once.
-func rankVectors(states []RankState, count []int, tokens []int64) {
+// field: tokens from ActiveTokens, or from PendingPrefill when prefill is
+// set. It panics unless the states name every rank 0..dp-1 exactly once.
+func rankVectors(states []RankState, count []int, tokens []int64, prefill bool) {
 	dp := len(states)
 	if dp == 0 {
 		panic("router: no rank states (the gather always holds at least this rank)")
@@ -227,7 +248,11 @@ func rankVectors(states []RankState, count []int, tokens []int64) {
 			panic(fmt.Sprintf("router: rank states must name ranks 0..%d exactly once (state %d names rank %d)", dp-1, i, s.Rank))
 		}
 		count[s.Rank] = s.ActiveRequests
-		if tokens != nil {
+		switch {
+		case tokens == nil:
+		case prefill:
+			tokens[s.Rank] = s.PendingPrefill
+		default:
 			tokens[s.Rank] = s.ActiveTokens
 		}
 	}
