@@ -90,39 +90,9 @@ func (e *Engine) run(op string, desc *bridge.StepDesc, res *bridge.StepResult) e
 		tokens += len(sq.Tokens)
 		context += sq.StartPos + len(sq.Tokens)
 	}
-	vocab := e.shape.VocabSize
-	res.Sampled = goengine.Resize(res.Sampled, len(desc.Seqs))
-	res.Logits = res.Logits[:0]
-	lp := desc.WantsLogprobs()
-	bridge.ResizeLogprobs(res, len(desc.Seqs), lp)
-	for i := range desc.Seqs {
-		sq := &desc.Seqs[i]
-		if !sq.Sample {
-			res.Sampled[i] = -1
-			if lp {
-				bridge.FillLogprobs(res, i, nil, sq, -1)
-			}
-			continue
-		}
-		h := e.contentHash(sq)
-		tok := int32(h % uint64(vocab))
-		if sq.Sampling.IsGreedy() && !sq.HasProcessors() {
-			res.Sampled[i] = tok
-		} else {
-			// Sample from the pseudo-logits row (whose argmax is tok).
-			e.row = appendLogits(e.row[:0], h, tok, vocab)
-			res.Sampled[i] = bridge.SampleSeq(e.row, sq)
-		}
-		if lp {
-			// The log-probabilities of the same row: O(vocab), only for a
-			// sequence that asks for them.
-			e.row = appendLogits(e.row[:0], h, tok, vocab)
-			bridge.FillLogprobs(res, i, e.row, sq, res.Sampled[i])
-		}
-		if desc.WantLogits {
-			res.Logits = appendLogits(res.Logits, h, tok, vocab)
-		}
-	}
+	// A sequence's token is its content hash modulo the vocabulary; other
+	// sampling draws from the pseudo-logits row whose argmax it is.
+	e.row = goengine.Sample(desc, res, e.shape.VocabSize, e.contentHash, appendLogits, e.row)
 	res.DeviceMS = stepMS + tokenMS*float64(tokens) + contextMS*float64(context)
 	res.MoEWaitMS = 0 // no expert parallelism; res is overwritten whole
 	return nil

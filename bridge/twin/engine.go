@@ -187,41 +187,9 @@ func (e *Engine) run(op string, desc *bridge.StepDesc, res *bridge.StepResult) (
 	}
 	cost := e.memoCost
 
-	vocab := e.shape.VocabSize
-	res.Sampled = goengine.Resize(res.Sampled, len(desc.Seqs))
-	res.Logits = res.Logits[:0]
-	lp := desc.WantsLogprobs()
-	bridge.ResizeLogprobs(res, len(desc.Seqs), lp)
-	for i := range desc.Seqs {
-		sq := &desc.Seqs[i]
-		if !sq.Sample {
-			res.Sampled[i] = -1
-			if lp {
-				bridge.FillLogprobs(res, i, nil, sq, -1)
-			}
-			continue
-		}
-		n := len(sq.Tokens)
-		h := tokenHash(e.cfg.Seed, sq.Tokens[n-1], sq.StartPos+n-1)
-		tok := int32(h % uint64(vocab))
-		if sq.Sampling.IsGreedy() && !sq.HasProcessors() {
-			res.Sampled[i] = tok
-		} else {
-			// Sample from the row whose argmax is tok: O(vocab) for this
-			// sequence, only when it asks for sampling.
-			e.row = appendLogits(e.row[:0], h, tok, vocab)
-			res.Sampled[i] = bridge.SampleSeq(e.row, sq)
-		}
-		if lp {
-			// The log-probabilities of the same row: O(vocab), only for a
-			// sequence that asks for them.
-			e.row = appendLogits(e.row[:0], h, tok, vocab)
-			bridge.FillLogprobs(res, i, e.row, sq, res.Sampled[i])
-		}
-		if desc.WantLogits {
-			res.Logits = appendLogits(res.Logits, h, tok, vocab)
-		}
-	}
+	// A sequence's token is the hash of the seed, its last token and that
+	// token's position modulo the vocabulary (tokenHash).
+	e.row = goengine.Sample(desc, res, e.shape.VocabSize, e.seqHash, appendLogits, e.row)
 	res.DeviceMS = cost.MS()
 	res.MoEWaitMS = 0 // the twin reports no per-step MoE wait; res is overwritten whole
 	return cost, nil
@@ -269,4 +237,10 @@ func appendLogits(dst []float32, h uint64, tok int32, vocab int) []float32 {
 	}
 	dst[start+int(tok)] = 2
 	return dst
+}
+
+// seqHash is a sampling sequence's hash: its last token at its position.
+func (e *Engine) seqHash(sq *bridge.SeqStep) uint64 {
+	n := len(sq.Tokens)
+	return tokenHash(e.cfg.Seed, sq.Tokens[n-1], sq.StartPos+n-1)
 }
