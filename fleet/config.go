@@ -137,6 +137,8 @@ var fileKeys = []fileKey{
 	{path: "scheduler.ctx_cost.lockstep_correction", setting: -1, kind: kindBool, set: func(o *Options, v fileValue) { o.Calibration.LockstepCorrection = v.b }},
 	{path: "conversation_router.new_conv_placement", kind: kindString, flag: "new-conv-placement",
 		set: func(o *Options, v fileValue) { o.NewConvPlacement = v.s }},
+	{path: "conversation_router.load_balance_weight", kind: kindFloat, flag: "load-balance-weight",
+		set: func(o *Options, v fileValue) { o.LoadBalanceWeight = v.f }},
 	{path: "attention_dp_config.enable_balance", kind: kindBool, flag: "attention-dp-balance",
 		set: func(o *Options, v fileValue) { o.ADPBalance.Enable = v.b }},
 	{path: "attention_dp_config.enable_cost_leveling", kind: kindBool, flag: "attention-dp-cost-leveling",

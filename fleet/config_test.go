@@ -127,6 +127,7 @@ scheduler:
     lockstep_correction: false
 conversation_router:
   new_conv_placement: least_tokens
+  load_balance_weight: 0.5
 attention_dp_config:
   enable_balance: true
   enable_cost_leveling: true
@@ -173,6 +174,7 @@ cpu_kernels: quant
 	require.Equal(t, 64, o.Scheduler.AdmissionLookahead)
 	require.Equal(t, executor.ADPBalance{Enable: true, TimeoutIters: 60, BatchingWaitIters: 0, CostLeveling: true}, o.ADPBalance)
 	require.Equal(t, "least_tokens", o.NewConvPlacement)
+	require.Equal(t, 0.5, o.LoadBalanceWeight)
 	require.Equal(t, "measured", o.TwinHostTime)
 	require.Equal(t, 3, o.TwinThreads)
 	require.False(t, o.Scheduler.PrefixAware)
@@ -239,6 +241,10 @@ func TestConfigErrorsNameTheirOrigin(t *testing.T) {
 		{"twin host time flag", "", []string{"--twin-host-time", "cpu"}, `--twin-host-time "cpu" is not allowed (allowed: profile, measured)`, "c.yaml"},
 		{"new conversation placement", "conversation_router:\n  new_conv_placement: least_kv\n", nil,
 			`c.yaml:2 conversation_router.new_conv_placement "least_kv" is not allowed (allowed: round_robin, least_queued, least_tokens, least_prefill)`, "--new"},
+		{"load-balance weight", "conversation_router:\n  new_conv_placement: least_prefill\n  load_balance_weight: -2\n", nil,
+			"c.yaml:3 conversation_router.load_balance_weight must be a finite number ≥ 0 (0 = off), got -2", "--load"},
+		{"load-balance weight without a token placement", "conversation_router:\n  load_balance_weight: 1\n", nil,
+			`c.yaml:2 conversation_router.load_balance_weight 1 weighs each rank's tokens, so it needs --new-conv-placement least_tokens or least_prefill, got "round_robin"`, "c.yaml:1"},
 		{"ADP Balance timeout", "attention_dp_config:\n  timeout_iters: -1\n", nil,
 			"c.yaml:2 attention_dp_config.timeout_iters must be non-negative, got -1", "--attention"},
 		{"admission lookahead", "scheduler:\n  admission_lookahead_iterations: -2\n", nil,

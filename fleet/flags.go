@@ -89,6 +89,9 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.NewConvPlacement, "new-conv-placement", o.NewConvPlacement,
 		"--router conversation: where a new conversation goes: round_robin, least_queued (fewest requests), least_tokens (fewest prompt tokens) "+
 			"or least_prefill (fewest prompt tokens still to prefill)")
+	fs.Float64Var(&o.LoadBalanceWeight, "load-balance-weight", o.LoadBalanceWeight,
+		"--router conversation with least_tokens or least_prefill: a returning conversation goes to the rank minimising "+
+			"weight x that rank's tokens + the prompt it must prefill there (home only has its uncached part); 0 = always home")
 	fs.BoolVar(&o.ADPBalance.Enable, "attention-dp-balance", o.ADPBalance.Enable,
 		"TensorRT-LLM's ADP Balance (attention_dp_config.enable_balance): hold contexts until every rank has one, then equilibrate (docs/multi-rank.md)")
 	fs.BoolVar(&o.ADPBalance.CostLeveling, "attention-dp-cost-leveling", o.ADPBalance.CostLeveling,

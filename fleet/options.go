@@ -88,6 +88,11 @@ type Options struct {
 	// router's placement of a new conversation: round_robin, least_queued,
 	// least_tokens or least_prefill.
 	NewConvPlacement string
+	// LoadBalanceWeight (--load-balance-weight) lets a returning
+	// conversation leave its home for a rank whose weighted token load
+	// plus the whole prompt costs less than home's plus the uncached part
+	// (router.Config.LoadBalanceWeight); 0 keeps the spec's sticky rule.
+	LoadBalanceWeight float64
 	// ADPBalance is TensorRT-LLM's attention_dp_config (--attention-dp-balance,
 	// --attention-dp-timeout-iters, --attention-dp-batching-wait-iters).
 	ADPBalance     executor.ADPBalance

@@ -181,7 +181,7 @@ func (s *rankSetup) executorConfig(o *Options, i int, parts *rankParts, iterLog,
 		return executor.Config{}, nil, usage.Wrap(err)
 	}
 	rt, err := router.New(o.Router, router.Config{MaxActivePerRank: o.MaxActivePerRank, NewConvPlacement: o.NewConvPlacement,
-		Demotion: router.DemotionOn(sc.Demotion.UncachedTokens, sc.ChunkedContext)})
+		LoadBalanceWeight: o.LoadBalanceWeight, Demotion: router.DemotionOn(sc.Demotion.UncachedTokens, sc.ChunkedContext)})
 	if err != nil {
 		return executor.Config{}, nil, usage.Wrap(err)
 	}

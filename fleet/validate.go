@@ -1,6 +1,8 @@
 package fleet
 
 import (
+	"math"
+
 	"github.com/lockstep-ai/lockstep/bridge"
 	"github.com/lockstep-ai/lockstep/internal/usage"
 	"github.com/lockstep-ai/lockstep/kvpool"
@@ -79,6 +81,13 @@ func (o *Options) validateNames() error {
 	}
 	if _, err := parsePolicy(o.PolicyName()); err != nil {
 		return usage.Errorf("%s: %v", o.Src("policy"), err)
+	}
+	switch w := o.LoadBalanceWeight; {
+	case math.IsNaN(w) || math.IsInf(w, 0) || w < 0:
+		return usage.Errorf("%s must be a finite number ≥ 0 (0 = off), got %v", o.Src("load-balance-weight"), w)
+	case w > 0 && o.NewConvPlacement != router.PlacementLeastTokens && o.NewConvPlacement != router.PlacementLeastPrefill:
+		return usage.Errorf("%s %v weighs each rank's tokens, so it needs %s least_tokens or least_prefill, got %q",
+			o.Src("load-balance-weight"), w, o.Src("new-conv-placement"), o.NewConvPlacement)
 	}
 	return usage.OneOf(o.Src("router"), o.Router, "default", "conversation")
 }

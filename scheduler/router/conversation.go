@@ -18,13 +18,14 @@ import (
 // State carried across calls (identical on every rank because every rank
 // makes the same calls): the key → rank bindings (LRU, MaxSessions), the
 // round-robin cursor and the conversation → previous prompt length history
-// (LRU, MaxSessions; only while demotion is on).
+// (LRU, MaxSessions; only while demotion or the load-balance weight is on).
 type Conversation struct {
 	capH         int
 	multiplier   float64
 	leastQueued  bool
-	leastTokens  bool // least_tokens or least_prefill: the fewest tokens in c.tokens
-	leastPrefill bool // least_prefill: c.tokens holds pending prefill, not prompt tokens
+	leastTokens  bool    // least_tokens or least_prefill: the fewest tokens in c.tokens
+	leastPrefill bool    // least_prefill: c.tokens holds pending prefill, not prompt tokens
+	weight       float64 // load_balance_weight (0: sticky always)
 	demotion     bool
 	notes        []string
 
@@ -62,10 +63,15 @@ func NewConversation(cfg Config) (*Conversation, error) {
 	case m == 0:
 		m = DefaultFairShareMultiplier
 	}
+	w := cfg.LoadBalanceWeight
+	if math.IsNaN(w) || math.IsInf(w, 0) || w < 0 {
+		return nil, fmt.Errorf("router: load_balance_weight must be a finite number ≥ 0, got %v", w)
+	}
 	c := &Conversation{
 		capH:       cfg.MaxActivePerRank,
 		multiplier: max(1.0, m),
 		demotion:   cfg.Demotion,
+		weight:     w,
 		bind:       newLRU(sessions),
 		history:    newLRU(sessions),
 	}
@@ -80,6 +86,10 @@ func NewConversation(cfg Config) (*Conversation, error) {
 	default:
 		c.notes = append(c.notes, fmt.Sprintf("router: new_conv_placement %q is unknown; using %s (allowed: %s)",
 			cfg.NewConvPlacement, PlacementRoundRobin, strings.Join(Placements, ", ")))
+	}
+	if w > 0 && !c.leastTokens {
+		return nil, fmt.Errorf("router: load_balance_weight %v weighs a rank's tokens, so it needs new_conv_placement %s or %s, got %q",
+			w, PlacementLeastTokens, PlacementLeastPrefill, cfg.NewConvPlacement)
 	}
 	return c, nil
 }
@@ -105,12 +115,14 @@ func (c *Conversation) Route(items []Item, states []RankState) Result {
 	c.placed = c.placed[:0]
 
 	var est []int64
-	if c.demotion {
+	if c.demotion || c.weight > 0 {
 		c.est = grow(c.est, len(items))
 		for i := range items {
 			c.est[i] = c.estimate(&items[i])
 		}
-		est = c.est
+		if c.demotion {
+			est = c.est // published only with demotion
+		}
 	}
 
 	// Explicit pass: a bound key always waits for the sticky pass (its home
@@ -140,8 +152,16 @@ func (c *Conversation) Route(items []Item, states []RankState) Result {
 			// home < dp always holds while dp is fixed; the check only keeps a
 			// resized fleet from indexing out of range.
 			if home, ok := c.bind.peek(k); ok && int(home) < dp && c.count[home] < c.capH {
-				c.bind.touch(k)
-				c.place(items, i, int(home))
+				r := int(home)
+				if c.weight > 0 {
+					r = c.balanced(items, i, r, expected)
+				}
+				if r == int(home) {
+					c.bind.touch(k)
+				} else {
+					c.bind.put(k, int64(r))
+				}
+				c.place(items, i, r)
 				continue
 			}
 		}
@@ -188,6 +208,26 @@ func (c *Conversation) choose(expected int) int {
 		return r
 	}
 	return leastCount(c.count, int(^uint(0)>>1))
+}
+
+// balanced is load_balance_weight's choice for items[i], whose key's home
+// has room: the rank minimising w·tokens(r) + the prompt it would prefill
+// there (the uncached estimate at home, the whole prompt elsewhere); other
+// ranks only below the fair share (expected) and the cap; home on ties,
+// then the lowest rank.
+func (c *Conversation) balanced(items []Item, i, home, expected int) int {
+	best := home
+	bestCost := c.weight*float64(c.tokens[home]) + float64(c.est[i])
+	prompt := float64(items[i].PromptLen)
+	for r, n := range c.count {
+		if r == home || n >= expected || n >= c.capH {
+			continue
+		}
+		if cost := c.weight*float64(c.tokens[r]) + prompt; cost < bestCost {
+			best, bestCost = r, cost
+		}
+	}
+	return best
 }
 
 // leastTokenRank is least_tokens' choice: among ranks with count < limit,

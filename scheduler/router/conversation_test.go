@@ -2,6 +2,7 @@ package router
 
 import (
 	"fmt"
+	"math"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -181,6 +182,62 @@ func TestConversationRouterCR(t *testing.T) {
 		assert.Equal(t, 0, lt.Route([]Item{item(0, 300, conv("A"))}, states).Ranks[0], "least_tokens: rank 0")
 		res = c.Route([]Item{item(3, 10, conv("A"))}, mkStates([]int{0, 0, 0, 9}, nil))
 		assert.Equal(t, 3, res.Ranks[0], "sticky beats balance")
+	})
+	t.Run("load_balance_weight", func(t *testing.T) {
+		// With a weight w > 0 a returning conversation goes to the rank
+		// minimising w·tokens + the prompt it must prefill there (at home
+		// only the growth since its previous turn), and that rank becomes
+		// its home; w = 0 is the spec's sticky rule.
+		states := func(prefill ...int64) []RankState {
+			s := mkStates([]int{1, 1, 1, 1}, nil)
+			for r, p := range prefill {
+				s[r].PendingPrefill = p
+			}
+			return s
+		}
+		for _, tc := range []struct {
+			name    string
+			w       float64
+			prefill []int64
+			want    int
+		}{
+			// Turn 2 of A: prompt 1 100, 100 of it new (uncached at home).
+			{"off: home whatever its load", 0, []int64{0, 50_000, 0, 0}, 1},
+			{"home busy: leaves", 1, []int64{0, 50_000, 0, 0}, 0},               // 0 + 1 100 < 50 000 + 100
+			{"home lightly loaded: stays", 1, []int64{0, 500, 0, 0}, 1},         // 500 + 100 < 0 + 1 100
+			{"tie keeps home", 1, []int64{0, 1_000, 0, 0}, 1},                   // 1 000 + 100 = 0 + 1 100
+			{"small weight: the cache wins", 0.01, []int64{0, 50_000, 0, 0}, 1}, // 500 + 100 < 1 100
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				c := newConv(t, Config{NewConvPlacement: PlacementLeastPrefill, MaxActivePerRank: 100, LoadBalanceWeight: tc.w})
+				// Turn 1 of A (1 000 tokens) lands on rank 1, the only rank
+				// without pending prefill.
+				first := c.Route([]Item{item(0, 1000, conv("A"))}, states(9, 0, 9, 9))
+				require.Equal(t, 1, first.Ranks[0])
+				res := c.Route([]Item{item(1, 1100, conv("A"))}, states(tc.prefill...))
+				require.Equal(t, tc.want, res.Ranks[0])
+				assert.Equal(t, tc.want, homeOf(t, c, "A"), "the chosen rank is A's home now")
+			})
+		}
+		// The fair-share bound holds for the ranks it may move to: with
+		// multiplier 1 every other rank is at the expected count.
+		c := newConv(t, Config{NewConvPlacement: PlacementLeastTokens, MaxActivePerRank: 100, LoadBalanceWeight: 1,
+			FairShareMultiplier: 1})
+		require.Equal(t, 1, c.Route([]Item{item(0, 1000, conv("A"))}, mkStates([]int{3, 0, 3, 3}, []int64{9, 0, 9, 9})).Ranks[0])
+		res := c.Route([]Item{item(1, 1100, conv("A"))}, mkStates([]int{1, 0, 1, 1}, []int64{0, 90_000, 0, 0}))
+		assert.Equal(t, 1, res.Ranks[0], "ranks 0, 2, 3 are at the expected count (1)")
+
+		for _, bad := range []Config{
+			{NewConvPlacement: PlacementLeastPrefill, LoadBalanceWeight: -1},
+			{NewConvPlacement: PlacementLeastPrefill, LoadBalanceWeight: math.NaN()},
+			{NewConvPlacement: PlacementLeastPrefill, LoadBalanceWeight: math.Inf(1)},
+			{NewConvPlacement: PlacementLeastQueued, LoadBalanceWeight: 1},
+			{LoadBalanceWeight: 0.5},
+		} {
+			bad.MaxActivePerRank = 10
+			_, err := NewConversation(bad)
+			require.ErrorContains(t, err, "load_balance_weight", "%+v", bad)
+		}
 	})
 	t.Run("CR-16", func(t *testing.T) {
 		r, err := New(NameConversation, Config{MaxActivePerRank: 10, NewConvPlacement: "least_queued"})

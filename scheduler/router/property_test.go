@@ -47,7 +47,7 @@ type fleet struct {
 func (f *fleet) states() []RankState {
 	out := make([]RankState, len(f.active))
 	for r := range out {
-		out[r] = RankState{Rank: r, ActiveRequests: f.active[r], ActiveTokens: f.tokens[r]}
+		out[r] = RankState{Rank: r, ActiveRequests: f.active[r], ActiveTokens: f.tokens[r], PendingPrefill: f.tokens[r] / 2}
 	}
 	return out
 }
@@ -66,6 +66,9 @@ func TestDeterminismProperty(t *testing.T) {
 					dp, capH := 1+rng.IntN(8), 1+rng.IntN(12)
 					cfg := Config{MaxActivePerRank: capH, MaxSessions: 1 + rng.IntN(10), NewConvPlacement: placement,
 						FairShareMultiplier: 1 + rng.Float64()*2, Demotion: rng.IntN(2) == 0}
+					if name == NameConversation && (placement == PlacementLeastTokens || placement == PlacementLeastPrefill) && rng.IntN(2) == 0 {
+						cfg.LoadBalanceWeight = rng.Float64() * 3
+					}
 					a, err := New(name, cfg)
 					require.NoError(t, err)
 					b, err := New(name, cfg)

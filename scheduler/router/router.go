@@ -199,6 +199,14 @@ type Config struct {
 	// PlacementLeastQueued, PlacementLeastTokens or PlacementLeastPrefill;
 	// any other value means round-robin with a note.
 	NewConvPlacement string
+	// LoadBalanceWeight w (conversation router; 0 = off, the spec's
+	// sticky rule): a request whose key has a home goes to the rank r
+	// that minimises w·load(r) + its uncached prompt there (the uncached
+	// estimate at home, the whole prompt elsewhere), home on ties, under
+	// the fair-share bound; it then becomes the key's home. load is the
+	// placement's token measure, so w > 0 needs least_tokens or
+	// least_prefill.
+	LoadBalanceWeight float64
 	// Demotion says long-prefill demotion is on (U > 0 and chunked context,
 	// the scheduler's own predicate); only then are estimates published.
 	Demotion bool
