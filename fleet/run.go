@@ -75,8 +75,10 @@ func Run(o *Options, stderr io.Writer, getenv func(string) string) (*Outcome, er
 	if o.loaded != nil {
 		defer o.loaded.Close() //nolint:errcheck // read-only mapping
 	}
-	if w := o.adpConfigWarning(o.AttentionDPRanks(launch)); w != "" {
-		log.Warn(w)
+	for _, w := range []string{o.adpConfigWarning(o.AttentionDPRanks(launch)), o.routerConfigWarning()} {
+		if w != "" {
+			log.Warn(w)
+		}
 	}
 	if o.out, err = o.openOutputs(launch, log, getenv); err != nil {
 		return nil, err

@@ -2,11 +2,13 @@ package fleet
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 
 	"github.com/lockstep-ai/lockstep/internal/usage"
 	"github.com/lockstep-ai/lockstep/nccl"
 	"github.com/lockstep-ai/lockstep/scheduler"
+	"github.com/lockstep-ai/lockstep/scheduler/router"
 	"github.com/lockstep-ai/lockstep/workload"
 )
 
@@ -63,6 +65,28 @@ func (o *Options) adpConfigWarning(adpRanks int) string {
 		return ""
 	}
 	return strings.Join(on, " and ") + ": no effect without attention DP (this run has one attention-DP rank); ignored"
+}
+
+// routerConfigWarning is the warning for conversation-router settings on
+// a run whose router is not the conversation-aware one: the default router
+// places by load alone and reads neither, so the run goes on without them
+// and says so once.
+func (o *Options) routerConfigWarning() string {
+	if o.Router == router.NameConversation {
+		return ""
+	}
+	var on []string
+	if o.NewConvPlacement != router.PlacementRoundRobin && o.NewConvPlacement != "" {
+		on = append(on, o.Src("new-conv-placement"))
+	}
+	if o.LoadBalanceWeight != 0 {
+		on = append(on, o.Src("load-balance-weight"))
+	}
+	if len(on) == 0 {
+		return ""
+	}
+	return strings.Join(on, " and ") + ": read by the conversation router only (" + o.Src("router") + " is " +
+		strconv.Quote(o.Router) + "; set --router conversation); ignored"
 }
 
 // workloadName labels the workload in messages: the trace path or the

@@ -97,3 +97,20 @@ func TestADPConfigWithoutAttentionDPWarns(t *testing.T) {
 	require.Equal(t, 0, code, stderr)
 	require.NotContains(t, stderr, "no effect without attention DP")
 }
+
+// TestRouterConfigWithoutConversationRouterWarns: the conversation
+// router's placement and load-balance weight on a run of the default
+// router are ignored with one warning naming where they were set; with
+// --router conversation, none.
+func TestRouterConfigWithoutConversationRouterWarns(t *testing.T) {
+	code, _, stderr := runCLI(t, append(append([]string{}, fakeRun...), "--ranks", "2",
+		"--new-conv-placement", "least_prefill", "--load-balance-weight", "1")...)
+	require.Equal(t, 0, code, stderr)
+	require.Contains(t, stderr, `--new-conv-placement and --load-balance-weight: read by the conversation router only (--router is "default"`)
+	require.Equal(t, 1, strings.Count(stderr, "read by the conversation router only"), stderr)
+
+	code, _, stderr = runCLI(t, append(append([]string{}, fakeRun...), "--ranks", "2", "--router", "conversation",
+		"--new-conv-placement", "least_prefill", "--load-balance-weight", "1")...)
+	require.Equal(t, 0, code, stderr)
+	require.NotContains(t, stderr, "read by the conversation router only")
+}
