@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -168,4 +169,31 @@ func TestADPBalanceUnderMPIRunMatchesInProcess(t *testing.T) {
 		require.Equal(t, inproc.Iterations, rep.Iterations, "%v", modes)
 		require.Equal(t, *inproc.Balance, *rep.Balance, "%v: the same balance, held and leveled iterations included", modes)
 	}
+}
+
+// TestLeastPrefillUnderMPIRunMatchesInProcess: with least_prefill placement
+// the ranks gather a 14th rank-state value (their pending prefill) and
+// place new conversations by it; with a load-balance weight returning ones
+// may move. `mpirun -np 4` (the states gathered over MPI, rank 0's intake
+// riding after its longer state) places as four in-process ranks do: the
+// same digest, iterations, waste and token balance. (That the value is
+// gathered and read is TestRankStatePendingPrefill's and the router's.)
+func TestLeastPrefillUnderMPIRunMatchesInProcess(t *testing.T) {
+	needMPIRun(t)
+	bin := worker(t)
+	args := []string{"--engine", "twin", "--gpu", "h200", "--model", "llama-8b", "--trace",
+		sharedTrace(t, "conversation_trace.jsonl"), "--limit", "150", "--report", "json", "--router", "conversation",
+		"--infer-conversations", "--new-conv-placement", "least_prefill", "--load-balance-weight", "1"}
+	inproc := serve(t, bin, append(slices.Clone(args), "--ranks", "4", "--arrival-scale", "0", "--progress", "off")...)
+	require.NotNil(t, inproc.Balance)
+	out, stderr, err, _ := mpirunRun(t, bin, 4, nil, args...)
+	require.NoError(t, err, stderr)
+	var rep report
+	require.NoError(t, json.Unmarshal([]byte(out), &rep), "exactly one report (rank 0's): %s", out)
+	require.Equal(t, 4, rep.Ranks)
+	require.Equal(t, inproc.Requests, rep.Requests)
+	require.Equal(t, inproc.OutputDigest, rep.OutputDigest, "mpirun -np 4 and --ranks 4 print the same digest")
+	require.Equal(t, inproc.Iterations, rep.Iterations)
+	require.Equal(t, inproc.LockstepWaste, rep.LockstepWaste, "the same placements")
+	require.Equal(t, inproc.Balance.TokenRatio, rep.Balance.TokenRatio, "the same placements")
 }
