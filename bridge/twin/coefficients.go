@@ -15,6 +15,9 @@ const (
 	srcDeepGEMM = "fit to DeepGEMM's published FP8 dense-GEMM table on H800 (github.com/deepseek-ai/DeepGEMM @a6d97a1 README, " +
 		"'Normal GEMMs for dense models', M 64/128/4096 x 6 N,K shapes, 18 rows; H800 has H100 SXM's compute and HBM) " +
 		"with the BF16 fit's bandwidth, tile and kernel cost"
+	srcNVFP4 = "fit to the published NVFP4 GEMM tables on B200 (vLLM PR #20578: its CUTLASS kernel on Llama-3.1-8B's " +
+		"6144x4096 QKV weight at 1-16,384 tokens, 11 rows; torchao PR #2427: cuBLASLt through torch._scaled_mm, square " +
+		"1,024-8,192, 7 rows) with the BF16 fit's bandwidth, tile and kernel cost"
 	srcVidurElem = "fit to Vidur's H100 operator profiles (same files: input_layernorm, post_attention_layernorm, attn_rope, " +
 		"mlp_act, add medians, 152 rows each) of elementwise = elementwise_kernel_ms + bytes / (HBM x elementwise_efficiency)"
 	srcORTDecode = "fit to ONNX Runtime PR #21414's published H100 SXM paged decode table (github.com/microsoft/onnxruntime/pull/21414, " +
@@ -34,6 +37,8 @@ func defaultRoofline() RooflineCoefficients {
 		GEMMEfficiency: Coef{0.72, srcVidurGEMM + "; consistent with cuBLAS BF16 large GEMMs: B200 1,532-1,652 TFLOP/s " +
 			"at M,N,K 4096-8192 (pyptx.dev/performance) = 68-73% of 2,250"},
 		FP8GEMMEfficiency: Coef{0.68, srcDeepGEMM + "; its large-M square-ish shapes reach 1,304-1,358 of 1,979 TFLOP/s (66-69%)"},
+		FP4GEMMEfficiency: Coef{0.47, srcNVFP4 + "; the large problems reach 3,904 (vLLM, 16,384 tokens) and 5,365 " +
+			"(torchao, 8,192 cubed) of 9,000 TFLOP/s (43 and 60%)"},
 		GEMMBandwidthEfficiency: Coef{0.94, srcVidurGEMM + "; Llama-2-70B's widest GEMMs stream weights at 2.9-3.0 of " +
 			"3.35 TB/s at 1-128 tokens (87-91%)"},
 		GEMMTileTokens: Coef{64, srcVidurGEMM + "; the measured times jump where the tokens pass a multiple of 64 or 128 " +

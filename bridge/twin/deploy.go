@@ -64,8 +64,8 @@ func dtypeOf(bytes float64) DType {
 // empty DType keeps the model's own). FP8 weights halve the weight bytes and
 // make the layers' GEMMs run at the GPU's FP8 rate (fp8_gemm_efficiency);
 // NVFP4 weights take 0.5625 bytes an element and run at the GPU's FP4 rate
-// with the same efficiency (no published NVFP4 GEMM efficiency table was
-// found), their activations quantised to NVFP4 too;
+// (fp4_gemm_efficiency, fitted to published B200 NVFP4 GEMM tables), their
+// activations quantised to NVFP4 too;
 // the embedding, LM head and norms stay BF16, as in FP8 checkpoints. An FP8
 // KV cache halves the KV bytes per token (what fits doubles, attention reads
 // half); attention arithmetic stays at the BF16 rate. Linear profiles have

@@ -91,7 +91,7 @@ func derive(p *Profile) derived {
 	case FP8:
 		d.gemmMSPerFLOP = 1e3 / (g.FP8FLOPS.Value * r.FP8GEMMEfficiency.Value)
 	case NVFP4:
-		d.gemmMSPerFLOP = 1e3 / (g.FP4FLOPS.Value * r.FP8GEMMEfficiency.Value)
+		d.gemmMSPerFLOP = 1e3 / (g.FP4FLOPS.Value * r.fp4Efficiency())
 	}
 	d.gemmMSPerByte = 1e3 / (g.HBMBytesPerS.Value * r.GEMMBandwidthEfficiency.Value)
 	d.wb, d.eb = m.WeightBytes, float64(m.EmbeddingBytes)

@@ -50,7 +50,7 @@ func (p *Profile) GEMMMS(rows, k, n int, weight DType) float64 {
 	case FP8:
 		perFLOP = 1e3 / (p.GPU.FP8FLOPS.Value * p.Roofline.FP8GEMMEfficiency.Value)
 	case NVFP4:
-		perFLOP = 1e3 / (p.GPU.FP4FLOPS.Value * p.Roofline.FP8GEMMEfficiency.Value)
+		perFLOP = 1e3 / (p.GPU.FP4FLOPS.Value * p.Roofline.fp4Efficiency())
 	}
 	var s gemmSet
 	s.add(float64(k), float64(n))

@@ -91,6 +91,10 @@ type RooflineCoefficients struct {
 	GEMMEfficiency Coef `json:"gemm_efficiency"`
 	// FP8GEMMEfficiency: the same for FP8 GEMMs (FP8 weights) of the FP8 peak.
 	FP8GEMMEfficiency Coef `json:"fp8_gemm_efficiency"`
+	// FP4GEMMEfficiency: the same for NVFP4 GEMMs (NVFP4 weights and
+	// activations) of the FP4 peak. Optional: a profile without it (written
+	// before the key existed) runs NVFP4 GEMMs at fp8_gemm_efficiency.
+	FP4GEMMEfficiency Coef `json:"fp4_gemm_efficiency,omitzero"`
 	// GEMMBandwidthEfficiency: achieved fraction of HBM bandwidth of a GEMM
 	// bound by reading its weights (decode-sized batches).
 	GEMMBandwidthEfficiency Coef `json:"gemm_bandwidth_efficiency"`
@@ -343,6 +347,7 @@ func (p *Profile) validateRoofline() error {
 	checks := []error{
 		r.GEMMEfficiency.fraction("roofline.gemm_efficiency"),
 		r.FP8GEMMEfficiency.fraction("roofline.fp8_gemm_efficiency"),
+		r.FP4GEMMEfficiency.optionalFraction("roofline.fp4_gemm_efficiency"),
 		r.GEMMBandwidthEfficiency.fraction("roofline.gemm_bandwidth_efficiency"),
 		r.GEMMTileTokens.wholeAtLeast1("roofline.gemm_tile_tokens"),
 		r.GEMMKernelMS.nonNegative("roofline.gemm_kernel_ms"),
@@ -460,6 +465,24 @@ func (c Coef) wholeAtLeast1(field string) error {
 		return fmt.Errorf("%s.value must be a whole number of at least 1, got %g", field, c.Value)
 	}
 	return nil
+}
+
+// optionalFraction is fraction for a coefficient that may be left out
+// (the zero Coef).
+func (c Coef) optionalFraction(field string) error {
+	if c == (Coef{}) {
+		return nil
+	}
+	return c.fraction(field)
+}
+
+// fp4Efficiency is the NVFP4 GEMM efficiency: fp4_gemm_efficiency, or
+// fp8_gemm_efficiency for a profile without it.
+func (r *RooflineCoefficients) fp4Efficiency() float64 {
+	if r.FP4GEMMEfficiency.Value > 0 {
+		return r.FP4GEMMEfficiency.Value
+	}
+	return r.FP8GEMMEfficiency.Value
 }
 
 func (c Coef) fraction(field string) error {

@@ -45,7 +45,7 @@ commands:
   calibrate  fit kv_cost_offset and kv_depth_threshold from iteration logs (docs/calibration.md)
   eval       run the equal-cost / demotion / online-calibrator configurations side by side on the twin (docs/eval.md)
   twin-profile  print the digital twin's cost profile of a GPU and model, or fit one to iteration logs (docs/twin.md)
-  twin-validate  run the twin on published GPU figures (TensorRT-LLM, NIM, Vidur, DeepGEMM) and print twin/published (docs/twin.md)
+  twin-validate  run the twin on published GPU figures (TensorRT-LLM, NIM, Vidur, DeepGEMM, NVFP4 GEMMs) and print twin/published (docs/twin.md)
   loadgen    replay a trace or prompts against an OpenAI-compatible server and report latencies (docs/loadgen.md)
   info       print the engine backends this build supports
   help       print this text

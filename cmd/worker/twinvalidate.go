@@ -29,7 +29,7 @@ func runTwinValidate(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintln(stderr, "usage: worker twin-validate [--only operators,latency,throughput] [--markdown] [--check]\n"+
 			"       worker twin-validate --fit | --sources\n\n"+
 			"Runs the twin on published GPU figures (TensorRT-LLM v1.0 throughput, single-stream latencies, Vidur's\n"+
-			"H100 operator profiles, DeepGEMM's FP8 GEMMs) and prints twin/published per row (docs/twin.md).")
+			"H100 operator profiles, DeepGEMM's FP8 GEMMs, B200 NVFP4 GEMMs) and prints twin/published per row (docs/twin.md).")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {

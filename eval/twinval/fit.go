@@ -41,8 +41,8 @@ type fitSpec struct {
 	params []Param
 }
 
-// specs are the fits, in the order they are applied (the FP8 fit uses the
-// BF16 fit's bandwidth, tile and kernel cost).
+// specs are the fits, in the order they are applied (the FP8 and NVFP4
+// fits use the BF16 fit's bandwidth, tile and kernel cost).
 func specs() []fitSpec {
 	p := func(key string, lo, hi, by float64, c func(rc *twin.RooflineCoefficients) *twin.Coef) Param {
 		return Param{Key: key, Lo: lo, Hi: hi, By: by,
@@ -58,6 +58,9 @@ func specs() []fitSpec {
 		}},
 		{"deepgemm-fp8", []Param{
 			p("fp8_gemm_efficiency", 0.50, 0.90, 0.01, func(rc *twin.RooflineCoefficients) *twin.Coef { return &rc.FP8GEMMEfficiency }),
+		}},
+		{"nvfp4-gemm", []Param{
+			p("fp4_gemm_efficiency", 0.30, 0.90, 0.01, func(rc *twin.RooflineCoefficients) *twin.Coef { return &rc.FP4GEMMEfficiency }),
 		}},
 		{"vidur-elementwise", []Param{
 			p("elementwise_kernel_ms", 0, 0.008, 0.0005, func(rc *twin.RooflineCoefficients) *twin.Coef { return &rc.ElementwiseKernelMS }),
@@ -83,6 +86,8 @@ func groupMAE(group string, rc *twin.RooflineCoefficients) (float64, int, error)
 		rs, err = vidurRows(rc)
 	case "deepgemm-fp8":
 		rs, err = deepGEMMRows(rc)
+	case "nvfp4-gemm":
+		rs, err = nvfp4Rows(rc)
 	case "ort-decode":
 		rs, err = ortRows(rc)
 	case "vidur-allreduce":

@@ -38,6 +38,7 @@ var Groups = []Group{
 	{"vidur-gemm", "Vidur H100: one layer's GEMMs (QKV, O, gate+up, down), FP16 (ms)", 0.15},
 	{"vidur-elementwise", "Vidur H100: one layer's element-wise kernels (2 norms, RoPE, SiLU-mul, add) (ms)", 0},
 	{"deepgemm-fp8", "DeepGEMM H800: one FP8 GEMM (ms)", 0},
+	{"nvfp4-gemm", "vLLM CUTLASS and torchao cuBLASLt on B200: one NVFP4 GEMM (ms)", 0},
 	{"ort-decode", "ONNX Runtime H100: paged decode attention, one layer (ms)", 0},
 	{"vidur-allreduce", "Vidur DGX H100: NCCL all-reduce (ms)", 0},
 }
@@ -55,7 +56,7 @@ func profileFor(gpu, model string, tp int, weight, kv twin.DType) (*twin.Profile
 // the coefficients of rc (nil: the built-in ones).
 func operatorRows(rc *twin.RooflineCoefficients) ([]Result, error) {
 	var out []Result
-	for _, f := range []func(*twin.RooflineCoefficients) ([]Result, error){vidurRows, deepGEMMRows, ortRows, allReduceRows} {
+	for _, f := range []func(*twin.RooflineCoefficients) ([]Result, error){vidurRows, deepGEMMRows, nvfp4Rows, ortRows, allReduceRows} {
 		rs, err := f(rc)
 		if err != nil {
 			return nil, err
@@ -159,6 +160,39 @@ func deepGEMMRows(rc *twin.RooflineCoefficients) ([]Result, error) {
 		ms := 2 * float64(m) * float64(n) * float64(k) / (tf * 1e12) * 1e3
 		out = append(out, Result{"deepgemm-fp8", t.name, fmt.Sprintf("M %d, N %d, K %d", m, n, k), ms,
 			p.GEMMMS(m, k, n, twin.FP8), "ms"})
+	}
+	return out, nil
+}
+
+// nvfp4Rows are the published NVFP4 GEMMs on B200: vLLM's CUTLASS kernel on
+// Llama-3.1-8B's QKV shape over 1-16 384 tokens, and torchao's square
+// problems through cuBLASLt; M tokens through an N×K weight.
+func nvfp4Rows(rc *twin.RooflineCoefficients) ([]Result, error) {
+	c := profiles{rc: rc}
+	p, err := c.get("b200", "llama-8b", 1, twin.NVFP4, twin.BF16)
+	if err != nil {
+		return nil, err
+	}
+	var out []Result
+	for _, f := range []struct{ file, col, src string }{
+		{fileVLLMNVFP4, "tflops", "vLLM CUTLASS"}, {fileTorchAONVFP4, "us", "torchao cuBLASLt"}} {
+		t, err := readTable(f.file)
+		if err != nil {
+			return nil, err
+		}
+		for i := range t.rows {
+			r := t.row(i)
+			m, n, k, v := r.int("m"), r.int("n"), r.int("k"), r.num(f.col)
+			if r.err != nil {
+				return nil, r.err
+			}
+			ms := v / 1e3 // us
+			if f.col == "tflops" {
+				ms = 2 * float64(m) * float64(n) * float64(k) / (v * 1e12) * 1e3
+			}
+			out = append(out, Result{"nvfp4-gemm", t.name, fmt.Sprintf("%s: M %d, N %d, K %d", f.src, m, n, k), ms,
+				p.GEMMMS(m, k, n, twin.NVFP4), "ms"})
+		}
 	}
 	return out, nil
 }

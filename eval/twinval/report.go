@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"slices"
 	"sort"
 	"strings"
 )
@@ -63,7 +64,7 @@ func WriteTable(w io.Writer, rs []Result) {
 		if len(rows) == 0 {
 			continue
 		}
-		fmt.Fprintf(w, "\n## %s  [%s]\n", g.Title, rows[0].Source)
+		fmt.Fprintf(w, "\n## %s  [%s]\n", g.Title, strings.Join(sourcesOf(rows), ", "))
 		width := 0
 		for _, r := range rows {
 			width = max(width, len(r.Config))
@@ -114,7 +115,11 @@ func WriteMarkdown(w io.Writer, rs []Result) {
 		if len(rows) == 0 {
 			continue
 		}
-		fmt.Fprintf(w, "\n%s (`eval/twinval/published/%s`):\n\n| configuration | published | twin | twin/published |\n|---|---|---|---|\n", g.Title, rows[0].Source)
+		files := sourcesOf(rows)
+		for i, f := range files {
+			files[i] = "`eval/twinval/published/" + f + "`"
+		}
+		fmt.Fprintf(w, "\n%s (%s):\n\n| configuration | published | twin | twin/published |\n|---|---|---|---|\n", g.Title, strings.Join(files, ", "))
 		for _, r := range rows {
 			fmt.Fprintf(w, "| %s | %s | %s | %.3f |\n", r.Config, num(r.Published), num(r.Twin), r.Ratio())
 		}
@@ -143,4 +148,15 @@ func num(v float64) string {
 	default:
 		return fmt.Sprintf("%.4f", v)
 	}
+}
+
+// sourcesOf is the tables rows come from, in the order they first appear.
+func sourcesOf(rows []Result) []string {
+	var out []string
+	for _, r := range rows {
+		if !slices.Contains(out, r.Source) {
+			out = append(out, r.Source)
+		}
+	}
+	return out
 }

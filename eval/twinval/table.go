@@ -120,6 +120,10 @@ const (
 	fileVidurAR   = "vidur-h100-allreduce.csv"
 	fileDeepGEMM  = "deepgemm-h800-fp8.csv"
 	fileORTDecode = "ort-h100-decode.csv"
+
+	fileVLLMNVFP4    = "vllm-b200-nvfp4.csv"
+	fileTorchAONVFP4 = "torchao-b200-nvfp4.csv"
 )
 
-var tableNames = []string{fileTRTLLM, fileLatency, fileVidurMLP, fileVidurAR, fileDeepGEMM, fileORTDecode}
+var tableNames = []string{fileTRTLLM, fileLatency, fileVidurMLP, fileVidurAR, fileDeepGEMM, fileVLLMNVFP4, fileTorchAONVFP4,
+	fileORTDecode}

@@ -67,6 +67,7 @@ func TestOperatorTables(t *testing.T) {
 		{"vidur-gemm", 152, 0.058, 0.27, 141},
 		{"vidur-elementwise", 152, 0.185, 0.63, 0},
 		{"deepgemm-fp8", 18, 0.175, 0.60, 0},
+		{"nvfp4-gemm", 18, 0.172, 0.39, 0},
 		{"ort-decode", 5, 0.025, 0.07, 0},
 		{"vidur-allreduce", 33, 0.325, 2.6, 0},
 	} {
@@ -130,19 +131,19 @@ func TestLatencyRows(t *testing.T) {
 	}
 }
 
-// TestThroughputRowsSample runs four of the throughput rows through the
+// TestThroughputRowsSample runs five of the throughput rows through the
 // fleet (the whole table takes about a minute of CPU: `worker twin-validate`): prefill- and
-// memory-heavy ones of both models, each within ±15 %.
+// memory-heavy ones of both models and an NVFP4 one on B200, each within ±15 %.
 func TestThroughputRowsSample(t *testing.T) {
 	if racetest.Enabled {
 		t.Skip("end-to-end fleet runs of 1,500-3,000 requests: covered by the normal pass")
 	}
-	rs, err := Validate(Options{Throughput: true, ThroughputRows: []int{16, 17, 32, 33}})
+	rs, err := Validate(Options{Throughput: true, ThroughputRows: []int{16, 17, 32, 33, 41}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(rs) != 4 {
-		t.Fatalf("%d rows, want 4", len(rs))
+	if len(rs) != 5 {
+		t.Fatalf("%d rows, want 5", len(rs))
 	}
 	for _, r := range rs {
 		if math.Abs(r.Ratio()-1) > 0.15 {
