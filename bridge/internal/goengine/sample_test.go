@@ -32,7 +32,10 @@ func TestSample(t *testing.T) {
 	}}
 	var res bridge.StepResult
 	rows := 0
-	counting := func(dst []float32, h uint64, tok int32, vocab int) []float32 { rows++; return rowOf(dst, h, tok, vocab) }
+	counting := func(dst []float32, h uint64, tok int32, vocab int) []float32 {
+		rows++
+		return rowOf(dst, h, tok, vocab)
+	}
 	row := Sample(desc, &res, vocab, hash, counting, nil)
 	if want := []int32{103 % vocab, -1, 105 % vocab}; !slices.Equal(res.Sampled, want) {
 		t.Fatalf("sampled %v, want %v", res.Sampled, want)
