@@ -69,7 +69,26 @@ func (o *Options) startupChecks(sc scheduler.Config, l nccl.Launch, getenv func(
 	if n := o.demotionNote(sc, world); n != "" {
 		notes = append(notes, n)
 	}
+	if n := o.noValveNote(sc); n != "" {
+		notes = append(notes, n)
+	}
 	return notes, nil
+}
+
+// noValveNote warns of a MAX_UTILIZATION pool with no way to free pages
+// under pressure: recompute pause off and no host tier, so that a request
+// that cannot grow suspends in place and keeps its pages (scheduler.md
+// §11.3); a pool filled by growing requests then stalls the run. (Under
+// Helix the same case is a fatal error at the first failed allocation.)
+// "" when a valve exists.
+func (o *Options) noValveNote(sc scheduler.Config) string {
+	if sc.Policy != scheduler.MaxUtilization || sc.RecomputePause || o.HostPages > 0 || o.CP > 1 {
+		return ""
+	}
+	return fmt.Sprintf("max_utilization with recompute pause disabled (%s) and no host tier (%s 0) cannot free KV "+
+		"pages under pressure: if growing requests fill the pool the run stops after 1000 stalled passes; enable "+
+		"recompute pause, give a host tier or use guaranteed_no_evict", sc.Name(scheduler.SettingRecomputePause),
+		o.Src("host-pages"))
 }
 
 // demotionNote explains why long-prefill demotion, configured and on in the

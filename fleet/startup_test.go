@@ -373,3 +373,30 @@ func TestCUDAEngineGuards(t *testing.T) {
 		require.NoError(t, err, "%v", args)
 	}
 }
+
+// TestNoValveNotedAtStartup: max_utilization with recompute pause off and
+// no host tier has no way to free KV pages under pressure (a request that
+// cannot grow suspends in place); the run says so at startup, naming where
+// each setting came from, and still runs a workload that fits. A host tier
+// or guaranteed_no_evict is a valve (or needs none): no note.
+func TestNoValveNotedAtStartup(t *testing.T) {
+	path := writeConfig(t, "scheduler:\n  enable_recompute_pause: false\n")
+	const note = "and no host tier (--host-pages 0) cannot free KV pages under pressure"
+	for _, tc := range []struct {
+		args []string
+		want bool
+	}{
+		{[]string{"--policy", "max_utilization"}, true},
+		{[]string{"--policy", "max_utilization", "--host-pages", "64"}, false},
+		{[]string{"--policy", "guaranteed_no_evict"}, false},
+	} {
+		args := append(append([]string{}, fakeRun...), "--config", path)
+		code, _, stderr := runCLI(t, append(args, tc.args...)...)
+		require.Equal(t, 0, code, stderr)
+		if !tc.want {
+			require.NotContains(t, stderr, note, "%v", tc.args)
+			continue
+		}
+		require.Contains(t, stderr, "max_utilization with recompute pause disabled ("+path+":2 scheduler.enable_recompute_pause) "+note)
+	}
+}

@@ -28,7 +28,7 @@ func (s *Scheduler) detectStall() error {
 	case s.stall == 1:
 		s.note(LevelDebug, "scheduler made no progress in this pass (%d active requests)", len(s.list))
 	case s.stall >= stallFatal:
-		return fmt.Errorf("%w: %s", ErrStalled, s.summary())
+		return fmt.Errorf("%w: %s%s", ErrStalled, s.summary(), s.stallCause())
 	case s.stall%stallWarnEvery == 0:
 		s.note(LevelWarn, "scheduler made no progress for %d consecutive passes", s.stall)
 	}
@@ -47,6 +47,20 @@ func (s *Scheduler) idle() bool {
 		}
 	}
 	return true
+}
+
+// stallCause names the configuration that leaves a full pool no valve, ""
+// when it is not the one in use: under MAX_UTILIZATION without recompute
+// pause and without a host tier, a request that cannot grow suspends in
+// place (§11.3) and frees no page, so a pool filled by growing requests
+// never drains.
+func (s *Scheduler) stallCause() string {
+	if s.cfg.Policy != MaxUtilization || s.cfg.RecomputePause || s.host || s.cfg.Helix {
+		return ""
+	}
+	return fmt.Sprintf("; max_utilization with recompute pause disabled (%s) and no host tier frees no KV page "+
+		"under pressure (a request that cannot grow suspends in place): enable recompute pause, give the pool a "+
+		"host tier, or use guaranteed_no_evict", s.cfg.Name(SettingRecomputePause))
 }
 
 // summary lists the active requests (id, state, KV condition) for the fatal error.

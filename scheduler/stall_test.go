@@ -89,6 +89,33 @@ func TestStallDetector(t *testing.T) {
 		_, err = s.Schedule(list, nil) // pass 1 001
 		require.ErrorIs(t, err, ErrStalled)
 		require.ErrorContains(t, err, "kv=suspended")
+		require.NotContains(t, err.Error(), "recompute pause disabled", "recompute pause is on: not the no-valve case")
+	})
+	// The same stall with recompute pause off and no host tier: nothing can
+	// ever free a page, and the error says which settings leave no valve.
+	t.Run("no valve named", func(t *testing.T) {
+		for _, host := range []bool{false, true} {
+			f := newFakeKV()
+			f.host = host
+			f.allocFn = allocNever
+			list := []*Request{gen(0)}
+			f.register(list)
+			c := baseConfig()
+			c.RecomputePause = false
+			c.Names = SettingNames{SettingRecomputePause: "scheduler.enable_recompute_pause in cfg.yaml"}
+			s := mustNew(t, c, f)
+			var err error
+			for pass := 1; pass <= 1001 && err == nil; pass++ {
+				_, err = s.Schedule(list, nil)
+			}
+			require.ErrorIs(t, err, ErrStalled)
+			if host {
+				require.NotContains(t, err.Error(), "no host tier", "a host tier is a valve")
+				continue
+			}
+			require.ErrorContains(t, err, "max_utilization with recompute pause disabled "+
+				"(scheduler.enable_recompute_pause in cfg.yaml) and no host tier frees no KV page under pressure")
+		}
 	})
 	t.Run("T-STL-06", func(t *testing.T) {
 		s, _, list := helixSetup(t, true, gen(0))
