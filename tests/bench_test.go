@@ -128,13 +128,7 @@ func runFleet(b *testing.B, ranks int, overlap bool, reqs []workload.Request) *e
 func BenchmarkDecodeHostOverheadCPU(b *testing.B) {
 	for _, batch := range []int{64, 256} {
 		b.Run(fmt.Sprintf("batch=%d", batch), func(b *testing.B) {
-			var reqs []workload.Request
-			for i := 0; i < batch; i++ {
-				prompt := workload.AppendBlockTokens(nil, uint64(100+i), 16, 512, 3)
-				reqs = append(reqs, workload.Request{Index: i, Prompt: prompt, MaxNewTokens: 256})
-			}
-			sc := scheduler.Config{MaxBatchSize: batch, MaxNumTokens: 4096, ChunkedContext: true, ChunkUnitSize: 16,
-				Policy: scheduler.MaxUtilization, PrefixAware: true, LedgerBlockTokens: 16}
+			reqs, sc := decodeHostWorkload(batch)
 			const pages = 8192
 			if _, ok := cputime.Process(); !ok || !cputime.Available() {
 				b.Skip("no process or thread CPU clock on this platform")
@@ -151,21 +145,7 @@ func BenchmarkDecodeHostOverheadCPU(b *testing.B) {
 					NativeCPU() time.Duration
 					ThreadCPU() time.Duration
 				})
-				kv, err := kvpool.New(kvpool.Config{NumPages: pages, TokensPerPage: 16})
-				if err != nil {
-					b.Fatal(err)
-				}
-				sch, err := scheduler.New(sc, kv)
-				if err != nil {
-					b.Fatal(err)
-				}
-				comms := nccl.NewLocalGroup(1, nccl.LocalOptions{Timeout: time.Minute})
-				ex, err := executor.New(executor.Config{Rank: 0, Ranks: 1, Scheduler: sc, EngineThread: true},
-					executor.Deps{Comm: comms[0], Engine: eng, KV: kv, Planner: sch,
-						Source: executor.NewTraceSource(reqs, time.Now())})
-				if err != nil {
-					b.Fatal(err)
-				}
+				ex := decodeHostExecutor(b, executor.Config{Scheduler: sc, EngineThread: true}, eng, reqs, pages)
 				native0, thread0 := clocks.NativeCPU(), clocks.ThreadCPU()
 				start := time.Now()
 				cpu0, _ := cputime.Process()
@@ -261,13 +241,7 @@ func (e *stubEngine) Close() error                                              
 func BenchmarkDecodeHostOverheadStub(b *testing.B) {
 	for _, batch := range []int{64, 256} {
 		b.Run(fmt.Sprintf("batch=%d", batch), func(b *testing.B) {
-			var reqs []workload.Request
-			for i := 0; i < batch; i++ {
-				prompt := workload.AppendBlockTokens(nil, uint64(100+i), 16, 512, 3)
-				reqs = append(reqs, workload.Request{Index: i, Prompt: prompt, MaxNewTokens: 256})
-			}
-			sc := scheduler.Config{MaxBatchSize: batch, MaxNumTokens: 4096, ChunkedContext: true, ChunkUnitSize: 16,
-				Policy: scheduler.MaxUtilization, PrefixAware: true, LedgerBlockTokens: 16}
+			reqs, sc := decodeHostWorkload(batch)
 			const pages = 8192
 			if _, ok := cputime.Process(); !ok || !cputime.Available() {
 				b.Skip("no process or thread CPU clock on this platform")
@@ -280,21 +254,7 @@ func BenchmarkDecodeHostOverheadStub(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				kv, err := kvpool.New(kvpool.Config{NumPages: pages, TokensPerPage: 16})
-				if err != nil {
-					b.Fatal(err)
-				}
-				sch, err := scheduler.New(sc, kv)
-				if err != nil {
-					b.Fatal(err)
-				}
-				comms := nccl.NewLocalGroup(1, nccl.LocalOptions{Timeout: time.Minute})
-				ex, err := executor.New(executor.Config{Rank: 0, Ranks: 1, Scheduler: sc, ThreadLocked: true},
-					executor.Deps{Comm: comms[0], Engine: eng, KV: kv, Planner: sch,
-						Source: executor.NewTraceSource(reqs, time.Now())})
-				if err != nil {
-					b.Fatal(err)
-				}
+				ex := decodeHostExecutor(b, executor.Config{Scheduler: sc, ThreadLocked: true}, eng, reqs, pages)
 				var res *executor.Result
 				runtime.LockOSThread()
 				cpu0, _ := cputime.Process()
@@ -321,4 +281,39 @@ func BenchmarkDecodeHostOverheadStub(b *testing.B) {
 			b.ReportMetric(float64(forwards)/float64(b.N), "forwards/run")
 		})
 	}
+}
+
+// decodeHostWorkload is the decode-host benchmarks' workload: batch
+// requests of 16-token prompts and 256 new tokens each, and the scheduler
+// that decodes them together.
+func decodeHostWorkload(batch int) ([]workload.Request, scheduler.Config) {
+	var reqs []workload.Request
+	for i := 0; i < batch; i++ {
+		prompt := workload.AppendBlockTokens(nil, uint64(100+i), 16, 512, 3)
+		reqs = append(reqs, workload.Request{Index: i, Prompt: prompt, MaxNewTokens: 256})
+	}
+	return reqs, scheduler.Config{MaxBatchSize: batch, MaxNumTokens: 4096, ChunkedContext: true, ChunkUnitSize: 16,
+		Policy: scheduler.MaxUtilization, PrefixAware: true, LedgerBlockTokens: 16}
+}
+
+// decodeHostExecutor is one rank of the decode-host benchmarks over eng,
+// with a pool of pages 16-token pages.
+func decodeHostExecutor(b *testing.B, cfg executor.Config, eng bridge.Engine, reqs []workload.Request, pages int) *executor.Executor {
+	b.Helper()
+	kv, err := kvpool.New(kvpool.Config{NumPages: pages, TokensPerPage: 16})
+	if err != nil {
+		b.Fatal(err)
+	}
+	sch, err := scheduler.New(cfg.Scheduler, kv)
+	if err != nil {
+		b.Fatal(err)
+	}
+	comms := nccl.NewLocalGroup(1, nccl.LocalOptions{Timeout: time.Minute})
+	cfg.Rank, cfg.Ranks = 0, 1
+	ex, err := executor.New(cfg, executor.Deps{Comm: comms[0], Engine: eng, KV: kv, Planner: sch,
+		Source: executor.NewTraceSource(reqs, time.Now())})
+	if err != nil {
+		b.Fatal(err)
+	}
+	return ex
 }
