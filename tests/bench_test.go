@@ -128,11 +128,8 @@ func runFleet(b *testing.B, ranks int, overlap bool, reqs []workload.Request) *e
 func BenchmarkDecodeHostOverheadCPU(b *testing.B) {
 	for _, batch := range []int{64, 256} {
 		b.Run(fmt.Sprintf("batch=%d", batch), func(b *testing.B) {
-			reqs, sc := decodeHostWorkload(batch)
+			reqs, sc := decodeHostWorkload(b, batch)
 			const pages = 8192
-			if _, ok := cputime.Process(); !ok || !cputime.Available() {
-				b.Skip("no process or thread CPU clock on this platform")
-			}
 			var wall, cpu, engineCPU, loopCPU time.Duration
 			var engineMS float64
 			var forwards int64
@@ -163,16 +160,11 @@ func BenchmarkDecodeHostOverheadCPU(b *testing.B) {
 				engineMS += res.DeviceMS
 				forwards += res.ForwardIterations
 			}
-			if forwards == 0 {
-				b.Fatal("no forward iterations")
-			}
-			per := func(d time.Duration) float64 { return float64(d.Nanoseconds()) / float64(forwards) }
+			per := reportHostCPU(b, forwards, loopCPU, cpu-engineCPU)
 			b.ReportMetric(per(wall), "wall-ns/iter")
 			b.ReportMetric(engineMS*1e6/float64(forwards), "engine-ns/iter")
 			b.ReportMetric((float64(wall.Nanoseconds())-engineMS*1e6)/float64(forwards), "host-wall-ns/iter")
 			b.ReportMetric(per(engineCPU), "engine-cpu-ns/iter")
-			b.ReportMetric(per(loopCPU), "host-serial-cpu-ns/iter")
-			b.ReportMetric(per(cpu-engineCPU), "host-cpu-ns/iter")
 			b.ReportMetric(float64(forwards)/float64(b.N), "forwards/run")
 		})
 	}
@@ -241,11 +233,8 @@ func (e *stubEngine) Close() error                                              
 func BenchmarkDecodeHostOverheadStub(b *testing.B) {
 	for _, batch := range []int{64, 256} {
 		b.Run(fmt.Sprintf("batch=%d", batch), func(b *testing.B) {
-			reqs, sc := decodeHostWorkload(batch)
+			reqs, sc := decodeHostWorkload(b, batch)
 			const pages = 8192
-			if _, ok := cputime.Process(); !ok || !cputime.Available() {
-				b.Skip("no process or thread CPU clock on this platform")
-			}
 			var cpu, loopCPU, engineCPU time.Duration
 			var forwards int64
 			for i := 0; i < b.N; i++ {
@@ -271,12 +260,7 @@ func BenchmarkDecodeHostOverheadStub(b *testing.B) {
 				engineCPU += eng.cpu
 				forwards += res.ForwardIterations
 			}
-			if forwards == 0 {
-				b.Fatal("no forward iterations")
-			}
-			per := func(d time.Duration) float64 { return float64(d.Nanoseconds()) / float64(forwards) }
-			b.ReportMetric(per(loopCPU), "host-serial-cpu-ns/iter")
-			b.ReportMetric(per(cpu-engineCPU), "host-cpu-ns/iter")
+			per := reportHostCPU(b, forwards, loopCPU, cpu-engineCPU)
 			b.ReportMetric(per(engineCPU), "stub-step-cpu-ns/iter")
 			b.ReportMetric(float64(forwards)/float64(b.N), "forwards/run")
 		})
@@ -285,8 +269,11 @@ func BenchmarkDecodeHostOverheadStub(b *testing.B) {
 
 // decodeHostWorkload is the decode-host benchmarks' workload: batch
 // requests of 16-token prompts and 256 new tokens each, and the scheduler
-// that decodes them together.
-func decodeHostWorkload(batch int) ([]workload.Request, scheduler.Config) {
+// that decodes them together. It skips b where no CPU clocks exist.
+func decodeHostWorkload(b *testing.B, batch int) ([]workload.Request, scheduler.Config) {
+	if _, ok := cputime.Process(); !ok || !cputime.Available() {
+		b.Skip("no process or thread CPU clock on this platform")
+	}
 	var reqs []workload.Request
 	for i := 0; i < batch; i++ {
 		prompt := workload.AppendBlockTokens(nil, uint64(100+i), 16, 512, 3)
@@ -316,4 +303,17 @@ func decodeHostExecutor(b *testing.B, cfg executor.Config, eng bridge.Engine, re
 		b.Fatal(err)
 	}
 	return ex
+}
+
+// reportHostCPU reports the serial (loop thread) and whole-process host CPU
+// per forward iteration and returns the per-iteration conversion.
+func reportHostCPU(b *testing.B, forwards int64, serial, process time.Duration) func(time.Duration) float64 {
+	b.Helper()
+	if forwards == 0 {
+		b.Fatal("no forward iterations")
+	}
+	per := func(d time.Duration) float64 { return float64(d.Nanoseconds()) / float64(forwards) }
+	b.ReportMetric(per(serial), "host-serial-cpu-ns/iter")
+	b.ReportMetric(per(process), "host-cpu-ns/iter")
+	return per
 }
