@@ -19,9 +19,7 @@ import (
 // prints a prompt window and five fifths.
 func TestBalancePhasesScript(t *testing.T) {
 	py, err := exec.LookPath("python3")
-	if err != nil {
-		t.Skip("no python3")
-	}
+	require.NoError(t, err, "the repository's scripts need python3 (README: setup)")
 	bin := worker(t)
 	dir := t.TempDir()
 	logs := filepath.Join(dir, "il_{rank}.jsonl")
