@@ -28,13 +28,19 @@ def main():
         sys.exit(__doc__)
     pattern = sys.argv[1]
     if len(sys.argv) == 3:
-        ranks = int(sys.argv[2])
+        try:
+            ranks = int(sys.argv[2])
+        except ValueError:
+            sys.exit(f"RANKS must be a whole number, got {sys.argv[2]!r}")
+        missing = [r for r in range(ranks) if not os.path.exists(pattern.replace("{rank}", str(r)))]
+        if missing:
+            sys.exit(f"{pattern}: no log for rank {missing[0]} of the {ranks} given")
     else:
         ranks = 0
         while os.path.exists(pattern.replace("{rank}", str(ranks))):
             ranks += 1
     if ranks < 2:
-        sys.exit(f"{pattern}: found {ranks} rank log(s); the balance needs two or more")
+        sys.exit(f"{pattern}: {ranks} rank log(s); the balance needs two or more")
     files = [open(pattern.replace("{rank}", str(r))) for r in range(ranks)]
     bal, ctx_ranks, gens = [], [], []
     for n, lines in enumerate(zip(*files)):
@@ -45,6 +51,9 @@ def main():
         bal.append(sum(toks) / ranks / max(toks) if max(toks) > 0 else None)
         ctx_ranks.append(sum(1 for r in recs if r["ctx_tokens"] > 0))
         gens.append([r["num_gen_requests"] for r in recs])
+    for r, f in enumerate(files):
+        if f.readline():
+            sys.exit(f"{pattern}: rank {r}'s log has more records than another rank's (a log cut short?)")
     n = len(bal)
     if n == 0:
         sys.exit(f"{pattern}: no records")

@@ -40,5 +40,5 @@ func TestBalancePhasesScript(t *testing.T) {
 	}
 	bad, err := exec.Command(py, "../scripts/balance-phases.py", filepath.Join(dir, "none_{rank}.jsonl")).CombinedOutput()
 	require.Error(t, err)
-	require.Contains(t, string(bad), "found 0 rank log(s)")
+	require.Contains(t, string(bad), "0 rank log(s); the balance needs two or more")
 }
