@@ -62,7 +62,7 @@ func randomFitsCase(rng *rand.Rand) fitsCase {
 		shared[i] = int32(rng.IntN(509))
 	}
 	n := 2 + rng.IntN(8)
-	maxTotal := 0
+	maxPrompt, maxTotal := 0, 0
 	for i := 0; i < n; i++ {
 		total := 2 + rng.IntN(capTokens-1) // prompt ≥ 1, new ≥ 1, total ≤ pages·P
 		if total > capTokens {
@@ -88,6 +88,7 @@ func randomFitsCase(rng *rand.Rand) fitsCase {
 			}
 		}
 		c.reqs = append(c.reqs, Arrival{ID: uint64(i), Prompt: prompt, MaxNewTokens: maxNew})
+		maxPrompt = max(maxPrompt, len(prompt))
 		maxTotal = max(maxTotal, len(prompt)+maxNew)
 	}
 	c.sc = defaultSched()
@@ -97,9 +98,9 @@ func randomFitsCase(rng *rand.Rand) fitsCase {
 	if c.sc.ChunkedContext {
 		c.sc.MaxNumTokens = []int{8, 16, 64, scheduler.Unlimited}[rng.IntN(4)]
 	} else {
-		// Every prompt and every recompute-reset prompt fits one pass (see
-		// TestRecomputeResetBeyondMaxNumTokens for the other case).
-		c.sc.MaxNumTokens = maxTotal + rng.IntN(16)
+		// Every prompt fits one pass; a recompute-reset prompt may not, and
+		// is re-prefilled in chunks (TestRecomputeResetBeyondMaxNumTokens).
+		c.sc.MaxNumTokens = max(maxPrompt, c.sc.ChunkUnitSize) + rng.IntN(maxTotal-maxPrompt+16)
 	}
 	c.sc.PrefixAware = rng.IntN(2) == 0
 	if rng.IntN(3) == 0 {

@@ -95,10 +95,10 @@ func randomCase(rng *rand.Rand) propCase {
 	if c.sc.ChunkedContext {
 		c.sc.MaxNumTokens = []int{16, 32, 64, scheduler.Unlimited}[rng.IntN(4)]
 	} else {
-		// Every prompt fits a pass, and so does every recompute-reset prompt
-		// (prompt + generated tokens): see TestRecomputeResetBeyondMaxNumTokens
-		// for what happens otherwise.
-		c.sc.MaxNumTokens = maxTotal + rng.IntN(40)
+		// Every prompt fits a pass (arrival rejects longer ones); a
+		// recompute-reset prompt (prompt + generated tokens) may not, and is
+		// then re-prefilled in chunks (TestRecomputeResetBeyondMaxNumTokens).
+		c.sc.MaxNumTokens = max(maxPrompt, c.sc.ChunkUnitSize) + rng.IntN(maxTotal-maxPrompt+40)
 	}
 	c.sc.PrefixAware = rng.IntN(2) == 0
 	if !c.helix && rng.IntN(4) == 0 {
@@ -108,7 +108,7 @@ func randomCase(rng *rand.Rand) propCase {
 }
 
 func TestPropertyTracesEqualAndOutputsMatchReference(t *testing.T) {
-	recomputed, helixRuns, tightRuns := 0, 0, 0
+	recomputed, helixRuns, tightRuns, overM := 0, 0, 0, 0
 	// The race pass checks the ranks' synchronisation: 300 seeds exercise
 	// it as well as 1 500 do.
 	seeds := uint64(racetest.Size(1500, 300))
@@ -145,6 +145,9 @@ func TestPropertyTracesEqualAndOutputsMatchReference(t *testing.T) {
 			require.Len(t, r.Output, a.MaxNewTokens, "%s: request %d", name, a.ID)
 			require.Equal(t, want[a.ID].Output, r.Output, "%s: request %d", name, a.ID)
 			recomputed += r.Recomputed
+			if r.Recomputed > 0 && !c.sc.ChunkedContext && len(a.Prompt)+a.MaxNewTokens > c.sc.MaxNumTokens {
+				overM++ // may have been re-prefilled in chunks with chunking off
+			}
 		}
 		if c.helix {
 			helixRuns++
@@ -163,45 +166,50 @@ func TestPropertyTracesEqualAndOutputsMatchReference(t *testing.T) {
 			require.Equal(t, rr.pool.TotalPages(), rr.pool.FreePages(), "%s: rank %d leaked pages", name, rr.rank)
 		}
 	}
-	t.Logf("%d recompute preemptions, %d Helix runs, %d tight pools", recomputed, helixRuns, tightRuns)
+	t.Logf("%d recompute preemptions (%d of requests longer than M with chunking off), %d Helix runs, %d tight pools",
+		recomputed, overM, helixRuns, tightRuns)
 	// The generator must exercise what the property is about.
 	require.Positive(t, recomputed, "no run forced a recompute preemption")
+	require.Positive(t, overM, "no run reset a request that can outgrow M with chunking off")
 	require.Positive(t, helixRuns)
 	require.Positive(t, tightRuns)
 }
 
 // TestRecomputeResetBeyondMaxNumTokens: with chunking off, arrival
 // validation only checks the original prompt against M, but a recompute
-// reset grows the prompt by the generated tokens. The scheduler therefore
-// never recompute-pauses a request whose reset prompt would exceed M (its
-// re-prefill could never be scheduled). Two requests of prompt 16 and 20 new
-// tokens with M = 20 in a pool of 48 tokens cannot both finish without such
-// a reset: the run ends with the stall detector's explicit error naming both
-// requests — never a silent hang, and neither request is reset into a
-// prompt that can never run again.
+// reset grows the prompt by the generated tokens. Two requests of prompt 16
+// and 20 new tokens with M = 20 in a pool of 48 tokens cannot both finish
+// without such a reset, and the reset prompt exceeds M. It is re-prefilled
+// in chunks of at most M (scheduler.rechunked; before, the scheduler refused
+// such victims and the pool deadlocked until the fatal stall error): both
+// requests are served, with exactly the tokens a pool that holds both to
+// completion gives them.
 func TestRecomputeResetBeyondMaxNumTokens(t *testing.T) {
 	sc := defaultSched()
 	sc.ChunkedContext, sc.MaxNumTokens, sc.PrefixAware = false, 20, false
 	for _, overlap := range []bool{false, true} {
-		g := (&rig{n: 1, overlap: overlap, ppt: 4, pages: 12, sc: sc,
-			src: allAtOnce(arrival(0, 16, 20), arrival(1, 16, 20))}).build(t)
-		g.run()
-		require.Error(t, g.ranks[0].err)
-		require.ErrorContains(t, g.ranks[0].err, "scheduler stalled for 1000 consecutive passes")
-		require.ErrorContains(t, g.ranks[0].err, "id=0")
-		require.ErrorContains(t, g.ranks[0].err, "id=1")
-		// A pool that holds both to completion serves both.
-		g = (&rig{n: 1, overlap: overlap, ppt: 4, pages: 18, sc: sc,
-			src: allAtOnce(arrival(0, 16, 20), arrival(1, 16, 20))}).build(t)
-		g.run()
-		g.requireNoErrors(t)
-		out := g.outputs(t)
-		require.Len(t, out, 2)
-		for id, r := range out {
-			require.Empty(t, r.Error, "request %d", id)
-			require.Len(t, r.Output, 20, "request %d", id)
+		var outs [2]map[uint64]Response
+		for i, pages := range []int{12, 18} {
+			g := (&rig{n: 1, overlap: overlap, ppt: 4, pages: pages, sc: sc,
+				src: allAtOnce(arrival(0, 16, 20), arrival(1, 16, 20))}).build(t)
+			g.run()
+			g.requireNoErrors(t)
+			outs[i] = g.outputs(t)
+			require.Len(t, outs[i], 2)
+			recomputed := 0
+			for id, r := range outs[i] {
+				require.Empty(t, r.Error, "request %d", id)
+				require.Len(t, r.Output, 20, "request %d", id)
+				recomputed += r.Recomputed
+			}
+			if pages == 12 {
+				require.Positive(t, recomputed, "the small pool must force a reset (overlap %v)", overlap)
+			}
+			g.requireNoLeaks(t)
 		}
-		g.requireNoLeaks(t)
+		for id, r := range outs[0] {
+			require.Equal(t, outs[1][id].Output, r.Output, "request %d: a reset changes no token", id)
+		}
 	}
 }
 

@@ -101,6 +101,7 @@ func (r *request) resetForRecompute() {
 	}
 	r.HelixDecodeCount = 0
 	r.InactiveRank = false
+	r.Recomputed = true
 	r.recomputed++
 }
 

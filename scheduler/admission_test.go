@@ -136,11 +136,13 @@ func TestAdmissionVerdictFitsAllocatesNothing(t *testing.T) {
 	require.Equal(t, "Fits WaitForPages NeverFits", Fits.String()+" "+WaitForPages.String()+" "+NeverFits.String())
 }
 
-// The recompute-victim predicate applies admission's prefill rule to the
-// reset prompt (prompt plus generated tokens): with chunking off a victim
-// whose reset prompt exceeds M could never be re-prefilled, so it is not a
-// candidate; at M it is, and with chunking on both are.
-func TestRecomputeCandidateNeedsAPrefillableResetPrompt(t *testing.T) {
+// With chunking off, a recompute victim's reset prompt (prompt plus
+// generated tokens, executor.md §11.2) may exceed M. Such a victim is still
+// a candidate, and its re-prefill runs in chunks of at most M tokens
+// (rechunked, a deliberate difference: the spec would schedule it whole,
+// i.e. never). A prompt over M that is not a reset one keeps the spec's
+// outcome: not scheduled (T-TOK-02).
+func TestResetPromptOverMaxNumTokensIsRechunked(t *testing.T) {
 	for _, chunked := range []bool{false, true} {
 		kv := newFakeKV()
 		s, err := New(Config{MaxBatchSize: 4, MaxNumTokens: 20, ChunkedContext: chunked, ChunkUnitSize: 4,
@@ -153,6 +155,26 @@ func TestRecomputeCandidateNeedsAPrefillableResetPrompt(t *testing.T) {
 		kv.setActive(1, 20)
 		kv.setActive(2, 21)
 		require.True(t, s.recomputeCandidate(atM), "chunked %v", chunked)
-		require.Equal(t, chunked, s.recomputeCandidate(overM), "chunked %v", chunked)
+		require.True(t, s.recomputeCandidate(overM), "chunked %v", chunked)
 	}
+
+	s, err := New(Config{MaxBatchSize: 4, MaxNumTokens: 20, ChunkUnitSize: 4, RecomputePause: true}, newFakeKV())
+	require.NoError(t, err)
+	fresh := ctx(3, 21)
+	out, err := s.Schedule([]*Request{fresh}, nil)
+	require.NoError(t, err)
+	require.Empty(t, out.Context, "a prompt over M without chunking is not scheduled (T-TOK-02)")
+
+	reset := ctx(4, 21)
+	reset.Recomputed = true
+	out, err = s.Schedule([]*Request{reset}, nil)
+	require.NoError(t, err)
+	require.Equal(t, []*Request{reset}, out.Context)
+	require.Equal(t, 20, reset.ChunkSize, "a chunk of M tokens, a multiple of the unit")
+	require.Equal(t, []int{20}, out.Charged)
+	reset.ContextPosition, reset.State = 20, ContextInProgress
+	out, err = s.Schedule([]*Request{reset}, nil)
+	require.NoError(t, err)
+	require.Equal(t, []*Request{reset}, out.Context)
+	require.Equal(t, 1, reset.ChunkSize, "the rest")
 }

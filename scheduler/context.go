@@ -14,7 +14,7 @@ func (s *Scheduler) scheduleContext(idx int) (charged int, last bool, oc outcome
 	r := s.list[idx]
 	r.ChunkSize = 0
 	first := r.State == ContextInit
-	if s.st.chunked {
+	if s.st.chunked || s.rechunked(r) {
 		charged, oc = s.chunked(idx)
 	} else {
 		charged, oc = s.nonChunked(idx)
@@ -27,6 +27,22 @@ func (s *Scheduler) scheduleContext(idx int) (charged int, last bool, oc outcome
 		return 0, false, oc
 	}
 	return charged, r.ChunkSize == r.Remaining(), scheduled
+}
+
+// rechunked reports a context that runs in chunks although chunking is off:
+// a recompute-reset prompt (prompt plus every generated token, executor.md
+// §11.2) with more than M tokens left, which outgrew M while it decoded
+// (arrival rejects longer prompts, §1). Deliberate difference
+// from the spec, which would schedule it whole and so never (the pass
+// stalls until the fatal stall error, or, when no victim may be chosen, a
+// pool of such requests deadlocks): its re-prefill is sized and allocated
+// as chunking-on chunks are (§7.2: the budget, the unit, skip rather than
+// stop). TensorRT-LLM instead cuts the reset prompt to the maximum input
+// length and generates the cut tokens again (LlmRequest::pause); lockstep
+// keeps every token the client received. It reads only the request and the
+// configuration, so every CP rank decides alike.
+func (s *Scheduler) rechunked(r *Request) bool {
+	return r.Recomputed && !s.st.chunked && s.st.maxTokens != Unlimited && r.Remaining() > s.st.maxTokens
 }
 
 // nonChunked sizes and allocates a whole remaining prompt (§7.1). Non-chunked

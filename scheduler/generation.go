@@ -50,15 +50,9 @@ func (s *Scheduler) evictable(r *Request) bool {
 // recomputeCandidate is the recompute-victim predicate (§2.3): not
 // executing, not a dummy, CONTEXT_IN_PROGRESS or GENERATION_IN_PROGRESS
 // (a GENERATION_TO_COMPLETE request's tokens are final), holds a cache.
-//
-// Deliberate addition: a request whose reset prompt (prompt plus generated
-// tokens) could never be prefilled (admission's rule, Config.CanPrefill:
-// with chunking off it exceeds max_num_tokens) is never a candidate — its
-// re-prefill could never be scheduled again, and the pass would stall.
+// A reset prompt longer than M with chunking off is still re-prefilled, in
+// chunks (rechunked), so the length of a victim does not matter.
 func (s *Scheduler) recomputeCandidate(r *Request) bool {
-	if !s.cfg.CanPrefill(r.PromptLen + r.Generated) {
-		return false
-	}
 	return !r.IsDummy && (r.State == ContextInProgress || r.State == GenerationInProgress) &&
 		s.kv.HasCache(r.ID) && !s.isExecuting(r.ID)
 }

@@ -79,6 +79,10 @@ type Request struct {
 	BatchIndex int
 	// IsDummy marks a padding request; never a victim, never a response.
 	IsDummy bool
+	// Recomputed is set by the executor's recompute reset (executor.md
+	// §11.2): the prompt holds the generated tokens too, so with chunking
+	// off it may exceed M, and is then re-prefilled in chunks (rechunked).
+	Recomputed bool
 	// KeyChain is the KV manager's cache of this prompt's block keys.
 	KeyChain BlockKeyChain
 

@@ -332,4 +332,5 @@ func (sm *Sim) resetForRecompute(r *scheduler.Request) {
 	r.ContextPosition = 0
 	r.ChunkSize = r.PromptLen
 	r.BatchIndex = scheduler.NoBatchIndex
+	r.Recomputed = true
 }
