@@ -59,6 +59,13 @@ func benchSettings(p *twin.Profile, isl, osl int) (maxBatch, maxTokens int) {
 	return maxBatch, maxTokens
 }
 
+// unchunkedTokens is trtllm-bench's token budget with chunked prefill off,
+// its PyTorch path's default (tensorrt_llm/bench/benchmark/utils/general.py,
+// get_settings: chunking is enable_chunked_prefill, false unless the
+// options turn it on, and then max_num_tokens is raised to max ISL + max
+// batch size so that a whole prompt fits one step).
+func unchunkedTokens(tokens, isl, maxBatch int) int { return max(tokens, isl+maxBatch) }
+
 // writeTrace writes n requests of isl prompt tokens and osl output tokens
 // arriving gapMS apart as a Mooncake trace: every prompt its own hash
 // blocks (random prompts share no prefix), as the benchmarks' synthetic
@@ -133,12 +140,13 @@ func throughputRows(dir string, only []int, log io.Writer) ([]Result, error) {
 			return nil, fmt.Errorf("%s row %d: %w", t.name, i+1, err)
 		}
 		bs, tokens := benchSettings(p, isl, osl)
+		tokens = unchunkedTokens(tokens, isl, bs)
 		trace := filepath.Join(dir, fmt.Sprintf("trtllm-%d.jsonl", i))
 		if err := writeTrace(trace, n, isl, osl, 0); err != nil {
 			return nil, err
 		}
 		args := append(twinArgs(model, gpu, tp, weight, kv, trace), "--arrival-scale", "0", "--policy", "guaranteed_no_evict",
-			"--max-batch-size", strconv.Itoa(bs), "--max-num-tokens", strconv.Itoa(tokens),
+			"--chunked-prefill=false", "--max-batch-size", strconv.Itoa(bs), "--max-num-tokens", strconv.Itoa(tokens),
 			"--max-active-per-rank", strconv.Itoa(max(bs, n)))
 		rep, err := runFleet(args, log)
 		if err != nil {

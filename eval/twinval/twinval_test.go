@@ -171,7 +171,16 @@ func TestBenchSettings(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if bs, tok := benchSettings(q, 20000, 2000); bs != 64 || tok != 2048 {
+	bs, tok := benchSettings(q, 20000, 2000)
+	if bs != 64 || tok != 2048 {
 		t.Errorf("benchSettings(70b, 20000/2000) = %d, %d; want the floors 64, 2048", bs, tok)
+	}
+	// Chunked prefill off: a whole 20 000-token prompt and a full batch fit
+	// one step; a budget already above that stays.
+	if got := unchunkedTokens(tok, 20000, bs); got != 20064 {
+		t.Errorf("unchunkedTokens(2048, 20000, 64) = %d, want 20064", got)
+	}
+	if got := unchunkedTokens(16384, 2048, 1024); got != 16384 {
+		t.Errorf("unchunkedTokens(16384, 2048, 1024) = %d, want 16384", got)
 	}
 }
