@@ -178,3 +178,36 @@ func TestResetPromptOverMaxNumTokensIsRechunked(t *testing.T) {
 	require.Equal(t, []*Request{reset}, out.Context)
 	require.Equal(t, 1, reset.ChunkSize, "the rest")
 }
+
+// Under GUARANTEED_NO_EVICT a first chunk that cannot reserve to completion
+// refuses every later first chunk of the pass (FCFS, §14.2), but a
+// continuation behind it is still visited: it draws from its own
+// reservation. The spec STOPs the whole walk, and with the continuation's
+// reservation holding the pages the first chunk waits for, neither could
+// ever run (found by a random configuration sweep of the twin: a request
+// admitted while the one ahead was deferred by the prefix-aware skip).
+func TestGNERefusedFirstChunkLetsContinuationsRun(t *testing.T) {
+	f := newFakeKV()
+	f.P, f.pages = 4, 9
+	s, err := New(Config{MaxBatchSize: 8, MaxNumTokens: 64, ChunkedContext: true, ChunkUnitSize: 4,
+		LedgerBlockTokens: 4, Policy: GuaranteedNoEvict}, f)
+	require.NoError(t, err)
+	// B (behind A in FCFS order) was admitted earlier: its first chunk of 4
+	// tokens ran and it reserved its 5 pages to completion (12 + 8 tokens).
+	b := ctx(2, 12)
+	b.MaxNewTokens = 8
+	require.True(t, f.PrepareContext(b))
+	require.True(t, f.PrepareBlocksIfSchedulable(b, 4))
+	b.ContextPosition, b.State = 4, ContextInProgress
+	// A needs 6 pages (16 + 8 tokens); 9 − 5 = 4 are left.
+	a := ctx(1, 16)
+	a.MaxNewTokens = 8
+	c := ctx(3, 4) // a later first chunk that would fit: FCFS, not tried
+	c.MaxNewTokens = 4
+	out, err := s.Schedule([]*Request{a, b, c}, nil)
+	require.NoError(t, err)
+	require.Equal(t, []*Request{b}, out.Context, "B's continuation runs; A and C wait")
+	require.Equal(t, 8, b.ChunkSize)
+	require.False(t, f.HasCache(a.ID), "A's refused admission left no cache")
+	require.False(t, f.HasCache(c.ID), "C was not tried")
+}

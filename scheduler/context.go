@@ -128,7 +128,16 @@ func (s *Scheduler) allocateContext(idx, n int) outcome {
 			if s.kv.PrepareBlocksIfSchedulable(r, n) {
 				return scheduled
 			}
-			return stopped // FCFS: a later, smaller request is not tried
+			// FCFS: a later, smaller first chunk is not tried (§14.2). A
+			// deliberate difference: the spec STOPs the whole walk, so a
+			// continuation behind this request (one admitted while this one
+			// was deferred by the prefix-aware skip, §8) would never run
+			// again while its reservation holds the pages this one waits
+			// for: a deadlock. Continuations, which draw from their own
+			// reservations and cannot fail, are still visited, as behind the
+			// admission watermark.
+			s.gated = true
+			return skipped
 		}
 		if s.kv.ResizeContext(r, n) {
 			return scheduled

@@ -82,7 +82,7 @@ type Scheduler struct {
 	chunkOf   func(*Request, int) int // firstChunkTokens, bound once in New
 	exhausted bool                    // firstChunksExhausted found no page to give in this pass
 	pages     PageCounter             // the watermark's page count (nil when it is off)
-	gated     bool                    // the watermark refused a first chunk in this pass
+	gated     bool                    // a first chunk was refused FCFS in this pass (watermark, GUARANTEED_NO_EVICT)
 	running   int                     // requests past their first chunk (-1: not counted yet)
 	demote    demotionCounters
 	stall     int
@@ -319,7 +319,8 @@ func (s *Scheduler) phase2() {
 			continue // freed or suspended for an earlier context this pass
 		}
 		if !cont && (s.gated || s.firstChunksExhausted()) {
-			// The watermark refused an earlier first chunk (FCFS), or no
+			// The watermark or GUARANTEED_NO_EVICT's reservation refused an
+			// earlier first chunk (FCFS), or no
 			// first chunk can get a page: the SKIP every first chunk left
 			// would reach, without reading it. Once only first chunks are
 			// left the walk stops.
