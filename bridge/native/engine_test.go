@@ -286,11 +286,19 @@ func TestStepAllocatesNothing(t *testing.T) {
 	if err := eng.Step(desc, &res); err != nil {
 		t.Fatal(err)
 	}
-	allocs := testing.AllocsPerRun(20, func() {
-		if err := eng.Step(desc, &res); err != nil {
-			t.Fatal(err)
-		}
-	})
+	// The least of three measurements: Step hands the call to the engine
+	// thread over a channel, and a blocked channel operation takes a waiter
+	// record (sudog) from the runtime's per-P cache, which it refills by
+	// allocating when that P's cache is empty (seen once under a loaded
+	// full test run). An allocation of Step's own shows in every try.
+	allocs := math.Inf(1)
+	for range 3 {
+		allocs = min(allocs, testing.AllocsPerRun(20, func() {
+			if err := eng.Step(desc, &res); err != nil {
+				t.Fatal(err)
+			}
+		}))
+	}
 	if allocs > 0 {
 		t.Errorf("Step allocates %.1f times per call in steady state", allocs)
 	}
