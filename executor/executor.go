@@ -89,6 +89,9 @@ type Executor struct {
 	cfg Config
 	d   Deps
 	adm scheduler.Admission // arrival validation, from cfg and the KV pool
+	// cutNoted: the warning that an arrival's max_new_tokens was cut to
+	// max_seq_len went out (once a run).
+	cutNoted bool
 
 	active []*request
 	byID   map[uint64]*request

@@ -365,6 +365,7 @@ func (e *Executor) screenArrivals(items []Arrival, now time.Time) []Arrival {
 				FinishUnixNS: max(now.UnixNano(), a.ArrivalUnixNS), Error: reason})
 			continue
 		}
+		e.cutToMaxSeqLen(&a)
 		if a.Prompt == nil && a.Synthesize != nil {
 			a.Prompt = a.Synthesize()
 			if len(a.Prompt) != a.PromptLen {
@@ -375,6 +376,24 @@ func (e *Executor) screenArrivals(items []Arrival, now time.Time) []Arrival {
 		kept = append(kept, a)
 	}
 	return kept
+}
+
+// cutToMaxSeqLen cuts an arrival's max_new_tokens so that its sequence
+// ends within max_seq_len (scheduler.Admission.NewTokens; the request then
+// finishes by length there), with one warning for the run, as TensorRT-LLM
+// warns for each request.
+func (e *Executor) cutToMaxSeqLen(a *Arrival) {
+	n := e.adm.NewTokens(a.promptLen(), a.MaxNewTokens)
+	if n == a.MaxNewTokens {
+		return
+	}
+	if !e.cutNoted && e.cfg.OnNote != nil {
+		e.cutNoted = true
+		e.cfg.OnNote(e.cfg.Rank, scheduler.Note{Level: scheduler.LevelWarn, Text: fmt.Sprintf(
+			"request %d: prompt of %d tokens + max_new_tokens %d exceeds max_seq_len %d: max_new_tokens cut to %d "+
+				"(further cuts are not logged)", a.ID, a.promptLen(), a.MaxNewTokens, e.adm.MaxSeqLen, n)})
+	}
+	a.MaxNewTokens = n
 }
 
 // Routing flags of the arrival payload.

@@ -8,6 +8,7 @@ package executor
 import (
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -254,4 +255,39 @@ func TestContextPreemptionReachesSuspendedCacheWithoutHostTier(t *testing.T) {
 			idsOf(out.Context), idsOf(out.Generation), idsOf(out.Paused), idsOf(out.RecomputePaused), pool.FreePages())
 	}
 	require.True(t, scheduled, "C's next chunk must eventually be scheduled")
+}
+
+// TestMaxNewTokensCutToMaxSeqLen: a request whose prompt plus
+// max_new_tokens exceeds max_seq_len has its max_new_tokens cut on arrival
+// (TensorRT-LLM's request validation does the same) and finishes by length
+// there, under both policies and loops, with one warning for the run.
+// Before, the sequence ran into the KV pool's max_seq_len cap while
+// decoding: MAX_UTILIZATION stalled until the fatal stall error,
+// GUARANTEED_NO_EVICT failed with a reservation violation.
+func TestMaxNewTokensCutToMaxSeqLen(t *testing.T) {
+	for _, policy := range []scheduler.Policy{scheduler.MaxUtilization, scheduler.GuaranteedNoEvict} {
+		for _, overlap := range []bool{false, true} {
+			sc := defaultSched()
+			sc.Policy = policy
+			g := (&rig{n: 2, overlap: overlap, ppt: 4, pages: 64, sc: sc, maxSeqLen: 40,
+				src: allAtOnce(arrival(0, 16, 50), arrival(1, 30, 10), arrival(2, 8, 4), arrival(3, 39, 5))}).build(t)
+			g.run()
+			g.requireNoErrors(t)
+			out := g.outputs(t)
+			want := map[uint64]int{0: 24, 1: 10, 2: 4, 3: 1}
+			for id, n := range want {
+				require.Empty(t, out[id].Error, "policy %v overlap %v request %d", policy, overlap, id)
+				require.Len(t, out[id].Output, n, "policy %v overlap %v request %d", policy, overlap, id)
+			}
+			cuts := 0
+			for _, n := range g.ranks[0].notes {
+				if strings.Contains(n.Text, "exceeds max_seq_len 40: max_new_tokens cut to") {
+					require.Equal(t, scheduler.LevelWarn, n.Level)
+					cuts++
+				}
+			}
+			require.Equal(t, 1, cuts, "one warning for the run")
+			g.requireNoLeaks(t)
+		}
+	}
 }

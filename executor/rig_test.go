@@ -261,7 +261,9 @@ type rig struct {
 	// locked: the ranks' goroutines are locked to their threads
 	// (Config.ThreadLocked; also with measuredHost).
 	locked bool
-	ranks  []*rigRank
+	// maxSeqLen is the KV pool's and the executor's max_seq_len (0: unset).
+	maxSeqLen int
+	ranks     []*rigRank
 }
 
 type rigRank struct {
@@ -309,7 +311,7 @@ func (g *rig) build(t testing.TB) *rig {
 	for i := range g.ranks {
 		rr := &rigRank{rank: i, comm: comms[i], log: &recordingWriter{}}
 		rr.hc = &hookComm{LocalComm: comms[i]}
-		kc := kvpool.Config{NumPages: g.pages, TokensPerPage: g.ppt}
+		kc := kvpool.Config{NumPages: g.pages, TokensPerPage: g.ppt, MaxSeqLen: g.maxSeqLen}
 		if g.helix {
 			kc.CP, kc.CPRank = cp, i
 		}
@@ -338,7 +340,7 @@ func (g *rig) build(t testing.TB) *rig {
 			d.Source = g.src
 		}
 		cfg := Config{Rank: i, Ranks: g.n, Scheduler: g.sc, Helix: g.helix, ScheduleCheck: g.check,
-			Overlap: g.overlap, IterLog: rr.log, MaxIdleSleep: time.Millisecond,
+			Overlap: g.overlap, IterLog: rr.log, MaxIdleSleep: time.Millisecond, MaxSeqLen: g.maxSeqLen,
 			OnNote: func(_ int, n scheduler.Note) { rr.notes = append(rr.notes, n) }}
 		if g.virtual != nil {
 			cfg.VirtualClock, cfg.VirtualEpoch = true, *g.virtual

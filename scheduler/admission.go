@@ -136,6 +136,9 @@ func (a Admission) Verdict(promptLen, maxNewTokens int) AdmissionVerdict {
 			promptLen, sc.MaxNumTokens)
 	case a.MaxSeqLen > 0 && promptLen+1 > a.MaxSeqLen:
 		return never(RuleMaxSeqLen, "prompt of %d tokens + 1 exceeds max_seq_len %d", promptLen, a.MaxSeqLen)
+	}
+	maxNewTokens = a.NewTokens(promptLen, maxNewTokens)
+	switch {
 	case !a.reservationFits(promptLen, maxNewTokens):
 		need, _ := a.ReservationFits(promptLen, maxNewTokens)
 		return never(RulePagesToCompletion, "needs %d pages to completion, the pool has %d", need, a.Pages)
@@ -144,6 +147,21 @@ func (a Admission) Verdict(promptLen, maxNewTokens int) AdmissionVerdict {
 			promptLen, maxNewTokens, promptLen+maxNewTokens, pool, a.Pages, a.LedgerBlockTokens)
 	}
 	return AdmissionVerdict{}
+}
+
+// NewTokens is how many tokens a request of promptLen tokens asking for
+// maxNewTokens may generate: all of them, or, when the sequence would
+// outgrow max_seq_len, max_seq_len − promptLen (at least 1 for a prompt
+// Verdict admits). The executor cuts every arrival's max_new_tokens to it,
+// as TensorRT-LLM's request validation does (with a warning), and Verdict
+// judges the cut request; before, the sequence ran into the KV pool's
+// max_seq_len cap while decoding and the pass stalled (MAX_UTILIZATION) or
+// a reservation was violated (GUARANTEED_NO_EVICT).
+func (a Admission) NewTokens(promptLen, maxNewTokens int) int {
+	if a.MaxSeqLen > 0 && promptLen < a.MaxSeqLen && maxNewTokens > a.MaxSeqLen-promptLen {
+		return a.MaxSeqLen - promptLen
+	}
+	return maxNewTokens
 }
 
 // VerdictNow is Verdict against a pool that could allocate availablePages
@@ -192,9 +210,8 @@ func (a Admission) pagesToCompletion(promptLen, maxNewTokens int) int {
 // CanPrefill reports whether a prompt of promptLen tokens can ever be
 // prefilled under c: chunked prefill is on, the token budget is unlimited,
 // or the whole prompt fits one pass's max_num_tokens. It is admission's
-// RuleUnchunkedPrompt, and the scheduler applies it to a recompute victim's
-// reset prompt (prompt plus generated tokens): a request that could never
-// be re-prefilled is not a candidate (§2.3).
+// RuleUnchunkedPrompt (a recompute-reset prompt that outgrew M is
+// re-prefilled in chunks instead: Scheduler.rechunked).
 func (c *Config) CanPrefill(promptLen int) bool {
 	return c.ChunkedContext || c.MaxNumTokens == Unlimited || promptLen <= c.MaxNumTokens
 }

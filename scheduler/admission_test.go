@@ -211,3 +211,22 @@ func TestGNERefusedFirstChunkLetsContinuationsRun(t *testing.T) {
 	require.False(t, f.HasCache(a.ID), "A's refused admission left no cache")
 	require.False(t, f.HasCache(c.ID), "C was not tried")
 }
+
+// NewTokens cuts max_new_tokens so that the sequence ends within
+// max_seq_len, and Verdict judges the cut request: a reservation to
+// completion that only the cut request fits is admitted.
+func TestAdmissionNewTokensCutToMaxSeqLen(t *testing.T) {
+	a := Admission{Pages: 10, LedgerBlockTokens: 4, MaxSeqLen: 40,
+		Scheduler: Config{MaxNumTokens: 64, ChunkedContext: true, Policy: GuaranteedNoEvict}}
+	for _, c := range []struct{ prompt, maxNew, want int }{
+		{16, 50, 24}, {16, 24, 24}, {16, 10, 10}, {39, 5, 1}, {40, 5, 5}, // prompt + 1 > 40: Verdict rejects it, NewTokens leaves it
+	} {
+		require.Equal(t, c.want, a.NewTokens(c.prompt, c.maxNew), "prompt %d max_new %d", c.prompt, c.maxNew)
+	}
+	require.Equal(t, 1000, Admission{}.NewTokens(16, 1000), "no max_seq_len: no cut")
+	// 16 + 50 = 66 tokens need 17 pages of the 10; cut to 40 tokens they need 10.
+	require.Equal(t, Fits, a.Verdict(16, 50).Code)
+	require.Equal(t, RuleMaxSeqLen, a.Verdict(40, 5).Rule)
+	a.MaxSeqLen = 0
+	require.Equal(t, RulePagesToCompletion, a.Verdict(16, 50).Rule, "without max_seq_len the whole request is judged")
+}
