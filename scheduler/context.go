@@ -32,14 +32,14 @@ func (s *Scheduler) scheduleContext(idx int) (charged int, last bool, oc outcome
 // rechunked reports a context that runs in chunks although chunking is off:
 // a recompute-reset prompt (prompt plus every generated token, executor.md
 // §11.2) with more than M tokens left, which outgrew M while it decoded
-// (arrival rejects longer prompts, §1). Deliberate difference
-// from the spec, which would schedule it whole and so never (the pass
-// stalls until the fatal stall error, or, when no victim may be chosen, a
-// pool of such requests deadlocks): its re-prefill is sized and allocated
-// as chunking-on chunks are (§7.2: the budget, the unit, skip rather than
-// stop). TensorRT-LLM instead cuts the reset prompt to the maximum input
-// length and generates the cut tokens again (LlmRequest::pause); lockstep
-// keeps every token the client received. It reads only the request and the
+// (arrival rejects longer prompts, §1). A deliberate difference from the
+// spec, which would schedule it whole and so never (the pass stalls until
+// the fatal stall error, or, when no victim may be chosen, a pool of such
+// requests deadlocks): its re-prefill is sized and allocated as chunking-on
+// chunks are (§7.2: the budget, the unit, skip rather than stop).
+// TensorRT-LLM instead cuts the reset prompt to the maximum input length
+// and generates the cut tokens again (LlmRequest::pause); lockstep keeps
+// every token the client received. It reads only the request and the
 // configuration, so every CP rank decides alike.
 func (s *Scheduler) rechunked(r *Request) bool {
 	return r.Recomputed && !s.st.chunked && s.st.maxTokens != Unlimited && r.Remaining() > s.st.maxTokens

@@ -320,10 +320,9 @@ func (s *Scheduler) phase2() {
 		}
 		if !cont && (s.gated || s.firstChunksExhausted()) {
 			// The watermark or GUARANTEED_NO_EVICT's reservation refused an
-			// earlier first chunk (FCFS), or no
-			// first chunk can get a page: the SKIP every first chunk left
-			// would reach, without reading it. Once only first chunks are
-			// left the walk stops.
+			// earlier first chunk (FCFS), or no first chunk can get a page:
+			// the SKIP every first chunk left would reach, without reading
+			// it. Once only first chunks are left the walk stops.
 			if contLeft == 0 {
 				break
 			}
