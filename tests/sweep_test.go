@@ -43,7 +43,31 @@ func TestRandomConfigurationsServeOrRefuse(t *testing.T) {
 	if racetest.Enabled {
 		t.Skip("end-to-end runs of the worker binary: covered by the normal pass")
 	}
-	runs := 400
+	sweep(t, 400, 0x5eed, sweepTrace, sweepArgs)
+}
+
+// TestRandomCPUAndHelixDeploymentsServeOrRefuse is the same check on the
+// native CPU engine with its tiny presets (dense, MoE, MLA), where Helix
+// context parallelism runs (the twin has none): Helix groups of 2 or 4
+// ranks, or 1–3 attention-DP ranks, small pools, either policy, chunked
+// prefill on or off, max_seq_len, the watermark, the non-overlap loop
+// (seed 2 fails without the chunked re-prefill of recompute-reset prompts).
+// LOCKSTEP_SWEEP_RUNS sets the number of runs (default 150, about 15 s;
+// 650 passed when it was written).
+func TestRandomCPUAndHelixDeploymentsServeOrRefuse(t *testing.T) {
+	if racetest.Enabled {
+		t.Skip("end-to-end runs of the worker binary: covered by the normal pass")
+	}
+	sweep(t, 150, 0xc0de, cpuSweepTrace, cpuSweepArgs)
+}
+
+// sweep runs the drawn deployments of seeds 1..runs (LOCKSTEP_SWEEP_RUNS
+// overrides runs): each must serve every request of its trace, or refuse
+// before running with a reason (exit status 2, or "none of the N requests
+// can ever be served"). A stall, a crash, a lost request or a run over three
+// minutes fails with the command that reproduces it.
+func sweep(t *testing.T, runs int, stream uint64, trace func(*testing.T, *rand.Rand, string) int,
+	draw func(*rand.Rand, string) []string) {
 	if v := os.Getenv("LOCKSTEP_SWEEP_RUNS"); v != "" {
 		n, err := strconv.Atoi(v)
 		require.NoError(t, err, "LOCKSTEP_SWEEP_RUNS")
@@ -53,10 +77,10 @@ func TestRandomConfigurationsServeOrRefuse(t *testing.T) {
 	dir := t.TempDir()
 	served, refused := 0, 0
 	for seed := 1; seed <= runs; seed++ {
-		rng := rand.New(rand.NewPCG(uint64(seed), 0x5eed))
-		trace := filepath.Join(dir, fmt.Sprintf("sweep-%d.jsonl", seed))
-		n := sweepTrace(t, rng, trace)
-		args := sweepArgs(rng, trace)
+		rng := rand.New(rand.NewPCG(uint64(seed), stream))
+		path := filepath.Join(dir, fmt.Sprintf("sweep-%d.jsonl", seed))
+		n := trace(t, rng, path)
+		args := draw(rng, path)
 		cmdline := "bin/worker " + strings.Join(args, " ")
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 		cmd := exec.CommandContext(ctx, bin, args...)
@@ -154,6 +178,56 @@ func sweepArgs(rng *rand.Rand, trace string) []string {
 	maybe(0.2, "--infer-conversations")
 	maybe(0.2, "--weight-dtype", "fp8", "--kv-dtype", "fp8")
 	maybe(0.1, "--tp", "2")
+	return args
+}
+
+// cpuSweepTrace writes a random trace of 10 to 60 requests sized for the
+// CPU engine's tiny presets: prompts of up to 32, 128 or 512 tokens,
+// outputs of up to 8, 32 or 128, some sharing prefix blocks, all at once.
+func cpuSweepTrace(t *testing.T, rng *rand.Rand, path string) int {
+	n := []int{10, 30, 60}[rng.IntN(3)]
+	maxIn, maxOut := []int{32, 128, 512}[rng.IntN(3)], []int{8, 32, 128}[rng.IntN(3)]
+	var b bytes.Buffer
+	for i := 0; i < n; i++ {
+		in, outLen := 1+rng.IntN(maxIn), 1+rng.IntN(maxOut)
+		base := 1_000_000 * (i + 1)
+		if rng.IntN(3) == 0 {
+			base = 0
+		}
+		line, err := json.Marshal(map[string]any{"timestamp": 0, "input_length": in, "output_length": outLen,
+			"hash_ids": []int{base}})
+		require.NoError(t, err)
+		b.Write(append(line, '\n'))
+	}
+	require.NoError(t, os.WriteFile(path, b.Bytes(), 0o644))
+	return n
+}
+
+// cpuSweepArgs draws one deployment on the CPU engine.
+func cpuSweepArgs(rng *rand.Rand, trace string) []string {
+	pick := func(v ...string) string { return v[rng.IntN(len(v))] }
+	args := []string{"run", "--engine", "cpu", "--model", pick("tiny", "tiny", "moe-tiny", "deepseek-tiny"),
+		"--trace", trace, "--report", "json", "--progress", "off", "--log-level", "error", "--arrival-scale", "0",
+		"--policy", pick("max_utilization", "guaranteed_no_evict"),
+		"--max-batch-size", pick("1", "4", "16", "64"), "--max-num-tokens", pick("32", "64", "256", "1024"),
+		"--chunked-prefill=" + pick("true", "false"), "--pages", pick("8", "16", "32", "64", "256"),
+		"--tokens-per-page", pick("4", "8", "16")}
+	if rng.IntN(2) == 0 {
+		args = append(args, "--ranks", "1", "--cp", pick("2", "4"))
+	} else {
+		args = append(args, "--ranks", pick("1", "2", "3"))
+	}
+	maybe := func(p float64, extra ...string) {
+		if rng.Float64() < p {
+			args = append(args, extra...)
+		}
+	}
+	maybe(0.3, "--admission-lookahead", pick("4", "64"))
+	maybe(0.2, "--host-pages", "64")
+	maybe(0.3, "--chunk-unit", pick("4", "16", "64"))
+	maybe(0.2, "--no-prefix-reuse")
+	maybe(0.2, "--overlap", "off")
+	maybe(0.2, "--max-seq-len", pick("64", "256"))
 	return args
 }
 
