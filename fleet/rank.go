@@ -149,6 +149,18 @@ func (o *Options) openRankEngine(i, device int, cpGroup any) (bridge.Engine, err
 	return openEngine(o.Engine, ecfg)
 }
 
+// MaxModelLen is the longest sequence a request may reach, prompt and
+// output together (vLLM's max_model_len, reported by /v1/models and
+// /tokenize): --max-seq-len when it is below the pool's size in (global)
+// tokens, else that size.
+func (o *Options) MaxModelLen() int {
+	pool := o.Pages * o.TokensPerPage * o.CP
+	if o.MaxSeqLen > 0 && o.MaxSeqLen < pool {
+		return o.MaxSeqLen
+	}
+	return pool
+}
+
 // poolConfig is rank i's KV pool.
 func (o *Options) poolConfig(i int) kvpool.Config {
 	helix := o.CP > 1

@@ -34,3 +34,21 @@ func TestWeightBytes(t *testing.T) {
 		}
 	}
 }
+
+// TestMaxModelLen: the context /v1/models reports is --max-seq-len when it
+// is below the pool's (global) tokens, else the pool's size; a Helix group
+// of CP ranks holds CP times one rank's pages.
+func TestMaxModelLen(t *testing.T) {
+	for _, c := range []struct{ pages, tpp, cp, maxSeqLen, want int }{
+		{64, 16, 1, 0, 1024},
+		{64, 16, 2, 0, 2048},
+		{64, 16, 2, 256, 256},
+		{64, 16, 1, 4096, 1024},
+		{64, 16, 1, 1024, 1024},
+	} {
+		o := Options{Pages: c.pages, TokensPerPage: c.tpp, CP: c.cp, MaxSeqLen: c.maxSeqLen}
+		if got := o.MaxModelLen(); got != c.want {
+			t.Errorf("%+v: MaxModelLen = %d, want %d", c, got, c.want)
+		}
+	}
+}

@@ -178,7 +178,7 @@ func (api *apiServer) build(o *fleet.Options) (nccl.Launch, error) {
 		api.name = strings.TrimSuffix(filepath.Base(filepath.Clean(o.Model)), ".gguf")
 	}
 	cfg := httpapi.Config{ModelName: api.name, VocabSize: shape.VocabSize, MaxQueue: api.maxQueue, APIKey: api.apiKey,
-		MaxModelLen: o.Pages * o.TokensPerPage * o.CP, MaxBodyBytes: api.maxBody, PromptTokensDetails: api.promptDetails, Log: api.log,
+		MaxModelLen: o.MaxModelLen(), MaxBodyBytes: api.maxBody, PromptTokensDetails: api.promptDetails, Log: api.log,
 		RequestTimeout: api.timeout,
 		// Half the watchdog's bound: /health says "stalled" before the
 		// watchdog fails the fleet.
