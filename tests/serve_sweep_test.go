@@ -27,20 +27,23 @@ import (
 )
 
 // TestRandomServeTrafficLosesNothing runs seeded random deployments of
-// `worker serve` on the CPU engine's tiny presets (attention-DP ranks or a
-// Helix group; either capacity policy; small pools; chunked prefill on or
-// off; small token and batch budgets; a short queue bound; max_seq_len) and
-// hits each with a burst of random concurrent clients: completions of one or
-// several token-id prompts, n choices, streaming or not, log-probabilities,
-// stop token ids, penalties, echo, usage options, some requests malformed
-// or too long, some clients going away mid-answer. Every answer must be
-// well formed: 200 with every choice finished once, or 400/413/429 with an
-// error body; never a 5xx, never a lost or hung request, never a crash.
-// Once the clients are gone the fleet must be idle (no request running or
-// waiting; without prefix reuse, no page in use), a request that needs
-// most of a rank's pool must still be served (no page was leaked), and
-// SIGTERM must drain and exit 0. LOCKSTEP_SWEEP_RUNS sets the number of
-// deployments (default 16, about 11 s; 100 passed when it was written).
+// `worker serve`: the CPU engine's tiny presets on attention-DP ranks or a
+// Helix group, in-process or under mpirun, or 8 to 64 in-process ranks of
+// the pure-Go engine; either capacity policy, small pools, chunked prefill
+// on or off, small token and batch budgets, a short queue bound,
+// max_seq_len, a request timeout. Each is hit by a burst of random
+// concurrent clients: completions of one or several token-id prompts, n
+// choices, streaming or not, log-probabilities, stop token ids, penalties,
+// echo, usage options, some requests malformed, some clients going away
+// mid-answer, and in some runs SIGTERM amid the traffic. Every answer must
+// be well formed: 200 with every choice finished once, or 400/413/429 with
+// an error body (504 under a timeout, 503 once draining); never a 500, a
+// lost or hung request, or a crash. Once the clients are gone the fleet
+// must be idle (no request running or waiting; without prefix reuse, no
+// page in use), a request of most of max_model_len must still be served
+// (no page was leaked), and SIGTERM must drain and exit 0.
+// LOCKSTEP_SWEEP_RUNS sets the number of deployments (default 16, about
+// 15 s; 180 passed when it was written).
 func TestRandomServeTrafficLosesNothing(t *testing.T) {
 	if racetest.Enabled {
 		t.Skip("end-to-end runs of the worker binary: covered by the normal pass")
@@ -100,19 +103,29 @@ type serveDeployment struct {
 	sigterm  bool // SIGTERM while the clients are still sending
 	mpirun   int  // > 0: that many processes under mpirun instead of in-process ranks
 	maxSeq   int  // --max-seq-len (0: none)
+	wide     bool // the fake engine on 8–64 ranks, 96 clients
 }
 
 func drawServeDeployment(rng *rand.Rand) serveDeployment {
 	pick := func(v ...string) string { return v[rng.IntN(len(v))] }
 	d := serveDeployment{ranks: 1 + rng.IntN(3), maxQueue: []int{4, 16, 256}[rng.IntN(3)], reuse: rng.IntN(2) == 0}
-	d.args = []string{"--engine", "cpu", "--model", pick("tiny", "tiny", "moe-tiny", "deepseek-tiny"),
-		"--log-level", "error",
+	// A wide fleet: 8 to 64 in-process ranks of the pure-Go engine under
+	// four times the clients.
+	d.wide = rng.IntN(4) == 0
+	engine, model := "cpu", pick("tiny", "tiny", "moe-tiny", "deepseek-tiny")
+	if d.wide {
+		engine, model = "fake", "tiny"
+	}
+	d.args = []string{"--engine", engine, "--model", model, "--log-level", "error",
 		"--policy", pick("max_utilization", "guaranteed_no_evict"),
 		"--max-batch-size", pick("1", "4", "16", "64"), "--max-num-tokens", pick("32", "64", "256", "1024"),
 		"--chunked-prefill=" + pick("true", "true", "false"), "--pages", pick("16", "32", "64", "256"),
 		"--tokens-per-page", pick("4", "8", "16"), "--max-queue", strconv.Itoa(d.maxQueue)}
 	mpi := rng.IntN(5) == 0
 	switch {
+	case d.wide:
+		d.ranks = []int{8, 16, 32, 64}[rng.IntN(4)]
+		d.args = append(d.args, "--ranks", strconv.Itoa(d.ranks))
 	case rng.IntN(4) == 0:
 		d.ranks = 1
 		cp := pick("2", "4")
@@ -346,11 +359,16 @@ func drawChaosRequest(rng *rand.Rand, maxQueue int) chaosRequest {
 	return c
 }
 
-// trafficBurst runs 24 clients of 1–3 random requests each, at once.
+// trafficBurst runs 24 clients (96 on a wide fleet) of 1–3 random requests
+// each, at once.
 func trafficBurst(t *testing.T, rng *rand.Rand, base string, d serveDeployment, seed int, cmdline string, out *bytes.Buffer) {
 	t.Helper()
 	var reqs [][]chaosRequest
-	for range 24 {
+	clients := 24
+	if d.wide {
+		clients = 96
+	}
+	for range clients {
 		var rs []chaosRequest
 		for range 1 + rng.IntN(3) {
 			rs = append(rs, drawChaosRequest(rng, d.maxQueue))
