@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -44,6 +45,19 @@ func TestRandomConfigurationsServeOrRefuse(t *testing.T) {
 		t.Skip("end-to-end runs of the worker binary: covered by the normal pass")
 	}
 	sweep(t, 400, 0x5eed, sweepTrace, sweepArgs)
+}
+
+// TestRandomFleetsServeOrRefuse is the same check on fleets of 8 to 64
+// attention-DP ranks (the deployment scale of issue 24), with the twin's
+// fleet knobs drawn too (skewed expert routing, MoE padding, nodes of 4 or
+// 8 GPUs, driving threads). LOCKSTEP_SWEEP_RUNS sets the number of runs
+// (default 60, about 6 s; 600 passed when it was written, 1 200 more of a first draft, and 100
+// on traces of 500 to 4 000 requests at once).
+func TestRandomFleetsServeOrRefuse(t *testing.T) {
+	if racetest.Enabled {
+		t.Skip("end-to-end runs of the worker binary: covered by the normal pass")
+	}
+	sweep(t, 60, 0xf1ee7, sweepTrace, wideSweepArgs)
 }
 
 // TestRandomCPUAndHelixDeploymentsServeOrRefuse is the same check on the
@@ -136,8 +150,33 @@ func sweepTrace(t *testing.T, rng *rand.Rand, path string) int {
 	return n
 }
 
-// sweepArgs draws one deployment.
+// sweepArgs draws one deployment of 1, 2 or 4 ranks.
 func sweepArgs(rng *rand.Rand, trace string) []string {
+	return drawTwinDeployment(rng, trace, "1", "1", "2", "4")
+}
+
+// wideSweepArgs draws one deployment of 8 to 64 ranks, with the twin's
+// fleet-scale knobs: skewed expert routing, MoE padding to the largest
+// rank, nodes of 4 or 8 GPUs, 1 to 3 driving threads.
+func wideSweepArgs(rng *rand.Rand, trace string) []string {
+	args := drawTwinDeployment(rng, trace, "8", "16", "32", "64")
+	pick := func(v ...string) string { return v[rng.IntN(len(v))] }
+	maybe := func(p float64, extra ...string) {
+		if rng.Float64() < p {
+			args = append(args, extra...)
+		}
+	}
+	if slices.Contains(args, "deepseek-v3") {
+		maybe(0.3, "--expert-zipf", pick("0.5", "1.2"))
+		maybe(0.3, "--twin-moe-dp-padding")
+		maybe(0.3, "--gpus-per-node", pick("4", "8"))
+	}
+	maybe(0.3, "--twin-threads", pick("1", "2", "3"))
+	return args
+}
+
+// drawTwinDeployment draws a deployment on one of the given rank counts.
+func drawTwinDeployment(rng *rand.Rand, trace string, rankChoices ...string) []string {
 	pick := func(v ...string) string { return v[rng.IntN(len(v))] }
 	model, gpu := "llama-8b", "h100"
 	switch rng.IntN(6) {
@@ -146,7 +185,7 @@ func sweepArgs(rng *rand.Rand, trace string) []string {
 	case 1:
 		model, gpu = "deepseek-v3", "h200"
 	}
-	ranks := pick("1", "1", "2", "4")
+	ranks := pick(rankChoices...)
 	args := []string{"run", "--engine", "twin", "--model", model, "--gpu", gpu, "--ranks", ranks,
 		"--trace", trace, "--report", "json", "--progress", "off", "--log-level", "error",
 		"--arrival-scale", pick("0", "1"), "--policy", pick("max_utilization", "guaranteed_no_evict"),
