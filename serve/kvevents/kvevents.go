@@ -18,6 +18,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"net"
 	"strconv"
 	"strings"
 	"sync"
@@ -128,6 +129,23 @@ func binds(ep string) bool {
 		strings.HasPrefix(ep, "inproc://")
 }
 
+// dialable checks an endpoint the PUB socket connects to (binds is false):
+// tcp://host:port, the only transport connected to.
+func dialable(ep string) error {
+	addr, ok := strings.CutPrefix(ep, "tcp://")
+	if !ok {
+		return errors.New("an endpoint that is connected to (no * or ::) must be tcp://host:port")
+	}
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil || host == "" {
+		return fmt.Errorf("an endpoint that is connected to must be tcp://host:port: %q", addr)
+	}
+	if n, err := strconv.Atoi(port); err != nil || n <= 0 || n > 65535 {
+		return fmt.Errorf("port %q is not in 1..65535", port)
+	}
+	return nil
+}
+
 // entry is one buffered batch.
 type entry struct {
 	seq     uint64
@@ -182,7 +200,12 @@ func New(cfg Config) (*Publisher, error) {
 	p := &Publisher{cfg: cfg, topic: []byte(cfg.Topic), queue: make(chan []byte, 1024), done: make(chan struct{}),
 		partial: map[[32]byte]struct{}{},
 		cancel:  cancel, Endpoint: ep, ReplayEndpoint: rep}
-	p.pub = zmq4.NewPub(ctx)
+	// A connected PUB socket dials until its peer answers and again when
+	// it goes away, as libzmq's connect does for vLLM's publisher: the
+	// subscriber that binds (a KV-aware router) may start after lockstep,
+	// or restart. Until it is there, batches go nowhere (PUB semantics);
+	// the replay endpoint has them.
+	p.pub = zmq4.NewPub(ctx, zmq4.WithDialerMaxRetries(-1), zmq4.WithAutomaticReconnect(true))
 	if cfg.HWM > 0 {
 		if err := p.pub.SetOption(zmq4.OptionHWM, cfg.HWM); err != nil {
 			cancel()
@@ -191,8 +214,12 @@ func New(cfg Config) (*Publisher, error) {
 	}
 	if binds(ep) {
 		err = p.pub.Listen(ep)
-	} else {
-		err = p.pub.Dial(ep)
+	} else if err = dialable(ep); err == nil {
+		p.wg.Add(1)
+		go func() {
+			defer p.wg.Done()
+			p.pub.Dial(ep) //nolint:errcheck // returns once connected, or with the socket's end
+		}()
 	}
 	if err != nil {
 		p.pub.Close()

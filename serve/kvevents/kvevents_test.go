@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"net"
 	"strings"
 	"testing"
 	"time"
@@ -110,12 +111,7 @@ func TestEncodeBatch(t *testing.T) {
 // A subscriber receives (topic, seq, payload) with sequence numbers from 0;
 // a replay from seq 1 returns batches 1.. and the end marker.
 func TestPublishAndReplay(t *testing.T) {
-	p, err := New(Config{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0", Topic: "kv", BufferSteps: 2, DPRank: 0})
-	require.ErrorContains(t, err, "endpoint", "127.0.0.1 without * is connected to, as vLLM does: nothing listens")
-	if p != nil {
-		p.Close()
-	}
-	p, err = New(Config{Endpoint: "tcp://*:0", ReplayEndpoint: "tcp://*:0", Topic: "kv", BufferSteps: 2})
+	p, err := New(Config{Endpoint: "tcp://*:0", ReplayEndpoint: "tcp://*:0", Topic: "kv", BufferSteps: 2})
 	require.NoError(t, err)
 	defer p.Close()
 	port := func(a string) string { return a[strings.LastIndexByte(a, ':'):] }
@@ -175,6 +171,55 @@ func TestPublishAndReplay(t *testing.T) {
 		want = []uint64{0}
 	}
 	require.Equal(t, want, seqs)
+}
+
+// An endpoint without * is connected to, as vLLM does, and like libzmq's
+// connect it does not need the peer to be there yet: a subscriber that binds
+// after the publisher started (a KV-aware router starting late, or
+// restarting) gets the batches published once it is connected. A connected endpoint
+// that is not tcp://host:port is refused at once.
+func TestConnectedPublisherReachesALateSubscriber(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := ln.Addr().String()
+	ln.Close() // nobody listens there now
+	p, err := New(Config{Endpoint: "tcp://" + addr, Topic: "kv", BufferSteps: 4})
+	require.NoError(t, err, "nothing listens yet: the publisher starts anyway")
+	defer p.Close()
+	p.PublishEvents(sampleEvents()) // goes nowhere
+
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	sub := zmq4.NewSub(ctx)
+	defer sub.Close()
+	require.NoError(t, sub.Listen("tcp://"+addr))
+	require.NoError(t, sub.SetOption(zmq4.OptionSubscribe, "kv"))
+	got := make(chan zmq4.Msg, 16)
+	go func() {
+		for {
+			m, err := sub.Recv()
+			if err != nil {
+				return
+			}
+			got <- m
+		}
+	}()
+	var first zmq4.Msg
+	for first.Frames == nil {
+		require.NoError(t, ctx.Err(), "the publisher never reached the subscriber that bound after it")
+		p.PublishEvents(sampleEvents())
+		select {
+		case first = <-got:
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	require.Len(t, first.Frames, 3)
+	require.Equal(t, "kv", string(first.Frames[0]))
+
+	for _, bad := range []string{"tcp://localhost", "tcp://:5557", "tcp://host:99999", "udp://127.0.0.1:5557"} {
+		_, err := New(Config{Endpoint: bad})
+		require.ErrorContains(t, err, "endpoint", bad)
+	}
 }
 
 // A partial last block (lockstep's radix tree keeps it) is left out of
