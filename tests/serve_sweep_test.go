@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -165,6 +166,14 @@ func drawServeDeployment(rng *rand.Rand) serveDeployment {
 		d.sigterm = true
 		d.args = append(d.args, "--drain-timeout", pick("200ms", "2s", "30s"))
 	}
+	maybe(0.3, "--metrics-compat", "vllm")
+	maybe(0.3, "--enable-prompt-tokens-details")
+	if d.mpirun == 0 && rng.IntN(4) == 0 {
+		// KV cache events published over ZeroMQ, with nobody subscribed:
+		// bound, or connected to a peer that is not there.
+		_, port, _ := strings.Cut(freePort(), ":")
+		d.args = append(d.args, "--kv-events-endpoint", pick("tcp://*:", "tcp://127.0.0.1:")+port)
+	}
 	return d
 }
 
@@ -241,6 +250,7 @@ func startServeOrRefusal(t *testing.T, bin string, d serveDeployment) (*servedPr
 			require.True(t, errors.As(err, &exit) && exit.ExitCode() == 2,
 				"worker serve %s ended before serving (%v), not as a refusal: %s", strings.Join(args, " "), err, out.String())
 			require.NotEmpty(t, strings.TrimSpace(out.String()), "a refusal says why")
+			t.Logf("refused: %s", lastLines(out.String(), 1))
 			return nil, false
 		default:
 		}
@@ -667,4 +677,14 @@ func lastLines(s string, n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return strings.Join(lines, "\n")
+}
+
+// freePort is a free local TCP address (host:port).
+func freePort() string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		panic(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
 }
