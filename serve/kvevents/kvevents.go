@@ -159,7 +159,7 @@ type Publisher struct {
 	topic  []byte
 	pub    zmq4.Socket
 	replay zmq4.Socket
-	queue  chan []byte
+	queue  chan entry // live copies for the sender; never waited on
 	done   chan struct{}
 	wg     sync.WaitGroup
 	cancel context.CancelFunc
@@ -169,9 +169,12 @@ type Publisher struct {
 	partial map[[32]byte]struct{}
 
 	mu     sync.Mutex
-	buf    []entry // ring of the last BufferSteps batches, oldest first
+	buf    []entry // ring of the last BufferSteps batches, oldest at head once full
+	head   int
 	nextSq uint64
 	closed bool
+	// dropped counts the live copies dropped (the sender was behind).
+	dropped uint64
 	// Endpoint and ReplayEndpoint are the addresses actually used (after
 	// the rank's offset).
 	Endpoint, ReplayEndpoint string
@@ -197,7 +200,7 @@ func New(cfg Config) (*Publisher, error) {
 		return nil, err
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	p := &Publisher{cfg: cfg, topic: []byte(cfg.Topic), queue: make(chan []byte, 1024), done: make(chan struct{}),
+	p := &Publisher{cfg: cfg, topic: []byte(cfg.Topic), queue: make(chan entry, 1024), done: make(chan struct{}),
 		partial: map[[32]byte]struct{}{},
 		cancel:  cancel, Endpoint: ep, ReplayEndpoint: rep}
 	// A connected PUB socket dials until its peer answers and again when
@@ -269,34 +272,50 @@ func (p *Publisher) PublishEvents(evs []kvpool.Event) {
 		return
 	}
 	p.mu.Lock()
-	closed := p.closed
-	p.mu.Unlock()
-	if !closed {
-		p.queue <- payload
+	defer p.mu.Unlock()
+	if p.closed {
+		return
+	}
+	e := entry{p.nextSq, payload}
+	p.nextSq++
+	if n := p.cfg.BufferSteps; n > 0 {
+		if len(p.buf) < n {
+			p.buf = append(p.buf, e)
+		} else {
+			p.buf[p.head] = e // the oldest goes
+			p.head = (p.head + 1) % n
+		}
+	}
+	// The executor's loop never waits for the network: when the sender is
+	// behind (a slow subscriber, a peer being dialled again) the live copy
+	// is dropped, as a ZeroMQ PUB socket drops at its high-water mark; the
+	// batch stays in the replay buffer and its sequence number shows the
+	// gap to subscribers.
+	select {
+	case p.queue <- e:
+	default:
+		p.dropped++
 	}
 }
 
-// send is the PUB goroutine: it numbers the batches, sends and buffers them.
+// send is the PUB goroutine: it sends the numbered batches.
 func (p *Publisher) send() {
 	defer p.wg.Done()
-	for payload := range p.queue {
-		p.mu.Lock()
-		seq := p.nextSq
-		p.nextSq++
-		if p.cfg.BufferSteps > 0 {
-			if len(p.buf) == p.cfg.BufferSteps {
-				copy(p.buf, p.buf[1:])
-				p.buf = p.buf[:len(p.buf)-1]
-			}
-			p.buf = append(p.buf, entry{seq, payload})
-		}
-		p.mu.Unlock()
+	for e := range p.queue {
 		var sb [8]byte
-		binary.BigEndian.PutUint64(sb[:], seq)
+		binary.BigEndian.PutUint64(sb[:], e.seq)
 		// A send error (no peer, a peer gone) loses this live copy only;
 		// the batch stays in the replay buffer.
-		p.pub.Send(zmq4.NewMsgFrom(p.topic, sb[:], payload)) //nolint:errcheck
+		p.pub.Send(zmq4.NewMsgFrom(p.topic, sb[:], e.payload)) //nolint:errcheck
 	}
+}
+
+// Dropped is the number of batches whose live copy was dropped because the
+// sender was behind (they stay in the replay buffer).
+func (p *Publisher) Dropped() uint64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.dropped
 }
 
 // endSeq is the replay's end marker: −1 as 8 big-endian bytes.
@@ -333,8 +352,8 @@ func (p *Publisher) serveReplays() {
 		var out []entry
 		if ok {
 			p.mu.Lock()
-			for _, e := range p.buf {
-				if e.seq >= start {
+			for i := range p.buf {
+				if e := p.buf[(p.head+i)%len(p.buf)]; e.seq >= start {
 					out = append(out, e)
 				}
 			}

@@ -243,3 +243,33 @@ func TestPartialBlocksAreLeftOut(t *testing.T) {
 	require.Len(t, removed[1], 2, "key(2) was forgotten at its first removal: the second one names it again")
 	require.Empty(t, partial)
 }
+
+// PublishEvents never waits for the sender (the executor's loop calls it):
+// with the sender stuck, live copies beyond the queue are dropped and
+// counted, and every batch is numbered and kept in the replay ring, the
+// newest BufferSteps of them, oldest first.
+func TestPublishNeverWaitsForTheSender(t *testing.T) {
+	p := &Publisher{cfg: Config{BufferSteps: 3, Encoding: EncodingArray, Clock: time.Now}, queue: make(chan entry, 2),
+		partial: map[[32]byte]struct{}{}}
+	done := make(chan struct{})
+	go func() {
+		for range 6 {
+			p.PublishEvents(sampleEvents())
+		}
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("PublishEvents waited for a sender that does not send")
+	}
+	require.Equal(t, uint64(6), p.Sequences())
+	require.Equal(t, uint64(4), p.Dropped(), "two live copies queued, four dropped")
+	var ring []uint64
+	for i := range p.buf {
+		ring = append(ring, p.buf[(p.head+i)%len(p.buf)].seq)
+	}
+	require.Equal(t, []uint64{3, 4, 5}, ring)
+	require.Equal(t, uint64(0), (<-p.queue).seq)
+	require.Equal(t, uint64(1), (<-p.queue).seq)
+}
