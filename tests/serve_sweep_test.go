@@ -247,6 +247,7 @@ func startServeOrRefusal(t *testing.T, bin string, d serveDeployment) (*servedPr
 		select {
 		case err := <-s.done:
 			var exit *exec.ExitError
+			require.False(t, isPanic(out.String()), "worker serve %s panicked: %s", strings.Join(args, " "), lastLines(out.String(), 30))
 			require.True(t, errors.As(err, &exit) && exit.ExitCode() == 2,
 				"worker serve %s ended before serving (%v), not as a refusal: %s", strings.Join(args, " "), err, out.String())
 			require.NotEmpty(t, strings.TrimSpace(out.String()), "a refusal says why")

@@ -113,6 +113,8 @@ func sweep(t *testing.T, runs int, stream uint64, trace func(*testing.T, *rand.R
 			served++
 		case timedOut:
 			t.Fatalf("seed %d: no end in 3 minutes: %s", seed, cmdline)
+		case isPanic(errb.String()):
+			t.Fatalf("seed %d: the process panicked (exit %v): %s\n%s", seed, err, lastLines(errb.String(), 30), cmdline)
 		case errors.As(err, &exit) && (exit.ExitCode() == 2 ||
 			exit.ExitCode() == 1 && strings.Contains(errb.String(), "can ever be served with this configuration")):
 			refused++ // refused before any work, saying why
@@ -268,6 +270,13 @@ func cpuSweepArgs(rng *rand.Rand, trace string) []string {
 	maybe(0.2, "--overlap", "off")
 	maybe(0.2, "--max-seq-len", pick("64", "256"))
 	return args
+}
+
+// isPanic reports whether a process's output shows a Go panic or a fatal
+// runtime error (whose exit status, 2, is also a refusal's).
+func isPanic(out string) bool {
+	return strings.Contains(out, "panic: ") && strings.Contains(out, "goroutine ") ||
+		strings.Contains(out, "fatal error: ")
 }
 
 // lastLine is the last non-empty line of s, cut to 600 bytes.
