@@ -17,7 +17,7 @@ import (
 func (o *Options) Validate() error {
 	for _, check := range []func() error{
 		o.validateEngine, o.validatePrompts, o.validateNames, o.validateHelix, o.validateCounts,
-		o.validateScales, o.validateTimeout, o.validateKVEvents,
+		o.validateScales, o.validateTimeout, o.validateKVEvents, o.validateOutputs,
 	} {
 		if err := check(); err != nil {
 			return err

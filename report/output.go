@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"sync"
 )
 
@@ -25,6 +26,20 @@ type OutputFile struct {
 	mu     sync.Mutex
 	err    error
 	closed bool
+}
+
+// SameFile reports whether a and b name the same file: the same existing
+// file (links included), or the same cleaned absolute path. An output is
+// checked against the inputs with it before it is created (truncated).
+func SameFile(a, b string) bool {
+	if sa, err := os.Stat(a); err == nil {
+		if sb, err := os.Stat(b); err == nil {
+			return os.SameFile(sa, sb)
+		}
+	}
+	aa, err1 := filepath.Abs(a)
+	ab, err2 := filepath.Abs(b)
+	return err1 == nil && err2 == nil && aa == ab
 }
 
 // CreateOutput creates (or truncates) path for flag; onFail (may be nil)

@@ -87,6 +87,11 @@ func loadgenMain(ctx context.Context, args []string, stdout, stderr io.Writer, g
 	}
 	var reqOut *report.OutputFile
 	if requestsOut != "" {
+		for _, in := range []struct{ flag, path string }{{"--trace", o.Trace}, {"--prompts", o.PromptsFile}} {
+			if in.path != "" && requestsOut != "-" && report.SameFile(requestsOut, in.path) {
+				return usage.Errorf("--requests-out %q is the file %s reads: writing it would destroy it", requestsOut, in.flag)
+			}
+		}
 		var err error
 		if reqOut, err = report.CreateOutput("--requests-out", requestsOut, false, nil); err != nil {
 			return usage.Wrap(err)

@@ -565,6 +565,18 @@ func TestLoadgenFlags(t *testing.T) {
 		{[]string{"--duration", "-1s"}, "--duration"},
 		{[]string{"--model", "m", "--trace", "/nonexistent.jsonl"}, "/nonexistent.jsonl"},
 	}
+	trace := filepath.Join(t.TempDir(), "t.jsonl")
+	body := []byte(`{"timestamp": 0, "input_length": 40, "output_length": 4, "hash_ids": [1]}` + "\n")
+	require.NoError(t, os.WriteFile(trace, body, 0o644))
+	cases = append(cases, struct {
+		args []string
+		want string
+	}{[]string{"--model", "m", "--trace", trace, "--requests-out", trace}, `--requests-out "` + trace + `" is the file --trace reads`})
+	defer func() {
+		got, err := os.ReadFile(trace)
+		require.NoError(t, err)
+		require.Equal(t, body, got, "the trace is untouched")
+	}()
 	for _, c := range cases {
 		var out, errb bytes.Buffer
 		code := run(append([]string{"loadgen"}, c.args...), &out, &errb)

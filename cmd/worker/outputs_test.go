@@ -114,3 +114,36 @@ func TestRouterConfigWithoutConversationRouterWarns(t *testing.T) {
 	require.Equal(t, 0, code, stderr)
 	require.NotContains(t, stderr, "read by the conversation router only")
 }
+
+// TestOutputOverAnInputRefused: an output path that is one of the run's
+// inputs (here the trace, also through a symbolic link) would destroy it
+// when opened for writing; two outputs on one file would truncate each
+// other. Both are refused before any work, naming the flags, and the input
+// is untouched.
+func TestOutputOverAnInputRefused(t *testing.T) {
+	dir := t.TempDir()
+	trace := filepath.Join(dir, "trace.jsonl")
+	body := []byte(`{"timestamp": 0, "input_length": 40, "output_length": 4, "hash_ids": [1]}` + "\n")
+	require.NoError(t, os.WriteFile(trace, body, 0o644))
+	link := filepath.Join(dir, "link.jsonl")
+	require.NoError(t, os.Symlink(trace, link))
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--trace", trace, "--requests-out", trace}, `--requests-out "` + trace + `" is the file --trace reads`},
+		{[]string{"--trace", trace, "--cpuprofile", link}, `--cpuprofile "` + link + `" is the file --trace reads`},
+		{[]string{"--trace", trace, "--iter-log", trace}, `--iter-log "` + trace + `" is the file --trace reads`},
+		{[]string{"--requests-out", filepath.Join(dir, "x"), "--kv-events", filepath.Join(dir, "x")},
+			`--requests-out and --kv-events both write "` + filepath.Join(dir, "x") + `"`},
+	} {
+		code, stdout, stderr := runCLI(t, append(append([]string{}, fakeRun...), c.args...)...)
+		require.Equal(t, 2, code, stderr)
+		require.Contains(t, stderr, c.want)
+		require.NotContains(t, stderr, "serving", "refused before any work")
+		require.Empty(t, stdout)
+		got, err := os.ReadFile(trace)
+		require.NoError(t, err)
+		require.Equal(t, body, got, "the trace is untouched")
+	}
+}
