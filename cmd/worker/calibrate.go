@@ -62,6 +62,11 @@ flags:
 	if err != nil {
 		return err
 	}
+	for _, f := range files {
+		if *plotPath != "" && report.SameFile(*plotPath, f) {
+			return usage.Errorf("--plot %q is one of the iteration logs read: writing it would destroy it", *plotPath)
+		}
+	}
 	logs, err := report.ReadCalibrationLogs(files)
 	if err != nil {
 		return err

@@ -98,6 +98,17 @@ func TestCalibrateNoSpanExit2(t *testing.T) {
 
 	code, _, errOut = calibrate("--min-span", "5", filepath.Join(dir, "iter.{rank}.jsonl"))
 	assert.Equal(t, 0, code, errOut)
+
+	// A plot over one of the logs read is refused before anything is written.
+	log0 := filepath.Join(dir, "iter.0.jsonl")
+	before, err := os.ReadFile(log0)
+	require.NoError(t, err)
+	code, _, errOut = calibrate("--min-span", "5", "--plot", log0, filepath.Join(dir, "iter.{rank}.jsonl"))
+	assert.Equal(t, 2, code, errOut)
+	assert.Contains(t, errOut, `--plot "`+log0+`" is one of the iteration logs read`)
+	after, err := os.ReadFile(log0)
+	require.NoError(t, err)
+	assert.Equal(t, before, after)
 }
 
 func TestCalibrateUnreadableExit1(t *testing.T) {
