@@ -159,7 +159,8 @@ func sweepArgs(rng *rand.Rand, trace string) []string {
 
 // wideSweepArgs draws one deployment of 8 to 64 ranks, with the twin's
 // fleet-scale knobs: skewed expert routing, MoE padding to the largest
-// rank, nodes of 4 or 8 GPUs, 1 to 3 driving threads.
+// rank, nodes of 4 or 8 GPUs, 1 to 3 driving threads, measured host time,
+// and the iteration log, KV event and per-request outputs.
 func wideSweepArgs(rng *rand.Rand, trace string) []string {
 	args := drawTwinDeployment(rng, trace, "8", "16", "32", "64")
 	pick := func(v ...string) string { return v[rng.IntN(len(v))] }
@@ -174,6 +175,11 @@ func wideSweepArgs(rng *rand.Rand, trace string) []string {
 		maybe(0.3, "--gpus-per-node", pick("4", "8"))
 	}
 	maybe(0.3, "--twin-threads", pick("1", "2", "3"))
+	// The outputs, and host time measured on the ranks' threads.
+	maybe(0.15, "--twin-host-time", "measured")
+	maybe(0.15, "--iter-log", trace+".iter.{rank}.jsonl")
+	maybe(0.15, "--kv-events", trace+".kv.jsonl")
+	maybe(0.15, "--requests-out", trace+".requests.jsonl")
 	return args
 }
 
