@@ -140,11 +140,15 @@ type Executor struct {
 	// The decoders of C1 and of C7 with a step cost, and their results,
 	// two of each used in turn: a decoded gather is read only until the
 	// next gather of its kind (a coroutine fleet shares rank 0's).
-	decodeStates, splitCosts func([][]byte) (any, error)
-	statesBuf                [2]gatheredStates
-	costedBuf                [2]costedGather
-	statesTurn, costedTurn   int
-	ownState                 [1]RankState // the gathered states without attention DP
+	decodeStates, splitCosts, joinCosts func([][]byte) (any, error)
+	statesBuf                           [2]gatheredStates
+	costedBuf                           [2]costedGather
+	statesTurn, costedTurn              int
+	// slots is a coroutine fleet's shared C1 result (fleetSlots), nil
+	// elsewhere; slotTurn picks this member's half of it for its next C1.
+	slots    *fleetSlots
+	slotTurn int
+	ownState [1]RankState // the gathered states without attention DP
 	// stateLen is the number of values of this fleet's rank states:
 	// RankStateLen, or rankStateLenPrefill when the router reads the
 	// ranks' pending prefill (least_prefill placement).
@@ -240,7 +244,7 @@ func New(cfg Config, d Deps) (*Executor, error) {
 	}
 	e := &Executor{cfg: cfg, d: d, adm: adm, byID: map[uint64]*request{}, nextDummy: dummyIDBase,
 		lastStats: RankState{StatsIter: -1}, wallClock: cfg.Clock}
-	e.decodeStates, e.splitCosts = e.decodeRankStates, e.splitStepCosts // made once: no closure per gather
+	e.decodeStates, e.splitCosts, e.joinCosts = e.decodeRankStates, e.splitStepCosts, e.joinStepCosts // made once: no closure per gather
 	e.stateLen = RankStateLen
 	if router.ReadsPendingPrefill(cfg.Router) {
 		e.stateLen = rankStateLenPrefill
@@ -289,6 +293,10 @@ func (e *Executor) resolveCapabilities() error {
 	}
 	e.iterComm, _ = e.d.Comm.(iterationNamer)
 	e.sharedComm, _ = e.d.Comm.(nccl.SharedGatherer)
+	if e.sharedComm != nil && e.adp() {
+		ranks := e.cfg.Ranks
+		e.slots = e.sharedComm.Shared("executor.fleetSlots", func() any { return newFleetSlots(ranks) }).(*fleetSlots)
+	}
 	e.canceller, _ = e.d.Source.(Canceller)
 	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 
+	"github.com/lockstep-ai/lockstep/bridge/twin"
 	"github.com/lockstep-ai/lockstep/scheduler"
 )
 
@@ -90,6 +91,17 @@ func (e *Executor) gatherRankStates(intake []byte) (states []RankState, tail []b
 	}
 	t := e.waitStart()
 	e.wire = mine.appendTo(e.wire[:0], e.stateLen)
+	if e.slots != nil {
+		g, err := e.putRankState(intake)
+		if err == nil {
+			_, err = e.d.Comm.AllGather("rank_state", nil)
+		}
+		e.waitEnd(t)
+		if err != nil {
+			return nil, nil, err
+		}
+		return g.states, g.intake, nil
+	}
 	e.wire = append(e.wire, intake...)
 	v, err := e.allGatherDecoded("rank_state", e.wire, e.decodeStates)
 	e.waitEnd(t)
@@ -98,6 +110,53 @@ func (e *Executor) gatherRankStates(intake []byte) (states []RankState, tail []b
 	}
 	g := v.(*gatheredStates) // shared with the other ranks of a coroutine fleet: read-only
 	return g.states, g.intake, nil
+}
+
+// fleetSlots is C1's result shared by the members of an in-process
+// coroutine fleet (nccl.SharedGatherer.Shared). Each member puts its own
+// state, decoded from what its wire payload would carry, and rank 0 the
+// intake, on the member's own thread before it enters C1; the collective
+// then only synchronises, where its completion would decode every member's
+// state alone while the other threads wait (issue 24 item 8). Two results
+// are used in turn, each member switching at each C1 of its own: a member
+// is at most one collective ahead of any other, so when it writes a half
+// again (two C1s later) every member has passed the C1 in between and
+// reads the other half.
+//
+// costs are the ranks' step costs for C7 on a virtual clock, put the same
+// way when the engine can cost a fleet from them (slotCoster): a member
+// puts its own before it enters C7, and C7's completion, when every member
+// has put its own and none can put the next, reads them all.
+type fleetSlots struct {
+	states [2]gatheredStates
+	costs  []twin.StepCost
+}
+
+func newFleetSlots(ranks int) *fleetSlots {
+	s := &fleetSlots{costs: make([]twin.StepCost, ranks)}
+	for i := range s.states {
+		s.states[i].states = make([]RankState, ranks)
+	}
+	return s
+}
+
+// putRankState puts this member's state (e.wire, encoded) and, on rank 0,
+// a copy of the intake into its turn's shared C1 result.
+func (e *Executor) putRankState(intake []byte) (*gatheredStates, error) {
+	g := &e.slots.states[e.slotTurn]
+	e.slotTurn ^= 1
+	s, err := decodeRankStateN(e.wire, e.stateLen)
+	if err != nil {
+		return nil, err
+	}
+	g.states[e.cfg.Rank] = s
+	if e.cfg.Rank == 0 {
+		g.intake = nil
+		if len(intake) > 0 {
+			g.intake = slices.Clone(intake) // decoded arrivals keep their prompt bytes
+		}
+	}
+	return g, nil
 }
 
 // gatheredStates is C1's decoded result: the states by rank and the intake

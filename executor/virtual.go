@@ -3,6 +3,8 @@ package executor
 import (
 	"fmt"
 	"time"
+
+	"github.com/lockstep-ai/lockstep/bridge/twin"
 )
 
 // StepCoster is an engine that models the duration of its steps instead of
@@ -87,9 +89,18 @@ func (e *Executor) fusedStepCost() bool { return e.cfg.Overlap && e.adp() }
 func (e *Executor) gatherWithStepCost(name string) ([][]byte, error) {
 	p := e.costPlan
 	e.costPlan = nil
-	n0 := len(e.wire)
-	e.wire = endTrailer(e.virtual.AppendStepCost(e.wire), n0)
-	v, err := e.allGatherDecoded(name, e.wire, e.splitCosts)
+	var v any
+	var err error
+	if sc, ok := e.virtual.(slotCoster); ok && e.slots != nil {
+		// A coroutine fleet: the cost goes in this member's slot
+		// instead of after the batch (fleetSlots).
+		e.slots.costs[e.cfg.Rank] = sc.LaunchedCost()
+		v, err = e.sharedComm.AllGatherDecoded(name, e.wire, e.joinCosts)
+	} else {
+		n0 := len(e.wire)
+		e.wire = endTrailer(e.virtual.AppendStepCost(e.wire), n0)
+		v, err = e.allGatherDecoded(name, e.wire, e.splitCosts)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -123,6 +134,24 @@ func (e *Executor) splitStepCosts(all [][]byte) (any, error) {
 	var err error
 	g.fleetMS, err = e.virtual.FleetStepMS(e.costSplit)
 	return g, err
+}
+
+// slotCoster is a StepCoster that costs an in-process fleet's step from
+// the ranks' costs as they are (twin.Engine), put in fleetSlots.
+type slotCoster interface {
+	LaunchedCost() twin.StepCost
+	FleetStepMSOf(costs []twin.StepCost) float64
+}
+
+// joinStepCosts is splitStepCosts for a coroutine fleet whose ranks put their
+// step costs in e.slots: the gathered payloads are the response batches,
+// and the fleet's duration comes from the slots, once per fleet.
+func (e *Executor) joinStepCosts(all [][]byte) (any, error) {
+	g := &e.costedBuf[e.costedTurn]
+	e.costedTurn ^= 1
+	g.batches = append(g.batches[:0], all...)
+	g.fleetMS = e.virtual.(slotCoster).FleetStepMSOf(e.slots.costs)
+	return g, nil
 }
 
 // advance moves the virtual clock by ms (rounded to the nanosecond the same

@@ -70,6 +70,11 @@ type Comm interface {
 // fall back to AllGather and their own decode on other communicators.
 type SharedGatherer interface {
 	AllGatherDecoded(name string, data []byte, decode func([][]byte) (any, error)) (any, error)
+	// Shared returns the group's one value under key, made by the first
+	// member that asks (create runs once per group and key): state the
+	// members share outside the collectives, e.g. result slots each member
+	// fills with its own part before it enters a collective.
+	Shared(key string, create func() any) any
 }
 
 // TraceEntry is one collective as a rank entered it.

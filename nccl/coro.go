@@ -46,6 +46,9 @@ type CoroGroup struct {
 	tracing bool
 	trace   []TraceEntry
 	calls   int
+	// shared holds Shared's values (members ask from several threads).
+	sharedMu sync.Mutex
+	shared   map[string]any
 }
 
 // NewCoroGroup returns a group of size members. With trace on, Trace reports
@@ -131,6 +134,23 @@ func (c *CoroComm) AllGather(name string, data []byte) ([][]byte, error) {
 		return nil, err
 	}
 	return c.gathered, nil
+}
+
+// Shared returns the group's value under key, made by create the first
+// time any member asks (nccl.SharedGatherer).
+func (c *CoroComm) Shared(key string, create func() any) any {
+	g := c.g
+	g.sharedMu.Lock()
+	defer g.sharedMu.Unlock()
+	v, ok := g.shared[key]
+	if !ok {
+		if g.shared == nil {
+			g.shared = map[string]any{}
+		}
+		v = create()
+		g.shared[key] = v
+	}
+	return v
 }
 
 // AllGatherDecoded is AllGather followed by decode, with decode run once

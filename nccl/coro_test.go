@@ -228,3 +228,41 @@ func TestCoroParallelMembersRunConcurrently(t *testing.T) {
 	require.NoError(t, errors.Join(errs...))
 	require.Equal(t, 100, g.Calls())
 }
+
+// Shared makes one value per group and key, whichever member asks first and
+// from whichever worker; slots in it that each member fills with its own
+// part before a collective are every member's to read after it (the
+// executor's fleetSlots), here checked under -race on several workers.
+func TestCoroSharedIsOnePerGroup(t *testing.T) {
+	for _, workers := range []int{1, 2, 3} {
+		t.Run(fmt.Sprintf("workers=%d", workers), func(t *testing.T) {
+			const n = 6
+			g := NewCoroGroup(n, false)
+			var made atomic.Int32
+			got := make([]*[2][n]int, n)
+			errs := runCoro(g, workers, func(rank int, c *CoroComm) error {
+				slots := c.Shared("slots", func() any { made.Add(1); return new([2][n]int) }).(*[2][n]int)
+				got[rank] = slots
+				for round := 0; round < 20; round++ {
+					half := &slots[round%2]
+					half[rank] = 100*round + rank // this member's part, before the collective
+					if _, err := c.AllGather("round", nil); err != nil {
+						return err
+					}
+					for r, v := range half {
+						if v != 100*round+r {
+							return fmt.Errorf("rank %d round %d: slot %d is %d", rank, round, r, v)
+						}
+					}
+				}
+				return nil
+			})
+			require.NoError(t, errors.Join(errs...))
+			require.Equal(t, int32(1), made.Load())
+			for _, s := range got {
+				require.Same(t, got[0], s)
+			}
+			require.NotSame(t, got[0], NewCoroGroup(1, false).Member(0).Shared("slots", func() any { return new([2][n]int) }))
+		})
+	}
+}

@@ -71,6 +71,13 @@ func (e *Engine) FleetStepMS(costs [][]byte) (float64, error) {
 	return e.p.FleetStepMS(e.fleet), nil
 }
 
+// LaunchedCost is the cost of the step launched last, as AppendStepCost
+// encodes it (executor's in-process fleets share it unencoded).
+func (e *Engine) LaunchedCost() StepCost { return e.launched }
+
+// FleetStepMSOf is FleetStepMS on costs already decoded (rank order).
+func (e *Engine) FleetStepMSOf(costs []StepCost) float64 { return e.p.FleetStepMS(costs) }
+
 // HostMS is the profile's modelled host time of one iteration
 // (executor.StepCoster).
 func (e *Engine) HostMS() float64 { return e.p.HostOverheadMS.Value }
