@@ -121,26 +121,7 @@ func TestPublishAndReplay(t *testing.T) {
 	sub := zmq4.NewSub(ctx)
 	defer sub.Close()
 	require.NoError(t, sub.Dial("tcp://127.0.0.1"+port(p.Addr())))
-	require.NoError(t, sub.SetOption(zmq4.OptionSubscribe, "kv"))
-	// The subscription travels asynchronously: publish until one arrives.
-	got := make(chan zmq4.Msg, 16)
-	go func() {
-		for {
-			m, err := sub.Recv()
-			if err != nil {
-				return
-			}
-			got <- m
-		}
-	}()
-	var first zmq4.Msg
-	for first.Frames == nil {
-		p.PublishEvents(sampleEvents())
-		select {
-		case first = <-got:
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
+	first := firstBatch(t, ctx, sub, p)
 	require.Len(t, first.Frames, 3)
 	require.Equal(t, "kv", string(first.Frames[0]))
 	require.Len(t, first.Frames[1], 8)
@@ -173,6 +154,33 @@ func TestPublishAndReplay(t *testing.T) {
 	require.Equal(t, want, seqs)
 }
 
+// firstBatch subscribes sub to "kv" and publishes sample events on p until
+// a batch arrives (a subscription, and a connection being dialled, travel
+// asynchronously), failing when ctx ends first.
+func firstBatch(t *testing.T, ctx context.Context, sub zmq4.Socket, p *Publisher) zmq4.Msg {
+	t.Helper()
+	require.NoError(t, sub.SetOption(zmq4.OptionSubscribe, "kv"))
+	got := make(chan zmq4.Msg, 16)
+	go func() {
+		for {
+			m, err := sub.Recv()
+			if err != nil {
+				return
+			}
+			got <- m
+		}
+	}()
+	for {
+		require.NoError(t, ctx.Err(), "no batch reached the subscriber")
+		p.PublishEvents(sampleEvents())
+		select {
+		case m := <-got:
+			return m
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
 // An endpoint without * is connected to, as vLLM does, and like libzmq's
 // connect it does not need the peer to be there yet: a subscriber that binds
 // after the publisher started (a KV-aware router starting late, or
@@ -193,26 +201,7 @@ func TestConnectedPublisherReachesALateSubscriber(t *testing.T) {
 	sub := zmq4.NewSub(ctx)
 	defer sub.Close()
 	require.NoError(t, sub.Listen("tcp://"+addr))
-	require.NoError(t, sub.SetOption(zmq4.OptionSubscribe, "kv"))
-	got := make(chan zmq4.Msg, 16)
-	go func() {
-		for {
-			m, err := sub.Recv()
-			if err != nil {
-				return
-			}
-			got <- m
-		}
-	}()
-	var first zmq4.Msg
-	for first.Frames == nil {
-		require.NoError(t, ctx.Err(), "the publisher never reached the subscriber that bound after it")
-		p.PublishEvents(sampleEvents())
-		select {
-		case first = <-got:
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
+	first := firstBatch(t, ctx, sub, p)
 	require.Len(t, first.Frames, 3)
 	require.Equal(t, "kv", string(first.Frames[0]))
 
