@@ -139,7 +139,8 @@ type Executor struct {
 	intakeBuf []byte
 	// The decoders of C1 and of C7 with a step cost, and their results,
 	// two of each used in turn: a decoded gather is read only until the
-	// next gather of its kind (a coroutine fleet shares rank 0's).
+	// next gather of its kind (a coroutine fleet shares rank 0's C7 result
+	// and puts C1's in slots).
 	decodeStates, splitCosts, joinCosts func([][]byte) (any, error)
 	statesBuf                           [2]gatheredStates
 	costedBuf                           [2]costedGather
@@ -148,6 +149,7 @@ type Executor struct {
 	// elsewhere; slotTurn picks this member's half of it for its next C1.
 	slots    *fleetSlots
 	slotTurn int
+	slotCost slotCoster   // the virtual engine, when it costs from slots
 	ownState [1]RankState // the gathered states without attention DP
 	// stateLen is the number of values of this fleet's rank states:
 	// RankStateLen, or rankStateLenPrefill when the router reads the
@@ -296,6 +298,7 @@ func (e *Executor) resolveCapabilities() error {
 	if e.sharedComm != nil && e.adp() {
 		ranks := e.cfg.Ranks
 		e.slots = e.sharedComm.Shared("executor.fleetSlots", func() any { return newFleetSlots(ranks) }).(*fleetSlots)
+		e.slotCost, _ = e.virtual.(slotCoster)
 	}
 	e.canceller, _ = e.d.Source.(Canceller)
 	return nil

@@ -91,10 +91,10 @@ func (e *Executor) gatherWithStepCost(name string) ([][]byte, error) {
 	e.costPlan = nil
 	var v any
 	var err error
-	if sc, ok := e.virtual.(slotCoster); ok && e.slots != nil {
+	if e.slotCost != nil {
 		// A coroutine fleet: the cost goes in this member's slot
 		// instead of after the batch (fleetSlots).
-		e.slots.costs[e.cfg.Rank] = sc.LaunchedCost()
+		e.slots.costs[e.cfg.Rank] = e.slotCost.LaunchedCost()
 		v, err = e.sharedComm.AllGatherDecoded(name, e.wire, e.joinCosts)
 	} else {
 		n0 := len(e.wire)
@@ -150,7 +150,7 @@ func (e *Executor) joinStepCosts(all [][]byte) (any, error) {
 	g := &e.costedBuf[e.costedTurn]
 	e.costedTurn ^= 1
 	g.batches = append(g.batches[:0], all...)
-	g.fleetMS = e.virtual.(slotCoster).FleetStepMSOf(e.slots.costs)
+	g.fleetMS = e.slotCost.FleetStepMSOf(e.slots.costs)
 	return g, nil
 }
 
