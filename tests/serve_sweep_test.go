@@ -44,20 +44,15 @@ import (
 // page in use), a request of most of max_model_len must still be served
 // (no page was leaked), and SIGTERM must drain and exit 0.
 // LOCKSTEP_SWEEP_RUNS sets the number of deployments (default 16, about
-// 15 s; 180 passed when it was written).
+// 15 s; 180 passed when it was written), LOCKSTEP_SWEEP_FIRST the first seed.
 func TestRandomServeTrafficLosesNothing(t *testing.T) {
 	if racetest.Enabled {
 		t.Skip("end-to-end runs of the worker binary: covered by the normal pass")
 	}
-	runs := 16
-	if v := os.Getenv("LOCKSTEP_SWEEP_RUNS"); v != "" {
-		n, err := strconv.Atoi(v)
-		require.NoError(t, err, "LOCKSTEP_SWEEP_RUNS")
-		runs = n
-	}
+	first, last := sweepSeeds(t, 16)
 	bin := worker(t)
 	served, refused := 0, 0
-	for seed := 1; seed <= runs; seed++ {
+	for seed := first; seed <= last; seed++ {
 		rng := rand.New(rand.NewPCG(uint64(seed), 0x5e7e))
 		d := drawServeDeployment(rng)
 		cmdline := "bin/worker serve " + strings.Join(d.args, " ")

@@ -75,22 +75,38 @@ func TestRandomCPUAndHelixDeploymentsServeOrRefuse(t *testing.T) {
 	sweep(t, 150, 0xc0de, cpuSweepTrace, cpuSweepArgs)
 }
 
-// sweep runs the drawn deployments of seeds 1..runs (LOCKSTEP_SWEEP_RUNS
-// overrides runs): each must serve every request of its trace, or refuse
+// sweep runs the drawn deployments of seeds 1..runs (sweepSeeds: the
+// environment can move and widen the range): each must serve every request of its trace, or refuse
 // before running with a reason (exit status 2, or "none of the N requests
 // can ever be served"). A stall, a crash, a lost request or a run over three
 // minutes fails with the command that reproduces it.
+// sweepSeeds is the range of seeds a sweep runs: 1..runs, or
+// LOCKSTEP_SWEEP_RUNS seeds from LOCKSTEP_SWEEP_FIRST (default 1), so that a
+// long search can go past the seeds CI runs and a failure found there can be
+// rerun alone (LOCKSTEP_SWEEP_FIRST=N LOCKSTEP_SWEEP_RUNS=1).
+func sweepSeeds(t *testing.T, runs int) (first, last int) {
+	first = 1
+	for _, e := range []struct {
+		name string
+		v    *int
+	}{{"LOCKSTEP_SWEEP_RUNS", &runs}, {"LOCKSTEP_SWEEP_FIRST", &first}} {
+		if v := os.Getenv(e.name); v != "" {
+			n, err := strconv.Atoi(v)
+			require.NoError(t, err, e.name)
+			require.Positive(t, n, e.name)
+			*e.v = n
+		}
+	}
+	return first, first + runs - 1
+}
+
 func sweep(t *testing.T, runs int, stream uint64, trace func(*testing.T, *rand.Rand, string) int,
 	draw func(*rand.Rand, string) []string) {
-	if v := os.Getenv("LOCKSTEP_SWEEP_RUNS"); v != "" {
-		n, err := strconv.Atoi(v)
-		require.NoError(t, err, "LOCKSTEP_SWEEP_RUNS")
-		runs = n
-	}
+	first, last := sweepSeeds(t, runs)
 	bin := worker(t)
 	dir := t.TempDir()
 	served, refused := 0, 0
-	for seed := 1; seed <= runs; seed++ {
+	for seed := first; seed <= last; seed++ {
 		rng := rand.New(rand.NewPCG(uint64(seed), stream))
 		path := filepath.Join(dir, fmt.Sprintf("sweep-%d.jsonl", seed))
 		n := trace(t, rng, path)
