@@ -177,6 +177,25 @@ func TestResetPromptOverMaxNumTokensIsRechunked(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, []*Request{reset}, out.Context)
 	require.Equal(t, 1, reset.ChunkSize, "the rest")
+
+	// With chunking off the unit (here --chunk-unit 32, or a block of large
+	// pages) may exceed M: the re-prefill still runs, in chunks of M
+	// (found by a sweep: the reset prompts stalled the rank).
+	for _, cfg := range []Config{{ChunkUnitSize: 32}, {LedgerBlockTokens: 32}} {
+		cfg.MaxBatchSize, cfg.MaxNumTokens, cfg.RecomputePause = 4, 20, true
+		s, err := New(cfg, newFakeKV())
+		require.NoError(t, err)
+		reset := ctx(5, 45)
+		reset.Recomputed = true
+		for _, want := range []int{20, 20, 5} {
+			out, err := s.Schedule([]*Request{reset}, nil)
+			require.NoError(t, err)
+			require.Equal(t, []*Request{reset}, out.Context, "%+v", cfg)
+			require.Equal(t, want, reset.ChunkSize, "%+v", cfg)
+			reset.ContextPosition += reset.ChunkSize
+			reset.State = ContextInProgress
+		}
+	}
 }
 
 // Under GUARANTEED_NO_EVICT a first chunk that cannot reserve to completion

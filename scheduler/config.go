@@ -179,6 +179,14 @@ func validate(cfg *Config) (settings, error) {
 		return bad(SettingChunkUnitSize, cfg.ChunkUnitSize, "≥ 1 (or a ledger block size to default to)")
 	}
 	st.chunked = cfg.ChunkedContext
+	if !st.chunked && st.maxTokens != Unlimited && st.unit > st.maxTokens {
+		// With chunking off the unit sizes only the chunked re-prefill of
+		// a recompute-reset prompt that outgrew M (rechunked); a unit above
+		// M (the default block of large pages, or a --chunk-unit the
+		// validation below checks only with chunking on) would never fit a
+		// pass, and the request would stall the rank.
+		st.unit = st.maxTokens
+	}
 	st.demotion = cfg.Demotion.UncachedTokens > 0 && cfg.ChunkedContext
 	if cfg.CostMode != CostAuto {
 		c, err := newCostParams(cfg.EqualCost.KVOffset, cfg.EqualCost.KVDepthThreshold,

@@ -83,7 +83,8 @@ func TestRandomCPUAndHelixDeploymentsServeOrRefuse(t *testing.T) {
 // sweepSeeds is the range of seeds a sweep runs: 1..runs, or
 // LOCKSTEP_SWEEP_RUNS seeds from LOCKSTEP_SWEEP_FIRST (default 1), so that a
 // long search can go past the seeds CI runs and a failure found there can be
-// rerun alone (LOCKSTEP_SWEEP_FIRST=N LOCKSTEP_SWEEP_RUNS=1).
+// rerun alone (LOCKSTEP_SWEEP_FIRST=N LOCKSTEP_SWEEP_RUNS=1; with
+// LOCKSTEP_SWEEP_DIR=D its trace stays in D for the printed command).
 func sweepSeeds(t *testing.T, runs int) (first, last int) {
 	first = 1
 	for _, e := range []struct {
@@ -104,7 +105,10 @@ func sweep(t *testing.T, runs int, stream uint64, trace func(*testing.T, *rand.R
 	draw func(*rand.Rand, string) []string) {
 	first, last := sweepSeeds(t, runs)
 	bin := worker(t)
-	dir := t.TempDir()
+	dir := os.Getenv("LOCKSTEP_SWEEP_DIR") // kept, to rerun a failure's command
+	if dir == "" {
+		dir = t.TempDir()
+	}
 	served, refused := 0, 0
 	for seed := first; seed <= last; seed++ {
 		rng := rand.New(rand.NewPCG(uint64(seed), stream))
