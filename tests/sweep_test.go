@@ -80,6 +80,72 @@ func TestRandomCPUAndHelixDeploymentsServeOrRefuse(t *testing.T) {
 // before running with a reason (exit status 2, or "none of the N requests
 // can ever be served"). A stall, a crash, a lost request or a run over three
 // minutes fails with the command that reproduces it.
+// TestRandomSchedulerKnobsServeOrRefuse is the same check with the
+// scheduler knobs the sweeps above leave at their defaults, set through a
+// YAML config as a deployment sets them: equal-cost chunking with a manual
+// kv_cost_offset, kv_depth_threshold and per_chunk_depth_tokens,
+// long-prefill demotion (uncached_tokens, max_iters), ADP Balance's two
+// waits, the context-only mode and scaled lengths, on the twin's
+// deployments of 1 to 8 ranks and on the CPU engine's (Helix among them).
+// LOCKSTEP_SWEEP_RUNS sets the number of runs (default 160, about 15 s).
+func TestRandomSchedulerKnobsServeOrRefuse(t *testing.T) {
+	if racetest.Enabled {
+		t.Skip("end-to-end runs of the worker binary: covered by the normal pass")
+	}
+	trace := func(t *testing.T, rng *rand.Rand, path string) int {
+		if rng.IntN(3) == 0 {
+			return cpuSweepTrace(t, rng, path+".cpu")
+		}
+		return sweepTrace(t, rng, path)
+	}
+	sweep(t, 160, 0x6e0b5, trace, func(rng *rand.Rand, path string) []string {
+		var args []string
+		if _, err := os.Stat(path + ".cpu"); err == nil {
+			args = cpuSweepArgs(rng, path+".cpu")
+			path += ".cpu"
+		} else {
+			args = drawTwinDeployment(rng, path, "1", "2", "4", "8")
+		}
+		return append(args, drawSchedulerKnobs(rng, path)...)
+	})
+}
+
+// drawSchedulerKnobs draws the scheduler knobs of
+// TestRandomSchedulerKnobsServeOrRefuse: a YAML config beside the trace and
+// some flags.
+func drawSchedulerKnobs(rng *rand.Rand, trace string) []string {
+	pick := func(v ...string) string { return v[rng.IntN(len(v))] }
+	var args []string
+	maybe := func(p float64, extra ...string) {
+		if rng.Float64() < p {
+			args = append(args, extra...)
+		}
+	}
+	var yaml strings.Builder
+	yaml.WriteString("scheduler:\n")
+	if rng.IntN(3) > 0 {
+		fmt.Fprintf(&yaml, "  equal_cost:\n    kv_cost_offset: %s\n    kv_depth_threshold: %s\n    per_chunk_depth_tokens: %s\n",
+			pick("0", "64", "2000", "11000"), pick("0", "16", "1024", "8192"), pick("0", "0", "64", "4096"))
+	}
+	if rng.IntN(3) > 0 {
+		fmt.Fprintf(&yaml, "  demotion:\n    uncached_tokens: %s\n    max_iters: %s\n",
+			pick("0", "8", "256", "4096"), pick("0", "1", "16", "200"))
+	}
+	path := trace + ".yaml"
+	if err := os.WriteFile(path, []byte(yaml.String()), 0o644); err != nil {
+		panic(err) // a temporary directory the test owns
+	}
+	args = append(args, "--config", path)
+	maybe(0.3, "--ctx-cost", pick("manual", "off"))
+	maybe(0.3, "--router", "conversation", "--infer-conversations")
+	maybe(0.2, "--attention-dp-balance", "--attention-dp-timeout-iters", pick("0", "1", "5"),
+		"--attention-dp-batching-wait-iters", pick("0", "2"))
+	maybe(0.2, "--attention-dp-cost-leveling")
+	maybe(0.1, "--context-only")
+	maybe(0.1, "--length-scale", pick("0.5", "3"))
+	return args
+}
+
 // sweepSeeds is the range of seeds a sweep runs: 1..runs, or
 // LOCKSTEP_SWEEP_RUNS seeds from LOCKSTEP_SWEEP_FIRST (default 1), so that a
 // long search can go past the seeds CI runs and a failure found there can be
