@@ -71,6 +71,7 @@ func (s *Server) NewHTTPServer(ln net.Listener, o HTTPOptions) (*http.Server, ne
 	lim := &connLimiter{Listener: ln, max: MaxConnectionsFor(o.MaxConnections, fdLimit()), conns: map[*limitedConn]bool{}}
 	hs := &http.Server{Handler: s.Handler(), ReadHeaderTimeout: o.HeaderTimeout, IdleTimeout: o.IdleTimeout,
 		ConnState: lim.state}
+	hs.RegisterOnShutdown(lim.closeUnused)
 	return hs, lim
 }
 
@@ -99,6 +100,7 @@ type limitedConn struct {
 	net.Conn
 	lim    *connLimiter
 	idleAt time.Time
+	used   bool // a request started on it (under lim.mu)
 	once   sync.Once
 }
 
@@ -193,10 +195,32 @@ func (l *connLimiter) state(c net.Conn, st http.ConnState) {
 		if _, open := l.conns[lc]; open {
 			l.conns[lc] = st == http.StateIdle
 			lc.idleAt = time.Now()
+			lc.used = true
 		}
 		l.mu.Unlock()
 	case http.StateHijacked, http.StateClosed:
 		lc.once.Do(func() { l.forget(lc) })
+	}
+}
+
+// closeUnused closes the connections on which no request has started, when
+// the server shuts down (http.Server.RegisterOnShutdown: the listener is
+// closed by then). http.Server.Shutdown closes idle keep-alive connections
+// at once but counts a connection that never sent a request as idle only
+// after five seconds, so a client that dialled and then gave up (or a
+// client's spare pre-dialled connection) held a draining worker's exit for
+// the whole of serve's shutdown bound.
+func (l *connLimiter) closeUnused() {
+	l.mu.Lock()
+	var unused []*limitedConn
+	for c := range l.conns {
+		if !c.used {
+			unused = append(unused, c)
+		}
+	}
+	l.mu.Unlock()
+	for _, c := range unused {
+		c.Close()
 	}
 }
 

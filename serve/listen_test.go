@@ -2,6 +2,7 @@ package serve
 
 import (
 	"bufio"
+	"context"
 	"io"
 	"net"
 	"net/http"
@@ -112,4 +113,32 @@ func TestMaxConnectionsFor(t *testing.T) {
 	require.Equal(t, 1, MaxConnectionsFor(0, 8))
 	require.Equal(t, DefaultMaxConnections, MaxConnectionsFor(0, 0))
 	require.True(t, strings.HasPrefix(refusal, "HTTP/1.1 503 "))
+}
+
+// Shutdown does not wait for a connection on which no request was ever
+// sent (http.Server counts such a connection idle only after five
+// seconds): it is closed at once, as idle keep-alive ones are, so a
+// draining worker exits as soon as its requests are answered.
+func TestShutdownClosesUnusedConnections(t *testing.T) {
+	s, _, _ := fleetServer(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	hs, lim := s.NewHTTPServer(ln, HTTPOptions{})
+	go hs.Serve(lim) //nolint:errcheck
+	t.Cleanup(func() { hs.Close() })
+	addr := ln.Addr().String()
+	kept := idleConn(t, addr)
+	unused, err := net.Dial("tcp", addr)
+	require.NoError(t, err)
+	t.Cleanup(func() { unused.Close() })
+	require.Eventually(t, func() bool { return lim.(*connLimiter).open() == 2 }, 5*time.Second, time.Millisecond)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Second)
+	defer cancel()
+	require.NoError(t, hs.Shutdown(ctx), "shutdown must not wait for the unused connection")
+	for _, c := range []net.Conn{kept, unused} {
+		c.SetReadDeadline(time.Now().Add(5 * time.Second)) //nolint:errcheck
+		_, err := c.Read(make([]byte, 1))
+		require.ErrorIs(t, err, io.EOF, "the server closed it")
+	}
 }
