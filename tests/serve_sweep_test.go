@@ -163,6 +163,14 @@ func drawServeDeployment(rng *rand.Rand) serveDeployment {
 	}
 	maybe(0.3, "--metrics-compat", "vllm")
 	maybe(0.3, "--enable-prompt-tokens-details")
+	if d.ranks > 1 {
+		// Attention DP's balancing and the conversation router under live
+		// traffic (issue 25's modes).
+		maybe(0.3, "--attention-dp-balance", "--attention-dp-timeout-iters", pick("2", "50"))
+		maybe(0.3, "--attention-dp-cost-leveling")
+		maybe(0.3, "--router", "conversation", "--new-conv-placement",
+			pick("round_robin", "least_queued", "least_tokens", "least_prefill"))
+	}
 	if d.mpirun == 0 && rng.IntN(4) == 0 {
 		// KV cache events published over ZeroMQ, with nobody subscribed:
 		// bound, or connected to a peer that is not there.
