@@ -233,7 +233,7 @@ func (m *Model) validate() error {
 		if m.QLoraRank < 0 {
 			checks = append(checks, fmt.Errorf("model.q_lora_rank must not be negative, got %d", m.QLoraRank))
 		}
-		if m.Hidden%m.Heads != 0 || (m.Hidden/m.Heads)%2 != 0 {
+		if m.Heads > 0 && (m.Hidden%m.Heads != 0 || (m.Hidden/m.Heads)%2 != 0) { // heads ≤ 0: pos above
 			checks = append(checks, fmt.Errorf("model.hidden_size %d must be an even multiple of num_heads %d (for the GQA-equivalent shape)", m.Hidden, m.Heads))
 		}
 	} else {
