@@ -61,3 +61,38 @@ func FuzzReadProfile(f *testing.F) {
 		}
 	})
 }
+
+// FuzzMeasurements: a measured.json (`worker twin-profile --measured`, what
+// scripts/device-check.sh writes) is refused with an error, or re-bases a
+// built-in profile into one that validates and costs steps finitely.
+func FuzzMeasurements(f *testing.F) {
+	f.Add([]byte(`{"version":1,"gpu":"h200","source":"s","gemm_tflops":690,"prefill_attention_tflops":560,`+
+		`"decode_attention_gbps":3900,"step_overhead_ms":0.12,"gemm_weight_gbps":4100,"elementwise_gbps":4000,`+
+		`"layer_overhead_ms":0.02,"graph_layer_overhead_ms":0.008,"fp8_gemm_tflops":1350,"gemm_kernel_ms":0.005,`+
+		`"attention_kernel_ms":0.012,"elementwise_kernel_ms":0.003}`), uint8(0))
+	f.Add([]byte(`{"version":1,"gpu":"h100","source":"s","gemm_tflops":1e-300,"prefill_attention_tflops":1e-300,`+
+		`"decode_attention_gbps":1e-300,"step_overhead_ms":1e300}`), uint8(1))
+	bases := []struct{ gpu, model string }{{"h200", "llama-8b"}, {"h100", "deepseek-v3"}, {"b200", "llama-70b"}}
+	f.Fuzz(func(t *testing.T, data []byte, which uint8) {
+		m, err := ReadMeasurements(data)
+		if err != nil {
+			return
+		}
+		b := bases[int(which)%len(bases)]
+		base, err := BuiltinProfile(b.gpu, b.model, Parallelism{TP: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, err := ProfileFromMeasurements(base, m)
+		if err != nil {
+			return
+		}
+		if err := p.Validate(); err != nil {
+			return // refused when used, with the field named
+		}
+		works := []Work{{NewTokens: 512, KVBefore: 0}, {NewTokens: 1, KVBefore: 4096}}
+		if v := p.StepCost(works).MS(); math.IsNaN(v) || math.IsInf(v, 0) || v < 0 {
+			t.Fatalf("StepCost.MS = %g for measurements %s", v, data)
+		}
+	})
+}

@@ -60,14 +60,24 @@ func LoadMeasurements(path string) (Measurements, error) {
 	if err != nil {
 		return Measurements{}, fmt.Errorf("measurements: %w", err)
 	}
+	m, err := ReadMeasurements(data)
+	if err != nil {
+		return Measurements{}, fmt.Errorf("measurements %s: %w", path, err)
+	}
+	return m, nil
+}
+
+// ReadMeasurements decodes measurements strictly (unknown fields and
+// trailing data are errors).
+func ReadMeasurements(data []byte) (Measurements, error) {
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	var m Measurements
 	if err := dec.Decode(&m); err != nil {
-		return Measurements{}, fmt.Errorf("measurements %s: %w", path, err)
+		return Measurements{}, err
 	}
 	if dec.More() {
-		return Measurements{}, fmt.Errorf("measurements %s: trailing data after the object", path)
+		return Measurements{}, fmt.Errorf("trailing data after the object")
 	}
 	return m, nil
 }

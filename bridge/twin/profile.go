@@ -325,7 +325,32 @@ func (p *Profile) Validate() error {
 	}
 	p.d = derive(p)
 	p.ready = true
+	if ms := p.probeMS(); !(ms >= 0 && ms <= probeLimitMS) {
+		p.ready = false
+		return fmt.Errorf("the profile models a step of one %d-token prompt and %d decodes at KV depth %d as %g ms "+
+			"(a few seconds on any GPU): a rate or efficiency is far too low, or an overhead far too high; check the units",
+			probePrompt, probeDecodes, probeKV, ms)
+	}
 	return nil
+}
+
+// The probe step of Validate: every figure of a profile can be in range
+// alone and still give steps of years (an efficiency of 1e-300, a rate in
+// the wrong unit), which the virtual clock would turn into infinities.
+const (
+	probePrompt, probeDecodes, probeKV = 8192, 256, 4096
+	probeLimitMS                       = 1e6 // about 17 minutes
+)
+
+// probeMS is the modelled time of the probe step.
+func (p *Profile) probeMS() float64 {
+	var w [probeDecodes + 1]Work
+	w[0] = Work{NewTokens: probePrompt}
+	for i := 1; i < len(w); i++ {
+		w[i] = Work{NewTokens: 1, KVBefore: probeKV}
+	}
+	c := p.StepCost(w[:])
+	return max(c.MS(), p.FleetStepMS([]StepCost{c, c}))
 }
 
 func (p *Profile) validateRoofline() error {

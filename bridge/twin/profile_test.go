@@ -200,6 +200,13 @@ func TestStrictLoading(t *testing.T) {
 		{"weight bytes", "llama-8b", func(m map[string]any) { obj(m, "model")["weight_bytes"] = 4 },
 			"model.weight_bytes must be 2 (BF16), 1 (FP8) or 0.5625 (NVFP4), got 4"},
 		{"linear in roofline", "llama-8b", func(m map[string]any) { m["linear"] = map[string]any{} }, "linear must be absent in a roofline profile"},
+		// Each figure in its range, together a step of years (found by FuzzMeasurements).
+		{"efficiency near 0", "llama-8b", func(m map[string]any) { obj(obj(m, "roofline"), "gemm_efficiency")["value"] = 1e-300 },
+			"the profile models a step of one 8192-token prompt and 256 decodes at KV depth 4096 as +Inf ms"},
+		{"overhead in the wrong unit", "llama-8b", func(m map[string]any) { obj(obj(m, "roofline"), "step_overhead_ms")["value"] = 2e6 },
+			"as 2.00"},
+		{"mla without heads", "deepseek-v3", func(m map[string]any) { obj(m, "model")["num_heads"] = 0 },
+			"model.num_heads must be positive, got 0"},
 	} {
 		data := mutate(t, "h200", tc.model, tc.edit)
 		_, err := ReadProfile(bytes.NewReader(data))
