@@ -61,3 +61,38 @@ func FuzzHFTokenizer(f *testing.F) {
 		tok.Decode(tok.Encode("hello <|end|> world", EncodeOptions{AddSpecial: true, ParseSpecial: true}))
 	})
 }
+
+// FuzzHFConfig: a Hugging Face directory whose config.json is anything
+// (the tiny model's weights beside it) loads or is refused with an error
+// naming the file; the loader never panics on a shape the weights cannot
+// have (zero heads, a head dimension that does not divide, a huge vocabulary,
+// an MoE or latent-attention block of nonsense).
+func FuzzHFConfig(f *testing.F) {
+	for _, c := range []string{
+		`{"model_type":"llama","hidden_size":64,"intermediate_size":96,"num_hidden_layers":3,"num_attention_heads":4,` +
+			`"num_key_value_heads":2,"head_dim":16,"vocab_size":300,"rope_theta":10000,"rms_norm_eps":1e-5,` +
+			`"tie_word_embeddings":false,"max_position_embeddings":128,"hidden_act":"silu","rope_scaling":null}`,
+		`{"model_type":"qwen3_moe","hidden_size":64,"intermediate_size":96,"moe_intermediate_size":32,"num_hidden_layers":3,` +
+			`"num_attention_heads":4,"num_key_value_heads":2,"head_dim":16,"vocab_size":300,"num_experts":4,` +
+			`"num_experts_per_tok":2,"norm_topk_prob":true}`,
+		`{"model_type":"mixtral","hidden_size":64,"intermediate_size":96,"num_hidden_layers":3,"num_attention_heads":4,` +
+			`"num_key_value_heads":2,"vocab_size":300,"num_local_experts":4,"num_experts_per_tok":2}`,
+		`{"model_type":"deepseek_v3","hidden_size":64,"intermediate_size":96,"moe_intermediate_size":32,"num_hidden_layers":3,` +
+			`"num_attention_heads":4,"vocab_size":300,"q_lora_rank":24,"kv_lora_rank":16,"qk_nope_head_dim":8,` +
+			`"qk_rope_head_dim":8,"v_head_dim":8,"n_routed_experts":4,"n_shared_experts":1,"num_experts_per_tok":2,` +
+			`"first_k_dense_replace":1,"scoring_func":"sigmoid","topk_method":"noaux_tc","n_group":2,"topk_group":1,` +
+			`"norm_topk_prob":true,"routed_scaling_factor":2.5,"rope_scaling":{"type":"yarn","factor":4,` +
+			`"original_max_position_embeddings":64}}`,
+	} {
+		f.Add([]byte(c))
+	}
+	f.Fuzz(func(t *testing.T, config []byte) {
+		dir := writeHF(t, newTinyModel(3, false), hfOptions{shards: 1})
+		if err := os.WriteFile(filepath.Join(dir, "config.json"), config, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if m, err := Load(dir); err == nil {
+			m.Close()
+		}
+	})
+}
