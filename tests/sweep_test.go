@@ -216,8 +216,14 @@ func sweep(t *testing.T, runs int, stream uint64, trace func(*testing.T, *rand.R
 // length: prompts of up to 64, 512 or 4 000 tokens, outputs of up to 16,
 // 256 or 2 048, some sharing prefix blocks, all at once or spread.
 func sweepTrace(t *testing.T, rng *rand.Rand, path string) int {
-	n := []int{20, 60, 200}[rng.IntN(3)]
-	maxIn, maxOut := []int{64, 512, 4000}[rng.IntN(3)], []int{16, 256, 2048}[rng.IntN(3)]
+	return sweepTraceOf(t, rng, path, []int{20, 60, 200}, []int{16, 256, 2048})
+}
+
+// sweepTraceOf is sweepTrace drawing the request count from counts and the
+// longest output from maxOuts.
+func sweepTraceOf(t *testing.T, rng *rand.Rand, path string, counts, maxOuts []int) int {
+	n := counts[rng.IntN(len(counts))]
+	maxIn, maxOut := []int{64, 512, 4000}[rng.IntN(3)], maxOuts[rng.IntN(len(maxOuts))]
 	gap := []int{0, 1, 50}[rng.IntN(3)]
 	var b bytes.Buffer
 	for i := 0; i < n; i++ {
