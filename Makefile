@@ -4,7 +4,7 @@
 #   make test     native tests (ctest) and every Go test (fetches the test model first)
 #   make model    install the test model into the model cache
 #   make fuzz     bounded fuzzing (KV pool operations, trace parser, config YAML, scenario JSON,
-#                 store frames, hellos, collective headers)
+#                 store frames, hellos, collective headers, model files, HTTP bodies, cost profiles)
 #   make bench    Go benchmarks (engine step, executor iteration, scheduler, kvpool; the
 #                 deep-queue pass and routing, 128k admission and host CPU per decode
 #                 iteration in CPU time, docs/scheduling.md),
@@ -74,8 +74,9 @@ test-go: native model
 # trace parser, the worker's YAML config, the dry-run scenario JSON and
 # dry runs of generated scenarios, the bootstrap store's request frames, the
 # store's and TCP transport's hello, the checked protocol's collective
-# headers, GGUF files, tokenizer.json, chat templates and the HTTP API's
-# request bodies, FUZZTIME each.
+# headers, GGUF files, tokenizer.json, a Hugging Face config.json, chat
+# templates, the HTTP API's request bodies, twin cost profiles and measured
+# rates, FUZZTIME each.
 FUZZTIME ?= 10s
 fuzz:
 	GO=$(GO) scripts/fuzz-one.sh ./kvpool 'FuzzPoolOperations' $(FUZZTIME)
@@ -90,6 +91,9 @@ fuzz:
 	GO=$(GO) scripts/fuzz-one.sh ./model '^FuzzHFTokenizer$$' $(FUZZTIME)
 	GO=$(GO) scripts/fuzz-one.sh ./model/jinja '^FuzzRender$$' $(FUZZTIME)
 	GO=$(GO) scripts/fuzz-one.sh ./serve '^FuzzRequestDecoding$$' $(FUZZTIME)
+	GO=$(GO) scripts/fuzz-one.sh ./model '^FuzzHFConfig$$' $(FUZZTIME)
+	GO=$(GO) scripts/fuzz-one.sh ./bridge/twin '^FuzzReadProfile$$' $(FUZZTIME)
+	GO=$(GO) scripts/fuzz-one.sh ./bridge/twin '^FuzzMeasurements$$' $(FUZZTIME)
 
 # The concurrent packages (collectives, executor ranks, engine goroutine)
 # once more under the race detector. Whole-run end-to-end tests skip
