@@ -110,6 +110,42 @@ func TestRandomSchedulerKnobsServeOrRefuse(t *testing.T) {
 	})
 }
 
+// TestRandomTwinProfilesServeOrRefuse is the same check over the twin's
+// whole cost model, which the sweeps above draw only two GPUs and three
+// models of: every built-in model on every built-in GPU, BF16, FP8 or NVFP4
+// weights and KV, tensor parallelism up to 8, nodes of 2 to 72 GPUs, skewed
+// expert routing, fleet-wide CUDA graphs with their largest captured batch,
+// MoE padding. A NaN or infinite figure would fail too: the report could
+// not be written. LOCKSTEP_SWEEP_RUNS sets the number of runs (default 120,
+// about 10 s).
+func TestRandomTwinProfilesServeOrRefuse(t *testing.T) {
+	if racetest.Enabled {
+		t.Skip("end-to-end runs of the worker binary: covered by the normal pass")
+	}
+	sweep(t, 120, 0x7a1f, sweepTrace, func(rng *rand.Rand, path string) []string {
+		pick := func(v ...string) string { return v[rng.IntN(len(v))] }
+		args := drawTwinDeployment(rng, path, "1", "2", "4", "8")
+		maybe := func(p float64, extra ...string) {
+			if rng.Float64() < p {
+				args = append(args, extra...)
+			}
+		}
+		model := pick("tiny", "moe-tiny", "deepseek-tiny", "llama-2-7b", "llama-2-70b", "llama-8b",
+			"llama-70b", "mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3", "kimi-k2")
+		args = append(args, "--model", model, "--gpu", pick("h100", "h200", "b200", "gb300"))
+		maybe(0.4, "--weight-dtype", pick("bf16", "fp8", "nvfp4"))
+		maybe(0.4, "--kv-dtype", pick("bf16", "fp8"))
+		maybe(0.3, "--tp", pick("1", "2", "4", "8"))
+		maybe(0.3, "--gpus-per-node", pick("2", "8", "72"))
+		maybe(0.3, "--twin-cuda-graph", "fleet", "--twin-cuda-graph-max-batch-size", pick("1", "64", "512"))
+		if !slices.Contains([]string{"tiny", "llama-2-7b", "llama-2-70b", "llama-8b", "llama-70b"}, model) {
+			maybe(0.4, "--expert-zipf", pick("0", "0.7", "2"))
+			maybe(0.4, "--twin-moe-dp-padding")
+		}
+		return args
+	})
+}
+
 // drawSchedulerKnobs draws the scheduler knobs of
 // TestRandomSchedulerKnobsServeOrRefuse: a YAML config beside the trace and
 // some flags.
@@ -204,6 +240,9 @@ func sweep(t *testing.T, runs int, stream uint64, trace func(*testing.T, *rand.R
 		case errors.As(err, &exit) && (exit.ExitCode() == 2 ||
 			exit.ExitCode() == 1 && strings.Contains(errb.String(), "can ever be served with this configuration")):
 			refused++ // refused before any work, saying why
+			if testing.Verbose() {
+				t.Logf("seed %d refused: %s", seed, lastLine(errb.String()))
+			}
 		default:
 			t.Fatalf("seed %d: %v: %s\n%s", seed, err, lastLine(errb.String()), cmdline)
 		}
