@@ -80,11 +80,9 @@ func Run(o *Options, stderr io.Writer, getenv func(string) string) (*Outcome, er
 			log.Warn(w)
 		}
 	}
-	if o.out, err = o.openOutputs(launch, log, getenv); err != nil {
-		return nil, err
-	}
-	defer o.out.close() //nolint:errcheck // closed again below, where its errors are reported
-	// A server's requests come over HTTP: no workload (the built-in
+	// The workload is read and judged before any output is opened: a run
+	// refused for its trace leaves the files of an earlier run as they
+	// were. A server's requests come over HTTP: no workload (the built-in
 	// sample is `worker run`'s default).
 	var reqs []workload.Request
 	if o.API == nil {
@@ -95,6 +93,10 @@ func Run(o *Options, stderr io.Writer, getenv func(string) string) (*Outcome, er
 	if err := o.checkServable(sc, reqs); err != nil {
 		return nil, err
 	}
+	if o.out, err = o.openOutputs(launch, log, getenv); err != nil {
+		return nil, err
+	}
+	defer o.out.close() //nolint:errcheck // closed again below, where its errors are reported
 	var res *Result
 	if launch.MultiProcess() {
 		res, err = runProcess(o, sc, reqs, launch, log, stderr, getenv)

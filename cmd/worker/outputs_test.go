@@ -147,3 +147,36 @@ func TestOutputOverAnInputRefused(t *testing.T) {
 		require.Equal(t, body, got, "the trace is untouched")
 	}
 }
+
+// A run refused for its workload (a malformed trace, or requests none of
+// which the configuration can serve) opens no output: the iteration log,
+// per-request file and KV events of an earlier run stay as they were
+// (before, they were truncated before the trace was read).
+func TestRefusedWorkloadKeepsEarlierOutputs(t *testing.T) {
+	dir := t.TempDir()
+	bad := filepath.Join(dir, "bad.jsonl")
+	require.NoError(t, os.WriteFile(bad, []byte(`{"timestamp": 0, "input_length": 3000, "output_length": 4, "hash_ids": [1]}`+"\n"), 0o644))
+	never := filepath.Join(dir, "never.jsonl")
+	require.NoError(t, os.WriteFile(never, []byte(`{"timestamp": 0, "input_length": 2000, "output_length": 4, "hash_ids": [1, 2, 3, 4]}`+"\n"), 0o644))
+	outs := []string{"--iter-log", filepath.Join(dir, "iter.jsonl"), "--requests-out", filepath.Join(dir, "req.jsonl"),
+		"--kv-events", filepath.Join(dir, "kv.jsonl")}
+	for i := 1; i < len(outs); i += 2 {
+		require.NoError(t, os.WriteFile(outs[i], []byte("an earlier run's output\n"), 0o644))
+	}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--trace", bad}, `field "hash_ids" has 1 blocks but input_length 3000 needs`},
+		{[]string{"--trace", never, "--pages", "1", "--tokens-per-page", "4"}, "can ever be served"},
+	} {
+		code, _, stderr := runCLI(t, append(append(append([]string{}, fakeRun...), c.args...), outs...)...)
+		require.NotEqual(t, 0, code, stderr)
+		require.Contains(t, stderr, c.want)
+		for i := 1; i < len(outs); i += 2 {
+			got, err := os.ReadFile(outs[i])
+			require.NoError(t, err)
+			require.Equal(t, "an earlier run's output\n", string(got), "%s is untouched", outs[i-1])
+		}
+	}
+}
