@@ -85,24 +85,27 @@ func loadgenMain(ctx context.Context, args []string, stdout, stderr io.Writer, g
 	if err := usage.OneOf("--report", format, "text", "json"); err != nil {
 		return err
 	}
-	var reqOut *report.OutputFile
 	if requestsOut != "" {
 		for _, in := range []struct{ flag, path string }{{"--trace", o.Trace}, {"--prompts", o.PromptsFile}} {
 			if in.path != "" && requestsOut != "-" && report.SameFile(requestsOut, in.path) {
 				return usage.Errorf("--requests-out %q is the file %s reads: writing it would destroy it", requestsOut, in.flag)
 			}
 		}
-		var err error
-		if reqOut, err = report.CreateOutput("--requests-out", requestsOut, false, nil); err != nil {
-			return usage.Wrap(err)
-		}
-		defer reqOut.Close() //nolint:errcheck // closed again below, where its error is reported
 	}
+	// The workload and the server first: a replay refused for either
+	// leaves an earlier --requests-out file as it was.
 	g, err := loadgen.New(ctx, &o, stderr)
 	if err != nil {
 		return err
 	}
 	defer g.Close()
+	var reqOut *report.OutputFile
+	if requestsOut != "" {
+		if reqOut, err = report.CreateOutput("--requests-out", requestsOut, false, nil); err != nil {
+			return usage.Wrap(err)
+		}
+		defer reqOut.Close() //nolint:errcheck // closed again below, where its error is reported
+	}
 	results, wall := g.Replay(ctx)
 	rep := g.Report(results, wall)
 	if format == "json" {

@@ -584,3 +584,31 @@ func TestLoadgenFlags(t *testing.T) {
 		require.Contains(t, errb.String(), c.want, c.args)
 	}
 }
+
+// A replay refused for its workload or its server opens no output: an
+// earlier --requests-out file stays as it was (before, it was truncated
+// first).
+func TestLoadgenRefusalKeepsRequestsOut(t *testing.T) {
+	dir := t.TempDir()
+	bad := filepath.Join(dir, "bad.jsonl")
+	require.NoError(t, os.WriteFile(bad, []byte(`{"timestamp": 0, "input_length": 3000, "output_length": 4, "hash_ids": [1]}`+"\n"), 0o644))
+	good := filepath.Join(dir, "good.jsonl")
+	require.NoError(t, os.WriteFile(good, []byte(`{"timestamp": 0, "input_length": 40, "output_length": 4, "hash_ids": [1]}`+"\n"), 0o644))
+	out := filepath.Join(dir, "requests.jsonl")
+	require.NoError(t, os.WriteFile(out, []byte("an earlier replay\n"), 0o644))
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--model", "m", "--trace", bad}, `needs 6 blocks`},
+		{[]string{"--trace", good, "--url", "http://127.0.0.1:1"}, "GET /v1/models"}, // nobody listens on port 1
+	} {
+		var stdout, stderr bytes.Buffer
+		code := run(append(append([]string{"loadgen"}, c.args...), "--requests-out", out), &stdout, &stderr)
+		require.NotEqual(t, 0, code)
+		require.Contains(t, stderr.String(), c.want)
+		got, err := os.ReadFile(out)
+		require.NoError(t, err)
+		require.Equal(t, "an earlier replay\n", string(got), "%v: --requests-out is untouched", c.args)
+	}
+}
