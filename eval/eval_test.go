@@ -251,6 +251,15 @@ func TestValidateRefuses(t *testing.T) {
 		err := e.Validate()
 		require.ErrorContains(t, err, tc.want)
 	}
+	// A trace it cannot read is refused in Validate, before Run clears the
+	// directory's earlier report.
+	bad := filepath.Join(t.TempDir(), "bad.jsonl")
+	require.NoError(t, os.WriteFile(bad, []byte(`{"timestamp": 0, "input_length": 3000, "output_length": 4, "hash_ids": [1]}`+"\n"), 0o644))
+	for trace, want := range map[string]string{bad: "bad.jsonl:1: field \"hash_ids\" has 1 blocks", "missing.jsonl": "--trace: trace: open missing.jsonl"} {
+		e := Defaults()
+		e.Trace, e.Out = trace, "out"
+		require.ErrorContains(t, e.Validate(), want)
+	}
 	_, err := ParseSweep("0.3,x")
 	require.ErrorContains(t, err, `--sweep: "x" is not a number`)
 	x, err := ParseSweep(" 0.3, 0.5 ,")

@@ -119,6 +119,12 @@ func (e *Options) Validate() error {
 			return usage.Errorf("--gpu %s --model %s: %v", e.GPU, m, err)
 		}
 	}
+	// The trace's slice is read once here, so that a malformed one is
+	// refused before the directory's earlier report is cleared.
+	if _, err := workload.ReadFile(e.Trace, workload.Options{Limit: e.Limit, LengthScale: 1, VocabSize: 2,
+		Ranks: e.Ranks}); err != nil {
+		return usage.Errorf("--trace: %v", err)
+	}
 	return nil
 }
 
