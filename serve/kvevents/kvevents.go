@@ -208,21 +208,26 @@ func New(cfg Config) (*Publisher, error) {
 	// subscriber that binds (a KV-aware router) may start after lockstep,
 	// or restart. Until it is there, batches go nowhere (PUB semantics);
 	// the replay endpoint has them.
-	p.pub = zmq4.NewPub(ctx, zmq4.WithDialerMaxRetries(-1), zmq4.WithAutomaticReconnect(true))
+	p.pub = zmq4.NewPub(ctx, zmq4.WithDialerMaxRetries(-1), zmq4.WithAutomaticReconnect(true), zmq4.WithLogger(zmqLog))
 	if cfg.HWM > 0 {
 		if err := p.pub.SetOption(zmq4.OptionHWM, cfg.HWM); err != nil {
 			cancel()
 			return nil, fmt.Errorf("kv events: hwm: %w", err)
 		}
 	}
-	if binds(ep) {
-		err = p.pub.Listen(ep)
-	} else if err = dialable(ep); err == nil {
-		p.wg.Add(1)
-		go func() {
-			defer p.wg.Done()
-			p.pub.Dial(ep) //nolint:errcheck // returns once connected, or with the socket's end
-		}()
+	gep, err := guarded(ep)
+	switch {
+	case err != nil:
+	case binds(ep):
+		err = p.pub.Listen(gep)
+	default:
+		if err = dialable(ep); err == nil {
+			p.wg.Add(1)
+			go func() {
+				defer p.wg.Done()
+				p.pub.Dial(gep) //nolint:errcheck // returns once connected, or with the socket's end
+			}()
+		}
 	}
 	if err != nil {
 		p.pub.Close()
@@ -230,8 +235,13 @@ func New(cfg Config) (*Publisher, error) {
 		return nil, fmt.Errorf("kv events: endpoint %s (rank %d): %w", ep, cfg.DPRank, err)
 	}
 	if rep != "" {
-		p.replay = zmq4.NewRouter(ctx, zmq4.WithID(zmq4.SocketIdentity(fmt.Sprintf("lockstep-kv-replay-%d", cfg.DPRank))))
-		if err := p.replay.Listen(rep); err != nil {
+		p.replay = zmq4.NewRouter(ctx, zmq4.WithID(zmq4.SocketIdentity(fmt.Sprintf("lockstep-kv-replay-%d", cfg.DPRank))),
+			zmq4.WithLogger(zmqLog))
+		grep, err := guarded(rep)
+		if err == nil {
+			err = p.replay.Listen(grep)
+		}
+		if err != nil {
 			p.pub.Close()
 			p.replay.Close()
 			cancel()

@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"io"
 	"net"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -261,4 +263,64 @@ func TestPublishNeverWaitsForTheSender(t *testing.T) {
 	require.Equal(t, []uint64{3, 4, 5}, ring)
 	require.Equal(t, uint64(0), (<-p.queue).seq)
 	require.Equal(t, uint64(1), (<-p.queue).seq)
+}
+
+// A peer of the PUB or replay port that announces a huge frame (here a
+// command frame of 2^62 bytes right after a valid greeting, where
+// go-zeromq's handshake reads READY) is disconnected; before, the library
+// allocated the announced size and panicked the process ("makeslice: len
+// out of range"). Subscribers and replay clients keep working, and
+// connections that fail their handshake reach stderr sparsely.
+func TestPeerAnnouncingAHugeFrameIsDisconnected(t *testing.T) {
+	p, err := New(Config{Endpoint: "tcp://*:0", ReplayEndpoint: "tcp://*:0", Topic: "kv", BufferSteps: 2})
+	require.NoError(t, err)
+	defer p.Close()
+	port := func(a string) string { return a[strings.LastIndexByte(a, ':'):] }
+	greeting := make([]byte, zmtpGreeting)
+	greeting[0], greeting[9], greeting[10] = 0xff, 0x7f, 3
+	copy(greeting[12:], "NULL")
+	huge := append(append([]byte{}, greeting...), 0x06, 0x40, 0, 0, 0, 0, 0, 0, 0) // COMMAND|LONG, 2^62
+	for _, addr := range []string{p.Addr(), p.ReplayAddr()} {
+		for range 3 {
+			c, err := net.Dial("tcp", "127.0.0.1"+port(addr))
+			require.NoError(t, err)
+			_, err = c.Write(huge)
+			require.NoError(t, err)
+			c.SetReadDeadline(time.Now().Add(10 * time.Second)) //nolint:errcheck
+			_, err = io.ReadAll(c)                              // the server's greeting, then the close (or a reset)
+			require.NotErrorIs(t, err, os.ErrDeadlineExceeded, "the server closed the connection")
+			c.Close()
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	sub := zmq4.NewSub(ctx)
+	defer sub.Close()
+	require.NoError(t, sub.Dial("tcp://127.0.0.1"+port(p.Addr())))
+	first := firstBatch(t, ctx, sub, p)
+	require.Equal(t, "kv", string(first.Frames[0]))
+}
+
+// The guard follows frames split anywhere across reads, and refuses only
+// a size over the bound.
+func TestZMTPGuardScan(t *testing.T) {
+	stream := make([]byte, zmtpGreeting)
+	stream = append(stream, 0x04, 3, 'a', 'b', 'c')       // short command of 3 bytes
+	stream = append(stream, 0x02, 0, 0, 0, 0, 0, 0, 1, 0) // long frame of 256 bytes
+	stream = append(stream, make([]byte, 256)...)         //
+	stream = append(stream, 0x01, 0, 0x00, 1, 'x')        // empty MORE frame, then 1 byte
+	for split := 1; split <= len(stream); split++ {
+		g := &zmtpGuard{greeting: zmtpGreeting}
+		for b := stream; len(b) > 0; {
+			k := min(split, len(b))
+			require.True(t, g.scan(b[:k]), "split %d", split)
+			b = b[k:]
+		}
+		require.Zero(t, g.body+uint64(g.sizeLeft), "split %d: at a frame boundary", split)
+	}
+	g := &zmtpGuard{greeting: zmtpGreeting}
+	over := append(make([]byte, zmtpGreeting), 0x02, 0, 0, 0, 0, 0, 0x10, 0, 1) // 1 MiB + 1
+	require.False(t, g.scan(over))
+	g = &zmtpGuard{greeting: zmtpGreeting}
+	require.True(t, g.scan(append(make([]byte, zmtpGreeting), 0x02, 0, 0, 0, 0, 0, 0x10, 0, 0)), "exactly 1 MiB")
 }
