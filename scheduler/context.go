@@ -201,11 +201,11 @@ func (s *Scheduler) suspendForContext(requesterIdx, n int) bool {
 // order as the full scan.
 func (s *Scheduler) preemptForPages(requesterIdx int) bool {
 	lo, hi := 0, len(s.list)-1
-	if s.cfg.Helix {
+	if s.behindOnly() {
 		lo = requesterIdx + 1
 	}
 	if m := &s.victims; m.on && m.failed {
-		if s.cfg.Helix {
+		if s.behindOnly() {
 			// Nothing behind the earlier requester qualified; it may itself.
 			hi = min(hi, m.requester)
 		} else {
@@ -222,7 +222,7 @@ func (s *Scheduler) preemptForPages(requesterIdx int) bool {
 		s.flags[j] |= flagPreempted
 		return true
 	}
-	if s.cfg.Helix && s.victims.failed {
+	if s.behindOnly() && s.victims.failed {
 		s.victims.requester = min(s.victims.requester, requesterIdx)
 	} else {
 		s.victims.failed, s.victims.requester = true, requesterIdx
@@ -230,6 +230,18 @@ func (s *Scheduler) preemptForPages(requesterIdx int) bool {
 	s.victims.requesterOut = false
 	return false
 }
+
+// behindOnly reports whether a context preemption takes its victim only
+// from behind the requester in arrival order: under Helix (§13), and,
+// a deliberate difference from §12, whenever long-prefill demotion is on.
+// Demotion's aging flips two long prefills' places in the visiting order
+// every K + 1 passes; with victims from anywhere in the list, each, let
+// through in its turn, recompute-paused the other (the newest other
+// request) before either finished, when the pool held only one of them:
+// a livelock that never tripped the stall detector (found by a sweep,
+// seed 4 246 of TestRandomSchedulerKnobsServeOrRefuse). Behind only, the
+// head of the list is never preempted by a later request, so it finishes.
+func (s *Scheduler) behindOnly() bool { return s.cfg.Helix || s.st.demotion }
 
 // victimEligible is the context-preemption victim predicate of list index j
 // (the requester aside).
@@ -267,8 +279,8 @@ type victimMemo struct {
 }
 
 // exhausted reports that no victim can be freed for the request at idx
-// (outside Helix: its callers run only with the fast skip, which is off
-// under Helix):
+// (when victims may come from anywhere in the list: its callers run only
+// with the fast skip, which is off where they come from behind only):
 // a search failed in this pass and its requester (the only request left
 // open) is idx itself or does not qualify.
 func (m *victimMemo) exhausted(s *Scheduler, idx int) bool {

@@ -201,10 +201,11 @@ func (s *Scheduler) begin(active []*Request, executing []uint64) {
 	s.victims = victimMemo{on: !s.host}
 	// The O(1) skip of blocked first chunks (firstChunkBlocked) covers the
 	// chunked MAX_UTILIZATION path without a host tier (no suspension for a
-	// context) and outside Helix; elsewhere every first chunk is tried.
+	// context) where a context preemption may take any victim (not Helix,
+	// not demotion: behindOnly); elsewhere every first chunk is tried.
 	s.exhausted = false
 	s.gated, s.running = false, -1
-	s.fastSkip = s.st.chunked && s.cfg.Policy == MaxUtilization && !s.cfg.Helix && !s.kv.HasHostTier()
+	s.fastSkip = s.st.chunked && s.cfg.Policy == MaxUtilization && !s.behindOnly() && !s.kv.HasHostTier()
 
 	if cap(s.flags) < len(active) {
 		s.flags = make([]uint8, len(active), len(active)+len(active)/4)
