@@ -249,3 +249,32 @@ func TestAdmissionNewTokensCutToMaxSeqLen(t *testing.T) {
 	a.MaxSeqLen = 0
 	require.Equal(t, RulePagesToCompletion, a.Verdict(16, 50).Rule, "without max_seq_len the whole request is judged")
 }
+
+// With demotion on, a context chunk visited before an earlier request (here
+// B, whose small estimate keeps it NORMAL, ahead of the demoted
+// continuation A) does not recompute-pause that earlier request when its
+// pages are refused: victims come only from behind the requester, as under
+// Helix, so the head of the list cannot be paused for a later arrival. A
+// then grows into the free pages. (Spec §12 would pause A, the newest other
+// request; docs/scheduling.md, "Demotion".) Without demotion A is visited
+// first, grows, and is protected.
+func TestDemotionPreemptsOnlyBehindTheRequester(t *testing.T) {
+	for _, demote := range []bool{false, true} {
+		f := newFakeKV()
+		f.P, f.pages = 4, 12
+		cfg := Config{MaxBatchSize: 8, MaxNumTokens: 64, ChunkedContext: true, ChunkUnitSize: 4, LedgerBlockTokens: 4,
+			RecomputePause: true}
+		if demote {
+			cfg.Demotion = Demotion{UncachedTokens: 4}
+		}
+		s, err := New(cfg, f)
+		require.NoError(t, err)
+		a := withEst(contAt(1, 40, 8), 48) // 8 left > U: demoted
+		f.setActive(1, 40)                 // 10 of the 12 pages
+		b := withEst(ctx(2, 12), 4)        // estimate ≤ U: NORMAL, visited first with demotion; needs 3 pages
+		out, err := s.Schedule([]*Request{a, b}, nil)
+		require.NoError(t, err)
+		require.Empty(t, out.RecomputePaused, "demotion %v: B may not pause A, which arrived first", demote)
+		require.Equal(t, []*Request{a}, out.Context, "demotion %v: A grows into the 2 free pages", demote)
+	}
+}
