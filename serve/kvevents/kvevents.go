@@ -207,8 +207,15 @@ func New(cfg Config) (*Publisher, error) {
 	// it goes away, as libzmq's connect does for vLLM's publisher: the
 	// subscriber that binds (a KV-aware router) may start after lockstep,
 	// or restart. Until it is there, batches go nowhere (PUB semantics);
-	// the replay endpoint has them.
-	p.pub = zmq4.NewPub(ctx, zmq4.WithDialerMaxRetries(-1), zmq4.WithAutomaticReconnect(true), zmq4.WithLogger(zmqLog))
+	// the replay endpoint has them. A bound one must not reconnect: zmq4
+	// redials the socket's endpoint whenever any connection closes, so a
+	// subscriber leaving a bound PUB made it dial its own listening address
+	// (and race with Close).
+	opts := []zmq4.Option{zmq4.WithLogger(zmqLog)}
+	if !binds(ep) {
+		opts = append(opts, zmq4.WithDialerMaxRetries(-1), zmq4.WithAutomaticReconnect(true))
+	}
+	p.pub = zmq4.NewPub(ctx, opts...)
 	if cfg.HWM > 0 {
 		if err := p.pub.SetOption(zmq4.OptionHWM, cfg.HWM); err != nil {
 			cancel()
