@@ -39,9 +39,11 @@ type KV interface {
 	PagesToCompletion(r *scheduler.Request) int
 	// Utilization is 1 − (free + cached reusable pages) / device pages.
 	Utilization() float64
-	// TotalPages and FreePages describe the device pool.
+	// TotalPages, FreePages and CachedPages describe the device pool: a
+	// cached page holds a committed block no sequence references (evictable).
 	TotalPages() int
 	FreePages() int
+	CachedPages() int
 	// TokensPerPage is P.
 	TokensPerPage() int
 	// TakeCopyRuns returns the page copies decided since the last call, in

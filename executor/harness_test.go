@@ -49,6 +49,8 @@ type fleet struct {
 	balance ADPBalance
 	// maxActive is every rank's cap H (Config.MaxActivePerRank; 0: the default).
 	maxActive int
+	// onIteration is every rank's Config.OnIteration (rank 0 calls it).
+	onIteration func(FleetStats)
 }
 
 type recordingWriter struct {
@@ -123,7 +125,8 @@ func (f *fleet) run(t testing.TB) {
 		}
 		f.execs[i], err = New(Config{Rank: i, Ranks: f.ranks, StopTokens: f.stopTokens, Scheduler: f.sched, IterLog: f.iterLog[i],
 			MaxIdleSleep: time.Millisecond, Overlap: f.overlap, Events: f.events > 0, EventSink: f.eventLog,
-			EventBufferMaxSize: f.events, ADPBalance: f.balance, MaxActivePerRank: f.maxActive}, d)
+			EventBufferMaxSize: f.events, ADPBalance: f.balance, MaxActivePerRank: f.maxActive,
+			OnIteration: f.onIteration}, d)
 		require.NoError(t, err)
 	}
 	f.results = make([]*Result, f.ranks)

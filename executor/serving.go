@@ -54,9 +54,13 @@ type FleetStats struct {
 	CostPublications int
 }
 
-// load is this rank's RankLoad now.
+// load is this rank's RankLoad now. Used pages are those sequences hold:
+// cached pages no sequence references are evictable on demand and count as
+// free, as vLLM's kv_cache_usage_perc counts its cached blocks with no
+// reference (its free queue holds them) and as the iteration log's kv_util.
 func (e *Executor) load() RankLoad {
-	l := RankLoad{UsedPages: int64(e.d.KV.TotalPages() - e.d.KV.FreePages()), Pages: int64(e.d.KV.TotalPages()),
+	kv := e.d.KV
+	l := RankLoad{UsedPages: int64(kv.TotalPages() - kv.FreePages() - kv.CachedPages()), Pages: int64(kv.TotalPages()),
 		Suspended: e.suspends, Recompute: e.recomputes}
 	for _, r := range e.active {
 		switch {
