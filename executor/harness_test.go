@@ -49,7 +49,8 @@ type fleet struct {
 	balance ADPBalance
 	// maxActive is every rank's cap H (Config.MaxActivePerRank; 0: the default).
 	maxActive int
-	// onIteration is every rank's Config.OnIteration (rank 0 calls it).
+	// onIteration is rank 0's Config.OnIteration; with it every rank
+	// streams (Config.Stream), as a server's ranks do.
 	onIteration func(FleetStats)
 }
 
@@ -123,10 +124,18 @@ func (f *fleet) run(t testing.TB) {
 		if i == 0 {
 			d.Source = source
 		}
-		f.execs[i], err = New(Config{Rank: i, Ranks: f.ranks, StopTokens: f.stopTokens, Scheduler: f.sched, IterLog: f.iterLog[i],
+		ecfg := Config{Rank: i, Ranks: f.ranks, StopTokens: f.stopTokens, Scheduler: f.sched, IterLog: f.iterLog[i],
 			MaxIdleSleep: time.Millisecond, Overlap: f.overlap, Events: f.events > 0, EventSink: f.eventLog,
-			EventBufferMaxSize: f.events, ADPBalance: f.balance, MaxActivePerRank: f.maxActive,
-			OnIteration: f.onIteration}, d)
+			EventBufferMaxSize: f.events, ADPBalance: f.balance, MaxActivePerRank: f.maxActive}
+		if f.onIteration != nil {
+			// As a server sets it up (fleet/rank.go): the serving gathers
+			// on every rank, the hook on rank 0's alone.
+			ecfg.Stream = true
+			if i == 0 {
+				ecfg.OnIteration = f.onIteration
+			}
+		}
+		f.execs[i], err = New(ecfg, d)
 		require.NoError(t, err)
 	}
 	f.results = make([]*Result, f.ranks)

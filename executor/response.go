@@ -39,8 +39,8 @@ const NoRank = -1
 
 // responseBatch is the payload of the response gathers (C7, C8): the sending
 // rank's busy time in this iteration (C8 only) and its responses; with
-// Config.Stream, the tokens its requests produced (C7); with
-// Config.OnIteration, its load (C8).
+// Config.Stream, the tokens its requests produced (C7); while serving
+// (Config.Stream, on every rank) or with Config.OnIteration, its load (C8).
 type responseBatch struct {
 	DeviceUS int64
 	// Tokens is the real tokens of the batch DeviceUS timed (0 without a
@@ -311,7 +311,9 @@ func (e *Executor) gatherResponses(name string, rs []Response, deviceUS, tokens 
 		deltas, e.deltas = e.deltas, e.deltas[:0]
 	}
 	var load RankLoad
-	if name == "pending_responses" && e.cfg.OnIteration != nil {
+	if name == "pending_responses" && (e.cfg.Stream || e.cfg.OnIteration != nil) {
+		// Every rank of a server sends its load: only rank 0 has the
+		// OnIteration hook that reads them.
 		load = e.load()
 	}
 	if !e.adp() {

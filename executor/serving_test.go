@@ -6,31 +6,44 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// TestRankLoadCountsCachedPagesFree: with prefix reuse, a rank's used pages
-// are those its sequences hold; the cached blocks left behind by finished
-// requests are evictable and count as free (vLLM's kv_cache_usage_perc).
-// Before, an idle server reported its pool nearly full once the cache
-// had filled it.
-func TestRankLoadCountsCachedPagesFree(t *testing.T) {
+// TestEveryRankSendsItsLoad: every rank of a server sends its load
+// (before, only rank 0, the one with the hook, computed it: the others
+// reported zeros), and with prefix reuse a rank's used pages are those its
+// sequences hold; the cached blocks left behind by finished requests are
+// evictable and count as free (vLLM's kv_cache_usage_perc). Before, an
+// idle server reported its pool nearly full once the cache had filled it.
+func TestEveryRankSendsItsLoad(t *testing.T) {
 	reqs := sampleRequests(t, 24, 0.02)
-	var last FleetStats
-	iters := 0
+	for i := range reqs {
+		reqs[i].MaxNewTokens = 16
+	}
+	var stats []FleetStats
 	f := &fleet{ranks: 2, events: 64, reqs: reqs, onIteration: func(st FleetStats) {
-		iters++
-		last = st
-		for r, l := range st.Ranks {
-			require.GreaterOrEqual(t, l.UsedPages, int64(0), "iteration %d rank %d", st.Iter, r)
-			require.LessOrEqual(t, l.UsedPages, l.Pages, "iteration %d rank %d", st.Iter, r)
-		}
+		// Rank 0's loop goroutine: kept and checked after the run.
+		stats = append(stats, st)
 	}}
 	f.mustRun(t)
-	require.Positive(t, iters)
+	require.NotEmpty(t, stats)
+	var maxRunning, maxUsed [2]int64
+	for _, st := range stats {
+		require.Len(t, st.Ranks, 2)
+		for r, l := range st.Ranks {
+			require.Positive(t, l.Pages, "iteration %d rank %d", st.Iter, r)
+			require.GreaterOrEqual(t, l.UsedPages, int64(0), "iteration %d rank %d", st.Iter, r)
+			require.LessOrEqual(t, l.UsedPages, l.Pages, "iteration %d rank %d", st.Iter, r)
+			maxRunning[r], maxUsed[r] = max(maxRunning[r], l.Running), max(maxUsed[r], l.UsedPages)
+		}
+	}
+	last := stats[len(stats)-1]
+	for r := range 2 {
+		require.Positive(t, maxRunning[r], "rank %d reported running requests (every rank sends its load)", r)
+		require.Positive(t, maxUsed[r], "rank %d reported used pages", r)
+	}
 	cached := 0
 	for _, kv := range f.kvs {
 		cached += kv.CachedPages()
 	}
 	require.Positive(t, cached, "the finished requests leave cached blocks")
-	require.Len(t, last.Ranks, 2)
 	for r, l := range last.Ranks {
 		require.Zero(t, l.Running, "rank %d", r)
 		require.Zero(t, l.UsedPages, "rank %d: no sequence holds a page after the last request", r)
