@@ -45,3 +45,23 @@ func TestAdmissionCapWithoutAttentionDP(t *testing.T) {
 		require.Equal(t, 4, counter.most, "overlap %v: the most requests one pass saw", overlap)
 	}
 }
+
+// TestQueuedRequestsRunWhenEveryRankGoesIdle: under attention DP with the
+// cap H, requests of one length finish on every rank in the same iteration
+// while more wait in the queue and the source has run dry. The next
+// iteration routes them, but the rank states it gathered (before routing)
+// show every rank idle: the loop took that for the end and exited with them
+// admitted and never run (`worker run --overlap off --max-active-per-rank 2`
+// on 12 equal requests: "12 total, 8 completed, 0 rejected").
+func TestQueuedRequestsRunWhenEveryRankGoesIdle(t *testing.T) {
+	reqs := sampleRequests(t, 12, 0.02)
+	for i := range reqs {
+		reqs[i].MaxNewTokens = 4
+	}
+	ref := (&fleet{ranks: 2, reqs: reqs}).mustRun(t)
+	for _, overlap := range []bool{false, true} {
+		f := (&fleet{ranks: 2, reqs: reqs, overlap: overlap, maxActive: 2}).mustRun(t)
+		require.Len(t, f.results[0].Responses, len(reqs), "overlap %v: every request is answered", overlap)
+		require.Equal(t, ref.digest(t), f.digest(t), "overlap %v", overlap)
+	}
+}

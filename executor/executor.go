@@ -105,6 +105,7 @@ type Executor struct {
 	shutdown  bool
 
 	waiting  waitQueue // received, not routed yet (identical on every rank)
+	routed   int       // requests the last route call took from it (identical on every rank)
 	popper   router.Popper
 	putBack  []Arrival // scratch of route: the put-backs of one pop
 	eventBuf []byte

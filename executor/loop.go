@@ -209,10 +209,14 @@ func (e *Executor) fetchAndRoute(p *plan) ([]Arrival, []RankState, error) {
 
 // fleetHasWork reports whether any rank has work in this iteration. It
 // reads only agreed values (the broadcast items, the waiting queue every
-// rank holds, the gathered states; without attention DP the replicated
-// requests), so every rank gets the same answer.
+// rank holds and what this iteration routed from it, the gathered states;
+// without attention DP the replicated requests), so every rank gets the same
+// answer. The states were gathered before routing: requests routed from the
+// queue in this iteration are in none of them, and without counting them a
+// fleet whose ranks all went idle as the source ran dry exited with them
+// admitted and never run.
 func (e *Executor) fleetHasWork(items []Arrival, states []RankState) bool {
-	work := len(items) > 0 || e.waiting.Len() > 0
+	work := len(items) > 0 || e.waiting.Len() > 0 || (e.adp() && e.routed > 0)
 	for i := 0; i < len(states) && !work; i++ {
 		work = states[i].ActiveRequests > 0 || states[i].RetiringRequests > 0
 	}

@@ -15,6 +15,7 @@ import (
 // states, the broadcast items) and keeps its own assignments, with the
 // router's uncached-prefill estimate.
 func (e *Executor) route(items []Arrival, states []RankState) {
+	e.routed = 0
 	e.waiting.PushBack(items)
 	if e.waiting.Len() == 0 {
 		return
@@ -41,6 +42,7 @@ func (e *Executor) route(items []Arrival, states []RankState) {
 		}
 	}
 	taken := p.Taken()
+	e.routed = len(taken)
 	res := e.cfg.Router.Route(taken, rs)
 	for _, i := range res.Order {
 		if res.Ranks[i] == e.cfg.Rank {
