@@ -52,6 +52,10 @@ type FleetStats struct {
 	IterationMS float64
 	// CostPublications counts the online calibrator's publications so far.
 	CostPublications int
+	// Queued is the requests received and not routed to a rank yet (the
+	// waiting queue beyond Config.MaxActivePerRank, the same on every
+	// rank), at the iteration's end.
+	Queued int
 }
 
 // load is this rank's RankLoad now. Used pages are those sequences hold:
@@ -77,7 +81,8 @@ func (e *Executor) load() RankLoad {
 // reportIteration hands the iteration's fleet state to Config.OnIteration.
 func (e *Executor) reportIteration(p *plan) {
 	st := FleetStats{Iter: e.iter, Forward: len(e.iterBusy) > 0, Ranks: append([]RankLoad(nil), e.iterLoads...),
-		IterationMS: float64(e.wall().Sub(p.wallStart).Microseconds()) / 1000, CostPublications: len(e.res.CostPublications)}
+		IterationMS: float64(e.wall().Sub(p.wallStart).Microseconds()) / 1000, CostPublications: len(e.res.CostPublications),
+		Queued: e.waiting.Len()}
 	if st.Forward {
 		st.BusyMS = append([]float64(nil), e.iterBusy...)
 		var sum, max float64

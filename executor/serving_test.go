@@ -49,3 +49,28 @@ func TestEveryRankSendsItsLoad(t *testing.T) {
 		require.Zero(t, l.UsedPages, "rank %d: no sequence holds a page after the last request", r)
 	}
 }
+
+// TestFleetStatsCountTheQueue: requests beyond the ranks' cap H wait in the
+// queue, routed to no rank; FleetStats.Queued counts them (no rank's load
+// does), so a server's metrics see the whole backlog.
+func TestFleetStatsCountTheQueue(t *testing.T) {
+	reqs := sampleRequests(t, 12, 0.02)
+	for i := range reqs {
+		reqs[i].MaxNewTokens = 4
+	}
+	var stats []FleetStats
+	f := &fleet{ranks: 2, maxActive: 2, reqs: reqs, onIteration: func(st FleetStats) { stats = append(stats, st) }}
+	f.mustRun(t)
+	require.NotEmpty(t, stats)
+	first, last := stats[0], stats[len(stats)-1]
+	var held int64
+	for _, l := range first.Ranks {
+		held += l.Running + l.Waiting
+	}
+	require.Equal(t, 12, first.Queued+int(held), "every request is either on a rank or queued: %+v", first)
+	require.Equal(t, 8, first.Queued, "two ranks of cap 2 hold 4 of the 12")
+	for i := 1; i < len(stats); i++ {
+		require.LessOrEqual(t, stats[i].Queued, stats[i-1].Queued, "iteration %d: the queue only drains", stats[i].Iter)
+	}
+	require.Zero(t, last.Queued)
+}

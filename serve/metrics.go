@@ -55,18 +55,18 @@ type Metrics struct {
 
 	ttft, tpot, e2e, queue prometheus.Histogram
 
-	running, waiting prometheus.Gauge
-	iterations       [2]prometheus.Counter  // forward false, true
-	iterDuration     [2]prometheus.Observer // forward false, true
-	waste            prometheus.Gauge
-	busyMax          prometheus.Counter
-	tokenBalance     prometheus.Gauge
-	adpHeld          prometheus.Counter
-	solForward       prometheus.Counter
-	suspends         prometheus.Counter
-	recomputes       prometheus.Counter
-	costPubs         prometheus.Counter
-	ready            prometheus.Gauge
+	running, waiting, queued prometheus.Gauge
+	iterations               [2]prometheus.Counter  // forward false, true
+	iterDuration             [2]prometheus.Observer // forward false, true
+	waste                    prometheus.Gauge
+	busyMax                  prometheus.Counter
+	tokenBalance             prometheus.Gauge
+	adpHeld                  prometheus.Counter
+	solForward               prometheus.Counter
+	suspends                 prometheus.Counter
+	recomputes               prometheus.Counter
+	costPubs                 prometheus.Counter
+	ready                    prometheus.Gauge
 
 	rankRunning, rankKVUsage, rankKVUsed *prometheus.GaugeVec
 	rankBusyTotal                        *prometheus.CounterVec
@@ -190,6 +190,8 @@ func NewMetricsWith(model string, ranks int, opts MetricsOptions) *Metrics {
 		"Requests holding a slot on some rank (sum over ranks).")
 	m.waiting = gauge("lockstep_requests_waiting",
 		"Requests routed to a rank and waiting for their first chunk (sum over ranks).")
+	m.queued = gauge("lockstep_requests_queued",
+		"Requests received and not yet routed to a rank: beyond the ranks' max-active-per-rank cap.")
 	m.rankRunning = gaugeVec("lockstep_rank_requests_running",
 		"Requests holding a slot on the rank.", "rank")
 	m.rankKVUsage = gaugeVec("lockstep_rank_kv_cache_usage_ratio",
@@ -364,6 +366,7 @@ func (m *Metrics) OnIteration(s executor.FleetStats) {
 	}
 	m.running.Set(float64(running))
 	m.waiting.Set(float64(waiting))
+	m.queued.Set(float64(s.Queued))
 	if suspends > 0 {
 		m.suspends.Add(float64(suspends))
 	}

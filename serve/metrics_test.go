@@ -205,11 +205,12 @@ func TestMetricsIterations(t *testing.T) {
 		Ranks: []executor.RankLoad{
 			{Running: 1, Waiting: 0, UsedPages: 30, Pages: 200, Suspended: 3, Recompute: 2},
 			{Running: 4, Waiting: 3, UsedPages: 160, Pages: 200, Suspended: 1, Recompute: 3},
-		}, IterationMS: 9, CostPublications: 3})
+		}, IterationMS: 9, CostPublications: 3, Queued: 17})
 
 	mfs = scrape(t, m)
 	check(t, "running", value(t, mfs, "lockstep_requests_running"), 5)
 	check(t, "waiting", value(t, mfs, "lockstep_requests_waiting"), 3)
+	check(t, "queued", value(t, mfs, "lockstep_requests_queued"), 17)
 	check(t, "rank 0 running", value(t, mfs, "lockstep_rank_requests_running", "rank", "0"), 1)
 	check(t, "rank 1 running", value(t, mfs, "lockstep_rank_requests_running", "rank", "1"), 4)
 	check(t, "rank 0 kv used", value(t, mfs, "lockstep_rank_kv_cache_used_pages", "rank", "0"), 30)
@@ -290,8 +291,8 @@ func TestMetricsLint(t *testing.T) {
 		}
 		ours = append(ours, mf)
 	}
-	if len(ours) != 27 {
-		t.Errorf("%d lockstep families, want 27", len(ours))
+	if len(ours) != 28 {
+		t.Errorf("%d lockstep families, want 28", len(ours))
 	}
 	problems, err := promlint.NewWithMetricFamilies(ours).Lint()
 	if err != nil {
