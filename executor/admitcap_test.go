@@ -2,6 +2,7 @@ package executor
 
 import (
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -63,5 +64,49 @@ func TestQueuedRequestsRunWhenEveryRankGoesIdle(t *testing.T) {
 		f := (&fleet{ranks: 2, reqs: reqs, overlap: overlap, maxActive: 2}).mustRun(t)
 		require.Len(t, f.results[0].Responses, len(reqs), "overlap %v: every request is answered", overlap)
 		require.Equal(t, ref.digest(t), f.digest(t), "overlap %v", overlap)
+	}
+}
+
+// TestCancelledQueuedRequestsNeverRun: a request cancelled while it waits
+// in the queue beyond the cap H (routed to no rank) leaves the queue on
+// every rank and is answered "cancelled" by rank 0 at once, without a
+// token; the others run as before. Before, the cancellation looked only
+// at the ranks' active requests: a client that gave up on a queued request
+// left it to run to its end once routed.
+func TestCancelledQueuedRequestsNeverRun(t *testing.T) {
+	reqs := sampleRequests(t, 12, 0.02)
+	for i := range reqs {
+		reqs[i].MaxNewTokens = 6
+	}
+	ref := (&fleet{ranks: 2, reqs: reqs}).mustRun(t)
+	want := map[uint64][]int32{}
+	for _, r := range ref.results[0].Responses {
+		want[r.ID] = r.Output
+	}
+	for _, overlap := range []bool{false, true} {
+		cancel := map[uint64]bool{}
+		for _, r := range reqs[6:] {
+			cancel[uint64(r.Index)] = true
+		}
+		src := &cancellingSource{TraceSource: NewTraceSource(reqs, time.Now()), after: 1, cancel: cancel,
+			out: map[uint64]int{}, done: map[uint64]bool{}}
+		f := (&fleet{ranks: 2, reqs: reqs, overlap: overlap, maxActive: 1, source: src}).mustRun(t)
+		seen := map[uint64]bool{}
+		for _, r := range f.results[0].Responses {
+			require.False(t, seen[r.ID], "overlap %v: request %d answered twice", overlap, r.ID)
+			seen[r.ID] = true
+			if cancel[r.ID] {
+				require.Equal(t, CancelledError, r.Error, "overlap %v: request %d", overlap, r.ID)
+				require.Equal(t, NoRank, r.Rank, "overlap %v: request %d was routed", overlap, r.ID)
+				require.Empty(t, r.Output, "overlap %v: request %d ran", overlap, r.ID)
+				continue
+			}
+			require.Empty(t, r.Error, "overlap %v: request %d", overlap, r.ID)
+			require.Equal(t, want[r.ID], r.Output, "overlap %v: request %d", overlap, r.ID)
+		}
+		require.Len(t, seen, len(reqs), "overlap %v: every request is answered", overlap)
+		for i, kv := range f.kvs {
+			require.Equal(t, kv.TotalPages(), kv.FreePages()+kv.CachedPages(), "overlap %v: rank %d left pages behind", overlap, i)
+		}
 	}
 }

@@ -104,11 +104,15 @@ type Executor struct {
 	dummy     *request // pendingDummy (§4.2)
 	shutdown  bool
 
-	waiting  waitQueue // received, not routed yet (identical on every rank)
-	routed   int       // requests the last route call took from it (identical on every rank)
-	popper   router.Popper
-	putBack  []Arrival // scratch of route: the put-backs of one pop
-	eventBuf []byte
+	waiting waitQueue // received, not routed yet (identical on every rank)
+	routed  int       // requests the last route call took from it (identical on every rank)
+	// cancelledBuf holds the arrivals cancelQueued took out of the queue;
+	// queueCancels counts them in this iteration (identical on every rank).
+	cancelledBuf []Arrival
+	queueCancels int
+	popper       router.Popper
+	putBack      []Arrival // scratch of route: the put-backs of one pop
+	eventBuf     []byte
 	// wire is the scratch buffer this rank's collective payloads are
 	// encoded into (a Comm does not keep the data it is given).
 	wire         []byte

@@ -146,6 +146,7 @@ func (e *Executor) prologue() (*plan, error) {
 	if e.iterComm != nil {
 		e.iterComm.SetIteration(e.iter)
 	}
+	e.queueCancels = 0
 	items, states, err := e.fetchAndRoute(p)
 	if err != nil {
 		return nil, err
@@ -214,9 +215,10 @@ func (e *Executor) fetchAndRoute(p *plan) ([]Arrival, []RankState, error) {
 // answer. The states were gathered before routing: requests routed from the
 // queue in this iteration are in none of them, and without counting them a
 // fleet whose ranks all went idle as the source ran dry exited with them
-// admitted and never run.
+// admitted and never run. Queued requests cancelled in this iteration are
+// answered at its response gather, which the loop must reach.
 func (e *Executor) fleetHasWork(items []Arrival, states []RankState) bool {
-	work := len(items) > 0 || e.waiting.Len() > 0 || (e.adp() && e.routed > 0)
+	work := len(items) > 0 || e.waiting.Len() > 0 || (e.adp() && e.routed > 0) || e.queueCancels > 0
 	for i := 0; i < len(states) && !work; i++ {
 		work = states[i].ActiveRequests > 0 || states[i].RetiringRequests > 0
 	}

@@ -106,8 +106,15 @@ func (e *Executor) reportIteration(p *plan) {
 func (e *Executor) cancelRequests(ids []uint64) {
 	now := e.cfg.Clock().UnixNano()
 	removed := false
+	var queued map[uint64]bool // ids in no rank's active set: maybe still in the queue
 	for _, id := range ids {
 		r := e.request(id)
+		if r == nil && e.waiting.Len() > 0 {
+			if queued == nil {
+				queued = make(map[uint64]bool)
+			}
+			queued[id] = true
+		}
 		if r == nil || r.IsDummy || r.State == scheduler.Complete {
 			continue
 		}
@@ -121,6 +128,26 @@ func (e *Executor) cancelRequests(ids []uint64) {
 	if removed {
 		e.compactActive()
 	}
+	if len(queued) > 0 {
+		e.cancelQueued(queued, now)
+	}
+}
+
+// cancelQueued takes cancelled requests out of the waiting queue (beyond
+// the cap H, routed to no rank yet): every rank holds the same queue and
+// removes the same ones; rank 0 answers them "cancelled", as it answers the
+// arrivals it rejects before routing. Without it a client that gave up on a
+// queued request left it to run to its end once routed.
+func (e *Executor) cancelQueued(ids map[uint64]bool, now int64) {
+	e.cancelledBuf = e.waiting.Remove(func(a *Arrival) bool { return ids[a.ID] }, e.cancelledBuf[:0])
+	e.queueCancels += len(e.cancelledBuf)
+	if e.cfg.Rank == 0 {
+		for _, a := range e.cancelledBuf {
+			e.pending = append(e.pending, Response{ID: a.ID, Rank: NoRank, ArrivalUnixNS: a.ArrivalUnixNS,
+				FinishUnixNS: max(now, a.ArrivalUnixNS), Error: CancelledError})
+		}
+	}
+	clear(e.cancelledBuf)
 }
 
 // encodeIDs and decodeIDs carry cancelled ids in the arrival broadcast.

@@ -54,6 +54,29 @@ func (q *waitQueue) PushFront(items []Arrival) {
 	}
 }
 
+// Remove takes out, keeping the others' order, the arrivals for which drop
+// is true, and passes each to drop's caller in queue order through the
+// returned slice (appended to out). One pass over the queue.
+func (q *waitQueue) Remove(drop func(*Arrival) bool, out []Arrival) []Arrival {
+	w := 0
+	for i := 0; i < q.n; i++ {
+		a := q.At(i)
+		if drop(a) {
+			out = append(out, *a)
+			continue
+		}
+		if w != i {
+			*q.At(w) = *a
+		}
+		w++
+	}
+	for i := w; i < q.n; i++ {
+		*q.At(i) = Arrival{}
+	}
+	q.n = w
+	return out
+}
+
 // reserve grows the ring to hold n arrivals, keeping their order.
 func (q *waitQueue) reserve(n int) {
 	if n <= len(q.buf) {

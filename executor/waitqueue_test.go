@@ -7,15 +7,15 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// The ring behaves like a plain slice under random pushes, drops and
-// put-backs, across wrap-arounds and growth.
+// The ring behaves like a plain slice under random pushes, drops,
+// put-backs and removals, across wrap-arounds and growth.
 func TestWaitQueueMatchesSlice(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	var q waitQueue
 	var ref []Arrival
 	next := uint64(0)
 	for step := 0; step < 5000; step++ {
-		switch rng.IntN(3) {
+		switch rng.IntN(4) {
 		case 0:
 			var items []Arrival
 			for range rng.IntN(9) {
@@ -36,6 +36,25 @@ func TestWaitQueueMatchesSlice(t *testing.T) {
 			}
 			q.PushFront(items)
 			ref = append(append([]Arrival(nil), items...), ref...)
+		case 3:
+			// Remove (cancellations of queued requests): a random subset.
+			drop := map[uint64]bool{}
+			for _, a := range ref {
+				if rng.IntN(5) == 0 {
+					drop[a.ID] = true
+				}
+			}
+			got := q.Remove(func(a *Arrival) bool { return drop[a.ID] }, nil)
+			var kept, gone []Arrival
+			for _, a := range ref {
+				if drop[a.ID] {
+					gone = append(gone, a)
+				} else {
+					kept = append(kept, a)
+				}
+			}
+			require.Equal(t, gone, got, "step %d: the removed arrivals, in queue order", step)
+			ref = kept
 		}
 		require.Equal(t, len(ref), q.Len(), "step %d", step)
 		for i := range ref {
