@@ -277,3 +277,38 @@ func routeBenchExecutor(tb testing.TB, ranks, capH int) *Executor {
 	}
 	return e
 }
+
+// BenchmarkCancelBesideDeepQueue: the cost on one rank of 8 cancellations
+// of requests it does not hold (routed to other ranks), beside a queue of
+// 20 000 requests beyond the cap: what every other rank pays for each
+// client that goes away.
+func BenchmarkCancelBesideDeepQueue(b *testing.B) {
+	for _, queued := range []int{100, 20000} {
+		b.Run(fmt.Sprintf("queued=%d", queued), func(b *testing.B) {
+			e := routeBenchExecutor(b, 8, 256)
+			prompt := make([]int32, 64)
+			fill := make([]Arrival, queued)
+			for i := range fill {
+				fill[i] = Arrival{ID: uint64(1_000_000 + i), MaxNewTokens: 16, Prompt: prompt}
+			}
+			e.waiting.PushBack(fill)
+			ids := make([]uint64, 8)
+			cpu := make([]time.Duration, 0, b.N)
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				for k := range ids {
+					ids[k] = uint64(8*i + k) // on no rank of this executor, not queued
+				}
+				d, _ := cputime.Span(func() { e.cancelRequests(ids) })
+				cpu = append(cpu, d)
+			}
+			b.StopTimer()
+			if e.waiting.Len() != queued {
+				b.Fatalf("queue depth %d, want %d", e.waiting.Len(), queued)
+			}
+			med, _ := medianMin(cpu)
+			b.ReportMetric(float64(med.Nanoseconds()), "cpu-ns/cancel")
+		})
+	}
+}

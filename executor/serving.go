@@ -106,10 +106,10 @@ func (e *Executor) reportIteration(p *plan) {
 func (e *Executor) cancelRequests(ids []uint64) {
 	now := e.cfg.Clock().UnixNano()
 	removed := false
-	var queued map[uint64]bool // ids in no rank's active set: maybe still in the queue
+	var queued map[uint64]bool // ids in the queue, routed to no rank yet
 	for _, id := range ids {
 		r := e.request(id)
-		if r == nil && e.waiting.Len() > 0 {
+		if r == nil && e.waiting.Has(id) {
 			if queued == nil {
 				queued = make(map[uint64]bool)
 			}

@@ -10,6 +10,23 @@ type waitQueue struct {
 	buf  []Arrival // len(buf) is 0 or a power of two
 	head int       // index of the first arrival in buf
 	n    int       // arrivals queued
+	// ids holds the queued arrivals' ids: a cancellation asks every rank
+	// whether an id it does not hold is queued (Has), which must not cost
+	// a walk over a deep queue.
+	ids map[uint64]struct{}
+}
+
+// Has reports whether an arrival with this id is queued.
+func (q *waitQueue) Has(id uint64) bool {
+	_, ok := q.ids[id]
+	return ok
+}
+
+func (q *waitQueue) index(a *Arrival) {
+	if q.ids == nil {
+		q.ids = make(map[uint64]struct{})
+	}
+	q.ids[a.ID] = struct{}{}
 }
 
 // Len is the number of queued arrivals.
@@ -28,6 +45,7 @@ func (q *waitQueue) PushBack(items []Arrival) {
 	q.reserve(q.n + len(items))
 	for i := range items {
 		q.buf[(q.head+q.n)&(len(q.buf)-1)] = items[i]
+		q.index(&items[i])
 		q.n++
 	}
 }
@@ -38,6 +56,7 @@ func (q *waitQueue) DropFront(k int) {
 		panic("executor: waitQueue.DropFront beyond the queue")
 	}
 	for range k {
+		delete(q.ids, q.buf[q.head].ID)
 		q.buf[q.head] = Arrival{}
 		q.head = (q.head + 1) & (len(q.buf) - 1)
 	}
@@ -50,6 +69,7 @@ func (q *waitQueue) PushFront(items []Arrival) {
 	for i := len(items) - 1; i >= 0; i-- {
 		q.head = (q.head - 1) & (len(q.buf) - 1)
 		q.buf[q.head] = items[i]
+		q.index(&items[i])
 		q.n++
 	}
 }
@@ -62,6 +82,7 @@ func (q *waitQueue) Remove(drop func(*Arrival) bool, out []Arrival) []Arrival {
 	for i := 0; i < q.n; i++ {
 		a := q.At(i)
 		if drop(a) {
+			delete(q.ids, a.ID)
 			out = append(out, *a)
 			continue
 		}
