@@ -280,8 +280,8 @@ func decodeResponseBatch(b []byte) (responseBatch, error) {
 
 // RankLoad is one rank's state at the end of an iteration, for metrics
 // (Config.OnIteration): requests holding a slot, requests waiting for their
-// first chunk, device pages in use and in all, and the cumulative
-// preemptions of its requests.
+// first chunk or suspended to the host tier, device pages that requests hold
+// and in all, and the cumulative preemptions of its requests.
 type RankLoad struct {
 	Running, Waiting     int64
 	UsedPages, Pages     int64

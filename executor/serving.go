@@ -71,6 +71,10 @@ func (e *Executor) load() RankLoad {
 		case r.IsDummy || r.State == scheduler.Complete:
 		case r.State == scheduler.ContextInit:
 			l.Waiting++
+		case !kv.IsActive(r.ID):
+			// Suspended to the host tier: no batch slot until it resumes
+			// (vLLM counts a preempted request waiting).
+			l.Waiting++
 		default:
 			l.Running++
 		}

@@ -1,9 +1,13 @@
 package executor
 
 import (
+	"fmt"
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/lockstep-ai/lockstep/kvpool"
+	"github.com/lockstep-ai/lockstep/scheduler"
 )
 
 // TestEveryRankSendsItsLoad: every rank of a server sends its load
@@ -73,4 +77,48 @@ func TestFleetStatsCountTheQueue(t *testing.T) {
 		require.LessOrEqual(t, stats[i].Queued, stats[i-1].Queued, "iteration %d: the queue only drains", stats[i].Iter)
 	}
 	require.Zero(t, last.Queued)
+}
+
+// TestSuspendedRequestsWait: a request suspended to the host tier holds no
+// batch slot until it resumes; a rank's load counts it waiting, as vLLM
+// counts a preempted request (num_requests_waiting), not running. Before,
+// every request past its first chunk counted running.
+func TestSuspendedRequestsWait(t *testing.T) {
+	var items []Arrival
+	for i := range 12 {
+		items = append(items, arrival(uint64(i), 20+3*i, 24))
+	}
+	sc := defaultSched()
+	sc.MaxBatchSize = 8
+	suspendedSeen := 0
+	var failures []string
+	g := (&rig{n: 1, pages: 24, sc: sc, src: allAtOnce(items...),
+		kvcfg: func(_ int, c *kvpool.Config) { c.HostPages = 96 },
+		after: func(rr *rigRank) {
+			l := rr.ex.load()
+			var running, suspended, first int64
+			for _, r := range rr.ex.active {
+				switch {
+				case r.IsDummy || r.State == scheduler.Complete:
+				case r.State == scheduler.ContextInit:
+					first++
+				case rr.pool.IsActive(r.ID):
+					running++
+				default:
+					suspended++
+				}
+			}
+			if suspended > 0 {
+				suspendedSeen++
+			}
+			if l.Running != running || l.Waiting != first+suspended {
+				failures = append(failures, fmt.Sprintf("iteration %d: load running %d waiting %d; active caches %d, first chunks %d, suspended %d",
+					rr.ex.iter, l.Running, l.Waiting, running, first, suspended))
+			}
+		}}).build(t)
+	g.drive(0)
+	g.requireNoErrors(t)
+	require.Len(t, g.outputs(t), len(items))
+	require.Positive(t, suspendedSeen, "the pool is small enough that some request is suspended")
+	require.Empty(t, failures)
 }

@@ -189,7 +189,7 @@ func NewMetricsWith(model string, ranks int, opts MetricsOptions) *Metrics {
 	m.running = gauge("lockstep_requests_running",
 		"Requests holding a slot on some rank (sum over ranks).")
 	m.waiting = gauge("lockstep_requests_waiting",
-		"Requests routed to a rank and waiting for their first chunk (sum over ranks).")
+		"Requests routed to a rank and waiting for their first chunk, or suspended until they resume (sum over ranks).")
 	m.queued = gauge("lockstep_requests_queued",
 		"Requests received and not yet routed to a rank: beyond the ranks' max-active-per-rank cap.")
 	m.rankRunning = gaugeVec("lockstep_rank_requests_running",
