@@ -586,6 +586,9 @@ func (ev *Evaluation) run(model string, j job) (*evalRun, error) {
 	o.RecordBusy = true
 	t := time.Now()
 	out, err := fleet.Run(o, logf, getenv)
+	if err == nil {
+		err = out.Report.Unanswered()
+	}
 	if err != nil {
 		return nil, fmt.Errorf("eval run %s (log %s): %w", name, logf.Name(), err)
 	}

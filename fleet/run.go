@@ -38,8 +38,8 @@ type Result struct {
 
 // Print prints the report in format (text or json; a prompt run's
 // completions come first in text). The report is printed even when an
-// output failed, since the results exist; then an incomplete output, and a
-// run in which nothing was served, are errors.
+// output failed, since the results exist; then an incomplete output, a
+// request never answered, and a run in which nothing was served, are errors.
 func (out *Outcome) Print(w io.Writer, format string) error {
 	var err error
 	if format == "json" {
@@ -54,6 +54,9 @@ func (out *Outcome) Print(w io.Writer, format string) error {
 		return errors.Join(err, fmt.Errorf("the run finished (report printed) but an output is incomplete: %w", out.OutErr))
 	}
 	if err != nil {
+		return err
+	}
+	if err := out.Report.Unanswered(); err != nil {
 		return err
 	}
 	return out.Report.NothingServed()

@@ -328,6 +328,19 @@ func MSBetween(a, b int64) float64 {
 	return float64(uint64(b)-uint64(a)) / 1e6
 }
 
+// Unanswered is the run's error when some request was neither served, nor
+// rejected with its reason, nor (`worker loadgen`) left unsent or cancelled:
+// one the fleet lost, which is a bug to report, never a figure to read past
+// (a run once printed "12 total, 8 completed, 0 rejected" and exited 0).
+func (rep *Report) Unanswered() error {
+	q := rep.Requests
+	if lost := q.Total - q.Completed - q.Rejected - q.NotSent - q.Cancelled; lost > 0 {
+		return fmt.Errorf("%d of %d requests were never answered (neither served nor rejected): lost by the fleet, a bug",
+			lost, q.Total)
+	}
+	return nil
+}
+
 // NothingServed is the run's error when requests were given but none
 // completed (every one was rejected or lost), after the report is printed.
 // Runs whose pool is known up front fail earlier, before any rank starts.
