@@ -13,6 +13,7 @@ import (
 	"github.com/lockstep-ai/lockstep/serve/openai"
 
 	"github.com/lockstep-ai/lockstep/model"
+	"github.com/lockstep-ai/lockstep/workload"
 )
 
 // apiError is an OpenAI-shaped error answer. Code is OpenAI's
@@ -70,6 +71,11 @@ type genParams struct {
 	MinP, PresencePenalty, FrequencyPenalty, RepetitionPenalty float64
 	LogitBias                                                  []bridge.TokenBias
 	StopTokenIDs                                               []int32
+	// ConversationID and Routing feed the conversation-aware router
+	// (conversation_id, affinity_id or OpenAI's prompt_cache_key,
+	// attention_dp_rank, attention_dp_relax; docs/serving.md).
+	ConversationID string
+	Routing        workload.Routing
 	// IncludeStop keeps the stop string (or stop token's text) that ended
 	// the answer in its text (vLLM's include_stop_str_in_output).
 	IncludeStop bool
@@ -106,7 +112,15 @@ type rawParams struct {
 		ContinuousUsageStats bool `json:"continuous_usage_stats"`
 	} `json:"stream_options"`
 	// User is OpenAI's end-user identifier: accepted, it changes nothing.
-	User             string          `json:"user"`
+	User string `json:"user"`
+	// Routing: lockstep's trace fields (docs/trace-format.md), OpenAI's
+	// prompt_cache_key as the affinity id, TensorRT-LLM's scheduling
+	// parameters attention_dp_rank and attention_dp_relax.
+	ConversationID   json.RawMessage `json:"conversation_id"`
+	AffinityID       json.RawMessage `json:"affinity_id"`
+	PromptCacheKey   json.RawMessage `json:"prompt_cache_key"`
+	AttentionDPRank  json.RawMessage `json:"attention_dp_rank"`
+	AttentionDPRelax json.RawMessage `json:"attention_dp_relax"`
 	N                *int            `json:"n"`
 	BestOf           *int            `json:"best_of"`
 	Logprobs         json.RawMessage `json:"logprobs"`
@@ -267,7 +281,73 @@ func (r *rawParams) check(defaultMax int) (genParams, *apiError) {
 	if e := r.checkProcessors(&p); e != nil {
 		return p, e
 	}
+	if e := r.checkRouting(&p); e != nil {
+		return p, e
+	}
 	return p, nil
+}
+
+// maxRoutingIDLen bounds conversation_id, affinity_id and prompt_cache_key:
+// every rank receives them and the router keeps them as keys.
+const maxRoutingIDLen = 256
+
+// routingID reads an id field: a string (empty: unset) or a whole number
+// used as written, as a trace gives them, of at most maxRoutingIDLen bytes.
+func routingID(raw json.RawMessage, field string) (string, *apiError) {
+	if !notNull(raw) {
+		return "", nil
+	}
+	var s string
+	if json.Unmarshal(raw, &s) != nil {
+		var n json.Number
+		if json.Unmarshal(raw, &n) != nil {
+			return "", badRequest(field, "%s must be a string or a number", field)
+		}
+		if _, err := n.Int64(); err != nil {
+			return "", badRequest(field, "%s must be a string or a whole number, got %s", field, n)
+		}
+		s = n.String()
+	}
+	if len(s) > maxRoutingIDLen {
+		return "", badRequest(field, "%s is %d bytes, more than %d", field, len(s), maxRoutingIDLen)
+	}
+	return s, nil
+}
+
+// checkRouting reads the routing fields into p. The target rank's upper
+// bound (the fleet's attention-DP ranks) is checked by the server.
+func (r *rawParams) checkRouting(p *genParams) *apiError {
+	var e *apiError
+	if p.ConversationID, e = routingID(r.ConversationID, "conversation_id"); e != nil {
+		return e
+	}
+	if p.Routing.AffinityID, e = routingID(r.AffinityID, "affinity_id"); e != nil {
+		return e
+	}
+	key, e := routingID(r.PromptCacheKey, "prompt_cache_key")
+	switch {
+	case e != nil:
+		return e
+	case key != "" && p.Routing.AffinityID != "" && key != p.Routing.AffinityID:
+		return badRequest("prompt_cache_key", "prompt_cache_key %q and affinity_id %q name different routing keys: give one", key, p.Routing.AffinityID)
+	case key != "":
+		p.Routing.AffinityID = key
+	}
+	if notNull(r.AttentionDPRank) {
+		var n int64
+		if json.Unmarshal(r.AttentionDPRank, &n) != nil || n < 0 || n > math.MaxInt32 {
+			return badRequest("attention_dp_rank", "attention_dp_rank must be a whole number in [0, ranks), got %s", r.AttentionDPRank)
+		}
+		p.Routing.HasRank, p.Routing.Rank = true, int(n)
+	}
+	if notNull(r.AttentionDPRelax) {
+		var relax bool
+		if json.Unmarshal(r.AttentionDPRelax, &relax) != nil {
+			return badRequest("attention_dp_relax", "attention_dp_relax must be true or false, got %s", r.AttentionDPRelax)
+		}
+		p.Routing.Strict = !relax
+	}
+	return nil
 }
 
 // checkLogprobs reads the log-probability fields into p: on completions an

@@ -14,6 +14,7 @@ import (
 	"github.com/lockstep-ai/lockstep/executor"
 	"github.com/lockstep-ai/lockstep/model"
 	"github.com/lockstep-ai/lockstep/scheduler"
+	"github.com/lockstep-ai/lockstep/workload"
 )
 
 // Every field is honoured or refused with 400 naming it: vLLM's fields the
@@ -44,12 +45,28 @@ func TestUnsupportedAndBadFieldsAreRefused(t *testing.T) {
 		{`{"prompt": [1], "stop_token_ids": [100]}`, "stop_token_ids"},
 		{`{"prompt": [1], "stop_token_ids": [-1]}`, "stop_token_ids"},
 		{`{"prompt": [1], "ignore_eos": true, "min_tokens": 2, "stop_token_ids": [3]}`, "min_tokens"},
+		{`{"prompt": [1], "attention_dp_rank": 1}`, "attention_dp_rank"}, // one attention-DP rank
+		{`{"prompt": [1], "attention_dp_rank": -1}`, "attention_dp_rank"},
+		{`{"prompt": [1], "attention_dp_rank": 0.5}`, "attention_dp_rank"},
+		{`{"prompt": [1], "attention_dp_rank": "0"}`, "attention_dp_rank"},
+		{`{"prompt": [1], "attention_dp_relax": "yes"}`, "attention_dp_relax"},
+		{`{"prompt": [1], "conversation_id": {"a": 1}}`, "conversation_id"},
+		{`{"prompt": [1], "conversation_id": 1.5}`, "conversation_id"},
+		{`{"prompt": [1], "affinity_id": "` + strings.Repeat("a", 257) + `"}`, "affinity_id"},
+		{`{"prompt": [1], "prompt_cache_key": ["k"]}`, "prompt_cache_key"},
+		{`{"prompt": [1], "prompt_cache_key": "k1", "affinity_id": "k2"}`, "prompt_cache_key"},
 	} {
 		status, m := post(t, ts, "/v1/completions", "k", c.body)
 		require.Equal(t, 400, status, c.body)
 		require.Equal(t, c.param, m["error"].(map[string]any)["param"], c.body)
 	}
-	status, m := post(t, ts, "/v1/chat/completions", "k", `{"messages": [{"role": "user", "content": "hi", "name": "bob"}]}`)
+	// attention_dp_rank is bounded by the fleet's attention-DP ranks.
+	_, _, ts4 := fleetServer(t, func(c *Config) { c.AttentionDPRanks = 4 })
+	status, m := post(t, ts4, "/v1/completions", "", `{"prompt": [1], "attention_dp_rank": 4}`)
+	require.Equal(t, 400, status)
+	require.Equal(t, "attention_dp_rank", m["error"].(map[string]any)["param"])
+	require.Contains(t, m["error"].(map[string]any)["message"], "the fleet has 4 attention-DP ranks (allowed: 0 to 3)")
+	status, m = post(t, ts, "/v1/chat/completions", "k", `{"messages": [{"role": "user", "content": "hi", "name": "bob"}]}`)
 	require.Equal(t, 400, status)
 	require.Equal(t, "messages[0].name", m["error"].(map[string]any)["param"])
 	status, m = post(t, ts, "/v1/chat/completions", "k", `{"messages": [{"role": "user", "content": "hi", "toolz": 1}]}`)
@@ -83,6 +100,44 @@ func TestProcessorFieldsReachTheArrival(t *testing.T) {
 	require.Equal(t, bridge.SamplingParams{Temperature: 1, TopP: 1, Seed: 3, MinP: 0.2}, a.Sampling, "repetition_penalty 1 is off")
 	deliver(s, a, "yo")
 	<-done
+}
+
+// The routing fields reach the arrival: conversation_id (a number as
+// written), affinity_id or OpenAI's prompt_cache_key as the routing key,
+// TensorRT-LLM's attention_dp_rank and attention_dp_relax, on both
+// endpoints and for every choice.
+func TestRoutingFieldsReachTheArrival(t *testing.T) {
+	s, _, ts := fleetServer(t, func(c *Config) { c.Tokenizer = chatTokenizer(t) })
+	done := make(chan map[string]any, 1)
+	for _, c := range []struct {
+		path, body string
+		conv       string
+		routing    workload.Routing
+	}{
+		{"/v1/completions", `{"prompt":"Hi","max_tokens":2,"n":2,"conversation_id":"c1","prompt_cache_key":"agent-7"}`,
+			"c1", workload.Routing{AffinityID: "agent-7"}},
+		{"/v1/chat/completions", `{"messages":[{"role":"user","content":"Hi"}],"max_tokens":2,"conversation_id":7,
+			"affinity_id":"p","prompt_cache_key":"p","attention_dp_rank":0,"attention_dp_relax":false}`,
+			"7", workload.Routing{AffinityID: "p", HasRank: true, Rank: 0, Strict: true}},
+		{"/v1/completions", `{"prompt":"Hi","max_tokens":2,"attention_dp_rank":0,"conversation_id":""}`,
+			"", workload.Routing{HasRank: true}},
+	} {
+		go func() {
+			_, m := post(t, ts, c.path, "", c.body)
+			done <- m
+		}()
+		n := 1
+		if strings.Contains(c.body, `"n":2`) {
+			n = 2
+		}
+		for _, a := range takeArrivals(t, s, n) {
+			require.Equal(t, c.conv, a.ConversationID, c.body)
+			require.Equal(t, c.routing, a.Routing, c.body)
+			deliver(s, a, "yo")
+		}
+		m := <-done
+		require.NotContains(t, m, "error", c.body)
+	}
 }
 
 // deliverTokens answers a's call with toks and a response (stopped: it

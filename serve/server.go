@@ -39,6 +39,8 @@ type Config struct {
 	// (prompts as token ids only, completions carry token ids only).
 	Tokenizer *model.Tokenizer
 	VocabSize int
+	// AttentionDPRanks bounds a request's attention_dp_rank (0: 1 rank).
+	AttentionDPRanks int
 	// MaxModelLen is reported by /v1/models (0: unknown).
 	MaxModelLen int
 	// Admission is the fleet's admission verdict (scheduler.Admission.Verdict):
@@ -426,6 +428,10 @@ func (s *Server) parse(w http.ResponseWriter, r *http.Request, req any, raw *raw
 	if e := p.checkVocab(s.cfg.VocabSize); e != nil {
 		return checkedRequest{}, e
 	}
+	if ranks := max(s.cfg.AttentionDPRanks, 1); p.Routing.HasRank && p.Routing.Rank >= ranks {
+		return checkedRequest{}, badRequest("attention_dp_rank", "attention_dp_rank %d is out of range: the fleet has %d attention-DP ranks (allowed: 0 to %d)",
+			p.Routing.Rank, ranks, ranks-1)
+	}
 	cr := checkedRequest{params: p}
 	now := s.cfg.Now().UnixNano()
 	for pi, pr := range prompts {
@@ -454,7 +460,7 @@ func (s *Server) parse(w http.ResponseWriter, r *http.Request, req any, raw *raw
 		for j := 0; j < p.N; j++ {
 			a := executor.Arrival{ArrivalUnixNS: now, MaxNewTokens: maxTokens,
 				Prompt: ids, StopAtEOS: !p.IgnoreEOS, LogitBias: p.LogitBias, StopTokenIDs: p.StopTokenIDs,
-				Logprobs: p.Logprobs, TopLogprobs: p.TopLogprobs}
+				Logprobs: p.Logprobs, TopLogprobs: p.TopLogprobs, ConversationID: p.ConversationID, Routing: p.Routing}
 			if e := setSampling(&a, choiceParams(p, j)); e != nil {
 				return checkedRequest{}, e
 			}

@@ -194,6 +194,7 @@ func (api *apiServer) build(o *fleet.Options) (nccl.Launch, error) {
 	} else {
 		cfg.Admission = func(int, int) scheduler.AdmissionVerdict { return scheduler.AdmissionVerdict{} }
 	}
+	cfg.AttentionDPRanks = o.AttentionDPRanks(launch)
 	cfg.Metrics = httpapi.NewMetricsWith(api.name, o.AttentionDPRanks(launch),
 		httpapi.MetricsOptions{VLLM: api.metricsCompat == "vllm", MaxModelLen: cfg.MaxModelLen})
 	api.srv = httpapi.New(cfg)
