@@ -39,6 +39,8 @@ func loadgenFlags(fs *flag.FlagSet, o *loadgen.Options, report, requestsOut *str
 	fs.StringVar(requestsOut, "requests-out", *requestsOut, "write one JSON line per request to this file")
 	fs.StringVar(&o.Tokens, "tokens", o.Tokens, "how a trace's synthesised prompt is sent: ids (a token-id array; completions only) "+
 		"or text (one common word per token, lengths approximate); default ids, text with --endpoint chat")
+	fs.BoolVar(&o.InferConversations, "infer-conversations", o.InferConversations,
+		"infer conversation ids of a Mooncake trace from its hash_ids prefix chains (as worker run) and send them as conversation_id (lockstep's server routes by them)")
 	fs.BoolVar(&o.Stream, "stream", o.Stream, "stream responses (SSE); --stream=false measures E2E only")
 	fs.BoolVar(&o.ReturnTokenIDs, "return-token-ids", o.ReturnTokenIDs, "ask for the output token ids (\"return_token_ids\": true: lockstep's server, recent vLLM) "+
 		"to compute output_digest as worker run does")

@@ -612,3 +612,58 @@ func TestLoadgenRefusalKeepsRequestsOut(t *testing.T) {
 		require.Equal(t, "an earlier replay\n", string(got), "%v: --requests-out is untouched", c.args)
 	}
 }
+
+// TestLoadgenSendsRoutingFields: a trace request's conversation_id,
+// affinity_id, attention_dp_rank and attention_dp_relax go to the server in
+// lockstep's routing fields, a request without them sends none (other
+// servers see a plain OpenAI body), and --infer-conversations sends the
+// conversation ids inferred from the hash_ids prefix chains.
+func TestLoadgenSendsRoutingFields(t *testing.T) {
+	f := &fakeOAI{ttft: time.Millisecond, perToken: time.Millisecond}
+	srv := f.start(t)
+	trace := filepath.Join(t.TempDir(), "routing.jsonl")
+	lines := []string{
+		`{"timestamp": 0, "input_length": 512, "output_length": 2, "hash_ids": [1], "conversation_id": "c1", "affinity_id": "a", "attention_dp_rank": 1, "attention_dp_relax": false}`,
+		`{"timestamp": 0, "input_length": 500, "output_length": 2, "hash_ids": [2]}`,
+		`{"timestamp": 0, "input_length": 1024, "output_length": 2, "hash_ids": [1, 3], "conversation_id": 7}`,
+	}
+	require.NoError(t, os.WriteFile(trace, []byte(strings.Join(lines, "\n")+"\n"), 0o644))
+	rep, _ := loadgenJSON(t, context.Background(), "", "--url", srv.URL, "--trace", trace, "--arrival-scale", "0",
+		"--max-concurrency", "1")
+	require.Equal(t, 3, rep.Requests.Completed)
+	f.mu.Lock()
+	bodies := append([]map[string]any(nil), f.bodies...)
+	f.bodies = nil
+	f.mu.Unlock()
+	require.Len(t, bodies, 3)
+	var plain, first, third map[string]any
+	for _, b := range bodies {
+		switch {
+		case len(b["prompt"].([]any)) == 1024:
+			third = b
+		case b["conversation_id"] == "c1":
+			first = b
+		default:
+			plain = b
+		}
+	}
+	require.Equal(t, "a", first["affinity_id"])
+	require.EqualValues(t, 1, first["attention_dp_rank"])
+	require.Equal(t, false, first["attention_dp_relax"])
+	require.Equal(t, "7", third["conversation_id"], "a number as written")
+	require.NotContains(t, third, "attention_dp_rank")
+	for _, k := range []string{"conversation_id", "affinity_id", "attention_dp_rank", "attention_dp_relax"} {
+		require.NotContains(t, plain, k)
+	}
+
+	// Inferred: the third request continues the first's chain (hash 1).
+	_, _ = loadgenJSON(t, context.Background(), "", "--url", srv.URL, "--trace", trace, "--arrival-scale", "0",
+		"--max-concurrency", "1", "--infer-conversations")
+	f.mu.Lock()
+	bodies = append([]map[string]any(nil), f.bodies...)
+	f.mu.Unlock()
+	require.Len(t, bodies, 3)
+	for _, b := range bodies {
+		require.Contains(t, b, "conversation_id", "every request has a conversation once inferred")
+	}
+}

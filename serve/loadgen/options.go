@@ -43,6 +43,11 @@ type Options struct {
 	// DefaultVocabSize); Seed seeds them (as worker run --seed).
 	VocabSize int
 	Seed      uint64
+	// InferConversations gives a trace's requests conversation ids from
+	// their hash_ids prefix chains (as worker run --infer-conversations);
+	// a request's conversation_id and routing fields are sent when it has
+	// them.
+	InferConversations bool
 }
 
 // DefaultVocabSize bounds the synthesised prompt ids of a trace when

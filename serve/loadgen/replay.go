@@ -174,6 +174,9 @@ func (g *Generator) loadWorkload(stderr io.Writer) error {
 	if o.Arrivals == workload.ArrivalsPoisson {
 		workload.PoissonArrivals(reqs, o.Seed)
 	}
+	if o.InferConversations {
+		workload.InferConversations(reqs)
+	}
 	for i := range reqs {
 		g.reqs = append(g.reqs, request{index: i, arrival: reqs[i].Arrival, trace: &reqs[i], maxTokens: reqs[i].MaxNewTokens})
 	}
@@ -276,6 +279,11 @@ func (g *Generator) body(r *request) (body []byte, promptTokens int, shown strin
 	var text string
 	switch {
 	case r.trace != nil:
+		cr.ConversationID, cr.AffinityID = r.trace.ConversationID, r.trace.Routing.AffinityID
+		if rt := r.trace.Routing; rt.HasRank {
+			rank, relax := rt.Rank, !rt.Strict
+			cr.AttentionDPRank, cr.AttentionDPRelax = &rank, &relax
+		}
 		ids := r.trace.Tokens()
 		if o.Tokens == "ids" {
 			cr.Prompt, promptTokens = ids, len(ids)

@@ -162,6 +162,12 @@ type CompletionRequest struct {
 	Stream         bool           `json:"stream"`
 	StreamOptions  *StreamOptions `json:"stream_options,omitempty"`
 	ReturnTokenIDs bool           `json:"return_token_ids,omitempty"`
+	// The routing fields of lockstep's server (docs/serving.md), sent
+	// only when a trace request carries them.
+	ConversationID   string `json:"conversation_id,omitempty"`
+	AffinityID       string `json:"affinity_id,omitempty"`
+	AttentionDPRank  *int   `json:"attention_dp_rank,omitempty"`
+	AttentionDPRelax *bool  `json:"attention_dp_relax,omitempty"`
 }
 
 // ChatMessage is one message of a chat request.
