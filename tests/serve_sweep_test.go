@@ -31,18 +31,20 @@ import (
 // `worker serve`: the CPU engine's tiny presets on attention-DP ranks or a
 // Helix group, in-process or under mpirun, or 8 to 64 in-process ranks of
 // the pure-Go engine; either capacity policy, small pools, chunked prefill
-// on or off, small token and batch budgets, a short queue bound,
-// max_seq_len, a request timeout. Each is hit by a burst of random
-// concurrent clients: completions of one or several token-id prompts, n
-// choices, streaming or not, log-probabilities, stop token ids, penalties,
-// echo, usage options, some requests malformed, some clients going away
-// mid-answer, and in some runs SIGTERM amid the traffic. Every answer must
-// be well formed: 200 with every choice finished once, or 400/413/429 with
-// an error body (504 under a timeout, 503 once draining); never a 500, a
-// lost or hung request, or a crash. Once the clients are gone the fleet
-// must be idle (no request running, waiting or queued beyond a small
-// max-active-per-rank; no page in use but cached prefix blocks), a request of most of max_model_len must still be served
-// (no page was leaked), and SIGTERM must drain and exit 0.
+// on or off, small token and batch budgets, a short queue bound, a small
+// max-active-per-rank, max_seq_len, a request timeout. Each is hit by a
+// burst of random concurrent clients: completions of one or several
+// token-id prompts, n choices, streaming or not, log-probabilities, stop
+// token ids, penalties, echo, usage options, routing fields (recurring
+// conversation ids and prompt cache keys, target ranks relaxed or strict),
+// some requests malformed, some clients going away mid-answer, and in some
+// runs SIGTERM amid the traffic. Every answer must be well formed: 200 with
+// every choice finished once, or 400/413/429 with an error body (504 under
+// a timeout, 503 once draining); never a 500, a lost or hung request, or a
+// crash. Once the clients are gone the fleet must be idle (no request
+// running, waiting or queued; no page in use but cached prefix blocks), a
+// request of most of max_model_len must still be served (no page was
+// leaked), and SIGTERM must drain and exit 0.
 // LOCKSTEP_SWEEP_RUNS sets the number of deployments (default 16, about
 // 15 s; 180 passed when it was written), LOCKSTEP_SWEEP_FIRST the first seed.
 func TestRandomServeTrafficLosesNothing(t *testing.T) {
@@ -298,7 +300,7 @@ type chaosRequest struct {
 	maxTok  int
 }
 
-func drawChaosRequest(rng *rand.Rand, maxQueue int) chaosRequest {
+func drawChaosRequest(rng *rand.Rand, maxQueue, ranks int) chaosRequest {
 	prompt := func() []int {
 		p := make([]int, 1+rng.IntN([]int{8, 64, 400}[rng.IntN(3)]))
 		for i := range p {
@@ -352,6 +354,15 @@ func drawChaosRequest(rng *rand.Rand, maxQueue int) chaosRequest {
 	if _, lp := body["logprobs"]; !lp {
 		maybe(0.1, "echo", func() any { return true })
 	}
+	// Routing (docs/serving.md): a few conversations and affinities that
+	// recur across the clients, and targets, relaxed or strict, that a small
+	// max-active-per-rank makes wait.
+	maybe(0.3, "conversation_id", func() any { return "c" + strconv.Itoa(rng.IntN(4)) })
+	maybe(0.15, "prompt_cache_key", func() any { return "k" + strconv.Itoa(rng.IntN(2)) })
+	if rng.IntN(6) == 0 {
+		body["attention_dp_rank"] = rng.IntN(max(ranks, 1))
+		maybe(0.5, "attention_dp_relax", func() any { return rng.IntN(2) == 0 })
+	}
 	if rng.IntN(10) == 0 {
 		c.bad = true
 		switch rng.IntN(6) {
@@ -388,7 +399,7 @@ func trafficBurst(t *testing.T, rng *rand.Rand, base string, d serveDeployment, 
 	for range clients {
 		var rs []chaosRequest
 		for range 1 + rng.IntN(3) {
-			rs = append(rs, drawChaosRequest(rng, d.maxQueue))
+			rs = append(rs, drawChaosRequest(rng, d.maxQueue, d.ranks))
 		}
 		reqs = append(reqs, rs)
 	}
