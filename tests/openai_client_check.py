@@ -211,6 +211,15 @@ for chunk in client.chat.completions.create(model=model, messages=msgs, max_toke
             sc += ch.logprobs.content
 check([(e.token, e.logprob) for e in sc] == [(e.token, e.logprob) for e in content], "streamed chat logprobs differ")
 
+# Routing fields (docs/serving.md): OpenAI's prompt_cache_key as the client sends it, lockstep's
+# and TensorRT-LLM's through extra_body; the answer is the same as without them (greedy).
+plain = client.completions.create(model=model, prompt="Once upon a time", max_tokens=6, temperature=0)
+routed = client.completions.create(model=model, prompt="Once upon a time", max_tokens=6, temperature=0,
+                                   extra_body={"conversation_id": "c1", "attention_dp_rank": 1, "attention_dp_relax": False})
+check(routed.choices[0].text == plain.choices[0].text, "a routed completion differs")
+keyed = client.chat.completions.create(model=model, messages=msgs, max_tokens=4, temperature=0, prompt_cache_key="agent-1")
+check(keyed.choices[0].finish_reason in ("stop", "length"), "prompt_cache_key chat did not finish")
+
 # Errors, in OpenAI's shape and with the right statuses.
 def expect(exc, status, fn):
     try:
@@ -229,6 +238,9 @@ expect(openai.BadRequestError, 400, lambda: client.chat.completions.create(model
 expect(openai.BadRequestError, 400, lambda: client.completions.create(model=model, prompt="x", temperature=3))
 expect(openai.BadRequestError, 400, lambda: client.completions.create(model=model, prompt="x", extra_body={"no_such_field": 1}))
 expect(openai.BadRequestError, 400, lambda: client.completions.create(model=model, prompt="x", extra_body={"guided_json": {}}))
+expect(openai.BadRequestError, 400, lambda: client.completions.create(model=model, prompt="x", extra_body={"attention_dp_rank": 2}))
+expect(openai.BadRequestError, 400, lambda: client.chat.completions.create(model=model, messages=msgs, prompt_cache_key="a",
+                                                                            extra_body={"affinity_id": "b"}))
 expect(openai.NotFoundError, 404, lambda: client.completions.create(model="no-such-model", prompt="x"))
 expect(openai.APIStatusError, 413, lambda: client.completions.create(model=model, prompt="x", max_tokens=10_000_000))
 bad = OpenAI(base_url=base + "/v1", api_key="wrong", max_retries=0)

@@ -95,7 +95,9 @@ func completionText(m map[string]any) string {
 // TestOpenAIClientAgainstServe: the official openai Python client
 // (scripts/ensure-pyclient.sh) against `worker serve` on SmolLM2 with 2
 // ranks: completions and chat, streaming and not, token-id prompts, stop
-// strings, and the error statuses; then SIGTERM drains and exits 0.
+// strings, routing fields (prompt_cache_key as the client sends it, the
+// others through extra_body), and the error statuses; then SIGTERM drains
+// and exits 0.
 func TestOpenAIClientAgainstServe(t *testing.T) {
 	m := modeltest.SmolLM2(t)
 	py, err := exec.Command("../scripts/ensure-pyclient.sh").Output()
