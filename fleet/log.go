@@ -25,14 +25,14 @@ func newLogger(w io.Writer, level string) (*zap.Logger, error) {
 }
 
 // logNote maps a scheduler log line to zap.
-func logNote(log *zap.Logger, rank int, n scheduler.Note) {
+func logNote(log *zap.Logger, n scheduler.Note) {
 	switch n.Level {
 	case scheduler.LevelDebug:
-		log.Debug(n.Text, zap.Int("rank", rank))
+		log.Debug(n.Text)
 	case scheduler.LevelInfo:
-		log.Info(n.Text, zap.Int("rank", rank))
+		log.Info(n.Text)
 	default:
-		log.Warn(n.Text, zap.Int("rank", rank))
+		log.Warn(n.Text)
 	}
 }
 

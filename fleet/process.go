@@ -53,7 +53,7 @@ func runProcess(o *Options, sc scheduler.Config, reqs []workload.Request, l nccl
 		return nil, err
 	}
 	defer closeGroups()
-	setup := &rankSetup{o: o, sc: o.helixConfig(sc), cpGroup: cpGroup, log: log, fault: o.fault, td: newTeardown(),
+	setup := &rankSetup{o: o, sc: o.helixConfig(sc), cpGroup: cpGroup, log: log, rankTagged: true, fault: o.fault, td: newTeardown(),
 		getenv: getenv}
 	parts, err := setup.buildAndVote(l, pg)
 	if err != nil {

@@ -76,6 +76,17 @@ type rankSetup struct {
 	// coroutines: the ranks are coroutines of one goroutine, which may not
 	// run their loops on an engine's thread (executor.Config.EngineThread).
 	coroutines bool
+	// rankTagged: log already carries the rank (one rank per process);
+	// in-process ranks share one logger and tag their lines (rankLog).
+	rankTagged bool
+}
+
+// rankLog is rank i's logger: every line carries the rank once.
+func (s *rankSetup) rankLog(i int) *zap.Logger {
+	if s.rankTagged {
+		return s.log
+	}
+	return s.log.With(zap.Int("rank", i))
 }
 
 // build builds rank i (on GPU device) of a world of o.world() ranks, with
@@ -115,7 +126,7 @@ func (s *rankSetup) build(i, device int, comm nccl.Comm, iterLog, eventSink io.W
 			return nil, usage.Errorf("rank %d: %v", i, err)
 		}
 		cfg.EventPublisher = parts.pub
-		s.log.Info("KV events", zap.Int("rank", i), zap.String("endpoint", parts.pub.Endpoint),
+		s.rankLog(i).Info("KV events", zap.String("endpoint", parts.pub.Endpoint),
 			zap.String("replay_endpoint", parts.pub.ReplayEndpoint), zap.String("topic", ro.KVEventsConfig.Topic))
 	}
 	parts.ex, err = executor.New(cfg, executor.Deps{Comm: comm, Engine: parts.eng, KV: parts.kv, Planner: planner})
@@ -206,7 +217,7 @@ func (s *rankSetup) executorConfig(o *Options, i int, parts *rankParts, iterLog,
 	cfg := executor.Config{Rank: i, Ranks: o.world(), Scheduler: sc, MaxSeqLen: o.MaxSeqLen, IterLog: iterLog,
 		Overlap: o.Overlap == "on", Router: rt, StopTokens: o.stopTokens(), MaxActivePerRank: o.MaxActivePerRank, Helix: helix,
 		Events: o.kvEventsOn(), EventSink: eventSink, EventBufferMaxSize: o.EventBufferMaxSize,
-		OnNote: func(rank int, n scheduler.Note) { logNote(log, rank, n) }, MoE: o.moe() && o.Engine != "twin",
+		OnNote: func(_ int, n scheduler.Note) { logNote(s.rankLog(i), n) }, MoE: o.moe() && o.Engine != "twin",
 		RecordBusy: o.RecordBusy, ADPBalance: o.ADPBalance}
 	if o.Engine == "twin" {
 		cfg.VirtualClock, cfg.VirtualEpoch = true, twinEpoch
