@@ -258,7 +258,7 @@ type stTensor struct {
 
 // writeSafetensors writes the format by hand: u64 header length, the JSON
 // header (padded with spaces to 8 bytes), the data in the order given.
-func writeSafetensors(t *testing.T, path string, ts []stTensor) {
+func writeSafetensors(t testing.TB, path string, ts []stTensor) {
 	t.Helper()
 	header := map[string]any{"__metadata__": map[string]string{"format": "pt"}}
 	off := 0
@@ -294,7 +294,7 @@ type hfOptions struct {
 }
 
 // writeHF writes m as a Hugging Face directory and returns it.
-func writeHF(t *testing.T, m *tinyModel, o hfOptions) string {
+func writeHF(t testing.TB, m *tinyModel, o hfOptions) string {
 	t.Helper()
 	if o.dtype == "" {
 		o.dtype = "F32"
@@ -364,7 +364,7 @@ func writeHF(t *testing.T, m *tinyModel, o hfOptions) string {
 
 // writeHFTokenizer writes tokenizer.json (byte-level BPE with SmolLM's
 // Digits + ByteLevel pre-tokenizer) and tokenizer_config.json.
-func writeHFTokenizer(t *testing.T, dir string, m *tinyModel) {
+func writeHFTokenizer(t testing.TB, dir string, m *tinyModel) {
 	t.Helper()
 	vocab := map[string]int{}
 	var added []map[string]any

@@ -1,9 +1,11 @@
 package model
 
 import (
+	"encoding/binary"
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/lockstep-ai/lockstep/model/modeltest"
@@ -92,6 +94,51 @@ func FuzzHFConfig(f *testing.F) {
 			t.Fatal(err)
 		}
 		if m, err := Load(dir); err == nil {
+			m.Close()
+		}
+	})
+}
+
+// FuzzSafetensors: any bytes in a checkpoint's safetensors shards (a
+// header whose length, offsets, shapes or dtypes lie, data cut off) or in
+// its index load or are refused with an error; the loader never panics
+// nor sizes a buffer by a length it read.
+func FuzzSafetensors(f *testing.F) {
+	dir := writeHF(f, newTinyModel(3, false), hfOptions{})
+	shard, err := os.ReadFile(filepath.Join(dir, "model-00001-of-00002.safetensors"))
+	if err != nil {
+		f.Fatal(err)
+	}
+	index, err := os.ReadFile(filepath.Join(dir, "model.safetensors.index.json"))
+	if err != nil {
+		f.Fatal(err)
+	}
+	n := int(binary.LittleEndian.Uint64(shard))
+	f.Add(shard, index)
+	f.Add(shard[:8+n], index)
+	f.Add(shard[:8+n+(len(shard)-8-n)/2], index)
+	f.Add(append(binary.LittleEndian.AppendUint64(nil, 1<<62), shard[8:]...), index)
+	f.Add(shard, []byte(`{"weight_map":{"model.embed_tokens.weight":"../x.safetensors"}}`))
+	f.Add([]byte(strings.Replace(string(shard), `"F32"`, `"F8_E4M3"`, 1)), index)
+	f.Add([]byte(strings.Replace(string(shard), `"data_offsets":[0,`, `"data_offsets":[1,`, 1)), index)
+	f.Fuzz(func(t *testing.T, data, idx []byte) {
+		d := t.TempDir()
+		for _, name := range []string{"config.json", "tokenizer.json", "tokenizer_config.json", "model-00002-of-00002.safetensors"} {
+			b, err := os.ReadFile(filepath.Join(dir, name))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(d, name), b, 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := os.WriteFile(filepath.Join(d, "model-00001-of-00002.safetensors"), data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(d, "model.safetensors.index.json"), idx, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if m, err := Load(d); err == nil {
 			m.Close()
 		}
 	})

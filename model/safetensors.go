@@ -112,6 +112,10 @@ var hfGlobalTensor = map[string]bridge.WeightKind{
 
 var hfLayerName = regexp.MustCompile(`^model\.layers\.(\d+)\.(.+)\.weight$`)
 
+// hfRotaryFreqs names the rotary embedding's inverse frequencies some
+// checkpoints store (derived: the engine recomputes them).
+var hfRotaryFreqs = regexp.MustCompile(`rotary_emb\.inv_freq$`)
+
 var safetensorsTypes = map[safetensors.DType]bridge.DType{
 	safetensors.F32: bridge.DTypeF32, safetensors.F16: bridge.DTypeF16, safetensors.BF16: bridge.DTypeBF16,
 }
@@ -410,7 +414,7 @@ func loadHF(dir string) (m *Model, err error) {
 					return nil, fmt.Errorf("model %s: %s: tensor %s is not part of a %s decoder this loader reads (unsupported architecture variant)", dir, file, name, cfg.ModelType)
 				}
 				kind, layer = k, l
-			} else if regexp.MustCompile(`rotary_emb\.inv_freq$`).MatchString(name) {
+			} else if hfRotaryFreqs.MatchString(name) {
 				continue // derived, recomputed by the engine
 			} else {
 				return nil, fmt.Errorf("model %s: %s: tensor %s is not part of a %s decoder this loader reads (unsupported architecture variant)", dir, file, name, cfg.ModelType)
