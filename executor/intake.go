@@ -192,6 +192,11 @@ func (e *Executor) fetchArrivals(now time.Time) ([]Arrival, error) {
 	return decodeArrivals(payload, count)
 }
 
+// maxKeptIntake is the largest intake buffer rank 0 keeps between
+// iterations (bytes): a steady stream of arrivals reuses one, a burst's is
+// given back.
+const maxKeptIntake = 1 << 20
+
 // gatherStatesAndArrivals is C1 with C2/C3 folded into it, under attention
 // DP (where C1 runs in every iteration and world = tp): rank 0's rank state
 // carries the arrival header, the cancelled ids and the items, so an
@@ -210,7 +215,14 @@ func (e *Executor) gatherStatesAndArrivals(now time.Time) ([]Arrival, []RankStat
 			intake = binary.LittleEndian.AppendUint64(intake, id)
 		}
 		intake = appendArrivals(intake, items)
-		e.intakeBuf = intake
+		// Keep the buffer for the next iteration, unless a burst of
+		// prompts grew it: putRankState copies the intake, and a server
+		// must not hold a burst's bytes for the rest of its life.
+		if cap(intake) <= maxKeptIntake {
+			e.intakeBuf = intake
+		} else {
+			e.intakeBuf = nil
+		}
 		states, _, err := e.gatherRankStates(intake)
 		if err != nil {
 			return nil, nil, err

@@ -53,8 +53,12 @@ func (e *Executor) route(items []Arrival, states []RankState) {
 	// front, in order, ahead of the unexamined ones.
 	e.waiting.DropFront(examined)
 	e.waiting.PushFront(kept)
+	e.waiting.Trim()
 	clear(kept)
 	e.putBack = kept[:0]
+	if cap(kept) > maxKeptSlots {
+		e.putBack = nil
+	}
 }
 
 // admitUpToCap is admission without attention DP: every rank takes every
@@ -73,6 +77,7 @@ func (e *Executor) admitUpToCap(items []Arrival, own RankState) {
 		e.admit(*e.waiting.At(i), scheduler.UnsetEstimate)
 	}
 	e.waiting.DropFront(n)
+	e.waiting.Trim()
 }
 
 // admit validates an arrival (§3.4); a request that can never run is

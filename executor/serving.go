@@ -144,6 +144,7 @@ func (e *Executor) cancelRequests(ids []uint64) {
 // queued request left it to run to its end once routed.
 func (e *Executor) cancelQueued(ids map[uint64]bool, now int64) {
 	e.cancelledBuf = e.waiting.Remove(func(a *Arrival) bool { return ids[a.ID] }, e.cancelledBuf[:0])
+	e.waiting.Trim()
 	e.queueCancels += len(e.cancelledBuf)
 	if e.cfg.Rank == 0 {
 		for _, a := range e.cancelledBuf {
@@ -152,6 +153,9 @@ func (e *Executor) cancelQueued(ids map[uint64]bool, now int64) {
 		}
 	}
 	clear(e.cancelledBuf)
+	if cap(e.cancelledBuf) > maxKeptSlots {
+		e.cancelledBuf = nil
+	}
 }
 
 // encodeIDs and decodeIDs carry cancelled ids in the arrival broadcast.

@@ -63,6 +63,19 @@ func (q *waitQueue) DropFront(k int) {
 	q.n -= k
 }
 
+// maxKeptSlots is the largest ring an empty queue keeps: a burst deeper
+// than this gives its ring (and its id index) back once it has drained,
+// since every rank holds the queue and in-process ranks hold it once each.
+const maxKeptSlots = 1024
+
+// Trim gives back an empty queue's storage when a burst grew it beyond
+// maxKeptSlots.
+func (q *waitQueue) Trim() {
+	if q.n == 0 && len(q.buf) > maxKeptSlots {
+		q.buf, q.head, q.ids = nil, 0, nil
+	}
+}
+
 // PushFront puts items back at the front, in order (items[0] first).
 func (q *waitQueue) PushFront(items []Arrival) {
 	q.reserve(q.n + len(items))

@@ -67,3 +67,36 @@ func TestWaitQueueMatchesSlice(t *testing.T) {
 		require.Zero(t, q.buf[i].ID, "slot %d kept an arrival", i)
 	}
 }
+
+// A queue that a burst grew gives its storage back once it has drained;
+// a small one keeps its ring for the next arrivals.
+func TestWaitQueueTrimAfterBurst(t *testing.T) {
+	var q waitQueue
+	small := make([]Arrival, 10)
+	for i := range small {
+		small[i].ID = uint64(i)
+	}
+	q.PushBack(small)
+	q.DropFront(10)
+	q.Trim()
+	require.Equal(t, 16, len(q.buf), "a small ring is kept")
+
+	burst := make([]Arrival, 5000)
+	for i := range burst {
+		burst[i].ID = uint64(100 + i)
+	}
+	q.PushBack(burst)
+	q.DropFront(4000)
+	q.Trim()
+	require.Equal(t, 8192, len(q.buf), "a queue still holding arrivals keeps its ring")
+	require.True(t, q.Has(4100))
+	q.DropFront(1000)
+	q.Trim()
+	require.Nil(t, q.buf)
+	require.Nil(t, q.ids)
+	require.False(t, q.Has(4100))
+	q.PushBack(small)
+	require.Equal(t, 10, q.Len())
+	require.True(t, q.Has(3))
+	require.Equal(t, uint64(9), q.At(9).ID)
+}
