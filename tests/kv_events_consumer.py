@@ -6,7 +6,10 @@ It subscribes to every rank's PUB socket (port + rank) with pyzmq, decodes every
 msgspec into vLLM's structs, drives a conversation trace through BASE_URL, drops rank 1's
 subscriber halfway and reconnects it, fills every gap through the rank's ROUTER replay socket
 (port + rank), checks that the replayed batches equal the live ones byte for byte, and writes
-the stored and removed blocks of each rank, in order, to OUT_JSON. Prints OK last.
+the stored and removed blocks of each rank, in order, to OUT_JSON. Then it does what a KV-aware
+router does: rebuilds each rank's blocks from the events and checks that prompts pinned to a rank
+report the cached tokens the events predict (the server runs with
+--enable-prompt-tokens-details). Prints OK last.
 """
 import json
 import sys
@@ -149,6 +152,77 @@ def replay(r, start):
     return got
 
 
+# --- What a KV-aware router does with the stream: it rebuilds each rank's blocks from the events
+# and predicts how much of a prompt a rank has cached. Prompts pinned to a rank (strict
+# attention_dp_rank) must then report (usage.prompt_tokens_details.cached_tokens) at least the
+# full blocks the events predict, and less than one block more (lockstep also reuses a partial
+# last block, which the events leave out); never the whole prompt (its last token is computed).
+state = [{"next": 0, "blocks": {}, "child": {}} for _ in range(ranks)]
+
+
+def apply(r, payload):
+    st = state[r]
+    for ev in decoder.decode(payload).events:
+        if isinstance(ev, BlockStored):
+            parent = ev.parent_block_hash
+            check(parent is None or parent in st["blocks"], f"rank {r}: a block stored under unknown parent {parent}")
+            for i, h in enumerate(ev.block_hashes):
+                toks = tuple(ev.token_ids[i * ev.block_size:(i + 1) * ev.block_size])
+                check(h not in st["blocks"], f"rank {r}: block {h} stored twice")
+                st["blocks"][h] = (parent, toks)
+                st["child"][(parent, toks)] = h
+                parent = h
+        elif isinstance(ev, BlockRemoved):
+            for h in ev.block_hashes:
+                check(h in st["blocks"], f"rank {r}: unknown block {h} removed")
+                parent, toks = st["blocks"].pop(h)
+                st["child"].pop((parent, toks), None)
+
+
+def catch_up():
+    drain(300)
+    for r in range(ranks):
+        st = state[r]
+        while st["next"] in live[r] or st["next"] in replayed[r]:
+            apply(r, live[r].get(st["next"]) or replayed[r][st["next"]])
+            st["next"] += 1
+
+
+def predict(r, ids, block_size):
+    parent, k = None, 0
+    while (k + 1) * block_size <= len(ids):
+        h = state[r]["child"].get((parent, tuple(ids[k * block_size:(k + 1) * block_size])))
+        if h is None:
+            break
+        parent, k = h, k + 1
+    return k * block_size
+
+
+def post(path, body):
+    req = urllib.request.Request(base + path, method="POST", headers={"Content-Type": "application/json"},
+                                 data=json.dumps(body).encode())
+    with urllib.request.urlopen(req, timeout=120) as resp:
+        return json.loads(resp.read())
+
+
+replayed = [replay(r, 0) for r in range(ranks)]
+catch_up()
+block_size, hits = 16, 0
+for i, subject in enumerate([s for wave in waves for s in wave][:6]):
+    ids = post("/tokenize", {"prompt": f"Tell me a story about {subject}. " * 5})["tokens"]
+    for r in (i % ranks, i % ranks, (i + 1) % ranks):
+        catch_up()
+        want = predict(r, ids, block_size)
+        usage = post("/v1/completions", {"prompt": ids, "max_tokens": 2, "temperature": 0,
+                                         "attention_dp_rank": r, "attention_dp_relax": False})["usage"]
+        got = usage["prompt_tokens_details"]["cached_tokens"]
+        check(want <= got < want + block_size and got < len(ids),
+              f"rank {r}: the events predict {want} cached tokens of {len(ids)}, the server reused {got}")
+        hits += want > 0
+check(hits >= 6, f"only {hits} predictions found a cached prefix: the check exercises nothing")
+print(f"{hits} of 18 pinned prompts found a cached prefix the events predicted")
+
+
 result = {}
 for r in range(ranks):
     seen = dict(live[r])
@@ -178,6 +252,7 @@ for r in range(ranks):
             elif isinstance(ev, BlockRemoved):
                 removed.append(ev.block_hashes)
     result[str(r)] = {"stored": stored, "removed": removed, "live": len(live[r]), "missed": missed}
+
 with open(out_path, "w") as f:
     json.dump(result, f)
 print("OK")

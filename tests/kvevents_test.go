@@ -140,7 +140,9 @@ func jsonlStreams(t *testing.T, path string, blockSize int) map[string]*rankStre
 // vLLM's own struct definitions (msgspec, pyzmq; tests/kv_events_consumer.py)
 // over a conversation trace, with a subscriber that drops out and replays
 // what it missed, sees exactly the stored and removed blocks of the pool's
-// own record (--kv-events), rank by rank.
+// own record (--kv-events), rank by rank, and, rebuilding each rank's
+// blocks from them as a KV-aware router does, predicts the cached tokens
+// that prompts pinned to a rank report.
 func TestKVEventsWithVLLMStructs(t *testing.T) {
 	m := modeltest.SmolLM2(t)
 	py := pyClients(t)
@@ -148,7 +150,7 @@ func TestKVEventsWithVLLMStructs(t *testing.T) {
 	dir := t.TempDir()
 	record := filepath.Join(dir, "events.jsonl")
 	pub, replay := freePorts(t), freePorts(t)
-	cmd, base, out := startServe(t, nil, bin, "--model", m, "--ranks", "2", "--pages", "20",
+	cmd, base, out := startServe(t, nil, bin, "--model", m, "--ranks", "2", "--pages", "20", "--enable-prompt-tokens-details",
 		"--kv-events", record, "--kv-events-endpoint", fmt.Sprintf("tcp://*:%d", pub),
 		"--kv-events-replay-endpoint", fmt.Sprintf("tcp://*:%d", replay), "--kv-events-topic", "kv")
 	captured := filepath.Join(dir, "zmq.json")
@@ -156,6 +158,7 @@ func TestKVEventsWithVLLMStructs(t *testing.T) {
 	res, err := py.CombinedOutput()
 	require.NoError(t, err, "%s\nserver:\n%s", res, out.String())
 	require.Contains(t, string(res), "OK")
+	t.Logf("consumer: %s", strings.TrimSpace(string(res)))
 	stopServe(t, cmd, out)
 
 	b, err := os.ReadFile(captured)
