@@ -43,8 +43,10 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 		"the largest captured batch (cuda_graph_config.max_batch_size; 0: 128)")
 	fs.BoolVar(&o.TwinMoEPadding, "twin-moe-dp-padding", o.TwinMoEPadding, "with --engine twin and an MoE model: every rank pads "+
 		"its MoE layers' input to the largest rank's tokens (TensorRT-LLM's use_dp_padding; docs/twin.md)")
-	fs.StringVar(&o.CPUProfile, "cpuprofile", o.CPUProfile, "write a Go CPU profile of the run to this file (go tool pprof)")
-	fs.StringVar(&o.MemProfile, "memprofile", o.MemProfile, "write a Go allocation profile of the run to this file when it ends (go tool pprof -sample_index=alloc_space)")
+	fs.StringVar(&o.CPUProfile, "cpuprofile", o.CPUProfile, "write a Go CPU profile of the run (of serve: until it exits) to this file (go tool pprof); "+
+		"{rank} in the path is the process's rank, and without it a launch of several processes writes rank 0's only")
+	fs.StringVar(&o.MemProfile, "memprofile", o.MemProfile, "write a Go allocation profile of the run (of serve: until it exits) to this file when it ends "+
+		"(go tool pprof -sample_index=alloc_space, or inuse_space for the heap at the end); {rank} as for --cpuprofile")
 	o.flagCostMode = o.CostModeName()
 	fs.StringVar(&o.flagCostMode, "ctx-cost", o.flagCostMode, "where equal-cost chunking's kv_cost_offset and kv_depth_threshold come from: "+
 		"off (scheduler.equal_cost or the TLLM_V2_CTX_COST_* variables), manual (scheduler.equal_cost only) or "+

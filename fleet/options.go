@@ -125,11 +125,13 @@ type Options struct {
 	TwinCUDAGraphMaxBatch int
 	TwinMoEPadding        bool
 	// CPUProfile (--cpuprofile): write a Go CPU profile of the run here
-	// (the command does, around the run; go tool pprof reads it).
+	// (the command does, around the run or the server's life; go tool pprof
+	// reads it). "{rank}" is the process's rank; without it, a launch of
+	// several processes writes rank 0's alone.
 	CPUProfile string
 	// MemProfile (--memprofile): write a Go allocation profile (every
-	// allocation of the run, sampled; pprof's alloc_space and alloc_objects)
-	// here when the run ends.
+	// allocation of the run, sampled; pprof's alloc_space and alloc_objects,
+	// and inuse_space after a final collection) here when the run ends.
 	MemProfile string
 
 	// RecordBusy keeps every forward iteration's per-rank busy times in

@@ -12,8 +12,8 @@ import (
 // (the trace, the prompts, the checkpoint, the config or cost-profile file),
 // or that another output also writes: opening it for writing would destroy
 // the input, or the two writers would truncate each other, and either is
-// found only after the run. The iteration log's path is checked for rank 0
-// ("{rank}" replaced); "-" (standard output) is no file.
+// found only after the run. The iteration log's and the profiles' paths are
+// checked for rank 0 ("{rank}" replaced); "-" (standard output) is no file.
 func (o *Options) validateOutputs() error {
 	type file struct{ src, path string }
 	var inputs []file
@@ -24,8 +24,9 @@ func (o *Options) validateOutputs() error {
 		}
 	}
 	var outputs []file
-	for _, out := range []file{{o.Src("cpuprofile"), o.CPUProfile}, {o.Src("memprofile"), o.MemProfile},
-		{o.Src("iter-log"), strings.ReplaceAll(o.IterLog, "{rank}", "0")}, {o.Src("requests-out"), o.RequestsOut},
+	rank0 := func(path string) string { return strings.ReplaceAll(path, "{rank}", "0") }
+	for _, out := range []file{{o.Src("cpuprofile"), rank0(o.CPUProfile)}, {o.Src("memprofile"), rank0(o.MemProfile)},
+		{o.Src("iter-log"), rank0(o.IterLog)}, {o.Src("requests-out"), o.RequestsOut},
 		{o.Src("kv-events"), o.KVEvents}} {
 		if out.path != "" && out.path != "-" {
 			outputs = append(outputs, out)

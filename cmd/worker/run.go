@@ -1,12 +1,11 @@
 package main
 
 import (
-	"fmt"
 	"io"
 	"os"
-	"runtime/pprof"
 
 	"github.com/lockstep-ai/lockstep/fleet"
+	"github.com/lockstep-ai/lockstep/nccl"
 )
 
 // runServe is `worker run`: the fleet's flags and config file, the run on
@@ -17,29 +16,14 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	o.GPUFreeMemory = gpuFreeMemory
-	if o.CPUProfile != "" {
-		f, err := os.Create(o.CPUProfile)
-		if err != nil {
-			return fmt.Errorf("--cpuprofile: %w", err)
-		}
-		defer f.Close()
-		if err := pprof.StartCPUProfile(f); err != nil {
-			return fmt.Errorf("--cpuprofile: %w", err)
-		}
-		defer pprof.StopCPUProfile()
+	// A launch environment fleet.Run refuses is refused there, with its
+	// message; the profiles take it as one process until then.
+	launch, _ := nccl.DetectLaunch(os.Getenv)
+	stop, err := startProfiles(o, launch, stderr)
+	if err != nil {
+		return err
 	}
-	if o.MemProfile != "" {
-		f, err := os.Create(o.MemProfile)
-		if err != nil {
-			return fmt.Errorf("--memprofile: %w", err)
-		}
-		defer f.Close()
-		defer func() {
-			if err := pprof.Lookup("allocs").WriteTo(f, 0); err != nil {
-				fmt.Fprintf(stderr, "--memprofile: %v\n", err)
-			}
-		}()
-	}
+	defer stop()
 	out, err := fleet.Run(o, stderr, os.Getenv)
 	if err != nil || out == nil {
 		return err // out == nil: not rank 0, which prints the report

@@ -97,6 +97,10 @@ func runAPIServe(args []string, stdout, stderr io.Writer) error {
 			}
 		}()
 	}
+	stop, err := startProfiles(o, launch, stderr)
+	if err != nil {
+		return err
+	}
 	_, runErr := fleet.Run(o, stderr, os.Getenv)
 	if runErr != nil {
 		api.srv.Fail(runErr)
@@ -106,6 +110,7 @@ func runAPIServe(args []string, stdout, stderr io.Writer) error {
 		api.http.Shutdown(ctx) //nolint:errcheck
 		cancel()
 	}
+	stop()
 	if runErr == nil && rank0 {
 		fmt.Fprintln(stderr, "worker serve: drained, exiting")
 	}

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/lockstep-ai/lockstep/nccl"
 )
 
 // runJSON runs `worker run --report json` with args and decodes the report.
@@ -194,4 +196,48 @@ func TestServeStartsWithoutAWorkload(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatalf("serve did not drain: %s", errb.String())
 	}
+}
+
+// `worker serve --cpuprofile --memprofile` writes both profiles when it
+// exits (it took the flags and wrote nothing before).
+func TestServeWritesProfiles(t *testing.T) {
+	dir := t.TempDir()
+	cpu, mem := filepath.Join(dir, "cpu.pprof"), filepath.Join(dir, "mem.pprof")
+	var errb syncBuffer
+	done := make(chan error, 1)
+	go func() {
+		done <- runAPIServe([]string{"--engine", "fake", "--ranks", "2", "--http", "127.0.0.1:0",
+			"--cpuprofile", cpu, "--memprofile", mem}, io.Discard, &errb)
+	}()
+	deadline := time.Now().Add(30 * time.Second)
+	for !strings.Contains(errb.String(), "\tserving\t") {
+		require.True(t, time.Now().Before(deadline), "no startup line: %s", errb.String())
+		time.Sleep(10 * time.Millisecond)
+	}
+	require.NoError(t, syscall.Kill(os.Getpid(), syscall.SIGTERM))
+	select {
+	case err := <-done:
+		require.NoError(t, err, errb.String())
+	case <-time.After(30 * time.Second):
+		t.Fatalf("serve did not drain: %s", errb.String())
+	}
+	for _, p := range []string{cpu, mem} {
+		b, err := os.ReadFile(p)
+		require.NoError(t, err)
+		require.Greater(t, len(b), 2, p)
+		require.Equal(t, []byte{0x1f, 0x8b}, b[:2], "%s is not a gzip-compressed profile", p)
+	}
+}
+
+// Under a launch of several processes a profile's path names each rank's
+// file with {rank}; without it rank 0 alone writes.
+func TestProfilePathPerRank(t *testing.T) {
+	one := nccl.Launch{WorldSize: 1}
+	r0, r3 := nccl.Launch{WorldSize: 4, Rank: 0}, nccl.Launch{WorldSize: 4, Rank: 3}
+	require.Equal(t, "cpu.pprof", profilePath("cpu.pprof", one))
+	require.Equal(t, "cpu.pprof", profilePath("cpu.pprof", r0))
+	require.Equal(t, "", profilePath("cpu.pprof", r3))
+	require.Equal(t, "cpu_3.pprof", profilePath("cpu_{rank}.pprof", r3))
+	require.Equal(t, "cpu_0.pprof", profilePath("cpu_{rank}.pprof", one))
+	require.Equal(t, "", profilePath("", r0))
 }
