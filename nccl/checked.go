@@ -50,7 +50,7 @@ type CheckedComm struct {
 
 	mu     sync.Mutex // guards the fields below (Trace may run anywhere)
 	seq    int        // next call number
-	trace  []TraceEntry
+	trace  traceLog
 	broken error // set by a transport failure or Close; returned by later calls
 	closed bool
 }
@@ -142,18 +142,19 @@ func (c *CheckedComm) Close() error {
 var errCheckedClosed = &collectiveError{kind: ErrClosed, msg: "communicator closed"}
 
 // Trace returns a copy of the collectives this member entered since the last
-// ResetTrace, in call order (including calls that failed).
+// ResetTrace, in call order (including calls that failed): the last
+// MaxTraceEntries of them.
 func (c *CheckedComm) Trace() []TraceEntry {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return append([]TraceEntry(nil), c.trace...)
+	return c.trace.entries()
 }
 
 // ResetTrace empties the trace; call numbers keep counting.
 func (c *CheckedComm) ResetTrace() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.trace = c.trace[:0]
+	c.trace.reset()
 }
 
 // exchange runs one collective: it numbers and records it, sends header+body
@@ -167,7 +168,7 @@ func (c *CheckedComm) exchange(h *header, body []byte) ([][]byte, error) {
 	}
 	h.Seq = int64(c.seq)
 	c.seq++
-	c.trace = append(c.trace, h.entry())
+	c.trace.add(h.entry())
 	c.mu.Unlock()
 
 	got, err := c.t.AllGatherBytes(append(h.encode(), body...))

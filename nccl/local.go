@@ -106,7 +106,7 @@ type LocalComm struct {
 	// last is the collective this rank entered most recently (hasLast).
 	last    TraceEntry
 	hasLast bool
-	trace   []TraceEntry
+	trace   traceLog
 }
 
 var _ Comm = (*LocalComm)(nil)
@@ -188,11 +188,12 @@ func (c *LocalComm) Close() error {
 }
 
 // Trace returns a copy of the collectives this member entered since the
-// last ResetTrace, in call order (including calls that failed).
+// last ResetTrace, in call order (including calls that failed): the last
+// MaxTraceEntries of them.
 func (c *LocalComm) Trace() []TraceEntry {
 	c.g.mu.Lock()
 	defer c.g.mu.Unlock()
-	return slices.Clone(c.trace)
+	return c.trace.entries()
 }
 
 // ResetTrace empties the trace. Call numbers keep counting: they are what
@@ -200,7 +201,7 @@ func (c *LocalComm) Trace() []TraceEntry {
 func (c *LocalComm) ResetTrace() {
 	c.g.mu.Lock()
 	defer c.g.mu.Unlock()
-	c.trace = c.trace[:0]
+	c.trace.reset()
 }
 
 // enter registers e as this member's next collective and waits until every
@@ -215,7 +216,7 @@ func (c *LocalComm) enter(e *entry) (*slot, error) {
 	}
 	e.Seq = c.seq
 	c.seq++
-	c.trace = append(c.trace, e.TraceEntry)
+	c.trace.add(e.TraceEntry)
 	c.last, c.hasLast = e.TraceEntry, true
 	s := g.slots[e.Seq]
 	if s == nil {

@@ -306,3 +306,34 @@ func TestTracesMatch(t *testing.T) {
 		t.Errorf("after reset: %v (call numbers keep counting)", got)
 	}
 }
+
+// A member's trace keeps the last MaxTraceEntries collectives: a fleet
+// that iterates for days no longer holds one entry per collective it ever
+// ran.
+func TestTraceKeepsTheLastEntries(t *testing.T) {
+	comms := nccl.NewLocalGroup(2, nccl.LocalOptions{})
+	n := nccl.MaxTraceEntries + 1000
+	noErrors(t, runRanks(t, comms, func(c *nccl.LocalComm) error {
+		for i := range n {
+			if _, err := c.AllReduceInt64(fmt.Sprint("step", i%3), nccl.ReduceSum, []int64{1}); err != nil {
+				return err
+			}
+		}
+		return nil
+	}))
+	for _, c := range comms {
+		tr := c.Trace()
+		if len(tr) != nccl.MaxTraceEntries {
+			t.Fatalf("rank %d keeps %d entries, want %d", c.Rank(), len(tr), nccl.MaxTraceEntries)
+		}
+		for i, e := range tr {
+			if want := n - nccl.MaxTraceEntries + i; e.Seq != want || e.Name != fmt.Sprint("step", want%3) {
+				t.Fatalf("rank %d entry %d: %+v, want call %d", c.Rank(), i, e, want)
+			}
+		}
+		c.ResetTrace()
+		if tr := c.Trace(); tr != nil {
+			t.Fatalf("after ResetTrace: %d entries", len(tr))
+		}
+	}
+}
