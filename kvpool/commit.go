@@ -61,6 +61,7 @@ func (m *Manager) claimPrefix(s *sequence, r *scheduler.Request, locked bool) {
 		matched += res.q
 		s.partialPending = true
 	}
+	clear(res.full) // the manager's scratch: no node stays reachable through it
 	s.capacity, s.history, s.committed, s.reusedTokens = matched, matched, matched, matched
 	r.ContextPosition = matched
 }

@@ -140,7 +140,7 @@ func (m *Manager) resumePages(s *sequence) int {
 // which lets the scheduler skip one it knows will fail (FirstChunkBlocked).
 func (m *Manager) ReleaseContextAdmission(r *scheduler.Request) {
 	if s, ok := m.seq(r.ID); ok {
-		stamps := s.claimStamps
+		stamps := append(m.stampScratch[:0], s.claimStamps...) // closeSeq clears the sequence's
 		m.closeSeq(s)
 		for _, st := range stamps {
 			if st.n.cached {
@@ -148,8 +148,8 @@ func (m *Manager) ReleaseContextAdmission(r *scheduler.Request) {
 				m.leaves.fix(st.n)
 			}
 		}
-		clear(s.claimStamps)
-		s.claimStamps = s.claimStamps[:0]
+		clear(stamps)
+		m.stampScratch = stamps[:0]
 	}
 	r.ContextPosition = 0
 }
@@ -461,6 +461,7 @@ func (m *Manager) cachedMatch(r *scheduler.Request) keptMatch {
 	if km.full > 0 {
 		km.last = res.full[km.full-1]
 	}
+	clear(res.full) // scratch: no evicted node stays reachable through it
 	m.fullScratch = res.full[:0]
 	if km.last == nil || m.host.numPages() > 0 {
 		return km

@@ -44,6 +44,9 @@ type Manager struct {
 	// fullScratch holds the full blocks of the last match (match,
 	// fullBlocks), reused so that a match allocates nothing once grown.
 	fullScratch []*node
+	// stampScratch holds a closing sequence's claim stamps
+	// (ReleaseContextAdmission).
+	stampScratch []claimStamp
 	// tick is the manager-wide logical clock: LRU use stamps and suspension
 	// order. It never decides anything by itself; it only orders.
 	tick uint64
@@ -232,6 +235,9 @@ func (m *Manager) closeSeq(s *sequence) {
 	for k := len(s.blocks) - 1; k >= 0; k-- {
 		m.release(s.blocks[k], active)
 	}
+	// The sequence goes to m.spare with its arrays: its old blocks must
+	// not keep evicted radix nodes (and their ancestors) alive.
+	clear(s.blocks)
 	s.blocks = s.blocks[:0]
 	s.table = s.table[:0]
 	m.rows.release(s.row, s.dummy)
@@ -244,6 +250,8 @@ func (m *Manager) closeSeq(s *sequence) {
 	m.endConversationTurn(s)
 	clear(s.inserted)
 	s.inserted = s.inserted[:0]
+	clear(s.claimStamps)
+	s.claimStamps = s.claimStamps[:0]
 	s.root = nil
 	m.spare = append(m.spare, s)
 }
