@@ -83,6 +83,16 @@ type Source interface {
 	Total() int
 }
 
+// ArrivalWaiter is a Source whose requests come at unknown times (a
+// server's). An idle rank 0 then waits in WaitArrival, which returns as soon
+// as a request (or a withdrawal, or the end of the source) comes, or after d,
+// instead of sleeping until NextArrival: the fleet needs no short idle
+// period to answer a new request at once, and an idle server stays off the
+// CPU.
+type ArrivalWaiter interface {
+	WaitArrival(d time.Duration)
+}
+
 // TraceSource replays trace requests at their arrival times: request i
 // arrives at start + reqs[i].Arrival (the workload package has scaled and
 // bounded it). Prompts are lazy: a request's tokens are synthesised only

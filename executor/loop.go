@@ -446,8 +446,10 @@ func (e *Executor) drain() error {
 	return err
 }
 
-// idleWait paces an idle fleet: rank 0 sleeps until the next arrival (the
-// others wait for it in the next iteration's collectives).
+// idleWait paces an idle fleet: rank 0 sleeps until the next arrival, at
+// most MaxIdleSleep (the others wait for it in the next iteration's
+// collectives); a source that knows when a request comes (ArrivalWaiter)
+// wakes it then.
 func (e *Executor) idleWait() {
 	if e.cfg.Rank != 0 || e.d.Source.Exhausted() {
 		return
@@ -464,9 +466,14 @@ func (e *Executor) idleWait() {
 	if d > e.cfg.MaxIdleSleep {
 		d = e.cfg.MaxIdleSleep
 	}
-	if d > 0 {
-		time.Sleep(d)
+	if d <= 0 {
+		return
 	}
+	if w, ok := e.d.Source.(ArrivalWaiter); ok {
+		w.WaitArrival(d)
+		return
+	}
+	time.Sleep(d)
 }
 
 // engineThreadYield is how often a loop that runs on the engine's thread
