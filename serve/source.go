@@ -16,13 +16,13 @@ import (
 // handlers, handed to rank 0's loop at its next intake, and withdrawn
 // (executor.Canceller) when their client goes away.
 type source struct {
-	mu       sync.Mutex
-	queue    []executor.Arrival
-	handed   map[uint64]bool // ids handed to the loop before the last intake, not finished
-	just     []uint64        // ids handed out by the current intake's Due
-	cancels  []uint64        // withdrawn ids to announce at the next intake
-	later    []uint64        // withdrawn ids of the current intake: announced at the one after
-	closed   bool            // no more arrivals (drain finished)
+	mu      sync.Mutex
+	queue   []executor.Arrival
+	handed  map[uint64]bool // ids handed to the loop before the last intake, not finished
+	just    []uint64        // ids handed out by the current intake's Due
+	cancels []uint64        // withdrawn ids to announce at the next intake
+	later   []uint64        // withdrawn ids of the current intake: announced at the one after
+	closed  bool            // no more arrivals (drain finished)
 	// idleWake is how long an idle loop waits before it looks again when
 	// nothing comes (WaitArrival returns at once when something does);
 	// wake carries that news (buffered: a signal sent while the loop is
