@@ -74,7 +74,8 @@ test-go: native model
 # trace parser, the worker's YAML config, the dry-run scenario JSON and
 # dry runs of generated scenarios, the bootstrap store's request frames, the
 # store's and TCP transport's hello, the checked protocol's collective
-# headers, GGUF files, tokenizer.json, a Hugging Face config.json, chat
+# headers, GGUF files, tokenizer.json, a Hugging Face config.json and its
+# safetensors shards and index, chat
 # templates, the HTTP API's request bodies, twin cost profiles and measured
 # rates, FUZZTIME each.
 FUZZTIME ?= 10s
@@ -92,6 +93,7 @@ fuzz:
 	GO=$(GO) scripts/fuzz-one.sh ./model/jinja '^FuzzRender$$' $(FUZZTIME)
 	GO=$(GO) scripts/fuzz-one.sh ./serve '^FuzzRequestDecoding$$' $(FUZZTIME)
 	GO=$(GO) scripts/fuzz-one.sh ./model '^FuzzHFConfig$$' $(FUZZTIME)
+	GO=$(GO) scripts/fuzz-one.sh ./model '^FuzzSafetensors$$' $(FUZZTIME)
 	GO=$(GO) scripts/fuzz-one.sh ./bridge/twin '^FuzzReadProfile$$' $(FUZZTIME)
 	GO=$(GO) scripts/fuzz-one.sh ./bridge/twin '^FuzzMeasurements$$' $(FUZZTIME)
 
