@@ -99,6 +99,10 @@ type Report struct {
 	// OutputDigestNote says why output_digest is empty (`worker loadgen`:
 	// a response without token ids).
 	OutputDigestNote string `json:"output_digest_note,omitempty"`
+	// LatencyNote says why some latency percentiles are zeros that were not
+	// measured (`worker loadgen`: no streamed chunk of any completed
+	// response carried text or token ids, so no first token was seen).
+	LatencyNote string `json:"latency_note,omitempty"`
 	// RequestsPerS and InputTokPerS are `worker loadgen`'s: completed
 	// requests and their prompt tokens per second of duration_s.
 	RequestsPerS float64 `json:"requests_per_s,omitempty"`

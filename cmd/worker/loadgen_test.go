@@ -423,6 +423,7 @@ func TestLoadgenNonStreaming(t *testing.T) {
 	require.EqualValues(t, 10, rep.Tokens.Generated)
 	require.Zero(t, rep.TTFTMS.P50) // not measured without streaming
 	require.Zero(t, rep.TPOTMS.P50)
+	require.Contains(t, rep.LatencyNote, "--stream=false", "the zeros say they were not measured")
 	require.GreaterOrEqual(t, rep.E2EMS.P50, 10.0)
 	require.NotEmpty(t, rep.OutputDigest)
 	for _, b := range f.bodies {
@@ -433,6 +434,7 @@ func TestLoadgenNonStreaming(t *testing.T) {
 	rep2, _ := loadgenJSON(t, context.Background(), "", "--url", srv.URL, "--trace", writeLGTrace(t, []int{0, 0}, 5),
 		"--arrival-scale", "0", "--return-token-ids", "--vocab-size", "1000")
 	require.Equal(t, rep.OutputDigest, rep2.OutputDigest)
+	require.Empty(t, rep2.LatencyNote, "streamed: measured")
 }
 
 func TestLoadgenChatPrompts(t *testing.T) {

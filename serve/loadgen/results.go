@@ -57,6 +57,14 @@ func (g *Generator) Report(results []Result, wall time.Duration) *report.Report 
 		}
 	}
 	rep.TTFTMS, rep.TPOTMS, rep.E2EMS = report.Pct(ttft), report.Pct(tpot), report.Pct(e2e)
+	if rep.Requests.Completed > 0 && len(ttft) == 0 {
+		rep.LatencyNote = "no completed response streamed a chunk with text or token ids: ttft_ms and tpot_ms were not measured"
+		if !g.o.Stream {
+			rep.LatencyNote = "non-streamed requests (--stream=false): ttft_ms and tpot_ms were not measured"
+		} else if !g.o.ReturnTokenIDs {
+			rep.LatencyNote += " (a model without a tokenizer streams empty text: --return-token-ids)"
+		}
+	}
 	rep.WallS = report.Round(wall.Seconds(), 3)
 	rep.DurationS = report.Round(last.Seconds(), 3)
 	if last > 0 {
@@ -120,6 +128,9 @@ func (g *Generator) WriteText(w io.Writer, rep *report.Report) error {
 	p("  duration     %.2f s to the last response (wall %.2f s): %.2f requests/s, %.1f output tokens/s, %.1f input tokens/s\n",
 		rep.DurationS, rep.WallS, rep.RequestsPerS, rep.OutputTokPerS, rep.InputTokPerS)
 	rep.WriteLatencies(w)
+	if rep.LatencyNote != "" {
+		p("  latencies: %s\n", rep.LatencyNote)
+	}
 	for i, r := range rep.Rejections {
 		if i == maxListedTextRejections {
 			p("  ... and %d more rejected\n", len(rep.Rejections)-i)
