@@ -177,24 +177,31 @@ func (s *syncBuffer) String() string {
 // come over HTTP, not the built-in sample's count (issue 23); SIGTERM
 // drains and returns.
 func TestServeStartsWithoutAWorkload(t *testing.T) {
-	var errb syncBuffer
+	errb, stop := serveInProcess(t, "--engine", "fake", "--ranks", "2", "--http", "127.0.0.1:0")
+	require.Contains(t, errb.String(), `"requests": "over HTTP"`)
+	require.NotContains(t, errb.String(), `"requests": 64`)
+	stop()
+}
+
+// serveInProcess runs `worker serve args` in this process until its
+// startup line; stop sends SIGTERM and waits for the drain.
+func serveInProcess(t *testing.T, args ...string) (errb *syncBuffer, stop func()) {
+	errb = &syncBuffer{}
 	done := make(chan error, 1)
-	go func() {
-		done <- runAPIServe([]string{"--engine", "fake", "--ranks", "2", "--http", "127.0.0.1:0"}, io.Discard, &errb)
-	}()
+	go func() { done <- runAPIServe(args, io.Discard, errb) }()
 	deadline := time.Now().Add(30 * time.Second)
 	for !strings.Contains(errb.String(), "\tserving\t") {
 		require.True(t, time.Now().Before(deadline), "no startup line: %s", errb.String())
 		time.Sleep(10 * time.Millisecond)
 	}
-	require.Contains(t, errb.String(), `"requests": "over HTTP"`)
-	require.NotContains(t, errb.String(), `"requests": 64`)
-	require.NoError(t, syscall.Kill(os.Getpid(), syscall.SIGTERM))
-	select {
-	case err := <-done:
-		require.NoError(t, err, errb.String())
-	case <-time.After(30 * time.Second):
-		t.Fatalf("serve did not drain: %s", errb.String())
+	return errb, func() {
+		require.NoError(t, syscall.Kill(os.Getpid(), syscall.SIGTERM))
+		select {
+		case err := <-done:
+			require.NoError(t, err, errb.String())
+		case <-time.After(30 * time.Second):
+			t.Fatalf("serve did not drain: %s", errb.String())
+		}
 	}
 }
 
@@ -203,24 +210,9 @@ func TestServeStartsWithoutAWorkload(t *testing.T) {
 func TestServeWritesProfiles(t *testing.T) {
 	dir := t.TempDir()
 	cpu, mem := filepath.Join(dir, "cpu.pprof"), filepath.Join(dir, "mem.pprof")
-	var errb syncBuffer
-	done := make(chan error, 1)
-	go func() {
-		done <- runAPIServe([]string{"--engine", "fake", "--ranks", "2", "--http", "127.0.0.1:0",
-			"--cpuprofile", cpu, "--memprofile", mem}, io.Discard, &errb)
-	}()
-	deadline := time.Now().Add(30 * time.Second)
-	for !strings.Contains(errb.String(), "\tserving\t") {
-		require.True(t, time.Now().Before(deadline), "no startup line: %s", errb.String())
-		time.Sleep(10 * time.Millisecond)
-	}
-	require.NoError(t, syscall.Kill(os.Getpid(), syscall.SIGTERM))
-	select {
-	case err := <-done:
-		require.NoError(t, err, errb.String())
-	case <-time.After(30 * time.Second):
-		t.Fatalf("serve did not drain: %s", errb.String())
-	}
+	_, stop := serveInProcess(t, "--engine", "fake", "--ranks", "2", "--http", "127.0.0.1:0",
+		"--cpuprofile", cpu, "--memprofile", mem)
+	stop()
 	for _, p := range []string{cpu, mem} {
 		b, err := os.ReadFile(p)
 		require.NoError(t, err)
