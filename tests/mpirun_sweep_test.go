@@ -42,10 +42,7 @@ func TestRandomDeploymentsAgreeUnderMPIRun(t *testing.T) {
 	needMPIRun(t)
 	first, last := sweepSeeds(t, 10)
 	bin := worker(t)
-	dir := os.Getenv("LOCKSTEP_SWEEP_DIR")
-	if dir == "" {
-		dir = t.TempDir()
-	}
+	dir := sweepDir(t)
 	agreed, refused := 0, 0
 	for seed := first; seed <= last; seed++ {
 		rng := rand.New(rand.NewPCG(uint64(seed), 0x3a1))

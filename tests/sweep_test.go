@@ -182,6 +182,17 @@ func drawSchedulerKnobs(rng *rand.Rand, trace string) []string {
 	return args
 }
 
+// sweepDir is where a sweep writes its traces: $LOCKSTEP_SWEEP_DIR (kept,
+// to rerun a failure's command; made if missing), else a temporary folder.
+func sweepDir(t *testing.T) string {
+	dir := os.Getenv("LOCKSTEP_SWEEP_DIR")
+	if dir == "" {
+		return t.TempDir()
+	}
+	require.NoError(t, os.MkdirAll(dir, 0o755), "LOCKSTEP_SWEEP_DIR")
+	return dir
+}
+
 // sweepSeeds is the range of seeds a sweep runs: 1..runs, or
 // LOCKSTEP_SWEEP_RUNS seeds from LOCKSTEP_SWEEP_FIRST (default 1), so that a
 // long search can go past the seeds CI runs and a failure found there can be
@@ -214,10 +225,7 @@ func sweep(t *testing.T, runs int, stream uint64, trace func(*testing.T, *rand.R
 		seeds = append(seeds, also...) // the seeds past the default range that found a bug
 	}
 	bin := worker(t)
-	dir := os.Getenv("LOCKSTEP_SWEEP_DIR") // kept, to rerun a failure's command
-	if dir == "" {
-		dir = t.TempDir()
-	}
+	dir := sweepDir(t)
 	served, refused := 0, 0
 	for _, seed := range seeds {
 		rng := rand.New(rand.NewPCG(uint64(seed), stream))
