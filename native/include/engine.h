@@ -609,6 +609,20 @@ eng_status eng_comm_allgatherv(eng_comm_t comm, const void* send, int64_t send_l
 /* MPI_Abort on the communicator: terminates every rank of the job with code.
  * Returns only if the abort itself failed. */
 eng_status eng_comm_abort(eng_comm_t comm, int32_t code);
+/*
+ * Idle doorbell: a point every rank reaches together, as it would a
+ * collective, before a collective that may be far off (the next iteration of
+ * an idle fleet, which root starts only when a request comes). MPI's
+ * blocking collectives poll while they wait, so without it every rank but
+ * root holds a core for as long as the fleet is idle. Root sends every other
+ * rank a small message and returns; the others look for it, asleep in
+ * between (the naps grow from poll_us/8 to poll_us microseconds), and return
+ * when it has come or after timeout_us (ENG_OK either way: a late ring is
+ * dropped by the next call).
+ * Arguments must be the same on every rank: root in [0, size), poll_us > 0,
+ * timeout_us >= 0. The NCCL transport returns at once.
+ */
+eng_status eng_comm_idle_wait(eng_comm_t comm, int32_t root, int64_t poll_us, int64_t timeout_us);
 /* Frees the communicator. Freeing the last communicator of the process
  * finalises MPI when this library initialised it; MPI cannot be initialised
  * again afterwards (a later eng_comm_init_mpi fails). NULL is a no-op. */

@@ -94,6 +94,14 @@ eng_status eng_comm_abort(eng_comm_t comm, int32_t code) {
   return comm_guarded(&comm->last_error, [&] { comm->impl->abort(code); });
 }
 
+eng_status eng_comm_idle_wait(eng_comm_t comm, int32_t root, int64_t poll_us, int64_t timeout_us) {
+  if (comm == nullptr) {
+    g_comm_init_error = "eng_comm_idle_wait: communicator handle is NULL";
+    return ENG_INVALID_ARGUMENT;
+  }
+  return comm_guarded(&comm->last_error, [&] { comm->impl->idle_wait(root, poll_us, timeout_us); });
+}
+
 eng_status eng_comm_free(eng_comm_t comm) {
   delete comm;  // the Communicator's destructor never throws
   return ENG_OK;

@@ -30,6 +30,13 @@ class Communicator {
                                     int64_t* recv_lens) = 0;
   // Terminates the whole job; returns only if that failed (throws).
   virtual void abort(int32_t code) = 0;
+  // The idle doorbell (engine.h, eng_comm_idle_wait). A transport whose
+  // waits cost no CPU has nothing to save and returns at once.
+  virtual void idle_wait(int32_t root, int64_t poll_us, int64_t timeout_us) {
+    (void)root;
+    (void)poll_us;
+    (void)timeout_us;
+  }
 };
 
 // Returns a communicator over every process of the job (MPI_COMM_WORLD,

@@ -22,6 +22,8 @@ void test_null_handles() {
   const uint8_t* recv = nullptr;
   CHECK(eng_comm_allgatherv(nullptr, "x", 1, lens, &recv) == ENG_INVALID_ARGUMENT);
   CHECK(eng_comm_abort(nullptr, 1) == ENG_INVALID_ARGUMENT);
+  CHECK(eng_comm_idle_wait(nullptr, 0, 100, 0) == ENG_INVALID_ARGUMENT);
+  CHECK(std::string(eng_comm_last_error(nullptr)).find("eng_comm_idle_wait") != std::string::npos);
 }
 
 #ifdef ENGINE_HAVE_MPI
@@ -51,6 +53,14 @@ void test_mpi_singleton() {
   // The communicator still works after a rejected call.
   CHECK(eng_comm_allgatherv(comm, "ab", 2, lens, &recv) == ENG_OK);
   CHECK(lens[0] == 2 && std::memcmp(recv, "ab", 2) == 0);
+
+  // The idle doorbell: the root of a world of one has nobody to ring.
+  CHECK(eng_comm_idle_wait(comm, 0, 500, 1000) == ENG_OK);
+  CHECK(eng_comm_idle_wait(comm, 1, 500, 1000) == ENG_INVALID_ARGUMENT);
+  CHECK(std::string(eng_comm_last_error(comm)).find("root 1 is outside the group of 1") != std::string::npos);
+  CHECK(eng_comm_idle_wait(comm, 0, 0, 1000) == ENG_INVALID_ARGUMENT);
+  CHECK(std::string(eng_comm_last_error(comm)).find("poll_us must be positive") != std::string::npos);
+  CHECK(eng_comm_allgatherv(comm, "cd", 2, lens, &recv) == ENG_OK);
 
   // A second communicator while the first is open: MPI stays initialised
   // until the last one is freed.
