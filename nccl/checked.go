@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"sync"
+	"time"
 )
 
 // Transport moves bytes between the processes of one group. It has a single
@@ -55,7 +56,10 @@ type CheckedComm struct {
 	closed bool
 }
 
-var _ Comm = (*CheckedComm)(nil)
+var (
+	_ Comm       = (*CheckedComm)(nil)
+	_ IdleWaiter = (*CheckedComm)(nil)
+)
 
 // NewCheckedComm returns a Comm over t. The comm owns t: Close closes it.
 func NewCheckedComm(t Transport) *CheckedComm {
@@ -121,6 +125,23 @@ func (c *CheckedComm) AllReduceInt64(name string, op ReduceOp, vals []int64) ([]
 		}
 	}
 	return out, nil
+}
+
+// IdleWait forwards to the transport when it is an IdleWaiter (MPI) and
+// returns at once otherwise (a TCP transport's waits sleep in the kernel).
+// It is not a collective: nothing is numbered, traced or checked.
+func (c *CheckedComm) IdleWait(root int, poll, timeout time.Duration) error {
+	w, ok := c.t.(IdleWaiter)
+	if !ok {
+		return nil
+	}
+	c.mu.Lock()
+	err := c.broken
+	c.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	return w.IdleWait(root, poll, timeout)
 }
 
 // Close closes the transport; later calls fail with ErrClosed. Idempotent.

@@ -258,3 +258,37 @@ func TestCheckedTransportFailure(t *testing.T) {
 	require.NoError(t, comms[1].Close(), "Close is idempotent")
 	require.NoError(t, comms[0].Close())
 }
+
+// bellTransport is a memTransport that is an IdleWaiter: it records the
+// doorbells it is asked for.
+type bellTransport struct {
+	memTransport
+	calls *[]string
+}
+
+func (b bellTransport) IdleWait(root int, poll, timeout time.Duration) error {
+	*b.calls = append(*b.calls, fmt.Sprintf("root %d poll %v timeout %v", root, poll, timeout))
+	return nil
+}
+
+// TestIdleWaitForwarded: a CheckedComm (and a Watchdog over it) passes the
+// idle doorbell to a transport that has one, and to nothing else; it
+// numbers and traces nothing; after Close it fails without reaching the
+// transport.
+func TestIdleWaitForwarded(t *testing.T) {
+	locals := nccl.NewLocalGroup(1, nccl.LocalOptions{})
+	var calls []string
+	c := nccl.NewCheckedComm(bellTransport{memTransport{locals[0]}, &calls})
+	w := nccl.NewWatchdog(c, nccl.WatchdogOptions{Timeout: time.Second})
+	require.NoError(t, w.IdleWait(0, time.Millisecond, time.Second))
+	require.NoError(t, c.IdleWait(0, 2*time.Millisecond, 3*time.Second))
+	require.Equal(t, []string{"root 0 poll 1ms timeout 1s", "root 0 poll 2ms timeout 3s"}, calls)
+	require.Empty(t, c.Trace(), "the doorbell is not a collective")
+
+	plain := nccl.NewCheckedComm(memTransport{nccl.NewLocalGroup(1, nccl.LocalOptions{})[0]})
+	require.NoError(t, plain.IdleWait(0, time.Millisecond, time.Second), "a transport without a doorbell")
+
+	require.NoError(t, c.Close())
+	require.ErrorIs(t, c.IdleWait(0, time.Millisecond, time.Second), nccl.ErrClosed)
+	require.Len(t, calls, 2)
+}

@@ -7,6 +7,7 @@ package nccl
 import (
 	"errors"
 	"fmt"
+	"time"
 )
 
 // ReduceOp is an AllReduce operation.
@@ -41,6 +42,22 @@ const (
 	KindBroadcast Kind = "broadcast"
 	KindAllReduce Kind = "allreduce"
 )
+
+// IdleWaiter is a Comm or Transport whose waits in a collective hold the
+// CPU: MPI's blocking collectives poll their transports until the last
+// member arrives. Before a collective that may be far off (the first of an
+// idle fleet's next iteration, which rank 0 starts only when a request comes
+// or its idle sleep ends) every member calls IdleWait at the same point of
+// its program, as it would a collective: root returns at once, having rung
+// the others, who wait for that ring asleep, for at most timeout, and then
+// go on into the collective; they look for the ring every poll (the most it
+// can add to the collective that follows). Nothing is exchanged and a late
+// ring is harmless (the next call drops it), so a timeout costs only CPU. A
+// Comm that wraps another forwards the call when the inner one implements it
+// and returns nil otherwise.
+type IdleWaiter interface {
+	IdleWait(root int, poll, timeout time.Duration) error
+}
 
 // Comm is one rank's handle on a group. Every member must enter the same
 // collectives in the same order (executor.md §7); name labels the program

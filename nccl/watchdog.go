@@ -238,6 +238,19 @@ func (w *Watchdog) AllReduceInt64(name string, op ReduceOp, vals []int64) ([]int
 	return guard(w, KindAllReduce, name, func() ([]int64, error) { return w.inner.AllReduceInt64(name, op, vals) })
 }
 
+// IdleWait forwards to the inner Comm when it is an IdleWaiter. It is not
+// guarded: it bounds its own wait, and a member that never comes is caught
+// by the collective that follows.
+func (w *Watchdog) IdleWait(root int, poll, timeout time.Duration) error {
+	if w.broken != nil {
+		return w.broken
+	}
+	if in, ok := w.inner.(IdleWaiter); ok {
+		return in.IdleWait(root, poll, timeout)
+	}
+	return nil
+}
+
 // Close closes the inner Comm.
 func (w *Watchdog) Close() error { return w.inner.Close() }
 

@@ -61,6 +61,24 @@ func TestMPIRun(t *testing.T) {
 	}
 }
 
+// TestMPIRunIdleDoorbell: between iterations the ranks meet at the idle
+// doorbell (eng_comm_idle_wait): the ranks other than rank 0 wait for its
+// ring asleep, give up at their timeout, and drop a ring that came after
+// they gave up (checked in the program); the collectives around it still
+// pair (same trace digest on every rank).
+func TestMPIRunIdleDoorbell(t *testing.T) {
+	needMPIRun(t)
+	bin := buildMPIProg(t, "native")
+	out, dir, err := runMPI(t, bin, "-scenario", "idle", "-iterations", "4")
+	require.NoError(t, err, out)
+	lines, exits := rankResults(t, dir, mpiRanks)
+	for r := range mpiRanks {
+		require.Equal(t, 0, exits[r], "rank %d exit code; output:\n%s", r, out)
+		require.True(t, strings.HasPrefix(lines[r], "OK "), "rank %d: %s", r, lines[r])
+		require.Equal(t, lines[0], lines[r], "rank %d's trace differs from rank 0's", r)
+	}
+}
+
 // TestMPIRunMismatch: the last rank enters a broadcast where the others
 // enter an allgather; every rank exits non-zero with the same message.
 func TestMPIRunMismatch(t *testing.T) {

@@ -74,7 +74,10 @@ type MPITransport struct {
 	inFlight atomic.Bool // a call is running on the MPI goroutine
 }
 
-var _ nccl.Transport = (*MPITransport)(nil)
+var (
+	_ nccl.Transport  = (*MPITransport)(nil)
+	_ nccl.IdleWaiter = (*MPITransport)(nil)
+)
 
 // OpenMPI initialises MPI on first use (MPI_THREAD_MULTIPLE requested, on this
 // package's MPI goroutine) and returns a transport over every process of the
@@ -143,6 +146,27 @@ func (t *MPITransport) AllGatherBytes(payload []byte) ([][]byte, error) {
 	})
 	t.inFlight.Store(false)
 	return out, err
+}
+
+// IdleWait is the idle doorbell (eng_comm_idle_wait, nccl.IdleWaiter): root
+// rings every other rank and returns; the others sleep until the ring
+// comes, looking every poll (at least 1 µs), for at most timeout.
+func (t *MPITransport) IdleWait(root int, poll, timeout time.Duration) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return fmt.Errorf("mpi transport: %w", nccl.ErrClosed)
+	}
+	var err error
+	t.inFlight.Store(true)
+	onMPIThread(func() {
+		st := C.eng_comm_idle_wait(t.h, C.int32_t(root), C.int64_t(max(poll.Microseconds(), 1)), C.int64_t(timeout.Microseconds()))
+		if st != C.ENG_OK {
+			err = bridge.StatusError("mpi idle wait", bridge.Status(st), C.GoString(C.eng_comm_last_error(t.h)))
+		}
+	})
+	t.inFlight.Store(false)
+	return err
 }
 
 // Abort terminates every process of the job with code (MPI_Abort). If a call

@@ -8,6 +8,11 @@
 //	mismatch  the last rank enters broadcast:"arrivals" where the others enter
 //	          allgather:"batch_size"
 //	stop      rank 1 stops (sleeps for -stop-for, then exits 3)
+//	idle      no fault; after every iteration the ranks meet at the idle
+//	          doorbell (nccl.IdleWaiter), rank 0 ringing after a nap: the
+//	          others must wait for the ring without spinning, give up at
+//	          their timeout at iteration 1 (rank 0 naps past it) and drop
+//	          that late ring at iteration 2
 //
 // Each rank writes one line to <out>/rank-<r>.txt: "OK <trace digest>" or
 // "ERROR after <ms>ms: <error>", and exits 0 (OK), 1 (an error) or 2 (a
@@ -26,11 +31,12 @@ import (
 	"time"
 
 	"github.com/lockstep-ai/lockstep/bridge/native"
+	"github.com/lockstep-ai/lockstep/internal/cputime"
 	"github.com/lockstep-ai/lockstep/nccl"
 )
 
 func main() {
-	scenario := flag.String("scenario", "ok", "ok | mismatch | stop")
+	scenario := flag.String("scenario", "ok", "ok | mismatch | stop | idle")
 	timeout := flag.Duration("timeout", 3*time.Second, "collective timeout")
 	stopFor := flag.Duration("stop-for", 10*time.Second, "how long the stopped rank sleeps")
 	iterations := flag.Int("iterations", 5, "iterations")
@@ -118,6 +124,47 @@ func run(g *nccl.ProcessGroup, scenario string, iterations int, stopFor time.Dur
 		if want := []int64{int64(size - 1), 0}; !slices.Equal(mx, want) {
 			return fmt.Errorf("iteration %d: allreduce max = %v, want %v", it, mx, want)
 		}
+		if scenario == "idle" {
+			if err := idleRound(c, r, it); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// idleRound is the idle scenario's doorbell after iteration it. Rank 0
+// naps, then rings; every other rank must have waited for the ring (at
+// least most of the nap: a rank that returned sooner took an old ring, or
+// none), asleep (its process used under half the wait in CPU; spinning in
+// MPI uses all of it). At iteration 1 rank 0 naps past the others'
+// timeout, so they give up early; iteration 2 then checks that its late
+// ring was dropped.
+func idleRound(c nccl.IdleWaiter, rank, it int) error {
+	const poll = 500 * time.Microsecond
+	nap, timeout := 150*time.Millisecond, 10*time.Second
+	if it == 1 {
+		nap, timeout = 400*time.Millisecond, 50*time.Millisecond
+	}
+	if rank == 0 {
+		time.Sleep(nap)
+		return c.IdleWait(0, poll, timeout)
+	}
+	cpu0, _ := cputime.Process()
+	t0 := time.Now()
+	if err := c.IdleWait(0, poll, timeout); err != nil {
+		return err
+	}
+	wall := time.Since(t0)
+	cpu, _ := cputime.Process()
+	cpu -= cpu0
+	switch {
+	case it == 1 && (wall < timeout || wall > nap-100*time.Millisecond):
+		return fmt.Errorf("iteration 1: the idle wait with a %v timeout took %v (rank 0 rang after %v)", timeout, wall, nap)
+	case it != 1 && wall < nap-50*time.Millisecond:
+		return fmt.Errorf("iteration %d: the idle wait returned after %v, before rank 0 rang (after %v)", it, wall, nap)
+	case cpu > wall/2:
+		return fmt.Errorf("iteration %d: the idle wait of %v used %v of CPU", it, wall, cpu)
 	}
 	return nil
 }
