@@ -177,6 +177,11 @@ type Config struct {
 	// MaxIdleSleep bounds how long rank 0 sleeps waiting for the next arrival
 	// while the fleet is idle (keeps collectives well inside the watchdog).
 	MaxIdleSleep time.Duration
+	// IdlePoll, when positive, lets the ranks other than rank 0 of an idle
+	// fleet wait for its next iteration asleep, looking every IdlePoll,
+	// where the comm's collectives would hold a core each (MPI;
+	// nccl.IdleWaiter). Zero: they wait in the collective.
+	IdlePoll time.Duration
 }
 
 // Deps are the components one rank's executor drives.

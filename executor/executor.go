@@ -216,6 +216,8 @@ type Executor struct {
 	costPub    CostPublisher
 	iterComm   iterationNamer
 	sharedComm nccl.SharedGatherer
+	idleComm   nccl.IdleWaiter // an MPI comm: the idle doorbell (idleDoorbell)
+	idleRun    int             // idle iterations in a row (agreed)
 	canceller  Canceller
 }
 
@@ -300,6 +302,9 @@ func (e *Executor) resolveCapabilities() error {
 	}
 	e.iterComm, _ = e.d.Comm.(iterationNamer)
 	e.sharedComm, _ = e.d.Comm.(nccl.SharedGatherer)
+	if e.virtual == nil && e.cfg.Ranks > 1 && e.cfg.IdlePoll > 0 {
+		e.idleComm, _ = e.d.Comm.(nccl.IdleWaiter)
+	}
 	if e.sharedComm != nil && e.adp() {
 		ranks := e.cfg.Ranks
 		e.slots = e.sharedComm.Shared("executor.fleetSlots", func() any { return newFleetSlots(ranks) }).(*fleetSlots)

@@ -52,6 +52,10 @@ type fleet struct {
 	// onIteration is rank 0's Config.OnIteration; with it every rank
 	// streams (Config.Stream), as a server's ranks do.
 	onIteration func(FleetStats)
+	// idlePoll is every rank's Config.IdlePoll; wrapComm wraps each rank's
+	// comm (a doorbell recorder).
+	idlePoll time.Duration
+	wrapComm func(rank int, c *nccl.LocalComm) nccl.Comm
 }
 
 type recordingWriter struct {
@@ -120,13 +124,17 @@ func (f *fleet) run(t testing.TB) {
 		if f.wrap != nil {
 			planner = f.wrap(i, sch)
 		}
-		d := Deps{Comm: f.comms[i], Engine: eng, KV: kv, Planner: planner}
+		var comm nccl.Comm = f.comms[i]
+		if f.wrapComm != nil {
+			comm = f.wrapComm(i, f.comms[i])
+		}
+		d := Deps{Comm: comm, Engine: eng, KV: kv, Planner: planner}
 		if i == 0 {
 			d.Source = source
 		}
 		ecfg := Config{Rank: i, Ranks: f.ranks, StopTokens: f.stopTokens, Scheduler: f.sched, IterLog: f.iterLog[i],
 			MaxIdleSleep: time.Millisecond, Overlap: f.overlap, Events: f.events > 0, EventSink: f.eventLog,
-			EventBufferMaxSize: f.events, ADPBalance: f.balance, MaxActivePerRank: f.maxActive}
+			EventBufferMaxSize: f.events, ADPBalance: f.balance, MaxActivePerRank: f.maxActive, IdlePoll: f.idlePoll}
 		if f.onIteration != nil {
 			// As a server sets it up (fleet/rank.go): the serving gathers
 			// on every rank, the hook on rank 0's alone.

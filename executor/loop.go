@@ -258,6 +258,11 @@ func (e *Executor) iteration() (bool, error) {
 	}
 	if !p.canQueue && !p.fleetWork {
 		e.idleWait()
+		if err := e.idleDoorbell(); err != nil {
+			return false, err
+		}
+	} else {
+		e.idleRun = 0
 	}
 	e.iter++
 	return true, nil
@@ -474,6 +479,33 @@ func (e *Executor) idleWait() {
 		return
 	}
 	time.Sleep(d)
+}
+
+// idleDoorbellSlack is how much longer than rank 0's longest idle sleep
+// the other ranks wait for its doorbell before they go on into the next
+// collective anyway (which the watchdog guards).
+const idleDoorbellSlack = time.Second
+
+// idleDoorbellAfter is the idle iteration from which the doorbell runs, in
+// a row: an idle spell shorter than rank 0's first idle sleeps (a client's
+// next turn, the gaps of a steady stream) keeps the ranks in the
+// collective, where a request that comes finds them at once; a longer one
+// costs its first request at most one poll instead of a core per rank for
+// the rest of the spell.
+const idleDoorbellAfter = 3
+
+// idleDoorbell follows an idle iteration (agreed: every rank calls it at
+// the same iterations or none does) on a comm whose collectives spin while
+// they wait (MPI): from the idleDoorbellAfter-th idle iteration in a row,
+// the ranks other than rank 0 wait for rank 0's next iteration asleep, rung
+// by rank 0 once its idle wait has ended, instead of holding a core each in
+// the first collective of that iteration (nccl.IdleWaiter).
+func (e *Executor) idleDoorbell() error {
+	e.idleRun++
+	if e.idleComm == nil || e.idleRun < idleDoorbellAfter {
+		return nil
+	}
+	return e.idleComm.IdleWait(0, e.cfg.IdlePoll, e.cfg.MaxIdleSleep+idleDoorbellSlack)
 }
 
 // engineThreadYield is how often a loop that runs on the engine's thread

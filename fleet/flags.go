@@ -81,6 +81,8 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.ConfigPath, "config", o.ConfigPath, "YAML config file (flags given on the command line override it)")
 	fs.StringVar(&o.Progress, "progress", o.Progress, "progress display: auto, bar, lines or off")
 	fs.DurationVar(&o.CollectiveTimeout, "collective-timeout", o.CollectiveTimeout, "collective watchdog timeout")
+	fs.DurationVar(&o.IdlePoll, "idle-poll", o.IdlePoll, "under mpirun, how often the ranks of an idle fleet look for rank 0's next iteration, asleep in between "+
+		"(the most it adds to the first iteration of a request; 0: they spin in MPI, a core each)")
 	fs.StringVar(&o.LogLevel, "log-level", o.LogLevel, "log level: debug, info, warn or error")
 	fs.StringVar(&o.Overlap, "overlap", o.Overlap, "overlap loop: on (schedule iteration N+1 while N runs) or off")
 	fs.StringVar(&o.Router, "router", o.Router, "attention-DP router: default (load-balanced) or conversation (conversation-aware)")

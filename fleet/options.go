@@ -81,6 +81,10 @@ type Options struct {
 	LogLevel       string // --log-level
 
 	CollectiveTimeout time.Duration // --collective-timeout
+	// IdlePoll (--idle-poll) is how often the ranks of an idle fleet under
+	// mpirun look for rank 0's next iteration, asleep in between (0: they
+	// spin in MPI's collective, a core each).
+	IdlePoll time.Duration
 	Overlap           string        // --overlap: on or off
 	Router            string        // --router: default or conversation
 	MaxActivePerRank  int           // --max-active-per-rank
@@ -202,7 +206,7 @@ func Defaults() Options {
 		Engine: "cpu", Model: "tiny", Seed: 1, Ranks: 4,
 		Pages: 4096, TokensPerPage: 16, Scheduler: sc,
 		LengthScale: 1, ArrivalScale: 1, Arrivals: workload.ArrivalsTrace, Report: "text", Progress: "auto",
-		CollectiveTimeout: 60 * time.Second, LogLevel: "info", Overlap: "on",
+		CollectiveTimeout: 60 * time.Second, IdlePoll: 500 * time.Microsecond, LogLevel: "info", Overlap: "on",
 		Router: "default", MaxActivePerRank: 1024, NewConvPlacement: router.PlacementRoundRobin, ADPBalance: executor.DefaultADPBalance(), CP: 1, EventBufferMaxSize: 1 << 20,
 		KVEventsConfig: KVEventsConfig{Publisher: "null", Endpoint: kvevents.DefaultEndpoint,
 			BufferSteps: kvevents.DefaultBufferSteps, HWM: kvevents.DefaultHWM, Encoding: kvevents.EncodingArray},

@@ -218,7 +218,7 @@ func (s *rankSetup) executorConfig(o *Options, i int, parts *rankParts, iterLog,
 		Overlap: o.Overlap == "on", Router: rt, StopTokens: o.stopTokens(), MaxActivePerRank: o.MaxActivePerRank, Helix: helix,
 		Events: o.kvEventsOn(), EventSink: eventSink, EventBufferMaxSize: o.EventBufferMaxSize,
 		OnNote: func(_ int, n scheduler.Note) { logNote(s.rankLog(i), n) }, MoE: o.moe() && o.Engine != "twin",
-		RecordBusy: o.RecordBusy, ADPBalance: o.ADPBalance}
+		RecordBusy: o.RecordBusy, ADPBalance: o.ADPBalance, IdlePoll: o.IdlePoll}
 	if o.Engine == "twin" {
 		cfg.VirtualClock, cfg.VirtualEpoch = true, twinEpoch
 		cfg.MeasuredHostTime = o.TwinHostTime == "measured"

@@ -1,6 +1,8 @@
 package fleet
 
 import (
+	"time"
+
 	"math"
 
 	"github.com/lockstep-ai/lockstep/bridge"
@@ -172,6 +174,9 @@ func (o *Options) validateCounts() error {
 func (o *Options) validateTimeout() error {
 	if o.CollectiveTimeout <= 0 {
 		return usage.Errorf("%s must be positive, got %v", o.Src("collective-timeout"), o.CollectiveTimeout)
+	}
+	if o.IdlePoll < 0 || o.IdlePoll > time.Second {
+		return usage.Errorf("%s must be between 0 (off) and 1s, got %v", o.Src("idle-poll"), o.IdlePoll)
 	}
 	return nil
 }

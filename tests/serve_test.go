@@ -116,8 +116,10 @@ func TestOpenAIClientAgainstServe(t *testing.T) {
 }
 
 // TestServeUnderMPIRun: `mpirun -np 2 bin/worker serve` answers over HTTP
-// from rank 0 with the same greedy text as in-process ranks, and the whole
-// job exits 0 on SIGTERM.
+// from rank 0 with the same greedy text as in-process ranks, an idle rank
+// other than rank 0 stays off the CPU (the idle doorbell; spinning in MPI's
+// collective it would use a whole core), and the whole job exits 0 on
+// SIGTERM.
 func TestServeUnderMPIRun(t *testing.T) {
 	m := modeltest.SmolLM2(t)
 	needMPIRun(t)
@@ -135,7 +137,30 @@ func TestServeUnderMPIRun(t *testing.T) {
 	for i, g := range got {
 		require.Equal(t, want, g, "request %d", i)
 	}
+	rank1 := rankPID(t, bin, 1)
+	time.Sleep(300 * time.Millisecond) // past the first idle iterations, which spin
+	before, t0 := cpuTicks(t, rank1), time.Now()
+	time.Sleep(2 * time.Second)
+	used := float64(cpuTicks(t, rank1)-before) / 100 // USER_HZ
+	require.Less(t, used, time.Since(t0).Seconds()/2, "rank 1 of an idle server used %.2fs of CPU in %v", used, time.Since(t0))
 	stopServe(t, cmd, out, rankZeroPID(t, bin))
+}
+
+// cpuTicks is the CPU time process pid has used (user and system, in
+// clock ticks of 1/100 s: /proc/PID/stat fields 14 and 15).
+func cpuTicks(t *testing.T, pid int) int64 {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	require.NoError(t, err)
+	// The command name (field 2) may hold spaces: count from its ')'.
+	f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+	require.Greater(t, len(f), 13, "/proc/%d/stat: %s", pid, b)
+	var utime, stime int64
+	_, err = fmt.Sscan(f[11], &utime)
+	require.NoError(t, err)
+	_, err = fmt.Sscan(f[12], &stime)
+	require.NoError(t, err)
+	return utime + stime
 }
 
 // rankZeroPID finds the process of bin that Open MPI started as rank 0.

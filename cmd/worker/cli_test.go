@@ -59,3 +59,19 @@ func TestEvalFlagsRefused(t *testing.T) {
 		requireUserFacing(t, stderr)
 	}
 }
+
+// TestIdlePollRefused: --idle-poll out of [0, 1s] is refused before any
+// rank starts, naming the flag, by run and by serve.
+func TestIdlePollRefused(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"run", "--engine", "fake", "--progress", "off", "--idle-poll", "-1ms"}, "--idle-poll must be between 0 (off) and 1s, got -1ms"},
+		{[]string{"serve", "--engine", "fake", "--http", "127.0.0.1:0", "--idle-poll", "2s"}, "--idle-poll must be between 0 (off) and 1s, got 2s"},
+	} {
+		code, _, stderr := runCode(tc.args...)
+		require.Equal(t, 2, code, "%v: %s", tc.args, stderr)
+		require.Contains(t, stderr, tc.want, tc.args)
+	}
+}
