@@ -53,6 +53,13 @@ func TestMPIRun(t *testing.T) {
 	bin := buildMPIProg(t, "native")
 	out, dir, err := runMPI(t, bin, "-scenario", "ok")
 	require.NoError(t, err, out)
+	requireRanksAgree(t, dir, out)
+}
+
+// requireRanksAgree requires that every rank of an mpiprog run exited 0
+// with "OK" and the same trace digest as rank 0.
+func requireRanksAgree(t *testing.T, dir, out string) {
+	t.Helper()
 	lines, exits := rankResults(t, dir, mpiRanks)
 	for r := range mpiRanks {
 		require.Equal(t, 0, exits[r], "rank %d exit code; output:\n%s", r, out)
@@ -71,12 +78,7 @@ func TestMPIRunIdleDoorbell(t *testing.T) {
 	bin := buildMPIProg(t, "native")
 	out, dir, err := runMPI(t, bin, "-scenario", "idle", "-iterations", "4")
 	require.NoError(t, err, out)
-	lines, exits := rankResults(t, dir, mpiRanks)
-	for r := range mpiRanks {
-		require.Equal(t, 0, exits[r], "rank %d exit code; output:\n%s", r, out)
-		require.True(t, strings.HasPrefix(lines[r], "OK "), "rank %d: %s", r, lines[r])
-		require.Equal(t, lines[0], lines[r], "rank %d's trace differs from rank 0's", r)
-	}
+	requireRanksAgree(t, dir, out)
 }
 
 // TestMPIRunMismatch: the last rank enters a broadcast where the others
