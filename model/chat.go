@@ -13,6 +13,14 @@ import (
 type ChatMessage struct {
 	Role    string `json:"role"`
 	Content string `json:"content"`
+	// NullContent renders content as None (an assistant turn that only
+	// calls tools sends content null).
+	NullContent bool `json:"-"`
+	// ToolCalls are an assistant turn's tool calls, decoded for the
+	// template (DecodeOrderedJSON; each function's arguments an object, as
+	// HF templates expect), and ToolCallID the call a "tool" turn answers.
+	ToolCalls  []any  `json:"-"`
+	ToolCallID string `json:"-"`
 }
 
 var templateCache sync.Map // template source -> *jinja.Template
@@ -47,15 +55,33 @@ func (e *raisedError) Error() string { return e.msg }
 // end fails with an error naming the limit. Encode the result with
 // ParseSpecial so the template's special-token texts become tokens.
 func RenderChat(template string, messages []ChatMessage, addGenerationPrompt bool, bosToken, eosToken string) (string, error) {
+	return RenderChatTools(template, messages, nil, addGenerationPrompt, bosToken, eosToken)
+}
+
+// RenderChatTools is RenderChat with the request's tools (a list decoded
+// by DecodeOrderedJSON; nil: none), which the template sees as tools, as
+// apply_chat_template(tools=...) passes them.
+func RenderChatTools(template string, messages []ChatMessage, tools []any, addGenerationPrompt bool, bosToken, eosToken string) (string, error) {
 	tmpl, err := chatTemplate(template)
 	if err != nil {
 		return "", err
 	}
 	msgs := make([]any, len(messages))
 	for i, m := range messages {
-		msgs[i] = jinja.Ordered{{Key: "role", Value: m.Role}, {Key: "content", Value: m.Content}}
+		var content any = m.Content
+		if m.NullContent {
+			content = nil
+		}
+		msg := jinja.Ordered{{Key: "role", Value: m.Role}, {Key: "content", Value: content}}
+		if len(m.ToolCalls) > 0 {
+			msg = append(msg, jinja.KV{Key: "tool_calls", Value: m.ToolCalls})
+		}
+		if m.ToolCallID != "" {
+			msg = append(msg, jinja.KV{Key: "tool_call_id", Value: m.ToolCallID})
+		}
+		msgs[i] = msg
 	}
-	out, err := tmpl.Render(map[string]any{
+	data := map[string]any{
 		"messages":              msgs,
 		"add_generation_prompt": addGenerationPrompt,
 		"bos_token":             bosToken,
@@ -77,7 +103,11 @@ func RenderChat(template string, messages []ChatMessage, addGenerationPrompt boo
 			}
 			return strftime(time.Now(), f), nil
 		},
-	})
+	}
+	if tools != nil {
+		data["tools"] = tools
+	}
+	out, err := tmpl.Render(data)
 	if err != nil {
 		return "", fmt.Errorf("model: chat template: %w", err)
 	}

@@ -216,8 +216,13 @@ func (t *Tokenizer) EOS() int32 { return t.spec.EOS }
 // AddBOS reports whether Encode with AddSpecial prepends BOS.
 func (t *Tokenizer) AddBOS() bool { return t.spec.AddBOS }
 
-// ChatTemplate is the checkpoint's chat template ("" if none).
+// ChatTemplate is the checkpoint's chat template ("" if none), or the
+// one SetChatTemplate put in its place.
 func (t *Tokenizer) ChatTemplate() string { return t.spec.ChatTemplate }
+
+// SetChatTemplate replaces the checkpoint's chat template (a server's
+// --chat-template). Call it before the tokenizer is shared.
+func (t *Tokenizer) SetChatTemplate(src string) { t.spec.ChatTemplate = src }
 
 // Spec returns the spec the tokenizer was built from.
 func (t *Tokenizer) Spec() TokenizerSpec { return t.spec }
