@@ -52,6 +52,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 		"off (scheduler.equal_cost or the TLLM_V2_CTX_COST_* variables), manual (scheduler.equal_cost only) or "+
 		"auto (the online calibrator, docs/calibration.md)")
 	fs.Float64Var(&o.GPUMemFraction, "gpu-mem-fraction", o.GPUMemFraction, "with --engine cuda and --pages 0: share of free GPU memory (after weights) for KV pages")
+	fs.StringVar(&o.ChatTemplate, "chat-template", o.ChatTemplate, "a chat template (Jinja) to use instead of the checkpoint's: a file, or the template itself")
 	fs.StringVar(&o.Model, "model", o.Model, "a checkpoint (GGUF file or Hugging Face directory) or a synthetic preset: "+strings.Join(bridge.PresetNames(), ", "))
 	o.Text.flags(fs)
 	fs.Uint64Var(&o.Seed, "seed", o.Seed, "seed of the synthetic weights and token ids")

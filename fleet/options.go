@@ -32,9 +32,12 @@ import (
 type Options struct {
 	Engine string // --engine: cpu, cuda, twin or fake
 	Model  string // --model: a checkpoint path or a synthetic preset
-	Seed   uint64 // --seed
-	Ranks  int    // --ranks: in-process attention-DP ranks
-	CP     int    // --cp: aggregated Helix CP ranks (excludes Ranks > 1)
+	// ChatTemplate (--chat-template) replaces the checkpoint's chat
+	// template: a file, or the template itself (vLLM's flag).
+	ChatTemplate string
+	Seed         uint64 // --seed
+	Ranks        int    // --ranks: in-process attention-DP ranks
+	CP           int    // --cp: aggregated Helix CP ranks (excludes Ranks > 1)
 
 	Pages         int // --pages: KV pages per rank (0: sized from GPU memory, cuda and twin)
 	TokensPerPage int // --tokens-per-page
@@ -84,10 +87,10 @@ type Options struct {
 	// IdlePoll (--idle-poll) is how often the ranks of an idle fleet under
 	// mpirun look for rank 0's next iteration, asleep in between (0: they
 	// spin in MPI's collective, a core each).
-	IdlePoll time.Duration
-	Overlap           string        // --overlap: on or off
-	Router            string        // --router: default or conversation
-	MaxActivePerRank  int           // --max-active-per-rank
+	IdlePoll         time.Duration
+	Overlap          string // --overlap: on or off
+	Router           string // --router: default or conversation
+	MaxActivePerRank int    // --max-active-per-rank
 	// NewConvPlacement (--new-conv-placement) is the conversation-aware
 	// router's placement of a new conversation: round_robin, least_queued,
 	// least_tokens or least_prefill.

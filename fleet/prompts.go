@@ -2,6 +2,9 @@ package fleet
 
 import (
 	"flag"
+	"fmt"
+	"os"
+	"strings"
 
 	"github.com/lockstep-ai/lockstep/bridge"
 
@@ -96,6 +99,9 @@ func (o *Options) validatePrompts() error {
 // openModel loads --model when it names a checkpoint (validate).
 func (o *Options) openModel() error {
 	if !model.IsPath(o.Model) {
+		if o.ChatTemplate != "" {
+			return usage.Errorf("%s needs a checkpoint with a tokenizer; %s %s is a synthetic preset", o.Src("chat-template"), o.Src("model"), o.Model)
+		}
 		return nil
 	}
 	if o.Engine == "twin" {
@@ -105,8 +111,36 @@ func (o *Options) openModel() error {
 	if err != nil {
 		return usage.Errorf("%s: %v", o.Src("model"), err)
 	}
+	if o.ChatTemplate != "" {
+		src, err := readChatTemplate(o.ChatTemplate)
+		if err != nil {
+			return usage.Errorf("%s: %v", o.Src("chat-template"), err)
+		}
+		if m.Tokenizer == nil {
+			return usage.Errorf("%s: %s has no tokenizer to render a chat with", o.Src("chat-template"), o.Model)
+		}
+		m.Tokenizer.SetChatTemplate(src)
+	}
 	o.loaded = m
 	return nil
+}
+
+// readChatTemplate is --chat-template's template, read as vLLM reads the
+// flag: a file when one is there, else the value itself when it looks like
+// a template (it has a brace or a line break), else an error naming the
+// missing file.
+func readChatTemplate(v string) (string, error) {
+	b, err := os.ReadFile(v)
+	switch {
+	case err == nil:
+		if len(b) == 0 {
+			return "", fmt.Errorf("%s is empty", v)
+		}
+		return string(b), nil
+	case strings.ContainsAny(v, "{}\n"):
+		return v, nil
+	}
+	return "", fmt.Errorf("no chat template file %s (%v)", v, err)
 }
 
 // CheckChatTemplate renders the loaded checkpoint's chat template once on
@@ -119,6 +153,9 @@ func (o *Options) CheckChatTemplate() error {
 	}
 	tok := o.loaded.Tokenizer
 	if err := model.CheckChatTemplate(tok.ChatTemplate(), tok.TokenText(tok.BOS()), tok.TokenText(tok.EOS())); err != nil {
+		if o.ChatTemplate != "" {
+			return usage.Errorf("%s: %v", o.Src("chat-template"), err)
+		}
 		return usage.Errorf("%s %s: %v", o.Src("model"), o.Model, err)
 	}
 	return nil
