@@ -83,6 +83,15 @@ type genParams struct {
 	SpecialTokens bool
 	// Echo puts the prompt's text before the completion's (completions).
 	Echo bool
+	// Tools are a chat request's tools, decoded for the template
+	// (model.DecodeOrderedJSON; nil: none); ToolChoice is "none" or "auto"
+	// (chat; "" on completions); ParallelToolCalls false keeps the first
+	// call only. ToolParser reads the answer's calls: set by the chat
+	// handler for tool_choice "auto" (--enable-auto-tool-choice).
+	Tools             []any
+	ToolChoice        string
+	ParallelToolCalls bool
+	ToolParser        *toolParser
 	// N is the number of choices per prompt (n; best_of only equal to it).
 	N int
 	// Logprobs: every generated token's log-probability, with the
@@ -241,8 +250,6 @@ func (r *rawParams) check(defaultMax int) (genParams, *apiError) {
 		return p, badRequest("echo", "echo is supported on /v1/completions only")
 	case r.Suffix != nil && *r.Suffix != "":
 		return p, badRequest("suffix", "suffix is not supported")
-	case len(r.Tools) > 0 && string(r.Tools) != "null" && string(r.Tools) != "[]":
-		return p, badRequest("tools", "tools are not supported")
 	case len(r.ResponseFormat) > 0 && string(r.ResponseFormat) != "null" && !jsonTypeText(r.ResponseFormat):
 		return p, badRequest("response_format", "only the text response format is supported")
 	case r.MinTokens != nil && *r.MinTokens > 1 && !(r.IgnoreEOS && len(r.StopTokenIDs) == 0 && (*r.MinTokens <= p.MaxTokens || p.MaxTokens == restOfContext)):
@@ -265,8 +272,6 @@ func (r *rawParams) check(defaultMax int) (genParams, *apiError) {
 		return p, badRequest("guided_grammar", "guided decoding is not supported")
 	case notNull(r.StructuredOutputs):
 		return p, badRequest("structured_outputs", "structured outputs are not supported")
-	case notNull(r.ToolChoice) && string(r.ToolChoice) != `"none"`:
-		return p, badRequest("tool_choice", "tools are not supported")
 	case notNull(r.Functions):
 		return p, badRequest("functions", "functions are not supported")
 	case r.UseBeamSearch:
@@ -277,6 +282,9 @@ func (r *rawParams) check(defaultMax int) (genParams, *apiError) {
 		return p, badRequest("truncate_prompt_tokens", "truncate_prompt_tokens is not supported")
 	case r.SpacesBetweenSpecial != nil && !*r.SpacesBetweenSpecial:
 		return p, badRequest("spaces_between_special_tokens", "spaces_between_special_tokens: false is not supported")
+	}
+	if e := r.checkTools(&p, defaultMax == restOfContext); e != nil {
+		return p, e
 	}
 	if e := r.checkProcessors(&p); e != nil {
 		return p, e
@@ -580,9 +588,11 @@ type chatRequest struct {
 
 // chatMessageRaw is one message of a request, as sent.
 type chatMessageRaw struct {
-	Role    string          `json:"role"`
-	Content json.RawMessage `json:"content"`
-	Name    string          `json:"name"`
+	Role       string          `json:"role"`
+	Content    json.RawMessage `json:"content"`
+	Name       string          `json:"name"`
+	ToolCalls  json.RawMessage `json:"tool_calls"`
+	ToolCallID *string         `json:"tool_call_id"`
 }
 
 // messages returns the conversation with text contents.
@@ -597,6 +607,24 @@ func (r *chatRequest) messages() ([]model.ChatMessage, *apiError) {
 		}
 		if m.Name != "" {
 			return nil, badRequest(fmt.Sprintf("messages[%d].name", i), "messages[%d].name is not supported (the chat template has no participant names)", i)
+		}
+		var calls []any
+		if notNull(m.ToolCalls) {
+			if m.Role != "assistant" {
+				return nil, badRequest(fmt.Sprintf("messages[%d].tool_calls", i), "messages[%d]: only an assistant message has tool_calls", i)
+			}
+			var e *apiError
+			if calls, e = messageToolCalls(i, m.ToolCalls); e != nil {
+				return nil, e
+			}
+		}
+		if m.ToolCallID != nil && m.Role != "tool" {
+			return nil, badRequest(fmt.Sprintf("messages[%d].tool_call_id", i), "messages[%d]: only a tool message has a tool_call_id", i)
+		}
+		if !notNull(m.Content) && len(calls) > 0 {
+			// An assistant turn that only called tools.
+			out[i] = model.ChatMessage{Role: m.Role, NullContent: true, ToolCalls: calls}
+			continue
 		}
 		var text string
 		if err := json.Unmarshal(m.Content, &text); err != nil {
@@ -614,7 +642,10 @@ func (r *chatRequest) messages() ([]model.ChatMessage, *apiError) {
 				text += p.Text
 			}
 		}
-		out[i] = model.ChatMessage{Role: m.Role, Content: text}
+		out[i] = model.ChatMessage{Role: m.Role, Content: text, ToolCalls: calls}
+		if m.ToolCallID != nil {
+			out[i].ToolCallID = *m.ToolCallID
+		}
 	}
 	return out, nil
 }

@@ -77,6 +77,11 @@ type Config struct {
 	RequestTimeout time.Duration
 	// Version is GET /version's answer; the binary's build version when "".
 	Version string
+	// ToolCallParser turns on tool_choice "auto" (vLLM's
+	// --enable-auto-tool-choice with --tool-call-parser): the parser, one of
+	// ToolCallParsers, that reads the model's calls. "": requests with
+	// tools must say tool_choice "none".
+	ToolCallParser string
 	// Now is the clock (tests); time.Now when nil.
 	Now func() time.Time
 }
@@ -117,12 +122,22 @@ type Server struct {
 	bodies   *bodyBudget
 	lastIter atomic.Int64 // Unix ns of the last iteration rank 0 finished
 	gaps     gapSink      // the metrics, when they observe inter-token latencies
+	tools    *toolParser  // Config.ToolCallParser's; nil without
 }
 
 // New builds a server; wire Source and Hooks into rank 0's executor.
+// It panics on an unknown Config.ToolCallParser (callers check the flag
+// with CheckToolCallParser first).
 func New(cfg Config) *Server {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
+	}
+	var tools *toolParser
+	if cfg.ToolCallParser != "" {
+		var err error
+		if tools, err = newToolParser(cfg.ToolCallParser); err != nil {
+			panic("serve: " + err.Error())
+		}
 	}
 	if cfg.Log == nil {
 		cfg.Log = zap.NewNop()
@@ -145,7 +160,7 @@ func New(cfg Config) *Server {
 	// One body of the largest size must always fit the budget.
 	cfg.BodyBytesInFlight = max(cfg.BodyBytesInFlight, cfg.MaxBodyBytes)
 	s := &Server{cfg: cfg, log: cfg.Log, src: newSource(), calls: map[uint64]*call{}, stops: map[int32]bool{},
-		bodies: newBodyBudget(cfg.BodyBytesInFlight)}
+		bodies: newBodyBudget(cfg.BodyBytesInFlight), tools: tools}
 	if g, ok := cfg.Metrics.(gapSink); ok && g.wantsGaps() {
 		s.gaps = g
 	}
@@ -258,7 +273,7 @@ var errDrained = errors.New("the server is shutting down")
 // completions is POST /v1/completions.
 func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 	var req completionRequest
-	s.handle(w, r, "completions", &req, &req.rawParams, 16, func() ([]promptIn, *apiError) {
+	s.handle(w, r, "completions", &req, &req.rawParams, 16, func(*genParams) ([]promptIn, *apiError) {
 		return req.prompts(s.cfg.Tokenizer, s.cfg.VocabSize)
 	})
 }
@@ -266,7 +281,7 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 // chat is POST /v1/chat/completions.
 func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
 	var req chatRequest
-	s.handle(w, r, "chat", &req, &req.rawParams, restOfContext, func() ([]promptIn, *apiError) {
+	s.handle(w, r, "chat", &req, &req.rawParams, restOfContext, func(p *genParams) ([]promptIn, *apiError) {
 		msgs, e := req.messages()
 		if e != nil {
 			return nil, e
@@ -275,7 +290,10 @@ func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
 		if tok == nil || tok.ChatTemplate() == "" {
 			return nil, badRequest("messages", "the model %s has no chat template: use /v1/completions", s.cfg.ModelName)
 		}
-		text, err := model.RenderChat(tok.ChatTemplate(), msgs, true, tok.TokenText(tok.BOS()), tok.TokenText(tok.EOS()))
+		if e := s.toolsFor(p, tok.ChatTemplate()); e != nil {
+			return nil, e
+		}
+		text, err := model.RenderChatTools(tok.ChatTemplate(), msgs, p.Tools, true, tok.TokenText(tok.BOS()), tok.TokenText(tok.EOS()))
 		if err != nil {
 			return nil, badRequest("messages", "the model's chat template failed on these messages: %v", err)
 		}
@@ -283,12 +301,31 @@ func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
 	})
 }
 
+// toolsFor settles a chat request's tools against the server: tool_choice
+// "auto" needs the server's parser (which then reads the answer, with the
+// control tokens' text kept, since the markers of a call may be control
+// tokens), and tools need a template that renders them.
+func (s *Server) toolsFor(p *genParams, template string) *apiError {
+	if p.ToolChoice == "auto" {
+		if s.tools == nil {
+			return badRequest("tool_choice", "tool_choice \"auto\" (the default with tools) needs worker serve --enable-auto-tool-choice "+
+				"and --tool-call-parser; or send tool_choice \"none\"")
+		}
+		p.ToolParser, p.SpecialTokens = s.tools, true
+	}
+	if p.Tools != nil && !strings.Contains(template, "tools") {
+		return badRequest("tools", "the chat template of %s does not render tools, so the model would never see them: "+
+			"give worker serve a --chat-template that does", s.cfg.ModelName)
+	}
+	return nil
+}
+
 // handle is both endpoints: parse, check, admit, then answer (streaming or
 // not) from the tokens the fleet produces. A request of P prompts and n
 // choices is P·n engine requests (calls), choice index prompt·n + j, all
 // answered together.
 func (s *Server) handle(w http.ResponseWriter, r *http.Request, endpoint string, req any, raw *rawParams,
-	defaultMax int, prompt func() ([]promptIn, *apiError)) {
+	defaultMax int, prompt func(p *genParams) ([]promptIn, *apiError)) {
 	if s.cfg.Metrics != nil {
 		s.cfg.Metrics.RequestReceived(endpoint)
 	}
@@ -404,7 +441,7 @@ type checkedRequest struct {
 // and bytes in flight), the model, the parameters, the prompts and their
 // admission. Nothing of the fleet is touched.
 func (s *Server) parse(w http.ResponseWriter, r *http.Request, req any, raw *rawParams, defaultMax int,
-	prompt func() ([]promptIn, *apiError)) (checkedRequest, *apiError) {
+	prompt func(p *genParams) ([]promptIn, *apiError)) (checkedRequest, *apiError) {
 	release, e := s.decodeBody(w, r, req)
 	if e != nil {
 		return checkedRequest{}, e
@@ -418,7 +455,7 @@ func (s *Server) parse(w http.ResponseWriter, r *http.Request, req any, raw *raw
 	if e != nil {
 		return checkedRequest{}, e
 	}
-	prompts, e := prompt()
+	prompts, e := prompt(&p)
 	if e != nil {
 		return checkedRequest{}, e
 	}
@@ -517,6 +554,8 @@ type choiceRun struct {
 	finish        string // "" while it runs
 	// Streaming: the echoed prompt and (chat) the role are out.
 	echoed, roleSent bool
+	// tools holds back a streamed answer's tool calls (tool_choice "auto").
+	tools *toolStream
 }
 
 // answer streams or collects the choices of one request (their calls share
@@ -529,6 +568,9 @@ func (s *Server) answer(w http.ResponseWriter, r *http.Request, endpoint, apiID 
 			ch.stream = s.cfg.Tokenizer.NewStreamWith(model.DecodeOptions{Special: p.SpecialTokens})
 		}
 		ch.roleSent = endpoint != "chat"
+		if p.ToolParser != nil && p.Stream {
+			ch.tools = &toolStream{p: p.ToolParser}
+		}
 	}
 	wake := runs[0].c.wake
 	var expired <-chan time.Time
@@ -570,9 +612,25 @@ func (s *Server) answer(w http.ResponseWriter, r *http.Request, endpoint, apiID 
 				out.fail(e)
 				return
 			}
+			var calls []openai.ToolCall
+			if ch.tools != nil {
+				chunk = ch.tools.feed(chunk)
+				if ch.finish != "" {
+					var rest string
+					rest, calls = ch.tools.end()
+					chunk += rest
+				}
+			}
 			if err := out.delta(ch, chunk, ids, lps, s.usageOf(runs)); err != nil {
 				stopAll(nil, "cancelled")
 				return
+			}
+			if len(calls) > 0 {
+				ch.finish = "tool_calls" // (recorded in the metrics as it ended)
+				if err := out.toolCalls(ch, calls, p.ParallelToolCalls, s.usageOf(runs)); err != nil {
+					stopAll(nil, "cancelled")
+					return
+				}
 			}
 			if ch.finish != "" {
 				left--

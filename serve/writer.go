@@ -75,6 +75,13 @@ func (wr *writer) choice(ch *choiceRun, text string, ids []int32, lps []executor
 	if wr.chat {
 		if final && !wr.p.Stream {
 			c.Message = &openai.Message{Role: "assistant", Content: text}
+			if wr.p.ToolParser != nil && ch.finish != "error" {
+				if content, calls, ok := wr.p.ToolParser.parse(text); ok {
+					c.Message.Content, c.Message.ToolCalls = content, firstCall(calls, wr.p.ParallelToolCalls)
+					toolCalls := "tool_calls"
+					c.FinishReason = &toolCalls
+				}
+			}
 		} else {
 			d := &openai.Message{Content: text}
 			if !ch.roleSent {
@@ -120,6 +127,27 @@ func (wr *writer) delta(ch *choiceRun, text string, ids []int32, lps []executor.
 		return nil
 	}
 	return wr.event(wr.chunk([]openai.Choice{wr.choice(ch, text, ids, lps, nil, false)}, wr.continuous(u)))
+}
+
+// toolCalls streams the calls ch's answer made, in one delta (each call
+// whole, with its index); the choice's last chunk follows.
+func (wr *writer) toolCalls(ch *choiceRun, calls []openai.ToolCall, parallel bool, u openai.Usage) error {
+	calls = firstCall(calls, parallel)
+	for k := range calls {
+		calls[k].Index = &k
+	}
+	c := wr.choice(ch, "", nil, nil, nil, false)
+	c.Delta.ToolCalls = calls
+	return wr.event(wr.chunk([]openai.Choice{c}, wr.continuous(u)))
+}
+
+// firstCall is calls, or its first alone when the request said
+// parallel_tool_calls: false.
+func firstCall(calls []openai.ToolCall, parallel bool) []openai.ToolCall {
+	if !parallel && len(calls) > 1 {
+		return calls[:1]
+	}
+	return calls
 }
 
 // continuous is u when every chunk carries the usage, nil otherwise.

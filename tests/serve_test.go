@@ -104,14 +104,38 @@ func TestOpenAIClientAgainstServe(t *testing.T) {
 	require.NoError(t, err, "installing the openai client")
 	bin := worker(t)
 	cmd, base, out := startServe(t, nil, bin, "--model", m, "--ranks", "2", "--api-key", "sekrit")
-	lines := strings.Fields(string(py)) // the interpreter, and a PYTHONPATH when pip --target was used
-	check := exec.Command(lines[0], "openai_client_check.py", base, "sekrit", modeltest.SmolLM2Base)
+	runClientCheck(t, py, out, "openai_client_check.py", base, "sekrit", modeltest.SmolLM2Base)
+	stopServe(t, cmd, out)
+}
+
+// runClientCheck runs a Python client check with the interpreter (and
+// PYTHONPATH, when pip --target was used) that ensure-pyclient.sh printed;
+// it must exit 0 and print OK.
+func runClientCheck(t *testing.T, py []byte, server fmt.Stringer, script string, args ...string) {
+	t.Helper()
+	lines := strings.Fields(string(py))
+	check := exec.Command(lines[0], append([]string{script}, args...)...)
 	if len(lines) > 1 {
 		check.Env = append(os.Environ(), "PYTHONPATH="+lines[1])
 	}
 	res, err := check.CombinedOutput()
-	require.NoError(t, err, "%s\nserver:\n%s", res, out.String())
+	require.NoError(t, err, "%s\nserver:\n%s", res, server.String())
 	require.Contains(t, string(res), "OK")
+}
+
+// TestOpenAIClientToolCalls: the official openai client calls a tool
+// through `worker serve` with SmolLM2, a chat template of ours that
+// renders tools (--chat-template) and --enable-auto-tool-choice
+// --tool-call-parser hermes: whole and streamed, the model's call comes
+// back as tool_calls (tests/openai_tools_check.py).
+func TestOpenAIClientToolCalls(t *testing.T) {
+	m := modeltest.SmolLM2(t)
+	py, err := exec.Command("../scripts/ensure-pyclient.sh").Output()
+	require.NoError(t, err, "installing the openai client")
+	bin := worker(t)
+	cmd, base, out := startServe(t, nil, bin, "--model", m, "--ranks", "2", "--chat-template", "testdata/hermes-tools.jinja",
+		"--enable-auto-tool-choice", "--tool-call-parser", "hermes")
+	runClientCheck(t, py, out, "openai_tools_check.py", base, modeltest.SmolLM2Base)
 	stopServe(t, cmd, out)
 }
 

@@ -75,3 +75,22 @@ func TestIdlePollRefused(t *testing.T) {
 		require.Contains(t, stderr, tc.want, tc.args)
 	}
 }
+
+// TestToolFlagsRefused: serve's tool-calling flags go together and name a
+// parser it has; --chat-template needs a checkpoint's tokenizer.
+func TestToolFlagsRefused(t *testing.T) {
+	serve := []string{"serve", "--engine", "fake", "--http", "127.0.0.1:0"}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{append(slices.Clone(serve), "--enable-auto-tool-choice"), "--enable-auto-tool-choice needs --tool-call-parser (hermes)"},
+		{append(slices.Clone(serve), "--enable-auto-tool-choice", "--tool-call-parser", "pythonic"), `--tool-call-parser must be one of hermes, got "pythonic"`},
+		{append(slices.Clone(serve), "--tool-call-parser", "hermes"), "which needs --enable-auto-tool-choice too"},
+		{append(slices.Clone(serve), "--chat-template", "{{ messages }}"), "--chat-template needs a checkpoint with a tokenizer; --model tiny is a synthetic preset"},
+	} {
+		code, _, stderr := runCode(tc.args...)
+		require.Equal(t, 2, code, "%v: %s", tc.args, stderr)
+		require.Contains(t, stderr, tc.want, tc.args)
+	}
+}

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -38,10 +39,13 @@ type apiServer struct {
 	maxBody  int64
 	// promptDetails: usage.prompt_tokens_details (vLLM's flag).
 	promptDetails bool
-	metricsCompat string      // --metrics-compat: "" or "vllm"
-	log           *zap.Logger // the server's request lines
-	srv           *httpapi.Server
-	http          *http.Server
+	metricsCompat string // --metrics-compat: "" or "vllm"
+	// autoTools and toolParser: --enable-auto-tool-choice, --tool-call-parser.
+	autoTools  bool
+	toolParser string
+	log        *zap.Logger // the server's request lines
+	srv        *httpapi.Server
+	http       *http.Server
 	// exit ends the process on a second signal (os.Exit; tests replace it).
 	exit func(code int)
 }
@@ -63,6 +67,10 @@ func (api *apiServer) flags(fs *flag.FlagSet) {
 		"also expose another server's metric names on /metrics: vllm (vLLM's vllm:* families, labels model_name and engine = rank); default only lockstep_*")
 	fs.BoolVar(&api.promptDetails, "enable-prompt-tokens-details", false,
 		"add usage.prompt_tokens_details.cached_tokens (prompt tokens whose KV came from the prefix cache), as vLLM's flag")
+	fs.BoolVar(&api.autoTools, "enable-auto-tool-choice", false,
+		"let chat requests with tools use tool_choice \"auto\": the model's calls become the message's tool_calls (needs --tool-call-parser; docs/serving.md)")
+	fs.StringVar(&api.toolParser, "tool-call-parser", "",
+		"how the model writes a tool call: "+strings.Join(httpapi.ToolCallParsers, ", ")+" (with --enable-auto-tool-choice)")
 }
 
 // runAPIServe is `worker serve`: the fleet of `worker run` (same engine,
@@ -158,6 +166,12 @@ func parseServe(args []string, stderr io.Writer) (*fleet.Options, *apiServer, er
 		return nil, nil, usage.Errorf("--max-body-bytes must be at least 1, got %d", api.maxBody)
 	case api.metricsCompat != "" && api.metricsCompat != "vllm":
 		return nil, nil, usage.Errorf("--metrics-compat must be vllm (or empty for lockstep_* only), got %q", api.metricsCompat)
+	case api.autoTools && api.toolParser == "":
+		return nil, nil, usage.Errorf("--enable-auto-tool-choice needs --tool-call-parser (%s)", strings.Join(httpapi.ToolCallParsers, ", "))
+	case api.toolParser != "" && !slices.Contains(httpapi.ToolCallParsers, api.toolParser):
+		return nil, nil, usage.Errorf("--tool-call-parser must be one of %s, got %q", strings.Join(httpapi.ToolCallParsers, ", "), api.toolParser)
+	case api.toolParser != "" && !api.autoTools:
+		return nil, nil, usage.Errorf("--tool-call-parser reads the calls of tool_choice \"auto\", which needs --enable-auto-tool-choice too")
 	}
 	return &o, api, nil
 }
@@ -184,7 +198,7 @@ func (api *apiServer) build(o *fleet.Options) (nccl.Launch, error) {
 	}
 	cfg := httpapi.Config{ModelName: api.name, VocabSize: shape.VocabSize, MaxQueue: api.maxQueue, APIKey: api.apiKey,
 		MaxModelLen: o.MaxModelLen(), MaxBodyBytes: api.maxBody, PromptTokensDetails: api.promptDetails, Log: api.log,
-		RequestTimeout: api.timeout,
+		RequestTimeout: api.timeout, ToolCallParser: api.toolParser,
 		// Half the watchdog's bound: /health says "stalled" before the
 		// watchdog fails the fleet.
 		StallAfter: o.CollectiveTimeout / 2}

@@ -35,6 +35,25 @@ type Message struct {
 	// lockstep never writes it.
 	ReasoningContent *string `json:"reasoning_content,omitempty"`
 	Role             string  `json:"role,omitempty"`
+	// ToolCalls are the tools the model called (worker serve
+	// --enable-auto-tool-choice; finish_reason "tool_calls").
+	ToolCalls []ToolCall `json:"tool_calls,omitempty"`
+}
+
+// ToolCall is one call of a tool in a chat message or, with Index, in a
+// streamed delta (lockstep streams each call whole, in one delta).
+type ToolCall struct {
+	Function ToolCallFunction `json:"function"`
+	ID       string           `json:"id,omitempty"`
+	Index    *int             `json:"index,omitempty"`
+	Type     string           `json:"type,omitempty"`
+}
+
+// ToolCallFunction is a called function: its name and its arguments, a
+// JSON object as a string.
+type ToolCallFunction struct {
+	Arguments string `json:"arguments"`
+	Name      string `json:"name,omitempty"`
 }
 
 // Choice is one choice of a completion or chunk. A text completion has

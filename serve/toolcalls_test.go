@@ -1,0 +1,203 @@
+package serve
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/lockstep-ai/lockstep/executor"
+	"github.com/lockstep-ai/lockstep/model"
+)
+
+func TestParseHermes(t *testing.T) {
+	call := `{"name": "get_weather", "arguments": {"city": "Rome", "days": 2}}`
+	for _, c := range []struct {
+		name, text, content string
+		calls               []string // name(arguments)
+	}{
+		{"no call", "It is sunny.", "It is sunny.", nil},
+		{"one call", "<tool_call>\n" + call + "\n</tool_call>", "", []string{`get_weather({"city":"Rome","days":2})`}},
+		{"content first", "Let me look.\n<tool_call>" + call + "</tool_call>", "Let me look.\n", []string{`get_weather({"city":"Rome","days":2})`}},
+		{"two calls", "<tool_call>" + call + "</tool_call>\n<tool_call>{\"name\": \"now\"}</tool_call>\n", "",
+			[]string{`get_weather({"city":"Rome","days":2})`, `now({})`}},
+		{"unclosed last call", "<tool_call>\n" + call + "\n", "", []string{`get_weather({"city":"Rome","days":2})`}},
+		{"arguments in a string", `<tool_call>{"name": "f", "arguments": "{\"x\": 1}"}</tool_call>`, "", []string{`f({"x":1})`}},
+		{"not JSON", "<tool_call>get_weather(Rome)</tool_call>", "<tool_call>get_weather(Rome)</tool_call>", nil},
+		{"no name", `<tool_call>{"arguments": {}}</tool_call>`, `<tool_call>{"arguments": {}}</tool_call>`, nil},
+		{"arguments not an object", `<tool_call>{"name": "f", "arguments": [1]}</tool_call>`, `<tool_call>{"name": "f", "arguments": [1]}</tool_call>`, nil},
+		{"text after the calls", "<tool_call>" + call + "</tool_call> and more", "<tool_call>" + call + "</tool_call> and more", nil},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			content, calls, ok := parseHermes(c.text)
+			require.Equal(t, c.calls != nil, ok)
+			require.Equal(t, c.content, content)
+			var got []string
+			for _, tc := range calls {
+				require.True(t, strings.HasPrefix(tc.ID, "chatcmpl-tool-") && len(tc.ID) == len("chatcmpl-tool-")+32, tc.ID)
+				require.Equal(t, "function", tc.Type)
+				got = append(got, tc.Function.Name+"("+tc.Function.Arguments+")")
+			}
+			require.Equal(t, c.calls, got)
+		})
+	}
+}
+
+// A streamed answer's text streams until a call may begin; a marker split
+// across pieces is held back whole, a would-be marker that is not one is
+// released by the next piece, and the calls come out at the end.
+func TestToolStreamHoldsBackCalls(t *testing.T) {
+	p, err := newToolParser("hermes")
+	require.NoError(t, err)
+	ts := &toolStream{p: p}
+	var streamed []string
+	for _, piece := range []string{"Hi <to", "day", " then <tool", `_call>{"name": "f", `, `"arguments": {"a": 1}}`, "</tool_call>"} {
+		streamed = append(streamed, ts.feed(piece))
+	}
+	rest, calls := ts.end()
+	require.Equal(t, []string{"Hi ", "<today", " then ", "", "", ""}, streamed)
+	require.Equal(t, "", rest)
+	require.Len(t, calls, 1)
+	require.Equal(t, `{"a":1}`, calls[0].Function.Arguments)
+
+	// An unreadable call ends as content; a held partial marker too.
+	ts = &toolStream{p: p}
+	require.Equal(t, "", ts.feed("<tool_call>oops"))
+	rest, calls = ts.end()
+	require.Equal(t, "<tool_call>oops", rest)
+	require.Nil(t, calls)
+	ts = &toolStream{p: p}
+	require.Equal(t, "x", ts.feed("x<tool_"))
+	rest, _ = ts.end()
+	require.Equal(t, "<tool_", rest)
+}
+
+// toolsServer is a fleet server whose chat template renders tools, with
+// --enable-auto-tool-choice --tool-call-parser hermes.
+func toolsServer(t *testing.T) (*Server, string) {
+	spec := byteTokenizer(t).Spec()
+	spec.ChatTemplate = `{% if tools %}[{{ tools | tojson }}]{% endif %}` +
+		`{% for m in messages %}<{{ m.role }}>{{ m.content or '' }}{% for c in m.tool_calls or [] %}{{ c.function.name }}{{ c.function.arguments | tojson }}{% endfor %}{% endfor %}`
+	tok, err := model.NewTokenizer(spec)
+	require.NoError(t, err)
+	s, _, ts := fleetServer(t, func(c *Config) { c.Tokenizer, c.ToolCallParser = tok, "hermes" })
+	return s, ts.URL
+}
+
+const weatherTool = `"tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]`
+
+// The tools reach the template as the client wrote them, and the model's
+// calls come back as tool_calls with finish_reason "tool_calls", whole or
+// streamed (the content before the call streams as it comes, the call in
+// one delta).
+func TestChatToolCalls(t *testing.T) {
+	s, url := toolsServer(t)
+	answer := `Let me look.<tool_call>{"name": "get_weather", "arguments": {"city": "Rome"}}</tool_call>`
+	msgs := `"messages": [{"role": "user", "content": "Rome?"}, {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]}, {"role": "tool", "tool_call_id": "c1", "content": "18 C"}, {"role": "user", "content": "And Rome?"}]`
+
+	done := postAsync(t, url+"/v1/chat/completions", `{"max_tokens": 100, `+weatherTool+`, `+msgs+`}`)
+	a := takeArrival(t, s)
+	prompt := s.cfg.Tokenizer.Decode(a.Prompt)
+	require.Equal(t, `[[{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]]`+
+		`<user>Rome?<assistant>get_weather{"city": "Paris"}<tool>18 C<user>And Rome?`, prompt)
+	deliver(s, a, answer)
+	m := <-done
+	ch := choicesOf(t, m)[0]
+	require.Equal(t, "tool_calls", ch["finish_reason"])
+	msg := ch["message"].(map[string]any)
+	require.Equal(t, "Let me look.", msg["content"])
+	calls := msg["tool_calls"].([]any)
+	require.Len(t, calls, 1)
+	fn := calls[0].(map[string]any)["function"].(map[string]any)
+	require.Equal(t, "get_weather", fn["name"])
+	require.JSONEq(t, `{"city": "Rome"}`, fn["arguments"].(string))
+
+	body := streamBody(t, url+"/v1/chat/completions", `{"max_tokens": 100, "stream": true, `+weatherTool+`, `+msgs+`}`)
+	a = takeArrival(t, s)
+	toks := s.cfg.Tokenizer.Encode(answer, model.EncodeOptions{})
+	for _, piece := range [][]int32{toks[:14], toks[14:30]} { // "Let me look.<t", then into the call
+		deltas := make([]executor.TokenDelta, len(piece))
+		for i, tk := range piece {
+			deltas[i] = executor.TokenDelta{ID: a.ID, Token: tk}
+		}
+		s.onTokens(deltas)
+	}
+	deliverTokens(s, a, toks[30:], true, 0)
+	var content strings.Builder
+	var streamedCalls []any
+	var finish []any
+	for _, c := range sseChunks(t, <-body) {
+		for _, ch := range choicesOf(t, c) {
+			d := ch["delta"].(map[string]any)
+			content.WriteString(d["content"].(string))
+			if tc, ok := d["tool_calls"].([]any); ok {
+				streamedCalls = append(streamedCalls, tc...)
+			}
+			finish = append(finish, ch["finish_reason"])
+		}
+	}
+	require.Equal(t, "Let me look.", content.String())
+	require.Len(t, streamedCalls, 1)
+	c0 := streamedCalls[0].(map[string]any)
+	require.Equal(t, 0.0, c0["index"])
+	require.JSONEq(t, `{"name": "get_weather", "arguments": "{\"city\":\"Rome\"}"}`, mustJSON(t, c0["function"]))
+	require.Equal(t, "tool_calls", finish[len(finish)-1])
+
+	// tool_choice "none": the tools are shown, the answer is text.
+	done = postAsync(t, url+"/v1/chat/completions", `{"max_tokens": 100, "tool_choice": "none", `+weatherTool+`, `+msgs+`}`)
+	deliverTokens(s, takeArrival(t, s), toks, true, 0)
+	ch = choicesOf(t, <-done)[0]
+	require.Equal(t, "stop", ch["finish_reason"])
+	require.Equal(t, answer, ch["message"].(map[string]any)["content"])
+	require.Nil(t, ch["message"].(map[string]any)["tool_calls"])
+}
+
+func mustJSON(t *testing.T, v any) string {
+	b, err := json.Marshal(v)
+	require.NoError(t, err)
+	return string(b)
+}
+
+// Tools the server cannot honour are refused with 400 naming the field.
+func TestToolRequestsRefused(t *testing.T) {
+	_, url := toolsServer(t)
+	user := `"messages": [{"role": "user", "content": "hi"}]`
+	for _, c := range []struct{ path, body, param, msg string }{
+		{"/v1/chat/completions", `{"tools": {"a": 1}, ` + user + `}`, "tools", "tools must be a list"},
+		{"/v1/chat/completions", `{"tools": [{"type": "code"}], ` + user + `}`, "tools[0].type", `must be "function"`},
+		{"/v1/chat/completions", `{"tools": [{"type": "function"}], ` + user + `}`, "tools[0].function", "is required"},
+		{"/v1/chat/completions", `{"tools": [{"type": "function", "function": {"name": "a b"}}], ` + user + `}`, "tools[0].function.name", "letters, digits"},
+		{"/v1/chat/completions", `{"tools": [{"type": "function", "function": {"name": "f", "parameters": [1]}}], ` + user + `}`, "tools[0].function.parameters", "JSON Schema object"},
+		{"/v1/chat/completions", `{"tool_choice": "required", ` + weatherTool + `, ` + user + `}`, "tool_choice", "guided decoding"},
+		{"/v1/chat/completions", `{"tool_choice": {"type": "function", "function": {"name": "get_weather"}}, ` + weatherTool + `, ` + user + `}`, "tool_choice", "guided decoding"},
+		{"/v1/chat/completions", `{"tool_choice": "auto", ` + user + `}`, "tool_choice", "needs tools"},
+		{"/v1/chat/completions", `{"tool_choice": "sometimes", ` + weatherTool + `, ` + user + `}`, "tool_choice", `"none" or "auto"`},
+		{"/v1/chat/completions", `{"parallel_tool_calls": "yes", ` + weatherTool + `, ` + user + `}`, "parallel_tool_calls", "boolean"},
+		{"/v1/chat/completions", `{"messages": [{"role": "user", "content": "hi", "tool_calls": []}]}`, "messages[0].tool_calls", "only an assistant message"},
+		{"/v1/chat/completions", `{"messages": [{"role": "user", "content": "hi", "tool_call_id": "c"}]}`, "messages[0].tool_call_id", "only a tool message"},
+		{"/v1/chat/completions", `{"messages": [{"role": "assistant", "content": null, "tool_calls": [{"function": {"name": "f", "arguments": "{oops"}}]}]}`,
+			"messages[0].tool_calls[0].function.arguments", "JSON object"},
+		{"/v1/chat/completions", `{"messages": [{"role": "assistant", "content": null, "tool_calls": [{"function": {"arguments": "{}"}}]}]}`,
+			"messages[0].tool_calls[0].function.name", "is required"},
+		{"/v1/completions", `{"prompt": "hi", ` + weatherTool + `}`, "tools", "chat/completions only"},
+	} {
+		m := <-postAsync(t, url+c.path, c.body)
+		require.Equal(t, 400.0, m["status"], c.body)
+		e := m["error"].(map[string]any)
+		require.Equal(t, c.param, e["param"], c.body)
+		require.Contains(t, e["message"], c.msg, c.body)
+	}
+
+	// Without --enable-auto-tool-choice, tools need tool_choice "none";
+	// a template that never renders tools refuses them.
+	_, _, plain := fleetServer(t, func(c *Config) { c.Tokenizer = chatTokenizer(t) })
+	m := <-postAsync(t, plain.URL+"/v1/chat/completions", `{`+weatherTool+`, `+user+`}`)
+	require.Equal(t, 400.0, m["status"])
+	require.Equal(t, "tool_choice", m["error"].(map[string]any)["param"])
+	require.Contains(t, m["error"].(map[string]any)["message"], "--enable-auto-tool-choice")
+	m = <-postAsync(t, plain.URL+"/v1/chat/completions", `{"tool_choice": "none", `+weatherTool+`, `+user+`}`)
+	require.Equal(t, 400.0, m["status"])
+	require.Equal(t, "tools", m["error"].(map[string]any)["param"])
+	require.Contains(t, m["error"].(map[string]any)["message"], "does not render tools")
+}
