@@ -4,7 +4,8 @@
 #   make test     native tests (ctest) and every Go test (fetches the test model first)
 #   make model    install the test model into the model cache
 #   make fuzz     bounded fuzzing (KV pool operations, trace parser, config YAML, scenario JSON,
-#                 store frames, hellos, collective headers, model files, HTTP bodies, cost profiles)
+#                 store frames, hellos, collective headers, model files, HTTP bodies, tool-call
+#                 text, cost profiles)
 #   make bench    Go benchmarks (engine step, executor iteration, scheduler, kvpool; the
 #                 deep-queue pass and routing, 128k admission and host CPU per decode
 #                 iteration in CPU time, docs/scheduling.md),
@@ -76,7 +77,8 @@ test-go: native model
 # store's and TCP transport's hello, the checked protocol's collective
 # headers, GGUF files, tokenizer.json, a Hugging Face config.json and its
 # safetensors shards and index, chat
-# templates, the HTTP API's request bodies, twin cost profiles and measured
+# templates, the HTTP API's request bodies, a model's tool-call text (whole
+# and streamed), twin cost profiles and measured
 # rates, FUZZTIME each.
 FUZZTIME ?= 10s
 fuzz:
@@ -92,6 +94,7 @@ fuzz:
 	GO=$(GO) scripts/fuzz-one.sh ./model '^FuzzHFTokenizer$$' $(FUZZTIME)
 	GO=$(GO) scripts/fuzz-one.sh ./model/jinja '^FuzzRender$$' $(FUZZTIME)
 	GO=$(GO) scripts/fuzz-one.sh ./serve '^FuzzRequestDecoding$$' $(FUZZTIME)
+	GO=$(GO) scripts/fuzz-one.sh ./serve '^FuzzToolCallText$$' $(FUZZTIME)
 	GO=$(GO) scripts/fuzz-one.sh ./model '^FuzzHFConfig$$' $(FUZZTIME)
 	GO=$(GO) scripts/fuzz-one.sh ./model '^FuzzSafetensors$$' $(FUZZTIME)
 	GO=$(GO) scripts/fuzz-one.sh ./bridge/twin '^FuzzReadProfile$$' $(FUZZTIME)

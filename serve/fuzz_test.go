@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
@@ -48,18 +49,21 @@ func FuzzRequestDecoding(f *testing.F) {
 		`{"messages":[{"role":"user","content":[{"type":"text","text":"a"}]}],"top_k":3000000000}`,
 		`{"prompt":"Hi","max_tokens":2} garbage}`,
 		`{"prompt":"` + string(bytes.Repeat([]byte("x"), 3000)) + `"}`,
+		`{"messages":[{"role":"user","content":"w?"},{"role":"assistant","content":null,"tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":"{\"a\":1}"}}]},{"role":"tool","tool_call_id":"c","content":"1"}],` +
+			`"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object"}}}],"stream":true}`,
+		`{"messages":[{"role":"user","content":"w?"}],"tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":"none","parallel_tool_calls":false}`,
 	} {
 		f.Add(seed, false)
 		f.Add(seed, true)
 	}
 	tok := byteTokenizer(f)
 	spec := tok.Spec()
-	spec.ChatTemplate = `{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}`
+	spec.ChatTemplate = `{% if tools %}{{ tools | tojson }}{% endif %}{% for m in messages %}<{{ m.role }}>{{ m.content }}{{ m.tool_calls | tojson if m.tool_calls else '' }}{% endfor %}`
 	chatTok, err := model.NewTokenizer(spec)
 	if err != nil {
 		f.Fatal(err)
 	}
-	s, _, _ := fleetServer(f, func(c *Config) { c.Tokenizer, c.MaxBodyBytes = chatTok, 2048 })
+	s, _, _ := fleetServer(f, func(c *Config) { c.Tokenizer, c.MaxBodyBytes, c.ToolCallParser = chatTok, 2048, "hermes" })
 	stop := make(chan struct{})
 	f.Cleanup(func() { close(stop) })
 	go answerAll(s, stop)
@@ -98,6 +102,54 @@ func FuzzRequestDecoding(f *testing.F) {
 				t.Fatalf("%d calls left registered after %q", left, body)
 			}
 			time.Sleep(time.Millisecond)
+		}
+	})
+}
+
+// FuzzToolCallText: whatever a model writes and however it is cut into
+// streamed pieces, the streamed content and calls are the whole answer's:
+// the pieces fed to a toolStream, with what end returns, make the content
+// parseHermes finds (or the whole text when it reads no call), and the
+// same calls.
+func FuzzToolCallText(f *testing.F) {
+	for _, seed := range []string{
+		"plain text",
+		`Let me see.<tool_call>{"name": "f", "arguments": {"a": 1}}</tool_call>`,
+		"<tool_call>\n{\"name\": \"g\"}\n</tool_call>\n<tool_call>{\"name\": \"h\", \"arguments\": \"{}\"}",
+		"<tool_<tool_call>x</tool_call>",
+		"a<tool_cal",
+	} {
+		f.Add(seed, uint8(3))
+	}
+	p, err := newToolParser("hermes")
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Fuzz(func(t *testing.T, text string, cut uint8) {
+		content, calls, ok := p.parse(text)
+		if !ok {
+			if content != text || calls != nil {
+				t.Fatalf("unread %q gave content %q and %d calls", text, content, len(calls))
+			}
+		}
+		ts := &toolStream{p: p}
+		var streamed strings.Builder
+		step := int(cut%16) + 1
+		for i := 0; i < len(text); i += step {
+			streamed.WriteString(ts.feed(text[i:min(len(text), i+step)]))
+		}
+		rest, got := ts.end()
+		streamed.WriteString(rest)
+		if streamed.String() != content {
+			t.Fatalf("%q in pieces of %d streamed %q, the whole answer's content is %q", text, step, streamed.String(), content)
+		}
+		if len(got) != len(calls) {
+			t.Fatalf("%q in pieces of %d: %d calls streamed, %d in the whole answer", text, step, len(got), len(calls))
+		}
+		for i := range got {
+			if got[i].Function != calls[i].Function {
+				t.Fatalf("%q: call %d streamed %+v, whole %+v", text, i, got[i].Function, calls[i].Function)
+			}
 		}
 	})
 }
