@@ -126,8 +126,8 @@ type Server struct {
 }
 
 // New builds a server; wire Source and Hooks into rank 0's executor.
-// It panics on an unknown Config.ToolCallParser (callers check the flag
-// with CheckToolCallParser first).
+// It panics on a Config.ToolCallParser outside ToolCallParsers (callers
+// check the flag against it first, as worker serve does).
 func New(cfg Config) *Server {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
