@@ -115,41 +115,51 @@ func FuzzToolCallText(f *testing.F) {
 	for _, seed := range []string{
 		"plain text",
 		`Let me see.<tool_call>{"name": "f", "arguments": {"a": 1}}</tool_call>`,
+		`<|python_tag|>{"name": "f", "parameters": {"a": 1}}; {"name": "g"}`,
 		"<tool_call>\n{\"name\": \"g\"}\n</tool_call>\n<tool_call>{\"name\": \"h\", \"arguments\": \"{}\"}",
 		"<tool_<tool_call>x</tool_call>",
 		"a<tool_cal",
 	} {
 		f.Add(seed, uint8(3))
 	}
-	p, err := newToolParser("hermes")
-	if err != nil {
-		f.Fatal(err)
+	var parsers []*toolParser
+	for _, name := range ToolCallParsers {
+		p, err := newToolParser(name)
+		if err != nil {
+			f.Fatal(err)
+		}
+		parsers = append(parsers, p)
 	}
 	f.Fuzz(func(t *testing.T, text string, cut uint8) {
-		content, calls, ok := p.parse(text)
-		if !ok {
-			if content != text || calls != nil {
-				t.Fatalf("unread %q gave content %q and %d calls", text, content, len(calls))
-			}
-		}
-		ts := &toolStream{p: p}
-		var streamed strings.Builder
-		step := int(cut%16) + 1
-		for i := 0; i < len(text); i += step {
-			streamed.WriteString(ts.feed(text[i:min(len(text), i+step)]))
-		}
-		rest, got := ts.end()
-		streamed.WriteString(rest)
-		if streamed.String() != content {
-			t.Fatalf("%q in pieces of %d streamed %q, the whole answer's content is %q", text, step, streamed.String(), content)
-		}
-		if len(got) != len(calls) {
-			t.Fatalf("%q in pieces of %d: %d calls streamed, %d in the whole answer", text, step, len(got), len(calls))
-		}
-		for i := range got {
-			if got[i].Function != calls[i].Function {
-				t.Fatalf("%q: call %d streamed %+v, whole %+v", text, i, got[i].Function, calls[i].Function)
-			}
+		for _, p := range parsers {
+			checkToolStream(t, p, text, cut)
 		}
 	})
+}
+
+// checkToolStream is FuzzToolCallText's property for one parser.
+func checkToolStream(t *testing.T, p *toolParser, text string, cut uint8) {
+	content, calls, ok := p.parse(text)
+	if !ok && (content != text || calls != nil) {
+		t.Fatalf("%s: unread %q gave content %q and %d calls", p.name, text, content, len(calls))
+	}
+	ts := &toolStream{p: p}
+	var streamed strings.Builder
+	step := int(cut%16) + 1
+	for i := 0; i < len(text); i += step {
+		streamed.WriteString(ts.feed(text[i:min(len(text), i+step)]))
+	}
+	rest, got := ts.end()
+	streamed.WriteString(rest)
+	if streamed.String() != content {
+		t.Fatalf("%s: %q in pieces of %d streamed %q, the whole answer's content is %q", p.name, text, step, streamed.String(), content)
+	}
+	if len(got) != len(calls) {
+		t.Fatalf("%s: %q in pieces of %d: %d calls streamed, %d in the whole answer", p.name, text, step, len(got), len(calls))
+	}
+	for i := range got {
+		if got[i].Function != calls[i].Function {
+			t.Fatalf("%s: %q: call %d streamed %+v, whole %+v", p.name, text, i, got[i].Function, calls[i].Function)
+		}
+	}
 }

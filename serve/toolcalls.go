@@ -18,24 +18,40 @@ import (
 // 0 only: the ranks generate tokens as for any request.
 
 // ToolCallParsers are the names --tool-call-parser takes.
-var ToolCallParsers = []string{"hermes"}
+var ToolCallParsers = []string{"hermes", "llama3_json"}
 
 // toolParser splits an answer into its content and its tool calls; ok
 // false when the text holds no call it can read (then the whole text is
-// content). start is the text that opens a call, for streaming.
+// content). For streaming, find says where in the text so far the calls
+// begin (at ≥ 0), or else how many trailing bytes may still begin them
+// (hold); an anchored parser reads calls only at the start of an answer,
+// so once text has streamed as content it looks no more.
 type toolParser struct {
-	name  string
-	start string
-	parse func(text string) (content string, calls []openai.ToolCall, ok bool)
+	name     string
+	parse    func(text string) (content string, calls []openai.ToolCall, ok bool)
+	find     func(text string) (at, hold int)
+	anchored bool
 }
 
 // newToolParser is the parser named by --tool-call-parser.
 func newToolParser(name string) (*toolParser, error) {
 	switch name {
 	case "hermes":
-		return &toolParser{name: name, start: hermesStart, parse: parseHermes}, nil
+		return &toolParser{name: name, parse: parseHermes, find: markerFinder(hermesStart)}, nil
+	case "llama3_json":
+		return &toolParser{name: name, parse: parseLlama3JSON, find: findLlama3JSON, anchored: true}, nil
 	}
 	return nil, fmt.Errorf("unknown tool-call parser %q (supported: %s)", name, strings.Join(ToolCallParsers, ", "))
+}
+
+// markerFinder finds calls that open with marker anywhere in the text.
+func markerFinder(marker string) func(string) (int, int) {
+	return func(text string) (int, int) {
+		if at := strings.Index(text, marker); at >= 0 {
+			return at, 0
+		}
+		return -1, partialSuffix(text, marker)
+	}
 }
 
 // Hermes' format (NousResearch Hermes 2 Pro and later, Qwen2.5, and the
@@ -78,9 +94,8 @@ func parseHermes(text string) (string, []openai.ToolCall, bool) {
 	return content, calls, true
 }
 
-// hermesCall reads one call's JSON: a non-empty name, and arguments that
-// are an object (written compactly, keys in the model's order), a string
-// holding one, or absent ({}).
+// hermesCall reads one call's JSON {"name": ..., "arguments": ...}
+// (functionCall).
 func hermesCall(body string) (openai.ToolCall, error) {
 	var raw struct {
 		Name      string          `json:"name"`
@@ -89,26 +104,33 @@ func hermesCall(body string) (openai.ToolCall, error) {
 	if err := json.Unmarshal([]byte(strings.TrimSpace(body)), &raw); err != nil {
 		return openai.ToolCall{}, err
 	}
-	if raw.Name == "" {
+	return functionCall(raw.Name, raw.Arguments)
+}
+
+// functionCall is a call of name with arguments that are an object
+// (written compactly, keys in the model's order), a string holding one,
+// or absent ({}); a call needs a name.
+func functionCall(name string, arguments json.RawMessage) (openai.ToolCall, error) {
+	if name == "" {
 		return openai.ToolCall{}, fmt.Errorf("a tool call without a name")
 	}
 	args := "{}"
-	if len(raw.Arguments) > 0 && string(raw.Arguments) != "null" {
+	if notNull(arguments) {
 		var s string
-		if json.Unmarshal(raw.Arguments, &s) == nil {
-			raw.Arguments = []byte(s)
+		if json.Unmarshal(arguments, &s) == nil {
+			arguments = []byte(s)
 		}
 		var obj map[string]json.RawMessage
-		if err := json.Unmarshal(raw.Arguments, &obj); err != nil {
-			return openai.ToolCall{}, fmt.Errorf("tool call %q: arguments are not a JSON object", raw.Name)
+		if err := json.Unmarshal(arguments, &obj); err != nil {
+			return openai.ToolCall{}, fmt.Errorf("tool call %q: arguments are not a JSON object", name)
 		}
 		var b bytes.Buffer
-		if err := json.Compact(&b, raw.Arguments); err != nil {
+		if err := json.Compact(&b, arguments); err != nil {
 			return openai.ToolCall{}, err
 		}
 		args = b.String()
 	}
-	return openai.ToolCall{ID: toolCallID(), Type: "function", Function: openai.ToolCallFunction{Name: raw.Name, Arguments: args}}, nil
+	return openai.ToolCall{ID: toolCallID(), Type: "function", Function: openai.ToolCallFunction{Name: name, Arguments: args}}, nil
 }
 
 // toolCallID is a fresh call id ("chatcmpl-tool-" and 32 hex digits, as
@@ -120,30 +142,35 @@ func toolCallID() string {
 }
 
 // toolStream is a streamed choice's view of its text under a tool parser:
-// text streams as content until a call may begin (a prefix of the
-// parser's start text is held back until the next piece decides), and
-// from a call's start everything is held until the answer ends, when the
-// calls are parsed (or, unreadable, sent as content after all).
+// text streams as content until a call may begin (what may still open one
+// is held back until the next piece decides), and from a call's start
+// everything is held until the answer ends, when the calls are parsed (or,
+// unreadable, sent as content after all).
 type toolStream struct {
 	p       *toolParser
 	held    string
 	started bool
+	sent    bool // some text streamed as content
 }
 
 // feed takes the next piece of text and returns what may stream now.
 func (t *toolStream) feed(piece string) string {
-	if t.started {
+	switch {
+	case t.started:
 		t.held += piece
 		return ""
+	case t.p.anchored && t.sent:
+		return piece
 	}
 	text := t.held + piece
-	if at := strings.Index(text, t.p.start); at >= 0 {
-		t.started, t.held = true, text[at:]
-		return text[:at]
+	out := text
+	if at, hold := t.p.find(text); at >= 0 {
+		t.started, t.held, out = true, text[at:], text[:at]
+	} else {
+		t.held, out = text[len(text)-hold:], text[:len(text)-hold]
 	}
-	keep := partialSuffix(text, t.p.start)
-	t.held = text[len(text)-keep:]
-	return text[:len(text)-keep]
+	t.sent = t.sent || out != ""
+	return out
 }
 
 // end returns, once the answer is over, the content still to stream and
@@ -170,4 +197,63 @@ func partialSuffix(text, marker string) int {
 		}
 	}
 	return 0
+}
+
+// Llama 3.1 and 3.2's JSON tool calls (vLLM's llama3_json): an answer that
+// is, after an optional <|python_tag|>, one or more JSON objects
+// {"name": ..., "parameters": {...}} ("arguments" also read), separated by
+// semicolons. An answer that starts otherwise is content.
+const llamaPythonTag = "<|python_tag|>"
+
+func parseLlama3JSON(text string) (string, []openai.ToolCall, bool) {
+	rest := strings.TrimSpace(text)
+	rest = strings.TrimSpace(strings.TrimPrefix(rest, llamaPythonTag))
+	if !strings.HasPrefix(rest, "{") {
+		return text, nil, false
+	}
+	var calls []openai.ToolCall
+	for rest != "" {
+		d := json.NewDecoder(strings.NewReader(rest))
+		var raw struct {
+			Name       string          `json:"name"`
+			Parameters json.RawMessage `json:"parameters"`
+			Arguments  json.RawMessage `json:"arguments"`
+		}
+		if err := d.Decode(&raw); err != nil {
+			return text, nil, false
+		}
+		args := raw.Parameters
+		if !notNull(args) {
+			args = raw.Arguments
+		}
+		call, err := functionCall(raw.Name, args)
+		if err != nil {
+			return text, nil, false
+		}
+		calls = append(calls, call)
+		rest = strings.TrimSpace(rest[d.InputOffset():])
+		if next, ok := strings.CutPrefix(rest, ";"); ok {
+			rest = strings.TrimSpace(next)
+			if rest == "" {
+				break
+			}
+		} else if rest != "" {
+			return text, nil, false
+		}
+	}
+	return "", calls, true
+}
+
+// findLlama3JSON: calls begin at the start of the answer when its first
+// text (past white space) opens a JSON object or is the python tag; white
+// space and a prefix of the tag are held until that is known.
+func findLlama3JSON(text string) (int, int) {
+	s := strings.TrimLeft(text, " \t\r\n")
+	switch {
+	case strings.HasPrefix(s, "{") || strings.HasPrefix(s, llamaPythonTag):
+		return 0, 0
+	case strings.HasPrefix(llamaPythonTag, s): // "" included
+		return -1, len(text)
+	}
+	return -1, 0
 }

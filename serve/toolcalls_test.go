@@ -9,14 +9,12 @@ import (
 
 	"github.com/lockstep-ai/lockstep/executor"
 	"github.com/lockstep-ai/lockstep/model"
+	"github.com/lockstep-ai/lockstep/serve/openai"
 )
 
 func TestParseHermes(t *testing.T) {
 	call := `{"name": "get_weather", "arguments": {"city": "Rome", "days": 2}}`
-	for _, c := range []struct {
-		name, text, content string
-		calls               []string // name(arguments)
-	}{
+	runParseCases(t, parseHermes, []parseCase{
 		{"no call", "It is sunny.", "It is sunny.", nil},
 		{"one call", "<tool_call>\n" + call + "\n</tool_call>", "", []string{`get_weather({"city":"Rome","days":2})`}},
 		{"content first", "Let me look.\n<tool_call>" + call + "</tool_call>", "Let me look.\n", []string{`get_weather({"city":"Rome","days":2})`}},
@@ -28,9 +26,20 @@ func TestParseHermes(t *testing.T) {
 		{"no name", `<tool_call>{"arguments": {}}</tool_call>`, `<tool_call>{"arguments": {}}</tool_call>`, nil},
 		{"arguments not an object", `<tool_call>{"name": "f", "arguments": [1]}</tool_call>`, `<tool_call>{"name": "f", "arguments": [1]}</tool_call>`, nil},
 		{"text after the calls", "<tool_call>" + call + "</tool_call> and more", "<tool_call>" + call + "</tool_call> and more", nil},
-	} {
+	})
+}
+
+// parseCase is a parser's answer text, the content it must find and its
+// calls as name(arguments) (nil: it reads none).
+type parseCase struct {
+	name, text, content string
+	calls               []string
+}
+
+func runParseCases(t *testing.T, parse func(string) (string, []openai.ToolCall, bool), cases []parseCase) {
+	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			content, calls, ok := parseHermes(c.text)
+			content, calls, ok := parse(c.text)
 			require.Equal(t, c.calls != nil, ok)
 			require.Equal(t, c.content, content)
 			var got []string
@@ -42,6 +51,37 @@ func TestParseHermes(t *testing.T) {
 			require.Equal(t, c.calls, got)
 		})
 	}
+}
+
+func TestParseLlama3JSON(t *testing.T) {
+	runParseCases(t, parseLlama3JSON, []parseCase{
+		{"no call", "It is sunny.", "It is sunny.", nil},
+		{"one call", `{"name": "get_weather", "parameters": {"city": "Rome"}}`, "", []string{`get_weather({"city":"Rome"})`}},
+		{"python tag", `<|python_tag|>{"name": "f", "arguments": {"a": 1}}`, "", []string{`f({"a":1})`}},
+		{"two calls", ` {"name": "f", "parameters": {}}; {"name": "g", "parameters": {"b": [1, 2]}};`, "", []string{`f({})`, `g({"b":[1,2]})`}},
+		{"text first", `Sure. {"name": "f", "parameters": {}}`, `Sure. {"name": "f", "parameters": {}}`, nil},
+		{"text after", `{"name": "f", "parameters": {}} done`, `{"name": "f", "parameters": {}} done`, nil},
+		{"no name", `{"parameters": {}}`, `{"parameters": {}}`, nil},
+		{"cut short", `{"name": "f", "parameters": {"a"`, `{"name": "f", "parameters": {"a"`, nil},
+	})
+	// Streaming: white space and a prefix of the tag wait for the next
+	// piece; an answer that starts as text streams at once and is never
+	// read for calls.
+	p, err := newToolParser("llama3_json")
+	require.NoError(t, err)
+	ts := &toolStream{p: p}
+	require.Equal(t, "", ts.feed(" <|py"))
+	require.Equal(t, "", ts.feed(`thon_tag|>{"name": "f"}`))
+	rest, calls := ts.end()
+	require.Equal(t, "", rest)
+	require.Len(t, calls, 1)
+	ts = &toolStream{p: p}
+	require.Equal(t, "", ts.feed("\n"))
+	require.Equal(t, "\nSure", ts.feed("Sure"))
+	require.Equal(t, ` {"name": "f"}`, ts.feed(` {"name": "f"}`))
+	rest, calls = ts.end()
+	require.Equal(t, "", rest)
+	require.Nil(t, calls)
 }
 
 // A streamed answer's text streams until a call may begin; a marker split
@@ -74,14 +114,14 @@ func TestToolStreamHoldsBackCalls(t *testing.T) {
 }
 
 // toolsServer is a fleet server whose chat template renders tools, with
-// --enable-auto-tool-choice --tool-call-parser hermes.
-func toolsServer(t *testing.T) (*Server, string) {
+// --enable-auto-tool-choice --tool-call-parser parser.
+func toolsServer(t *testing.T, parser string) (*Server, string) {
 	spec := byteTokenizer(t).Spec()
 	spec.ChatTemplate = `{% if tools %}[{{ tools | tojson }}]{% endif %}` +
 		`{% for m in messages %}<{{ m.role }}>{{ m.content or '' }}{% for c in m.tool_calls or [] %}{{ c.function.name }}{{ c.function.arguments | tojson }}{% endfor %}{% endfor %}`
 	tok, err := model.NewTokenizer(spec)
 	require.NoError(t, err)
-	s, _, ts := fleetServer(t, func(c *Config) { c.Tokenizer, c.ToolCallParser = tok, "hermes" })
+	s, _, ts := fleetServer(t, func(c *Config) { c.Tokenizer, c.ToolCallParser = tok, parser })
 	return s, ts.URL
 }
 
@@ -92,7 +132,7 @@ const weatherTool = `"tools": [{"type": "function", "function": {"name": "get_we
 // streamed (the content before the call streams as it comes, the call in
 // one delta).
 func TestChatToolCalls(t *testing.T) {
-	s, url := toolsServer(t)
+	s, url := toolsServer(t, "hermes")
 	answer := `Let me look.<tool_call>{"name": "get_weather", "arguments": {"city": "Rome"}}</tool_call>`
 	msgs := `"messages": [{"role": "user", "content": "Rome?"}, {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]}, {"role": "tool", "tool_call_id": "c1", "content": "18 C"}, {"role": "user", "content": "And Rome?"}]`
 
@@ -116,28 +156,10 @@ func TestChatToolCalls(t *testing.T) {
 	body := streamBody(t, url+"/v1/chat/completions", `{"max_tokens": 100, "stream": true, `+weatherTool+`, `+msgs+`}`)
 	a = takeArrival(t, s)
 	toks := s.cfg.Tokenizer.Encode(answer, model.EncodeOptions{})
-	for _, piece := range [][]int32{toks[:14], toks[14:30]} { // "Let me look.<t", then into the call
-		deltas := make([]executor.TokenDelta, len(piece))
-		for i, tk := range piece {
-			deltas[i] = executor.TokenDelta{ID: a.ID, Token: tk}
-		}
-		s.onTokens(deltas)
-	}
+	streamPieces(s, a, toks[:14], toks[14:30]) // "Let me look.<t", then into the call
 	deliverTokens(s, a, toks[30:], true, 0)
-	var content strings.Builder
-	var streamedCalls []any
-	var finish []any
-	for _, c := range sseChunks(t, <-body) {
-		for _, ch := range choicesOf(t, c) {
-			d := ch["delta"].(map[string]any)
-			content.WriteString(d["content"].(string))
-			if tc, ok := d["tool_calls"].([]any); ok {
-				streamedCalls = append(streamedCalls, tc...)
-			}
-			finish = append(finish, ch["finish_reason"])
-		}
-	}
-	require.Equal(t, "Let me look.", content.String())
+	content, streamedCalls, finish := streamedAnswer(t, <-body)
+	require.Equal(t, "Let me look.", content)
 	require.Len(t, streamedCalls, 1)
 	c0 := streamedCalls[0].(map[string]any)
 	require.Equal(t, 0.0, c0["index"])
@@ -153,6 +175,62 @@ func TestChatToolCalls(t *testing.T) {
 	require.Nil(t, ch["message"].(map[string]any)["tool_calls"])
 }
 
+// Llama 3's JSON calls, whole and streamed (the answer's first pieces
+// are white space and part of the python tag).
+func TestChatToolCallsLlama3JSON(t *testing.T) {
+	s, url := toolsServer(t, "llama3_json")
+	answer := ` <|python_tag|>{"name": "get_weather", "parameters": {"city": "Rome"}}`
+	ask := `{"max_tokens": 100, ` + weatherTool + `, "messages": [{"role": "user", "content": "Rome?"}]`
+	done := postAsync(t, url+"/v1/chat/completions", ask+`}`)
+	deliver(s, takeArrival(t, s), answer)
+	ch := choicesOf(t, <-done)[0]
+	require.Equal(t, "tool_calls", ch["finish_reason"])
+	msg := ch["message"].(map[string]any)
+	require.Equal(t, "", msg["content"])
+	fn := msg["tool_calls"].([]any)[0].(map[string]any)["function"].(map[string]any)
+	require.Equal(t, "get_weather", fn["name"])
+	require.Equal(t, `{"city":"Rome"}`, fn["arguments"])
+
+	body := streamBody(t, url+"/v1/chat/completions", ask+`, "stream": true}`)
+	a := takeArrival(t, s)
+	toks := s.cfg.Tokenizer.Encode(answer, model.EncodeOptions{})
+	streamPieces(s, a, toks[:6]) // " <|pyt"
+	deliverTokens(s, a, toks[6:], true, 0)
+	content, calls, _ := streamedAnswer(t, <-body)
+	require.Equal(t, "", content)
+	require.Len(t, calls, 1)
+}
+
+// streamPieces hands a's call each piece of tokens as one iteration's
+// deltas.
+func streamPieces(s *Server, a executor.Arrival, pieces ...[]int32) {
+	for _, piece := range pieces {
+		deltas := make([]executor.TokenDelta, len(piece))
+		for i, tk := range piece {
+			deltas[i] = executor.TokenDelta{ID: a.ID, Token: tk}
+		}
+		s.onTokens(deltas)
+	}
+}
+
+// streamedAnswer puts a streamed chat answer together: its content, its
+// tool calls and every chunk's finish_reason.
+func streamedAnswer(t *testing.T, body string) (string, []any, []any) {
+	var content strings.Builder
+	var calls, finish []any
+	for _, c := range sseChunks(t, body) {
+		for _, ch := range choicesOf(t, c) {
+			d := ch["delta"].(map[string]any)
+			content.WriteString(d["content"].(string))
+			if tc, ok := d["tool_calls"].([]any); ok {
+				calls = append(calls, tc...)
+			}
+			finish = append(finish, ch["finish_reason"])
+		}
+	}
+	return content.String(), calls, finish
+}
+
 func mustJSON(t *testing.T, v any) string {
 	b, err := json.Marshal(v)
 	require.NoError(t, err)
@@ -161,7 +239,7 @@ func mustJSON(t *testing.T, v any) string {
 
 // Tools the server cannot honour are refused with 400 naming the field.
 func TestToolRequestsRefused(t *testing.T) {
-	_, url := toolsServer(t)
+	_, url := toolsServer(t, "hermes")
 	user := `"messages": [{"role": "user", "content": "hi"}]`
 	for _, c := range []struct{ path, body, param, msg string }{
 		{"/v1/chat/completions", `{"tools": {"a": 1}, ` + user + `}`, "tools", "tools must be a list"},
