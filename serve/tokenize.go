@@ -11,13 +11,14 @@ import (
 
 // tokenizeRequest is POST /tokenize in vLLM's two shapes: a completion
 // prompt (prompt, add_special_tokens default true) or a chat conversation
-// (messages rendered with the model's template, add_generation_prompt
-// default true, add_special_tokens default false), tokenised exactly as
-// the matching endpoint tokenises its prompt.
+// (messages, and tools, rendered with the model's template,
+// add_generation_prompt default true, add_special_tokens default false),
+// tokenised exactly as the matching endpoint tokenises its prompt.
 type tokenizeRequest struct {
 	Model               string           `json:"model"`
 	Prompt              *string          `json:"prompt"`
 	Messages            []chatMessageRaw `json:"messages"`
+	Tools               json.RawMessage  `json:"tools"`
 	AddSpecialTokens    *bool            `json:"add_special_tokens"`
 	AddGenerationPrompt *bool            `json:"add_generation_prompt"`
 	ReturnTokenStrs     bool             `json:"return_token_strs"`
@@ -64,6 +65,9 @@ func (s *Server) tokenize(w http.ResponseWriter, r *http.Request) {
 	case req.Prompt != nil && req.Messages != nil:
 		writeError(w, badRequest("messages", "send either prompt or messages, not both"))
 		return
+	case req.Prompt != nil && notNull(req.Tools):
+		writeError(w, badRequest("tools", "tools apply to messages only"))
+		return
 	case req.Prompt != nil:
 		if req.AddGenerationPrompt != nil {
 			writeError(w, badRequest("add_generation_prompt", "add_generation_prompt applies to messages only"))
@@ -81,8 +85,19 @@ func (s *Server) tokenize(w http.ResponseWriter, r *http.Request) {
 			writeError(w, badRequest("messages", "the model %s has no chat template", s.cfg.ModelName))
 			return
 		}
+		// The tools render as a chat request's do (none: a plain conversation).
+		var p genParams
+		raw := rawParams{Tools: req.Tools, ToolChoice: json.RawMessage(`"none"`)}
+		if e := raw.checkTools(&p, true); e != nil {
+			writeError(w, e)
+			return
+		}
+		if e := s.toolsFor(&p, tok.ChatTemplate()); e != nil {
+			writeError(w, e)
+			return
+		}
 		gen := req.AddGenerationPrompt == nil || *req.AddGenerationPrompt
-		text, err := model.RenderChat(tok.ChatTemplate(), msgs, gen, tok.TokenText(tok.BOS()), tok.TokenText(tok.EOS()))
+		text, err := model.RenderChatTools(tok.ChatTemplate(), msgs, p.Tools, gen, tok.TokenText(tok.BOS()), tok.TokenText(tok.EOS()))
 		if err != nil {
 			writeError(w, badRequest("messages", "the model's chat template failed on these messages: %v", err))
 			return

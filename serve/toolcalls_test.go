@@ -279,3 +279,23 @@ func TestToolRequestsRefused(t *testing.T) {
 	require.Equal(t, "tools", m["error"].(map[string]any)["param"])
 	require.Contains(t, m["error"].(map[string]any)["message"], "does not render tools")
 }
+
+// /tokenize renders a conversation's tools as the chat endpoint does.
+func TestTokenizeWithTools(t *testing.T) {
+	s, url := toolsServer(t, "hermes")
+	msgs := `"messages": [{"role": "user", "content": "Rome?"}]`
+	done := postAsync(t, url+"/v1/chat/completions", `{"max_tokens": 5, `+weatherTool+`, `+msgs+`}`)
+	a := takeArrival(t, s)
+	deliver(s, a, "ok")
+	<-done
+	m := <-postAsync(t, url+"/tokenize", `{`+weatherTool+`, `+msgs+`}`)
+	require.Equal(t, 200.0, m["status"], "%v", m)
+	var got []int32
+	for _, v := range m["tokens"].([]any) {
+		got = append(got, int32(v.(float64)))
+	}
+	require.Equal(t, a.Prompt, got)
+	m = <-postAsync(t, url+"/tokenize", `{"prompt": "hi", `+weatherTool+`}`)
+	require.Equal(t, 400.0, m["status"])
+	require.Equal(t, "tools", m["error"].(map[string]any)["param"])
+}
