@@ -116,6 +116,8 @@ func FuzzToolCallText(f *testing.F) {
 		"plain text",
 		`Let me see.<tool_call>{"name": "f", "arguments": {"a": 1}}</tool_call>`,
 		`<|python_tag|>{"name": "f", "parameters": {"a": 1}}; {"name": "g"}`,
+		`So.[TOOL_CALLS][{"name": "f", "arguments": {"a": 1}}]`,
+		`[TOOL_CALLS]f[ARGS]{"a": 1}[TOOL_CALLS]g[ARGS]{}`,
 		"<tool_call>\n{\"name\": \"g\"}\n</tool_call>\n<tool_call>{\"name\": \"h\", \"arguments\": \"{}\"}",
 		"<tool_<tool_call>x</tool_call>",
 		"a<tool_cal",

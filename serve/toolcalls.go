@@ -18,7 +18,7 @@ import (
 // 0 only: the ranks generate tokens as for any request.
 
 // ToolCallParsers are the names --tool-call-parser takes.
-var ToolCallParsers = []string{"hermes", "llama3_json"}
+var ToolCallParsers = []string{"hermes", "llama3_json", "mistral"}
 
 // toolParser splits an answer into its content and its tool calls; ok
 // false when the text holds no call it can read (then the whole text is
@@ -40,6 +40,8 @@ func newToolParser(name string) (*toolParser, error) {
 		return &toolParser{name: name, parse: parseHermes, find: markerFinder(hermesStart)}, nil
 	case "llama3_json":
 		return &toolParser{name: name, parse: parseLlama3JSON, find: findLlama3JSON, anchored: true}, nil
+	case "mistral":
+		return &toolParser{name: name, parse: parseMistral, find: markerFinder(mistralCalls)}, nil
 	}
 	return nil, fmt.Errorf("unknown tool-call parser %q (supported: %s)", name, strings.Join(ToolCallParsers, ", "))
 }
@@ -256,4 +258,51 @@ func findLlama3JSON(text string) (int, int) {
 		return -1, len(text)
 	}
 	return -1, 0
+}
+
+// Mistral's tool calls (vLLM's mistral): content, then the control token
+// [TOOL_CALLS] and either a JSON list of {"name": ..., "arguments": {...}}
+// (Mistral 7B v0.3, Mixtral 8x22B, Mistral-Nemo) or, from the v11
+// tokenizer on, one name[ARGS]{...} per [TOOL_CALLS].
+const (
+	mistralCalls = "[TOOL_CALLS]"
+	mistralArgs  = "[ARGS]"
+)
+
+func parseMistral(text string) (string, []openai.ToolCall, bool) {
+	at := strings.Index(text, mistralCalls)
+	if at < 0 {
+		return text, nil, false
+	}
+	content, rest := text[:at], strings.TrimSpace(text[at+len(mistralCalls):])
+	var calls []openai.ToolCall
+	if strings.HasPrefix(rest, "[") {
+		var list []struct {
+			Name      string          `json:"name"`
+			Arguments json.RawMessage `json:"arguments"`
+		}
+		if err := json.Unmarshal([]byte(rest), &list); err != nil || len(list) == 0 {
+			return text, nil, false
+		}
+		for _, c := range list {
+			call, err := functionCall(c.Name, c.Arguments)
+			if err != nil {
+				return text, nil, false
+			}
+			calls = append(calls, call)
+		}
+		return content, calls, true
+	}
+	for _, one := range strings.Split(rest, mistralCalls) {
+		name, args, ok := strings.Cut(strings.TrimSpace(one), mistralArgs)
+		if !ok {
+			return text, nil, false
+		}
+		call, err := functionCall(strings.TrimSpace(name), json.RawMessage(strings.TrimSpace(args)))
+		if err != nil || !isJSONObject(json.RawMessage(strings.TrimSpace(args))) {
+			return text, nil, false
+		}
+		calls = append(calls, call)
+	}
+	return content, calls, true
 }

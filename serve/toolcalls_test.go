@@ -84,6 +84,21 @@ func TestParseLlama3JSON(t *testing.T) {
 	require.Nil(t, calls)
 }
 
+func TestParseMistral(t *testing.T) {
+	runParseCases(t, parseMistral, []parseCase{
+		{"no call", "It is sunny.", "It is sunny.", nil},
+		{"list", `[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Rome"}}, {"name": "now", "arguments": {}}]`, "",
+			[]string{`get_weather({"city":"Rome"})`, `now({})`}},
+		{"content first", `Checking.[TOOL_CALLS][{"name": "f", "arguments": {"a": 1}}]`, "Checking.", []string{`f({"a":1})`}},
+		{"v11", `[TOOL_CALLS]get_weather[ARGS]{"city": "Rome"}[TOOL_CALLS]now[ARGS]{}`, "",
+			[]string{`get_weather({"city":"Rome"})`, `now({})`}},
+		{"empty list", `[TOOL_CALLS][]`, `[TOOL_CALLS][]`, nil},
+		{"not JSON", `[TOOL_CALLS][{"name": "f", "arguments": {]`, `[TOOL_CALLS][{"name": "f", "arguments": {]`, nil},
+		{"v11 without args", `[TOOL_CALLS]get_weather`, `[TOOL_CALLS]get_weather`, nil},
+		{"v11 args not an object", `[TOOL_CALLS]f[ARGS][1]`, `[TOOL_CALLS]f[ARGS][1]`, nil},
+	})
+}
+
 // A streamed answer's text streams until a call may begin; a marker split
 // across pieces is held back whole, a would-be marker that is not one is
 // released by the next piece, and the calls come out at the end.
