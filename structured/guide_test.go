@@ -1,0 +1,254 @@
+package structured
+
+import (
+	"math/rand/v2"
+	"regexp"
+	"strings"
+	"testing"
+	"unicode/utf8"
+)
+
+// toyVocab: id 0 is EOS, ids 1..256 the single bytes 0..255, then the
+// multi-byte pieces.
+func toyVocab(t testing.TB, extra ...string) *Vocab {
+	t.Helper()
+	pieces := make([][]byte, 0, 257+len(extra))
+	pieces = append(pieces, []byte("<eos>"))
+	for b := range 256 {
+		pieces = append(pieces, []byte{byte(b)})
+	}
+	for _, e := range extra {
+		pieces = append(pieces, []byte(e))
+	}
+	v, err := NewVocab(pieces, []int32{0})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+var toyExtra = []string{"ye", "yes", "es", "no", "may", "be", "maybe", "né", "\xc3", "\xa9", "é", "\"", "\":", "{\"", "\"}", "12", "-0", "00", ", ", "true", "tr", "ue,", " "}
+
+func allowed(mask []uint32, id int32) bool { return mask[id/32]>>(id%32)&1 == 1 }
+
+// The masks of a finite language agree with the set of its words'
+// prefixes at every step of random walks, and the walks end on its words.
+func TestMasksOfAFiniteLanguage(t *testing.T) {
+	words := []string{"yes", "no", "maybe", "né", "nébé"}
+	v := toyVocab(t, toyExtra...)
+	g, err := Compile(`(?:yes|no|maybe|né|nébé)`, v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	prefixes := map[string]bool{}
+	lang := map[string]bool{}
+	for _, w := range words {
+		lang[w] = true
+		for i := 0; i <= len(w); i++ {
+			prefixes[w[:i]] = true
+		}
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	ended := map[string]bool{}
+	for walk := range 200 {
+		m := g.NewMatcher()
+		out := ""
+		for steps := 0; !m.Done(); steps++ {
+			if steps > 20 {
+				t.Fatalf("walk %d: no end after %q", walk, out)
+			}
+			mask := m.Allowed()
+			var ok []int32
+			for id := range int32(v.Size()) {
+				want := id != 0 && prefixes[out+string(v.pieces[id])] || id == 0 && lang[out]
+				if id != 0 && v.pieces[id] == nil {
+					want = false
+				}
+				if got := allowed(mask, id); got != want {
+					t.Fatalf("walk %d after %q: token %d (%q) allowed %v, want %v", walk, out, id, v.pieces[id], got, want)
+				}
+				if want {
+					ok = append(ok, id)
+				}
+			}
+			tok := ok[rng.IntN(len(ok))]
+			if !m.Advance(tok) {
+				t.Fatalf("walk %d after %q: an allowed token %d was refused", walk, out, tok)
+			}
+			if tok != 0 {
+				out += string(v.pieces[tok])
+			}
+		}
+		if !lang[out] {
+			t.Fatalf("walk %d ended on %q, not a word", walk, out)
+		}
+		ended[out] = true
+	}
+	if len(ended) != len(words) {
+		t.Errorf("the walks reached %v, want every word of %v", ended, words)
+	}
+}
+
+// Random walks through infinite languages end on matches (as Go's regexp
+// checks them) and every example of the language can be generated token
+// by token.
+func TestWalksEndOnMatches(t *testing.T) {
+	v := toyVocab(t, toyExtra...)
+	cases := []struct {
+		re       string
+		examples []string
+	}{
+		{`-?(?:0|[1-9][0-9]*)`, []string{"0", "-0", "12", "-1200", "9"}},
+		{`\{"a":(?:true|false|null)(?:, "b":[0-9]{1,3})?\}`, []string{`{"a":true}`, `{"a":null, "b":120}`}},
+		{`"(?:[^"\\\x00-\x1f]|\\["\\/bfnrt])*"`, []string{`""`, `"né é\n"`, `"\"quoted\""`, `"日本"`}},
+		{`^[a-c]+x$`, []string{"ax", "abcx"}},
+		{`(?i)Hi`, []string{"hi", "HI"}},
+		{`.{1,4}`, []string{"a", "日本語", "é\x7f"}},
+	}
+	rng := rand.New(rand.NewPCG(3, 4))
+	for _, c := range cases {
+		g, err := Compile(c.re, v)
+		if err != nil {
+			t.Fatalf("%s: %v", c.re, err)
+		}
+		full := regexp.MustCompile(`^(?:` + c.re + `)$`)
+		for _, ex := range c.examples {
+			if !full.MatchString(ex) {
+				t.Fatalf("bad example %q of %s", ex, c.re)
+			}
+			m := g.NewMatcher()
+			for i := 0; i < len(ex); i++ {
+				tok := int32(ex[i]) + 1
+				if !allowed(m.Allowed(), tok) || !m.Advance(tok) {
+					t.Fatalf("%s: example %q refused at byte %d", c.re, ex, i)
+				}
+			}
+			if !m.Accepting() || !allowed(m.Allowed(), 0) {
+				t.Fatalf("%s: example %q is not accepted", c.re, ex)
+			}
+		}
+		for walk := range 100 {
+			m := g.NewMatcher()
+			var out []byte
+			for steps := 0; !m.Done(); steps++ {
+				mask := m.Allowed()
+				var ok []int32
+				for id := range int32(v.Size()) {
+					if allowed(mask, id) {
+						ok = append(ok, id)
+					}
+				}
+				if len(ok) == 0 {
+					t.Fatalf("%s walk %d: nothing allowed after %q", c.re, walk, out)
+				}
+				tok := ok[rng.IntN(len(ok))]
+				if steps > 30 && allowed(mask, 0) {
+					tok = 0 // end long walks
+				}
+				if !m.Advance(tok) {
+					t.Fatalf("%s walk %d: allowed token %d refused after %q", c.re, walk, tok, out)
+				}
+				if tok != 0 {
+					out = append(out, v.pieces[tok]...)
+				}
+				if steps > 3000 {
+					t.Fatalf("%s walk %d: no end", c.re, walk)
+				}
+			}
+			if !utf8.Valid(out) || !full.Match(out) {
+				t.Fatalf("%s walk %d ended on %q: not a match", c.re, walk, out)
+			}
+		}
+	}
+}
+
+// A partial character is allowed only where a character it can begin is.
+func TestPartialCharacters(t *testing.T) {
+	v := toyVocab(t, toyExtra...)
+	g, err := Compile(`[a-z]é`, v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := g.NewMatcher()
+	if allowed(m.Allowed(), 0xc3+1) {
+		t.Fatal("a lead byte of é is allowed where only [a-z] can come")
+	}
+	m.Advance('a' + 1)
+	if !allowed(m.Allowed(), 0xc3+1) || allowed(m.Allowed(), 0xc4+1) || allowed(m.Allowed(), 0x80+1) {
+		t.Fatal("after a: 0xc3 must be allowed, 0xc4 and a lone continuation byte must not")
+	}
+	m.Advance(0xc3 + 1)
+	if !allowed(m.Allowed(), 0xa9+1) || allowed(m.Allowed(), 0xa8+1) {
+		t.Fatal("after a\\xc3: only \\xa9 completes é")
+	}
+	if !m.Advance(0xa9+1) || !m.Done() {
+		t.Fatal("aé must be a finished match")
+	}
+}
+
+func TestCompileRefusals(t *testing.T) {
+	v := toyVocab(t)
+	for _, c := range []struct{ re, want string }{
+		{`a(`, "missing closing )"},
+		{`\bword`, "word boundaries"},
+		{strings.Repeat("a", MaxPatternLen+1), "at most"},
+	} {
+		if _, err := Compile(c.re, v); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("Compile(%.20q) = %v, want an error with %q", c.re, err, c.want)
+		}
+	}
+	if _, err := NewVocab(nil, nil); err == nil {
+		t.Error("an empty vocabulary was accepted")
+	}
+	if _, err := NewVocab([][]byte{[]byte("a")}, []int32{3}); err == nil || !strings.Contains(err.Error(), "outside the vocabulary") {
+		t.Errorf("an out-of-range EOS: %v", err)
+	}
+}
+
+// The cache bound starts the automaton over without disturbing matchers.
+func TestStateCacheBound(t *testing.T) {
+	v := toyVocab(t)
+	g, err := Compile(`[0-9a-f]{0,1000}[0-9a-f]{0,1000}[0-9a-f]{0,1000}`, v) // a state per position
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := g.NewMatcher()
+	for i := range 2500 {
+		tok := int32("0123456789abcdef"[i%16]) + 1
+		if !allowed(m.Allowed(), tok) || !m.Advance(tok) {
+			t.Fatalf("refused at %d", i)
+		}
+	}
+	g.mu.Lock()
+	n := len(g.index)
+	g.mu.Unlock()
+	if n > maxStates+1 {
+		t.Fatalf("%d states cached, bound %d", n, maxStates)
+	}
+	if !m.Accepting() || m.Done() {
+		t.Fatal("2500 hex digits must match and be extendable")
+	}
+}
+
+func BenchmarkMaskOfAFreshState(b *testing.B) {
+	pieces := make([][]byte, 0, 50000)
+	rng := rand.New(rand.NewPCG(5, 6))
+	const alpha = "abcdefghijklmnopqrstuvwxyz \"{}:,0123456789"
+	for len(pieces) < 50000 {
+		n := 1 + rng.IntN(8)
+		var sb strings.Builder
+		for range n {
+			sb.WriteByte(alpha[rng.IntN(len(alpha))])
+		}
+		pieces = append(pieces, []byte(sb.String()))
+	}
+	v, err := NewVocab(pieces, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	for b.Loop() {
+		g, _ := Compile(`\{"name": "(?:[^"\\]|\\.)*", "age": [0-9]+\}`, v)
+		m := g.NewMatcher()
+		m.Allowed()
+	}
+}
