@@ -373,6 +373,11 @@ type SeqStep struct {
 	Sampling   SamplingParams
 	// LogitBias is added to the logits before the pick (SampleSeq).
 	LogitBias []TokenBias
+	// Allowed, when not nil, is the bitmask of the tokens the pick may
+	// return (structured outputs): bit id%32 of word id/32, AllowedWords
+	// words, at least one id of the vocabulary set. The others' logits
+	// become -inf after the other processors (ApplyProcessors).
+	Allowed []uint32
 	// PromptTokens and OutputTokens are the sequence's prompt and the
 	// tokens it generated so far, read by the penalties (needed only when
 	// Sampling.HasPenalties).

@@ -100,6 +100,8 @@ func CheckStep(desc *StepDesc, g Geometry) error {
 //   - sampling: SamplingParams.Validate (checked sampled or not);
 //   - logprobs: SeqStep.ValidateLogprobs (TopLogprobs in [0, MaxLogprobs],
 //     only with Logprobs);
+//   - allowed: ValidateAllowed (nil, or a mask of the vocabulary that
+//     allows some token);
 //   - tokens: every id in [0, VocabSize);
 //   - block_table: every entry, read or written, in [0, DevicePages);
 //
@@ -145,6 +147,9 @@ func (c *StepChecker) checkSeq(op string, i int, sq *SeqStep) error {
 		return invalid(op, "seqs[%d]: %v", i, err)
 	}
 	V := c.g.VocabSize
+	if err := ValidateAllowed(sq.Allowed, V); err != nil {
+		return invalid(op, "seqs[%d]: %v", i, err)
+	}
 	for k, t := range sq.Tokens {
 		if t < 0 || int(t) >= V {
 			return invalid(op, "seqs[%d]: tokens[%d] = %d outside [0, vocab_size %d)", i, k, t, V)

@@ -80,14 +80,47 @@ func ValidateBias(bias []TokenBias, vocab int) error {
 // HasProcessors reports whether a step of s changes the logits before the
 // pick (a logit bias or a penalty): its row is then processed, greedy
 // included.
-func (s *SeqStep) HasProcessors() bool { return len(s.LogitBias) > 0 || s.Sampling.HasPenalties() }
+func (s *SeqStep) HasProcessors() bool {
+	return len(s.LogitBias) > 0 || s.Sampling.HasPenalties() || s.Allowed != nil
+}
+
+// AllowedWords is the length of an allowed-token mask for a vocabulary of
+// vocab ids.
+func AllowedWords(vocab int) int { return (vocab + 31) / 32 }
+
+// ValidateAllowed checks an allowed-token mask (SeqStep.Allowed) for a
+// vocabulary of vocab ids: nil, or AllowedWords(vocab) words with at least
+// one id of the vocabulary set.
+func ValidateAllowed(mask []uint32, vocab int) error {
+	if mask == nil {
+		return nil
+	}
+	if len(mask) != AllowedWords(vocab) {
+		return fmt.Errorf("the allowed-token mask has %d words, a vocabulary of %d ids takes %d", len(mask), vocab, AllowedWords(vocab))
+	}
+	for w, m := range mask {
+		if n := vocab - 32*w; n < 32 {
+			m &= 1<<n - 1
+		}
+		if m != 0 {
+			return nil
+		}
+	}
+	return fmt.Errorf("the allowed-token mask allows no token")
+}
+
+// IsAllowed reports whether mask allows id (a nil mask allows every id).
+func IsAllowed(mask []uint32, id int32) bool {
+	return mask == nil || mask[id/32]>>(id%32)&1 != 0
+}
 
 // ApplyProcessors applies the logits processors of s to row in place, in
 // the order and the float32 arithmetic of native/src/sampling.cpp (engine.h's
 // eng_sampling): logit bias (in order), repetition penalty over the distinct
 // ids of PromptTokens and OutputTokens (l > 0 ? l / r : l * r), then for
 // each distinct id of OutputTokens, l -= FrequencyPenalty * count, then
-// l -= PresencePenalty. The ids must be in range.
+// l -= PresencePenalty, then -inf for every id Allowed does not set. The
+// ids must be in range.
 func ApplyProcessors(row []float32, s *SeqStep) {
 	p := &s.Sampling
 	for _, b := range s.LogitBias {
@@ -121,6 +154,14 @@ func ApplyProcessors(row []float32, s *SeqStep) {
 			l = l - p.PresencePenalty
 			row[ids[i]] = l
 			i = j
+		}
+	}
+	if s.Allowed != nil {
+		inf := float32(math.Inf(-1))
+		for id := range row {
+			if s.Allowed[id/32]>>(id%32)&1 == 0 {
+				row[id] = inf
+			}
 		}
 	}
 }

@@ -85,6 +85,7 @@ func Run(t *testing.T, open Opener, caps Capabilities) {
 		{"PageContent", s.pageContent},
 		{"LogitsAndSampling", s.logitsAndSampling},
 		{"Logprobs", s.logprobs},
+		{"AllowedMask", s.allowedMask},
 		{"ResultReuse", s.resultReuse},
 		{"EmptyStep", s.emptyStep},
 		{"NilArguments", s.nilArguments},

@@ -186,6 +186,50 @@ func (s *suite) logitsAndSampling(t *testing.T) {
 	}
 }
 
+// allowedMask: a sampled sequence with an allowed-token mask (structured
+// outputs) picks bridge.SampleSeq of its logits row, always an allowed
+// id, greedy or not, through Step and through Submit/Wait with the mask
+// overwritten after the submit (the engine reads its own copy).
+func (s *suite) allowedMask(t *testing.T) {
+	e, _ := s.engine(t)
+	V := e.Shape().VocabSize
+	mask := func(ids ...int) []uint32 {
+		m := make([]uint32, bridge.AllowedWords(V))
+		for _, id := range ids {
+			m[id/32] |= 1 << (id % 32)
+		}
+		return m
+	}
+	seqs := []bridge.SeqStep{
+		{Tokens: prompt(5, 1), BlockTable: []int32{0, 1}, Sample: true, Allowed: mask(3, V-1)},
+		{Tokens: prompt(3, 3), BlockTable: []int32{3}, Sample: true, Allowed: mask(7, 8, 9, V/2),
+			Sampling: bridge.SamplingParams{Temperature: 1.3, Seed: 5}},
+		{Tokens: prompt(2, 2), BlockTable: []int32{2}, Sample: true, Allowed: mask(V / 3)},
+	}
+	res := step(t, e, withLogits(seqs...))
+	for i, sq := range seqs {
+		r := res.Logits[i*V : (i+1)*V]
+		if want := bridge.SampleSeq(r, &sq); res.Sampled[i] != want || !bridge.IsAllowed(sq.Allowed, want) {
+			t.Errorf("seqs[%d] sampled %d, its row and mask give %d", i, res.Sampled[i], want)
+		}
+	}
+	if res.Sampled[2] != int32(V/3) {
+		t.Errorf("a mask with one id set: sampled %d, want %d", res.Sampled[2], V/3)
+	}
+	e2, _ := s.engine(t)
+	d := desc(slices.Clone(seqs)...)
+	for i := range d.Seqs {
+		d.Seqs[i].Allowed = slices.Clone(seqs[i].Allowed)
+	}
+	submit(t, e2, d)
+	for i := range d.Seqs {
+		clear(d.Seqs[i].Allowed)
+	}
+	if got := wait(t, e2); !slices.Equal(got.Sampled, res.Sampled) {
+		t.Errorf("Submit/Wait with the masks cleared after the submit sampled %v, Step %v", got.Sampled, res.Sampled)
+	}
+}
+
 // logprobs: a sampled sequence that sets Logprobs gets bridge.RowLogprobs
 // of its logits row bit for bit (its token's, its TopLogprobs top ids and
 // theirs, −1 and 0 past them); the others get 0, −1 and 0; the tokens are

@@ -41,6 +41,10 @@ func badSeqs() []badSeq {
 		{"temperature of an unsampled sequence", func(s *bridge.SeqStep) { s.Sampling.Temperature = -1 }, []string{"temperature"}},
 		{"top_k", func(s *bridge.SeqStep) { s.Sample, s.Sampling.TopK = true, -1 }, []string{"top_k"}},
 		{"top_p", func(s *bridge.SeqStep) { s.Sample, s.Sampling.TopP = true, 1.5 }, []string{"top_p"}},
+		{"mask of the wrong length", func(s *bridge.SeqStep) { s.Sample, s.Allowed = true, []uint32{1} }, []string{"allowed"}},
+		{"mask allowing nothing", func(s *bridge.SeqStep) {
+			s.Sample, s.Allowed = true, make([]uint32, bridge.AllowedWords(Config().Shape.VocabSize))
+		}, []string{"allowed"}},
 	}
 }
 

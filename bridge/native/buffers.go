@@ -14,7 +14,7 @@ import "unsafe"
 // calls. The native side receives plain C pointers (no Go pointers cross the
 // boundary, so cgo's pointer rules hold trivially) and a step copies its
 // descriptor into these buffers instead of pinning Go memory.
-type cbuf[T int32 | uint8 | float32] struct {
+type cbuf[T int32 | uint8 | uint32 | float32] struct {
 	p   unsafe.Pointer // C memory; nil until first use
 	cap int            // elements
 }
@@ -59,6 +59,8 @@ type stepBuffers struct {
 	// sampling array points into.
 	samplingIDs cbuf[int32]
 	biasValues  cbuf[float32]
+	// The allowed-token masks (structured outputs), back to back.
+	allowed cbuf[uint32]
 	// Log-probabilities of a step: [num_seqs], [num_seqs × MaxLogprobs] ×2.
 	logprobs, topLogprobs cbuf[float32]
 	topIDs                cbuf[int32]
@@ -74,5 +76,6 @@ func (s *stepBuffers) free() {
 	s.logprobs.free()
 	s.topLogprobs.free()
 	s.biasValues.free()
+	s.allowed.free()
 	s.sampling.free()
 }

@@ -392,13 +392,17 @@ func (e *engine) flatten(op string, desc *bridge.StepDesc) (n, sampled int, err 
 	// The sampling array is passed only when some sequence samples
 	// stochastically or with logits processors; NULL = every sequence greedy.
 	var csampling *C.eng_sampling
-	nids, nbias := 0, 0
+	nids, nbias, nmasks := 0, 0, 0
+	words := bridge.AllowedWords(e.shape.VocabSize)
 	for i := range desc.Seqs {
 		s := &desc.Seqs[i]
 		if err := s.Sampling.Validate(); err != nil {
 			return 0, 0, bridge.StatusError(op, bridge.StatusInvalidArgument, fmt.Sprintf("Seqs[%d]: %v", i, err))
 		}
 		if err := s.ValidateLogprobs(); err != nil {
+			return 0, 0, bridge.StatusError(op, bridge.StatusInvalidArgument, fmt.Sprintf("Seqs[%d]: %v", i, err))
+		}
+		if err := bridge.ValidateAllowed(s.Allowed, e.shape.VocabSize); err != nil {
 			return 0, 0, bridge.StatusError(op, bridge.StatusInvalidArgument, fmt.Sprintf("Seqs[%d]: %v", i, err))
 		}
 		if s.Sample && s.Logprobs {
@@ -411,6 +415,9 @@ func (e *engine) flatten(op string, desc *bridge.StepDesc) (n, sampled int, err 
 			if s.Sampling.HasPenalties() {
 				nids += len(s.PromptTokens) + len(s.OutputTokens)
 			}
+			if s.Allowed != nil {
+				nmasks++
+			}
 		}
 	}
 	if nids > math.MaxInt32 {
@@ -421,7 +428,8 @@ func (e *engine) flatten(op string, desc *bridge.StepDesc) (n, sampled int, err 
 		cs := unsafe.Slice(csampling, n)
 		ids := b.samplingIDs.slice(nids)
 		vals := b.biasValues.slice(nbias)
-		at, bat := 0, 0
+		masks := b.allowed.slice(nmasks * words)
+		at, bat, mat := 0, 0, 0
 		for i := range desc.Seqs {
 			s := &desc.Seqs[i]
 			p := &s.Sampling
@@ -449,6 +457,10 @@ func (e *engine) flatten(op string, desc *bridge.StepDesc) (n, sampled int, err 
 				at += copy(ids[at:], s.PromptTokens)
 				cs[i].num_output, cs[i].output_tokens = C.int32_t(len(s.OutputTokens)), ptr(at)
 				at += copy(ids[at:], s.OutputTokens)
+			}
+			if s.Allowed != nil {
+				cs[i].allowed = (*C.uint32_t)(unsafe.Add(b.allowed.p, 4*mat))
+				mat += copy(masks[mat:], s.Allowed)
 			}
 		}
 	}

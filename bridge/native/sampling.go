@@ -68,9 +68,9 @@ func SampleRow(logits []float32, p bridge.SamplingParams, pos int64) (int32, err
 }
 
 // SampleSeqRow samples one logits row as a step samples s (its sampling
-// parameters, logit bias and penalties over its prompt and output tokens)
-// with the native procedure (eng_sample_row): the reference that
-// bridge.SampleSeq is checked against.
+// parameters, logit bias, penalties over its prompt and output tokens and
+// allowed-token mask) with the native procedure (eng_sample_row): the
+// reference that bridge.SampleSeq is checked against.
 func SampleSeqRow(logits []float32, s *bridge.SeqStep) (int32, error) {
 	if err := s.Sampling.Validate(); err != nil {
 		return 0, bridge.StatusError("sample_row", bridge.StatusInvalidArgument, err.Error())
@@ -103,6 +103,16 @@ func SampleSeqRow(logits []float32, s *bridge.SeqStep) (int32, error) {
 		repetition_penalty: C.float(p.RepetitionPenalty),
 		num_bias:           C.int32_t(nb), bias_ids: ptr(0), bias_values: (*C.float)(vals.p),
 		num_prompt: C.int32_t(np), prompt_tokens: ptr(nb), num_output: C.int32_t(no), output_tokens: ptr(nb + np)}
+	if s.Allowed != nil {
+		if len(s.Allowed) != bridge.AllowedWords(n) {
+			return 0, bridge.StatusError("sample_row", bridge.StatusInvalidArgument,
+				fmt.Sprintf("the allowed-token mask has %d words, a vocabulary of %d ids takes %d", len(s.Allowed), n, bridge.AllowedWords(n)))
+		}
+		var mask cbuf[uint32]
+		defer mask.free()
+		copy(mask.slice(len(s.Allowed)), s.Allowed)
+		cp.allowed = (*C.uint32_t)(mask.p)
+	}
 	out := (*C.int32_t)(C.malloc(4))
 	defer C.free(unsafe.Pointer(out))
 	runtime.LockOSThread() // eng_last_error is thread-local

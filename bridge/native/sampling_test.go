@@ -98,8 +98,8 @@ func TestStepSamplingMatchesGo(t *testing.T) {
 	}
 }
 
-// TestProcessorsAgreeWithNative: with min_p, logit bias and the three
-// penalties (greedy and sampled rows), bridge.SampleSeq and the native
+// TestProcessorsAgreeWithNative: with min_p, logit bias, the three
+// penalties and allowed-token masks (greedy and sampled rows), bridge.SampleSeq and the native
 // procedure pick the same token, and the processors change the pick often
 // enough for the check to mean something.
 func TestProcessorsAgreeWithNative(t *testing.T) {
@@ -128,9 +128,20 @@ func TestProcessorsAgreeWithNative(t *testing.T) {
 		for range rng.IntN(4) {
 			s.LogitBias = append(s.LogitBias, bridge.TokenBias{ID: int32(rng.IntN(V)), Bias: float32(rng.NormFloat64() * 5)})
 		}
+		if c%3 == 1 {
+			// An allowed-token mask (structured outputs) with a few ids set.
+			s.Allowed = make([]uint32, bridge.AllowedWords(V))
+			for range 1 + rng.IntN(5) {
+				id := rng.IntN(V)
+				s.Allowed[id/32] |= 1 << (id % 32)
+			}
+		}
 		want, err := SampleSeqRow(lg, &s)
 		if err != nil {
 			t.Fatal(err)
+		}
+		if !bridge.IsAllowed(s.Allowed, want) {
+			t.Fatalf("case %d: native picked %d, which the mask does not allow", c, want)
 		}
 		if got := bridge.SampleSeq(lg, &s); got != want {
 			t.Fatalf("case %d (V %d, %+v, bias %v): Go picked %d, native %d", c, V, s.Sampling, s.LogitBias, got, want)
@@ -146,6 +157,10 @@ func TestProcessorsAgreeWithNative(t *testing.T) {
 	bad := bridge.SeqStep{Tokens: []int32{0}, Sample: true, LogitBias: []bridge.TokenBias{{ID: 5, Bias: 1}}}
 	if _, err := SampleSeqRow([]float32{1, 2}, &bad); err == nil || !strings.Contains(err.Error(), "bias_ids[0]") {
 		t.Errorf("a bias id outside the vocabulary: got %v, want an error naming bias_ids[0]", err)
+	}
+	none := bridge.SeqStep{Tokens: []int32{0}, Sample: true, Allowed: []uint32{1 << 5}}
+	if _, err := SampleSeqRow([]float32{1, 2}, &none); err == nil || !strings.Contains(err.Error(), "allows no token") {
+		t.Errorf("a mask allowing no id of the vocabulary: got %v, want an error saying it allows no token", err)
 	}
 }
 

@@ -369,6 +369,13 @@ typedef struct eng_sampling {
    * (docs/sampling.md). logprobs 0 = none; top_logprobs must then be 0. */
   int32_t logprobs;
   int32_t top_logprobs;
+  /* Structured outputs: when not NULL, the bitmask of the ids the pick may
+   * return (bit id % 32 of allowed[id / 32], ceil(vocab / 32) words; at
+   * least one id in [0, vocab) set). The logits of the other ids become
+   * -inf after the processors above (greedy rows included); the
+   * log-probabilities are not affected. Read during the call only (a
+   * submit copies it). */
+  const uint32_t* allowed;
 } eng_sampling;
 
 typedef struct eng_step_desc {

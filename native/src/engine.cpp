@@ -505,8 +505,16 @@ eng_status eng_engine_submit(eng_engine_t eng, const eng_step_desc* desc, int32_
       job->sampling_ids.insert(job->sampling_ids.end(), sp.output_tokens, sp.output_tokens + sp.num_output);
       job->bias_values.insert(job->bias_values.end(), sp.bias_values, sp.bias_values + sp.num_bias);
     }
+    const size_t words = (static_cast<size_t>(eng->params.shape.vocab_size) + 31) / 32;
+    size_t nmasks = 0;
+    for (const auto& q : eng->batch.seqs) nmasks += q.sampling.allowed != nullptr;
+    job->allowed.reserve(nmasks * words);
+    for (const auto& q : eng->batch.seqs)
+      if (q.sampling.allowed != nullptr)
+        job->allowed.insert(job->allowed.end(), q.sampling.allowed, q.sampling.allowed + words);
     job->batch = eng->batch;
     int64_t tok = 0, blk = 0, ids = 0, bias = 0;
+    size_t mask = 0;
     for (auto& q : job->batch.seqs) {
       q.tokens = job->tokens.data() + tok;
       q.blocks = job->blocks.data() + blk;
@@ -520,6 +528,10 @@ eng_status eng_engine_submit(eng_engine_t eng, const eng_step_desc* desc, int32_
       sp.bias_values = job->bias_values.data() + bias;
       ids += int64_t{sp.num_bias} + sp.num_prompt + sp.num_output;
       bias += sp.num_bias;
+      if (sp.allowed != nullptr) {
+        sp.allowed = job->allowed.data() + mask;
+        mask += words;
+      }
     }
     job->want_logits = want_logits != 0;
     job->sampled.assign(job->batch.seqs.size(), -1);

@@ -29,6 +29,7 @@ struct AsyncStep {
   // values of every sequence, which the copied seqs point into.
   std::vector<int32_t> sampling_ids;
   std::vector<float> bias_values;
+  std::vector<uint32_t> allowed;  // the sequences' allowed-token masks, back to back
   lockstep::StepBatch batch;  // seqs point into tokens and blocks
   bool want_logits = false;
   std::vector<int32_t> sampled;

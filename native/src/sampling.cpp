@@ -132,7 +132,6 @@ const std::vector<int32_t>& sorted_ids(const int32_t* a, int32_t na, const int32
 }  // namespace
 
 void apply_logits_processors(float* row, int32_t vocab, const eng_sampling& p, SamplingScratch* s) {
-  (void)vocab;
   // 1. Logit bias, in the order given.
   for (int32_t j = 0; j < p.num_bias; ++j) row[p.bias_ids[j]] = row[p.bias_ids[j]] + p.bias_values[j];
   // 2. Repetition penalty over the distinct ids of the prompt and the output.
@@ -159,6 +158,10 @@ void apply_logits_processors(float* row, int32_t vocab, const eng_sampling& p, S
       i = j;
     }
   }
+  // 4. The allowed-token mask (structured outputs).
+  if (p.allowed != nullptr)
+    for (int32_t id = 0; id < vocab; ++id)
+      if (((p.allowed[id / 32] >> (id % 32)) & 1u) == 0) row[id] = -INFINITY;
 }
 
 std::string sampling_invalid(const eng_sampling& p, int32_t vocab, const std::string& f) {
@@ -206,6 +209,11 @@ std::string sampling_invalid(const eng_sampling& p, int32_t vocab, const std::st
   if (p.top_logprobs > 0 && p.logprobs == 0)
     return bad("%s.top_logprobs = %g needs logprobs = 1", p.top_logprobs);
   if (p.num_bias > 0 && p.bias_values == nullptr) return bad("%s.bias_values is NULL (%g values)", p.num_bias);
+  if (p.allowed != nullptr) {
+    bool any = false;
+    for (int32_t id = 0; id < vocab && !any; ++id) any = ((p.allowed[id / 32] >> (id % 32)) & 1u) != 0;
+    if (!any) return bad("%s.allowed allows no token of the vocabulary (%g ids)", vocab);
+  }
   for (int32_t j = 0; j < p.num_bias; ++j)
     if (!std::isfinite(p.bias_values[j])) {
       std::snprintf(buf, sizeof buf, "%s.bias_values[%d] must be finite, got %g", f.c_str(), j,

@@ -91,7 +91,7 @@ struct SamplingScratch {
 // engine.h): the row must then be processed before the pick.
 inline bool sampling_has_processors(const eng_sampling& p) {
   return p.num_bias > 0 || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f ||
-         (p.repetition_penalty != 0.0f && p.repetition_penalty != 1.0f);
+         (p.repetition_penalty != 0.0f && p.repetition_penalty != 1.0f) || p.allowed != nullptr;
 }
 
 // Whether a row sampled under p needs its logits on the host: a stochastic
