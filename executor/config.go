@@ -8,6 +8,7 @@ package executor
 import (
 	"errors"
 	"fmt"
+	"github.com/lockstep-ai/lockstep/structured"
 	"io"
 	"time"
 
@@ -72,6 +73,10 @@ type Config struct {
 	// StopTokens are the model's end-of-generation tokens: a request whose
 	// Arrival.StopAtEOS is set completes when it samples one.
 	StopTokens []int32
+	// Guides compiles the guides of structured outputs (Arrival.Guide) for
+	// the model's vocabulary, whose end-of-generation tokens are
+	// StopTokens; nil: guided arrivals are rejected.
+	Guides *structured.Cache
 	// Serving (serving.go). Stream gathers every produced token to rank 0
 	// each iteration, where OnTokens receives them (request order within a
 	// rank, ranks in order). OnResponse receives each answer on rank 0 as

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"fmt"
+	"github.com/lockstep-ai/lockstep/structured"
 	"sync"
 	"testing"
 	"time"
@@ -45,6 +46,8 @@ type fleet struct {
 	wrap   func(rank int, p Planner) Planner
 	// stopTokens end requests with StopAtEOS.
 	stopTokens []int32
+	// guides compiles the arrivals' guides (Config.Guides).
+	guides *structured.Cache
 	// balance is every rank's ADP Balance setting.
 	balance ADPBalance
 	// maxActive is every rank's cap H (Config.MaxActivePerRank; 0: the default).
@@ -132,7 +135,7 @@ func (f *fleet) run(t testing.TB) {
 		if i == 0 {
 			d.Source = source
 		}
-		ecfg := Config{Rank: i, Ranks: f.ranks, StopTokens: f.stopTokens, Scheduler: f.sched, IterLog: f.iterLog[i],
+		ecfg := Config{Rank: i, Ranks: f.ranks, StopTokens: f.stopTokens, Guides: f.guides, Scheduler: f.sched, IterLog: f.iterLog[i],
 			MaxIdleSleep: time.Millisecond, Overlap: f.overlap, Events: f.events > 0, EventSink: f.eventLog,
 			EventBufferMaxSize: f.events, ADPBalance: f.balance, MaxActivePerRank: f.maxActive, IdlePoll: f.idlePoll}
 		if f.onIteration != nil {

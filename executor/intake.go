@@ -48,6 +48,13 @@ type Arrival struct {
 	// the tokens.
 	Logprobs    bool
 	TopLogprobs int
+	// Guide, when not empty, is a regular expression (Go's RE2 syntax) the
+	// whole output must match (structured outputs; the structured
+	// package): before every pick only the tokens that keep the output a
+	// prefix of a match are allowed, the model's stop tokens only once it
+	// is a match, and generation ends (Response.Stopped) when nothing can
+	// extend the match. It needs Config.Guides.
+	Guide string
 	// Prompt is the prompt's tokens. A source may leave it nil and set
 	// PromptLen and Synthesize instead: rank 0 then checks the lengths
 	// (scheduler.Admission) and calls Synthesize only for a request that can be
@@ -382,6 +389,9 @@ func (e *Executor) screenArrivals(items []Arrival, now time.Time) []Arrival {
 		if err := a.validateLogprobs(); reason == "" && err != nil {
 			reason = "invalid logprobs: " + err.Error()
 		}
+		if reason == "" && a.Guide != "" {
+			reason = e.screenGuide(a.Guide)
+		}
 		if reason != "" {
 			e.pending = append(e.pending, Response{ID: a.ID, Rank: NoRank, ArrivalUnixNS: a.ArrivalUnixNS,
 				FinishUnixNS: max(now.UnixNano(), a.ArrivalUnixNS), Error: reason})
@@ -398,6 +408,28 @@ func (e *Executor) screenArrivals(items []Arrival, now time.Time) []Arrival {
 		kept = append(kept, a)
 	}
 	return kept
+}
+
+// screenGuide is the rejection reason of an arrival's guide ("" when it
+// can run): the fleet must have the model's vocabulary, the pattern must
+// compile, and some token must be able to begin a match.
+func (e *Executor) screenGuide(pattern string) string {
+	if e.cfg.Guides == nil {
+		return "structured outputs need the model's vocabulary, and this fleet has no tokenizer"
+	}
+	g, err := e.cfg.Guides.Guide(pattern)
+	if err != nil {
+		return "invalid guide: " + err.Error()
+	}
+	if m := g.NewMatcher(); !anyAllowed(m.Allowed()) {
+		return "invalid guide: no token of the model's vocabulary can begin a match of its pattern"
+	}
+	return ""
+}
+
+// anyAllowed reports whether a token mask allows some token.
+func anyAllowed(mask []uint32) bool {
+	return slices.ContainsFunc(mask, func(w uint32) bool { return w != 0 })
 }
 
 // cutToMaxSeqLen cuts an arrival's max_new_tokens so that its sequence
@@ -430,6 +462,8 @@ const (
 	// arrivalLogprobs: the request wants log-probabilities; its top count
 	// (u8) follows the processor fields.
 	arrivalLogprobs
+	// arrivalGuide: the guide's pattern (u32 length, bytes) follows.
+	arrivalGuide
 )
 
 // validateLogprobs checks the log-probability request (bridge.SeqStep's rule).
@@ -453,7 +487,8 @@ func (a *Arrival) hasProcessors() bool {
 // bits u32, seed u64], [with arrivalProcessors: min_p, presence,
 // frequency and repetition penalty f32 bits u32 each, n_bias u32, (id u32,
 // bias f32 bits u32)×n, n_stop u32, stop ids u32×n], [with
-// arrivalLogprobs: top_logprobs u8], n_tokens u32, tokens u32×n. Rank 0 has screened the
+// arrivalLogprobs: top_logprobs u8], [with arrivalGuide: pattern_len u32,
+// pattern bytes], n_tokens u32, tokens u32×n. Rank 0 has screened the
 // items (scheduler.Admission, valid sampling parameters), so max_new, top_k and the
 // prompt length fit 32 bits; an item that does not is a broken invariant.
 func encodeArrivals(items []Arrival) []byte { return appendArrivals(nil, items) }
@@ -498,6 +533,9 @@ func appendArrivals(b []byte, items []Arrival) []byte {
 		if a.Logprobs {
 			flags |= arrivalLogprobs
 		}
+		if a.Guide != "" {
+			flags |= arrivalGuide
+		}
 		b = append(b, flags)
 		b = binary.LittleEndian.AppendUint32(b, uint32(a.Routing.Rank))
 		if flags&arrivalSampling != 0 {
@@ -524,6 +562,10 @@ func appendArrivals(b []byte, items []Arrival) []byte {
 		}
 		if flags&arrivalLogprobs != 0 {
 			b = append(b, byte(a.TopLogprobs))
+		}
+		if flags&arrivalGuide != 0 {
+			b = binary.LittleEndian.AppendUint32(b, uint32(len(a.Guide)))
+			b = append(b, a.Guide...)
 		}
 		b = binary.LittleEndian.AppendUint32(b, uint32(len(a.Prompt)))
 		for _, t := range a.Prompt {
@@ -585,12 +627,15 @@ func decodeArrivals(b []byte, want int) ([]Arrival, error) {
 				d.err = fmt.Errorf("arrival %d: %w", a.ID, err)
 			}
 		}
+		if flags&arrivalGuide != 0 {
+			a.Guide = string(d.bytes(int(d.u32())))
+		}
 		if flags&(arrivalSampling|arrivalProcessors) != 0 {
 			if err := a.Sampling.Validate(); d.err == nil && err != nil {
 				d.err = fmt.Errorf("arrival %d: %w", a.ID, err)
 			}
 		}
-		if d.err == nil && flags&^(arrivalHasRank|arrivalStrict|arrivalStopAtEOS|arrivalSampling|arrivalProcessors|arrivalLogprobs) != 0 {
+		if d.err == nil && flags&^(arrivalHasRank|arrivalStrict|arrivalStopAtEOS|arrivalSampling|arrivalProcessors|arrivalLogprobs|arrivalGuide) != 0 {
 			d.err = fmt.Errorf("arrival %d: unknown flags %#x", a.ID, flags)
 		}
 		n := int(d.u32())

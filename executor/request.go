@@ -3,6 +3,7 @@ package executor
 import (
 	"github.com/lockstep-ai/lockstep/bridge"
 	"github.com/lockstep-ai/lockstep/scheduler"
+	"github.com/lockstep-ai/lockstep/structured"
 )
 
 // dummyIDBase is the first padding-dummy id; ids ≥ 2^63 are reserved for dummies.
@@ -33,6 +34,7 @@ type request struct {
 	logprobs     bool    // Arrival.Logprobs: outLogprobs grows with output
 	topLogprobs  int
 	outLogprobs  []TokenLogprobs
+	guide        *structured.Matcher // Arrival.Guide followed through the output; nil without one
 }
 
 func newRequest(a Arrival) *request {

@@ -27,8 +27,9 @@ type Response struct {
 	// radix cache (prefill skipped): PromptLen − ReusedTokens is its
 	// uncached prompt.
 	ReusedTokens int
-	// Stopped: generation ended at a stop token (the last of Output), not
-	// at the length limit.
+	// Stopped: generation ended at a stop token (the last of Output) or,
+	// for a guided request (Arrival.Guide), where its match ended; not at
+	// the length limit.
 	Stopped bool
 	Error   string // non-empty: rejected with this reason
 }

@@ -88,6 +88,17 @@ func (e *Executor) admit(a Arrival, estimate int64) {
 	}
 	r := newRequest(a)
 	r.UncachedEstimate = estimate
+	if a.Guide != "" {
+		// Rank 0 compiled it before the broadcast (screenGuide); every rank
+		// compiles the same pattern for the same vocabulary.
+		if reason := e.screenGuide(a.Guide); reason != "" {
+			e.pending = append(e.pending, Response{ID: a.ID, Rank: e.cfg.Rank, ArrivalUnixNS: a.ArrivalUnixNS,
+				FinishUnixNS: e.cfg.Clock().UnixNano(), Error: reason})
+			return
+		}
+		g, _ := e.cfg.Guides.Guide(a.Guide)
+		r.guide = g.NewMatcher()
+	}
 	if e.cfg.Helix {
 		r.TotalInputLenCP = r.PromptLen
 		e.setHelixLocalLen(r)

@@ -7,6 +7,7 @@ import (
 
 	"github.com/lockstep-ai/lockstep/bridge"
 	"github.com/lockstep-ai/lockstep/scheduler"
+	"github.com/lockstep-ai/lockstep/structured"
 )
 
 // batch is one launched forward: its requests in step order, which rows
@@ -81,6 +82,11 @@ func (e *Executor) buildStep(b *batch) error {
 		}
 		if s.Sample {
 			s.Sampling, s.LogitBias = r.sampling, r.logitBias
+			if r.guide != nil && !r.stopped {
+				// Some token is allowed: a guide that allows none has ended
+				// the request (applyResults, screenGuide).
+				s.Allowed = r.guide.Allowed()
+			}
 			s.Logprobs, s.TopLogprobs = r.logprobs, r.topLogprobs
 			if r.sampling.HasPenalties() {
 				// Every token generated so far is applied (buildStep runs
@@ -189,7 +195,8 @@ func (e *Executor) applyResults(b *batch, res *bridge.StepResult) (float64, erro
 		if wasGeneration {
 			e.d.KV.UpdateAfterGeneration(&r.Request)
 		}
-		if r.State != scheduler.GenerationToComplete && (r.stopAtEOS && e.isStopToken(tok) || slices.Contains(r.stopIDs, tok)) {
+		if r.State != scheduler.GenerationToComplete && (r.stopAtEOS && e.isStopToken(tok) || slices.Contains(r.stopIDs, tok) ||
+			r.guide != nil && guideEnds(r.guide, tok)) {
 			// Out of the scheduling window from now on; a step already
 			// launched with it finishes first (its token is dropped).
 			r.stopped = true
@@ -236,6 +243,16 @@ func (e *Executor) complete(r *request, now int64) {
 		resp.Error = CancelledError
 	}
 	e.finished = append(e.finished, resp)
+}
+
+// guideEnds advances a request's guide by its new token and reports
+// whether generation ends there: the guide took a stop token, its match
+// cannot be extended, or (a broken guide) no token is allowed next.
+func guideEnds(m *structured.Matcher, tok int32) bool {
+	if !m.Advance(tok) || m.Done() {
+		return true
+	}
+	return !anyAllowed(m.Allowed())
 }
 
 // isStopToken reports whether tok is one of the model's stop tokens.

@@ -77,7 +77,7 @@ var (
 	purePackages = []string{"scheduler", "scheduler/router", "scheduler/costfit", "scheduler/sim", "kvpool"}
 	// core packages never depend, even indirectly, on the front ends.
 	corePackages = []string{"scheduler", "scheduler/router", "scheduler/costfit", "scheduler/sim", "kvpool",
-		"executor", "bridge", "bridge/fake", "bridge/twin", "bridge/native", "bridge/internal/goengine"}
+		"executor", "structured", "bridge", "bridge/fake", "bridge/twin", "bridge/native", "bridge/internal/goengine"}
 	frontEnds = []string{"model", "serve", "fleet", "report", "eval", "cmd"}
 )
 

@@ -1,0 +1,153 @@
+package executor
+
+import (
+	"fmt"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/lockstep-ai/lockstep/bridge"
+	"github.com/lockstep-ai/lockstep/structured"
+)
+
+// guideVocab is a vocabulary of the tiny preset's 512 ids: 0 ends
+// generation, 1..95 are the printable ASCII characters, then the pairs of
+// digits and a few words.
+func guideVocab(t testing.TB) (*structured.Vocab, [][]byte) {
+	t.Helper()
+	pieces := make([][]byte, bridge.Presets["tiny"].VocabSize)
+	pieces[0] = []byte("</s>")
+	for c := 32; c < 127; c++ {
+		pieces[c-31] = []byte{byte(c)}
+	}
+	id := 96
+	for d := range 100 {
+		pieces[id] = fmt.Appendf(nil, "%02d", d)
+		id++
+	}
+	for _, w := range []string{"alpha", "beta", "gamma", "al", "ph", "ga", "mm", `{"`, `":`, `"}`, ", ", "true", "false"} {
+		pieces[id] = []byte(w)
+		id++
+	}
+	v, err := structured.NewVocab(pieces, []int32{0})
+	require.NoError(t, err)
+	return v, pieces
+}
+
+// guideSource gives arrival i the guide patterns[i % len] and, with
+// params, sampling parameters seeded by the id.
+type guideSource struct {
+	Source
+	patterns []string
+	params   bridge.SamplingParams
+	stopEOS  bool
+}
+
+func (s *guideSource) Due(now time.Time) []Arrival {
+	items := s.Source.Due(now)
+	for i := range items {
+		items[i].Guide = s.patterns[int(items[i].ID)%len(s.patterns)]
+		items[i].StopAtEOS = s.stopEOS
+		if s.params != (bridge.SamplingParams{}) {
+			items[i].Sampling = s.params
+			items[i].Sampling.Seed = 100 + items[i].ID
+		}
+	}
+	return items
+}
+
+// Guided requests produce matches of their patterns, end where the match
+// cannot go on (or at a stop token once it is a match), and give the same
+// tokens on 1 and 4 ranks, in both loops, through recompute preemptions.
+func TestGuidedOutputsMatchAndAreInvariant(t *testing.T) {
+	vocab, pieces := guideVocab(t)
+	guides := structured.NewCache(vocab, 8)
+	patterns := []string{`\{"n": [0-9]{1,6}\}`, `(?:alpha|beta|gamma)`, `[a-z ]{3,40}\.`, `(?:true|false)(?:, (?:true|false)){0,5}`}
+	reqs := longOutputRequests(12, 40, 60)
+	text := func(out []int32) string {
+		var sb strings.Builder
+		for _, id := range out {
+			if id != 0 {
+				sb.Write(pieces[id])
+			}
+		}
+		return sb.String()
+	}
+	run := func(ranks, pages int, overlap bool, params bridge.SamplingParams, stopEOS bool) (map[uint64][]int32, int) {
+		f := &fleet{ranks: ranks, reqs: reqs, pages: pages, overlap: overlap, stopTokens: []int32{0}, guides: guides,
+			source: &guideSource{Source: NewTraceSource(reqs, time.Now()), patterns: patterns, params: params, stopEOS: stopEOS}}
+		f.run(t)
+		f.requireNoErrors(t)
+		outs := map[uint64][]int32{}
+		recomputed := 0
+		for _, r := range f.results[0].Responses {
+			require.Empty(t, r.Error, "request %d", r.ID)
+			re := regexp.MustCompile(`^(?:` + patterns[int(r.ID)%len(patterns)] + `)$`)
+			got := text(r.Output)
+			require.True(t, r.Stopped, "request %d (%q) ended at the length limit", r.ID, got)
+			require.Less(t, len(r.Output), 60, "request %d", r.ID)
+			require.Regexp(t, re, got, "request %d", r.ID)
+			outs[r.ID] = r.Output
+			recomputed += r.Recomputed
+		}
+		require.Len(t, outs, len(reqs))
+		return outs, recomputed
+	}
+	for _, params := range []bridge.SamplingParams{{}, {Temperature: 1.2, TopK: 50}} {
+		ref, _ := run(1, 512, false, params, true)
+		for _, overlap := range []bool{false, true} {
+			got, _ := run(4, 512, overlap, params, true)
+			require.Equal(t, ref, got, "4 ranks, overlap %v, %+v", overlap, params)
+			tight, recomputed := run(2, 14, overlap, params, true)
+			require.Positive(t, recomputed, "the tight pool should force recompute")
+			require.Equal(t, ref, tight, "tight pool, overlap %v, %+v", overlap, params)
+		}
+		// Without StopAtEOS (ignore_eos) a guided request still ends where
+		// its match is complete.
+		run(2, 512, true, params, false)
+	}
+}
+
+// Rank 0 rejects a guide it cannot run before the broadcast, naming why;
+// without a vocabulary every guided arrival is rejected.
+func TestBadGuidesRejected(t *testing.T) {
+	vocab, _ := guideVocab(t)
+	reqs := longOutputRequests(4, 16, 4)
+	patterns := []string{`(unclosed`, `é`, `ok`, `\bx`}
+	f := &fleet{ranks: 2, reqs: reqs, stopTokens: []int32{0}, guides: structured.NewCache(vocab, 4),
+		source: &guideSource{Source: NewTraceSource(reqs, time.Now()), patterns: patterns, stopEOS: true}}
+	f.run(t)
+	f.requireNoErrors(t)
+	errs := map[uint64]string{}
+	for _, r := range f.results[0].Responses {
+		errs[r.ID] = r.Error
+	}
+	require.Contains(t, errs[0], "invalid guide: ")
+	require.Contains(t, errs[0], "missing closing )")
+	require.Contains(t, errs[1], "no token of the model's vocabulary can begin a match")
+	require.Empty(t, errs[2])
+	require.Contains(t, errs[3], "word boundaries")
+
+	f = &fleet{ranks: 2, reqs: reqs, stopTokens: []int32{0},
+		source: &guideSource{Source: NewTraceSource(reqs, time.Now()), patterns: []string{"ok"}}}
+	f.run(t)
+	f.requireNoErrors(t)
+	for _, r := range f.results[0].Responses {
+		require.Contains(t, r.Error, "structured outputs need the model's vocabulary")
+	}
+}
+
+func TestArrivalPayloadGuide(t *testing.T) {
+	items := []Arrival{{ID: 1, MaxNewTokens: 3, Prompt: []int32{4}, Guide: `[0-9]+`},
+		{ID: 2, MaxNewTokens: 3, Prompt: []int32{5}, Guide: "é|\x00", Logprobs: true, TopLogprobs: 2},
+		{ID: 3, MaxNewTokens: 3, Prompt: []int32{6}}}
+	got, err := decodeArrivals(encodeArrivals(items), len(items))
+	require.NoError(t, err)
+	require.Equal(t, items, materialized(got))
+	payload := encodeArrivals(items[:1])
+	_, err = decodeArrivals(payload[:len(payload)-6], 1)
+	require.ErrorContains(t, err, "collective desync")
+}
