@@ -421,15 +421,10 @@ func (e *Executor) screenGuide(pattern string) string {
 	if err != nil {
 		return "invalid guide: " + err.Error()
 	}
-	if m := g.NewMatcher(); !anyAllowed(m.Allowed()) {
+	if !g.NewMatcher().Live() {
 		return "invalid guide: no token of the model's vocabulary can begin a match of its pattern"
 	}
 	return ""
-}
-
-// anyAllowed reports whether a token mask allows some token.
-func anyAllowed(mask []uint32) bool {
-	return slices.ContainsFunc(mask, func(w uint32) bool { return w != 0 })
 }
 
 // cutToMaxSeqLen cuts an arrival's max_new_tokens so that its sequence

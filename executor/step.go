@@ -252,7 +252,7 @@ func guideEnds(m *structured.Matcher, tok int32) bool {
 	if !m.Advance(tok) || m.Done() {
 		return true
 	}
-	return !anyAllowed(m.Allowed())
+	return !m.Live()
 }
 
 // isStopToken reports whether tok is one of the model's stop tokens.

@@ -160,6 +160,7 @@ type Options struct {
 
 	profile  *twin.Profile    // --engine twin: the cost profile (set by Validate)
 	loaded   *model.Model     // --model PATH, opened by Validate
+	guides   *guideState      // structured outputs (Guides); set with loaded
 	rendered []renderedPrompt // the tokenised prompts of a prompt run
 	fault    *fault           // LOCKSTEP_TEST_FAULT, checked at startup
 	out      *outputFiles     // opened before any work

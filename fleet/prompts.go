@@ -121,7 +121,7 @@ func (o *Options) openModel() error {
 		}
 		m.Tokenizer.SetChatTemplate(src)
 	}
-	o.loaded = m
+	o.loaded, o.guides = m, &guideState{}
 	return nil
 }
 

@@ -219,6 +219,9 @@ func (s *rankSetup) executorConfig(o *Options, i int, parts *rankParts, iterLog,
 		Events: o.kvEventsOn(), EventSink: eventSink, EventBufferMaxSize: o.EventBufferMaxSize,
 		OnNote: func(_ int, n scheduler.Note) { logNote(s.rankLog(i), n) }, MoE: o.moe() && o.Engine != "twin",
 		RecordBusy: o.RecordBusy, ADPBalance: o.ADPBalance, IdlePoll: o.IdlePoll}
+	if cfg.Guides, err = o.Guides(); err != nil {
+		return executor.Config{}, nil, err
+	}
 	if o.Engine == "twin" {
 		cfg.VirtualClock, cfg.VirtualEpoch = true, twinEpoch
 		cfg.MeasuredHostTime = o.TwinHostTime == "measured"

@@ -463,6 +463,21 @@ func (t *Tokenizer) DecodeWith(ids []int32, opts DecodeOptions) string {
 // log-probabilities name tokens by them.
 func (t *Tokenizer) TokenBytes(id int32) []byte { return t.piece(id, true) }
 
+// TextPieces is, per id, the bytes the token stands for in generated
+// text: nil for the tokens that are not text (control, unknown and unused
+// ones). Structured outputs build their vocabulary from it.
+func (t *Tokenizer) TextPieces() [][]byte {
+	out := make([][]byte, len(t.pieces))
+	for id, p := range t.pieces {
+		switch t.types[id] {
+		case TokenControl, TokenUnknown, TokenUnused:
+		default:
+			out[id] = p
+		}
+	}
+	return out
+}
+
 // LossyString is b as text, bytes that do not form valid UTF-8 as U+FFFD
 // (one per byte), as Decode renders them.
 func LossyString(b []byte) string {

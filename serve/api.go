@@ -99,6 +99,13 @@ type genParams struct {
 	// logprobs true and top_logprobs k).
 	Logprobs    bool
 	TopLogprobs int
+	// Guide is the pattern the answer must match (structured outputs:
+	// response_format, guided_*, structured_outputs, or a forced tool
+	// call); GuideParam the field that asked for it.
+	Guide, GuideParam string
+	// forced is a forced tool call (tool_choice "required" or a named
+	// function): the guided answer is read as calls (forcedCall.parse).
+	forced *forcedCall
 }
 
 // maxChoices bounds n, and n times the prompts of one completions request
@@ -250,8 +257,6 @@ func (r *rawParams) check(defaultMax int) (genParams, *apiError) {
 		return p, badRequest("echo", "echo is supported on /v1/completions only")
 	case r.Suffix != nil && *r.Suffix != "":
 		return p, badRequest("suffix", "suffix is not supported")
-	case len(r.ResponseFormat) > 0 && string(r.ResponseFormat) != "null" && !jsonTypeText(r.ResponseFormat):
-		return p, badRequest("response_format", "only the text response format is supported")
 	case r.MinTokens != nil && *r.MinTokens > 1 && !(r.IgnoreEOS && len(r.StopTokenIDs) == 0 && (*r.MinTokens <= p.MaxTokens || p.MaxTokens == restOfContext)):
 		return p, badRequest("min_tokens", "min_tokens is supported only with ignore_eos and no stop_token_ids (every request then generates max_tokens)")
 	case r.PromptLogprobs != nil:
@@ -262,16 +267,6 @@ func (r *rawParams) check(defaultMax int) (genParams, *apiError) {
 		return p, badRequest("bad_words", "bad_words are not supported")
 	case notNull(r.AllowedTokenIDs):
 		return p, badRequest("allowed_token_ids", "allowed_token_ids are not supported")
-	case notNull(r.GuidedJSON):
-		return p, badRequest("guided_json", "guided decoding is not supported")
-	case notNull(r.GuidedRegex):
-		return p, badRequest("guided_regex", "guided decoding is not supported")
-	case notNull(r.GuidedChoice):
-		return p, badRequest("guided_choice", "guided decoding is not supported")
-	case notNull(r.GuidedGrammar):
-		return p, badRequest("guided_grammar", "guided decoding is not supported")
-	case notNull(r.StructuredOutputs):
-		return p, badRequest("structured_outputs", "structured outputs are not supported")
 	case notNull(r.Functions):
 		return p, badRequest("functions", "functions are not supported")
 	case r.UseBeamSearch:
@@ -282,6 +277,9 @@ func (r *rawParams) check(defaultMax int) (genParams, *apiError) {
 		return p, badRequest("truncate_prompt_tokens", "truncate_prompt_tokens is not supported")
 	case r.SpacesBetweenSpecial != nil && !*r.SpacesBetweenSpecial:
 		return p, badRequest("spaces_between_special_tokens", "spaces_between_special_tokens: false is not supported")
+	}
+	if e := r.checkGuide(&p); e != nil {
+		return p, e
 	}
 	if e := r.checkTools(&p, defaultMax == restOfContext); e != nil {
 		return p, e

@@ -19,6 +19,7 @@ import (
 	"github.com/lockstep-ai/lockstep/executor"
 	"github.com/lockstep-ai/lockstep/model"
 	"github.com/lockstep-ai/lockstep/scheduler"
+	"github.com/lockstep-ai/lockstep/structured"
 )
 
 // MetricsSink receives the server's events (Metrics implements it).
@@ -77,6 +78,10 @@ type Config struct {
 	RequestTimeout time.Duration
 	// Version is GET /version's answer; the binary's build version when "".
 	Version string
+	// Guides compiles structured outputs' patterns for the model's
+	// vocabulary (the fleet's own cache: fleet.Options.Guides); nil: no
+	// tokenizer, requests asking for structured outputs are refused.
+	Guides *structured.Cache
 	// ToolCallParser turns on tool_choice "auto" (vLLM's
 	// --enable-auto-tool-choice with --tool-call-parser): the parser, one of
 	// ToolCallParsers, that reads the model's calls. "": requests with
@@ -313,6 +318,9 @@ func (s *Server) toolsFor(p *genParams, template string) *apiError {
 		}
 		p.ToolParser, p.SpecialTokens = s.tools, true
 	}
+	if p.forced != nil {
+		p.ToolParser = p.forced.parser()
+	}
 	if p.Tools != nil && !strings.Contains(template, "tools") {
 		return badRequest("tools", "the chat template of %s does not render tools, so the model would never see them: "+
 			"give worker serve a --chat-template that does", s.cfg.ModelName)
@@ -465,6 +473,9 @@ func (s *Server) parse(w http.ResponseWriter, r *http.Request, req any, raw *raw
 	if e := p.checkVocab(s.cfg.VocabSize); e != nil {
 		return checkedRequest{}, e
 	}
+	if e := s.checkGuide(&p); e != nil {
+		return checkedRequest{}, e
+	}
 	if ranks := max(s.cfg.AttentionDPRanks, 1); p.Routing.HasRank && p.Routing.Rank >= ranks {
 		return checkedRequest{}, badRequest("attention_dp_rank", "attention_dp_rank %d is out of range: the fleet has %d attention-DP ranks (allowed: 0 to %d)",
 			p.Routing.Rank, ranks, ranks-1)
@@ -497,7 +508,8 @@ func (s *Server) parse(w http.ResponseWriter, r *http.Request, req any, raw *raw
 		for j := 0; j < p.N; j++ {
 			a := executor.Arrival{ArrivalUnixNS: now, MaxNewTokens: maxTokens,
 				Prompt: ids, StopAtEOS: !p.IgnoreEOS, LogitBias: p.LogitBias, StopTokenIDs: p.StopTokenIDs,
-				Logprobs: p.Logprobs, TopLogprobs: p.TopLogprobs, ConversationID: p.ConversationID, Routing: p.Routing}
+				Logprobs: p.Logprobs, TopLogprobs: p.TopLogprobs, ConversationID: p.ConversationID, Routing: p.Routing,
+				Guide: p.Guide}
 			if e := setSampling(&a, choiceParams(p, j)); e != nil {
 				return checkedRequest{}, e
 			}

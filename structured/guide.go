@@ -477,6 +477,16 @@ func (m *Matcher) Advance(tok int32) bool {
 	return true
 }
 
+// Live reports whether some token may come next (Allowed is not empty).
+func (m *Matcher) Live() bool {
+	for _, w := range m.Allowed() {
+		if w != 0 {
+			return true
+		}
+	}
+	return false
+}
+
 // Accepting reports whether the output so far is a complete match.
 func (m *Matcher) Accepting() bool { return !m.ended && m.s.accepting() }
 

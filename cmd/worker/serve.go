@@ -205,6 +205,9 @@ func (api *apiServer) build(o *fleet.Options) (nccl.Launch, error) {
 	if m := o.Loaded(); m != nil {
 		cfg.Tokenizer = m.Tokenizer
 	}
+	if cfg.Guides, err = o.Guides(); err != nil {
+		return launch, err
+	}
 	if err := o.CheckChatTemplate(); err != nil {
 		return launch, err
 	}
