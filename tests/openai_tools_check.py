@@ -77,11 +77,12 @@ r3 = client.chat.completions.create(model=model, messages=messages, tools=tools,
 check(r3.choices[0].message.tool_calls is None, f"tool_choice none gave calls {r3.choices[0].message}")
 check("get_weather" in (r3.choices[0].message.content or ""), f"tool_choice none content {r3.choices[0].message.content!r}")
 
-# A forced call needs guided decoding: refused, naming the field.
+# A named function that is not among the tools is the client's error.
 try:
-    client.chat.completions.create(model=model, messages=messages, tools=tools, tool_choice="required", max_tokens=8)
-    check(False, "tool_choice required was accepted")
+    client.chat.completions.create(model=model, messages=messages, tools=tools, max_tokens=8,
+                                   tool_choice={"type": "function", "function": {"name": "get_time"}})
+    check(False, "a tool_choice naming an unknown function was accepted")
 except openai.BadRequestError as e:
-    check("guided decoding" in str(e), f"tool_choice required: {e}")
+    check("get_time" in str(e) and "tool_choice" in str(e), f"tool_choice get_time: {e}")
 
 print("OK")

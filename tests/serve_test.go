@@ -136,11 +136,13 @@ func TestOpenAIClientToolCalls(t *testing.T) {
 	cmd, base, out := startServe(t, nil, bin, "--model", m, "--ranks", "2", "--chat-template", "testdata/hermes-tools.jinja",
 		"--enable-auto-tool-choice", "--tool-call-parser", "hermes")
 	runClientCheck(t, py, out, "openai_tools_check.py", base, modeltest.SmolLM2Base)
+	runClientCheck(t, py, out, "openai_structured_check.py", base, modeltest.SmolLM2Base)
 	stopServe(t, cmd, out)
 }
 
 // TestServeUnderMPIRun: `mpirun -np 2 bin/worker serve` answers over HTTP
-// from rank 0 with the same greedy text as in-process ranks, an idle rank
+// from rank 0 with the same greedy text as in-process ranks (a guided
+// request's too), an idle rank
 // other than rank 0 stays off the CPU (the idle doorbell; spinning in MPI's
 // collective it would use a whole core), and the whole job exits 0 on
 // SIGTERM.
@@ -149,8 +151,13 @@ func TestServeUnderMPIRun(t *testing.T) {
 	needMPIRun(t)
 	bin := worker(t)
 	body := `{"prompt": "Once upon a time", "max_tokens": 12}`
+	// A guided request: its guide crosses the MPI broadcast and every
+	// rank compiles it for its own vocabulary.
+	guided := `{"prompt": "Once upon a time", "max_tokens": 30, "guided_json": {"type": "object", "properties": {"hero": {"type": "string", "maxLength": 12}}, "required": ["hero"]}}`
 	cmd, base, out := startServe(t, nil, bin, "--model", m, "--ranks", "2")
 	want := completionText(complete(t, base, body))
+	wantGuided := completionText(complete(t, base, guided))
+	require.Regexp(t, `^\{"hero": ?"[^"]{0,12}"\}$`, wantGuided)
 	stopServe(t, cmd, out)
 
 	cmd, base, out = startServe(t, []string{"mpirun", "--oversubscribe", "-np", "2"}, bin, "--model", m)
@@ -160,6 +167,9 @@ func TestServeUnderMPIRun(t *testing.T) {
 	}
 	for i, g := range got {
 		require.Equal(t, want, g, "request %d", i)
+	}
+	for i := 0; i < 2; i++ {
+		require.Equal(t, wantGuided, completionText(complete(t, base, guided)), "guided request %d", i)
 	}
 	rank1 := rankPID(t, bin, 1)
 	time.Sleep(300 * time.Millisecond) // past the first idle iterations, which spin
