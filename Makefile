@@ -78,7 +78,8 @@ test-go: native model
 # headers, GGUF files, tokenizer.json, a Hugging Face config.json and its
 # safetensors shards and index, chat
 # templates, the HTTP API's request bodies, a model's tool-call text (whole
-# and streamed), twin cost profiles and measured
+# and streamed), JSON schemas of structured outputs and the guides they
+# become, twin cost profiles and measured
 # rates, FUZZTIME each.
 FUZZTIME ?= 10s
 fuzz:
@@ -95,6 +96,8 @@ fuzz:
 	GO=$(GO) scripts/fuzz-one.sh ./model/jinja '^FuzzRender$$' $(FUZZTIME)
 	GO=$(GO) scripts/fuzz-one.sh ./serve '^FuzzRequestDecoding$$' $(FUZZTIME)
 	GO=$(GO) scripts/fuzz-one.sh ./serve '^FuzzToolCallText$$' $(FUZZTIME)
+	GO=$(GO) scripts/fuzz-one.sh ./serve '^FuzzSchemaPattern$$' $(FUZZTIME)
+	GO=$(GO) scripts/fuzz-one.sh ./structured '^FuzzGuide$$' $(FUZZTIME)
 	GO=$(GO) scripts/fuzz-one.sh ./model '^FuzzHFConfig$$' $(FUZZTIME)
 	GO=$(GO) scripts/fuzz-one.sh ./model '^FuzzSafetensors$$' $(FUZZTIME)
 	GO=$(GO) scripts/fuzz-one.sh ./bridge/twin '^FuzzReadProfile$$' $(FUZZTIME)

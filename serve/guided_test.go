@@ -220,3 +220,37 @@ func TestForcedToolCalls(t *testing.T) {
 	deliver(s, a, `[{"name": "get_time", "parameters": {}}]`)
 	<-done
 }
+
+// FuzzSchemaPattern: any JSON is refused as a schema with an error, or
+// becomes a pattern that compiles as a guide.
+func FuzzSchemaPattern(f *testing.F) {
+	for _, s := range []string{`{"type": "object", "properties": {"a": {"type": "string", "maxLength": 2000}}, "required": ["a"]}`,
+		`{"type": "array", "items": {"enum": [1, "x", null]}, "minItems": 2, "maxItems": 5000}`,
+		`{"anyOf": [{"type": "integer", "minimum": 0}, {"$ref": "#/$defs/d"}], "$defs": {"d": {"const": [1]}}}`,
+		`{"type": "string", "pattern": "\\Q(", "format": "date"}`, `{"type": ["number", "null"]}`, `true`,
+		`{"type": "object", "additionalProperties": {"type": "boolean"}}`} {
+		f.Add([]byte(s))
+	}
+	pieces := make([][]byte, 256)
+	for b := range pieces {
+		pieces[b] = []byte{byte(b)}
+	}
+	v, err := structured.NewVocab(pieces, nil)
+	require.NoError(f, err)
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		if len(raw) > 2000 {
+			return
+		}
+		schema, err := model.DecodeOrderedJSON(raw)
+		if err != nil {
+			return
+		}
+		pat, err := schemaPattern(schema)
+		if err != nil {
+			return
+		}
+		if _, err := structured.Compile(pat, v); err != nil {
+			t.Fatalf("schema %s gave a pattern that does not compile: %v", raw, err)
+		}
+	})
+}

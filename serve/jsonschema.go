@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"regexp"
+	"regexp/syntax"
 	"strings"
 
 	"github.com/lockstep-ai/lockstep/model/jinja"
@@ -74,6 +75,9 @@ func anyJSON(depth int) string {
 
 // arrayOf is a list of between lo and hi items (hi -1: unbounded).
 func arrayOf(item string, lo, hi int) string {
+	if !expressible(item, max(lo, hi)) {
+		lo, hi = 0, -1 // too large to count: not enforced
+	}
 	rep := func(lo, hi int) string {
 		switch {
 		case hi < 0 || hi > maxRepeat:
@@ -102,6 +106,16 @@ func arrayOf(item string, lo, hi int) string {
 		rest = hi - 1
 	}
 	return `\[` + item + more + rep(lo-1, rest) + `\]`
+}
+
+// maxCountedSize bounds the size of a counted repetition (its pattern's
+// length times the count): past it, Go's regexp parser refuses the
+// expression as too large, so the bounds are left unenforced.
+const maxCountedSize = 1 << 14
+
+// expressible reports whether n copies of pattern can be counted.
+func expressible(pattern string, n int) bool {
+	return n <= maxRepeat && n*len(pattern) <= maxCountedSize
 }
 
 // objectOf is an object whose keys are any strings and whose values match
@@ -378,10 +392,13 @@ func (c *schemaConv) str(s jinja.Ordered, path string) (string, error) {
 			return "", fmt.Errorf("%s: pattern must be a string", at(path))
 		}
 		pat = strings.TrimSuffix(strings.TrimPrefix(pat, "^"), "$")
-		if _, err := regexp.Compile(pat); err != nil {
+		re, err := syntax.Parse(pat, syntax.Perl)
+		if err != nil {
 			return "", fmt.Errorf("%s: pattern: %v", at(path), err)
 		}
-		return `"(?:` + pat + `)"`, nil
+		// Its parsed form: nothing in it (an unclosed \Q) can reach past
+		// the closing quote.
+		return `"(?:` + re.String() + `)"`, nil
 	}
 	if f, ok := get(s, "format"); ok {
 		if p, ok := formats[fmt.Sprint(f)]; ok {
@@ -401,9 +418,9 @@ func (c *schemaConv) str(s jinja.Ordered, path string) (string, error) {
 		return jsonString, nil
 	case hi >= 0 && lo > hi:
 		return "", fmt.Errorf("%s: maxLength %d is below minLength %d", at(path), hi, lo)
-	case lo > maxRepeat:
-		return "", fmt.Errorf("%s: minLength %d is above the %d supported", at(path), lo, maxRepeat)
-	case hi < 0 || hi > maxRepeat:
+	case !expressible(jsonChar, lo):
+		return "", fmt.Errorf("%s: minLength %d is above the %d supported", at(path), lo, maxCountedSize/len(jsonChar))
+	case hi < 0 || !expressible(jsonChar, hi):
 		return fmt.Sprintf(`"%s{%d,}"`, jsonChar, max(lo, 0)), nil
 	}
 	return fmt.Sprintf(`"%s{%d,%d}"`, jsonChar, max(lo, 0), hi), nil

@@ -3,6 +3,7 @@ package structured
 import (
 	"math/rand/v2"
 	"regexp"
+	"regexp/syntax"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -251,4 +252,56 @@ func BenchmarkMaskOfAFreshState(b *testing.B) {
 		m := g.NewMatcher()
 		m.Allowed()
 	}
+}
+
+// FuzzGuide: any pattern either fails to compile or gives a guide whose
+// walks never panic, only take allowed tokens, and end on a match of the
+// pattern when they end accepting.
+func FuzzGuide(f *testing.F) {
+	for _, s := range []string{`[0-9]+`, `(?:yes|no)`, `"(?:[^"\\]|\\.)*"`, `.{0,3}é`, `(?i)ab|c*`, `^x$`, `a{2,5}b?`, `[^a]`} {
+		f.Add(s, uint64(1))
+	}
+	v := toyVocab(f, toyExtra...)
+	f.Fuzz(func(t *testing.T, pattern string, seed uint64) {
+		if len(pattern) > 200 {
+			return
+		}
+		g, err := Compile(pattern, v)
+		if err != nil {
+			return
+		}
+		re, err := syntax.Parse(pattern, syntax.Perl)
+		if err != nil {
+			t.Fatalf("%q compiled as a guide but does not parse: %v", pattern, err)
+		}
+		full, err := regexp.Compile(`^(?:` + re.String() + `)$`)
+		if err != nil {
+			t.Fatalf("%q compiled as a guide but not as a regexp: %v", pattern, err)
+		}
+		rng := rand.New(rand.NewPCG(seed, 7))
+		m := g.NewMatcher()
+		var out []byte
+		for steps := 0; steps < 60 && !m.Done(); steps++ {
+			mask := m.Allowed()
+			var ok []int32
+			for id := range int32(v.Size()) {
+				if allowed(mask, id) {
+					ok = append(ok, id)
+				}
+			}
+			if len(ok) == 0 {
+				break
+			}
+			tok := ok[rng.IntN(len(ok))]
+			if !m.Advance(tok) {
+				t.Fatalf("%q: an allowed token %d was refused after %q", pattern, tok, out)
+			}
+			if tok != 0 {
+				out = append(out, v.pieces[tok]...)
+			}
+		}
+		if m.Accepting() && !full.Match(out) {
+			t.Fatalf("%q: the guide accepts %q, which does not match", pattern, out)
+		}
+	})
 }
