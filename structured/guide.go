@@ -18,6 +18,12 @@ const MaxPatternLen = 1 << 20
 // their own state, so nothing they hold is invalidated.
 const maxStates = 2048
 
+// hardStates bounds the states interned at all: a mask's walk may pass
+// maxStates (the cache starts over after it), and past hardStates its new
+// states are not kept, so that no pattern can make a guide's automaton
+// grow without bound (each state holds 2 KiB of transitions).
+const hardStates = 8 * maxStates
+
 // Guide is a regular expression compiled for a vocabulary. Safe for
 // concurrent use: its lazily built automaton is guarded by a mutex.
 type Guide struct {
@@ -30,6 +36,7 @@ type Guide struct {
 	start  *dstate
 	closer closure  // scratch of the automaton's construction (under mu)
 	none   []uint32 // the empty mask
+	peak   int      // the most states interned at once (tests)
 }
 
 // dstate is a DFA state: the program's rune-consuming instructions that
@@ -42,6 +49,8 @@ type dstate struct {
 	key     string
 	next    [256]*dstate // nil: not computed yet; dead: no match can follow
 	mask    []uint32     // nil until computed
+	// interned: in the guide's index (transitions into it are cached).
+	interned bool
 }
 
 // dead is the state after a byte no match can follow.
@@ -193,9 +202,21 @@ func (g *Guide) intern(pcs []uint32, match bool, pending []byte) *dstate {
 		return s
 	}
 	s := &dstate{pcs: pcs, match: match, pending: append([]byte(nil), pending...), key: key}
+	if len(g.index) >= hardStates {
+		// Past the hard bound (a mask's walk through a pattern with very
+		// many states): a state of its own, garbage once the walk is past
+		// it, never cached (cacheable).
+		return s
+	}
+	s.interned = true
 	g.index[key] = s
+	g.peak = max(g.peak, len(g.index))
 	return s
 }
+
+// cacheable reports whether a transition into n may be kept: n is interned
+// (or dead), so the cached automaton stays within hardStates.
+func cacheable(n *dstate) bool { return n.interned || n == dead }
 
 // matchRune reports whether instruction pc accepts r.
 func (g *Guide) matchRune(pc uint32, r rune) bool {
@@ -263,7 +284,9 @@ func (g *Guide) step(s *dstate, b byte) *dstate {
 		g.reset()
 		return n
 	}
-	s.next[b] = n
+	if cacheable(n) {
+		s.next[b] = n
+	}
 	return n
 }
 
@@ -416,7 +439,9 @@ func (g *Guide) stepNoReset(s *dstate, b byte) *dstate {
 		return n
 	}
 	n := g.computeStep(s, b)
-	s.next[b] = n
+	if cacheable(n) {
+		s.next[b] = n
+	}
 	return n
 }
 

@@ -305,3 +305,57 @@ func FuzzGuide(f *testing.F) {
 		}
 	})
 }
+
+// A pattern whose automaton has more states than one mask's walk may
+// keep: the walk stays within the hard bound and its masks are right.
+func TestHardStateBound(t *testing.T) {
+	const letters = "abcdefghijkl"
+	var words []string
+	var pieces [][]byte
+	for _, a := range letters {
+		for _, b := range letters {
+			for _, c := range letters {
+				for _, d := range letters {
+					w := string([]rune{a, b, c, d})
+					pieces = append(pieces, []byte(w))
+					words = append(words, w+"z")
+				}
+			}
+		}
+	}
+	z := int32(len(pieces))
+	v, err := NewVocab(append(pieces, []byte("z")), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := Compile(`(?:`+strings.Join(words, "|")+`)`, v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := g.NewMatcher()
+	mask := m.Allowed()
+	g.mu.Lock()
+	n := g.peak
+	g.mu.Unlock()
+	if n != hardStates {
+		t.Fatalf("at most %d states interned during the walk, want the hard bound %d reached, not passed", n, hardStates)
+	}
+	for id := range z {
+		if !allowed(mask, id) {
+			t.Fatalf("token %q refused at the start", pieces[id])
+		}
+	}
+	if allowed(mask, z) {
+		t.Fatal("z allowed at the start")
+	}
+	for _, id := range []int32{0, z / 2, z - 1} {
+		m := g.NewMatcher()
+		if !m.Advance(id) {
+			t.Fatalf("token %q refused", pieces[id])
+		}
+		after := m.Allowed()
+		if !allowed(after, z) || allowed(after, 0) || !m.Advance(z) || !m.Done() {
+			t.Fatalf("after %q only z may come, and then the match is finished", pieces[id])
+		}
+	}
+}
