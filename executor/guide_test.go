@@ -143,11 +143,64 @@ func TestBadGuidesRejected(t *testing.T) {
 func TestArrivalPayloadGuide(t *testing.T) {
 	items := []Arrival{{ID: 1, MaxNewTokens: 3, Prompt: []int32{4}, Guide: `[0-9]+`},
 		{ID: 2, MaxNewTokens: 3, Prompt: []int32{5}, Guide: "é|\x00", Logprobs: true, TopLogprobs: 2},
-		{ID: 3, MaxNewTokens: 3, Prompt: []int32{6}}}
+		{ID: 3, MaxNewTokens: 3, Prompt: []int32{6}, MinTokens: 3}}
 	got, err := decodeArrivals(encodeArrivals(items), len(items))
 	require.NoError(t, err)
 	require.Equal(t, items, materialized(got))
 	payload := encodeArrivals(items[:1])
 	_, err = decodeArrivals(payload[:len(payload)-6], 1)
 	require.ErrorContains(t, err, "collective desync")
+}
+
+// minTokensSource gives every arrival StopAtEOS and min_tokens.
+type minTokensSource struct {
+	Source
+	min int
+}
+
+func (s *minTokensSource) Due(now time.Time) []Arrival {
+	items := s.Source.Due(now)
+	for i := range items {
+		items[i].StopAtEOS, items[i].MinTokens = true, s.min
+		items[i].Sampling = bridge.SamplingParams{Temperature: 1, Seed: items[i].ID}
+	}
+	return items
+}
+
+// Before min_tokens no stop token is picked; after it the stop tokens
+// end requests as before, the same on 1 and 3 ranks.
+func TestMinTokens(t *testing.T) {
+	stops := make([]int32, 0, 400)
+	for id := range int32(400) { // most of the tiny vocabulary: unmasked, answers stop at once
+		stops = append(stops, id)
+	}
+	reqs := longOutputRequests(8, 30, 40)
+	run := func(ranks, min int) map[uint64][]int32 {
+		f := &fleet{ranks: ranks, reqs: reqs, stopTokens: stops, overlap: true,
+			source: &minTokensSource{Source: NewTraceSource(reqs, time.Now()), min: min}}
+		f.run(t)
+		f.requireNoErrors(t)
+		outs := map[uint64][]int32{}
+		for _, r := range f.results[0].Responses {
+			require.Empty(t, r.Error)
+			outs[r.ID] = r.Output
+		}
+		return outs
+	}
+	short := 0
+	for _, o := range run(1, 0) {
+		if len(o) < 5 {
+			short++
+		}
+	}
+	require.Greater(t, short, 4, "without min_tokens most answers should stop within a few tokens")
+	ref := run(1, 12)
+	for id, o := range ref {
+		require.GreaterOrEqual(t, len(o), 12, "request %d", id)
+		for k, tok := range o[:12] {
+			require.GreaterOrEqual(t, tok, int32(400), "request %d token %d is a stop token before min_tokens", id, k)
+		}
+		require.True(t, len(o) == 40 || o[len(o)-1] < 400, "request %d ends at a stop token or at max", id)
+	}
+	require.Equal(t, ref, run(3, 12))
 }

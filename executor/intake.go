@@ -55,6 +55,11 @@ type Arrival struct {
 	// is a match, and generation ends (Response.Stopped) when nothing can
 	// extend the match. It needs Config.Guides.
 	Guide string
+	// MinTokens is how many tokens are generated before a stop token (the
+	// model's with StopAtEOS, or StopTokenIDs) may be picked: until then
+	// they are masked out (vLLM's min_tokens). A guide that can only end
+	// overrides it. At most MaxNewTokens.
+	MinTokens int
 	// Prompt is the prompt's tokens. A source may leave it nil and set
 	// PromptLen and Synthesize instead: rank 0 then checks the lengths
 	// (scheduler.Admission) and calls Synthesize only for a request that can be
@@ -392,6 +397,9 @@ func (e *Executor) screenArrivals(items []Arrival, now time.Time) []Arrival {
 		if reason == "" && a.Guide != "" {
 			reason = e.screenGuide(a.Guide)
 		}
+		if reason == "" && (a.MinTokens < 0 || a.MinTokens > a.MaxNewTokens) {
+			reason = fmt.Sprintf("invalid min_tokens %d: must be in [0, max_new_tokens %d]", a.MinTokens, a.MaxNewTokens)
+		}
 		if reason != "" {
 			e.pending = append(e.pending, Response{ID: a.ID, Rank: NoRank, ArrivalUnixNS: a.ArrivalUnixNS,
 				FinishUnixNS: max(now.UnixNano(), a.ArrivalUnixNS), Error: reason})
@@ -459,6 +467,8 @@ const (
 	arrivalLogprobs
 	// arrivalGuide: the guide's pattern (u32 length, bytes) follows.
 	arrivalGuide
+	// arrivalMinTokens: min_tokens (u32) follows the guide.
+	arrivalMinTokens
 )
 
 // validateLogprobs checks the log-probability request (bridge.SeqStep's rule).
@@ -483,7 +493,7 @@ func (a *Arrival) hasProcessors() bool {
 // frequency and repetition penalty f32 bits u32 each, n_bias u32, (id u32,
 // bias f32 bits u32)×n, n_stop u32, stop ids u32×n], [with
 // arrivalLogprobs: top_logprobs u8], [with arrivalGuide: pattern_len u32,
-// pattern bytes], n_tokens u32, tokens u32×n. Rank 0 has screened the
+// pattern bytes], [with arrivalMinTokens: min_tokens u32], n_tokens u32, tokens u32×n. Rank 0 has screened the
 // items (scheduler.Admission, valid sampling parameters), so max_new, top_k and the
 // prompt length fit 32 bits; an item that does not is a broken invariant.
 func encodeArrivals(items []Arrival) []byte { return appendArrivals(nil, items) }
@@ -531,6 +541,9 @@ func appendArrivals(b []byte, items []Arrival) []byte {
 		if a.Guide != "" {
 			flags |= arrivalGuide
 		}
+		if a.MinTokens != 0 {
+			flags |= arrivalMinTokens
+		}
 		b = append(b, flags)
 		b = binary.LittleEndian.AppendUint32(b, uint32(a.Routing.Rank))
 		if flags&arrivalSampling != 0 {
@@ -561,6 +574,9 @@ func appendArrivals(b []byte, items []Arrival) []byte {
 		if flags&arrivalGuide != 0 {
 			b = binary.LittleEndian.AppendUint32(b, uint32(len(a.Guide)))
 			b = append(b, a.Guide...)
+		}
+		if flags&arrivalMinTokens != 0 {
+			b = binary.LittleEndian.AppendUint32(b, uint32(a.MinTokens))
 		}
 		b = binary.LittleEndian.AppendUint32(b, uint32(len(a.Prompt)))
 		for _, t := range a.Prompt {
@@ -625,12 +641,17 @@ func decodeArrivals(b []byte, want int) ([]Arrival, error) {
 		if flags&arrivalGuide != 0 {
 			a.Guide = string(d.bytes(int(d.u32())))
 		}
+		if flags&arrivalMinTokens != 0 {
+			if a.MinTokens = int(d.u32()); d.err == nil && a.MinTokens > a.MaxNewTokens {
+				d.err = fmt.Errorf("arrival %d: min_tokens %d above max_new_tokens %d", a.ID, a.MinTokens, a.MaxNewTokens)
+			}
+		}
 		if flags&(arrivalSampling|arrivalProcessors) != 0 {
 			if err := a.Sampling.Validate(); d.err == nil && err != nil {
 				d.err = fmt.Errorf("arrival %d: %w", a.ID, err)
 			}
 		}
-		if d.err == nil && flags&^(arrivalHasRank|arrivalStrict|arrivalStopAtEOS|arrivalSampling|arrivalProcessors|arrivalLogprobs|arrivalGuide) != 0 {
+		if d.err == nil && flags&^(arrivalHasRank|arrivalStrict|arrivalStopAtEOS|arrivalSampling|arrivalProcessors|arrivalLogprobs|arrivalGuide|arrivalMinTokens) != 0 {
 			d.err = fmt.Errorf("arrival %d: unknown flags %#x", a.ID, flags)
 		}
 		n := int(d.u32())

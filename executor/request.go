@@ -35,12 +35,14 @@ type request struct {
 	topLogprobs  int
 	outLogprobs  []TokenLogprobs
 	guide        *structured.Matcher // Arrival.Guide followed through the output; nil without one
+	minTokens    int                 // Arrival.MinTokens: stop tokens masked out before this many
+	mask         []uint32            // the pick's mask while min_tokens holds (built once)
 }
 
 func newRequest(a Arrival) *request {
 	r := &request{prompt: a.Prompt, maxNewTotal: a.MaxNewTokens, arrivalNS: a.ArrivalUnixNS, stopAtEOS: a.StopAtEOS,
 		sampling: a.Sampling, logitBias: a.LogitBias, stopIDs: a.StopTokenIDs, logprobs: a.Logprobs,
-		topLogprobs: a.TopLogprobs}
+		topLogprobs: a.TopLogprobs, minTokens: a.MinTokens}
 	r.Request = scheduler.Request{
 		ID:               a.ID,
 		State:            scheduler.ContextInit,

@@ -87,6 +87,9 @@ func (e *Executor) buildStep(b *batch) error {
 				// the request (applyResults, screenGuide).
 				s.Allowed = r.guide.Allowed()
 			}
+			if len(r.output) < r.minTokens {
+				s.Allowed = e.withoutStops(r, s.Allowed)
+			}
 			s.Logprobs, s.TopLogprobs = r.logprobs, r.topLogprobs
 			if r.sampling.HasPenalties() {
 				// Every token generated so far is applied (buildStep runs
@@ -243,6 +246,43 @@ func (e *Executor) complete(r *request, now int64) {
 		resp.Error = CancelledError
 	}
 	e.finished = append(e.finished, resp)
+}
+
+// withoutStops is the mask of a pick before min_tokens: allowed (nil:
+// every token) less the request's stop tokens. A guide that allows only
+// stop tokens wins (its answer is over).
+func (e *Executor) withoutStops(r *request, allowed []uint32) []uint32 {
+	vocab := e.d.Engine.Shape().VocabSize
+	if r.mask == nil {
+		r.mask = make([]uint32, bridge.AllowedWords(vocab))
+	}
+	if allowed != nil {
+		copy(r.mask, allowed)
+	} else {
+		for i := range r.mask {
+			r.mask[i] = ^uint32(0)
+		}
+		if tail := vocab % 32; tail != 0 {
+			r.mask[len(r.mask)-1] = 1<<tail - 1
+		}
+	}
+	clearID := func(id int32) {
+		if id >= 0 && int(id) < vocab {
+			r.mask[id/32] &^= 1 << (id % 32)
+		}
+	}
+	if r.stopAtEOS {
+		for _, id := range e.cfg.StopTokens {
+			clearID(id)
+		}
+	}
+	for _, id := range r.stopIDs {
+		clearID(id)
+	}
+	if !slices.ContainsFunc(r.mask, func(w uint32) bool { return w != 0 }) {
+		return allowed
+	}
+	return r.mask
 }
 
 // guideEnds advances a request's guide by its new token and reports

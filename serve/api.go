@@ -103,6 +103,9 @@ type genParams struct {
 	// response_format, guided_*, structured_outputs, or a forced tool
 	// call); GuideParam the field that asked for it.
 	Guide, GuideParam string
+	// MinTokens: stop tokens are masked out, and stop strings not looked
+	// for, before this many tokens (vLLM's min_tokens).
+	MinTokens int
 	// forced is a forced tool call (tool_choice "required" or a named
 	// function): the guided answer is read as calls (forcedCall.parse).
 	forced *forcedCall
@@ -215,6 +218,9 @@ func (r *rawParams) check(defaultMax int) (genParams, *apiError) {
 		}
 		p.TopK = max(*r.TopK, 0)
 	}
+	if r.MinTokens != nil {
+		p.MinTokens = *r.MinTokens
+	}
 	if r.Seed != nil {
 		p.Seed, p.HasSeed = uint64(*r.Seed), true
 	}
@@ -257,8 +263,10 @@ func (r *rawParams) check(defaultMax int) (genParams, *apiError) {
 		return p, badRequest("echo", "echo is supported on /v1/completions only")
 	case r.Suffix != nil && *r.Suffix != "":
 		return p, badRequest("suffix", "suffix is not supported")
-	case r.MinTokens != nil && *r.MinTokens > 1 && !(r.IgnoreEOS && len(r.StopTokenIDs) == 0 && (*r.MinTokens <= p.MaxTokens || p.MaxTokens == restOfContext)):
-		return p, badRequest("min_tokens", "min_tokens is supported only with ignore_eos and no stop_token_ids (every request then generates max_tokens)")
+	case r.MinTokens != nil && *r.MinTokens < 0:
+		return p, badRequest("min_tokens", "min_tokens must be >= 0, got %d", *r.MinTokens)
+	case r.MinTokens != nil && p.HasMaxTokens && *r.MinTokens > p.MaxTokens:
+		return p, badRequest("min_tokens", "min_tokens %d must be at most max_tokens %d", *r.MinTokens, p.MaxTokens)
 	case r.PromptLogprobs != nil:
 		return p, badRequest("prompt_logprobs", "prompt_logprobs are not supported (the engine computes the log-probabilities of sampled tokens only)")
 	case r.Priority != nil && *r.Priority != 0:

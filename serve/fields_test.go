@@ -44,7 +44,8 @@ func TestUnsupportedAndBadFieldsAreRefused(t *testing.T) {
 		{`{"prompt": [1], "logit_bias": {"100": 1}}`, "logit_bias"}, // vocabulary of 100
 		{`{"prompt": [1], "stop_token_ids": [100]}`, "stop_token_ids"},
 		{`{"prompt": [1], "stop_token_ids": [-1]}`, "stop_token_ids"},
-		{`{"prompt": [1], "ignore_eos": true, "min_tokens": 2, "stop_token_ids": [3]}`, "min_tokens"},
+		{`{"prompt": [1], "min_tokens": -1}`, "min_tokens"},
+		{`{"prompt": [1], "max_tokens": 3, "min_tokens": 4}`, "min_tokens"},
 		{`{"prompt": [1], "attention_dp_rank": 1}`, "attention_dp_rank"}, // one attention-DP rank
 		{`{"prompt": [1], "attention_dp_rank": -1}`, "attention_dp_rank"},
 		{`{"prompt": [1], "attention_dp_rank": 0.5}`, "attention_dp_rank"},

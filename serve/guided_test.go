@@ -254,3 +254,31 @@ func FuzzSchemaPattern(f *testing.F) {
 		}
 	})
 }
+
+// min_tokens reaches every choice's arrival, and stop strings count only
+// in the text of the tokens after the first min_tokens (vLLM's rule).
+func TestMinTokensAndStopStrings(t *testing.T) {
+	s, url := guidedServer(t, "")
+	done := postAsync(t, url+"/v1/completions", `{"prompt": "hi", "max_tokens": 20, "min_tokens": 2, "stop": ["b"], "n": 2}`)
+	as := takeArrivals(t, s, 2)
+	for _, a := range as {
+		require.Equal(t, 2, a.MinTokens)
+		deliver(s, a, "abXab")
+	}
+	for _, ch := range choicesOf(t, <-done) {
+		require.Equal(t, "abXa", ch["text"])
+		require.Equal(t, "stop", ch["finish_reason"])
+	}
+	// Without min_tokens the first b stops it.
+	done = postAsync(t, url+"/v1/completions", `{"prompt": "hi", "max_tokens": 20, "stop": ["b"]}`)
+	a := takeArrival(t, s)
+	require.Zero(t, a.MinTokens)
+	deliver(s, a, "abXab")
+	require.Equal(t, "a", choicesOf(t, <-done)[0]["text"])
+	// A default max_tokens below min_tokens cuts min_tokens to it.
+	done = postAsync(t, url+"/v1/chat/completions", `{"messages": [{"role": "user", "content": "x"}], "min_tokens": 100000}`)
+	a = takeArrival(t, s)
+	require.Equal(t, a.MaxNewTokens, a.MinTokens)
+	deliver(s, a, "ok")
+	<-done
+}

@@ -509,7 +509,7 @@ func (s *Server) parse(w http.ResponseWriter, r *http.Request, req any, raw *raw
 			a := executor.Arrival{ArrivalUnixNS: now, MaxNewTokens: maxTokens,
 				Prompt: ids, StopAtEOS: !p.IgnoreEOS, LogitBias: p.LogitBias, StopTokenIDs: p.StopTokenIDs,
 				Logprobs: p.Logprobs, TopLogprobs: p.TopLogprobs, ConversationID: p.ConversationID, Routing: p.Routing,
-				Guide: p.Guide}
+				Guide: p.Guide, MinTokens: min(p.MinTokens, maxTokens)}
 			if e := setSampling(&a, choiceParams(p, j)); e != nil {
 				return checkedRequest{}, e
 			}
@@ -559,6 +559,10 @@ type choiceRun struct {
 	firstOfPrompt bool
 	stream        *model.StreamDecoder
 	text          strings.Builder
+	// stopFrom: a stop string must end past this offset of text, which
+	// min_tokens' tokens fill (vLLM looks for stop strings only in the
+	// text of the tokens after them).
+	stopFrom int
 	all           []int32
 	lps           []executor.TokenLogprobs // with all (genParams.Logprobs)
 	lpOffset      int                      // completions: text_offset of the next token
@@ -688,6 +692,9 @@ func (s *Server) step(ch *choiceRun, p genParams) (string, []int32, []executor.T
 			continue
 		}
 		piece.WriteString(ch.stream.Next(t))
+		if len(ch.all) == p.MinTokens {
+			ch.stopFrom = ch.text.Len() + piece.Len()
+		}
 	}
 	if resp != nil {
 		ch.reused = resp.ReusedTokens
@@ -697,7 +704,11 @@ func (s *Server) step(ch *choiceRun, p genParams) (string, []int32, []executor.T
 		// The answer is complete: a stop string may span the decoder's tail.
 		chunk += ch.stream.Flush()
 	}
-	if chunk, ch.finish = cutAtStop(&ch.text, chunk, p.Stop, p.IncludeStop); ch.finish != "" {
+	stops := p.Stop
+	if len(ch.all) < p.MinTokens {
+		stops = nil // vLLM: stop strings count from min_tokens on
+	}
+	if chunk, ch.finish = cutAtStop(&ch.text, chunk, stops, p.IncludeStop, ch.stopFrom); ch.finish != "" {
 		// The ranks withdraw the request (unless it already finished).
 		if resp != nil {
 			s.record(c, resp, ch.finish)
@@ -748,14 +759,15 @@ func (s *Server) usage(prompt, completion, cached int) openai.Usage {
 
 // cutAtStop appends chunk to text, cut where the first stop string begins
 // ("" of finish when none does): what is left of chunk is returned. A stop
-// string that began in text already streamed leaves that text as sent.
-func cutAtStop(text *strings.Builder, chunk string, stops []string, include bool) (string, string) {
+// string that began in text already streamed leaves that text as sent;
+// one must end past offset from (min_tokens' text).
+func cutAtStop(text *strings.Builder, chunk string, stops []string, include bool, from int) (string, string) {
 	before := text.Len()
 	text.WriteString(chunk)
 	if len(stops) == 0 {
 		return chunk, ""
 	}
-	at, n := firstStop(text.String(), stops, before)
+	at, n := firstStop(text.String(), stops, max(before, from))
 	if at < 0 {
 		return chunk, ""
 	}

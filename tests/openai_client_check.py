@@ -237,7 +237,7 @@ expect(openai.BadRequestError, 400, lambda: client.completions.create(model=mode
 expect(openai.BadRequestError, 400, lambda: client.chat.completions.create(model=model, messages=msgs, top_logprobs=2))
 expect(openai.BadRequestError, 400, lambda: client.completions.create(model=model, prompt="x", temperature=3))
 expect(openai.BadRequestError, 400, lambda: client.completions.create(model=model, prompt="x", extra_body={"no_such_field": 1}))
-expect(openai.BadRequestError, 400, lambda: client.completions.create(model=model, prompt="x", extra_body={"guided_json": {}}))
+expect(openai.BadRequestError, 400, lambda: client.completions.create(model=model, prompt="x", extra_body={"guided_grammar": "root ::= x"}))
 expect(openai.BadRequestError, 400, lambda: client.completions.create(model=model, prompt="x", extra_body={"attention_dp_rank": 2}))
 expect(openai.BadRequestError, 400, lambda: client.chat.completions.create(model=model, messages=msgs, prompt_cache_key="a",
                                                                             extra_body={"affinity_id": "b"}))
