@@ -204,3 +204,14 @@ func TestMinTokens(t *testing.T) {
 	}
 	require.Equal(t, ref, run(3, 12))
 }
+
+// min_tokens without any stop token that could end the request (trace
+// replays send ignore_eos with min_tokens = max_tokens) adds no mask.
+func TestMinTokensWithoutStopsAddsNoMask(t *testing.T) {
+	e := &Executor{}
+	r := &request{minTokens: 5}
+	require.Nil(t, e.withoutStops(r, nil))
+	r.stopAtEOS = true // the model has no stop tokens (a preset)
+	require.Nil(t, e.withoutStops(r, nil))
+	require.Nil(t, r.mask)
+}

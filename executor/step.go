@@ -252,6 +252,11 @@ func (e *Executor) complete(r *request, now int64) {
 // every token) less the request's stop tokens. A guide that allows only
 // stop tokens wins (its answer is over).
 func (e *Executor) withoutStops(r *request, allowed []uint32) []uint32 {
+	if !(r.stopAtEOS && len(e.cfg.StopTokens) > 0) && len(r.stopIDs) == 0 {
+		// No stop token can end it (ignore_eos, as trace replays send
+		// min_tokens): no mask, so the pick stays a plain one.
+		return allowed
+	}
 	vocab := e.d.Engine.Shape().VocabSize
 	if r.mask == nil {
 		r.mask = make([]uint32, bridge.AllowedWords(vocab))
