@@ -140,6 +140,39 @@ func TestOpenAIClientToolCalls(t *testing.T) {
 	stopServe(t, cmd, out)
 }
 
+// TestGuidedSameOnEveryLayout: a sampled request under a JSON schema
+// (structured outputs) gives the same valid JSON on one rank, two
+// attention-DP ranks and two Helix CP ranks: every rank masks its picks
+// from the same guide and the same tokens.
+func TestGuidedSameOnEveryLayout(t *testing.T) {
+	m := modeltest.SmolLM2(t)
+	bin := worker(t)
+	body := `{"prompt": "Once upon a time", "max_tokens": 40, "temperature": 0.9, "seed": 3, "n": 2,` +
+		` "guided_json": {"type": "object", "properties": {"hero": {"type": "string", "maxLength": 20}, "age": {"type": "integer"}}, "required": ["hero", "age"]}}`
+	var want []any
+	for _, layout := range [][]string{{"--ranks", "1"}, {"--ranks", "2"}, {"--cp", "2"}} {
+		cmd, base, out := startServe(t, nil, bin, append([]string{"--model", m}, layout...)...)
+		got := complete(t, base, body)["choices"].([]any)
+		stopServe(t, cmd, out)
+		for _, c := range got {
+			ch := c.(map[string]any)
+			var v struct {
+				Hero *string `json:"hero"`
+				Age  *int64  `json:"age"`
+			}
+			require.NoError(t, json.Unmarshal([]byte(ch["text"].(string)), &v), "%v: %q", layout, ch["text"])
+			require.True(t, v.Hero != nil && v.Age != nil && len(*v.Hero) <= 20, "%v: %q", layout, ch["text"])
+			require.Equal(t, "stop", ch["finish_reason"])
+		}
+		if want == nil {
+			want = got
+			require.NotEqual(t, got[0].(map[string]any)["text"], got[1].(map[string]any)["text"], "the two choices sample alike")
+			continue
+		}
+		require.Equal(t, want, got, "%v", layout)
+	}
+}
+
 // TestServeUnderMPIRun: `mpirun -np 2 bin/worker serve` answers over HTTP
 // from rank 0 with the same greedy text as in-process ranks (a guided
 // request's too), an idle rank
