@@ -143,13 +143,22 @@ func TestBadGuidesRejected(t *testing.T) {
 func TestArrivalPayloadGuide(t *testing.T) {
 	items := []Arrival{{ID: 1, MaxNewTokens: 3, Prompt: []int32{4}, Guide: `[0-9]+`},
 		{ID: 2, MaxNewTokens: 3, Prompt: []int32{5}, Guide: "é|\x00", Logprobs: true, TopLogprobs: 2},
-		{ID: 3, MaxNewTokens: 3, Prompt: []int32{6}, MinTokens: 3}}
+		{ID: 3, MaxNewTokens: 3, Prompt: []int32{6}, MinTokens: 3},
+		{ID: 4, MaxNewTokens: 3, Prompt: []int32{6}, AllowedTokenIDs: []int32{5, 0, 511}, Guide: "x"},
+		{ID: 5, MaxNewTokens: 3, Prompt: []int32{6}, AllowedTokenIDs: []int32{7}, MinTokens: 1}}
 	got, err := decodeArrivals(encodeArrivals(items), len(items))
 	require.NoError(t, err)
 	require.Equal(t, items, materialized(got))
 	payload := encodeArrivals(items[:1])
 	_, err = decodeArrivals(payload[:len(payload)-6], 1)
 	require.ErrorContains(t, err, "collective desync")
+	// An unknown extra flag is a desync.
+	payload = encodeArrivals(items[3:4])
+	at := 8 + 8 + 4 + 4 + 4 + 1 + 4 + 4 + 1 // id … rank, then the guide "x": the extra flags
+	require.Equal(t, byte(extraAllowedIDs), payload[at])
+	payload[at] = 0x80
+	_, err = decodeArrivals(payload, 1)
+	require.ErrorContains(t, err, "bad extra flags")
 }
 
 // minTokensSource gives every arrival StopAtEOS and min_tokens.
@@ -210,8 +219,67 @@ func TestMinTokens(t *testing.T) {
 func TestMinTokensWithoutStopsAddsNoMask(t *testing.T) {
 	e := &Executor{}
 	r := &request{minTokens: 5}
-	require.Nil(t, e.withoutStops(r, nil))
+	require.Nil(t, e.pickMask(r))
 	r.stopAtEOS = true // the model has no stop tokens (a preset)
-	require.Nil(t, e.withoutStops(r, nil))
+	require.Nil(t, e.pickMask(r))
 	require.Nil(t, r.mask)
+}
+
+// allowedSource gives every arrival allowed token ids, and a guide.
+type allowedSource struct {
+	Source
+	ids   []int32
+	guide string
+}
+
+func (s *allowedSource) Due(now time.Time) []Arrival {
+	items := s.Source.Due(now)
+	for i := range items {
+		items[i].AllowedTokenIDs, items[i].Guide, items[i].StopAtEOS = s.ids, s.guide, true
+		items[i].Sampling = bridge.SamplingParams{Temperature: 1, Seed: items[i].ID}
+	}
+	return items
+}
+
+// allowed_token_ids restrict every pick, alone or within a guide's mask
+// (which wins when they share no token); the same on 1 and 3 ranks.
+func TestAllowedTokenIDs(t *testing.T) {
+	vocab, pieces := guideVocab(t)
+	reqs := longOutputRequests(6, 20, 30)
+	digit := func(c byte) int32 { return int32(c) - 31 }
+	run := func(ranks int, ids []int32, guide string) map[uint64][]int32 {
+		f := &fleet{ranks: ranks, reqs: reqs, stopTokens: []int32{0}, guides: structured.NewCache(vocab, 4),
+			source: &allowedSource{Source: NewTraceSource(reqs, time.Now()), ids: ids, guide: guide}}
+		f.run(t)
+		f.requireNoErrors(t)
+		outs := map[uint64][]int32{}
+		for _, r := range f.results[0].Responses {
+			require.Empty(t, r.Error)
+			outs[r.ID] = r.Output
+		}
+		return outs
+	}
+	only := []int32{7, 300, 511}
+	ref := run(1, only, "")
+	for id, o := range ref {
+		require.Len(t, o, 30, "request %d", id)
+		for _, tok := range o {
+			require.Contains(t, only, tok, "request %d", id)
+		}
+	}
+	require.Equal(t, ref, run(3, only, ""))
+
+	twelve := []int32{digit('1'), digit('2'), 0}
+	for id, o := range run(2, twelve, `[0-9]{1,8}`) {
+		var text strings.Builder
+		for _, tok := range o {
+			require.Contains(t, twelve, tok, "request %d", id)
+			text.Write(pieces[tok])
+		}
+		require.Regexp(t, `^[12]{1,8}(</s>)?$`, text.String(), "request %d", id)
+	}
+	for id, o := range run(2, twelve, `[a-c]`) { // no token in common: the guide's mask
+		require.Len(t, o, 1, "request %d", id)
+		require.Contains(t, "abc", string(pieces[o[0]]), "request %d", id)
+	}
 }

@@ -60,6 +60,10 @@ type Arrival struct {
 	// they are masked out (vLLM's min_tokens). A guide that can only end
 	// overrides it. At most MaxNewTokens.
 	MinTokens int
+	// AllowedTokenIDs, when not empty, are the only tokens a pick may
+	// return (vLLM's allowed_token_ids; within the model's vocabulary). A
+	// guide's mask is restricted to them, unless they share no token.
+	AllowedTokenIDs []int32
 	// Prompt is the prompt's tokens. A source may leave it nil and set
 	// PromptLen and Synthesize instead: rank 0 then checks the lengths
 	// (scheduler.Admission) and calls Synthesize only for a request that can be
@@ -397,6 +401,12 @@ func (e *Executor) screenArrivals(items []Arrival, now time.Time) []Arrival {
 		if reason == "" && a.Guide != "" {
 			reason = e.screenGuide(a.Guide)
 		}
+		if reason == "" && len(a.AllowedTokenIDs) > 0 {
+			vocab := e.d.Engine.Shape().VocabSize
+			if i := slices.IndexFunc(a.AllowedTokenIDs, func(id int32) bool { return id < 0 || int(id) >= vocab }); i >= 0 {
+				reason = fmt.Sprintf("invalid allowed token ids: %d is outside the vocabulary [0, %d)", a.AllowedTokenIDs[i], vocab)
+			}
+		}
 		if reason == "" && (a.MinTokens < 0 || a.MinTokens > a.MaxNewTokens) {
 			reason = fmt.Sprintf("invalid min_tokens %d: must be in [0, max_new_tokens %d]", a.MinTokens, a.MaxNewTokens)
 		}
@@ -467,8 +477,15 @@ const (
 	arrivalLogprobs
 	// arrivalGuide: the guide's pattern (u32 length, bytes) follows.
 	arrivalGuide
-	// arrivalMinTokens: min_tokens (u32) follows the guide.
-	arrivalMinTokens
+	// arrivalExtra: a second flags byte (extra*) follows the guide, then
+	// the fields it names.
+	arrivalExtra
+)
+
+// The second flags byte's (arrivalExtra).
+const (
+	extraMinTokens  = 1 << iota // min_tokens u32
+	extraAllowedIDs             // allowed token ids: n u32, ids u32×n
 )
 
 // validateLogprobs checks the log-probability request (bridge.SeqStep's rule).
@@ -493,7 +510,9 @@ func (a *Arrival) hasProcessors() bool {
 // frequency and repetition penalty f32 bits u32 each, n_bias u32, (id u32,
 // bias f32 bits u32)×n, n_stop u32, stop ids u32×n], [with
 // arrivalLogprobs: top_logprobs u8], [with arrivalGuide: pattern_len u32,
-// pattern bytes], [with arrivalMinTokens: min_tokens u32], n_tokens u32, tokens u32×n. Rank 0 has screened the
+// pattern bytes], [with arrivalExtra: extra flags u8, [with
+// extraMinTokens: min_tokens u32], [with extraAllowedIDs: n u32, ids
+// u32×n]], n_tokens u32, tokens u32×n. Rank 0 has screened the
 // items (scheduler.Admission, valid sampling parameters), so max_new, top_k and the
 // prompt length fit 32 bits; an item that does not is a broken invariant.
 func encodeArrivals(items []Arrival) []byte { return appendArrivals(nil, items) }
@@ -541,8 +560,15 @@ func appendArrivals(b []byte, items []Arrival) []byte {
 		if a.Guide != "" {
 			flags |= arrivalGuide
 		}
+		var extra byte
 		if a.MinTokens != 0 {
-			flags |= arrivalMinTokens
+			extra |= extraMinTokens
+		}
+		if len(a.AllowedTokenIDs) > 0 {
+			extra |= extraAllowedIDs
+		}
+		if extra != 0 {
+			flags |= arrivalExtra
 		}
 		b = append(b, flags)
 		b = binary.LittleEndian.AppendUint32(b, uint32(a.Routing.Rank))
@@ -575,8 +601,17 @@ func appendArrivals(b []byte, items []Arrival) []byte {
 			b = binary.LittleEndian.AppendUint32(b, uint32(len(a.Guide)))
 			b = append(b, a.Guide...)
 		}
-		if flags&arrivalMinTokens != 0 {
+		if extra != 0 {
+			b = append(b, extra)
+		}
+		if extra&extraMinTokens != 0 {
 			b = binary.LittleEndian.AppendUint32(b, uint32(a.MinTokens))
+		}
+		if extra&extraAllowedIDs != 0 {
+			b = binary.LittleEndian.AppendUint32(b, uint32(len(a.AllowedTokenIDs)))
+			for _, id := range a.AllowedTokenIDs {
+				b = binary.LittleEndian.AppendUint32(b, uint32(id))
+			}
 		}
 		b = binary.LittleEndian.AppendUint32(b, uint32(len(a.Prompt)))
 		for _, t := range a.Prompt {
@@ -641,9 +676,25 @@ func decodeArrivals(b []byte, want int) ([]Arrival, error) {
 		if flags&arrivalGuide != 0 {
 			a.Guide = string(d.bytes(int(d.u32())))
 		}
-		if flags&arrivalMinTokens != 0 {
+		var extra byte
+		if flags&arrivalExtra != 0 {
+			if extra = d.u8(); d.err == nil && (extra == 0 || extra&^(extraMinTokens|extraAllowedIDs) != 0) {
+				d.err = fmt.Errorf("arrival %d: bad extra flags %#x", a.ID, extra)
+			}
+		}
+		if extra&extraMinTokens != 0 {
 			if a.MinTokens = int(d.u32()); d.err == nil && a.MinTokens > a.MaxNewTokens {
 				d.err = fmt.Errorf("arrival %d: min_tokens %d above max_new_tokens %d", a.ID, a.MinTokens, a.MaxNewTokens)
+			}
+		}
+		if extra&extraAllowedIDs != 0 {
+			if n := int(d.u32()); d.err == nil && n > len(d.b)/4 {
+				d.err = errShort
+			} else if d.err == nil {
+				a.AllowedTokenIDs = make([]int32, n)
+				for j := range a.AllowedTokenIDs {
+					a.AllowedTokenIDs[j] = int32(d.u32())
+				}
 			}
 		}
 		if flags&(arrivalSampling|arrivalProcessors) != 0 {
@@ -651,7 +702,7 @@ func decodeArrivals(b []byte, want int) ([]Arrival, error) {
 				d.err = fmt.Errorf("arrival %d: %w", a.ID, err)
 			}
 		}
-		if d.err == nil && flags&^(arrivalHasRank|arrivalStrict|arrivalStopAtEOS|arrivalSampling|arrivalProcessors|arrivalLogprobs|arrivalGuide|arrivalMinTokens) != 0 {
+		if d.err == nil && flags&^(arrivalHasRank|arrivalStrict|arrivalStopAtEOS|arrivalSampling|arrivalProcessors|arrivalLogprobs|arrivalGuide|arrivalExtra) != 0 {
 			d.err = fmt.Errorf("arrival %d: unknown flags %#x", a.ID, flags)
 		}
 		n := int(d.u32())

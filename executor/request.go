@@ -36,13 +36,15 @@ type request struct {
 	outLogprobs  []TokenLogprobs
 	guide        *structured.Matcher // Arrival.Guide followed through the output; nil without one
 	minTokens    int                 // Arrival.MinTokens: stop tokens masked out before this many
-	mask         []uint32            // the pick's mask while min_tokens holds (built once)
+	allowIDs     []int32             // Arrival.AllowedTokenIDs
+	allowMask    []uint32            // allowIDs as a mask (built once)
+	mask         []uint32            // the pick's mask when it is not the guide's alone (pickMask)
 }
 
 func newRequest(a Arrival) *request {
 	r := &request{prompt: a.Prompt, maxNewTotal: a.MaxNewTokens, arrivalNS: a.ArrivalUnixNS, stopAtEOS: a.StopAtEOS,
 		sampling: a.Sampling, logitBias: a.LogitBias, stopIDs: a.StopTokenIDs, logprobs: a.Logprobs,
-		topLogprobs: a.TopLogprobs, minTokens: a.MinTokens}
+		topLogprobs: a.TopLogprobs, minTokens: a.MinTokens, allowIDs: a.AllowedTokenIDs}
 	r.Request = scheduler.Request{
 		ID:               a.ID,
 		State:            scheduler.ContextInit,

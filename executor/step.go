@@ -82,14 +82,7 @@ func (e *Executor) buildStep(b *batch) error {
 		}
 		if s.Sample {
 			s.Sampling, s.LogitBias = r.sampling, r.logitBias
-			if r.guide != nil && !r.stopped {
-				// Some token is allowed: a guide that allows none has ended
-				// the request (applyResults, screenGuide).
-				s.Allowed = r.guide.Allowed()
-			}
-			if len(r.output) < r.minTokens {
-				s.Allowed = e.withoutStops(r, s.Allowed)
-			}
+			s.Allowed = e.pickMask(r)
 			s.Logprobs, s.TopLogprobs = r.logprobs, r.topLogprobs
 			if r.sampling.HasPenalties() {
 				// Every token generated so far is applied (buildStep runs
@@ -248,47 +241,89 @@ func (e *Executor) complete(r *request, now int64) {
 	e.finished = append(e.finished, resp)
 }
 
-// withoutStops is the mask of a pick before min_tokens: allowed (nil:
-// every token) less the request's stop tokens. A guide that allows only
-// stop tokens wins (its answer is over).
-func (e *Executor) withoutStops(r *request, allowed []uint32) []uint32 {
-	if !(r.stopAtEOS && len(e.cfg.StopTokens) > 0) && len(r.stopIDs) == 0 {
-		// No stop token can end it (ignore_eos, as trace replays send
-		// min_tokens): no mask, so the pick stays a plain one.
-		return allowed
+// pickMask is the allowed-token mask of r's next pick (nil: every
+// token): its guide's, restricted to its allowed_token_ids, less its stop
+// tokens before min_tokens. A restriction that would leave nothing gives
+// way, the guide's mask last (an answer whose guide allows only its end
+// is over). The mask is r's own buffer, built in place.
+func (e *Executor) pickMask(r *request) []uint32 {
+	var guide []uint32
+	if r.guide != nil && !r.stopped {
+		// Some token is allowed: a guide that allows none has ended the
+		// request (applyResults, screenGuide).
+		guide = r.guide.Allowed()
+	}
+	noStops := len(r.output) < r.minTokens && (r.stopAtEOS && len(e.cfg.StopTokens) > 0 || len(r.stopIDs) > 0)
+	if len(r.allowIDs) == 0 && !noStops {
+		// (Under min_tokens with no stop token that could end it, as
+		// trace replays send with ignore_eos: no mask.)
+		return guide
 	}
 	vocab := e.d.Engine.Shape().VocabSize
 	if r.mask == nil {
 		r.mask = make([]uint32, bridge.AllowedWords(vocab))
 	}
-	if allowed != nil {
-		copy(r.mask, allowed)
-	} else {
-		for i := range r.mask {
-			r.mask[i] = ^uint32(0)
+	r.baseMask(guide, vocab)
+	if noStops {
+		clearID := func(id int32) {
+			if id >= 0 && int(id) < vocab {
+				r.mask[id/32] &^= 1 << (id % 32)
+			}
 		}
-		if tail := vocab % 32; tail != 0 {
-			r.mask[len(r.mask)-1] = 1<<tail - 1
+		if r.stopAtEOS {
+			for _, id := range e.cfg.StopTokens {
+				clearID(id)
+			}
 		}
-	}
-	clearID := func(id int32) {
-		if id >= 0 && int(id) < vocab {
-			r.mask[id/32] &^= 1 << (id % 32)
-		}
-	}
-	if r.stopAtEOS {
-		for _, id := range e.cfg.StopTokens {
+		for _, id := range r.stopIDs {
 			clearID(id)
 		}
+		if !anySet(r.mask) {
+			r.baseMask(guide, vocab) // only stop tokens were left
+		}
 	}
-	for _, id := range r.stopIDs {
-		clearID(id)
-	}
-	if !slices.ContainsFunc(r.mask, func(w uint32) bool { return w != 0 }) {
-		return allowed
+	if !anySet(r.mask) {
+		return guide
 	}
 	return r.mask
 }
+
+// baseMask puts in r.mask the guide's mask (nil: every token) restricted
+// to r's allowed_token_ids, or the guide's alone when they share none.
+func (r *request) baseMask(guide []uint32, vocab int) {
+	m := r.mask
+	if len(r.allowIDs) > 0 && r.allowMask == nil {
+		r.allowMask = make([]uint32, len(m))
+		for _, id := range r.allowIDs {
+			if id >= 0 && int(id) < vocab {
+				r.allowMask[id/32] |= 1 << (id % 32)
+			}
+		}
+	}
+	switch {
+	case guide != nil && r.allowMask != nil:
+		for i := range m {
+			m[i] = guide[i] & r.allowMask[i]
+		}
+		if !anySet(m) {
+			copy(m, guide)
+		}
+	case guide != nil:
+		copy(m, guide)
+	case r.allowMask != nil:
+		copy(m, r.allowMask)
+	default:
+		for i := range m {
+			m[i] = ^uint32(0)
+		}
+		if tail := vocab % 32; tail != 0 {
+			m[len(m)-1] = 1<<tail - 1
+		}
+	}
+}
+
+// anySet reports whether a mask allows some token.
+func anySet(m []uint32) bool { return slices.ContainsFunc(m, func(w uint32) bool { return w != 0 }) }
 
 // guideEnds advances a request's guide by its new token and reports
 // whether generation ends there: the guide took a stop token, its match

@@ -106,6 +106,9 @@ type genParams struct {
 	// MinTokens: stop tokens are masked out, and stop strings not looked
 	// for, before this many tokens (vLLM's min_tokens).
 	MinTokens int
+	// AllowedTokenIDs are the only tokens a pick may return (vLLM's
+	// allowed_token_ids; nil: any).
+	AllowedTokenIDs []int32
 	// forced is a forced tool call (tool_choice "required" or a named
 	// function): the guided answer is read as calls (forcedCall.parse).
 	forced *forcedCall
@@ -273,8 +276,6 @@ func (r *rawParams) check(defaultMax int) (genParams, *apiError) {
 		return p, badRequest("priority", "request priority is not supported (the scheduler serves requests in arrival order)")
 	case notNull(r.BadWords) && string(r.BadWords) != "[]":
 		return p, badRequest("bad_words", "bad_words are not supported")
-	case notNull(r.AllowedTokenIDs):
-		return p, badRequest("allowed_token_ids", "allowed_token_ids are not supported")
 	case notNull(r.Functions):
 		return p, badRequest("functions", "functions are not supported")
 	case r.UseBeamSearch:
@@ -287,6 +288,9 @@ func (r *rawParams) check(defaultMax int) (genParams, *apiError) {
 		return p, badRequest("spaces_between_special_tokens", "spaces_between_special_tokens: false is not supported")
 	}
 	if e := r.checkGuide(&p); e != nil {
+		return p, e
+	}
+	if e := r.checkAllowedTokenIDs(&p); e != nil {
 		return p, e
 	}
 	if e := r.checkTools(&p, defaultMax == restOfContext); e != nil {
@@ -484,6 +488,43 @@ func (p *genParams) checkVocab(vocab int) *apiError {
 			return badRequest("stop_token_ids", "stop_token_ids: token id %d is outside the vocabulary [0, %d)", id, vocab)
 		}
 	}
+	for _, id := range p.AllowedTokenIDs {
+		if int(id) >= vocab {
+			return badRequest("allowed_token_ids", "allowed_token_ids: token id %d is outside the vocabulary [0, %d)", id, vocab)
+		}
+	}
+	return nil
+}
+
+// maxAllowedTokenIDs bounds allowed_token_ids (a list longer than any
+// vocabulary restricts nothing).
+const maxAllowedTokenIDs = 1 << 20
+
+// checkAllowedTokenIDs reads vLLM's allowed_token_ids: a non-empty list of
+// token ids, the only ones a pick may return (sorted, once each).
+func (r *rawParams) checkAllowedTokenIDs(p *genParams) *apiError {
+	if !notNull(r.AllowedTokenIDs) {
+		return nil
+	}
+	var ids []int64
+	if err := json.Unmarshal(r.AllowedTokenIDs, &ids); err != nil {
+		return badRequest("allowed_token_ids", "allowed_token_ids must be a list of token ids")
+	}
+	switch {
+	case len(ids) == 0:
+		return badRequest("allowed_token_ids", "allowed_token_ids must not be empty")
+	case len(ids) > maxAllowedTokenIDs:
+		return badRequest("allowed_token_ids", "at most %d allowed_token_ids, got %d", maxAllowedTokenIDs, len(ids))
+	}
+	out := make([]int32, 0, len(ids))
+	for _, id := range ids {
+		if id < 0 || id > math.MaxInt32 {
+			return badRequest("allowed_token_ids", "allowed_token_ids: token id %d is outside the vocabulary", id)
+		}
+		out = append(out, int32(id))
+	}
+	slices.Sort(out)
+	p.AllowedTokenIDs = slices.Compact(out)
 	return nil
 }
 

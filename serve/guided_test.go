@@ -282,3 +282,14 @@ func TestMinTokensAndStopStrings(t *testing.T) {
 	deliver(s, a, "ok")
 	<-done
 }
+
+// allowed_token_ids reach every choice's arrival, sorted and once each.
+func TestAllowedTokenIDsField(t *testing.T) {
+	s, url := guidedServer(t, "")
+	done := postAsync(t, url+"/v1/completions", `{"prompt": "hi", "max_tokens": 5, "allowed_token_ids": [66, 65, 66], "n": 2}`)
+	for _, a := range takeArrivals(t, s, 2) {
+		require.Equal(t, []int32{65, 66}, a.AllowedTokenIDs)
+		deliver(s, a, "AB")
+	}
+	<-done
+}

@@ -509,7 +509,7 @@ func (s *Server) parse(w http.ResponseWriter, r *http.Request, req any, raw *raw
 			a := executor.Arrival{ArrivalUnixNS: now, MaxNewTokens: maxTokens,
 				Prompt: ids, StopAtEOS: !p.IgnoreEOS, LogitBias: p.LogitBias, StopTokenIDs: p.StopTokenIDs,
 				Logprobs: p.Logprobs, TopLogprobs: p.TopLogprobs, ConversationID: p.ConversationID, Routing: p.Routing,
-				Guide: p.Guide, MinTokens: min(p.MinTokens, maxTokens)}
+				Guide: p.Guide, MinTokens: min(p.MinTokens, maxTokens), AllowedTokenIDs: p.AllowedTokenIDs}
 			if e := setSampling(&a, choiceParams(p, j)); e != nil {
 				return checkedRequest{}, e
 			}

@@ -84,6 +84,18 @@ r = client.completions.create(model=model, prompt="The year the Berlin wall fell
 check(re.fullmatch("[12][0-9]{3}", r.choices[0].text) is not None, f"guided_regex: {r.choices[0].text!r}")
 check(r.choices[0].finish_reason == "stop", f"guided_regex: finish_reason {r.choices[0].finish_reason!r}")
 
+# allowed_token_ids: every token of the answer is one of them.
+import urllib.request
+def token_ids(text):
+    req = urllib.request.Request(base + "/tokenize", data=json.dumps({"prompt": text, "add_special_tokens": False}).encode(),
+                                 headers={"Content-Type": "application/json"})
+    return json.load(urllib.request.urlopen(req))["tokens"]
+allowed = sorted(set(token_ids(" yes no maybe")))
+r = client.completions.create(model=model, prompt="Is the sky blue? Answer:", max_tokens=6, temperature=1.0, seed=9,
+                              logprobs=0, extra_body={"allowed_token_ids": allowed, "return_token_ids": True})
+got = r.choices[0].model_extra.get("token_ids") or []
+check(len(got) == 6 and set(got) <= set(allowed), f"allowed_token_ids {allowed}: token_ids {got}")
+
 # Forced tool calls: a named function, and "required".
 tools = [{"type": "function", "function": {
     "name": "get_weather", "description": "The weather in a city",
