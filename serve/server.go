@@ -563,11 +563,11 @@ type choiceRun struct {
 	// min_tokens' tokens fill (vLLM looks for stop strings only in the
 	// text of the tokens after them).
 	stopFrom int
-	all           []int32
-	lps           []executor.TokenLogprobs // with all (genParams.Logprobs)
-	lpOffset      int                      // completions: text_offset of the next token
-	reused        int
-	finish        string // "" while it runs
+	all      []int32
+	lps      []executor.TokenLogprobs // with all (genParams.Logprobs)
+	lpOffset int                      // completions: text_offset of the next token
+	reused   int
+	finish   string // "" while it runs
 	// Streaming: the echoed prompt and (chat) the role are out.
 	echoed, roleSent bool
 	// tools holds back a streamed answer's tool calls (tool_choice "auto").
