@@ -145,7 +145,8 @@ func TestArrivalPayloadGuide(t *testing.T) {
 		{ID: 2, MaxNewTokens: 3, Prompt: []int32{5}, Guide: "é|\x00", Logprobs: true, TopLogprobs: 2},
 		{ID: 3, MaxNewTokens: 3, Prompt: []int32{6}, MinTokens: 3},
 		{ID: 4, MaxNewTokens: 3, Prompt: []int32{6}, AllowedTokenIDs: []int32{5, 0, 511}, Guide: "x"},
-		{ID: 5, MaxNewTokens: 3, Prompt: []int32{6}, AllowedTokenIDs: []int32{7}, MinTokens: 1}}
+		{ID: 5, MaxNewTokens: 3, Prompt: []int32{6}, AllowedTokenIDs: []int32{7}, MinTokens: 1},
+		{ID: 6, MaxNewTokens: 3, Prompt: []int32{6}, BadWords: [][]int32{{1}, {2, 3, 4}}}}
 	got, err := decodeArrivals(encodeArrivals(items), len(items))
 	require.NoError(t, err)
 	require.Equal(t, items, materialized(got))
@@ -230,12 +231,14 @@ type allowedSource struct {
 	Source
 	ids   []int32
 	guide string
+	bad   [][]int32
 }
 
 func (s *allowedSource) Due(now time.Time) []Arrival {
 	items := s.Source.Due(now)
 	for i := range items {
 		items[i].AllowedTokenIDs, items[i].Guide, items[i].StopAtEOS = s.ids, s.guide, true
+		items[i].BadWords = s.bad
 		items[i].Sampling = bridge.SamplingParams{Temperature: 1, Seed: items[i].ID}
 	}
 	return items
@@ -281,5 +284,53 @@ func TestAllowedTokenIDs(t *testing.T) {
 	for id, o := range run(2, twelve, `[a-c]`) { // no token in common: the guide's mask
 		require.Len(t, o, 1, "request %d", id)
 		require.Contains(t, "abc", string(pieces[o[0]]), "request %d", id)
+	}
+}
+
+// Bad words: a one-token word never comes, a two-token word's last token
+// never follows its first; the same on 1 and 3 ranks.
+func TestBadWords(t *testing.T) {
+	reqs := longOutputRequests(6, 20, 40)
+	run := func(ranks int, bad [][]int32) map[uint64][]int32 {
+		f := &fleet{ranks: ranks, reqs: reqs, stopTokens: []int32{0},
+			source: &allowedSource{Source: NewTraceSource(reqs, time.Now()), ids: []int32{7, 300, 301}, bad: bad}}
+		f.run(t)
+		f.requireNoErrors(t)
+		outs := map[uint64][]int32{}
+		for _, r := range f.results[0].Responses {
+			require.Empty(t, r.Error)
+			outs[r.ID] = r.Output
+		}
+		return outs
+	}
+	pairs := func(outs map[uint64][]int32) (sevens, after int) {
+		for _, o := range outs {
+			for k, tok := range o {
+				if tok == 7 {
+					sevens++
+				}
+				if k > 0 && o[k-1] == 300 && tok == 301 {
+					after++
+				}
+			}
+		}
+		return
+	}
+	s, a := pairs(run(1, nil))
+	require.Positive(t, s)
+	require.Positive(t, a, "without bad words 301 follows 300 somewhere")
+	bad := [][]int32{{7}, {300, 301}}
+	ref := run(1, bad)
+	s, a = pairs(ref)
+	require.Zero(t, s)
+	require.Zero(t, a)
+	require.Equal(t, ref, run(3, bad))
+	// After 300 both 7 and 301 are banned: 300 follows.
+	for _, o := range ref {
+		for k := 1; k < len(o); k++ {
+			if o[k-1] == 300 {
+				require.Equal(t, int32(300), o[k])
+			}
+		}
 	}
 }

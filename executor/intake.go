@@ -64,6 +64,10 @@ type Arrival struct {
 	// return (vLLM's allowed_token_ids; within the model's vocabulary). A
 	// guide's mask is restricted to them, unless they share no token.
 	AllowedTokenIDs []int32
+	// BadWords are token sequences never generated (vLLM's bad_words, as
+	// the server tokenizes them): the last token of each is masked out of
+	// a pick that follows the rest of it (a one-token sequence always).
+	BadWords [][]int32
 	// Prompt is the prompt's tokens. A source may leave it nil and set
 	// PromptLen and Synthesize instead: rank 0 then checks the lengths
 	// (scheduler.Admission) and calls Synthesize only for a request that can be
@@ -407,6 +411,19 @@ func (e *Executor) screenArrivals(items []Arrival, now time.Time) []Arrival {
 				reason = fmt.Sprintf("invalid allowed token ids: %d is outside the vocabulary [0, %d)", a.AllowedTokenIDs[i], vocab)
 			}
 		}
+		if reason == "" && len(a.BadWords) > 0 {
+			vocab := e.d.Engine.Shape().VocabSize
+			for j, w := range a.BadWords {
+				if len(w) == 0 {
+					reason = fmt.Sprintf("invalid bad words: word %d has no tokens", j)
+				} else if i := slices.IndexFunc(w, func(id int32) bool { return id < 0 || int(id) >= vocab }); i >= 0 {
+					reason = fmt.Sprintf("invalid bad words: word %d: token %d is outside the vocabulary [0, %d)", j, w[i], vocab)
+				}
+				if reason != "" {
+					break
+				}
+			}
+		}
 		if reason == "" && (a.MinTokens < 0 || a.MinTokens > a.MaxNewTokens) {
 			reason = fmt.Sprintf("invalid min_tokens %d: must be in [0, max_new_tokens %d]", a.MinTokens, a.MaxNewTokens)
 		}
@@ -486,6 +503,7 @@ const (
 const (
 	extraMinTokens  = 1 << iota // min_tokens u32
 	extraAllowedIDs             // allowed token ids: n u32, ids u32×n
+	extraBadWords               // bad words: n u32, then each: len u32, ids u32×len
 )
 
 // validateLogprobs checks the log-probability request (bridge.SeqStep's rule).
@@ -512,7 +530,8 @@ func (a *Arrival) hasProcessors() bool {
 // arrivalLogprobs: top_logprobs u8], [with arrivalGuide: pattern_len u32,
 // pattern bytes], [with arrivalExtra: extra flags u8, [with
 // extraMinTokens: min_tokens u32], [with extraAllowedIDs: n u32, ids
-// u32×n]], n_tokens u32, tokens u32×n. Rank 0 has screened the
+// u32×n], [with extraBadWords: n u32, (len u32, ids u32×len)×n]],
+// n_tokens u32, tokens u32×n. Rank 0 has screened the
 // items (scheduler.Admission, valid sampling parameters), so max_new, top_k and the
 // prompt length fit 32 bits; an item that does not is a broken invariant.
 func encodeArrivals(items []Arrival) []byte { return appendArrivals(nil, items) }
@@ -567,6 +586,9 @@ func appendArrivals(b []byte, items []Arrival) []byte {
 		if len(a.AllowedTokenIDs) > 0 {
 			extra |= extraAllowedIDs
 		}
+		if len(a.BadWords) > 0 {
+			extra |= extraBadWords
+		}
 		if extra != 0 {
 			flags |= arrivalExtra
 		}
@@ -611,6 +633,15 @@ func appendArrivals(b []byte, items []Arrival) []byte {
 			b = binary.LittleEndian.AppendUint32(b, uint32(len(a.AllowedTokenIDs)))
 			for _, id := range a.AllowedTokenIDs {
 				b = binary.LittleEndian.AppendUint32(b, uint32(id))
+			}
+		}
+		if extra&extraBadWords != 0 {
+			b = binary.LittleEndian.AppendUint32(b, uint32(len(a.BadWords)))
+			for _, w := range a.BadWords {
+				b = binary.LittleEndian.AppendUint32(b, uint32(len(w)))
+				for _, id := range w {
+					b = binary.LittleEndian.AppendUint32(b, uint32(id))
+				}
 			}
 		}
 		b = binary.LittleEndian.AppendUint32(b, uint32(len(a.Prompt)))
@@ -678,7 +709,7 @@ func decodeArrivals(b []byte, want int) ([]Arrival, error) {
 		}
 		var extra byte
 		if flags&arrivalExtra != 0 {
-			if extra = d.u8(); d.err == nil && (extra == 0 || extra&^(extraMinTokens|extraAllowedIDs) != 0) {
+			if extra = d.u8(); d.err == nil && (extra == 0 || extra&^(extraMinTokens|extraAllowedIDs|extraBadWords) != 0) {
 				d.err = fmt.Errorf("arrival %d: bad extra flags %#x", a.ID, extra)
 			}
 		}
@@ -694,6 +725,25 @@ func decodeArrivals(b []byte, want int) ([]Arrival, error) {
 				a.AllowedTokenIDs = make([]int32, n)
 				for j := range a.AllowedTokenIDs {
 					a.AllowedTokenIDs[j] = int32(d.u32())
+				}
+			}
+		}
+		if extra&extraBadWords != 0 {
+			if n := int(d.u32()); d.err == nil && n > len(d.b)/4 {
+				d.err = errShort
+			} else if d.err == nil {
+				a.BadWords = make([][]int32, n)
+				for j := range a.BadWords {
+					if m := int(d.u32()); d.err == nil && m > len(d.b)/4 {
+						d.err = errShort
+						break
+					} else if d.err == nil {
+						w := make([]int32, m)
+						for k := range w {
+							w[k] = int32(d.u32())
+						}
+						a.BadWords[j] = w
+					}
 				}
 			}
 		}

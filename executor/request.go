@@ -38,13 +38,15 @@ type request struct {
 	minTokens    int                 // Arrival.MinTokens: stop tokens masked out before this many
 	allowIDs     []int32             // Arrival.AllowedTokenIDs
 	allowMask    []uint32            // allowIDs as a mask (built once)
+	badWords     [][]int32           // Arrival.BadWords
 	mask         []uint32            // the pick's mask when it is not the guide's alone (pickMask)
 }
 
 func newRequest(a Arrival) *request {
 	r := &request{prompt: a.Prompt, maxNewTotal: a.MaxNewTokens, arrivalNS: a.ArrivalUnixNS, stopAtEOS: a.StopAtEOS,
 		sampling: a.Sampling, logitBias: a.LogitBias, stopIDs: a.StopTokenIDs, logprobs: a.Logprobs,
-		topLogprobs: a.TopLogprobs, minTokens: a.MinTokens, allowIDs: a.AllowedTokenIDs}
+		topLogprobs: a.TopLogprobs, minTokens: a.MinTokens, allowIDs: a.AllowedTokenIDs,
+		badWords: a.BadWords}
 	r.Request = scheduler.Request{
 		ID:               a.ID,
 		State:            scheduler.ContextInit,

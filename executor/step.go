@@ -243,7 +243,7 @@ func (e *Executor) complete(r *request, now int64) {
 
 // pickMask is the allowed-token mask of r's next pick (nil: every
 // token): its guide's, restricted to its allowed_token_ids, less its stop
-// tokens before min_tokens. A restriction that would leave nothing gives
+// tokens before min_tokens and the tokens that would complete a bad word. A restriction that would leave nothing gives
 // way, the guide's mask last (an answer whose guide allows only its end
 // is over). The mask is r's own buffer, built in place.
 func (e *Executor) pickMask(r *request) []uint32 {
@@ -254,7 +254,7 @@ func (e *Executor) pickMask(r *request) []uint32 {
 		guide = r.guide.Allowed()
 	}
 	noStops := len(r.output) < r.minTokens && (r.stopAtEOS && len(e.cfg.StopTokens) > 0 || len(r.stopIDs) > 0)
-	if len(r.allowIDs) == 0 && !noStops {
+	if len(r.allowIDs) == 0 && !noStops && len(r.badWords) == 0 {
 		// (Under min_tokens with no stop token that could end it, as
 		// trace replays send with ignore_eos: no mask.)
 		return guide
@@ -282,10 +282,31 @@ func (e *Executor) pickMask(r *request) []uint32 {
 			r.baseMask(guide, vocab) // only stop tokens were left
 		}
 	}
+	if len(r.badWords) > 0 {
+		r.banBadWords()
+		if !anySet(r.mask) {
+			r.baseMask(guide, vocab) // only bad words were left
+		}
+	}
 	if !anySet(r.mask) {
 		return guide
 	}
 	return r.mask
+}
+
+// banBadWords clears from r.mask the last token of every bad word whose
+// other tokens end r's output (vLLM's rule: the output only, not the
+// prompt).
+func (r *request) banBadWords() {
+	for _, w := range r.badWords {
+		last := len(w) - 1
+		if last > len(r.output) || !slices.Equal(r.output[len(r.output)-last:], w[:last]) {
+			continue
+		}
+		if id := w[last]; int(id)/32 < len(r.mask) {
+			r.mask[id/32] &^= 1 << (id % 32)
+		}
+	}
 }
 
 // baseMask puts in r.mask the guide's mask (nil: every token) restricted

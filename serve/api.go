@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 
 	"github.com/lockstep-ai/lockstep/bridge"
 
@@ -109,6 +110,9 @@ type genParams struct {
 	// AllowedTokenIDs are the only tokens a pick may return (vLLM's
 	// allowed_token_ids; nil: any).
 	AllowedTokenIDs []int32
+	// BadWords are vLLM's bad_words as given; the server tokenizes them
+	// (badWordTokens).
+	BadWords []string
 	// forced is a forced tool call (tool_choice "required" or a named
 	// function): the guided answer is read as calls (forcedCall.parse).
 	forced *forcedCall
@@ -274,8 +278,6 @@ func (r *rawParams) check(defaultMax int) (genParams, *apiError) {
 		return p, badRequest("prompt_logprobs", "prompt_logprobs are not supported (the engine computes the log-probabilities of sampled tokens only)")
 	case r.Priority != nil && *r.Priority != 0:
 		return p, badRequest("priority", "request priority is not supported (the scheduler serves requests in arrival order)")
-	case notNull(r.BadWords) && string(r.BadWords) != "[]":
-		return p, badRequest("bad_words", "bad_words are not supported")
 	case notNull(r.Functions):
 		return p, badRequest("functions", "functions are not supported")
 	case r.UseBeamSearch:
@@ -292,6 +294,14 @@ func (r *rawParams) check(defaultMax int) (genParams, *apiError) {
 	}
 	if e := r.checkAllowedTokenIDs(&p); e != nil {
 		return p, e
+	}
+	if notNull(r.BadWords) {
+		if err := json.Unmarshal(r.BadWords, &p.BadWords); err != nil {
+			return p, badRequest("bad_words", "bad_words must be a list of strings")
+		}
+		if len(p.BadWords) > maxBadWords {
+			return p, badRequest("bad_words", "at most %d bad_words, got %d", maxBadWords, len(p.BadWords))
+		}
 	}
 	if e := r.checkTools(&p, defaultMax == restOfContext); e != nil {
 		return p, e
@@ -494,6 +504,37 @@ func (p *genParams) checkVocab(vocab int) *apiError {
 		}
 	}
 	return nil
+}
+
+// maxBadWords bounds bad_words (each is checked against the output before
+// every pick).
+const maxBadWords = 256
+
+// badWordTokens tokenizes bad_words as vLLM does: each word (its leading
+// white space dropped) as it would start the text, and again after a
+// space when that makes other tokens of the same count (the word in the
+// middle of the text). Empty words are refused.
+func badWordTokens(words []string, tok *model.Tokenizer) ([][]int32, *apiError) {
+	if len(words) == 0 {
+		return nil, nil
+	}
+	if tok == nil {
+		return nil, badRequest("bad_words", "bad_words need the model's tokenizer, and this model has none")
+	}
+	var out [][]int32
+	for i, w := range words {
+		w = strings.TrimLeft(w, " \t\n\r")
+		if w == "" {
+			return nil, badRequest("bad_words", "bad_words[%d] is empty", i)
+		}
+		bare := tok.Encode(w, model.EncodeOptions{})
+		out = append(out, bare)
+		spaced := tok.Encode(" "+w, model.EncodeOptions{})
+		if len(spaced) == len(bare) && len(spaced) > 0 && spaced[0] != bare[0] {
+			out = append(out, spaced)
+		}
+	}
+	return out, nil
 }
 
 // maxAllowedTokenIDs bounds allowed_token_ids (a list longer than any

@@ -293,3 +293,31 @@ func TestAllowedTokenIDsField(t *testing.T) {
 	}
 	<-done
 }
+
+// bad_words reach every choice's arrival as token sequences, each word
+// as it starts the text and after a space.
+func TestBadWordsField(t *testing.T) {
+	s, url := guidedServer(t, "")
+	tok := s.cfg.Tokenizer
+	done := postAsync(t, url+"/v1/completions", `{"prompt": "hi", "max_tokens": 5, "bad_words": ["  no", "ab"], "n": 2}`)
+	want := [][]int32{tok.Encode("no", model.EncodeOptions{}), tok.Encode("ab", model.EncodeOptions{})}
+	// (With the byte tokenizer a space is a token of its own: " no" is
+	// longer than "no", so it is not added.)
+	for _, a := range takeArrivals(t, s, 2) {
+		require.Equal(t, want, a.BadWords)
+		deliver(s, a, "ok")
+	}
+	<-done
+	for _, c := range []struct{ body, msg string }{
+		{`"bad_words": [""]`, "bad_words[0] is empty"},
+		{`"bad_words": "no"`, "list of strings"},
+	} {
+		m := <-postAsync(t, url+"/v1/completions", `{"prompt": "hi", `+c.body+`}`)
+		require.Equal(t, 400.0, m["status"], c.body)
+		require.Contains(t, m["error"].(map[string]any)["message"], c.msg)
+	}
+	_, _, plain := fleetServer(t, func(c *Config) { c.Tokenizer = nil })
+	m := <-postAsync(t, plain.URL+"/v1/completions", `{"prompt": [1], "bad_words": ["x"]}`)
+	require.Equal(t, 400.0, m["status"])
+	require.Contains(t, m["error"].(map[string]any)["message"], "need the model's tokenizer")
+}

@@ -476,6 +476,10 @@ func (s *Server) parse(w http.ResponseWriter, r *http.Request, req any, raw *raw
 	if e := s.checkGuide(&p); e != nil {
 		return checkedRequest{}, e
 	}
+	badWords, e := badWordTokens(p.BadWords, s.cfg.Tokenizer)
+	if e != nil {
+		return checkedRequest{}, e
+	}
 	if ranks := max(s.cfg.AttentionDPRanks, 1); p.Routing.HasRank && p.Routing.Rank >= ranks {
 		return checkedRequest{}, badRequest("attention_dp_rank", "attention_dp_rank %d is out of range: the fleet has %d attention-DP ranks (allowed: 0 to %d)",
 			p.Routing.Rank, ranks, ranks-1)
@@ -509,7 +513,8 @@ func (s *Server) parse(w http.ResponseWriter, r *http.Request, req any, raw *raw
 			a := executor.Arrival{ArrivalUnixNS: now, MaxNewTokens: maxTokens,
 				Prompt: ids, StopAtEOS: !p.IgnoreEOS, LogitBias: p.LogitBias, StopTokenIDs: p.StopTokenIDs,
 				Logprobs: p.Logprobs, TopLogprobs: p.TopLogprobs, ConversationID: p.ConversationID, Routing: p.Routing,
-				Guide: p.Guide, MinTokens: min(p.MinTokens, maxTokens), AllowedTokenIDs: p.AllowedTokenIDs}
+				Guide: p.Guide, MinTokens: min(p.MinTokens, maxTokens), AllowedTokenIDs: p.AllowedTokenIDs,
+				BadWords: badWords}
 			if e := setSampling(&a, choiceParams(p, j)); e != nil {
 				return checkedRequest{}, e
 			}

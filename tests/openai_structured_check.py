@@ -96,6 +96,15 @@ r = client.completions.create(model=model, prompt="Is the sky blue? Answer:", ma
 got = r.choices[0].model_extra.get("token_ids") or []
 check(len(got) == 6 and set(got) <= set(allowed), f"allowed_token_ids {allowed}: token_ids {got}")
 
+# bad_words: greedy, the model names Paris; with the word banned it
+# cannot, at the start of the answer or after a space.
+ask_capital = dict(model=model, prompt="Q: What is the capital of France?\nA: The capital of France is", max_tokens=12,
+                   temperature=0)
+plain = client.completions.create(**ask_capital).choices[0].text
+check("Paris" in plain, f"without bad_words the answer is {plain!r}")
+banned = client.completions.create(**ask_capital, extra_body={"bad_words": ["Paris"]}).choices[0].text
+check("Paris" not in banned, f"bad_words [Paris]: {banned!r}")
+
 # Forced tool calls: a named function, and "required".
 tools = [{"type": "function", "function": {
     "name": "get_weather", "description": "The weather in a city",
