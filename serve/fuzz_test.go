@@ -11,6 +11,7 @@ import (
 
 	"github.com/lockstep-ai/lockstep/executor"
 	"github.com/lockstep-ai/lockstep/model"
+	"github.com/lockstep-ai/lockstep/structured"
 )
 
 // answerAll is a fleet that answers every request at once with a few
@@ -38,7 +39,7 @@ func answerAll(s *Server, stop <-chan struct{}) {
 	}
 }
 
-// FuzzRequestDecoding: any body on either endpoint gets an answer with a
+// FuzzRequestDecoding: any body on completions, chat or responses gets an answer with a
 // known status: 200 with a completion, or an OpenAI-shaped error; nothing
 // panics, and nothing stays registered afterwards (issue 23).
 func FuzzRequestDecoding(f *testing.F) {
@@ -52,9 +53,15 @@ func FuzzRequestDecoding(f *testing.F) {
 		`{"messages":[{"role":"user","content":"w?"},{"role":"assistant","content":null,"tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":"{\"a\":1}"}}]},{"role":"tool","tool_call_id":"c","content":"1"}],` +
 			`"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object"}}}],"stream":true}`,
 		`{"messages":[{"role":"user","content":"w?"}],"tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":"none","parallel_tool_calls":false}`,
+		`{"prompt":"Hi","guided_json":{"type":"object","properties":{"a":{"type":"integer"}},"required":["a"]},"min_tokens":1}`,
+		`{"messages":[{"role":"user","content":"w?"}],"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object"}}}],"tool_choice":"required"}`,
+		`{"input":"hi","instructions":"be brief","max_output_tokens":4,"stream":true}`,
+		`{"input":[{"role":"user","content":"w?"},{"type":"function_call","call_id":"c","name":"f","arguments":"{}"},{"type":"function_call_output","call_id":"c","output":"1"}],` +
+			`"tools":[{"type":"function","name":"f"}],"tool_choice":{"type":"function","name":"f"},"text":{"format":{"type":"json_object"}}}`,
 	} {
-		f.Add(seed, false)
-		f.Add(seed, true)
+		for ep := range uint8(3) {
+			f.Add(seed, ep)
+		}
 	}
 	tok := byteTokenizer(f)
 	spec := tok.Spec()
@@ -63,17 +70,20 @@ func FuzzRequestDecoding(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
-	s, _, _ := fleetServer(f, func(c *Config) { c.Tokenizer, c.MaxBodyBytes, c.ToolCallParser = chatTok, 2048, "hermes" })
+	v, err := structured.NewVocab(chatTok.TextPieces(), chatTok.StopTokens())
+	if err != nil {
+		f.Fatal(err)
+	}
+	s, _, _ := fleetServer(f, func(c *Config) {
+		c.Tokenizer, c.MaxBodyBytes, c.ToolCallParser, c.Guides = chatTok, 2048, "hermes", structured.NewCache(v, 8)
+	})
 	stop := make(chan struct{})
 	f.Cleanup(func() { close(stop) })
 	go answerAll(s, stop)
 	h := s.Handler()
 	known := map[int]bool{200: true, 400: true, 404: true, 408: true, 413: true, 429: true, 500: true, 503: true}
-	f.Fuzz(func(t *testing.T, body string, chat bool) {
-		path := "/v1/completions"
-		if chat {
-			path = "/v1/chat/completions"
-		}
+	f.Fuzz(func(t *testing.T, body string, endpoint uint8) {
+		path := []string{"/v1/completions", "/v1/chat/completions", "/v1/responses"}[endpoint%3]
 		rec := httptest.NewRecorder()
 		h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, path, bytes.NewReader([]byte(body))))
 		if !known[rec.Code] {

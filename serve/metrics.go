@@ -24,7 +24,7 @@ import (
 // Endpoints, finish reasons and error statuses known in advance: their
 // series exist (at zero) from the start, so rate() and absent() behave.
 var (
-	knownEndpoints     = []string{"completions", "chat"}
+	knownEndpoints     = []string{"completions", "chat", "responses"}
 	knownFinishReasons = []string{"stop", "length", "cancelled", "error"}
 	knownStatuses      = []int{400, 404, 413, 429, 500, 503}
 )
@@ -148,7 +148,7 @@ func NewMetricsWith(model string, ranks int, opts MetricsOptions) *Metrics {
 
 	// Requests.
 	m.received = counterVec("lockstep_requests_received_total",
-		"Requests received, by endpoint (completions, chat).", "endpoint")
+		"Requests received, by endpoint (completions, chat, responses).", "endpoint")
 	m.rejected = counterVec("lockstep_requests_rejected_total",
 		"Requests answered with an HTTP error, by endpoint and status code.", "endpoint", "status")
 	m.finished = counterVec("lockstep_requests_finished_total",
@@ -257,7 +257,8 @@ func (m *Metrics) growRanks(n int) {
 // Handler serves the metrics in the Prometheus exposition formats (/metrics).
 func (m *Metrics) Handler() http.Handler { return m.handler }
 
-// RequestReceived counts a request on endpoint ("completions" or "chat").
+// RequestReceived counts a request on endpoint ("completions", "chat" or
+// "responses").
 func (m *Metrics) RequestReceived(endpoint string) {
 	if c, ok := m.receivedBy[endpoint]; ok {
 		c.Inc()

@@ -32,6 +32,7 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("GET /v1/models", s.auth(s.models))
 	mux.HandleFunc("POST /v1/completions", s.auth(s.completions))
 	mux.HandleFunc("POST /v1/chat/completions", s.auth(s.chat))
+	mux.HandleFunc("POST /v1/responses", s.auth(s.responses))
 	if s.cfg.Metrics != nil {
 		mux.Handle("GET /metrics", s.auth(s.cfg.Metrics.Handler().ServeHTTP))
 	}

@@ -286,7 +286,13 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 // chat is POST /v1/chat/completions.
 func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
 	var req chatRequest
-	s.handle(w, r, "chat", &req, &req.rawParams, restOfContext, func(p *genParams) ([]promptIn, *apiError) {
+	s.handle(w, r, "chat", &req, &req.rawParams, restOfContext, s.chatPrompt(&req))
+}
+
+// chatPrompt renders a chat request's conversation (and tools) with the
+// model's template into its one prompt.
+func (s *Server) chatPrompt(req *chatRequest) func(p *genParams) ([]promptIn, *apiError) {
+	return func(p *genParams) ([]promptIn, *apiError) {
 		msgs, e := req.messages()
 		if e != nil {
 			return nil, e
@@ -303,7 +309,7 @@ func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
 			return nil, badRequest("messages", "the model's chat template failed on these messages: %v", err)
 		}
 		return []promptIn{{tok.Encode(text, model.EncodeOptions{ParseSpecial: true}), text}}, nil
-	})
+	}
 }
 
 // toolsFor settles a chat request's tools against the server: tool_choice
@@ -412,7 +418,7 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request, endpoint string,
 			return
 		}
 	}
-	s.answer(w, r, endpoint, reqID, runs, p)
+	s.answer(w, r, endpoint, reqID, runs, p, req)
 }
 
 // unavailable is the error for every request while the fleet failed, is
@@ -456,6 +462,11 @@ func (s *Server) parse(w http.ResponseWriter, r *http.Request, req any, raw *raw
 	}
 	// The body's bytes are garbage once the prompt is tokenised.
 	defer release()
+	if t, ok := req.(translated); ok {
+		if e := t.translate(); e != nil {
+			return checkedRequest{}, e
+		}
+	}
 	if e := s.checkModel(raw.Model); e != nil {
 		return checkedRequest{}, e
 	}
@@ -581,9 +592,15 @@ type choiceRun struct {
 
 // answer streams or collects the choices of one request (their calls share
 // one wake channel); a failure of any ends them all.
-func (s *Server) answer(w http.ResponseWriter, r *http.Request, endpoint, apiID string, runs []*choiceRun, p genParams) {
-	out := newWriter(w, endpoint, s.cfg.ModelName, apiID, s.cfg.Now().Unix(), p)
-	out.tok = s.cfg.Tokenizer
+func (s *Server) answer(w http.ResponseWriter, r *http.Request, endpoint, apiID string, runs []*choiceRun, p genParams, req any) {
+	var out answerWriter
+	if rq, ok := req.(*responsesRequest); ok {
+		out = newResponsesWriter(w, s.cfg.ModelName, apiID, s.cfg.Now().Unix(), p, rq)
+	} else {
+		wr := newWriter(w, endpoint, s.cfg.ModelName, apiID, s.cfg.Now().Unix(), p)
+		wr.tok = s.cfg.Tokenizer
+		out = wr
+	}
 	for _, ch := range runs {
 		if s.cfg.Tokenizer != nil {
 			ch.stream = s.cfg.Tokenizer.NewStreamWith(model.DecodeOptions{Special: p.SpecialTokens})

@@ -137,6 +137,7 @@ func TestOpenAIClientToolCalls(t *testing.T) {
 		"--enable-auto-tool-choice", "--tool-call-parser", "hermes")
 	runClientCheck(t, py, out, "openai_tools_check.py", base, modeltest.SmolLM2Base)
 	runClientCheck(t, py, out, "openai_structured_check.py", base, modeltest.SmolLM2Base)
+	runClientCheck(t, py, out, "openai_responses_check.py", base, modeltest.SmolLM2Base)
 	stopServe(t, cmd, out)
 }
 
