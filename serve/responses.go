@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"strings"
 
 	"github.com/lockstep-ai/lockstep/serve/openai"
 )
@@ -47,9 +48,27 @@ type responsesRequest struct {
 }
 
 // translated is implemented by a request body that becomes another
-// endpoint's request once decoded (parse calls it before any check).
+// endpoint's request once decoded (parse calls translate before any
+// check); param names a refused field of that request as the client
+// sent it.
 type translated interface {
 	translate() *apiError
+	param(name string) string
+}
+
+// param names chat's fields as the Responses request has them (a
+// message's index is not an input item's: instructions and merged calls
+// shift them, so such a field is named input).
+func (r *responsesRequest) param(name string) string {
+	switch {
+	case name == "max_tokens":
+		return "max_output_tokens"
+	case name == "response_format":
+		return "text.format"
+	case name == "messages" || strings.HasPrefix(name, "messages["):
+		return "input"
+	}
+	return name
 }
 
 // translate fills r.chat from the Responses fields, naming the first one

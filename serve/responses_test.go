@@ -2,6 +2,7 @@ package serve
 
 import (
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -84,6 +85,22 @@ func TestResponsesStream(t *testing.T) {
 	require.Equal(t, "completed", final["status"])
 	require.Equal(t, "Hello there", final["output"].([]any)[0].(map[string]any)["content"].([]any)[0].(map[string]any)["text"])
 
+	// An empty answer is an empty message, streamed or not.
+	for _, stream := range []bool{false, true} {
+		b := streamBody(t, url+"/v1/responses", fmt.Sprintf(`{"model": "m", "input": "hi", "stream": %v}`, stream))
+		deliverTokens(s, takeArrival(t, s), nil, true, 0)
+		var final map[string]any
+		if stream {
+			evs := responseEvents(t, <-b)
+			final = evs[len(evs)-1]["response"].(map[string]any)
+		} else {
+			require.NoError(t, json.Unmarshal([]byte(<-b), &final))
+		}
+		out := final["output"].([]any)
+		require.Len(t, out, 1, "stream %v", stream)
+		require.Equal(t, "", out[0].(map[string]any)["content"].([]any)[0].(map[string]any)["text"])
+	}
+
 	tools := `"tools": [{"type": "function", "name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}]`
 	for _, stream := range []bool{false, true} {
 		req := `{"model": "m", "input": "Rome?", "tool_choice": {"type": "function", "name": "get_weather"}, ` + tools
@@ -164,8 +181,8 @@ func TestResponsesRefusals(t *testing.T) {
 		{`"input": "x", "tools": [{"type": "web_search"}]`, "tools[0].type", "no built-in tools"},
 		{`"input": "x", "text": {"format": {"type": "xml"}}`, "text.format.type", `"text", "json_object" or "json_schema"`},
 		{`"input": "x", "text": {"format": {"type": "json_schema", "name": "n"}}`, "text.format.schema", "needs a schema"},
-		{`"input": "x", "text": {"format": {"type": "json_schema", "name": "n", "schema": {"not": {}}}}`, "response_format", `"not" is not supported`},
-		{`"input": "x", "max_output_tokens": 0`, "max_tokens", "at least 1"},
+		{`"input": "x", "text": {"format": {"type": "json_schema", "name": "n", "schema": {"not": {}}}}`, "text.format", `"not" is not supported`},
+		{`"input": "x", "max_output_tokens": 0`, "max_output_tokens", "at least 1"},
 	} {
 		m := <-postAsync(t, url+"/v1/responses", `{"model": "m", `+c.body+`}`)
 		require.Equal(t, 400.0, m["status"], c.body)

@@ -110,22 +110,28 @@ func (rw *responsesWriter) delta(ch *choiceRun, text string, _ []int32, _ []exec
 	if err := rw.begin(); err != nil || text == "" {
 		return err
 	}
-	idx := len(rw.outputs)
-	if !rw.msgOpen {
-		rw.msgOpen = true
-		item := openai.OutputItem{Type: "message", ID: rw.msgID(), Status: "in_progress", Role: "assistant", Content: []openai.ContentPart{}}
-		if err := rw.event(openai.ResponseEvent{Type: "response.output_item.added", OutputIndex: intp(idx), Item: &item}); err != nil {
-			return err
-		}
-		part := openai.ContentPart{Type: "output_text", Annotations: []any{}}
-		if err := rw.event(openai.ResponseEvent{Type: "response.content_part.added", ItemID: item.ID, OutputIndex: intp(idx),
-			ContentIndex: intp(0), Part: &part}); err != nil {
-			return err
-		}
+	if err := rw.openMessage(); err != nil {
+		return err
 	}
 	rw.text.WriteString(text)
-	return rw.event(openai.ResponseEvent{Type: "response.output_text.delta", ItemID: rw.msgID(), OutputIndex: intp(idx),
+	return rw.event(openai.ResponseEvent{Type: "response.output_text.delta", ItemID: rw.msgID(), OutputIndex: intp(len(rw.outputs)),
 		ContentIndex: intp(0), Delta: strp(text), Logprobs: []any{}})
+}
+
+// openMessage opens the message item (its added events), once.
+func (rw *responsesWriter) openMessage() error {
+	if rw.msgOpen {
+		return nil
+	}
+	rw.msgOpen = true
+	idx := len(rw.outputs)
+	item := openai.OutputItem{Type: "message", ID: rw.msgID(), Status: "in_progress", Role: "assistant", Content: []openai.ContentPart{}}
+	if err := rw.event(openai.ResponseEvent{Type: "response.output_item.added", OutputIndex: intp(idx), Item: &item}); err != nil {
+		return err
+	}
+	part := openai.ContentPart{Type: "output_text", Annotations: []any{}}
+	return rw.event(openai.ResponseEvent{Type: "response.content_part.added", ItemID: item.ID, OutputIndex: intp(idx),
+		ContentIndex: intp(0), Part: &part})
 }
 
 // closeMessage ends the streamed message item, if one is open.
@@ -195,6 +201,13 @@ func (rw *responsesWriter) finishChoice(_ *choiceRun, _ openai.Usage) error {
 	}
 	if err := rw.begin(); err != nil {
 		return err
+	}
+	if len(rw.outputs) == 0 {
+		// An answer without text or calls is an empty message, as the
+		// non-streamed body has it.
+		if err := rw.openMessage(); err != nil {
+			return err
+		}
 	}
 	return rw.closeMessage()
 }

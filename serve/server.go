@@ -365,6 +365,9 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request, endpoint string,
 	}
 	cr, e := s.parse(w, r, req, raw, defaultMax, prompt)
 	if e != nil {
+		if t, ok := req.(translated); ok {
+			e.Param = t.param(e.Param) // the field as the client named it
+		}
 		fail(e)
 		return
 	}
