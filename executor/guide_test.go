@@ -37,26 +37,30 @@ func guideVocab(t testing.TB) (*structured.Vocab, [][]byte) {
 	return v, pieces
 }
 
-// guideSource gives arrival i the guide patterns[i % len] and, with
-// params, sampling parameters seeded by the id.
-type guideSource struct {
+// editSource hands out a trace source's arrivals after edit.
+type editSource struct {
 	Source
-	patterns []string
-	params   bridge.SamplingParams
-	stopEOS  bool
+	edit func(a *Arrival)
 }
 
-func (s *guideSource) Due(now time.Time) []Arrival {
+func (s *editSource) Due(now time.Time) []Arrival {
 	items := s.Source.Due(now)
 	for i := range items {
-		items[i].Guide = s.patterns[int(items[i].ID)%len(s.patterns)]
-		items[i].StopAtEOS = s.stopEOS
-		if s.params != (bridge.SamplingParams{}) {
-			items[i].Sampling = s.params
-			items[i].Sampling.Seed = 100 + items[i].ID
-		}
+		s.edit(&items[i])
 	}
 	return items
+}
+
+// guided gives arrival i the guide patterns[i % len] and, with params,
+// sampling parameters seeded by the id.
+func guided(src Source, patterns []string, params bridge.SamplingParams, stopEOS bool) Source {
+	return &editSource{Source: src, edit: func(a *Arrival) {
+		a.Guide, a.StopAtEOS = patterns[int(a.ID)%len(patterns)], stopEOS
+		if params != (bridge.SamplingParams{}) {
+			a.Sampling = params
+			a.Sampling.Seed = 100 + a.ID
+		}
+	}}
 }
 
 // Guided requests produce matches of their patterns, end where the match
@@ -78,7 +82,7 @@ func TestGuidedOutputsMatchAndAreInvariant(t *testing.T) {
 	}
 	run := func(ranks, pages int, overlap bool, params bridge.SamplingParams, stopEOS bool) (map[uint64][]int32, int) {
 		f := &fleet{ranks: ranks, reqs: reqs, pages: pages, overlap: overlap, stopTokens: []int32{0}, guides: guides,
-			source: &guideSource{Source: NewTraceSource(reqs, time.Now()), patterns: patterns, params: params, stopEOS: stopEOS}}
+			source: guided(NewTraceSource(reqs, time.Now()), patterns, params, stopEOS)}
 		f.run(t)
 		f.requireNoErrors(t)
 		outs := map[uint64][]int32{}
@@ -118,7 +122,7 @@ func TestBadGuidesRejected(t *testing.T) {
 	reqs := longOutputRequests(4, 16, 4)
 	patterns := []string{`(unclosed`, `é`, `ok`, `\bx`}
 	f := &fleet{ranks: 2, reqs: reqs, stopTokens: []int32{0}, guides: structured.NewCache(vocab, 4),
-		source: &guideSource{Source: NewTraceSource(reqs, time.Now()), patterns: patterns, stopEOS: true}}
+		source: guided(NewTraceSource(reqs, time.Now()), patterns, bridge.SamplingParams{}, true)}
 	f.run(t)
 	f.requireNoErrors(t)
 	errs := map[uint64]string{}
@@ -132,7 +136,7 @@ func TestBadGuidesRejected(t *testing.T) {
 	require.Contains(t, errs[3], "word boundaries")
 
 	f = &fleet{ranks: 2, reqs: reqs, stopTokens: []int32{0},
-		source: &guideSource{Source: NewTraceSource(reqs, time.Now()), patterns: []string{"ok"}}}
+		source: guided(NewTraceSource(reqs, time.Now()), []string{"ok"}, bridge.SamplingParams{}, false)}
 	f.run(t)
 	f.requireNoErrors(t)
 	for _, r := range f.results[0].Responses {
@@ -162,21 +166,6 @@ func TestArrivalPayloadGuide(t *testing.T) {
 	require.ErrorContains(t, err, "bad extra flags")
 }
 
-// minTokensSource gives every arrival StopAtEOS and min_tokens.
-type minTokensSource struct {
-	Source
-	min int
-}
-
-func (s *minTokensSource) Due(now time.Time) []Arrival {
-	items := s.Source.Due(now)
-	for i := range items {
-		items[i].StopAtEOS, items[i].MinTokens = true, s.min
-		items[i].Sampling = bridge.SamplingParams{Temperature: 1, Seed: items[i].ID}
-	}
-	return items
-}
-
 // Before min_tokens no stop token is picked; after it the stop tokens
 // end requests as before, the same on 1 and 3 ranks.
 func TestMinTokens(t *testing.T) {
@@ -187,7 +176,10 @@ func TestMinTokens(t *testing.T) {
 	reqs := longOutputRequests(8, 30, 40)
 	run := func(ranks, min int) map[uint64][]int32 {
 		f := &fleet{ranks: ranks, reqs: reqs, stopTokens: stops, overlap: true,
-			source: &minTokensSource{Source: NewTraceSource(reqs, time.Now()), min: min}}
+			source: &editSource{Source: NewTraceSource(reqs, time.Now()), edit: func(a *Arrival) {
+				a.StopAtEOS, a.MinTokens = true, min
+				a.Sampling = bridge.SamplingParams{Temperature: 1, Seed: a.ID}
+			}}}
 		f.run(t)
 		f.requireNoErrors(t)
 		outs := map[uint64][]int32{}
@@ -226,22 +218,13 @@ func TestMinTokensWithoutStopsAddsNoMask(t *testing.T) {
 	require.Nil(t, r.mask)
 }
 
-// allowedSource gives every arrival allowed token ids, and a guide.
-type allowedSource struct {
-	Source
-	ids   []int32
-	guide string
-	bad   [][]int32
-}
-
-func (s *allowedSource) Due(now time.Time) []Arrival {
-	items := s.Source.Due(now)
-	for i := range items {
-		items[i].AllowedTokenIDs, items[i].Guide, items[i].StopAtEOS = s.ids, s.guide, true
-		items[i].BadWords = s.bad
-		items[i].Sampling = bridge.SamplingParams{Temperature: 1, Seed: items[i].ID}
-	}
-	return items
+// restricted gives every arrival allowed token ids, a guide and bad
+// words, StopAtEOS and sampling seeded by the id.
+func restricted(src Source, ids []int32, guide string, bad [][]int32) Source {
+	return &editSource{Source: src, edit: func(a *Arrival) {
+		a.AllowedTokenIDs, a.Guide, a.BadWords, a.StopAtEOS = ids, guide, bad, true
+		a.Sampling = bridge.SamplingParams{Temperature: 1, Seed: a.ID}
+	}}
 }
 
 // allowed_token_ids restrict every pick, alone or within a guide's mask
@@ -252,7 +235,7 @@ func TestAllowedTokenIDs(t *testing.T) {
 	digit := func(c byte) int32 { return int32(c) - 31 }
 	run := func(ranks int, ids []int32, guide string) map[uint64][]int32 {
 		f := &fleet{ranks: ranks, reqs: reqs, stopTokens: []int32{0}, guides: structured.NewCache(vocab, 4),
-			source: &allowedSource{Source: NewTraceSource(reqs, time.Now()), ids: ids, guide: guide}}
+			source: restricted(NewTraceSource(reqs, time.Now()), ids, guide, nil)}
 		f.run(t)
 		f.requireNoErrors(t)
 		outs := map[uint64][]int32{}
@@ -293,7 +276,7 @@ func TestBadWords(t *testing.T) {
 	reqs := longOutputRequests(6, 20, 40)
 	run := func(ranks int, bad [][]int32) map[uint64][]int32 {
 		f := &fleet{ranks: ranks, reqs: reqs, stopTokens: []int32{0},
-			source: &allowedSource{Source: NewTraceSource(reqs, time.Now()), ids: []int32{7, 300, 301}, bad: bad}}
+			source: restricted(NewTraceSource(reqs, time.Now()), []int32{7, 300, 301}, "", bad)}
 		f.run(t)
 		f.requireNoErrors(t)
 		outs := map[uint64][]int32{}

@@ -64,11 +64,7 @@ func (rw *responsesWriter) msgID() string { return "msg_" + strings.TrimPrefix(r
 // event writes one server-sent event named by its type.
 func (rw *responsesWriter) event(ev openai.ResponseEvent) error {
 	if !rw.started {
-		h := rw.w.Header()
-		h.Set("Content-Type", "text/event-stream")
-		h.Set("Cache-Control", "no-cache")
-		h.Set("Connection", "keep-alive")
-		rw.w.WriteHeader(http.StatusOK)
+		startEvents(rw.w)
 		rw.started = true
 	}
 	ev.SequenceNumber = rw.seq

@@ -39,13 +39,18 @@ func newWriter(w http.ResponseWriter, endpoint, model string, id string, created
 	return wr
 }
 
+// startEvents sends the headers of a server-sent event stream.
+func startEvents(w http.ResponseWriter) {
+	h := w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-cache")
+	h.Set("Connection", "keep-alive")
+	w.WriteHeader(http.StatusOK)
+}
+
 func (wr *writer) event(v any) error {
 	if !wr.started {
-		h := wr.w.Header()
-		h.Set("Content-Type", "text/event-stream")
-		h.Set("Cache-Control", "no-cache")
-		h.Set("Connection", "keep-alive")
-		wr.w.WriteHeader(http.StatusOK)
+		startEvents(wr.w)
 		wr.started = true
 	}
 	b, err := json.Marshal(v)

@@ -13,15 +13,11 @@ import re
 import sys
 
 import openai
-from openai import OpenAI
+
+from client_common import check, client_for
 
 base, model = sys.argv[1], sys.argv[2]
-client = OpenAI(base_url=base + "/v1", api_key="none", max_retries=0, timeout=120)
-
-
-def check(cond, what):
-    if not cond:
-        sys.exit("FAIL: " + what)
+client = client_for(base)
 
 
 person = {"type": "object", "properties": {
