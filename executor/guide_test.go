@@ -180,14 +180,7 @@ func TestMinTokens(t *testing.T) {
 				a.StopAtEOS, a.MinTokens = true, min
 				a.Sampling = bridge.SamplingParams{Temperature: 1, Seed: a.ID}
 			}}}
-		f.run(t)
-		f.requireNoErrors(t)
-		outs := map[uint64][]int32{}
-		for _, r := range f.results[0].Responses {
-			require.Empty(t, r.Error)
-			outs[r.ID] = r.Output
-		}
-		return outs
+		return outputsOf(t, f)
 	}
 	short := 0
 	for _, o := range run(1, 0) {
@@ -218,6 +211,19 @@ func TestMinTokensWithoutStopsAddsNoMask(t *testing.T) {
 	require.Nil(t, r.mask)
 }
 
+// outputsOf runs f and returns every request's output; none may fail.
+func outputsOf(t *testing.T, f *fleet) map[uint64][]int32 {
+	t.Helper()
+	f.run(t)
+	f.requireNoErrors(t)
+	outs := map[uint64][]int32{}
+	for _, r := range f.results[0].Responses {
+		require.Empty(t, r.Error, "request %d", r.ID)
+		outs[r.ID] = r.Output
+	}
+	return outs
+}
+
 // restricted gives every arrival allowed token ids, a guide and bad
 // words, StopAtEOS and sampling seeded by the id.
 func restricted(src Source, ids []int32, guide string, bad [][]int32) Source {
@@ -236,14 +242,7 @@ func TestAllowedTokenIDs(t *testing.T) {
 	run := func(ranks int, ids []int32, guide string) map[uint64][]int32 {
 		f := &fleet{ranks: ranks, reqs: reqs, stopTokens: []int32{0}, guides: structured.NewCache(vocab, 4),
 			source: restricted(NewTraceSource(reqs, time.Now()), ids, guide, nil)}
-		f.run(t)
-		f.requireNoErrors(t)
-		outs := map[uint64][]int32{}
-		for _, r := range f.results[0].Responses {
-			require.Empty(t, r.Error)
-			outs[r.ID] = r.Output
-		}
-		return outs
+		return outputsOf(t, f)
 	}
 	only := []int32{7, 300, 511}
 	ref := run(1, only, "")
@@ -277,14 +276,7 @@ func TestBadWords(t *testing.T) {
 	run := func(ranks int, bad [][]int32) map[uint64][]int32 {
 		f := &fleet{ranks: ranks, reqs: reqs, stopTokens: []int32{0},
 			source: restricted(NewTraceSource(reqs, time.Now()), []int32{7, 300, 301}, "", bad)}
-		f.run(t)
-		f.requireNoErrors(t)
-		outs := map[uint64][]int32{}
-		for _, r := range f.results[0].Responses {
-			require.Empty(t, r.Error)
-			outs[r.ID] = r.Output
-		}
-		return outs
+		return outputsOf(t, f)
 	}
 	pairs := func(outs map[uint64][]int32) (sevens, after int) {
 		for _, o := range outs {

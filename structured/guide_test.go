@@ -32,6 +32,17 @@ var toyExtra = []string{"ye", "yes", "es", "no", "may", "be", "maybe", "né", "\
 
 func allowed(mask []uint32, id int32) bool { return mask[id/32]>>(id%32)&1 == 1 }
 
+// allowedIDs lists the ids mask allows.
+func allowedIDs(mask []uint32, v *Vocab) []int32 {
+	var ok []int32
+	for id := range int32(v.Size()) {
+		if allowed(mask, id) {
+			ok = append(ok, id)
+		}
+	}
+	return ok
+}
+
 // The masks of a finite language agree with the set of its words'
 // prefixes at every step of random walks, and the walks end on its words.
 func TestMasksOfAFiniteLanguage(t *testing.T) {
@@ -133,12 +144,7 @@ func TestWalksEndOnMatches(t *testing.T) {
 			var out []byte
 			for steps := 0; !m.Done(); steps++ {
 				mask := m.Allowed()
-				var ok []int32
-				for id := range int32(v.Size()) {
-					if allowed(mask, id) {
-						ok = append(ok, id)
-					}
-				}
+				ok := allowedIDs(mask, v)
 				if len(ok) == 0 {
 					t.Fatalf("%s walk %d: nothing allowed after %q", c.re, walk, out)
 				}
@@ -282,13 +288,7 @@ func FuzzGuide(f *testing.F) {
 		m := g.NewMatcher()
 		var out []byte
 		for steps := 0; steps < 60 && !m.Done(); steps++ {
-			mask := m.Allowed()
-			var ok []int32
-			for id := range int32(v.Size()) {
-				if allowed(mask, id) {
-					ok = append(ok, id)
-				}
-			}
+			ok := allowedIDs(m.Allowed(), v)
 			if len(ok) == 0 {
 				break
 			}
