@@ -2,7 +2,9 @@ package serve
 
 import (
 	"encoding/json"
+	"maps"
 	"regexp"
+	"slices"
 	"strings"
 
 	"github.com/lockstep-ai/lockstep/model"
@@ -194,12 +196,28 @@ func structuredOutputsPattern(raw json.RawMessage) (guideSpec, *apiError) {
 		}
 		specs = append(specs, guideSpec{param, pat})
 	}
-	for key := range so {
+	for _, key := range slices.Sorted(maps.Keys(so)) { // the first bad field, the same every time
+		v, param := so[key], "structured_outputs."+key
 		switch key {
-		case "json", "regex", "choice", "json_object", "grammar", "structural_tag",
-			"disable_fallback", "disable_any_whitespace", "disable_additional_properties", "whitespace_pattern", "backend":
+		case "json", "regex", "choice", "json_object", "grammar", "structural_tag":
+		case "disable_fallback":
+			// There is one backend and nothing to fall back to: either
+			// value is what lockstep does.
+			if v := string(v); v != "true" && v != "false" && v != "null" {
+				return guideSpec{}, badRequest(param, "%s must be a boolean", param)
+			}
+		case "disable_any_whitespace", "disable_additional_properties":
+			// What lockstep always does: compact JSON, no properties a
+			// schema does not name.
+			if v := string(v); v != "true" && v != "null" {
+				return guideSpec{}, badRequest(param, "%s: lockstep always writes compact JSON without unnamed properties; only true is accepted", param)
+			}
+		case "whitespace_pattern", "backend":
+			if notNull(v) {
+				return guideSpec{}, badRequest(param, "%s is not supported (one backend; compact JSON)", param)
+			}
 		default:
-			return guideSpec{}, badRequest("structured_outputs."+key, "structured_outputs has no field %q", key)
+			return guideSpec{}, badRequest(param, "structured_outputs has no field %q", key)
 		}
 	}
 	switch len(specs) {

@@ -108,7 +108,7 @@ func TestStructuredOutputFields(t *testing.T) {
 		{`"guided_choice": ["yes", "no (really)"]`, `no (really)`, `no`},
 		{`"structured_outputs": {"choice": ["a.b", "c"]}`, `a.b`, `axb`},
 		{`"structured_outputs": {"json": ` + person + `}`, `{"name":"x"}`, `{"name":"x",}`},
-		{`"structured_outputs": {"regex": "x+"}`, `xxx`, `xy`},
+		{`"structured_outputs": {"regex": "x+", "disable_any_whitespace": true, "disable_fallback": false}`, `xxx`, `xy`},
 		{`"structured_outputs": {"json_object": true}`, `{}`, `x`},
 	} {
 		done := postAsync(t, url+"/v1/completions", `{"prompt": "hi", "max_tokens": 50, "n": 2, `+c.body+`}`)
@@ -138,6 +138,10 @@ func TestStructuredOutputsRefused(t *testing.T) {
 		{`"structured_outputs": {"grammar": "root ::= x"}`, "structured_outputs.grammar", "not supported"},
 		{`"structured_outputs": {"regex": "a", "choice": ["b"]}`, "structured_outputs.choice", "both constrain the output"},
 		{`"structured_outputs": {"regx": "a"}`, "structured_outputs.regx", `no field "regx"`},
+		{`"structured_outputs": {"regex": "a", "disable_any_whitespace": false}`, "structured_outputs.disable_any_whitespace", "only true"},
+		{`"structured_outputs": {"regex": "a", "whitespace_pattern": "[ ]*"}`, "structured_outputs.whitespace_pattern", "not supported"},
+		{`"structured_outputs": {"regex": "a", "backend": "xgrammar"}`, "structured_outputs.backend", "not supported"},
+		{`"structured_outputs": {"regex": "a", "disable_fallback": 3}`, "structured_outputs.disable_fallback", "boolean"},
 		{`"guided_regex": "a", "guided_choice": ["b"]`, "guided_choice", "guided_regex and guided_choice both constrain"},
 		{`"guided_regex": "(a"`, "guided_regex", "the pattern does not compile"},
 		{`"guided_regex": ""`, "guided_regex", "non-empty string"},
