@@ -113,6 +113,9 @@ func (r *responsesRequest) translate() *apiError {
 		if err := strictJSON(r.Text, &t); err != nil {
 			return badRequest("text", "text must be {\"format\": {...}}: %v", err)
 		}
+		if notNull(t.Verbosity) && string(t.Verbosity) != `"medium"` {
+			return badRequest("text.verbosity", "text.verbosity other than \"medium\" is not supported (the model's answers are as long as it writes them)")
+		}
 		if notNull(t.Format) {
 			f, e := responseFormatOf(t.Format)
 			if e != nil {

@@ -36,6 +36,7 @@ func TestResponsesTranslation(t *testing.T) {
 	require.Equal(t, "completed", m["status"])
 	require.True(t, strings.HasPrefix(m["id"].(string), "resp_"), m["id"])
 	require.Equal(t, "Be brief.", m["instructions"])
+	require.Equal(t, map[string]any{"k": "v"}, m["metadata"])
 	out := m["output"].([]any)
 	require.Len(t, out, 1)
 	msg := out[0].(map[string]any)
@@ -171,6 +172,7 @@ func TestResponsesRefusals(t *testing.T) {
 		{`"input": "x", "reasoning": {"effort": "low"}`, "reasoning", "not supported"},
 		{`"input": "x", "include": ["message.output_text.logprobs"]`, "include", "not supported"},
 		{`"input": "x", "truncation": "auto"`, "truncation", `"disabled"`},
+		{`"input": "x", "text": {"verbosity": "low"}`, "text.verbosity", "not supported"},
 		{`"input": "x", "no_such": 1`, "no_such", "not supported"},
 		{`"input": []`, "input", "must not be empty"},
 		{`"input": 3`, "input", "a string or a list of items"},

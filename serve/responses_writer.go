@@ -56,6 +56,10 @@ func newResponsesWriter(w http.ResponseWriter, model, id string, created int64, 
 	if notNull(req.Tools) {
 		json.Unmarshal(req.Tools, &rw.base.Tools) //nolint:errcheck
 	}
+	rw.base.Metadata = json.RawMessage("{}")
+	if notNull(req.Metadata) {
+		rw.base.Metadata = req.Metadata // echoed, as OpenAI does
+	}
 	return rw
 }
 

@@ -1,5 +1,7 @@
 package openai
 
+import "encoding/json"
+
 // The Responses API (POST /v1/responses): a response object, its output
 // items and the events of a streamed one.
 
@@ -13,6 +15,7 @@ type Response struct {
 	IncompleteDetails *IncompleteDetails `json:"incomplete_details"`
 	Instructions      *string            `json:"instructions"`
 	MaxOutputTokens   *int               `json:"max_output_tokens"`
+	Metadata          json.RawMessage    `json:"metadata"`
 	Model             string             `json:"model"`
 	Object            string             `json:"object"` // "response"
 	Output            []OutputItem       `json:"output"`
