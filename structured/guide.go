@@ -36,7 +36,11 @@ type Guide struct {
 	start  *dstate
 	closer closure  // scratch of the automaton's construction (under mu)
 	none   []uint32 // the empty mask
-	peak   int      // the most states interned at once (tests)
+	// byHorizon shares masks between states that no token can tell apart
+	// (horizonKey): the positions of a long counted repetition.
+	byHorizon map[string][]uint32
+	noShare   bool // every state walks its own mask (tests)
+	peak      int // the most states interned at once (tests)
 }
 
 // dstate is a DFA state: the program's rune-consuming instructions that
@@ -95,6 +99,7 @@ func (g *Guide) reset() {
 	g.index = make(map[string]*dstate)
 	g.closer.init(g.prog)
 	g.none = make([]uint32, g.vocab.Words())
+	g.byHorizon = make(map[string][]uint32)
 	g.closer.add(uint32(g.prog.Start), true)
 	pcs, m := g.closer.take()
 	g.start = g.intern(pcs, m, nil)
@@ -392,6 +397,14 @@ func (g *Guide) maskOf(s *dstate) []uint32 {
 	if s.mask != nil {
 		return s.mask
 	}
+	if !g.noShare {
+		key := g.horizonKey(s)
+		if m, ok := g.byHorizon[key]; ok {
+			s.mask = m
+			return m
+		}
+		defer func() { g.byHorizon[key] = s.mask }()
+	}
 	v := g.vocab
 	mask := make([]uint32, v.Words())
 	if len(s.pcs) > 0 {
@@ -430,6 +443,60 @@ func (g *Guide) maskOf(s *dstate) []uint32 {
 	}
 	s.mask = mask
 	return mask
+}
+
+// horizonKey describes what s can do within one token: the program's
+// instructions reachable from it in at most Vocab.maxLen characters (a
+// token's bytes are at most that many characters), renumbered in the
+// order a breadth-first walk meets them, each with what it matches and
+// where it leads, and s's match flag and pending bytes. States with the
+// same key accept the same tokens, so they share a mask: the positions
+// of X{0,200} that are more than a token away from the end are one mask,
+// not one walk each. (Instructions past the horizon are only marked
+// present: a token cannot reach what they match.)
+func (g *Guide) horizonKey(s *dstate) string {
+	ids := make(map[uint32]int, 16)
+	queue := make([]uint32, 0, 16)
+	depth := make([]int, 0, 16)
+	var key []byte
+	key = append(key, boolByte(s.match), byte(len(s.pending)))
+	key = append(key, s.pending...)
+	id := func(pc uint32, d int) int {
+		if n, ok := ids[pc]; ok {
+			return n
+		}
+		ids[pc] = len(queue)
+		queue, depth = append(queue, pc), append(depth, d)
+		return len(queue) - 1
+	}
+	for _, pc := range s.pcs {
+		key = binary.LittleEndian.AppendUint32(key, uint32(id(pc, 0)))
+	}
+	for k := 0; k < len(queue); k++ {
+		in := &g.prog.Inst[queue[k]]
+		key = append(key, byte(in.Op), byte(syntax.Flags(in.Arg)&syntax.FoldCase), byte(len(in.Rune)))
+		for _, r := range in.Rune {
+			key = binary.LittleEndian.AppendUint32(key, uint32(r))
+		}
+		if depth[k] >= g.vocab.maxLen {
+			key = append(key, '|')
+			continue
+		}
+		g.closer.add(in.Out, false)
+		next, m := g.closer.take()
+		key = append(key, boolByte(m), byte(len(next)>>8), byte(len(next)))
+		for _, pc := range next {
+			key = binary.LittleEndian.AppendUint32(key, uint32(id(pc, depth[k]+1)))
+		}
+	}
+	return string(key)
+}
+
+func boolByte(b bool) byte {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // stepNoReset is step without the cache bound (a mask's walk must not

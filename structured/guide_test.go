@@ -4,6 +4,7 @@ import (
 	"math/rand/v2"
 	"regexp"
 	"regexp/syntax"
+	"slices"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -43,12 +44,37 @@ func allowedIDs(mask []uint32, v *Vocab) []int32 {
 	return ok
 }
 
-// The masks of a finite language agree with the set of its words'
-// prefixes at every step of random walks, and the walks end on its words.
+// The masks of finite languages agree with the set of their words'
+// prefixes at every step of random walks, and the walks end on their
+// words: alternatives, and a counted repetition longer than a token (whose
+// positions share masks, horizonKey).
 func TestMasksOfAFiniteLanguage(t *testing.T) {
-	words := []string{"yes", "no", "maybe", "né", "nébé"}
-	v := toyVocab(t, toyExtra...)
-	g, err := Compile(`(?:yes|no|maybe|né|nébé)`, v)
+	counted := []string{}
+	var grow func(prefix string, reps int)
+	grow = func(prefix string, reps int) {
+		counted = append(counted, prefix+"d")
+		if reps < 10 {
+			grow(prefix+"ab", reps+1)
+			grow(prefix+"c", reps+1)
+		}
+	}
+	grow("", 0)
+	for _, c := range []struct {
+		pattern string
+		words   []string
+		share   bool
+	}{
+		{`(?:yes|no|maybe|né|nébé)`, []string{"yes", "no", "maybe", "né", "nébé"}, false},
+		{`(?:ab|c){0,10}d`, counted, true},
+	} {
+		checkFiniteLanguage(t, c.pattern, c.words, c.share)
+	}
+}
+
+func checkFiniteLanguage(t *testing.T, pattern string, words []string, share bool) {
+	t.Helper()
+	v := toyVocab(t, append(toyExtra, "abab", "cab", "abc")...)
+	g, err := Compile(pattern, v)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,8 +92,8 @@ func TestMasksOfAFiniteLanguage(t *testing.T) {
 		m := g.NewMatcher()
 		out := ""
 		for steps := 0; !m.Done(); steps++ {
-			if steps > 20 {
-				t.Fatalf("walk %d: no end after %q", walk, out)
+			if steps > 40 {
+				t.Fatalf("%s walk %d: no end after %q", pattern, walk, out)
 			}
 			mask := m.Allowed()
 			var ok []int32
@@ -77,7 +103,7 @@ func TestMasksOfAFiniteLanguage(t *testing.T) {
 					want = false
 				}
 				if got := allowed(mask, id); got != want {
-					t.Fatalf("walk %d after %q: token %d (%q) allowed %v, want %v", walk, out, id, v.pieces[id], got, want)
+					t.Fatalf("%s walk %d after %q: token %d (%q) allowed %v, want %v", pattern, walk, out, id, v.pieces[id], got, want)
 				}
 				if want {
 					ok = append(ok, id)
@@ -85,19 +111,30 @@ func TestMasksOfAFiniteLanguage(t *testing.T) {
 			}
 			tok := ok[rng.IntN(len(ok))]
 			if !m.Advance(tok) {
-				t.Fatalf("walk %d after %q: an allowed token %d was refused", walk, out, tok)
+				t.Fatalf("%s walk %d after %q: an allowed token %d was refused", pattern, walk, out, tok)
 			}
 			if tok != 0 {
 				out += string(v.pieces[tok])
 			}
 		}
 		if !lang[out] {
-			t.Fatalf("walk %d ended on %q, not a word", walk, out)
+			t.Fatalf("%s walk %d ended on %q, not a word", pattern, walk, out)
 		}
 		ended[out] = true
 	}
-	if len(ended) != len(words) {
-		t.Errorf("the walks reached %v, want every word of %v", ended, words)
+	if share {
+		masked := 0
+		for _, st := range g.index {
+			if st.mask != nil {
+				masked++
+			}
+		}
+		if len(g.byHorizon) >= masked {
+			t.Errorf("%s: %d masks for %d states with one: none shared", pattern, len(g.byHorizon), masked)
+		}
+	}
+	if want := min(len(words), 40); len(ended) < want {
+		t.Errorf("%s: the walks reached %d words, want at least %d", pattern, len(ended), want)
 	}
 }
 
@@ -264,7 +301,7 @@ func BenchmarkMaskOfAFreshState(b *testing.B) {
 // walks never panic, only take allowed tokens, and end on a match of the
 // pattern when they end accepting.
 func FuzzGuide(f *testing.F) {
-	for _, s := range []string{`[0-9]+`, `(?:yes|no)`, `"(?:[^"\\]|\\.)*"`, `.{0,3}é`, `(?i)ab|c*`, `^x$`, `a{2,5}b?`, `[^a]`} {
+	for _, s := range []string{`[0-9]+`, `(?:yes|no)`, `"(?:[^"\\]|\\.)*"`, `.{0,3}é`, `(?i)ab|c*`, `^x$`, `a{2,5}b?`, `[^a]`, `(?:ab|c){0,9}d`, `"[a-fé]{3,12}"`} {
 		f.Add(s, uint64(1))
 	}
 	v := toyVocab(f, toyExtra...)
@@ -284,16 +321,22 @@ func FuzzGuide(f *testing.F) {
 		if err != nil {
 			t.Fatalf("%q compiled as a guide but not as a regexp: %v", pattern, err)
 		}
+		alone, _ := Compile(pattern, v) // its masks shared by no state
+		alone.noShare = true
 		rng := rand.New(rand.NewPCG(seed, 7))
-		m := g.NewMatcher()
+		m, ref := g.NewMatcher(), alone.NewMatcher()
 		var out []byte
 		for steps := 0; steps < 60 && !m.Done(); steps++ {
-			ok := allowedIDs(m.Allowed(), v)
+			mask := m.Allowed()
+			if !slices.Equal(mask, ref.Allowed()) {
+				t.Fatalf("%q after %q: the shared mask differs from the state's own", pattern, out)
+			}
+			ok := allowedIDs(mask, v)
 			if len(ok) == 0 {
 				break
 			}
 			tok := ok[rng.IntN(len(ok))]
-			if !m.Advance(tok) {
+			if !m.Advance(tok) || !ref.Advance(tok) {
 				t.Fatalf("%q: an allowed token %d was refused after %q", pattern, tok, out)
 			}
 			if tok != 0 {

@@ -28,6 +28,7 @@ type Vocab struct {
 	pieces [][]byte // per id; nil: never allowed (control tokens, empty pieces)
 	eos    []int32  // allowed exactly where the output is a complete match
 	order  []int32  // the ids with a piece, in byte order of their pieces
+	maxLen int      // the longest piece, in bytes
 	lcp    []int32  // lcp[i]: common prefix length of order[i-1] and order[i]
 }
 
@@ -57,6 +58,9 @@ func NewVocab(pieces [][]byte, eos []int32) (*Vocab, error) {
 	}
 	v.order = slices.DeleteFunc(v.order, func(id int32) bool { return v.pieces[id] == nil })
 	slices.SortStableFunc(v.order, func(a, b int32) int { return bytes.Compare(v.pieces[a], v.pieces[b]) })
+	for _, id := range v.order {
+		v.maxLen = max(v.maxLen, len(v.pieces[id]))
+	}
 	v.lcp = make([]int32, len(v.order))
 	for i := 1; i < len(v.order); i++ {
 		a, b := v.pieces[v.order[i-1]], v.pieces[v.order[i]]
