@@ -40,7 +40,7 @@ type Guide struct {
 	// (horizonKey): the positions of a long counted repetition.
 	byHorizon map[string][]uint32
 	noShare   bool // every state walks its own mask (tests)
-	peak      int // the most states interned at once (tests)
+	peak      int  // the most states interned at once (tests)
 }
 
 // dstate is a DFA state: the program's rune-consuming instructions that
