@@ -474,7 +474,7 @@ func (g *Guide) horizonKey(s *dstate) string {
 	}
 	for k := 0; k < len(queue); k++ {
 		in := &g.prog.Inst[queue[k]]
-		key = append(key, byte(in.Op), byte(syntax.Flags(in.Arg)&syntax.FoldCase), byte(len(in.Rune)))
+		key = binary.LittleEndian.AppendUint32(append(key, byte(in.Op), byte(syntax.Flags(in.Arg)&syntax.FoldCase)), uint32(len(in.Rune)))
 		for _, r := range in.Rune {
 			key = binary.LittleEndian.AppendUint32(key, uint32(r))
 		}
@@ -484,7 +484,7 @@ func (g *Guide) horizonKey(s *dstate) string {
 		}
 		g.closer.add(in.Out, false)
 		next, m := g.closer.take()
-		key = append(key, boolByte(m), byte(len(next)>>8), byte(len(next)))
+		key = binary.LittleEndian.AppendUint32(append(key, boolByte(m)), uint32(len(next)))
 		for _, pc := range next {
 			key = binary.LittleEndian.AppendUint32(key, uint32(id(pc, depth[k]+1)))
 		}
