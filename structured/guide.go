@@ -469,6 +469,7 @@ func (g *Guide) horizonKey(s *dstate) string {
 		queue, depth = append(queue, pc), append(depth, d)
 		return len(queue) - 1
 	}
+	key = binary.LittleEndian.AppendUint32(key, uint32(len(s.pcs)))
 	for _, pc := range s.pcs {
 		key = binary.LittleEndian.AppendUint32(key, uint32(id(pc, 0)))
 	}
