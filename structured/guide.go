@@ -40,6 +40,14 @@ type Guide struct {
 	// (horizonKey): the positions of a long counted repetition.
 	byHorizon map[string][]uint32
 	noShare   bool // every state walks its own mask (tests)
+	// Per instruction (under mu): the closure of a rune instruction's Out,
+	// computed once (outOf), and horizonKey's numbering by generation.
+	outs     [][]uint32
+	outMatch []bool
+	outDone  []bool
+	hzStamp  []uint32
+	hzID     []uint32
+	hzGen    uint32
 	peak      int  // the most states interned at once (tests)
 }
 
@@ -84,6 +92,9 @@ func Compile(pattern string, vocab *Vocab) (*Guide, error) {
 		}
 	}
 	g := &Guide{pattern: pattern, vocab: vocab, prog: prog}
+	n := len(prog.Inst)
+	g.outs, g.outMatch, g.outDone = make([][]uint32, n), make([]bool, n), make([]bool, n)
+	g.hzStamp, g.hzID = make([]uint32, n), make([]uint32, n)
 	g.reset()
 	return g, nil
 }
@@ -455,23 +466,26 @@ func (g *Guide) maskOf(s *dstate) []uint32 {
 // not one walk each. (Instructions past the horizon are only marked
 // present: a token cannot reach what they match.)
 func (g *Guide) horizonKey(s *dstate) string {
-	ids := make(map[uint32]int, 16)
-	queue := make([]uint32, 0, 16)
-	depth := make([]int, 0, 16)
-	var key []byte
+	if g.hzGen++; g.hzGen == 0 {
+		clear(g.hzStamp)
+		g.hzGen = 1
+	}
+	queue := make([]uint32, 0, 64)
+	depth := make([]int, 0, 64)
+	key := make([]byte, 0, 256)
 	key = append(key, boolByte(s.match), byte(len(s.pending)))
 	key = append(key, s.pending...)
-	id := func(pc uint32, d int) int {
-		if n, ok := ids[pc]; ok {
-			return n
+	id := func(pc uint32, d int) uint32 {
+		if g.hzStamp[pc] == g.hzGen {
+			return g.hzID[pc]
 		}
-		ids[pc] = len(queue)
+		g.hzStamp[pc], g.hzID[pc] = g.hzGen, uint32(len(queue))
 		queue, depth = append(queue, pc), append(depth, d)
-		return len(queue) - 1
+		return uint32(len(queue) - 1)
 	}
 	key = binary.LittleEndian.AppendUint32(key, uint32(len(s.pcs)))
 	for _, pc := range s.pcs {
-		key = binary.LittleEndian.AppendUint32(key, uint32(id(pc, 0)))
+		key = binary.LittleEndian.AppendUint32(key, id(pc, 0))
 	}
 	for k := 0; k < len(queue); k++ {
 		in := &g.prog.Inst[queue[k]]
@@ -483,14 +497,24 @@ func (g *Guide) horizonKey(s *dstate) string {
 			key = append(key, '|')
 			continue
 		}
-		g.closer.add(in.Out, false)
-		next, m := g.closer.take()
+		next, m := g.outOf(queue[k])
 		key = binary.LittleEndian.AppendUint32(append(key, boolByte(m)), uint32(len(next)))
 		for _, pc := range next {
-			key = binary.LittleEndian.AppendUint32(key, uint32(id(pc, depth[k]+1)))
+			key = binary.LittleEndian.AppendUint32(key, id(pc, depth[k]+1))
 		}
 	}
 	return string(key)
+}
+
+// outOf is the closure of rune instruction pc's Out (the instructions
+// after it matched), computed once (under mu).
+func (g *Guide) outOf(pc uint32) ([]uint32, bool) {
+	if !g.outDone[pc] {
+		g.closer.add(g.prog.Inst[pc].Out, false)
+		g.outs[pc], g.outMatch[pc] = g.closer.take()
+		g.outDone[pc] = true
+	}
+	return g.outs[pc], g.outMatch[pc]
 }
 
 func boolByte(b bool) byte {
