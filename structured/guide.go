@@ -48,7 +48,7 @@ type Guide struct {
 	hzStamp  []uint32
 	hzID     []uint32
 	hzGen    uint32
-	peak      int  // the most states interned at once (tests)
+	peak     int // the most states interned at once (tests)
 }
 
 // dstate is a DFA state: the program's rune-consuming instructions that
