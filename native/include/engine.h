@@ -24,7 +24,7 @@ extern "C" {
 #endif
 
 /* Bumped on every incompatible change; eng_engine_init refuses a mismatch. */
-#define ENG_ABI_VERSION 10
+#define ENG_ABI_VERSION 11
 
 /* The most top log-probabilities a row may ask for (vLLM's default
  * max_logprobs). */
@@ -387,6 +387,20 @@ typedef struct eng_step_desc {
   const int32_t* block_table;  /* [sum num_blocks], each in [0, num_pages) */
   const uint8_t* sample;       /* [num_seqs] */
   const eng_sampling* sampling; /* [num_seqs] or NULL = every sequence greedy */
+  /* Prompt scoring (vLLM's prompt_logprobs; ABI 11): NULL, or [sum num_tokens]
+   * ids aligned with tokens. Where score_targets[r] >= 0 (it must be in
+   * [0, vocab); -1 = not scored) the step computes the log-probabilities of
+   * new token r's logits row (the model's prediction of the position after
+   * it) exactly as eng_sampling.logprobs does for a sampled row: the
+   * target's into res.score_logprobs[r], and the score_top[i]
+   * (0..ENG_MAX_LOGPROBS) most probable ids of sequence i with theirs into
+   * res.score_top_ids / res.score_top_logprobs [r * ENG_MAX_LOGPROBS ...].
+   * A row's result does not depend on the rest of the batch or on whether
+   * its sequence samples (bit-exact with the sampled row of a sequence
+   * ending at that token). A backend that cannot score refuses the step
+   * with ENG_UNSUPPORTED (the CUDA backend, for now). */
+  const int32_t* score_targets;
+  const int32_t* score_top;    /* [num_seqs] or NULL = 0 for every sequence */
 } eng_step_desc;
 
 typedef struct eng_step_result {
@@ -406,6 +420,13 @@ typedef struct eng_step_result {
   float* logprobs;
   int32_t* top_logprob_ids;
   float* top_logprobs;
+  /* Prompt scoring (eng_step_desc.score_targets): [sum num_tokens] and
+   * [sum num_tokens * ENG_MAX_LOGPROBS] twice, written for every row (0,
+   * -1 and 0 where a row is not scored or has fewer top entries). They may
+   * be NULL only when no row is scored. */
+  float* score_logprobs;
+  int32_t* score_top_ids;
+  float* score_top_logprobs;
 } eng_step_result;
 
 eng_status eng_engine_step(eng_engine_t eng, const eng_step_desc* desc,

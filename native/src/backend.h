@@ -51,6 +51,20 @@ struct StepSeq {
   eng_sampling sampling;
   // Absolute position of the sampled token: start_pos + num_tokens.
   int64_t sample_pos() const { return int64_t{start_pos} + num_tokens; }
+  // Prompt scoring (eng_step_desc.score_targets): [num_tokens] targets
+  // aliasing the caller's (-1 = row not scored), or null when no row of
+  // the sequence is scored; score_top top entries per scored row.
+  const int32_t* score_targets = nullptr;
+  int32_t score_top = 0;
+};
+
+// Where a step writes its scored rows' log-probabilities (eng_step_result's
+// score_* arrays, indexed by batch row); every row was reset by the entry
+// point, so a backend writes the scored rows only.
+struct ScoreOut {
+  float* logprobs = nullptr;     // [num_rows]
+  int32_t* top_ids = nullptr;    // [num_rows * ENG_MAX_LOGPROBS]
+  float* top_logprobs = nullptr; // [num_rows * ENG_MAX_LOGPROBS]
 };
 
 // A validated step: sequences in batch order. No two sequences write the same
@@ -69,6 +83,8 @@ struct StepBatch {
   int32_t num_sampled = 0;  // sequences with sample set
   int32_t num_stochastic = 0;  // sampled sequences sampled on the host (sampling_on_host)
   int32_t num_logprobs = 0;    // sampled sequences that ask for log-probabilities
+  int64_t num_scored = 0;      // rows with a score target (ScoreOut)
+  ScoreOut score;              // set by the entry point when num_scored > 0
   CpExchange* cp = nullptr; // Helix CP group member, or null
   // Expert-parallel group member (MoE), or null: every MoE layer dispatches
   // tokens to their experts' members and combines the outputs (docs/moe.md).
@@ -100,6 +116,9 @@ class Backend {
   // logits[num_sampled * vocab] in batch order. Returns the compute time in
   // milliseconds (device time on a GPU).
   virtual double step(const StepBatch& batch, int32_t* sampled, float* logits) = 0;
+  // Whether step scores rows (StepBatch::num_scored > 0, results in
+  // StepBatch::score); the entry point refuses a scoring step otherwise.
+  virtual bool can_score() const { return false; }
   // Copies page src[k] of src_tier to page dst[k] of dst_tier for k in
   // [0, n), in order. Every index has been validated.
   virtual void copy_pages(eng_tier src_tier, const int32_t* src, eng_tier dst_tier,

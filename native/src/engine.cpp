@@ -98,6 +98,8 @@ void build_batch(eng_engine* eng, const eng_step_desc* d, const eng_step_result*
   b.num_sampled = 0;
   b.num_stochastic = 0;
   b.num_logprobs = 0;
+  b.num_scored = 0;
+  b.score = lockstep::ScoreOut{};
   b.cp = eng->cp.get();
   b.ep = eng->ep.get();
   if (n == 0) return;
@@ -194,6 +196,33 @@ void build_batch(eng_engine* eng, const eng_step_desc* d, const eng_step_result*
     }
   }
 
+  // Prompt scoring (optional arrays): targets in the vocabulary or -1, top
+  // counts in [0, ENG_MAX_LOGPROBS].
+  if (d->score_top != nullptr)
+    for (int32_t i = 0; i < n; ++i)
+      if (d->score_top[i] < 0 || d->score_top[i] > ENG_MAX_LOGPROBS)
+        invalid_argument(fmt("score_top[%d] = %d is out of range [0, %d] (sequence %d)", i, d->score_top[i],
+                             ENG_MAX_LOGPROBS, i));
+  std::vector<uint8_t>& scored = eng->seq_scored;
+  scored.assign(static_cast<size_t>(n), 0);
+  if (d->score_targets != nullptr) {
+    tok = 0;
+    for (int32_t i = 0; i < n; ++i)
+      for (int32_t t = 0; t < d->num_tokens[i]; ++t, ++tok) {
+        const int32_t id = d->score_targets[tok];
+        if (id < -1 || id >= V)
+          invalid_argument(fmt("score_targets[%" PRId64 "] (sequence %d, token %d) = %d is out of range [0, %d) "
+                               "(-1 = not scored)", tok, i, t, id, V));
+        if (id >= 0) {
+          scored[static_cast<size_t>(i)] = 1;
+          ++b.num_scored;
+        }
+      }
+  }
+  if (b.num_scored > 0 && !eng->validate_only && !eng->backend->can_score())
+    throw EngineError(ENG_UNSUPPORTED, fmt("the %s backend does not score prompts (desc.score_targets sets %" PRId64
+                                           " rows); send NULL score_targets", eng->backend->name(), b.num_scored));
+
   b.seqs.reserve(static_cast<size_t>(n));
   tok = 0;
   blk = 0;
@@ -204,6 +233,10 @@ void build_batch(eng_engine* eng, const eng_step_desc* d, const eng_step_result*
                       d->num_blocks[i], sample, sp});
     if (sample && lockstep::sampling_on_host(sp)) ++b.num_stochastic;
     if (sample && sp.logprobs != 0) ++b.num_logprobs;
+    if (scored[static_cast<size_t>(i)]) {
+      b.seqs.back().score_targets = d->score_targets + tok;
+      b.seqs.back().score_top = d->score_top != nullptr ? d->score_top[i] : 0;
+    }
     tok += d->num_tokens[i];
     blk += d->num_blocks[i];
     if (sample) ++b.num_sampled;
@@ -233,9 +266,20 @@ void fill_logprobs(const lockstep::StepBatch& b, int32_t V, const int32_t* sampl
   }
 }
 
+// Points b's scoring output at out and resets every row of it (0, -1, 0):
+// the backend writes the scored rows.
+void reset_scores(lockstep::StepBatch* b, const lockstep::ScoreOut& out) {
+  b->score = out;
+  if (b->num_scored == 0) return;
+  std::fill(out.logprobs, out.logprobs + b->num_rows, 0.0f);
+  std::fill(out.top_ids, out.top_ids + b->num_rows * ENG_MAX_LOGPROBS, -1);
+  std::fill(out.top_logprobs, out.top_logprobs + b->num_rows * ENG_MAX_LOGPROBS, 0.0f);
+}
+
 // Runs b on the backend; when some sequence asks for log-probabilities,
 // the sampled rows' logits go to `logits` (or to scratch when the caller
-// wants none) and the log-probabilities to lp/ids/tlp.
+// wants none) and the log-probabilities to lp/ids/tlp. Scored rows go to
+// b.score (reset_scores).
 double run_step(lockstep::Backend* backend, const lockstep::StepBatch& b, int32_t V, int32_t* sampled,
                 float* logits, float* lp, int32_t* ids, float* tlp, std::vector<float>* scratch) {
   float* lg = logits;
@@ -257,6 +301,17 @@ void check_logprob_results(const lockstep::StepBatch& b, const eng_step_result* 
                                                              : nullptr;
   if (null_field != nullptr)
     invalid_argument(fmt("%s is NULL but %d sampled sequences set sampling.logprobs", null_field, b.num_logprobs));
+}
+
+// A step with scored rows needs the scoring result arrays.
+void check_score_results(const lockstep::StepBatch& b, const eng_step_result* res) {
+  if (b.num_scored == 0) return;
+  const char* null_field = res->score_logprobs == nullptr      ? "res.score_logprobs"
+                           : res->score_top_ids == nullptr      ? "res.score_top_ids"
+                           : res->score_top_logprobs == nullptr ? "res.score_top_logprobs"
+                                                                : nullptr;
+  if (null_field != nullptr)
+    invalid_argument(fmt("%s is NULL but desc.score_targets scores %" PRId64 " rows", null_field, b.num_scored));
 }
 
 // Validates the indices of a page copy; throws before anything is copied.
@@ -411,6 +466,8 @@ eng_status eng_engine_step(eng_engine_t eng, const eng_step_desc* desc, eng_step
                            eng->inflight.size()));
     build_batch(eng, desc, res);
     check_logprob_results(eng->batch, res);
+    check_score_results(eng->batch, res);
+    reset_scores(&eng->batch, {res->score_logprobs, res->score_top_ids, res->score_top_logprobs});
     eng->stepped = true;
     res->moe_wait_ms = 0;
     // An EP member runs even an empty step: its peers need it in every
@@ -512,10 +569,27 @@ eng_status eng_engine_submit(eng_engine_t eng, const eng_step_desc* desc, int32_
     for (const auto& q : eng->batch.seqs)
       if (q.sampling.allowed != nullptr)
         job->allowed.insert(job->allowed.end(), q.sampling.allowed, q.sampling.allowed + words);
+    if (eng->batch.num_scored > 0) {
+      job->score_targets.reserve(static_cast<size_t>(eng->batch.num_rows));
+      for (const auto& q : eng->batch.seqs) {
+        if (q.score_targets != nullptr)
+          job->score_targets.insert(job->score_targets.end(), q.score_targets, q.score_targets + q.num_tokens);
+        else
+          job->score_targets.insert(job->score_targets.end(), static_cast<size_t>(q.num_tokens), -1);
+      }
+      const size_t rows = static_cast<size_t>(eng->batch.num_rows);
+      job->score_logprobs.assign(rows, 0.0f);
+      job->score_top_ids.assign(rows * ENG_MAX_LOGPROBS, -1);
+      job->score_top_logprobs.assign(rows * ENG_MAX_LOGPROBS, 0.0f);
+    }
     job->batch = eng->batch;
+    job->batch.score = lockstep::ScoreOut{};
+    if (job->batch.num_scored > 0)
+      job->batch.score = {job->score_logprobs.data(), job->score_top_ids.data(), job->score_top_logprobs.data()};
     int64_t tok = 0, blk = 0, ids = 0, bias = 0;
     size_t mask = 0;
     for (auto& q : job->batch.seqs) {
+      if (q.score_targets != nullptr) q.score_targets = job->score_targets.data() + tok;
       q.tokens = job->tokens.data() + tok;
       q.blocks = job->blocks.data() + blk;
       tok += q.num_tokens;
@@ -574,6 +648,7 @@ eng_status eng_engine_wait(eng_engine_t eng, eng_step_result* res) {
     const size_t n = job->batch.seqs.size();
     if (n > 0 && res->sampled == nullptr) invalid_argument(fmt("res.sampled is NULL (num_seqs = %zu)", n));
     check_logprob_results(job->batch, res);
+    check_score_results(job->batch, res);
     {
       std::unique_lock<std::mutex> lk(job->mu);
       job->cv.wait(lk, [&] { return job->done; });
@@ -587,6 +662,11 @@ eng_status eng_engine_wait(eng_engine_t eng, eng_step_result* res) {
       std::copy(job->logprobs.begin(), job->logprobs.end(), res->logprobs);
       std::copy(job->top_ids.begin(), job->top_ids.end(), res->top_logprob_ids);
       std::copy(job->top_logprobs.begin(), job->top_logprobs.end(), res->top_logprobs);
+    }
+    if (job->batch.num_scored > 0) {
+      std::copy(job->score_logprobs.begin(), job->score_logprobs.end(), res->score_logprobs);
+      std::copy(job->score_top_ids.begin(), job->score_top_ids.end(), res->score_top_ids);
+      std::copy(job->score_top_logprobs.begin(), job->score_top_logprobs.end(), res->score_top_logprobs);
     }
     res->device_ms = job->device_ms;
     res->moe_wait_ms = job->moe_wait_ms;

@@ -38,6 +38,10 @@ struct AsyncStep {
   // [num_seqs * ENG_MAX_LOGPROBS] twice.
   std::vector<float> logprobs, top_logprobs;
   std::vector<int32_t> top_ids;
+  // Prompt scoring (batch.num_scored > 0): every row's target (-1 = not
+  // scored), which the copied seqs point into, and the results by row.
+  std::vector<int32_t> score_targets, score_top_ids;
+  std::vector<float> score_logprobs, score_top_logprobs;
   double device_ms = 0;
   double moe_wait_ms = 0;
   eng_status status = ENG_OK;
@@ -69,6 +73,7 @@ struct eng_engine {
   // not the logits (reused).
   std::vector<float> logprob_logits;
   std::vector<int32_t> page_writer;
+  std::vector<uint8_t> seq_scored;  // build_batch's scratch: sequences with a scored row
   std::vector<int32_t> touched_pages;
   // Helix membership (null without Helix); cp_size 1 without.
   std::unique_ptr<lockstep::CpExchange> cp;

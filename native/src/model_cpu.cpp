@@ -452,13 +452,14 @@ double CpuBackend::step(const StepBatch& batch, int32_t* sampled, float* logits)
   for (int32_t l = 0; l < shape_.num_layers; ++l) {
     write_kv(l, batch, hidden);
     const bool last = l == shape_.num_layers - 1;
-    // In the last layer only the sampled rows' outputs are observable.
+    // In the last layer only the sampled and the scored rows' outputs are
+    // observable.
     helix_rows_.clear();
     int64_t first_row = 0;
     for (const StepSeq& s : batch.seqs) {
-      const int64_t begin = last ? (s.sample ? first_row + s.num_tokens - 1 : first_row + s.num_tokens)
-                                 : first_row;
-      for (int64_t row = begin; row < first_row + s.num_tokens; ++row) helix_rows_.push_back(row);
+      for (int32_t t = 0; t < s.num_tokens; ++t)
+        if (!last || (s.sample && t == s.num_tokens - 1) || (s.score_targets != nullptr && s.score_targets[t] >= 0))
+          helix_rows_.push_back(first_row + t);
       first_row += s.num_tokens;
     }
     if (batch.cp != nullptr) {
@@ -499,9 +500,49 @@ double CpuBackend::step(const StepBatch& batch, int32_t* sampled, float* logits)
       sampled[seq] = sample_token(lg + j * V, shape_.vocab_size, s.sampling, s.sample_pos(), &sampling_);
     }
   }
+  if (batch.num_scored > 0) score_rows(batch, hidden);
 
   const auto t1 = std::chrono::steady_clock::now();
   return std::chrono::duration<double, std::milli>(t1 - t0).count();
+}
+
+// The scored rows' log-probabilities (eng_step_desc.score_targets): their
+// logits through the LM head exactly as a sampled row's (GEMMs of up to
+// kLogitChunk rows, whose rows do not depend on each other), then
+// row_logprobs of each row's target into batch.score.
+void CpuBackend::score_rows(const StepBatch& batch, const float* hidden) {
+  const int64_t H = shape_.hidden_size, V = shape_.vocab_size;
+  std::vector<int64_t>& rows = helix_rows_;
+  rows.clear();
+  score_target_.clear();
+  score_top_.clear();
+  int64_t first_row = 0;
+  for (const StepSeq& s : batch.seqs) {
+    if (s.score_targets != nullptr)
+      for (int32_t t = 0; t < s.num_tokens; ++t)
+        if (s.score_targets[t] >= 0) {
+          rows.push_back(first_row + t);
+          score_target_.push_back(s.score_targets[t]);
+          score_top_.push_back(s.score_top);
+        }
+    first_row += s.num_tokens;
+  }
+  const int64_t n = static_cast<int64_t>(rows.size());
+  for (int64_t c0 = 0; c0 < n; c0 += kLogitChunk) {
+    const int64_t m = n - c0 < kLogitChunk ? n - c0 : kLogitChunk;
+    float* x = grow(x_, static_cast<size_t>(m * H));
+    for (int64_t j = 0; j < m; ++j)
+      rms_norm(hidden + rows[static_cast<size_t>(c0 + j)] * H, weights_->final_norm.data(), shape_.hidden_size,
+               shape_.rms_eps, x + j * H);
+    float* lg = grow(logits_, static_cast<size_t>(m * V));
+    linear(x, m, H, weights_->lm_head, weights_->q_lm_head, weights_->p_lm_head, V, lg);
+    for (int64_t j = 0; j < m; ++j) {
+      const size_t k = static_cast<size_t>(c0 + j);
+      const int64_t r = rows[k];
+      row_logprobs(lg + j * V, shape_.vocab_size, score_target_[k], score_top_[k], batch.score.logprobs + r,
+                   batch.score.top_ids + r * ENG_MAX_LOGPROBS, batch.score.top_logprobs + r * ENG_MAX_LOGPROBS);
+    }
+  }
 }
 
 // Helix attention of `rows` in one layer: the partials of this rank's pages

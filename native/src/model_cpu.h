@@ -111,6 +111,7 @@ class CpuBackend final : public Backend {
   void join_ep(int32_t size, int32_t rank) override;
   const MoeStats& moe_stats() const override { return moe_stats_; }
   double step(const StepBatch& batch, int32_t* sampled, float* logits) override;
+  bool can_score() const override { return true; }
   void copy_pages(eng_tier src_tier, const int32_t* src, eng_tier dst_tier, const int32_t* dst,
                   int32_t n) override;
 
@@ -129,6 +130,7 @@ class CpuBackend final : public Backend {
 
  private:
   void prepare_rows(const StepBatch& batch);
+  void score_rows(const StepBatch& batch, const float* hidden);
   void write_kv(int32_t layer, const StepBatch& batch, const float* hidden);
   // MLA phase 1 (see above): latents into the pages, absorbed queries
   // [rows][heads][kv_lora + rope] into q_.
@@ -210,6 +212,7 @@ class CpuBackend final : public Backend {
   // Helix scratch: this step's rows needing attention in the current layer,
   // their attention outputs, the local partials and the gathered ones.
   std::vector<int64_t> helix_rows_;
+  std::vector<int32_t> score_target_, score_top_;  // score_rows' rows' targets and top counts
   std::vector<float> helix_attn_;   // [rows][heads * head_dim]
   std::vector<float> helix_local_;  // partials of this rank's pages
   std::vector<std::vector<char>> helix_all_;

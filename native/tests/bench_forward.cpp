@@ -64,7 +64,7 @@ int main(int argc, char** argv) {
   uint64_t digest = 0xcbf29ce484222325ull;
 
   auto run = [&](const std::vector<int32_t>& nt, const std::vector<int32_t>& toks) -> double {
-    eng_step_desc d;
+    eng_step_desc d{};
     d.num_seqs = nseq;
     d.num_tokens = nt.data();
     d.start_pos = pos.data();
@@ -73,7 +73,7 @@ int main(int argc, char** argv) {
     d.block_table = blocks.data();
     d.sample = sample.data();
     d.sampling = nullptr;
-    eng_step_result r;
+    eng_step_result r{};
     r.sampled = last.data();
     r.logits = logits.data();
     r.device_ms = -1;

@@ -40,6 +40,9 @@ struct TestSeq {
   std::vector<int32_t> blocks;
   bool sample = false;
   eng_sampling sampling{0.0f, 0, 1.0f, 0};  // temperature 0: greedy
+  // Prompt scoring: [tokens] targets (-1 = not scored), or empty.
+  std::vector<int32_t> score_targets;
+  int32_t score_top = 0;
 };
 
 // What a test step returned.
@@ -47,11 +50,15 @@ struct TestStepOut {
   eng_status status = ENG_OK;
   std::vector<int32_t> sampled;
   std::vector<float> logits;  // [num sampled][vocab]
+  // Scored rows' results (when some sequence has score_targets), by row.
+  std::vector<float> score_lp, score_tlp;
+  std::vector<int32_t> score_tid;
 };
 
 // Flattens seqs into an eng_step_desc and runs one step with logits.
 inline TestStepOut test_step(eng_engine_t e, const std::vector<TestSeq>& seqs, int32_t vocab) {
-  std::vector<int32_t> nt, sp, nb, toks, blocks;
+  std::vector<int32_t> nt, sp, nb, toks, blocks, targets, top;
+  bool any_scored = false;
   std::vector<uint8_t> sample;
   std::vector<eng_sampling> sampling;
   bool any_sampling = false;
@@ -66,8 +73,14 @@ inline TestStepOut test_step(eng_engine_t e, const std::vector<TestSeq>& seqs, i
     toks.insert(toks.end(), s.tokens.begin(), s.tokens.end());
     blocks.insert(blocks.end(), s.blocks.begin(), s.blocks.end());
     n_sampled += s.sample ? 1 : 0;
+    any_scored = any_scored || !s.score_targets.empty();
+    if (s.score_targets.empty())
+      targets.insert(targets.end(), s.tokens.size(), -1);
+    else
+      targets.insert(targets.end(), s.score_targets.begin(), s.score_targets.end());
+    top.push_back(s.score_top);
   }
-  eng_step_desc d;
+  eng_step_desc d{};
   d.num_seqs = static_cast<int32_t>(seqs.size());
   d.num_tokens = nt.data();
   d.start_pos = sp.data();
@@ -76,13 +89,25 @@ inline TestStepOut test_step(eng_engine_t e, const std::vector<TestSeq>& seqs, i
   d.block_table = blocks.data();
   d.sample = sample.data();
   d.sampling = any_sampling ? sampling.data() : nullptr;
+  if (any_scored) {
+    d.score_targets = targets.data();
+    d.score_top = top.data();
+  }
   TestStepOut out;
   out.sampled.assign(seqs.size(), -2);
   out.logits.assign(static_cast<size_t>(n_sampled) * vocab, 0.0f);
-  eng_step_result r;
+  eng_step_result r{};
   r.sampled = out.sampled.data();
   r.logits = out.logits.data();
   r.device_ms = -1;
+  if (any_scored) {
+    out.score_lp.assign(toks.size(), 0.0f);
+    out.score_tid.assign(toks.size() * ENG_MAX_LOGPROBS, 0);
+    out.score_tlp.assign(toks.size() * ENG_MAX_LOGPROBS, 0.0f);
+    r.score_logprobs = out.score_lp.data();
+    r.score_top_ids = out.score_tid.data();
+    r.score_top_logprobs = out.score_tlp.data();
+  }
   out.status = eng_engine_step(e, &d, &r);
   if (out.status != ENG_OK) std::fprintf(stderr, "eng_engine_step: %d: %s\n", out.status, eng_engine_last_error(e));
   return out;

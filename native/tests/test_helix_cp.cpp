@@ -3,7 +3,9 @@
 // an engine on its own thread) yields bit-identical tokens and logits to a
 // single engine, for several cp sizes, page sizes, chunkings and short
 // prompts that leave some members without pages, for GQA and MLA (latent) attention; a member that never
-// arrives makes the others fail with ENG_TIMEOUT instead of hanging.
+// arrives makes the others fail with ENG_TIMEOUT instead of hanging. The
+// prompt's rows are scored (eng_step_desc.score_targets) on every member
+// exactly as on the single engine.
 #include <thread>
 #include <vector>
 
@@ -16,6 +18,7 @@ struct ScriptStep {
   std::vector<int32_t> tokens;
   int32_t start_pos;
   bool sample;
+  std::vector<int32_t> targets;  // prompt scoring: the next prompt token, -1 for the last
 };
 
 // Runs the script on one engine with block table `blocks`; the next decode
@@ -26,7 +29,10 @@ std::vector<TestStepOut> run_script(eng_engine_t e, const std::vector<ScriptStep
   int32_t last = 0;
   for (const ScriptStep& s : script) {
     std::vector<int32_t> toks = s.tokens.empty() ? std::vector<int32_t>{last} : s.tokens;
-    TestStepOut o = test_step(e, {{toks, s.start_pos, blocks, s.sample}}, V);
+    TestSeq q{toks, s.start_pos, blocks, s.sample};
+    q.score_targets = s.targets;
+    q.score_top = s.targets.empty() ? 0 : 3;
+    TestStepOut o = test_step(e, {q}, V);
     if (s.sample && o.status == ENG_OK) last = o.sampled[0];
     outs.push_back(o);
   }
@@ -41,8 +47,10 @@ void check_case(int32_t cp, int32_t P, int32_t prompt_len, const std::vector<int
   int32_t pos = 0;
   for (size_t c = 0; pos < prompt_len; ++c) {
     const int32_t n = std::min(chunks[c % chunks.size()], prompt_len - pos);
+    std::vector<int32_t> targets;
+    for (int32_t t = pos; t < pos + n; ++t) targets.push_back(t + 1 < prompt_len ? prompt[t + 1] : -1);
     script.push_back({std::vector<int32_t>(prompt.begin() + pos, prompt.begin() + pos + n), pos,
-                      pos + n == prompt_len});
+                      pos + n == prompt_len, targets});
     pos += n;
   }
   for (int32_t g = 0; g < decode; ++g) script.push_back({{}, prompt_len + g, true});
@@ -85,6 +93,9 @@ void check_case(int32_t cp, int32_t P, int32_t prompt_len, const std::vector<int
              P, prompt_len, r, i);
       CHECKF(got[r][i].logits == want[i].logits, "cp %d P %d len %d rank %d step %zu: logits differ", cp, P,
              prompt_len, r, i);
+      CHECKF(got[r][i].score_lp == want[i].score_lp && got[r][i].score_tid == want[i].score_tid &&
+                 got[r][i].score_tlp == want[i].score_tlp,
+             "cp %d P %d len %d rank %d step %zu: scores differ", cp, P, prompt_len, r, i);
     }
     eng_engine_free(engines[r]);
   }

@@ -301,6 +301,140 @@ void test_logprobs() {
   eng_engine_free(e);
 }
 
+
+// One scored step: the sequences of seqs (scored where targets is not
+// empty) with their results by row.
+struct ScoredOut {
+  eng_status status = ENG_OK;
+  std::vector<float> lp, tlp;
+  std::vector<int32_t> tid;
+};
+struct ScoredSeq {
+  std::vector<int32_t> tokens, blocks, targets;
+  int32_t start_pos = 0, top = 0;
+  bool sample = false;
+};
+ScoredOut scored_step(eng_engine_t e, const std::vector<ScoredSeq>& seqs, bool async, bool with_results = true) {
+  std::vector<int32_t> nt, sp, nb, toks, bt, targets, top;
+  std::vector<uint8_t> sample;
+  for (const ScoredSeq& q : seqs) {
+    nt.push_back(static_cast<int32_t>(q.tokens.size()));
+    sp.push_back(q.start_pos);
+    nb.push_back(static_cast<int32_t>(q.blocks.size()));
+    toks.insert(toks.end(), q.tokens.begin(), q.tokens.end());
+    bt.insert(bt.end(), q.blocks.begin(), q.blocks.end());
+    if (q.targets.empty())
+      targets.insert(targets.end(), q.tokens.size(), -1);
+    else
+      targets.insert(targets.end(), q.targets.begin(), q.targets.end());
+    top.push_back(q.top);
+    sample.push_back(q.sample ? 1 : 0);
+  }
+  eng_step_desc d{static_cast<int32_t>(seqs.size()), nt.data(), sp.data(), toks.data(), nb.data(), bt.data(),
+                  sample.data(), nullptr, targets.data(), top.data()};
+  ScoredOut out;
+  out.lp.assign(toks.size(), 7.0f);  // the step overwrites every row
+  out.tid.assign(toks.size() * ENG_MAX_LOGPROBS, 7);
+  out.tlp.assign(toks.size() * ENG_MAX_LOGPROBS, 7.0f);
+  std::vector<int32_t> got(seqs.size(), -2);
+  eng_step_result r{got.data(), nullptr, 0};
+  if (with_results) {
+    r.score_logprobs = out.lp.data();
+    r.score_top_ids = out.tid.data();
+    r.score_top_logprobs = out.tlp.data();
+  }
+  if (!async) {
+    out.status = eng_engine_step(e, &d, &r);
+  } else {
+    out.status = eng_engine_submit(e, &d, 0);
+    if (out.status == ENG_OK) out.status = eng_engine_wait(e, &r);
+  }
+  return out;
+}
+
+// Prompt scoring (eng_step_desc.score_targets): every scored row equals
+// eng_logprobs_row of the logits of a sequence ending at that token
+// (sampled, on another engine), scored in one chunk or two, beside an
+// unscored sequence, by step or submit/wait; unscored rows are reset; bad
+// targets and top counts, and missing result arrays, are refused.
+void test_prompt_scoring() {
+  constexpr int32_t L = 13, K = 4;
+  const std::vector<int32_t> prompt = test_prompt(21, L, kVocab);
+  std::vector<float> want_lp(L, 0.0f), want_tlp(size_t(L) * ENG_MAX_LOGPROBS, 0.0f);
+  std::vector<int32_t> want_tid(size_t(L) * ENG_MAX_LOGPROBS, -1);
+  eng_engine_t ref = test_engine(test_config("tiny", 32, kP));
+  for (int32_t r = 0; r + 1 < L; ++r) {
+    TestSeq q;
+    q.tokens.assign(prompt.begin(), prompt.begin() + r + 1);
+    q.blocks = {0, 1};
+    q.sample = true;
+    const TestStepOut o = test_step(ref, {q}, kVocab);
+    REQUIRE(o.status == ENG_OK);
+    REQUIRE(eng_logprobs_row(o.logits.data(), kVocab, prompt[r + 1], K, &want_lp[r], &want_tid[r * ENG_MAX_LOGPROBS],
+                             &want_tlp[r * ENG_MAX_LOGPROBS]) == ENG_OK);
+  }
+  eng_engine_free(ref);
+  // The last row predicts the sampled token: not scored.
+  std::vector<int32_t> targets(prompt.begin() + 1, prompt.end());
+  targets.push_back(-1);
+  auto check_rows = [&](const ScoredOut& o, size_t at, int32_t from, int32_t to, const char* what) {
+    for (int32_t r = from; r < to; ++r) {
+      const size_t row = at + size_t(r - from);
+      CHECKF(o.lp[row] == want_lp[r], "%s: row %d logprob %g, want %g", what, r, o.lp[row], want_lp[r]);
+      for (int j = 0; j < ENG_MAX_LOGPROBS; ++j) {
+        CHECKF(o.tid[row * ENG_MAX_LOGPROBS + j] == want_tid[r * ENG_MAX_LOGPROBS + j], "%s: row %d top %d", what, r, j);
+        CHECKF(o.tlp[row * ENG_MAX_LOGPROBS + j] == want_tlp[r * ENG_MAX_LOGPROBS + j], "%s: row %d top %d", what, r, j);
+      }
+    }
+  };
+  for (bool async : {false, true}) {
+    const char* how = async ? "submit/wait" : "step";
+    eng_engine_t e = test_engine(test_config("tiny", 32, kP));
+    ScoredSeq other{test_prompt(5, 7, kVocab), {4}, {}, 0, 0, true};
+    ScoredSeq whole{prompt, {0, 1}, targets, 0, K, true};
+    const ScoredOut o = scored_step(e, {other, whole}, async);
+    REQUIRE(o.status == ENG_OK);
+    for (size_t row = 0; row < 7; ++row) CHECKF(o.lp[row] == 0.0f && o.tid[row * ENG_MAX_LOGPROBS] == -1, "%s: row %zu", how, row);
+    check_rows(o, 7, 0, L, how);
+    // Two chunks on fresh pages: 0..5 (not sampled), then 6..12.
+    ScoredSeq first{{prompt.begin(), prompt.begin() + 6}, {2}, {targets.begin(), targets.begin() + 6}, 0, K, false};
+    ScoredSeq second{{prompt.begin() + 6, prompt.end()}, {2, 3}, {targets.begin() + 6, targets.end()}, 6, K, true};
+    const ScoredOut o1 = scored_step(e, {first}, async);
+    const ScoredOut o2 = scored_step(e, {second}, async);
+    REQUIRE(o1.status == ENG_OK && o2.status == ENG_OK);
+    check_rows(o1, 0, 0, 6, how);
+    check_rows(o2, 0, 6, L, how);
+    // Refusals name the field; nothing runs.
+    ScoredSeq bad = whole;
+    bad.targets[3] = kVocab;
+    CHECK(scored_step(e, {bad}, async).status == ENG_INVALID_ARGUMENT);
+    CHECK(std::string(eng_engine_last_error(e)).find("score_targets[3]") != std::string::npos);
+    bad.targets[3] = -2;
+    CHECK(scored_step(e, {bad}, async).status == ENG_INVALID_ARGUMENT);
+    bad = whole;
+    bad.top = ENG_MAX_LOGPROBS + 1;
+    CHECK(scored_step(e, {bad}, async).status == ENG_INVALID_ARGUMENT);
+    CHECK(std::string(eng_engine_last_error(e)).find("score_top[0]") != std::string::npos);
+    if (async) {
+      // A wait without the arrays is refused and leaves the step queued.
+      CHECK(scored_step(e, {whole}, true, false).status == ENG_INVALID_ARGUMENT);
+      CHECK(eng_engine_inflight(e) == 1);
+      std::vector<int32_t> got(1);
+      std::vector<float> lp(L), tlp(size_t(L) * ENG_MAX_LOGPROBS);
+      std::vector<int32_t> tid(size_t(L) * ENG_MAX_LOGPROBS);
+      eng_step_result r{got.data(), nullptr, 0};
+      r.score_logprobs = lp.data();
+      r.score_top_ids = tid.data();
+      r.score_top_logprobs = tlp.data();
+      CHECK(eng_engine_wait(e, &r) == ENG_OK);
+    } else {
+      CHECK(scored_step(e, {whole}, false, false).status == ENG_INVALID_ARGUMENT);
+      CHECK(std::string(eng_engine_last_error(e)).find("res.score_logprobs") != std::string::npos);
+    }
+    eng_engine_free(e);
+  }
+}
+
 }  // namespace
 
 int main() {
@@ -310,5 +444,6 @@ int main() {
   test_engine_invariance();
   test_async_owns_sampling();
   test_logprobs();
+  test_prompt_scoring();
   return check_exit_code("test_sampling");
 }
