@@ -388,6 +388,16 @@ type SeqStep struct {
 	// change the sampled token.
 	Logprobs    bool
 	TopLogprobs int
+	// ScoreTargets, when not nil, scores the sequence's rows (the prompt's
+	// log-probabilities, vLLM's prompt_logprobs): one id per token of
+	// Tokens, −1 where the row is not scored. A scored row's logits (the
+	// model's prediction of the position after its token) give the
+	// target's log-probability and the ScoreTop (0..MaxLogprobs) most
+	// probable tokens' (RowLogprobs), in StepResult.ScoreLogprobs by
+	// row, bit-exact with the sampled row of a sequence ending at that
+	// token.
+	ScoreTargets []int32
+	ScoreTop     int
 }
 
 // SamplePos is the absolute position of the token this step samples: the
@@ -412,7 +422,15 @@ type StepResult struct {
 	Logprobs      []float32
 	TopLogprobIDs []int32
 	TopLogprobs   []float32
-	DeviceMS      float64 // device (or CPU compute) time of the step
+	// Scored rows (SeqStep.ScoreTargets), when some sequence scores
+	// (empty otherwise): per row of the step (the sequences' tokens in
+	// order), the target's log-probability (0 where a row is not scored),
+	// and [rows × MaxLogprobs] top ids (−1 past its ScoreTop) and
+	// log-probabilities.
+	ScoreLogprobs    []float32
+	ScoreTopIDs      []int32
+	ScoreTopLogprobs []float32
+	DeviceMS         float64 // device (or CPU compute) time of the step
 	// MoEWaitMS is the part of DeviceMS spent in MoE exchanges (waiting for
 	// the slowest member and moving tokens); 0 without expert parallelism.
 	MoEWaitMS float64

@@ -102,6 +102,8 @@ func CheckStep(desc *StepDesc, g Geometry) error {
 //     only with Logprobs);
 //   - allowed: ValidateAllowed (nil, or a mask of the vocabulary that
 //     allows some token);
+//   - scoring: SeqStep.ValidateScore (targets one per token, −1 or in
+//     the vocabulary; ScoreTop in [0, MaxLogprobs]);
 //   - tokens: every id in [0, VocabSize);
 //   - block_table: every entry, read or written, in [0, DevicePages);
 //
@@ -147,6 +149,9 @@ func (c *StepChecker) checkSeq(op string, i int, sq *SeqStep) error {
 		return invalid(op, "seqs[%d]: %v", i, err)
 	}
 	V := c.g.VocabSize
+	if err := sq.ValidateScore(V); err != nil {
+		return invalid(op, "seqs[%d]: %v", i, err)
+	}
 	if err := ValidateAllowed(sq.Allowed, V); err != nil {
 		return invalid(op, "seqs[%d]: %v", i, err)
 	}

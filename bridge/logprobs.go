@@ -153,3 +153,69 @@ func resize[T any](s []T, n int) []T {
 	}
 	return make([]T, n)
 }
+
+// ValidateScore checks a sequence's scoring request: ScoreTargets nil or
+// one per token, each −1 or in [0, vocab); ScoreTop in [0, MaxLogprobs].
+func (s *SeqStep) ValidateScore(vocab int) error {
+	if s.ScoreTop < 0 || s.ScoreTop > MaxLogprobs {
+		return fmt.Errorf("score_top must be in [0, %d], got %d", MaxLogprobs, s.ScoreTop)
+	}
+	if s.ScoreTargets == nil {
+		return nil
+	}
+	if len(s.ScoreTargets) != len(s.Tokens) {
+		return fmt.Errorf("score_targets has %d entries for %d tokens", len(s.ScoreTargets), len(s.Tokens))
+	}
+	for k, t := range s.ScoreTargets {
+		if t < -1 || int(t) >= vocab {
+			return fmt.Errorf("score_targets[%d] = %d outside [0, vocab_size %d) (-1 = not scored)", k, t, vocab)
+		}
+	}
+	return nil
+}
+
+// Scores reports whether some row of the sequence is scored.
+func (s *SeqStep) Scores() bool {
+	for _, t := range s.ScoreTargets {
+		if t >= 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// WantsScores reports whether some row of desc is scored
+// (StepResult.ScoreLogprobs is then filled), and the step's rows.
+func (d *StepDesc) WantsScores() (bool, int) {
+	want, rows := false, 0
+	for i := range d.Seqs {
+		want = want || d.Seqs[i].Scores()
+		rows += len(d.Seqs[i].Tokens)
+	}
+	return want, rows
+}
+
+// ResizeScores sizes res's score slices for rows rows, reset to 0, −1, 0
+// (want), or empties them (reusing their arrays).
+func ResizeScores(res *StepResult, rows int, want bool) {
+	if !want {
+		res.ScoreLogprobs, res.ScoreTopIDs, res.ScoreTopLogprobs = res.ScoreLogprobs[:0], res.ScoreTopIDs[:0], res.ScoreTopLogprobs[:0]
+		return
+	}
+	res.ScoreLogprobs = resize(res.ScoreLogprobs, rows)
+	res.ScoreTopIDs = resize(res.ScoreTopIDs, rows*MaxLogprobs)
+	res.ScoreTopLogprobs = resize(res.ScoreTopLogprobs, rows*MaxLogprobs)
+	clear(res.ScoreLogprobs)
+	clear(res.ScoreTopLogprobs)
+	for j := range res.ScoreTopIDs {
+		res.ScoreTopIDs[j] = -1
+	}
+}
+
+// FillScore writes row r's score into res (the layout of
+// StepResult.ScoreLogprobs) from its logits row: the pure-Go engines'
+// share of the scoring contract.
+func FillScore(res *StepResult, r int, row []float32, target int32, top int) {
+	at := r * MaxLogprobs
+	res.ScoreLogprobs[r] = RowLogprobs(row, target, res.ScoreTopIDs[at:at+top], res.ScoreTopLogprobs[at:at+MaxLogprobs])
+}

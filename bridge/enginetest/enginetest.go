@@ -86,6 +86,7 @@ func Run(t *testing.T, open Opener, caps Capabilities) {
 		{"LogitsAndSampling", s.logitsAndSampling},
 		{"Logprobs", s.logprobs},
 		{"AllowedMask", s.allowedMask},
+		{"PromptScores", s.promptScores},
 		{"ResultReuse", s.resultReuse},
 		{"EmptyStep", s.emptyStep},
 		{"NilArguments", s.nilArguments},

@@ -35,6 +35,7 @@ type Engine struct {
 	// from a stream that runs steps in submit order.
 	inflight goengine.Queue[bridge.StepResult]
 	row      []float32 // a pseudo-logits row to sample from, reused
+	hashes   []uint64  // rowHashes scratch (scored rows), reused
 }
 
 var _ bridge.Engine = (*Engine)(nil)

@@ -93,6 +93,7 @@ func (e *Engine) run(op string, desc *bridge.StepDesc, res *bridge.StepResult) e
 	// A sequence's token is its content hash modulo the vocabulary; other
 	// sampling draws from the pseudo-logits row whose argmax it is.
 	e.row = goengine.Sample(desc, res, e.shape.VocabSize, e.contentHash, appendLogits, e.row)
+	e.hashes, e.row = goengine.Score(desc, res, e.shape.VocabSize, e.rowHashes, appendLogits, e.hashes, e.row)
 	res.DeviceMS = stepMS + tokenMS*float64(tokens) + contextMS*float64(context)
 	res.MoEWaitMS = 0 // no expert parallelism; res is overwritten whole
 	return nil
@@ -123,6 +124,22 @@ func (e *Engine) contentHash(sq *bridge.SeqStep) uint64 {
 		h = fnvWord(h, uint32(e.device[e.slot(sq.BlockTable, pos)]))
 	}
 	return h
+}
+
+// rowHashes appends contentHash of sq cut after each of its tokens (one
+// pass over the positions).
+func (e *Engine) rowHashes(sq *bridge.SeqStep, dst []uint64) []uint64 {
+	h := fnvOffset
+	h = fnvWord(h, uint32(e.cfg.Seed))
+	h = fnvWord(h, uint32(e.cfg.Seed>>32))
+	last := sq.StartPos + len(sq.Tokens) - 1
+	for pos := 0; pos <= last; pos++ {
+		h = fnvWord(h, uint32(e.device[e.slot(sq.BlockTable, pos)]))
+		if pos >= sq.StartPos {
+			dst = append(dst, h)
+		}
+	}
+	return dst
 }
 
 // fnvWord feeds a 32-bit word, little-endian, into FNV-1a.

@@ -64,17 +64,23 @@ type stepBuffers struct {
 	// Log-probabilities of a step: [num_seqs], [num_seqs × MaxLogprobs] ×2.
 	logprobs, topLogprobs cbuf[float32]
 	topIDs                cbuf[int32]
+	// Prompt scoring: the rows' targets and the sequences' top counts, and
+	// the results [rows], [rows × MaxLogprobs] ×2.
+	scoreTargets, scoreTop, scoreTopIDs cbuf[int32]
+	scoreLogprobs, scoreTopLogprobs     cbuf[float32]
 }
 
 func (s *stepBuffers) free() {
 	for _, b := range []*cbuf[int32]{&s.numTokens, &s.startPos, &s.numBlocks, &s.tokens, &s.blocks,
-		&s.sampled, &s.copySrc, &s.copyDst, &s.samplingIDs, &s.topIDs} {
+		&s.sampled, &s.copySrc, &s.copyDst, &s.samplingIDs, &s.topIDs, &s.scoreTargets, &s.scoreTop, &s.scoreTopIDs} {
 		b.free()
 	}
 	s.sample.free()
 	s.logits.free()
 	s.logprobs.free()
 	s.topLogprobs.free()
+	s.scoreLogprobs.free()
+	s.scoreTopLogprobs.free()
 	s.biasValues.free()
 	s.allowed.free()
 	s.sampling.free()

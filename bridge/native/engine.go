@@ -67,6 +67,7 @@ type pendingStep struct {
 	seqs, sampled int
 	logits        bool
 	logprobs      bool // some sampled sequence asks for log-probabilities
+	scores        int  // rows of a step that scores some (0: none scored)
 }
 
 // Open starts a native engine of cfg's backend ("cpu" when cfg.Backend is
@@ -315,6 +316,8 @@ func (e *engine) flattenAndStep(desc *bridge.StepDesc, res *bridge.StepResult) e
 	}
 	lp := desc.WantsLogprobs()
 	e.logprobResults(cres, n, lp)
+	scores := e.scoreRows(desc)
+	e.scoreResults(cres, scores)
 	c0, _ := cputime.Thread() // the engine goroutine is locked to its thread
 	st := C.eng_engine_step(e.h, e.cdesc, cres)
 	c1, _ := cputime.Thread()
@@ -325,9 +328,46 @@ func (e *engine) flattenAndStep(desc *bridge.StepDesc, res *bridge.StepResult) e
 	res.Sampled = append(res.Sampled[:0], out...)
 	res.Logits = append(res.Logits[:0], logits...)
 	e.copyLogprobs(res, n, lp)
+	e.copyScores(res, scores)
 	res.DeviceMS = float64(cres.device_ms)
 	res.MoEWaitMS = float64(cres.moe_wait_ms)
 	return nil
+}
+
+// scoreRows is the number of rows of desc when it scores some, else 0.
+func (e *engine) scoreRows(desc *bridge.StepDesc) int {
+	if want, rows := desc.WantsScores(); want {
+		return rows
+	}
+	return 0
+}
+
+// scoreResults points cres's scoring arrays at the reusable C buffers for
+// rows rows (rows > 0) or leaves them NULL.
+func (e *engine) scoreResults(cres *C.eng_step_result, rows int) {
+	if rows == 0 {
+		return
+	}
+	b := &e.bufs
+	b.scoreLogprobs.slice(rows)
+	b.scoreTopIDs.slice(rows * bridge.MaxLogprobs)
+	b.scoreTopLogprobs.slice(rows * bridge.MaxLogprobs)
+	cres.score_logprobs = (*C.float)(b.scoreLogprobs.p)
+	cres.score_top_ids = b.scoreTopIDs.ptr()
+	cres.score_top_logprobs = (*C.float)(b.scoreTopLogprobs.p)
+}
+
+// copyScores copies the scores of rows rows out of the C buffers into res
+// (rows > 0), or empties res's.
+func (e *engine) copyScores(res *bridge.StepResult, rows int) {
+	bridge.ResizeScores(res, rows, rows > 0)
+	if rows == 0 {
+		return
+	}
+	b := &e.bufs
+	copy(res.ScoreLogprobs, b.scoreLogprobs.slice(rows))
+	copy(res.ScoreTopIDs, b.scoreTopIDs.slice(rows*bridge.MaxLogprobs))
+	copy(res.ScoreTopLogprobs, b.scoreTopLogprobs.slice(rows*bridge.MaxLogprobs))
 }
 
 // logprobResults points cres's log-probability arrays at the reusable C
@@ -403,6 +443,9 @@ func (e *engine) flatten(op string, desc *bridge.StepDesc) (n, sampled int, err 
 			return 0, 0, bridge.StatusError(op, bridge.StatusInvalidArgument, fmt.Sprintf("Seqs[%d]: %v", i, err))
 		}
 		if err := bridge.ValidateAllowed(s.Allowed, e.shape.VocabSize); err != nil {
+			return 0, 0, bridge.StatusError(op, bridge.StatusInvalidArgument, fmt.Sprintf("Seqs[%d]: %v", i, err))
+		}
+		if err := s.ValidateScore(e.shape.VocabSize); err != nil {
 			return 0, 0, bridge.StatusError(op, bridge.StatusInvalidArgument, fmt.Sprintf("Seqs[%d]: %v", i, err))
 		}
 		if s.Sample && s.Logprobs {
@@ -487,6 +530,24 @@ func (e *engine) flatten(op string, desc *bridge.StepDesc) (n, sampled int, err 
 		sample:      (*C.uint8_t)(b.sample.p),
 		sampling:    csampling,
 	}
+	if want, _ := desc.WantsScores(); want {
+		// Prompt scoring: every row's target (−1 where not scored).
+		targets, top := b.scoreTargets.slice(totalTok), b.scoreTop.slice(n)
+		at := 0
+		for i := range desc.Seqs {
+			s := &desc.Seqs[i]
+			top[i] = int32(s.ScoreTop)
+			if s.ScoreTargets != nil {
+				at += copy(targets[at:], s.ScoreTargets)
+				continue
+			}
+			for range s.Tokens {
+				targets[at] = -1
+				at++
+			}
+		}
+		e.cdesc.score_targets, e.cdesc.score_top = b.scoreTargets.ptr(), b.scoreTop.ptr()
+	}
 	return n, sampled, nil
 }
 
@@ -522,7 +583,7 @@ func (e *engine) doSubmit(desc *bridge.StepDesc) error {
 		return err
 	}
 	e.pending = append(e.pending, pendingStep{seqs: n, sampled: sampled, logits: desc.WantLogits,
-		logprobs: desc.WantsLogprobs()})
+		logprobs: desc.WantsLogprobs(), scores: e.scoreRows(desc)})
 	return nil
 }
 
@@ -561,6 +622,7 @@ func (e *engine) doWait(res *bridge.StepResult) error {
 		cres.logits = (*C.float)(b.logits.p)
 	}
 	e.logprobResults(cres, p.seqs, p.logprobs)
+	e.scoreResults(cres, p.scores)
 	c0, _ := cputime.Thread()
 	st := C.eng_engine_wait(e.h, cres)
 	c1, _ := cputime.Thread()
@@ -571,6 +633,7 @@ func (e *engine) doWait(res *bridge.StepResult) error {
 	res.Sampled = append(res.Sampled[:0], out...)
 	res.Logits = append(res.Logits[:0], logits...)
 	e.copyLogprobs(res, p.seqs, p.logprobs)
+	e.copyScores(res, p.scores)
 	res.DeviceMS = float64(cres.device_ms)
 	res.MoEWaitMS = float64(cres.moe_wait_ms)
 	return nil

@@ -21,10 +21,10 @@ func withADP(t *testing.T, p *Profile, a AttentionDP) *Profile {
 func decodes(n, kv, pad int) []Work {
 	w := make([]Work, 0, n+pad)
 	for range n {
-		w = append(w, Work{1, kv})
+		w = append(w, Work{NewTokens: 1, KVBefore: kv})
 	}
 	for range pad {
-		w = append(w, Work{1, 0})
+		w = append(w, Work{NewTokens: 1, KVBefore: 0})
 	}
 	return w
 }
@@ -83,7 +83,7 @@ func TestFleetGraphOneContextMakesEveryRankEager(t *testing.T) {
 	base := builtin(t, "h200", "llama-8b", Parallelism{})
 	p := withADP(t, base, AttentionDP{CUDAGraph: GraphFleet})
 	dec := p.StepCost(decodes(64, 3000, 0))
-	ctx := p.StepCost([]Work{{16, 0}})
+	ctx := p.StepCost([]Work{{NewTokens: 16, KVBefore: 0}})
 	eager := p.fleetRank(&dec, 0)
 	// 32 layers, each its launch gap without a graph.
 	gap := 32 * (p.Roofline.LayerOverheadMS.Value - p.Roofline.GraphLayerOverheadMS.Value)
@@ -115,7 +115,7 @@ func TestMoEPaddingExpertsSeeRanksTimesMax(t *testing.T) {
 	}
 	p := withADP(t, base, AttentionDP{MoEPadding: true})
 	ranks := make([]StepCost, 8)
-	ranks[0] = p.StepCost([]Work{{2048, 0}})
+	ranks[0] = p.StepCost([]Work{{NewTokens: 2048, KVBefore: 0}})
 	for r := 1; r < 8; r++ {
 		ranks[r] = p.StepCost(decodes(32, 1000, 0))
 	}
@@ -187,7 +187,7 @@ func TestAttentionDPRefused(t *testing.T) {
 
 func TestStepCostCarriesDecodeKV(t *testing.T) {
 	p := builtin(t, "h200", "llama-8b", Parallelism{})
-	c := p.StepCost(append(decodes(3, 10, 0), Work{100, 50}))
+	c := p.StepCost(append(decodes(3, 10, 0), Work{NewTokens: 100, KVBefore: 50}))
 	if c.DecodeKV != 33 {
 		t.Errorf("DecodeKV = %v, want 33 (three decodes at depth 10, each reading itself too)", c.DecodeKV)
 	}

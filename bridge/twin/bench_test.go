@@ -11,9 +11,9 @@ import (
 func batch64() []Work {
 	w := make([]Work, 0, 64)
 	for i := range 60 {
-		w = append(w, Work{1, 500 + 997*i})
+		w = append(w, Work{NewTokens: 1, KVBefore: 500 + 997*i})
 	}
-	return append(w, Work{512, 0}, Work{512, 8192}, Work{2048, 30000}, Work{64, 100})
+	return append(w, Work{NewTokens: 512, KVBefore: 0}, Work{NewTokens: 512, KVBefore: 8192}, Work{NewTokens: 2048, KVBefore: 30000}, Work{NewTokens: 64, KVBefore: 100})
 }
 
 func BenchmarkStepCost64Dense(b *testing.B) {

@@ -8,6 +8,10 @@ import "math"
 type Work struct {
 	NewTokens int
 	KVBefore  int
+	// Scored is how many of its rows are scored (prompt log-probabilities:
+	// bridge.SeqStep.ScoreTargets), each an LM head row beside the
+	// sequence's last token's.
+	Scored int
 }
 
 // StepCost is the modelled device time of one step on one rank, in ms.
@@ -103,9 +107,10 @@ func (p *Profile) costOf(st *stepSums, ns int, graph bool) StepCost {
 	localDense := gemmDense + attn + normDense + layerOvh + d.arDense*ar
 	localMoE := gemmMoE + attn + normMoE + layerOvh + d.arMoE*ar
 
-	// The LM head of each sequence's last token, its logits written and read
-	// by the sampler; the embedding gather and the final norm.
-	nsf := float64(ns)
+	// The LM head of each sequence's last token and of every scored row,
+	// its logits written and read by the sampler; the embedding gather and
+	// the final norm.
+	nsf := float64(ns + st.scored)
 	lm := d.gemmMS(nsf, &d.lm, d.lmMSPerFLOP, d.eb) + k + nsf*d.logitsBytesPerSeq*e
 	embed, final := k+T*d.elemEmbed*e, k+T*d.elemFinal*e
 
@@ -127,7 +132,7 @@ func (p *Profile) costOf(st *stepSums, ns int, graph bool) StepCost {
 
 // stepSums are the sums over a step's sequences that the cost model reads.
 type stepSums struct {
-	tokens, decodes                   int
+	tokens, decodes, scored           int
 	decKV, ctxPairs, ctxKV, ctxPrefix float64
 }
 
@@ -141,6 +146,7 @@ func sumsOf(seqs []Work) stepSums {
 			panic("twin: StepCost precondition: NewTokens >= 1 and KVBefore >= 0")
 		}
 		st.tokens += w.NewTokens
+		st.scored += w.Scored
 		kv := float64(w.KVBefore)
 		if w.NewTokens == 1 {
 			st.decodes++

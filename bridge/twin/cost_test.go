@@ -155,7 +155,7 @@ func TestLlama8BMixedBatchH200(t *testing.T) {
 	p := builtin(t, "h200", "llama-8b", Parallelism{})
 	// Two decodes (kv 4096 and 1000) and a 512-token chunk at kv 2048:
 	// 514 tokens, 3 sequences.
-	c := p.StepCost([]Work{{1, 4096}, {1, 1000}, {512, 2048}})
+	c := p.StepCost([]Work{{NewTokens: 1, KVBefore: 4096}, {NewTokens: 1, KVBefore: 1000}, {NewTokens: 512, KVBefore: 2048}})
 	// Context kernel per layer: 512·(2048+256) = 1,179,648 pairs · 16384 FLOP
 	// = 19.3 GFLOP at 643.175 TFLOP/s = 30.05 us (KV read 2560·4096 B =
 	// 2.7 us) + 12 us. Decode kernel: (4097 + 1001)·4096 B at 3.84e12 =
@@ -206,7 +206,7 @@ func TestGEMMTransition(t *testing.T) {
 // attention kernel's 12 us per layer, not its 0.2 us of traffic).
 func TestFixedKernelCosts(t *testing.T) {
 	p := builtin(t, "h200", "llama-8b", Parallelism{})
-	lc, err := p.LayerCosts([]Work{{1, 128}})
+	lc, err := p.LayerCosts([]Work{{NewTokens: 1, KVBefore: 128}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -238,7 +238,7 @@ func TestFP8Deployment(t *testing.T) {
 	if pf < 2*pb {
 		t.Errorf("FP8 pool %d pages, BF16 %d: FP8 KV must fit at least twice as many", pf, pb)
 	}
-	w := []Work{{4096, 0}}
+	w := []Work{{NewTokens: 4096, KVBefore: 0}}
 	if r, want := fp.StepCost(w).GEMMMS/bf.StepCost(w).GEMMMS, gemmRate/fp8GemmRate; math.Abs(r-want) > 0.02 {
 		t.Errorf("4096-token chunk: FP8/BF16 GEMM time %.3f, want ≈ %.3f", r, want)
 	}
@@ -250,7 +250,7 @@ func TestFP8Deployment(t *testing.T) {
 		t.Error("a linear profile has no dtypes")
 	}
 	same, _ := bf.WithDTypes("", "")
-	w = []Work{{1, 100}, {300, 0}}
+	w = []Work{{NewTokens: 1, KVBefore: 100}, {NewTokens: 300, KVBefore: 0}}
 	if same.StepCost(w) != bf.StepCost(w) {
 		t.Error("empty dtypes must keep the model's")
 	}
@@ -276,7 +276,7 @@ func TestNVFP4Deployment(t *testing.T) {
 	p4, err := f4.PoolPages(32)
 	require.NoError(t, err)
 	require.Greater(t, p4, p8, "the room NVFP4 weights leave goes to the KV cache")
-	big := []Work{{8192, 0}}
+	big := []Work{{NewTokens: 8192, KVBefore: 0}}
 	r := f4.StepCost(big).GEMMMS / f8.StepCost(big).GEMMMS
 	require.Less(t, r, 0.75, "an 8 192-token chunk's GEMMs run at the FP4 rate: twice FP8's peak at 0.47 of it "+
 		"against 0.68 (0.72 of FP8's time), less the fixed costs")
@@ -326,7 +326,7 @@ func TestFP4GEMMEfficiencyOptional(t *testing.T) {
 func TestTensorParallelSplitsWorkAndAddsAllReduce(t *testing.T) {
 	p1 := builtin(t, "h200", "llama-70b", Parallelism{TP: 1})
 	p2 := builtin(t, "h200", "llama-70b", Parallelism{TP: 2})
-	w := []Work{{2048, 0}}
+	w := []Work{{NewTokens: 2048, KVBefore: 0}}
 	c1, c2 := p1.StepCost(w), p2.StepCost(w)
 	if r := c2.GEMMMS / c1.GEMMMS; r < 0.5 || r > 0.52 {
 		t.Errorf("GEMM TP2/TP1 = %.3f, want just above 0.5 (each GPU half the weights, same kernels)", r)
@@ -351,7 +351,7 @@ func TestTensorParallelAcrossNodes(t *testing.T) {
 	if two.Parallelism.GPUsPerNode != 8 {
 		t.Fatalf("h200 default gpus per node %d, want 8", two.Parallelism.GPUsPerNode)
 	}
-	w := []Work{{1024, 0}}
+	w := []Work{{NewTokens: 1024, KVBefore: 0}}
 	c1, c2 := one.StepCost(w), two.StepCost(w)
 	// Per token: 2·7/8 of 16 KB over NVLink + 2·1/2·16 KB/8 over RDMA at
 	// 50 GB/s · 0.86, plus 25 + 10 us.
@@ -452,7 +452,7 @@ func TestNetworkBetweenNodes(t *testing.T) {
 func TestExpertZipf(t *testing.T) {
 	base := builtin(t, "h200", "deepseek-v3", Parallelism{})
 	uni, _ := base.WithExpertZipf(0)
-	w := []Work{{2048, 0}, {1, 4000}}
+	w := []Work{{NewTokens: 2048, KVBefore: 0}, {NewTokens: 1, KVBefore: 4000}}
 	if uni.StepCost(w) != base.StepCost(w) {
 		t.Error("zipf 0 must be the uniform model")
 	}
@@ -490,10 +490,10 @@ func TestDeepSeekFleetLockstep(t *testing.T) {
 	// Rank 0 prefills a 1024-token chunk at depth 16384; ranks 1-7 each
 	// decode 64 sequences at depth 4096. Fleet: 1024 + 7·64 = 1472 tokens.
 	ranks := make([]StepCost, 8)
-	ranks[0] = p.StepCost([]Work{{1024, 16384}})
+	ranks[0] = p.StepCost([]Work{{NewTokens: 1024, KVBefore: 16384}})
 	decodes := make([]Work, 64)
 	for i := range decodes {
-		decodes[i] = Work{1, 4096}
+		decodes[i] = Work{NewTokens: 1, KVBefore: 4096}
 	}
 	for r := 1; r < 8; r++ {
 		ranks[r] = p.StepCost(decodes)
@@ -540,8 +540,8 @@ func TestMonotonicity(t *testing.T) {
 		p := builtin(t, pm[0], pm[1], Parallelism{TP: map[string]int{"llama-70b": 4}[pm[1]]})
 		prevDec, prevChunk := 0.0, 0.0
 		for _, kv := range []int{0, 1, 100, 1000, 4096, 8192, 32768, 131072} {
-			dec := p.StepCost([]Work{{1, kv}}).MS()
-			chunk := p.StepCost([]Work{{512, kv}}).MS()
+			dec := p.StepCost([]Work{{NewTokens: 1, KVBefore: kv}}).MS()
+			chunk := p.StepCost([]Work{{NewTokens: 512, KVBefore: kv}}).MS()
 			if dec <= prevDec || chunk <= prevChunk {
 				t.Errorf("%v: kv %d: decode %.4f (prev %.4f), chunk %.4f (prev %.4f): more depth must cost more",
 					pm, kv, dec, prevDec, chunk, prevChunk)
@@ -549,11 +549,11 @@ func TestMonotonicity(t *testing.T) {
 			prevDec, prevChunk = dec, chunk
 		}
 		for _, n := range []int{2, 64, 512, 4096} {
-			at0, deep := p.StepCost([]Work{{n, 0}}).MS(), p.StepCost([]Work{{n, 16384}}).MS()
+			at0, deep := p.StepCost([]Work{{NewTokens: n, KVBefore: 0}}).MS(), p.StepCost([]Work{{NewTokens: n, KVBefore: 16384}}).MS()
 			if deep <= at0 {
 				t.Errorf("%v: chunk %d at depth 16384 (%.4f) must cost more than at depth 0 (%.4f)", pm, n, deep, at0)
 			}
-			more := p.StepCost([]Work{{2 * n, 0}}).MS()
+			more := p.StepCost([]Work{{NewTokens: 2 * n, KVBefore: 0}}).MS()
 			if more <= at0 {
 				t.Errorf("%v: chunk %d (%.4f) must cost more than chunk %d (%.4f)", pm, 2*n, more, n, at0)
 			}
@@ -565,10 +565,10 @@ func TestMonotonicity(t *testing.T) {
 func randomStep(rng *rand.Rand) []Work {
 	var w []Work
 	for range rng.IntN(80) {
-		w = append(w, Work{1, rng.IntN(60000)})
+		w = append(w, Work{NewTokens: 1, KVBefore: rng.IntN(60000)})
 	}
 	for range rng.IntN(3) {
-		w = append(w, Work{2 + rng.IntN(4000), rng.IntN(60000)})
+		w = append(w, Work{NewTokens: 2 + rng.IntN(4000), KVBefore: rng.IntN(60000)})
 	}
 	return w
 }
@@ -598,7 +598,7 @@ func TestLockstepNeverBelowSlowestRank(t *testing.T) {
 				t.Fatalf("%s: dense FleetStepMS %.6f must equal the slowest rank %.6f", p.Model.Name, fleet, worst)
 			}
 		}
-		one := p.StepCost([]Work{{300, 5000}, {1, 20}})
+		one := p.StepCost([]Work{{NewTokens: 300, KVBefore: 5000}, {NewTokens: 1, KVBefore: 20}})
 		near(t, "fleet of one", p.FleetStepMS([]StepCost{one}), one.MS())
 	}
 }
@@ -635,5 +635,20 @@ func TestStepCostPanicsOnUnvalidatedProfile(t *testing.T) {
 		}
 	}()
 	var p Profile
-	p.StepCost([]Work{{1, 0}})
+	p.StepCost([]Work{{NewTokens: 1, KVBefore: 0}})
+}
+
+// Scored rows (prompt log-probabilities) are LM head rows: a 512-token
+// chunk that scores 511 of them costs their LM head (a 512-row GEMM in
+// place of one row), nothing else.
+func TestScoredRowsCostTheLMHead(t *testing.T) {
+	p := builtin(t, "h200", "llama-8b", Parallelism{})
+	plain := p.StepCost([]Work{{NewTokens: 512}})
+	scored := p.StepCost([]Work{{NewTokens: 512, Scored: 511}})
+	if scored.LMHeadMS <= 2*plain.LMHeadMS {
+		t.Errorf("LM head %.4f ms scored, %.4f ms plain: 511 scored rows must cost more", scored.LMHeadMS, plain.LMHeadMS)
+	}
+	if d := scored.MS() - scored.LMHeadMS - (plain.MS() - plain.LMHeadMS); math.Abs(d) > 1e-12 {
+		t.Errorf("scoring changed the rest of the step by %.6f ms", d)
+	}
 }

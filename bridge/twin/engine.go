@@ -40,8 +40,9 @@ type Engine struct {
 	launched StepCost
 	fleet    []StepCost // reused by FleetStepMS
 	// check is the step contract over cfg's geometry; nil after Close.
-	check *bridge.StepChecker
-	row   []float32 // a logits row to sample from, reused
+	check  *bridge.StepChecker
+	row    []float32 // a logits row to sample from, reused
+	hashes []uint64  // rowHashes scratch (scored rows), reused
 
 	// inflight holds submitted steps' results, oldest first. The twin
 	// computes at Submit, which is indistinguishable from a stream running
@@ -177,7 +178,13 @@ func (e *Engine) run(op string, desc *bridge.StepDesc, res *bridge.StepResult) (
 	e.works = e.works[:0]
 	for i := range desc.Seqs {
 		sq := &desc.Seqs[i]
-		e.works = append(e.works, Work{NewTokens: len(sq.Tokens), KVBefore: sq.StartPos})
+		w := Work{NewTokens: len(sq.Tokens), KVBefore: sq.StartPos}
+		for _, t := range sq.ScoreTargets {
+			if t >= 0 {
+				w.Scored++
+			}
+		}
+		e.works = append(e.works, w)
 	}
 	// StepCost is a pure function of the works: a rank that repeats its
 	// step (an idle rank's padding dummy, every iteration) reuses it.
@@ -190,6 +197,7 @@ func (e *Engine) run(op string, desc *bridge.StepDesc, res *bridge.StepResult) (
 	// A sequence's token is the hash of the seed, its last token and that
 	// token's position modulo the vocabulary (tokenHash).
 	e.row = goengine.Sample(desc, res, e.shape.VocabSize, e.seqHash, appendLogits, e.row)
+	e.hashes, e.row = goengine.Score(desc, res, e.shape.VocabSize, e.rowHashes, appendLogits, e.hashes, e.row)
 	res.DeviceMS = cost.MS()
 	res.MoEWaitMS = 0 // the twin reports no per-step MoE wait; res is overwritten whole
 	return cost, nil
@@ -243,4 +251,12 @@ func appendLogits(dst []float32, h uint64, tok int32, vocab int) []float32 {
 func (e *Engine) seqHash(sq *bridge.SeqStep) uint64 {
 	n := len(sq.Tokens)
 	return tokenHash(e.cfg.Seed, sq.Tokens[n-1], sq.StartPos+n-1)
+}
+
+// rowHashes appends seqHash of sq cut after each of its tokens.
+func (e *Engine) rowHashes(sq *bridge.SeqStep, dst []uint64) []uint64 {
+	for k, t := range sq.Tokens {
+		dst = append(dst, tokenHash(e.cfg.Seed, t, sq.StartPos+k))
+	}
+	return dst
 }

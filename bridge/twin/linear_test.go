@@ -19,11 +19,11 @@ func syntheticSamples(rng *rand.Rand, n int, truth LinearCoefficients, noise flo
 		var w []Work
 		depth := 1 + rng.IntN(32000)
 		for range rng.IntN(64) + 1 {
-			w = append(w, Work{1, rng.IntN(depth)})
+			w = append(w, Work{NewTokens: 1, KVBefore: rng.IntN(depth)})
 		}
 		if !decodeOnly {
 			for range rng.IntN(4) {
-				w = append(w, Work{2 + rng.IntN(2000), rng.IntN(16000)})
+				w = append(w, Work{NewTokens: 2 + rng.IntN(2000), KVBefore: rng.IntN(16000)})
 			}
 		}
 		s := FeaturesOf(w)
@@ -114,7 +114,7 @@ func TestLinearProfileStepCost(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := []Work{{1, 99}, {1, 9}, {40, 60}}
+	w := []Work{{NewTokens: 1, KVBefore: 99}, {NewTokens: 1, KVBefore: 9}, {NewTokens: 40, KVBefore: 60}}
 	// 0.5 + 0.01·42 + 1e-6·40·(60+20) + 2e-5·(100+10) + 0.003·3 = 0.9332 ms.
 	got := p.StepCost(w)
 	near(t, "linear MS", got.MS(), 0.5+0.01*42+1e-6*40*80+2e-5*110+0.003*3)

@@ -107,7 +107,7 @@ func TestProfileJSONRoundTrip(t *testing.T) {
 		if again.String() != buf.String() {
 			t.Errorf("%v: second write differs", pm)
 		}
-		w := []Work{{1, 3000}, {700, 900}}
+		w := []Work{{NewTokens: 1, KVBefore: 3000}, {NewTokens: 700, KVBefore: 900}}
 		if p.StepCost(w) != q.StepCost(w) {
 			t.Errorf("%v: loaded profile models a different cost", pm)
 		}

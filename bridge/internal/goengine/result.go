@@ -11,6 +11,9 @@ func CopyResult(dst, src *bridge.StepResult) {
 	dst.Logprobs = append(dst.Logprobs[:0], src.Logprobs...)
 	dst.TopLogprobIDs = append(dst.TopLogprobIDs[:0], src.TopLogprobIDs...)
 	dst.TopLogprobs = append(dst.TopLogprobs[:0], src.TopLogprobs...)
+	dst.ScoreLogprobs = append(dst.ScoreLogprobs[:0], src.ScoreLogprobs...)
+	dst.ScoreTopIDs = append(dst.ScoreTopIDs[:0], src.ScoreTopIDs...)
+	dst.ScoreTopLogprobs = append(dst.ScoreTopLogprobs[:0], src.ScoreTopLogprobs...)
 	dst.DeviceMS = src.DeviceMS
 	dst.MoEWaitMS = src.MoEWaitMS
 }

@@ -44,3 +44,38 @@ func Sample(desc *bridge.StepDesc, res *bridge.StepResult, vocab int, hash func(
 	}
 	return row
 }
+
+// Score writes a pure-Go engine's scored rows (bridge.SeqStep.ScoreTargets)
+// into res, or empties res's score slices when no row is scored. A scored
+// row's logits are the row the engine would sample from for a sequence
+// ending at that token: rowHashes appends one hash per token of sq (the
+// hash Sample's hash gives for the sequence cut after that token), and
+// logits builds the row as Sample does. hs and row are the caller's
+// scratch, returned for the next step.
+func Score(desc *bridge.StepDesc, res *bridge.StepResult, vocab int,
+	rowHashes func(sq *bridge.SeqStep, dst []uint64) []uint64,
+	logits func(dst []float32, h uint64, tok int32, vocab int) []float32, hs []uint64, row []float32) ([]uint64, []float32) {
+	want, rows := desc.WantsScores()
+	bridge.ResizeScores(res, rows, want)
+	if !want {
+		return hs, row
+	}
+	r := 0
+	for i := range desc.Seqs {
+		sq := &desc.Seqs[i]
+		if !sq.Scores() {
+			r += len(sq.Tokens)
+			continue
+		}
+		hs = rowHashes(sq, hs[:0])
+		for k, t := range sq.ScoreTargets {
+			if t >= 0 {
+				h := hs[k]
+				row = logits(row[:0], h, int32(h%uint64(vocab)), vocab)
+				bridge.FillScore(res, r+k, row, t, sq.ScoreTop)
+			}
+		}
+		r += len(sq.Tokens)
+	}
+	return hs, row
+}
