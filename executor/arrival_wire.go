@@ -35,14 +35,22 @@ const (
 
 // The second flags byte's (arrivalExtra).
 const (
-	extraMinTokens  = 1 << iota // min_tokens u32
-	extraAllowedIDs             // allowed token ids: n u32, ids u32×n
-	extraBadWords               // bad words: n u32, then each: len u32, ids u32×len
+	extraMinTokens      = 1 << iota // min_tokens u32
+	extraAllowedIDs                 // allowed token ids: n u32, ids u32×n
+	extraBadWords                   // bad words: n u32, then each: len u32, ids u32×len
+	extraPromptLogprobs             // prompt log-probabilities: top count u8
 )
 
 // validateLogprobs checks the log-probability request (bridge.SeqStep's rule).
 func (a *Arrival) validateLogprobs() error {
 	s := bridge.SeqStep{Logprobs: a.Logprobs, TopLogprobs: a.TopLogprobs}
+	return s.ValidateLogprobs()
+}
+
+// validatePromptLogprobs checks the prompt log-probability request (the
+// rule of validateLogprobs).
+func (a *Arrival) validatePromptLogprobs() error {
+	s := bridge.SeqStep{Logprobs: a.PromptLogprobs, TopLogprobs: a.PromptTopLogprobs}
 	return s.ValidateLogprobs()
 }
 
@@ -64,7 +72,8 @@ func (a *Arrival) hasProcessors() bool {
 // arrivalLogprobs: top_logprobs u8], [with arrivalGuide: pattern_len u32,
 // pattern bytes], [with arrivalExtra: extra flags u8, [with
 // extraMinTokens: min_tokens u32], [with extraAllowedIDs: n u32, ids
-// u32×n], [with extraBadWords: n u32, (len u32, ids u32×len)×n]],
+// u32×n], [with extraBadWords: n u32, (len u32, ids u32×len)×n], [with
+// extraPromptLogprobs: top count u8]],
 // n_tokens u32, tokens u32×n. Rank 0 has screened the
 // items (scheduler.Admission, valid sampling parameters), so max_new, top_k and the
 // prompt length fit 32 bits; an item that does not is a broken invariant.
@@ -123,6 +132,9 @@ func appendArrivals(b []byte, items []Arrival) []byte {
 		if len(a.BadWords) > 0 {
 			extra |= extraBadWords
 		}
+		if a.PromptLogprobs {
+			extra |= extraPromptLogprobs
+		}
 		if extra != 0 {
 			flags |= arrivalExtra
 		}
@@ -177,6 +189,9 @@ func appendArrivals(b []byte, items []Arrival) []byte {
 					b = binary.LittleEndian.AppendUint32(b, uint32(id))
 				}
 			}
+		}
+		if extra&extraPromptLogprobs != 0 {
+			b = append(b, byte(a.PromptTopLogprobs))
 		}
 		b = binary.LittleEndian.AppendUint32(b, uint32(len(a.Prompt)))
 		for _, t := range a.Prompt {
@@ -243,7 +258,7 @@ func decodeArrivals(b []byte, want int) ([]Arrival, error) {
 		}
 		var extra byte
 		if flags&arrivalExtra != 0 {
-			if extra = d.u8(); d.err == nil && (extra == 0 || extra&^(extraMinTokens|extraAllowedIDs|extraBadWords) != 0) {
+			if extra = d.u8(); d.err == nil && (extra == 0 || extra&^(extraMinTokens|extraAllowedIDs|extraBadWords|extraPromptLogprobs) != 0) {
 				d.err = fmt.Errorf("arrival %d: bad extra flags %#x", a.ID, extra)
 			}
 		}
@@ -279,6 +294,12 @@ func decodeArrivals(b []byte, want int) ([]Arrival, error) {
 						a.BadWords[j] = w
 					}
 				}
+			}
+		}
+		if extra&extraPromptLogprobs != 0 {
+			a.PromptLogprobs, a.PromptTopLogprobs = true, int(d.u8())
+			if err := a.validatePromptLogprobs(); d.err == nil && err != nil {
+				d.err = fmt.Errorf("arrival %d: %w", a.ID, err)
 			}
 		}
 		if flags&(arrivalSampling|arrivalProcessors) != 0 {

@@ -48,6 +48,13 @@ type Arrival struct {
 	// the tokens.
 	Logprobs    bool
 	TopLogprobs int
+	// PromptLogprobs asks for the log-probability of every prompt token
+	// but the first, given the tokens before it, and the
+	// PromptTopLogprobs (0..bridge.MaxLogprobs) most probable tokens' at
+	// its position (vLLM's prompt_logprobs; Response.PromptLogprobs). The
+	// request then reuses no cached prefix: every prompt row is computed.
+	PromptLogprobs    bool
+	PromptTopLogprobs int
 	// Guide, when not empty, is a regular expression (Go's RE2 syntax) the
 	// whole output must match (structured outputs; the structured
 	// package): before every pick only the tokens that keep the output a
@@ -401,6 +408,9 @@ func (e *Executor) screenArrivals(items []Arrival, now time.Time) []Arrival {
 		}
 		if err := a.validateLogprobs(); reason == "" && err != nil {
 			reason = "invalid logprobs: " + err.Error()
+		}
+		if err := a.validatePromptLogprobs(); reason == "" && err != nil {
+			reason = "invalid prompt logprobs: " + err.Error()
 		}
 		if reason == "" && a.Guide != "" {
 			reason = e.screenGuide(a.Guide)

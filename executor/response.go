@@ -16,7 +16,11 @@ type Response struct {
 	Output []int32 // generated tokens, in order
 	// Logprobs, when the request asked for them (Arrival.Logprobs): one per
 	// Output token, in order.
-	Logprobs         []TokenLogprobs
+	Logprobs []TokenLogprobs
+	// PromptLogprobs, when the request asked for them
+	// (Arrival.PromptLogprobs) and its prompt has more than one token:
+	// entry j is prompt token j+1's, given the tokens before it.
+	PromptLogprobs   []TokenLogprobs
 	ArrivalUnixNS    int64
 	ScheduledUnixNS  int64 // its first chunk was launched (0 if never): the queue time ends
 	FirstTokenUnixNS int64 // 0 if no token was produced
@@ -74,6 +78,9 @@ type TokenLogprobs struct {
 const (
 	responseStopped  = 1
 	responseLogprobs = 2 // one TokenLogprobs per output token follows the output
+	// responsePromptLogprobs: the prompt's (count u32, TokenLogprobs×count)
+	// follow the output's.
+	responsePromptLogprobs = 4
 )
 
 func appendLogprobs(b []byte, lp *TokenLogprobs) []byte {
@@ -143,6 +150,9 @@ func (rb responseBatch) appendTo(b []byte) []byte {
 		if r.Logprobs != nil {
 			flags |= responseLogprobs
 		}
+		if r.PromptLogprobs != nil {
+			flags |= responsePromptLogprobs
+		}
 		b = append(b, flags)
 		b = binary.LittleEndian.AppendUint32(b, uint32(len(r.Error)))
 		b = append(b, r.Error...)
@@ -156,6 +166,12 @@ func (rb responseBatch) appendTo(b []byte) []byte {
 			}
 			for j := range r.Logprobs {
 				b = appendLogprobs(b, &r.Logprobs[j])
+			}
+		}
+		if r.PromptLogprobs != nil {
+			b = binary.LittleEndian.AppendUint32(b, uint32(len(r.PromptLogprobs)))
+			for j := range r.PromptLogprobs {
+				b = appendLogprobs(b, &r.PromptLogprobs[j])
 			}
 		}
 	}
@@ -229,7 +245,7 @@ func decodeResponseBatch(b []byte) (responseBatch, error) {
 		r.ReusedTokens = int(d.u32())
 		flags := d.u8()
 		r.Stopped = flags&responseStopped != 0
-		if d.err == nil && flags&^(responseStopped|responseLogprobs) != 0 {
+		if d.err == nil && flags&^(responseStopped|responseLogprobs|responsePromptLogprobs) != 0 {
 			d.err = fmt.Errorf("response %d: unknown flags %#x", r.ID, flags)
 		}
 		r.Error = string(d.bytes(int(d.u32())))
@@ -250,6 +266,17 @@ func decodeResponseBatch(b []byte) (responseBatch, error) {
 			r.Logprobs = make([]TokenLogprobs, k)
 			for j := 0; j < k && d.err == nil; j++ {
 				r.Logprobs[j] = d.logprobs()
+			}
+		}
+		if flags&responsePromptLogprobs != 0 {
+			m := int(d.u32())
+			if d.err == nil && m > len(d.b)/5 {
+				d.err = errShort
+				break
+			}
+			r.PromptLogprobs = make([]TokenLogprobs, m)
+			for j := 0; j < m && d.err == nil; j++ {
+				r.PromptLogprobs[j] = d.logprobs()
 			}
 		}
 		rb.Responses = append(rb.Responses, r)

@@ -21,6 +21,14 @@ type batch struct {
 	tokens int64
 	start  time.Time // wall-clock start of the iteration that launched it
 	rec    *IterRecord
+	scores []scoredChunk // the context chunks that score their prompt rows
+}
+
+// scoredChunk is a context chunk of b.reqs[req] whose rows are scored
+// (Arrival.PromptLogprobs): n rows from step row row, at prompt positions
+// from pos.
+type scoredChunk struct {
+	req, row, pos, n int
 }
 
 // prepareBatch assigns batch slots and asserts that every scheduled request's
@@ -65,13 +73,19 @@ func (e *Executor) prepareBatch(out *scheduler.Output, p *plan) (*batch, error) 
 func (e *Executor) buildStep(b *batch) error {
 	seqs := e.step.Seqs[:0]
 	b.sample = b.sample[:0]
-	for _, r := range b.reqs {
+	b.scores = b.scores[:0]
+	row := 0
+	for i, r := range b.reqs {
 		var s bridge.SeqStep
 		switch {
 		case r.State.IsContext():
 			pos := r.ContextPosition
 			s = bridge.SeqStep{Tokens: r.Tokens[pos : pos+r.ChunkSize], StartPos: pos,
 				Sample: pos+r.ChunkSize == r.PromptLen}
+			if r.promptLP && pos+1 < len(r.prompt) {
+				s.ScoreTargets, s.ScoreTop = r.scoreTargets(pos, r.ChunkSize), r.promptTop
+				b.scores = append(b.scores, scoredChunk{req: i, row: row, pos: pos, n: r.ChunkSize})
+			}
 		case r.IsDummy:
 			s = bridge.SeqStep{Tokens: r.Tokens[:1], StartPos: 0}
 		default:
@@ -92,6 +106,7 @@ func (e *Executor) buildStep(b *batch) error {
 			}
 		}
 		s.BlockTable = e.d.KV.BlockTable(r.ID)
+		row += len(s.Tokens)
 		seqs = append(seqs, s)
 		b.sample = append(b.sample, s.Sample)
 	}
@@ -139,6 +154,9 @@ func (e *Executor) applyResults(b *batch, res *bridge.StepResult) (float64, erro
 	}
 	now := e.cfg.Clock().UnixNano()
 	removed := false
+	if err := applyScores(b, res); err != nil {
+		return 0, err
+	}
 	for i, r := range b.reqs {
 		if r.IsDummy {
 			e.d.KV.Free(&r.Request)
@@ -232,7 +250,7 @@ func (e *Executor) applyResults(b *batch, res *bridge.StepResult) (float64, erro
 func (e *Executor) complete(r *request, now int64) {
 	r.State = scheduler.Complete
 	e.d.KV.Free(&r.Request)
-	resp := Response{ID: r.ID, Rank: e.cfg.Rank, Output: r.output, Logprobs: r.outLogprobs,
+	resp := Response{ID: r.ID, Rank: e.cfg.Rank, Output: r.output, Logprobs: r.outLogprobs, PromptLogprobs: r.promptLogprobs,
 		ArrivalUnixNS: r.arrivalNS, ScheduledUnixNS: r.scheduledNS, FirstTokenUnixNS: r.firstTokenNS, FinishUnixNS: now,
 		Suspended: r.suspended, Recomputed: r.recomputed, ReusedTokens: r.reused, Stopped: r.stopped && !r.cancelled}
 	if r.cancelled {
@@ -389,14 +407,58 @@ func (e *Executor) compactActive() {
 	e.active = kept
 }
 
+// scoreTargets is the targets of r's context chunk of n tokens at pos: the
+// next prompt token of each row, −1 past the prompt's last (a recomputed
+// request's prompt holds its output too, and the last prompt row predicts
+// the first output token: sampled, not scored). Valid until the next call.
+func (r *request) scoreTargets(pos, n int) []int32 {
+	r.scoreBuf = slices.Grow(r.scoreBuf[:0], n)[:n]
+	for k := range n {
+		r.scoreBuf[k] = -1
+		if p := pos + k + 1; p < len(r.prompt) {
+			r.scoreBuf[k] = r.prompt[p]
+		}
+	}
+	return r.scoreBuf
+}
+
+// applyScores copies b's scored rows into their requests' prompt
+// log-probabilities (a recomputed chunk writes the same values again).
+func applyScores(b *batch, res *bridge.StepResult) error {
+	for _, c := range b.scores {
+		r := b.reqs[c.req]
+		if c.row+c.n > len(res.ScoreLogprobs) {
+			return fmt.Errorf("engine returned %d scored rows for a batch scoring rows up to %d (request %d)",
+				len(res.ScoreLogprobs), c.row+c.n, r.ID)
+		}
+		if r.promptLogprobs == nil {
+			r.promptLogprobs = make([]TokenLogprobs, len(r.prompt)-1)
+		}
+		for k := range c.n {
+			p := c.pos + k
+			if p+1 >= len(r.prompt) {
+				break
+			}
+			r.promptLogprobs[p] = rowLogprobs(res.ScoreLogprobs, res.ScoreTopIDs, res.ScoreTopLogprobs, c.row+k, r.promptTop)
+		}
+	}
+	return nil
+}
+
 // stepLogprobs copies row i's log-probabilities (its token's and its top
 // k) out of an engine result.
 func stepLogprobs(res *bridge.StepResult, i, k int) TokenLogprobs {
-	lp := TokenLogprobs{Logprob: res.Logprobs[i]}
+	return rowLogprobs(res.Logprobs, res.TopLogprobIDs, res.TopLogprobs, i, k)
+}
+
+// rowLogprobs copies entry i of a result's log-probability arrays (its
+// own, and the first k of its MaxLogprobs top ids and theirs).
+func rowLogprobs(lps []float32, ids []int32, tops []float32, i, k int) TokenLogprobs {
+	lp := TokenLogprobs{Logprob: lps[i]}
 	if k > 0 {
 		at := i * bridge.MaxLogprobs
-		lp.TopIDs = slices.Clone(res.TopLogprobIDs[at : at+k])
-		lp.TopLogprobs = slices.Clone(res.TopLogprobs[at : at+k])
+		lp.TopIDs = slices.Clone(ids[at : at+k])
+		lp.TopLogprobs = slices.Clone(tops[at : at+k])
 	}
 	return lp
 }

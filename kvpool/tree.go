@@ -181,7 +181,7 @@ func (m *Manager) match(r *scheduler.Request) matchResult {
 	if n > r.PromptLen-1 {
 		n = r.PromptLen - 1
 	}
-	if n <= 0 {
+	if n <= 0 || r.NoReuse {
 		return res
 	}
 	lookup := r.Tokens[:n]

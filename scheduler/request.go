@@ -83,6 +83,11 @@ type Request struct {
 	// §11.2): the prompt holds the generated tokens too, so with chunking
 	// off it may exceed M, and is then re-prefilled in chunks (rechunked).
 	Recomputed bool
+	// NoReuse: the KV manager claims no prefix from its radix tree for
+	// this request, so every prompt position is computed (the prompt's
+	// log-probabilities need every row's logits). Rank-invariant: it
+	// comes with the arrival.
+	NoReuse bool
 	// KeyChain is the KV manager's cache of this prompt's block keys.
 	KeyChain BlockKeyChain
 

@@ -1,0 +1,136 @@
+package executor
+
+import (
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/lockstep-ai/lockstep/bridge"
+	"github.com/lockstep-ai/lockstep/workload"
+)
+
+// promptLogprobsSource asks every arrival for its prompt's
+// log-probabilities (top k = 3) and, with outLogprobs, for its output's
+// (top k = 3).
+type promptLogprobsSource struct {
+	Source
+	outLogprobs bool
+}
+
+func (s *promptLogprobsSource) Due(now time.Time) []Arrival {
+	items := s.Source.Due(now)
+	for i := range items {
+		items[i].PromptLogprobs, items[i].PromptTopLogprobs = !s.outLogprobs, 3
+		if s.outLogprobs {
+			items[i].PromptTopLogprobs = 0
+			items[i].Logprobs, items[i].TopLogprobs = true, 3
+		}
+	}
+	return items
+}
+
+// byID is rank 0's responses by request id.
+func (f *fleet) byID(t *testing.T) map[uint64]Response {
+	t.Helper()
+	f.requireNoErrors(t)
+	out := map[uint64]Response{}
+	for _, r := range f.results[0].Responses {
+		require.Empty(t, r.Error, "request %d", r.ID)
+		out[r.ID] = r
+	}
+	require.Len(t, out, len(f.reqs))
+	return out
+}
+
+// The prompt's log-probabilities are the model's own: a request whose
+// prompt is an earlier request's prompt and output scores that output's
+// tokens exactly as their generation did (log-probability and top 3, bit
+// for bit), on 1 and 4 ranks, in both loops, under recompute preemption
+// and with prefix reuse on (twins of one prompt: the second claims
+// nothing, so every row is computed).
+func TestPromptLogprobsScoreTheModelsOwnTokens(t *testing.T) {
+	const out = 7
+	gen := longOutputRequests(6, 19, out)
+	g := &fleet{ranks: 1, reqs: gen}
+	g.source = &promptLogprobsSource{Source: NewTraceSource(gen, time.Now()), outLogprobs: true}
+	g.run(t)
+	generated := g.byID(t)
+
+	var scored []workload.Request
+	for i := range gen {
+		r := generated[uint64(i)]
+		require.Len(t, r.Logprobs, out)
+		p := append(slices.Clone(gen[i].Prompt), r.Output...)
+		for range 2 { // twins: the second could reuse the first's prefix
+			scored = append(scored, workload.Request{Index: len(scored), Prompt: p, MaxNewTokens: 16})
+		}
+	}
+	for _, c := range []struct {
+		ranks, pages int
+		overlap      bool
+		events       int
+	}{{1, 256, false, 0}, {4, 256, true, 0}, {4, 256, false, 64}, {2, 9, true, 0}, {2, 9, false, 64}} {
+		f := &fleet{ranks: c.ranks, pages: c.pages, overlap: c.overlap, events: c.events, reqs: scored}
+		f.source = &promptLogprobsSource{Source: NewTraceSource(scored, time.Now())}
+		f.run(t)
+		got := f.byID(t)
+		recomputed := 0
+		for _, r := range got {
+			recomputed += r.Recomputed
+		}
+		if c.pages < 16 {
+			require.Positive(t, recomputed, "%+v: the tight pool should force recompute", c)
+		}
+		for id, r := range got {
+			req := scored[id]
+			require.Len(t, r.PromptLogprobs, len(req.Prompt)-1, "%+v: request %d", c, id)
+			require.Zero(t, r.ReusedTokens, "%+v: request %d reused a prefix", c, id)
+			for _, lp := range r.PromptLogprobs {
+				require.Len(t, lp.TopIDs, 3)
+			}
+			want := generated[id/2].Logprobs
+			require.Equal(t, want, r.PromptLogprobs[len(req.Prompt)-1-out:], "%+v: request %d", c, id)
+		}
+	}
+}
+
+// A prompt of one token has no prompt log-probabilities; the wire carries
+// them, and a bad top count on the wire is a desync.
+func TestPromptLogprobsPayloads(t *testing.T) {
+	items := []Arrival{
+		{ID: 1, MaxNewTokens: 3, Prompt: []int32{4, 5}, PromptLogprobs: true, PromptTopLogprobs: bridge.MaxLogprobs},
+		{ID: 2, MaxNewTokens: 3, Prompt: []int32{6}, PromptLogprobs: true, Logprobs: true, MinTokens: 1},
+	}
+	got, err := decodeArrivals(encodeArrivals(items), len(items))
+	require.NoError(t, err)
+	require.Equal(t, items, materialized(got))
+	payload := encodeArrivals(items[:1])
+	other := items[0]
+	other.PromptTopLogprobs--
+	at := -1 // the top count: the one byte the two payloads differ in
+	for j, c := range encodeArrivals([]Arrival{other}) {
+		if c != payload[j] {
+			at = j
+		}
+	}
+	require.Positive(t, at)
+	payload[at] = bridge.MaxLogprobs + 1
+	_, err = decodeArrivals(payload, 1)
+	require.ErrorContains(t, err, "top_logprobs")
+
+	lp := TokenLogprobs{Logprob: -0.5, TopIDs: []int32{9}, TopLogprobs: []float32{-0.1}}
+	rb := responseBatch{Responses: []Response{
+		{ID: 1, Output: []int32{3}, PromptLogprobs: []TokenLogprobs{lp, {Logprob: -7}}},
+		{ID: 2, Output: []int32{4}, Logprobs: []TokenLogprobs{{Logprob: -1}}, PromptLogprobs: []TokenLogprobs{}},
+	}}
+	back, err := decodeResponseBatch(rb.encode())
+	require.NoError(t, err)
+	require.Equal(t, rb, back)
+
+	f := &fleet{ranks: 2, reqs: []workload.Request{{Index: 0, Prompt: []int32{7}, MaxNewTokens: 2}}}
+	f.source = &promptLogprobsSource{Source: NewTraceSource(f.reqs, time.Now())}
+	f.run(t)
+	require.Nil(t, f.byID(t)[0].PromptLogprobs)
+}
