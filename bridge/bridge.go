@@ -426,10 +426,12 @@ type StepResult struct {
 	// (empty otherwise): per row of the step (the sequences' tokens in
 	// order), the target's log-probability (0 where a row is not scored),
 	// and [rows × MaxLogprobs] top ids (−1 past its ScoreTop) and
-	// log-probabilities.
+	// log-probabilities, and per row the target's rank (RowRank; 0 where
+	// not scored).
 	ScoreLogprobs    []float32
 	ScoreTopIDs      []int32
 	ScoreTopLogprobs []float32
+	ScoreRanks       []int32
 	DeviceMS         float64 // device (or CPU compute) time of the step
 	// MoEWaitMS is the part of DeviceMS spent in MoE exchanges (waiting for
 	// the slowest member and moving tokens); 0 without expert parallelism.

@@ -200,8 +200,11 @@ func (d *StepDesc) WantsScores() (bool, int) {
 func ResizeScores(res *StepResult, rows int, want bool) {
 	if !want {
 		res.ScoreLogprobs, res.ScoreTopIDs, res.ScoreTopLogprobs = res.ScoreLogprobs[:0], res.ScoreTopIDs[:0], res.ScoreTopLogprobs[:0]
+		res.ScoreRanks = res.ScoreRanks[:0]
 		return
 	}
+	res.ScoreRanks = resize(res.ScoreRanks, rows)
+	clear(res.ScoreRanks)
 	res.ScoreLogprobs = resize(res.ScoreLogprobs, rows)
 	res.ScoreTopIDs = resize(res.ScoreTopIDs, rows*MaxLogprobs)
 	res.ScoreTopLogprobs = resize(res.ScoreTopLogprobs, rows*MaxLogprobs)
@@ -218,4 +221,19 @@ func ResizeScores(res *StepResult, rows int, want bool) {
 func FillScore(res *StepResult, r int, row []float32, target int32, top int) {
 	at := r * MaxLogprobs
 	res.ScoreLogprobs[r] = RowLogprobs(row, target, res.ScoreTopIDs[at:at+top], res.ScoreTopLogprobs[at:at+MaxLogprobs])
+	res.ScoreRanks[r] = RowRank(row, target)
+}
+
+// RowRank is token's rank in a logits row as the native engines compute
+// it (vLLM's): how many ids have a logit at least its own (NaN as −Inf,
+// +Inf as MaxFloat32), so the most probable token's is 1.
+func RowRank(row []float32, token int32) int32 {
+	t := lpLogit(row[token])
+	n := int32(0)
+	for _, l := range row {
+		if lpLogit(l) >= t {
+			n++
+		}
+	}
+	return n
 }

@@ -87,11 +87,21 @@ func TestPromptLogprobsScoreTheModelsOwnTokens(t *testing.T) {
 			req := scored[id]
 			require.Len(t, r.PromptLogprobs, len(req.Prompt)-1, "%+v: request %d", c, id)
 			require.Zero(t, r.ReusedTokens, "%+v: request %d reused a prefix", c, id)
-			for _, lp := range r.PromptLogprobs {
+			for j, lp := range r.PromptLogprobs {
 				require.Len(t, lp.TopIDs, 3)
+				require.Positive(t, lp.Rank)
+				if k := slices.Index(lp.TopIDs, req.Prompt[j+1]); k >= 0 {
+					require.GreaterOrEqual(t, lp.Rank, int32(k+1), "a top-%d token's rank (ties count)", k+1)
+				} else {
+					require.Greater(t, lp.Rank, int32(3), "a token outside the top 3")
+				}
 			}
 			want := generated[id/2].Logprobs
-			require.Equal(t, want, r.PromptLogprobs[len(req.Prompt)-1-out:], "%+v: request %d", c, id)
+			tail := slices.Clone(r.PromptLogprobs[len(req.Prompt)-1-out:])
+			for j := range tail {
+				tail[j].Rank = 0 // generated tokens have none
+			}
+			require.Equal(t, want, tail, "%+v: request %d", c, id)
 		}
 	}
 }
@@ -122,7 +132,7 @@ func TestPromptLogprobsPayloads(t *testing.T) {
 
 	lp := TokenLogprobs{Logprob: -0.5, TopIDs: []int32{9}, TopLogprobs: []float32{-0.1}}
 	rb := responseBatch{Responses: []Response{
-		{ID: 1, Output: []int32{3}, PromptLogprobs: []TokenLogprobs{lp, {Logprob: -7}}},
+		{ID: 1, Output: []int32{3}, PromptLogprobs: []TokenLogprobs{lp, {Logprob: -7, Rank: 300}}},
 		{ID: 2, Output: []int32{4}, Logprobs: []TokenLogprobs{{Logprob: -1}}, PromptLogprobs: []TokenLogprobs{}},
 	}}
 	back, err := decodeResponseBatch(rb.encode())

@@ -72,14 +72,17 @@ type TokenLogprobs struct {
 	Logprob     float32
 	TopIDs      []int32
 	TopLogprobs []float32
+	// Rank is a prompt token's rank at its position (bridge.RowRank; the
+	// most probable is 1); 0 for a generated token's.
+	Rank int32
 }
 
 // Response flags of the payload.
 const (
 	responseStopped  = 1
 	responseLogprobs = 2 // one TokenLogprobs per output token follows the output
-	// responsePromptLogprobs: the prompt's (count u32, TokenLogprobs×count)
-	// follow the output's.
+	// responsePromptLogprobs: the prompt's (count u32, then per entry its
+	// TokenLogprobs and rank u32) follow the output's.
 	responsePromptLogprobs = 4
 )
 
@@ -172,6 +175,7 @@ func (rb responseBatch) appendTo(b []byte) []byte {
 			b = binary.LittleEndian.AppendUint32(b, uint32(len(r.PromptLogprobs)))
 			for j := range r.PromptLogprobs {
 				b = appendLogprobs(b, &r.PromptLogprobs[j])
+				b = binary.LittleEndian.AppendUint32(b, uint32(r.PromptLogprobs[j].Rank))
 			}
 		}
 	}
@@ -270,13 +274,14 @@ func decodeResponseBatch(b []byte) (responseBatch, error) {
 		}
 		if flags&responsePromptLogprobs != 0 {
 			m := int(d.u32())
-			if d.err == nil && m > len(d.b)/5 {
+			if d.err == nil && m > len(d.b)/9 {
 				d.err = errShort
 				break
 			}
 			r.PromptLogprobs = make([]TokenLogprobs, m)
 			for j := 0; j < m && d.err == nil; j++ {
 				r.PromptLogprobs[j] = d.logprobs()
+				r.PromptLogprobs[j].Rank = int32(d.u32())
 			}
 		}
 		rb.Responses = append(rb.Responses, r)

@@ -440,6 +440,7 @@ func applyScores(b *batch, res *bridge.StepResult) error {
 				break
 			}
 			r.promptLogprobs[p] = rowLogprobs(res.ScoreLogprobs, res.ScoreTopIDs, res.ScoreTopLogprobs, c.row+k, r.promptTop)
+			r.promptLogprobs[p].Rank = res.ScoreRanks[c.row+k]
 		}
 	}
 	return nil

@@ -22,7 +22,7 @@ func (s *suite) promptScores(t *testing.T) {
 	const L, K = 11, 4
 	p := prompt(L, 7)
 	K0 := bridge.MaxLogprobs
-	wantLp := make([]float32, L)
+	wantLp, wantRank := make([]float32, L), make([]int32, L)
 	wantIDs, wantTop := make([]int32, L*K0), make([]float32, L*K0)
 	for j := range wantIDs {
 		wantIDs[j] = -1
@@ -30,6 +30,7 @@ func (s *suite) promptScores(t *testing.T) {
 	for r := 0; r+1 < L; r++ {
 		res := step(t, e, withLogits(bridge.SeqStep{Tokens: p[:r+1], BlockTable: []int32{8, 9, 10}, Sample: true}))
 		wantLp[r] = bridge.RowLogprobs(res.Logits, p[r+1], wantIDs[r*K0:r*K0+K], wantTop[r*K0:(r+1)*K0])
+		wantRank[r] = bridge.RowRank(res.Logits, p[r+1])
 	}
 	targets := append(slices.Clone(p[1:]), -1)
 	bits := func(a, b float32) bool { return math.Float32bits(a) == math.Float32bits(b) }
@@ -37,7 +38,7 @@ func (s *suite) promptScores(t *testing.T) {
 		t.Helper()
 		for r := from; r < to; r++ {
 			row := at + r - from
-			if row >= len(res.ScoreLogprobs) || len(res.ScoreTopIDs) != len(res.ScoreLogprobs)*K0 ||
+			if row >= len(res.ScoreLogprobs) || len(res.ScoreTopIDs) != len(res.ScoreLogprobs)*K0 || len(res.ScoreRanks) != len(res.ScoreLogprobs) ||
 				len(res.ScoreTopLogprobs) != len(res.ScoreTopIDs) {
 				t.Fatalf("%s: %d, %d, %d score entries, row %d wanted", via, len(res.ScoreLogprobs), len(res.ScoreTopIDs),
 					len(res.ScoreTopLogprobs), row)
@@ -76,6 +77,14 @@ func (s *suite) promptScores(t *testing.T) {
 			}
 		}
 		check(via, res, 3, 0, L)
+		for r := 0; r+1 < L; r++ {
+			if res.ScoreRanks[3+r] != wantRank[r] || wantRank[r] < 1 {
+				t.Errorf("%s: prompt row %d: rank %d, want %d (≥ 1)", via, r, res.ScoreRanks[3+r], wantRank[r])
+			}
+		}
+		if res.ScoreRanks[3+L-1] != 0 || res.ScoreRanks[0] != 0 {
+			t.Errorf("%s: unscored rows' ranks %d, %d; want 0", via, res.ScoreRanks[0], res.ScoreRanks[3+L-1])
+		}
 		// Two chunks on other pages: rows 0..5 unsampled, then 6..10.
 		first := bridge.SeqStep{Tokens: p[:6], BlockTable: []int32{4, 5}, ScoreTargets: targets[:6], ScoreTop: K}
 		second := bridge.SeqStep{Tokens: p[6:], StartPos: 6, BlockTable: []int32{4, 5, 6}, Sample: true,

@@ -66,13 +66,13 @@ type stepBuffers struct {
 	topIDs                cbuf[int32]
 	// Prompt scoring: the rows' targets and the sequences' top counts, and
 	// the results [rows], [rows × MaxLogprobs] ×2.
-	scoreTargets, scoreTop, scoreTopIDs cbuf[int32]
-	scoreLogprobs, scoreTopLogprobs     cbuf[float32]
+	scoreTargets, scoreTop, scoreTopIDs, scoreRanks cbuf[int32]
+	scoreLogprobs, scoreTopLogprobs                 cbuf[float32]
 }
 
 func (s *stepBuffers) free() {
 	for _, b := range []*cbuf[int32]{&s.numTokens, &s.startPos, &s.numBlocks, &s.tokens, &s.blocks,
-		&s.sampled, &s.copySrc, &s.copyDst, &s.samplingIDs, &s.topIDs, &s.scoreTargets, &s.scoreTop, &s.scoreTopIDs} {
+		&s.sampled, &s.copySrc, &s.copyDst, &s.samplingIDs, &s.topIDs, &s.scoreTargets, &s.scoreTop, &s.scoreTopIDs, &s.scoreRanks} {
 		b.free()
 	}
 	s.sample.free()

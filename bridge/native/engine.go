@@ -355,6 +355,8 @@ func (e *engine) scoreResults(cres *C.eng_step_result, rows int) {
 	cres.score_logprobs = (*C.float)(b.scoreLogprobs.p)
 	cres.score_top_ids = b.scoreTopIDs.ptr()
 	cres.score_top_logprobs = (*C.float)(b.scoreTopLogprobs.p)
+	b.scoreRanks.slice(rows)
+	cres.score_ranks = b.scoreRanks.ptr()
 }
 
 // copyScores copies the scores of rows rows out of the C buffers into res
@@ -368,6 +370,7 @@ func (e *engine) copyScores(res *bridge.StepResult, rows int) {
 	copy(res.ScoreLogprobs, b.scoreLogprobs.slice(rows))
 	copy(res.ScoreTopIDs, b.scoreTopIDs.slice(rows*bridge.MaxLogprobs))
 	copy(res.ScoreTopLogprobs, b.scoreTopLogprobs.slice(rows*bridge.MaxLogprobs))
+	copy(res.ScoreRanks, b.scoreRanks.slice(rows))
 }
 
 // logprobResults points cres's log-probability arrays at the reusable C

@@ -423,10 +423,14 @@ typedef struct eng_step_result {
   /* Prompt scoring (eng_step_desc.score_targets): [sum num_tokens] and
    * [sum num_tokens * ENG_MAX_LOGPROBS] twice, written for every row (0,
    * -1 and 0 where a row is not scored or has fewer top entries). They may
-   * be NULL only when no row is scored. */
+   * be NULL only when no row is scored. score_ranks [sum num_tokens]: a
+   * scored row's target's rank (vLLM's: how many ids have a logit at
+   * least the target's, NaN as -inf; the most probable is 1), 0 where not
+   * scored. */
   float* score_logprobs;
   int32_t* score_top_ids;
   float* score_top_logprobs;
+  int32_t* score_ranks;
 } eng_step_result;
 
 eng_status eng_engine_step(eng_engine_t eng, const eng_step_desc* desc,

@@ -65,6 +65,7 @@ struct ScoreOut {
   float* logprobs = nullptr;     // [num_rows]
   int32_t* top_ids = nullptr;    // [num_rows * ENG_MAX_LOGPROBS]
   float* top_logprobs = nullptr; // [num_rows * ENG_MAX_LOGPROBS]
+  int32_t* ranks = nullptr;      // [num_rows]
 };
 
 // A validated step: sequences in batch order. No two sequences write the same

@@ -274,6 +274,7 @@ void reset_scores(lockstep::StepBatch* b, const lockstep::ScoreOut& out) {
   std::fill(out.logprobs, out.logprobs + b->num_rows, 0.0f);
   std::fill(out.top_ids, out.top_ids + b->num_rows * ENG_MAX_LOGPROBS, -1);
   std::fill(out.top_logprobs, out.top_logprobs + b->num_rows * ENG_MAX_LOGPROBS, 0.0f);
+  std::fill(out.ranks, out.ranks + b->num_rows, 0);
 }
 
 // Runs b on the backend; when some sequence asks for log-probabilities,
@@ -309,6 +310,7 @@ void check_score_results(const lockstep::StepBatch& b, const eng_step_result* re
   const char* null_field = res->score_logprobs == nullptr      ? "res.score_logprobs"
                            : res->score_top_ids == nullptr      ? "res.score_top_ids"
                            : res->score_top_logprobs == nullptr ? "res.score_top_logprobs"
+                           : res->score_ranks == nullptr        ? "res.score_ranks"
                                                                 : nullptr;
   if (null_field != nullptr)
     invalid_argument(fmt("%s is NULL but desc.score_targets scores %" PRId64 " rows", null_field, b.num_scored));
@@ -467,7 +469,7 @@ eng_status eng_engine_step(eng_engine_t eng, const eng_step_desc* desc, eng_step
     build_batch(eng, desc, res);
     check_logprob_results(eng->batch, res);
     check_score_results(eng->batch, res);
-    reset_scores(&eng->batch, {res->score_logprobs, res->score_top_ids, res->score_top_logprobs});
+    reset_scores(&eng->batch, {res->score_logprobs, res->score_top_ids, res->score_top_logprobs, res->score_ranks});
     eng->stepped = true;
     res->moe_wait_ms = 0;
     // An EP member runs even an empty step: its peers need it in every
@@ -581,11 +583,13 @@ eng_status eng_engine_submit(eng_engine_t eng, const eng_step_desc* desc, int32_
       job->score_logprobs.assign(rows, 0.0f);
       job->score_top_ids.assign(rows * ENG_MAX_LOGPROBS, -1);
       job->score_top_logprobs.assign(rows * ENG_MAX_LOGPROBS, 0.0f);
+      job->score_ranks.assign(rows, 0);
     }
     job->batch = eng->batch;
     job->batch.score = lockstep::ScoreOut{};
     if (job->batch.num_scored > 0)
-      job->batch.score = {job->score_logprobs.data(), job->score_top_ids.data(), job->score_top_logprobs.data()};
+      job->batch.score = {job->score_logprobs.data(), job->score_top_ids.data(), job->score_top_logprobs.data(),
+                          job->score_ranks.data()};
     int64_t tok = 0, blk = 0, ids = 0, bias = 0;
     size_t mask = 0;
     for (auto& q : job->batch.seqs) {
@@ -667,6 +671,7 @@ eng_status eng_engine_wait(eng_engine_t eng, eng_step_result* res) {
       std::copy(job->score_logprobs.begin(), job->score_logprobs.end(), res->score_logprobs);
       std::copy(job->score_top_ids.begin(), job->score_top_ids.end(), res->score_top_ids);
       std::copy(job->score_top_logprobs.begin(), job->score_top_logprobs.end(), res->score_top_logprobs);
+      std::copy(job->score_ranks.begin(), job->score_ranks.end(), res->score_ranks);
     }
     res->device_ms = job->device_ms;
     res->moe_wait_ms = job->moe_wait_ms;

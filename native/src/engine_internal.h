@@ -40,7 +40,7 @@ struct AsyncStep {
   std::vector<int32_t> top_ids;
   // Prompt scoring (batch.num_scored > 0): every row's target (-1 = not
   // scored), which the copied seqs point into, and the results by row.
-  std::vector<int32_t> score_targets, score_top_ids;
+  std::vector<int32_t> score_targets, score_top_ids, score_ranks;
   std::vector<float> score_logprobs, score_top_logprobs;
   double device_ms = 0;
   double moe_wait_ms = 0;

@@ -541,6 +541,7 @@ void CpuBackend::score_rows(const StepBatch& batch, const float* hidden) {
       const int64_t r = rows[k];
       row_logprobs(lg + j * V, shape_.vocab_size, score_target_[k], score_top_[k], batch.score.logprobs + r,
                    batch.score.top_ids + r * ENG_MAX_LOGPROBS, batch.score.top_logprobs + r * ENG_MAX_LOGPROBS);
+      batch.score.ranks[r] = row_rank(lg + j * V, shape_.vocab_size, score_target_[k]);
     }
   }
 }

@@ -74,6 +74,13 @@ inline float lp_logit(float v) {
 
 }  // namespace
 
+int32_t row_rank(const float* logits, int32_t vocab, int32_t token) {
+  const float t = lp_logit(logits[token]);
+  int32_t n = 0;
+  for (int32_t i = 0; i < vocab; ++i) n += lp_logit(logits[i]) >= t;
+  return n;
+}
+
 void row_logprobs(const float* logits, int32_t vocab, int32_t token, int32_t k, float* token_lp, int32_t* ids,
                   float* lps) {
   // 1. The largest logit and the top k (an insertion into a sorted list:

@@ -75,6 +75,10 @@ double sampling_log(double x);
 void row_logprobs(const float* logits, int32_t vocab, int32_t token, int32_t k, float* token_lp,
                   int32_t* ids, float* lps);
 
+// The rank of token in a logits row (vLLM's): how many ids have a logit at
+// least its own (NaN as -inf, +inf as FLT_MAX), so the most probable is 1.
+int32_t row_rank(const float* logits, int32_t vocab, int32_t token);
+
 // Lowest index of the maximum (NaN never wins): the greedy pick.
 int32_t sampling_argmax(const float* logits, int32_t vocab);
 

@@ -52,7 +52,7 @@ struct TestStepOut {
   std::vector<float> logits;  // [num sampled][vocab]
   // Scored rows' results (when some sequence has score_targets), by row.
   std::vector<float> score_lp, score_tlp;
-  std::vector<int32_t> score_tid;
+  std::vector<int32_t> score_tid, score_rank;
 };
 
 // Flattens seqs into an eng_step_desc and runs one step with logits.
@@ -104,6 +104,8 @@ inline TestStepOut test_step(eng_engine_t e, const std::vector<TestSeq>& seqs, i
     out.score_lp.assign(toks.size(), 0.0f);
     out.score_tid.assign(toks.size() * ENG_MAX_LOGPROBS, 0);
     out.score_tlp.assign(toks.size() * ENG_MAX_LOGPROBS, 0.0f);
+    out.score_rank.assign(toks.size(), -1);
+    r.score_ranks = out.score_rank.data();
     r.score_logprobs = out.score_lp.data();
     r.score_top_ids = out.score_tid.data();
     r.score_top_logprobs = out.score_tlp.data();

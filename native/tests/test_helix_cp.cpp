@@ -94,7 +94,7 @@ void check_case(int32_t cp, int32_t P, int32_t prompt_len, const std::vector<int
       CHECKF(got[r][i].logits == want[i].logits, "cp %d P %d len %d rank %d step %zu: logits differ", cp, P,
              prompt_len, r, i);
       CHECKF(got[r][i].score_lp == want[i].score_lp && got[r][i].score_tid == want[i].score_tid &&
-                 got[r][i].score_tlp == want[i].score_tlp,
+                 got[r][i].score_tlp == want[i].score_tlp && got[r][i].score_rank == want[i].score_rank,
              "cp %d P %d len %d rank %d step %zu: scores differ", cp, P, prompt_len, r, i);
     }
     eng_engine_free(engines[r]);

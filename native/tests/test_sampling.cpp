@@ -307,7 +307,7 @@ void test_logprobs() {
 struct ScoredOut {
   eng_status status = ENG_OK;
   std::vector<float> lp, tlp;
-  std::vector<int32_t> tid;
+  std::vector<int32_t> tid, rank;
 };
 struct ScoredSeq {
   std::vector<int32_t> tokens, blocks, targets;
@@ -336,12 +336,14 @@ ScoredOut scored_step(eng_engine_t e, const std::vector<ScoredSeq>& seqs, bool a
   out.lp.assign(toks.size(), 7.0f);  // the step overwrites every row
   out.tid.assign(toks.size() * ENG_MAX_LOGPROBS, 7);
   out.tlp.assign(toks.size() * ENG_MAX_LOGPROBS, 7.0f);
+  out.rank.assign(toks.size(), 7);
   std::vector<int32_t> got(seqs.size(), -2);
   eng_step_result r{got.data(), nullptr, 0};
   if (with_results) {
     r.score_logprobs = out.lp.data();
     r.score_top_ids = out.tid.data();
     r.score_top_logprobs = out.tlp.data();
+    r.score_ranks = out.rank.data();
   }
   if (!async) {
     out.status = eng_engine_step(e, &d, &r);
@@ -361,7 +363,7 @@ void test_prompt_scoring() {
   constexpr int32_t L = 13, K = 4;
   const std::vector<int32_t> prompt = test_prompt(21, L, kVocab);
   std::vector<float> want_lp(L, 0.0f), want_tlp(size_t(L) * ENG_MAX_LOGPROBS, 0.0f);
-  std::vector<int32_t> want_tid(size_t(L) * ENG_MAX_LOGPROBS, -1);
+  std::vector<int32_t> want_tid(size_t(L) * ENG_MAX_LOGPROBS, -1), want_rank(L, 0);
   eng_engine_t ref = test_engine(test_config("tiny", 32, kP));
   for (int32_t r = 0; r + 1 < L; ++r) {
     TestSeq q;
@@ -372,6 +374,10 @@ void test_prompt_scoring() {
     REQUIRE(o.status == ENG_OK);
     REQUIRE(eng_logprobs_row(o.logits.data(), kVocab, prompt[r + 1], K, &want_lp[r], &want_tid[r * ENG_MAX_LOGPROBS],
                              &want_tlp[r * ENG_MAX_LOGPROBS]) == ENG_OK);
+    want_rank[r] = lockstep::row_rank(o.logits.data(), kVocab, prompt[r + 1]);
+    int32_t above = 0;  // the rank by its definition: logits at least the target's
+    for (int32_t v = 0; v < kVocab; ++v) above += o.logits[v] >= o.logits[prompt[r + 1]];
+    CHECK(want_rank[r] == above && above >= 1);
   }
   eng_engine_free(ref);
   // The last row predicts the sampled token: not scored.
@@ -381,6 +387,7 @@ void test_prompt_scoring() {
     for (int32_t r = from; r < to; ++r) {
       const size_t row = at + size_t(r - from);
       CHECKF(o.lp[row] == want_lp[r], "%s: row %d logprob %g, want %g", what, r, o.lp[row], want_lp[r]);
+      CHECKF(o.rank[row] == want_rank[r], "%s: row %d rank %d, want %d", what, r, o.rank[row], want_rank[r]);
       for (int j = 0; j < ENG_MAX_LOGPROBS; ++j) {
         CHECKF(o.tid[row * ENG_MAX_LOGPROBS + j] == want_tid[r * ENG_MAX_LOGPROBS + j], "%s: row %d top %d", what, r, j);
         CHECKF(o.tlp[row * ENG_MAX_LOGPROBS + j] == want_tlp[r * ENG_MAX_LOGPROBS + j], "%s: row %d top %d", what, r, j);
@@ -394,7 +401,8 @@ void test_prompt_scoring() {
     ScoredSeq whole{prompt, {0, 1}, targets, 0, K, true};
     const ScoredOut o = scored_step(e, {other, whole}, async);
     REQUIRE(o.status == ENG_OK);
-    for (size_t row = 0; row < 7; ++row) CHECKF(o.lp[row] == 0.0f && o.tid[row * ENG_MAX_LOGPROBS] == -1, "%s: row %zu", how, row);
+    for (size_t row = 0; row < 7; ++row)
+      CHECKF(o.lp[row] == 0.0f && o.tid[row * ENG_MAX_LOGPROBS] == -1 && o.rank[row] == 0, "%s: row %zu", how, row);
     check_rows(o, 7, 0, L, how);
     // Two chunks on fresh pages: 0..5 (not sampled), then 6..12.
     ScoredSeq first{{prompt.begin(), prompt.begin() + 6}, {2}, {targets.begin(), targets.begin() + 6}, 0, K, false};
@@ -421,11 +429,12 @@ void test_prompt_scoring() {
       CHECK(eng_engine_inflight(e) == 1);
       std::vector<int32_t> got(1);
       std::vector<float> lp(L), tlp(size_t(L) * ENG_MAX_LOGPROBS);
-      std::vector<int32_t> tid(size_t(L) * ENG_MAX_LOGPROBS);
+      std::vector<int32_t> tid(size_t(L) * ENG_MAX_LOGPROBS), rank(L);
       eng_step_result r{got.data(), nullptr, 0};
       r.score_logprobs = lp.data();
       r.score_top_ids = tid.data();
       r.score_top_logprobs = tlp.data();
+      r.score_ranks = rank.data();
       CHECK(eng_engine_wait(e, &r) == ENG_OK);
     } else {
       CHECK(scored_step(e, {whole}, false, false).status == ENG_INVALID_ARGUMENT);

@@ -14,6 +14,7 @@ func CopyResult(dst, src *bridge.StepResult) {
 	dst.ScoreLogprobs = append(dst.ScoreLogprobs[:0], src.ScoreLogprobs...)
 	dst.ScoreTopIDs = append(dst.ScoreTopIDs[:0], src.ScoreTopIDs...)
 	dst.ScoreTopLogprobs = append(dst.ScoreTopLogprobs[:0], src.ScoreTopLogprobs...)
+	dst.ScoreRanks = append(dst.ScoreRanks[:0], src.ScoreRanks...)
 	dst.DeviceMS = src.DeviceMS
 	dst.MoEWaitMS = src.MoEWaitMS
 }
