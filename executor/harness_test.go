@@ -55,6 +55,8 @@ type fleet struct {
 	// onIteration is rank 0's Config.OnIteration; with it every rank
 	// streams (Config.Stream), as a server's ranks do.
 	onIteration func(FleetStats)
+	// onTokens is rank 0's Config.OnTokens; with it every rank streams.
+	onTokens func([]TokenDelta)
 	// idlePoll is every rank's Config.IdlePoll; wrapComm wraps each rank's
 	// comm (a doorbell recorder).
 	idlePoll time.Duration
@@ -138,6 +140,12 @@ func (f *fleet) run(t testing.TB) {
 		ecfg := Config{Rank: i, Ranks: f.ranks, StopTokens: f.stopTokens, Guides: f.guides, Scheduler: f.sched, IterLog: f.iterLog[i],
 			MaxIdleSleep: time.Millisecond, Overlap: f.overlap, Events: f.events > 0, EventSink: f.eventLog,
 			EventBufferMaxSize: f.events, ADPBalance: f.balance, MaxActivePerRank: f.maxActive, IdlePoll: f.idlePoll}
+		if f.onTokens != nil {
+			ecfg.Stream = true
+			if i == 0 {
+				ecfg.OnTokens = f.onTokens
+			}
+		}
 		if f.onIteration != nil {
 			// As a server sets it up (fleet/rank.go): the serving gathers
 			// on every rank, the hook on rank 0's alone.

@@ -2,6 +2,7 @@ package executor
 
 import (
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -106,6 +107,38 @@ func TestPromptLogprobsScoreTheModelsOwnTokens(t *testing.T) {
 	}
 }
 
+// Streaming, the prompt's log-probabilities ride the first token's delta
+// (exactly once per request, even under recompute), not the response.
+func TestPromptLogprobsStreamOnTheFirstToken(t *testing.T) {
+	reqs := longOutputRequests(8, 21, 16)
+	want := &fleet{ranks: 1, reqs: reqs}
+	want.source = &promptLogprobsSource{Source: NewTraceSource(reqs, time.Now())}
+	want.run(t)
+	ref := want.byID(t)
+	got := map[uint64][]TokenLogprobs{}
+	var mu sync.Mutex
+	f := &fleet{ranks: 2, pages: 9, overlap: true, reqs: reqs, onTokens: func(ds []TokenDelta) {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, d := range ds {
+			if d.PromptLogprobs != nil {
+				_, twice := got[d.ID]
+				require.False(t, twice, "request %d: prompt log-probabilities twice", d.ID)
+				got[d.ID] = d.PromptLogprobs
+			}
+		}
+	}}
+	f.source = &promptLogprobsSource{Source: NewTraceSource(reqs, time.Now())}
+	f.run(t)
+	recomputed := 0
+	for id, r := range f.byID(t) {
+		require.Nil(t, r.PromptLogprobs, "request %d: streamed, the response has none", id)
+		require.Equal(t, ref[id].PromptLogprobs, got[id], "request %d", id)
+		recomputed += r.Recomputed
+	}
+	require.Positive(t, recomputed)
+}
+
 // A prompt of one token has no prompt log-probabilities; the wire carries
 // them, and a bad top count on the wire is a desync.
 func TestPromptLogprobsPayloads(t *testing.T) {
@@ -138,6 +171,20 @@ func TestPromptLogprobsPayloads(t *testing.T) {
 	back, err := decodeResponseBatch(rb.encode())
 	require.NoError(t, err)
 	require.Equal(t, rb, back)
+	// On deltas: with and without the deltas' own log-probabilities.
+	for _, withLp := range []bool{false, true} {
+		rb := responseBatch{Deltas: []TokenDelta{{ID: 1, Token: 3}, {ID: 2, Token: 4, PromptLogprobs: []TokenLogprobs{lp, {Logprob: -2, Rank: 9}}},
+			{ID: 3, Token: 5, PromptLogprobs: []TokenLogprobs{}}}}
+		if withLp {
+			rb.Deltas[0].Logprobs = &lp
+		}
+		b := rb.encode()
+		back, err := decodeResponseBatch(b)
+		require.NoError(t, err)
+		require.Equal(t, rb, back)
+		_, err = decodeResponseBatch(b[:len(b)-2])
+		require.ErrorContains(t, err, "collective desync")
+	}
 
 	f := &fleet{ranks: 2, reqs: []workload.Request{{Index: 0, Prompt: []int32{7}, MaxNewTokens: 2}}}
 	f.source = &promptLogprobsSource{Source: NewTraceSource(f.reqs, time.Now())}

@@ -19,7 +19,10 @@ type Response struct {
 	Logprobs []TokenLogprobs
 	// PromptLogprobs, when the request asked for them
 	// (Arrival.PromptLogprobs) and its prompt has more than one token:
-	// entry j is prompt token j+1's, given the tokens before it.
+	// entry j is prompt token j+1's, given the tokens before it. With
+	// Config.Stream they ride the first token's delta instead
+	// (TokenDelta.PromptLogprobs), so that a client whose answer ends
+	// early (a stop string) or streams still gets them.
 	PromptLogprobs   []TokenLogprobs
 	ArrivalUnixNS    int64
 	ScheduledUnixNS  int64 // its first chunk was launched (0 if never): the queue time ends
@@ -63,6 +66,9 @@ type TokenDelta struct {
 	// Logprobs is the token's log-probabilities when the request asked for
 	// them (nil otherwise).
 	Logprobs *TokenLogprobs
+	// PromptLogprobs is on a request's first token's delta when it asked
+	// for them (Response.PromptLogprobs; nil otherwise).
+	PromptLogprobs []TokenLogprobs
 }
 
 // TokenLogprobs is one generated token's log-probabilities
@@ -172,23 +178,25 @@ func (rb responseBatch) appendTo(b []byte) []byte {
 			}
 		}
 		if r.PromptLogprobs != nil {
-			b = binary.LittleEndian.AppendUint32(b, uint32(len(r.PromptLogprobs)))
-			for j := range r.PromptLogprobs {
-				b = appendLogprobs(b, &r.PromptLogprobs[j])
-				b = binary.LittleEndian.AppendUint32(b, uint32(r.PromptLogprobs[j].Rank))
-			}
+			b = appendPromptLogprobs(b, r.PromptLogprobs)
 		}
 	}
 	// The deltas' log-probabilities, when some delta has them, trail the
 	// payload (count u32, then per delta: index u32, logprobs), so a
-	// payload without any is unchanged.
-	n := 0
+	// payload without any is unchanged; their prompt log-probabilities,
+	// when some delta has them, trail that (its count then 0 when no delta
+	// has log-probabilities): count u32, then per delta: index u32, n u32,
+	// (logprobs, rank u32)×n.
+	n, np := 0, 0
 	for _, d := range rb.Deltas {
 		if d.Logprobs != nil {
 			n++
 		}
+		if d.PromptLogprobs != nil {
+			np++
+		}
 	}
-	if n > 0 {
+	if n > 0 || np > 0 {
 		b = binary.LittleEndian.AppendUint32(b, uint32(n))
 		for i, d := range rb.Deltas {
 			if d.Logprobs != nil {
@@ -197,7 +205,42 @@ func (rb responseBatch) appendTo(b []byte) []byte {
 			}
 		}
 	}
+	if np > 0 {
+		b = binary.LittleEndian.AppendUint32(b, uint32(np))
+		for i, d := range rb.Deltas {
+			if d.PromptLogprobs != nil {
+				b = binary.LittleEndian.AppendUint32(b, uint32(i))
+				b = appendPromptLogprobs(b, d.PromptLogprobs)
+			}
+		}
+	}
 	return b
+}
+
+// appendPromptLogprobs appends a prompt's log-probabilities: n u32, then
+// per entry its logprobs and rank u32.
+func appendPromptLogprobs(b []byte, lps []TokenLogprobs) []byte {
+	b = binary.LittleEndian.AppendUint32(b, uint32(len(lps)))
+	for j := range lps {
+		b = appendLogprobs(b, &lps[j])
+		b = binary.LittleEndian.AppendUint32(b, uint32(lps[j].Rank))
+	}
+	return b
+}
+
+// promptLogprobs reads appendPromptLogprobs' form.
+func (d *decoder) promptLogprobs() []TokenLogprobs {
+	m := int(d.u32())
+	if d.err == nil && m > len(d.b)/9 {
+		d.err = errShort
+		return nil
+	}
+	lps := make([]TokenLogprobs, m)
+	for j := 0; j < m && d.err == nil; j++ {
+		lps[j] = d.logprobs()
+		lps[j].Rank = int32(d.u32())
+	}
+	return lps
 }
 
 // decodeResponseBatch parses a gathered payload; failure means the gather
@@ -273,23 +316,14 @@ func decodeResponseBatch(b []byte) (responseBatch, error) {
 			}
 		}
 		if flags&responsePromptLogprobs != 0 {
-			m := int(d.u32())
-			if d.err == nil && m > len(d.b)/9 {
-				d.err = errShort
-				break
-			}
-			r.PromptLogprobs = make([]TokenLogprobs, m)
-			for j := 0; j < m && d.err == nil; j++ {
-				r.PromptLogprobs[j] = d.logprobs()
-				r.PromptLogprobs[j].Rank = int32(d.u32())
-			}
+			r.PromptLogprobs = d.promptLogprobs()
 		}
 		rb.Responses = append(rb.Responses, r)
 	}
 	if d.err == nil && len(d.b) >= 4 && len(rb.Deltas) > 0 {
 		// (A shorter tail, or one after no delta, is trailing bytes.)
 		nl := int(d.u32())
-		if d.err == nil && (nl == 0 || nl > len(rb.Deltas)) {
+		if d.err == nil && (nl == 0 && len(d.b) < 4 || nl > len(rb.Deltas)) {
 			d.err = fmt.Errorf("%d delta log-probabilities for %d deltas", nl, len(rb.Deltas))
 		}
 		for j := 0; j < nl && d.err == nil; j++ {
@@ -300,6 +334,20 @@ func decodeResponseBatch(b []byte) (responseBatch, error) {
 			}
 			lp := d.logprobs()
 			rb.Deltas[i].Logprobs = &lp
+		}
+	}
+	if d.err == nil && len(d.b) >= 4 && len(rb.Deltas) > 0 {
+		np := int(d.u32())
+		if d.err == nil && (np == 0 || np > len(rb.Deltas)) {
+			d.err = fmt.Errorf("%d delta prompt log-probabilities for %d deltas", np, len(rb.Deltas))
+		}
+		for j := 0; j < np && d.err == nil; j++ {
+			i := int(d.u32())
+			if d.err == nil && (i >= len(rb.Deltas) || rb.Deltas[i].PromptLogprobs != nil) {
+				d.err = fmt.Errorf("delta prompt log-probabilities for delta %d of %d (or twice)", i, len(rb.Deltas))
+				break
+			}
+			rb.Deltas[i].PromptLogprobs = d.promptLogprobs()
 		}
 	}
 	if d.err == nil && len(d.b) != 0 {

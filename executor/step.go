@@ -200,7 +200,15 @@ func (e *Executor) applyResults(b *batch, res *bridge.StepResult) (float64, erro
 			lp = &r.outLogprobs[len(r.outLogprobs)-1]
 		}
 		if e.cfg.Stream {
-			e.deltas = append(e.deltas, TokenDelta{ID: r.ID, Token: tok, Logprobs: lp})
+			d := TokenDelta{ID: r.ID, Token: tok, Logprobs: lp}
+			if r.promptLP && len(r.output) == 1 {
+				// The prompt's log-probabilities ride the first token.
+				d.PromptLogprobs = r.promptLogprobs
+				if d.PromptLogprobs == nil {
+					d.PromptLogprobs = []TokenLogprobs{} // a one-token prompt has none
+				}
+			}
+			e.deltas = append(e.deltas, d)
 		}
 		r.Generated++
 		if r.firstTokenNS == 0 {
@@ -250,11 +258,14 @@ func (e *Executor) applyResults(b *batch, res *bridge.StepResult) (float64, erro
 func (e *Executor) complete(r *request, now int64) {
 	r.State = scheduler.Complete
 	e.d.KV.Free(&r.Request)
-	resp := Response{ID: r.ID, Rank: e.cfg.Rank, Output: r.output, Logprobs: r.outLogprobs, PromptLogprobs: r.promptLogprobs,
+	resp := Response{ID: r.ID, Rank: e.cfg.Rank, Output: r.output, Logprobs: r.outLogprobs,
 		ArrivalUnixNS: r.arrivalNS, ScheduledUnixNS: r.scheduledNS, FirstTokenUnixNS: r.firstTokenNS, FinishUnixNS: now,
 		Suspended: r.suspended, Recomputed: r.recomputed, ReusedTokens: r.reused, Stopped: r.stopped && !r.cancelled}
 	if r.cancelled {
 		resp.Error = CancelledError
+	}
+	if !e.cfg.Stream {
+		resp.PromptLogprobs = r.promptLogprobs // (streaming: the first token's delta had them)
 	}
 	e.finished = append(e.finished, resp)
 }
