@@ -22,8 +22,14 @@ type choiceRun struct {
 	index         int
 	echo          string
 	firstOfPrompt bool
-	stream        *model.StreamDecoder
-	text          strings.Builder
+	prompt        []int32 // the prompt's tokens
+	// promptLps: the prompt's log-probabilities once hasPrompt (asked for
+	// with prompt_logprobs or echo with logprobs); promptSent once a
+	// streamed chunk carried them, echoLps once the echo's entries went.
+	promptLps                      []executor.TokenLogprobs
+	hasPrompt, promptSent, echoLps bool
+	stream                         *model.StreamDecoder
+	text                           strings.Builder
 	// stopFrom: a stop string must end past this offset of text, which
 	// min_tokens' tokens fill (vLLM looks for stop strings only in the
 	// text of the tokens after them).
@@ -151,6 +157,19 @@ func (s *Server) step(ch *choiceRun, p genParams) (string, []int32, []executor.T
 			Message: fmt.Sprintf("the fleet sent %d tokens with %d log-probabilities", len(toks), len(lps))}
 	}
 	ch.lps = append(ch.lps, lps...)
+	if want, _ := p.scoresPrompt(); want && !ch.hasPrompt {
+		ch.promptLps, ch.hasPrompt = c.promptLogprobs()
+		if !ch.hasPrompt && resp != nil && resp.Error == "" && len(ch.all)+len(toks) > 0 {
+			s.record(c, resp, "error")
+			return "", nil, nil, &apiError{Status: http.StatusInternalServerError, Type: "server_error",
+				Message: "the fleet answered without the prompt's log-probabilities"}
+		}
+		if ch.hasPrompt && len(ch.promptLps) != max(len(ch.prompt)-1, 0) {
+			s.record(c, nil, "error")
+			return "", nil, nil, &apiError{Status: http.StatusInternalServerError, Type: "server_error",
+				Message: fmt.Sprintf("the fleet sent %d prompt log-probabilities for a prompt of %d tokens", len(ch.promptLps), len(ch.prompt))}
+		}
+	}
 	var piece strings.Builder
 	var pieceIDs []int32
 	for _, t := range toks {

@@ -100,6 +100,13 @@ type genParams struct {
 	// logprobs true and top_logprobs k).
 	Logprobs    bool
 	TopLogprobs int
+	// WantPromptLogprobs (vLLM's prompt_logprobs k, PromptLogprobs): every
+	// prompt token's log-probability but the first's, with the k most
+	// probable tokens' at its position. EchoLogprobs (completions' echo
+	// with logprobs): the logprobs lists start with the prompt's tokens.
+	WantPromptLogprobs bool
+	PromptLogprobs     int
+	EchoLogprobs       bool
 	// Guide is the pattern the answer must match (structured outputs:
 	// response_format, guided_*, structured_outputs, or a forced tool
 	// call); GuideParam the field that asked for it.
@@ -274,8 +281,6 @@ func (r *rawParams) check(defaultMax int) (genParams, *apiError) {
 		return p, badRequest("min_tokens", "min_tokens must be >= 0, got %d", *r.MinTokens)
 	case r.MinTokens != nil && p.HasMaxTokens && *r.MinTokens > p.MaxTokens:
 		return p, badRequest("min_tokens", "min_tokens %d must be at most max_tokens %d", *r.MinTokens, p.MaxTokens)
-	case r.PromptLogprobs != nil:
-		return p, badRequest("prompt_logprobs", "prompt_logprobs are not supported (the engine computes the log-probabilities of sampled tokens only)")
 	case r.Priority != nil && *r.Priority != 0:
 		return p, badRequest("priority", "request priority is not supported (the scheduler serves requests in arrival order)")
 	case notNull(r.Functions):
@@ -381,10 +386,49 @@ func (r *rawParams) checkRouting(p *genParams) *apiError {
 // checkLogprobs reads the log-probability fields into p: on completions an
 // integer logprobs k in [0, bridge.MaxLogprobs] (the sampled token's and the
 // top k's; top_logprobs is chat's), on chat logprobs true with top_logprobs
-// in [0, bridge.MaxLogprobs] (vLLM's bounds with its default max_logprobs).
-// With echo the prompt's log-probabilities would be due (vLLM's), which the
-// engine does not compute: refused.
+// in [0, bridge.MaxLogprobs] (vLLM's bounds with its default max_logprobs);
+// then the prompt's (checkPromptLogprobs).
 func (r *rawParams) checkLogprobs(p *genParams, chat bool) *apiError {
+	if e := r.checkOutputLogprobs(p, chat); e != nil {
+		return e
+	}
+	return r.checkPromptLogprobs(p)
+}
+
+// checkPromptLogprobs reads prompt_logprobs (vLLM's: an integer k in [0,
+// bridge.MaxLogprobs]; -1, the whole vocabulary, is refused) and echo with
+// logprobs (completions: the prompt's entries first, with the logprobs
+// count) into p. Streamed, they come with the choice's first chunk (the
+// echo's), or chat's first chunk that has them.
+func (r *rawParams) checkPromptLogprobs(p *genParams) *apiError {
+	if k := r.PromptLogprobs; k != nil {
+		switch {
+		case *k == -1:
+			return badRequest("prompt_logprobs", "prompt_logprobs -1 (every token of the vocabulary) is not supported: at most %d", bridge.MaxLogprobs)
+		case *k < 0 || *k > bridge.MaxLogprobs:
+			return badRequest("prompt_logprobs", "prompt_logprobs must be in [0, %d], got %d", bridge.MaxLogprobs, *k)
+		}
+		p.WantPromptLogprobs, p.PromptLogprobs = true, *k
+	}
+	p.EchoLogprobs = r.Echo && p.Logprobs
+	return nil
+}
+
+// scoresPrompt reports whether p needs the prompt's log-probabilities, and
+// how many top tokens' at each position.
+func (p *genParams) scoresPrompt() (bool, int) {
+	top := 0
+	if p.WantPromptLogprobs {
+		top = p.PromptLogprobs
+	}
+	if p.EchoLogprobs {
+		top = max(top, p.TopLogprobs)
+	}
+	return p.WantPromptLogprobs || p.EchoLogprobs, top
+}
+
+// checkOutputLogprobs reads logprobs and top_logprobs (checkLogprobs).
+func (r *rawParams) checkOutputLogprobs(p *genParams, chat bool) *apiError {
 	raw := string(r.Logprobs)
 	set := notNull(r.Logprobs)
 	if chat {
@@ -414,9 +458,6 @@ func (r *rawParams) checkLogprobs(p *genParams, chat bool) *apiError {
 	}
 	if k < 0 || k > bridge.MaxLogprobs {
 		return badRequest("logprobs", "logprobs must be in [0, %d], got %d", bridge.MaxLogprobs, k)
-	}
-	if r.Echo {
-		return badRequest("echo", "echo with logprobs needs the prompt's log-probabilities (prompt_logprobs), which are not supported")
 	}
 	p.Logprobs, p.TopLogprobs = true, k
 	return nil

@@ -10,15 +10,19 @@ import (
 
 // call is one request in flight.
 type call struct {
-	id     uint64
-	apiID  string // X-Request-Id: the client's, or id in decimal
-	wake   chan struct{}
-	mu     sync.Mutex
-	toks   []int32
-	lps    []executor.TokenLogprobs // with toks, when the request asked for them
-	resp   *executor.Response
-	err    error
-	prompt int
+	id    uint64
+	apiID string // X-Request-Id: the client's, or id in decimal
+	wake  chan struct{}
+	mu    sync.Mutex
+	toks  []int32
+	lps   []executor.TokenLogprobs // with toks, when the request asked for them
+	resp  *executor.Response
+	// promptLps are the prompt's log-probabilities (with its first token)
+	// when asked for; gotPrompt once they arrived.
+	promptLps []executor.TokenLogprobs
+	gotPrompt bool
+	err       error
+	prompt    int
 	// detached: the client's answer is over (it went away, or a stop
 	// string ended it) and the ranks were told to withdraw the request;
 	// the call stays registered until their answer arrives, then finish
@@ -49,6 +53,14 @@ func (c *call) abort(err error) {
 	c.signal()
 }
 
+// promptLogprobs returns the prompt's log-probabilities, and whether they
+// arrived.
+func (c *call) promptLogprobs() ([]executor.TokenLogprobs, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.promptLps, c.gotPrompt
+}
+
 // take returns the tokens (and their log-probabilities) and the answer
 // that arrived since the last call.
 func (c *call) take() ([]int32, []executor.TokenLogprobs, *executor.Response, error) {
@@ -72,6 +84,9 @@ func (s *Server) onTokens(deltas []executor.TokenDelta) {
 			c.toks = append(c.toks, d.Token)
 			if d.Logprobs != nil {
 				c.lps = append(c.lps, *d.Logprobs)
+			}
+			if d.PromptLogprobs != nil {
+				c.promptLps, c.gotPrompt = d.PromptLogprobs, true
 			}
 			if s.gaps != nil {
 				if c.lastTok != 0 {

@@ -23,7 +23,6 @@ import (
 func TestUnsupportedAndBadFieldsAreRefused(t *testing.T) {
 	_, ts := testServer(t, true)
 	for _, c := range []struct{ body, param string }{
-		{`{"prompt": [1], "prompt_logprobs": 1}`, "prompt_logprobs"},
 		{`{"prompt": [1], "priority": 3}`, "priority"},
 		{`{"prompt": [1], "guided_json": {"type": "object"}}`, "guided_json"},
 		{`{"prompt": [1], "guided_choice": ["a"]}`, "guided_choice"},

@@ -79,6 +79,9 @@ type Config struct {
 	// vocabulary (the fleet's own cache: fleet.Options.Guides); nil: no
 	// tokenizer, requests asking for structured outputs are refused.
 	Guides *structured.Cache
+	// NoPromptLogprobs: the engine does not score prompts (the CUDA
+	// engine), so prompt_logprobs and echo with logprobs are refused.
+	NoPromptLogprobs bool
 	// ToolCallParser turns on tool_choice "auto" (vLLM's
 	// --enable-auto-tool-choice with --tool-call-parser): the parser, one of
 	// ToolCallParsers, that reads the model's calls. "": requests with
@@ -394,7 +397,7 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request, endpoint string,
 		}
 		c.apiID = reqID
 		s.calls[ch.ID] = c
-		runs[i] = &choiceRun{c: c, index: i, echo: ch.echo, firstOfPrompt: ch.firstOfPrompt}
+		runs[i] = &choiceRun{c: c, index: i, echo: ch.echo, firstOfPrompt: ch.firstOfPrompt, prompt: ch.Prompt}
 	}
 	s.mu.Unlock()
 	defer func() {
@@ -487,6 +490,13 @@ func (s *Server) parse(w http.ResponseWriter, r *http.Request, req any, raw *raw
 	if e := s.checkGuide(&p); e != nil {
 		return checkedRequest{}, e
 	}
+	if score, _ := p.scoresPrompt(); score && s.cfg.NoPromptLogprobs {
+		param := "prompt_logprobs"
+		if !p.WantPromptLogprobs {
+			param = "echo"
+		}
+		return checkedRequest{}, badRequest(param, "the prompt's log-probabilities (prompt_logprobs, or echo with logprobs) are not supported by this fleet's engine (the CUDA engine does not score prompts yet)")
+	}
 	badWords, e := badWordTokens(p.BadWords, s.cfg.Tokenizer)
 	if e != nil {
 		return checkedRequest{}, e
@@ -526,6 +536,9 @@ func (s *Server) parse(w http.ResponseWriter, r *http.Request, req any, raw *raw
 				Logprobs: p.Logprobs, TopLogprobs: p.TopLogprobs, ConversationID: p.ConversationID, Routing: p.Routing,
 				Guide: p.Guide, MinTokens: min(p.MinTokens, maxTokens), AllowedTokenIDs: p.AllowedTokenIDs,
 				BadWords: badWords}
+			// Every choice scores its prompt: a streamed choice's first
+			// chunk carries them whichever choice starts first.
+			a.PromptLogprobs, a.PromptTopLogprobs = p.scoresPrompt()
 			if e := setSampling(&a, choiceParams(p, j)); e != nil {
 				return checkedRequest{}, e
 			}

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"strconv"
 	"unicode/utf8"
 
 	"github.com/lockstep-ai/lockstep/executor"
@@ -24,6 +25,8 @@ type writer struct {
 	created int64
 	started bool             // streaming: headers and the first chunk are out
 	tok     *model.Tokenizer // names the tokens of the log-probabilities (nil: "token_id:N")
+	// promptSent: a chat answer's prompt_logprobs (one per answer) are out.
+	promptSent bool
 }
 
 // id is the request's X-Request-Id (the server's numeric id by default):
@@ -98,9 +101,14 @@ func (wr *writer) choice(ch *choiceRun, text string, ids []int32, lps []executor
 	} else {
 		c.Text, c.Logprobs = &text, openai.NullLogprobs
 	}
-	if wr.p.Logprobs && (len(ids) > 0 || (final && !wr.p.Stream)) {
-		// A streamed chunk carries its own tokens' entries; a body all.
+	if wr.p.Logprobs && (len(ids) > 0 || (final && !wr.p.Stream) || wr.echoDue(ch)) {
+		// A streamed chunk carries its own tokens' entries (the echo's
+		// chunk the prompt's); a body all.
 		c.Logprobs = wr.logprobs(ch, ids, lps)
+	}
+	if !wr.chat && wr.promptDue(ch) && (final || len(ids) > 0 || wr.p.Stream) {
+		c.PromptLogprobs = wr.promptLogprobs(ch)
+		ch.promptSent = true
 	}
 	if wr.p.ReturnTokenID {
 		if ids == nil {
@@ -128,10 +136,15 @@ func (wr *writer) delta(ch *choiceRun, text string, ids []int32, lps []executor.
 			return err
 		}
 	}
-	if !wr.p.Stream || (text == "" && (len(ids) == 0 || !(wr.p.ReturnTokenID || wr.p.Logprobs)) && ch.roleSent) {
+	due := wr.chat && wr.promptDue(ch)
+	if !wr.p.Stream || (text == "" && (len(ids) == 0 || !(wr.p.ReturnTokenID || wr.p.Logprobs)) && ch.roleSent && !due) {
 		return nil
 	}
-	return wr.event(wr.chunk([]openai.Choice{wr.choice(ch, text, ids, lps, nil, false)}, wr.continuous(u)))
+	c := wr.chunk([]openai.Choice{wr.choice(ch, text, ids, lps, nil, false)}, wr.continuous(u))
+	if due {
+		c.PromptLogprobs, wr.promptSent = wr.promptLogprobs(ch), true
+	}
+	return wr.event(c)
 }
 
 // toolCalls streams the calls ch's answer made, in one delta (each call
@@ -188,6 +201,9 @@ func (wr *writer) done(runs []*choiceRun, u openai.Usage) {
 		}
 		body := openai.Completion{ID: wr.id, Object: wr.object, Created: wr.created, Model: wr.model,
 			Choices: choices, Usage: &u}
+		if wr.chat && len(runs) > 0 && wr.promptDue(runs[0]) {
+			body.PromptLogprobs = wr.promptLogprobs(runs[0])
+		}
 		wr.w.Header().Set("Content-Type", "application/json")
 		json.NewEncoder(wr.w).Encode(body) //nolint:errcheck // the client may be gone
 		return
@@ -271,26 +287,26 @@ func (wr *writer) logprobs(ch *choiceRun, ids []int32, lps []executor.TokenLogpr
 		v = out
 	} else {
 		n := len(ids)
-		out := openai.CompletionLogprobs{Tokens: make([]string, n), TokenLogprobs: make([]float64, n),
-			TopLogprobs: make([]map[string]float64, n), TextOffset: make([]int, n)}
-		for i, id := range ids {
-			text, _ := wr.tokenText(id)
-			out.Tokens[i], out.TokenLogprobs[i] = text, clampLogprob(lps[i].Logprob)
-			top := make(map[string]float64, len(lps[i].TopIDs)+1)
-			for j, t := range lps[i].TopIDs {
-				if t < 0 {
+		out := openai.CompletionLogprobs{Tokens: make([]string, 0, n), TokenLogprobs: make([]*float64, 0, n),
+			TopLogprobs: make([]map[string]float64, 0, n), TextOffset: make([]int, 0, n)}
+		if wr.echoDue(ch) {
+			// echo: the prompt's entries first (its first token's null),
+			// each with the logprobs count of top tokens.
+			ch.echoLps = true
+			for i, id := range ch.prompt {
+				if i == 0 {
+					wr.appendCompletionEntry(&out, ch, id, nil)
 					continue
 				}
-				if tt, _ := wr.tokenText(t); !hasKey(top, tt) {
-					top[tt] = clampLogprob(lps[i].TopLogprobs[j])
+				lp := ch.promptLps[i-1]
+				if len(lp.TopIDs) > wr.p.TopLogprobs {
+					lp.TopIDs, lp.TopLogprobs = lp.TopIDs[:wr.p.TopLogprobs], lp.TopLogprobs[:wr.p.TopLogprobs]
 				}
+				wr.appendCompletionEntry(&out, ch, id, &lp)
 			}
-			if !hasKey(top, text) {
-				top[text] = out.TokenLogprobs[i]
-			}
-			out.TopLogprobs[i] = top
-			out.TextOffset[i] = ch.lpOffset
-			ch.lpOffset += utf8.RuneCountInString(text)
+		}
+		for i, id := range ids {
+			wr.appendCompletionEntry(&out, ch, id, &lps[i])
 		}
 		v = out
 	}
@@ -299,6 +315,82 @@ func (wr *writer) logprobs(ch *choiceRun, ids []int32, lps []executor.TokenLogpr
 		panic(fmt.Sprintf("serve: logprobs do not marshal: %v", err)) // finite floats, strings: cannot happen
 	}
 	return b
+}
+
+// echoDue reports that ch's next completions logprobs start with the
+// echoed prompt's entries (echo with logprobs, not sent yet).
+func (wr *writer) echoDue(ch *choiceRun) bool {
+	return !wr.chat && wr.p.EchoLogprobs && !ch.echoLps && ch.hasPrompt
+}
+
+// appendCompletionEntry appends token id's entries to out: its text, its
+// log-probability and a map of the top tokens' texts (and its own) to
+// theirs, all null without lp (a prompt's first token), and its text
+// offset, which continues ch's.
+func (wr *writer) appendCompletionEntry(out *openai.CompletionLogprobs, ch *choiceRun, id int32, lp *executor.TokenLogprobs) {
+	text, _ := wr.tokenText(id)
+	out.Tokens = append(out.Tokens, text)
+	out.TextOffset = append(out.TextOffset, ch.lpOffset)
+	ch.lpOffset += utf8.RuneCountInString(text)
+	if lp == nil {
+		out.TokenLogprobs, out.TopLogprobs = append(out.TokenLogprobs, nil), append(out.TopLogprobs, nil)
+		return
+	}
+	own := clampLogprob(lp.Logprob)
+	top := make(map[string]float64, len(lp.TopIDs)+1)
+	for j, t := range lp.TopIDs {
+		if t < 0 {
+			continue
+		}
+		if tt, _ := wr.tokenText(t); !hasKey(top, tt) {
+			top[tt] = clampLogprob(lp.TopLogprobs[j])
+		}
+	}
+	if !hasKey(top, text) {
+		top[text] = own
+	}
+	out.TokenLogprobs, out.TopLogprobs = append(out.TokenLogprobs, &own), append(out.TopLogprobs, top)
+}
+
+// promptLogprobs renders ch's prompt log-probabilities as vLLM's
+// prompt_logprobs: null, then per prompt token its entry and the
+// genParams.PromptLogprobs most probable tokens' (top ones ranked 1, 2, …;
+// ids as strings).
+func (wr *writer) promptLogprobs(ch *choiceRun) json.RawMessage {
+	out := make(openai.PromptLogprobs, len(ch.prompt))
+	for i := 1; i < len(ch.prompt); i++ {
+		lp := ch.promptLps[i-1]
+		m := make(map[string]openai.PromptLogprob, wr.p.PromptLogprobs+1)
+		id := ch.prompt[i]
+		text, _ := wr.tokenText(id)
+		m[strconv.Itoa(int(id))] = openai.PromptLogprob{Logprob: clampLogprob(lp.Logprob), Rank: lp.Rank, DecodedToken: text}
+		for j, t := range lp.TopIDs[:min(len(lp.TopIDs), wr.p.PromptLogprobs)] {
+			if t < 0 || t == id {
+				continue
+			}
+			tt, _ := wr.tokenText(t)
+			m[strconv.Itoa(int(t))] = openai.PromptLogprob{Logprob: clampLogprob(lp.TopLogprobs[j]), Rank: int32(j + 1), DecodedToken: tt}
+		}
+		out[i] = m
+	}
+	b, err := json.Marshal(out)
+	if err != nil {
+		panic(fmt.Sprintf("serve: prompt logprobs do not marshal: %v", err)) // finite floats, strings: cannot happen
+	}
+	return b
+}
+
+// promptDue reports that ch's prompt_logprobs go out now: asked for,
+// arrived, not sent (streaming: once; chat: once per answer, with the
+// first choice that has them).
+func (wr *writer) promptDue(ch *choiceRun) bool {
+	if !wr.p.WantPromptLogprobs || !ch.hasPrompt {
+		return false
+	}
+	if wr.chat {
+		return !wr.promptSent
+	}
+	return !ch.promptSent
 }
 
 func hasKey(m map[string]float64, k string) bool {

@@ -199,6 +199,8 @@ func (api *apiServer) build(o *fleet.Options) (nccl.Launch, error) {
 	cfg := httpapi.Config{ModelName: api.name, VocabSize: shape.VocabSize, MaxQueue: api.maxQueue, APIKey: api.apiKey,
 		MaxModelLen: o.MaxModelLen(), MaxBodyBytes: api.maxBody, PromptTokensDetails: api.promptDetails, Log: api.log,
 		RequestTimeout: api.timeout, ToolCallParser: api.toolParser,
+		// The CUDA backend does not score prompts (engine.h score_targets).
+		NoPromptLogprobs: o.Engine == "cuda",
 		// Half the watchdog's bound: /health says "stalled" before the
 		// watchdog fails the fleet.
 		StallAfter: o.CollectiveTimeout / 2}

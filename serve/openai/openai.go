@@ -69,14 +69,32 @@ type Choice struct {
 	// TokenIDs are the choice's output token ids (lockstep's and recent
 	// vLLM's "return_token_ids"); absent unless asked for.
 	TokenIDs *[]int32 `json:"token_ids,omitempty"`
+	// PromptLogprobs is a text completion choice's prompt_logprobs
+	// (vLLM's: PromptLogprobs); absent unless asked for.
+	PromptLogprobs json.RawMessage `json:"prompt_logprobs,omitempty"`
+}
+
+// PromptLogprobs is vLLM's prompt_logprobs: null for the first prompt
+// token, then per token a map from token ids (as strings) to their
+// PromptLogprob: the prompt token's and the requested number of most
+// probable tokens'.
+type PromptLogprobs []map[string]PromptLogprob
+
+// PromptLogprob is one token's entry at a prompt position: its
+// log-probability, its rank (the most probable is 1) and its text.
+type PromptLogprob struct {
+	Logprob      float64 `json:"logprob"`
+	Rank         int32   `json:"rank"`
+	DecodedToken string  `json:"decoded_token"`
 }
 
 // CompletionLogprobs is a text completion choice's logprobs: per token its
 // text, its log-probability, a map of the top tokens' (and its own) texts to
-// theirs, and the offset of its text in the choice's text.
+// theirs, and the offset of its text in the choice's text. With echo the
+// prompt's tokens come first, the first of them with null entries.
 type CompletionLogprobs struct {
 	Tokens        []string             `json:"tokens"`
-	TokenLogprobs []float64            `json:"token_logprobs"`
+	TokenLogprobs []*float64           `json:"token_logprobs"`
 	TopLogprobs   []map[string]float64 `json:"top_logprobs"`
 	TextOffset    []int                `json:"text_offset"`
 }
@@ -118,7 +136,10 @@ type Completion struct {
 	Message string `json:"message,omitempty"`
 	Model   string `json:"model"`
 	Object  string `json:"object"`
-	Usage   *Usage `json:"usage,omitempty"`
+	// PromptLogprobs is a chat completion's prompt_logprobs (vLLM's:
+	// PromptLogprobs); absent unless asked for.
+	PromptLogprobs json.RawMessage `json:"prompt_logprobs,omitempty"`
+	Usage          *Usage          `json:"usage,omitempty"`
 }
 
 // ErrorBody is the body of an HTTP error answer.
