@@ -127,7 +127,9 @@ func runClientCheck(t *testing.T, py []byte, server fmt.Stringer, script string,
 // through `worker serve` with SmolLM2, a chat template of ours that
 // renders tools (--chat-template) and --enable-auto-tool-choice
 // --tool-call-parser hermes: whole and streamed, the model's call comes
-// back as tool_calls (tests/openai_tools_check.py).
+// back as tool_calls (tests/openai_tools_check.py); structured outputs,
+// the Responses API and prompt scoring (echo with logprobs,
+// prompt_logprobs) on the same server.
 func TestOpenAIClientToolCalls(t *testing.T) {
 	m := modeltest.SmolLM2(t)
 	py, err := exec.Command("../scripts/ensure-pyclient.sh").Output()
@@ -138,23 +140,37 @@ func TestOpenAIClientToolCalls(t *testing.T) {
 	runClientCheck(t, py, out, "openai_tools_check.py", base, modeltest.SmolLM2Base)
 	runClientCheck(t, py, out, "openai_structured_check.py", base, modeltest.SmolLM2Base)
 	runClientCheck(t, py, out, "openai_responses_check.py", base, modeltest.SmolLM2Base)
+	runClientCheck(t, py, out, "openai_scoring_check.py", base, modeltest.SmolLM2Base)
 	stopServe(t, cmd, out)
 }
 
 // TestGuidedSameOnEveryLayout: a sampled request under a JSON schema
 // (structured outputs) gives the same valid JSON on one rank, two
 // attention-DP ranks and two Helix CP ranks: every rank masks its picks
-// from the same guide and the same tokens.
+// from the same guide and the same tokens. A scored prompt (echo with
+// logprobs, prompt_logprobs) gives the same entries on all three.
 func TestGuidedSameOnEveryLayout(t *testing.T) {
 	m := modeltest.SmolLM2(t)
 	bin := worker(t)
 	body := `{"prompt": "Once upon a time", "max_tokens": 40, "temperature": 0.9, "seed": 3, "n": 2,` +
 		` "guided_json": {"type": "object", "properties": {"hero": {"type": "string", "maxLength": 20}, "age": {"type": "integer"}}, "required": ["hero", "age"]}}`
-	var want []any
+	// A scored prompt (echo with logprobs, prompt_logprobs) long enough to
+	// span every Helix member's pages: the same entries, bit for bit.
+	scored := `{"prompt": "` + strings.Repeat("Once upon a time, in a small village by the sea, there lived an old fisherman. ", 4) +
+		`", "max_tokens": 3, "logprobs": 2, "echo": true, "prompt_logprobs": 3}`
+	var want, wantScored []any
 	for _, layout := range [][]string{{"--ranks", "1"}, {"--ranks", "2"}, {"--cp", "2"}} {
 		cmd, base, out := startServe(t, nil, bin, append([]string{"--model", m}, layout...)...)
 		got := complete(t, base, body)["choices"].([]any)
+		gotScored := complete(t, base, scored)["choices"].([]any)
 		stopServe(t, cmd, out)
+		if wantScored == nil {
+			wantScored = gotScored
+			pl := gotScored[0].(map[string]any)["prompt_logprobs"].([]any)
+			require.Greater(t, len(pl), 64, "the scored prompt's tokens")
+		} else {
+			require.Equal(t, wantScored, gotScored, "%v: the scored prompt", layout)
+		}
 		for _, c := range got {
 			ch := c.(map[string]any)
 			var v struct {
