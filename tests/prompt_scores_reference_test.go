@@ -3,17 +3,13 @@
 package tests
 
 import (
-	"encoding/json"
 	"math"
-	"os"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/lockstep-ai/lockstep/bridge"
 	"github.com/lockstep-ai/lockstep/bridge/native"
-	"github.com/lockstep-ai/lockstep/model"
-	"github.com/lockstep-ai/lockstep/model/modeltest"
 )
 
 // TestPromptScoresAgainstReference: the prompt's log-probabilities
@@ -28,17 +24,10 @@ import (
 // differences equal the reference's logit differences (a softmax shifts
 // every logit by the same amount) within twice referenceLogitTol.
 func TestPromptScoresAgainstReference(t *testing.T) {
-	path := modeltest.SmolLM2(t)
-	raw, err := os.ReadFile("testdata/smollm2/reference.json")
-	require.NoError(t, err)
-	var ref reference
-	require.NoError(t, json.Unmarshal(raw, &ref))
-	m, err := model.Load(path)
-	require.NoError(t, err)
-	defer m.Close()
+	ref, m := loadReference(t)
 
 	const P, chunk, K = 16, 48, 5
-	tables, pages := referenceTables(&ref, P)
+	tables, pages := referenceTables(ref, P)
 	eng, err := native.Open(bridge.Config{Shape: m.Shape, Tensors: m.Tensors, NumPages: pages, TokensPerPage: P})
 	require.NoError(t, err)
 	defer eng.Close()

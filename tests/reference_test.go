@@ -154,6 +154,21 @@ func TestAgainstReferenceImplementation(t *testing.T) {
 		toolList(ref.Tools), referenceLogitTol, worst, strings.Join(summary, "\n"))
 }
 
+// loadReference reads the stored reference and loads SmolLM2 (closed when
+// t ends).
+func loadReference(t *testing.T) (*reference, *model.Model) {
+	t.Helper()
+	path := modeltest.SmolLM2(t)
+	raw, err := os.ReadFile("testdata/smollm2/reference.json")
+	require.NoError(t, err)
+	var ref reference
+	require.NoError(t, json.Unmarshal(raw, &ref))
+	m, err := model.Load(path)
+	require.NoError(t, err)
+	t.Cleanup(func() { m.Close() })
+	return &ref, m
+}
+
 func toolList(tools map[string]string) string {
 	var s []string
 	for _, k := range []string{"transformers", "torch", "gguf"} {
@@ -228,17 +243,10 @@ func agreeing(a, b []int32) int {
 // references): identical tokens before the first divergence, per prompt.
 // The exact kernels stay the oracle (TestAgainstReferenceImplementation).
 func TestQuantKernelsAgreement(t *testing.T) {
-	path := modeltest.SmolLM2(t)
-	raw, err := os.ReadFile("testdata/smollm2/reference.json")
-	require.NoError(t, err)
-	var ref reference
-	require.NoError(t, json.Unmarshal(raw, &ref))
-	m, err := model.Load(path)
-	require.NoError(t, err)
-	defer m.Close()
-	exact := greedyRun(t, m, &ref, "exact", 1)
-	quant := greedyRun(t, m, &ref, "quant", 1)
-	require.Equal(t, quant, greedyRun(t, m, &ref, "quant", 2), "the quantised kernels on 2 threads")
+	ref, m := loadReference(t)
+	exact := greedyRun(t, m, ref, "exact", 1)
+	quant := greedyRun(t, m, ref, "quant", 1)
+	require.Equal(t, quant, greedyRun(t, m, ref, "quant", 2), "the quantised kernels on 2 threads")
 	var lines []string
 	var sum struct{ exactHF, exactLC, quantHF, quantLC, quantExact, steps, firstHF int }
 	for i, p := range ref.Prompts {

@@ -116,9 +116,7 @@ func (e *Engine) write(sq *bridge.SeqStep) {
 // positions [0, last new position]: the fake's stand-in for attention over
 // the whole prefix.
 func (e *Engine) contentHash(sq *bridge.SeqStep) uint64 {
-	h := fnvOffset
-	h = fnvWord(h, uint32(e.cfg.Seed))
-	h = fnvWord(h, uint32(e.cfg.Seed>>32))
+	h := e.seedHash()
 	last := sq.StartPos + len(sq.Tokens) - 1
 	for pos := 0; pos <= last; pos++ {
 		h = fnvWord(h, uint32(e.device[e.slot(sq.BlockTable, pos)]))
@@ -129,9 +127,7 @@ func (e *Engine) contentHash(sq *bridge.SeqStep) uint64 {
 // rowHashes appends contentHash of sq cut after each of its tokens (one
 // pass over the positions).
 func (e *Engine) rowHashes(sq *bridge.SeqStep, dst []uint64) []uint64 {
-	h := fnvOffset
-	h = fnvWord(h, uint32(e.cfg.Seed))
-	h = fnvWord(h, uint32(e.cfg.Seed>>32))
+	h := e.seedHash()
 	last := sq.StartPos + len(sq.Tokens) - 1
 	for pos := 0; pos <= last; pos++ {
 		h = fnvWord(h, uint32(e.device[e.slot(sq.BlockTable, pos)]))
@@ -140,6 +136,11 @@ func (e *Engine) rowHashes(sq *bridge.SeqStep, dst []uint64) []uint64 {
 		}
 	}
 	return dst
+}
+
+// seedHash is FNV-1a's state after the seed: where a content hash starts.
+func (e *Engine) seedHash() uint64 {
+	return fnvWord(fnvWord(fnvOffset, uint32(e.cfg.Seed)), uint32(e.cfg.Seed>>32))
 }
 
 // fnvWord feeds a 32-bit word, little-endian, into FNV-1a.
