@@ -95,6 +95,9 @@ type genParams struct {
 	ToolParser        *toolParser
 	// N is the number of choices per prompt (n; best_of only equal to it).
 	N int
+	// TruncatePrompt keeps a prompt's last TruncatePrompt tokens (vLLM's
+	// truncate_prompt_tokens; −1: the model's context length); 0: none.
+	TruncatePrompt int
 	// Logprobs: every generated token's log-probability, with the
 	// TopLogprobs most probable tokens' (completions: logprobs k; chat:
 	// logprobs true and top_logprobs k).
@@ -289,10 +292,13 @@ func (r *rawParams) check(defaultMax int) (genParams, *apiError) {
 		return p, badRequest("use_beam_search", "beam search is not supported")
 	case r.LengthPenalty != nil && *r.LengthPenalty != 1:
 		return p, badRequest("length_penalty", "length_penalty applies to beam search, which is not supported")
-	case r.Truncate != nil:
-		return p, badRequest("truncate_prompt_tokens", "truncate_prompt_tokens is not supported")
+	case r.Truncate != nil && *r.Truncate != -1 && *r.Truncate < 1:
+		return p, badRequest("truncate_prompt_tokens", "truncate_prompt_tokens must be -1 (the model's context length) or at least 1, got %d", *r.Truncate)
 	case r.SpacesBetweenSpecial != nil && !*r.SpacesBetweenSpecial:
 		return p, badRequest("spaces_between_special_tokens", "spaces_between_special_tokens: false is not supported")
+	}
+	if r.Truncate != nil {
+		p.TruncatePrompt = *r.Truncate
 	}
 	if e := r.checkGuide(&p); e != nil {
 		return p, e

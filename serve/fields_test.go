@@ -33,7 +33,7 @@ func TestUnsupportedAndBadFieldsAreRefused(t *testing.T) {
 		{`{"prompt": [1], "bad_words": ["x"]}`, "bad_words"},
 		{`{"prompt": [1], "use_beam_search": true}`, "use_beam_search"},
 		{`{"prompt": [1], "length_penalty": 2}`, "length_penalty"},
-		{`{"prompt": [1], "truncate_prompt_tokens": 2}`, "truncate_prompt_tokens"},
+		{`{"prompt": [1], "truncate_prompt_tokens": 0}`, "truncate_prompt_tokens"},
 		{`{"prompt": [1], "tool_choice": "auto"}`, "tool_choice"},
 		{`{"prompt": [1], "no_such_field": 1}`, "no_such_field"},
 		{`{"prompt": [1], "stream": true, "stream_options": {"include_usage": true, "bogus": 1}}`, "bogus"},
@@ -288,4 +288,36 @@ func TestEcho(t *testing.T) {
 	status, m := post(t, ts, "/v1/chat/completions", "", `{"messages":[{"role":"user","content":"hi"}],"echo":true}`)
 	require.Equal(t, 400, status)
 	require.Equal(t, "echo", m["error"].(map[string]any)["param"])
+}
+
+// truncate_prompt_tokens (vLLM's): a prompt keeps its last k tokens (the
+// usage and echo say so); -1 is the context length; 0, below -1 and above
+// the context length are refused naming the field.
+func TestTruncatePromptTokens(t *testing.T) {
+	s, _, ts := fleetServer(t, func(c *Config) { c.MaxModelLen = 64 })
+	done := postAsync(t, ts.URL+"/v1/completions", `{"prompt":"Hello world","max_tokens":2,"echo":true,"truncate_prompt_tokens":5}`)
+	a := takeArrival(t, s)
+	require.Equal(t, []int32{'w', 'o', 'r', 'l', 'd'}, a.Prompt)
+	deliver(s, a, "!!")
+	m := <-done
+	require.Equal(t, "world!!", choicesOf(t, m)[0]["text"])
+	require.Equal(t, 5.0, m["usage"].(map[string]any)["prompt_tokens"])
+
+	// A shorter prompt, and -1 (the context length), are left whole; chat
+	// truncates the rendered conversation.
+	for _, body := range []string{`{"prompt":"Hi","max_tokens":1,"truncate_prompt_tokens":5}`,
+		`{"prompt":"Hi","max_tokens":1,"truncate_prompt_tokens":-1}`} {
+		done = postAsync(t, ts.URL+"/v1/completions", body)
+		a = takeArrival(t, s)
+		require.Equal(t, []int32{'H', 'i'}, a.Prompt, body)
+		deliver(s, a, "!")
+		require.Equal(t, 200.0, (<-done)["status"])
+	}
+	for _, c := range []string{`0`, `-2`, `65`} {
+		_, m := post(t, ts, "/v1/completions", "", `{"prompt":"Hi","truncate_prompt_tokens":`+c+`}`)
+		require.Equal(t, "truncate_prompt_tokens", m["error"].(map[string]any)["param"], c)
+	}
+	_, _, plain := fleetServer(t) // no context length: -1 cannot be resolved
+	_, m = post(t, plain, "/v1/completions", "", `{"prompt":"Hi","truncate_prompt_tokens":-1}`)
+	require.Equal(t, "truncate_prompt_tokens", m["error"].(map[string]any)["param"])
 }

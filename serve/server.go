@@ -505,15 +505,30 @@ func (s *Server) parse(w http.ResponseWriter, r *http.Request, req any, raw *raw
 		return checkedRequest{}, badRequest("attention_dp_rank", "attention_dp_rank %d is out of range: the fleet has %d attention-DP ranks (allowed: 0 to %d)",
 			p.Routing.Rank, ranks, ranks-1)
 	}
+	keep := p.TruncatePrompt
+	if keep == -1 {
+		if keep = s.cfg.MaxModelLen; keep <= 0 {
+			return checkedRequest{}, badRequest("truncate_prompt_tokens", "truncate_prompt_tokens -1 needs the model's context length, which this server does not know; give a count")
+		}
+	}
+	if s.cfg.MaxModelLen > 0 && keep > s.cfg.MaxModelLen {
+		return checkedRequest{}, badRequest("truncate_prompt_tokens", "truncate_prompt_tokens %d is above the model's context length %d", keep, s.cfg.MaxModelLen)
+	}
 	cr := checkedRequest{params: p}
 	now := s.cfg.Now().UnixNano()
 	for pi, pr := range prompts {
 		ids := pr.ids
+		truncated := keep > 0 && len(ids) > keep
+		if truncated {
+			// vLLM's truncate_prompt_tokens: the prompt's last tokens.
+			ids = ids[len(ids)-keep:]
+		}
 		echo := ""
 		if p.Echo {
-			// vLLM's echo: the prompt as sent, or its ids decoded.
+			// vLLM's echo: the prompt as sent, or its ids decoded (the
+			// kept ones when it was truncated).
 			echo = pr.text
-			if echo == "" && s.cfg.Tokenizer != nil {
+			if (echo == "" || truncated) && s.cfg.Tokenizer != nil {
 				echo = s.cfg.Tokenizer.Decode(ids)
 			}
 		}

@@ -150,3 +150,46 @@ func BenchmarkCopyBandwidth(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkSmolLM2PromptScoring is what scoring a prompt (prompt_logprobs,
+// echo with logprobs) costs the CPU engine: one 512-token SmolLM2 prefill
+// on one thread, unscored, with every row scored (top 0), and with the top
+// 5 too. Reported: the step's compute time (the engine's device_ms, its
+// CPU-bound work; compare the variants' ratios within one run).
+func BenchmarkSmolLM2PromptScoring(b *testing.B) {
+	m, err := model.Load(modeltest.SmolLM2(b))
+	if err != nil {
+		b.Fatal(err)
+	}
+	const promptLen, P = 512, 16
+	eng, err := Open(bridge.Config{Shape: m.Shape, Tensors: m.Tensors, NumPages: promptLen / P, TokensPerPage: P})
+	m.Close()
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer eng.Close()
+	tokens := prompt(1, promptLen, m.Shape.VocabSize)
+	targets := append(append([]int32(nil), tokens[1:]...), -1)
+	for _, c := range []struct {
+		name   string
+		scored bool
+		top    int
+	}{{"unscored", false, 0}, {"scored", true, 0}, {"scored_top5", true, 5}} {
+		b.Run(c.name, func(b *testing.B) {
+			s := bridge.SeqStep{Tokens: tokens, BlockTable: pageRange(0, promptLen/P), Sample: true}
+			if c.scored {
+				s.ScoreTargets, s.ScoreTop = targets, c.top
+			}
+			var res bridge.StepResult
+			ms := 0.0
+			for it := 0; it < b.N; it++ {
+				if err := eng.Step(&bridge.StepDesc{Seqs: []bridge.SeqStep{s}}, &res); err != nil {
+					b.Fatal(err)
+				}
+				ms += res.DeviceMS
+			}
+			b.ReportMetric(ms/float64(b.N), "step_ms")
+			b.ReportMetric(float64(b.N*promptLen)/(ms/1e3), "prefill_tok/s")
+		})
+	}
+}
