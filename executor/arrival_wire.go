@@ -39,6 +39,7 @@ const (
 	extraAllowedIDs                 // allowed token ids: n u32, ids u32×n
 	extraBadWords                   // bad words: n u32, then each: len u32, ids u32×len
 	extraPromptLogprobs             // prompt log-probabilities: top count u8
+	extraPriority                   // priority i32
 )
 
 // validateLogprobs checks the log-probability request (bridge.SeqStep's rule).
@@ -73,7 +74,8 @@ func (a *Arrival) hasProcessors() bool {
 // pattern bytes], [with arrivalExtra: extra flags u8, [with
 // extraMinTokens: min_tokens u32], [with extraAllowedIDs: n u32, ids
 // u32×n], [with extraBadWords: n u32, (len u32, ids u32×len)×n], [with
-// extraPromptLogprobs: top count u8]],
+// extraPromptLogprobs: top count u8], [with extraPriority: priority
+// i32]],
 // n_tokens u32, tokens u32×n. Rank 0 has screened the
 // items (scheduler.Admission, valid sampling parameters), so max_new, top_k and the
 // prompt length fit 32 bits; an item that does not is a broken invariant.
@@ -135,6 +137,9 @@ func appendArrivals(b []byte, items []Arrival) []byte {
 		if a.PromptLogprobs {
 			extra |= extraPromptLogprobs
 		}
+		if a.Priority != 0 {
+			extra |= extraPriority
+		}
 		if extra != 0 {
 			flags |= arrivalExtra
 		}
@@ -192,6 +197,9 @@ func appendArrivals(b []byte, items []Arrival) []byte {
 		}
 		if extra&extraPromptLogprobs != 0 {
 			b = append(b, byte(a.PromptTopLogprobs))
+		}
+		if extra&extraPriority != 0 {
+			b = binary.LittleEndian.AppendUint32(b, uint32(a.Priority))
 		}
 		b = binary.LittleEndian.AppendUint32(b, uint32(len(a.Prompt)))
 		for _, t := range a.Prompt {
@@ -258,7 +266,7 @@ func decodeArrivals(b []byte, want int) ([]Arrival, error) {
 		}
 		var extra byte
 		if flags&arrivalExtra != 0 {
-			if extra = d.u8(); d.err == nil && (extra == 0 || extra&^(extraMinTokens|extraAllowedIDs|extraBadWords|extraPromptLogprobs) != 0) {
+			if extra = d.u8(); d.err == nil && (extra == 0 || extra&^(extraMinTokens|extraAllowedIDs|extraBadWords|extraPromptLogprobs|extraPriority) != 0) {
 				d.err = fmt.Errorf("arrival %d: bad extra flags %#x", a.ID, extra)
 			}
 		}
@@ -301,6 +309,9 @@ func decodeArrivals(b []byte, want int) ([]Arrival, error) {
 			if err := a.validatePromptLogprobs(); d.err == nil && err != nil {
 				d.err = fmt.Errorf("arrival %d: %w", a.ID, err)
 			}
+		}
+		if extra&extraPriority != 0 {
+			a.Priority = int32(d.u32())
 		}
 		if flags&(arrivalSampling|arrivalProcessors) != 0 {
 			if err := a.Sampling.Validate(); d.err == nil && err != nil {

@@ -55,6 +55,13 @@ type Arrival struct {
 	// request then reuses no cached prefix: every prompt row is computed.
 	PromptLogprobs    bool
 	PromptTopLogprobs int
+	// Priority orders the waiting queue and the active list (vLLM's
+	// priority scheduling: lower values first, arrival order among
+	// equals): a request is routed and admitted ahead of less urgent
+	// waiting ones, scheduled ahead of less urgent active ones, and
+	// preemption takes its victims from the least urgent. 0 for every
+	// request is first come, first served.
+	Priority int32
 	// Guide, when not empty, is a regular expression (Go's RE2 syntax) the
 	// whole output must match (structured outputs; the structured
 	// package): before every pick only the tokens that keep the output a

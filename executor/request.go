@@ -40,6 +40,7 @@ type request struct {
 	allowMask    []uint32            // allowIDs as a mask (built once)
 	badWords     [][]int32           // Arrival.BadWords
 	mask         []uint32            // the pick's mask when it is not the guide's alone (pickMask)
+	priority     int32               // Arrival.Priority
 	promptLP     bool                // Arrival.PromptLogprobs: promptLogprobs fills as prompt chunks run
 	promptTop    int
 	// promptLogprobs[j] is prompt token j+1's (len(prompt)−1 entries,
@@ -52,7 +53,8 @@ func newRequest(a Arrival) *request {
 	r := &request{prompt: a.Prompt, maxNewTotal: a.MaxNewTokens, arrivalNS: a.ArrivalUnixNS, stopAtEOS: a.StopAtEOS,
 		sampling: a.Sampling, logitBias: a.LogitBias, stopIDs: a.StopTokenIDs, logprobs: a.Logprobs,
 		topLogprobs: a.TopLogprobs, minTokens: a.MinTokens, allowIDs: a.AllowedTokenIDs,
-		badWords: a.BadWords, promptLP: a.PromptLogprobs, promptTop: a.PromptTopLogprobs}
+		badWords: a.BadWords, promptLP: a.PromptLogprobs, promptTop: a.PromptTopLogprobs,
+		priority: a.Priority}
 	r.Request = scheduler.Request{
 		NoReuse:          a.PromptLogprobs,
 		ID:               a.ID,

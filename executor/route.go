@@ -1,6 +1,8 @@
 package executor
 
 import (
+	"slices"
+
 	"github.com/lockstep-ai/lockstep/scheduler"
 	"github.com/lockstep-ai/lockstep/scheduler/router"
 )
@@ -108,7 +110,14 @@ func (e *Executor) admit(a Arrival, estimate int64) {
 			FinishUnixNS: e.cfg.Clock().UnixNano(), Error: v.Reason})
 		return
 	}
-	e.active = append(e.active, r)
+	// Priority order (Arrival.Priority, lower first; arrival order among
+	// equals): ahead of the less urgent requests, never ahead of a padding
+	// dummy. With equal priorities it is the back.
+	j := len(e.active)
+	for j > 0 && !e.active[j-1].IsDummy && e.active[j-1].priority > r.priority {
+		j--
+	}
+	e.active = slices.Insert(e.active, j, r)
 	e.index(r)
 }
 

@@ -40,13 +40,23 @@ func (q *waitQueue) At(i int) *Arrival {
 	return &q.buf[(q.head+i)&(len(q.buf)-1)]
 }
 
-// PushBack appends arrivals in order.
+// PushBack queues arrivals in order, each behind every queued arrival of
+// its priority or a more urgent one (Arrival.Priority, lower first): at
+// the back when priorities are equal (first come, first served), ahead of
+// the less urgent ones otherwise, which move back one slot.
 func (q *waitQueue) PushBack(items []Arrival) {
 	q.reserve(q.n + len(items))
 	for i := range items {
-		q.buf[(q.head+q.n)&(len(q.buf)-1)] = items[i]
-		q.index(&items[i])
+		j := q.n
+		for j > 0 && q.At(j-1).Priority > items[i].Priority {
+			j--
+		}
 		q.n++
+		for k := q.n - 1; k > j; k-- {
+			*q.At(k) = *q.At(k - 1)
+		}
+		*q.At(j) = items[i]
+		q.index(&items[i])
 	}
 }
 
