@@ -95,6 +95,9 @@ type genParams struct {
 	ToolParser        *toolParser
 	// N is the number of choices per prompt (n; best_of only equal to it).
 	N int
+	// Priority orders the request under --scheduling-policy priority
+	// (lower first; executor.Arrival.Priority); 0 by default.
+	Priority int32
 	// TruncatePrompt keeps a prompt's last TruncatePrompt tokens (vLLM's
 	// truncate_prompt_tokens; −1: the model's context length); 0: none.
 	TruncatePrompt int
@@ -284,8 +287,8 @@ func (r *rawParams) check(defaultMax int) (genParams, *apiError) {
 		return p, badRequest("min_tokens", "min_tokens must be >= 0, got %d", *r.MinTokens)
 	case r.MinTokens != nil && p.HasMaxTokens && *r.MinTokens > p.MaxTokens:
 		return p, badRequest("min_tokens", "min_tokens %d must be at most max_tokens %d", *r.MinTokens, p.MaxTokens)
-	case r.Priority != nil && *r.Priority != 0:
-		return p, badRequest("priority", "request priority is not supported (the scheduler serves requests in arrival order)")
+	case r.Priority != nil && (*r.Priority < math.MinInt32 || *r.Priority > math.MaxInt32):
+		return p, badRequest("priority", "priority must fit in 32 bits, got %d", *r.Priority)
 	case notNull(r.Functions):
 		return p, badRequest("functions", "functions are not supported")
 	case r.UseBeamSearch:
@@ -299,6 +302,9 @@ func (r *rawParams) check(defaultMax int) (genParams, *apiError) {
 	}
 	if r.Truncate != nil {
 		p.TruncatePrompt = *r.Truncate
+	}
+	if r.Priority != nil {
+		p.Priority = int32(*r.Priority)
 	}
 	if e := r.checkGuide(&p); e != nil {
 		return p, e

@@ -321,3 +321,23 @@ func TestTruncatePromptTokens(t *testing.T) {
 	_, m = post(t, plain, "/v1/completions", "", `{"prompt":"Hi","truncate_prompt_tokens":-1}`)
 	require.Equal(t, "truncate_prompt_tokens", m["error"].(map[string]any)["param"])
 }
+
+// priority (vLLM's): with --scheduling-policy priority it rides the
+// arrival (every choice); under fcfs anything but 0 is refused, as vLLM
+// does; it must fit in 32 bits.
+func TestPriorityField(t *testing.T) {
+	s, _, ts := fleetServer(t, func(c *Config) { c.PriorityScheduling = true })
+	done := postAsync(t, ts.URL+"/v1/completions", `{"prompt":"Hi","max_tokens":1,"priority":-7,"n":2}`)
+	for _, a := range takeArrivals(t, s, 2) {
+		require.Equal(t, int32(-7), a.Priority)
+		deliver(s, a, "!")
+	}
+	require.Equal(t, 200.0, (<-done)["status"])
+	_, m := post(t, ts, "/v1/completions", "", `{"prompt":"Hi","priority":4294967296}`)
+	require.Equal(t, "priority", m["error"].(map[string]any)["param"])
+
+	_, _, fcfs := fleetServer(t)
+	_, m = post(t, fcfs, "/v1/completions", "", `{"prompt":"Hi","priority":1}`)
+	require.Equal(t, "priority", m["error"].(map[string]any)["param"])
+	require.Contains(t, m["error"].(map[string]any)["message"], "--scheduling-policy priority")
+}

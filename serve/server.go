@@ -79,6 +79,10 @@ type Config struct {
 	// vocabulary (the fleet's own cache: fleet.Options.Guides); nil: no
 	// tokenizer, requests asking for structured outputs are refused.
 	Guides *structured.Cache
+	// PriorityScheduling (vLLM's --scheduling-policy priority): a request's
+	// priority orders it (executor.Arrival.Priority); without it a
+	// priority other than 0 is refused, as vLLM does under fcfs.
+	PriorityScheduling bool
 	// NoPromptLogprobs: the engine does not score prompts (the CUDA
 	// engine), so prompt_logprobs and echo with logprobs are refused.
 	NoPromptLogprobs bool
@@ -490,6 +494,9 @@ func (s *Server) parse(w http.ResponseWriter, r *http.Request, req any, raw *raw
 	if e := s.checkGuide(&p); e != nil {
 		return checkedRequest{}, e
 	}
+	if p.Priority != 0 && !s.cfg.PriorityScheduling {
+		return checkedRequest{}, badRequest("priority", "request priority %d needs the server's --scheduling-policy priority (under the default, fcfs, requests are served in arrival order)", p.Priority)
+	}
 	if score, _ := p.scoresPrompt(); score && s.cfg.NoPromptLogprobs {
 		param := "prompt_logprobs"
 		if !p.WantPromptLogprobs {
@@ -550,7 +557,7 @@ func (s *Server) parse(w http.ResponseWriter, r *http.Request, req any, raw *raw
 				Prompt: ids, StopAtEOS: !p.IgnoreEOS, LogitBias: p.LogitBias, StopTokenIDs: p.StopTokenIDs,
 				Logprobs: p.Logprobs, TopLogprobs: p.TopLogprobs, ConversationID: p.ConversationID, Routing: p.Routing,
 				Guide: p.Guide, MinTokens: min(p.MinTokens, maxTokens), AllowedTokenIDs: p.AllowedTokenIDs,
-				BadWords: badWords}
+				BadWords: badWords, Priority: p.Priority}
 			// Every choice scores its prompt: a streamed choice's first
 			// chunk carries them whichever choice starts first.
 			a.PromptLogprobs, a.PromptTopLogprobs = p.scoresPrompt()

@@ -43,9 +43,11 @@ type apiServer struct {
 	// autoTools and toolParser: --enable-auto-tool-choice, --tool-call-parser.
 	autoTools  bool
 	toolParser string
-	log        *zap.Logger // the server's request lines
-	srv        *httpapi.Server
-	http       *http.Server
+	// policy: --scheduling-policy (vLLM's): fcfs or priority.
+	policy string
+	log    *zap.Logger // the server's request lines
+	srv    *httpapi.Server
+	http   *http.Server
 	// exit ends the process on a second signal (os.Exit; tests replace it).
 	exit func(code int)
 }
@@ -69,6 +71,8 @@ func (api *apiServer) flags(fs *flag.FlagSet) {
 		"add usage.prompt_tokens_details.cached_tokens (prompt tokens whose KV came from the prefix cache), as vLLM's flag")
 	fs.BoolVar(&api.autoTools, "enable-auto-tool-choice", false,
 		"let chat requests with tools use tool_choice \"auto\": the model's calls become the message's tool_calls (needs --tool-call-parser; docs/serving.md)")
+	fs.StringVar(&api.policy, "scheduling-policy", "fcfs",
+		"fcfs: requests in arrival order (a request's priority must be 0); priority: requests' priority field orders them, lower first, arrival order among equals (vLLM's flag; docs/serving.md)")
 	fs.StringVar(&api.toolParser, "tool-call-parser", "",
 		"how the model writes a tool call: "+strings.Join(httpapi.ToolCallParsers, ", ")+" (with --enable-auto-tool-choice)")
 }
@@ -170,6 +174,8 @@ func parseServe(args []string, stderr io.Writer) (*fleet.Options, *apiServer, er
 		return nil, nil, usage.Errorf("--enable-auto-tool-choice needs --tool-call-parser (%s)", strings.Join(httpapi.ToolCallParsers, ", "))
 	case api.toolParser != "" && !slices.Contains(httpapi.ToolCallParsers, api.toolParser):
 		return nil, nil, usage.Errorf("--tool-call-parser must be one of %s, got %q", strings.Join(httpapi.ToolCallParsers, ", "), api.toolParser)
+	case api.policy != "fcfs" && api.policy != "priority":
+		return nil, nil, usage.Errorf("--scheduling-policy must be fcfs or priority, got %q", api.policy)
 	case api.toolParser != "" && !api.autoTools:
 		return nil, nil, usage.Errorf("--tool-call-parser reads the calls of tool_choice \"auto\", which needs --enable-auto-tool-choice too")
 	}
@@ -200,7 +206,7 @@ func (api *apiServer) build(o *fleet.Options) (nccl.Launch, error) {
 		MaxModelLen: o.MaxModelLen(), MaxBodyBytes: api.maxBody, PromptTokensDetails: api.promptDetails, Log: api.log,
 		RequestTimeout: api.timeout, ToolCallParser: api.toolParser,
 		// The CUDA backend does not score prompts (engine.h score_targets).
-		NoPromptLogprobs: o.Engine == "cuda",
+		NoPromptLogprobs: o.Engine == "cuda", PriorityScheduling: api.policy == "priority",
 		// Half the watchdog's bound: /health says "stalled" before the
 		// watchdog fails the fleet.
 		StallAfter: o.CollectiveTimeout / 2}
