@@ -109,13 +109,22 @@ func randomCase(rng *rand.Rand) propCase {
 }
 
 func TestPropertyTracesEqualAndOutputsMatchReference(t *testing.T) {
-	recomputed, helixRuns, tightRuns, overM := 0, 0, 0, 0
+	recomputed, helixRuns, tightRuns, overM, priorityRuns := 0, 0, 0, 0, 0
 	// The race pass checks the ranks' synchronisation: 300 seeds exercise
 	// it as well as 1 500 do.
 	seeds := uint64(racetest.Size(1500, 300))
 	for seed := uint64(1); seed <= seeds; seed++ {
 		rng := rand.New(rand.NewPCG(seed, 0x10c57e9))
 		c := randomCase(rng)
+		// A third of the cases give their requests priorities (-1, 0 or
+		// 1), from a generator of their own so that every case is
+		// otherwise the one its seed always gave.
+		if prng := rand.New(rand.NewPCG(seed, 0x7072696f)); prng.IntN(3) == 0 {
+			for i := range c.reqs {
+				c.reqs[i].Priority = int32(prng.IntN(3)) - 1
+			}
+			priorityRuns++
+		}
 		name := fmt.Sprintf("seed %d: %v", seed, c)
 
 		// Reference: one rank, roomy pool, everything at once, same engine family.
@@ -174,6 +183,7 @@ func TestPropertyTracesEqualAndOutputsMatchReference(t *testing.T) {
 	require.Positive(t, overM, "no run reset a request that can outgrow M with chunking off")
 	require.Positive(t, helixRuns)
 	require.Positive(t, tightRuns)
+	require.Positive(t, priorityRuns)
 }
 
 // TestRecomputeResetBeyondMaxNumTokens: with chunking off, arrival

@@ -233,7 +233,7 @@ def expect(exc, status, fn):
 expect(openai.BadRequestError, 400, lambda: client.completions.create(model=model, prompt="x", max_tokens=0))
 expect(openai.BadRequestError, 400, lambda: client.completions.create(model=model, prompt="x", n=2, best_of=3))
 expect(openai.BadRequestError, 400, lambda: client.completions.create(model=model, prompt="x", logprobs=21))
-expect(openai.BadRequestError, 400, lambda: client.completions.create(model=model, prompt="x", logprobs=1, echo=True))
+expect(openai.BadRequestError, 400, lambda: client.completions.create(model=model, prompt="x", extra_body={"prompt_logprobs": 21}))
 expect(openai.BadRequestError, 400, lambda: client.chat.completions.create(model=model, messages=msgs, top_logprobs=2))
 expect(openai.BadRequestError, 400, lambda: client.completions.create(model=model, prompt="x", temperature=3))
 expect(openai.BadRequestError, 400, lambda: client.completions.create(model=model, prompt="x", extra_body={"no_such_field": 1}))
