@@ -98,6 +98,7 @@ fuzz:
 	GO=$(GO) scripts/fuzz-one.sh ./serve '^FuzzToolCallText$$' $(FUZZTIME)
 	GO=$(GO) scripts/fuzz-one.sh ./serve '^FuzzSchemaPattern$$' $(FUZZTIME)
 	GO=$(GO) scripts/fuzz-one.sh ./structured '^FuzzGuide$$' $(FUZZTIME)
+	GO=$(GO) scripts/fuzz-one.sh ./executor '^FuzzPayloads$$' $(FUZZTIME)
 	GO=$(GO) scripts/fuzz-one.sh ./model '^FuzzHFConfig$$' $(FUZZTIME)
 	GO=$(GO) scripts/fuzz-one.sh ./model '^FuzzSafetensors$$' $(FUZZTIME)
 	GO=$(GO) scripts/fuzz-one.sh ./bridge/twin '^FuzzReadProfile$$' $(FUZZTIME)

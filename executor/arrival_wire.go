@@ -225,6 +225,10 @@ func decodeArrivals(b []byte, want int) ([]Arrival, error) {
 		a.Routing.HasRank, a.Routing.Strict = flags&arrivalHasRank != 0, flags&arrivalStrict != 0
 		a.StopAtEOS = flags&arrivalStopAtEOS != 0
 		a.Routing.Rank = int(d.u32())
+		if d.err == nil && (a.MaxNewTokens > scheduler.MaxSequenceTokens || a.Routing.Rank > math.MaxInt32) {
+			// What the sender screens (appendArrivals) never travels.
+			d.err = fmt.Errorf("arrival %d: max_new_tokens %d, target rank %d out of range", a.ID, a.MaxNewTokens, a.Routing.Rank)
+		}
 		if flags&arrivalSampling != 0 {
 			s := &a.Sampling
 			s.Temperature = math.Float32frombits(d.u32())
