@@ -79,8 +79,8 @@ test-go: native model
 # safetensors shards and index, chat
 # templates, the HTTP API's request bodies, a model's tool-call text (whole
 # and streamed), JSON schemas of structured outputs and the guides they
-# become, twin cost profiles and measured
-# rates, FUZZTIME each.
+# become, twin cost profiles and measured rates, the executor's arrival and
+# response payloads, FUZZTIME each.
 FUZZTIME ?= 10s
 fuzz:
 	GO=$(GO) scripts/fuzz-one.sh ./kvpool 'FuzzPoolOperations' $(FUZZTIME)
