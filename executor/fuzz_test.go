@@ -9,8 +9,9 @@ import (
 	"github.com/lockstep-ai/lockstep/workload"
 )
 
-// FuzzPayloads: the arrival broadcast's and the response gathers' payloads
-// from arbitrary bytes (a collective paired with the wrong one, a corrupt
+// FuzzPayloads: the arrival broadcast's, the response gathers', the
+// schedule check's, the rank states' and the cancellations' payloads from
+// arbitrary bytes (a collective paired with the wrong one, a corrupt
 // peer) decode or fail with an error, never panic and never allocate
 // beyond what the bytes can hold; what decodes encodes to a payload that
 // decodes to the same (byte for byte once encoded again).
@@ -35,6 +36,17 @@ func FuzzPayloads(f *testing.F) {
 			again, err := decodeArrivals(enc, len(items))
 			require.NoError(t, err)
 			require.Equal(t, enc, encodeArrivals(materialized(again))) // bytes: NaN bits compare equal
+		}
+		if s, err := decodeSummary(b); err == nil {
+			again, err := decodeSummary(s.encode())
+			require.NoError(t, err)
+			require.Equal(t, s.encode(), again.encode())
+		}
+		if _, err := decodeRankState(b); err != nil && len(b)%8 == 0 && len(b) >= 8 && len(b) <= 8*RankStateLen {
+			t.Fatalf("a rank state of %d bytes refused: %v", len(b), err)
+		}
+		if ids, err := decodeIDs(b, int(n)); err == nil {
+			require.Equal(t, b, encodeIDs(ids))
 		}
 		if rb, err := decodeResponseBatch(b); err == nil {
 			enc := rb.encode()
