@@ -1,6 +1,7 @@
 package executor
 
 import (
+	"math/rand/v2"
 	"slices"
 	"testing"
 
@@ -34,6 +35,38 @@ func TestWaitQueuePriorityOrder(t *testing.T) {
 		require.LessOrEqual(t, q.At(i-1).Priority, q.At(i).Priority, "at %d: %v", i, ids())
 	}
 	require.True(t, q.Has(8) && q.Has(139))
+
+	// Random batches against a stable sort of everything pushed (the
+	// queue's fronts dropped and put back as the router does).
+	rng := rand.New(rand.NewPCG(7, 7))
+	for round := range 200 {
+		var q waitQueue
+		var all []Arrival
+		id := uint64(0)
+		for range 1 + rng.IntN(8) {
+			var batch []Arrival
+			for range rng.IntN(12) {
+				batch = append(batch, Arrival{ID: id, Priority: int32(rng.IntN(4)) - 1})
+				id++
+			}
+			q.PushBack(batch)
+			all = append(all, batch...)
+			slices.SortStableFunc(all, byPriority)
+			if k := rng.IntN(q.Len() + 1); k > 0 && rng.IntN(2) == 0 {
+				front := make([]Arrival, k)
+				for x := range k {
+					front[x] = *q.At(x)
+				}
+				q.DropFront(k)
+				q.PushFront(front)
+			}
+		}
+		require.Equal(t, len(all), q.Len(), "round %d", round)
+		for x := range all {
+			require.Equal(t, all[x].ID, q.At(x).ID, "round %d, at %d", round, x)
+			require.True(t, q.Has(all[x].ID))
+		}
+	}
 }
 
 // Priority scheduling end to end: low-priority requests fill every rank's

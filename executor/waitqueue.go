@@ -1,5 +1,10 @@
 package executor
 
+import (
+	"cmp"
+	"slices"
+)
+
 // waitQueue is the router's waiting queue (received, not routed yet;
 // identical on every rank): a ring buffer read from its head, so that a
 // routing call touches only the arrivals it examines (issue 24: the queue
@@ -43,22 +48,32 @@ func (q *waitQueue) At(i int) *Arrival {
 // PushBack queues arrivals in order, each behind every queued arrival of
 // its priority or a more urgent one (Arrival.Priority, lower first): at
 // the back when priorities are equal (first come, first served), ahead of
-// the less urgent ones otherwise, which move back one slot.
+// the less urgent ones otherwise. One merge from the back per call: only
+// the queued arrivals less urgent than some new one move, once.
 func (q *waitQueue) PushBack(items []Arrival) {
-	q.reserve(q.n + len(items))
-	for i := range items {
-		j := q.n
-		for j > 0 && q.At(j-1).Priority > items[i].Priority {
-			j--
-		}
-		q.n++
-		for k := q.n - 1; k > j; k-- {
-			*q.At(k) = *q.At(k - 1)
-		}
-		*q.At(j) = items[i]
-		q.index(&items[i])
+	if len(items) == 0 {
+		return
 	}
+	if !slices.IsSortedFunc(items, byPriority) {
+		items = slices.Clone(items)
+		slices.SortStableFunc(items, byPriority)
+	}
+	q.reserve(q.n + len(items))
+	i, w := q.n-1, q.n+len(items)-1
+	for j := len(items) - 1; j >= 0; w-- {
+		if i >= 0 && q.At(i).Priority > items[j].Priority {
+			q.buf[(q.head+w)&(len(q.buf)-1)] = *q.At(i)
+			i--
+			continue
+		}
+		q.buf[(q.head+w)&(len(q.buf)-1)] = items[j]
+		q.index(&items[j])
+		j--
+	}
+	q.n += len(items)
 }
+
+func byPriority(a, b Arrival) int { return cmp.Compare(a.Priority, b.Priority) }
 
 // DropFront removes the first k arrivals.
 func (q *waitQueue) DropFront(k int) {
