@@ -82,7 +82,9 @@ func (e *Executor) buildStep(b *batch) error {
 			pos := r.ContextPosition
 			s = bridge.SeqStep{Tokens: r.Tokens[pos : pos+r.ChunkSize], StartPos: pos,
 				Sample: pos+r.ChunkSize == r.PromptLen}
-			if r.promptLP && pos+1 < len(r.prompt) {
+			// A recomputed request's prompt was scored before its first
+			// token: its rows are not scored again.
+			if r.promptLP && len(r.output) == 0 && pos+1 < len(r.prompt) {
 				s.ScoreTargets, s.ScoreTop = r.scoreTargets(pos, r.ChunkSize), r.promptTop
 				b.scores = append(b.scores, scoredChunk{req: i, row: row, pos: pos, n: r.ChunkSize})
 			}
@@ -207,6 +209,7 @@ func (e *Executor) applyResults(b *batch, res *bridge.StepResult) (float64, erro
 				if d.PromptLogprobs == nil {
 					d.PromptLogprobs = []TokenLogprobs{} // a one-token prompt has none
 				}
+				r.promptLogprobs = nil // delivered: the response will not carry them
 			}
 			e.deltas = append(e.deltas, d)
 		}
