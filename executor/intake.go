@@ -157,7 +157,8 @@ func (s *TraceSource) Due(now time.Time) []Arrival {
 			Routing:        r.Routing,
 			StopAtEOS:      r.StopAtEOS,
 			Logprobs:       r.Logprobs,
-			TopLogprobs:    r.TopLogprobs,
+			PromptLogprobs: r.PromptLogprobs, PromptTopLogprobs: r.PromptTopLogprobs,
+			TopLogprobs: r.TopLogprobs,
 		}
 		if r.Prompt != nil {
 			a.Prompt = r.Prompt

@@ -215,7 +215,7 @@ func Defaults() Options {
 		KVEventsConfig: KVEventsConfig{Publisher: "null", Endpoint: kvevents.DefaultEndpoint,
 			BufferSteps: kvevents.DefaultBufferSteps, HWM: kvevents.DefaultHWM, Encoding: kvevents.EncodingArray},
 		GPUMemFraction: 0.9, GPU: "h200", TP: 1, ExpertZipf: -1, TwinHostTime: "profile", TwinCUDAGraph: twin.GraphRank, Calibration: DefaultCalibSettings(),
-		Text: PromptOptions{MaxTokens: 128, Logprobs: -1}, CPUKernels: "exact",
+		Text: PromptOptions{MaxTokens: 128, Logprobs: -1, PromptLogprobs: -1}, CPUKernels: "exact",
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/lockstep-ai/lockstep/bridge"
+	"github.com/lockstep-ai/lockstep/executor"
 
 	"github.com/lockstep-ai/lockstep/workload/prompts"
 
@@ -28,7 +29,11 @@ type PromptOptions struct {
 	// Logprobs (--logprobs K): every completion token's log-probability and
 	// the K most probable tokens' at its position (-1: none).
 	Logprobs int
-	inputs   []prompts.Input
+	// PromptLogprobs (--prompt-logprobs K): every prompt token's
+	// log-probability but the first's, the K most probable tokens' at its
+	// position, and the prompt's perplexity (-1: none).
+	PromptLogprobs int
+	inputs         []prompts.Input
 }
 
 func (p *PromptOptions) flags(fs *flag.FlagSet) {
@@ -38,6 +43,7 @@ func (p *PromptOptions) flags(fs *flag.FlagSet) {
 	fs.StringVar(&p.System, "system", p.System, "with --chat: a system message before the user's")
 	fs.IntVar(&p.MaxTokens, "max-tokens", p.MaxTokens, "with --prompt or --prompts: most tokens to generate per prompt (a stop token of the model ends generation earlier)")
 	fs.IntVar(&p.Logprobs, "logprobs", p.Logprobs, "with --prompt or --prompts: print each completion token's log-probability and the K most probable tokens' at its position, 0-20 (-1 = none)")
+	fs.IntVar(&p.PromptLogprobs, "prompt-logprobs", p.PromptLogprobs, "with --prompt or --prompts: print each prompt token's log-probability (given the text before it), the K most probable tokens' at its position and the prompt's perplexity, 0-20 (-1 = none)")
 }
 
 // Active reports whether the run's workload is text prompts.
@@ -50,12 +56,21 @@ func (o *Options) validatePrompts() error {
 	if p.Logprobs < -1 || p.Logprobs > bridge.MaxLogprobs {
 		return usage.Errorf("--logprobs must be in -1..%d (-1 = none), got %d", bridge.MaxLogprobs, p.Logprobs)
 	}
+	if p.PromptLogprobs < -1 || p.PromptLogprobs > bridge.MaxLogprobs {
+		return usage.Errorf("--prompt-logprobs must be in -1..%d (-1 = none), got %d", bridge.MaxLogprobs, p.PromptLogprobs)
+	}
+	if p.PromptLogprobs >= 0 && o.Engine == "cuda" {
+		return usage.Errorf("--prompt-logprobs needs an engine that scores prompts: the CUDA engine does not yet (use --engine cpu)")
+	}
 	if !p.Active() {
 		if p.Chat || p.System != "" {
 			return usage.Errorf("--chat and --system need --prompt")
 		}
 		if p.Logprobs >= 0 {
 			return usage.Errorf("--logprobs needs --prompt or --prompts (a trace's tokens are synthetic)")
+		}
+		if p.PromptLogprobs >= 0 {
+			return usage.Errorf("--prompt-logprobs needs --prompt or --prompts (a trace's tokens are synthetic)")
 		}
 		return nil
 	}
@@ -214,12 +229,13 @@ func (o *Options) promptWorkload() ([]workload.Request, error) {
 			return nil, usage.Errorf("%s: the prompt is empty (no tokens)", in.Place)
 		}
 		r.ids = ids
-		max := o.Text.MaxTokens
+		maxTokens := o.Text.MaxTokens
 		if in.MaxTokens > 0 {
-			max = in.MaxTokens
+			maxTokens = in.MaxTokens
 		}
-		reqs = append(reqs, workload.Request{Index: i, PromptLen: len(ids), MaxNewTokens: max, Prompt: ids, StopAtEOS: true,
-			Logprobs: o.Text.Logprobs >= 0, TopLogprobs: o.topLogprobs()})
+		reqs = append(reqs, workload.Request{Index: i, PromptLen: len(ids), MaxNewTokens: maxTokens, Prompt: ids, StopAtEOS: true,
+			Logprobs: o.Text.Logprobs >= 0, TopLogprobs: o.topLogprobs(),
+			PromptLogprobs: o.Text.PromptLogprobs >= 0, PromptTopLogprobs: max(o.Text.PromptLogprobs, 0)})
 		o.rendered = append(o.rendered, r)
 	}
 	return reqs, nil
@@ -250,15 +266,26 @@ func (o *Options) promptOutputs(res *Result) []report.PromptOutput {
 		}
 		p.Text = tok.Decode(ids)
 		if o.Text.Logprobs >= 0 && len(r.Logprobs) == len(r.Output) {
-			p.Logprobs = make([]report.TokenLogprob, len(r.Output))
-			for k, lp := range r.Logprobs {
-				t := report.TokenLogprob{ID: r.Output[k], Token: tok.Decode(r.Output[k : k+1]), Logprob: lp.Logprob}
-				for j, id := range lp.TopIDs {
-					t.Top = append(t.Top, report.TopLogprob{ID: id, Token: tok.Decode([]int32{id}), Logprob: lp.TopLogprobs[j]})
-				}
-				p.Logprobs[k] = t
-			}
+			p.Logprobs = tokenLogprobs(tok, r.Output, r.Logprobs)
 		}
+		if prompt := o.rendered[r.ID].ids; o.Text.PromptLogprobs >= 0 && len(prompt) > 1 && len(r.PromptLogprobs) == len(prompt)-1 {
+			p.PromptLogprobs = tokenLogprobs(tok, prompt[1:], r.PromptLogprobs)
+			p.Perplexity = report.Perplexity(p.PromptLogprobs)
+		}
+	}
+	return out
+}
+
+// tokenLogprobs names the tokens ids (one per entry of lps) and their top
+// candidates for the report.
+func tokenLogprobs(tok *model.Tokenizer, ids []int32, lps []executor.TokenLogprobs) []report.TokenLogprob {
+	out := make([]report.TokenLogprob, len(ids))
+	for k, lp := range lps {
+		t := report.TokenLogprob{ID: ids[k], Token: tok.Decode(ids[k : k+1]), Logprob: lp.Logprob, Rank: lp.Rank}
+		for j, id := range lp.TopIDs {
+			t.Top = append(t.Top, report.TopLogprob{ID: id, Token: tok.Decode([]int32{id}), Logprob: lp.TopLogprobs[j]})
+		}
+		out[k] = t
 	}
 	return out
 }

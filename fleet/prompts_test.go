@@ -29,6 +29,8 @@ func TestPromptFlagsRefusedUpFront(t *testing.T) {
 		{[]string{"--logprobs", "3"}, "--logprobs needs --prompt or --prompts"},
 		{[]string{"--logprobs", "21"}, "--logprobs must be in -1..20 (-1 = none), got 21"},
 		{[]string{"--logprobs", "-2"}, "--logprobs must be in -1..20"},
+		{[]string{"--prompt-logprobs", "0"}, "--prompt-logprobs needs --prompt or --prompts"},
+		{[]string{"--prompt-logprobs", "21"}, "--prompt-logprobs must be in -1..20 (-1 = none), got 21"},
 		{[]string{"--model", "/nonexistent/model.gguf"}, "no such file"},
 		{[]string{"--model", write("x.gguf", "not gguf")}, "not a GGUF file"},
 		{[]string{"--engine", "twin", "--model", "/some/path.gguf"}, "a checkpoint needs --engine cpu, cuda or fake"},

@@ -24,6 +24,18 @@ func TestWritePromptLogprobs(t *testing.T) {
 	require.Contains(t, text, `   0 " Paris"           -0.2500  2.5000  " Paris" -0.2500, " the" -2.7500`)
 	require.Contains(t, text, `   1 "."                -1.5000 -0.5000  "," -1.0000, "." -1.5000`)
 	require.Contains(t, text, `   2 "!"                -0.5000       -  `)
+	// The prompt's: positions from 1 (the first token has none), with the
+	// perplexity.
+	out.PromptLogprobs = []TokenLogprob{{ID: 2, Token: " capital", Logprob: -2, Rank: 3}, {ID: 4, Token: " of", Logprob: 0}}
+	out.Perplexity = Perplexity(out.PromptLogprobs)
+	require.InDelta(t, 2.7183, out.Perplexity, 1e-4) // exp(2/2)
+	b.Reset()
+	require.NoError(t, WritePromptOutputs(&b, []PromptOutput{out}))
+	require.Contains(t, b.String(), "--- prompt log-probabilities (position, token, logprob, margin over the next candidate; candidates) ---")
+	require.Contains(t, b.String(), `   1 " capital"         -2.0000       -`)
+	require.Contains(t, b.String(), "prompt perplexity 2.7183 over 2 tokens")
+	require.Zero(t, Perplexity(nil))
+	out.PromptLogprobs = nil
 	var plain bytes.Buffer
 	out.Logprobs = nil
 	require.NoError(t, WritePromptOutputs(&plain, []PromptOutput{out}))

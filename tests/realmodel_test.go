@@ -28,17 +28,23 @@ type promptReport struct {
 		CompletionTokens int    `json:"completion_tokens"`
 		FinishReason     string `json:"finish_reason"`
 		Error            string
-		Logprobs         []struct {
-			ID      int32
-			Token   string
-			Logprob float32
-			Top     []struct {
-				ID      int32
-				Token   string
-				Logprob float32
-			} `json:"top_logprobs"`
-		}
+		Logprobs         []tokenLogprob
+		PromptLogprobs   []tokenLogprob `json:"prompt_logprobs"`
+		Perplexity       float64        `json:"prompt_perplexity"`
 	}
+}
+
+// tokenLogprob is a report's log-probabilities of one token.
+type tokenLogprob struct {
+	ID      int32
+	Token   string
+	Logprob float32
+	Rank    int32
+	Top     []struct {
+		ID      int32
+		Token   string
+		Logprob float32
+	} `json:"top_logprobs"`
 }
 
 func servePrompts(t *testing.T, bin string, args ...string) promptReport {
@@ -189,6 +195,27 @@ func TestRealModelLogprobs(t *testing.T) {
 		"--logprobs", "2")
 	require.Contains(t, text, "--- log-probabilities (position, token, logprob, margin over the next candidate; candidates) ---")
 	require.Contains(t, text, `" Paris"`)
+
+	// --prompt-logprobs: the prompt's entries and its perplexity; a
+	// prompt that ends with the greedy continuation of the rest (" Paris"
+	// after "The capital of France is", above) ranks that token first.
+	got = servePrompts(t, bin, "--model", m, "--prompt", "The capital of France is Paris", "--max-tokens", "1", "--ranks", "2",
+		"--prompt-logprobs", "1")
+	o := got.Outputs[0]
+	require.Len(t, o.PromptLogprobs, o.PromptTokens-1)
+	for k, lp := range o.PromptLogprobs {
+		require.LessOrEqual(t, lp.Logprob, float32(0), "prompt token %d", k+1)
+		require.Positive(t, lp.Rank)
+		require.Len(t, lp.Top, 1)
+		if k == o.PromptTokens-2 {
+			require.Equal(t, " Paris", lp.Token)
+			require.Equal(t, int32(1), lp.Rank, "the greedy continuation's rank")
+		}
+	}
+	require.Greater(t, o.Perplexity, 1.0)
+	text = serveText(t, bin, "--model", m, "--prompt", "The capital of France is", "--max-tokens", "1", "--ranks", "1", "--prompt-logprobs", "0")
+	require.Contains(t, text, "--- prompt log-probabilities (position, token, logprob, margin over the next candidate; candidates) ---")
+	require.Contains(t, text, "prompt perplexity ")
 }
 
 // serveText runs `worker run` with the text report and returns its stdout.

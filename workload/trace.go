@@ -108,6 +108,11 @@ type Request struct {
 	// worker run --logprobs).
 	Logprobs    bool
 	TopLogprobs int
+	// PromptLogprobs asks for every prompt token's log-probability but
+	// the first's, with the PromptTopLogprobs most probable tokens' at its
+	// position (text prompts: worker run --prompt-logprobs).
+	PromptLogprobs    bool
+	PromptTopLogprobs int
 
 	vocab int
 	seed  uint64
