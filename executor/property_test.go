@@ -109,7 +109,7 @@ func randomCase(rng *rand.Rand) propCase {
 }
 
 func TestPropertyTracesEqualAndOutputsMatchReference(t *testing.T) {
-	recomputed, helixRuns, tightRuns, overM, priorityRuns := 0, 0, 0, 0, 0
+	recomputed, helixRuns, tightRuns, overM, priorityRuns, scoredRuns := 0, 0, 0, 0, 0, 0
 	// The race pass checks the ranks' synchronisation: 300 seeds exercise
 	// it as well as 1 500 do.
 	seeds := uint64(racetest.Size(1500, 300))
@@ -124,6 +124,17 @@ func TestPropertyTracesEqualAndOutputsMatchReference(t *testing.T) {
 				c.reqs[i].Priority = int32(prng.IntN(3)) - 1
 			}
 			priorityRuns++
+		}
+		// A third ask some requests for their prompt's log-probabilities
+		// (again from a generator of their own): every layout, chunking
+		// and preemption must give the reference's entries.
+		if prng := rand.New(rand.NewPCG(seed, 0x73636f72)); prng.IntN(3) == 0 {
+			for i := range c.reqs {
+				if prng.IntN(2) == 0 {
+					c.reqs[i].PromptLogprobs, c.reqs[i].PromptTopLogprobs = true, prng.IntN(4)
+				}
+			}
+			scoredRuns++
 		}
 		name := fmt.Sprintf("seed %d: %v", seed, c)
 
@@ -154,6 +165,10 @@ func TestPropertyTracesEqualAndOutputsMatchReference(t *testing.T) {
 			require.Empty(t, r.Error, "%s: request %d", name, a.ID)
 			require.Len(t, r.Output, a.MaxNewTokens, "%s: request %d", name, a.ID)
 			require.Equal(t, want[a.ID].Output, r.Output, "%s: request %d", name, a.ID)
+			if a.PromptLogprobs && len(a.Prompt) > 1 {
+				require.Len(t, r.PromptLogprobs, len(a.Prompt)-1, "%s: request %d", name, a.ID)
+			}
+			require.Equal(t, want[a.ID].PromptLogprobs, r.PromptLogprobs, "%s: request %d: prompt log-probabilities", name, a.ID)
 			recomputed += r.Recomputed
 			if r.Recomputed > 0 && !c.sc.ChunkedContext && len(a.Prompt)+a.MaxNewTokens > c.sc.MaxNumTokens {
 				overM++ // may have been re-prefilled in chunks with chunking off
@@ -184,6 +199,7 @@ func TestPropertyTracesEqualAndOutputsMatchReference(t *testing.T) {
 	require.Positive(t, helixRuns)
 	require.Positive(t, tightRuns)
 	require.Positive(t, priorityRuns)
+	require.Positive(t, scoredRuns)
 }
 
 // TestRecomputeResetBeyondMaxNumTokens: with chunking off, arrival

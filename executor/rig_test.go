@@ -545,6 +545,9 @@ func (e *seqEngine) run(desc *bridge.StepDesc, res *bridge.StepResult) error {
 	lb := e.P * e.cp
 	res.Sampled = make([]int32, len(desc.Seqs))
 	res.DeviceMS = 1
+	scored, nrows := desc.WantsScores()
+	bridge.ResizeScores(res, nrows, scored)
+	row := 0
 	for i, sq := range desc.Seqs {
 		id := rows[i].id
 		end := sq.StartPos + len(sq.Tokens)
@@ -598,6 +601,22 @@ func (e *seqEngine) run(desc *bridge.StepDesc, res *bridge.StepResult) error {
 			res.Sampled[i] = int32(l.hashes[end-1] % 509)
 			l.sampled = append(l.sampled, res.Sampled[i])
 		}
+		if scored {
+			// Scores of the content up to each row, like its samples.
+			for k, t := range sq.ScoreTargets {
+				if t < 0 {
+					continue
+				}
+				h, r := l.hashes[sq.StartPos+k], row+k
+				res.ScoreLogprobs[r] = -float32((h^uint64(t))%997) / 100
+				res.ScoreRanks[r] = int32((h^uint64(t))%7) + 1
+				for j := range sq.ScoreTop {
+					res.ScoreTopIDs[r*bridge.MaxLogprobs+j] = int32((h + uint64(j)) % 509)
+					res.ScoreTopLogprobs[r*bridge.MaxLogprobs+j] = -float32(j)
+				}
+			}
+		}
+		row += len(sq.Tokens)
 	}
 	return nil
 }
