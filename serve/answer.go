@@ -50,7 +50,9 @@ type choiceRun struct {
 func (s *Server) answer(w http.ResponseWriter, r *http.Request, endpoint, apiID string, runs []*choiceRun, p genParams, req any) {
 	var out answerWriter
 	if rq, ok := req.(*responsesRequest); ok {
-		out = newResponsesWriter(w, s.cfg.ModelName, apiID, s.cfg.Now().Unix(), p, rq)
+		rw := newResponsesWriter(w, s.cfg.ModelName, apiID, s.cfg.Now().Unix(), p, rq)
+		rw.tok = s.cfg.Tokenizer
+		out = rw
 	} else {
 		wr := newWriter(w, endpoint, s.cfg.ModelName, apiID, s.cfg.Now().Unix(), p)
 		wr.tok = s.cfg.Tokenizer

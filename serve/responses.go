@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"github.com/lockstep-ai/lockstep/bridge"
 	"net/http"
 	"strings"
 
@@ -71,6 +72,41 @@ func (r *responsesRequest) param(name string) string {
 	return name
 }
 
+// logprobsInclude is the include value that returns the output text's
+// log-probabilities (the only one lockstep honours).
+const logprobsInclude = "message.output_text.logprobs"
+
+// translateLogprobs maps include ["message.output_text.logprobs"] and
+// top_logprobs (0 to 20) onto chat's logprobs and top_logprobs: either
+// asks for the output text's log-probabilities (its tokens', with the
+// top_logprobs most probable tokens' at each position).
+func (r *responsesRequest) translateLogprobs() *apiError {
+	want := false
+	if notNull(r.Include) {
+		var inc []string
+		if err := json.Unmarshal(r.Include, &inc); err != nil {
+			return badRequest("include", "include must be a list of strings")
+		}
+		for _, v := range inc {
+			if v != logprobsInclude {
+				return badRequest("include", "include %q is not supported (only %q)", v, logprobsInclude)
+			}
+			want = true
+		}
+	}
+	if notNull(r.TopLogprobs) {
+		var k int
+		if err := json.Unmarshal(r.TopLogprobs, &k); err != nil || k < 0 || k > bridge.MaxLogprobs {
+			return badRequest("top_logprobs", "top_logprobs must be an integer in [0, %d], got %s", bridge.MaxLogprobs, r.TopLogprobs)
+		}
+		r.chat.TopLogprobs, want = &k, true
+	}
+	if want {
+		r.chat.Logprobs = json.RawMessage("true")
+	}
+	return nil
+}
+
 // translate fills r.chat from the Responses fields, naming the first one
 // it cannot honour.
 func (r *responsesRequest) translate() *apiError {
@@ -86,21 +122,20 @@ func (r *responsesRequest) translate() *apiError {
 		return badRequest("background", "background responses are not supported")
 	case notNull(r.Reasoning):
 		return badRequest("reasoning", "reasoning options are not supported")
-	case notNull(r.Include) && string(r.Include) != "[]":
-		return badRequest("include", "include is not supported")
 	case notNull(r.Truncation) && string(r.Truncation) != `"disabled"`:
 		return badRequest("truncation", `truncation must be "disabled" (a prompt that does not fit is refused)`)
 	case notNull(r.MaxToolCalls):
 		return badRequest("max_tool_calls", "max_tool_calls is not supported")
 	case notNull(r.ServiceTier) && string(r.ServiceTier) != `"auto"` && string(r.ServiceTier) != `"default"`:
 		return badRequest("service_tier", "service_tier must be \"auto\" or \"default\"")
-	case notNull(r.TopLogprobs):
-		return badRequest("top_logprobs", "top_logprobs is not supported on /v1/responses (use /v1/chat/completions)")
 	case notNull(r.Prompt):
 		return badRequest("prompt", "prompt templates are not supported: send the input")
 	}
 	if notNull(r.Metadata) && !isJSONObject(r.Metadata) {
 		return badRequest("metadata", "metadata must be an object")
+	}
+	if e := r.translateLogprobs(); e != nil {
+		return e
 	}
 	if e := r.translateTools(); e != nil {
 		return e

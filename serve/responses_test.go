@@ -170,7 +170,9 @@ func TestResponsesRefusals(t *testing.T) {
 		{`"input": "x", "previous_response_id": "resp_1"`, "previous_response_id", "send the conversation as input"},
 		{`"input": "x", "background": true`, "background", "not supported"},
 		{`"input": "x", "reasoning": {"effort": "low"}`, "reasoning", "not supported"},
-		{`"input": "x", "include": ["message.output_text.logprobs"]`, "include", "not supported"},
+		{`"input": "x", "include": ["reasoning.encrypted_content"]`, "include", "not supported"},
+		{`"input": "x", "include": "x"`, "include", "a list of strings"},
+		{`"input": "x", "top_logprobs": 21`, "top_logprobs", "[0, 20]"},
 		{`"input": "x", "truncation": "auto"`, "truncation", `"disabled"`},
 		{`"input": "x", "text": {"verbosity": "low"}`, "text.verbosity", "not supported"},
 		{`"input": "x", "no_such": 1`, "no_such", "not supported"},
@@ -192,4 +194,53 @@ func TestResponsesRefusals(t *testing.T) {
 		require.Equal(t, c.param, e["param"], c.body)
 		require.Contains(t, e["message"], c.msg, c.body)
 	}
+}
+
+// include ["message.output_text.logprobs"] (or top_logprobs) returns the
+// output text's tokens' log-probabilities in chat's shape: on the message's
+// output_text part, and, streamed, on each delta and the done events.
+func TestResponsesLogprobs(t *testing.T) {
+	s, url := guidedServer(t, "")
+	want := []any{
+		map[string]any{"token": "a", "logprob": -0.5, "bytes": []any{97.0}, "top_logprobs": []any{
+			map[string]any{"token": "a", "logprob": -0.5, "bytes": []any{97.0}},
+			map[string]any{"token": "c", "logprob": -1.25, "bytes": []any{99.0}}}},
+		map[string]any{"token": "b", "logprob": -9999.0, "bytes": []any{98.0}, "top_logprobs": []any{
+			map[string]any{"token": "x", "logprob": -0.125, "bytes": []any{120.0}},
+			map[string]any{"token": "y", "logprob": -2.0, "bytes": []any{121.0}}}},
+	}
+	done := postResponse(t, url, `{"model": "m", "input": "hi", "include": ["message.output_text.logprobs"], "top_logprobs": 2}`)
+	a := takeArrival(t, s)
+	require.True(t, a.Logprobs)
+	require.Equal(t, 2, a.TopLogprobs)
+	deliverLogprobs(s, a, lpToks, lpVals)
+	m := <-done
+	part := m["output"].([]any)[0].(map[string]any)["content"].([]any)[0].(map[string]any)
+	require.Equal(t, "ab", part["text"])
+	require.Equal(t, want, part["logprobs"])
+
+	body := streamBody(t, url+"/v1/responses", `{"model": "m", "input": "hi", "stream": true, "top_logprobs": 2}`)
+	a = takeArrival(t, s)
+	require.True(t, a.Logprobs)
+	deliverLogprobs(s, a, lpToks, lpVals)
+	var deltas []any
+	var done2 map[string]any
+	for _, ev := range responseEvents(t, <-body) {
+		switch ev["type"] {
+		case "response.output_text.delta":
+			deltas = append(deltas, ev["logprobs"].([]any)...)
+		case "response.output_text.done":
+			done2 = ev
+		}
+	}
+	require.Equal(t, want, deltas)
+	require.Equal(t, want, done2["logprobs"])
+
+	// Without either, no logprobs anywhere.
+	done = postResponse(t, url, `{"model": "m", "input": "hi"}`)
+	a = takeArrival(t, s)
+	require.False(t, a.Logprobs)
+	deliverTokens(s, a, lpToks, false, 0)
+	m = <-done
+	require.NotContains(t, m["output"].([]any)[0].(map[string]any)["content"].([]any)[0], "logprobs")
 }

@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/lockstep-ai/lockstep/executor"
+	"github.com/lockstep-ai/lockstep/model"
 	"github.com/lockstep-ai/lockstep/serve/openai"
 )
 
@@ -40,6 +41,10 @@ type responsesWriter struct {
 	msgOpen bool            // the message item is open (its text streaming)
 	text    strings.Builder // the streamed message text
 	outputs []openai.OutputItem
+	tok     *model.Tokenizer // names the tokens of the log-probabilities
+	// lps are the streamed message's tokens' log-probabilities (when
+	// asked for: genParams.Logprobs).
+	lps []openai.ChatTokenLogprob
 }
 
 func newResponsesWriter(w http.ResponseWriter, model, id string, created int64, p genParams, req *responsesRequest) *responsesWriter {
@@ -103,9 +108,14 @@ func (rw *responsesWriter) begin() error {
 	return rw.event(openai.ResponseEvent{Type: "response.in_progress", Response: &r})
 }
 
-func (rw *responsesWriter) delta(ch *choiceRun, text string, _ []int32, _ []executor.TokenLogprobs, _ openai.Usage) error {
+func (rw *responsesWriter) delta(ch *choiceRun, text string, ids []int32, lps []executor.TokenLogprobs, _ openai.Usage) error {
 	if !rw.p.Stream {
 		return nil
+	}
+	var entries []openai.ChatTokenLogprob
+	if rw.p.Logprobs {
+		entries = chatLogprobs(rw.tok, ids, lps)
+		rw.lps = append(rw.lps, entries...)
 	}
 	if err := rw.begin(); err != nil || text == "" {
 		return err
@@ -115,7 +125,7 @@ func (rw *responsesWriter) delta(ch *choiceRun, text string, _ []int32, _ []exec
 	}
 	rw.text.WriteString(text)
 	return rw.event(openai.ResponseEvent{Type: "response.output_text.delta", ItemID: rw.msgID(), OutputIndex: intp(len(rw.outputs)),
-		ContentIndex: intp(0), Delta: strp(text), Logprobs: []any{}})
+		ContentIndex: intp(0), Delta: strp(text), Logprobs: entries})
 }
 
 // openMessage opens the message item (its added events), once.
@@ -141,10 +151,10 @@ func (rw *responsesWriter) closeMessage() error {
 	}
 	rw.msgOpen = false
 	idx, text := len(rw.outputs), rw.text.String()
-	part := openai.ContentPart{Type: "output_text", Text: text, Annotations: []any{}}
-	item := rw.message(text)
+	part := openai.ContentPart{Type: "output_text", Text: text, Annotations: []any{}, Logprobs: rw.lps}
+	item := rw.message(text, rw.lps)
 	for _, ev := range []openai.ResponseEvent{
-		{Type: "response.output_text.done", ItemID: item.ID, OutputIndex: intp(idx), ContentIndex: intp(0), Text: strp(text), Logprobs: []any{}},
+		{Type: "response.output_text.done", ItemID: item.ID, OutputIndex: intp(idx), ContentIndex: intp(0), Text: strp(text), Logprobs: rw.lps},
 		{Type: "response.content_part.done", ItemID: item.ID, OutputIndex: intp(idx), ContentIndex: intp(0), Part: &part},
 		{Type: "response.output_item.done", OutputIndex: intp(idx), Item: &item},
 	} {
@@ -156,10 +166,11 @@ func (rw *responsesWriter) closeMessage() error {
 	return nil
 }
 
-// message is the completed message item of text.
-func (rw *responsesWriter) message(text string) openai.OutputItem {
+// message is the completed message item of text (with its tokens'
+// log-probabilities when asked for).
+func (rw *responsesWriter) message(text string, lps []openai.ChatTokenLogprob) openai.OutputItem {
 	return openai.OutputItem{Type: "message", ID: rw.msgID(), Status: "completed", Role: "assistant",
-		Content: []openai.ContentPart{{Type: "output_text", Text: text, Annotations: []any{}}}}
+		Content: []openai.ContentPart{{Type: "output_text", Text: text, Annotations: []any{}, Logprobs: lps}}}
 }
 
 // callItem is a function call's output item.
@@ -243,7 +254,11 @@ func (rw *responsesWriter) done(runs []*choiceRun, u openai.Usage) {
 		}
 	}
 	if text != "" || len(calls) == 0 {
-		output = append(output, rw.message(text))
+		var lps []openai.ChatTokenLogprob
+		if rw.p.Logprobs {
+			lps = chatLogprobs(rw.tok, ch.all, ch.lps)
+		}
+		output = append(output, rw.message(text, lps))
 	}
 	for _, c := range calls {
 		output = append(output, callItem(c))

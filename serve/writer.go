@@ -243,13 +243,36 @@ func clampLogprob(v float32) float64 {
 // tokenText names a token in the log-probabilities: its text (invalid
 // UTF-8 as U+FFFD) and bytes, or "token_id:N" without a tokenizer (vLLM's
 // return_tokens_as_token_ids form).
-func (wr *writer) tokenText(id int32) (string, []byte) {
-	if wr.tok == nil {
+func (wr *writer) tokenText(id int32) (string, []byte) { return tokenText(wr.tok, id) }
+
+func tokenText(tok *model.Tokenizer, id int32) (string, []byte) {
+	if tok == nil {
 		s := fmt.Sprintf("token_id:%d", id)
 		return s, []byte(s)
 	}
-	b := wr.tok.TokenBytes(id)
+	b := tok.TokenBytes(id)
 	return model.LossyString(b), b
+}
+
+// chatLogprobs are the log-probabilities of ids (lps, one each) in chat's
+// shape (the Responses API's output_text logprobs are the same): each
+// token's text, log-probability and bytes, and its top tokens'.
+func chatLogprobs(tok *model.Tokenizer, ids []int32, lps []executor.TokenLogprobs) []openai.ChatTokenLogprob {
+	out := make([]openai.ChatTokenLogprob, len(ids))
+	for i, id := range ids {
+		text, b := tokenText(tok, id)
+		e := openai.ChatTokenLogprob{Token: text, Logprob: clampLogprob(lps[i].Logprob), Bytes: byteList(b),
+			TopLogprobs: []openai.ChatTopLogprob{}}
+		for j, t := range lps[i].TopIDs {
+			if t < 0 {
+				continue
+			}
+			tt, tb := tokenText(tok, t)
+			e.TopLogprobs = append(e.TopLogprobs, openai.ChatTopLogprob{Token: tt, Logprob: clampLogprob(lps[i].TopLogprobs[j]), Bytes: byteList(tb)})
+		}
+		out[i] = e
+	}
+	return out
 }
 
 func byteList(b []byte) []int {
@@ -270,21 +293,7 @@ func (wr *writer) logprobs(ch *choiceRun, ids []int32, lps []executor.TokenLogpr
 	}
 	var v any
 	if wr.chat {
-		out := openai.ChatLogprobs{Content: make([]openai.ChatTokenLogprob, len(ids))}
-		for i, id := range ids {
-			text, b := wr.tokenText(id)
-			e := openai.ChatTokenLogprob{Token: text, Logprob: clampLogprob(lps[i].Logprob), Bytes: byteList(b),
-				TopLogprobs: []openai.ChatTopLogprob{}}
-			for j, t := range lps[i].TopIDs {
-				if t < 0 {
-					continue
-				}
-				tt, tb := wr.tokenText(t)
-				e.TopLogprobs = append(e.TopLogprobs, openai.ChatTopLogprob{Token: tt, Logprob: clampLogprob(lps[i].TopLogprobs[j]), Bytes: byteList(tb)})
-			}
-			out.Content[i] = e
-		}
-		v = out
+		v = openai.ChatLogprobs{Content: chatLogprobs(wr.tok, ids, lps)}
 	} else {
 		n := len(ids)
 		out := openai.CompletionLogprobs{Tokens: make([]string, 0, n), TokenLogprobs: make([]*float64, 0, n),

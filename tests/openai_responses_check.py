@@ -63,6 +63,16 @@ evs = list(client.responses.create(model=model, input="What is the weather in Ro
 item = evs[-1].response.output[0]
 check(item.type == "function_call" and item.name == "get_weather", f"streamed named call: {item}")
 
+# The output text's log-probabilities (include, top_logprobs): one entry per
+# token, the texts joined are the answer (then the stop token's, as chat's
+# entries have it), greedy tokens the top ones.
+r = client.responses.create(model=model, input="What is 2+2?", max_output_tokens=8, temperature=0,
+                            include=["message.output_text.logprobs"], top_logprobs=2)
+part = r.output[0].content[0]
+check(len(part.logprobs) > 0 and "".join(e.token for e in part.logprobs).startswith(part.text),
+      f"logprobs {[e.token for e in part.logprobs]} against {part.text!r}")
+check(all(len(e.top_logprobs) == 2 and e.top_logprobs[0].token == e.token for e in part.logprobs), "top logprobs")
+
 # What lockstep cannot do is the client's error.
 try:
     client.responses.create(model=model, input="x", previous_response_id="resp_1")

@@ -76,27 +76,30 @@ type OutputItem struct {
 
 // ContentPart is a part of a message: Type "output_text".
 type ContentPart struct {
-	Annotations []any  `json:"annotations"`
-	Text        string `json:"text"`
-	Type        string `json:"type"`
+	Annotations []any `json:"annotations"`
+	// Logprobs are an output_text part's tokens' log-probabilities, when
+	// asked for (include "message.output_text.logprobs" or top_logprobs).
+	Logprobs []ChatTokenLogprob `json:"logprobs,omitempty"`
+	Text     string             `json:"text"`
+	Type     string             `json:"type"`
 }
 
 // ResponseEvent is one event of a streamed response (its SSE event name is
 // Type). Which fields are set depends on Type.
 type ResponseEvent struct {
-	Arguments      *string      `json:"arguments,omitempty"`
-	Code           *string      `json:"code,omitempty"`
-	ContentIndex   *int         `json:"content_index,omitempty"`
-	Delta          *string      `json:"delta,omitempty"`
-	Item           *OutputItem  `json:"item,omitempty"`
-	ItemID         string       `json:"item_id,omitempty"`
-	Logprobs       []any        `json:"logprobs,omitempty"`
-	Message        string       `json:"message,omitempty"`
-	OutputIndex    *int         `json:"output_index,omitempty"`
-	Param          *string      `json:"param,omitempty"`
-	Part           *ContentPart `json:"part,omitempty"`
-	Response       *Response    `json:"response,omitempty"`
-	SequenceNumber int          `json:"sequence_number"`
-	Text           *string      `json:"text,omitempty"`
-	Type           string       `json:"type"`
+	Arguments      *string            `json:"arguments,omitempty"`
+	Code           *string            `json:"code,omitempty"`
+	ContentIndex   *int               `json:"content_index,omitempty"`
+	Delta          *string            `json:"delta,omitempty"`
+	Item           *OutputItem        `json:"item,omitempty"`
+	ItemID         string             `json:"item_id,omitempty"`
+	Logprobs       []ChatTokenLogprob `json:"logprobs,omitempty"`
+	Message        string             `json:"message,omitempty"`
+	OutputIndex    *int               `json:"output_index,omitempty"`
+	Param          *string            `json:"param,omitempty"`
+	Part           *ContentPart       `json:"part,omitempty"`
+	Response       *Response          `json:"response,omitempty"`
+	SequenceNumber int                `json:"sequence_number"`
+	Text           *string            `json:"text,omitempty"`
+	Type           string             `json:"type"`
 }
