@@ -52,6 +52,19 @@ var (
 	}
 )
 
+// lpValsChat is lpToks with lpVals in chat's shape (and the Responses
+// API's output_text logprobs), as decoded JSON.
+func lpValsChat() []any {
+	return []any{
+		map[string]any{"token": "a", "logprob": -0.5, "bytes": []any{97.0}, "top_logprobs": []any{
+			map[string]any{"token": "a", "logprob": -0.5, "bytes": []any{97.0}},
+			map[string]any{"token": "c", "logprob": -1.25, "bytes": []any{99.0}}}},
+		map[string]any{"token": "b", "logprob": -9999.0, "bytes": []any{98.0}, "top_logprobs": []any{
+			map[string]any{"token": "x", "logprob": -0.125, "bytes": []any{120.0}},
+			map[string]any{"token": "y", "logprob": -2.0, "bytes": []any{121.0}}}},
+	}
+}
+
 func TestCompletionLogprobs(t *testing.T) {
 	s, _, ts := fleetServer(t)
 	done := postAsync(t, ts.URL+"/v1/completions", `{"prompt":"Hi","max_tokens":2,"logprobs":2}`)
@@ -102,14 +115,7 @@ func TestChatLogprobs(t *testing.T) {
 	m := <-done
 	require.Equal(t, 200.0, m["status"], m)
 	ch := choicesOf(t, m)[0]
-	want := []any{
-		map[string]any{"token": "a", "logprob": -0.5, "bytes": []any{97.0}, "top_logprobs": []any{
-			map[string]any{"token": "a", "logprob": -0.5, "bytes": []any{97.0}},
-			map[string]any{"token": "c", "logprob": -1.25, "bytes": []any{99.0}}}},
-		map[string]any{"token": "b", "logprob": -9999.0, "bytes": []any{98.0}, "top_logprobs": []any{
-			map[string]any{"token": "x", "logprob": -0.125, "bytes": []any{120.0}},
-			map[string]any{"token": "y", "logprob": -2.0, "bytes": []any{121.0}}}},
-	}
+	want := lpValsChat()
 	require.Equal(t, map[string]any{"content": want}, ch["logprobs"])
 
 	// Streaming: the deltas carry the same entries.

@@ -201,14 +201,7 @@ func TestResponsesRefusals(t *testing.T) {
 // output_text part, and, streamed, on each delta and the done events.
 func TestResponsesLogprobs(t *testing.T) {
 	s, url := guidedServer(t, "")
-	want := []any{
-		map[string]any{"token": "a", "logprob": -0.5, "bytes": []any{97.0}, "top_logprobs": []any{
-			map[string]any{"token": "a", "logprob": -0.5, "bytes": []any{97.0}},
-			map[string]any{"token": "c", "logprob": -1.25, "bytes": []any{99.0}}}},
-		map[string]any{"token": "b", "logprob": -9999.0, "bytes": []any{98.0}, "top_logprobs": []any{
-			map[string]any{"token": "x", "logprob": -0.125, "bytes": []any{120.0}},
-			map[string]any{"token": "y", "logprob": -2.0, "bytes": []any{121.0}}}},
-	}
+	want := lpValsChat()
 	done := postResponse(t, url, `{"model": "m", "input": "hi", "include": ["message.output_text.logprobs"], "top_logprobs": 2}`)
 	a := takeArrival(t, s)
 	require.True(t, a.Logprobs)
