@@ -43,6 +43,10 @@ type ModelShape struct {
 	// QKNorm: every head of q and k is RMS-normed over HeadDim (gains
 	// WeightQNorm/WeightKNorm) after the projections, before RoPE (Qwen3).
 	QKNorm bool `json:"qk_norm,omitempty"`
+	// QKVBias: the q, k and v projections add a bias (WeightQBias,
+	// WeightKBias, WeightVBias) right after the product, before the q/k
+	// norms and RoPE (Qwen2, Qwen2.5).
+	QKVBias bool `json:"qkv_bias,omitempty"`
 
 	// Multi-head latent attention (DeepSeek-V2/V3, Kimi K2; docs/models.md
 	// "MLA"); KVLoraRank 0 = GQA (the other MLA fields are then 0). With
@@ -226,6 +230,10 @@ const (
 	WeightKB         WeightKind = 27 // [heads*kv_lora][nope] (llama.cpp's attn_k_b)
 	WeightVB         WeightKind = 28 // [heads*v][kv_lora] (llama.cpp's attn_v_b)
 	WeightRouterBias WeightKind = 29 // [1][experts]: a sigmoid router's choice bias
+	// QKVBias shapes: the projections' biases, in WeightQ/K/V's output order.
+	WeightQBias WeightKind = 30 // [1][heads*head_dim]
+	WeightKBias WeightKind = 31 // [1][kv_heads*head_dim]
+	WeightVBias WeightKind = 32 // [1][kv_heads*head_dim]
 )
 
 // IsExpert reports whether the kind is a routed expert's (indexed by

@@ -199,6 +199,8 @@ func (s ModelShape) validateMLA() error {
 			return fmt.Errorf("model shape: MLA: num_kv_heads must equal num_heads (%d), got %d", s.NumHeads, s.NumKVHeads)
 		case s.QKNorm:
 			return fmt.Errorf("model shape: MLA with qk_norm is not supported")
+		case s.QKVBias:
+			return fmt.Errorf("model shape: MLA with qkv_bias is not supported")
 		case int64(s.NumHeads)*(int64(s.KVLoraRank)+int64(s.QKRopeHeadDim)) > 1<<31-1 || int64(s.NumHeads)*int64(s.VHeadDim) > 1<<31-1:
 			return fmt.Errorf("model shape: MLA: num_heads * (kv_lora_rank + qk_rope_head_dim) or num_heads * v_head_dim exceeds the int32 range")
 		}

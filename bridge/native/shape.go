@@ -84,6 +84,9 @@ func shapeToC(s *bridge.ModelShape, c *C.eng_model_shape) error {
 	if s.QKNorm {
 		c.qk_norm = 1
 	}
+	if s.QKVBias {
+		c.qkv_bias = 1
+	}
 	return nil
 }
 
@@ -106,6 +109,7 @@ func shapeFromC(c *C.eng_model_shape) bridge.ModelShape {
 		NumSharedExperts:    int(c.num_shared_experts),
 		RouterNorm:          bridge.RouterNorm(c.router_norm),
 		QKNorm:              c.qk_norm != 0,
+		QKVBias:             c.qkv_bias != 0,
 
 		QLoraRank:           int(c.q_lora_rank),
 		KVLoraRank:          int(c.kv_lora_rank),

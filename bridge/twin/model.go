@@ -179,7 +179,7 @@ func (m *Model) Shape() bridge.ModelShape {
 	}
 	if p, ok := bridge.Presets[m.Name]; ok {
 		q := p
-		q.RopeTheta, q.RMSEps, q.RouterNorm, q.QKNorm = s.RopeTheta, s.RMSEps, s.RouterNorm, s.QKNorm
+		q.RopeTheta, q.RMSEps, q.RouterNorm, q.QKNorm, q.QKVBias = s.RopeTheta, s.RMSEps, s.RouterNorm, s.QKNorm, s.QKVBias
 		q.RoutedScalingFactor, q.ExpertGroups, q.ExpertGroupsUsed, q.Yarn = 0, 0, 0, nil
 		if q.Equal(s) {
 			return p

@@ -24,7 +24,7 @@ extern "C" {
 #endif
 
 /* Bumped on every incompatible change; eng_engine_init refuses a mismatch. */
-#define ENG_ABI_VERSION 11
+#define ENG_ABI_VERSION 12
 
 /* The most top log-probabilities a row may ask for (vLLM's default
  * max_logprobs). */
@@ -126,6 +126,10 @@ typedef struct eng_model_shape {
   float yarn_beta_slow;
   float yarn_mscale;
   float yarn_mscale_all_dim;
+  /* 1: the q, k and v projections add a bias (Q_BIAS, K_BIAS, V_BIAS)
+   * right after the product, before qk_norm and RoPE: q = x·W_q + b_q
+   * (Qwen2, Qwen2.5); 0 = none. Not with MLA. */
+  int32_t qkv_bias;
 } eng_model_shape;
 
 /* How the router turns the chosen experts' scores into weights. Top-k picks
@@ -210,7 +214,12 @@ typedef enum eng_weight {
   ENG_WEIGHT_V_B = 28,          /* [heads*v][kv_lora] (llama.cpp's attn_v_b) */
   /* Optional with a sigmoid router: [1][num_experts], added to the scores
    * for the choice only. */
-  ENG_WEIGHT_ROUTER_BIAS = 29
+  ENG_WEIGHT_ROUTER_BIAS = 29,
+  /* qkv_bias shapes: the projections' biases, in the output order of
+   * WQ/WK/WV (rotate-half; not with interleaved_rope_heads). */
+  ENG_WEIGHT_Q_BIAS = 30,       /* [1][heads*head_dim] */
+  ENG_WEIGHT_K_BIAS = 31,       /* [1][kv_heads*head_dim] */
+  ENG_WEIGHT_V_BIAS = 32        /* [1][kv_heads*head_dim] */
 } eng_weight;
 
 typedef struct eng_tensor {
@@ -265,7 +274,8 @@ typedef struct eng_engine_config {
   /* Checkpoint weights: every tensor of the shape exactly once (kinds 0-11,
    * minus LM_HEAD when tied; ROPE_FREQS optional; a MoE shape has ROUTER and
    * every expert's EXPERT_* instead of W_GATE/W_UP/W_DOWN, SHARED_* when
-   * num_shared_experts > 0; Q_NORM/K_NORM with qk_norm; an MLA shape has
+   * num_shared_experts > 0; Q_NORM/K_NORM with qk_norm; Q_BIAS/K_BIAS/
+   * V_BIAS with qkv_bias; an MLA shape has
    * the MLA kinds instead of WK/WV, and its first_dense_layers keep
    * W_GATE/W_UP/W_DOWN).
    * num_tensors 0 = synthetic weights from seed. */

@@ -21,8 +21,8 @@ const char* kind_name(int32_t kind) {
       "embedding", "final_norm", "lm_head",     "attn_norm",   "wq",          "wk",          "wv",         "wo",
       "mlp_norm",  "w_gate",     "w_up",        "w_down",      "rope_freqs",  "q_norm",      "k_norm",     "router",
       "expert_gate", "expert_up", "expert_down", "shared_gate", "shared_up", "shared_down", "q_a", "q_a_norm",
-      "kv_a", "kv_a_norm", "kv_b", "k_b", "v_b", "router_bias"};
-  return kind >= 0 && kind <= ENG_WEIGHT_ROUTER_BIAS ? names[kind] : "unknown";
+      "kv_a", "kv_a_norm", "kv_b", "k_b", "v_b", "router_bias", "q_bias", "k_bias", "v_bias"};
+  return kind >= 0 && kind <= ENG_WEIGHT_V_BIAS ? names[kind] : "unknown";
 }
 
 bool is_expert(int32_t kind) { return kind >= ENG_WEIGHT_EXPERT_GATE && kind <= ENG_WEIGHT_EXPERT_DOWN; }
@@ -69,6 +69,8 @@ void expected_dims(const eng_model_shape& s, int32_t kind, int64_t* rows, int64_
   }
   switch (kind) {
     case ENG_WEIGHT_ROUTER_BIAS: *rows = 1; *cols = s.num_experts; return;
+    case ENG_WEIGHT_Q_BIAS: *rows = 1; *cols = qd; return;
+    case ENG_WEIGHT_K_BIAS: case ENG_WEIGHT_V_BIAS: *rows = 1; *cols = kvd; return;
     case ENG_WEIGHT_EMBEDDING: case ENG_WEIGHT_LM_HEAD: *rows = V; *cols = H; return;
     case ENG_WEIGHT_FINAL_NORM: case ENG_WEIGHT_ATTN_NORM: case ENG_WEIGHT_MLP_NORM: *rows = 1; *cols = H; return;
     case ENG_WEIGHT_WQ: *rows = qd; *cols = H; return;
@@ -115,6 +117,8 @@ const char* foreign_reason(const eng_model_shape& s, int32_t kind, int32_t layer
       return sigmoid_router(s) ? "" : "a router bias, but the shape's router is not a sigmoid one (router_norm 3 or 4)";
     case ENG_WEIGHT_Q_NORM: case ENG_WEIGHT_K_NORM:
       return s.qk_norm ? "" : "a q/k norm gain, but the shape has qk_norm 0";
+    case ENG_WEIGHT_Q_BIAS: case ENG_WEIGHT_K_BIAS: case ENG_WEIGHT_V_BIAS:
+      return s.qkv_bias ? "" : "a q/k/v projection bias, but the shape has qkv_bias 0";
     case ENG_WEIGHT_WK: case ENG_WEIGHT_WV:
       return mla ? "a K/V projection, but the shape uses latent attention (kv_lora_rank > 0: KV_A and KV_B)" : "";
     case ENG_WEIGHT_Q_A: case ENG_WEIGHT_Q_A_NORM:
@@ -126,17 +130,18 @@ const char* foreign_reason(const eng_model_shape& s, int32_t kind, int32_t layer
   return "";
 }
 
-// Slot table: globals 0..2, rope_freqs 3, then per layer the 23 non-expert
+// Slot table: globals 0..2, rope_freqs 3, then per layer the 26 non-expert
 // layer kinds (attn_norm .. w_down, q_norm, k_norm, router, shared_*, the
-// MLA kinds and router_bias), then 3 per routed expert.
-int64_t layer_slots(const eng_model_shape& s) { return 23 + 3 * int64_t{s.num_experts}; }
+// MLA kinds, router_bias and the q/k/v biases), then 3 per routed expert.
+constexpr int64_t kLayerKinds = 26;
+int64_t layer_slots(const eng_model_shape& s) { return kLayerKinds + 3 * int64_t{s.num_experts}; }
 
 int64_t slot_of(const eng_model_shape& s, int32_t kind, int32_t layer, int32_t expert) {
   if (kind == ENG_WEIGHT_ROPE_FREQS) return 3;
   if (is_global(kind)) return kind;
   const int64_t base = 4 + int64_t{layer} * layer_slots(s);
   if (kind <= ENG_WEIGHT_W_DOWN) return base + (kind - ENG_WEIGHT_ATTN_NORM);
-  if (is_expert(kind)) return base + 23 + int64_t{expert} * 3 + (kind - ENG_WEIGHT_EXPERT_GATE);
+  if (is_expert(kind)) return base + kLayerKinds + int64_t{expert} * 3 + (kind - ENG_WEIGHT_EXPERT_GATE);
   if (kind >= ENG_WEIGHT_Q_A) return base + 15 + (kind - ENG_WEIGHT_Q_A);
   if (kind >= ENG_WEIGHT_SHARED_GATE) return base + 12 + (kind - ENG_WEIGHT_SHARED_GATE);
   return base + 9 + (kind - ENG_WEIGHT_Q_NORM);  // q_norm, k_norm, router
@@ -244,8 +249,8 @@ void validate_tensors(const eng_model_shape& s, const eng_tensor* tensors, int32
   std::vector<int32_t> seen(static_cast<size_t>(slots), -1);
   for (int32_t i = 0; i < n; ++i) {
     const eng_tensor& t = tensors[i];
-    if (t.kind < 0 || t.kind > ENG_WEIGHT_ROUTER_BIAS)
-      invalid_argument(fmt("tensors[%lld]: kind %lld is not an eng_weight (0..%lld)", i, t.kind, ENG_WEIGHT_ROUTER_BIAS));
+    if (t.kind < 0 || t.kind > ENG_WEIGHT_V_BIAS)
+      invalid_argument(fmt("tensors[%lld]: kind %lld is not an eng_weight (0..%lld)", i, t.kind, ENG_WEIGHT_V_BIAS));
     const std::string name = label(t, i);
     if (is_global(t.kind) ? t.layer != -1 : (t.layer < 0 || t.layer >= s.num_layers))
       invalid_argument(name + fmt(": layer %lld out of range (global tensors use -1, layer tensors 0..%lld)",
@@ -287,6 +292,9 @@ void validate_tensors(const eng_model_shape& s, const eng_tensor* tensors, int32
       if (s.qk_norm)
         invalid_argument(name + ": interleaved_rope_heads with qk_norm (the norm gains would need the same "
                                 "reordering); not supported");
+      if (s.qkv_bias)
+        invalid_argument(name + ": interleaved_rope_heads with qkv_bias (the biases would need the same "
+                                "reordering); not supported");
     }
   }
   // Every tensor the shape needs, in slot order (rope_freqs is optional).
@@ -309,6 +317,8 @@ void validate_tensors(const eng_model_shape& s, const eng_tensor* tensors, int32
       missing(ENG_WEIGHT_Q_NORM, l, 0);
       missing(ENG_WEIGHT_K_NORM, l, 0);
     }
+    if (s.qkv_bias)
+      for (int32_t k = ENG_WEIGHT_Q_BIAS; k <= ENG_WEIGHT_V_BIAS; ++k) missing(k, l, 0);
     if (s.kv_lora_rank > 0) {
       if (s.q_lora_rank > 0) {
         missing(ENG_WEIGHT_Q_A, l, 0);
@@ -469,7 +479,8 @@ Weights load_weights(const eng_model_shape& s, const eng_tensor* tensors, int32_
                                      &L.wv,       &L.wo,     &L.mlp_norm, &L.w_gate, &L.w_up,    &L.w_down,
                                      nullptr,     &L.q_norm, &L.k_norm, &L.router,   &X.gate,    &X.up,
                                      &X.down,     &X.gate,   &X.up,     &X.down,     &L.wq_a,    &L.q_a_norm,
-                                     &L.wkv_a,    &L.kv_a_norm, nullptr, nullptr,    nullptr,    &L.router_bias};
+                                     &L.wkv_a,    &L.kv_a_norm, nullptr, nullptr,    nullptr,    &L.router_bias,
+                                     &L.bq,       &L.bk,     &L.bv};
         dst = per[t.kind];
         // The dense projections: kept quantised under the quantised kernels;
         // under the exact ones (and for experts, exact under either setting)

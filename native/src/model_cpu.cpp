@@ -48,6 +48,11 @@ void rms_norm(const float* x, const float* w, int32_t n, float eps, float* y) {
   for (int32_t i = 0; i < n; ++i) y[i] = (x[i] * inv) * w[i];
 }
 
+// y[i] += b[i] over n elements.
+void add_bias(float* y, const float* b, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] += b[i];
+}
+
 }  // namespace
 
 CpuBackend::CpuBackend(const EngineParams& p)
@@ -151,6 +156,14 @@ void CpuBackend::write_kv(int32_t layer, const StepBatch& batch, const float* hi
       linear(x, n, H, w.wq, w.qwq, w.pwq, qd, q + r0 * qd);
       linear(x, n, H, w.wk, w.qwk, w.pwk, kvd, k);
       linear(x, n, H, w.wv, w.qwv, w.pwv, kvd, v);
+    }
+    if (shape_.qkv_bias) {
+      // Qwen2: each projection's bias, added once to the rounded product.
+      for (int64_t j = 0; j < n; ++j) {
+        add_bias(q + (r0 + j) * qd, w.bq.data(), qd);
+        add_bias(k + j * kvd, w.bk.data(), kvd);
+        add_bias(v + j * kvd, w.bv.data(), kvd);
+      }
     }
     if (shape_.qk_norm) {
       // Qwen3: every head of q and k RMS-normed over head_dim (in place).

@@ -19,6 +19,7 @@
 //   per layer:
 //     phase 1 (every row of the batch, before any attention):
 //       x = RMSNorm(h) · attn_norm; q = x·Wq; k = x·Wk; v = x·Wv
+//       (qkv_bias: q += bq, k += bk, v += bv, one float add per element)
 //       (qk_norm: every head of q and k RMS-normed over head_dim · q/k_norm)
 //       RoPE(q), RoPE(k) at the row's position; k, v written to the page slot
 //     phase 2 (the rows; each projection a GEMM over them):

@@ -21,25 +21,26 @@ struct NamedShape {
 // Fields: layers, hidden, heads, kv_heads, head_dim, intermediate, vocab,
 // rope_theta, rms_eps, rope scaling (4), tied, experts, top-k,
 // moe_intermediate, shared experts, router_norm, qk_norm, then the MLA,
-// dense-layer, routing and YaRN fields (0 here; kMLAPresets sets them).
+// dense-layer, routing and YaRN fields (0 here; kMLAPresets sets them),
+// qkv_bias.
 const NamedShape kPresets[] = {
     // llama-70b: Llama 3 70B shape (GQA 8:1).
-    {"llama-70b", {80, 8192, 64, 8, 128, 28672, 128256, 500000.0f, 1e-5f, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0.0f, 0, 0, 0.0f, 0, 0.0f, 0.0f, 0.0f, 0.0f}},
+    {"llama-70b", {80, 8192, 64, 8, 128, 28672, 128256, 500000.0f, 1e-5f, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0.0f, 0, 0, 0.0f, 0, 0.0f, 0.0f, 0.0f, 0.0f, 0}},
     // llama-8b: Llama 3 8B shape (GQA 4:1).
-    {"llama-8b", {32, 4096, 32, 8, 128, 14336, 128256, 500000.0f, 1e-5f, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0.0f, 0, 0, 0.0f, 0, 0.0f, 0.0f, 0.0f, 0.0f}},
+    {"llama-8b", {32, 4096, 32, 8, 128, 14336, 128256, 500000.0f, 1e-5f, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0.0f, 0, 0, 0.0f, 0, 0.0f, 0.0f, 0.0f, 0.0f, 0}},
     // mixtral-8x7b: Mixtral-8x7B-v0.1 config.json: 8 experts, top-2 (top-k
     // then softmax), experts of width 14336, no shared expert.
     {"mixtral-8x7b", {32, 4096, 32, 8, 128, 14336, 32000, 1000000.0f, 1e-5f, 0, 0, 0, 0, 0, 8, 2, 14336, 0,
-                      ENG_ROUTER_TOPK_SOFTMAX, 0, 0, 0, 0, 0, 0, 0, 0.0f, 0, 0, 0.0f, 0, 0.0f, 0.0f, 0.0f, 0.0f}},
+                      ENG_ROUTER_TOPK_SOFTMAX, 0, 0, 0, 0, 0, 0, 0, 0.0f, 0, 0, 0.0f, 0, 0.0f, 0.0f, 0.0f, 0.0f, 0}},
     // moe-tiny: fast on the CPU engine: 16 experts, top-2, one shared expert.
-    {"moe-tiny", {3, 64, 4, 2, 16, 128, 512, 10000.0f, 1e-5f, 0, 0, 0, 0, 0, 16, 2, 32, 1, ENG_ROUTER_SOFTMAX_TOPK, 0, 0, 0, 0, 0, 0, 0, 0.0f, 0, 0, 0.0f, 0, 0.0f, 0.0f, 0.0f, 0.0f}},
+    {"moe-tiny", {3, 64, 4, 2, 16, 128, 512, 10000.0f, 1e-5f, 0, 0, 0, 0, 0, 16, 2, 32, 1, ENG_ROUTER_SOFTMAX_TOPK, 0, 0, 0, 0, 0, 0, 0, 0.0f, 0, 0, 0.0f, 0, 0.0f, 0.0f, 0.0f, 0.0f, 0}},
     // qwen3-30b-a3b: Qwen3-30B-A3B config.json: 128 experts, top-8 (softmax,
     // top-k, renormalised), experts of width 768, no shared expert; head_dim
     // 128 with hidden 2048 (heads * head_dim = 4096); per-head q/k RMSNorm.
     {"qwen3-30b-a3b", {48, 2048, 32, 4, 128, 6144, 151936, 1000000.0f, 1e-6f, 0, 0, 0, 0, 0, 128, 8, 768, 0,
-                       ENG_ROUTER_SOFTMAX_TOPK, 1, 0, 0, 0, 0, 0, 0, 0.0f, 0, 0, 0.0f, 0, 0.0f, 0.0f, 0.0f, 0.0f}},
+                       ENG_ROUTER_SOFTMAX_TOPK, 1, 0, 0, 0, 0, 0, 0, 0.0f, 0, 0, 0.0f, 0, 0.0f, 0.0f, 0.0f, 0.0f, 0}},
     // tiny: fast on the CPU engine; GQA 2:1.
-    {"tiny", {2, 64, 4, 2, 16, 128, 512, 10000.0f, 1e-5f, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0.0f, 0, 0, 0.0f, 0, 0.0f, 0.0f, 0.0f, 0.0f}},
+    {"tiny", {2, 64, 4, 2, 16, 128, 512, 10000.0f, 1e-5f, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0.0f, 0, 0, 0.0f, 0, 0.0f, 0.0f, 0.0f, 0.0f, 0}},
 };
 
 // The MLA presets: DeepSeek-shaped (latent attention, a leading dense
@@ -225,6 +226,8 @@ void validate_shape(const eng_model_shape& s) {
                                       "expert_groups_used must be 0 for a dense model (num_experts 0)");
   if (s.qk_norm != 0 && s.qk_norm != 1)
     invalid_argument(p + format("qk_norm must be 0 or 1, got %.0f", s.qk_norm));
+  if (s.qkv_bias != 0 && s.qkv_bias != 1)
+    invalid_argument(p + format("qkv_bias must be 0 or 1, got %.0f", s.qkv_bias));
   if (s.kv_lora_rank < 0)
     invalid_argument(p + format("kv_lora_rank must be >= 0 (0 = no MLA), got %.0f", s.kv_lora_rank));
   if (s.kv_lora_rank == 0) {
@@ -248,6 +251,7 @@ void validate_shape(const eng_model_shape& s) {
       invalid_argument(p + format("MLA: num_kv_heads must equal num_heads (%.0f), got %.0f", s.num_heads,
                                   s.num_kv_heads));
     if (s.qk_norm != 0) invalid_argument(std::string(p) + "MLA with qk_norm is not supported");
+    if (s.qkv_bias != 0) invalid_argument(std::string(p) + "MLA with qkv_bias is not supported");
     if (static_cast<long long>(s.num_heads) * (s.kv_lora_rank + s.qk_rope_head_dim) > 0x7fffffffLL ||
         static_cast<long long>(s.num_heads) * s.v_head_dim > 0x7fffffffLL)
       invalid_argument(std::string(p) + "MLA: num_heads * (kv_lora_rank + qk_rope_head_dim) or num_heads * v_head_dim "

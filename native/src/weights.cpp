@@ -2,6 +2,7 @@
 #include "weights.h"
 
 #include <cmath>
+#include <utility>
 
 namespace lockstep {
 
@@ -90,6 +91,15 @@ Weights generate_weights(const eng_model_shape& s, uint64_t seed) {
       L.wo = tensor(qd, h, seed, TensorKind::kWo, l);
     }
     L.mlp_norm = tensor(1, h, seed, TensorKind::kMLPNorm, l);
+    if (s.qkv_bias) {
+      // Biases of a size that moves the projections (u/2).
+      const std::pair<std::vector<float>*, std::pair<TensorKind, int64_t>> biases[] = {
+          {&L.bq, {TensorKind::kBq, qd}}, {&L.bk, {TensorKind::kBk, kvd}}, {&L.bv, {TensorKind::kBv, kvd}}};
+      for (const auto& [dst, kn] : biases) {
+        dst->resize(static_cast<size_t>(kn.second));
+        for (size_t i = 0; i < dst->size(); ++i) (*dst)[i] = uniform_pm1(seed, mla_tensor_id(kn.first, l), i) * 0.5f;
+      }
+    }
     if (s.qk_norm) {
       for (int which = 0; which < 2; ++which) {
         std::vector<float>& g = which == 0 ? L.q_norm : L.k_norm;
@@ -152,7 +162,7 @@ double weight_elements(const eng_model_shape& s) {
     attn = (ql > 0 ? h * ql + ql + ql * qd : h * qd) + h * (kl + rope) + kl +
            heads * kl * (double(s.qk_nope_head_dim) + s.v_head_dim) + heads * s.v_head_dim * h;
   }
-  const double per_layer = 2 * h + (s.qk_norm ? 2.0 * s.head_dim : 0.0) + attn;
+  const double per_layer = 2 * h + (s.qk_norm ? 2.0 * s.head_dim : 0.0) + (s.qkv_bias ? qd + 2 * kvd : 0.0) + attn;
   const double dense_layers = s.num_experts == 0 ? s.num_layers : s.first_dense_layers;
   return (s.tied_embeddings ? 1 : 2) * v * h + h + double(s.num_layers) * per_layer + dense_layers * dense +
          (double(s.num_layers) - dense_layers) * moe;

@@ -13,6 +13,8 @@
 //   embedding  [vocab][hidden]           scale 1
 //   attn_norm, mlp_norm, final_norm  [hidden]   1 + u/8
 //   q_norm, k_norm [head_dim] (qk_norm)  1 + u/8, keyed by qk_norm_tensor_id
+//   bq [heads*head_dim], bk, bv [kv_heads*head_dim] (qkv_bias)
+//                                        u/2, keyed by mla_tensor_id
 //   wq [hidden][heads*head_dim], wk/wv [hidden][kv_heads*head_dim],
 //   wo [heads*head_dim][hidden], w_gate/w_up [hidden][intermediate],
 //   w_down [intermediate][hidden], lm_head [hidden][vocab]
@@ -62,6 +64,10 @@ enum class TensorKind : uint32_t {
   kKB = 23,          // [heads][nope][kv_lora]
   kVB = 24,          // [heads][kv_lora][v]
   kRouterBias = 25,  // [num_experts]
+  // qkv_bias shapes: keyed by mla_tensor_id too (a separate bit range).
+  kBq = 26,          // [heads*head_dim]
+  kBk = 27,          // [kv_heads*head_dim]
+  kBv = 28,          // [kv_heads*head_dim]
 };
 
 // splitmix64 finaliser (Steele, Lea, Flood 2014): a bijective 64-bit mixer.
@@ -92,7 +98,8 @@ inline uint64_t qk_norm_tensor_id(int layer, int which) {
   return (uint64_t{1} << 41) | (static_cast<uint64_t>(layer) << 4) | static_cast<uint64_t>(which);
 }
 
-// Stable id of an MLA tensor (kQA .. kRouterBias) of a layer: bit 42 set.
+// Stable id of an MLA tensor (kQA .. kRouterBias) or a qkv bias (kBq ..
+// kBv) of a layer: bit 42 set.
 inline uint64_t mla_tensor_id(TensorKind kind, int layer) {
   return (uint64_t{1} << 42) | (static_cast<uint64_t>(layer) << 8) | static_cast<uint64_t>(kind);
 }
@@ -122,6 +129,7 @@ struct ExpertWeights {
 struct LayerWeights {
   std::vector<float> attn_norm, wq, wk, wv, wo;
   std::vector<float> q_norm, k_norm;  // [head_dim] each, qk_norm shapes only
+  std::vector<float> bq, bk, bv;      // the projections' biases, qkv_bias shapes only
   std::vector<float> mlp_norm, w_gate, w_up, w_down;
   std::vector<float> router;
   std::vector<float> router_bias;  // [num_experts]; empty = no bias

@@ -80,6 +80,11 @@ Checkpoint from_synthetic(const eng_model_shape& s, uint64_t seed) {
       c.add(ENG_WEIGHT_Q_NORM, l, L.q_norm, s.head_dim, 1);
       c.add(ENG_WEIGHT_K_NORM, l, L.k_norm, s.head_dim, 1);
     }
+    if (s.qkv_bias) {
+      c.add(ENG_WEIGHT_Q_BIAS, l, L.bq, qd, 1);
+      c.add(ENG_WEIGHT_K_BIAS, l, L.bk, kvd, 1);
+      c.add(ENG_WEIGHT_V_BIAS, l, L.bv, kvd, 1);
+    }
     if (s.num_experts == 0) {
       c.add(ENG_WEIGHT_W_GATE, l, L.w_gate, H, F);
       c.add(ENG_WEIGHT_W_UP, l, L.w_up, H, F);
@@ -422,6 +427,77 @@ int main() {
     Checkpoint dense = from_synthetic(tiny, 7);
     dense.tensors[3].kind = ENG_WEIGHT_Q_NORM;
     expect_refused("q norm without qk_norm", dense, "qk_norm 0");
+  }
+
+  // q/k/v projection biases (Qwen2): the same bits as the synthetic shape
+  // with qkv_bias, with and without q/k norms and on MoE layers; zero
+  // biases give the unbiased model bit for bit, the generated ones do not;
+  // a missing bias, a bias without qkv_bias, a misshapen one, interleaved
+  // Q/K rows with biases and qkv_bias on an MLA shape are refused by name.
+  {
+    eng_model_shape moe;
+    REQUIRE(eng_preset_shape("moe-tiny", &moe) == ENG_OK);
+    for (const eng_model_shape& base : {tiny, moe}) {
+      for (int32_t qk = 0; qk < 2; ++qk) {
+        eng_model_shape s = base;
+        s.qkv_bias = 1;
+        s.qk_norm = qk;
+        eng_engine_config syn_cfg = test_config(nullptr, 32, 4);
+        syn_cfg.shape = s;
+        syn_cfg.seed = 7;
+        eng_engine_t es = test_engine(syn_cfg);
+        const std::vector<float> want = run(es, s.vocab_size);
+        eng_engine_free(es);
+        Checkpoint c = from_synthetic(s, 7);
+        eng_engine_t ec = test_engine(config_for(c));
+        CHECKF(same_bits(run(ec, s.vocab_size), want), "qkv_bias checkpoint (qk_norm %d, %d experts) differs from synthetic",
+               qk, base.num_experts);
+        eng_engine_free(ec);
+        eng_model_shape u = base;
+        u.qk_norm = qk;
+        Checkpoint zero = from_synthetic(s, 7), plain = from_synthetic(u, 7);
+        for (size_t i = 0; i < zero.tensors.size(); ++i)
+          if (zero.tensors[i].kind >= ENG_WEIGHT_Q_BIAS)
+            for (float& x : zero.store[i]) x = 0.0f;
+        eng_engine_t ez = test_engine(config_for(zero));
+        eng_engine_t ep = test_engine(config_for(plain));
+        const std::vector<float> got_zero = run(ez, s.vocab_size);
+        CHECKF(same_bits(got_zero, run(ep, s.vocab_size)), "zero biases differ from no biases (qk_norm %d)", qk);
+        CHECKF(!same_bits(got_zero, want), "the generated biases change nothing (qk_norm %d)", qk);
+        eng_engine_free(ez);
+        eng_engine_free(ep);
+      }
+    }
+    eng_model_shape b = tiny;
+    b.qkv_bias = 1;
+    Checkpoint missing = from_synthetic(b, 7);
+    for (size_t i = 0; i < missing.tensors.size(); ++i)
+      if (missing.tensors[i].kind == ENG_WEIGHT_V_BIAS && missing.tensors[i].layer == 1) {
+        missing.tensors.erase(missing.tensors.begin() + static_cast<long>(i));
+        missing.store.erase(missing.store.begin() + static_cast<long>(i));
+        break;
+      }
+    missing.fix();
+    expect_refused("missing v bias", missing, "missing tensor: layer 1 v_bias");
+    Checkpoint stray = from_synthetic(b, 7);
+    stray.shape.qkv_bias = 0;
+    expect_refused("bias without qkv_bias", stray, "qkv_bias 0");
+    Checkpoint wide = from_synthetic(b, 7);
+    for (eng_tensor& t : wide.tensors)
+      if (t.kind == ENG_WEIGHT_K_BIAS && t.layer == 0) t.cols = int64_t{b.num_heads} * b.head_dim, t.nbytes = t.cols * 4;
+    expect_refused("k bias of q's width", wide, "layer 0 k_bias");
+    Checkpoint inter = from_synthetic(b, 7);
+    for (eng_tensor& t : inter.tensors)
+      if (t.kind == ENG_WEIGHT_WQ) t.interleaved_rope_heads = b.num_heads;
+    expect_refused("interleaved with biases", inter, "interleaved_rope_heads with qkv_bias");
+    eng_model_shape mla;
+    REQUIRE(eng_preset_shape("deepseek-tiny", &mla) == ENG_OK);
+    mla.qkv_bias = 1;
+    eng_engine_config mc = test_config(nullptr, 32, 4);
+    mc.shape = mla;
+    eng_engine_t none = nullptr;
+    CHECK(eng_engine_init(&mc, &none) == ENG_INVALID_ARGUMENT);
+    CHECK(std::string(eng_last_error()).find("MLA with qkv_bias") != std::string::npos);
   }
 
   // Engines built from the same tensors share one float copy; different
