@@ -9,7 +9,9 @@ package model
 
 import (
 	"encoding/binary"
+	"fmt"
 	"math"
+	"math/rand"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -285,6 +287,81 @@ func TestCrossFormatGGUFvsHF(t *testing.T) {
 	}
 }
 
+// withQKVBias adds Qwen2's q, k and v projection biases to a tiny model
+// (entries k/64, |k| <= 64: exact in every dtype, large enough to move the
+// logits).
+func withQKVBias(m *tinyModel, seed int64) *tinyModel {
+	rng := rand.New(rand.NewSource(seed))
+	m.shape.QKVBias = true
+	m.name = "tiny-qwen2"
+	var out []*tinyTensor
+	for _, x := range m.tensors {
+		out = append(out, x)
+		if x.kind < bridge.WeightQ || x.kind > bridge.WeightV {
+			continue
+		}
+		b := make([]float32, x.rows)
+		for i := range b {
+			b[i] = float32(rng.Intn(129)-64) / 64
+		}
+		part := map[bridge.WeightKind]string{bridge.WeightQ: "q", bridge.WeightK: "k", bridge.WeightV: "v"}[x.kind]
+		out = append(out, &tinyTensor{hf: fmt.Sprintf("model.layers.%d.self_attn.%s_proj.bias", x.layer, part),
+			gguf: fmt.Sprintf("blk.%d.attn_%s.bias", x.layer, part), kind: x.kind + bridge.WeightQBias - bridge.WeightQ,
+			layer: x.layer, rows: 1, cols: x.rows, data: b})
+	}
+	m.tensors = out
+	return m
+}
+
+// TestCrossFormatQwen2: a Qwen2 model (q/k/v biases, no Q/K permutation in
+// GGUF) loads from GGUF (general.architecture qwen2) and from a Hugging Face
+// directory (model_type qwen2) into the same model with bit-identical runs,
+// and its biases change the logits (the same weights without them differ).
+func TestCrossFormatQwen2(t *testing.T) {
+	for _, tied := range []bool{false, true} {
+		t.Run(map[bool]string{false: "untied", true: "tied"}[tied], func(t *testing.T) {
+			m := withQKVBias(newTinyModel(11, tied), 12)
+			qwen2 := func(c map[string]any) {
+				c["model_type"], c["architectures"] = "qwen2", []string{"Qwen2ForCausalLM"}
+				c["use_sliding_window"], c["sliding_window"], c["max_window_layers"] = false, 131072, 2
+				delete(c, "attention_bias")
+				delete(c, "mlp_bias")
+			}
+			gg := writeGGUF(t, m, ggufOptions{arch: "qwen2"})
+			hf := writeHF(t, m, hfOptions{config: qwen2, dtype: "BF16"})
+			for _, p := range []string{gg, hf} {
+				if s := loadOK(t, p).Shape; !s.QKVBias || s.QKNorm {
+					t.Fatalf("%s: shape %+v, want qkv_bias without q/k norms", p, s)
+				}
+			}
+			biased := crossCheck(t, gg, hf)
+			if !haveEngine() {
+				return
+			}
+			// Zero biases give the Llama reading of the same weights, bit for
+			// bit; the drawn ones change the logits.
+			zero := withQKVBias(newTinyModel(11, tied), 12)
+			for _, x := range zero.tensors {
+				if x.kind >= bridge.WeightQBias {
+					clear(x.data)
+				}
+			}
+			z := loadOK(t, writeHF(t, zero, hfOptions{config: qwen2}))
+			l := loadOK(t, writeHF(t, newTinyModel(11, tied), hfOptions{}))
+			prompt := crossPrompt(t, z)
+			unbiased := runEngine(t, z, prompt)
+			requireSameRun(t, unbiased, runEngine(t, l, prompt))
+			differs := false
+			for i := range biased.logits[0] {
+				differs = differs || biased.logits[0][i] != unbiased.logits[0][i]
+			}
+			if !differs {
+				t.Fatal("the q/k/v biases left the logits unchanged")
+			}
+		})
+	}
+}
+
 func TestCrossFormatQ8_0(t *testing.T) {
 	for _, tied := range []bool{false, true} {
 		name := map[bool]string{false: "untied", true: "tied"}[tied]
@@ -361,7 +438,10 @@ func TestLoadRefusals(t *testing.T) {
 		want []string
 	}{
 		{"mistral", func(t *testing.T) string { return writeHF(t, m, cfg("model_type", "mistral")) }, []string{`model_type "mistral"`, "llama"}},
-		{"qwen2", func(t *testing.T) string { return writeHF(t, m, cfg("model_type", "qwen2")) }, []string{`model_type "qwen2"`}},
+		{"qwen2 without biases", func(t *testing.T) string { return writeHF(t, m, cfg("model_type", "qwen2")) }, []string{"missing tensor: layer 0 q projection bias"}},
+		{"qwen2 sliding window", func(t *testing.T) string {
+			return writeHF(t, m, hfOptions{config: func(c map[string]any) { c["model_type"], c["use_sliding_window"] = "qwen2", true }})
+		}, []string{"use_sliding_window", "not supported"}},
 		{"head_dim", func(t *testing.T) string { return writeHF(t, m, cfg("head_dim", 32)) }, []string{"head_dim 32", "16"}},
 		{"missing shard", func(t *testing.T) string {
 			dir := writeHF(t, m, hfOptions{})
@@ -393,7 +473,8 @@ func TestLoadRefusals(t *testing.T) {
 				return slices.DeleteFunc(ts, func(x stTensor) bool { return x.name == "model.layers.1.mlp.down_proj.weight" })
 			}))
 		}, []string{"missing tensor: layer 1 down projection"}},
-		{"gguf qwen2", func(t *testing.T) string { return writeGGUF(t, m, ggufOptions{arch: "qwen2"}) }, []string{`architecture "qwen2"`}},
+		{"gguf qwen2 without biases", func(t *testing.T) string { return writeGGUF(t, m, ggufOptions{arch: "qwen2"}) }, []string{"missing tensor: layer 0 q projection bias"}},
+		{"gguf qwen2moe", func(t *testing.T) string { return writeGGUF(t, m, ggufOptions{arch: "qwen2moe"}) }, []string{`architecture "qwen2moe"`}},
 		{"gguf Q4_K", func(t *testing.T) string {
 			return writeGGUF(t, m, ggufOptions{typeOverride: map[string]struct {
 				typ      uint32

@@ -55,22 +55,29 @@ var blkTensor = regexp.MustCompile(`^blk\.(\d+)\.([a-z_]+)\.weight$`)
 // blkRouterBias is deepseek2's score-correction bias of a sigmoid router.
 var blkRouterBias = regexp.MustCompile(`^blk\.(\d+)\.exp_probs_b\.bias$`)
 
+// blkProjBias is a q, k or v projection's bias (qwen2).
+var blkProjBias = regexp.MustCompile(`^blk\.(\d+)\.attn_([qkv])\.bias$`)
+
+var projBiasKind = map[string]bridge.WeightKind{"q": bridge.WeightQBias, "k": bridge.WeightKBias, "v": bridge.WeightVBias}
+
 // ggufArchitectures are the general.architecture values this loader reads:
-// Llama (dense, or with experts: Mixtral), Qwen3 (q/k norms), Qwen3-MoE and
-// DeepSeek-V2/V3 (deepseek2: MLA, docs/models.md). The value says whether
+// Llama (dense, or with experts: Mixtral), Qwen2 (q/k/v biases), Qwen3 (q/k
+// norms), Qwen3-MoE and DeepSeek-V2/V3 (deepseek2: MLA, docs/models.md).
+// The value says whether
 // llama.cpp's converter stored Q and K rows in its interleaved RoPE order
 // (it permutes them for "llama"; DeepSeek's checkpoints are interleaved
 // in the rope tails of q and of the latent projection; Qwen models use its
 // NeoX rotation, which is rotate-half).
-var ggufArchitectures = map[string]struct{ interleaved, qkNorm, mla bool }{
+var ggufArchitectures = map[string]struct{ interleaved, qkNorm, qkvBias, mla bool }{
 	"llama":     {interleaved: true},
+	"qwen2":     {qkvBias: true},
 	"qwen3":     {qkNorm: true},
 	"qwen3moe":  {qkNorm: true},
 	"deepseek2": {interleaved: true, mla: true},
 }
 
 // ggufArchitectureNames lists them for messages.
-const ggufArchitectureNames = "deepseek2, llama, qwen3, qwen3moe"
+const ggufArchitectureNames = "deepseek2, llama, qwen2, qwen3, qwen3moe"
 
 // parseGGUF parses a GGUF file's header. The parser panics on some
 // corrupt headers (a size product that overflows); that panic is the
@@ -151,7 +158,7 @@ func loadGGUF(path string) (m *Model, err error) {
 	} else if err := ggufHeadDim(path, arch, num, kvs, &shape); err != nil {
 		return nil, err
 	}
-	shape.QKNorm = archInfo.qkNorm
+	shape.QKNorm, shape.QKVBias = archInfo.qkNorm, archInfo.qkvBias
 	theta, err := num("rope.freq_base", 10000, false)
 	if err != nil {
 		return nil, err
@@ -261,6 +268,12 @@ func loadGGUFTensors(path string, gf *gguf.GGUFFile, arch string, num func(strin
 				return nil, fmt.Errorf("model %s: tensor %s: layer out of range (%d layers)", path, ti.Name, shape.NumLayers)
 			}
 			kind, layer = bridge.WeightRouterBias, l
+		} else if sm := blkProjBias.FindStringSubmatch(ti.Name); sm != nil {
+			l, _ := strconv.Atoi(sm[1])
+			if l >= shape.NumLayers {
+				return nil, fmt.Errorf("model %s: tensor %s: layer out of range (%d layers)", path, ti.Name, shape.NumLayers)
+			}
+			kind, layer = projBiasKind[sm[2]], l
 		} else if sm := blkTensor.FindStringSubmatch(ti.Name); sm != nil {
 			k, ok := ggufLayerTensor[sm[2]]
 			if !ok {

@@ -108,6 +108,7 @@ func checkTensors(s bridge.ModelShape, ts []bridge.WeightTensor) error {
 		bridge.WeightExpertUp: {Fm, H}, bridge.WeightExpertDown: {H, Fm},
 		bridge.WeightSharedGate: {Fs, H}, bridge.WeightSharedUp: {Fs, H}, bridge.WeightSharedDown: {H, Fs},
 		bridge.WeightRouterBias: {1, int64(s.NumExperts)},
+		bridge.WeightQBias:      {1, qd}, bridge.WeightKBias: {1, kvd}, bridge.WeightVBias: {1, kvd},
 	}
 	if s.MLA() {
 		heads, QL, KL := int64(s.NumHeads), int64(s.QLoraRank), int64(s.KVLoraRank)
@@ -180,6 +181,9 @@ func checkTensors(s bridge.ModelShape, ts []bridge.WeightTensor) error {
 		if s.QKNorm {
 			need = append(need, bridge.WeightQNorm, bridge.WeightKNorm)
 		}
+		if s.QKVBias {
+			need = append(need, bridge.WeightQBias, bridge.WeightKBias, bridge.WeightVBias)
+		}
 		if !s.MoELayer(l) {
 			need = append(need, bridge.WeightGate, bridge.WeightUp, bridge.WeightDown)
 		} else {
@@ -226,6 +230,8 @@ func foreignTensor(s bridge.ModelShape, t bridge.WeightTensor) error {
 		return fmt.Errorf("tensor %s is a router bias, but the model's router is a softmax one", t.Name)
 	case !s.QKNorm && (k == bridge.WeightQNorm || k == bridge.WeightKNorm):
 		return fmt.Errorf("tensor %s is a q/k norm gain, which this architecture does not have", t.Name)
+	case !s.QKVBias && k >= bridge.WeightQBias && k <= bridge.WeightVBias:
+		return fmt.Errorf("tensor %s is a q/k/v projection bias, which this architecture does not have", t.Name)
 	case s.MLA() && (k == bridge.WeightK || k == bridge.WeightV):
 		return fmt.Errorf("tensor %s is a K/V projection, but the model uses latent attention (MLA)", t.Name)
 	case !s.MLA() && k >= bridge.WeightQA && k <= bridge.WeightVB:
@@ -249,5 +255,6 @@ var kindNames = map[bridge.WeightKind]string{
 	bridge.WeightQANorm: "q LoRA norm (attn_q_a_norm)", bridge.WeightKVA: "latent KV projection (attn_kv_a_mqa)",
 	bridge.WeightKVANorm: "latent KV norm (attn_kv_a_norm)", bridge.WeightKVB: "latent KV up projection (attn_kv_b)",
 	bridge.WeightKB: "latent K up projection (attn_k_b)", bridge.WeightVB: "latent V up projection (attn_v_b)",
-	bridge.WeightRouterBias: "router bias (exp_probs_b)",
+	bridge.WeightRouterBias: "router bias (exp_probs_b)", bridge.WeightQBias: "q projection bias",
+	bridge.WeightKBias: "k projection bias", bridge.WeightVBias: "v projection bias",
 }

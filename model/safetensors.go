@@ -69,10 +69,10 @@ type hfModelConfig struct {
 }
 
 // hfModelTypes are the config.json model_type values this loader reads.
-var hfModelTypes = map[string]bool{"llama": true, "qwen3": true, "qwen3_moe": true, "mixtral": true,
+var hfModelTypes = map[string]bool{"llama": true, "qwen2": true, "qwen3": true, "qwen3_moe": true, "mixtral": true,
 	"deepseek_v2": true, "deepseek_v3": true, "kimi_k2": true}
 
-const hfModelTypeNames = "deepseek_v2, deepseek_v3, kimi_k2, llama, mixtral, qwen3, qwen3_moe"
+const hfModelTypeNames = "deepseek_v2, deepseek_v3, kimi_k2, llama, mixtral, qwen2, qwen3, qwen3_moe"
 
 // hfDeepSeek reports whether a model_type is DeepSeek's architecture.
 func hfDeepSeek(t string) bool { return t == "deepseek_v2" || t == "deepseek_v3" || t == "kimi_k2" }
@@ -111,6 +111,9 @@ var hfGlobalTensor = map[string]bridge.WeightKind{
 }
 
 var hfLayerName = regexp.MustCompile(`^model\.layers\.(\d+)\.(.+)\.weight$`)
+
+// hfProjBias is a q, k or v projection's bias (Qwen2).
+var hfProjBias = regexp.MustCompile(`^model\.layers\.(\d+)\.self_attn\.([qkv])_proj\.bias$`)
 
 // hfRotaryFreqs names the rotary embedding's inverse frequencies some
 // checkpoints store (derived: the engine recomputes them).
@@ -164,6 +167,15 @@ func hfShape(dir string) (bridge.ModelShape, hfModelConfig, error) {
 		s.HeadDim = c.HeadDim // Qwen3's heads need not tile the hidden size
 	}
 	s.QKNorm = qwen3
+	// Qwen2's q, k and v projections always carry a bias (its config has
+	// no switch for it); sliding-window attention is off unless
+	// use_sliding_window is set, which is refused.
+	if c.ModelType == "qwen2" {
+		if c.UseSlidingWindow {
+			return bad("use_sliding_window true: sliding-window attention is not supported")
+		}
+		s.QKVBias = true
+	}
 	if c.HeadDim != 0 && c.HeadDim != s.HeadDim {
 		return bad("head_dim %d differs from hidden_size / num_attention_heads = %d (not supported)", c.HeadDim, s.HeadDim)
 	}
@@ -399,6 +411,11 @@ func loadHF(dir string) (m *Model, err error) {
 				kind = k
 			} else if sm := hfRouterBias.FindStringSubmatch(name); sm != nil {
 				kind, layer = bridge.WeightRouterBias, atoi(sm[1])
+				if layer >= shape.NumLayers {
+					return nil, fmt.Errorf("model %s: %s: tensor %s: layer out of range (%d layers)", dir, file, name, shape.NumLayers)
+				}
+			} else if sm := hfProjBias.FindStringSubmatch(name); sm != nil && shape.QKVBias {
+				kind, layer = projBiasKind[sm[2]], atoi(sm[1])
 				if layer >= shape.NumLayers {
 					return nil, fmt.Errorf("model %s: %s: tensor %s: layer out of range (%d layers)", dir, file, name, shape.NumLayers)
 				}

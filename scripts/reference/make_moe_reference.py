@@ -14,6 +14,8 @@ Architectures (each file is a few hundred KB):
             expert, top-k, renormalised), llama.cpp's NeoX (rotate-half) RoPE
   qwen3     general.architecture qwen3: the dense Qwen3 decoder (q/k norms, no
             experts), the same attention as qwen3moe without the router
+  qwen2     general.architecture qwen2: the dense Qwen2 / Qwen2.5 decoder: biases
+            on the q, k and v projections, NeoX RoPE, tied embeddings
   mixtral   general.architecture llama with expert_count: 8 experts, top-2,
             adjacent-pair RoPE (GGUF's interleaved Q/K rows), tied embeddings
   deepseek2       general.architecture deepseek2 (DeepSeek-V3-like): MLA with
@@ -83,6 +85,9 @@ ARCHS = {
     "qwen3": dict(arch="qwen3", layers=2, hidden=32, heads=4, kv_heads=2, head_dim=16,
                   experts=0, used=0, expert_ff=0, ff=64, theta=1000000.0, eps=1e-6,
                   tied=False, seed=29003),
+    "qwen2": dict(arch="qwen2", layers=2, hidden=32, heads=4, kv_heads=2, head_dim=8,
+                  experts=0, used=0, expert_ff=0, ff=64, theta=1000000.0, eps=1e-6,
+                  tied=True, seed=29004),
     "mixtral": dict(arch="llama", layers=2, hidden=32, heads=4, kv_heads=2, head_dim=8,
                     experts=8, used=2, expert_ff=32, ff=32, theta=1000000.0, eps=1e-5,
                     tied=True, seed=29002),
@@ -193,6 +198,11 @@ def write_gguf(path, cfg):
         w.add_tensor(p + "attn_k.weight", mat(NKV * D, H))
         w.add_tensor(p + "attn_v.weight", mat(NKV * D, H))
         w.add_tensor(p + "attn_output.weight", mat(H, NH * D))
+        if arch == "qwen2":
+            # Biases of unit scale (Qwen2's k biases are large): they move every logit.
+            w.add_tensor(p + "attn_q.bias", rng.standard_normal(NH * D).astype(np.float32))
+            w.add_tensor(p + "attn_k.bias", rng.standard_normal(NKV * D).astype(np.float32))
+            w.add_tensor(p + "attn_v.bias", rng.standard_normal(NKV * D).astype(np.float32))
         if arch.startswith("qwen3"):
             w.add_tensor(p + "attn_q_norm.weight", gain(D))
             w.add_tensor(p + "attn_k_norm.weight", gain(D))
