@@ -21,6 +21,10 @@ func FuzzGGUF(f *testing.F) {
 	}
 	f.Add(tiny)
 	f.Add(tiny[:len(tiny)/2])
+	// A SentencePiece vocabulary (scores, byte tokens, whitespace tokens).
+	if spm, err := os.ReadFile(filepath.Join(spmFixture, "spm-llama.gguf")); err == nil {
+		f.Add(spm[:min(len(spm), 40<<10)])
+	}
 	if real, err := os.Open(filepath.Join(modeltest.CacheDir(), modeltest.SmolLM2Name)); err == nil {
 		head := make([]byte, 2<<20) // the header and metadata: tokens, merges, template
 		n, _ := io.ReadFull(real, head)

@@ -212,7 +212,7 @@ func loadGGUFTensors(path string, gf *gguf.GGUFFile, arch string, num func(strin
 	str func(string) string, shape bridge.ModelShape, ctx int) (m *Model, err error) {
 	kvs := gf.Header.MetadataKV
 	archInfo := ggufArchitectures[arch]
-	spec, err := TokenizerSpecFromGGUF(kvs)
+	spec, err := ggufTokenizerSpec(path, kvs)
 	if err != nil {
 		return nil, fmt.Errorf("model %s: %w", path, err)
 	}

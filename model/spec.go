@@ -2,6 +2,7 @@ package model
 
 import (
 	"fmt"
+	"math"
 
 	gguf "github.com/gpustack/gguf-parser-go"
 )
@@ -43,6 +44,21 @@ func TokenizerSpecFromGGUF(kvs gguf.GGUFMetadataKVs) (TokenizerSpec, error) {
 			return spec, fmt.Errorf("model: GGUF key tokenizer.ggml.token_type has %d entries for %d tokens", len(spec.TokenTypes), len(spec.Tokens))
 		}
 	}
+	if spec.Model == "llama" {
+		// SentencePiece: llama.cpp's defaults, which the keys below override.
+		spec.AddBOS, spec.AddSpacePrefix = true, true
+		for _, d := range []struct {
+			dst *int32
+			id  int32
+		}{{&spec.UNK, 0}, {&spec.BOS, 1}, {&spec.EOS, 2}} {
+			if int(d.id) < len(spec.Tokens) {
+				*d.dst = d.id
+			}
+		}
+		if spec.Scores, err = ggufFloats(kvs, "tokenizer.ggml.scores", len(spec.Tokens)); err != nil {
+			return spec, err
+		}
+	}
 	for _, f := range []struct {
 		key string
 		dst *int32
@@ -72,6 +88,7 @@ func TokenizerSpecFromGGUF(kvs gguf.GGUFMetadataKVs) (TokenizerSpec, error) {
 	}{
 		{"tokenizer.ggml.add_bos_token", &spec.AddBOS},
 		{"tokenizer.ggml.add_eos_token", &spec.AddEOS},
+		{"tokenizer.ggml.add_space_prefix", &spec.AddSpacePrefix},
 	} {
 		kv, ok := kvs.Get(f.key)
 		if !ok {
@@ -91,11 +108,35 @@ func LoadGGUFTokenizer(path string) (*Tokenizer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("model: %s: reading GGUF (truncated or corrupt file?): %w", path, err)
 	}
-	spec, err := TokenizerSpecFromGGUF(f.Header.MetadataKV)
+	spec, err := ggufTokenizerSpec(path, f.Header.MetadataKV)
 	if err != nil {
 		return nil, fmt.Errorf("model: %s: %w", path, err)
 	}
 	return NewTokenizer(spec)
+}
+
+// ggufTokenizerSpec is TokenizerSpecFromGGUF with the token texts and the
+// chat template as the file stores them (the parser trims white space
+// from strings; ggufraw.go).
+func ggufTokenizerSpec(path string, kvs gguf.GGUFMetadataKVs) (TokenizerSpec, error) {
+	spec, err := TokenizerSpecFromGGUF(kvs)
+	if err != nil {
+		return spec, err
+	}
+	raw, err := ggufRawStrings(path, "tokenizer.ggml.tokens", "tokenizer.chat_template")
+	if err != nil {
+		return spec, fmt.Errorf("re-reading the vocabulary: %w", err)
+	}
+	if toks, ok := raw["tokenizer.ggml.tokens"]; ok {
+		if len(toks) != len(spec.Tokens) {
+			return spec, fmt.Errorf("tokenizer.ggml.tokens: %d tokens re-read, %d parsed", len(toks), len(spec.Tokens))
+		}
+		spec.Tokens = toks
+	}
+	if tmpl, ok := raw["tokenizer.chat_template"]; ok && len(tmpl) == 1 {
+		spec.ChatTemplate = tmpl[0]
+	}
+	return spec, nil
 }
 
 func ggufString(kvs gguf.GGUFMetadataKVs, key string, required bool) (string, error) {
@@ -134,6 +175,40 @@ func ggufStrings(kvs gguf.GGUFMetadataKVs, key string, required bool) ([]string,
 		return nil, fmt.Errorf("model: GGUF key %s is empty", key)
 	}
 	return av.ValuesString(), nil
+}
+
+// ggufFloats reads a numeric array of n values (a SentencePiece
+// vocabulary's scores).
+func ggufFloats(kvs gguf.GGUFMetadataKVs, key string, n int) ([]float32, error) {
+	kv, ok := kvs.Get(key)
+	if !ok {
+		return nil, fmt.Errorf("model: GGUF key %s is missing (a SentencePiece vocabulary ranks its merges by it)", key)
+	}
+	if kv.ValueType != gguf.GGUFMetadataValueTypeArray {
+		return nil, fmt.Errorf("model: GGUF key %s has type %v, want array of float32", key, kv.ValueType)
+	}
+	av := kv.ValueArray()
+	if !av.Type.IsNumeric() || uint64(len(av.Array)) != av.Len {
+		return nil, fmt.Errorf("model: GGUF key %s is an array of %v with %d of %d values loaded", key, av.Type, len(av.Array), av.Len)
+	}
+	if int(av.Len) != n {
+		return nil, fmt.Errorf("model: GGUF key %s has %d entries for %d tokens", key, av.Len, n)
+	}
+	out := make([]float32, n)
+	for i, v := range av.Array {
+		switch x := v.(type) {
+		case float32:
+			out[i] = x
+		case float64:
+			out[i] = float32(x)
+		default:
+			out[i] = float32(toInt64(v))
+		}
+		if math.IsNaN(float64(out[i])) {
+			return nil, fmt.Errorf("model: GGUF key %s: score %d is NaN", key, i)
+		}
+	}
+	return out, nil
 }
 
 func toInt64(v any) int64 {

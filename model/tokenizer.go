@@ -1,5 +1,6 @@
 // Package model holds what a checkpoint says about its text side: the
 // byte-level BPE tokenizer (from GGUF metadata or an HF tokenizer.json),
+// the SentencePiece tokenizer of llama.cpp's "llama" vocabularies (spm.go),
 // a streaming decoder, and chat-template rendering.
 //
 // Encoding follows llama.cpp / HF tokenizers for byte-level BPE: special
@@ -37,11 +38,17 @@ const (
 // TokenizerSpec is what a checkpoint says about its tokenizer (filled from
 // GGUF metadata or tokenizer.json).
 type TokenizerSpec struct {
-	Model      string   // "gpt2" = byte-level BPE; anything else is refused
+	Model      string   // "gpt2" = byte-level BPE, "llama" = SentencePiece (spm.go); anything else is refused
 	Pre        string   // GGUF tokenizer.ggml.pre; "" = GPT-2 regex
 	Tokens     []string // byte-level spelling for normal tokens, raw text for control/user-defined
 	TokenTypes []int32  // GGUF types (see Token* constants); nil = all normal
 	Merges     []string // "left right", by rank
+	// Scores rank the merges of a SentencePiece vocabulary ("llama"): the
+	// token with the higher score is formed first. One per token.
+	Scores []float32
+	// AddSpacePrefix ("llama"): a space is put before the text and after
+	// every special token (tokenizer.ggml.add_space_prefix).
+	AddSpacePrefix bool
 
 	BOS, EOS, UNK, PAD, EOT int32 // -1 when absent
 
@@ -63,6 +70,7 @@ type DecodeOptions struct {
 // Tokenizer is a byte-level BPE tokenizer. It is safe for concurrent use.
 type Tokenizer struct {
 	spec         TokenizerSpec
+	spm          bool // a SentencePiece vocabulary (spm.go)
 	pre          preKind
 	ignoreMerges bool // a pre-token that is itself in the vocabulary is emitted whole (Llama-3)
 
@@ -93,12 +101,17 @@ func pairKey(a, b int32) uint64 { return uint64(uint32(a))<<32 | uint64(uint32(b
 
 // NewTokenizer builds a tokenizer from a spec.
 func NewTokenizer(spec TokenizerSpec) (*Tokenizer, error) {
-	if spec.Model != "gpt2" {
-		return nil, fmt.Errorf("model: unsupported tokenizer model %q (only \"gpt2\" byte-level BPE)", spec.Model)
-	}
-	pre, err := lookupPre(spec.Pre)
-	if err != nil {
-		return nil, err
+	var pre preKind
+	switch spec.Model {
+	case "gpt2":
+		var err error
+		if pre, err = lookupPre(spec.Pre); err != nil {
+			return nil, err
+		}
+	case "llama":
+		// SentencePiece: no pre-tokeniser; the text is merged whole.
+	default:
+		return nil, fmt.Errorf("model: unsupported tokenizer model %q (\"gpt2\" byte-level BPE or \"llama\" SentencePiece)", spec.Model)
 	}
 	n := len(spec.Tokens)
 	if n == 0 {
@@ -115,8 +128,12 @@ func NewTokenizer(spec TokenizerSpec) (*Tokenizer, error) {
 			return nil, fmt.Errorf("model: %s token id %d out of range [0,%d)", f.name, f.id, n)
 		}
 	}
+	if spec.Model == "llama" && len(spec.Scores) != n {
+		return nil, fmt.Errorf("model: a SentencePiece vocabulary needs one score per token: %d scores for %d tokens", len(spec.Scores), n)
+	}
 	t := &Tokenizer{
 		spec:         spec,
+		spm:          spec.Model == "llama",
 		pre:          pre,
 		ignoreMerges: pre == preLlama3,
 		vocab:        make(map[string]int32, n),
@@ -131,8 +148,8 @@ func NewTokenizer(spec TokenizerSpec) (*Tokenizer, error) {
 			typ = spec.TokenTypes[i]
 		}
 		t.types[i] = typ
-		if _, dup := t.vocab[tok]; !dup {
-			t.vocab[tok] = int32(i)
+		if _, dup := t.vocab[tok]; !dup || t.spm {
+			t.vocab[tok] = int32(i) // llama.cpp's SentencePiece lookup keeps the last of duplicates
 		}
 		switch typ {
 		case TokenControl, TokenUserDefined, TokenUnknown:
@@ -144,12 +161,18 @@ func NewTokenizer(spec TokenizerSpec) (*Tokenizer, error) {
 			}
 		case TokenUnused:
 		default:
-			t.pieces[i] = unicodeToBytes(tok)
+			if t.spm {
+				t.pieces[i] = spmPiece(tok, typ)
+			} else {
+				t.pieces[i] = unicodeToBytes(tok)
+			}
 		}
 	}
 	for b := 0; b < 256; b++ {
 		t.byteTok[b] = -1
-		if id, ok := t.vocab[string(byteToRune[b])]; ok {
+		if t.spm {
+			t.byteTok[b] = t.spmByteToken(byte(b))
+		} else if id, ok := t.vocab[string(byteToRune[b])]; ok {
 			t.byteTok[b] = id
 		}
 	}
@@ -253,11 +276,13 @@ func (t *Tokenizer) Encode(text string, opts EncodeOptions) []int32 {
 	if opts.AddSpecial && t.spec.AddBOS && t.spec.BOS >= 0 {
 		out = append(out, t.spec.BOS)
 	}
+	// Plain text lies between special tokens (or at an end of the text):
+	// SentencePiece puts a space before every such piece.
 	start := 0
 	for i := 0; i < len(text); {
 		if cands := t.firstSp[text[i]]; cands != nil {
 			if sp := t.matchSpecial(text[i:], cands, opts.ParseSpecial); sp != nil {
-				out = t.encodePlain(out, text[start:i])
+				out = t.encodeText(out, text[start:i])
 				out = append(out, sp.id)
 				i += len(sp.text)
 				start = i
@@ -266,7 +291,7 @@ func (t *Tokenizer) Encode(text string, opts EncodeOptions) []int32 {
 		}
 		i++
 	}
-	out = t.encodePlain(out, text[start:])
+	out = t.encodeText(out, text[start:])
 	if opts.AddSpecial && t.spec.AddEOS && t.spec.EOS >= 0 {
 		out = append(out, t.spec.EOS)
 	}
@@ -284,6 +309,17 @@ func (t *Tokenizer) matchSpecial(s string, cands []int, control bool) *special {
 		}
 	}
 	return nil
+}
+
+// encodeText encodes the plain text between special tokens.
+func (t *Tokenizer) encodeText(out []int32, text string) []int32 {
+	if text == "" {
+		return out
+	}
+	if t.spm {
+		return t.spmEncode(out, text)
+	}
+	return t.encodePlain(out, text)
 }
 
 func (t *Tokenizer) encodePlain(out []int32, text string) []int32 {
@@ -492,7 +528,7 @@ func (t *Tokenizer) piece(id int32, special bool) []byte {
 	if id < 0 || int(id) >= len(t.pieces) {
 		return nil
 	}
-	if t.types[id] == TokenControl && !special {
+	if (t.types[id] == TokenControl || t.types[id] == TokenUnknown) && !special {
 		return nil
 	}
 	return t.pieces[id]

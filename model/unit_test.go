@@ -164,9 +164,13 @@ func TestTinyAddSpecialAndStops(t *testing.T) {
 
 func TestTinyRefusals(t *testing.T) {
 	spec := tinySpec(t)
+	spec.Model = "bert"
+	if _, err := NewTokenizer(spec); err == nil || !strings.Contains(err.Error(), `"bert"`) {
+		t.Fatalf("model bert: %v", err)
+	}
 	spec.Model = "llama"
-	if _, err := NewTokenizer(spec); err == nil || !strings.Contains(err.Error(), `"llama"`) {
-		t.Fatalf("model llama: %v", err)
+	if _, err := NewTokenizer(spec); err == nil || !strings.Contains(err.Error(), "0 scores for 260 tokens") {
+		t.Fatalf("model llama without scores: %v", err)
 	}
 	spec = tinySpec(t)
 	spec.Pre = "klingon"

@@ -84,36 +84,47 @@ func TestMoEAgainstLlamaCPP(t *testing.T) {
 				}
 			}
 
-			var summary []string
-			totalAgree, totalSteps, worst := 0, 0, 0.0
-			for i, p := range ref.Prompts {
-				agree, maxRel := 0, 0.0
-				for step := 0; step < ref.Steps; step++ {
-					row := one[i][step]
-					for _, e := range p.Top[step] {
-						got := float64(row[int(e[0])])
-						rel := math.Abs(got-e[1]) / math.Max(math.Abs(e[1]), 1)
-						maxRel = math.Max(maxRel, rel)
-						require.LessOrEqual(t, rel, moeRefRelTol, "%s step %d: logit of token %d is %v, llama.cpp %v",
-							p.Name, step, int(e[0]), got, e[1])
-					}
-					if p.Gap[step] < moeRefTieGap {
-						break // near tie: either token is right, the continuations may part here
-					}
-					require.Equal(t, p.Tokens[step], argmax(row), "%s step %d: greedy token (llama.cpp gap %v)", p.Name, step, p.Gap[step])
-					agree++
-				}
-				totalAgree += agree
-				totalSteps += ref.Steps
-				worst = math.Max(worst, maxRel)
-				summary = append(summary, fmt.Sprintf("%-10s prompt %3d tokens: %2d/%d greedy tokens identical, max rel. logit error %.2e",
-					p.Name, len(p.PromptIDs), agree, ref.Steps, maxRel))
-			}
+			totalAgree, totalSteps, worst, summary := compareWithReference(t, ref, one)
 			t.Logf("%s (%s, %d experts top-%d) against llama-cpp-python %s: %d/%d positions agree, max rel. top-5 logit error %.2e (EP 1 and 4 bit-identical):\n%s",
 				ref.Model, ref.Architecture, m.Shape.NumExperts, m.Shape.NumExpertsPerTok, ref.Tools["llama_cpp_python"],
 				totalAgree, totalSteps, worst, strings.Join(summary, "\n"))
 		})
 	}
+}
+
+// compareWithReference checks logits [prompt][step][vocab] against the
+// reference: per prompt, while the greedy tokens agree, the top-5 logits
+// within moeRefRelTol relative and the same greedy token until the first
+// near tie. It returns the positions that agree, the positions, the worst
+// relative error and a line per prompt.
+func compareWithReference(t *testing.T, ref moeReference, logits [][][]float32) (int, int, float64, []string) {
+	t.Helper()
+	var summary []string
+	totalAgree, totalSteps, worst := 0, 0, 0.0
+	for i, p := range ref.Prompts {
+		agree, maxRel := 0, 0.0
+		for step := 0; step < ref.Steps; step++ {
+			row := logits[i][step]
+			for _, e := range p.Top[step] {
+				got := float64(row[int(e[0])])
+				rel := math.Abs(got-e[1]) / math.Max(math.Abs(e[1]), 1)
+				maxRel = math.Max(maxRel, rel)
+				require.LessOrEqual(t, rel, moeRefRelTol, "%s step %d: logit of token %d is %v, llama.cpp %v",
+					p.Name, step, int(e[0]), got, e[1])
+			}
+			if p.Gap[step] < moeRefTieGap {
+				break // near tie: either token is right, the continuations may part here
+			}
+			require.Equal(t, p.Tokens[step], argmax(row), "%s step %d: greedy token (llama.cpp gap %v)", p.Name, step, p.Gap[step])
+			agree++
+		}
+		totalAgree += agree
+		totalSteps += ref.Steps
+		worst = math.Max(worst, maxRel)
+		summary = append(summary, fmt.Sprintf("%-10s prompt %3d tokens: %2d/%d greedy tokens identical, max rel. logit error %.2e",
+			p.Name, len(p.PromptIDs), agree, ref.Steps, maxRel))
+	}
+	return totalAgree, totalSteps, worst, summary
 }
 
 // runMoEReference runs every prompt of ref for ref.Steps greedy steps with

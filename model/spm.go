@@ -1,0 +1,144 @@
+package model
+
+import (
+	"container/heap"
+	"fmt"
+	"strconv"
+	"strings"
+)
+
+// SentencePiece vocabularies (GGUF tokenizer.ggml.model "llama": Llama 1/2,
+// Mistral 7B, Mixtral 8x7B and the models built on them), encoded as
+// llama.cpp encodes them: a space is put before each run of plain text
+// (AddSpacePrefix; the runs lie between special tokens), every space
+// becomes "▁", the text is split into UTF-8 characters (by the length
+// its lead byte announces), and adjacent symbols whose concatenation is a
+// token merge, the token of highest score first (the leftmost on ties),
+// until no pair forms a token. A final symbol that is not a token becomes
+// its bytes' <0xXX> tokens (byte fallback). Decoding turns "▁" back into
+// spaces and a byte token into its byte.
+
+// spmPiece is the bytes a SentencePiece token of type typ stands for.
+func spmPiece(tok string, typ int32) []byte {
+	if typ == TokenByte {
+		if b, ok := spmByte(tok); ok {
+			return []byte{b}
+		}
+		return []byte(tok)
+	}
+	return []byte(strings.ReplaceAll(tok, "▁", " "))
+}
+
+// spmByte reads a byte token's text, "<0xXX>".
+func spmByte(tok string) (byte, bool) {
+	if len(tok) != 6 || !strings.HasPrefix(tok, "<0x") || tok[5] != '>' {
+		return 0, false
+	}
+	v, err := strconv.ParseUint(tok[3:5], 16, 8)
+	return byte(v), err == nil
+}
+
+// spmByteToken is the token of byte b in byte fallback: <0xXX> (upper-case
+// hex), else the one-byte text, else -1.
+func (t *Tokenizer) spmByteToken(b byte) int32 {
+	if id, ok := t.vocab[fmt.Sprintf("<0x%02X>", b)]; ok {
+		return id
+	}
+	if id, ok := t.vocab[string([]byte{b})]; ok {
+		return id
+	}
+	return -1
+}
+
+// utf8Len is the length of the character a lead byte announces, as
+// llama.cpp reads it (a stray continuation byte counts as one).
+func utf8Len(b byte) int {
+	return [16]int{1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 4}[b>>4]
+}
+
+type spmSymbol struct {
+	start, n   int // bytes of the escaped text
+	prev, next int
+}
+
+type spmBigram struct {
+	score       float32
+	left, right int
+	size        int // bytes of the pair when it was pushed
+}
+
+type spmQueue []spmBigram
+
+func (q spmQueue) Len() int { return len(q) }
+func (q spmQueue) Less(i, j int) bool {
+	if q[i].score != q[j].score {
+		return q[i].score > q[j].score
+	}
+	return q[i].left < q[j].left
+}
+func (q spmQueue) Swap(i, j int) { q[i], q[j] = q[j], q[i] }
+func (q *spmQueue) Push(x any)   { *q = append(*q, x.(spmBigram)) }
+func (q *spmQueue) Pop() any {
+	old := *q
+	x := old[len(old)-1]
+	*q = old[:len(old)-1]
+	return x
+}
+
+// spmEncode appends the tokens of one run of plain text.
+func (t *Tokenizer) spmEncode(out []int32, text string) []int32 {
+	if t.spec.AddSpacePrefix {
+		text = " " + text
+	}
+	s := strings.ReplaceAll(text, " ", "▁")
+	syms := make([]spmSymbol, 0, len(s))
+	for off := 0; off < len(s); {
+		n := min(utf8Len(s[off]), len(s)-off)
+		syms = append(syms, spmSymbol{start: off, n: n, prev: len(syms) - 1, next: len(syms) + 1})
+		off += n
+	}
+	syms[len(syms)-1].next = -1
+	q := make(spmQueue, 0, len(syms))
+	try := func(l, r int) {
+		if l < 0 || r < 0 {
+			return
+		}
+		a, b := syms[l], syms[r]
+		if id, ok := t.vocab[s[a.start:b.start+b.n]]; ok {
+			heap.Push(&q, spmBigram{score: t.spec.Scores[id], left: l, right: r, size: a.n + b.n})
+		}
+	}
+	for i := 1; i < len(syms); i++ {
+		try(i-1, i)
+	}
+	for q.Len() > 0 {
+		bg := heap.Pop(&q).(spmBigram)
+		l, r := &syms[bg.left], &syms[bg.right]
+		if l.n == 0 || r.n == 0 || l.n+r.n != bg.size {
+			continue // one of the pair was merged since
+		}
+		l.n += r.n
+		r.n = 0
+		l.next = r.next
+		if r.next >= 0 {
+			syms[r.next].prev = bg.left
+		}
+		try(l.prev, bg.left)
+		try(bg.left, l.next)
+	}
+	for i := 0; i >= 0; i = syms[i].next {
+		piece := s[syms[i].start : syms[i].start+syms[i].n]
+		if id, ok := t.vocab[piece]; ok {
+			out = append(out, id)
+			continue
+		}
+		for j := 0; j < len(piece); j++ {
+			if id := t.byteTok[piece[j]]; id >= 0 {
+				out = append(out, id)
+			} else if t.spec.UNK >= 0 {
+				out = append(out, t.spec.UNK)
+			}
+		}
+	}
+	return out
+}

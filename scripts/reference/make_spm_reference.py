@@ -1,0 +1,271 @@
+#!/usr/bin/env python3
+"""make_spm_reference.py: llama.cpp reference of a SentencePiece ("llama") vocabulary.
+
+Llama 1/2, Mistral 7B and Mixtral 8x7B GGUF files carry a SentencePiece
+vocabulary (tokenizer.ggml.model "llama": pieces with scores, <0xXX> byte
+tokens), not a byte-level BPE. No such model fits these machines, so this
+script trains one with the `sentencepiece` package, the way Llama 2's was
+trained (BPE, byte fallback, identity normalisation, a dummy prefix, digits
+split, whitespace kept), on the license texts every Debian system has
+(/usr/share/common-licenses), with two control symbols ([INST], [/INST]) and
+a user-defined one. It converts the vocabulary as llama.cpp's
+convert_hf_to_gguf.py does (_create_vocab_sentencepiece: the piece, its score,
+and its type: unknown 2, control 3, unused 5, byte 6, else normal 1; an added
+user-defined token 4), writes it with a tiny random-weight Llama (F32,
+2 layers, hidden 32, tied embeddings) and runs llama.cpp (llama-cpp-python,
+an implementation this project did not write) on it:
+
+  tokenize  per case (text as UTF-8 hex, so that invalid UTF-8 can be
+            stored; add_special; parse_special): llama.cpp's ids, and for
+            plain text without special tokens the ids of sentencepiece itself
+  pieces    per token id: llama.cpp's token_to_piece bytes (hex), with
+            special false and true
+  prompts   greedy continuations of a few prompts (BOS added), with the top-5
+            logits and the top-1/top-2 gap at every step, as
+            make_moe_reference.py records them
+
+Writes tests/testdata/spm/spm-llama.gguf and spm.reference.json (or --out-dir).
+Usage: see scripts/reference/README.md ("SentencePiece vocabulary").
+"""
+
+import argparse
+import glob
+import importlib.metadata
+import io
+import json
+import os
+import sys
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import numpy as np
+
+VOCAB = 1000
+STEPS = 16
+TOP_K = 5
+SEED = 33001
+USER_DEFINED = "<|tool|>"
+
+TOKENIZE = [
+    "Hello world",
+    "Hello  world",
+    " leading space",
+    "trailing space ",
+    "   ",
+    "",
+    "The quick brown fox jumps over the lazy dog.",
+    "Copyright (C) 2007 Free Software Foundation, Inc. <https://fsf.org/>",
+    "line one\nline two\n\n\tindented",
+    "1234567890 and 3.14159",
+    "Zwölf Boxkämpfer jagen Viktor quer über den großen Sylter Deich.",
+    "日本語のテキスト",
+    "emoji: 🦙🔥 done",
+    "mixed\r\nline endings\r",
+    "[INST] What is the GNU General Public License? [/INST]",
+    "<s>[INST] Hi [/INST] Hello</s>",
+    "call " + USER_DEFINED + " now",
+    USER_DEFINED + USER_DEFINED,
+    "[INST][/INST]",
+    "a" * 40 + " " + "b" * 3,
+    "Permission is hereby granted, free of charge, to any person obtaining a copy of this software",
+]
+INVALID_UTF8 = [b"\xff\xfe bytes", b"trunc \xe6\x97", b"\xc3a stray", b"\x80\x80"]
+
+PROMPTS = [
+    ("license", "This program is free software; you can redistribute it"),
+    ("inst", "[INST] What does the license allow? [/INST]"),
+    ("numbers", "1, 2, 3, 4, 5,"),
+    ("german", "Zwölf Boxkämpfer jagen Viktor"),
+    ("single", "x"),
+]
+
+
+def corpus():
+    texts = []
+    for path in sorted(glob.glob("/usr/share/common-licenses/*")):
+        if os.path.isfile(path):
+            with open(path, encoding="utf-8", errors="replace") as f:
+                texts.extend(line.rstrip("\n") for line in f if line.strip())
+    if not texts:
+        sys.exit("no corpus: /usr/share/common-licenses is empty")
+    return texts
+
+
+def train():
+    import sentencepiece as spm
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(corpus()), model_writer=model, model_type="bpe", vocab_size=VOCAB,
+        byte_fallback=True, normalization_rule_name="identity", add_dummy_prefix=True,
+        remove_extra_whitespaces=False, split_digits=True, allow_whitespace_only_pieces=True,
+        character_coverage=0.9995, control_symbols=["[INST]", "[/INST]"], num_threads=1,
+        unk_id=0, bos_id=1, eos_id=2, pad_id=-1, minloglevel=2)
+    return spm.SentencePieceProcessor(model_proto=model.getvalue())
+
+
+def vocab(sp):
+    tokens, scores, types = [], [], []
+    for i in range(sp.vocab_size()):
+        tokens.append(sp.id_to_piece(i))
+        scores.append(sp.get_score(i))
+        t = 1
+        if sp.is_unknown(i):
+            t = 2
+        elif sp.is_control(i):
+            t = 3
+        elif sp.is_unused(i):
+            t = 5
+        elif sp.is_byte(i):
+            t = 6
+        types.append(t)
+    # An added token (added_tokens.json in a Hugging Face directory): user-defined.
+    tokens.append(USER_DEFINED)
+    scores.append(-1000.0)
+    types.append(4)
+    return tokens, scores, types
+
+
+def write_gguf(path, tokens, scores, types):
+    import gguf
+    rng = np.random.default_rng(SEED)
+    V, H, L, NH, NKV, FF = len(tokens), 32, 2, 4, 2, 64
+    D = H // NH
+    w = gguf.GGUFWriter(path, "llama")
+    w.add_name("spm-llama")
+    w.add_block_count(L)
+    w.add_context_length(512)
+    w.add_embedding_length(H)
+    w.add_feed_forward_length(FF)
+    w.add_head_count(NH)
+    w.add_head_count_kv(NKV)
+    w.add_rope_freq_base(10000.0)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_dimension_count(D)
+    w.add_vocab_size(V)
+    w.add_file_type(0)
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
+    w.add_add_bos_token(True)
+    w.add_add_eos_token(False)
+    w.add_add_space_prefix(True)
+    w.add_chat_template("{{ bos_token }}{% for m in messages %}{% if m['role'] == 'user' %}"
+                        "{{ '[INST] ' + m['content'] + ' [/INST]' }}{% else %}{{ m['content'] + eos_token }}"
+                        "{% endif %}{% endfor %}")
+
+    def mat(rows, cols, scale=None):
+        s = 1.0 / np.sqrt(cols) if scale is None else scale
+        return (rng.standard_normal((rows, cols)) * s).astype(np.float32)
+
+    def gain(n):
+        return (1.0 + 0.25 * rng.standard_normal(n)).astype(np.float32)
+
+    # Tied: token_embd is also the output matrix; logits spread over units.
+    w.add_tensor("token_embd.weight", mat(V, H, 3.0 / np.sqrt(H)))
+    for l in range(L):
+        p = f"blk.{l}."
+        w.add_tensor(p + "attn_norm.weight", gain(H))
+        w.add_tensor(p + "attn_q.weight", mat(NH * D, H))
+        w.add_tensor(p + "attn_k.weight", mat(NKV * D, H))
+        w.add_tensor(p + "attn_v.weight", mat(NKV * D, H))
+        w.add_tensor(p + "attn_output.weight", mat(H, NH * D))
+        w.add_tensor(p + "ffn_norm.weight", gain(H))
+        w.add_tensor(p + "ffn_gate.weight", mat(FF, H))
+        w.add_tensor(p + "ffn_up.weight", mat(FF, H))
+        w.add_tensor(p + "ffn_down.weight", mat(H, FF))
+    w.add_tensor("output_norm.weight", gain(H))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def piece(llm, tid, special):
+    import ctypes
+    import llama_cpp
+    buf = ctypes.create_string_buffer(64)
+    n = llama_cpp.llama_token_to_piece(llm._model.vocab, tid, buf, len(buf), 0, special)
+    return buf.raw[:n]
+
+
+def main():
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out-dir", default=os.path.join(root, "tests", "testdata", "spm"))
+    args = ap.parse_args()
+    os.makedirs(args.out_dir, exist_ok=True)
+    import llama_cpp
+    sp = train()
+    tokens, scores, types = vocab(sp)
+    path = os.path.join(args.out_dir, "spm-llama.gguf")
+    write_gguf(path, tokens, scores, types)
+    print(f"wrote {path}: {len(tokens)} tokens", file=sys.stderr)
+
+    llm = llama_cpp.Llama(model_path=path, logits_all=True, n_ctx=512, n_threads=2, n_threads_batch=2,
+                          seed=0, verbose=False, type_k=0, type_v=0, flash_attn=False)
+    cases = []
+    for raw in [t.encode("utf-8") for t in TOKENIZE] + INVALID_UTF8:
+        for add_special in (False, True):
+            for parse_special in (False, True):
+                ids = llm.tokenize(raw, add_bos=add_special, special=parse_special)
+                case = {"text_hex": raw.hex(), "add_special": add_special, "parse_special": parse_special,
+                        "ids": [int(i) for i in ids]}
+                text = raw.decode("utf-8", errors="strict") if raw not in INVALID_UTF8 else None
+                if text is not None and not add_special and not parse_special and "[" not in text and \
+                        USER_DEFINED not in text and "<s>" not in text:
+                    case["sentencepiece_ids"] = sp.encode(text)
+                    if case["sentencepiece_ids"] != case["ids"]:
+                        print(f"  sentencepiece differs on {text!r}", file=sys.stderr)
+                cases.append(case)
+    pieces = [{"plain": piece(llm, i, False).hex(), "special": piece(llm, i, True).hex()}
+              for i in range(len(tokens))]
+
+    prompts = []
+    for name, text in PROMPTS:
+        ids = llm.tokenize(text.encode("utf-8"), add_bos=True, special=True)
+        llm.reset()
+        llm.eval(ids)
+        toks, tops, gaps = [], [], []
+        for step in range(STEPS):
+            row = np.array(llm.scores[llm.n_tokens - 1], dtype=np.float32)
+            order = np.argsort(-row, kind="stable")[:TOP_K]
+            nxt = int(order[0])
+            toks.append(nxt)
+            tops.append([[int(t), float(row[t])] for t in order])
+            gaps.append(float(row[order[0]] - row[order[1]]))
+            if step + 1 < STEPS:
+                llm.eval([nxt])
+        prompts.append({"name": name, "text": text, "prompt_ids": [int(i) for i in ids],
+                        "tokens": toks, "top": tops, "gap": gaps})
+        print(f"  {name}: {len(ids)} prompt tokens, min gap {min(gaps):.2e}", file=sys.stderr)
+
+    ref = {
+        "model": "spm-llama.gguf",
+        "architecture": "llama",
+        "steps": STEPS,
+        "tools": {"llama_cpp_python": llama_cpp.__version__, "gguf": importlib.metadata.version("gguf"),
+                  "sentencepiece": importlib.metadata.version("sentencepiece"), "numpy": np.__version__},
+        "conventions": {
+            "text_hex": "the text's bytes in hex (some are not UTF-8)",
+            "ids": "llama.cpp's llama_tokenize(text, add_special, parse_special)",
+            "sentencepiece_ids": "SentencePieceProcessor.encode(text), plain text only",
+            "pieces": "llama_token_to_piece(id, lstrip 0, special false / true), hex",
+            "step": "step 0 = logits after the prompt's last token; step k = after feeding greedy token k-1",
+            "top": "the 5 largest logits as [token, logit], descending (ties: lower id)",
+            "gap": "top-1 logit minus top-2 logit",
+        },
+        "tokenize": cases,
+        "pieces": pieces,
+        "prompts": prompts,
+    }
+    with open(os.path.join(args.out_dir, "spm.reference.json"), "w") as f:
+        json.dump(ref, f, indent=1)
+        f.write("\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,79 @@
+//go:build native
+
+package tests
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/lockstep-ai/lockstep/model"
+)
+
+// TestSPMModelAgainstLlamaCPP: the tiny Llama with a SentencePiece
+// vocabulary of tests/testdata/spm (scripts/reference/make_spm_reference.py)
+// tokenizes each reference prompt as llama.cpp does (BOS added, control
+// tokens parsed) and, on the CPU engine, continues it with llama.cpp's
+// greedy tokens and top-5 logits; `worker run --ranks 2` prints the same
+// continuations for the prompts a completion tokenizes the same way (BOS,
+// no control tokens).
+func TestSPMModelAgainstLlamaCPP(t *testing.T) {
+	dir := filepath.Join("testdata", "spm")
+	raw, err := os.ReadFile(filepath.Join(dir, "spm.reference.json"))
+	require.NoError(t, err)
+	var ref moeReference
+	require.NoError(t, json.Unmarshal(raw, &ref))
+	require.NotEmpty(t, ref.Prompts)
+	m, err := model.Load(filepath.Join(dir, ref.Model))
+	require.NoError(t, err)
+	defer m.Close()
+	for _, p := range ref.Prompts {
+		require.Equal(t, p.PromptIDs, m.Tokenizer.Encode(p.Text, model.EncodeOptions{AddSpecial: true, ParseSpecial: true}), "%s: prompt token ids", p.Name)
+	}
+	agree, steps, worst, summary := compareWithReference(t, ref, runMoEReference(t, m, ref, 1))
+	t.Logf("%s (SentencePiece vocabulary of %d tokens) against llama-cpp-python %s: %d/%d positions agree, max rel. top-5 logit error %.2e:\n%s",
+		ref.Model, m.Tokenizer.VocabSize(), ref.Tools["llama_cpp_python"], agree, steps, worst, strings.Join(summary, "\n"))
+
+	bin := worker(t)
+	stops := map[int32]bool{}
+	for _, s := range m.Tokenizer.StopTokens() {
+		stops[s] = true
+	}
+	var lines, want []string
+	for _, p := range ref.Prompts {
+		if !slices.Equal(p.PromptIDs, m.Tokenizer.Encode(p.Text, model.EncodeOptions{AddSpecial: true})) {
+			continue // control tokens: a completion's text does not parse them
+		}
+		n := 0
+		for n < ref.Steps && p.Gap[n] >= moeRefTieGap && !stops[p.Tokens[n]] {
+			n++
+		}
+		if n == 0 {
+			continue
+		}
+		b, err := json.Marshal(map[string]any{"prompt": p.Text, "max_tokens": n})
+		require.NoError(t, err)
+		lines = append(lines, string(b))
+		want = append(want, m.Tokenizer.Decode(p.Tokens[:n]))
+	}
+	require.GreaterOrEqual(t, len(lines), 3)
+	prompts := filepath.Join(t.TempDir(), "prompts.jsonl")
+	require.NoError(t, os.WriteFile(prompts, []byte(strings.Join(lines, "\n")+"\n"), 0o644))
+	var rep struct {
+		Outputs []struct {
+			Index int    `json:"index"`
+			Text  string `json:"text"`
+		} `json:"outputs"`
+	}
+	out := serveRaw(t, bin, "--engine", "cpu", "--model", filepath.Join(dir, ref.Model), "--ranks", "2", "--prompts", prompts)
+	require.NoError(t, json.Unmarshal(out, &rep), string(out))
+	require.Len(t, rep.Outputs, len(want))
+	for _, o := range rep.Outputs {
+		require.Equal(t, want[o.Index], o.Text, "prompt %d: worker text vs llama.cpp's tokens", o.Index)
+	}
+}
