@@ -126,27 +126,33 @@ func hfSpec(tj *hfTokenizerJSON, configVocab int64) (TokenizerSpec, bool, error)
 		}
 		return spec, false, fmt.Errorf("model.type %q is not supported (only byte-level BPE)", m.Type)
 	}
-	if m.ByteFallback {
-		return spec, false, errors.New("BPE with byte_fallback (a sentencepiece-style vocabulary) is not supported")
-	}
 	if m.ContinuingSubwordPrefix != nil && *m.ContinuingSubwordPrefix != "" || m.EndOfWordSuffix != nil && *m.EndOfWordSuffix != "" {
 		return spec, false, errors.New("BPE with continuing_subword_prefix or end_of_word_suffix is not supported")
 	}
 	if m.Dropout != nil && *m.Dropout != 0 {
 		return spec, false, errors.New("BPE dropout is not supported")
 	}
-	if n := strings.TrimSpace(string(tj.Normalizer)); n != "" && n != "null" {
-		var c hfComponent
-		_ = json.Unmarshal(tj.Normalizer, &c)
-		return spec, false, fmt.Errorf("normalizer %q is not supported", c.Type)
-	}
-	pre, err := hfPre(tj.PreTokenizer)
-	if err != nil {
-		return spec, false, err
-	}
-	spec.Pre = pre
-	if err := hfDecoder(tj.Decoder); err != nil {
-		return spec, false, err
+	if m.ByteFallback {
+		// A SentencePiece vocabulary (Llama 2, Mistral): "▁" for spaces,
+		// <0xXX> byte tokens (spm.go).
+		spec.Model = "llama"
+		if err := hfMetaspace(tj, &spec); err != nil {
+			return spec, false, err
+		}
+	} else {
+		if n := strings.TrimSpace(string(tj.Normalizer)); n != "" && n != "null" {
+			var c hfComponent
+			_ = json.Unmarshal(tj.Normalizer, &c)
+			return spec, false, fmt.Errorf("normalizer %q is not supported", c.Type)
+		}
+		pre, err := hfPre(tj.PreTokenizer)
+		if err != nil {
+			return spec, false, err
+		}
+		spec.Pre = pre
+		if err := hfDecoder(tj.Decoder); err != nil {
+			return spec, false, err
+		}
 	}
 
 	limit := max(int64(len(m.Vocab)+len(tj.AddedTokens)), configVocab)
@@ -175,6 +181,9 @@ func hfSpec(tj *hfTokenizerJSON, configVocab int64) (TokenizerSpec, bool, error)
 	seen := make([]bool, n)
 	for tok, id := range m.Vocab {
 		spec.Tokens[id], spec.TokenTypes[id], seen[id] = tok, TokenNormal, true
+		if _, isByte := spmByte(tok); isByte && m.ByteFallback {
+			spec.TokenTypes[id] = TokenByte
+		}
 	}
 	for _, at := range tj.AddedTokens {
 		typ := int32(TokenUserDefined)
@@ -188,6 +197,7 @@ func hfSpec(tj *hfTokenizerJSON, configVocab int64) (TokenizerSpec, bool, error)
 			spec.TokenTypes[i] = TokenUnused
 		}
 	}
+	var err error
 	if spec.Merges, err = hfMerges(m.Merges, m.Vocab); err != nil {
 		return spec, false, err
 	}
@@ -197,6 +207,104 @@ func hfSpec(tj *hfTokenizerJSON, configVocab int64) (TokenizerSpec, bool, error)
 		}
 	}
 	return spec, m.IgnoreMerges, nil
+}
+
+// hfMetaspace reads where a SentencePiece tokenizer.json puts "▁": a
+// normalizer that prepends "▁" to each run of text and replaces spaces
+// (Llama 2's), or a Metaspace pre-tokenizer (prepend_scheme, split;
+// Mistral's); and checks that its decoder undoes it.
+func hfMetaspace(tj *hfTokenizerJSON, spec *TokenizerSpec) error {
+	type comp struct {
+		Type    string `json:"type"`
+		Prepend string `json:"prepend"`
+		Pattern struct {
+			String *string `json:"String"`
+		} `json:"pattern"`
+		Content        string  `json:"content"`
+		Replacement    string  `json:"replacement"`
+		PrependScheme  string  `json:"prepend_scheme"`
+		AddPrefixSpace *bool   `json:"add_prefix_space"`
+		Split          *bool   `json:"split"`
+		Normalizers    []comp  `json:"normalizers"`
+		Decoders       []comp  `json:"decoders"`
+		Pretokenizers  []comp  `json:"pretokenizers"`
+		Start          int     `json:"start"`
+		Stop           int     `json:"stop"`
+		Other          *string `json:"other"`
+	}
+	null := func(raw json.RawMessage) bool { n := strings.TrimSpace(string(raw)); return n == "" || n == "null" }
+	replaces := func(c comp, from, to string) bool {
+		return c.Type == "Replace" && c.Pattern.String != nil && *c.Pattern.String == from && c.Content == to
+	}
+	spec.SpacePrefix = PrefixNever
+	escaped := false
+	if !null(tj.Normalizer) {
+		var n comp
+		if err := json.Unmarshal(tj.Normalizer, &n); err != nil {
+			return fmt.Errorf("normalizer: %w", err)
+		}
+		parts := []comp{n}
+		if n.Type == "Sequence" {
+			parts = n.Normalizers
+		}
+		for i, c := range parts {
+			switch {
+			case c.Type == "Prepend" && c.Prepend == "▁" && i == 0:
+				spec.SpacePrefix = PrefixEveryRun
+			case replaces(c, " ", "▁"):
+				escaped = true
+			default:
+				return fmt.Errorf("normalizer %s is not supported with byte_fallback (Prepend \"▁\" and Replace \" \" by \"▁\" are)", c.Type)
+			}
+		}
+	}
+	if !null(tj.PreTokenizer) {
+		var p comp
+		if err := json.Unmarshal(tj.PreTokenizer, &p); err != nil {
+			return fmt.Errorf("pre_tokenizer: %w", err)
+		}
+		if p.Type != "Metaspace" || p.Replacement != "▁" || escaped || spec.SpacePrefix != PrefixNever {
+			return fmt.Errorf("pre_tokenizer %s (replacement %q) is not supported with byte_fallback: a Metaspace of \"▁\", without a normalizer that does its work, is", p.Type, p.Replacement)
+		}
+		escaped = true
+		scheme := p.PrependScheme
+		if scheme == "" && p.AddPrefixSpace != nil { // older files
+			scheme = map[bool]string{true: "always", false: "never"}[*p.AddPrefixSpace]
+		}
+		switch scheme {
+		case "always":
+			spec.SpacePrefix = PrefixUnlessSpace
+		case "first":
+			spec.SpacePrefix = PrefixFirstRun
+		case "never":
+		default:
+			return fmt.Errorf("pre_tokenizer Metaspace prepend_scheme %q is not supported (always, first, never)", scheme)
+		}
+		spec.SplitWords = p.Split == nil || *p.Split
+	}
+	if !escaped {
+		return errors.New("byte_fallback without a normalizer or Metaspace pre_tokenizer that turns spaces into \"▁\" is not supported")
+	}
+	if null(tj.Decoder) {
+		return errors.New("decoder is missing (a byte-fallback vocabulary needs \"▁\" turned back into spaces)")
+	}
+	var d comp
+	if err := json.Unmarshal(tj.Decoder, &d); err != nil {
+		return fmt.Errorf("decoder: %w", err)
+	}
+	parts := []comp{d}
+	if d.Type == "Sequence" {
+		parts = d.Decoders
+	}
+	for _, c := range parts {
+		switch {
+		case replaces(c, "▁", " "), c.Type == "ByteFallback", c.Type == "Fuse", c.Type == "Metaspace",
+			c.Type == "Strip" && c.Content == " ":
+		default:
+			return fmt.Errorf("decoder %s is not supported with byte_fallback (Replace \"▁\" by \" \", ByteFallback, Fuse, Strip, Metaspace are)", c.Type)
+		}
+	}
+	return nil
 }
 
 // hfMerges reads the merges ("a b" or [a, b]); as HF tokenizers, both

@@ -46,7 +46,7 @@ func TokenizerSpecFromGGUF(kvs gguf.GGUFMetadataKVs) (TokenizerSpec, error) {
 	}
 	if spec.Model == "llama" {
 		// SentencePiece: llama.cpp's defaults, which the keys below override.
-		spec.AddBOS, spec.AddSpacePrefix = true, true
+		spec.AddBOS = true
 		for _, d := range []struct {
 			dst *int32
 			id  int32
@@ -82,13 +82,14 @@ func TokenizerSpecFromGGUF(kvs gguf.GGUFMetadataKVs) (TokenizerSpec, error) {
 		}
 		*f.dst = int32(id)
 	}
+	spacePrefix := true
 	for _, f := range []struct {
 		key string
 		dst *bool
 	}{
 		{"tokenizer.ggml.add_bos_token", &spec.AddBOS},
 		{"tokenizer.ggml.add_eos_token", &spec.AddEOS},
-		{"tokenizer.ggml.add_space_prefix", &spec.AddSpacePrefix},
+		{"tokenizer.ggml.add_space_prefix", &spacePrefix},
 	} {
 		kv, ok := kvs.Get(f.key)
 		if !ok {
@@ -98,6 +99,9 @@ func TokenizerSpecFromGGUF(kvs gguf.GGUFMetadataKVs) (TokenizerSpec, error) {
 			return spec, fmt.Errorf("model: GGUF key %s has type %v, want bool", f.key, kv.ValueType)
 		}
 		*f.dst = kv.ValueBool()
+	}
+	if !spacePrefix {
+		spec.SpacePrefix = PrefixNever
 	}
 	return spec, nil
 }

@@ -10,13 +10,20 @@ import (
 // SentencePiece vocabularies (GGUF tokenizer.ggml.model "llama": Llama 1/2,
 // Mistral 7B, Mixtral 8x7B and the models built on them), encoded as
 // llama.cpp encodes them: a space is put before each run of plain text
-// (AddSpacePrefix; the runs lie between special tokens), every space
+// (SpacePrefix; the runs lie between special tokens), every space
 // becomes "▁", the text is split into UTF-8 characters (by the length
 // its lead byte announces), and adjacent symbols whose concatenation is a
 // token merge, the token of highest score first (the leftmost on ties),
 // until no pair forms a token. A final symbol that is not a token becomes
 // its bytes' <0xXX> tokens (byte fallback). Decoding turns "▁" back into
 // spaces and a byte token into its byte.
+//
+// The same vocabularies in a Hugging Face tokenizer.json (a BPE with
+// byte_fallback) merge by the rank of their merges instead of by scores,
+// and say where the "▁" goes with their normalizer (Prepend: before every
+// run) or Metaspace pre-tokenizer (prepend_scheme always / first / never,
+// optionally splitting the text into words at each "▁"), as the tokenizers
+// library applies them.
 
 // spmPiece is the bytes a SentencePiece token of type typ stands for.
 func spmPiece(tok string, typ int32) []byte {
@@ -62,7 +69,7 @@ type spmSymbol struct {
 }
 
 type spmBigram struct {
-	score       float32
+	prio        float64 // the token's score, or minus the merge's rank
 	left, right int
 	size        int // bytes of the pair when it was pushed
 }
@@ -71,8 +78,8 @@ type spmQueue []spmBigram
 
 func (q spmQueue) Len() int { return len(q) }
 func (q spmQueue) Less(i, j int) bool {
-	if q[i].score != q[j].score {
-		return q[i].score > q[j].score
+	if q[i].prio != q[j].prio {
+		return q[i].prio > q[j].prio
 	}
 	return q[i].left < q[j].left
 }
@@ -85,12 +92,48 @@ func (q *spmQueue) Pop() any {
 	return x
 }
 
-// spmEncode appends the tokens of one run of plain text.
-func (t *Tokenizer) spmEncode(out []int32, text string) []int32 {
-	if t.spec.AddSpacePrefix {
-		text = " " + text
-	}
+// spmEncode appends the tokens of one run of plain text; first says the
+// run opens the text.
+func (t *Tokenizer) spmEncode(out []int32, text string, first bool) []int32 {
 	s := strings.ReplaceAll(text, " ", "▁")
+	switch t.spec.SpacePrefix {
+	case PrefixEveryRun:
+		s = "▁" + s
+	case PrefixUnlessSpace:
+		if !strings.HasPrefix(s, "▁") {
+			s = "▁" + s
+		}
+	case PrefixFirstRun:
+		if first && !strings.HasPrefix(s, "▁") {
+			s = "▁" + s
+		}
+	}
+	if !t.spec.SplitWords {
+		return t.spmMerge(out, s)
+	}
+	// Metaspace with split: each word runs up to the next "▁".
+	for len(s) > 0 {
+		end := strings.Index(s[1:], "▁")
+		if end < 0 {
+			return t.spmMerge(out, s)
+		}
+		out = t.spmMerge(out, s[:end+1])
+		s = s[end+1:]
+	}
+	return out
+}
+
+// spmMerge appends the tokens of s (spaces already "▁").
+func (t *Tokenizer) spmMerge(out []int32, s string) []int32 {
+	if s == "" {
+		return out
+	}
+	if t.ignoreMerges {
+		// tokenizer.json's ignore_merges: a word that is a token stays whole.
+		if id, ok := t.vocab[s]; ok {
+			return append(out, id)
+		}
+	}
 	syms := make([]spmSymbol, 0, len(s))
 	for off := 0; off < len(s); {
 		n := min(utf8Len(s[off]), len(s)-off)
@@ -104,8 +147,20 @@ func (t *Tokenizer) spmEncode(out []int32, text string) []int32 {
 			return
 		}
 		a, b := syms[l], syms[r]
-		if id, ok := t.vocab[s[a.start:b.start+b.n]]; ok {
-			heap.Push(&q, spmBigram{score: t.spec.Scores[id], left: l, right: r, size: a.n + b.n})
+		if t.spec.Scores != nil {
+			// llama.cpp: any pair that spells a token, by the token's score.
+			if id, ok := t.vocab[s[a.start:b.start+b.n]]; ok {
+				heap.Push(&q, spmBigram{prio: float64(t.spec.Scores[id]), left: l, right: r, size: a.n + b.n})
+			}
+			return
+		}
+		// tokenizer.json: the pairs of its merges, by rank.
+		ia, okA := t.vocab[s[a.start:a.start+a.n]]
+		ib, okB := t.vocab[s[b.start:b.start+b.n]]
+		if okA && okB {
+			if m, ok := t.merges[pairKey(ia, ib)]; ok {
+				heap.Push(&q, spmBigram{prio: -float64(m.rank), left: l, right: r, size: a.n + b.n})
+			}
 		}
 	}
 	for i := 1; i < len(syms); i++ {

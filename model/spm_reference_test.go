@@ -26,6 +26,7 @@ type spmReference struct {
 		IDs           []int32 `json:"ids"`
 		SentencePiece []int32 `json:"sentencepiece_ids"`
 	} `json:"tokenize"`
+	HF     map[string][][]int32 `json:"hf"`
 	Pieces []struct {
 		Plain   string `json:"plain"`
 		Special string `json:"special"`
@@ -113,4 +114,49 @@ func TestSPMTokenizerMatchesLlamaCPP(t *testing.T) {
 	}
 	t.Logf("%d tokenization cases (%d also against sentencepiece) and %d pieces agree with llama-cpp-python %s",
 		len(ref.Tokenize), withSP, len(ref.Pieces), ref.Tools["llama_cpp_python"])
+}
+
+// TestSPMHFTokenizerMatchesTokenizers: the same vocabulary as Hugging Face
+// tokenizer.json files (a BPE with byte_fallback) in Llama 2's form (a
+// Prepend + Replace normalizer), Mistral's (Metaspace, prepend_scheme
+// first) and a Metaspace that splits words encodes every UTF-8 case as the
+// tokenizers library does (added tokens parsed, with and without BOS), and
+// decodes every token to llama.cpp's piece.
+func TestSPMHFTokenizerMatchesTokenizers(t *testing.T) {
+	ref, gg := loadSPMReference(t)
+	if len(ref.HF) != 3 {
+		t.Fatalf("%d tokenizer.json variants in the fixture, want 3", len(ref.HF))
+	}
+	for name, ids := range ref.HF {
+		t.Run(name, func(t *testing.T) {
+			tok, err := LoadHFTokenizer(filepath.Join(spmFixture, name))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tok.BOS() != 1 || !tok.AddBOS() {
+				t.Fatalf("BOS %d, add BOS %v", tok.BOS(), tok.AddBOS())
+			}
+			n := 0
+			for i, c := range ref.Tokenize {
+				if ids[i] == nil {
+					continue
+				}
+				text, _ := hex.DecodeString(c.TextHex)
+				got := tok.Encode(string(text), EncodeOptions{AddSpecial: c.AddSpecial, ParseSpecial: true})
+				if !slices.Equal(got, ids[i]) && !(len(got) == 0 && len(ids[i]) == 0) {
+					t.Fatalf("case %d %q (add_special %v): %v, tokenizers %v", i, text, c.AddSpecial, got, ids[i])
+				}
+				n++
+			}
+			if n < 40 {
+				t.Fatalf("only %d cases", n)
+			}
+			for id := range ref.Pieces {
+				if got, want := tok.TokenBytes(int32(id)), gg.TokenBytes(int32(id)); !bytes.Equal(got, want) {
+					t.Fatalf("token %d: piece %q, the GGUF's %q", id, got, want)
+				}
+			}
+			t.Logf("%s: %d cases agree with tokenizers %s", name, n, ref.Tools["tokenizers"])
+		})
+	}
 }

@@ -44,17 +44,39 @@ type TokenizerSpec struct {
 	TokenTypes []int32  // GGUF types (see Token* constants); nil = all normal
 	Merges     []string // "left right", by rank
 	// Scores rank the merges of a SentencePiece vocabulary ("llama"): the
-	// token with the higher score is formed first. One per token.
+	// token with the higher score is formed first. One per token (GGUF);
+	// without them the merges rank the pairs (a tokenizer.json BPE with
+	// byte fallback).
 	Scores []float32
-	// AddSpacePrefix ("llama"): a space is put before the text and after
-	// every special token (tokenizer.ggml.add_space_prefix).
-	AddSpacePrefix bool
+	// SpacePrefix ("llama"): where "▁" is put before plain text.
+	SpacePrefix SpacePrefix
+	// SplitWords ("llama", tokenizer.json Metaspace with split): the
+	// text is merged word by word, each word starting at a "▁".
+	SplitWords bool
 
 	BOS, EOS, UNK, PAD, EOT int32 // -1 when absent
 
 	AddBOS, AddEOS bool
 	ChatTemplate   string
 }
+
+// SpacePrefix says where a SentencePiece vocabulary puts a "▁" before
+// plain text (the runs of text between special tokens).
+type SpacePrefix uint8
+
+const (
+	// PrefixEveryRun: before every run (llama.cpp's add_space_prefix; a
+	// tokenizer.json's Prepend normalizer).
+	PrefixEveryRun SpacePrefix = iota
+	// PrefixUnlessSpace: before every run that does not start with a space
+	// (a tokenizer.json's Metaspace, prepend_scheme "always").
+	PrefixUnlessSpace
+	// PrefixFirstRun: before the run that opens the text, unless it starts
+	// with a space (Metaspace "first").
+	PrefixFirstRun
+	// PrefixNever: nowhere.
+	PrefixNever
+)
 
 // EncodeOptions controls Encode.
 type EncodeOptions struct {
@@ -128,8 +150,8 @@ func NewTokenizer(spec TokenizerSpec) (*Tokenizer, error) {
 			return nil, fmt.Errorf("model: %s token id %d out of range [0,%d)", f.name, f.id, n)
 		}
 	}
-	if spec.Model == "llama" && len(spec.Scores) != n {
-		return nil, fmt.Errorf("model: a SentencePiece vocabulary needs one score per token: %d scores for %d tokens", len(spec.Scores), n)
+	if spec.Model == "llama" && len(spec.Scores) != n && (spec.Scores != nil || len(spec.Merges) == 0) {
+		return nil, fmt.Errorf("model: a SentencePiece vocabulary needs one score per token (or merges): %d scores for %d tokens", len(spec.Scores), n)
 	}
 	t := &Tokenizer{
 		spec:         spec,
@@ -282,7 +304,7 @@ func (t *Tokenizer) Encode(text string, opts EncodeOptions) []int32 {
 	for i := 0; i < len(text); {
 		if cands := t.firstSp[text[i]]; cands != nil {
 			if sp := t.matchSpecial(text[i:], cands, opts.ParseSpecial); sp != nil {
-				out = t.encodeText(out, text[start:i])
+				out = t.encodeText(out, text[start:i], start == 0)
 				out = append(out, sp.id)
 				i += len(sp.text)
 				start = i
@@ -291,7 +313,7 @@ func (t *Tokenizer) Encode(text string, opts EncodeOptions) []int32 {
 		}
 		i++
 	}
-	out = t.encodeText(out, text[start:])
+	out = t.encodeText(out, text[start:], start == 0)
 	if opts.AddSpecial && t.spec.AddEOS && t.spec.EOS >= 0 {
 		out = append(out, t.spec.EOS)
 	}
@@ -311,13 +333,14 @@ func (t *Tokenizer) matchSpecial(s string, cands []int, control bool) *special {
 	return nil
 }
 
-// encodeText encodes the plain text between special tokens.
-func (t *Tokenizer) encodeText(out []int32, text string) []int32 {
+// encodeText encodes the plain text between special tokens; first says it
+// opens the text.
+func (t *Tokenizer) encodeText(out []int32, text string, first bool) []int32 {
 	if text == "" {
 		return out
 	}
 	if t.spm {
-		return t.spmEncode(out, text)
+		return t.spmEncode(out, text, first)
 	}
 	return t.encodePlain(out, text)
 }

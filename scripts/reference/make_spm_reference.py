@@ -24,7 +24,20 @@ an implementation this project did not write) on it:
             logits and the top-1/top-2 gap at every step, as
             make_moe_reference.py records them
 
-Writes tests/testdata/spm/spm-llama.gguf and spm.reference.json (or --out-dir).
+The same vocabulary also goes into Hugging Face tokenizer.json files, built
+with the `tokenizers` library (the implementation transformers and vLLM use)
+as the hub's files are: a BPE with byte_fallback whose merges are every split
+of a piece into two pieces, ranked by the merged piece's score (as
+transformers' SentencePieceExtractor orders them), with
+
+  hf-llama2    Llama 2's: a Prepend("▁") + Replace(" ", "▁") normalizer
+  hf-mistral   Mistral v0.3's: a Metaspace pre-tokenizer, prepend_scheme first
+  hf-split     a Metaspace with prepend_scheme always and split on
+
+and the tokenizers library's ids of every UTF-8 case (it always parses added
+tokens) go into the reference as hf[variant].
+
+Writes tests/testdata/spm/spm-llama.gguf, hf-*/ and spm.reference.json (or --out-dir).
 Usage: see scripts/reference/README.md ("SentencePiece vocabulary").
 """
 
@@ -184,6 +197,44 @@ def write_gguf(path, tokens, scores, types):
     w.close()
 
 
+def hf_variants(sp, tokens, types, out_dir):
+    """Writes the tokenizer.json directories; returns {variant: tokenizers.Tokenizer}."""
+    from tokenizers import AddedToken, Tokenizer, decoders, normalizers, pre_tokenizers, processors
+    from tokenizers.models import BPE
+    vocab = {t: i for i, t in enumerate(tokens) if types[i] != 4}
+    normal = {t: i for i, t in enumerate(tokens) if types[i] == 1}
+    ranked = []
+    for t, i in normal.items():
+        for k in range(1, len(t)):
+            if t[:k] in normal and t[k:] in normal:
+                ranked.append((i, normal[t[:k]], normal[t[k:]], t[:k], t[k:]))
+    merges = [(a, b) for _, _, _, a, b in sorted(ranked)]
+    out = {}
+    for name in ("hf-llama2", "hf-mistral", "hf-split"):
+        tok = Tokenizer(BPE(vocab=dict(vocab), merges=list(merges), unk_token="<unk>", fuse_unk=True,
+                            byte_fallback=True, dropout=None))
+        if name == "hf-llama2":
+            tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+        else:
+            tok.pre_tokenizer = pre_tokenizers.Metaspace(
+                replacement="▁", prepend_scheme="first" if name == "hf-mistral" else "always", split=name == "hf-split")
+        tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                         decoders.Strip(content=" ", left=1)])
+        tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in ("<unk>", "<s>", "</s>", "[INST]", "[/INST]")])
+        tok.add_tokens([AddedToken(USER_DEFINED, special=False, normalized=False)])
+        tok.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A <s> $B",
+                                                           special_tokens=[("<s>", 1)])
+        d = os.path.join(out_dir, name)
+        os.makedirs(d, exist_ok=True)
+        tok.save(os.path.join(d, "tokenizer.json"))
+        with open(os.path.join(d, "tokenizer_config.json"), "w") as f:
+            json.dump({"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "add_bos_token": True,
+                       "add_eos_token": False}, f, indent=1)
+            f.write("\n")
+        out[name] = tok
+    return out
+
+
 def piece(llm, tid, special):
     import ctypes
     import llama_cpp
@@ -203,6 +254,7 @@ def main():
     tokens, scores, types = vocab(sp)
     path = os.path.join(args.out_dir, "spm-llama.gguf")
     write_gguf(path, tokens, scores, types)
+    hf = hf_variants(sp, tokens, types, args.out_dir)
     print(f"wrote {path}: {len(tokens)} tokens", file=sys.stderr)
 
     llm = llama_cpp.Llama(model_path=path, logits_all=True, n_ctx=512, n_threads=2, n_threads_batch=2,
@@ -221,6 +273,12 @@ def main():
                     if case["sentencepiece_ids"] != case["ids"]:
                         print(f"  sentencepiece differs on {text!r}", file=sys.stderr)
                 cases.append(case)
+    hf_ids = {name: [] for name in hf}
+    for c in cases:
+        raw = bytes.fromhex(c["text_hex"])
+        for name, tok in hf.items():
+            ok = c["parse_special"] and raw not in INVALID_UTF8
+            hf_ids[name].append(tok.encode(raw.decode("utf-8"), add_special_tokens=c["add_special"]).ids if ok else None)
     pieces = [{"plain": piece(llm, i, False).hex(), "special": piece(llm, i, True).hex()}
               for i in range(len(tokens))]
 
@@ -248,17 +306,20 @@ def main():
         "architecture": "llama",
         "steps": STEPS,
         "tools": {"llama_cpp_python": llama_cpp.__version__, "gguf": importlib.metadata.version("gguf"),
-                  "sentencepiece": importlib.metadata.version("sentencepiece"), "numpy": np.__version__},
+                  "sentencepiece": importlib.metadata.version("sentencepiece"),
+                  "tokenizers": importlib.metadata.version("tokenizers"), "numpy": np.__version__},
         "conventions": {
             "text_hex": "the text's bytes in hex (some are not UTF-8)",
             "ids": "llama.cpp's llama_tokenize(text, add_special, parse_special)",
             "sentencepiece_ids": "SentencePieceProcessor.encode(text), plain text only",
+            "hf": "per tokenizer.json directory, tokenizers' Tokenizer.encode(text, add_special_tokens).ids for the UTF-8 cases with parse_special (the library parses added tokens always); null for the others",
             "pieces": "llama_token_to_piece(id, lstrip 0, special false / true), hex",
             "step": "step 0 = logits after the prompt's last token; step k = after feeding greedy token k-1",
             "top": "the 5 largest logits as [token, logit], descending (ties: lower id)",
             "gap": "top-1 logit minus top-2 logit",
         },
         "tokenize": cases,
+        "hf": hf_ids,
         "pieces": pieces,
         "prompts": prompts,
     }
