@@ -362,6 +362,20 @@ func TestCrossFormatQwen2(t *testing.T) {
 	}
 }
 
+// TestCrossFormatMistral: a Hugging Face directory of model_type mistral
+// (Mistral 7B v0.2/v0.3: a Llama decoder, sliding_window null or as long as
+// the context) runs bit-identically to the same weights as llama.
+func TestCrossFormatMistral(t *testing.T) {
+	m := newTinyModel(13, false)
+	llama := writeHF(t, m, hfOptions{})
+	for _, window := range []any{nil, 128} {
+		mistral := writeHF(t, m, hfOptions{config: func(c map[string]any) {
+			c["model_type"], c["architectures"], c["sliding_window"] = "mistral", []string{"MistralForCausalLM"}, window
+		}})
+		crossCheck(t, llama, mistral)
+	}
+}
+
 func TestCrossFormatQ8_0(t *testing.T) {
 	for _, tied := range []bool{false, true} {
 		name := map[bool]string{false: "untied", true: "tied"}[tied]
@@ -437,12 +451,15 @@ func TestLoadRefusals(t *testing.T) {
 		path func(t *testing.T) string
 		want []string
 	}{
-		{"mistral", func(t *testing.T) string { return writeHF(t, m, cfg("model_type", "mistral")) }, []string{`model_type "mistral"`, "llama"}},
+		{"gemma", func(t *testing.T) string { return writeHF(t, m, cfg("model_type", "gemma")) }, []string{`model_type "gemma"`, "llama"}},
+		{"mistral sliding window", func(t *testing.T) string {
+			return writeHF(t, m, hfOptions{config: func(c map[string]any) { c["model_type"], c["sliding_window"] = "mistral", 64 }})
+		}, []string{"sliding_window 64", "max_position_embeddings 128", "not supported"}},
 		{"qwen2 without biases", func(t *testing.T) string { return writeHF(t, m, cfg("model_type", "qwen2")) }, []string{"missing tensor: layer 0 q projection bias"}},
 		{"qwen2 sliding window", func(t *testing.T) string {
 			return writeHF(t, m, hfOptions{config: func(c map[string]any) { c["model_type"], c["use_sliding_window"] = "qwen2", true }})
 		}, []string{"use_sliding_window", "not supported"}},
-		{"head_dim", func(t *testing.T) string { return writeHF(t, m, cfg("head_dim", 32)) }, []string{"head_dim 32", "16"}},
+		{"head_dim", func(t *testing.T) string { return writeHF(t, m, cfg("head_dim", 32)) }, []string{"model.layers.0.self_attn.q_proj.weight", "[64][64]", "[128][64]"}},
 		{"missing shard", func(t *testing.T) string {
 			dir := writeHF(t, m, hfOptions{})
 			if err := os.Remove(filepath.Join(dir, "model-00002-of-00002.safetensors")); err != nil {

@@ -69,10 +69,10 @@ type hfModelConfig struct {
 }
 
 // hfModelTypes are the config.json model_type values this loader reads.
-var hfModelTypes = map[string]bool{"llama": true, "qwen2": true, "qwen3": true, "qwen3_moe": true, "mixtral": true,
+var hfModelTypes = map[string]bool{"llama": true, "mistral": true, "qwen2": true, "qwen3": true, "qwen3_moe": true, "mixtral": true,
 	"deepseek_v2": true, "deepseek_v3": true, "kimi_k2": true}
 
-const hfModelTypeNames = "deepseek_v2, deepseek_v3, kimi_k2, llama, mixtral, qwen2, qwen3, qwen3_moe"
+const hfModelTypeNames = "deepseek_v2, deepseek_v3, kimi_k2, llama, mistral, mixtral, qwen2, qwen3, qwen3_moe"
 
 // hfDeepSeek reports whether a model_type is DeepSeek's architecture.
 func hfDeepSeek(t string) bool { return t == "deepseek_v2" || t == "deepseek_v3" || t == "kimi_k2" }
@@ -163,8 +163,17 @@ func hfShape(dir string) (bridge.ModelShape, hfModelConfig, error) {
 		s.HeadDim = c.HiddenSize / c.NumAttentionHeads
 	}
 	qwen3 := c.ModelType == "qwen3" || c.ModelType == "qwen3_moe"
-	if qwen3 && c.HeadDim != 0 {
-		s.HeadDim = c.HeadDim // Qwen3's heads need not tile the hidden size
+	if c.HeadDim != 0 && (qwen3 || c.ModelType == "llama" || c.ModelType == "mistral") {
+		s.HeadDim = c.HeadDim // the heads need not tile the hidden size (Qwen3, Mistral NeMo)
+	}
+	if c.ModelType == "mistral" && len(c.SlidingWindow) > 0 && string(c.SlidingWindow) != "null" {
+		// Mistral 7B v0.1 attends to the last 4096 positions only; later
+		// versions set no window. A window no shorter than the context
+		// changes nothing.
+		var w int
+		if err := json.Unmarshal(c.SlidingWindow, &w); err != nil || w < c.MaxPositionEmbeddings || c.MaxPositionEmbeddings <= 0 {
+			return bad("sliding_window %s (max_position_embeddings %d): sliding-window attention is not supported", c.SlidingWindow, c.MaxPositionEmbeddings)
+		}
 	}
 	s.QKNorm = qwen3
 	// Qwen2's q, k and v projections always carry a bias (its config has
