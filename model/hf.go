@@ -59,6 +59,14 @@ var hfSplitRegexes = map[string]string{
 	`(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`:      "qwen2",
 }
 
+// hfDeepSeek3Splits are the three Split regexes of DeepSeek-V3/R1's
+// tokenizer.json, in order (llama.cpp's "deepseek-v3").
+var hfDeepSeek3Splits = []string{
+	`\p{N}{1,3}`,
+	`[一-龥぀-ゟ゠-ヿ]+`,
+	"[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+| ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+",
+}
+
 // LoadHFTokenizer builds a tokenizer from a Hugging Face model directory:
 // tokenizer.json (model.type "BPE", byte-level pre-tokenizer and decoder)
 // and, if present, tokenizer_config.json (bos/eos/pad token,
@@ -372,6 +380,18 @@ func hfPre(raw json.RawMessage) (string, error) {
 			}
 			return name, byteLevel(second, false)
 		}
+	case c.Type == "Sequence" && len(c.Pretokenizers) == len(hfDeepSeek3Splits)+1:
+		for i, want := range hfDeepSeek3Splits {
+			p := c.Pretokenizers[i]
+			var pat struct {
+				Regex string `json:"Regex"`
+			}
+			_ = json.Unmarshal(p.Pattern, &pat)
+			if p.Type != "Split" || pat.Regex != want || p.Invert || !strings.EqualFold(p.Behavior, "Isolated") {
+				return "", fmt.Errorf("pre_tokenizer Sequence of %d: part %d (%s %q) is not DeepSeek-V3's split", len(c.Pretokenizers), i, p.Type, pat.Regex)
+			}
+		}
+		return "deepseek-v3", byteLevel(c.Pretokenizers[len(hfDeepSeek3Splits)], false)
 	}
 	types := []string{c.Type}
 	for _, p := range c.Pretokenizers {

@@ -25,6 +25,11 @@ const (
 	// the text between digits (llama.cpp's smollm/starcoder/refact; HF
 	// Digits(individual_digits=True) + ByteLevel).
 	preDigitsGPT2
+	// preDeepSeek3: DeepSeek-V3/R1's three splits in turn: \p{N}{1,3};
+	// runs of CJK ideographs, hiragana and katakana; then
+	// [!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+
+	// | ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
+	preDeepSeek3
 )
 
 // preNames maps tokenizer.ggml.pre values to scanners.
@@ -38,9 +43,15 @@ var preNames = map[string]preKind{
 	"llama-v3":  preLlama3,
 	"smaug-bpe": preLlama3,
 	"qwen2":     preQwen2,
-	"smollm":    preDigitsGPT2,
-	"starcoder": preDigitsGPT2,
-	"refact":    preDigitsGPT2,
+	// Aliases llama.cpp reads as the same split.
+	"deepseek-r1-qwen": preQwen2,
+	"falcon3":          preLlama3,
+	"pixtral":          preLlama3,
+	"phi-2":            preGPT2,
+	"deepseek-v3":      preDeepSeek3,
+	"smollm":           preDigitsGPT2,
+	"starcoder":        preDigitsGPT2,
+	"refact":           preDigitsGPT2,
 }
 
 func supportedPre() string {
@@ -117,7 +128,115 @@ func (k preKind) split(s string, emit func(string)) {
 		splitLlama3(s, 3, emit)
 	case preQwen2:
 		splitLlama3(s, 1, emit)
+	case preDeepSeek3:
+		splitDeepSeek3(s, emit)
 	}
+}
+
+func isCJK(r rune) bool {
+	return r >= 0x4E00 && r <= 0x9FA5 || r >= 0x3040 && r <= 0x309F || r >= 0x30A0 && r <= 0x30FF
+}
+func isLM(r rune) bool { return isL(r) || r >= 0x80 && unicode.IsMark(r) }
+func isPS(r rune) bool {
+	if r < 0x80 {
+		return r > ' ' && r < 0x7F && !(r >= '0' && r <= '9' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z')
+	}
+	return unicode.IsPunct(r) || unicode.IsSymbol(r)
+}
+func isASCIIPunct(r rune) bool  { return r < 0x80 && isPS(r) }
+func isASCIILetter(r rune) bool { return r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' }
+
+func splitDeepSeek3(s string, emit func(string)) {
+	end := len(s)
+	digits := func(s string, i, end int) int {
+		j := i
+		for k := 0; k < 3; k++ {
+			r, w := at(s, j, end)
+			if !isN(r) {
+				break
+			}
+			j += w
+		}
+		return j
+	}
+	cjk := func(s string, i, end int) int { return scan(s, i, end, isCJK) }
+	splitRuns(s, 0, end, digits, emit, func(i, end int) {
+		splitRuns(s, i, end, cjk, emit, func(i, end int) { splitDeepSeek3Main(s, i, end, emit) })
+	})
+}
+
+// splitRuns emits the runs that run matches in [i, end) and hands the
+// text between them to inner (a regex split, "isolated" behaviour). run
+// returns the end of its run at i, or i when none starts there.
+func splitRuns(s string, i, end int, run func(s string, i, end int) int, emit func(string), inner func(i, end int)) {
+	start := i
+	for i < end {
+		if j := run(s, i, end); j > i {
+			if start < i {
+				inner(start, i)
+			}
+			emit(s[i:j])
+			start, i = j, j
+			continue
+		}
+		_, w := at(s, i, end)
+		i += w
+	}
+	if start < end {
+		inner(start, end)
+	}
+}
+
+// deepSeek3Match is the end of the main DeepSeek-V3 regex's match at i, or
+// i when no alternative matches there.
+func deepSeek3Match(s string, i, end int) int {
+	r, w := at(s, i, end)
+	r2, w2 := at(s, i+w, end)
+	// [!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+
+	if isASCIIPunct(r) && isASCIILetter(r2) {
+		return scan(s, i+w, end, isASCIILetter)
+	}
+	// [^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+
+	if isLM(r) {
+		return scan(s, i, end, isLM)
+	}
+	if !isCR(r) && !isL(r) && !isPS(r) && isLM(r2) {
+		return scan(s, i+w, end, isLM)
+	}
+	//  ?[\p{P}\p{S}]+[\r\n]*
+	j := i
+	if r == ' ' && isPS(r2) {
+		j = i + w
+	}
+	if r3, _ := at(s, j, end); isPS(r3) {
+		return scan(s, scan(s, j, end, isPS), end, isCR)
+	}
+	if !isS(r) {
+		return i
+	}
+	// \s*[\r\n]+: up to the last \r or \n of the whitespace run.
+	lastCR := -1
+	for k := i; ; {
+		r4, w4 := at(s, k, end)
+		if w4 == 0 || !isS(r4) {
+			break
+		}
+		if isCR(r4) {
+			lastCR = k + w4
+		}
+		k += w4
+	}
+	_ = w2
+	if lastCR > 0 {
+		return lastCR
+	}
+	return spaceRun(s, i, end)
+}
+
+// splitDeepSeek3Main splits [i, end) by the main regex; text no
+// alternative matches stays together as one piece.
+func splitDeepSeek3Main(s string, i, end int, emit func(string)) {
+	splitRuns(s, i, end, deepSeek3Match, emit, func(i, end int) { emit(s[i:end]) })
 }
 
 // contraction returns the width of 's|'t|'re|'ve|'m|'ll|'d at i (0 if none).

@@ -417,3 +417,22 @@ func TestSmolViaHFTokenizerJSON(t *testing.T) {
 		}
 	}
 }
+
+// TestHFDeepSeek3PreTokenizer: DeepSeek-V3's tokenizer.json pre-tokenizer
+// (three Splits, then ByteLevel without its regex; written by the
+// tokenizers library, model/testdata/deepseek3_pre_tokenizer.json) reads as
+// llama.cpp's "deepseek-v3"; a changed regex is refused by name.
+func TestHFDeepSeek3PreTokenizer(t *testing.T) {
+	raw, err := os.ReadFile("testdata/deepseek3_pre_tokenizer.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	name, err := hfPre(raw)
+	if err != nil || name != "deepseek-v3" {
+		t.Fatalf("hfPre: %q, %v", name, err)
+	}
+	changed := strings.Replace(string(raw), `{1,3}`, `{1,4}`, 1)
+	if _, err := hfPre(json.RawMessage(changed)); err == nil || !strings.Contains(err.Error(), "not DeepSeek-V3's split") {
+		t.Fatalf("changed regex: %v", err)
+	}
+}

@@ -7,7 +7,8 @@ Writes, for the SmolLM2-135M-Instruct GGUF (scripts/fetch-model.sh):
   model/testdata/smollm2/chat_cases.jsonl        {"messages", "add_generation_prompt", "text", "ids"}
   model/testdata/smollm2/tokenizer_versions.json tool versions, counts, cross-check results
   model/testdata/pretok_cases.jsonl              {"pre", "text", "pieces"}: the split regexes
-                                                 (GPT-2, Llama-3, Qwen2) run by tokenizers' Split
+                                                 (GPT-2, Llama-3, Qwen2, DeepSeek-V3) run by
+                                                 tokenizers' Split
 
 The reference tokenizer is the HF `tokenizers` library (Rust) configured the
 way SmolLM2's published tokenizer.json is: BPE over the GGUF's vocabulary and
@@ -23,6 +24,7 @@ Chat renders come from transformers' apply_chat_template(tokenize=False) with
 the GGUF's chat template; no torch is needed.
 
 Usage: python3 scripts/reference/tokenizer_reference.py [path/to/model.gguf]
+       python3 scripts/reference/tokenizer_reference.py --pretok-only   (pretok_cases.jsonl only; no model)
 Needs: pip install gguf transformers tokenizers jinja2
 """
 import importlib.metadata
@@ -248,7 +250,42 @@ CONVERSATIONS = [
 ]
 
 
+def write_pretok_cases(cases):
+    """The pre-tokeniser splits by the standard regexes, run by tokenizers (Oniguruma)."""
+    from tokenizers import Regex
+    gpt2_re = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+    llama3_re = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+                 r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+    qwen2_re = llama3_re.replace(r"\p{N}{1,3}", r"\p{N}")
+    # DeepSeek-V3's tokenizer.json: three Splits in turn (llama.cpp's "deepseek-v3").
+    deepseek3 = [r"\p{N}{1,3}", "[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+",
+                 "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+"
+                 "| ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+"]
+    splitters = {
+        "gpt2": pre_tokenizers.Split(Regex(gpt2_re), behavior="isolated"),
+        "llama-bpe": pre_tokenizers.Split(Regex(llama3_re), behavior="isolated"),
+        "qwen2": pre_tokenizers.Split(Regex(qwen2_re), behavior="isolated"),
+        "smollm": pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
+                                           pre_tokenizers.Split(Regex(gpt2_re), behavior="isolated")]),
+        "deepseek-v3": pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(r), behavior="isolated") for r in deepseek3]),
+    }
+    n_pretok = 0
+    with open(os.path.join(ROOT, "model", "testdata", "pretok_cases.jsonl"), "w", encoding="utf-8") as f:
+        for i, text in enumerate(cases):
+            if i % 2 and len(text) > 40:
+                continue
+            for name, sp in splitters.items():
+                pieces = [p for p, _ in sp.pre_tokenize_str(text)]
+                assert "".join(pieces) == text, (name, text)
+                f.write(json.dumps({"pre": name, "text": text, "pieces": pieces}, ensure_ascii=False) + "\n")
+                n_pretok += 1
+    return n_pretok
+
+
 def main():
+    if sys.argv[1:] == ["--pretok-only"]:
+        print(f"{write_pretok_cases(gen_cases())} pre-tokeniser cases", file=sys.stderr)
+        return
     path = model_path()
     if not os.path.exists(path):
         sys.exit(f"{path} not found; run scripts/fetch-model.sh")
@@ -288,29 +325,7 @@ def main():
             f.write(json.dumps({"messages": messages, "add_generation_prompt": agp, "text": text, "ids": ids},
                                ensure_ascii=False) + "\n")
 
-    # pre-tokeniser splits by the standard regexes, run by tokenizers (Oniguruma)
-    from tokenizers import Regex
-    gpt2_re = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
-    llama3_re = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
-                 r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-    qwen2_re = llama3_re.replace(r"\p{N}{1,3}", r"\p{N}")
-    splitters = {
-        "gpt2": pre_tokenizers.Split(Regex(gpt2_re), behavior="isolated"),
-        "llama-bpe": pre_tokenizers.Split(Regex(llama3_re), behavior="isolated"),
-        "qwen2": pre_tokenizers.Split(Regex(qwen2_re), behavior="isolated"),
-        "smollm": pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
-                                           pre_tokenizers.Split(Regex(gpt2_re), behavior="isolated")]),
-    }
-    n_pretok = 0
-    with open(os.path.join(ROOT, "model", "testdata", "pretok_cases.jsonl"), "w", encoding="utf-8") as f:
-        for i, text in enumerate(cases):
-            if i % 2 and len(text) > 40:
-                continue
-            for name, sp in splitters.items():
-                pieces = [p for p, _ in sp.pre_tokenize_str(text)]
-                assert "".join(pieces) == text, (name, text)
-                f.write(json.dumps({"pre": name, "text": text, "pieces": pieces}, ensure_ascii=False) + "\n")
-                n_pretok += 1
+    n_pretok = write_pretok_cases(cases)
 
     versions = {
         "model": NAME,
