@@ -30,6 +30,12 @@ const (
 	// [!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+
 	// | ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
 	preDeepSeek3
+	// preTekken: Mistral's Tekken (NeMo, Small 3, Pixtral), its
+	// tokenizer.json regex: [^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+
+	// |[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|\p{N}
+	// | ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+ (llama.cpp runs an
+	// ASCII approximation of the letter classes; this is the original).
+	preTekken
 )
 
 // preNames maps tokenizer.ggml.pre values to scanners.
@@ -49,6 +55,7 @@ var preNames = map[string]preKind{
 	"pixtral":          preLlama3,
 	"phi-2":            preGPT2,
 	"deepseek-v3":      preDeepSeek3,
+	"tekken":           preTekken,
 	"smollm":           preDigitsGPT2,
 	"starcoder":        preDigitsGPT2,
 	"refact":           preDigitsGPT2,
@@ -130,7 +137,86 @@ func (k preKind) split(s string, emit func(string)) {
 		splitLlama3(s, 1, emit)
 	case preDeepSeek3:
 		splitDeepSeek3(s, emit)
+	case preTekken:
+		splitRuns(s, 0, len(s), tekkenMatch, emit, func(i, end int) { emit(s[i:end]) })
 	}
+}
+
+// Tekken's letter classes: "upper" [\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}] and
+// "lower" [\p{Ll}\p{Lm}\p{Lo}\p{M}].
+func isTekkenUpper(r rune) bool {
+	if r < 0x80 {
+		return r >= 'A' && r <= 'Z'
+	}
+	return unicode.In(r, unicode.Lu, unicode.Lt, unicode.Lm, unicode.Lo, unicode.M)
+}
+func isTekkenLower(r rune) bool {
+	if r < 0x80 {
+		return r >= 'a' && r <= 'z'
+	}
+	return unicode.In(r, unicode.Ll, unicode.Lm, unicode.Lo, unicode.M)
+}
+
+// tekkenMatch is the end of Tekken's regex match at i (every character
+// starts one).
+func tekkenMatch(s string, i, end int) int {
+	r, w := at(s, i, end)
+	// The optional [^\r\n\p{L}\p{N}] before a word: tried with it, then without.
+	starts := []int{i}
+	if !isCR(r) && !isL(r) && !isN(r) {
+		starts = []int{i + w, i}
+	}
+	// upper*lower+: the upper run gives back characters until a lower one
+	// can start.
+	for _, s0 := range starts {
+		u := scan(s, s0, end, isTekkenUpper)
+		for k := u; k >= s0; {
+			if r2, _ := at(s, k, end); isTekkenLower(r2) {
+				return scan(s, k, end, isTekkenLower)
+			}
+			if k == s0 {
+				break
+			}
+			_, back := utf8.DecodeLastRuneInString(s[s0:k])
+			k -= back
+		}
+	}
+	// upper+lower*
+	for _, s0 := range starts {
+		if u := scan(s, s0, end, isTekkenUpper); u > s0 {
+			return scan(s, u, end, isTekkenLower)
+		}
+	}
+	if isN(r) {
+		return i + w
+	}
+	//  ?[^\s\p{L}\p{N}]+[\r\n/]*
+	other := func(r rune) bool { return r != -1 && !isS(r) && !isL(r) && !isN(r) }
+	j := i
+	if r2, _ := at(s, i+w, end); r == ' ' && other(r2) {
+		j = i + w
+	}
+	if r3, _ := at(s, j, end); other(r3) {
+		return scan(s, scan(s, j, end, other), end, func(r rune) bool { return isCR(r) || r == '/' })
+	}
+	lastCR := -1
+	for k := i; ; {
+		r4, w4 := at(s, k, end)
+		if w4 == 0 || !isS(r4) {
+			break
+		}
+		if isCR(r4) {
+			lastCR = k + w4
+		}
+		k += w4
+	}
+	if lastCR > 0 {
+		return lastCR
+	}
+	if isS(r) {
+		return spaceRun(s, i, end)
+	}
+	return i + w
 }
 
 func isCJK(r rune) bool {

@@ -157,7 +157,7 @@ func NewTokenizer(spec TokenizerSpec) (*Tokenizer, error) {
 		spec:         spec,
 		spm:          spec.Model == "llama",
 		pre:          pre,
-		ignoreMerges: pre == preLlama3,
+		ignoreMerges: pre == preLlama3 || pre == preTekken, // as llama.cpp reads them
 		vocab:        make(map[string]int32, n),
 		types:        make([]int32, n),
 		merges:       make(map[uint64]merge, len(spec.Merges)),

@@ -419,10 +419,17 @@ func TestSmolViaHFTokenizerJSON(t *testing.T) {
 }
 
 // TestHFDeepSeek3PreTokenizer: DeepSeek-V3's tokenizer.json pre-tokenizer
-// (three Splits, then ByteLevel without its regex; written by the
-// tokenizers library, model/testdata/deepseek3_pre_tokenizer.json) reads as
-// llama.cpp's "deepseek-v3"; a changed regex is refused by name.
+// (three Splits, then ByteLevel without its regex) and Mistral's Tekken (one
+// Split), as the tokenizers library writes them (model/testdata/*_pre_tokenizer.json),
+// read as llama.cpp's "deepseek-v3" and "tekken"; a changed regex is refused by name.
 func TestHFDeepSeek3PreTokenizer(t *testing.T) {
+	tekken, err := os.ReadFile("testdata/tekken_pre_tokenizer.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if name, err := hfPre(tekken); err != nil || name != "tekken" {
+		t.Fatalf("hfPre(tekken): %q, %v", name, err)
+	}
 	raw, err := os.ReadFile("testdata/deepseek3_pre_tokenizer.json")
 	if err != nil {
 		t.Fatal(err)

@@ -268,6 +268,11 @@ def write_pretok_cases(cases):
         "smollm": pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
                                            pre_tokenizers.Split(Regex(gpt2_re), behavior="isolated")]),
         "deepseek-v3": pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(r), behavior="isolated") for r in deepseek3]),
+        # Mistral's Tekken (Mistral-Nemo's tokenizer.json).
+        "tekken": pre_tokenizers.Split(Regex(
+            r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+            r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|\p{N}"
+            r"| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"), behavior="isolated"),
     }
     n_pretok = 0
     with open(os.path.join(ROOT, "model", "testdata", "pretok_cases.jsonl"), "w", encoding="utf-8") as f:
