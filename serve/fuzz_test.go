@@ -131,6 +131,10 @@ func FuzzToolCallText(f *testing.F) {
 		"<tool_call>\n{\"name\": \"g\"}\n</tool_call>\n<tool_call>{\"name\": \"h\", \"arguments\": \"{}\"}",
 		"<tool_<tool_call>x</tool_call>",
 		"a<tool_cal",
+		"Hm.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json\n{\"a\": 1}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+		"<｜tool▁call▁begin｜>f<｜tool▁sep｜>{}<｜tool▁call▁end｜>",
+		`[get_weather(city="Rome", n=[1, 2.5, None]), now()]`,
+		`<|python_start|>[f(s='a\'b')]<|python_end|>`,
 	} {
 		f.Add(seed, uint8(3))
 	}

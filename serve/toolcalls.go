@@ -18,7 +18,7 @@ import (
 // 0 only: the ranks generate tokens as for any request.
 
 // ToolCallParsers are the names --tool-call-parser takes.
-var ToolCallParsers = []string{"hermes", "llama3_json", "mistral"}
+var ToolCallParsers = []string{"deepseek_v3", "deepseek_v31", "hermes", "llama3_json", "mistral", "pythonic"}
 
 // toolParser splits an answer into its content and its tool calls; ok
 // false when the text holds no call it can read (then the whole text is
@@ -42,6 +42,10 @@ func newToolParser(name string) (*toolParser, error) {
 		return &toolParser{name: name, parse: parseLlama3JSON, find: findLlama3JSON, anchored: true}, nil
 	case "mistral":
 		return &toolParser{name: name, parse: parseMistral, find: markerFinder(mistralCalls)}, nil
+	case "deepseek_v3", "deepseek_v31":
+		return &toolParser{name: name, parse: parseDeepSeek, find: findDeepSeek}, nil
+	case "pythonic":
+		return &toolParser{name: name, parse: parsePythonic, find: findPythonic, anchored: true}, nil
 	}
 	return nil, fmt.Errorf("unknown tool-call parser %q (supported: %s)", name, strings.Join(ToolCallParsers, ", "))
 }

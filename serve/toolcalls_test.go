@@ -317,3 +317,67 @@ func TestTokenizeWithTools(t *testing.T) {
 	require.Equal(t, 400.0, m["status"])
 	require.Equal(t, "tools", m["error"].(map[string]any)["param"])
 }
+
+func TestParseDeepSeek(t *testing.T) {
+	v3 := func(name, args string) string {
+		return deepseekCallBegin + "function" + deepseekSep + name + "\n```json\n" + args + "\n```" + deepseekCallEnd
+	}
+	v31 := func(name, args string) string { return deepseekCallBegin + name + deepseekSep + args + deepseekCallEnd }
+	runParseCases(t, parseDeepSeek, []parseCase{
+		{"no call", "It is sunny.", "It is sunny.", nil},
+		{"v3 one call", deepseekCallsBegin + v3("get_weather", `{"city": "Rome"}`) + deepseekCallsEnd, "", []string{`get_weather({"city":"Rome"})`}},
+		{"v3 content and two calls", "Checking.\n" + deepseekCallsBegin + v3("f", `{"a": 1}`) + "\n" + v3("g", "{}") + deepseekCallsEnd,
+			"Checking.\n", []string{`f({"a":1})`, `g({})`}},
+		{"v31 calls", deepseekCallsBegin + v31("get_weather", `{"city": "Rome"}`) + v31("now", `{}`) + deepseekCallsEnd, "",
+			[]string{`get_weather({"city":"Rome"})`, `now({})`}},
+		{"no calls end marker", deepseekCallsBegin + v31("f", `{"a": [1, 2]}`), "", []string{`f({"a":[1,2]})`}},
+		{"unclosed last call", deepseekCallsBegin + deepseekCallBegin + "f" + deepseekSep + `{"a": 1}`, "", []string{`f({"a":1})`}},
+		{"a call without the calls marker", "x" + v31("f", "{}"), "x", []string{`f({})`}},
+		{"no separator", deepseekCallsBegin + deepseekCallBegin + "f{}" + deepseekCallEnd, deepseekCallsBegin + deepseekCallBegin + "f{}" + deepseekCallEnd, nil},
+		{"args not JSON", deepseekCallsBegin + v31("f", "{oops"), deepseekCallsBegin + v31("f", "{oops"), nil},
+		{"v3 unclosed fence", deepseekCallsBegin + deepseekCallBegin + "function" + deepseekSep + "f\n```json\n{}", deepseekCallsBegin + deepseekCallBegin + "function" + deepseekSep + "f\n```json\n{}", nil},
+		{"text after the calls", deepseekCallsBegin + v31("f", "{}") + deepseekCallsEnd + " more", deepseekCallsBegin + v31("f", "{}") + deepseekCallsEnd + " more", nil},
+		{"empty calls", deepseekCallsBegin + deepseekCallsEnd, deepseekCallsBegin + deepseekCallsEnd, nil},
+	})
+	// Streaming: a marker split across pieces is held back.
+	p, err := newToolParser("deepseek_v3")
+	require.NoError(t, err)
+	ts := &toolStream{p: p}
+	require.Equal(t, "Sure", ts.feed("Sure<｜tool"))
+	require.Equal(t, "", ts.feed("▁calls▁begin｜>"+v31("f", `{"a": 1}`)))
+	rest, calls := ts.end()
+	require.Equal(t, "", rest)
+	require.Len(t, calls, 1)
+}
+
+func TestParsePythonic(t *testing.T) {
+	runParseCases(t, parsePythonic, []parseCase{
+		{"no call", "It is sunny.", "It is sunny.", nil},
+		{"one call", `[get_weather(city="San Francisco", metric='celsius')]`, "", []string{`get_weather({"city":"San Francisco","metric":"celsius"})`}},
+		{"two calls, no arguments", ` [now(), get_weather(city="Rome",)] `, "", []string{`now({})`, `get_weather({"city":"Rome"})`}},
+		{"literals", `[f(a=1, b=-2.5, c=True, d=False, e=None, g=[1, 'x', (2, 3)], h={'k': {"n": 1e3}}, i=.5)]`, "",
+			[]string{`f({"a":1,"b":-2.5,"c":true,"d":false,"e":null,"g":[1,"x",[2,3]],"h":{"k":{"n":1e3}},"i":0.5})`}},
+		{"escapes", `[f(s='it\'s a "test"\n\u00e9\x41')]`, "", []string{`f({"s":"it's a \"test\"\né` + "A" + `"})`}},
+		{"llama 4 tags", "<|python_start|>[f(x=1)]<|python_end|>", "", []string{`f({"x":1})`}},
+		{"dotted name", `[tools.search(q="go")]`, "", []string{`search({"q":"go"})`}},
+		{"positional argument", `[f(1)]`, `[f(1)]`, nil},
+		{"a variable", `[f(x=y)]`, `[f(x=y)]`, nil},
+		{"a call as a value", `[f(x=g())]`, `[f(x=g())]`, nil},
+		{"not a list", `f(x=1)`, `f(x=1)`, nil},
+		{"text after", `[f(x=1)] done`, `[f(x=1)] done`, nil},
+		{"cut short", `[f(x="abc`, `[f(x="abc`, nil},
+		{"empty list", `[]`, `[]`, nil},
+		{"non-string key", `[f(d={1: 2})]`, `[f(d={1: 2})]`, nil},
+		{"deep nesting", "[f(x=" + strings.Repeat("[", 100) + strings.Repeat("]", 100) + ")]", "[f(x=" + strings.Repeat("[", 100) + strings.Repeat("]", 100) + ")]", nil},
+	})
+	p, err := newToolParser("pythonic")
+	require.NoError(t, err)
+	ts := &toolStream{p: p}
+	require.Equal(t, "", ts.feed(" <|python_"))
+	require.Equal(t, "", ts.feed(`start|>[f(x=1)]`))
+	rest, calls := ts.end()
+	require.Equal(t, "", rest)
+	require.Len(t, calls, 1)
+	ts = &toolStream{p: p}
+	require.Equal(t, "Hello [", ts.feed("Hello ["))
+}

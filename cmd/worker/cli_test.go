@@ -84,8 +84,8 @@ func TestToolFlagsRefused(t *testing.T) {
 		args []string
 		want string
 	}{
-		{append(slices.Clone(serve), "--enable-auto-tool-choice"), "--enable-auto-tool-choice needs --tool-call-parser (hermes, llama3_json, mistral)"},
-		{append(slices.Clone(serve), "--enable-auto-tool-choice", "--tool-call-parser", "pythonic"), `--tool-call-parser must be one of hermes, llama3_json, mistral, got "pythonic"`},
+		{append(slices.Clone(serve), "--enable-auto-tool-choice"), "--enable-auto-tool-choice needs --tool-call-parser (deepseek_v3, deepseek_v31, hermes, llama3_json, mistral, pythonic)"},
+		{append(slices.Clone(serve), "--enable-auto-tool-choice", "--tool-call-parser", "granite"), `--tool-call-parser must be one of deepseek_v3, deepseek_v31, hermes, llama3_json, mistral, pythonic, got "granite"`},
 		{append(slices.Clone(serve), "--tool-call-parser", "hermes"), "which needs --enable-auto-tool-choice too"},
 		{append(slices.Clone(serve), "--chat-template", "{{ messages }}"), "--chat-template needs a checkpoint with a tokenizer; --model tiny is a synthetic preset"},
 	} {
