@@ -147,7 +147,8 @@ type RopeScaling struct {
 type DType int32
 
 // Tensor encodings. Quantised types store each row as blocks of 32
-// elements in ggml's layouts.
+// elements (Q8_0 .. Q5_1), or super-blocks of 256 (the "K" types), in
+// ggml's layouts.
 const (
 	DTypeF32  DType = 0
 	DTypeF16  DType = 1
@@ -155,9 +156,22 @@ const (
 	DTypeQ8_0 DType = 3
 	DTypeQ4_0 DType = 4
 	DTypeQ4_1 DType = 5
+	DTypeQ5_0 DType = 6
+	DTypeQ5_1 DType = 7
+	DTypeQ2_K DType = 8
+	DTypeQ3_K DType = 9
+	DTypeQ4_K DType = 10
+	DTypeQ5_K DType = 11
+	DTypeQ6_K DType = 12
 )
 
-var dtypeNames = [...]string{"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1"}
+var dtypeNames = [...]string{"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"}
+
+// dtypeBlocks are the quantised types' block sizes: elements, bytes.
+var dtypeBlocks = map[DType][2]int64{
+	DTypeQ8_0: {32, 34}, DTypeQ4_0: {32, 18}, DTypeQ4_1: {32, 20}, DTypeQ5_0: {32, 22}, DTypeQ5_1: {32, 24},
+	DTypeQ2_K: {256, 84}, DTypeQ3_K: {256, 110}, DTypeQ4_K: {256, 144}, DTypeQ5_K: {256, 176}, DTypeQ6_K: {256, 210},
+}
 
 func (d DType) String() string {
 	if d >= 0 && int(d) < len(dtypeNames) {
@@ -174,11 +188,12 @@ func (d DType) RowBytes(cols int64) (int64, error) {
 		return 4 * cols, nil
 	case DTypeF16, DTypeBF16:
 		return 2 * cols, nil
-	case DTypeQ8_0, DTypeQ4_0, DTypeQ4_1:
-		if cols%32 != 0 {
-			return 0, fmt.Errorf("%s rows need a multiple of 32 elements, got %d", d, cols)
+	}
+	if b, ok := dtypeBlocks[d]; ok {
+		if cols%b[0] != 0 {
+			return 0, fmt.Errorf("%s rows need a multiple of %d elements, got %d", d, b[0], cols)
 		}
-		return cols / 32 * map[DType]int64{DTypeQ8_0: 34, DTypeQ4_0: 18, DTypeQ4_1: 20}[d], nil
+		return cols / b[0] * b[1], nil
 	}
 	return 0, fmt.Errorf("unknown tensor type %s", d)
 }

@@ -497,7 +497,13 @@ func TestLoadRefusals(t *testing.T) {
 				typ      uint32
 				rowBytes int
 			}{"blk.0.attn_q.weight": {ggmlQ4_K, 144 * 64 / 256}}})
-		}, []string{"blk.0.attn_q.weight", "Q4_K"}},
+		}, []string{"blk.0.attn_q.weight", "Q4_K rows need a multiple of 256"}},
+		{"gguf IQ4_XS", func(t *testing.T) string {
+			return writeGGUF(t, m, ggufOptions{typeOverride: map[string]struct {
+				typ      uint32
+				rowBytes int
+			}{"blk.0.attn_q.weight": {23, 136 * 64 / 256}}})
+		}, []string{"blk.0.attn_q.weight", "IQ4_XS", "supported: F32"}},
 		{"gguf truncated", func(t *testing.T) string {
 			path := writeGGUF(t, m, ggufOptions{})
 			st, err := os.Stat(path)

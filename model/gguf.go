@@ -48,6 +48,9 @@ var ggufGlobalTensor = map[string]bridge.WeightKind{
 var ggufTypes = map[gguf.GGMLType]bridge.DType{
 	gguf.GGMLTypeF32: bridge.DTypeF32, gguf.GGMLTypeF16: bridge.DTypeF16, gguf.GGMLTypeBF16: bridge.DTypeBF16,
 	gguf.GGMLTypeQ8_0: bridge.DTypeQ8_0, gguf.GGMLTypeQ4_0: bridge.DTypeQ4_0, gguf.GGMLTypeQ4_1: bridge.DTypeQ4_1,
+	gguf.GGMLTypeQ5_0: bridge.DTypeQ5_0, gguf.GGMLTypeQ5_1: bridge.DTypeQ5_1, gguf.GGMLTypeQ2_K: bridge.DTypeQ2_K,
+	gguf.GGMLTypeQ3_K: bridge.DTypeQ3_K, gguf.GGMLTypeQ4_K: bridge.DTypeQ4_K, gguf.GGMLTypeQ5_K: bridge.DTypeQ5_K,
+	gguf.GGMLTypeQ6_K: bridge.DTypeQ6_K,
 }
 
 var blkTensor = regexp.MustCompile(`^blk\.(\d+)\.([a-z_]+)\.weight$`)
@@ -300,7 +303,7 @@ func loadGGUFTensors(path string, gf *gguf.GGUFFile, arch string, num func(strin
 		}
 		dt, ok := ggufTypes[ti.Type]
 		if !ok {
-			return nil, fmt.Errorf("model %s: tensor %s has type %v; supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1", path, ti.Name, ti.Type)
+			return nil, fmt.Errorf("model %s: tensor %s has type %v; supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K", path, ti.Name, ti.Type)
 		}
 		perHead := kind == bridge.WeightKB || kind == bridge.WeightVB // 3-D, read flat
 		if n := len(ti.Dimensions); stacked != (n == 3) && !perHead {

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/stretchr/testify/require"
+
 	"github.com/lockstep-ai/lockstep/bridge"
 )
 
@@ -301,5 +303,34 @@ func TestStepAllocatesNothing(t *testing.T) {
 	}
 	if allocs > 0 {
 		t.Errorf("Step allocates %.1f times per call in steady state", allocs)
+	}
+}
+
+// TestDequantizeRowRefusals: a row whose size does not fit its type, a
+// column count the blocks do not divide and an unknown type are refused by
+// name; a Q8_0 block converts as d*q.
+func TestDequantizeRowRefusals(t *testing.T) {
+	block := make([]byte, 34)
+	block[0], block[1] = 0x00, 0x3c // d = 1.0 (f16)
+	for i := range 32 {
+		block[2+i] = byte(int8(i - 16))
+	}
+	got, err := DequantizeRow(bridge.DTypeQ8_0, block, 32)
+	require.NoError(t, err)
+	require.Equal(t, float32(-16), got[0])
+	require.Equal(t, float32(15), got[31])
+	for _, c := range []struct {
+		dtype bridge.DType
+		data  []byte
+		cols  int64
+		want  string
+	}{
+		{bridge.DTypeQ8_0, block[:33], 32, "nbytes 33"},
+		{bridge.DTypeQ4_K, make([]byte, 144), 128, "not a multiple"},
+		{bridge.DType(99), block, 32, "dtype 99"},
+		{bridge.DTypeQ6_K, make([]byte, 210), 0, "columns"},
+	} {
+		_, err := DequantizeRow(c.dtype, c.data, c.cols)
+		require.ErrorContains(t, err, c.want)
 	}
 }

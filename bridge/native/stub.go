@@ -21,6 +21,11 @@ func Open(cfg bridge.Config) (bridge.Engine, error) {
 // SupportedBackends lists the backends of the native library: none in this build.
 func SupportedBackends() []string { return nil }
 
+// DequantizeRow would convert a row with the native library; this build has none.
+func DequantizeRow(dtype bridge.DType, data []byte, cols int64) ([]float32, error) {
+	return nil, fmt.Errorf("native DequantizeRow: %w", errNotBuilt)
+}
+
 // PresetShape would ask the native library for a preset's shape; this build
 // has no library, so it always fails.
 func PresetShape(name string) (bridge.ModelShape, error) {

@@ -156,8 +156,10 @@ typedef enum eng_router_norm {
  * [rows][cols] with cols contiguous, as checkpoints store them: a linear
  * layer's weight is [out][in] (Hugging Face and GGUF alike), the embedding is
  * [vocab][hidden], a norm gain is [1][hidden]. Quantised types store each row
- * as blocks of 32 consecutive elements (ggml's Q8_0, Q4_0 and Q4_1 layouts);
- * cols must then be a multiple of 32. The engine converts every tensor to its
+ * as blocks of 32 consecutive elements (ggml's Q8_0, Q4_0, Q4_1, Q5_0 and
+ * Q5_1 layouts; cols a multiple of 32) or of 256 (its "K" super-blocks,
+ * Q2_K .. Q6_K; cols a multiple of 256), dequantised as ggml's
+ * dequantize_row_* computes them. The engine converts every tensor to its
  * own weight type and layout while eng_engine_init runs and keeps no pointer
  * to the caller's memory, so `data` may point into a memory-mapped file.
  */
@@ -167,7 +169,14 @@ typedef enum eng_dtype {
   ENG_DTYPE_BF16 = 2,
   ENG_DTYPE_Q8_0 = 3,  /* 34-byte blocks: f16 d, int8 q[32]; x = d*q */
   ENG_DTYPE_Q4_0 = 4,  /* 18-byte blocks: f16 d, 16 bytes of nibbles; x = d*(q-8) */
-  ENG_DTYPE_Q4_1 = 5   /* 20-byte blocks: f16 d, f16 m, 16 bytes; x = d*q + m */
+  ENG_DTYPE_Q4_1 = 5,  /* 20-byte blocks: f16 d, f16 m, 16 bytes; x = d*q + m */
+  ENG_DTYPE_Q5_0 = 6,  /* 22-byte blocks: f16 d, 4 bytes of fifth bits, 16 bytes; x = d*(q-16) */
+  ENG_DTYPE_Q5_1 = 7,  /* 24-byte blocks: f16 d, f16 m, 4 bytes of fifth bits, 16 bytes; x = d*q + m */
+  ENG_DTYPE_Q2_K = 8,  /* 84-byte super-blocks of 256 */
+  ENG_DTYPE_Q3_K = 9,  /* 110 bytes per 256 */
+  ENG_DTYPE_Q4_K = 10, /* 144 bytes per 256 */
+  ENG_DTYPE_Q5_K = 11, /* 176 bytes per 256 */
+  ENG_DTYPE_Q6_K = 12  /* 210 bytes per 256 */
 } eng_dtype;
 
 /* Which weight a tensor is (global tensors have layer -1). */
@@ -297,6 +306,12 @@ const char* eng_last_error(void);
 
 /* Backends this build supports: bit i set for eng_backend i. */
 uint32_t eng_supported_backends(void);
+
+/* Converts one row of `cols` elements of an eng_dtype (`nbytes` of it at
+ * src) to float32 at out, as the engines read checkpoint weights. A cols
+ * that the dtype's blocks do not divide, or nbytes other than the row's
+ * size, -> ENG_INVALID_ARGUMENT. */
+eng_status eng_dequantize_row(int32_t dtype, const void* src, int64_t nbytes, int64_t cols, float* out);
 
 eng_status eng_engine_init(const eng_engine_config* cfg, eng_engine_t* out);
 eng_status eng_engine_free(eng_engine_t eng);

@@ -14,7 +14,8 @@
 namespace lockstep {
 namespace {
 
-constexpr int64_t kBlock = 32;  // elements per quantised block
+constexpr int64_t kBlock = 32;   // elements per quantised block
+constexpr int64_t kSuper = 256;  // elements per "K" super-block
 
 const char* kind_name(int32_t kind) {
   static const char* const names[] = {
@@ -149,6 +150,106 @@ int64_t slot_of(const eng_model_shape& s, int32_t kind, int32_t layer, int32_t e
 
 }  // namespace
 
+float half_to_float(uint16_t h);
+
+namespace {
+
+// Q4_K and Q5_K: sub-block j's 6-bit scale and min from the 12 packed bytes.
+void scale_min_k4(int j, const uint8_t* q, int* d, int* m) {
+  if (j < 4) {
+    *d = q[j] & 63;
+    *m = q[j + 4] & 63;
+  } else {
+    *d = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+    *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+  }
+}
+
+// Dequantises one 256-element super-block of a K type at p into y (ggml's
+// dequantize_row_q*_K, in its operation order) and returns the next block.
+const uint8_t* dequantize_k_block(int32_t dtype, const uint8_t* p, float* y) {
+  switch (dtype) {
+    case ENG_DTYPE_Q2_K: {  // scales[16] (4-bit scale | 4-bit min), qs[64], d, dmin
+      const uint8_t* sc = p;
+      const uint8_t* q = p + 16;
+      const float d = half_to_float(load_u16(p + 80)), dmin = half_to_float(load_u16(p + 82));
+      int is = 0;
+      for (int n = 0; n < 256; n += 128, q += 32)
+        for (int shift = 0; shift < 8; shift += 2)
+          for (int half = 0; half < 2; ++half) {
+            const uint8_t s = sc[is++];
+            const float dl = d * static_cast<float>(s & 0xF), ml = dmin * static_cast<float>(s >> 4);
+            for (int l = 0; l < 16; ++l) *y++ = dl * static_cast<float>((q[l + 16 * half] >> shift) & 3) - ml;
+          }
+      return p + 84;
+    }
+    case ENG_DTYPE_Q3_K: {  // hmask[32], qs[64], scales[12] (6-bit, packed), d
+      const uint8_t* hm = p;
+      const uint8_t* q = p + 32;
+      const uint8_t* packed = p + 96;
+      const float d = half_to_float(load_u16(p + 108));
+      int8_t scales[16];
+      for (int j = 0; j < 16; ++j) {
+        const int low = j < 8 ? packed[j] & 0xF : packed[j - 8] >> 4;
+        const int high = (packed[8 + j % 4] >> (2 * (j / 4))) & 3;
+        scales[j] = static_cast<int8_t>(low | high << 4);
+      }
+      int is = 0;
+      uint8_t m = 1;
+      for (int n = 0; n < 256; n += 128, q += 32)
+        for (int shift = 0; shift < 8; shift += 2, m <<= 1)
+          for (int half = 0; half < 2; ++half) {
+            const float dl = d * static_cast<float>(scales[is++] - 32);
+            for (int l = 0; l < 16; ++l) {
+              const int k = l + 16 * half;
+              *y++ = dl * static_cast<float>(((q[k] >> shift) & 3) - ((hm[k] & m) ? 0 : 4));
+            }
+          }
+      return p + 110;
+    }
+    case ENG_DTYPE_Q4_K: case ENG_DTYPE_Q5_K: {
+      // d, dmin, scales[12], (Q5_K: qh[32]), qs[128]
+      const bool q5 = dtype == ENG_DTYPE_Q5_K;
+      const float d = half_to_float(load_u16(p)), dmin = half_to_float(load_u16(p + 2));
+      const uint8_t* sc = p + 4;
+      const uint8_t* qh = p + 16;
+      const uint8_t* q = p + (q5 ? 48 : 16);
+      uint8_t u1 = 1, u2 = 2;
+      for (int j = 0, is = 0; j < 256; j += 64, q += 32, is += 2, u1 <<= 2, u2 <<= 2) {
+        int s, mn;
+        scale_min_k4(is, sc, &s, &mn);
+        const float d1 = d * static_cast<float>(s), m1 = dmin * static_cast<float>(mn);
+        scale_min_k4(is + 1, sc, &s, &mn);
+        const float d2 = d * static_cast<float>(s), m2 = dmin * static_cast<float>(mn);
+        for (int l = 0; l < 32; ++l) *y++ = d1 * static_cast<float>((q[l] & 0xF) + (q5 && (qh[l] & u1) ? 16 : 0)) - m1;
+        for (int l = 0; l < 32; ++l) *y++ = d2 * static_cast<float>((q[l] >> 4) + (q5 && (qh[l] & u2) ? 16 : 0)) - m2;
+      }
+      return p + (q5 ? 176 : 144);
+    }
+    default: {  // Q6_K: ql[128], qh[64], scales[16] (int8), d
+      const uint8_t* ql = p;
+      const uint8_t* qh = p + 128;
+      const int8_t* sc = reinterpret_cast<const int8_t*>(p + 192);
+      const float d = half_to_float(load_u16(p + 208));
+      for (int n = 0; n < 256; n += 128, y += 128, ql += 64, qh += 32, sc += 8)
+        for (int l = 0; l < 32; ++l) {
+          const int is = l / 16;
+          const int q1 = ((ql[l] & 0xF) | ((qh[l] >> 0) & 3) << 4) - 32;
+          const int q2 = ((ql[l + 32] & 0xF) | ((qh[l] >> 2) & 3) << 4) - 32;
+          const int q3 = ((ql[l] >> 4) | ((qh[l] >> 4) & 3) << 4) - 32;
+          const int q4 = ((ql[l + 32] >> 4) | ((qh[l] >> 6) & 3) << 4) - 32;
+          y[l] = d * static_cast<float>(sc[is]) * static_cast<float>(q1);
+          y[l + 32] = d * static_cast<float>(sc[is + 2]) * static_cast<float>(q2);
+          y[l + 64] = d * static_cast<float>(sc[is + 4]) * static_cast<float>(q3);
+          y[l + 96] = d * static_cast<float>(sc[is + 6]) * static_cast<float>(q4);
+        }
+      return p + 210;
+    }
+  }
+}
+
+}  // namespace
+
 float half_to_float(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
   const uint32_t exp = (h >> 10) & 0x1Fu, man = h & 0x3FFu;
@@ -183,6 +284,13 @@ const char* dtype_name(int32_t dtype) {
     case ENG_DTYPE_Q8_0: return "Q8_0";
     case ENG_DTYPE_Q4_0: return "Q4_0";
     case ENG_DTYPE_Q4_1: return "Q4_1";
+    case ENG_DTYPE_Q5_0: return "Q5_0";
+    case ENG_DTYPE_Q5_1: return "Q5_1";
+    case ENG_DTYPE_Q2_K: return "Q2_K";
+    case ENG_DTYPE_Q3_K: return "Q3_K";
+    case ENG_DTYPE_Q4_K: return "Q4_K";
+    case ENG_DTYPE_Q5_K: return "Q5_K";
+    case ENG_DTYPE_Q6_K: return "Q6_K";
   }
   return "unknown dtype";
 }
@@ -194,6 +302,13 @@ int64_t dtype_row_bytes(int32_t dtype, int64_t cols) {
     case ENG_DTYPE_Q8_0: return cols % kBlock ? -1 : cols / kBlock * 34;
     case ENG_DTYPE_Q4_0: return cols % kBlock ? -1 : cols / kBlock * 18;
     case ENG_DTYPE_Q4_1: return cols % kBlock ? -1 : cols / kBlock * 20;
+    case ENG_DTYPE_Q5_0: return cols % kBlock ? -1 : cols / kBlock * 22;
+    case ENG_DTYPE_Q5_1: return cols % kBlock ? -1 : cols / kBlock * 24;
+    case ENG_DTYPE_Q2_K: return cols % kSuper ? -1 : cols / kSuper * 84;
+    case ENG_DTYPE_Q3_K: return cols % kSuper ? -1 : cols / kSuper * 110;
+    case ENG_DTYPE_Q4_K: return cols % kSuper ? -1 : cols / kSuper * 144;
+    case ENG_DTYPE_Q5_K: return cols % kSuper ? -1 : cols / kSuper * 176;
+    case ENG_DTYPE_Q6_K: return cols % kSuper ? -1 : cols / kSuper * 210;
   }
   return -2;
 }
@@ -237,6 +352,32 @@ void dequantize_row(int32_t dtype, const void* src, int64_t cols, float* out) {
         }
       }
       return;
+    case ENG_DTYPE_Q5_0: case ENG_DTYPE_Q5_1: {
+      // A fifth bit per element (qh, little-endian: bit j for element j of
+      // the low nibbles, bit j + 16 for the high ones).
+      const bool q51 = dtype == ENG_DTYPE_Q5_1;
+      for (int64_t b = 0; b < cols / kBlock; ++b, p += q51 ? 24 : 22) {
+        const float d = half_to_float(load_u16(p)), m = q51 ? half_to_float(load_u16(p + 2)) : 0.0f;
+        const uint8_t* h = p + (q51 ? 4 : 2);
+        const uint32_t qh = uint32_t(h[0]) | uint32_t(h[1]) << 8 | uint32_t(h[2]) << 16 | uint32_t(h[3]) << 24;
+        const uint8_t* q = h + 4;
+        for (int j = 0; j < 16; ++j) {
+          const int lo = (q[j] & 0xF) | int((qh >> j) & 1) << 4, hi = (q[j] >> 4) | int((qh >> (j + 16)) & 1) << 4;
+          if (q51) {
+            out[b * kBlock + j] = d * static_cast<float>(lo) + m;
+            out[b * kBlock + 16 + j] = d * static_cast<float>(hi) + m;
+          } else {
+            out[b * kBlock + j] = d * static_cast<float>(lo - 16);
+            out[b * kBlock + 16 + j] = d * static_cast<float>(hi - 16);
+          }
+        }
+      }
+      return;
+    }
+    case ENG_DTYPE_Q2_K: case ENG_DTYPE_Q3_K: case ENG_DTYPE_Q4_K: case ENG_DTYPE_Q5_K: case ENG_DTYPE_Q6_K:
+      for (int64_t b = 0; b < cols / kSuper; ++b)
+        p = dequantize_k_block(dtype, p, out + b * kSuper);
+      return;
   }
   invalid_argument(fmt("dequantize_row: unknown dtype %lld", dtype));
 }
@@ -272,10 +413,11 @@ void validate_tensors(const eng_model_shape& s, const eng_tensor* tensors, int32
     if (t.rows != rows || t.cols != cols)
       invalid_argument(name + fmt(": is [%lld][%lld], the shape needs [%lld][%lld]", t.rows, t.cols, rows, cols));
     const int64_t rb = dtype_row_bytes(t.dtype, t.cols);
-    if (rb == -2) invalid_argument(name + fmt(": dtype %lld is not an eng_dtype (0..5)", t.dtype));
+    if (rb == -2) invalid_argument(name + fmt(": dtype %lld is not an eng_dtype (0..%lld)", t.dtype, ENG_DTYPE_Q6_K));
     if (rb == -1)
       invalid_argument(name + ": " + dtype_name(t.dtype) +
-                       fmt(" needs cols to be a multiple of 32, got %lld", t.cols));
+                       fmt(" needs cols to be a multiple of %lld, got %lld", t.dtype >= ENG_DTYPE_Q2_K ? kSuper : kBlock,
+                           t.cols));
     if (t.nbytes != rb * t.rows)
       invalid_argument(name + fmt(": nbytes = %lld, but [%lld][%lld] of ", t.nbytes, t.rows, t.cols) +
                        dtype_name(t.dtype) + fmt(" is %lld bytes", rb * t.rows));

@@ -355,6 +355,20 @@ uint32_t eng_supported_backends(void) {
   return bits;
 }
 
+eng_status eng_dequantize_row(int32_t dtype, const void* src, int64_t nbytes, int64_t cols, float* out) {
+  return guarded(&g_last_error, [&] {
+    if (src == nullptr || out == nullptr) invalid_argument("src or out is NULL");
+    if (cols <= 0) invalid_argument(fmt("cols must be positive, got %lld", static_cast<long long>(cols)));
+    const int64_t rb = lockstep::dtype_row_bytes(dtype, cols);
+    if (rb == -2) invalid_argument(fmt("dtype %d is not an eng_dtype", dtype));
+    if (rb == -1) invalid_argument(fmt("cols %lld is not a multiple of the dtype's block", static_cast<long long>(cols)));
+    if (rb != nbytes)
+      invalid_argument(fmt("nbytes %lld, but a row of %lld elements is %lld bytes", static_cast<long long>(nbytes),
+                           static_cast<long long>(cols), static_cast<long long>(rb)));
+    lockstep::dequantize_row(dtype, src, cols, out);
+  });
+}
+
 eng_status eng_preset_shape(const char* name, eng_model_shape* out) {
   return guarded(&g_last_error, [&] {
     if (name == nullptr) invalid_argument("preset name is NULL");
