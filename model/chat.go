@@ -3,6 +3,7 @@ package model
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -62,6 +63,19 @@ func RenderChat(template string, messages []ChatMessage, addGenerationPrompt boo
 // by DecodeOrderedJSON; nil: none), which the template sees as tools, as
 // apply_chat_template(tools=...) passes them.
 func RenderChatTools(template string, messages []ChatMessage, tools []any, addGenerationPrompt bool, bosToken, eosToken string) (string, error) {
+	return RenderChatKwargs(template, messages, tools, nil, addGenerationPrompt, bosToken, eosToken)
+}
+
+// ChatTemplateReserved are the names the renderer gives the template
+// itself; a request's chat_template_kwargs may not set them.
+var ChatTemplateReserved = []string{"messages", "tools", "add_generation_prompt", "bos_token", "eos_token",
+	"raise_exception", "strftime_now"}
+
+// RenderChatKwargs is RenderChatTools with extra variables for the template
+// (a request's chat_template_kwargs, as apply_chat_template(**kwargs)
+// passes them: Qwen3's enable_thinking, DeepSeek-V3.1's thinking). A
+// reserved name among them is an error.
+func RenderChatKwargs(template string, messages []ChatMessage, tools []any, kwargs jinja.Ordered, addGenerationPrompt bool, bosToken, eosToken string) (string, error) {
 	tmpl, err := chatTemplate(template)
 	if err != nil {
 		return "", err
@@ -106,6 +120,12 @@ func RenderChatTools(template string, messages []ChatMessage, tools []any, addGe
 	}
 	if tools != nil {
 		data["tools"] = tools
+	}
+	for _, kv := range kwargs {
+		if slices.Contains(ChatTemplateReserved, kv.Key) {
+			return "", fmt.Errorf("model: chat template variable %q is set by the renderer, not by chat_template_kwargs", kv.Key)
+		}
+		data[kv.Key] = kv.Value
 	}
 	out, err := tmpl.Render(data)
 	if err != nil {

@@ -43,6 +43,10 @@ type choiceRun struct {
 	echoed, roleSent bool
 	// tools holds back a streamed answer's tool calls (tool_choice "auto").
 	tools *toolStream
+	// thinking splits a streamed chat answer's thinking from its content
+	// (--reasoning-parser); thought is the thinking the next delta carries.
+	thinking *reasoningStream
+	thought  string
 }
 
 // answer streams or collects the choices of one request (their calls share
@@ -65,6 +69,9 @@ func (s *Server) answer(w http.ResponseWriter, r *http.Request, endpoint, apiID 
 		ch.roleSent = endpoint != "chat"
 		if p.ToolParser != nil && p.Stream {
 			ch.tools = &toolStream{p: p.ToolParser}
+		}
+		if p.Reasoning != nil && p.Stream {
+			ch.thinking = &reasoningStream{p: p.Reasoning}
 		}
 	}
 	wake := runs[0].c.wake
@@ -108,6 +115,15 @@ func (s *Server) answer(w http.ResponseWriter, r *http.Request, endpoint, apiID 
 				return
 			}
 			var calls []openai.ToolCall
+			if ch.thinking != nil {
+				// The thinking goes out as reasoning_content; the tool
+				// parser reads only the content.
+				ch.thought, chunk = ch.thinking.feed(chunk)
+				if ch.finish != "" {
+					r, c := ch.thinking.end()
+					ch.thought, chunk = ch.thought+r, chunk+c
+				}
+			}
 			if ch.tools != nil {
 				chunk = ch.tools.feed(chunk)
 				if ch.finish != "" {

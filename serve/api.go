@@ -14,6 +14,7 @@ import (
 	"github.com/lockstep-ai/lockstep/serve/openai"
 
 	"github.com/lockstep-ai/lockstep/model"
+	"github.com/lockstep-ai/lockstep/model/jinja"
 	"github.com/lockstep-ai/lockstep/workload"
 )
 
@@ -93,6 +94,9 @@ type genParams struct {
 	ToolChoice        string
 	ParallelToolCalls bool
 	ToolParser        *toolParser
+	// Reasoning moves a chat answer's thinking to reasoning_content
+	// (--reasoning-parser); nil: none.
+	Reasoning *reasoningParser
 	// N is the number of choices per prompt (n; best_of only equal to it).
 	N int
 	// Priority orders the request under --scheduling-policy priority
@@ -725,6 +729,32 @@ func checkIDs(ids []int64, vocab int) ([]int32, string, *apiError) {
 type chatRequest struct {
 	rawParams
 	Messages []chatMessageRaw `json:"messages"`
+	// ChatTemplateKwargs are extra variables for the chat template
+	// (vLLM's chat_template_kwargs: Qwen3's enable_thinking, ...).
+	ChatTemplateKwargs json.RawMessage `json:"chat_template_kwargs"`
+}
+
+// chatTemplateKwargs reads chat_template_kwargs: an object whose entries
+// the template sees as variables, none of them a name the renderer sets.
+func chatTemplateKwargs(raw json.RawMessage) (jinja.Ordered, *apiError) {
+	if !notNull(raw) {
+		return nil, nil
+	}
+	v, err := model.DecodeOrderedJSON(raw)
+	if err != nil {
+		return nil, badRequest("chat_template_kwargs", "chat_template_kwargs: %v", err)
+	}
+	kw, ok := v.(jinja.Ordered)
+	if !ok {
+		return nil, badRequest("chat_template_kwargs", "chat_template_kwargs must be an object of template variables")
+	}
+	for _, e := range kw {
+		if slices.Contains(model.ChatTemplateReserved, e.Key) {
+			return nil, badRequest("chat_template_kwargs", "chat_template_kwargs may not set %q: the server sets it (%s)",
+				e.Key, strings.Join(model.ChatTemplateReserved, ", "))
+		}
+	}
+	return kw, nil
 }
 
 // chatMessageRaw is one message of a request, as sent.

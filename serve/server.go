@@ -91,6 +91,9 @@ type Config struct {
 	// ToolCallParsers, that reads the model's calls. "": requests with
 	// tools must say tool_choice "none".
 	ToolCallParser string
+	// ReasoningParser (vLLM's --reasoning-parser), one of
+	// ReasoningParsers: a chat answer's thinking goes to reasoning_content.
+	ReasoningParser string
 	// Now is the clock (tests); time.Now when nil.
 	Now func() time.Time
 }
@@ -129,14 +132,16 @@ type Server struct {
 	idle     chan struct{} // closed when draining and no call is left
 	stops    map[int32]bool
 	bodies   *bodyBudget
-	lastIter atomic.Int64 // Unix ns of the last iteration rank 0 finished
-	gaps     gapSink      // the metrics, when they observe inter-token latencies
-	tools    *toolParser  // Config.ToolCallParser's; nil without
+	lastIter atomic.Int64     // Unix ns of the last iteration rank 0 finished
+	gaps     gapSink          // the metrics, when they observe inter-token latencies
+	tools    *toolParser      // Config.ToolCallParser's; nil without
+	thinking *reasoningParser // Config.ReasoningParser's; nil without
 }
 
 // New builds a server; wire Source and Hooks into rank 0's executor.
-// It panics on a Config.ToolCallParser outside ToolCallParsers (callers
-// check the flag against it first, as worker serve does).
+// It panics on a Config.ToolCallParser outside ToolCallParsers, or a
+// Config.ReasoningParser outside ReasoningParsers (callers check the flags
+// against them first, as worker serve does).
 func New(cfg Config) *Server {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
@@ -145,6 +150,13 @@ func New(cfg Config) *Server {
 	if cfg.ToolCallParser != "" {
 		var err error
 		if tools, err = newToolParser(cfg.ToolCallParser); err != nil {
+			panic("serve: " + err.Error())
+		}
+	}
+	var thinking *reasoningParser
+	if cfg.ReasoningParser != "" {
+		var err error
+		if thinking, err = newReasoningParser(cfg.ReasoningParser); err != nil {
 			panic("serve: " + err.Error())
 		}
 	}
@@ -169,7 +181,7 @@ func New(cfg Config) *Server {
 	// One body of the largest size must always fit the budget.
 	cfg.BodyBytesInFlight = max(cfg.BodyBytesInFlight, cfg.MaxBodyBytes)
 	s := &Server{cfg: cfg, log: cfg.Log, src: newSource(), calls: map[uint64]*call{}, stops: map[int32]bool{},
-		bodies: newBodyBudget(cfg.BodyBytesInFlight), tools: tools}
+		bodies: newBodyBudget(cfg.BodyBytesInFlight), tools: tools, thinking: thinking}
 	if g, ok := cfg.Metrics.(gapSink); ok && g.wantsGaps() {
 		s.gaps = g
 	}
@@ -301,6 +313,10 @@ func (s *Server) chatPrompt(req *chatRequest) func(p *genParams) ([]promptIn, *a
 		if e != nil {
 			return nil, e
 		}
+		kwargs, e := chatTemplateKwargs(req.ChatTemplateKwargs)
+		if e != nil {
+			return nil, e
+		}
 		tok := s.cfg.Tokenizer
 		if tok == nil || tok.ChatTemplate() == "" {
 			return nil, badRequest("messages", "the model %s has no chat template: use /v1/completions", s.cfg.ModelName)
@@ -308,7 +324,7 @@ func (s *Server) chatPrompt(req *chatRequest) func(p *genParams) ([]promptIn, *a
 		if e := s.toolsFor(p, tok.ChatTemplate()); e != nil {
 			return nil, e
 		}
-		text, err := model.RenderChatTools(tok.ChatTemplate(), msgs, p.Tools, true, tok.TokenText(tok.BOS()), tok.TokenText(tok.EOS()))
+		text, err := model.RenderChatKwargs(tok.ChatTemplate(), msgs, p.Tools, kwargs, true, tok.TokenText(tok.BOS()), tok.TokenText(tok.EOS()))
 		if err != nil {
 			return nil, badRequest("messages", "the model's chat template failed on these messages: %v", err)
 		}
@@ -376,6 +392,9 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request, endpoint string,
 		return
 	}
 	p := cr.params
+	if endpoint == "chat" {
+		p.Reasoning = s.thinking // (the Responses API keeps the thinking in its text)
+	}
 	if s.cfg.MaxQueue > 0 && len(cr.choices) > s.cfg.MaxQueue {
 		fail(badRequest("n", "%d choices (prompts × n) exceed the server's bound of %d requests in flight (--max-queue)",
 			len(cr.choices), s.cfg.MaxQueue))

@@ -19,6 +19,7 @@ type tokenizeRequest struct {
 	Prompt              *string          `json:"prompt"`
 	Messages            []chatMessageRaw `json:"messages"`
 	Tools               json.RawMessage  `json:"tools"`
+	ChatTemplateKwargs  json.RawMessage  `json:"chat_template_kwargs"`
 	AddSpecialTokens    *bool            `json:"add_special_tokens"`
 	AddGenerationPrompt *bool            `json:"add_generation_prompt"`
 	ReturnTokenStrs     bool             `json:"return_token_strs"`
@@ -96,8 +97,13 @@ func (s *Server) tokenize(w http.ResponseWriter, r *http.Request) {
 			writeError(w, e)
 			return
 		}
+		kwargs, e := chatTemplateKwargs(req.ChatTemplateKwargs)
+		if e != nil {
+			writeError(w, e)
+			return
+		}
 		gen := req.AddGenerationPrompt == nil || *req.AddGenerationPrompt
-		text, err := model.RenderChatTools(tok.ChatTemplate(), msgs, p.Tools, gen, tok.TokenText(tok.BOS()), tok.TokenText(tok.EOS()))
+		text, err := model.RenderChatKwargs(tok.ChatTemplate(), msgs, p.Tools, kwargs, gen, tok.TokenText(tok.BOS()), tok.TokenText(tok.EOS()))
 		if err != nil {
 			writeError(w, badRequest("messages", "the model's chat template failed on these messages: %v", err))
 			return

@@ -83,8 +83,13 @@ func (wr *writer) choice(ch *choiceRun, text string, ids []int32, lps []executor
 	if wr.chat {
 		if final && !wr.p.Stream {
 			c.Message = &openai.Message{Role: "assistant", Content: text}
+			if wr.p.Reasoning != nil && ch.finish != "error" {
+				if thought, content, ok := wr.p.Reasoning.split(text); ok {
+					c.Message.ReasoningContent, c.Message.Content = &thought, content
+				}
+			}
 			if wr.p.ToolParser != nil && ch.finish != "error" {
-				if content, calls, ok := wr.p.ToolParser.parse(text); ok {
+				if content, calls, ok := wr.p.ToolParser.parse(c.Message.Content); ok {
 					c.Message.Content, c.Message.ToolCalls = content, firstCall(calls, wr.p.ParallelToolCalls)
 					toolCalls := "tool_calls"
 					c.FinishReason = &toolCalls
@@ -92,6 +97,10 @@ func (wr *writer) choice(ch *choiceRun, text string, ids []int32, lps []executor
 			}
 		} else {
 			d := &openai.Message{Content: text}
+			if ch.thought != "" {
+				thought := ch.thought
+				d.ReasoningContent, ch.thought = &thought, ""
+			}
 			if !ch.roleSent {
 				d.Role = "assistant"
 				ch.roleSent = true
@@ -137,7 +146,7 @@ func (wr *writer) delta(ch *choiceRun, text string, ids []int32, lps []executor.
 		}
 	}
 	due := wr.chat && wr.promptDue(ch)
-	if !wr.p.Stream || (text == "" && (len(ids) == 0 || !(wr.p.ReturnTokenID || wr.p.Logprobs)) && ch.roleSent && !due) {
+	if !wr.p.Stream || (text == "" && ch.thought == "" && (len(ids) == 0 || !(wr.p.ReturnTokenID || wr.p.Logprobs)) && ch.roleSent && !due) {
 		return nil
 	}
 	c := wr.chunk([]openai.Choice{wr.choice(ch, text, ids, lps, nil, false)}, wr.continuous(u))

@@ -86,6 +86,7 @@ func TestToolFlagsRefused(t *testing.T) {
 	}{
 		{append(slices.Clone(serve), "--enable-auto-tool-choice"), "--enable-auto-tool-choice needs --tool-call-parser (deepseek_v3, deepseek_v31, hermes, llama3_json, mistral, pythonic)"},
 		{append(slices.Clone(serve), "--enable-auto-tool-choice", "--tool-call-parser", "granite"), `--tool-call-parser must be one of deepseek_v3, deepseek_v31, hermes, llama3_json, mistral, pythonic, got "granite"`},
+		{append(slices.Clone(serve), "--reasoning-parser", "granite"), `--reasoning-parser must be one of deepseek_r1, qwen3, got "granite"`},
 		{append(slices.Clone(serve), "--tool-call-parser", "hermes"), "which needs --enable-auto-tool-choice too"},
 		{append(slices.Clone(serve), "--chat-template", "{{ messages }}"), "--chat-template needs a checkpoint with a tokenizer; --model tiny is a synthetic preset"},
 	} {

@@ -43,6 +43,8 @@ type apiServer struct {
 	// autoTools and toolParser: --enable-auto-tool-choice, --tool-call-parser.
 	autoTools  bool
 	toolParser string
+	// reasoning: --reasoning-parser.
+	reasoning string
 	// policy: --scheduling-policy (vLLM's): fcfs or priority.
 	policy string
 	log    *zap.Logger // the server's request lines
@@ -75,6 +77,8 @@ func (api *apiServer) flags(fs *flag.FlagSet) {
 		"fcfs: requests in arrival order (a request's priority must be 0); priority: requests' priority field orders them, lower first, arrival order among equals (vLLM's flag; docs/serving.md)")
 	fs.StringVar(&api.toolParser, "tool-call-parser", "",
 		"how the model writes a tool call: "+strings.Join(httpapi.ToolCallParsers, ", ")+" (with --enable-auto-tool-choice)")
+	fs.StringVar(&api.reasoning, "reasoning-parser", "",
+		"how a reasoning model marks its thinking, which chat answers then give as reasoning_content: "+strings.Join(httpapi.ReasoningParsers, ", ")+" (vLLM's flag; docs/serving.md)")
 }
 
 // runAPIServe is `worker serve`: the fleet of `worker run` (same engine,
@@ -174,6 +178,8 @@ func parseServe(args []string, stderr io.Writer) (*fleet.Options, *apiServer, er
 		return nil, nil, usage.Errorf("--enable-auto-tool-choice needs --tool-call-parser (%s)", strings.Join(httpapi.ToolCallParsers, ", "))
 	case api.toolParser != "" && !slices.Contains(httpapi.ToolCallParsers, api.toolParser):
 		return nil, nil, usage.Errorf("--tool-call-parser must be one of %s, got %q", strings.Join(httpapi.ToolCallParsers, ", "), api.toolParser)
+	case api.reasoning != "" && !slices.Contains(httpapi.ReasoningParsers, api.reasoning):
+		return nil, nil, usage.Errorf("--reasoning-parser must be one of %s, got %q", strings.Join(httpapi.ReasoningParsers, ", "), api.reasoning)
 	case api.policy != "fcfs" && api.policy != "priority":
 		return nil, nil, usage.Errorf("--scheduling-policy must be fcfs or priority, got %q", api.policy)
 	case api.toolParser != "" && !api.autoTools:
@@ -204,7 +210,7 @@ func (api *apiServer) build(o *fleet.Options) (nccl.Launch, error) {
 	}
 	cfg := httpapi.Config{ModelName: api.name, VocabSize: shape.VocabSize, MaxQueue: api.maxQueue, APIKey: api.apiKey,
 		MaxModelLen: o.MaxModelLen(), MaxBodyBytes: api.maxBody, PromptTokensDetails: api.promptDetails, Log: api.log,
-		RequestTimeout: api.timeout, ToolCallParser: api.toolParser,
+		RequestTimeout: api.timeout, ToolCallParser: api.toolParser, ReasoningParser: api.reasoning,
 		// The CUDA backend does not score prompts (engine.h score_targets).
 		NoPromptLogprobs: o.Engine == "cuda", PriorityScheduling: api.policy == "priority",
 		// Half the watchdog's bound: /health says "stalled" before the

@@ -31,8 +31,8 @@ type PromptTokensDetails struct {
 // non-streamed chat completion, or the delta of a streamed chunk.
 type Message struct {
 	Content string `json:"content"`
-	// ReasoningContent is a reasoning model's thinking (vLLM, SGLang);
-	// lockstep never writes it.
+	// ReasoningContent is a reasoning model's thinking (vLLM, SGLang;
+	// worker serve --reasoning-parser).
 	ReasoningContent *string `json:"reasoning_content,omitempty"`
 	Role             string  `json:"role,omitempty"`
 	// ToolCalls are the tools the model called (worker serve

@@ -1,0 +1,185 @@
+package serve
+
+import (
+	"math/rand"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/lockstep-ai/lockstep/model"
+)
+
+func TestReasoningSplit(t *testing.T) {
+	r1, err := newReasoningParser("deepseek_r1")
+	require.NoError(t, err)
+	q3, err := newReasoningParser("qwen3")
+	require.NoError(t, err)
+	_, err = newReasoningParser("granite")
+	require.ErrorContains(t, err, "deepseek_r1, qwen3")
+	for _, c := range []struct {
+		text               string
+		r1Think, r1Content string
+		q3Think, q3Content string
+		r1Found, q3Found   bool
+	}{
+		{"plan</think>answer", "plan", "answer", "", "plan</think>answer", true, false},
+		{"<think>plan</think>\n\nanswer", "plan", "\n\nanswer", "plan", "\n\nanswer", true, true},
+		{"\n<think>plan</think>answer", "plan", "answer", "plan", "answer", true, true},
+		{"still thinking", "still thinking", "", "", "still thinking", true, false},
+		{"<think>cut short", "cut short", "", "cut short", "", true, true},
+		{"just an answer", "just an answer", "", "", "just an answer", true, false},
+		{"", "", "", "", "", true, false},
+		{"a</think>b</think>c", "a", "b</think>c", "", "a</think>b</think>c", true, false},
+	} {
+		th, co, ok := r1.split(c.text)
+		require.Equal(t, []any{c.r1Think, c.r1Content, c.r1Found}, []any{th, co, ok}, "deepseek_r1 %q", c.text)
+		th, co, ok = q3.split(c.text)
+		require.Equal(t, []any{c.q3Think, c.q3Content, c.q3Found}, []any{th, co, ok}, "qwen3 %q", c.text)
+	}
+}
+
+// A streamed answer, cut into any pieces, gives out the thinking and the
+// content the whole answer splits into.
+func TestReasoningStreamMatchesSplit(t *testing.T) {
+	rng := rand.New(rand.NewSource(1))
+	texts := []string{"plan</think>answer", "<think>plan</think>\n\nanswer", "  <think>a</think>", "<thi", "  ", "",
+		"x</thin", "</think>", "<think></think>", "no markers at all", "<think>cut short", "a</think>b</think>c",
+		" <think> spaced </think> out "}
+	for i := 0; i < 300; i++ {
+		var b strings.Builder
+		for k := rng.Intn(8); k > 0; k-- {
+			b.WriteString([]string{"<think>", "</think>", "<", "/", "th", "ink>", "a", " ", "\n", "</thi"}[rng.Intn(10)])
+		}
+		texts = append(texts, b.String())
+	}
+	for _, name := range ReasoningParsers {
+		p, err := newReasoningParser(name)
+		require.NoError(t, err)
+		for _, text := range texts {
+			for cut := 0; cut < 4; cut++ {
+				s := &reasoningStream{p: p}
+				var think, content strings.Builder
+				for rest := text; rest != ""; {
+					n := min(len(rest), 1+rng.Intn(4))
+					th, co := s.feed(rest[:n])
+					think.WriteString(th)
+					content.WriteString(co)
+					rest = rest[n:]
+				}
+				th, co := s.end()
+				think.WriteString(th)
+				content.WriteString(co)
+				wantThink, wantContent, _ := p.split(text)
+				require.Equal(t, wantThink, think.String(), "%s %q: thinking", name, text)
+				require.Equal(t, wantContent, content.String(), "%s %q: content", name, text)
+			}
+		}
+	}
+}
+
+// reasoningServer is a fleet server whose chat template renders tools and
+// a thinking switch, with --reasoning-parser parser (and hermes calls).
+func reasoningServer(t *testing.T, parser string) (*Server, *httptest.Server) {
+	spec := byteTokenizer(t).Spec()
+	spec.ChatTemplate = `{% if tools %}[tools]{% endif %}{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}` +
+		`{% if enable_thinking is defined and not enable_thinking %}<nothink>{% endif %}`
+	tok, err := model.NewTokenizer(spec)
+	require.NoError(t, err)
+	s, _, ts := fleetServer(t, func(c *Config) { c.Tokenizer, c.ReasoningParser, c.ToolCallParser = tok, parser, "hermes" })
+	return s, ts
+}
+
+// A chat answer's thinking comes back as reasoning_content, whole or
+// streamed; the tool parser reads only the content (a call written while
+// thinking is not a call).
+func TestChatReasoningContent(t *testing.T) {
+	s, ts := reasoningServer(t, "deepseek_r1")
+	url := ts.URL
+	ask := `{"max_tokens": 100, "messages": [{"role": "user", "content": "2+2?"}]`
+	answer := "Two and two.<tool_call>{\"name\": \"f\"}</tool_call></think>\n\nIt is 4."
+	done := postAsync(t, url+"/v1/chat/completions", ask+`}`)
+	deliver(s, takeArrival(t, s), answer)
+	ch := choicesOf(t, <-done)[0]
+	msg := ch["message"].(map[string]any)
+	require.Equal(t, "Two and two.<tool_call>{\"name\": \"f\"}</tool_call>", msg["reasoning_content"])
+	require.Equal(t, "\n\nIt is 4.", msg["content"])
+	require.Nil(t, msg["tool_calls"])
+	require.NotEqual(t, "tool_calls", ch["finish_reason"])
+
+	body := streamBody(t, url+"/v1/chat/completions", ask+`, "stream": true}`)
+	a := takeArrival(t, s)
+	toks := s.cfg.Tokenizer.Encode(answer, model.EncodeOptions{})
+	streamPieces(s, a, toks[:5], toks[5:50], toks[50:62])
+	deliverTokens(s, a, toks[62:], true, 0)
+	var think, content strings.Builder
+	for _, c := range sseChunks(t, <-body) {
+		for _, ch := range choicesOf(t, c) {
+			d := ch["delta"].(map[string]any)
+			content.WriteString(d["content"].(string))
+			if r, ok := d["reasoning_content"].(string); ok {
+				think.WriteString(r)
+			}
+		}
+	}
+	require.Equal(t, msg["reasoning_content"], think.String())
+	require.Equal(t, "\n\nIt is 4.", content.String())
+
+	// A call in the content is one, whole and streamed.
+	withTool := `{"max_tokens": 100, "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}], "messages": [{"role": "user", "content": "go"}]`
+	answer = "I should call f.</think><tool_call>{\"name\": \"f\", \"arguments\": {\"a\": 1}}</tool_call>"
+	done = postAsync(t, url+"/v1/chat/completions", withTool+`}`)
+	deliver(s, takeArrival(t, s), answer)
+	ch = choicesOf(t, <-done)[0]
+	msg = ch["message"].(map[string]any)
+	require.Equal(t, "tool_calls", ch["finish_reason"])
+	require.Equal(t, "I should call f.", msg["reasoning_content"])
+	require.Len(t, msg["tool_calls"], 1)
+	body = streamBody(t, url+"/v1/chat/completions", withTool+`, "stream": true}`)
+	deliver(s, takeArrival(t, s), answer)
+	_, calls, finish := streamedAnswer(t, <-body)
+	require.Len(t, calls, 1)
+	require.Equal(t, "tool_calls", finish[len(finish)-1])
+}
+
+// chat_template_kwargs reach the template as variables (Qwen3's
+// enable_thinking); a name the server sets, or a value that is not an
+// object, is refused naming the field.
+func TestChatTemplateKwargs(t *testing.T) {
+	s, ts := reasoningServer(t, "qwen3")
+	url := ts.URL
+	user := `"messages": [{"role": "user", "content": "hi"}]`
+	done := postAsync(t, url+"/v1/chat/completions", `{"max_tokens": 5, "chat_template_kwargs": {"enable_thinking": false}, `+user+`}`)
+	a := takeArrival(t, s)
+	require.Equal(t, "<user>hi<nothink>", s.cfg.Tokenizer.Decode(a.Prompt))
+	deliver(s, a, "Hello")
+	require.Equal(t, "Hello", choicesOf(t, <-done)[0]["message"].(map[string]any)["content"])
+	done = postAsync(t, url+"/v1/chat/completions", `{"max_tokens": 5, `+user+`}`)
+	a = takeArrival(t, s)
+	require.Equal(t, "<user>hi", s.cfg.Tokenizer.Decode(a.Prompt))
+	deliver(s, a, "<think>hm</think>Hello")
+	msg := choicesOf(t, <-done)[0]["message"].(map[string]any)
+	require.Equal(t, "hm", msg["reasoning_content"])
+	require.Equal(t, "Hello", msg["content"])
+
+	status, tk := post(t, ts, "/tokenize", "", `{"chat_template_kwargs": {"enable_thinking": false}, `+user+`}`)
+	require.Equal(t, 200, status)
+	var ids []int32
+	for _, v := range tk["tokens"].([]any) {
+		ids = append(ids, int32(v.(float64)))
+	}
+	require.Contains(t, s.cfg.Tokenizer.Decode(ids), "<nothink>")
+	for _, c := range []struct{ kw, msg string }{
+		{`{"messages": []}`, `may not set "messages"`},
+		{`{"add_generation_prompt": false}`, `may not set "add_generation_prompt"`},
+		{`[1]`, "must be an object"},
+		{`"x"`, "must be an object"},
+	} {
+		status, m := post(t, ts, "/v1/chat/completions", "", `{"chat_template_kwargs": `+c.kw+`, `+user+`}`)
+		require.Equal(t, 400, status)
+		e := m["error"].(map[string]any)
+		require.Equal(t, "chat_template_kwargs", e["param"])
+		require.Contains(t, e["message"], c.msg)
+	}
+}
