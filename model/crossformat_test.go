@@ -376,6 +376,75 @@ func TestCrossFormatMistral(t *testing.T) {
 	}
 }
 
+// fused is m with Phi-3's fused projections: q, k and v as one qkv_proj
+// (attn_qkv) and gate and up as one gate_up_proj (ffn_up of twice the width).
+func fused(m *tinyModel) *tinyModel {
+	var out []*tinyTensor
+	byKind := map[[2]int]*tinyTensor{}
+	for _, x := range m.tensors {
+		switch x.kind {
+		case bridge.WeightQ, bridge.WeightK, bridge.WeightV, bridge.WeightGate, bridge.WeightUp:
+			byKind[[2]int{int(x.kind), x.layer}] = x
+			continue
+		}
+		out = append(out, x)
+	}
+	for l := 0; l < m.shape.NumLayers; l++ {
+		cat := func(hf, gg string, kind bridge.WeightKind, parts ...bridge.WeightKind) {
+			t := &tinyTensor{hf: fmt.Sprintf("model.layers.%d.%s", l, hf), gguf: fmt.Sprintf("blk.%d.%s", l, gg), kind: kind, layer: l}
+			for _, k := range parts {
+				x := byKind[[2]int{int(k), l}]
+				t.rows, t.cols, t.data = t.rows+x.rows, x.cols, append(t.data, x.data...)
+			}
+			out = append(out, t)
+		}
+		cat("self_attn.qkv_proj.weight", "attn_qkv.weight", weightQKV, bridge.WeightQ, bridge.WeightK, bridge.WeightV)
+		cat("mlp.gate_up_proj.weight", "ffn_up.weight", weightGateUp, bridge.WeightGate, bridge.WeightUp)
+	}
+	m.tensors = out
+	return m
+}
+
+// TestCrossFormatPhi3: a Phi-3 checkpoint (fused qkv and gate/up
+// projections) loads from GGUF (general.architecture phi3) and from a
+// Hugging Face directory (model_type phi3) into the same model as the
+// unfused weights, and runs bit-identically to them; the forms Phi-3.5 and
+// Phi-4-mini need (LongRoPE, partial RoPE) and a sliding window shorter
+// than the context are refused by name.
+func TestCrossFormatPhi3(t *testing.T) {
+	phi3 := func(c map[string]any) {
+		c["model_type"], c["architectures"], c["sliding_window"] = "phi3", []string{"Phi3ForCausalLM"}, nil
+	}
+	m := fused(newTinyModel(14, false))
+	hf := writeHF(t, m, hfOptions{config: phi3})
+	gg := writeGGUF(t, m, ggufOptions{arch: "phi3"})
+	plain := writeHF(t, newTinyModel(14, false), hfOptions{})
+	ref := crossCheck(t, plain, hf)
+	requireSameRun(t, ref, crossCheck(t, plain, gg))
+	for _, c := range []struct {
+		name string
+		edit func(map[string]any)
+		want string
+	}{
+		{"longrope", func(c map[string]any) {
+			c["rope_scaling"] = map[string]any{"type": "longrope", "long_factor": []float64{1}, "short_factor": []float64{1}}
+		}, `rope_scaling type "longrope"`},
+		{"partial rotary", func(c map[string]any) { c["partial_rotary_factor"] = 0.75 }, "partial_rotary_factor 0.75"},
+		{"sliding window", func(c map[string]any) { c["sliding_window"] = 64 }, "sliding_window 64"},
+	} {
+		dir := writeHF(t, m, hfOptions{config: func(cfg map[string]any) { phi3(cfg); c.edit(cfg) }})
+		if _, err := Load(dir); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Fatalf("%s: %v, want an error naming %q", c.name, err, c.want)
+		}
+	}
+	ggw := writeGGUF(t, m, ggufOptions{arch: "phi3", kvs: func(kvs []ggufKV) []ggufKV {
+		return append(kvs, ggufKV{"phi3.attention.sliding_window", uint32(64)})
+	}})
+	if _, err := Load(ggw); err == nil || !strings.Contains(err.Error(), "sliding_window 64") {
+		t.Fatalf("GGUF sliding window: %v", err)
+	}
+}
+
 func TestCrossFormatQ8_0(t *testing.T) {
 	for _, tied := range []bool{false, true} {
 		name := map[bool]string{false: "untied", true: "tied"}[tied]

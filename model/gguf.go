@@ -28,7 +28,18 @@ var ggufLayerTensor = map[string]bridge.WeightKind{
 	"attn_q_a": bridge.WeightQA, "attn_q_a_norm": bridge.WeightQANorm, "attn_q_b": bridge.WeightQ,
 	"attn_kv_a_mqa": bridge.WeightKVA, "attn_kv_a_norm": bridge.WeightKVANorm, "attn_kv_b": bridge.WeightKVB,
 	"attn_k_b": bridge.WeightKB, "attn_v_b": bridge.WeightVB,
+	// phi3: q, k and v in one projection (split by rows on load).
+	"attn_qkv": weightQKV,
 }
+
+// weightQKV marks a fused q/k/v projection (phi3's attn_qkv, Hugging
+// Face's qkv_proj) and weightGateUp a fused gate/up one (phi3's ffn_up of
+// twice the width, gate_up_proj), which the loaders split by rows into
+// the engine's kinds (splitFused).
+const (
+	weightQKV    bridge.WeightKind = -2
+	weightGateUp bridge.WeightKind = -3
+)
 
 // ggufStackedExperts are the 3-D expert tensors, [experts][rows][cols]
 // (GGUF dimensions cols, rows, experts), sliced into one tensor per expert.
@@ -64,8 +75,9 @@ var blkProjBias = regexp.MustCompile(`^blk\.(\d+)\.attn_([qkv])\.bias$`)
 var projBiasKind = map[string]bridge.WeightKind{"q": bridge.WeightQBias, "k": bridge.WeightKBias, "v": bridge.WeightVBias}
 
 // ggufArchitectures are the general.architecture values this loader reads:
-// Llama (dense, or with experts: Mixtral), Qwen2 (q/k/v biases), Qwen3 (q/k
-// norms), Qwen3-MoE and DeepSeek-V2/V3 (deepseek2: MLA, docs/models.md).
+// Llama (dense, or with experts: Mixtral), Phi-3 (fused projections),
+// Qwen2 (q/k/v biases), Qwen3 (q/k norms), Qwen3-MoE and DeepSeek-V2/V3
+// (deepseek2: MLA, docs/models.md).
 // The value says whether
 // llama.cpp's converter stored Q and K rows in its interleaved RoPE order
 // (it permutes them for "llama"; DeepSeek's checkpoints are interleaved
@@ -73,6 +85,7 @@ var projBiasKind = map[string]bridge.WeightKind{"q": bridge.WeightQBias, "k": br
 // NeoX rotation, which is rotate-half).
 var ggufArchitectures = map[string]struct{ interleaved, qkNorm, qkvBias, mla bool }{
 	"llama":     {interleaved: true},
+	"phi3":      {},
 	"qwen2":     {qkvBias: true},
 	"qwen3":     {qkNorm: true},
 	"qwen3moe":  {qkNorm: true},
@@ -80,7 +93,7 @@ var ggufArchitectures = map[string]struct{ interleaved, qkNorm, qkvBias, mla boo
 }
 
 // ggufArchitectureNames lists them for messages.
-const ggufArchitectureNames = "deepseek2, llama, qwen2, qwen3, qwen3moe"
+const ggufArchitectureNames = "deepseek2, llama, phi3, qwen2, qwen3, qwen3moe"
 
 // parseGGUF parses a GGUF file's header. The parser panics on some
 // corrupt headers (a size product that overflows); that panic is the
@@ -179,6 +192,10 @@ func loadGGUF(path string) (m *Model, err error) {
 		return nil, err
 	}
 	ctx, _ := num("context_length", 0, false)
+	if w, _ := num("attention.sliding_window", 0, false); w > 0 && w < ctx {
+		// (llama.cpp ignores Phi-3's window; the model was trained with it.)
+		return nil, fmt.Errorf("model %s: %s.attention.sliding_window %v is shorter than the context (%v): sliding-window attention is not supported", path, arch, w, ctx)
+	}
 	return loadGGUFTensors(path, gf, arch, num, str, shape, int(ctx))
 }
 
@@ -295,6 +312,8 @@ func loadGGUFTensors(path string, gf *gguf.GGUFFile, arch string, num func(strin
 			}
 			kind = map[string]bridge.WeightKind{"gate": bridge.WeightExpertGate, "up": bridge.WeightExpertUp, "down": bridge.WeightExpertDown}[sm[2]]
 			layer, expert = l, e
+		} else if strings.HasPrefix(ti.Name, "rope_factors_") {
+			return nil, fmt.Errorf("model %s: tensor %s: LongRoPE (per-dimension factors for long and short contexts, Phi-3.5 and Phi-4-mini) is not supported", path, ti.Name)
 		} else if ti.Name == "rope_freqs.weight" {
 			// Llama 3.1/3.2 GGUF: the Llama-3 scaling as per-dimension divisors.
 			kind = bridge.WeightRopeFreqs
@@ -318,6 +337,17 @@ func loadGGUFTensors(path string, gf *gguf.GGUFFile, arch string, num func(strin
 			return nil, fmt.Errorf("model %s: %w", path, err)
 		}
 		t := bridge.WeightTensor{Name: ti.Name, Kind: kind, Layer: layer, Expert: expert, DType: dt, Rows: rows, Cols: cols, Data: mm[start:end:end]}
+		if arch == "phi3" && kind == bridge.WeightUp && rows == 2*int64(shape.IntermediateSize) {
+			t.Kind = weightGateUp // phi3's ffn_up holds the gate, then the up projection
+		}
+		if t.Kind == weightQKV || t.Kind == weightGateUp {
+			parts, err := splitFused(shape, t)
+			if err != nil {
+				return nil, fmt.Errorf("model %s: %w", path, err)
+			}
+			m.Tensors = append(m.Tensors, parts...)
+			continue
+		}
 		// llama.cpp's converter interleaves each head's Q and K rows for its
 		// adjacent-pair RoPE (Llama only); the engines rotate halves.
 		switch {

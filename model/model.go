@@ -211,6 +211,41 @@ func checkTensors(s bridge.ModelShape, ts []bridge.WeightTensor) error {
 	return nil
 }
 
+// splitFused splits a fused projection into the engine's kinds by rows:
+// q, k, v (heads·head_dim, then kv_heads·head_dim twice) or gate, up
+// (intermediate each). The parts alias the tensor's data.
+func splitFused(s bridge.ModelShape, t bridge.WeightTensor) ([]bridge.WeightTensor, error) {
+	qd, kvd, f := int64(s.NumHeads*s.HeadDim), int64(s.NumKVHeads*s.HeadDim), int64(s.IntermediateSize)
+	kinds, rows, what := []bridge.WeightKind{bridge.WeightQ, bridge.WeightK, bridge.WeightV}, []int64{qd, kvd, kvd}, "q, k and v"
+	if t.Kind == weightGateUp {
+		kinds, rows, what = []bridge.WeightKind{bridge.WeightGate, bridge.WeightUp}, []int64{f, f}, "gate and up"
+	}
+	var total int64
+	for _, r := range rows {
+		total += r
+	}
+	if t.Rows != total {
+		return nil, fmt.Errorf("tensor %s (%s fused) has %d rows, the architecture needs %d", t.Name, what, t.Rows, total)
+	}
+	rb, err := t.DType.RowBytes(t.Cols)
+	if err != nil {
+		return nil, fmt.Errorf("tensor %s: %w", t.Name, err)
+	}
+	if int64(len(t.Data)) != rb*t.Rows {
+		return nil, fmt.Errorf("tensor %s: %d bytes of data, [%d][%d] %s needs %d (truncated file?)", t.Name, len(t.Data), t.Rows, t.Cols, t.DType, rb*t.Rows)
+	}
+	parts := make([]bridge.WeightTensor, len(kinds))
+	var off int64
+	for i, k := range kinds {
+		p := t
+		p.Kind, p.Rows, p.Name = k, rows[i], fmt.Sprintf("%s[%s]", t.Name, kindNames[k])
+		p.Data = t.Data[off*rb : (off+rows[i])*rb : (off+rows[i])*rb]
+		parts[i] = p
+		off += rows[i]
+	}
+	return parts, nil
+}
+
 // foreignTensor says why a tensor does not belong to the shape (or its
 // layer), nil when it does.
 func foreignTensor(s bridge.ModelShape, t bridge.WeightTensor) error {

@@ -36,6 +36,9 @@ const (
 	// | ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+ (llama.cpp runs an
 	// ASCII approximation of the letter classes; this is the original).
 	preTekken
+	// preDBRX: the Llama-3 split without its whole-word lookup
+	// (llama.cpp's dbrx and smaug-bpe: Phi-4, DBRX).
+	preDBRX
 )
 
 // preNames maps tokenizer.ggml.pre values to scanners.
@@ -47,7 +50,8 @@ var preNames = map[string]preKind{
 	"llama-bpe": preLlama3,
 	"llama3":    preLlama3,
 	"llama-v3":  preLlama3,
-	"smaug-bpe": preLlama3,
+	"smaug-bpe": preDBRX,
+	"dbrx":      preDBRX,
 	"qwen2":     preQwen2,
 	// Aliases llama.cpp reads as the same split.
 	"deepseek-r1-qwen": preQwen2,
@@ -131,7 +135,7 @@ func (k preKind) split(s string, emit func(string)) {
 		if start < len(s) {
 			splitGPT2(s, start, len(s), emit)
 		}
-	case preLlama3:
+	case preLlama3, preDBRX:
 		splitLlama3(s, 3, emit)
 	case preQwen2:
 		splitLlama3(s, 1, emit)

@@ -48,6 +48,7 @@ type hfModelConfig struct {
 	MLPOnlyLayers       []int           `json:"mlp_only_layers"`
 	SharedExpertSize    int             `json:"shared_expert_intermediate_size"`
 	SlidingWindow       json.RawMessage `json:"sliding_window"`
+	PartialRotary       *float64        `json:"partial_rotary_factor"`
 	UseSlidingWindow    bool            `json:"use_sliding_window"`
 	// DeepSeek-V2/V3 and Kimi K2 (model_type deepseek_v2, deepseek_v3,
 	// kimi_k2): latent attention and their MoE.
@@ -69,10 +70,10 @@ type hfModelConfig struct {
 }
 
 // hfModelTypes are the config.json model_type values this loader reads.
-var hfModelTypes = map[string]bool{"llama": true, "mistral": true, "qwen2": true, "qwen3": true, "qwen3_moe": true, "mixtral": true,
+var hfModelTypes = map[string]bool{"llama": true, "mistral": true, "phi3": true, "qwen2": true, "qwen3": true, "qwen3_moe": true, "mixtral": true,
 	"deepseek_v2": true, "deepseek_v3": true, "kimi_k2": true}
 
-const hfModelTypeNames = "deepseek_v2, deepseek_v3, kimi_k2, llama, mistral, mixtral, qwen2, qwen3, qwen3_moe"
+const hfModelTypeNames = "deepseek_v2, deepseek_v3, kimi_k2, llama, mistral, mixtral, phi3, qwen2, qwen3, qwen3_moe"
 
 // hfDeepSeek reports whether a model_type is DeepSeek's architecture.
 func hfDeepSeek(t string) bool { return t == "deepseek_v2" || t == "deepseek_v3" || t == "kimi_k2" }
@@ -100,6 +101,8 @@ var hfLayerTensor = map[string]bridge.WeightKind{
 	"self_attn.kv_a_layernorm": bridge.WeightKVANorm, "self_attn.kv_b_proj": bridge.WeightKVB,
 	"mlp.shared_experts.gate_proj": bridge.WeightSharedGate, "mlp.shared_experts.up_proj": bridge.WeightSharedUp,
 	"mlp.shared_experts.down_proj": bridge.WeightSharedDown,
+	// Phi-3: fused projections, split by rows on load (splitFused).
+	"self_attn.qkv_proj": weightQKV, "mlp.gate_up_proj": weightGateUp,
 }
 
 // hfRouterBias is DeepSeek-V3's score-correction bias of the sigmoid router.
@@ -166,10 +169,13 @@ func hfShape(dir string) (bridge.ModelShape, hfModelConfig, error) {
 	if c.HeadDim != 0 && (qwen3 || c.ModelType == "llama" || c.ModelType == "mistral") {
 		s.HeadDim = c.HeadDim // the heads need not tile the hidden size (Qwen3, Mistral NeMo)
 	}
-	if c.ModelType == "mistral" && len(c.SlidingWindow) > 0 && string(c.SlidingWindow) != "null" {
-		// Mistral 7B v0.1 attends to the last 4096 positions only; later
-		// versions set no window. A window no shorter than the context
-		// changes nothing.
+	if c.PartialRotary != nil && *c.PartialRotary != 1 {
+		return bad("partial_rotary_factor %v: partial RoPE is not supported", *c.PartialRotary)
+	}
+	if (c.ModelType == "mistral" || c.ModelType == "phi3") && len(c.SlidingWindow) > 0 && string(c.SlidingWindow) != "null" {
+		// Mistral 7B v0.1 attends to the last 4096 positions only, Phi-3
+		// mini 4k to the last 2047; later versions set no window. A window
+		// no shorter than the context changes nothing.
 		var w int
 		if err := json.Unmarshal(c.SlidingWindow, &w); err != nil || w < c.MaxPositionEmbeddings || c.MaxPositionEmbeddings <= 0 {
 			return bad("sliding_window %s (max_position_embeddings %d): sliding-window attention is not supported", c.SlidingWindow, c.MaxPositionEmbeddings)
@@ -464,6 +470,14 @@ func loadHF(dir string) (m *Model, err error) {
 			}
 			w := bridge.WeightTensor{Name: name, Kind: kind, Layer: layer, Expert: expert, DType: dt,
 				Rows: rows, Cols: cols, Data: tv.Data()}
+			if kind == weightQKV || kind == weightGateUp {
+				parts, err := splitFused(shape, w)
+				if err != nil {
+					return nil, fmt.Errorf("model %s: %s: %w", dir, file, err)
+				}
+				m.Tensors = append(m.Tensors, parts...)
+				continue
+			}
 			// DeepSeek's checkpoints keep the rope tails of q and of the
 			// latent projection in adjacent-pair order (the modeling code
 			// de-interleaves them at run time); the engine restores

@@ -48,8 +48,8 @@ type moeReference struct {
 	Prompts      []moeRefPrompt    `json:"prompts"`
 }
 
-// TestMoEAgainstLlamaCPP: the Qwen3-MoE, Mixtral, DeepSeek and (dense) Qwen3
-// and Qwen2 checkpoints of
+// TestMoEAgainstLlamaCPP: the Qwen3-MoE, Mixtral, DeepSeek and (dense) Qwen3,
+// Qwen2 and Phi-3 checkpoints of
 // tests/testdata/moe (random weights, scripts/reference/make_moe_reference.py)
 // on the CPU engine against llama.cpp's stored greedy continuations, with the
 // experts on one engine and dealt over four expert-parallel members (prompt
@@ -59,7 +59,7 @@ type moeReference struct {
 // logits to one engine (for the dense Qwen3: four engines, each with a
 // quarter of the prompts).
 func TestMoEAgainstLlamaCPP(t *testing.T) {
-	for _, arch := range []string{"qwen3moe", "mixtral", "qwen3", "qwen2", "deepseek2", "deepseek2-lite", "deepseek2-yarn"} {
+	for _, arch := range []string{"qwen3moe", "mixtral", "qwen3", "qwen2", "phi3", "deepseek2", "deepseek2-lite", "deepseek2-yarn"} {
 		t.Run(arch, func(t *testing.T) {
 			raw, err := os.ReadFile(filepath.Join("testdata", "moe", arch+".reference.json"))
 			require.NoError(t, err)
@@ -69,7 +69,7 @@ func TestMoEAgainstLlamaCPP(t *testing.T) {
 			m, err := model.Load(filepath.Join("testdata", "moe", ref.Model))
 			require.NoError(t, err)
 			defer m.Close()
-			require.Equal(t, arch != "qwen3" && arch != "qwen2", m.Shape.MoE(), "%s: mixture of experts", ref.Model)
+			require.Equal(t, arch != "qwen3" && arch != "qwen2" && arch != "phi3", m.Shape.MoE(), "%s: mixture of experts", ref.Model)
 			require.True(t, m.Shape.QKNorm == strings.HasPrefix(arch, "qwen3"), "%s: q/k norms", ref.Model)
 			require.True(t, m.Shape.QKVBias == (arch == "qwen2"), "%s: q/k/v biases", ref.Model)
 			for _, p := range ref.Prompts {
@@ -233,7 +233,7 @@ func argmax(row []float32) int32 {
 // tie or end-of-text token of the reference.
 func TestMoEWorkerMatchesLlamaCPP(t *testing.T) {
 	bin := worker(t)
-	for _, arch := range []string{"qwen3moe", "mixtral", "qwen3", "qwen2", "deepseek2", "deepseek2-lite", "deepseek2-yarn"} {
+	for _, arch := range []string{"qwen3moe", "mixtral", "qwen3", "qwen2", "phi3", "deepseek2", "deepseek2-lite", "deepseek2-yarn"} {
 		t.Run(arch, func(t *testing.T) {
 			raw, err := os.ReadFile(filepath.Join("testdata", "moe", arch+".reference.json"))
 			require.NoError(t, err)

@@ -16,6 +16,8 @@ Architectures (each file is a few hundred KB):
             experts), the same attention as qwen3moe without the router
   qwen2     general.architecture qwen2: the dense Qwen2 / Qwen2.5 decoder: biases
             on the q, k and v projections, NeoX RoPE, tied embeddings
+  phi3      general.architecture phi3: the Phi-3 / Phi-4 decoder: q, k and v in
+            one attn_qkv, gate and up in one ffn_up of twice the width, NeoX RoPE
   mixtral   general.architecture llama with expert_count: 8 experts, top-2,
             adjacent-pair RoPE (GGUF's interleaved Q/K rows), tied embeddings
   deepseek2       general.architecture deepseek2 (DeepSeek-V3-like): MLA with
@@ -88,6 +90,9 @@ ARCHS = {
     "qwen2": dict(arch="qwen2", layers=2, hidden=32, heads=4, kv_heads=2, head_dim=8,
                   experts=0, used=0, expert_ff=0, ff=64, theta=1000000.0, eps=1e-6,
                   tied=True, seed=29004),
+    "phi3": dict(arch="phi3", layers=2, hidden=32, heads=4, kv_heads=2, head_dim=8,
+                 experts=0, used=0, expert_ff=0, ff=48, theta=10000.0, eps=1e-5,
+                 tied=False, seed=29005),
     "mixtral": dict(arch="llama", layers=2, hidden=32, heads=4, kv_heads=2, head_dim=8,
                     experts=8, used=2, expert_ff=32, ff=32, theta=1000000.0, eps=1e-5,
                     tied=True, seed=29002),
@@ -152,7 +157,9 @@ def write_gguf(path, cfg):
     arch = cfg["arch"]
 
     w = gguf.GGUFWriter(path, arch)
-    w.add_name(os.path.splitext(os.path.basename(path))[0])
+    # (llama.cpp gives Phi-3's own special tokens attributes when the name
+    # says phi3, and this vocabulary has none of them.)
+    w.add_name("random-fused" if arch == "phi3" else os.path.splitext(os.path.basename(path))[0])
     w.add_block_count(L)
     w.add_context_length(512)
     w.add_embedding_length(H)
@@ -194,9 +201,13 @@ def write_gguf(path, cfg):
     for l in range(L):
         p = f"blk.{l}."
         w.add_tensor(p + "attn_norm.weight", gain(H))
-        w.add_tensor(p + "attn_q.weight", mat(NH * D, H))
-        w.add_tensor(p + "attn_k.weight", mat(NKV * D, H))
-        w.add_tensor(p + "attn_v.weight", mat(NKV * D, H))
+        if arch == "phi3":
+            # One fused projection, q rows then k then v.
+            w.add_tensor(p + "attn_qkv.weight", np.concatenate([mat(NH * D, H), mat(NKV * D, H), mat(NKV * D, H)]))
+        else:
+            w.add_tensor(p + "attn_q.weight", mat(NH * D, H))
+            w.add_tensor(p + "attn_k.weight", mat(NKV * D, H))
+            w.add_tensor(p + "attn_v.weight", mat(NKV * D, H))
         w.add_tensor(p + "attn_output.weight", mat(H, NH * D))
         if arch == "qwen2":
             # Biases of unit scale (Qwen2's k biases are large): they move every logit.
@@ -209,8 +220,12 @@ def write_gguf(path, cfg):
         w.add_tensor(p + "ffn_norm.weight", gain(H))
         if E == 0:
             FF = cfg["ff"]
-            w.add_tensor(p + "ffn_gate.weight", mat(FF, H))
-            w.add_tensor(p + "ffn_up.weight", mat(FF, H))
+            if arch == "phi3":
+                # ffn_up of twice the width: the gate's rows, then the up projection's.
+                w.add_tensor(p + "ffn_up.weight", np.concatenate([mat(FF, H), mat(FF, H)]))
+            else:
+                w.add_tensor(p + "ffn_gate.weight", mat(FF, H))
+                w.add_tensor(p + "ffn_up.weight", mat(FF, H))
             w.add_tensor(p + "ffn_down.weight", mat(H, FF))
             continue
         # Router logits of unit scale: distinct expert choices per token.
