@@ -25,6 +25,12 @@ func FuzzGGUF(f *testing.F) {
 	if spm, err := os.ReadFile(filepath.Join(spmFixture, "spm-llama.gguf")); err == nil {
 		f.Add(spm[:min(len(spm), 40<<10)])
 	}
+	// Fused projections (phi3) and K-quant super-blocks.
+	for _, p := range []string{filepath.Join("..", "tests", "testdata", "moe", "phi3.gguf"), filepath.Join(kquantFixture, "kquant-types.gguf")} {
+		if b, err := os.ReadFile(p); err == nil {
+			f.Add(b[:min(len(b), 64<<10)])
+		}
+	}
 	if real, err := os.Open(filepath.Join(modeltest.CacheDir(), modeltest.SmolLM2Name)); err == nil {
 		head := make([]byte, 2<<20) // the header and metadata: tokens, merges, template
 		n, _ := io.ReadFull(real, head)
@@ -55,6 +61,12 @@ func FuzzHFTokenizer(f *testing.F) {
 	}
 	f.Add(seed)
 	f.Add([]byte(`{"model":{"type":"BPE","vocab":{"a":0,"zz":1000000000},"merges":[]},"pre_tokenizer":{"type":"ByteLevel"},"decoder":{"type":"ByteLevel"}}`))
+	// SentencePiece forms (byte_fallback): Llama 2's and Mistral's.
+	for _, form := range []string{"hf-llama2", "hf-mistral"} {
+		if b, err := os.ReadFile(filepath.Join(spmFixture, form, "tokenizer.json")); err == nil {
+			f.Add(b)
+		}
+	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		dir := t.TempDir()
 		if err := os.WriteFile(filepath.Join(dir, "tokenizer.json"), data, 0o644); err != nil {
@@ -89,6 +101,12 @@ func FuzzHFConfig(f *testing.F) {
 			`"first_k_dense_replace":1,"scoring_func":"sigmoid","topk_method":"noaux_tc","n_group":2,"topk_group":1,` +
 			`"norm_topk_prob":true,"routed_scaling_factor":2.5,"rope_scaling":{"type":"yarn","factor":4,` +
 			`"original_max_position_embeddings":64}}`,
+		`{"model_type":"qwen2","hidden_size":64,"intermediate_size":96,"num_hidden_layers":3,"num_attention_heads":4,` +
+			`"num_key_value_heads":2,"vocab_size":300,"use_sliding_window":false,"sliding_window":4096}`,
+		`{"model_type":"phi3","hidden_size":64,"intermediate_size":96,"num_hidden_layers":3,"num_attention_heads":4,` +
+			`"num_key_value_heads":2,"vocab_size":300,"sliding_window":null,"partial_rotary_factor":1.0}`,
+		`{"model_type":"mistral","hidden_size":64,"intermediate_size":96,"num_hidden_layers":3,"num_attention_heads":4,` +
+			`"num_key_value_heads":2,"head_dim":32,"vocab_size":300,"sliding_window":128,"max_position_embeddings":128}`,
 	} {
 		f.Add([]byte(c))
 	}
