@@ -1,7 +1,6 @@
 package model
 
 import (
-	"container/heap"
 	"fmt"
 	"strconv"
 	"strings"
@@ -74,22 +73,52 @@ type spmBigram struct {
 	size        int // bytes of the pair when it was pushed
 }
 
+// spmQueue is a binary max-heap of bigrams (highest priority, then
+// leftmost, first), typed to avoid container/heap's boxing.
 type spmQueue []spmBigram
 
-func (q spmQueue) Len() int { return len(q) }
-func (q spmQueue) Less(i, j int) bool {
+func (q spmQueue) before(i, j int) bool {
 	if q[i].prio != q[j].prio {
 		return q[i].prio > q[j].prio
 	}
 	return q[i].left < q[j].left
 }
-func (q spmQueue) Swap(i, j int) { q[i], q[j] = q[j], q[i] }
-func (q *spmQueue) Push(x any)   { *q = append(*q, x.(spmBigram)) }
-func (q *spmQueue) Pop() any {
-	old := *q
-	x := old[len(old)-1]
-	*q = old[:len(old)-1]
-	return x
+
+func (q *spmQueue) push(b spmBigram) {
+	*q = append(*q, b)
+	h := *q
+	for i := len(h) - 1; i > 0; {
+		parent := (i - 1) / 2
+		if !h.before(i, parent) {
+			break
+		}
+		h[i], h[parent] = h[parent], h[i]
+		i = parent
+	}
+}
+
+func (q *spmQueue) pop() spmBigram {
+	h := *q
+	top := h[0]
+	last := len(h) - 1
+	h[0] = h[last]
+	h = h[:last]
+	for i := 0; ; {
+		l, r, best := 2*i+1, 2*i+2, i
+		if l < len(h) && h.before(l, best) {
+			best = l
+		}
+		if r < len(h) && h.before(r, best) {
+			best = r
+		}
+		if best == i {
+			break
+		}
+		h[i], h[best] = h[best], h[i]
+		i = best
+	}
+	*q = h
+	return top
 }
 
 // spmEncode appends the tokens of one run of plain text; first says the
@@ -150,7 +179,7 @@ func (t *Tokenizer) spmMerge(out []int32, s string) []int32 {
 		if t.spec.Scores != nil {
 			// llama.cpp: any pair that spells a token, by the token's score.
 			if id, ok := t.vocab[s[a.start:b.start+b.n]]; ok {
-				heap.Push(&q, spmBigram{prio: float64(t.spec.Scores[id]), left: l, right: r, size: a.n + b.n})
+				q.push(spmBigram{prio: float64(t.spec.Scores[id]), left: l, right: r, size: a.n + b.n})
 			}
 			return
 		}
@@ -159,15 +188,15 @@ func (t *Tokenizer) spmMerge(out []int32, s string) []int32 {
 		ib, okB := t.vocab[s[b.start:b.start+b.n]]
 		if okA && okB {
 			if m, ok := t.merges[pairKey(ia, ib)]; ok {
-				heap.Push(&q, spmBigram{prio: -float64(m.rank), left: l, right: r, size: a.n + b.n})
+				q.push(spmBigram{prio: -float64(m.rank), left: l, right: r, size: a.n + b.n})
 			}
 		}
 	}
 	for i := 1; i < len(syms); i++ {
 		try(i-1, i)
 	}
-	for q.Len() > 0 {
-		bg := heap.Pop(&q).(spmBigram)
+	for len(q) > 0 {
+		bg := q.pop()
 		l, r := &syms[bg.left], &syms[bg.right]
 		if l.n == 0 || r.n == 0 || l.n+r.n != bg.size {
 			continue // one of the pair was merged since

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"unicode/utf8"
 )
@@ -158,5 +159,20 @@ func TestSPMHFTokenizerMatchesTokenizers(t *testing.T) {
 			}
 			t.Logf("%s: %d cases agree with tokenizers %s", name, n, ref.Tools["tokenizers"])
 		})
+	}
+}
+
+// BenchmarkSPMEncode: SentencePiece encoding of the text BenchmarkSmolEncode
+// encodes (make bench), with the fixture's 1 001-piece vocabulary; the
+// whole text is one run of symbols (no pre-tokeniser, no cache).
+func BenchmarkSPMEncode(b *testing.B) {
+	tok, err := LoadGGUFTokenizer(filepath.Join(spmFixture, "spm-llama.gguf"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	text := strings.Repeat("The quick brown fox, 12345 times: café 東京 😀\n\tdef f(x): return x\n", 200)
+	b.SetBytes(int64(len(text)))
+	for b.Loop() {
+		tok.Encode(text, EncodeOptions{})
 	}
 }
