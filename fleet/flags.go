@@ -61,7 +61,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.IntVar(&o.TokensPerPage, "tokens-per-page", o.TokensPerPage, "tokens per KV page")
 	fs.IntVar(&o.HostPages, "host-pages", o.HostPages, "host-tier KV pages per rank (0 = no host tier)")
 	fs.IntVar(&o.MaxSeqLen, "max-seq-len", o.MaxSeqLen, "longest sequence in tokens (0 = the pool's size)")
-	fs.StringVar(&o.CPUKernels, "cpu-kernels", o.CPUKernels, "the CPU engine's products: exact (float32, the reference) or quant (a checkpoint's Q8_0/Q4_0/Q4_1 projections in their blocks against 8-bit activations: faster, close to but not the exact tokens)")
+	fs.StringVar(&o.CPUKernels, "cpu-kernels", o.CPUKernels, "the CPU engine's products: exact (float32, the reference) or quant (a checkpoint's Q8_0/Q4_0/Q4_1 projections in their blocks, its Q5 and K-quant ones converted to Q8_0 blocks, against 8-bit activations: faster and smaller, close to but not the exact tokens)")
 	fs.IntVar(&o.CPUThreads, "cpu-threads", o.CPUThreads, "threads per rank of the CPU engine, 1-1024 (0 = the cores this process may use, shared by its ranks); every count gives the same tokens")
 	fs.IntVar(&o.Scheduler.MaxBatchSize, "max-batch-size", o.Scheduler.MaxBatchSize, "requests per iteration per rank")
 	fs.IntVar(&o.Scheduler.MaxNumTokens, "max-num-tokens", o.Scheduler.MaxNumTokens, "token budget per iteration per rank (0 = unlimited)")

@@ -134,6 +134,13 @@ func compareWithReference(t *testing.T, ref moeReference, logits [][][]float32) 
 // logits [prompt][step][vocab]. The step feeds our own greedy token.
 func runMoEReference(t *testing.T, m *model.Model, ref moeReference, ep int) [][][]float32 {
 	t.Helper()
+	return runReferenceKernels(t, m, ref, ep, "")
+}
+
+// runReferenceKernels is runMoEReference on the CPU engine's kernels
+// (bridge.Config.CPUKernels).
+func runReferenceKernels(t *testing.T, m *model.Model, ref moeReference, ep int, kernels string) [][][]float32 {
+	t.Helper()
 	const P = 16
 	var group *native.CPGroup
 	if ep > 1 && m.Shape.MoE() {
@@ -167,7 +174,7 @@ func runMoEReference(t *testing.T, m *model.Model, ref moeReference, ep int) [][
 		for _, tb := range members[r].tables {
 			pages += len(tb)
 		}
-		cfg := bridge.Config{Shape: m.Shape, Tensors: m.Tensors, NumPages: pages, TokensPerPage: P}
+		cfg := bridge.Config{Shape: m.Shape, Tensors: m.Tensors, NumPages: pages, TokensPerPage: P, CPUKernels: kernels}
 		if group != nil {
 			cfg.Expert = &bridge.ExpertMember{Group: group, Rank: r, Size: ep}
 		}

@@ -591,6 +591,65 @@ bool load_mla_tensor(const eng_model_shape& s, const eng_tensor& t, LayerWeights
   return false;
 }
 
+namespace {
+
+// float -> IEEE half, round to nearest even (finite inputs of a Q8_0 scale).
+uint16_t float_to_half(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, sizeof x);
+  const uint32_t sign = (x >> 16) & 0x8000u;
+  const int32_t exp = static_cast<int32_t>((x >> 23) & 0xFF) - 127 + 15;
+  uint32_t man = x & 0x7FFFFFu;
+  if (exp >= 31) return static_cast<uint16_t>(sign | 0x7C00u);  // overflow: infinity
+  if (exp <= 0) {  // a subnormal half (or zero)
+    if (exp < -10) return static_cast<uint16_t>(sign);
+    man |= 0x800000u;
+    const int shift = 14 - exp;
+    uint32_t h = man >> shift;
+    const uint32_t rest = man & ((1u << shift) - 1), half = 1u << (shift - 1);
+    if (rest > half || (rest == half && (h & 1))) ++h;
+    return static_cast<uint16_t>(sign | h);
+  }
+  uint32_t h = static_cast<uint32_t>(exp) << 10 | man >> 13;
+  const uint32_t rest = man & 0x1FFFu;
+  if (rest > 0x1000u || (rest == 0x1000u && (h & 1))) ++h;  // may carry into the exponent: still right
+  return static_cast<uint16_t>(sign | h);
+}
+
+// The quantised types the int8 kernels do not read (Q5_0, Q5_1, the K
+// types): under the quant kernels their projections are converted to Q8_0.
+bool requantised_dtype(int32_t dtype) { return dtype >= ENG_DTYPE_Q5_0 && dtype <= ENG_DTYPE_Q6_K; }
+
+// A Q8_0 copy of t (ggml's quantize_row_q8_0: per 32 values d = max|x| /
+// 127, q = round(x / d), d stored as a half) in bytes, which back the
+// returned tensor until bytes changes.
+eng_tensor requantise_q8_0(const eng_tensor& t, std::vector<uint8_t>* bytes) {
+  const int64_t rb = dtype_row_bytes(ENG_DTYPE_Q8_0, t.cols), src_rb = dtype_row_bytes(t.dtype, t.cols);
+  bytes->assign(static_cast<size_t>(rb * t.rows), 0);
+  std::vector<float> row(static_cast<size_t>(t.cols));
+  for (int64_t r = 0; r < t.rows; ++r) {
+    dequantize_row(t.dtype, static_cast<const uint8_t*>(t.data) + r * src_rb, t.cols, row.data());
+    uint8_t* out = bytes->data() + r * rb;
+    for (int64_t b = 0; b < t.cols / kBlock; ++b, out += 34) {
+      const float* x = row.data() + b * kBlock;
+      float amax = 0.0f;
+      for (int j = 0; j < kBlock; ++j) amax = std::max(amax, std::fabs(x[j]));
+      const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+      const uint16_t h = float_to_half(d);
+      out[0] = static_cast<uint8_t>(h & 0xFF);
+      out[1] = static_cast<uint8_t>(h >> 8);
+      for (int j = 0; j < kBlock; ++j) out[2 + j] = static_cast<uint8_t>(static_cast<int8_t>(std::lround(x[j] * id)));
+    }
+  }
+  eng_tensor q = t;
+  q.dtype = ENG_DTYPE_Q8_0;
+  q.data = bytes->data();
+  q.nbytes = rb * t.rows;
+  return q;
+}
+
+}  // namespace
+
 Weights load_weights(const eng_model_shape& s, const eng_tensor* tensors, int32_t n, bool quant) {
   Weights w;
   w.tied = s.tied_embeddings != 0;
@@ -643,7 +702,13 @@ Weights load_weights(const eng_model_shape& s, const eng_tensor* tensors, int32_
           default: break;
         }
         // (An MLA shape's WQ stays float: its rope tails are reordered on load.)
-        if (pk != nullptr && quant_dtype(t.dtype) && !(s.kv_lora_rank > 0 && t.kind == ENG_WEIGHT_WQ)) {
+        const bool mla_wq = s.kv_lora_rank > 0 && t.kind == ENG_WEIGHT_WQ;
+        if (quant && q != nullptr && requantised_dtype(t.dtype) && !mla_wq) {
+          std::vector<uint8_t> q8;
+          *q = pack_quant_matrix(requantise_q8_0(t, &q8), s.head_dim);
+          continue;
+        }
+        if (pk != nullptr && quant_dtype(t.dtype) && !mla_wq) {
           if (quant && q != nullptr) {
             *q = pack_quant_matrix(t, s.head_dim);
             continue;
@@ -652,7 +717,11 @@ Weights load_weights(const eng_model_shape& s, const eng_tensor* tensors, int32_
         }
       }
     }
-    if ((t.kind == ENG_WEIGHT_LM_HEAD || (t.kind == ENG_WEIGHT_EMBEDDING && w.tied)) && quant_dtype(t.dtype)) {
+    if ((t.kind == ENG_WEIGHT_LM_HEAD || (t.kind == ENG_WEIGHT_EMBEDDING && w.tied)) && quant && requantised_dtype(t.dtype)) {
+      std::vector<uint8_t> q8;
+      w.q_lm_head = pack_quant_matrix(requantise_q8_0(t, &q8), s.head_dim);
+      if (!w.tied) continue;  // a tied embedding keeps its float copy for the lookups
+    } else if ((t.kind == ENG_WEIGHT_LM_HEAD || (t.kind == ENG_WEIGHT_EMBEDDING && w.tied)) && quant_dtype(t.dtype)) {
       if (!quant) {
         w.p_lm_head = pack_exact_matrix(t, s.head_dim);
       } else {
