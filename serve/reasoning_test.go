@@ -183,3 +183,53 @@ func TestChatTemplateKwargs(t *testing.T) {
 		require.Contains(t, e["message"], c.msg)
 	}
 }
+
+// The Responses API gives the thinking as a reasoning item before the
+// message, whole and streamed (reasoning_text events, then the message's
+// output_text ones); log-probabilities are refused with a reasoning
+// parser there.
+func TestResponsesReasoningItem(t *testing.T) {
+	s, ts := reasoningServer(t, "deepseek_r1")
+	url := ts.URL
+	answer := "Two and two.</think>It is 4."
+	done := postResponse(t, url, `{"model": "m", "input": "2+2?"}`)
+	deliver(s, takeArrival(t, s), answer)
+	out := (<-done)["output"].([]any)
+	require.Len(t, out, 2)
+	rs, msg := out[0].(map[string]any), out[1].(map[string]any)
+	require.Equal(t, "reasoning", rs["type"])
+	require.Equal(t, []any{}, rs["summary"])
+	require.Equal(t, "Two and two.", rs["content"].([]any)[0].(map[string]any)["text"])
+	require.Equal(t, "reasoning_text", rs["content"].([]any)[0].(map[string]any)["type"])
+	require.Equal(t, "It is 4.", msg["content"].([]any)[0].(map[string]any)["text"])
+
+	b := streamBody(t, url+"/v1/responses", `{"model": "m", "input": "2+2?", "stream": true}`)
+	a := takeArrival(t, s)
+	toks := s.cfg.Tokenizer.Encode(answer, model.EncodeOptions{})
+	streamPieces(s, a, toks[:4], toks[4:16])
+	deliverTokens(s, a, toks[16:], true, 0)
+	evs := responseEvents(t, <-b)
+	var types []string
+	thought, text := "", ""
+	for i, ev := range evs {
+		require.EqualValues(t, i, ev["sequence_number"])
+		types = append(types, ev["type"].(string))
+		switch ev["type"] {
+		case "response.reasoning_text.delta":
+			thought += ev["delta"].(string)
+		case "response.output_text.delta":
+			text += ev["delta"].(string)
+		}
+	}
+	require.Equal(t, "Two and two.", thought)
+	require.Equal(t, "It is 4.", text)
+	require.Contains(t, types, "response.reasoning_text.done")
+	final := evs[len(evs)-1]["response"].(map[string]any)["output"].([]any)
+	require.Len(t, final, 2)
+	require.Equal(t, "reasoning", final[0].(map[string]any)["type"])
+	require.Equal(t, 1.0, evs[len(evs)-2]["output_index"]) // the message's output_item.done
+
+	status, m := post(t, ts, "/v1/responses", "", `{"model": "m", "input": "hi", "top_logprobs": 2}`)
+	require.Equal(t, 400, status, "%v", m)
+	require.Contains(t, m["error"].(map[string]any)["message"], "--reasoning-parser")
+}

@@ -40,8 +40,14 @@ type responsesWriter struct {
 	created bool            // response.created and response.in_progress are out
 	msgOpen bool            // the message item is open (its text streaming)
 	text    strings.Builder // the streamed message text
-	outputs []openai.OutputItem
-	tok     *model.Tokenizer // names the tokens of the log-probabilities
+	// rsOpen: the reasoning item is open (its thinking streaming, with a
+	// reasoning parser); rsText is that thinking. hadMessage and hadCalls:
+	// a message item, or calls, went out.
+	rsOpen               bool
+	rsText               strings.Builder
+	hadMessage, hadCalls bool
+	outputs              []openai.OutputItem
+	tok                  *model.Tokenizer // names the tokens of the log-probabilities
 	// lps are the streamed message's tokens' log-probabilities (when
 	// asked for: genParams.Logprobs).
 	lps []openai.ChatTokenLogprob
@@ -69,6 +75,59 @@ func newResponsesWriter(w http.ResponseWriter, model, id string, created int64, 
 }
 
 func (rw *responsesWriter) msgID() string { return "msg_" + strings.TrimPrefix(rw.base.ID, "resp_") }
+
+// rsID is the reasoning item's id.
+func (rw *responsesWriter) rsID() string { return "rs_" + strings.TrimPrefix(rw.base.ID, "resp_") }
+
+// reasoningItem is the completed reasoning item of a thinking.
+func (rw *responsesWriter) reasoningItem(thought string) openai.OutputItem {
+	return openai.OutputItem{Type: "reasoning", ID: rw.rsID(), Status: "completed", Summary: &[]any{},
+		Content: []openai.ContentPart{{Type: "reasoning_text", Text: thought}}}
+}
+
+// thinking streams a piece of the answer's thinking in the reasoning item
+// (opened on the first piece).
+func (rw *responsesWriter) thinking(thought string) error {
+	idx := len(rw.outputs)
+	if !rw.rsOpen {
+		rw.rsOpen = true
+		item := openai.OutputItem{Type: "reasoning", ID: rw.rsID(), Status: "in_progress", Summary: &[]any{}, Content: []openai.ContentPart{}}
+		part := openai.ContentPart{Type: "reasoning_text"}
+		for _, ev := range []openai.ResponseEvent{
+			{Type: "response.output_item.added", OutputIndex: intp(idx), Item: &item},
+			{Type: "response.content_part.added", ItemID: item.ID, OutputIndex: intp(idx), ContentIndex: intp(0), Part: &part},
+		} {
+			if err := rw.event(ev); err != nil {
+				return err
+			}
+		}
+	}
+	rw.rsText.WriteString(thought)
+	return rw.event(openai.ResponseEvent{Type: "response.reasoning_text.delta", ItemID: rw.rsID(), OutputIndex: intp(idx),
+		ContentIndex: intp(0), Delta: strp(thought)})
+}
+
+// closeReasoning ends the streamed reasoning item, if one is open.
+func (rw *responsesWriter) closeReasoning() error {
+	if !rw.rsOpen {
+		return nil
+	}
+	rw.rsOpen = false
+	idx, thought := len(rw.outputs), rw.rsText.String()
+	item := rw.reasoningItem(thought)
+	part := item.Content[0]
+	for _, ev := range []openai.ResponseEvent{
+		{Type: "response.reasoning_text.done", ItemID: item.ID, OutputIndex: intp(idx), ContentIndex: intp(0), Text: strp(thought)},
+		{Type: "response.content_part.done", ItemID: item.ID, OutputIndex: intp(idx), ContentIndex: intp(0), Part: &part},
+		{Type: "response.output_item.done", OutputIndex: intp(idx), Item: &item},
+	} {
+		if err := rw.event(ev); err != nil {
+			return err
+		}
+	}
+	rw.outputs = append(rw.outputs, item)
+	return nil
+}
 
 // event writes one server-sent event named by its type.
 func (rw *responsesWriter) event(ev openai.ResponseEvent) error {
@@ -117,7 +176,20 @@ func (rw *responsesWriter) delta(ch *choiceRun, text string, ids []int32, lps []
 		entries = chatLogprobs(rw.tok, ids, lps)
 		rw.lps = append(rw.lps, entries...)
 	}
-	if err := rw.begin(); err != nil || text == "" {
+	if err := rw.begin(); err != nil {
+		return err
+	}
+	if ch.thought != "" {
+		thought := ch.thought
+		ch.thought = ""
+		if err := rw.thinking(thought); err != nil {
+			return err
+		}
+	}
+	if text == "" {
+		return nil
+	}
+	if err := rw.closeReasoning(); err != nil {
 		return err
 	}
 	if err := rw.openMessage(); err != nil {
@@ -133,13 +205,13 @@ func (rw *responsesWriter) openMessage() error {
 	if rw.msgOpen {
 		return nil
 	}
-	rw.msgOpen = true
+	rw.msgOpen, rw.hadMessage = true, true
 	idx := len(rw.outputs)
 	item := openai.OutputItem{Type: "message", ID: rw.msgID(), Status: "in_progress", Role: "assistant", Content: []openai.ContentPart{}}
 	if err := rw.event(openai.ResponseEvent{Type: "response.output_item.added", OutputIndex: intp(idx), Item: &item}); err != nil {
 		return err
 	}
-	part := openai.ContentPart{Type: "output_text", Annotations: []any{}}
+	part := openai.ContentPart{Type: "output_text", Annotations: &[]any{}}
 	return rw.event(openai.ResponseEvent{Type: "response.content_part.added", ItemID: item.ID, OutputIndex: intp(idx),
 		ContentIndex: intp(0), Part: &part})
 }
@@ -151,7 +223,7 @@ func (rw *responsesWriter) closeMessage() error {
 	}
 	rw.msgOpen = false
 	idx, text := len(rw.outputs), rw.text.String()
-	part := openai.ContentPart{Type: "output_text", Text: text, Annotations: []any{}, Logprobs: rw.lps}
+	part := openai.ContentPart{Type: "output_text", Text: text, Annotations: &[]any{}, Logprobs: rw.lps}
 	item := rw.message(text, rw.lps)
 	for _, ev := range []openai.ResponseEvent{
 		{Type: "response.output_text.done", ItemID: item.ID, OutputIndex: intp(idx), ContentIndex: intp(0), Text: strp(text), Logprobs: rw.lps},
@@ -170,7 +242,7 @@ func (rw *responsesWriter) closeMessage() error {
 // log-probabilities when asked for).
 func (rw *responsesWriter) message(text string, lps []openai.ChatTokenLogprob) openai.OutputItem {
 	return openai.OutputItem{Type: "message", ID: rw.msgID(), Status: "completed", Role: "assistant",
-		Content: []openai.ContentPart{{Type: "output_text", Text: text, Annotations: []any{}, Logprobs: lps}}}
+		Content: []openai.ContentPart{{Type: "output_text", Text: text, Annotations: &[]any{}, Logprobs: lps}}}
 }
 
 // callItem is a function call's output item.
@@ -184,9 +256,13 @@ func (rw *responsesWriter) toolCalls(_ *choiceRun, calls []openai.ToolCall, para
 	if err := rw.begin(); err != nil {
 		return err
 	}
+	if err := rw.closeReasoning(); err != nil {
+		return err
+	}
 	if err := rw.closeMessage(); err != nil {
 		return err
 	}
+	rw.hadCalls = true
 	for _, c := range firstCall(calls, parallel) {
 		idx, item := len(rw.outputs), callItem(c)
 		open := item
@@ -213,8 +289,11 @@ func (rw *responsesWriter) finishChoice(_ *choiceRun, _ openai.Usage) error {
 	if err := rw.begin(); err != nil {
 		return err
 	}
-	if len(rw.outputs) == 0 {
-		// An answer without text or calls is an empty message, as the
+	if err := rw.closeReasoning(); err != nil {
+		return err
+	}
+	if !rw.hadMessage && !rw.hadCalls {
+		// An answer without text or calls has an empty message, as the
 		// non-streamed body has it.
 		if err := rw.openMessage(); err != nil {
 			return err
@@ -248,6 +327,12 @@ func (rw *responsesWriter) done(runs []*choiceRun, u openai.Usage) {
 	text := ch.text.String()
 	var output []openai.OutputItem
 	var calls []openai.ToolCall
+	if rw.p.Reasoning != nil && ch.finish != "error" {
+		if thought, content, ok := rw.p.Reasoning.split(text); ok {
+			output = append(output, rw.reasoningItem(thought))
+			text = content
+		}
+	}
 	if rw.p.ToolParser != nil && ch.finish != "error" {
 		if content, cs, ok := rw.p.ToolParser.parse(text); ok {
 			text, calls = content, firstCall(cs, rw.p.ParallelToolCalls)

@@ -392,8 +392,14 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request, endpoint string,
 		return
 	}
 	p := cr.params
-	if endpoint == "chat" {
-		p.Reasoning = s.thinking // (the Responses API keeps the thinking in its text)
+	if endpoint == "chat" || endpoint == "responses" {
+		p.Reasoning = s.thinking
+	}
+	if endpoint == "responses" && p.Reasoning != nil && p.Logprobs {
+		// (Its log-probabilities belong to the message's text; the
+		// thinking's tokens would need their own list.)
+		fail(badRequest("include", "log-probabilities are not given on the Responses API with --reasoning-parser; use /v1/chat/completions"))
+		return
 	}
 	if s.cfg.MaxQueue > 0 && len(cr.choices) > s.cfg.MaxQueue {
 		fail(badRequest("n", "%d choices (prompts × n) exceed the server's bound of %d requests in flight (--max-queue)",

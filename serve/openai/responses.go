@@ -71,12 +71,15 @@ type OutputItem struct {
 	Name      string        `json:"name,omitempty"`
 	Role      string        `json:"role,omitempty"`
 	Status    string        `json:"status"`
-	Type      string        `json:"type"`
+	// Summary is a reasoning item's (always a list, empty here).
+	Summary *[]any `json:"summary,omitempty"`
+	Type    string `json:"type"`
 }
 
-// ContentPart is a part of a message: Type "output_text".
+// ContentPart is a part of a message (Type "output_text") or of a
+// reasoning item ("reasoning_text").
 type ContentPart struct {
-	Annotations []any `json:"annotations"`
+	Annotations *[]any `json:"annotations,omitempty"` // output_text: always a list
 	// Logprobs are an output_text part's tokens' log-probabilities, when
 	// asked for (include "message.output_text.logprobs" or top_logprobs).
 	Logprobs []ChatTokenLogprob `json:"logprobs,omitempty"`
