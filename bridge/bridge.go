@@ -47,6 +47,14 @@ type ModelShape struct {
 	// WeightKBias, WeightVBias) right after the product, before the q/k
 	// norms and RoPE (Qwen2, Qwen2.5).
 	QKVBias bool `json:"qkv_bias,omitempty"`
+	// Granite's multipliers, each 0 = none: EmbeddingScale multiplies the
+	// embedding, ResidualScale each layer's attention and MLP outputs
+	// before the residual add, AttentionScale replaces 1/sqrt(head_dim),
+	// and the logits are multiplied by 1/LogitScale.
+	EmbeddingScale float32 `json:"embedding_scale,omitempty"`
+	ResidualScale  float32 `json:"residual_scale,omitempty"`
+	AttentionScale float32 `json:"attention_scale,omitempty"`
+	LogitScale     float32 `json:"logit_scale,omitempty"`
 
 	// Multi-head latent attention (DeepSeek-V2/V3, Kimi K2; docs/models.md
 	// "MLA"); KVLoraRank 0 = GQA (the other MLA fields are then 0). With

@@ -85,6 +85,17 @@ func LookupPreset(name string) (ModelShape, error) {
 
 // Validate checks a shape's internal consistency; the error names the field.
 func (s ModelShape) Validate() error {
+	for _, f := range []struct {
+		name string
+		v    float32
+	}{{"embedding_scale", s.EmbeddingScale}, {"residual_scale", s.ResidualScale}, {"attention_scale", s.AttentionScale}, {"logit_scale", s.LogitScale}} {
+		if !(f.v >= 0) || math.IsInf(float64(f.v), 0) {
+			return fmt.Errorf("model shape: %s must be >= 0 and finite (0 = none), got %g", f.name, f.v)
+		}
+		if f.v != 0 && s.KVLoraRank > 0 {
+			return fmt.Errorf("model shape: MLA with Granite's multipliers (%s) is not supported", f.name)
+		}
+	}
 	switch {
 	case s.NumLayers <= 0:
 		return fmt.Errorf("model shape: num_layers must be positive, got %d", s.NumLayers)

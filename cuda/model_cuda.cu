@@ -130,6 +130,9 @@ std::unique_ptr<Backend> make_cuda_backend(const EngineParams& params) {
     throw EngineError(ENG_UNSUPPORTED, "the CUDA backend has no per-head q/k RMSNorm (qk_norm, Qwen3) yet");
   if (params.shape.qkv_bias)
     throw EngineError(ENG_UNSUPPORTED, "the CUDA backend has no q/k/v projection biases (qkv_bias, Qwen2) yet");
+  if (params.shape.embedding_scale != 0 || params.shape.residual_scale != 0 || params.shape.attention_scale != 0 ||
+      params.shape.logit_scale != 0)
+    throw EngineError(ENG_UNSUPPORTED, "the CUDA backend has no Granite multipliers (embedding, residual, attention, logit scales) yet");
   if (params.shape.kv_lora_rank == 0 &&
       int64_t{params.shape.num_heads} * params.shape.head_dim != params.shape.hidden_size)
     throw EngineError(ENG_UNSUPPORTED, "the CUDA backend needs hidden_size == num_heads * head_dim");

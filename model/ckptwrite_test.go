@@ -546,7 +546,7 @@ func writeGGUF(t testing.TB, m *tinyModel, o ggufOptions) string {
 		// models use its NeoX rotation).
 		switch x.kind {
 		case bridge.WeightQ, bridge.WeightK:
-			if arch == "llama" {
+			if arch == "llama" || arch == "granite" {
 				order = ggufRowOrder(x.rows, s.HeadDim)
 			}
 		}

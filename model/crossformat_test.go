@@ -445,6 +445,49 @@ func TestCrossFormatPhi3(t *testing.T) {
 	}
 }
 
+// TestCrossFormatGranite: a Granite checkpoint (a Llama with four
+// multipliers) loads its multipliers from GGUF (granite.embedding_scale,
+// residual_scale, attention.scale, logit_scale) and from a Hugging Face
+// config (embedding_multiplier, residual_multiplier, attention_multiplier,
+// logits_scaling) alike, runs bit-identically from both, and differs from
+// the same weights as a plain Llama; Granite's fields on another
+// model_type are refused.
+func TestCrossFormatGranite(t *testing.T) {
+	m := newTinyModel(15, true)
+	gg := writeGGUF(t, m, ggufOptions{arch: "granite", kvs: func(kvs []ggufKV) []ggufKV {
+		return append(kvs, ggufKV{"granite.embedding_scale", float32(12)}, ggufKV{"granite.residual_scale", float32(0.22)},
+			ggufKV{"granite.attention.scale", float32(0.125)}, ggufKV{"granite.logit_scale", float32(16)})
+	}})
+	granite := func(c map[string]any) {
+		c["model_type"], c["architectures"] = "granite", []string{"GraniteForCausalLM"}
+		c["embedding_multiplier"], c["residual_multiplier"], c["attention_multiplier"], c["logits_scaling"] = 12.0, 0.22, 0.125, 16.0
+	}
+	hf := writeHF(t, m, hfOptions{config: granite})
+	want := bridge.ModelShape{EmbeddingScale: 12, ResidualScale: 0.22, AttentionScale: 0.125, LogitScale: 16}
+	for _, p := range []string{gg, hf} {
+		s := loadOK(t, p).Shape
+		if s.EmbeddingScale != want.EmbeddingScale || s.ResidualScale != want.ResidualScale || s.AttentionScale != want.AttentionScale || s.LogitScale != want.LogitScale {
+			t.Fatalf("%s: multipliers %+v", p, s)
+		}
+	}
+	run := crossCheck(t, gg, hf)
+	if haveEngine() {
+		plain := loadOK(t, writeHF(t, m, hfOptions{}))
+		other := runEngine(t, plain, crossPrompt(t, plain))
+		same := true
+		for i := range run.logits[0] {
+			same = same && run.logits[0][i] == other.logits[0][i]
+		}
+		if same {
+			t.Fatal("Granite's multipliers left the logits unchanged")
+		}
+	}
+	bad := writeHF(t, m, hfOptions{config: func(c map[string]any) { c["logits_scaling"] = 16.0 }})
+	if _, err := Load(bad); err == nil || !strings.Contains(err.Error(), "Granite's (model_type granite)") {
+		t.Fatalf("logits_scaling on llama: %v", err)
+	}
+}
+
 func TestCrossFormatQ8_0(t *testing.T) {
 	for _, tied := range []bool{false, true} {
 		name := map[bool]string{false: "untied", true: "tied"}[tied]

@@ -75,7 +75,8 @@ var blkProjBias = regexp.MustCompile(`^blk\.(\d+)\.attn_([qkv])\.bias$`)
 var projBiasKind = map[string]bridge.WeightKind{"q": bridge.WeightQBias, "k": bridge.WeightKBias, "v": bridge.WeightVBias}
 
 // ggufArchitectures are the general.architecture values this loader reads:
-// Llama (dense, or with experts: Mixtral), Phi-3 (fused projections),
+// Llama (dense, or with experts: Mixtral), Granite (Llama with four
+// multipliers), Phi-3 (fused projections),
 // Qwen2 (q/k/v biases), Qwen3 (q/k norms), Qwen3-MoE and DeepSeek-V2/V3
 // (deepseek2: MLA, docs/models.md).
 // The value says whether
@@ -83,8 +84,9 @@ var projBiasKind = map[string]bridge.WeightKind{"q": bridge.WeightQBias, "k": br
 // (it permutes them for "llama"; DeepSeek's checkpoints are interleaved
 // in the rope tails of q and of the latent projection; Qwen models use its
 // NeoX rotation, which is rotate-half).
-var ggufArchitectures = map[string]struct{ interleaved, qkNorm, qkvBias, mla bool }{
+var ggufArchitectures = map[string]struct{ interleaved, qkNorm, qkvBias, mla, granite bool }{
 	"llama":     {interleaved: true},
+	"granite":   {interleaved: true, granite: true},
 	"phi3":      {},
 	"qwen2":     {qkvBias: true},
 	"qwen3":     {qkNorm: true},
@@ -93,7 +95,7 @@ var ggufArchitectures = map[string]struct{ interleaved, qkNorm, qkvBias, mla boo
 }
 
 // ggufArchitectureNames lists them for messages.
-const ggufArchitectureNames = "deepseek2, llama, phi3, qwen2, qwen3, qwen3moe"
+const ggufArchitectureNames = "deepseek2, granite, llama, phi3, qwen2, qwen3, qwen3moe"
 
 // parseGGUF parses a GGUF file's header. The parser panics on some
 // corrupt headers (a size product that overflows); that panic is the
@@ -175,6 +177,22 @@ func loadGGUF(path string) (m *Model, err error) {
 		return nil, err
 	}
 	shape.QKNorm, shape.QKVBias = archInfo.qkNorm, archInfo.qkvBias
+	if archInfo.granite {
+		for _, f := range []struct {
+			key string
+			dst *float32
+		}{{"embedding_scale", &shape.EmbeddingScale}, {"residual_scale", &shape.ResidualScale},
+			{"attention.scale", &shape.AttentionScale}, {"logit_scale", &shape.LogitScale}} {
+			v, err := num(f.key, 0, false)
+			if err != nil {
+				return nil, err
+			}
+			if !(v >= 0) || math.IsInf(v, 0) {
+				return nil, fmt.Errorf("model %s: GGUF metadata %s.%s = %v is not a non-negative number", path, arch, f.key, v)
+			}
+			*f.dst = float32(v)
+		}
+	}
 	theta, err := num("rope.freq_base", 10000, false)
 	if err != nil {
 		return nil, err

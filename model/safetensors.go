@@ -49,7 +49,12 @@ type hfModelConfig struct {
 	SharedExpertSize    int             `json:"shared_expert_intermediate_size"`
 	SlidingWindow       json.RawMessage `json:"sliding_window"`
 	PartialRotary       *float64        `json:"partial_rotary_factor"`
-	UseSlidingWindow    bool            `json:"use_sliding_window"`
+	// Granite's multipliers.
+	EmbeddingMultiplier float64 `json:"embedding_multiplier"`
+	ResidualMultiplier  float64 `json:"residual_multiplier"`
+	AttentionMultiplier float64 `json:"attention_multiplier"`
+	LogitsScaling       float64 `json:"logits_scaling"`
+	UseSlidingWindow    bool    `json:"use_sliding_window"`
 	// DeepSeek-V2/V3 and Kimi K2 (model_type deepseek_v2, deepseek_v3,
 	// kimi_k2): latent attention and their MoE.
 	QLoraRank          *int            `json:"q_lora_rank"`
@@ -70,10 +75,10 @@ type hfModelConfig struct {
 }
 
 // hfModelTypes are the config.json model_type values this loader reads.
-var hfModelTypes = map[string]bool{"llama": true, "mistral": true, "phi3": true, "qwen2": true, "qwen3": true, "qwen3_moe": true, "mixtral": true,
+var hfModelTypes = map[string]bool{"llama": true, "granite": true, "mistral": true, "phi3": true, "qwen2": true, "qwen3": true, "qwen3_moe": true, "mixtral": true,
 	"deepseek_v2": true, "deepseek_v3": true, "kimi_k2": true}
 
-const hfModelTypeNames = "deepseek_v2, deepseek_v3, kimi_k2, llama, mistral, mixtral, phi3, qwen2, qwen3, qwen3_moe"
+const hfModelTypeNames = "deepseek_v2, deepseek_v3, granite, kimi_k2, llama, mistral, mixtral, phi3, qwen2, qwen3, qwen3_moe"
 
 // hfDeepSeek reports whether a model_type is DeepSeek's architecture.
 func hfDeepSeek(t string) bool { return t == "deepseek_v2" || t == "deepseek_v3" || t == "kimi_k2" }
@@ -168,6 +173,12 @@ func hfShape(dir string) (bridge.ModelShape, hfModelConfig, error) {
 	qwen3 := c.ModelType == "qwen3" || c.ModelType == "qwen3_moe"
 	if c.HeadDim != 0 && (qwen3 || c.ModelType == "llama" || c.ModelType == "mistral") {
 		s.HeadDim = c.HeadDim // the heads need not tile the hidden size (Qwen3, Mistral NeMo)
+	}
+	if c.ModelType == "granite" {
+		s.EmbeddingScale, s.ResidualScale = float32(c.EmbeddingMultiplier), float32(c.ResidualMultiplier)
+		s.AttentionScale, s.LogitScale = float32(c.AttentionMultiplier), float32(c.LogitsScaling)
+	} else if c.EmbeddingMultiplier != 0 || c.ResidualMultiplier != 0 || c.AttentionMultiplier != 0 || c.LogitsScaling != 0 {
+		return bad("embedding_multiplier, residual_multiplier, attention_multiplier and logits_scaling are Granite's (model_type granite), not %s's", c.ModelType)
 	}
 	if c.PartialRotary != nil && *c.PartialRotary != 1 {
 		return bad("partial_rotary_factor %v: partial RoPE is not supported", *c.PartialRotary)

@@ -8,6 +8,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -49,7 +50,7 @@ type moeReference struct {
 }
 
 // TestMoEAgainstLlamaCPP: the Qwen3-MoE, Mixtral, DeepSeek and (dense) Qwen3,
-// Qwen2 and Phi-3 checkpoints of
+// Qwen2, Phi-3 and Granite checkpoints of
 // tests/testdata/moe (random weights, scripts/reference/make_moe_reference.py)
 // on the CPU engine against llama.cpp's stored greedy continuations, with the
 // experts on one engine and dealt over four expert-parallel members (prompt
@@ -59,7 +60,7 @@ type moeReference struct {
 // logits to one engine (for the dense Qwen3: four engines, each with a
 // quarter of the prompts).
 func TestMoEAgainstLlamaCPP(t *testing.T) {
-	for _, arch := range []string{"qwen3moe", "mixtral", "qwen3", "qwen2", "phi3", "deepseek2", "deepseek2-lite", "deepseek2-yarn"} {
+	for _, arch := range []string{"qwen3moe", "mixtral", "qwen3", "qwen2", "phi3", "granite", "deepseek2", "deepseek2-lite", "deepseek2-yarn"} {
 		t.Run(arch, func(t *testing.T) {
 			raw, err := os.ReadFile(filepath.Join("testdata", "moe", arch+".reference.json"))
 			require.NoError(t, err)
@@ -69,7 +70,9 @@ func TestMoEAgainstLlamaCPP(t *testing.T) {
 			m, err := model.Load(filepath.Join("testdata", "moe", ref.Model))
 			require.NoError(t, err)
 			defer m.Close()
-			require.Equal(t, arch != "qwen3" && arch != "qwen2" && arch != "phi3", m.Shape.MoE(), "%s: mixture of experts", ref.Model)
+			require.Equal(t, !slices.Contains([]string{"qwen3", "qwen2", "phi3", "granite"}, arch), m.Shape.MoE(), "%s: mixture of experts", ref.Model)
+			require.Equal(t, arch == "granite", m.Shape.LogitScale == 16 && m.Shape.EmbeddingScale == 12 && m.Shape.ResidualScale == 0.22 && m.Shape.AttentionScale == 0.125,
+				"%s: Granite's multipliers %+v", ref.Model, m.Shape)
 			require.True(t, m.Shape.QKNorm == strings.HasPrefix(arch, "qwen3"), "%s: q/k norms", ref.Model)
 			require.True(t, m.Shape.QKVBias == (arch == "qwen2"), "%s: q/k/v biases", ref.Model)
 			for _, p := range ref.Prompts {
@@ -240,7 +243,7 @@ func argmax(row []float32) int32 {
 // tie or end-of-text token of the reference.
 func TestMoEWorkerMatchesLlamaCPP(t *testing.T) {
 	bin := worker(t)
-	for _, arch := range []string{"qwen3moe", "mixtral", "qwen3", "qwen2", "phi3", "deepseek2", "deepseek2-lite", "deepseek2-yarn"} {
+	for _, arch := range []string{"qwen3moe", "mixtral", "qwen3", "qwen2", "phi3", "granite", "deepseek2", "deepseek2-lite", "deepseek2-yarn"} {
 		t.Run(arch, func(t *testing.T) {
 			raw, err := os.ReadFile(filepath.Join("testdata", "moe", arch+".reference.json"))
 			require.NoError(t, err)

@@ -87,6 +87,8 @@ func shapeToC(s *bridge.ModelShape, c *C.eng_model_shape) error {
 	if s.QKVBias {
 		c.qkv_bias = 1
 	}
+	c.embedding_scale, c.residual_scale = C.float(s.EmbeddingScale), C.float(s.ResidualScale)
+	c.attention_scale, c.logit_scale = C.float(s.AttentionScale), C.float(s.LogitScale)
 	return nil
 }
 
@@ -110,6 +112,10 @@ func shapeFromC(c *C.eng_model_shape) bridge.ModelShape {
 		RouterNorm:          bridge.RouterNorm(c.router_norm),
 		QKNorm:              c.qk_norm != 0,
 		QKVBias:             c.qkv_bias != 0,
+		EmbeddingScale:      float32(c.embedding_scale),
+		ResidualScale:       float32(c.residual_scale),
+		AttentionScale:      float32(c.attention_scale),
+		LogitScale:          float32(c.logit_scale),
 
 		QLoraRank:           int(c.q_lora_rank),
 		KVLoraRank:          int(c.kv_lora_rank),

@@ -130,6 +130,15 @@ typedef struct eng_model_shape {
    * right after the product, before qk_norm and RoPE: q = x·W_q + b_q
    * (Qwen2, Qwen2.5); 0 = none. Not with MLA. */
   int32_t qkv_bias;
+  /* Granite's multipliers, each 0 = none: the embedding times
+   * embedding_scale; each layer's attention and MLP outputs times
+   * residual_scale before they join the residual stream; attention scores
+   * times attention_scale instead of 1/sqrt(head_dim); the logits times
+   * the float 1/logit_scale. Not with MLA. */
+  float embedding_scale;
+  float residual_scale;
+  float attention_scale;
+  float logit_scale;
 } eng_model_shape;
 
 /* How the router turns the chosen experts' scores into weights. Top-k picks

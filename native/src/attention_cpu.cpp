@@ -124,11 +124,11 @@ __attribute__((target_clones("avx512f", "avx2", "default")))
 void paged_attention_rows(const PageSlab& slab, int32_t layer, const int32_t* blocks, const int32_t* pos,
                           int32_t n, const float* q, size_t q_stride, int32_t num_heads, int32_t num_kv_heads,
                           int32_t head_dim, float* out, size_t out_stride, AttnScratch& scratch, int32_t g0,
-                          int32_t g1, int32_t s0, int32_t s1) {
+                          int32_t g1, int32_t s0, int32_t s1, float scale) {
   if (g1 < 0) g1 = num_kv_heads;
   const int32_t group = num_heads / num_kv_heads;
   if (s1 < 0) s1 = group;
-  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim)));
+  if (scale == 0.0f) scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim)));
   attention_rows(slab, layer, blocks, pos, n, q, q_stride, num_heads, group, head_dim, head_dim, 1, scale, out,
                  out_stride, scratch, g0, g1, s0, s1);
 }

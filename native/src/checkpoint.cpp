@@ -842,6 +842,7 @@ double rope_magnitude(const eng_model_shape& s) {
 }
 
 float attention_scale(const eng_model_shape& s) {
+  if (s.attention_scale != 0) return s.attention_scale;  // Granite's attention_multiplier
   double scale = 1.0 / std::sqrt(static_cast<double>(s.head_dim));
   if (s.yarn_factor != 0 && s.yarn_mscale_all_dim != 0) {
     const double m = yarn_mscale(s.yarn_factor, s.yarn_mscale_all_dim);

@@ -306,7 +306,7 @@ void CpuBackend::attend_mlp(int32_t layer, const StepBatch& batch, const int64_t
     float* x = grow(x_, static_cast<size_t>(m * H));
     for (int64_t j = 0; j < m; ++j) {
       float* h = hidden + rr[j] * H;
-      for (int64_t i = 0; i < H; ++i) h[i] += t[j * H + i];
+      add_residual(h, t + j * H, H);
       rms_norm(h, w.mlp_norm.data(), shape_.hidden_size, shape_.rms_eps, x + j * H);
     }
     if (moe) {
@@ -327,19 +327,31 @@ void CpuBackend::attend_mlp(int32_t layer, const StepBatch& batch, const int64_t
       silu_mul(gate, up, m * F);
     }
     linear(gate, m, F, w.w_down, w.qw_down, w.pw_down, H, t);
-    for (int64_t j = 0; j < m; ++j) {
-      float* h = hidden + rr[j] * H;
-      for (int64_t i = 0; i < H; ++i) h[i] += t[j * H + i];
-    }
+    for (int64_t j = 0; j < m; ++j) add_residual(hidden + rr[j] * H, t + j * H, H);
   }
   if (moe) {
     float* mo = grow(moe_out_, static_cast<size_t>(n * H));
     moe_block(layer, batch, n, moe_x, mo);
-    for (int64_t j = 0; j < n; ++j) {
-      float* h = hidden + rows[j] * H;
-      for (int64_t i = 0; i < H; ++i) h[i] += mo[j * H + i];
-    }
+    for (int64_t j = 0; j < n; ++j) add_residual(hidden + rows[j] * H, mo + j * H, H);
   }
+}
+
+// Granite: logits times the float 1/logit_scale (nothing without one).
+void CpuBackend::scale_logits(float* lg, int64_t n) const {
+  if (shape_.logit_scale == 0) return;
+  const float inv = 1.0f / shape_.logit_scale;
+  for (int64_t i = 0; i < n; ++i) lg[i] *= inv;
+}
+
+// h += y, or h += y · residual_scale (Granite: the product rounded, then
+// the add).
+void CpuBackend::add_residual(float* h, const float* y, int64_t n) const {
+  if (shape_.residual_scale == 0) {
+    for (int64_t i = 0; i < n; ++i) h[i] += y[i];
+    return;
+  }
+  const float s = shape_.residual_scale;
+  for (int64_t i = 0; i < n; ++i) h[i] += y[i] * s;
 }
 
 // Attention of the m batch rows rr[0..m) (ascending) into out[m][heads *
@@ -404,7 +416,7 @@ void CpuBackend::attend(int32_t layer, const StepBatch& batch, const int64_t* rr
     paged_attention_rows(device_, layer, s.blocks, pos + it.r0, static_cast<int32_t>(it.r1 - it.r0),
                          q_.data() + rr[it.r0] * qd, static_cast<size_t>(qd), shape_.num_heads, shape_.num_kv_heads,
                          shape_.head_dim, out + it.r0 * qd, static_cast<size_t>(qd),
-                         attn_scratch_[static_cast<size_t>(thread)], it.g0, it.g1, it.s0, it.s1);
+                         attn_scratch_[static_cast<size_t>(thread)], it.g0, it.g1, it.s0, it.s1, attn_scale_);
   };
   const int64_t n = static_cast<int64_t>(attn_items_.size());
   if (pool_ == nullptr) {
@@ -459,8 +471,11 @@ double CpuBackend::step(const StepBatch& batch, int32_t* sampled, float* logits)
   float* hidden = grow(hidden_, static_cast<size_t>(batch.num_rows * H));
   int64_t r = 0;
   for (const StepSeq& s : batch.seqs)
-    for (int32_t t = 0; t < s.num_tokens; ++t, ++r)
+    for (int32_t t = 0; t < s.num_tokens; ++t, ++r) {
       weights_->embed(s.tokens[t], H, V, hidden + r * H);
+      if (shape_.embedding_scale != 0)  // Granite
+        for (int64_t i = 0; i < H; ++i) hidden[r * H + i] *= shape_.embedding_scale;
+    }
 
   for (int32_t l = 0; l < shape_.num_layers; ++l) {
     write_kv(l, batch, hidden);
@@ -507,6 +522,7 @@ double CpuBackend::step(const StepBatch& batch, int32_t* sampled, float* logits)
                shape_.hidden_size, shape_.rms_eps, x + j * H);
     float* lg = logits != nullptr ? logits + c0 * V : grow(logits_, static_cast<size_t>(m * V));
     linear(x, m, H, weights_->lm_head, weights_->q_lm_head, weights_->p_lm_head, V, lg);
+    scale_logits(lg, m * V);
     for (int64_t j = 0; j < m; ++j) {
       const int32_t seq = row_seq_[srows[static_cast<size_t>(c0 + j)]];
       const StepSeq& s = batch.seqs[static_cast<size_t>(seq)];
@@ -549,6 +565,7 @@ void CpuBackend::score_rows(const StepBatch& batch, const float* hidden) {
                shape_.rms_eps, x + j * H);
     float* lg = grow(logits_, static_cast<size_t>(m * V));
     linear(x, m, H, weights_->lm_head, weights_->q_lm_head, weights_->p_lm_head, V, lg);
+    scale_logits(lg, m * V);
     for (int64_t j = 0; j < m; ++j) {
       const size_t k = static_cast<size_t>(c0 + j);
       const int64_t r = rows[k];
@@ -574,7 +591,7 @@ void CpuBackend::helix_attention(int32_t layer, const StepBatch& batch, const st
   const int32_t dv = mla_ ? shape_.kv_lora_rank : shape_.head_dim;
   const size_t rec = static_cast<size_t>(dv) + 2;
   const size_t stride = static_cast<size_t>(device_.kv_width());
-  const float scale = mla_ ? attn_scale_ : static_cast<float>(1.0 / std::sqrt(static_cast<double>(dk)));
+  const float scale = attn_scale_;  // (1/sqrt(head_dim) for GQA unless Granite's multiplier)
   const int64_t qd = query_width(), od = attn_width();
   // Pages g <= last with g % cp == k.
   auto owned = [cp](int32_t last, int32_t k) -> int32_t { return last >= k ? (last - k) / cp + 1 : 0; };

@@ -20,6 +20,9 @@
 //     phase 1 (every row of the batch, before any attention):
 //       x = RMSNorm(h) · attn_norm; q = x·Wq; k = x·Wk; v = x·Wv
 //       (qkv_bias: q += bq, k += bk, v += bv, one float add per element)
+//     (Granite: h = embedding[token] · embedding_scale first; every
+//     residual add below is h += y · residual_scale; the softmax scale is
+//     attention_scale; the logits are times 1/logit_scale)
 //       (qk_norm: every head of q and k RMS-normed over head_dim · q/k_norm)
 //       RoPE(q), RoPE(k) at the row's position; k, v written to the page slot
 //     phase 2 (the rows; each projection a GEMM over them):
@@ -132,6 +135,9 @@ class CpuBackend final : public Backend {
  private:
   void prepare_rows(const StepBatch& batch);
   void score_rows(const StepBatch& batch, const float* hidden);
+  // Granite's multipliers (eng_model_shape): the residual add, the logits.
+  void add_residual(float* h, const float* y, int64_t n) const;
+  void scale_logits(float* lg, int64_t n) const;
   void write_kv(int32_t layer, const StepBatch& batch, const float* hidden);
   // MLA phase 1 (see above): latents into the pages, absorbed queries
   // [rows][heads][kv_lora + rope] into q_.

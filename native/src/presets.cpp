@@ -22,25 +22,25 @@ struct NamedShape {
 // rope_theta, rms_eps, rope scaling (4), tied, experts, top-k,
 // moe_intermediate, shared experts, router_norm, qk_norm, then the MLA,
 // dense-layer, routing and YaRN fields (0 here; kMLAPresets sets them),
-// qkv_bias.
+// qkv_bias, the Granite scales.
 const NamedShape kPresets[] = {
     // llama-70b: Llama 3 70B shape (GQA 8:1).
-    {"llama-70b", {80, 8192, 64, 8, 128, 28672, 128256, 500000.0f, 1e-5f, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0.0f, 0, 0, 0.0f, 0, 0.0f, 0.0f, 0.0f, 0.0f, 0}},
+    {"llama-70b", {80, 8192, 64, 8, 128, 28672, 128256, 500000.0f, 1e-5f, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0.0f, 0, 0, 0.0f, 0, 0.0f, 0.0f, 0.0f, 0.0f, 0, 0.0f, 0.0f, 0.0f, 0.0f}},
     // llama-8b: Llama 3 8B shape (GQA 4:1).
-    {"llama-8b", {32, 4096, 32, 8, 128, 14336, 128256, 500000.0f, 1e-5f, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0.0f, 0, 0, 0.0f, 0, 0.0f, 0.0f, 0.0f, 0.0f, 0}},
+    {"llama-8b", {32, 4096, 32, 8, 128, 14336, 128256, 500000.0f, 1e-5f, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0.0f, 0, 0, 0.0f, 0, 0.0f, 0.0f, 0.0f, 0.0f, 0, 0.0f, 0.0f, 0.0f, 0.0f}},
     // mixtral-8x7b: Mixtral-8x7B-v0.1 config.json: 8 experts, top-2 (top-k
     // then softmax), experts of width 14336, no shared expert.
     {"mixtral-8x7b", {32, 4096, 32, 8, 128, 14336, 32000, 1000000.0f, 1e-5f, 0, 0, 0, 0, 0, 8, 2, 14336, 0,
-                      ENG_ROUTER_TOPK_SOFTMAX, 0, 0, 0, 0, 0, 0, 0, 0.0f, 0, 0, 0.0f, 0, 0.0f, 0.0f, 0.0f, 0.0f, 0}},
+                      ENG_ROUTER_TOPK_SOFTMAX, 0, 0, 0, 0, 0, 0, 0, 0.0f, 0, 0, 0.0f, 0, 0.0f, 0.0f, 0.0f, 0.0f, 0, 0.0f, 0.0f, 0.0f, 0.0f}},
     // moe-tiny: fast on the CPU engine: 16 experts, top-2, one shared expert.
-    {"moe-tiny", {3, 64, 4, 2, 16, 128, 512, 10000.0f, 1e-5f, 0, 0, 0, 0, 0, 16, 2, 32, 1, ENG_ROUTER_SOFTMAX_TOPK, 0, 0, 0, 0, 0, 0, 0, 0.0f, 0, 0, 0.0f, 0, 0.0f, 0.0f, 0.0f, 0.0f, 0}},
+    {"moe-tiny", {3, 64, 4, 2, 16, 128, 512, 10000.0f, 1e-5f, 0, 0, 0, 0, 0, 16, 2, 32, 1, ENG_ROUTER_SOFTMAX_TOPK, 0, 0, 0, 0, 0, 0, 0, 0.0f, 0, 0, 0.0f, 0, 0.0f, 0.0f, 0.0f, 0.0f, 0, 0.0f, 0.0f, 0.0f, 0.0f}},
     // qwen3-30b-a3b: Qwen3-30B-A3B config.json: 128 experts, top-8 (softmax,
     // top-k, renormalised), experts of width 768, no shared expert; head_dim
     // 128 with hidden 2048 (heads * head_dim = 4096); per-head q/k RMSNorm.
     {"qwen3-30b-a3b", {48, 2048, 32, 4, 128, 6144, 151936, 1000000.0f, 1e-6f, 0, 0, 0, 0, 0, 128, 8, 768, 0,
-                       ENG_ROUTER_SOFTMAX_TOPK, 1, 0, 0, 0, 0, 0, 0, 0.0f, 0, 0, 0.0f, 0, 0.0f, 0.0f, 0.0f, 0.0f, 0}},
+                       ENG_ROUTER_SOFTMAX_TOPK, 1, 0, 0, 0, 0, 0, 0, 0.0f, 0, 0, 0.0f, 0, 0.0f, 0.0f, 0.0f, 0.0f, 0, 0.0f, 0.0f, 0.0f, 0.0f}},
     // tiny: fast on the CPU engine; GQA 2:1.
-    {"tiny", {2, 64, 4, 2, 16, 128, 512, 10000.0f, 1e-5f, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0.0f, 0, 0, 0.0f, 0, 0.0f, 0.0f, 0.0f, 0.0f, 0}},
+    {"tiny", {2, 64, 4, 2, 16, 128, 512, 10000.0f, 1e-5f, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0.0f, 0, 0, 0.0f, 0, 0.0f, 0.0f, 0.0f, 0.0f, 0, 0.0f, 0.0f, 0.0f, 0.0f}},
 };
 
 // The MLA presets: DeepSeek-shaped (latent attention, a leading dense
@@ -228,6 +228,13 @@ void validate_shape(const eng_model_shape& s) {
     invalid_argument(p + format("qk_norm must be 0 or 1, got %.0f", s.qk_norm));
   if (s.qkv_bias != 0 && s.qkv_bias != 1)
     invalid_argument(p + format("qkv_bias must be 0 or 1, got %.0f", s.qkv_bias));
+  for (const auto& [name, v] : {std::pair<const char*, float>{"embedding_scale", s.embedding_scale},
+                                {"residual_scale", s.residual_scale}, {"attention_scale", s.attention_scale},
+                                {"logit_scale", s.logit_scale}})
+    if (!(v >= 0) || std::isinf(v))
+      invalid_argument(p + std::string(name) + format(" must be >= 0 and finite (0 = none), got %g", v));
+  if (s.kv_lora_rank > 0 && (s.embedding_scale != 0 || s.residual_scale != 0 || s.attention_scale != 0 || s.logit_scale != 0))
+    invalid_argument(std::string(p) + "MLA with Granite's multipliers (embedding, residual, attention, logit scales) is not supported");
   if (s.kv_lora_rank < 0)
     invalid_argument(p + format("kv_lora_rank must be >= 0 (0 = no MLA), got %.0f", s.kv_lora_rank));
   if (s.kv_lora_rank == 0) {

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "checkpoint.h"
@@ -498,6 +499,64 @@ int main() {
     eng_engine_t none = nullptr;
     CHECK(eng_engine_init(&mc, &none) == ENG_INVALID_ARGUMENT);
     CHECK(std::string(eng_last_error()).find("MLA with qkv_bias") != std::string::npos);
+  }
+
+  // Granite's multipliers: the checkpoint path gives the synthetic
+  // shape's bits with them; multipliers of one (and the default attention
+  // scale written out) change nothing, bit for bit; each other value
+  // changes the logits; negative or infinite ones, and any with MLA, are
+  // refused by name.
+  {
+    eng_model_shape g = tiny;
+    g.embedding_scale = 12.0f;
+    g.residual_scale = 0.22f;
+    g.attention_scale = 0.125f;
+    g.logit_scale = 16.0f;
+    eng_engine_config syn_cfg = test_config(nullptr, 32, 4);
+    syn_cfg.shape = g;
+    syn_cfg.seed = 7;
+    eng_engine_t es = test_engine(syn_cfg);
+    const std::vector<float> want = run(es, g.vocab_size);
+    eng_engine_free(es);
+    eng_engine_t ec = test_engine(config_for(from_synthetic(g, 7)));
+    CHECKF(same_bits(run(ec, g.vocab_size), want), "Granite checkpoint differs from synthetic");
+    eng_engine_free(ec);
+    auto run_shape = [&](const eng_model_shape& sh) {
+      eng_engine_t e = test_engine(config_for(from_synthetic(sh, 7)));
+      std::vector<float> out = run(e, sh.vocab_size);
+      eng_engine_free(e);
+      return out;
+    };
+    const std::vector<float> none = run_shape(tiny);
+    eng_model_shape ones = tiny;
+    ones.embedding_scale = ones.residual_scale = ones.logit_scale = 1.0f;
+    ones.attention_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(tiny.head_dim)));
+    CHECKF(same_bits(run_shape(ones), none), "multipliers of one change the logits");
+    for (int which = 0; which < 4; ++which) {
+      eng_model_shape one = tiny;
+      float* f[] = {&one.embedding_scale, &one.residual_scale, &one.attention_scale, &one.logit_scale};
+      *f[which] = 0.5f;
+      CHECKF(!same_bits(run_shape(one), none), "Granite multiplier %d changes nothing", which);
+    }
+    for (const auto& [field, v, needle] : {std::tuple<int, float, const char*>{0, -1.0f, "embedding_scale"},
+                                           {3, INFINITY, "logit_scale"}}) {
+      eng_model_shape bad = tiny;
+      float* f[] = {&bad.embedding_scale, &bad.residual_scale, &bad.attention_scale, &bad.logit_scale};
+      *f[field] = v;
+      eng_engine_config bc = test_config(nullptr, 32, 4);
+      bc.shape = bad;
+      eng_engine_t none_e = nullptr;
+      CHECK(eng_engine_init(&bc, &none_e) == ENG_INVALID_ARGUMENT);
+      CHECKF(std::string(eng_last_error()).find(needle) != std::string::npos, "refusal names %s: %s", needle, eng_last_error());
+    }
+    eng_model_shape mla;
+    REQUIRE(eng_preset_shape("deepseek-tiny", &mla) == ENG_OK);
+    mla.residual_scale = 0.5f;
+    eng_engine_config mc = test_config(nullptr, 32, 4);
+    mc.shape = mla;
+    eng_engine_t none_m = nullptr;
+    CHECK(eng_engine_init(&mc, &none_m) == ENG_INVALID_ARGUMENT);
+    CHECK(std::string(eng_last_error()).find("MLA with Granite") != std::string::npos);
   }
 
   // Engines built from the same tensors share one float copy; different

@@ -18,6 +18,9 @@ Architectures (each file is a few hundred KB):
             on the q, k and v projections, NeoX RoPE, tied embeddings
   phi3      general.architecture phi3: the Phi-3 / Phi-4 decoder: q, k and v in
             one attn_qkv, gate and up in one ffn_up of twice the width, NeoX RoPE
+  granite   general.architecture granite: IBM Granite 3's Llama with four
+            multipliers (embedding 12, residual 0.22, attention 1/8 instead of
+            1/sqrt(head_dim), logits / 16), adjacent-pair RoPE, tied embeddings
   mixtral   general.architecture llama with expert_count: 8 experts, top-2,
             adjacent-pair RoPE (GGUF's interleaved Q/K rows), tied embeddings
   deepseek2       general.architecture deepseek2 (DeepSeek-V3-like): MLA with
@@ -93,6 +96,9 @@ ARCHS = {
     "phi3": dict(arch="phi3", layers=2, hidden=32, heads=4, kv_heads=2, head_dim=8,
                  experts=0, used=0, expert_ff=0, ff=48, theta=10000.0, eps=1e-5,
                  tied=False, seed=29005),
+    "granite": dict(arch="granite", layers=2, hidden=32, heads=4, kv_heads=2, head_dim=8,
+                    experts=0, used=0, expert_ff=0, ff=64, theta=10000.0, eps=1e-5,
+                    tied=True, seed=29006, granite=(12.0, 0.22, 0.125, 16.0)),
     "mixtral": dict(arch="llama", layers=2, hidden=32, heads=4, kv_heads=2, head_dim=8,
                     experts=8, used=2, expert_ff=32, ff=32, theta=1000000.0, eps=1e-5,
                     tied=True, seed=29002),
@@ -168,6 +174,12 @@ def write_gguf(path, cfg):
     w.add_head_count_kv(NKV)
     w.add_rope_freq_base(cfg["theta"])
     w.add_layer_norm_rms_eps(cfg["eps"])
+    if "granite" in cfg:
+        emb, res, att, logit = cfg["granite"]
+        w.add_embedding_scale(emb)
+        w.add_residual_scale(res)
+        w.add_attention_scale(att)
+        w.add_logit_scale(logit)
     if E > 0:
         w.add_expert_count(E)
         w.add_expert_used_count(cfg["used"])
@@ -197,7 +209,10 @@ def write_gguf(path, cfg):
         return (1.0 + 0.25 * rng.standard_normal(n)).astype(np.float32)
 
     # numpy shape (rows, cols) is GGUF dims (cols, rows): a linear layer's [out][in].
-    w.add_tensor("token_embd.weight", mat(V, H, 1.0))
+    # (Granite's embedding scale multiplies the embedding: smaller rows keep
+    # its activations at the others' size; its tied logits are divided by
+    # 16, so their spread comes from the same rows.)
+    w.add_tensor("token_embd.weight", mat(V, H, 1.0 / 12.0 if "granite" in cfg else 1.0))
     for l in range(L):
         p = f"blk.{l}."
         w.add_tensor(p + "attn_norm.weight", gain(H))
