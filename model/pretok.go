@@ -203,17 +203,7 @@ func tekkenMatch(s string, i, end int) int {
 	if r3, _ := at(s, j, end); other(r3) {
 		return scan(s, scan(s, j, end, other), end, func(r rune) bool { return isCR(r) || r == '/' })
 	}
-	lastCR := -1
-	for k := i; ; {
-		r4, w4 := at(s, k, end)
-		if w4 == 0 || !isS(r4) {
-			break
-		}
-		if isCR(r4) {
-			lastCR = k + w4
-		}
-		k += w4
-	}
+	lastCR := newlineRun(s, i, end)
 	if lastCR > 0 {
 		return lastCR
 	}
@@ -281,7 +271,7 @@ func splitRuns(s string, i, end int, run func(s string, i, end int) int, emit fu
 // i when no alternative matches there.
 func deepSeek3Match(s string, i, end int) int {
 	r, w := at(s, i, end)
-	r2, w2 := at(s, i+w, end)
+	r2, _ := at(s, i+w, end)
 	// [!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+
 	if isASCIIPunct(r) && isASCIILetter(r2) {
 		return scan(s, i+w, end, isASCIILetter)
@@ -305,18 +295,7 @@ func deepSeek3Match(s string, i, end int) int {
 		return i
 	}
 	// \s*[\r\n]+: up to the last \r or \n of the whitespace run.
-	lastCR := -1
-	for k := i; ; {
-		r4, w4 := at(s, k, end)
-		if w4 == 0 || !isS(r4) {
-			break
-		}
-		if isCR(r4) {
-			lastCR = k + w4
-		}
-		k += w4
-	}
-	_ = w2
+	lastCR := newlineRun(s, i, end)
 	if lastCR > 0 {
 		return lastCR
 	}
@@ -352,6 +331,22 @@ func contraction(s string, i, end int, fold bool) int {
 		}
 	}
 	return 0
+}
+
+// newlineRun matches \s*[\r\n]+ at i: the end of the whitespace run's
+// last \r or \n, or -1 when the run holds none.
+func newlineRun(s string, i, end int) int {
+	last := -1
+	for k := i; ; {
+		r, w := at(s, k, end)
+		if w == 0 || !isS(r) {
+			return last
+		}
+		if isCR(r) {
+			last = k + w
+		}
+		k += w
+	}
 }
 
 // spaceRun matches \s+(?!\S)|\s+ at i, where r (width w) is the whitespace
@@ -475,19 +470,7 @@ func splitLlama3(s string, maxDigits int, emit func(string)) {
 			continue
 		}
 		// here r is whitespace. \s*[\r\n]+: up to the last \r or \n of the run.
-		k := i
-		lastCR := -1
-		for {
-			r2, w2 := at(s, k, end)
-			if w2 == 0 || !isS(r2) {
-				break
-			}
-			if isCR(r2) {
-				lastCR = k + w2
-			}
-			k += w2
-		}
-		if lastCR > 0 {
+		if lastCR := newlineRun(s, i, end); lastCR > 0 {
 			emit(s[i:lastCR])
 			i = lastCR
 			continue

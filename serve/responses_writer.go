@@ -93,13 +93,11 @@ func (rw *responsesWriter) thinking(thought string) error {
 		rw.rsOpen = true
 		item := openai.OutputItem{Type: "reasoning", ID: rw.rsID(), Status: "in_progress", Summary: &[]any{}, Content: []openai.ContentPart{}}
 		part := openai.ContentPart{Type: "reasoning_text"}
-		for _, ev := range []openai.ResponseEvent{
+		if err := rw.events([]openai.ResponseEvent{
 			{Type: "response.output_item.added", OutputIndex: intp(idx), Item: &item},
 			{Type: "response.content_part.added", ItemID: item.ID, OutputIndex: intp(idx), ContentIndex: intp(0), Part: &part},
-		} {
-			if err := rw.event(ev); err != nil {
-				return err
-			}
+		}); err != nil {
+			return err
 		}
 	}
 	rw.rsText.WriteString(thought)
@@ -116,14 +114,12 @@ func (rw *responsesWriter) closeReasoning() error {
 	idx, thought := len(rw.outputs), rw.rsText.String()
 	item := rw.reasoningItem(thought)
 	part := item.Content[0]
-	for _, ev := range []openai.ResponseEvent{
+	if err := rw.events([]openai.ResponseEvent{
 		{Type: "response.reasoning_text.done", ItemID: item.ID, OutputIndex: intp(idx), ContentIndex: intp(0), Text: strp(thought)},
 		{Type: "response.content_part.done", ItemID: item.ID, OutputIndex: intp(idx), ContentIndex: intp(0), Part: &part},
 		{Type: "response.output_item.done", OutputIndex: intp(idx), Item: &item},
-	} {
-		if err := rw.event(ev); err != nil {
-			return err
-		}
+	}); err != nil {
+		return err
 	}
 	rw.outputs = append(rw.outputs, item)
 	return nil
@@ -152,6 +148,16 @@ func (rw *responsesWriter) event(ev openai.ResponseEvent) error {
 
 func intp(i int) *int       { return &i }
 func strp(s string) *string { return &s }
+
+// events sends evs in order, stopping at the first that fails.
+func (rw *responsesWriter) events(evs []openai.ResponseEvent) error {
+	for _, ev := range evs {
+		if err := rw.event(ev); err != nil {
+			return err
+		}
+	}
+	return nil
+}
 
 // begin sends response.created and response.in_progress once.
 func (rw *responsesWriter) begin() error {
@@ -225,14 +231,12 @@ func (rw *responsesWriter) closeMessage() error {
 	idx, text := len(rw.outputs), rw.text.String()
 	part := openai.ContentPart{Type: "output_text", Text: text, Annotations: &[]any{}, Logprobs: rw.lps}
 	item := rw.message(text, rw.lps)
-	for _, ev := range []openai.ResponseEvent{
+	if err := rw.events([]openai.ResponseEvent{
 		{Type: "response.output_text.done", ItemID: item.ID, OutputIndex: intp(idx), ContentIndex: intp(0), Text: strp(text), Logprobs: rw.lps},
 		{Type: "response.content_part.done", ItemID: item.ID, OutputIndex: intp(idx), ContentIndex: intp(0), Part: &part},
 		{Type: "response.output_item.done", OutputIndex: intp(idx), Item: &item},
-	} {
-		if err := rw.event(ev); err != nil {
-			return err
-		}
+	}); err != nil {
+		return err
 	}
 	rw.outputs = append(rw.outputs, item)
 	return nil
@@ -267,15 +271,13 @@ func (rw *responsesWriter) toolCalls(_ *choiceRun, calls []openai.ToolCall, para
 		idx, item := len(rw.outputs), callItem(c)
 		open := item
 		open.Status, open.Arguments = "in_progress", strp("")
-		for _, ev := range []openai.ResponseEvent{
+		if err := rw.events([]openai.ResponseEvent{
 			{Type: "response.output_item.added", OutputIndex: intp(idx), Item: &open},
 			{Type: "response.function_call_arguments.delta", ItemID: item.ID, OutputIndex: intp(idx), Delta: item.Arguments},
 			{Type: "response.function_call_arguments.done", ItemID: item.ID, OutputIndex: intp(idx), Arguments: item.Arguments},
 			{Type: "response.output_item.done", OutputIndex: intp(idx), Item: &item},
-		} {
-			if err := rw.event(ev); err != nil {
-				return err
-			}
+		}); err != nil {
+			return err
 		}
 		rw.outputs = append(rw.outputs, item)
 	}

@@ -253,12 +253,17 @@ func parseLlama3JSON(text string) (string, []openai.ToolCall, bool) {
 // findLlama3JSON: calls begin at the start of the answer when its first
 // text (past white space) opens a JSON object or is the python tag; white
 // space and a prefix of the tag are held until that is known.
-func findLlama3JSON(text string) (int, int) {
+func findLlama3JSON(text string) (int, int) { return anchoredFind(text, "{", llamaPythonTag) }
+
+// anchoredFind: calls begin at the start of the answer when its first text
+// (past white space) is opener or tag; white space and a prefix of the tag
+// are held until that is known.
+func anchoredFind(text, opener, tag string) (int, int) {
 	s := strings.TrimLeft(text, " \t\r\n")
 	switch {
-	case strings.HasPrefix(s, "{") || strings.HasPrefix(s, llamaPythonTag):
+	case strings.HasPrefix(s, opener) || strings.HasPrefix(s, tag):
 		return 0, 0
-	case strings.HasPrefix(llamaPythonTag, s): // "" included
+	case strings.HasPrefix(tag, s): // "" included
 		return -1, len(text)
 	}
 	return -1, 0

@@ -131,16 +131,7 @@ func parsePythonic(text string) (string, []openai.ToolCall, bool) {
 
 // findPythonic: calls begin at the start of the answer when its first
 // text (past white space) opens a list or is the python start tag.
-func findPythonic(text string) (int, int) {
-	s := strings.TrimLeft(text, " \t\r\n")
-	switch {
-	case strings.HasPrefix(s, "[") || strings.HasPrefix(s, pythonStart):
-		return 0, 0
-	case strings.HasPrefix(pythonStart, s):
-		return -1, len(text)
-	}
-	return -1, 0
-}
+func findPythonic(text string) (int, int) { return anchoredFind(text, "[", pythonStart) }
 
 // pyParser reads Python literals into JSON.
 type pyParser struct {

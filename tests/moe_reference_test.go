@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -227,6 +228,56 @@ func runReferenceKernels(t *testing.T, m *model.Model, ref moeReference, ep int,
 	return logits
 }
 
+// workerContinues runs `worker run --ranks ranks` on modelPath with the
+// reference's prompts (those keep accepts; nil: all) and requires each
+// report text to be the decoding of the reference's greedy tokens up to
+// its first near tie or stop token; it returns how many prompts ran.
+func workerContinues(t *testing.T, bin, modelPath string, m *model.Model, ref moeReference, ranks int, keep func(moeRefPrompt) bool) int {
+	t.Helper()
+	stops := map[int32]bool{}
+	for _, s := range m.Tokenizer.StopTokens() {
+		stops[s] = true
+	}
+	var lines, want []string
+	for _, p := range ref.Prompts {
+		if keep != nil && !keep(p) {
+			continue
+		}
+		n := 0
+		for n < ref.Steps && p.Gap[n] >= moeRefTieGap && !stops[p.Tokens[n]] {
+			n++
+		}
+		if n == 0 {
+			continue
+		}
+		b, err := json.Marshal(map[string]any{"prompt": p.Text, "max_tokens": n})
+		require.NoError(t, err)
+		lines = append(lines, string(b))
+		// The text as the report's JSON carries it.
+		enc, err := json.Marshal(m.Tokenizer.Decode(p.Tokens[:n]))
+		require.NoError(t, err)
+		var s string
+		require.NoError(t, json.Unmarshal(enc, &s))
+		want = append(want, s)
+	}
+	require.NotEmpty(t, lines)
+	prompts := filepath.Join(t.TempDir(), "prompts.jsonl")
+	require.NoError(t, os.WriteFile(prompts, []byte(strings.Join(lines, "\n")+"\n"), 0o644))
+	var rep struct {
+		Outputs []struct {
+			Index int    `json:"index"`
+			Text  string `json:"text"`
+		} `json:"outputs"`
+	}
+	out := serveRaw(t, bin, "--engine", "cpu", "--model", modelPath, "--ranks", strconv.Itoa(ranks), "--prompts", prompts)
+	require.NoError(t, json.Unmarshal(out, &rep), string(out))
+	require.Len(t, rep.Outputs, len(want))
+	for _, o := range rep.Outputs {
+		require.Equal(t, want[o.Index], o.Text, "prompt %d: worker text vs llama.cpp's tokens", o.Index)
+	}
+	return len(want)
+}
+
 func argmax(row []float32) int32 {
 	best := 0
 	for i, v := range row {
@@ -252,44 +303,7 @@ func TestMoEWorkerMatchesLlamaCPP(t *testing.T) {
 			m, err := model.Load(filepath.Join("testdata", "moe", ref.Model))
 			require.NoError(t, err)
 			defer m.Close()
-			stops := map[int32]bool{}
-			for _, s := range m.Tokenizer.StopTokens() {
-				stops[s] = true
-			}
-			prompts := filepath.Join(t.TempDir(), "prompts.jsonl")
-			var lines, want []string
-			for _, p := range ref.Prompts {
-				n := 0
-				for n < ref.Steps && p.Gap[n] >= moeRefTieGap && !stops[p.Tokens[n]] {
-					n++
-				}
-				if n == 0 {
-					continue
-				}
-				b, err := json.Marshal(map[string]any{"prompt": p.Text, "max_tokens": n})
-				require.NoError(t, err)
-				lines = append(lines, string(b))
-				// The text as the report's JSON carries it.
-				enc, err := json.Marshal(m.Tokenizer.Decode(p.Tokens[:n]))
-				require.NoError(t, err)
-				var s string
-				require.NoError(t, json.Unmarshal(enc, &s))
-				want = append(want, s)
-			}
-			require.NotEmpty(t, lines)
-			require.NoError(t, os.WriteFile(prompts, []byte(strings.Join(lines, "\n")+"\n"), 0o644))
-			var rep struct {
-				Outputs []struct {
-					Index int    `json:"index"`
-					Text  string `json:"text"`
-				} `json:"outputs"`
-			}
-			out := serveRaw(t, bin, "--engine", "cpu", "--model", filepath.Join("testdata", "moe", ref.Model), "--ranks", "4", "--prompts", prompts)
-			require.NoError(t, json.Unmarshal(out, &rep), string(out))
-			require.Len(t, rep.Outputs, len(want))
-			for _, o := range rep.Outputs {
-				require.Equal(t, want[o.Index], o.Text, "prompt %d: worker text vs llama.cpp's tokens", o.Index)
-			}
+			workerContinues(t, bin, filepath.Join("testdata", "moe", ref.Model), m, ref, 4, nil)
 		})
 	}
 }

@@ -40,7 +40,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from make_moe_reference import PROMPTS, STEPS, TOP_K, tokenizer  # noqa: E402
+from make_moe_reference import PROMPTS, STEPS, continuations, tokenizer  # noqa: E402
 
 SEED = 35001
 FTYPES = {"Q2_K": 10, "Q3_K_M": 12, "Q4_K_M": 15, "Q5_K_M": 17, "Q6_K": 18, "Q5_0": 8, "Q5_1": 9, "Q8_0": 7}
@@ -122,24 +122,7 @@ def run_llama(path):
     from llama_cpp import Llama
     llm = Llama(model_path=path, logits_all=True, n_ctx=512, n_threads=2, n_threads_batch=2, seed=0,
                 verbose=False, type_k=0, type_v=0, flash_attn=False)
-    out = []
-    for name, text in PROMPTS:
-        ids = llm.tokenize(text.encode("utf-8"), add_bos=False, special=False)
-        llm.reset()
-        llm.eval(ids)
-        toks, tops, gaps = [], [], []
-        for step in range(STEPS):
-            row = np.array(llm.scores[llm.n_tokens - 1], dtype=np.float32)
-            order = np.argsort(-row, kind="stable")[:TOP_K]
-            toks.append(int(order[0]))
-            tops.append([[int(t), float(row[t])] for t in order])
-            gaps.append(float(row[order[0]] - row[order[1]]))
-            if step + 1 < STEPS:
-                llm.eval([int(order[0])])
-        out.append({"name": name, "text": text, "prompt_ids": [int(i) for i in ids],
-                    "tokens": toks, "top": tops, "gap": gaps})
-    return out
-
+    return continuations(llm, PROMPTS)
 
 def main():
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

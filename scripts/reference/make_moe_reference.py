@@ -578,9 +578,15 @@ def run_llama(path):
         llm = Llama(flash_attn=False, **kw)
     except TypeError:
         llm = Llama(**kw)
+    return continuations(llm, PROMPTS)
+
+
+def continuations(llm, prompts, add_bos=False, special=False):
+    """llama.cpp's STEPS greedy tokens after each (name, text) prompt, with the top-5 logits and the
+    top-1/top-2 gap at every step (the reference format the Go tests read)."""
     out = []
-    for name, text in PROMPTS:
-        ids = llm.tokenize(text.encode("utf-8"), add_bos=False, special=False)
+    for name, text in prompts:
+        ids = llm.tokenize(text.encode("utf-8"), add_bos=add_bos, special=special)
         llm.reset()
         llm.eval(ids)
         toks, tops, gaps = [], [], []
@@ -597,7 +603,6 @@ def run_llama(path):
                     "tokens": toks, "top": tops, "gap": gaps})
         print(f"  {name}: {len(ids)} prompt tokens, min gap {min(gaps):.2e}", file=sys.stderr)
     return out
-
 
 def main():
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

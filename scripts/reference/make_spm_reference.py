@@ -53,9 +53,10 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from make_moe_reference import STEPS, continuations  # noqa: E402
+
 VOCAB = 1000
-STEPS = 16
-TOP_K = 5
 SEED = 33001
 USER_DEFINED = "<|tool|>"
 
@@ -282,24 +283,7 @@ def main():
     pieces = [{"plain": piece(llm, i, False).hex(), "special": piece(llm, i, True).hex()}
               for i in range(len(tokens))]
 
-    prompts = []
-    for name, text in PROMPTS:
-        ids = llm.tokenize(text.encode("utf-8"), add_bos=True, special=True)
-        llm.reset()
-        llm.eval(ids)
-        toks, tops, gaps = [], [], []
-        for step in range(STEPS):
-            row = np.array(llm.scores[llm.n_tokens - 1], dtype=np.float32)
-            order = np.argsort(-row, kind="stable")[:TOP_K]
-            nxt = int(order[0])
-            toks.append(nxt)
-            tops.append([[int(t), float(row[t])] for t in order])
-            gaps.append(float(row[order[0]] - row[order[1]]))
-            if step + 1 < STEPS:
-                llm.eval([nxt])
-        prompts.append({"name": name, "text": text, "prompt_ids": [int(i) for i in ids],
-                        "tokens": toks, "top": tops, "gap": gaps})
-        print(f"  {name}: {len(ids)} prompt tokens, min gap {min(gaps):.2e}", file=sys.stderr)
+    prompts = continuations(llm, PROMPTS, add_bos=True, special=True)
 
     ref = {
         "model": "spm-llama.gguf",
