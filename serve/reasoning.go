@@ -60,6 +60,25 @@ func (r *reasoningParser) split(text string) (reasoning, content string, ok bool
 	return body, "", true
 }
 
+// thinkingFree matches any text without </think>: runs without '<', each
+// '<' followed by text that neither holds a '<' nor starts with
+// "/think>" (the marker's letters are all different, so no other overlap
+// can complete it).
+const thinkingFree = `[^<]*(?:<(?:[^</][^<]*|/(?:[^<t][^<]*|t(?:[^<h][^<]*|h(?:[^<i][^<]*|i(?:[^<n][^<]*|` +
+	`n(?:[^<k][^<]*|k(?:[^<>][^<]*)?)?)?)?)?)?)?)*`
+
+// guidePrefix is what a structured output's pattern is preceded by under
+// this parser: the thinking, free text up to the first </think>, then
+// white space, so that the grammar applies to the content only, as vLLM
+// applies it once the reasoning ends. deepseek_r1 thinks from the start;
+// qwen3 may open with <think> or not.
+func (r *reasoningParser) guidePrefix() string {
+	if r.fromStart {
+		return thinkingFree + thinkEnd + `[ \t\r\n]*`
+	}
+	return `(?:[ \t\r\n]*` + thinkStart + thinkingFree + thinkEnd + `[ \t\r\n]*)?`
+}
+
 // reasoningStream is a streamed choice's view of its text under a
 // reasoning parser: what may still be the start marker (at the start) or
 // the end marker is held back until the next piece decides.

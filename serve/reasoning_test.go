@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/lockstep-ai/lockstep/model"
+	"github.com/lockstep-ai/lockstep/structured"
 )
 
 func TestReasoningSplit(t *testing.T) {
@@ -232,4 +233,53 @@ func TestResponsesReasoningItem(t *testing.T) {
 	status, m := post(t, ts, "/v1/responses", "", `{"model": "m", "input": "hi", "top_logprobs": 2}`)
 	require.Equal(t, 400, status, "%v", m)
 	require.Contains(t, m["error"].(map[string]any)["message"], "--reasoning-parser")
+}
+
+// With a reasoning parser, a structured output constrains the content
+// only: the thinking before the first </think> is free (vLLM applies the
+// grammar once the reasoning ends). The guide the fleet gets accepts a
+// thought and then the object, and refuses text or a second </think>
+// between them; the answer comes back split.
+func TestStructuredOutputAfterThinking(t *testing.T) {
+	for _, parser := range ReasoningParsers {
+		t.Run(parser, func(t *testing.T) {
+			s, ts := reasoningServer(t, parser)
+			tok := s.cfg.Tokenizer
+			v, err := structured.NewVocab(tok.TextPieces(), tok.StopTokens())
+			require.NoError(t, err)
+			s.cfg.Guides = structured.NewCache(v, 8)
+			done := postAsync(t, ts.URL+"/v1/chat/completions",
+				`{"max_tokens": 100, "response_format": {"type": "json_object"}, "messages": [{"role": "user", "content": "go"}]}`)
+			a := takeArrival(t, s)
+			g, err := s.cfg.Guides.Guide(a.Guide)
+			require.NoError(t, err)
+			accepts := func(text string) bool {
+				m := g.NewMatcher()
+				for _, id := range tok.Encode(text, model.EncodeOptions{}) {
+					if !m.Advance(id) {
+						return false
+					}
+				}
+				return m.Accepting()
+			}
+			open := map[string]string{"deepseek_r1": "", "qwen3": "<think>"}[parser]
+			for _, c := range []struct {
+				text string
+				ok   bool
+			}{
+				{open + "Let me see: <b> and </thin k> are fine.</think>\n\n{\"a\": 1}", true},
+				{open + "a < b </think>{}", true},
+				{open + "x</think> y {}", false},
+				{open + "x</think>{}</think>", false},
+				{open + "x</think>\n</think>{}", false},
+				{"{\"a\": 1}", parser == "qwen3"}, // qwen3 may answer without thinking
+			} {
+				require.Equal(t, c.ok, accepts(c.text), "%q", c.text)
+			}
+			deliver(s, a, open+"Plan.</think>\n{\"a\": 1}")
+			msg := choicesOf(t, <-done)[0]["message"].(map[string]any)
+			require.Equal(t, "Plan.", msg["reasoning_content"])
+			require.Equal(t, "\n{\"a\": 1}", msg["content"])
+		})
+	}
 }

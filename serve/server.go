@@ -324,6 +324,11 @@ func (s *Server) chatPrompt(req *chatRequest) func(p *genParams) ([]promptIn, *a
 		if e := s.toolsFor(p, tok.ChatTemplate()); e != nil {
 			return nil, e
 		}
+		if s.thinking != nil && p.Guide != "" && p.forced == nil {
+			// A structured output constrains the content: the thinking
+			// before it is free (vLLM's grammar starts after the reasoning).
+			p.Guide = "(?:" + s.thinking.guidePrefix() + ")(?:" + p.Guide + ")"
+		}
 		text, err := model.RenderChatKwargs(tok.ChatTemplate(), msgs, p.Tools, kwargs, true, tok.TokenText(tok.BOS()), tok.TokenText(tok.EOS()))
 		if err != nil {
 			return nil, badRequest("messages", "the model's chat template failed on these messages: %v", err)
