@@ -385,6 +385,20 @@ func (c *schemaConv) typed(s jinja.Ordered, t, path string, depth int) (string, 
 	return "", fmt.Errorf("%s: unknown type %q", at(path), t)
 }
 
+// hasWordBoundary reports whether re holds \b or \B, which a guide's
+// byte automaton cannot follow (structured.Compile refuses them).
+func hasWordBoundary(re *syntax.Regexp) bool {
+	if re.Op == syntax.OpWordBoundary || re.Op == syntax.OpNoWordBoundary {
+		return true
+	}
+	for _, sub := range re.Sub {
+		if hasWordBoundary(sub) {
+			return true
+		}
+	}
+	return false
+}
+
 func (c *schemaConv) str(s jinja.Ordered, path string) (string, error) {
 	if p, ok := get(s, "pattern"); ok {
 		pat, ok := p.(string)
@@ -395,6 +409,9 @@ func (c *schemaConv) str(s jinja.Ordered, path string) (string, error) {
 		re, err := syntax.Parse(pat, syntax.Perl)
 		if err != nil {
 			return "", fmt.Errorf("%s: pattern: %v", at(path), err)
+		}
+		if hasWordBoundary(re) {
+			return "", fmt.Errorf("%s: pattern: word boundaries (\\b, \\B) are not supported in a guide", at(path))
 		}
 		// Its parsed form: nothing in it (an unclosed \Q) can reach past
 		// the closing quote.
