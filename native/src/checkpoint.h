@@ -41,6 +41,17 @@ void dequantize_row(int32_t dtype, const void* src, int64_t cols, float* out);
 
 // Half and bfloat16 bits to float (exact).
 float half_to_float(uint16_t h);
+// Float to half bits, rounded to nearest even.
+uint16_t float_to_half(float f);
+
+// The quantised types the int8 kernels do not read (Q5_0, Q5_1, the K
+// types): under the quant kernels their projections become Q8_0.
+bool requantised_dtype(int32_t dtype);
+
+// A Q8_0 copy of t (ggml's quantize_row_q8_0 of each dequantised row: per
+// 32 values d = max|x| / 127, q = round(x / d), d stored as a half) in
+// bytes, which back the returned tensor until bytes changes.
+eng_tensor requantise_q8_0(const eng_tensor& t, std::vector<uint8_t>* bytes);
 inline float bf16_to_float(uint16_t b) {
   const uint32_t u = static_cast<uint32_t>(b) << 16;
   float f;
