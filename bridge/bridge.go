@@ -55,6 +55,24 @@ type ModelShape struct {
 	ResidualScale  float32 `json:"residual_scale,omitempty"`
 	AttentionScale float32 `json:"attention_scale,omitempty"`
 	LogitScale     float32 `json:"logit_scale,omitempty"`
+	// Gemma's decoder (engine.h; docs/models.md "Gemma"), each zero =
+	// none: MLPGelu makes the MLP's gate activation GELU (tanh form)
+	// instead of SiLU; PostNorms RMS-norms each layer's attention and MLP
+	// outputs (WeightAttnPostNorm, WeightMLPPostNorm) before the residual
+	// adds; AttnSoftcap and FinalSoftcap cap scores and logits as
+	// cap·tanh(x/cap); SlidingWindow limits the sliding layers' attention
+	// to the last SlidingWindow positions, every layer with
+	// SlidingWindowPattern 0, else all but each p-th (l % p == p-1);
+	// RopeLocalTheta is the sliding layers' RoPE base; RopeLinearFactor
+	// divides the other layers' positions.
+	MLPGelu              bool    `json:"mlp_gelu,omitempty"`
+	PostNorms            bool    `json:"post_norms,omitempty"`
+	AttnSoftcap          float32 `json:"attn_softcap,omitempty"`
+	FinalSoftcap         float32 `json:"final_softcap,omitempty"`
+	SlidingWindow        int     `json:"sliding_window,omitempty"`
+	SlidingWindowPattern int     `json:"sliding_window_pattern,omitempty"`
+	RopeLocalTheta       float32 `json:"rope_local_theta,omitempty"`
+	RopeLinearFactor     float32 `json:"rope_linear_factor,omitempty"`
 
 	// Multi-head latent attention (DeepSeek-V2/V3, Kimi K2; docs/models.md
 	// "MLA"); KVLoraRank 0 = GQA (the other MLA fields are then 0). With
@@ -257,6 +275,9 @@ const (
 	WeightQBias WeightKind = 30 // [1][heads*head_dim]
 	WeightKBias WeightKind = 31 // [1][kv_heads*head_dim]
 	WeightVBias WeightKind = 32 // [1][kv_heads*head_dim]
+	// PostNorms shapes: the gains of the attention and MLP outputs' norms.
+	WeightAttnPostNorm WeightKind = 33 // [1][hidden]
+	WeightMLPPostNorm  WeightKind = 34 // [1][hidden]
 )
 
 // IsExpert reports whether the kind is a routed expert's (indexed by

@@ -19,6 +19,15 @@ var Presets = map[string]ModelShape{
 	// llama-70b: Llama 3 70B shape (GQA 8:1).
 	"llama-70b": {NumLayers: 80, HiddenSize: 8192, NumHeads: 64, NumKVHeads: 8, HeadDim: 128,
 		IntermediateSize: 28672, VocabSize: 128256, RopeTheta: 500000, RMSEps: 1e-5},
+	// gemma-tiny: every field of Gemma's decoders at once: GELU MLP, post
+	// norms, q/k norms, heads wider than hidden / heads, the embedding times
+	// sqrt(hidden), soft caps that bite on its synthetic weights, a window of
+	// 8 on layers 0 and 1 with their own RoPE base beside a linearly scaled
+	// global layer 2.
+	"gemma-tiny": {NumLayers: 3, HiddenSize: 64, NumHeads: 4, NumKVHeads: 2, HeadDim: 32,
+		IntermediateSize: 128, VocabSize: 512, RopeTheta: 1000000, RMSEps: 1e-6, QKNorm: true,
+		EmbeddingScale: 8, MLPGelu: true, PostNorms: true, AttnSoftcap: 2, FinalSoftcap: 3,
+		SlidingWindow: 8, SlidingWindowPattern: 3, RopeLocalTheta: 10000, RopeLinearFactor: 4},
 	// moe-tiny: fast on the CPU engine: 16 experts, top-2, one shared expert.
 	"moe-tiny": {NumLayers: 3, HiddenSize: 64, NumHeads: 4, NumKVHeads: 2, HeadDim: 16,
 		IntermediateSize: 128, VocabSize: 512, RopeTheta: 10000, RMSEps: 1e-5,
@@ -121,6 +130,9 @@ func (s ModelShape) Validate() error {
 	if err := s.validateMoE(); err != nil {
 		return err
 	}
+	if err := s.validateGemma(); err != nil {
+		return err
+	}
 	if err := s.validateMLA(); err != nil {
 		return err
 	}
@@ -135,6 +147,41 @@ func (s ModelShape) Validate() error {
 		case r.OriginalMaxPositions <= 0:
 			return fmt.Errorf("model shape: rope_scaling original_max_position_embeddings must be positive, got %d", r.OriginalMaxPositions)
 		}
+	}
+	return nil
+}
+
+// validateGemma checks Gemma's fields (native validate_gemma_fields' rules
+// and wording).
+func (s ModelShape) validateGemma() error {
+	for _, f := range []struct {
+		name string
+		v    float32
+	}{{"attn_softcap", s.AttnSoftcap}, {"final_softcap", s.FinalSoftcap}, {"rope_local_theta", s.RopeLocalTheta}} {
+		if !(f.v >= 0) || math.IsInf(float64(f.v), 0) {
+			return fmt.Errorf("model shape: %s must be >= 0 and finite (0 = none), got %g", f.name, f.v)
+		}
+	}
+	switch {
+	case s.SlidingWindow < 0:
+		return fmt.Errorf("model shape: sliding_window must be >= 0 (0 = none), got %d", s.SlidingWindow)
+	case s.SlidingWindowPattern < 0 || s.SlidingWindowPattern == 1:
+		return fmt.Errorf("model shape: sliding_window_pattern must be 0 (every layer slides) or >= 2 (every p-th layer is global), got %d", s.SlidingWindowPattern)
+	case s.SlidingWindow == 0 && (s.SlidingWindowPattern != 0 || s.RopeLocalTheta != 0):
+		return fmt.Errorf("model shape: sliding_window_pattern and rope_local_theta need a sliding_window")
+	case s.RopeLinearFactor != 0 && (!(s.RopeLinearFactor > 1) || math.IsInf(float64(s.RopeLinearFactor), 0)):
+		return fmt.Errorf("model shape: rope_linear_factor must be 0 (none) or > 1 and finite, got %g", s.RopeLinearFactor)
+	case s.RopeLinearFactor != 0 && (s.RopeScaling != nil || s.Yarn != nil):
+		return fmt.Errorf("model shape: rope_linear_factor with rope_scaling_factor or yarn_factor; a shape has one RoPE scaling")
+	case s.RopeLinearFactor != 0 && s.SlidingWindow > 0 && s.SlidingWindowPattern == 0:
+		return fmt.Errorf("model shape: rope_linear_factor scales the layers that do not slide; with sliding_window_pattern 0 every layer slides")
+	}
+	any := s.MLPGelu || s.PostNorms || s.AttnSoftcap != 0 || s.FinalSoftcap != 0 || s.SlidingWindow != 0 || s.RopeLocalTheta != 0 || s.RopeLinearFactor != 0
+	if any && s.KVLoraRank > 0 {
+		return fmt.Errorf("model shape: MLA with Gemma's fields (mlp_gelu, post_norms, soft-capping, sliding window, local or linear RoPE) is not supported")
+	}
+	if (s.MLPGelu || s.PostNorms) && s.NumExperts > 0 {
+		return fmt.Errorf("model shape: mlp_gelu and post_norms are supported on dense shapes only (num_experts 0)")
 	}
 	return nil
 }

@@ -133,6 +133,11 @@ std::unique_ptr<Backend> make_cuda_backend(const EngineParams& params) {
   if (params.shape.embedding_scale != 0 || params.shape.residual_scale != 0 || params.shape.attention_scale != 0 ||
       params.shape.logit_scale != 0)
     throw EngineError(ENG_UNSUPPORTED, "the CUDA backend has no Granite multipliers (embedding, residual, attention, logit scales) yet");
+  const eng_model_shape& g = params.shape;
+  if (g.mlp_gelu || g.post_norms || g.attn_softcap != 0 || g.final_softcap != 0 || g.sliding_window != 0 ||
+      g.rope_local_theta != 0 || g.rope_linear_factor != 0)
+    throw EngineError(ENG_UNSUPPORTED, "the CUDA backend has no Gemma layers (GELU MLP, post norms, soft-capping, "
+                                       "sliding-window attention, local or linear RoPE) yet");
   if (params.shape.kv_lora_rank == 0 &&
       int64_t{params.shape.num_heads} * params.shape.head_dim != params.shape.hidden_size)
     throw EngineError(ENG_UNSUPPORTED, "the CUDA backend needs hidden_size == num_heads * head_dim");

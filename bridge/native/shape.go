@@ -89,6 +89,15 @@ func shapeToC(s *bridge.ModelShape, c *C.eng_model_shape) error {
 	}
 	c.embedding_scale, c.residual_scale = C.float(s.EmbeddingScale), C.float(s.ResidualScale)
 	c.attention_scale, c.logit_scale = C.float(s.AttentionScale), C.float(s.LogitScale)
+	if s.MLPGelu {
+		c.mlp_gelu = 1
+	}
+	if s.PostNorms {
+		c.post_norms = 1
+	}
+	c.attn_softcap, c.final_softcap = C.float(s.AttnSoftcap), C.float(s.FinalSoftcap)
+	c.sliding_window, c.sliding_window_pattern = C.int32_t(s.SlidingWindow), C.int32_t(s.SlidingWindowPattern)
+	c.rope_local_theta, c.rope_linear_factor = C.float(s.RopeLocalTheta), C.float(s.RopeLinearFactor)
 	return nil
 }
 
@@ -105,17 +114,25 @@ func shapeFromC(c *C.eng_model_shape) bridge.ModelShape {
 		RMSEps:           float32(c.rms_eps),
 		TiedEmbeddings:   c.tied_embeddings != 0,
 
-		NumExperts:          int(c.num_experts),
-		NumExpertsPerTok:    int(c.num_experts_per_tok),
-		MoEIntermediateSize: int(c.moe_intermediate_size),
-		NumSharedExperts:    int(c.num_shared_experts),
-		RouterNorm:          bridge.RouterNorm(c.router_norm),
-		QKNorm:              c.qk_norm != 0,
-		QKVBias:             c.qkv_bias != 0,
-		EmbeddingScale:      float32(c.embedding_scale),
-		ResidualScale:       float32(c.residual_scale),
-		AttentionScale:      float32(c.attention_scale),
-		LogitScale:          float32(c.logit_scale),
+		NumExperts:           int(c.num_experts),
+		NumExpertsPerTok:     int(c.num_experts_per_tok),
+		MoEIntermediateSize:  int(c.moe_intermediate_size),
+		NumSharedExperts:     int(c.num_shared_experts),
+		RouterNorm:           bridge.RouterNorm(c.router_norm),
+		QKNorm:               c.qk_norm != 0,
+		QKVBias:              c.qkv_bias != 0,
+		EmbeddingScale:       float32(c.embedding_scale),
+		ResidualScale:        float32(c.residual_scale),
+		AttentionScale:       float32(c.attention_scale),
+		LogitScale:           float32(c.logit_scale),
+		MLPGelu:              c.mlp_gelu != 0,
+		PostNorms:            c.post_norms != 0,
+		AttnSoftcap:          float32(c.attn_softcap),
+		FinalSoftcap:         float32(c.final_softcap),
+		SlidingWindow:        int(c.sliding_window),
+		SlidingWindowPattern: int(c.sliding_window_pattern),
+		RopeLocalTheta:       float32(c.rope_local_theta),
+		RopeLinearFactor:     float32(c.rope_linear_factor),
 
 		QLoraRank:           int(c.q_lora_rank),
 		KVLoraRank:          int(c.kv_lora_rank),

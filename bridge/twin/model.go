@@ -157,8 +157,8 @@ func ModelFromShape(name string, s bridge.ModelShape) Model {
 }
 
 // Shape is the bridge shape the engine reports: the bridge preset of the
-// model's name when the geometry is the preset's (its RoPE, norm, router and
-// YaRN constants change none of the twin's costs), else the model's own
+// model's name when the geometry is the preset's (its RoPE, norm, router,
+// YaRN and Gemma constants change none of the twin's costs), else the model's own
 // geometry with default constants. MLA models report their latent
 // attention (KVLoraRank …, NumKVHeads = NumHeads, HeadDim = nope + rope),
 // their leading dense layers and experts.
@@ -181,6 +181,9 @@ func (m *Model) Shape() bridge.ModelShape {
 		q := p
 		q.RopeTheta, q.RMSEps, q.RouterNorm, q.QKNorm, q.QKVBias = s.RopeTheta, s.RMSEps, s.RouterNorm, s.QKNorm, s.QKVBias
 		q.RoutedScalingFactor, q.ExpertGroups, q.ExpertGroupsUsed, q.Yarn = 0, 0, 0, nil
+		// (Gemma's element-wise fields and its windows: not costed, docs/twin.md)
+		q.EmbeddingScale, q.MLPGelu, q.PostNorms, q.AttnSoftcap, q.FinalSoftcap = 0, false, false, 0, 0
+		q.SlidingWindow, q.SlidingWindowPattern, q.RopeLocalTheta, q.RopeLinearFactor = 0, 0, 0, 0
 		if q.Equal(s) {
 			return p
 		}

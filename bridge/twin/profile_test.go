@@ -25,7 +25,7 @@ func TestBuiltinProfilesValidate(t *testing.T) {
 	}
 	for _, tc := range []struct{ gpu, model, want string }{
 		{"a100", "llama-8b", `unknown GPU "a100" (allowed: b200, gb300, h100, h200)`},
-		{"h200", "llama-405b", `unknown model "llama-405b" (allowed: deepseek-tiny, deepseek-v3, kimi-k2, llama-2-70b, llama-2-7b, llama-70b, llama-8b, mixtral-8x7b, moe-tiny, qwen3-30b-a3b, tiny)`},
+		{"h200", "llama-405b", `unknown model "llama-405b" (allowed: deepseek-tiny, deepseek-v3, gemma-tiny, kimi-k2, llama-2-70b, llama-2-7b, llama-70b, llama-8b, mixtral-8x7b, moe-tiny, qwen3-30b-a3b, tiny)`},
 	} {
 		_, err := BuiltinProfile(tc.gpu, tc.model, Parallelism{})
 		if err == nil || err.Error() != tc.want {

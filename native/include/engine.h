@@ -24,7 +24,7 @@ extern "C" {
 #endif
 
 /* Bumped on every incompatible change; eng_engine_init refuses a mismatch. */
-#define ENG_ABI_VERSION 12
+#define ENG_ABI_VERSION 13
 
 /* The most top log-probabilities a row may ask for (vLLM's default
  * max_logprobs). */
@@ -139,6 +139,36 @@ typedef struct eng_model_shape {
   float residual_scale;
   float attention_scale;
   float logit_scale;
+  /* Gemma's decoder (docs/models.md "Gemma"); every field 0 = none, and
+   * none with MLA. (Gemma's embedding multiplier sqrt(hidden) is
+   * embedding_scale, its query_pre_attn_scalar^-1/2 attention_scale.)
+   * mlp_gelu 1: the MLP's gate activation is GELU in its tanh form,
+   * 0.5·g·(1 + tanh(sqrt(2/π)·(g + 0.044715·g³))), instead of SiLU; dense
+   * shapes only (num_experts 0). */
+  int32_t mlp_gelu;
+  /* 1: each layer's attention output (after W_o) and MLP output are
+   * RMS-normed with the ATTN_POST_NORM / MLP_POST_NORM gains before they
+   * join the residual stream (Gemma 2 and 3); dense shapes only. */
+  int32_t post_norms;
+  /* Soft-capping, > 0 (Gemma 2): every attention score s (after the
+   * scale) becomes attn_softcap·tanh(s/attn_softcap) before the softmax;
+   * every logit likewise with final_softcap (after logit_scale). */
+  float attn_softcap;
+  float final_softcap;
+  /* Sliding-window attention, > 0: a sliding layer's query at position p
+   * attends to positions [p - sliding_window + 1, p] only. Which layers
+   * slide: sliding_window_pattern 0 = every layer (Mistral 7B v0.1); p >= 2
+   * = every layer but those with l % p == p - 1 (Gemma 2: 2, Gemma 3: 6).
+   * The cache keeps every position's K/V. */
+  int32_t sliding_window;
+  int32_t sliding_window_pattern;
+  /* The sliding layers' RoPE base (Gemma 3: 10000); 0 = rope_theta. Needs
+   * sliding_window. */
+  float rope_local_theta;
+  /* Linear RoPE scaling of the layers that do not slide, > 1: angles of
+   * position p are those of p / rope_linear_factor (Gemma 3 4B and up: 8;
+   * llama.cpp's rope.scaling.type linear). Not with another scaling. */
+  float rope_linear_factor;
 } eng_model_shape;
 
 /* How the router turns the chosen experts' scores into weights. Top-k picks
@@ -237,7 +267,10 @@ typedef enum eng_weight {
    * WQ/WK/WV (rotate-half; not with interleaved_rope_heads). */
   ENG_WEIGHT_Q_BIAS = 30,       /* [1][heads*head_dim] */
   ENG_WEIGHT_K_BIAS = 31,       /* [1][kv_heads*head_dim] */
-  ENG_WEIGHT_V_BIAS = 32        /* [1][kv_heads*head_dim] */
+  ENG_WEIGHT_V_BIAS = 32,       /* [1][kv_heads*head_dim] */
+  /* post_norms shapes: the gains of the attention and MLP outputs' norms. */
+  ENG_WEIGHT_ATTN_POST_NORM = 33, /* [1][hidden] */
+  ENG_WEIGHT_MLP_POST_NORM = 34   /* [1][hidden] */
 } eng_weight;
 
 typedef struct eng_tensor {
@@ -293,7 +326,8 @@ typedef struct eng_engine_config {
    * minus LM_HEAD when tied; ROPE_FREQS optional; a MoE shape has ROUTER and
    * every expert's EXPERT_* instead of W_GATE/W_UP/W_DOWN, SHARED_* when
    * num_shared_experts > 0; Q_NORM/K_NORM with qk_norm; Q_BIAS/K_BIAS/
-   * V_BIAS with qkv_bias; an MLA shape has
+   * V_BIAS with qkv_bias; ATTN_POST_NORM/MLP_POST_NORM with post_norms;
+   * an MLA shape has
    * the MLA kinds instead of WK/WV, and its first_dense_layers keep
    * W_GATE/W_UP/W_DOWN).
    * num_tensors 0 = synthetic weights from seed. */

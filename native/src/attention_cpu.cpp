@@ -52,7 +52,7 @@ __attribute__((always_inline)) inline void attention_rows(const PageSlab& slab, 
                                                           int32_t num_heads, int32_t group, int32_t dk, int32_t dv,
                                                           int v_plane, float scale, float* out, size_t out_stride,
                                                           AttnScratch& scratch, int32_t g0, int32_t g1, int32_t sub0,
-                                                          int32_t sub1) {
+                                                          int32_t sub1, int32_t window, float softcap) {
   const int32_t P = slab.tokens_per_page();
   const size_t stride = static_cast<size_t>(slab.kv_width());
   int32_t max_last = 0;
@@ -95,10 +95,16 @@ __attribute__((always_inline)) inline void attention_rows(const PageSlab& slab, 
         for (int32_t r = 0; r < n; ++r) {
           const int32_t last = pos[r] / P;
           if (b > last) continue;
-          const int32_t cnt = b < last ? P : pos[r] % P + 1;
+          // A sliding window's first visible slot of this page (none:
+          // the row's window starts past it).
+          const int32_t first = window > 0 ? pos[r] - window + 1 - b * P : 0;
+          if (first >= P) continue;
+          const int32_t lo = first > 0 ? first : 0;
+          const int32_t cnt = (b < last ? P : pos[r] % P + 1) - lo;
           float m, l;
-          attn_page_partial_kt(q + r * q_stride + static_cast<size_t>(h) * dk, scale, kp, P, V, stride, cnt, dk, dv,
-                               scratch.scores.data(), &m, &l, scratch.o_page.data());
+          attn_page_partial_kt(q + r * q_stride + static_cast<size_t>(h) * dk, scale, kp + lo, P,
+                               V + static_cast<size_t>(lo) * stride, stride, cnt, dk, dv, scratch.scores.data(), &m, &l,
+                               scratch.o_page.data(), softcap);
           float* st = ml + 2 * (static_cast<size_t>(r) * num_heads + h);
           attn_merge(&st[0], &st[1], out + r * out_stride + static_cast<size_t>(h) * dv, m, l,
                      scratch.o_page.data(), dv);
@@ -124,13 +130,13 @@ __attribute__((target_clones("avx512f", "avx2", "default")))
 void paged_attention_rows(const PageSlab& slab, int32_t layer, const int32_t* blocks, const int32_t* pos,
                           int32_t n, const float* q, size_t q_stride, int32_t num_heads, int32_t num_kv_heads,
                           int32_t head_dim, float* out, size_t out_stride, AttnScratch& scratch, int32_t g0,
-                          int32_t g1, int32_t s0, int32_t s1, float scale) {
+                          int32_t g1, int32_t s0, int32_t s1, float scale, int32_t window, float softcap) {
   if (g1 < 0) g1 = num_kv_heads;
   const int32_t group = num_heads / num_kv_heads;
   if (s1 < 0) s1 = group;
   if (scale == 0.0f) scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim)));
   attention_rows(slab, layer, blocks, pos, n, q, q_stride, num_heads, group, head_dim, head_dim, 1, scale, out,
-                 out_stride, scratch, g0, g1, s0, s1);
+                 out_stride, scratch, g0, g1, s0, s1, window, softcap);
 }
 
 // The latent form (attention_cpu.h): one group of every head over plane 0.
@@ -141,7 +147,7 @@ void paged_latent_attention_rows(const PageSlab& slab, int32_t layer, const int3
                                  int32_t h0, int32_t h1) {
   if (h1 < 0) h1 = num_heads;
   attention_rows(slab, layer, blocks, pos, n, q, q_stride, num_heads, num_heads, dk, dv, 0, scale, out, out_stride,
-                 scratch, 0, 1, h0, h1);
+                 scratch, 0, 1, h0, h1, 0, 0.0f);
 }
 
 }  // namespace lockstep

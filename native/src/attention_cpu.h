@@ -40,11 +40,15 @@ void paged_attention_row(const PageSlab& slab, int32_t layer, const int32_t* blo
 // the group (s1 < 0: all of them), so that threads can share a call's
 // work: a (row, head) gets the same bits in any call that computes it.
 // The softmax scale is 1/sqrt(head_dim), or scale when it is not 0
-// (Granite's attention multiplier).
+// (Granite's attention multiplier). window > 0: row r attends to positions
+// [pos[r] - window + 1, pos[r]] only (sliding-window attention; a page's
+// partial then starts at the first such slot). softcap > 0: each scaled
+// score s becomes softcap · tanh(s / softcap) (Gemma 2).
 void paged_attention_rows(const PageSlab& slab, int32_t layer, const int32_t* blocks, const int32_t* pos,
                           int32_t n, const float* q, size_t q_stride, int32_t num_heads, int32_t num_kv_heads,
                           int32_t head_dim, float* out, size_t out_stride, AttnScratch& scratch, int32_t g0 = 0,
-                          int32_t g1 = -1, int32_t s0 = 0, int32_t s1 = -1, float scale = 0.0f);
+                          int32_t g1 = -1, int32_t s0 = 0, int32_t s1 = -1, float scale = 0.0f, int32_t window = 0,
+                          float softcap = 0.0f);
 
 // Multi-head latent attention (MLA, absorbed form) of n rows of one
 // sequence: every head's query q[r][h] is dk floats ([q_lat | q_pe]) and

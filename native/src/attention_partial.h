@@ -21,6 +21,26 @@
 
 namespace lockstep {
 
+// scores[j] = scores[j] * scale, then softcap · tanh(s / softcap) when
+// softcap > 0 (Gemma 2's soft-capping), for j < n; returns their maximum.
+__attribute__((always_inline)) inline float attn_scale_scores(float* scores, int32_t n, float scale, float softcap) {
+  float mx = -INFINITY;
+  if (softcap == 0.0f) {
+    for (int32_t j = 0; j < n; ++j) {
+      const float s = scores[j] * scale;
+      scores[j] = s;
+      if (s > mx) mx = s;
+    }
+    return mx;
+  }
+  for (int32_t j = 0; j < n; ++j) {
+    const float s = softcap * std::tanh(scores[j] * scale / softcap);
+    scores[j] = s;
+    if (s > mx) mx = s;
+  }
+  return mx;
+}
+
 // Partial of one query head over n >= 1 slots of one page.
 //   q       [head_dim]
 //   k       K of slot 0 for this head's kv head: slot j's element d is
@@ -32,9 +52,10 @@ namespace lockstep {
 // the softmax terms in increasing slot.
 // dk: the width of q and of each K; dv: of each V and of o (an MLA latent's
 // V is the first dv elements of its K: v may equal k with dv < dk).
+// softcap > 0 caps each scaled score (attn_scale_scores).
 inline void attn_page_partial(const float* q, float scale, const float* k, size_t k_slot, size_t k_dim,
                               const float* v, size_t v_stride, int32_t n, int32_t dk, int32_t dv, float* scores,
-                              float* m, float* l, float* o) {
+                              float* m, float* l, float* o, float softcap = 0.0f) {
   // scores[j] = Σ_d q[d] * k_j[d], each summed in increasing d. The d-outer,
   // slot-inner order keeps that per-slot order while giving the CPU n
   // independent accumulation chains instead of one long dependent one.
@@ -44,12 +65,7 @@ inline void attn_page_partial(const float* q, float scale, const float* k, size_
     const float* kd = k + static_cast<size_t>(d) * k_dim;
     for (int32_t j = 0; j < n; ++j) scores[j] += qd * kd[static_cast<size_t>(j) * k_slot];
   }
-  float mx = -INFINITY;
-  for (int32_t j = 0; j < n; ++j) {
-    const float s = scores[j] * scale;
-    scores[j] = s;
-    if (s > mx) mx = s;
-  }
+  const float mx = attn_scale_scores(scores, n, scale, softcap);
   for (int32_t d = 0; d < dv; ++d) o[d] = 0.0f;
   float sum = 0.0f;
   for (int32_t j = 0; j < n; ++j) {
@@ -84,7 +100,8 @@ inline void attn_page_partial(const float* q, float scale, const float* k, const
 // dk, dv as for attn_page_partial.
 __attribute__((always_inline)) inline void attn_page_partial_kt(const float* __restrict q, float scale, const float* __restrict kt, size_t ldk,
                                  const float* __restrict v, size_t stride, int32_t n, int32_t dk, int32_t dv,
-                                 float* __restrict scores, float* m, float* l, float* __restrict o) {
+                                 float* __restrict scores, float* m, float* l, float* __restrict o,
+                                 float softcap = 0.0f) {
   constexpr int32_t kB = 16;
   int32_t j0 = 0;
   for (; j0 + kB <= n; j0 += kB) {
@@ -101,12 +118,7 @@ __attribute__((always_inline)) inline void attn_page_partial_kt(const float* __r
     for (int32_t d = 0; d < dk; ++d) acc += q[d] * kt[static_cast<size_t>(d) * ldk + j];
     scores[j] = acc;
   }
-  float mx = -INFINITY;
-  for (int32_t j = 0; j < n; ++j) {
-    const float s = scores[j] * scale;
-    scores[j] = s;
-    if (s > mx) mx = s;
-  }
+  const float mx = attn_scale_scores(scores, n, scale, softcap);
   float sum = 0.0f;
   for (int32_t j = 0; j < n; ++j) {
     const float p = std::exp(scores[j] - mx);

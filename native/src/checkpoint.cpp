@@ -22,8 +22,9 @@ const char* kind_name(int32_t kind) {
       "embedding", "final_norm", "lm_head",     "attn_norm",   "wq",          "wk",          "wv",         "wo",
       "mlp_norm",  "w_gate",     "w_up",        "w_down",      "rope_freqs",  "q_norm",      "k_norm",     "router",
       "expert_gate", "expert_up", "expert_down", "shared_gate", "shared_up", "shared_down", "q_a", "q_a_norm",
-      "kv_a", "kv_a_norm", "kv_b", "k_b", "v_b", "router_bias", "q_bias", "k_bias", "v_bias"};
-  return kind >= 0 && kind <= ENG_WEIGHT_V_BIAS ? names[kind] : "unknown";
+      "kv_a", "kv_a_norm", "kv_b", "k_b", "v_b", "router_bias", "q_bias", "k_bias", "v_bias", "attn_post_norm",
+      "mlp_post_norm"};
+  return kind >= 0 && kind <= ENG_WEIGHT_MLP_POST_NORM ? names[kind] : "unknown";
 }
 
 bool is_expert(int32_t kind) { return kind >= ENG_WEIGHT_EXPERT_GATE && kind <= ENG_WEIGHT_EXPERT_DOWN; }
@@ -71,7 +72,8 @@ void expected_dims(const eng_model_shape& s, int32_t kind, int64_t* rows, int64_
     case ENG_WEIGHT_Q_BIAS: *rows = 1; *cols = qd; return;
     case ENG_WEIGHT_K_BIAS: case ENG_WEIGHT_V_BIAS: *rows = 1; *cols = kvd; return;
     case ENG_WEIGHT_EMBEDDING: case ENG_WEIGHT_LM_HEAD: *rows = V; *cols = H; return;
-    case ENG_WEIGHT_FINAL_NORM: case ENG_WEIGHT_ATTN_NORM: case ENG_WEIGHT_MLP_NORM: *rows = 1; *cols = H; return;
+    case ENG_WEIGHT_FINAL_NORM: case ENG_WEIGHT_ATTN_NORM: case ENG_WEIGHT_MLP_NORM:
+    case ENG_WEIGHT_ATTN_POST_NORM: case ENG_WEIGHT_MLP_POST_NORM: *rows = 1; *cols = H; return;
     case ENG_WEIGHT_WQ: *rows = qd; *cols = H; return;
     case ENG_WEIGHT_WK: case ENG_WEIGHT_WV: *rows = kvd; *cols = H; return;
     case ENG_WEIGHT_WO: *rows = H; *cols = qd; return;
@@ -118,6 +120,8 @@ const char* foreign_reason(const eng_model_shape& s, int32_t kind, int32_t layer
       return s.qk_norm ? "" : "a q/k norm gain, but the shape has qk_norm 0";
     case ENG_WEIGHT_Q_BIAS: case ENG_WEIGHT_K_BIAS: case ENG_WEIGHT_V_BIAS:
       return s.qkv_bias ? "" : "a q/k/v projection bias, but the shape has qkv_bias 0";
+    case ENG_WEIGHT_ATTN_POST_NORM: case ENG_WEIGHT_MLP_POST_NORM:
+      return s.post_norms ? "" : "a post-norm gain, but the shape has post_norms 0";
     case ENG_WEIGHT_WK: case ENG_WEIGHT_WV:
       return mla ? "a K/V projection, but the shape uses latent attention (kv_lora_rank > 0: KV_A and KV_B)" : "";
     case ENG_WEIGHT_Q_A: case ENG_WEIGHT_Q_A_NORM:
@@ -129,10 +133,11 @@ const char* foreign_reason(const eng_model_shape& s, int32_t kind, int32_t layer
   return "";
 }
 
-// Slot table: globals 0..2, rope_freqs 3, then per layer the 26 non-expert
+// Slot table: globals 0..2, rope_freqs 3, then per layer the 28 non-expert
 // layer kinds (attn_norm .. w_down, q_norm, k_norm, router, shared_*, the
-// MLA kinds, router_bias and the q/k/v biases), then 3 per routed expert.
-constexpr int64_t kLayerKinds = 26;
+// MLA kinds, router_bias, the q/k/v biases and the post norms), then 3 per
+// routed expert.
+constexpr int64_t kLayerKinds = 28;
 int64_t layer_slots(const eng_model_shape& s) { return kLayerKinds + 3 * int64_t{s.num_experts}; }
 
 int64_t slot_of(const eng_model_shape& s, int32_t kind, int32_t layer, int32_t expert) {
@@ -156,8 +161,9 @@ void validate_tensors(const eng_model_shape& s, const eng_tensor* tensors, int32
   std::vector<int32_t> seen(static_cast<size_t>(slots), -1);
   for (int32_t i = 0; i < n; ++i) {
     const eng_tensor& t = tensors[i];
-    if (t.kind < 0 || t.kind > ENG_WEIGHT_V_BIAS)
-      invalid_argument(fmt("tensors[%lld]: kind %lld is not an eng_weight (0..%lld)", i, t.kind, ENG_WEIGHT_V_BIAS));
+    if (t.kind < 0 || t.kind > ENG_WEIGHT_MLP_POST_NORM)
+      invalid_argument(
+          fmt("tensors[%lld]: kind %lld is not an eng_weight (0..%lld)", i, t.kind, ENG_WEIGHT_MLP_POST_NORM));
     const std::string name = label(t, i);
     if (is_global(t.kind) ? t.layer != -1 : (t.layer < 0 || t.layer >= s.num_layers))
       invalid_argument(name + fmt(": layer %lld out of range (global tensors use -1, layer tensors 0..%lld)",
@@ -168,8 +174,8 @@ void validate_tensors(const eng_model_shape& s, const eng_tensor* tensors, int32
     if (const char* why = foreign_reason(s, t.kind, t.layer); *why != '\0') invalid_argument(name + ": " + why);
     if (t.kind == ENG_WEIGHT_LM_HEAD && s.tied_embeddings)
       invalid_argument(name + ": an lm_head was given but the shape has tied_embeddings set");
-    if (t.kind == ENG_WEIGHT_ROPE_FREQS && s.rope_scaling_factor != 0)
-      invalid_argument(name + ": rope_freqs and rope_scaling_factor both scale RoPE; give one");
+    if (t.kind == ENG_WEIGHT_ROPE_FREQS && (s.rope_scaling_factor != 0 || s.rope_linear_factor != 0))
+      invalid_argument(name + ": rope_freqs and rope_scaling_factor (or rope_linear_factor) both scale RoPE; give one");
     const int64_t slot = slot_of(s, t.kind, t.layer, t.expert);
     if (seen[static_cast<size_t>(slot)] >= 0)
       invalid_argument(name + fmt(": duplicate of tensors[%lld]", seen[static_cast<size_t>(slot)]));
@@ -227,6 +233,10 @@ void validate_tensors(const eng_model_shape& s, const eng_tensor* tensors, int32
     }
     if (s.qkv_bias)
       for (int32_t k = ENG_WEIGHT_Q_BIAS; k <= ENG_WEIGHT_V_BIAS; ++k) missing(k, l, 0);
+    if (s.post_norms) {
+      missing(ENG_WEIGHT_ATTN_POST_NORM, l, 0);
+      missing(ENG_WEIGHT_MLP_POST_NORM, l, 0);
+    }
     if (s.kv_lora_rank > 0) {
       if (s.q_lora_rank > 0) {
         missing(ENG_WEIGHT_Q_A, l, 0);
@@ -389,7 +399,7 @@ Weights load_weights(const eng_model_shape& s, const eng_tensor* tensors, int32_
                                      nullptr,     &L.q_norm, &L.k_norm, &L.router,   &X.gate,    &X.up,
                                      &X.down,     &X.gate,   &X.up,     &X.down,     &L.wq_a,    &L.q_a_norm,
                                      &L.wkv_a,    &L.kv_a_norm, nullptr, nullptr,    nullptr,    &L.router_bias,
-                                     &L.bq,       &L.bk,     &L.bv};
+                                     &L.bq,       &L.bk,     &L.bv,       &L.attn_post_norm, &L.mlp_post_norm};
         dst = per[t.kind];
         // The dense projections: kept quantised under the quantised kernels;
         // under the exact ones (and for experts, exact under either setting)
@@ -491,11 +501,25 @@ std::shared_ptr<const Weights> shared_weights(const eng_model_shape& s, const en
   return w;
 }
 
+std::vector<double> rope_inv_freq_local(const eng_model_shape& s) {
+  const int32_t dim = rope_dim(s), half = dim / 2;
+  const double base = s.rope_local_theta != 0 ? s.rope_local_theta : s.rope_theta;
+  std::vector<double> f(static_cast<size_t>(half));
+  for (int32_t i = 0; i < half; ++i) f[i] = std::pow(base, -2.0 * i / static_cast<double>(dim));
+  return f;
+}
+
 std::vector<double> rope_inv_freq(const eng_model_shape& s, const std::vector<float>& rope_freqs) {
   const int32_t dim = rope_dim(s), half = dim / 2;
   std::vector<double> f(static_cast<size_t>(half));
   for (int32_t i = 0; i < half; ++i)
     f[i] = std::pow(static_cast<double>(s.rope_theta), -2.0 * i / static_cast<double>(dim));
+  if (s.rope_linear_factor != 0) {
+    // Linear scaling (positions / factor); validate_tensors refuses
+    // rope_freqs beside it.
+    for (double& x : f) x /= s.rope_linear_factor;
+    return f;
+  }
   if (!rope_freqs.empty()) {
     for (int32_t i = 0; i < half; ++i) f[i] /= static_cast<double>(rope_freqs[static_cast<size_t>(i)]);
     return f;

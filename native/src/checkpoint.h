@@ -102,6 +102,9 @@ inline int32_t rope_dim(const eng_model_shape& s) { return s.kv_lora_rank > 0 ? 
 // YaRN's blend when shape.yarn_factor is, each divided by rope_freqs[i] when
 // those are given (a checkpoint's ROPE_FREQS). In double.
 std::vector<double> rope_inv_freq(const eng_model_shape& shape, const std::vector<float>& rope_freqs = {});
+// The sliding layers' inverse frequencies: base rope_local_theta (or
+// rope_theta), no scaling.
+std::vector<double> rope_inv_freq_local(const eng_model_shape& shape);
 
 // YaRN's magnitude factor of cos and sin: m(mscale) / m(mscale_all_dim),
 // m(x) = 0.1 x ln(factor) + 1; 1 without YaRN. In double.

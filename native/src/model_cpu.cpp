@@ -28,6 +28,22 @@ void silu_mul_range(float* gate, const float* up, int64_t j0, int64_t j1) {
   }
 }
 
+// gate[j] = gelu(gate[j]) · up[j] for j in [j0, j1), GELU's tanh form
+// (Hugging Face's gelu_pytorch_tanh, Gemma's hidden_activation).
+void gelu_mul_range(float* gate, const float* up, int64_t j0, int64_t j1) {
+  const float c = 0.7978845608028654f;  // sqrt(2/pi)
+  for (int64_t j = j0; j < j1; ++j) {
+    const float g = gate[j];
+    const float inner = c * (g + 0.044715f * (g * g * g));
+    gate[j] = 0.5f * g * (1.0f + std::tanh(inner)) * up[j];
+  }
+}
+
+// x = cap · tanh(x / cap) over n elements (Gemma 2's soft-capping).
+void soft_cap(float* x, int64_t n, float cap) {
+  for (int64_t i = 0; i < n; ++i) x[i] = cap * std::tanh(x[i] / cap);
+}
+
 // Sampled rows per LM-head pass (rows per GEMM pass of a layer: kRowChunk,
 // model_cpu.h).
 constexpr int64_t kLogitChunk = 64;
@@ -66,6 +82,8 @@ CpuBackend::CpuBackend(const EngineParams& p)
   if (p.num_threads > 1) pool_ = std::make_unique<ThreadPool>(p.num_threads);
   attn_scratch_.resize(static_cast<size_t>(p.num_threads > 1 ? p.num_threads : 1));
   inv_freq_ = rope_inv_freq(shape_, weights_->rope_freqs);
+  if (shape_.sliding_window > 0 && (shape_.rope_local_theta != 0 || shape_.rope_linear_factor != 0))
+    inv_freq_local_ = rope_inv_freq_local(shape_);
   rope_dim_ = rope_dim(shape_);
   rope_mag_ = rope_magnitude(shape_);
   attn_scale_ = attention_scale(shape_);
@@ -92,6 +110,7 @@ void CpuBackend::prepare_rows(const StepBatch& batch) {
   int32_t* row_seq = grow(row_seq_, rows);
   int32_t* row_pos = grow(row_pos_, rows);
   float* cs = grow(rope_cs_, rows * D);
+  float* cs_local = inv_freq_local_.empty() ? nullptr : grow(rope_cs_local_, rows * D);
   size_t r = 0;
   for (size_t i = 0; i < batch.seqs.size(); ++i) {
     const StepSeq& s = batch.seqs[i];
@@ -109,8 +128,31 @@ void CpuBackend::prepare_rows(const StepBatch& batch) {
           c[half + k] = static_cast<float>(std::sin(angle) * rope_mag_);
         }
       }
+      if (cs_local == nullptr) continue;
+      float* cl = cs_local + r * D;
+      for (int32_t k = 0; k < half; ++k) {
+        const double angle = static_cast<double>(row_pos[r]) * inv_freq_local_[k];
+        cl[k] = static_cast<float>(std::cos(angle));
+        cl[half + k] = static_cast<float>(std::sin(angle));
+      }
     }
   }
+}
+
+int32_t CpuBackend::window(int32_t layer) const {
+  const int32_t w = shape_.sliding_window, p = shape_.sliding_window_pattern;
+  if (w == 0 || (p != 0 && layer % p == p - 1)) return 0;
+  return w;
+}
+
+const float* CpuBackend::rope_table(int32_t layer) const {
+  return window(layer) != 0 && !inv_freq_local_.empty() ? rope_cs_local_.data() : rope_cs_.data();
+}
+
+void CpuBackend::post_norm(float* y, int64_t m, const std::vector<float>& gain) const {
+  if (!shape_.post_norms) return;
+  const int64_t H = shape_.hidden_size;
+  for (int64_t j = 0; j < m; ++j) rms_norm(y + j * H, gain.data(), shape_.hidden_size, shape_.rms_eps, y + j * H);
 }
 
 // Rotate-half RoPE of `heads` heads of x in place (cos_sin: cos[D/2], sin[D/2]).
@@ -176,11 +218,12 @@ void CpuBackend::write_kv(int32_t layer, const StepBatch& batch, const float* hi
           rms_norm(kr + h * D, w.k_norm.data(), shape_.head_dim, shape_.rms_eps, kr + h * D);
       }
     }
+    const float* table = rope_table(layer);
     for (int64_t j = 0; j < n; ++j) {
       const int64_t r = r0 + j;
       const StepSeq& s = batch.seqs[static_cast<size_t>(row_seq_[r])];
       const int32_t pos = row_pos_[r];
-      const float* cs = rope_cs_.data() + r * D;
+      const float* cs = table + r * D;
       rope(q + r * qd, shape_.num_heads, D, cs);
       rope(k + j * kvd, shape_.num_kv_heads, D, cs);
       // Under Helix a rank computes K/V of every row (the arithmetic is
@@ -303,6 +346,7 @@ void CpuBackend::attend_mlp(int32_t layer, const StepBatch& batch, const int64_t
     }
     float* t = grow(tmp_, static_cast<size_t>(m * H));
     linear(a, m, od, w.wo, w.qwo, w.pwo, H, t);
+    post_norm(t, m, w.attn_post_norm);
     float* x = grow(x_, static_cast<size_t>(m * H));
     for (int64_t j = 0; j < m; ++j) {
       float* h = hidden + rr[j] * H;
@@ -319,14 +363,15 @@ void CpuBackend::attend_mlp(int32_t layer, const StepBatch& batch, const int64_t
       // Decoding: both products and the activation in one pass of the
       // threads, each range of columns finished by the thread that made it.
       packed_gemm_gated(pool_.get(), x, m, w.pw_gate, w.pw_up, gate, up, [&](int64_t o0, int64_t o1) {
-        for (int64_t j = 0; j < m; ++j) silu_mul_range(gate + j * F, up + j * F, o0, o1);
+        for (int64_t j = 0; j < m; ++j) act_mul_range(gate + j * F, up + j * F, o0, o1);
       });
     } else {
       linear(x, m, H, w.w_gate, w.qw_gate, w.pw_gate, F, gate);
       linear(x, m, H, w.w_up, w.qw_up, w.pw_up, F, up);
-      silu_mul(gate, up, m * F);
+      act_mul(gate, up, m * F);
     }
     linear(gate, m, F, w.w_down, w.qw_down, w.pw_down, H, t);
+    post_norm(t, m, w.mlp_post_norm);
     for (int64_t j = 0; j < m; ++j) add_residual(hidden + rr[j] * H, t + j * H, H);
   }
   if (moe) {
@@ -336,11 +381,14 @@ void CpuBackend::attend_mlp(int32_t layer, const StepBatch& batch, const int64_t
   }
 }
 
-// Granite: logits times the float 1/logit_scale (nothing without one).
+// Granite: logits times the float 1/logit_scale; Gemma 2: soft-capped
+// (nothing without either).
 void CpuBackend::scale_logits(float* lg, int64_t n) const {
-  if (shape_.logit_scale == 0) return;
-  const float inv = 1.0f / shape_.logit_scale;
-  for (int64_t i = 0; i < n; ++i) lg[i] *= inv;
+  if (shape_.logit_scale != 0) {
+    const float inv = 1.0f / shape_.logit_scale;
+    for (int64_t i = 0; i < n; ++i) lg[i] *= inv;
+  }
+  if (shape_.final_softcap != 0) soft_cap(lg, n, shape_.final_softcap);
 }
 
 // h += y, or h += y · residual_scale (Granite: the product rounded, then
@@ -416,7 +464,8 @@ void CpuBackend::attend(int32_t layer, const StepBatch& batch, const int64_t* rr
     paged_attention_rows(device_, layer, s.blocks, pos + it.r0, static_cast<int32_t>(it.r1 - it.r0),
                          q_.data() + rr[it.r0] * qd, static_cast<size_t>(qd), shape_.num_heads, shape_.num_kv_heads,
                          shape_.head_dim, out + it.r0 * qd, static_cast<size_t>(qd),
-                         attn_scratch_[static_cast<size_t>(thread)], it.g0, it.g1, it.s0, it.s1, attn_scale_);
+                         attn_scratch_[static_cast<size_t>(thread)], it.g0, it.g1, it.s0, it.s1, attn_scale_,
+                         window(layer), shape_.attn_softcap);
   };
   const int64_t n = static_cast<int64_t>(attn_items_.size());
   if (pool_ == nullptr) {
@@ -445,10 +494,15 @@ void CpuBackend::linear(const float* X, int64_t rows, int64_t in, const std::vec
   quant_gemm(pool_.get(), qx_, Wq, Y);
 }
 
-// gate[j] = silu(gate[j]) * up[j] for j < n (element-wise: shared out in
+void CpuBackend::act_mul_range(float* gate, const float* up, int64_t j0, int64_t j1) const {
+  if (shape_.mlp_gelu) return gelu_mul_range(gate, up, j0, j1);
+  silu_mul_range(gate, up, j0, j1);
+}
+
+// gate[j] = act(gate[j]) * up[j] for j < n (element-wise: shared out in
 // ranges when several threads may run it).
-void CpuBackend::silu_mul(float* gate, const float* up, int64_t n) {
-  auto range = [gate, up](int64_t j0, int64_t j1) { silu_mul_range(gate, up, j0, j1); };
+void CpuBackend::act_mul(float* gate, const float* up, int64_t n) {
+  auto range = [this, gate, up](int64_t j0, int64_t j1) { act_mul_range(gate, up, j0, j1); };
   const int64_t parts = pool_ == nullptr ? 1 : std::min<int64_t>(pool_->size(), n / kMinParallelElems);
   if (parts <= 1) return range(0, n);
   pool_->for_each(parts, [&](int64_t p, int) { range(n * p / parts, n * (p + 1) / parts); });
@@ -595,27 +649,36 @@ void CpuBackend::helix_attention(int32_t layer, const StepBatch& batch, const st
   const int64_t qd = query_width(), od = attn_width();
   // Pages g <= last with g % cp == k.
   auto owned = [cp](int32_t last, int32_t k) -> int32_t { return last >= k ? (last - k) / cp + 1 : 0; };
+  // A sliding layer's rows read the pages from their window's first
+  // position on: a row's first page, and (its first slot of that page).
+  const int32_t win = window(layer);
+  auto first_pos = [win](int32_t pos) { return win > 0 && pos - win + 1 > 0 ? pos - win + 1 : 0; };
   size_t local_recs = 0;
-  for (int64_t row : rows) local_recs += static_cast<size_t>(heads) * owned(row_pos_[row] / P, me);
+  for (int64_t row : rows) {
+    const int32_t pos = row_pos_[row], first = first_pos(pos) / P;
+    local_recs += static_cast<size_t>(heads) * (owned(pos / P, me) - owned(first - 1, me));
+  }
   float* local = grow(helix_local_, local_recs * rec);
   AttnScratch& scratch = attn_scratch_[0];
   if (scratch.scores.size() < static_cast<size_t>(P)) scratch.scores.resize(P);
   float* out = local;
   for (int64_t row : rows) {
     const StepSeq& s = batch.seqs[static_cast<size_t>(row_seq_[row])];
-    const int32_t pos = row_pos_[row], last = pos / P;
+    const int32_t pos = row_pos_[row], last = pos / P, fp = first_pos(pos), first = fp / P;
     const float* q = q_.data() + row * qd;
     for (int32_t h = 0; h < heads; ++h) {
       const size_t head_off = mla_ ? 0 : static_cast<size_t>(h / group) * dk;
-      for (int32_t g = me; g <= last; g += cp) {
-        const int32_t n = g < last ? P : pos % P + 1;
+      for (int32_t g = first + ((me - first % cp) + cp) % cp; g <= last; g += cp) {
+        const int32_t lo = g == first ? fp % P : 0;
+        const int32_t n = (g < last ? P : pos % P + 1) - lo;
         const int32_t page = s.blocks[g / cp];
         const float* planes = device_.kv(page, layer, 0);
         // GQA: this kv head's K as stored, [dk][slot]; MLA: the latent, row-major.
-        const float* k = mla_ ? planes : planes + device_.k_index(0, static_cast<int32_t>(head_off));
-        const float* v = mla_ ? k : device_.kv(page, layer, 1) + head_off;
-        attn_page_partial(q + static_cast<size_t>(h) * dk, scale, k, mla_ ? stride : 1, mla_ ? 1 : P, v, stride, n,
-                          dk, dv, scratch.scores.data(), &out[0], &out[1], out + 2);
+        const size_t k_slot = mla_ ? stride : 1, k_dim = mla_ ? 1 : P;
+        const float* k = (mla_ ? planes : planes + device_.k_index(0, static_cast<int32_t>(head_off))) + lo * k_slot;
+        const float* v = (mla_ ? planes : device_.kv(page, layer, 1) + head_off) + lo * stride;
+        attn_page_partial(q + static_cast<size_t>(h) * dk, scale, k, k_slot, k_dim, v, stride, n, dk, dv,
+                          scratch.scores.data(), &out[0], &out[1], out + 2, shape_.attn_softcap);
         out += rec;
       }
     }
@@ -626,11 +689,11 @@ void CpuBackend::helix_attention(int32_t layer, const StepBatch& batch, const st
   std::vector<size_t> cursor(static_cast<size_t>(cp), 0);  // per rank, in records
   float* attn = grow(helix_attn_, rows.size() * static_cast<size_t>(od));
   for (size_t i = 0; i < rows.size(); ++i) {
-    const int32_t last = row_pos_[rows[i]] / P;
+    const int32_t last = row_pos_[rows[i]] / P, first = first_pos(row_pos_[rows[i]]) / P;
     for (int32_t h = 0; h < heads; ++h) {
       float* O = attn + i * od + static_cast<size_t>(h) * dv;
       float M = -INFINITY, L = 0.0f;
-      for (int32_t g = 0; g <= last; ++g) {
+      for (int32_t g = first; g <= last; ++g) {
         const int32_t k = g % cp;
         const std::vector<char>& buf = helix_all_[static_cast<size_t>(k)];
         const size_t at = cursor[static_cast<size_t>(k)]++ * rec;

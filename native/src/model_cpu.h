@@ -20,6 +20,11 @@
 //     phase 1 (every row of the batch, before any attention):
 //       x = RMSNorm(h) · attn_norm; q = x·Wq; k = x·Wk; v = x·Wv
 //       (qkv_bias: q += bq, k += bk, v += bv, one float add per element)
+//     (Gemma: the same embedding_scale and attention_scale; GELU for SiLU
+//     below (mlp_gelu); a·Wo and the MLP's output RMS-normed before their
+//     residual adds (post_norms); scores soft-capped before the softmax
+//     and logits after the LM head; sliding layers attend to the last
+//     sliding_window positions only, with their own RoPE base)
 //     (Granite: h = embedding[token] · embedding_scale first; every
 //     residual add below is h += y · residual_scale; the softmax scale is
 //     attention_scale; the logits are times 1/logit_scale)
@@ -156,7 +161,19 @@ class CpuBackend final : public Backend {
   // Rotate-half RoPE of rope_dim_ dims of `heads` heads, head h at x + h * stride.
   void rope(float* x, int32_t heads, int64_t stride, const float* cos_sin) const;
   void attend(int32_t layer, const StepBatch& batch, const int64_t* rr, int64_t m, float* out);
-  void silu_mul(float* gate, const float* up, int64_t n);
+  // gate[j] = act(gate[j]) * up[j] for j < n: SiLU, or GELU with
+  // shape.mlp_gelu (Gemma).
+  void act_mul(float* gate, const float* up, int64_t n);
+  void act_mul_range(float* gate, const float* up, int64_t j0, int64_t j1) const;
+  // Whether layer slides (shape.sliding_window, engine.h) and its window
+  // (0: the whole context).
+  int32_t window(int32_t layer) const;
+  // The RoPE table of layer's rows: the sliding layers' own when the shape
+  // gives them another base or the others a linear scaling.
+  const float* rope_table(int32_t layer) const;
+  // Gemma 2/3: y = RMSNorm(y) · gain on each of m rows of hidden_size
+  // (post_norms), in place; nothing without.
+  void post_norm(float* y, int64_t m, const std::vector<float>& gain) const;
   // Whether a product of this many rows reads W from its packed panels
   // (the exact kernels' decode path, packed_cpu.h).
   static bool packed_rows(int64_t rows, const QuantMatrix& Wq, const PackedMatrix& Wp);
@@ -179,6 +196,7 @@ class CpuBackend final : public Backend {
   std::shared_ptr<const Weights> weights_;
   PageSlab device_, host_;
   std::vector<double> inv_freq_;  // [rope_dim / 2]: theta^(-2i/D)
+  std::vector<double> inv_freq_local_;  // the sliding layers' own (empty: inv_freq_)
   int32_t rope_dim_;              // head_dim, or an MLA shape's qk_rope_head_dim
   double rope_mag_;               // YaRN's cos/sin factor (1 without)
   float attn_scale_;              // the softmax scale (checkpoint.h attention_scale)
@@ -197,6 +215,7 @@ class CpuBackend final : public Backend {
   // Per-step scratch, grown on demand and reused (no allocation per token).
   std::vector<int32_t> row_seq_, row_pos_;  // [rows]
   std::vector<float> rope_cs_;              // [rows][rope_dim]: cos[D/2], sin[D/2]
+  std::vector<float> rope_cs_local_;        // the same of inv_freq_local_
   std::vector<float> mla_q_, mla_a_, mla_h_, mla_o_;  // MLA scratch
   std::vector<float> hidden_;               // [rows][hidden]
   std::vector<float> q_;                    // [rows][heads * head_dim]

@@ -37,7 +37,7 @@ void CpuBackend::swiglu(const ExpertWeights& w, int64_t width, int64_t n, const 
     float* up = grow(up_, static_cast<size_t>(m * width));
     linear(x + r0 * H, m, H, w.gate, kExact, w.pgate, width, gate);
     linear(x + r0 * H, m, H, w.up, kExact, w.pup, width, up);
-    silu_mul(gate, up, m * width);
+    act_mul(gate, up, m * width);
     linear(gate, m, width, w.down, kExact, w.pdown, H, y + r0 * H);
   }
 }

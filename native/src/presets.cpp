@@ -21,7 +21,7 @@ struct NamedShape {
 // Fields: layers, hidden, heads, kv_heads, head_dim, intermediate, vocab,
 // rope_theta, rms_eps, rope scaling (4), tied, experts, top-k,
 // moe_intermediate, shared experts, router_norm, qk_norm, then the MLA,
-// dense-layer, routing and YaRN fields (0 here; kMLAPresets sets them),
+// dense-layer, routing and YaRN fields (0 here; kBuiltPresets sets them),
 // qkv_bias, the Granite scales.
 const NamedShape kPresets[] = {
     // llama-70b: Llama 3 70B shape (GQA 8:1).
@@ -85,8 +85,38 @@ eng_model_shape with_yarn(eng_model_shape s, float factor, int32_t original, flo
   return s;
 }
 
-// Sorted by name, merged with kPresets in preset_names().
-const NamedShape kMLAPresets[] = {
+// gemma-tiny: every field of Gemma's decoders at once (engine.h): GELU
+// MLP, post norms, q/k norms, heads wider than hidden / heads, the
+// embedding times sqrt(hidden), soft caps that bite on its synthetic
+// weights, a window of 8 on layers 0 and 1 with their own RoPE base beside
+// a linearly scaled global layer 2.
+eng_model_shape gemma_tiny() {
+  eng_model_shape s{};
+  s.num_layers = 3;
+  s.hidden_size = 64;
+  s.num_heads = 4;
+  s.num_kv_heads = 2;
+  s.head_dim = 32;
+  s.intermediate_size = 128;
+  s.vocab_size = 512;
+  s.rope_theta = 1000000.0f;
+  s.rms_eps = 1e-6f;
+  s.qk_norm = 1;
+  s.embedding_scale = 8.0f;
+  s.mlp_gelu = 1;
+  s.post_norms = 1;
+  s.attn_softcap = 2.0f;
+  s.final_softcap = 3.0f;
+  s.sliding_window = 8;
+  s.sliding_window_pattern = 3;
+  s.rope_local_theta = 10000.0f;
+  s.rope_linear_factor = 4.0f;
+  return s;
+}
+
+// Presets built by a function (the MLA and Gemma shapes); sorted by name,
+// merged with kPresets in preset_names().
+const NamedShape kBuiltPresets[] = {
     // deepseek-tiny: fast on the CPU engine: MLA (q and kv LoRA), one
     // leading dense layer, 16 experts in 4 groups (2 used), top-4, one
     // shared expert, sigmoid router with routed scaling.
@@ -99,6 +129,7 @@ const NamedShape kMLAPresets[] = {
     {"kimi-k2", with_yarn(deepseek_shape(61, 7168, 64, 1536, 512, 128, 64, 128, 18432, 163840, 50000.0f, 384, 8, 2048,
                                          1, 1, 2.827f, 0, 0),
                           32.0f, 4096, 1.0f, 1.0f)},
+    {"gemma-tiny", gemma_tiny()},
 };
 
 std::string format(const char* fmt, double a, double b = 0) {
@@ -116,7 +147,7 @@ bool find_preset(const std::string& name, eng_model_shape* out) {
       return true;
     }
   }
-  for (const auto& p : kMLAPresets) {
+  for (const auto& p : kBuiltPresets) {
     if (name == p.name) {
       *out = p.shape;
       return true;
@@ -128,7 +159,7 @@ bool find_preset(const std::string& name, eng_model_shape* out) {
 std::string preset_names() {
   std::vector<std::string> names;
   for (const auto& p : kPresets) names.push_back(p.name);
-  for (const auto& p : kMLAPresets) names.push_back(p.name);
+  for (const auto& p : kBuiltPresets) names.push_back(p.name);
   std::sort(names.begin(), names.end());
   std::string s;
   for (const auto& n : names) {
@@ -137,6 +168,46 @@ std::string preset_names() {
   }
   return s;
 }
+
+namespace {
+
+// Gemma's fields (engine.h), after Granite's.
+void validate_gemma_fields(const eng_model_shape& s, const char* p) {
+  if (s.mlp_gelu != 0 && s.mlp_gelu != 1) invalid_argument(p + format("mlp_gelu must be 0 or 1, got %.0f", s.mlp_gelu));
+  if (s.post_norms != 0 && s.post_norms != 1)
+    invalid_argument(p + format("post_norms must be 0 or 1, got %.0f", s.post_norms));
+  for (const auto& [name, v] : {std::pair<const char*, float>{"attn_softcap", s.attn_softcap},
+                                {"final_softcap", s.final_softcap}, {"rope_local_theta", s.rope_local_theta}})
+    if (!(v >= 0) || std::isinf(v))
+      invalid_argument(p + std::string(name) + format(" must be >= 0 and finite (0 = none), got %g", v));
+  if (s.sliding_window < 0)
+    invalid_argument(p + format("sliding_window must be >= 0 (0 = none), got %.0f", s.sliding_window));
+  if (s.sliding_window_pattern < 0 || s.sliding_window_pattern == 1)
+    invalid_argument(p + format("sliding_window_pattern must be 0 (every layer slides) or >= 2 (every p-th layer is "
+                                "global), got %.0f",
+                                s.sliding_window_pattern));
+  if (s.sliding_window == 0 && (s.sliding_window_pattern != 0 || s.rope_local_theta != 0))
+    invalid_argument(std::string(p) + "sliding_window_pattern and rope_local_theta need a sliding_window");
+  if (s.rope_linear_factor != 0) {
+    if (!(s.rope_linear_factor > 1) || std::isinf(s.rope_linear_factor))
+      invalid_argument(p + format("rope_linear_factor must be 0 (none) or > 1 and finite, got %g", s.rope_linear_factor));
+    if (s.rope_scaling_factor != 0 || s.yarn_factor != 0)
+      invalid_argument(std::string(p) + "rope_linear_factor with rope_scaling_factor or yarn_factor; a shape has one "
+                                        "RoPE scaling");
+    if (s.sliding_window > 0 && s.sliding_window_pattern == 0)
+      invalid_argument(std::string(p) + "rope_linear_factor scales the layers that do not slide; with "
+                                        "sliding_window_pattern 0 every layer slides");
+  }
+  const bool any = s.mlp_gelu || s.post_norms || s.attn_softcap != 0 || s.final_softcap != 0 || s.sliding_window ||
+                   s.rope_local_theta != 0 || s.rope_linear_factor != 0;
+  if (any && s.kv_lora_rank > 0)
+    invalid_argument(std::string(p) + "MLA with Gemma's fields (mlp_gelu, post_norms, soft-capping, sliding window, "
+                                      "local or linear RoPE) is not supported");
+  if ((s.mlp_gelu || s.post_norms) && s.num_experts > 0)
+    invalid_argument(std::string(p) + "mlp_gelu and post_norms are supported on dense shapes only (num_experts 0)");
+}
+
+}  // namespace
 
 void validate_shape(const eng_model_shape& s) {
   // Same order and wording as ModelShape.Validate in bridge/presets.go.
@@ -235,6 +306,7 @@ void validate_shape(const eng_model_shape& s) {
       invalid_argument(p + std::string(name) + format(" must be >= 0 and finite (0 = none), got %g", v));
   if (s.kv_lora_rank > 0 && (s.embedding_scale != 0 || s.residual_scale != 0 || s.attention_scale != 0 || s.logit_scale != 0))
     invalid_argument(std::string(p) + "MLA with Granite's multipliers (embedding, residual, attention, logit scales) is not supported");
+  validate_gemma_fields(s, p);
   if (s.kv_lora_rank < 0)
     invalid_argument(p + format("kv_lora_rank must be >= 0 (0 = no MLA), got %.0f", s.kv_lora_rank));
   if (s.kv_lora_rank == 0) {

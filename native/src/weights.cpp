@@ -100,6 +100,13 @@ Weights generate_weights(const eng_model_shape& s, uint64_t seed) {
         for (size_t i = 0; i < dst->size(); ++i) (*dst)[i] = uniform_pm1(seed, mla_tensor_id(kn.first, l), i) * 0.5f;
       }
     }
+    if (s.post_norms) {
+      for (auto [dst, kind] : {std::pair<std::vector<float>*, TensorKind>{&L.attn_post_norm, TensorKind::kAttnPostNorm},
+                               {&L.mlp_post_norm, TensorKind::kMLPPostNorm}}) {
+        dst->resize(static_cast<size_t>(h));
+        for (size_t i = 0; i < dst->size(); ++i) (*dst)[i] = 1.0f + uniform_pm1(seed, mla_tensor_id(kind, l), i) * 0.125f;
+      }
+    }
     if (s.qk_norm) {
       for (int which = 0; which < 2; ++which) {
         std::vector<float>& g = which == 0 ? L.q_norm : L.k_norm;
@@ -162,7 +169,8 @@ double weight_elements(const eng_model_shape& s) {
     attn = (ql > 0 ? h * ql + ql + ql * qd : h * qd) + h * (kl + rope) + kl +
            heads * kl * (double(s.qk_nope_head_dim) + s.v_head_dim) + heads * s.v_head_dim * h;
   }
-  const double per_layer = 2 * h + (s.qk_norm ? 2.0 * s.head_dim : 0.0) + (s.qkv_bias ? qd + 2 * kvd : 0.0) + attn;
+  const double per_layer = (s.post_norms ? 4 : 2) * h + (s.qk_norm ? 2.0 * s.head_dim : 0.0) +
+                           (s.qkv_bias ? qd + 2 * kvd : 0.0) + attn;
   const double dense_layers = s.num_experts == 0 ? s.num_layers : s.first_dense_layers;
   return (s.tied_embeddings ? 1 : 2) * v * h + h + double(s.num_layers) * per_layer + dense_layers * dense +
          (double(s.num_layers) - dense_layers) * moe;

@@ -15,6 +15,8 @@
 //   q_norm, k_norm [head_dim] (qk_norm)  1 + u/8, keyed by qk_norm_tensor_id
 //   bq [heads*head_dim], bk, bv [kv_heads*head_dim] (qkv_bias)
 //                                        u/2, keyed by mla_tensor_id
+//   attn_post_norm, mlp_post_norm [hidden] (post_norms)
+//                                        1 + u/8, keyed by mla_tensor_id
 //   wq [hidden][heads*head_dim], wk/wv [hidden][kv_heads*head_dim],
 //   wo [heads*head_dim][hidden], w_gate/w_up [hidden][intermediate],
 //   w_down [intermediate][hidden], lm_head [hidden][vocab]
@@ -68,6 +70,9 @@ enum class TensorKind : uint32_t {
   kBq = 26,          // [heads*head_dim]
   kBk = 27,          // [kv_heads*head_dim]
   kBv = 28,          // [kv_heads*head_dim]
+  // post_norms shapes: keyed by mla_tensor_id too.
+  kAttnPostNorm = 29,  // [hidden]
+  kMLPPostNorm = 30,   // [hidden]
 };
 
 // splitmix64 finaliser (Steele, Lea, Flood 2014): a bijective 64-bit mixer.
@@ -130,6 +135,7 @@ struct LayerWeights {
   std::vector<float> attn_norm, wq, wk, wv, wo;
   std::vector<float> q_norm, k_norm;  // [head_dim] each, qk_norm shapes only
   std::vector<float> bq, bk, bv;      // the projections' biases, qkv_bias shapes only
+  std::vector<float> attn_post_norm, mlp_post_norm;  // [hidden] each, post_norms shapes only
   std::vector<float> mlp_norm, w_gate, w_up, w_down;
   std::vector<float> router;
   std::vector<float> router_bias;  // [num_experts]; empty = no bias

@@ -70,7 +70,7 @@ int main() {
   CHECK(eng_preset_shape("llama-70b", &s) == ENG_OK);
   CHECK(s.num_layers == 80 && s.hidden_size == 8192 && s.intermediate_size == 28672);
   CHECK(eng_preset_shape("gpt-5", &s) == ENG_INVALID_ARGUMENT);
-  CHECK(contains(eng_last_error(), "gpt-5") && contains(eng_last_error(), "deepseek-tiny, deepseek-v3, kimi-k2, llama-70b, llama-8b, mixtral-8x7b, moe-tiny, qwen3-30b-a3b, tiny"));
+  CHECK(contains(eng_last_error(), "gpt-5") && contains(eng_last_error(), "deepseek-tiny, deepseek-v3, gemma-tiny, kimi-k2, llama-70b, llama-8b, mixtral-8x7b, moe-tiny, qwen3-30b-a3b, tiny"));
   CHECK(eng_preset_shape(nullptr, &s) == ENG_INVALID_ARGUMENT);
   CHECK(eng_preset_shape("tiny", nullptr) == ENG_INVALID_ARGUMENT);
   CHECK((eng_supported_backends() & 1u) == 1u);

@@ -86,6 +86,10 @@ Checkpoint from_synthetic(const eng_model_shape& s, uint64_t seed) {
       c.add(ENG_WEIGHT_K_BIAS, l, L.bk, kvd, 1);
       c.add(ENG_WEIGHT_V_BIAS, l, L.bv, kvd, 1);
     }
+    if (s.post_norms) {
+      c.add(ENG_WEIGHT_ATTN_POST_NORM, l, L.attn_post_norm, H, 1);
+      c.add(ENG_WEIGHT_MLP_POST_NORM, l, L.mlp_post_norm, H, 1);
+    }
     if (s.num_experts == 0) {
       c.add(ENG_WEIGHT_W_GATE, l, L.w_gate, H, F);
       c.add(ENG_WEIGHT_W_UP, l, L.w_up, H, F);
@@ -557,6 +561,33 @@ int main() {
     eng_engine_t none_m = nullptr;
     CHECK(eng_engine_init(&mc, &none_m) == ENG_INVALID_ARGUMENT);
     CHECK(std::string(eng_last_error()).find("MLA with Granite") != std::string::npos);
+  }
+
+  // Gemma's fields (gemma-tiny: post norms among them): the checkpoint
+  // path gives the synthetic shape's bits; a missing post norm, and one
+  // given to a shape without post_norms, are refused by name.
+  {
+    eng_model_shape g;
+    REQUIRE(eng_preset_shape("gemma-tiny", &g) == ENG_OK);
+    eng_engine_config syn_cfg = test_config("gemma-tiny", 32, 4);
+    eng_engine_t es = test_engine(syn_cfg);
+    const std::vector<float> want = run(es, g.vocab_size);
+    eng_engine_free(es);
+    eng_engine_t ec = test_engine(config_for(from_synthetic(g, 7)));
+    CHECKF(same_bits(run(ec, g.vocab_size), want), "Gemma checkpoint differs from synthetic");
+    eng_engine_free(ec);
+    Checkpoint missing = from_synthetic(g, 7);
+    for (size_t i = 0; i < missing.tensors.size(); ++i)
+      if (missing.tensors[i].kind == ENG_WEIGHT_MLP_POST_NORM && missing.tensors[i].layer == 2) {
+        missing.tensors.erase(missing.tensors.begin() + static_cast<std::ptrdiff_t>(i));
+        missing.store.erase(missing.store.begin() + static_cast<std::ptrdiff_t>(i));
+        break;
+      }
+    missing.fix();
+    expect_refused("missing MLP post norm", missing, "missing tensor: layer 2 mlp_post_norm");
+    Checkpoint stray = from_synthetic(g, 7);
+    stray.shape.post_norms = 0;
+    expect_refused("post norm without post_norms", stray, "post_norms 0");
   }
 
   // Engines built from the same tensors share one float copy; different

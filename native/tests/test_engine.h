@@ -128,4 +128,54 @@ inline std::vector<int32_t> test_prompt(uint64_t seed, int32_t len, int32_t voca
   return t;
 }
 
+// What test_chunked_run returned: the sampled tokens and their logits.
+struct TestRun {
+  std::vector<int32_t> tokens;
+  std::vector<float> logits;
+  bool operator==(const TestRun& o) const {
+    return tokens == o.tokens && logits.size() == o.logits.size() &&
+           std::memcmp(logits.data(), o.logits.data(), sizeof(float) * logits.size()) == 0;
+  }
+};
+
+// Feeds prompt to a fresh engine of config c in chunks of `chunk` tokens
+// (blocks 3, 9, 1, 12, 6 ...: scattered pages), beside `other` (a prompt
+// on its own pages, sampled every step) when neighbour is set, then
+// decodes `decode` greedy tokens; returns the sampled tokens and logits.
+inline TestRun test_chunked_run(const eng_engine_config& c, int32_t V, const std::vector<int32_t>& prompt,
+                                const std::vector<int32_t>& other, int32_t chunk, bool neighbour, int32_t decode) {
+  eng_engine_t e = test_engine(c);
+  TestRun out;
+  const int32_t len = static_cast<int32_t>(prompt.size());
+  const std::vector<int32_t> blocks = {3, 9, 1, 12, 6, 14, 2, 11, 0, 13}, oblocks = {20, 21, 22, 23};
+  int32_t pos = 0, last = 0;
+  while (pos < len + decode) {
+    std::vector<TestSeq> batch;
+    if (neighbour) batch.push_back({other, 0, oblocks, true});
+    TestSeq s;
+    s.blocks = blocks;
+    s.start_pos = pos;
+    if (pos < len) {
+      const int32_t n = chunk < len - pos ? chunk : len - pos;
+      s.tokens.assign(prompt.begin() + pos, prompt.begin() + pos + n);
+      s.sample = pos + n == len;
+      pos += n;
+    } else {
+      s.tokens = {last};
+      s.sample = true;
+      ++pos;
+    }
+    batch.push_back(s);
+    const TestStepOut o = test_step(e, batch, V);
+    REQUIRE(o.status == ENG_OK);
+    if (s.sample) {
+      last = o.sampled.back();
+      out.tokens.push_back(last);
+      out.logits.insert(out.logits.end(), o.logits.end() - V, o.logits.end());
+    }
+  }
+  eng_engine_free(e);
+  return out;
+}
+
 #endif  // LOCKSTEP_NATIVE_TESTS_TEST_ENGINE_H

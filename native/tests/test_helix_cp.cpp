@@ -2,7 +2,8 @@
 // whose pages are dealt round-robin over cp in-process members (each member
 // an engine on its own thread) yields bit-identical tokens and logits to a
 // single engine, for several cp sizes, page sizes, chunkings and short
-// prompts that leave some members without pages, for GQA and MLA (latent) attention; a member that never
+// prompts that leave some members without pages, for GQA and MLA (latent) attention
+// and Gemma's sliding windows; a member that never
 // arrives makes the others fail with ENG_TIMEOUT instead of hanging. The
 // prompt's rows are scored (eng_step_desc.score_targets) on every member
 // exactly as on the single engine.
@@ -112,6 +113,10 @@ int main() {
   // MLA: the latent partials of each member's pages, merged in page order.
   check_case(2, 4, 37, {8, 5, 1, 16}, "deepseek-tiny");
   check_case(3, 8, 30, {30}, "deepseek-tiny");
+  // Sliding windows (8 positions: two to three pages of 4, on every
+  // member), soft caps, post norms, the local RoPE base.
+  check_case(2, 4, 37, {8, 5, 1, 16}, "gemma-tiny");
+  check_case(3, 4, 30, {30}, "gemma-tiny");
 
   // A member that never arrives: the other fails with ENG_TIMEOUT.
   {

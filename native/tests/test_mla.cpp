@@ -236,48 +236,14 @@ void check_chunking() {
   auto run = [&](int32_t chunk, bool neighbour, int32_t threads) {
     eng_engine_config c = test_config("deepseek-tiny", 32, P);
     c.num_threads = threads;
-    eng_engine_t e = test_engine(c);
-    std::vector<float> logits;
-    std::vector<int32_t> toks;
-    const std::vector<int32_t> blocks = {3, 9, 1, 12, 6}, oblocks = {20, 21};
-    int32_t pos = 0, last = 0;
-    while (pos < len + decode) {
-      std::vector<TestSeq> batch;
-      if (neighbour) batch.push_back({other, 0, oblocks, true});
-      TestSeq s;
-      s.blocks = blocks;
-      s.start_pos = pos;
-      if (pos < len) {
-        const int32_t n = std::min(chunk, len - pos);
-        s.tokens.assign(prompt.begin() + pos, prompt.begin() + pos + n);
-        s.sample = pos + n == len;
-        pos += n;
-      } else {
-        s.tokens = {last};
-        s.sample = true;
-        ++pos;
-      }
-      batch.push_back(s);
-      const TestStepOut o = test_step(e, batch, V);
-      REQUIRE(o.status == ENG_OK);
-      if (s.sample) {
-        last = o.sampled.back();
-        toks.push_back(last);
-        logits.insert(logits.end(), o.logits.end() - V, o.logits.end());
-      }
-    }
-    eng_engine_free(e);
-    return std::make_pair(toks, logits);
+    return test_chunked_run(c, V, prompt, other, chunk, neighbour, decode);
   };
-  const auto ref = run(len, false, 1);
-  CHECK(ref.first.size() == size_t(decode + 1));
+  const TestRun ref = run(len, false, 1);
+  CHECK(ref.tokens.size() == size_t(decode + 1));
   for (auto [chunk, neighbour, threads] : {std::tuple{5, false, 1}, std::tuple{1, false, 1}, std::tuple{7, true, 1},
                                            std::tuple{len, true, 3}, std::tuple{4, false, 2}}) {
-    const auto got = run(chunk, neighbour, threads);
-    CHECKF(got.first == ref.first, "chunk %d neighbour %d threads %d: tokens differ", chunk, neighbour, threads);
-    CHECKF(got.second.size() == ref.second.size() &&
-               std::memcmp(got.second.data(), ref.second.data(), sizeof(float) * ref.second.size()) == 0,
-           "chunk %d neighbour %d threads %d: logits differ", chunk, neighbour, threads);
+    CHECKF(run(chunk, neighbour, threads) == ref, "chunk %d neighbour %d threads %d: tokens or logits differ", chunk,
+           neighbour, threads);
   }
 }
 
