@@ -471,6 +471,13 @@ func (w *ggufWriter) value(t testing.TB, v any) {
 		for _, s := range x {
 			w.str(s)
 		}
+	case []bool:
+		w.u32(gvArray)
+		w.u32(gvBool)
+		w.u64(uint64(len(x)))
+		for _, f := range x {
+			w.WriteByte(map[bool]byte{false: 0, true: 1}[f])
+		}
 	case []int32:
 		w.u32(gvArray)
 		w.u32(gvI32)

@@ -30,6 +30,8 @@ var ggufLayerTensor = map[string]bridge.WeightKind{
 	"attn_k_b": bridge.WeightKB, "attn_v_b": bridge.WeightVB,
 	// phi3: q, k and v in one projection (split by rows on load).
 	"attn_qkv": weightQKV,
+	// gemma2, gemma3: the attention and MLP outputs' norms.
+	"post_attention_norm": bridge.WeightAttnPostNorm, "post_ffw_norm": bridge.WeightMLPPostNorm,
 }
 
 // weightQKV marks a fused q/k/v projection (phi3's attn_qkv, Hugging
@@ -76,7 +78,7 @@ var projBiasKind = map[string]bridge.WeightKind{"q": bridge.WeightQBias, "k": br
 
 // ggufArchitectures are the general.architecture values this loader reads:
 // Llama (dense, or with experts: Mixtral), Granite (Llama with four
-// multipliers), Phi-3 (fused projections),
+// multipliers), Gemma 1-3 (model/gemma.go), Phi-3 (fused projections),
 // Qwen2 (q/k/v biases), Qwen3 (q/k norms), Qwen3-MoE and DeepSeek-V2/V3
 // (deepseek2: MLA, docs/models.md).
 // The value says whether
@@ -84,7 +86,10 @@ var projBiasKind = map[string]bridge.WeightKind{"q": bridge.WeightQBias, "k": br
 // (it permutes them for "llama"; DeepSeek's checkpoints are interleaved
 // in the rope tails of q and of the latent projection; Qwen models use its
 // NeoX rotation, which is rotate-half).
-var ggufArchitectures = map[string]struct{ interleaved, qkNorm, qkvBias, mla, granite bool }{
+var ggufArchitectures = map[string]struct{ interleaved, qkNorm, qkvBias, mla, granite, gemma bool }{
+	"gemma":     {gemma: true},
+	"gemma2":    {gemma: true},
+	"gemma3":    {gemma: true},
 	"llama":     {interleaved: true},
 	"granite":   {interleaved: true, granite: true},
 	"phi3":      {},
@@ -95,7 +100,7 @@ var ggufArchitectures = map[string]struct{ interleaved, qkNorm, qkvBias, mla, gr
 }
 
 // ggufArchitectureNames lists them for messages.
-const ggufArchitectureNames = "deepseek2, granite, llama, phi3, qwen2, qwen3, qwen3moe"
+const ggufArchitectureNames = "deepseek2, gemma, gemma2, gemma3, granite, llama, phi3, qwen2, qwen3, qwen3moe"
 
 // parseGGUF parses a GGUF file's header. The parser panics on some
 // corrupt headers (a size product that overflows); that panic is the
@@ -206,13 +211,25 @@ func loadGGUF(path string) (m *Model, err error) {
 	if err := ggufMoE(path, arch, num, kvs, &shape); err != nil {
 		return nil, err
 	}
+	if archInfo.gemma {
+		if err := ggufGemma(path, arch, num, kvs, &shape); err != nil {
+			return nil, err
+		}
+	}
 	if err := ggufRopeScaling(path, arch, num, str, &shape); err != nil {
 		return nil, err
 	}
 	ctx, _ := num("context_length", 0, false)
-	if w, _ := num("attention.sliding_window", 0, false); w > 0 && w < ctx {
-		// (llama.cpp ignores Phi-3's window; the model was trained with it.)
-		return nil, fmt.Errorf("model %s: %s.attention.sliding_window %v is shorter than the context (%v): sliding-window attention is not supported", path, arch, w, ctx)
+	if w, _ := num("attention.sliding_window", 0, false); w > 0 && w < ctx && !archInfo.gemma {
+		// Phi-3 mini 4k's window, on every layer: the model was trained
+		// with it, Hugging Face and vLLM apply it (llama.cpp drops it).
+		if w != float64(int32(w)) {
+			return nil, fmt.Errorf("model %s: GGUF metadata %s.attention.sliding_window = %v is not an integer", path, arch, w)
+		}
+		if shape.RopeLinearFactor != 0 {
+			return nil, fmt.Errorf("model %s: linear RoPE scaling of a %s model with sliding-window layers is not supported", path, arch)
+		}
+		shape.SlidingWindow = int(w)
 	}
 	return loadGGUFTensors(path, gf, arch, num, str, shape, int(ctx))
 }
@@ -606,12 +623,37 @@ func ggufMLA(path, arch string, num func(string, float64, bool) (float64, error)
 
 // ggufRopeScaling reads rope.scaling.*: YaRN for deepseek2 (DeepSeek-V3's
 // form: the attention scale's mscale from yarn_log_multiplier = 0.1 ×
-// mscale_all_dim, cos and sin unscaled as llama.cpp computes them), none
+// mscale_all_dim, cos and sin unscaled as llama.cpp computes them), linear
+// (llama.cpp's default type: Gemma 3, older Llama fine-tunes), none
 // otherwise (llama.cpp writes Llama-3 scaling as the rope_freqs.weight
 // tensor, which is read).
 func ggufRopeScaling(path, arch string, num func(string, float64, bool) (float64, error), str func(string) string, shape *bridge.ModelShape) error {
 	t := str(arch + ".rope.scaling.type")
-	if t == "" || t == "none" {
+	if t == "none" {
+		return nil
+	}
+	if t == "" || t == "linear" {
+		// llama.cpp's default type: the factor (or the older
+		// rope.scale_linear) divides every position.
+		factor, err := num("rope.scaling.factor", 0, false)
+		if err != nil {
+			return err
+		}
+		if factor == 0 {
+			if factor, err = num("rope.scale_linear", 0, false); err != nil {
+				return err
+			}
+		}
+		switch {
+		case factor == 0 || factor == 1:
+			return nil
+		case !(factor > 1) || math.IsInf(factor, 0):
+			return fmt.Errorf("model %s: linear RoPE scaling factor %v is not supported (want > 1)", path, factor)
+		case shape.SlidingWindow > 0 && arch != "gemma3":
+			// (the engine scales the global layers only, as llama.cpp does for Gemma 3)
+			return fmt.Errorf("model %s: linear RoPE scaling of a %s model with sliding-window layers is not supported", path, arch)
+		}
+		shape.RopeLinearFactor = float32(factor)
 		return nil
 	}
 	if t != "yarn" || arch != "deepseek2" {

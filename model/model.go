@@ -109,6 +109,7 @@ func checkTensors(s bridge.ModelShape, ts []bridge.WeightTensor) error {
 		bridge.WeightSharedGate: {Fs, H}, bridge.WeightSharedUp: {Fs, H}, bridge.WeightSharedDown: {H, Fs},
 		bridge.WeightRouterBias: {1, int64(s.NumExperts)},
 		bridge.WeightQBias:      {1, qd}, bridge.WeightKBias: {1, kvd}, bridge.WeightVBias: {1, kvd},
+		bridge.WeightAttnPostNorm: {1, H}, bridge.WeightMLPPostNorm: {1, H},
 	}
 	if s.MLA() {
 		heads, QL, KL := int64(s.NumHeads), int64(s.QLoraRank), int64(s.KVLoraRank)
@@ -183,6 +184,9 @@ func checkTensors(s bridge.ModelShape, ts []bridge.WeightTensor) error {
 		}
 		if s.QKVBias {
 			need = append(need, bridge.WeightQBias, bridge.WeightKBias, bridge.WeightVBias)
+		}
+		if s.PostNorms {
+			need = append(need, bridge.WeightAttnPostNorm, bridge.WeightMLPPostNorm)
 		}
 		if !s.MoELayer(l) {
 			need = append(need, bridge.WeightGate, bridge.WeightUp, bridge.WeightDown)
@@ -267,6 +271,8 @@ func foreignTensor(s bridge.ModelShape, t bridge.WeightTensor) error {
 		return fmt.Errorf("tensor %s is a q/k norm gain, which this architecture does not have", t.Name)
 	case !s.QKVBias && k >= bridge.WeightQBias && k <= bridge.WeightVBias:
 		return fmt.Errorf("tensor %s is a q/k/v projection bias, which this architecture does not have", t.Name)
+	case !s.PostNorms && (k == bridge.WeightAttnPostNorm || k == bridge.WeightMLPPostNorm):
+		return fmt.Errorf("tensor %s is a post-norm gain (Gemma 2/3), which this architecture does not have", t.Name)
 	case s.MLA() && (k == bridge.WeightK || k == bridge.WeightV):
 		return fmt.Errorf("tensor %s is a K/V projection, but the model uses latent attention (MLA)", t.Name)
 	case !s.MLA() && k >= bridge.WeightQA && k <= bridge.WeightVB:
@@ -292,4 +298,5 @@ var kindNames = map[bridge.WeightKind]string{
 	bridge.WeightKB: "latent K up projection (attn_k_b)", bridge.WeightVB: "latent V up projection (attn_v_b)",
 	bridge.WeightRouterBias: "router bias (exp_probs_b)", bridge.WeightQBias: "q projection bias",
 	bridge.WeightKBias: "k projection bias", bridge.WeightVBias: "v projection bias",
+	bridge.WeightAttnPostNorm: "attention post-norm", bridge.WeightMLPPostNorm: "MLP post-norm",
 }

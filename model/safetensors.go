@@ -54,7 +54,15 @@ type hfModelConfig struct {
 	ResidualMultiplier  float64 `json:"residual_multiplier"`
 	AttentionMultiplier float64 `json:"attention_multiplier"`
 	LogitsScaling       float64 `json:"logits_scaling"`
-	UseSlidingWindow    bool    `json:"use_sliding_window"`
+	// Gemma (model/gemma.go).
+	HiddenActivation      string          `json:"hidden_activation"`
+	QueryPreAttnScalar    *float64        `json:"query_pre_attn_scalar"`
+	AttnLogitSoftcapping  json.RawMessage `json:"attn_logit_softcapping"`
+	FinalLogitSoftcapping json.RawMessage `json:"final_logit_softcapping"`
+	SlidingWindowPattern  int             `json:"sliding_window_pattern"`
+	LayerTypes            []string        `json:"layer_types"`
+	RopeLocalBaseFreq     float64         `json:"rope_local_base_freq"`
+	UseSlidingWindow      bool            `json:"use_sliding_window"`
 	// DeepSeek-V2/V3 and Kimi K2 (model_type deepseek_v2, deepseek_v3,
 	// kimi_k2): latent attention and their MoE.
 	QLoraRank          *int            `json:"q_lora_rank"`
@@ -75,10 +83,10 @@ type hfModelConfig struct {
 }
 
 // hfModelTypes are the config.json model_type values this loader reads.
-var hfModelTypes = map[string]bool{"llama": true, "granite": true, "mistral": true, "phi3": true, "qwen2": true, "qwen3": true, "qwen3_moe": true, "mixtral": true,
+var hfModelTypes = map[string]bool{"llama": true, "gemma": true, "gemma2": true, "gemma3_text": true, "granite": true, "mistral": true, "phi3": true, "qwen2": true, "qwen3": true, "qwen3_moe": true, "mixtral": true,
 	"deepseek_v2": true, "deepseek_v3": true, "kimi_k2": true}
 
-const hfModelTypeNames = "deepseek_v2, deepseek_v3, granite, kimi_k2, llama, mistral, mixtral, phi3, qwen2, qwen3, qwen3_moe"
+const hfModelTypeNames = "deepseek_v2, deepseek_v3, gemma, gemma2, gemma3_text, granite, kimi_k2, llama, mistral, mixtral, phi3, qwen2, qwen3, qwen3_moe"
 
 // hfDeepSeek reports whether a model_type is DeepSeek's architecture.
 func hfDeepSeek(t string) bool { return t == "deepseek_v2" || t == "deepseek_v3" || t == "kimi_k2" }
@@ -152,7 +160,7 @@ func hfShape(dir string) (bridge.ModelShape, hfModelConfig, error) {
 	if !hfModelTypes[c.ModelType] {
 		return bad("model_type %q is not supported (supported: %s)", c.ModelType, hfModelTypeNames)
 	}
-	if c.HiddenAct != "" && c.HiddenAct != "silu" {
+	if c.HiddenAct != "" && c.HiddenAct != "silu" && !hfGemma(c.ModelType) {
 		return bad("hidden_act %q is not supported (Llama uses silu)", c.HiddenAct)
 	}
 	if c.AttentionBias || c.MLPBias {
@@ -185,11 +193,14 @@ func hfShape(dir string) (bridge.ModelShape, hfModelConfig, error) {
 	}
 	if (c.ModelType == "mistral" || c.ModelType == "phi3") && len(c.SlidingWindow) > 0 && string(c.SlidingWindow) != "null" {
 		// Mistral 7B v0.1 attends to the last 4096 positions only, Phi-3
-		// mini 4k to the last 2047; later versions set no window. A window
-		// no shorter than the context changes nothing.
+		// mini 4k to the last 2047, on every layer; later versions set no
+		// window. A window no shorter than the context changes nothing.
 		var w int
-		if err := json.Unmarshal(c.SlidingWindow, &w); err != nil || w < c.MaxPositionEmbeddings || c.MaxPositionEmbeddings <= 0 {
-			return bad("sliding_window %s (max_position_embeddings %d): sliding-window attention is not supported", c.SlidingWindow, c.MaxPositionEmbeddings)
+		if err := json.Unmarshal(c.SlidingWindow, &w); err != nil || w <= 0 {
+			return bad("sliding_window %s is not a positive integer", c.SlidingWindow)
+		}
+		if c.MaxPositionEmbeddings <= 0 || w < c.MaxPositionEmbeddings {
+			s.SlidingWindow = w
 		}
 	}
 	s.QKNorm = qwen3
@@ -201,6 +212,11 @@ func hfShape(dir string) (bridge.ModelShape, hfModelConfig, error) {
 			return bad("use_sliding_window true: sliding-window attention is not supported")
 		}
 		s.QKVBias = true
+	}
+	if hfGemma(c.ModelType) {
+		if err := hfGemmaShape(&c, &s); err != nil {
+			return bad("%v", err)
+		}
 	}
 	if c.HeadDim != 0 && c.HeadDim != s.HeadDim {
 		return bad("head_dim %d differs from hidden_size / num_attention_heads = %d (not supported)", c.HeadDim, s.HeadDim)
@@ -235,6 +251,12 @@ func hfShape(dir string) (bridge.ModelShape, hfModelConfig, error) {
 		}
 		switch t {
 		case "default", "":
+		case "linear":
+			// positions / factor (Gemma 3 4B and up: on its global layers)
+			if s.SlidingWindow > 0 && c.ModelType != "gemma3_text" {
+				return bad("rope_scaling type \"linear\" with sliding-window layers is supported for gemma3_text only")
+			}
+			s.RopeLinearFactor = r.Factor
 		case "llama3":
 			s.RopeScaling = &bridge.RopeScaling{Factor: r.Factor, LowFreqFactor: r.LowFreqFactor,
 				HighFreqFactor: r.HighFreqFactor, OriginalMaxPositions: r.Original}
@@ -254,7 +276,7 @@ func hfShape(dir string) (bridge.ModelShape, hfModelConfig, error) {
 			}
 			s.Yarn = y
 		default:
-			return bad("rope_scaling type %q is not supported (supported: llama3; yarn for DeepSeek models)", t)
+			return bad("rope_scaling type %q is not supported (supported: linear, llama3; yarn for DeepSeek models)", t)
 		}
 	}
 	if err := s.Validate(); err != nil {
@@ -447,6 +469,9 @@ func loadHF(dir string) (m *Model, err error) {
 				}
 			} else if sm := hfLayerName.FindStringSubmatch(name); sm != nil {
 				k, ok := hfLayerTensor[sm[2]]
+				if gk, gemma := hfGemmaLayerTensor[sm[2]]; gemma && shape.PostNorms {
+					k, ok = gk, true
+				}
 				l, _ := strconv.Atoi(sm[1])
 				if em := hfExpertName.FindStringSubmatch(sm[2]); em != nil {
 					e, part := em[1]+em[3], em[2]+em[4]
@@ -499,6 +524,11 @@ func loadHF(dir string) (m *Model, err error) {
 				w.InterleavedRopeHeads = 1
 			}
 			m.Tensors = append(m.Tensors, w)
+		}
+	}
+	if hfGemma(cfg.ModelType) {
+		if err := gemmaNormGains(m.Tensors); err != nil {
+			return nil, fmt.Errorf("model %s: %w", dir, err)
 		}
 	}
 	if err := checkTensors(shape, m.Tensors); err != nil {
