@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -13,8 +14,10 @@ import (
 )
 
 // TestMoECheckpointDigestAcrossRanks: `worker run` on the Qwen3-MoE,
-// Mixtral and DeepSeek checkpoints (and the dense Qwen2 and Granite ones,
-// whose biases and attention multiplier Helix must apply on every rank) prints one digest on 1, 2 and 4 attention-DP ranks
+// Mixtral and DeepSeek checkpoints (and the dense Qwen2, Granite and
+// Gemma 2/3 ones, whose biases, attention multiplier, soft caps and
+// sliding windows Helix must apply on every rank) prints one digest on 1,
+// 2 and 4 attention-DP ranks
 // (experts dealt over them) and on 2 Helix CP ranks (every expert on each);
 // with more than one DP rank the ranks wait in MoE exchanges.
 func TestMoECheckpointDigestAcrossRanks(t *testing.T) {
@@ -28,7 +31,8 @@ func TestMoECheckpointDigestAcrossRanks(t *testing.T) {
 		lines = append(lines, string(b))
 	}
 	require.NoError(t, os.WriteFile(prompts, []byte(strings.Join(lines, "\n")+"\n"), 0o644))
-	for _, arch := range []string{"qwen3moe", "mixtral", "deepseek2", "deepseek2-lite", "qwen2", "granite"} {
+	dense := []string{"qwen2", "granite", "gemma2", "gemma3"}
+	for _, arch := range append([]string{"qwen3moe", "mixtral", "deepseek2", "deepseek2-lite"}, dense...) {
 		t.Run(arch, func(t *testing.T) {
 			args := []string{"--engine", "cpu", "--model", filepath.Join("testdata", "moe", arch+".gguf"), "--prompts", prompts}
 			one := moeServe(t, bin, append(args, "--ranks", "1")...)
@@ -37,7 +41,7 @@ func TestMoECheckpointDigestAcrossRanks(t *testing.T) {
 			for _, extra := range [][]string{{"--ranks", "2"}, {"--ranks", "4"}, {"--cp", "2"}} {
 				rep := moeServe(t, bin, append(args, extra...)...)
 				require.Equal(t, one.OutputDigest, rep.OutputDigest, "%v and --ranks 1 print the same digest", extra)
-				if extra[0] == "--ranks" && arch != "qwen2" && arch != "granite" { // dense: no exchanges
+				if extra[0] == "--ranks" && !slices.Contains(dense, arch) { // dense: no exchanges
 					require.NotNil(t, rep.MoEWaitMS)
 					require.Positive(t, *rep.MoEWaitMS, "%v: the ranks exchange tokens with their experts", extra)
 				}

@@ -8,7 +8,7 @@ GPT-2 tokenizer) and runs llama.cpp (llama-cpp-python, an implementation this
 project did not write) on it: greedy continuations of a fixed set of prompts,
 with the top-5 logits and the top-1/top-2 gap at every step.
 
-Architectures (each file is a few hundred KB):
+Architectures (each file is a few hundred KB; the gemma ones are dense):
   qwen3moe  general.architecture qwen3moe: per-head q/k RMSNorm, head_dim
             larger than hidden / heads, 16 experts, top-8 (softmax over every
             expert, top-k, renormalised), llama.cpp's NeoX (rotate-half) RoPE
@@ -34,6 +34,14 @@ Architectures (each file is a few hundred KB):
                   top-2, 2 shared experts, softmax gating, no norm
   deepseek2-yarn  deepseek2's weights with DeepSeek-V3's YaRN rope scaling
                   (factor 4, original context 32, mscale_all_dim 1)
+  gemma     general.architecture gemma: GeGLU (tanh GELU), embedding x sqrt(hidden),
+            1 KV head, heads x head_dim = 64 != hidden 32, tied embeddings
+  gemma2    general.architecture gemma2: gemma + post-attention / post-FFN norms,
+            layer 0 sliding (window 8), layer 1 global, attention and final
+            logit soft-capping (3 and 8, small enough to bite)
+  gemma3    general.architecture gemma3: 6 layers, 0-4 sliding (window 8, rope
+            base 10000), 5 global (rope base 1e6, linear scaling factor 8),
+            per-head q/k norms, post norms, no soft-capping
 
 For the deepseek2 files the script also runs an independent float64 numpy
 forward written from Hugging Face's DeepSeek-V2/V3 modeling code (kv_b_proj
@@ -41,19 +49,25 @@ unsplit, interleaved-pair RoPE, YaRN inv_freq and mscale^2 softmax scale,
 group-limited routing with masked_fill(0)) over every prompt + greedy tokens,
 and prints its largest |logit - llama.cpp| over the recorded top-5 and how
 often the bias / the groups changed the routed experts (stderr only).
+For the gemma files it runs a float64 numpy forward written from Hugging Face's
+Gemma / Gemma2 / Gemma3 code (exact tanh GELU, where llama.cpp's CPU GELU reads
+an fp16 table and is off by ~1e-3) on llama.cpp's token path, stores its top-5
+per step as "f64_top", and prints its largest |logit - llama.cpp|, how often the
+soft caps bite and what the window / caps / rope scaling change (stderr).
 
 Writes, under --out-dir (default tests/testdata/moe relative to the repo):
   <arch>.gguf            the checkpoint
   <arch>.reference.json  per prompt: text, llama.cpp's prompt ids, STEPS greedy
                          tokens, and at every step the top-5 (token, logit)
-                         and the top-1 minus top-2 gap
+                         and the top-1 minus top-2 gap (gemma*: also f64_top,
+                         the float64 forward's top-5 at every step)
 
 Step convention: step 0 = logits after the prompt's last token; step k = after
 feeding greedy token k-1. llama.cpp runs on 2 threads with an F32 KV cache and
 flash attention off, so every operation is float32 (F32 weights: no activation
 quantisation).
 
-Usage: see scripts/reference/README.md ("MoE checkpoints", "DeepSeek (MLA) checkpoints");
+Usage: see scripts/reference/README.md ("MoE checkpoints", "DeepSeek (MLA) checkpoints", "Gemma checkpoints");
 --arch NAME (repeatable) or --archs a,b,c writes only those files.
 """
 
@@ -126,6 +140,26 @@ DEEPSEEK["deepseek2-yarn"] = dict(DEEPSEEK["deepseek2"], rope_scaling=dict(
     type="yarn", factor=4.0, original_max_position_embeddings=32, mscale=1.0, mscale_all_dim=1.0,
     beta_fast=32.0, beta_slow=1.0))
 
+# Gemma family (dense, written by write_gguf): tied embeddings, GeGLU with the tanh GELU, the
+# embedding x sqrt(hidden), norm gains stored as the converter stores them (1 + w). Field names past
+# the common ones follow Hugging Face's config.json; the sliding-window pattern (2 for gemma2, 6 for
+# gemma3) and Gemma 3's local rope base (10000) are llama.cpp's defaults and are not written.
+# Embedding rows of std 0.5: x sqrt(32) puts the residual stream near rms 2.8, beside the layers'
+# outputs, and the tied logits spread over ~3 units (max ~18). The soft caps are small enough to
+# bite: ~20% of the visible attention scores and ~17% of the logits exceed cap / 2.
+GEMMA = {
+    "gemma": dict(arch="gemma", layers=2, hidden=32, heads=4, kv_heads=1, head_dim=16, ff=64,
+                  theta=10000.0, eps=1e-6, tied=True, seed=29007, embd_std=0.5),
+    "gemma2": dict(arch="gemma2", layers=2, hidden=32, heads=4, kv_heads=2, head_dim=16, ff=64,
+                   theta=10000.0, eps=1e-6, tied=True, seed=29008, embd_std=0.5,
+                   sliding_window=8, sliding_window_pattern=2,
+                   attn_logit_softcapping=3.0, final_logit_softcapping=8.0),
+    "gemma3": dict(arch="gemma3", layers=6, hidden=32, heads=4, kv_heads=2, head_dim=16, ff=64,
+                   theta=1000000.0, eps=1e-6, tied=True, seed=29009, embd_std=0.5,
+                   sliding_window=8, sliding_window_pattern=6, rope_local_base_freq=10000.0,
+                   rope_scaling=dict(type="linear", factor=8.0)),
+}
+
 
 def bytes_to_unicode():
     """GPT-2's byte -> printable character table (the byte-level BPE alphabet)."""
@@ -154,13 +188,15 @@ def tokenizer():
 
 
 def write_gguf(path, cfg):
+    """Writes the checkpoint of an ARCHS or GEMMA entry; returns its tensors by GGUF name."""
     import gguf
     rng = np.random.default_rng(cfg["seed"])
     tokens, types, merges, eos = tokenizer()
     V, H, L = len(tokens), cfg["hidden"], cfg["layers"]
     D, NH, NKV = cfg["head_dim"], cfg["heads"], cfg["kv_heads"]
-    E, F = cfg["experts"], cfg["expert_ff"]
+    E, F = cfg.get("experts", 0), cfg.get("expert_ff", 0)
     arch = cfg["arch"]
+    gemma = arch.startswith("gemma")
 
     w = gguf.GGUFWriter(path, arch)
     # (llama.cpp gives Phi-3's own special tokens attributes when the name
@@ -174,6 +210,18 @@ def write_gguf(path, cfg):
     w.add_head_count_kv(NKV)
     w.add_rope_freq_base(cfg["theta"])
     w.add_layer_norm_rms_eps(cfg["eps"])
+    if gemma:
+        # GemmaModel / Gemma2Model / Gemma3Model.set_gguf_parameters (the sliding-window pattern
+        # and Gemma 3's local rope base are llama.cpp's per-architecture defaults, not written)
+        if cfg.get("sliding_window"):
+            w.add_sliding_window(cfg["sliding_window"])
+        if cfg.get("attn_logit_softcapping"):
+            w.add_attn_logit_softcapping(cfg["attn_logit_softcapping"])
+        if cfg.get("final_logit_softcapping"):
+            w.add_final_logit_softcapping(cfg["final_logit_softcapping"])
+        if cfg.get("rope_scaling"):
+            w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+            w.add_rope_scaling_factor(cfg["rope_scaling"]["factor"])
     if "granite" in cfg:
         emb, res, att, logit = cfg["granite"]
         w.add_embedding_scale(emb)
@@ -183,7 +231,7 @@ def write_gguf(path, cfg):
     if E > 0:
         w.add_expert_count(E)
         w.add_expert_used_count(cfg["used"])
-    if arch.startswith("qwen3"):
+    if arch.startswith("qwen3") or gemma:
         if E > 0:
             w.add_expert_feed_forward_length(F)
         w.add_key_length(D)
@@ -208,54 +256,65 @@ def write_gguf(path, cfg):
     def gain(n):
         return (1.0 + 0.25 * rng.standard_normal(n)).astype(np.float32)
 
+    tensors = {}
+
+    def add(name, a):
+        tensors[name] = a
+        w.add_tensor(name, a)
+
     # numpy shape (rows, cols) is GGUF dims (cols, rows): a linear layer's [out][in].
     # (Granite's embedding scale multiplies the embedding: smaller rows keep
     # its activations at the others' size; its tied logits are divided by
-    # 16, so their spread comes from the same rows.)
-    w.add_tensor("token_embd.weight", mat(V, H, 1.0 / 12.0 if "granite" in cfg else 1.0))
+    # 16, so their spread comes from the same rows. Gemma's x sqrt(hidden) likewise.)
+    add("token_embd.weight", mat(V, H, cfg.get("embd_std", 1.0 / 12.0 if "granite" in cfg else 1.0)))
     for l in range(L):
         p = f"blk.{l}."
-        w.add_tensor(p + "attn_norm.weight", gain(H))
+        add(p + "attn_norm.weight", gain(H))
         if arch == "phi3":
             # One fused projection, q rows then k then v.
-            w.add_tensor(p + "attn_qkv.weight", np.concatenate([mat(NH * D, H), mat(NKV * D, H), mat(NKV * D, H)]))
+            add(p + "attn_qkv.weight", np.concatenate([mat(NH * D, H), mat(NKV * D, H), mat(NKV * D, H)]))
         else:
-            w.add_tensor(p + "attn_q.weight", mat(NH * D, H))
-            w.add_tensor(p + "attn_k.weight", mat(NKV * D, H))
-            w.add_tensor(p + "attn_v.weight", mat(NKV * D, H))
-        w.add_tensor(p + "attn_output.weight", mat(H, NH * D))
+            add(p + "attn_q.weight", mat(NH * D, H))
+            add(p + "attn_k.weight", mat(NKV * D, H))
+            add(p + "attn_v.weight", mat(NKV * D, H))
+        add(p + "attn_output.weight", mat(H, NH * D))
         if arch == "qwen2":
             # Biases of unit scale (Qwen2's k biases are large): they move every logit.
-            w.add_tensor(p + "attn_q.bias", rng.standard_normal(NH * D).astype(np.float32))
-            w.add_tensor(p + "attn_k.bias", rng.standard_normal(NKV * D).astype(np.float32))
-            w.add_tensor(p + "attn_v.bias", rng.standard_normal(NKV * D).astype(np.float32))
-        if arch.startswith("qwen3"):
-            w.add_tensor(p + "attn_q_norm.weight", gain(D))
-            w.add_tensor(p + "attn_k_norm.weight", gain(D))
-        w.add_tensor(p + "ffn_norm.weight", gain(H))
+            add(p + "attn_q.bias", rng.standard_normal(NH * D).astype(np.float32))
+            add(p + "attn_k.bias", rng.standard_normal(NKV * D).astype(np.float32))
+            add(p + "attn_v.bias", rng.standard_normal(NKV * D).astype(np.float32))
+        if arch.startswith("qwen3") or arch == "gemma3":
+            add(p + "attn_q_norm.weight", gain(D))
+            add(p + "attn_k_norm.weight", gain(D))
+        if arch in ("gemma2", "gemma3"):
+            add(p + "post_attention_norm.weight", gain(H))
+        add(p + "ffn_norm.weight", gain(H))
         if E == 0:
             FF = cfg["ff"]
             if arch == "phi3":
                 # ffn_up of twice the width: the gate's rows, then the up projection's.
-                w.add_tensor(p + "ffn_up.weight", np.concatenate([mat(FF, H), mat(FF, H)]))
+                add(p + "ffn_up.weight", np.concatenate([mat(FF, H), mat(FF, H)]))
             else:
-                w.add_tensor(p + "ffn_gate.weight", mat(FF, H))
-                w.add_tensor(p + "ffn_up.weight", mat(FF, H))
-            w.add_tensor(p + "ffn_down.weight", mat(H, FF))
+                add(p + "ffn_gate.weight", mat(FF, H))
+                add(p + "ffn_up.weight", mat(FF, H))
+            add(p + "ffn_down.weight", mat(H, FF))
+            if arch in ("gemma2", "gemma3"):
+                add(p + "post_ffw_norm.weight", gain(H))
             continue
         # Router logits of unit scale: distinct expert choices per token.
-        w.add_tensor(p + "ffn_gate_inp.weight", mat(E, H, 2.0 / np.sqrt(H)))
-        w.add_tensor(p + "ffn_gate_exps.weight", (rng.standard_normal((E, F, H)) / np.sqrt(H)).astype(np.float32))
-        w.add_tensor(p + "ffn_up_exps.weight", (rng.standard_normal((E, F, H)) / np.sqrt(H)).astype(np.float32))
-        w.add_tensor(p + "ffn_down_exps.weight", (rng.standard_normal((E, H, F)) / np.sqrt(F)).astype(np.float32))
-    w.add_tensor("output_norm.weight", gain(H))
+        add(p + "ffn_gate_inp.weight", mat(E, H, 2.0 / np.sqrt(H)))
+        add(p + "ffn_gate_exps.weight", (rng.standard_normal((E, F, H)) / np.sqrt(H)).astype(np.float32))
+        add(p + "ffn_up_exps.weight", (rng.standard_normal((E, F, H)) / np.sqrt(H)).astype(np.float32))
+        add(p + "ffn_down_exps.weight", (rng.standard_normal((E, H, F)) / np.sqrt(F)).astype(np.float32))
+    add("output_norm.weight", gain(H))
     if not cfg["tied"]:
         # Logits spread over several units so that near ties are rare.
-        w.add_tensor("output.weight", mat(V, H, 3.0 / np.sqrt(H)))
+        add("output.weight", mat(V, H, 3.0 / np.sqrt(H)))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+    return tensors
 
 
 def deepseek_weights(cfg):
@@ -570,6 +629,134 @@ def check_deepseek(cfg, W, prompts):
     return worst
 
 
+def gemma_hf_forward(cfg, W, ids, stats=None):
+    """float64 logits [len(ids), vocab] computed as Hugging Face's Gemma / Gemma2 / Gemma3 modeling code
+    does (modeling_gemma.py, modeling_gemma2.py, modeling_gemma3.py), from the GGUF tensors: the
+    converter permutes no Q/K rows for these NeoX-RoPE models, and every norm gain is its stored 1 + w.
+    The exact tanh GELU (llama.cpp's CPU GELU reads an fp16 table). A check on llama.cpp, not a fixture."""
+    W = {k: v.astype(np.float64) for k, v in W.items()}
+    arch, T, H = cfg["arch"], len(ids), cfg["hidden"]
+    NH, NKV, D, eps = cfg["heads"], cfg["kv_heads"], cfg["head_dim"], cfg["eps"]
+    window, pattern = cfg.get("sliding_window"), cfg.get("sliding_window_pattern")
+    acap, fcap, rs = cfg.get("attn_logit_softcapping"), cfg.get("final_logit_softcapping"), cfg.get("rope_scaling")
+    post_norms = arch in ("gemma2", "gemma3")
+
+    def rms(x, g):
+        return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * g
+
+    def gelu(x):  # gelu_pytorch_tanh
+        return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x ** 3)))
+
+    def rope_table(base, factor):  # default / linear rope: inv_freq / factor
+        inv_freq = 1.0 / base ** (np.arange(0, D, 2) / D) / factor
+        ang = np.arange(T)[:, None] * inv_freq[None, :]
+        emb = np.concatenate([ang, ang], axis=-1)
+        return np.cos(emb), np.sin(emb)
+
+    def rope(x, table):  # x [heads, T, D]; apply_rotary_pos_emb (rotate_half)
+        cos, sin = table
+        return x * cos + np.concatenate([-x[..., D // 2:], x[..., :D // 2]], axis=-1) * sin
+
+    # Global layers: rope_theta with rope_scaling; sliding layers: rope_local_base_freq, unscaled (Gemma 3).
+    global_rope = rope_table(cfg["theta"], rs["factor"] if rs else 1.0)
+    local_rope = rope_table(cfg.get("rope_local_base_freq") or cfg["theta"], 1.0)
+    qi, kj = np.arange(T)[:, None], np.arange(T)[None, :]
+    x = W["token_embd.weight"][np.asarray(ids)] * np.sqrt(H)  # normalizer = hidden_size ** 0.5
+    for l in range(cfg["layers"]):
+        p = f"blk.{l}."
+        local = pattern is not None and (l + 1) % pattern != 0  # layer_types[l] == "sliding_attention"
+        h = rms(x, W[p + "attn_norm.weight"])  # input_layernorm
+        q = (h @ W[p + "attn_q.weight"].T).reshape(T, NH, D).transpose(1, 0, 2)
+        k = (h @ W[p + "attn_k.weight"].T).reshape(T, NKV, D).transpose(1, 0, 2)
+        v = (h @ W[p + "attn_v.weight"].T).reshape(T, NKV, D).transpose(1, 0, 2)
+        if arch == "gemma3":  # q_norm / k_norm over head_dim, before RoPE
+            q, k = rms(q, W[p + "attn_q_norm.weight"]), rms(k, W[p + "attn_k_norm.weight"])
+        table = local_rope if local else global_rope
+        q, k = rope(q, table), rope(k, table)
+        k, v = np.repeat(k, NH // NKV, axis=0), np.repeat(v, NH // NKV, axis=0)  # repeat_kv
+        s = q @ k.transpose(0, 2, 1) * D ** -0.5  # scaling = query_pre_attn_scalar ** -0.5, scalar = head_dim
+        visible = kj <= qi
+        if local and window:
+            visible &= qi - kj < window
+        if acap:
+            if stats is not None:
+                sv = np.abs(s[:, visible])
+                stats["scores"] = stats.get("scores", 0) + sv.size
+                stats["scores_over"] = stats.get("scores_over", 0) + int((sv > acap / 2).sum())
+                stats["scores_max"] = max(stats.get("scores_max", 0.0), float(sv.max()))
+            s = acap * np.tanh(s / acap)
+        s = np.where(visible, s, -np.inf)
+        a = np.exp(s - s.max(-1, keepdims=True))
+        a /= a.sum(-1, keepdims=True)
+        o = (a @ v).transpose(1, 0, 2).reshape(T, NH * D) @ W[p + "attn_output.weight"].T
+        if post_norms:
+            o = rms(o, W[p + "post_attention_norm.weight"])  # post_attention_layernorm (Gemma 2/3)
+        x = x + o
+        h = rms(x, W[p + "ffn_norm.weight"])  # pre_feedforward_layernorm (Gemma: post_attention_layernorm)
+        m = (gelu(h @ W[p + "ffn_gate.weight"].T) * (h @ W[p + "ffn_up.weight"].T)) @ W[p + "ffn_down.weight"].T
+        if post_norms:
+            m = rms(m, W[p + "post_ffw_norm.weight"])  # post_feedforward_layernorm
+        x = x + m
+    logits = rms(x, W["output_norm.weight"]) @ W["token_embd.weight"].T  # tied lm_head
+    if fcap:
+        if stats is not None:
+            stats["logits"] = stats.get("logits", 0) + logits.size
+            stats["logits_over"] = stats.get("logits_over", 0) + int((np.abs(logits) > fcap / 2).sum())
+            stats["logits_max"] = max(stats.get("logits_max", 0.0), float(np.abs(logits).max()))
+        logits = fcap * np.tanh(logits / fcap)
+    return logits
+
+
+# What each Gemma feature changes: the float64 forward without it, on the long prompt.
+GEMMA_ABLATIONS = {
+    "sliding window": dict(sliding_window=None),
+    "attention soft-cap": dict(attn_logit_softcapping=None),
+    "final soft-cap": dict(final_logit_softcapping=None),
+    "linear rope scaling": dict(rope_scaling=None),
+    "local rope base (rope_theta on every layer)": dict(rope_local_base_freq=None),
+}
+
+
+def check_gemma(cfg, W, prompts):
+    """Adds the float64 forward's top-5 on llama.cpp's token path to every prompt ("f64_top"); prints the
+    largest |f64 - llama.cpp| over llama.cpp's top-5, the greedy agreement, how often the caps bite
+    and how much each feature moves the logits (stderr only)."""
+    worst, agree, steps, stats = 0.0, 0, 0, {}
+    for pr in prompts:
+        seq = pr["prompt_ids"] + pr["tokens"][:-1]
+        lg = gemma_hf_forward(cfg, W, seq, stats)
+        n = len(pr["prompt_ids"])
+        pr["f64_top"] = []
+        for k, top in enumerate(pr["top"]):
+            row = lg[n - 1 + k]
+            order = np.argsort(-row, kind="stable")[:TOP_K]
+            pr["f64_top"].append([[int(t), float(row[t])] for t in order])
+            worst = max(worst, max(abs(row[t] - v) for t, v in top))
+            steps += 1
+            if int(order[0]) == pr["tokens"][k]:
+                agree += 1
+            else:
+                print(f"  f64 check: {pr['name']} step {k}: argmax {int(order[0])} != llama.cpp {pr['tokens'][k]} "
+                      f"(llama.cpp gap {pr['gap'][k]:.2e}, f64 gap {row[order[0]] - row[order[1]]:.2e})",
+                      file=sys.stderr)
+    print(f"  float64 HF-convention forward vs llama.cpp: max |logit diff| over llama.cpp's top-5 {worst:.2e}; "
+          f"f64 argmax == llama.cpp token at {agree}/{steps} steps", file=sys.stderr)
+    if stats.get("scores"):
+        print(f"  attention scores with |s| > cap/2 = {cfg['attn_logit_softcapping'] / 2:g}: "
+              f"{stats['scores_over']}/{stats['scores']} (max |s| {stats['scores_max']:.2f})", file=sys.stderr)
+    if stats.get("logits"):
+        print(f"  logits with |x| > cap/2 = {cfg['final_logit_softcapping'] / 2:g}: "
+              f"{stats['logits_over']}/{stats['logits']} (max |x| {stats['logits_max']:.2f})", file=sys.stderr)
+    long = next(pr for pr in prompts if pr["name"] == "long")
+    seq = long["prompt_ids"] + long["tokens"][:-1]
+    base = gemma_hf_forward(cfg, W, seq)
+    for what, off in GEMMA_ABLATIONS.items():
+        if all(cfg.get(key) for key in off):
+            d = np.abs(gemma_hf_forward(dict(cfg, **off), W, seq) - base).max()
+            print(f"  without the {what}: max |logit change| on the long prompt {d:.2e}", file=sys.stderr)
+    return worst
+
+
 def run_llama(path):
     from llama_cpp import Llama
     kw = dict(model_path=path, logits_all=True, n_ctx=512, n_threads=2, n_threads_batch=2, seed=0,
@@ -606,7 +793,7 @@ def continuations(llm, prompts, add_bos=False, special=False):
 
 def main():
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    names = sorted(ARCHS) + sorted(DEEPSEEK)
+    names = sorted(ARCHS) + sorted(GEMMA) + sorted(DEEPSEEK)
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out-dir", default=os.path.join(root, "tests", "testdata", "moe"))
     ap.add_argument("--arch", action="append", choices=names, help="default: all")
@@ -621,17 +808,19 @@ def main():
     import gguf
     import llama_cpp
     for name in chosen or names:
-        cfg = ARCHS.get(name) or DEEPSEEK[name]
+        cfg = ARCHS.get(name) or GEMMA.get(name) or DEEPSEEK[name]
         path = os.path.join(args.out_dir, name + ".gguf")
         print(f"{name}: writing {path}", file=sys.stderr)
         if name in DEEPSEEK:
             W = deepseek_weights(cfg)
             write_deepseek_gguf(path, cfg, W)
         else:
-            write_gguf(path, cfg)
+            W = write_gguf(path, cfg)
         prompts = run_llama(path)
         if name in DEEPSEEK:
             check_deepseek(cfg, W, prompts)
+        if name in GEMMA:
+            check_gemma(cfg, W, prompts)
         ref = {
             "model": name + ".gguf",
             "architecture": cfg["arch"],
@@ -647,6 +836,11 @@ def main():
             },
             "prompts": prompts,
         }
+        if name in GEMMA:
+            ref["conventions"]["f64_top"] = (
+                "per step, the top-5 [token, logit] of the float64 numpy forward written from Hugging Face's "
+                "modeling code (exact tanh GELU; llama.cpp's CPU GELU reads an fp16 table), run on prompt_ids + "
+                "llama.cpp's greedy tokens: the reference for tolerances tighter than llama.cpp's GELU")
         with open(os.path.join(args.out_dir, name + ".reference.json"), "w") as f:
             json.dump(ref, f, indent=1)
             f.write("\n")
