@@ -26,7 +26,9 @@ func FuzzGGUF(f *testing.F) {
 		f.Add(spm[:min(len(spm), 40<<10)])
 	}
 	// Fused projections (phi3) and K-quant super-blocks.
-	for _, p := range []string{filepath.Join("..", "tests", "testdata", "moe", "phi3.gguf"), filepath.Join(kquantFixture, "kquant-types.gguf")} {
+	// Gemma 3 (sliding windows, local and linear RoPE) likewise.
+	for _, p := range []string{filepath.Join("..", "tests", "testdata", "moe", "phi3.gguf"), filepath.Join(kquantFixture, "kquant-types.gguf"),
+		filepath.Join("..", "tests", "testdata", "moe", "gemma3.gguf")} {
 		if b, err := os.ReadFile(p); err == nil {
 			f.Add(b[:min(len(b), 64<<10)])
 		}
@@ -107,6 +109,12 @@ func FuzzHFConfig(f *testing.F) {
 			`"num_key_value_heads":2,"vocab_size":300,"sliding_window":null,"partial_rotary_factor":1.0}`,
 		`{"model_type":"mistral","hidden_size":64,"intermediate_size":96,"num_hidden_layers":3,"num_attention_heads":4,` +
 			`"num_key_value_heads":2,"head_dim":32,"vocab_size":300,"sliding_window":128,"max_position_embeddings":128}`,
+		`{"model_type":"gemma2","hidden_size":64,"intermediate_size":96,"num_hidden_layers":2,"num_attention_heads":4,` +
+			`"num_key_value_heads":2,"vocab_size":300,"hidden_activation":"gelu_pytorch_tanh","query_pre_attn_scalar":16,` +
+			`"attn_logit_softcapping":50.0,"final_logit_softcapping":30.0,"sliding_window":8,"layer_types":["sliding_attention","full_attention"]}`,
+		`{"model_type":"gemma3_text","hidden_size":64,"intermediate_size":96,"num_hidden_layers":2,"num_attention_heads":4,` +
+			`"num_key_value_heads":2,"vocab_size":300,"sliding_window":8,"sliding_window_pattern":6,"rope_local_base_freq":10000,` +
+			`"rope_scaling":{"rope_type":"linear","factor":8.0},"final_logit_softcapping":null}`,
 	} {
 		f.Add([]byte(c))
 	}
