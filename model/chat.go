@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/lockstep-ai/lockstep/model/jinja"
@@ -24,9 +25,18 @@ type ChatMessage struct {
 	ToolCallID string `json:"-"`
 }
 
-var templateCache sync.Map // template source -> *jinja.Template
+var (
+	templateCache  sync.Map     // template source -> *jinja.Template
+	templateCached atomic.Int32 // entries stored
+)
 
-// chatTemplate is the compiled template of src (compiled once).
+// maxCachedTemplates bounds the cache: the models' templates, and a few of
+// the templates requests bring (--trust-request-chat-template); others are
+// compiled on every use.
+const maxCachedTemplates = 32
+
+// chatTemplate is the compiled template of src (compiled once while the
+// cache has room).
 func chatTemplate(src string) (*jinja.Template, error) {
 	if src == "" {
 		return nil, errors.New("model: no chat template")
@@ -38,7 +48,9 @@ func chatTemplate(src string) (*jinja.Template, error) {
 	if err != nil {
 		return nil, fmt.Errorf("model: chat template: %w", err)
 	}
-	templateCache.Store(src, tmpl)
+	if templateCached.Add(1) <= maxCachedTemplates {
+		templateCache.Store(src, tmpl)
+	}
 	return tmpl, nil
 }
 

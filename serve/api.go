@@ -282,8 +282,8 @@ func (r *rawParams) check(defaultMax int) (genParams, *apiError) {
 	switch {
 	case r.BestOf != nil && *r.BestOf != p.N:
 		return p, badRequest("best_of", "best_of is supported only equal to n (%d), got %d", p.N, *r.BestOf)
-	case r.Echo && defaultMax == restOfContext: // chat (its default is the rest of the context)
-		return p, badRequest("echo", "echo is supported on /v1/completions only")
+	case r.Echo && defaultMax == restOfContext && p.Logprobs: // chat (its default is the rest of the context)
+		return p, badRequest("echo", "echo with logprobs is supported on /v1/completions only (a chat answer's echo has no log-probabilities)")
 	case r.Suffix != nil && *r.Suffix != "":
 		return p, badRequest("suffix", "suffix is not supported")
 	case r.MinTokens != nil && *r.MinTokens < 0:
@@ -643,6 +643,9 @@ type completionRequest struct {
 type promptIn struct {
 	ids  []int32
 	text string
+	// echo, when set, is what echo puts first instead of the prompt's
+	// text (chat: the final assistant message).
+	echo *string
 }
 
 // maxPrompts bounds the prompts of one completions request.
@@ -660,7 +663,7 @@ func (r *completionRequest) prompts(tok *model.Tokenizer, vocab int) ([]promptIn
 		if e != nil {
 			return nil, e
 		}
-		return []promptIn{{ids, text}}, nil
+		return []promptIn{{ids: ids, text: text}}, nil
 	}
 	var text string
 	if json.Unmarshal(raw, &text) == nil {
@@ -684,7 +687,7 @@ func (r *completionRequest) prompts(tok *model.Tokenizer, vocab int) ([]promptIn
 				e.Message = fmt.Sprintf("prompt %d: %s", i, e.Message)
 				return nil, e
 			}
-			out[i] = promptIn{ids, text}
+			out[i] = promptIn{ids: ids, text: text}
 		}
 		return out, nil
 	}

@@ -20,6 +20,68 @@ type chatRequest struct {
 	// ChatTemplateKwargs are extra variables for the chat template
 	// (vLLM's chat_template_kwargs: Qwen3's enable_thinking, ...).
 	ChatTemplateKwargs json.RawMessage `json:"chat_template_kwargs"`
+	// AddGenerationPrompt (default true) ends the prompt with the
+	// template's opening of an assistant turn; ContinueFinalMessage
+	// instead leaves the final message open for the model to continue
+	// (a prefilled answer); ChatTemplate replaces the model's template
+	// (with --trust-request-chat-template). vLLM's fields.
+	AddGenerationPrompt  *bool   `json:"add_generation_prompt"`
+	ContinueFinalMessage bool    `json:"continue_final_message"`
+	ChatTemplate         *string `json:"chat_template"`
+}
+
+// generationPrompt settles add_generation_prompt against
+// continue_final_message: the second, when set, makes the first default to
+// false, and both true are refused.
+func (r *chatRequest) generationPrompt() (bool, *apiError) {
+	if !r.ContinueFinalMessage {
+		return r.AddGenerationPrompt == nil || *r.AddGenerationPrompt, nil
+	}
+	if r.AddGenerationPrompt != nil && *r.AddGenerationPrompt {
+		return false, badRequest("continue_final_message", "continue_final_message and add_generation_prompt cannot both be true: "+
+			"the first continues the final message, the second opens a new assistant turn")
+	}
+	return false, nil
+}
+
+// chatTemplateOf is the template a chat request renders with: its own
+// chat_template when the server trusts request templates, else the
+// model's.
+func (s *Server) chatTemplateOf(own *string) (string, *apiError) {
+	if own != nil {
+		if !s.cfg.TrustRequestChatTemplate {
+			return "", badRequest("chat_template", "a request's own chat_template needs worker serve --trust-request-chat-template")
+		}
+		if *own == "" {
+			return "", badRequest("chat_template", "chat_template is empty")
+		}
+		return *own, nil
+	}
+	if s.cfg.Tokenizer == nil || s.cfg.Tokenizer.ChatTemplate() == "" {
+		return "", badRequest("messages", "the model %s has no chat template: use /v1/completions, or send a chat_template (with --trust-request-chat-template)", s.cfg.ModelName)
+	}
+	return s.cfg.Tokenizer.ChatTemplate(), nil
+}
+
+// continueFinal cuts a conversation rendered with its final message (as
+// transformers' apply_chat_template(continue_final_message=True) does)
+// right after that message's text, so the model continues it: the text
+// must appear in the rendering (a template that rewrites it is refused),
+// its last appearance is the one cut after, and trailing white space the
+// template dropped stays dropped.
+func continueFinal(rendered string, final model.ChatMessage) (string, *apiError) {
+	if final.Role == "" || final.NullContent {
+		return "", badRequest("continue_final_message", "continue_final_message needs a final message with text content")
+	}
+	want := strings.TrimSpace(final.Content)
+	at := strings.LastIndex(rendered, want)
+	if at < 0 {
+		return "", badRequest("continue_final_message", "continue_final_message: the final message does not appear in the rendered chat (the chat template changes it)")
+	}
+	if lead := strings.TrimLeft(final.Content, " \t\n\r\f\v"); strings.HasPrefix(rendered[at:], lead) {
+		return rendered[:at+len(lead)], nil
+	}
+	return rendered[:at+len(want)], nil
 }
 
 // chatTemplateKwargs reads chat_template_kwargs: an object whose entries

@@ -285,7 +285,8 @@ func TestEcho(t *testing.T) {
 	require.Equal(t, "Hi", texts[0], "the decoded prompt comes first")
 	require.Equal(t, "Hi yo", strings.Join(texts, ""))
 
-	status, m := post(t, ts, "/v1/chat/completions", "", `{"messages":[{"role":"user","content":"hi"}],"echo":true}`)
+	// Chat echoes a final assistant message (TestChatGenerationPromptAndContinuation), without logprobs.
+	status, m := post(t, ts, "/v1/chat/completions", "", `{"messages":[{"role":"user","content":"hi"}],"echo":true,"logprobs":true}`)
 	require.Equal(t, 400, status)
 	require.Equal(t, "echo", m["error"].(map[string]any)["param"])
 }

@@ -94,6 +94,9 @@ type Config struct {
 	// ReasoningParser (vLLM's --reasoning-parser), one of
 	// ReasoningParsers: a chat answer's thinking goes to reasoning_content.
 	ReasoningParser string
+	// TrustRequestChatTemplate (vLLM's --trust-request-chat-template):
+	// a request may bring its own chat_template; refused otherwise.
+	TrustRequestChatTemplate bool
 	// Now is the clock (tests); time.Now when nil.
 	Now func() time.Time
 }
@@ -318,10 +321,18 @@ func (s *Server) chatPrompt(req *chatRequest) func(p *genParams) ([]promptIn, *a
 			return nil, e
 		}
 		tok := s.cfg.Tokenizer
-		if tok == nil || tok.ChatTemplate() == "" {
-			return nil, badRequest("messages", "the model %s has no chat template: use /v1/completions", s.cfg.ModelName)
+		if tok == nil {
+			return nil, badRequest("messages", "the model %s has no tokenizer: use /v1/completions with token ids", s.cfg.ModelName)
 		}
-		if e := s.toolsFor(p, tok.ChatTemplate()); e != nil {
+		tmpl, e := s.chatTemplateOf(req.ChatTemplate)
+		if e != nil {
+			return nil, e
+		}
+		gen, e := req.generationPrompt()
+		if e != nil {
+			return nil, e
+		}
+		if e := s.toolsFor(p, tmpl); e != nil {
 			return nil, e
 		}
 		if s.thinking != nil && p.Guide != "" && p.forced == nil {
@@ -329,11 +340,26 @@ func (s *Server) chatPrompt(req *chatRequest) func(p *genParams) ([]promptIn, *a
 			// before it is free (vLLM's grammar starts after the reasoning).
 			p.Guide = "(?:" + s.thinking.guidePrefix() + ")(?:" + p.Guide + ")"
 		}
-		text, err := model.RenderChatKwargs(tok.ChatTemplate(), msgs, p.Tools, kwargs, true, tok.TokenText(tok.BOS()), tok.TokenText(tok.EOS()))
+		text, err := model.RenderChatKwargs(tmpl, msgs, p.Tools, kwargs, gen, tok.TokenText(tok.BOS()), tok.TokenText(tok.EOS()))
 		if err != nil {
-			return nil, badRequest("messages", "the model's chat template failed on these messages: %v", err)
+			return nil, badRequest("messages", "the chat template failed on these messages: %v", err)
 		}
-		return []promptIn{{tok.Encode(text, model.EncodeOptions{ParseSpecial: true}), text}}, nil
+		if req.ContinueFinalMessage {
+			if text, e = continueFinal(text, msgs[len(msgs)-1]); e != nil {
+				return nil, e
+			}
+		}
+		in := promptIn{ids: tok.Encode(text, model.EncodeOptions{ParseSpecial: true}), text: text}
+		if p.Echo {
+			// vLLM's chat echo: the answer starts with the last message when
+			// it is the assistant's (the one the model continues).
+			echo := ""
+			if last := msgs[len(msgs)-1]; last.Role == "assistant" {
+				echo = last.Content
+			}
+			in.echo = &echo
+		}
+		return []promptIn{in}, nil
 	}
 }
 
@@ -567,6 +593,9 @@ func (s *Server) parse(w http.ResponseWriter, r *http.Request, req any, raw *raw
 			echo = pr.text
 			if (echo == "" || truncated) && s.cfg.Tokenizer != nil {
 				echo = s.cfg.Tokenizer.Decode(ids)
+			}
+			if pr.echo != nil {
+				echo = *pr.echo // chat: the last message's text, not the prompt
 			}
 		}
 		maxTokens := p.MaxTokens

@@ -15,14 +15,17 @@ import (
 // add_generation_prompt default true, add_special_tokens default false),
 // tokenised exactly as the matching endpoint tokenises its prompt.
 type tokenizeRequest struct {
-	Model               string           `json:"model"`
-	Prompt              *string          `json:"prompt"`
-	Messages            []chatMessageRaw `json:"messages"`
-	Tools               json.RawMessage  `json:"tools"`
-	ChatTemplateKwargs  json.RawMessage  `json:"chat_template_kwargs"`
-	AddSpecialTokens    *bool            `json:"add_special_tokens"`
-	AddGenerationPrompt *bool            `json:"add_generation_prompt"`
-	ReturnTokenStrs     bool             `json:"return_token_strs"`
+	Model              string           `json:"model"`
+	Prompt             *string          `json:"prompt"`
+	Messages           []chatMessageRaw `json:"messages"`
+	Tools              json.RawMessage  `json:"tools"`
+	ChatTemplateKwargs json.RawMessage  `json:"chat_template_kwargs"`
+	// The chat request's rendering fields (vLLM's /tokenize has them too).
+	ContinueFinalMessage bool    `json:"continue_final_message"`
+	ChatTemplate         *string `json:"chat_template"`
+	AddSpecialTokens     *bool   `json:"add_special_tokens"`
+	AddGenerationPrompt  *bool   `json:"add_generation_prompt"`
+	ReturnTokenStrs      bool    `json:"return_token_strs"`
 }
 
 // tokenizeResponse is vLLM's TokenizeResponse.
@@ -70,20 +73,27 @@ func (s *Server) tokenize(w http.ResponseWriter, r *http.Request) {
 		writeError(w, badRequest("tools", "tools apply to messages only"))
 		return
 	case req.Prompt != nil:
-		if req.AddGenerationPrompt != nil {
-			writeError(w, badRequest("add_generation_prompt", "add_generation_prompt applies to messages only"))
+		if req.AddGenerationPrompt != nil || req.ContinueFinalMessage || req.ChatTemplate != nil {
+			writeError(w, badRequest("add_generation_prompt", "add_generation_prompt, continue_final_message and chat_template apply to messages only"))
 			return
 		}
 		ids = tok.Encode(*req.Prompt, model.EncodeOptions{AddSpecial: req.AddSpecialTokens == nil || *req.AddSpecialTokens})
 	case req.Messages != nil:
-		cr := chatRequest{Messages: req.Messages}
+		cr := chatRequest{Messages: req.Messages, AddGenerationPrompt: req.AddGenerationPrompt,
+			ContinueFinalMessage: req.ContinueFinalMessage, ChatTemplate: req.ChatTemplate}
 		msgs, e := cr.messages()
 		if e != nil {
 			writeError(w, e)
 			return
 		}
-		if tok.ChatTemplate() == "" {
-			writeError(w, badRequest("messages", "the model %s has no chat template", s.cfg.ModelName))
+		tmpl, e := s.chatTemplateOf(req.ChatTemplate)
+		if e != nil {
+			writeError(w, e)
+			return
+		}
+		gen, e := cr.generationPrompt()
+		if e != nil {
+			writeError(w, e)
 			return
 		}
 		// The tools render as a chat request's do (none: a plain conversation).
@@ -93,7 +103,7 @@ func (s *Server) tokenize(w http.ResponseWriter, r *http.Request) {
 			writeError(w, e)
 			return
 		}
-		if e := s.toolsFor(&p, tok.ChatTemplate()); e != nil {
+		if e := s.toolsFor(&p, tmpl); e != nil {
 			writeError(w, e)
 			return
 		}
@@ -102,11 +112,16 @@ func (s *Server) tokenize(w http.ResponseWriter, r *http.Request) {
 			writeError(w, e)
 			return
 		}
-		gen := req.AddGenerationPrompt == nil || *req.AddGenerationPrompt
-		text, err := model.RenderChatKwargs(tok.ChatTemplate(), msgs, p.Tools, kwargs, gen, tok.TokenText(tok.BOS()), tok.TokenText(tok.EOS()))
+		text, err := model.RenderChatKwargs(tmpl, msgs, p.Tools, kwargs, gen, tok.TokenText(tok.BOS()), tok.TokenText(tok.EOS()))
 		if err != nil {
-			writeError(w, badRequest("messages", "the model's chat template failed on these messages: %v", err))
+			writeError(w, badRequest("messages", "the chat template failed on these messages: %v", err))
 			return
+		}
+		if req.ContinueFinalMessage {
+			if text, e = continueFinal(text, msgs[len(msgs)-1]); e != nil {
+				writeError(w, e)
+				return
+			}
 		}
 		ids = tok.Encode(text, model.EncodeOptions{ParseSpecial: true, AddSpecial: req.AddSpecialTokens != nil && *req.AddSpecialTokens})
 	default:

@@ -45,6 +45,8 @@ type apiServer struct {
 	toolParser string
 	// reasoning: --reasoning-parser.
 	reasoning string
+	// trustTemplate: --trust-request-chat-template.
+	trustTemplate bool
 	// policy: --scheduling-policy (vLLM's): fcfs or priority.
 	policy string
 	log    *zap.Logger // the server's request lines
@@ -77,6 +79,8 @@ func (api *apiServer) flags(fs *flag.FlagSet) {
 		"fcfs: requests in arrival order (a request's priority must be 0); priority: requests' priority field orders them, lower first, arrival order among equals (vLLM's flag; docs/serving.md)")
 	fs.StringVar(&api.toolParser, "tool-call-parser", "",
 		"how the model writes a tool call: "+strings.Join(httpapi.ToolCallParsers, ", ")+" (with --enable-auto-tool-choice)")
+	fs.BoolVar(&api.trustTemplate, "trust-request-chat-template", false,
+		"accept a request's own chat_template (chat and /tokenize; vLLM's flag): rendered in the same bounded sandbox as the model's")
 	fs.StringVar(&api.reasoning, "reasoning-parser", "",
 		"how a reasoning model marks its thinking, which chat answers then give as reasoning_content: "+strings.Join(httpapi.ReasoningParsers, ", ")+" (vLLM's flag; docs/serving.md)")
 }
@@ -211,6 +215,7 @@ func (api *apiServer) build(o *fleet.Options) (nccl.Launch, error) {
 	cfg := httpapi.Config{ModelName: api.name, VocabSize: shape.VocabSize, MaxQueue: api.maxQueue, APIKey: api.apiKey,
 		MaxModelLen: o.MaxModelLen(), MaxBodyBytes: api.maxBody, PromptTokensDetails: api.promptDetails, Log: api.log,
 		RequestTimeout: api.timeout, ToolCallParser: api.toolParser, ReasoningParser: api.reasoning,
+		TrustRequestChatTemplate: api.trustTemplate,
 		// The CUDA backend does not score prompts (engine.h score_targets).
 		NoPromptLogprobs: o.Engine == "cuda", PriorityScheduling: api.policy == "priority",
 		// Half the watchdog's bound: /health says "stalled" before the
