@@ -73,6 +73,12 @@ type ModelShape struct {
 	SlidingWindowPattern int     `json:"sliding_window_pattern,omitempty"`
 	RopeLocalTheta       float32 `json:"rope_local_theta,omitempty"`
 	RopeLinearFactor     float32 `json:"rope_linear_factor,omitempty"`
+	// PartialRotaryDim > 0: RoPE turns only the first PartialRotaryDim
+	// dimensions of each head (Phi-4-mini's partial_rotary_factor 0.75);
+	// RopeAttnFactor multiplies every RoPE cos and sin (LongRoPE's
+	// attention factor); 0 = 1.
+	PartialRotaryDim int     `json:"partial_rotary_dim,omitempty"`
+	RopeAttnFactor   float32 `json:"rope_attn_factor,omitempty"`
 
 	// Multi-head latent attention (DeepSeek-V2/V3, Kimi K2; docs/models.md
 	// "MLA"); KVLoraRank 0 = GQA (the other MLA fields are then 0). With
@@ -99,6 +105,18 @@ type ModelShape struct {
 // Equal reports whether two shapes are the same, comparing RopeScaling and
 // Yarn by value (== compares their pointers).
 func (s ModelShape) Equal(o ModelShape) bool { return reflect.DeepEqual(s, o) }
+
+// RopeDim is how many dimensions of each head RoPE turns: the head, its
+// PartialRotaryDim, or an MLA shape's QKRopeHeadDim.
+func (s ModelShape) RopeDim() int {
+	switch {
+	case s.MLA():
+		return s.QKRopeHeadDim
+	case s.PartialRotaryDim > 0:
+		return s.PartialRotaryDim
+	}
+	return s.HeadDim
+}
 
 // MLA reports whether the shape uses multi-head latent attention.
 func (s ModelShape) MLA() bool { return s.KVLoraRank > 0 }

@@ -183,6 +183,17 @@ func (s ModelShape) validateGemma() error {
 	if (s.MLPGelu || s.PostNorms) && s.NumExperts > 0 {
 		return fmt.Errorf("model shape: mlp_gelu and post_norms are supported on dense shapes only (num_experts 0)")
 	}
+	// Partial RoPE and LongRoPE's attention factor.
+	switch {
+	case s.PartialRotaryDim < 0 || s.PartialRotaryDim%2 != 0 || s.PartialRotaryDim > s.HeadDim:
+		return fmt.Errorf("model shape: partial_rotary_dim must be 0 (the whole head) or even and at most head_dim (%d), got %d", s.HeadDim, s.PartialRotaryDim)
+	case s.PartialRotaryDim != 0 && s.KVLoraRank > 0:
+		return fmt.Errorf("model shape: partial_rotary_dim with MLA (qk_rope_head_dim says it) is not supported")
+	case !(s.RopeAttnFactor >= 0) || math.IsInf(float64(s.RopeAttnFactor), 0):
+		return fmt.Errorf("model shape: rope_attn_factor must be >= 0 and finite (0 = 1), got %g", s.RopeAttnFactor)
+	case s.RopeAttnFactor != 0 && s.Yarn != nil:
+		return fmt.Errorf("model shape: rope_attn_factor with yarn_factor; YaRN sets its own magnitude")
+	}
 	return nil
 }
 

@@ -138,6 +138,9 @@ std::unique_ptr<Backend> make_cuda_backend(const EngineParams& params) {
       g.rope_local_theta != 0 || g.rope_linear_factor != 0)
     throw EngineError(ENG_UNSUPPORTED, "the CUDA backend has no Gemma layers (GELU MLP, post norms, soft-capping, "
                                        "sliding-window attention, local or linear RoPE) yet");
+  if (g.partial_rotary_dim != 0 || g.rope_attn_factor != 0)
+    throw EngineError(ENG_UNSUPPORTED, "the CUDA backend has no partial RoPE or LongRoPE attention factor (Phi-4-mini, "
+                                       "Phi-3.5) yet");
   if (params.shape.kv_lora_rank == 0 &&
       int64_t{params.shape.num_heads} * params.shape.head_dim != params.shape.hidden_size)
     throw EngineError(ENG_UNSUPPORTED, "the CUDA backend needs hidden_size == num_heads * head_dim");

@@ -408,8 +408,8 @@ func fused(m *tinyModel) *tinyModel {
 // TestCrossFormatPhi3: a Phi-3 checkpoint (fused qkv and gate/up
 // projections) loads from GGUF (general.architecture phi3) and from a
 // Hugging Face directory (model_type phi3) into the same model as the
-// unfused weights, and runs bit-identically to them; the forms Phi-3.5 and
-// Phi-4-mini need (LongRoPE, partial RoPE) are refused by name; a sliding
+// unfused weights, and runs bit-identically to them; LongRoPE and partial
+// RoPE (Phi-3.5, Phi-4-mini) are TestCrossFormatPhi3LongRoPE's; a sliding
 // window shorter than the context is read from both.
 func TestCrossFormatPhi3(t *testing.T) {
 	phi3 := func(c map[string]any) {
@@ -426,10 +426,10 @@ func TestCrossFormatPhi3(t *testing.T) {
 		edit func(map[string]any)
 		want string
 	}{
-		{"longrope", func(c map[string]any) {
+		{"longrope without its first context", func(c map[string]any) {
 			c["rope_scaling"] = map[string]any{"type": "longrope", "long_factor": []float64{1}, "short_factor": []float64{1}}
-		}, `rope_scaling type "longrope"`},
-		{"partial rotary", func(c map[string]any) { c["partial_rotary_factor"] = 0.75 }, "partial_rotary_factor 0.75"},
+		}, "needs original_max_position_embeddings"},
+		{"partial rotary of an odd count", func(c map[string]any) { c["partial_rotary_factor"] = 0.3125 }, "partial_rotary_factor 0.3125"},
 	} {
 		dir := writeHF(t, m, hfOptions{config: func(cfg map[string]any) { phi3(cfg); c.edit(cfg) }})
 		if _, err := Load(dir); err == nil || !strings.Contains(err.Error(), c.want) {

@@ -53,6 +53,10 @@ var ggufStackedExperts = map[string]bridge.WeightKind{
 // blk.N.ffn_{gate,up,down}.E.weight.
 var blkExpertTensor = regexp.MustCompile(`^blk\.(\d+)\.ffn_(gate|up|down)\.(\d+)\.weight$`)
 
+// ggufLongRoPE are LongRoPE's two sets of RoPE divisors (Phi-3.5,
+// Phi-4-mini), by the contexts they serve.
+var ggufLongRoPE = map[string]string{"rope_factors_long.weight": "long", "rope_factors_short.weight": "short"}
+
 var ggufGlobalTensor = map[string]bridge.WeightKind{
 	"token_embd.weight": bridge.WeightEmbedding, "output_norm.weight": bridge.WeightFinalNorm,
 	"output.weight": bridge.WeightLMHead,
@@ -174,12 +178,36 @@ func loadGGUF(path string) (m *Model, err error) {
 		return nil, err
 	}
 	shape.NumKVHeads = int(kvHeads)
-	if archInfo.mla {
+	if arch == "phi3" {
+		// Phi-4-mini's partial rotation: rope.dimension_count is the
+		// rotated part of heads of hidden / heads.
+		shape.HeadDim = shape.HiddenSize / shape.NumHeads
+		rd, err := num("rope.dimension_count", float64(shape.HeadDim), false)
+		if err != nil {
+			return nil, err
+		}
+		if rd != float64(int32(rd)) || rd <= 0 || int(rd) > shape.HeadDim || int(rd)%2 != 0 {
+			return nil, fmt.Errorf("model %s: GGUF metadata phi3.rope.dimension_count = %v is not an even count of at most the head size %d", path, rd, shape.HeadDim)
+		}
+		if int(rd) < shape.HeadDim {
+			shape.PartialRotaryDim = int(rd)
+		}
+	} else if archInfo.mla {
 		if err := ggufMLA(path, arch, num, kvs, &shape); err != nil {
 			return nil, err
 		}
 	} else if err := ggufHeadDim(path, arch, num, kvs, &shape); err != nil {
 		return nil, err
+	}
+	if af, err := num("rope.scaling.attn_factor", 1, false); err != nil {
+		return nil, err
+	} else if af != 1 {
+		// LongRoPE's (Phi-3.5, Phi-4-mini): cos and sin times it, as
+		// llama.cpp multiplies every model's by it.
+		if !(af > 0) || math.IsInf(af, 0) {
+			return nil, fmt.Errorf("model %s: GGUF metadata %s.rope.scaling.attn_factor = %v is not a positive number", path, arch, af)
+		}
+		shape.RopeAttnFactor = float32(af)
 	}
 	shape.QKNorm, shape.QKVBias = archInfo.qkNorm, archInfo.qkvBias
 	if archInfo.granite {
@@ -312,6 +340,20 @@ func loadGGUFTensors(path string, gf *gguf.GGUFFile, arch string, num func(strin
 		return nil, fmt.Errorf("model %s: general.alignment %d is not a power of two (corrupt file?)", path, align)
 	}
 	hasOutput := false
+	longRoPE := ""
+	for _, ti := range gf.TensorInfos {
+		if _, ok := ggufLongRoPE[ti.Name]; ok {
+			orig, err := num("rope.scaling.original_context_length", 0, false)
+			if err != nil {
+				return nil, err
+			}
+			if orig <= 0 || orig != float64(int32(orig)) {
+				return nil, fmt.Errorf("model %s: tensor %s (LongRoPE) needs a positive %s.rope.scaling.original_context_length, got %v", path, ti.Name, arch, orig)
+			}
+			longRoPE = map[bool]string{true: "long", false: "short"}[float64(ctx) > orig]
+			break
+		}
+	}
 	for _, ti := range gf.TensorInfos {
 		kind, layer, expert, stacked := bridge.WeightKind(-1), -1, 0, false
 		if k, ok := ggufGlobalTensor[ti.Name]; ok {
@@ -347,8 +389,15 @@ func loadGGUFTensors(path string, gf *gguf.GGUFFile, arch string, num func(strin
 			}
 			kind = map[string]bridge.WeightKind{"gate": bridge.WeightExpertGate, "up": bridge.WeightExpertUp, "down": bridge.WeightExpertDown}[sm[2]]
 			layer, expert = l, e
-		} else if strings.HasPrefix(ti.Name, "rope_factors_") {
-			return nil, fmt.Errorf("model %s: tensor %s: LongRoPE (per-dimension factors for long and short contexts, Phi-3.5 and Phi-4-mini) is not supported", path, ti.Name)
+		} else if set, ok := ggufLongRoPE[ti.Name]; ok {
+			// LongRoPE (Phi-3.5, Phi-4-mini): the divisors of the long
+			// contexts when the model's context is longer than the one it
+			// was trained at first, else the short ones (llama.cpp's choice
+			// by the context it serves; this loader serves the whole one).
+			if set != longRoPE {
+				continue
+			}
+			kind = bridge.WeightRopeFreqs
 		} else if ti.Name == "rope_freqs.weight" {
 			// Llama 3.1/3.2 GGUF: the Llama-3 scaling as per-dimension divisors.
 			kind = bridge.WeightRopeFreqs

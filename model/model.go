@@ -103,7 +103,7 @@ func checkTensors(s bridge.ModelShape, ts []bridge.WeightTensor) error {
 		bridge.WeightAttnNorm: {1, H}, bridge.WeightMLPNorm: {1, H}, bridge.WeightQ: {qd, H},
 		bridge.WeightK: {kvd, H}, bridge.WeightV: {kvd, H}, bridge.WeightO: {H, qd},
 		bridge.WeightGate: {F, H}, bridge.WeightUp: {F, H}, bridge.WeightDown: {H, F},
-		bridge.WeightRopeFreqs: {1, D / 2}, bridge.WeightQNorm: {1, D}, bridge.WeightKNorm: {1, D},
+		bridge.WeightRopeFreqs: {1, int64(s.RopeDim()) / 2}, bridge.WeightQNorm: {1, D}, bridge.WeightKNorm: {1, D},
 		bridge.WeightRouter: {int64(s.NumExperts), H}, bridge.WeightExpertGate: {Fm, H},
 		bridge.WeightExpertUp: {Fm, H}, bridge.WeightExpertDown: {H, Fm},
 		bridge.WeightSharedGate: {Fs, H}, bridge.WeightSharedUp: {Fs, H}, bridge.WeightSharedDown: {H, Fs},

@@ -49,6 +49,11 @@ type hfModelConfig struct {
 	SharedExpertSize    int             `json:"shared_expert_intermediate_size"`
 	SlidingWindow       json.RawMessage `json:"sliding_window"`
 	PartialRotary       *float64        `json:"partial_rotary_factor"`
+	// OriginalMaxPositionEmbeddings: Phi-3's first training context
+	// (LongRoPE, model/longrope.go), read at the top level.
+	OriginalMaxPositionEmbeddings int `json:"original_max_position_embeddings"`
+	// ropeFactors: LongRoPE's chosen divisors as a tensor (not JSON).
+	ropeFactors *bridge.WeightTensor
 	// Granite's multipliers.
 	EmbeddingMultiplier float64 `json:"embedding_multiplier"`
 	ResidualMultiplier  float64 `json:"residual_multiplier"`
@@ -188,8 +193,8 @@ func hfShape(dir string) (bridge.ModelShape, hfModelConfig, error) {
 	} else if c.EmbeddingMultiplier != 0 || c.ResidualMultiplier != 0 || c.AttentionMultiplier != 0 || c.LogitsScaling != 0 {
 		return bad("embedding_multiplier, residual_multiplier, attention_multiplier and logits_scaling are Granite's (model_type granite), not %s's", c.ModelType)
 	}
-	if c.PartialRotary != nil && *c.PartialRotary != 1 {
-		return bad("partial_rotary_factor %v: partial RoPE is not supported", *c.PartialRotary)
+	if err := hfPartialRotary(&c, &s); err != nil {
+		return bad("%v", err)
 	}
 	if (c.ModelType == "mistral" || c.ModelType == "phi3") && len(c.SlidingWindow) > 0 && string(c.SlidingWindow) != "null" {
 		// Mistral 7B v0.1 attends to the last 4096 positions only, Phi-3
@@ -251,6 +256,10 @@ func hfShape(dir string) (bridge.ModelShape, hfModelConfig, error) {
 		}
 		switch t {
 		case "default", "":
+		case "longrope", "su":
+			if err := hfLongRoPE(&c, &s); err != nil {
+				return bad("%v", err)
+			}
 		case "linear":
 			// positions / factor (Gemma 3 4B and up: on its global layers)
 			if s.SlidingWindow > 0 && c.ModelType != "gemma3_text" {
@@ -276,7 +285,7 @@ func hfShape(dir string) (bridge.ModelShape, hfModelConfig, error) {
 			}
 			s.Yarn = y
 		default:
-			return bad("rope_scaling type %q is not supported (supported: linear, llama3; yarn for DeepSeek models)", t)
+			return bad("rope_scaling type %q is not supported (supported: linear, llama3; longrope for phi3; yarn for DeepSeek models)", t)
 		}
 	}
 	if err := s.Validate(); err != nil {
@@ -525,6 +534,9 @@ func loadHF(dir string) (m *Model, err error) {
 			}
 			m.Tensors = append(m.Tensors, w)
 		}
+	}
+	if cfg.ropeFactors != nil {
+		m.Tensors = append(m.Tensors, *cfg.ropeFactors)
 	}
 	if hfGemma(cfg.ModelType) {
 		if err := gemmaNormGains(m.Tensors); err != nil {

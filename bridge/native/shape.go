@@ -98,6 +98,7 @@ func shapeToC(s *bridge.ModelShape, c *C.eng_model_shape) error {
 	c.attn_softcap, c.final_softcap = C.float(s.AttnSoftcap), C.float(s.FinalSoftcap)
 	c.sliding_window, c.sliding_window_pattern = C.int32_t(s.SlidingWindow), C.int32_t(s.SlidingWindowPattern)
 	c.rope_local_theta, c.rope_linear_factor = C.float(s.RopeLocalTheta), C.float(s.RopeLinearFactor)
+	c.partial_rotary_dim, c.rope_attn_factor = C.int32_t(s.PartialRotaryDim), C.float(s.RopeAttnFactor)
 	return nil
 }
 
@@ -133,6 +134,8 @@ func shapeFromC(c *C.eng_model_shape) bridge.ModelShape {
 		SlidingWindowPattern: int(c.sliding_window_pattern),
 		RopeLocalTheta:       float32(c.rope_local_theta),
 		RopeLinearFactor:     float32(c.rope_linear_factor),
+		PartialRotaryDim:     int(c.partial_rotary_dim),
+		RopeAttnFactor:       float32(c.rope_attn_factor),
 
 		QLoraRank:           int(c.q_lora_rank),
 		KVLoraRank:          int(c.kv_lora_rank),

@@ -184,6 +184,7 @@ func (m *Model) Shape() bridge.ModelShape {
 		// (Gemma's element-wise fields and its windows: not costed, docs/twin.md)
 		q.EmbeddingScale, q.MLPGelu, q.PostNorms, q.AttnSoftcap, q.FinalSoftcap = 0, false, false, 0, 0
 		q.SlidingWindow, q.SlidingWindowPattern, q.RopeLocalTheta, q.RopeLinearFactor = 0, 0, 0, 0
+		q.PartialRotaryDim, q.RopeAttnFactor = 0, 0
 		if q.Equal(s) {
 			return p
 		}

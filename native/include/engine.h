@@ -24,7 +24,7 @@ extern "C" {
 #endif
 
 /* Bumped on every incompatible change; eng_engine_init refuses a mismatch. */
-#define ENG_ABI_VERSION 13
+#define ENG_ABI_VERSION 14
 
 /* The most top log-probabilities a row may ask for (vLLM's default
  * max_logprobs). */
@@ -169,6 +169,16 @@ typedef struct eng_model_shape {
    * position p are those of p / rope_linear_factor (Gemma 3 4B and up: 8;
    * llama.cpp's rope.scaling.type linear). Not with another scaling. */
   float rope_linear_factor;
+  /* Partial RoPE (Phi-4-mini, Phi-3.5-MoE; partial_rotary_factor < 1):
+   * RoPE turns the first partial_rotary_dim dimensions of each q and k
+   * head (pairs i, i + partial_rotary_dim/2, rotate-half) and leaves the
+   * rest; 0 = the whole head. Even, < head_dim; not with MLA. A ROPE_FREQS
+   * tensor then has partial_rotary_dim/2 divisors. */
+  int32_t partial_rotary_dim;
+  /* cos and sin of every RoPE angle times this (LongRoPE's attention
+   * factor sqrt(1 + ln(s)/ln(original context)), llama.cpp's
+   * rope.scaling.attn_factor); 0 = 1. Not with YaRN, which has its own. */
+  float rope_attn_factor;
 } eng_model_shape;
 
 /* How the router turns the chosen experts' scores into weights. Top-k picks

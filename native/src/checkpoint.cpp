@@ -79,7 +79,7 @@ void expected_dims(const eng_model_shape& s, int32_t kind, int64_t* rows, int64_
     case ENG_WEIGHT_WO: *rows = H; *cols = qd; return;
     case ENG_WEIGHT_W_GATE: case ENG_WEIGHT_W_UP: *rows = F; *cols = H; return;
     case ENG_WEIGHT_W_DOWN: *rows = H; *cols = F; return;
-    case ENG_WEIGHT_ROPE_FREQS: *rows = 1; *cols = s.head_dim / 2; return;
+    case ENG_WEIGHT_ROPE_FREQS: *rows = 1; *cols = rope_dim(s) / 2; return;
     case ENG_WEIGHT_Q_NORM: case ENG_WEIGHT_K_NORM: *rows = 1; *cols = s.head_dim; return;
     case ENG_WEIGHT_ROUTER: *rows = s.num_experts; *cols = H; return;
     case ENG_WEIGHT_EXPERT_GATE: case ENG_WEIGHT_EXPERT_UP: *rows = Fm; *cols = H; return;
@@ -209,6 +209,8 @@ void validate_tensors(const eng_model_shape& s, const eng_tensor* tensors, int32
       if (s.qkv_bias)
         invalid_argument(name + ": interleaved_rope_heads with qkv_bias (the biases would need the same "
                                 "reordering); not supported");
+      if (s.partial_rotary_dim != 0 && s.kv_lora_rank == 0)
+        invalid_argument(name + ": interleaved_rope_heads with partial_rotary_dim; not supported");
     }
   }
   // Every tensor the shape needs, in slot order (rope_freqs is optional).
@@ -569,6 +571,7 @@ namespace lockstep {
 double yarn_mscale(double factor, double mscale) { return factor <= 1 ? 1.0 : 0.1 * mscale * std::log(factor) + 1.0; }
 
 double rope_magnitude(const eng_model_shape& s) {
+  if (s.rope_attn_factor != 0) return s.rope_attn_factor;  // LongRoPE's (validate_shape: not with YaRN)
   if (s.yarn_factor == 0) return 1.0;
   return yarn_mscale(s.yarn_factor, s.yarn_mscale) / yarn_mscale(s.yarn_factor, s.yarn_mscale_all_dim);
 }

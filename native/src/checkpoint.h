@@ -93,9 +93,12 @@ void tensor_to_input_major(const eng_tensor& t, int32_t head_dim, float* out);
 // into L's fields; false (L untouched) for every other kind.
 bool load_mla_tensor(const eng_model_shape& shape, const eng_tensor& t, LayerWeights* L);
 
-// The dimensions RoPE rotates per head: head_dim, or an MLA shape's
-// qk_rope_head_dim.
-inline int32_t rope_dim(const eng_model_shape& s) { return s.kv_lora_rank > 0 ? s.qk_rope_head_dim : s.head_dim; }
+// The dimensions RoPE rotates per head: head_dim (or its first
+// partial_rotary_dim), or an MLA shape's qk_rope_head_dim.
+inline int32_t rope_dim(const eng_model_shape& s) {
+  if (s.kv_lora_rank > 0) return s.qk_rope_head_dim;
+  return s.partial_rotary_dim > 0 ? s.partial_rotary_dim : s.head_dim;
+}
 
 // The RoPE inverse frequencies theta^(-2i/D), i < D/2 (D = rope_dim), with
 // Llama-3-style scaling applied when shape.rope_scaling_factor is set, or

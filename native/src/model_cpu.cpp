@@ -120,7 +120,7 @@ void CpuBackend::prepare_rows(const StepBatch& batch) {
       float* c = cs + r * D;
       for (int32_t k = 0; k < half; ++k) {
         const double angle = static_cast<double>(row_pos[r]) * inv_freq_[k];
-        if (shape_.yarn_factor == 0) {
+        if (rope_mag_ == 1.0) {
           c[k] = static_cast<float>(std::cos(angle));
           c[half + k] = static_cast<float>(std::sin(angle));
         } else {
@@ -132,8 +132,8 @@ void CpuBackend::prepare_rows(const StepBatch& batch) {
       float* cl = cs_local + r * D;
       for (int32_t k = 0; k < half; ++k) {
         const double angle = static_cast<double>(row_pos[r]) * inv_freq_local_[k];
-        cl[k] = static_cast<float>(std::cos(angle));
-        cl[half + k] = static_cast<float>(std::sin(angle));
+        cl[k] = static_cast<float>(std::cos(angle) * rope_mag_);
+        cl[half + k] = static_cast<float>(std::sin(angle) * rope_mag_);
       }
     }
   }
@@ -223,7 +223,7 @@ void CpuBackend::write_kv(int32_t layer, const StepBatch& batch, const float* hi
       const int64_t r = r0 + j;
       const StepSeq& s = batch.seqs[static_cast<size_t>(row_seq_[r])];
       const int32_t pos = row_pos_[r];
-      const float* cs = table + r * D;
+      const float* cs = table + r * rope_dim_;
       rope(q + r * qd, shape_.num_heads, D, cs);
       rope(k + j * kvd, shape_.num_kv_heads, D, cs);
       // Under Helix a rank computes K/V of every row (the arithmetic is

@@ -198,7 +198,7 @@ class CpuBackend final : public Backend {
   std::vector<double> inv_freq_;  // [rope_dim / 2]: theta^(-2i/D)
   std::vector<double> inv_freq_local_;  // the sliding layers' own (empty: inv_freq_)
   int32_t rope_dim_;              // head_dim, or an MLA shape's qk_rope_head_dim
-  double rope_mag_;               // YaRN's cos/sin factor (1 without)
+  double rope_mag_;               // YaRN's or LongRoPE's cos/sin factor (1 without)
   float attn_scale_;              // the softmax scale (checkpoint.h attention_scale)
   bool mla_;
 

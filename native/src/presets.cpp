@@ -205,6 +205,17 @@ void validate_gemma_fields(const eng_model_shape& s, const char* p) {
                                       "local or linear RoPE) is not supported");
   if ((s.mlp_gelu || s.post_norms) && s.num_experts > 0)
     invalid_argument(std::string(p) + "mlp_gelu and post_norms are supported on dense shapes only (num_experts 0)");
+  // Partial RoPE and LongRoPE's attention factor.
+  if (s.partial_rotary_dim < 0 || s.partial_rotary_dim % 2 != 0 || s.partial_rotary_dim > s.head_dim)
+    invalid_argument(p + format("partial_rotary_dim must be 0 (the whole head) or even and at most head_dim (%.0f), "
+                                "got %.0f",
+                                s.head_dim, s.partial_rotary_dim));
+  if (s.partial_rotary_dim != 0 && s.kv_lora_rank > 0)
+    invalid_argument(std::string(p) + "partial_rotary_dim with MLA (qk_rope_head_dim says it) is not supported");
+  if (!(s.rope_attn_factor >= 0) || std::isinf(s.rope_attn_factor))
+    invalid_argument(p + format("rope_attn_factor must be >= 0 and finite (0 = 1), got %g", s.rope_attn_factor));
+  if (s.rope_attn_factor != 0 && s.yarn_factor != 0)
+    invalid_argument(std::string(p) + "rope_attn_factor with yarn_factor; YaRN sets its own magnitude");
 }
 
 }  // namespace
