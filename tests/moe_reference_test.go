@@ -51,7 +51,8 @@ type moeReference struct {
 }
 
 // TestMoEAgainstLlamaCPP: the Qwen3-MoE, Mixtral, DeepSeek and (dense) Qwen3,
-// Qwen2, Phi-3 and Granite checkpoints of
+// Qwen2, Phi-3 (and its Phi-4-mini form: partial RoPE, LongRoPE) and
+// Granite checkpoints of
 // tests/testdata/moe (random weights, scripts/reference/make_moe_reference.py)
 // on the CPU engine against llama.cpp's stored greedy continuations, with the
 // experts on one engine and dealt over four expert-parallel members (prompt
@@ -61,7 +62,7 @@ type moeReference struct {
 // logits to one engine (for the dense Qwen3: four engines, each with a
 // quarter of the prompts).
 func TestMoEAgainstLlamaCPP(t *testing.T) {
-	for _, arch := range []string{"qwen3moe", "mixtral", "qwen3", "qwen2", "phi3", "granite", "deepseek2", "deepseek2-lite", "deepseek2-yarn"} {
+	for _, arch := range []string{"qwen3moe", "mixtral", "qwen3", "qwen2", "phi3", "phi3-longrope", "granite", "deepseek2", "deepseek2-lite", "deepseek2-yarn"} {
 		t.Run(arch, func(t *testing.T) {
 			raw, err := os.ReadFile(filepath.Join("testdata", "moe", arch+".reference.json"))
 			require.NoError(t, err)
@@ -71,7 +72,8 @@ func TestMoEAgainstLlamaCPP(t *testing.T) {
 			m, err := model.Load(filepath.Join("testdata", "moe", ref.Model))
 			require.NoError(t, err)
 			defer m.Close()
-			require.Equal(t, !slices.Contains([]string{"qwen3", "qwen2", "phi3", "granite"}, arch), m.Shape.MoE(), "%s: mixture of experts", ref.Model)
+			require.Equal(t, !slices.Contains([]string{"qwen3", "qwen2", "phi3", "phi3-longrope", "granite"}, arch), m.Shape.MoE(), "%s: mixture of experts", ref.Model)
+			require.Equal(t, arch == "phi3-longrope", m.Shape.PartialRotaryDim == 12 && m.Shape.RopeAttnFactor > 1.2, "%s: partial RoPE and LongRoPE %+v", ref.Model, m.Shape)
 			require.Equal(t, arch == "granite", m.Shape.LogitScale == 16 && m.Shape.EmbeddingScale == 12 && m.Shape.ResidualScale == 0.22 && m.Shape.AttentionScale == 0.125,
 				"%s: Granite's multipliers %+v", ref.Model, m.Shape)
 			require.True(t, m.Shape.QKNorm == strings.HasPrefix(arch, "qwen3"), "%s: q/k norms", ref.Model)

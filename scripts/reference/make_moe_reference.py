@@ -18,6 +18,10 @@ Architectures (each file is a few hundred KB; the gemma ones are dense):
             on the q, k and v projections, NeoX RoPE, tied embeddings
   phi3      general.architecture phi3: the Phi-3 / Phi-4 decoder: q, k and v in
             one attn_qkv, gate and up in one ffn_up of twice the width, NeoX RoPE
+  phi3-longrope  general.architecture phi3 as Phi-3.5-mini / Phi-4-mini: hidden 64, head_dim 16,
+            partial rotary (rope.dimension_count 12), LongRoPE (rope_factors_long / _short, 6
+            values each; original context 64 of 512, attn_factor sqrt(1 + ln 8 / ln 64)), tied
+            embeddings; llama.cpp's n_ctx 512 > 64 selects the long factors
   granite   general.architecture granite: IBM Granite 3's Llama with four
             multipliers (embedding 12, residual 0.22, attention 1/8 instead of
             1/sqrt(head_dim), logits / 16), adjacent-pair RoPE, tied embeddings
@@ -54,6 +58,9 @@ Gemma / Gemma2 / Gemma3 code (exact tanh GELU, where llama.cpp's CPU GELU reads
 an fp16 table and is off by ~1e-3) on llama.cpp's token path, stores its top-5
 per step as "f64_top", and prints its largest |logit - llama.cpp|, how often the
 soft caps bite and what the window / caps / rope scaling change (stderr).
+For phi3-longrope it runs a float64 numpy forward written from Hugging Face's Phi-3 LongRoPE code and
+prints its largest |logit - llama.cpp|, then reruns llama.cpp on temporary copies (short factors, no
+factors, attn_factor 1, full rotation) and prints how far each moves the long prompt's top-5 (stderr).
 
 Writes, under --out-dir (default tests/testdata/moe relative to the repo):
   <arch>.gguf            the checkpoint
@@ -67,13 +74,15 @@ feeding greedy token k-1. llama.cpp runs on 2 threads with an F32 KV cache and
 flash attention off, so every operation is float32 (F32 weights: no activation
 quantisation).
 
-Usage: see scripts/reference/README.md ("MoE checkpoints", "DeepSeek (MLA) checkpoints", "Gemma checkpoints");
+Usage: see scripts/reference/README.md ("MoE checkpoints", "DeepSeek (MLA) checkpoints", "Gemma checkpoints",
+"Phi-3 LongRoPE checkpoint");
 --arch NAME (repeatable) or --archs a,b,c writes only those files.
 """
 
 import argparse
 import importlib.metadata
 import json
+import math
 import os
 import sys
 
@@ -110,6 +119,17 @@ ARCHS = {
     "phi3": dict(arch="phi3", layers=2, hidden=32, heads=4, kv_heads=2, head_dim=8,
                  experts=0, used=0, expert_ff=0, ff=48, theta=10000.0, eps=1e-5,
                  tied=False, seed=29005),
+    # Phi-3.5-mini / Phi-4-mini: partial rotary (rope.dimension_count 12 of head_dim 16, the other 4
+    # dims pass through) and LongRoPE (per-frequency divisors rope_factors_long / _short, 6 = 12 / 2
+    # values each, and rope.scaling.attn_factor on cos and sin), tied embeddings as Phi-4-mini.
+    # context_length / original_context_length = 512 / 64: llama.cpp's n_ctx 512 > 64 picks the long factors.
+    # Embedding rows of std 0.25: the layers' outputs then outweigh the tied self-token logit, so the
+    # top-5 logits spread over ~3.6..9.7 and the rotation moves them (by up to 3.6 with the short factors).
+    "phi3-longrope": dict(arch="phi3", layers=2, hidden=64, heads=4, kv_heads=2, head_dim=16,
+                          experts=0, used=0, expert_ff=0, ff=64, theta=10000.0, eps=1e-5,
+                          tied=True, seed=29010, embd_std=0.25, rope_dims=12, context_length=512,
+                          longrope=dict(original_context_length=64, long_range=[1.0, 8.0],
+                                        short_range=[1.0, 1.5])),
     "granite": dict(arch="granite", layers=2, hidden=32, heads=4, kv_heads=2, head_dim=8,
                     experts=0, used=0, expert_ff=0, ff=64, theta=10000.0, eps=1e-5,
                     tied=True, seed=29006, granite=(12.0, 0.22, 0.125, 16.0)),
@@ -187,10 +207,21 @@ def tokenizer():
     return tokens, types, merges, len(tokens) - 1
 
 
-def write_gguf(path, cfg):
-    """Writes the checkpoint of an ARCHS or GEMMA entry; returns its tensors by GGUF name."""
+def longrope_attn_factor(cfg):
+    """Phi3MiniModel's rope.scaling.attn_factor for rope type longrope: sqrt(1 + ln(s) / ln(orig)),
+    s = context_length / original_context_length (1 when s <= 1)."""
+    orig = cfg["longrope"]["original_context_length"]
+    s = cfg["context_length"] / orig
+    return math.sqrt(1.0 + math.log(s) / math.log(orig)) if s > 1.0 else 1.0
+
+
+def write_gguf(path, cfg, variant=None):
+    """Writes the checkpoint of an ARCHS or GEMMA entry; returns its tensors by GGUF name.
+    variant (phi3-longrope's effect checks only; the weights stay the same): orig_ctx, attn_factor,
+    rope_dims override those keys, no_factors leaves out the two rope factor tensors."""
     import gguf
     rng = np.random.default_rng(cfg["seed"])
+    lr, var = cfg.get("longrope"), variant or {}
     tokens, types, merges, eos = tokenizer()
     V, H, L = len(tokens), cfg["hidden"], cfg["layers"]
     D, NH, NKV = cfg["head_dim"], cfg["heads"], cfg["kv_heads"]
@@ -203,13 +234,19 @@ def write_gguf(path, cfg):
     # says phi3, and this vocabulary has none of them.)
     w.add_name("random-fused" if arch == "phi3" else os.path.splitext(os.path.basename(path))[0])
     w.add_block_count(L)
-    w.add_context_length(512)
+    w.add_context_length(cfg.get("context_length", 512))
+    if lr:
+        # Phi3MiniModel.set_gguf_parameters: original_max_position_embeddings (no rope.scaling.type)
+        w.add_rope_scaling_orig_ctx_len(var.get("orig_ctx", lr["original_context_length"]))
     w.add_embedding_length(H)
     w.add_feed_forward_length(cfg["ff"])
     w.add_head_count(NH)
     w.add_head_count_kv(NKV)
     w.add_rope_freq_base(cfg["theta"])
     w.add_layer_norm_rms_eps(cfg["eps"])
+    if lr:
+        # Phi3MiniModel.generate_extra_tensors (rope type longrope)
+        w.add_rope_scaling_attn_factors(var.get("attn_factor", longrope_attn_factor(cfg)))
     if gemma:
         # GemmaModel / Gemma2Model / Gemma3Model.set_gguf_parameters (the sliding-window pattern
         # and Gemma 3's local rope base are llama.cpp's per-architecture defaults, not written)
@@ -237,7 +274,7 @@ def write_gguf(path, cfg):
         w.add_key_length(D)
         w.add_value_length(D)
     else:
-        w.add_rope_dimension_count(D)
+        w.add_rope_dimension_count(var.get("rope_dims", cfg.get("rope_dims", D)))
     w.add_vocab_size(V)
     w.add_file_type(0)  # ALL_F32
     w.add_tokenizer_model("gpt2")
@@ -261,6 +298,16 @@ def write_gguf(path, cfg):
     def add(name, a):
         tensors[name] = a
         w.add_tensor(name, a)
+
+    if lr:
+        # LongRoPE's per-frequency divisors, rope_dims / 2 of each, float32 of 2-decimal numbers and
+        # increasing as in Phi-3.5-mini's config.json; the converter yields them before every other tensor.
+        half = cfg["rope_dims"] // 2
+        long_f = np.round(np.sort(rng.uniform(*lr["long_range"], half)), 2).astype(np.float32)
+        short_f = np.round(np.sort(rng.uniform(*lr["short_range"], half)), 2).astype(np.float32)
+        if not var.get("no_factors"):
+            add("rope_factors_long.weight", long_f)
+            add("rope_factors_short.weight", short_f)
 
     # numpy shape (rows, cols) is GGUF dims (cols, rows): a linear layer's [out][in].
     # (Granite's embedding scale multiplies the embedding: smaller rows keep
@@ -757,15 +804,143 @@ def check_gemma(cfg, W, prompts):
     return worst
 
 
-def run_llama(path):
+def phi3_hf_forward(cfg, W, ids, factors="long", attn_factor=None, rope_dims=None):
+    """float64 logits [len(ids), vocab] computed as Hugging Face's Phi-3 modeling code does
+    (modeling_phi3.py, rope_type longrope, partial_rotary_factor = rope_dims / head_dim) from the GGUF
+    tensors (the converter permutes no phi3 rows): qkv_proj split q | k | v, inv_freq = 1 / (ext_factors
+    * base^(2i / rope_dims)), cos and sin times the attention factor, rotate_half on the first rope_dims
+    channels of each head and the rest passed through, gate_up_proj split gate | up, tied lm_head.
+    factors: "long", "short" or None (all 1); HF picks long when the sequence is longer than
+    original_max_position_embeddings, llama.cpp when the context is: this always takes the given one.
+    A check on llama.cpp, not a fixture."""
+    W = {k: v.astype(np.float64) for k, v in W.items()}
+    T, NH, NKV, D, eps = len(ids), cfg["heads"], cfg["kv_heads"], cfg["head_dim"], cfg["eps"]
+    R = rope_dims or cfg["rope_dims"]
+    ext = W[f"rope_factors_{factors}.weight"] if factors else np.ones(R // 2)
+    mscale = longrope_attn_factor(cfg) if attn_factor is None else attn_factor
+    inv_freq = 1.0 / (ext * cfg["theta"] ** (np.arange(0, R, 2) / R))
+    ang = np.arange(T)[:, None] * inv_freq[None, :]
+    emb = np.concatenate([ang, ang], axis=-1)
+    cos, sin = np.cos(emb) * mscale, np.sin(emb) * mscale
+
+    def rms(x, g):
+        return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * g
+
+    def rope(x):  # x [heads, T, D]: rotate_half on x[..., :R], x[..., R:] unchanged
+        xr, xp = x[..., :R], x[..., R:]
+        rot = np.concatenate([-xr[..., R // 2:], xr[..., :R // 2]], axis=-1)
+        return np.concatenate([xr * cos + rot * sin, xp], axis=-1)
+
+    mask = np.triu(np.full((T, T), -np.inf), 1)
+    x = W["token_embd.weight"][np.asarray(ids)]
+    for l in range(cfg["layers"]):
+        p = f"blk.{l}."
+        qkv = rms(x, W[p + "attn_norm.weight"]) @ W[p + "attn_qkv.weight"].T
+        q = qkv[:, :NH * D].reshape(T, NH, D).transpose(1, 0, 2)
+        k = qkv[:, NH * D:(NH + NKV) * D].reshape(T, NKV, D).transpose(1, 0, 2)
+        v = qkv[:, (NH + NKV) * D:].reshape(T, NKV, D).transpose(1, 0, 2)
+        q, k = rope(q), rope(k)
+        k, v = np.repeat(k, NH // NKV, axis=0), np.repeat(v, NH // NKV, axis=0)
+        a = q @ k.transpose(0, 2, 1) * D ** -0.5 + mask
+        a = np.exp(a - a.max(-1, keepdims=True))
+        a /= a.sum(-1, keepdims=True)
+        x = x + (a @ v).transpose(1, 0, 2).reshape(T, NH * D) @ W[p + "attn_output.weight"].T
+        gu = rms(x, W[p + "ffn_norm.weight"]) @ W[p + "ffn_up.weight"].T
+        gate, up = gu[:, :cfg["ff"]], gu[:, cfg["ff"]:]
+        x = x + (gate / (1.0 + np.exp(-gate)) * up) @ W[p + "ffn_down.weight"].T
+    return rms(x, W["output_norm.weight"]) @ W["token_embd.weight"].T
+
+
+# phi3-longrope's effect checks (llama.cpp on a copy with these changes, and the float64 forward
+# with the matching settings), on the long prompt: (what, write_gguf variant, n_ctx, f64 settings, against).
+LONGROPE_VARIANTS = [
+    ("n_ctx 64 (llama.cpp pads the context to 256 > 64: still the long factors)", {}, 64,
+     dict(factors="long"), "base"),
+    ("short factors (a copy with original_context_length 512 >= n_ctx 512)", dict(orig_ctx=512), 512,
+     dict(factors="short"), "base"),
+    ("no rope factor tensors (all 1)", dict(no_factors=True), 512, dict(factors=None), "base"),
+    ("attn_factor 1.0", dict(attn_factor=1.0), 512, dict(factors="long", attn_factor=1.0), "base"),
+    ("full rotation (dimension_count 16, no factors) against 12 without factors",
+     dict(no_factors=True, rope_dims=16), 512, dict(factors=None, rope_dims=16), "no rope factor tensors (all 1)"),
+]
+
+
+def check_longrope(cfg, W, path, prompts):
+    """Prints (stderr only) the largest |float64 HF-convention logit - llama.cpp logit| over llama.cpp's
+    top-5 on every prompt and the greedy agreement, then how much the long factors, the partial rotation
+    and attn_factor move llama.cpp's logits of the stored top-5 tokens on the long prompt."""
+    import tempfile
+    worst, agree, steps = 0.0, 0, 0
+    for pr in prompts:
+        seq = pr["prompt_ids"] + pr["tokens"][:-1]
+        lg = phi3_hf_forward(cfg, W, seq)
+        n = len(pr["prompt_ids"])
+        for k, top in enumerate(pr["top"]):
+            row = lg[n - 1 + k]
+            worst = max(worst, max(abs(row[t] - v) for t, v in top))
+            steps += 1
+            order = np.argsort(-row, kind="stable")
+            if int(order[0]) == pr["tokens"][k]:
+                agree += 1
+            else:
+                print(f"  f64 check: {pr['name']} step {k}: argmax {int(order[0])} != llama.cpp {pr['tokens'][k]} "
+                      f"(llama.cpp gap {pr['gap'][k]:.2e})", file=sys.stderr)
+    print(f"  float64 HF-convention forward (long factors, attn_factor {longrope_attn_factor(cfg):.6f}) vs "
+          f"llama.cpp: max |logit diff| over llama.cpp's top-5 {worst:.2e}; f64 argmax == llama.cpp token at "
+          f"{agree}/{steps} steps", file=sys.stderr)
+
+    long = next(pr for pr in prompts if pr["name"] == "long")
+    seq = long["prompt_ids"] + long["tokens"][:-1]
+    n = len(long["prompt_ids"])
+    cols = [(n - 1 + k, t) for k, top in enumerate(long["top"]) for t, _ in top]
+
+    def llama_rows(p, n_ctx):
+        llm = open_llama(p, n_ctx)
+        if llm.n_ctx() > len(llm.input_ids):  # llama.cpp padded the context (to 256); so do the wrapper's arrays
+            llm.input_ids = np.zeros(llm.n_ctx(), dtype=np.intc)
+            llm.scores = np.zeros((llm.n_ctx(), llm.scores.shape[1]), dtype=np.single)
+        llm.reset()
+        llm.eval(seq)
+        rows = np.array(llm.scores[:len(seq)], dtype=np.float64)
+        llm.close()
+        return rows
+
+    def diff(a, b):
+        return max(abs(a[i, t] - b[i, t]) for i, t in cols)
+
+    def flips(rows):
+        return sum(int(np.argmax(rows[n - 1 + k])) != tok for k, tok in enumerate(long["tokens"]))
+
+    base = llama_rows(path, 512)
+    stored = max(abs(base[n - 1 + k, t] - v) for k, top in enumerate(long["top"]) for t, v in top)
+    print(f"  long prompt ({n} tokens, positions 0..{len(seq) - 1}): one-batch llama.cpp run vs the stored "
+          f"token-by-token run {stored:.2e}", file=sys.stderr)
+    runs = {"base": base}
+    with tempfile.TemporaryDirectory() as tmp:
+        for what, variant, n_ctx, f64, against in LONGROPE_VARIANTS:
+            p = path
+            if variant:
+                p = os.path.join(tmp, "variant.gguf")
+                write_gguf(p, cfg, variant)
+            rows = runs[what] = llama_rows(p, n_ctx)
+            ref64 = phi3_hf_forward(cfg, W, seq, **f64)
+            print(f"  {what}: max |top-5 logit change| {diff(rows, runs[against]):.3f}, greedy tokens changed "
+                  f"{flips(rows)}/{STEPS}; llama.cpp vs the float64 forward with the same settings "
+                  f"{diff(rows, ref64):.2e}", file=sys.stderr)
+
+
+def open_llama(path, n_ctx=512):
     from llama_cpp import Llama
-    kw = dict(model_path=path, logits_all=True, n_ctx=512, n_threads=2, n_threads_batch=2, seed=0,
+    kw = dict(model_path=path, logits_all=True, n_ctx=n_ctx, n_threads=2, n_threads_batch=2, seed=0,
               verbose=False, type_k=0, type_v=0)  # GGML_TYPE_F32 KV cache
     try:
-        llm = Llama(flash_attn=False, **kw)
+        return Llama(flash_attn=False, **kw)
     except TypeError:
-        llm = Llama(**kw)
-    return continuations(llm, PROMPTS)
+        return Llama(**kw)
+
+
+def run_llama(path):
+    return continuations(open_llama(path), PROMPTS)
 
 
 def continuations(llm, prompts, add_bos=False, special=False):
@@ -821,6 +996,8 @@ def main():
             check_deepseek(cfg, W, prompts)
         if name in GEMMA:
             check_gemma(cfg, W, prompts)
+        if cfg.get("longrope"):
+            check_longrope(cfg, W, path, prompts)
         ref = {
             "model": name + ".gguf",
             "architecture": cfg["arch"],
@@ -836,6 +1013,11 @@ def main():
             },
             "prompts": prompts,
         }
+        if cfg.get("longrope"):
+            ref["conventions"]["n_ctx"] = (
+                "512, more than rope.scaling.original_context_length 64: llama.cpp rotates by rope_factors_long "
+                "(at a context of at most 64 it would take rope_factors_short); cos and sin times "
+                "rope.scaling.attn_factor")
         if name in GEMMA:
             ref["conventions"]["f64_top"] = (
                 "per step, the top-5 [token, logit] of the float64 numpy forward written from Hugging Face's "
