@@ -103,6 +103,16 @@ func LoadHFTokenizer(dir string) (*Tokenizer, error) {
 		return nil, err
 	}
 	t.ignoreMerges = ignoreMerges
+	if t.spm {
+		// The tokenizers library decodes added tokens through the decoder
+		// too: the "▁" of one (Gemma's user-defined runs of spaces, "▁▁")
+		// comes out as a space, as llama.cpp's converter writes such a token.
+		for id, typ := range t.types {
+			if typ == TokenControl || typ == TokenUserDefined {
+				t.pieces[id] = []byte(strings.ReplaceAll(spec.Tokens[id], "▁", " "))
+			}
+		}
+	}
 	return t, nil
 }
 
@@ -220,8 +230,10 @@ func hfSpec(tj *hfTokenizerJSON, configVocab int64) (TokenizerSpec, bool, error)
 
 // hfMetaspace reads where a SentencePiece tokenizer.json puts "▁": a
 // normalizer that prepends "▁" to each run of text and replaces spaces
-// (Llama 2's), or a Metaspace pre-tokenizer (prepend_scheme, split;
-// Mistral's); and checks that its decoder undoes it.
+// (Llama 2's), one that only replaces them (Gemma's: no pre-tokenizer, or
+// the Split at " " transformers writes, which then finds no space), or a
+// Metaspace pre-tokenizer (prepend_scheme, split; Mistral's); and checks
+// that its decoder undoes it.
 func hfMetaspace(tj *hfTokenizerJSON, spec *TokenizerSpec) error {
 	type comp struct {
 		Type    string `json:"type"`
@@ -240,6 +252,7 @@ func hfMetaspace(tj *hfTokenizerJSON, spec *TokenizerSpec) error {
 		Start          int     `json:"start"`
 		Stop           int     `json:"stop"`
 		Other          *string `json:"other"`
+		Invert         bool    `json:"invert"`
 	}
 	null := func(raw json.RawMessage) bool { n := strings.TrimSpace(string(raw)); return n == "" || n == "null" }
 	replaces := func(c comp, from, to string) bool {
@@ -272,24 +285,29 @@ func hfMetaspace(tj *hfTokenizerJSON, spec *TokenizerSpec) error {
 		if err := json.Unmarshal(tj.PreTokenizer, &p); err != nil {
 			return fmt.Errorf("pre_tokenizer: %w", err)
 		}
-		if p.Type != "Metaspace" || p.Replacement != "▁" || escaped || spec.SpacePrefix != PrefixNever {
-			return fmt.Errorf("pre_tokenizer %s (replacement %q) is not supported with byte_fallback: a Metaspace of \"▁\", without a normalizer that does its work, is", p.Type, p.Replacement)
-		}
-		escaped = true
-		scheme := p.PrependScheme
-		if scheme == "" && p.AddPrefixSpace != nil { // older files
-			scheme = map[bool]string{true: "always", false: "never"}[*p.AddPrefixSpace]
-		}
-		switch scheme {
-		case "always":
-			spec.SpacePrefix = PrefixUnlessSpace
-		case "first":
-			spec.SpacePrefix = PrefixFirstRun
-		case "never":
+		switch {
+		case p.Type == "Split" && p.Pattern.String != nil && *p.Pattern.String == " " && !p.Invert && escaped:
+			// transformers' GemmaTokenizer: a Split at " " after a normalizer
+			// that has turned every space into "▁" finds nothing to split.
+		case p.Type == "Metaspace" && p.Replacement == "▁" && !escaped && spec.SpacePrefix == PrefixNever:
+			escaped = true
+			scheme := p.PrependScheme
+			if scheme == "" && p.AddPrefixSpace != nil { // older files
+				scheme = map[bool]string{true: "always", false: "never"}[*p.AddPrefixSpace]
+			}
+			switch scheme {
+			case "always":
+				spec.SpacePrefix = PrefixUnlessSpace
+			case "first":
+				spec.SpacePrefix = PrefixFirstRun
+			case "never":
+			default:
+				return fmt.Errorf("pre_tokenizer Metaspace prepend_scheme %q is not supported (always, first, never)", scheme)
+			}
+			spec.SplitWords = p.Split == nil || *p.Split
 		default:
-			return fmt.Errorf("pre_tokenizer Metaspace prepend_scheme %q is not supported (always, first, never)", scheme)
+			return fmt.Errorf("pre_tokenizer %s (replacement %q) is not supported with byte_fallback: a Metaspace of \"▁\" without a normalizer that does its work, or a Split at \" \" after a normalizer that replaces every \" \" by \"▁\", is", p.Type, p.Replacement)
 		}
-		spec.SplitWords = p.Split == nil || *p.Split
 	}
 	if !escaped {
 		return errors.New("byte_fallback without a normalizer or Metaspace pre_tokenizer that turns spaces into \"▁\" is not supported")
@@ -305,13 +323,18 @@ func hfMetaspace(tj *hfTokenizerJSON, spec *TokenizerSpec) error {
 	if d.Type == "Sequence" {
 		parts = d.Decoders
 	}
+	unescaped := false
 	for _, c := range parts {
 		switch {
-		case replaces(c, "▁", " "), c.Type == "ByteFallback", c.Type == "Fuse", c.Type == "Metaspace",
-			c.Type == "Strip" && c.Content == " ":
+		case replaces(c, "▁", " "), c.Type == "Metaspace":
+			unescaped = true
+		case c.Type == "ByteFallback", c.Type == "Fuse", c.Type == "Strip" && c.Content == " ":
 		default:
 			return fmt.Errorf("decoder %s is not supported with byte_fallback (Replace \"▁\" by \" \", ByteFallback, Fuse, Strip, Metaspace are)", c.Type)
 		}
+	}
+	if !unescaped {
+		return errors.New("decoder does not turn \"▁\" back into spaces (a Replace of \"▁\" by \" \" or a Metaspace does)")
 	}
 	return nil
 }

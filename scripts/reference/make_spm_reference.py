@@ -37,7 +37,24 @@ transformers' SentencePieceExtractor orders them), with
 and the tokenizers library's ids of every UTF-8 case (it always parses added
 tokens) go into the reference as hf[variant].
 
-Writes tests/testdata/spm/spm-llama.gguf, hf-*/ and spm.reference.json (or --out-dir).
+Gemma's form (gemma()): a second vocabulary trained as Gemma's was (no dummy
+prefix, byte fallback, Gemma's special-id order and user-defined pieces
+<start_of_turn>, <end_of_turn>, <mask>, <unused0> and runs of newlines, spaces
+and tabs), converted as convert_hf_to_gguf.py converts Gemma (the
+tokenizer_config.json entries become control or user-defined tokens, the
+latter with "▁" written as spaces; add_space_prefix false) into a
+vocabulary-only spm-gemma.gguf, and as transformers converts it into
+hf-gemma/ (the Hub files' form: a Replace(" ", "▁") normalizer, no
+pre-tokenizer, merges by generate_merges over the scores) and
+hf-gemma-transformers/ (what transformers' GemmaTokenizer writes itself from
+the tokenizer.model: a Split at " " as pre-tokenizer, merges by id).
+gemma.reference.json holds llama.cpp's ids (with and without BOS and
+special-token parsing) and detokenized texts, sentencepiece's ids where they
+are comparable, and per tokenizer.json the tokenizers library's ids
+(encode_special_tokens = not parse_special) and decoded texts.
+
+Writes tests/testdata/spm/spm-llama.gguf, hf-*/, spm.reference.json, spm-gemma.gguf and
+gemma.reference.json (or --out-dir).
 Usage: see scripts/reference/README.md ("SentencePiece vocabulary").
 """
 
@@ -244,6 +261,288 @@ def piece(llm, tid, special):
     return buf.raw[:n]
 
 
+# Gemma (Gemma 1, 2 and 3 share the form): a SentencePiece BPE without a dummy
+# prefix, with byte fallback, whose tokenizer.model holds user-defined pieces
+# (<start_of_turn>, <end_of_turn>, <mask>, <unusedN>, runs of newlines, spaces
+# and tabs, HTML tags) that it always emits whole.
+
+GEMMA_VOCAB = 1000
+GEMMA_USER_DEFINED = ["<mask>", "[multimodal]", "<unused0>", "<start_of_turn>", "<end_of_turn>",
+                      "\n", "\n\n", "\n\n\n", "▁▁", "▁▁▁", "▁▁▁▁", "\t", "\t\t", "<table>", "<tr>"]
+# transformers' GemmaConverter marks these two special beside the control pieces.
+GEMMA_TURN = ("<start_of_turn>", "<end_of_turn>")
+
+GEMMA_TOKENIZE = [
+    "Hello world",
+    "Hello  world",
+    "Hello   world",
+    "x     y",
+    "x         y",
+    " leading space",
+    "  two leading spaces",
+    "trailing space ",
+    "trailing spaces   ",
+    " ",
+    "   ",
+    "",
+    "line one\nline two\n\n\tindented",
+    "\n",
+    "\n\n\n\n\n",
+    "a\n \n  b",
+    "tab\t\tx\t\t\ty",
+    " \t \n",
+    "mixed\r\nline endings\r",
+    "def f(x):\n    return x  # comment\n",
+    "The quick brown fox jumps over the lazy dog.",
+    "Copyright (C) 2007 Free Software Foundation, Inc. <https://fsf.org/>",
+    "1234567890 and 3.14159",
+    "Zwölf Boxkämpfer jagen Viktor quer über den großen Sylter Deich.",
+    "日本語のテキスト",
+    "emoji: 🦙🔥 done",
+    "🦙",
+    "\u00a0no-break and\u3000ideographic spaces",
+    "literal ▁ and ▁▁ lower blocks",
+    "<start_of_turn>user\nWhat is the GNU General Public License?<end_of_turn>\n<start_of_turn>model\n",
+    "<bos><start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\nHello!<end_of_turn>\n",
+    " <start_of_turn> spaced <end_of_turn> ",
+    "<start_of_turn><end_of_turn>",
+    "text<start_of_turn>  two spaces after",
+    "<mask> and [multimodal] and <unused0>",
+    "<table><tr> cell\n\n\n\n",
+    "<pad><eos><unk>",
+    "a" * 40 + " " + "b" * 3,
+    "Permission is hereby granted, free of charge, to any person obtaining a copy of this software",
+]
+
+
+def gemma_train():
+    import sentencepiece as spm
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(corpus()), model_writer=model, model_type="bpe", vocab_size=GEMMA_VOCAB,
+        byte_fallback=True, normalization_rule_name="identity", add_dummy_prefix=False,
+        remove_extra_whitespaces=False, split_digits=True, allow_whitespace_only_pieces=True,
+        character_coverage=0.9995, user_defined_symbols=GEMMA_USER_DEFINED, num_threads=1,
+        pad_id=0, eos_id=1, bos_id=2, unk_id=3, pad_piece="<pad>", eos_piece="<eos>", bos_piece="<bos>",
+        unk_piece="<unk>", minloglevel=2)
+    return model.getvalue()
+
+
+def gemma_config(proto):
+    """tokenizer_config.json as Gemma's: every control, unknown and user-defined piece in
+    added_tokens_decoder, special as GemmaConverter marks them."""
+    dec = {}
+    for i, p in enumerate(proto.pieces):
+        if p.type in (2, 3, 4):
+            dec[str(i)] = {"content": p.piece, "lstrip": False, "normalized": False, "rstrip": False,
+                           "single_word": False, "special": p.type in (2, 3) or p.piece in GEMMA_TURN}
+    return {"add_bos_token": True, "add_eos_token": False, "added_tokens_decoder": dec,
+            "additional_special_tokens": list(GEMMA_TURN), "bos_token": "<bos>",
+            "clean_up_tokenization_spaces": False, "eos_token": "<eos>", "pad_token": "<pad>",
+            "sp_model_kwargs": {}, "spaces_between_special_tokens": False, "tokenizer_class": "GemmaTokenizer",
+            "unk_token": "<unk>", "use_default_system_prompt": False}
+
+
+def gemma_looks_special(text):
+    # convert_hf_to_gguf.py's does_token_look_special
+    return (text in ("<pad>", "<mask>", "<2mass>", "[@BOS@]") or text.startswith("<|") and text.endswith("|>")
+            or text.startswith("<｜") and text.endswith("｜>") or text.startswith("<unused") and text.endswith(">"))
+
+
+def gemma_gguf_vocab(proto, config):
+    """The vocabulary as convert_hf_to_gguf.py's _create_vocab_sentencepiece writes it: the
+    pieces by sentencepiece's type (a user-defined piece comes out normal), then every entry of
+    added_tokens_decoder: control if special or special-looking, else user-defined with its
+    "▁" turned into spaces; score -1000."""
+    tokens, scores, types = [], [], []
+    for p in proto.pieces:
+        tokens.append(p.piece)
+        scores.append(p.score)
+        types.append({2: 2, 3: 3, 5: 5, 6: 6}.get(p.type, 1))
+    for key, t in config["added_tokens_decoder"].items():
+        i, text = int(key), t["content"]
+        if t["special"] or gemma_looks_special(text):
+            types[i] = 3
+        else:
+            text = text.replace("▁", " ")
+            types[i] = 4
+        tokens[i], scores[i] = text, -1000.0
+    return tokens, scores, types
+
+
+def write_gemma_gguf(path, tokens, scores, types, eot):
+    """A vocabulary-only Gemma GGUF (the hyperparameters llama.cpp reads, no tensors)."""
+    import gguf
+    w = gguf.GGUFWriter(path, "gemma")
+    w.add_name("spm-gemma")
+    w.add_context_length(8192)
+    w.add_embedding_length(32)
+    w.add_block_count(1)
+    w.add_feed_forward_length(64)
+    w.add_head_count(4)
+    w.add_head_count_kv(1)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_key_length(8)
+    w.add_value_length(8)
+    w.add_file_type(0)
+    w.add_tokenizer_model("llama")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_bos_token_id(2)
+    w.add_eos_token_id(1)
+    w.add_unk_token_id(3)
+    w.add_pad_token_id(0)
+    w.add_eot_token_id(eot)
+    w.add_add_bos_token(True)
+    w.add_add_eos_token(False)
+    w.add_add_space_prefix(False)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def write_gemma_config(d, config):
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, "tokenizer_config.json"), "w") as f:
+        json.dump(config, f, indent=1)
+        f.write("\n")
+
+
+def gemma_hf_hub(proto, config, d):
+    """tokenizer.json in the form of the Hub's Gemma files, built as transformers' GemmaConverter
+    built them: every piece in a byte-fallback BPE, merges from generate_merges ordered by the
+    pieces' scores, a Replace(" ", "▁") normalizer, no pre-tokenizer, the control and
+    user-defined pieces as added tokens (normalized false)."""
+    from tokenizers import AddedToken, Tokenizer, decoders, normalizers, processors
+    from tokenizers.models import BPE
+    from transformers.tokenization_utils_base import generate_merges
+    vocab_scores = [(p.piece, p.score) for p in proto.pieces]
+    vocab = {piece: i for i, (piece, _) in enumerate(vocab_scores)}
+    merges = generate_merges(vocab, vocab_scores)
+    tok = Tokenizer(BPE(vocab=vocab, merges=merges, unk_token="<unk>", fuse_unk=True, byte_fallback=True,
+                        dropout=None))
+    tok.normalizer = normalizers.Replace(" ", "▁")
+    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()])
+    for key, t in sorted(config["added_tokens_decoder"].items(), key=lambda kv: int(kv[0])):
+        at = AddedToken(t["content"], special=t["special"], normalized=False)
+        if t["special"]:
+            tok.add_special_tokens([at])
+        else:
+            tok.add_tokens([at])
+    tok.post_processor = processors.TemplateProcessing(single="<bos> $A", pair="<bos> $A <bos>:1 $B:1",
+                                                       special_tokens=[("<bos>", 2)])
+    write_gemma_config(d, config)
+    tok.save(os.path.join(d, "tokenizer.json"))
+    return Tokenizer.from_file(os.path.join(d, "tokenizer.json"))
+
+
+def gemma_hf_transformers(model_bytes, config, d):
+    """tokenizer.json as transformers itself writes it from the tokenizer.model and
+    tokenizer_config.json (GemmaTokenizer.from_pretrained, save_pretrained)."""
+    import shutil
+    import tempfile
+    from tokenizers import Tokenizer
+    from transformers import GemmaTokenizer
+    with tempfile.TemporaryDirectory() as tmp:
+        src, dst = os.path.join(tmp, "src"), os.path.join(tmp, "dst")
+        write_gemma_config(src, config)
+        with open(os.path.join(src, "tokenizer.model"), "wb") as f:
+            f.write(model_bytes)
+        GemmaTokenizer.from_pretrained(src).save_pretrained(dst)
+        write_gemma_config(d, config)
+        shutil.copyfile(os.path.join(dst, "tokenizer.json"), os.path.join(d, "tokenizer.json"))
+    return Tokenizer.from_file(os.path.join(d, "tokenizer.json"))
+
+
+def gemma(out_dir):
+    """Writes spm-gemma.gguf, hf-gemma/, hf-gemma-transformers/ and gemma.reference.json."""
+    import ctypes
+    import llama_cpp
+    import sentencepiece as spm
+    from sentencepiece import sentencepiece_model_pb2
+    model_bytes = gemma_train()
+    proto = sentencepiece_model_pb2.ModelProto()
+    proto.ParseFromString(model_bytes)
+    sp = spm.SentencePieceProcessor(model_proto=model_bytes)
+    config = gemma_config(proto)
+    tokens, scores, types = gemma_gguf_vocab(proto, config)
+    path = os.path.join(out_dir, "spm-gemma.gguf")
+    write_gemma_gguf(path, tokens, scores, types, tokens.index("<end_of_turn>"))
+    hf = {"hf-gemma": gemma_hf_hub(proto, config, os.path.join(out_dir, "hf-gemma")),
+          "hf-gemma-transformers": gemma_hf_transformers(model_bytes, config,
+                                                         os.path.join(out_dir, "hf-gemma-transformers"))}
+    print(f"wrote {path}: {len(tokens)} tokens", file=sys.stderr)
+
+    llm = llama_cpp.Llama(model_path=path, vocab_only=True, verbose=False)
+    vocab = llm._model.vocab
+
+    def detokenize(ids, unparse_special):
+        arr = (llama_cpp.llama_token * max(len(ids), 1))(*ids)
+        buf = ctypes.create_string_buffer(1 << 14)
+        n = llama_cpp.llama_detokenize(vocab, arr, len(ids), buf, len(buf), False, unparse_special)
+        assert n >= 0
+        return buf.raw[:n]
+
+    # sentencepiece matches its user-defined pieces always and its control pieces never, llama.cpp
+    # the GGUF's user-defined tokens always and its control ones with parse_special: the two are
+    # compared with parse_special on texts that hold no control piece.
+    controls = [p.piece for p in proto.pieces if p.type in (2, 3)]
+    cases, differ = [], 0
+    for raw in [t.encode("utf-8") for t in GEMMA_TOKENIZE] + INVALID_UTF8:
+        text = raw.decode("utf-8") if raw not in INVALID_UTF8 else None
+        for add_special in (False, True):
+            for parse_special in (False, True):
+                ids = [int(i) for i in llm.tokenize(raw, add_bos=add_special, special=parse_special)]
+                case = {"text_hex": raw.hex(), "add_special": add_special, "parse_special": parse_special,
+                        "ids": ids, "decoded": detokenize(ids, False).hex(),
+                        "decoded_special": detokenize(ids, True).hex()}
+                if text is not None and parse_special and not add_special and not any(c in text for c in controls):
+                    case["sentencepiece_ids"] = sp.encode(text)
+                    if case["sentencepiece_ids"] != ids:
+                        differ += 1
+                        print(f"  sentencepiece differs from llama.cpp on {text!r}", file=sys.stderr)
+                if text is not None:
+                    case["hf"] = {}
+                    for name, tok in hf.items():
+                        tok.encode_special_tokens = not parse_special
+                        enc = tok.encode(text, add_special_tokens=add_special).ids
+                        tok.encode_special_tokens = False
+                        case["hf"][name] = {"ids": enc, "decoded": tok.decode(enc, skip_special_tokens=True),
+                                            "decoded_special": tok.decode(enc, skip_special_tokens=False)}
+                        if name == "hf-gemma" and enc != ids:
+                            print(f"  {name} differs from llama.cpp on {text!r} (add_special {add_special}, "
+                                  f"parse_special {parse_special})", file=sys.stderr)
+                cases.append(case)
+    pieces = [{"plain": piece(llm, i, False).hex(), "special": piece(llm, i, True).hex()}
+              for i in range(len(tokens))]
+    ref = {
+        "model": "spm-gemma.gguf",
+        "hf_dirs": sorted(hf),
+        "tools": {"llama_cpp_python": llama_cpp.__version__, "gguf": importlib.metadata.version("gguf"),
+                  "sentencepiece": importlib.metadata.version("sentencepiece"),
+                  "tokenizers": importlib.metadata.version("tokenizers"),
+                  "transformers": importlib.metadata.version("transformers")},
+        "conventions": {
+            "text_hex": "the text's bytes in hex (some are not UTF-8)",
+            "ids": "llama.cpp's llama_tokenize(text, add_special, parse_special) on spm-gemma.gguf",
+            "decoded": "llama_detokenize(ids, remove_special false, unparse_special false), hex",
+            "decoded_special": "llama_detokenize(ids, remove_special false, unparse_special true), hex",
+            "sentencepiece_ids": "SentencePieceProcessor.encode(text) of the trained model; only with parse_special, without add_special, on UTF-8 texts that hold no control piece",
+            "hf": "per tokenizer.json directory, for the UTF-8 texts: tokenizers' Tokenizer.encode(text, add_special_tokens=add_special) with encode_special_tokens = not parse_special (special added tokens are then text, the others still matched), and decode(ids, skip_special_tokens true / false)",
+            "pieces": "llama_token_to_piece(id, lstrip 0, special false / true), hex",
+        },
+        "tokenize": cases,
+        "pieces": pieces,
+    }
+    with open(os.path.join(out_dir, "gemma.reference.json"), "w") as f:
+        json.dump(ref, f, indent=1, ensure_ascii=False)
+        f.write("\n")
+    print(f"gemma: {len(cases)} cases, sentencepiece differs on {differ}", file=sys.stderr)
+
+
 def main():
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -310,6 +609,7 @@ def main():
     with open(os.path.join(args.out_dir, "spm.reference.json"), "w") as f:
         json.dump(ref, f, indent=1)
         f.write("\n")
+    gemma(args.out_dir)
 
 
 if __name__ == "__main__":
