@@ -59,7 +59,7 @@ func (s *Server) answer(w http.ResponseWriter, r *http.Request, endpoint, apiID 
 		out = rw
 	} else {
 		wr := newWriter(w, endpoint, s.cfg.ModelName, apiID, s.cfg.Now().Unix(), p)
-		wr.tok = s.cfg.Tokenizer
+		wr.tok, wr.idNames = s.cfg.Tokenizer, p.TokensAsIDs || s.cfg.TokensAsIDs
 		out = wr
 	}
 	for _, ch := range runs {

@@ -64,6 +64,9 @@ type genParams struct {
 	ContinuousUsage bool
 	IgnoreEOS       bool
 	ReturnTokenID   bool
+	// TokensAsIDs names the tokens of the log-probabilities "token_id:N"
+	// (vLLM's return_tokens_as_token_ids), the request's or the server's.
+	TokensAsIDs bool
 	// HasMaxTokens: the request set max_tokens (or max_completion_tokens);
 	// otherwise MaxTokens is the endpoint's default, fixed once the prompt
 	// is known (chat: the rest of the context).
@@ -172,6 +175,7 @@ type rawParams struct {
 	IgnoreEOS        bool            `json:"ignore_eos"`
 	MinTokens        *int            `json:"min_tokens"`
 	ReturnTokenIDs   bool            `json:"return_token_ids"`
+	TokensAsIDs      *bool           `json:"return_tokens_as_token_ids"`
 	Tools            json.RawMessage `json:"tools"`
 	ResponseFormat   json.RawMessage `json:"response_format"`
 	PresencePenalty  *float64        `json:"presence_penalty"`
@@ -211,7 +215,8 @@ const restOfContext = 0
 
 // check turns the raw settings into genParams, naming the first bad field.
 func (r *rawParams) check(defaultMax int) (genParams, *apiError) {
-	p := genParams{N: 1, MaxTokens: defaultMax, TopP: 1, Stream: r.Stream, IgnoreEOS: r.IgnoreEOS, ReturnTokenID: r.ReturnTokenIDs}
+	p := genParams{N: 1, MaxTokens: defaultMax, TopP: 1, Stream: r.Stream, IgnoreEOS: r.IgnoreEOS, ReturnTokenID: r.ReturnTokenIDs,
+		TokensAsIDs: r.TokensAsIDs != nil && *r.TokensAsIDs}
 	if r.MaxCompletionTokens != nil {
 		r.MaxTokens = r.MaxCompletionTokens
 	}

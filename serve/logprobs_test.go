@@ -2,6 +2,7 @@ package serve
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
 	"math"
 	"net/http"
@@ -212,4 +213,36 @@ func sseChunks(t *testing.T, body string) []map[string]any {
 		}
 	}
 	return out
+}
+
+// return_tokens_as_token_ids (vLLM's, the request's or the server's
+// --return-tokens-as-token-ids): the log-probabilities name every token
+// "token_id:N" (chat's bytes are that text's), and the answer's text is
+// unchanged.
+func TestTokensAsTokenIDs(t *testing.T) {
+	s, _, url := chatServer(t)
+	msgs := `"messages":[{"role":"user","content":"Hi"}]`
+	done := postAsync(t, url+"/v1/chat/completions", `{`+msgs+`,"max_tokens":2,"logprobs":true,"top_logprobs":1,"return_tokens_as_token_ids":true}`)
+	deliverLogprobs(s, takeArrival(t, s), lpToks, lpVals)
+	ch := choicesOf(t, <-done)[0]
+	content := ch["logprobs"].(map[string]any)["content"].([]any)
+	first := content[0].(map[string]any)
+	name := fmt.Sprintf("token_id:%d", lpToks[0])
+	require.Equal(t, name, first["token"])
+	require.Len(t, first["bytes"], len(name))
+	require.Equal(t, fmt.Sprintf("token_id:%d", lpVals[0].TopIDs[0]), first["top_logprobs"].([]any)[0].(map[string]any)["token"])
+	require.Equal(t, s.cfg.Tokenizer.Decode(lpToks), ch["message"].(map[string]any)["content"])
+
+	done = postAsync(t, url+"/v1/completions", `{"prompt":"Hi","max_tokens":2,"logprobs":1,"return_tokens_as_token_ids":true}`)
+	deliverLogprobs(s, takeArrival(t, s), lpToks, lpVals)
+	lp := choicesOf(t, <-done)[0]["logprobs"].(map[string]any)
+	require.Equal(t, []any{fmt.Sprintf("token_id:%d", lpToks[0]), fmt.Sprintf("token_id:%d", lpToks[1])}, lp["tokens"])
+	require.Equal(t, []any{0.0, 1.0}, lp["text_offset"], "the offsets are the text's")
+
+	// The server's flag does it for every request.
+	s.cfg.TokensAsIDs = true
+	done = postAsync(t, url+"/v1/chat/completions", `{`+msgs+`,"max_tokens":2,"logprobs":true}`)
+	deliverLogprobs(s, takeArrival(t, s), lpToks, lpVals)
+	content = choicesOf(t, <-done)[0]["logprobs"].(map[string]any)["content"].([]any)
+	require.Equal(t, name, content[0].(map[string]any)["token"])
 }

@@ -97,6 +97,10 @@ type Config struct {
 	// TrustRequestChatTemplate (vLLM's --trust-request-chat-template):
 	// a request may bring its own chat_template; refused otherwise.
 	TrustRequestChatTemplate bool
+	// TokensAsIDs (vLLM's --return-tokens-as-token-ids): every answer's
+	// log-probabilities name tokens "token_id:N", as a request's
+	// return_tokens_as_token_ids asks for its own.
+	TokensAsIDs bool
 	// Now is the clock (tests); time.Now when nil.
 	Now func() time.Time
 }

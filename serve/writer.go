@@ -25,6 +25,9 @@ type writer struct {
 	created int64
 	started bool             // streaming: headers and the first chunk are out
 	tok     *model.Tokenizer // names the tokens of the log-probabilities (nil: "token_id:N")
+	// idNames: return_tokens_as_token_ids: "token_id:N" names, tok's text
+	// offsets.
+	idNames bool
 	// promptSent: a chat answer's prompt_logprobs (one per answer) are out.
 	promptSent bool
 }
@@ -252,7 +255,16 @@ func clampLogprob(v float32) float64 {
 // tokenText names a token in the log-probabilities: its text (invalid
 // UTF-8 as U+FFFD) and bytes, or "token_id:N" without a tokenizer (vLLM's
 // return_tokens_as_token_ids form).
-func (wr *writer) tokenText(id int32) (string, []byte) { return tokenText(wr.tok, id) }
+func (wr *writer) tokenText(id int32) (string, []byte) { return tokenText(wr.names(), id) }
+
+// names is the tokenizer that names tokens in the log-probabilities: none
+// (so "token_id:N") with return_tokens_as_token_ids.
+func (wr *writer) names() *model.Tokenizer {
+	if wr.idNames {
+		return nil
+	}
+	return wr.tok
+}
 
 func tokenText(tok *model.Tokenizer, id int32) (string, []byte) {
 	if tok == nil {
@@ -302,7 +314,7 @@ func (wr *writer) logprobs(ch *choiceRun, ids []int32, lps []executor.TokenLogpr
 	}
 	var v any
 	if wr.chat {
-		v = openai.ChatLogprobs{Content: chatLogprobs(wr.tok, ids, lps)}
+		v = openai.ChatLogprobs{Content: chatLogprobs(wr.names(), ids, lps)}
 	} else {
 		n := len(ids)
 		out := openai.CompletionLogprobs{Tokens: make([]string, 0, n), TokenLogprobs: make([]*float64, 0, n),
@@ -349,7 +361,8 @@ func (wr *writer) appendCompletionEntry(out *openai.CompletionLogprobs, ch *choi
 	text, _ := wr.tokenText(id)
 	out.Tokens = append(out.Tokens, text)
 	out.TextOffset = append(out.TextOffset, ch.lpOffset)
-	ch.lpOffset += utf8.RuneCountInString(text)
+	real, _ := tokenText(wr.tok, id) // (the offsets are the text's, however tokens are named)
+	ch.lpOffset += utf8.RuneCountInString(real)
 	if lp == nil {
 		out.TokenLogprobs, out.TopLogprobs = append(out.TokenLogprobs, nil), append(out.TopLogprobs, nil)
 		return

@@ -47,6 +47,8 @@ type apiServer struct {
 	reasoning string
 	// trustTemplate: --trust-request-chat-template.
 	trustTemplate bool
+	// tokensAsIDs: --return-tokens-as-token-ids.
+	tokensAsIDs bool
 	// policy: --scheduling-policy (vLLM's): fcfs or priority.
 	policy string
 	log    *zap.Logger // the server's request lines
@@ -81,6 +83,8 @@ func (api *apiServer) flags(fs *flag.FlagSet) {
 		"how the model writes a tool call: "+strings.Join(httpapi.ToolCallParsers, ", ")+" (with --enable-auto-tool-choice)")
 	fs.BoolVar(&api.trustTemplate, "trust-request-chat-template", false,
 		"accept a request's own chat_template (chat and /tokenize; vLLM's flag): rendered in the same bounded sandbox as the model's")
+	fs.BoolVar(&api.tokensAsIDs, "return-tokens-as-token-ids", false,
+		"name the tokens of every answer's log-probabilities \"token_id:N\" (vLLM's flag; a request's return_tokens_as_token_ids asks it for itself)")
 	fs.StringVar(&api.reasoning, "reasoning-parser", "",
 		"how a reasoning model marks its thinking, which chat answers then give as reasoning_content: "+strings.Join(httpapi.ReasoningParsers, ", ")+" (vLLM's flag; docs/serving.md)")
 }
@@ -215,7 +219,7 @@ func (api *apiServer) build(o *fleet.Options) (nccl.Launch, error) {
 	cfg := httpapi.Config{ModelName: api.name, VocabSize: shape.VocabSize, MaxQueue: api.maxQueue, APIKey: api.apiKey,
 		MaxModelLen: o.MaxModelLen(), MaxBodyBytes: api.maxBody, PromptTokensDetails: api.promptDetails, Log: api.log,
 		RequestTimeout: api.timeout, ToolCallParser: api.toolParser, ReasoningParser: api.reasoning,
-		TrustRequestChatTemplate: api.trustTemplate,
+		TrustRequestChatTemplate: api.trustTemplate, TokensAsIDs: api.tokensAsIDs,
 		// The CUDA backend does not score prompts (engine.h score_targets).
 		NoPromptLogprobs: o.Engine == "cuda", PriorityScheduling: api.policy == "priority",
 		// Half the watchdog's bound: /health says "stalled" before the
