@@ -136,15 +136,15 @@ func (p *Profile) fleetRank(r *StepCost, graph int) StepCost {
 	}
 	if graph > 0 {
 		pad := graph - r.Seqs
-		return p.decodeCost(graph, r.DecodeKV+float64(pad), true)
+		return p.decodeCost(graph, r.DecodeKV+float64(pad), r.DecodeKVWindow+float64(pad), true)
 	}
-	return p.decodeCost(r.Seqs, r.DecodeKV, false)
+	return p.decodeCost(r.Seqs, r.DecodeKV, r.DecodeKVWindow, false)
 }
 
 // decodeCost is the cost of a generation-only step of n decodes whose KV
-// reads (each decode's KV depth plus itself) sum to decKV, replaying a
-// CUDA graph or eager.
-func (p *Profile) decodeCost(n int, decKV float64, graph bool) StepCost {
-	st := stepSums{tokens: n, decodes: n, decKV: decKV}
+// reads (each decode's KV depth plus itself) sum to decKV (decKVWindow on
+// a sliding-window layer), replaying a CUDA graph or eager.
+func (p *Profile) decodeCost(n int, decKV, decKVWindow float64, graph bool) StepCost {
+	st := stepSums{tokens: n, decodes: n, attnSums: attnSums{decKV: decKV}, win: attnSums{decKV: decKVWindow}}
 	return p.costOf(&st, n, graph)
 }

@@ -29,6 +29,9 @@ type StepCost struct {
 	// itself (AttentionDP's CUDA-graph padding recosts a generation-only
 	// rank from it).
 	DecodeKV float64
+	// DecodeKVWindow is DecodeKV on a sliding-window layer: each decode
+	// reads at most the window (DecodeKV when the model has none).
+	DecodeKVWindow float64
 
 	// Rank-local times summed over layers.
 	GEMMMS      float64 // rank-local GEMMs (attention projections, dense MLP, shared experts, router)
@@ -63,7 +66,7 @@ func (p *Profile) StepCost(seqs []Work) StepCost {
 	if !p.ready {
 		panic("twin: profile not validated: call Validate before StepCost")
 	}
-	st := sumsOf(seqs)
+	st := sumsOf(seqs, p.d.window)
 	if len(seqs) == 0 {
 		return StepCost{}
 	}
@@ -75,11 +78,13 @@ func (p *Profile) StepCost(seqs []Work) StepCost {
 // graph_layer_overhead_ms, else layer_overhead_ms).
 func (p *Profile) costOf(st *stepSums, ns int, graph bool) StepCost {
 	d := &p.d
-	c := StepCost{Tokens: st.tokens, Seqs: ns, DecodeKV: st.decKV}
+	c := StepCost{Tokens: st.tokens, Seqs: ns, DecodeKV: st.decKV, DecodeKVWindow: st.win.decKV}
 	T := float64(st.tokens)
 	if d.linear {
 		c.GEMMMS = d.lin.TokenMS * T
-		c.AttentionMS = d.lin.CtxAttentionMS*st.ctxPairs + d.lin.DecodeKVMS*st.decKV
+		g, s := d.layerShares()
+		c.AttentionMS = g*(d.lin.CtxAttentionMS*st.ctxPairs+d.lin.DecodeKVMS*st.decKV) +
+			s*(d.lin.CtxAttentionMS*st.win.ctxPairs+d.lin.DecodeKVMS*st.win.decKV)
 		c.OverheadMS = d.lin.OverheadMS + d.lin.SeqMS*float64(ns)
 		return c
 	}
@@ -93,7 +98,7 @@ func (p *Profile) costOf(st *stepSums, ns int, graph bool) StepCost {
 		gemmMoE = d.gemmMS(T, &d.moe, d.gemmMSPerFLOP, d.wb)
 	}
 
-	attn := d.attention(st)
+	attn := d.layerAttention(st)
 	layerOvh := d.layerMS
 	if graph {
 		layerOvh = d.graphLayerMS // pure decode: a CUDA graph
@@ -132,14 +137,23 @@ func (p *Profile) costOf(st *stepSums, ns int, graph bool) StepCost {
 
 // stepSums are the sums over a step's sequences that the cost model reads.
 type stepSums struct {
-	tokens, decodes, scored           int
+	tokens, decodes, scored int
+	attnSums
+	// win: the same sums on a sliding-window layer (equal to attnSums
+	// when the model has no window).
+	win attnSums
+}
+
+// attnSums are a step's attention work.
+type attnSums struct {
 	decKV, ctxPairs, ctxKV, ctxPrefix float64
 }
 
 // sumsOf classifies a step's sequences: a decode (one new token) reads its
 // KV and itself; a context chunk of n tokens at depth kv has n·(kv + n/2)
-// causal pairs and reads kv + n cached tokens.
-func sumsOf(seqs []Work) stepSums {
+// causal pairs and reads kv + n cached tokens. On a layer with a sliding
+// window W (window > 0) a query at position p sees min(p + 1, W) keys.
+func sumsOf(seqs []Work, window float64) stepSums {
 	var st stepSums
 	for _, w := range seqs {
 		if w.NewTokens < 1 || w.KVBefore < 0 {
@@ -151,14 +165,62 @@ func sumsOf(seqs []Work) stepSums {
 		if w.NewTokens == 1 {
 			st.decodes++
 			st.decKV += kv + 1 // the new token attends to itself too
+			st.win.decKV += capped(kv+1, window)
 			continue
 		}
 		n := float64(w.NewTokens)
 		st.ctxPairs += n * (kv + n/2)
 		st.ctxKV += kv + n
 		st.ctxPrefix += kv
+		st.win.ctxPairs += windowPairs(kv, n, window)
+		st.win.ctxKV += capped(kv+n, n-1+window)
+		st.win.ctxPrefix += capped(kv, window)
+	}
+	if window == 0 {
+		st.win = st.attnSums
 	}
 	return st
+}
+
+// capped is min(x, limit), or x without a limit (0).
+func capped(x, limit float64) float64 {
+	if limit == 0 || x < limit {
+		return x
+	}
+	return limit
+}
+
+// windowPairs is the (query, key) pairs of n queries at positions kv …
+// kv + n − 1 that each see min(p + 1, window) keys: the chunk's
+// n·(kv + n/2) with the window's cut (the same half-pair convention).
+func windowPairs(kv, n, window float64) float64 {
+	if window == 0 {
+		return n * (kv + n/2)
+	}
+	// Queries below the window see p + 1 keys, the rest the window.
+	below := math.Max(0, math.Min(n, window-kv-1))
+	return below*(kv+below/2) + (n-below)*window
+}
+
+// layerShares are the fractions of the layers without and with a sliding
+// window.
+func (d *derived) layerShares() (global, sliding float64) {
+	if d.layers == 0 {
+		return 1, 0
+	}
+	return (d.layers - d.slidingLayers) / d.layers, d.slidingLayers / d.layers
+}
+
+// layerAttention is one layer's attention averaged over the layers: the
+// global ones' over st, the sliding ones' over st.win.
+func (d *derived) layerAttention(st *stepSums) float64 {
+	g, s := d.layerShares()
+	if s == 0 {
+		return d.attention(st)
+	}
+	win := *st
+	win.attnSums = st.win
+	return g*d.attention(st) + s*d.attention(&win)
 }
 
 // attention is one layer's attention: context chunks and decodes are

@@ -652,3 +652,51 @@ func TestScoredRowsCostTheLMHead(t *testing.T) {
 		t.Errorf("scoring changed the rest of the step by %.6f ms", d)
 	}
 }
+
+// A sliding window (Gemma, Mistral 7B v0.1) caps the attention of the
+// layers that have it: a decode past the window reads the window only, a
+// context chunk's pairs and reads are cut at it; below the window nothing
+// changes; a pattern that slides half the layers costs the average of the
+// two; the KV a CUDA-graph padded rank is recosted from travels with the
+// step cost.
+func TestSlidingWindowAttention(t *testing.T) {
+	withWindow := func(window, pattern int) *Profile {
+		p := builtin(t, "h200", "llama-8b", Parallelism{})
+		p.Model.SlidingWindow, p.Model.SlidingWindowPattern = window, pattern
+		if err := p.Validate(); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	full, all, half := withWindow(0, 0), withWindow(1024, 0), withWindow(1024, 2)
+	if got := half.Model.SlidingLayers(); got != 16 {
+		t.Fatalf("pattern 2 over 32 layers slides %d, want 16", got)
+	}
+	attn := func(p *Profile, w []Work) float64 { return p.StepCost(w).AttentionMS }
+	short := []Work{{NewTokens: 1, KVBefore: 500}}
+	near(t, "decode inside the window", attn(all, short), attn(full, short))
+	deep := []Work{{NewTokens: 1, KVBefore: 8000}}
+	near(t, "decode past the window", attn(all, deep), attn(full, []Work{{NewTokens: 1, KVBefore: 1023}}))
+	near(t, "half the layers", attn(half, deep), (attn(all, deep)+attn(full, deep))/2)
+	if c := all.StepCost(deep); c.DecodeKV != 8001 || c.DecodeKVWindow != 1024 {
+		t.Fatalf("decode KV %v, in the window %v; want 8001 and 1024", c.DecodeKV, c.DecodeKVWindow)
+	}
+	chunk := []Work{{NewTokens: 2048, KVBefore: 4096}}
+	if a, f := attn(all, chunk), attn(full, chunk); !(a < f/3) {
+		t.Fatalf("a 2048-token chunk at depth 4096: %v ms with a 1024 window, %v without", a, f)
+	}
+	// The pairs of a chunk against the closed forms.
+	for _, tc := range []struct{ kv, n, w, want float64 }{
+		{0, 100, 1000, 100 * 50}, // inside: n(kv + n/2)
+		{5000, 10, 1000, 10 * 1000},
+		{900, 200, 1000, 99*(900+49.5) + 101*1000},
+	} {
+		approx(t, "window pairs", windowPairs(tc.kv, tc.n, tc.w), tc.want)
+	}
+	// Encoded and decoded whole (the virtual clock's record).
+	c := all.StepCost(deep)
+	back, err := DecodeStepCost(c.AppendBinary(nil))
+	if err != nil || back != c {
+		t.Fatalf("round trip: %+v, %v", back, err)
+	}
+}

@@ -40,6 +40,8 @@ type derived struct {
 	lin    LinearCoefficients
 
 	denseLayers, moeLayers, layers float64
+	// Sliding-window attention: the window, and how many layers have it.
+	window, slidingLayers float64
 
 	// GEMMs (docs/twin.md "GEMMs"): per matrix kernel + hypot(compute of
 	// the tokens rounded up to tiles, weight and activation bytes).
@@ -72,6 +74,7 @@ type derived struct {
 func derive(p *Profile) derived {
 	var d derived
 	m := &p.Model
+	d.layers, d.window, d.slidingLayers = float64(m.Layers), float64(m.SlidingWindow), float64(m.SlidingLayers())
 	if p.Kind == KindLinear {
 		d.linear = true
 		d.lin = p.Linear.coefficients()

@@ -36,6 +36,11 @@ type Model struct {
 	TopK            int    `json:"top_k"`            // MoE: routed experts per token
 	MoEIntermediate int    `json:"moe_intermediate_size"`
 	DenseLayers     int    `json:"dense_layers"` // MoE: leading layers with a dense MLP
+	// SlidingWindow > 0: the layers SlidingWindowPattern picks attend to
+	// the last SlidingWindow positions only (engine.h's pattern: 0 = every
+	// layer, p = all but each p-th); their attention costs that much.
+	SlidingWindow        int `json:"sliding_window,omitempty"`
+	SlidingWindowPattern int `json:"sliding_window_pattern,omitempty"`
 	// WeightBytes is the element size of the layers' linear weights: 2 for
 	// BF16, 1 for FP8 (whose GEMMs then run at the GPU's FP8 rate), 0.5625
 	// for NVFP4 (4 bits and an 8-bit scale per 16; the GPU's FP4 rate).
@@ -51,6 +56,17 @@ type Model struct {
 
 // MLA reports whether attention is multi-head latent attention.
 func (m *Model) MLA() bool { return m.KVLoraRank > 0 }
+
+// SlidingLayers is how many layers have the sliding window.
+func (m *Model) SlidingLayers() int {
+	if m.SlidingWindow <= 0 {
+		return 0
+	}
+	if p := m.SlidingWindowPattern; p >= 2 {
+		return m.Layers - m.Layers/p
+	}
+	return m.Layers
+}
 
 // MoE reports whether the model has routed experts.
 func (m *Model) MoE() bool { return m.RoutedExperts > 0 }
@@ -147,6 +163,10 @@ func ModelFromShape(name string, s bridge.ModelShape) Model {
 		m.Source = fmt.Sprintf("bridge.Presets[%q] (Llama-architecture attention, every layer a mixture of %d experts, top-%d, %d shared); "+
 			"BF16 weights and KV cache", name, s.NumExperts, s.NumExpertsPerTok, s.NumSharedExperts)
 	}
+	m.SlidingWindow, m.SlidingWindowPattern = s.SlidingWindow, s.SlidingWindowPattern
+	if s.SlidingWindow > 0 {
+		m.Source += fmt.Sprintf("; a %d-position sliding window on %d of %d layers", s.SlidingWindow, m.SlidingLayers(), m.Layers)
+	}
 	if s.MLA() {
 		m.KVHeads, m.HeadDim = 0, 0
 		m.QLoraRank, m.KVLoraRank, m.QKNopeHeadDim, m.QKRopeHeadDim, m.VHeadDim = s.QLoraRank, s.KVLoraRank, s.QKNopeHeadDim, s.QKRopeHeadDim, s.VHeadDim
@@ -169,6 +189,7 @@ func (m *Model) Shape() bridge.ModelShape {
 		s.NumExperts, s.NumExpertsPerTok, s.MoEIntermediateSize, s.NumSharedExperts = m.RoutedExperts, m.TopK, m.MoEIntermediate, m.SharedExperts
 		s.FirstDenseLayers = m.DenseLayers
 	}
+	s.SlidingWindow, s.SlidingWindowPattern = m.SlidingWindow, m.SlidingWindowPattern
 	if m.MLA() {
 		s.NumKVHeads, s.HeadDim = m.Heads, m.QKNopeHeadDim+m.QKRopeHeadDim
 		s.QLoraRank, s.KVLoraRank, s.QKNopeHeadDim, s.QKRopeHeadDim, s.VHeadDim = m.QLoraRank, m.KVLoraRank, m.QKNopeHeadDim, m.QKRopeHeadDim, m.VHeadDim
@@ -181,9 +202,10 @@ func (m *Model) Shape() bridge.ModelShape {
 		q := p
 		q.RopeTheta, q.RMSEps, q.RouterNorm, q.QKNorm, q.QKVBias = s.RopeTheta, s.RMSEps, s.RouterNorm, s.QKNorm, s.QKVBias
 		q.RoutedScalingFactor, q.ExpertGroups, q.ExpertGroupsUsed, q.Yarn = 0, 0, 0, nil
-		// (Gemma's element-wise fields and its windows: not costed, docs/twin.md)
+		// (Gemma's element-wise fields and RoPE forms: not costed; its
+		// window is, docs/twin.md)
 		q.EmbeddingScale, q.MLPGelu, q.PostNorms, q.AttnSoftcap, q.FinalSoftcap = 0, false, false, 0, 0
-		q.SlidingWindow, q.SlidingWindowPattern, q.RopeLocalTheta, q.RopeLinearFactor = 0, 0, 0, 0
+		q.RopeLocalTheta, q.RopeLinearFactor = 0, 0
 		q.PartialRotaryDim, q.RopeAttnFactor = 0, 0
 		if q.Equal(s) {
 			return p
@@ -248,6 +270,16 @@ func (m *Model) validate() error {
 		if m.KVHeads > 0 && m.Heads%m.KVHeads != 0 {
 			checks = append(checks, fmt.Errorf("model.num_kv_heads %d must divide num_heads %d", m.KVHeads, m.Heads))
 		}
+	}
+	switch {
+	case m.SlidingWindow < 0:
+		checks = append(checks, fmt.Errorf("model.sliding_window must be >= 0 (0 = none), got %d", m.SlidingWindow))
+	case m.SlidingWindowPattern < 0 || m.SlidingWindowPattern == 1:
+		checks = append(checks, fmt.Errorf("model.sliding_window_pattern must be 0 (every layer slides) or >= 2, got %d", m.SlidingWindowPattern))
+	case m.SlidingWindow == 0 && m.SlidingWindowPattern != 0:
+		checks = append(checks, fmt.Errorf("model.sliding_window_pattern needs a sliding_window"))
+	case m.SlidingWindow > 0 && m.MLA():
+		checks = append(checks, fmt.Errorf("model.sliding_window with MLA is not supported"))
 	}
 	if m.MoE() {
 		checks = append(checks, pos("top_k", m.TopK), pos("moe_intermediate_size", m.MoEIntermediate))

@@ -23,13 +23,13 @@ func (p *Profile) LayerCosts(seqs []Work) (LayerCosts, error) {
 		return LayerCosts{}, fmt.Errorf("layer costs need a validated roofline profile")
 	}
 	d := &p.d
-	st := sumsOf(seqs)
+	st := sumsOf(seqs, d.window)
 	T := float64(st.tokens)
 	set, elem, kernels, ars := &d.dense, d.elemDense, d.kernelsDense, d.arDense
 	if d.denseLayers == 0 {
 		set, elem, kernels, ars = &d.moe, d.elemMoE, d.kernelsMoE, d.arMoE
 	}
-	c := LayerCosts{GEMMMS: d.gemmMS(T, set, d.gemmMSPerFLOP, d.wb), AttentionMS: d.attention(&st),
+	c := LayerCosts{GEMMMS: d.gemmMS(T, set, d.gemmMSPerFLOP, d.wb), AttentionMS: d.layerAttention(&st),
 		ElementwiseMS: kernels*d.elemKernelMS + T*elem*d.elemMSPerByte}
 	if d.tp > 1 && len(seqs) > 0 {
 		c.AllReduceMS = ars * (T*d.arMSPerToken + d.arLatMS)

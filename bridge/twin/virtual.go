@@ -23,7 +23,7 @@ func (c StepCost) AppendBinary(b []byte) []byte {
 	b = binary.LittleEndian.AppendUint64(b, uint64(int64(c.Tokens)))
 	b = binary.LittleEndian.AppendUint64(b, uint64(int64(c.Seqs)))
 	for _, v := range [...]float64{c.GEMMMS, c.AttentionMS, c.NormMS, c.LMHeadMS, c.OverheadMS, c.CommMS,
-		c.MoEMS, c.AllToAllMS, c.LeadMS, c.MoELayerMS, c.TailMS, c.DecodeKV, 0} {
+		c.MoEMS, c.AllToAllMS, c.LeadMS, c.MoELayerMS, c.TailMS, c.DecodeKV, c.DecodeKVWindow} {
 		b = binary.LittleEndian.AppendUint64(b, math.Float64bits(v))
 	}
 	return b
@@ -38,7 +38,7 @@ func DecodeStepCost(b []byte) (StepCost, error) {
 	f := func(i int) float64 { return math.Float64frombits(u(i)) }
 	c := StepCost{Tokens: int(int64(u(0))), Seqs: int(int64(u(1))),
 		GEMMMS: f(2), AttentionMS: f(3), NormMS: f(4), LMHeadMS: f(5), OverheadMS: f(6), CommMS: f(7),
-		MoEMS: f(8), AllToAllMS: f(9), LeadMS: f(10), MoELayerMS: f(11), TailMS: f(12), DecodeKV: f(13)}
+		MoEMS: f(8), AllToAllMS: f(9), LeadMS: f(10), MoELayerMS: f(11), TailMS: f(12), DecodeKV: f(13), DecodeKVWindow: f(14)}
 	for i := 2; i < stepCostFields; i++ {
 		if v := f(i); math.IsNaN(v) || math.IsInf(v, 0) || v < 0 {
 			return StepCost{}, fmt.Errorf("twin: step cost field %d is %v", i, v)
