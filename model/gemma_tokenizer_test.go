@@ -47,18 +47,8 @@ type gemmaReference struct {
 
 func loadGemmaReference(t *testing.T) (gemmaReference, *Tokenizer) {
 	t.Helper()
-	raw, err := os.ReadFile(filepath.Join(spmFixture, "gemma.reference.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
 	var ref gemmaReference
-	if err := json.Unmarshal(raw, &ref); err != nil {
-		t.Fatal(err)
-	}
-	tok, err := LoadGGUFTokenizer(filepath.Join(spmFixture, ref.Model))
-	if err != nil {
-		t.Fatal(err)
-	}
+	tok := loadTokenizerReference(t, "gemma.reference.json", &ref, &ref.Model)
 	return ref, tok
 }
 

@@ -36,19 +36,27 @@ type spmReference struct {
 
 func loadSPMReference(t *testing.T) (spmReference, *Tokenizer) {
 	t.Helper()
-	raw, err := os.ReadFile(filepath.Join(spmFixture, "spm.reference.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
 	var ref spmReference
-	if err := json.Unmarshal(raw, &ref); err != nil {
-		t.Fatal(err)
-	}
-	tok, err := LoadGGUFTokenizer(filepath.Join(spmFixture, ref.Model))
+	tok := loadTokenizerReference(t, "spm.reference.json", &ref, &ref.Model)
+	return ref, tok
+}
+
+// loadTokenizerReference reads the reference JSON name of spmFixture into
+// ref and loads the GGUF tokenizer it names (*model, a field of ref).
+func loadTokenizerReference(t *testing.T, name string, ref any, model *string) *Tokenizer {
+	t.Helper()
+	raw, err := os.ReadFile(filepath.Join(spmFixture, name))
 	if err != nil {
 		t.Fatal(err)
 	}
-	return ref, tok
+	if err := json.Unmarshal(raw, ref); err != nil {
+		t.Fatal(err)
+	}
+	tok, err := LoadGGUFTokenizer(filepath.Join(spmFixture, *model))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tok
 }
 
 // TestSPMTokenizerMatchesLlamaCPP: every case of the fixture (plain text,

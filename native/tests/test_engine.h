@@ -128,6 +128,16 @@ inline std::vector<int32_t> test_prompt(uint64_t seed, int32_t len, int32_t voca
   return t;
 }
 
+// Requires that an engine of shape s is refused with ENG_INVALID_ARGUMENT
+// and a message containing needle.
+inline void expect_shape_refused(const eng_model_shape& s, const char* needle) {
+  eng_engine_config c = test_config(nullptr, 32, 4);
+  c.shape = s;
+  eng_engine_t e = nullptr;
+  CHECK(eng_engine_init(&c, &e) == ENG_INVALID_ARGUMENT);
+  CHECKF(std::strstr(eng_last_error(), needle) != nullptr, "want \"%s\", got: %s", needle, eng_last_error());
+}
+
 // What test_chunked_run returned: the sampled tokens and their logits.
 struct TestRun {
   std::vector<int32_t> tokens;

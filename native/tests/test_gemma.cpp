@@ -113,24 +113,13 @@ void check_refusals() {
   for (const Bad& b : bad) {
     eng_model_shape s = gemma();
     b.apply(&s);
-    eng_engine_config c = test_config(nullptr, 32, P);
-    c.shape = s;
-    eng_engine_t e = nullptr;
-    CHECK(eng_engine_init(&c, &e) == ENG_INVALID_ARGUMENT);
-    CHECKF(std::string(eng_last_error()).find(b.needle) != std::string::npos, "want \"%s\", got: %s", b.needle,
-           eng_last_error());
+    expect_shape_refused(s, b.needle);
   }
   for (const char* preset : {"moe-tiny", "deepseek-tiny"}) {
     eng_model_shape s;
     REQUIRE(eng_preset_shape(preset, &s) == ENG_OK);
     s.mlp_gelu = 1;
-    eng_engine_config c = test_config(nullptr, 32, P);
-    c.shape = s;
-    eng_engine_t e = nullptr;
-    CHECK(eng_engine_init(&c, &e) == ENG_INVALID_ARGUMENT);
-    const std::string msg = eng_last_error();
-    CHECKF(msg.find(std::string(preset) == "moe-tiny" ? "dense shapes only" : "MLA with Gemma") != std::string::npos,
-           "%s with mlp_gelu: %s", preset, msg.c_str());
+    expect_shape_refused(s, std::string(preset) == "moe-tiny" ? "dense shapes only" : "MLA with Gemma");
   }
 }
 

@@ -5,7 +5,6 @@
 // prompt fed whole, in chunks or token by token, on 1 or 3 threads, gives
 // the same bits; bad values are refused by name. (Against llama.cpp:
 // tests/moe_reference_test.go, phi3-longrope.gguf.)
-#include <string>
 #include <tuple>
 
 #include "test_engine.h"
@@ -61,12 +60,7 @@ void check_refusals() {
     eng_model_shape s;
     REQUIRE(eng_preset_shape(b.preset, &s) == ENG_OK);
     b.apply(&s);
-    eng_engine_config c = test_config(nullptr, 32, P);
-    c.shape = s;
-    eng_engine_t e = nullptr;
-    CHECK(eng_engine_init(&c, &e) == ENG_INVALID_ARGUMENT);
-    CHECKF(std::string(eng_last_error()).find(b.needle) != std::string::npos, "want \"%s\", got: %s", b.needle,
-           eng_last_error());
+    expect_shape_refused(s, b.needle);
   }
 }
 
