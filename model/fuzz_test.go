@@ -118,6 +118,9 @@ func FuzzHFConfig(f *testing.F) {
 		`{"model_type":"phi3","hidden_size":64,"intermediate_size":96,"num_hidden_layers":2,"num_attention_heads":4,` +
 			`"num_key_value_heads":2,"vocab_size":300,"partial_rotary_factor":0.75,"max_position_embeddings":128,` +
 			`"original_max_position_embeddings":32,"rope_scaling":{"type":"longrope","long_factor":[1,2,3,4,5,6],"short_factor":[1,1,1,1,1,1]}}`,
+		`{"model_type":"gemma3_text","hidden_size":64,"intermediate_size":96,"num_hidden_layers":2,"num_attention_heads":4,` +
+			`"num_key_value_heads":2,"vocab_size":300,"sliding_window":8,"rope_parameters":{"full_attention":` +
+			`{"rope_type":"linear","factor":8.0,"rope_theta":1000000.0},"sliding_attention":{"rope_type":"default","rope_theta":10000.0}}}`,
 	} {
 		f.Add([]byte(c))
 	}

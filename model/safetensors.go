@@ -35,7 +35,10 @@ type hfModelConfig struct {
 	AttentionBias         bool            `json:"attention_bias"`
 	MLPBias               bool            `json:"mlp_bias"`
 	RopeScaling           json.RawMessage `json:"rope_scaling"`
-	NameOrPath            string          `json:"_name_or_path"`
+	// RopeParameters: transformers 5's form of rope_theta and rope_scaling
+	// (model/ropeparams.go).
+	RopeParameters json.RawMessage `json:"rope_parameters"`
+	NameOrPath     string          `json:"_name_or_path"`
 	// Mixtures of experts: Qwen3-MoE (num_experts, moe_intermediate_size,
 	// norm_topk_prob, decoder_sparse_step, mlp_only_layers) and Mixtral
 	// (num_local_experts; intermediate_size is the expert width).
@@ -173,6 +176,9 @@ func hfShape(dir string) (bridge.ModelShape, hfModelConfig, error) {
 	}
 	if c.NumKeyValueHeads == 0 {
 		c.NumKeyValueHeads = c.NumAttentionHeads
+	}
+	if err := hfRopeParameters(&c); err != nil {
+		return bad("%v", err)
 	}
 	if c.RopeTheta == 0 {
 		c.RopeTheta = 10000
