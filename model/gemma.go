@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"strings"
 
 	gguf "github.com/gpustack/gguf-parser-go"
 
@@ -353,4 +354,74 @@ func halfToFloat(h uint16) float32 {
 		v = -v
 	}
 	return v
+}
+
+// Gemma 3 4B, 12B and 27B ship as Gemma3ForConditionalGeneration (config
+// model_type gemma3): the text decoder's config is text_config, its
+// weights are language_model.model.* (transformers 5 saves
+// model.language_model.*), beside a vision tower and projector that this
+// loader skips: the text decoder serves text. transformers fills the
+// fields text_config leaves out from Gemma3TextConfig's defaults, so this
+// does too.
+
+// gemma3TextDefaults is transformers' Gemma3TextConfig() as JSON.
+const gemma3TextDefaults = `{"model_type":"gemma3_text","vocab_size":262208,"hidden_size":2304,"intermediate_size":9216,` +
+	`"num_hidden_layers":26,"num_attention_heads":8,"num_key_value_heads":4,"head_dim":256,"max_position_embeddings":131072,` +
+	`"rms_norm_eps":1e-6,"rope_theta":1000000.0,"query_pre_attn_scalar":256,"sliding_window":4096,` +
+	`"rope_local_base_freq":10000.0,"sliding_window_pattern":6,"tie_word_embeddings":true,"hidden_activation":"gelu_pytorch_tanh"}`
+
+// hfGemma3Text reads a gemma3_text config (raw, the whole file's or a
+// gemma3 file's text_config) over Gemma3TextConfig's defaults into c.
+func hfGemma3Text(raw []byte, c *hfModelConfig) error {
+	var d hfModelConfig
+	if err := json.Unmarshal([]byte(gemma3TextDefaults), &d); err != nil {
+		return err
+	}
+	if err := json.Unmarshal(raw, &d); err != nil {
+		return err
+	}
+	if d.ModelType != "gemma3_text" {
+		return fmt.Errorf("text_config.model_type %q, want gemma3_text", d.ModelType)
+	}
+	*c = d
+	return nil
+}
+
+// hfGemma3Multimodal reads a gemma3 (Gemma3ForConditionalGeneration)
+// config: its text_config over the defaults, its top-level name kept.
+func hfGemma3Multimodal(raw []byte, c *hfModelConfig) error {
+	var top struct {
+		TextConfig json.RawMessage `json:"text_config"`
+		NameOrPath string          `json:"_name_or_path"`
+	}
+	if err := json.Unmarshal(raw, &top); err != nil {
+		return err
+	}
+	if !notNull(top.TextConfig) {
+		return fmt.Errorf("model_type gemma3 without a text_config")
+	}
+	if err := hfGemma3Text(top.TextConfig, c); err != nil {
+		return err
+	}
+	c.multimodal = true
+	if c.NameOrPath == "" {
+		c.NameOrPath = top.NameOrPath
+	}
+	return nil
+}
+
+// gemma3TextName maps a Gemma3ForConditionalGeneration tensor to the text
+// decoder's name; skip: a vision tower's or projector's tensor.
+func gemma3TextName(name string) (out string, skip bool) {
+	for _, p := range []string{"vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector."} {
+		if strings.HasPrefix(name, p) {
+			return "", true
+		}
+	}
+	for _, p := range [][2]string{{"language_model.model.", "model."}, {"model.language_model.", "model."}, {"language_model.lm_head.", "lm_head."}} {
+		if strings.HasPrefix(name, p[0]) {
+			return p[1] + strings.TrimPrefix(name, p[0]), false
+		}
+	}
+	return name, false
 }

@@ -203,3 +203,58 @@ func TestMistralSlidingWindow(t *testing.T) {
 		t.Fatalf("a window of 8 over a %d-token prompt left the logits unchanged", len(prompt))
 	}
 }
+
+// gemma3Multimodal nests a gemma3_text config as a Gemma 3 image-text
+// checkpoint's (model_type gemma3, the text decoder's fields in
+// text_config) and renames its tensors language_model.model.* (prefix),
+// adding a vision tower's tensor.
+func gemma3Multimodal(prefix string) (func(map[string]any), func(int, []stTensor) []stTensor) {
+	config := func(c map[string]any) {
+		gemmaHFConfig(3)(c)
+		text := map[string]any{}
+		for k, v := range c {
+			text[k] = v
+		}
+		for k := range c {
+			delete(c, k)
+		}
+		c["model_type"], c["architectures"], c["_name_or_path"] = "gemma3", []string{"Gemma3ForConditionalGeneration"}, text["_name_or_path"]
+		c["text_config"], c["vision_config"] = text, map[string]any{"model_type": "siglip_vision_model", "hidden_size": 8}
+	}
+	edit := func(shard int, ts []stTensor) []stTensor {
+		ts = gemmaHFNorms(shard, ts)
+		for i := range ts {
+			ts[i].name = prefix + strings.TrimPrefix(ts[i].name, "model.")
+		}
+		if shard == 0 {
+			ts = append(ts, stTensor{name: "vision_tower.vision_model.post_layernorm.weight", dtype: "F32", shape: []int{2}, data: make([]byte, 8)})
+		}
+		return ts
+	}
+	return config, edit
+}
+
+// TestGemma3Multimodal: Gemma 3 4B/12B/27B's image-text checkpoints
+// (Gemma3ForConditionalGeneration) load their text decoder — the same
+// model, bit for bit, as the text-only form — under either prefix
+// transformers has saved (language_model.model.*, model.language_model.*),
+// the vision tower skipped; text_config's missing fields take
+// Gemma3TextConfig's defaults.
+func TestGemma3Multimodal(t *testing.T) {
+	m := gemmaTiny(71, 3)
+	text := writeHF(t, m, hfOptions{config: gemmaHFConfig(3), edit: gemmaHFNorms})
+	for _, prefix := range []string{"language_model.model.", "model.language_model."} {
+		cfg, edit := gemma3Multimodal(prefix)
+		crossCheck(t, text, writeHF(t, m, hfOptions{config: cfg, edit: edit}))
+	}
+	// Without head_dim, text_config says Gemma's default 256, which these
+	// 16-wide heads' tensors are not.
+	cfg, edit := gemma3Multimodal("language_model.model.")
+	sparse := writeHF(t, m, hfOptions{edit: edit, config: func(c map[string]any) {
+		cfg(c)
+		delete(c["text_config"].(map[string]any), "head_dim")
+	}})
+	if _, err := Load(sparse); err == nil || !strings.Contains(err.Error(), "q_proj") {
+		t.Fatalf("text_config without head_dim: %v, want the q projection's shape refused (default head_dim 256)", err)
+	}
+}

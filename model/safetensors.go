@@ -57,6 +57,9 @@ type hfModelConfig struct {
 	OriginalMaxPositionEmbeddings int `json:"original_max_position_embeddings"`
 	// ropeFactors: LongRoPE's chosen divisors as a tensor (not JSON).
 	ropeFactors *bridge.WeightTensor
+	// multimodal: a Gemma 3 image-text checkpoint whose text decoder this
+	// config describes (model/gemma.go).
+	multimodal bool
 	// Granite's multipliers.
 	EmbeddingMultiplier float64 `json:"embedding_multiplier"`
 	ResidualMultiplier  float64 `json:"residual_multiplier"`
@@ -91,10 +94,10 @@ type hfModelConfig struct {
 }
 
 // hfModelTypes are the config.json model_type values this loader reads.
-var hfModelTypes = map[string]bool{"llama": true, "gemma": true, "gemma2": true, "gemma3_text": true, "granite": true, "mistral": true, "phi3": true, "qwen2": true, "qwen3": true, "qwen3_moe": true, "mixtral": true,
+var hfModelTypes = map[string]bool{"llama": true, "gemma": true, "gemma2": true, "gemma3_text": true, "gemma3": true, "granite": true, "mistral": true, "phi3": true, "qwen2": true, "qwen3": true, "qwen3_moe": true, "mixtral": true,
 	"deepseek_v2": true, "deepseek_v3": true, "kimi_k2": true}
 
-const hfModelTypeNames = "deepseek_v2, deepseek_v3, gemma, gemma2, gemma3_text, granite, kimi_k2, llama, mistral, mixtral, phi3, qwen2, qwen3, qwen3_moe"
+const hfModelTypeNames = "deepseek_v2, deepseek_v3, gemma, gemma2, gemma3 (its text decoder), gemma3_text, granite, kimi_k2, llama, mistral, mixtral, phi3, qwen2, qwen3, qwen3_moe"
 
 // hfDeepSeek reports whether a model_type is DeepSeek's architecture.
 func hfDeepSeek(t string) bool { return t == "deepseek_v2" || t == "deepseek_v3" || t == "kimi_k2" }
@@ -164,6 +167,15 @@ func hfShape(dir string) (bridge.ModelShape, hfModelConfig, error) {
 	}
 	bad := func(format string, a ...any) (bridge.ModelShape, hfModelConfig, error) {
 		return bridge.ModelShape{}, c, fmt.Errorf("model %s: config.json: "+format, append([]any{dir}, a...)...)
+	}
+	switch c.ModelType {
+	case "gemma3_text":
+		err = hfGemma3Text(raw, &c)
+	case "gemma3":
+		err = hfGemma3Multimodal(raw, &c)
+	}
+	if err != nil {
+		return bad("%v", err)
 	}
 	if !hfModelTypes[c.ModelType] {
 		return bad("model_type %q is not supported (supported: %s)", c.ModelType, hfModelTypeNames)
@@ -469,6 +481,12 @@ func loadHF(dir string) (m *Model, err error) {
 		}
 		for _, nt := range st.Tensors() {
 			name, tv := nt.Name, nt.TensorView
+			if cfg.multimodal {
+				var skip bool
+				if name, skip = gemma3TextName(name); skip {
+					continue // the vision tower: this loader serves text
+				}
+			}
 			kind, layer, expert := bridge.WeightKind(-1), -1, 0
 			if k, ok := hfGlobalTensor[name]; ok {
 				kind = k
