@@ -380,6 +380,20 @@ func hfGemma3Text(raw []byte, c *hfModelConfig) error {
 	if err := json.Unmarshal(raw, &d); err != nil {
 		return err
 	}
+	var given map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &given); err != nil {
+		return err
+	}
+	if _, ok := given["rope_parameters"]; ok {
+		// transformers 5's form: its bases are in rope_parameters, not
+		// in the 4.x defaults.
+		if _, ok := given["rope_theta"]; !ok {
+			d.RopeTheta = 0
+		}
+		if _, ok := given["rope_local_base_freq"]; !ok {
+			d.RopeLocalBaseFreq = 0
+		}
+	}
 	if d.ModelType != "gemma3_text" {
 		return fmt.Errorf("text_config.model_type %q, want gemma3_text", d.ModelType)
 	}
