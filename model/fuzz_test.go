@@ -121,6 +121,9 @@ func FuzzHFConfig(f *testing.F) {
 		`{"model_type":"gemma3_text","hidden_size":64,"intermediate_size":96,"num_hidden_layers":2,"num_attention_heads":4,` +
 			`"num_key_value_heads":2,"vocab_size":300,"sliding_window":8,"rope_parameters":{"full_attention":` +
 			`{"rope_type":"linear","factor":8.0,"rope_theta":1000000.0},"sliding_attention":{"rope_type":"default","rope_theta":10000.0}}}`,
+		`{"model_type":"gemma3","architectures":["Gemma3ForConditionalGeneration"],"text_config":{"model_type":"gemma3_text",` +
+			`"hidden_size":64,"intermediate_size":96,"num_hidden_layers":2,"num_attention_heads":4,"num_key_value_heads":2,` +
+			`"head_dim":16,"vocab_size":300,"sliding_window":8},"vision_config":{"model_type":"siglip_vision_model"}}`,
 	} {
 		f.Add([]byte(c))
 	}
