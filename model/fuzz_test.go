@@ -28,7 +28,7 @@ func FuzzGGUF(f *testing.F) {
 	// Fused projections (phi3) and K-quant super-blocks.
 	// Gemma 3 (sliding windows, local and linear RoPE) likewise.
 	for _, p := range []string{filepath.Join("..", "tests", "testdata", "moe", "phi3.gguf"), filepath.Join(kquantFixture, "kquant-types.gguf"),
-		filepath.Join("..", "tests", "testdata", "moe", "gemma3.gguf")} {
+		filepath.Join("..", "tests", "testdata", "moe", "gemma3.gguf"), filepath.Join("..", "tests", "testdata", "moe", "glm4moe.gguf")} {
 		if b, err := os.ReadFile(p); err == nil {
 			f.Add(b[:min(len(b), 64<<10)])
 		}
@@ -124,6 +124,10 @@ func FuzzHFConfig(f *testing.F) {
 		`{"model_type":"gemma3","architectures":["Gemma3ForConditionalGeneration"],"text_config":{"model_type":"gemma3_text",` +
 			`"hidden_size":64,"intermediate_size":96,"num_hidden_layers":2,"num_attention_heads":4,"num_key_value_heads":2,` +
 			`"head_dim":16,"vocab_size":300,"sliding_window":8},"vision_config":{"model_type":"siglip_vision_model"}}`,
+		`{"model_type":"glm4_moe","hidden_size":64,"intermediate_size":96,"num_hidden_layers":3,"num_attention_heads":4,` +
+			`"num_key_value_heads":2,"head_dim":32,"partial_rotary_factor":0.5,"vocab_size":300,"attention_bias":true,` +
+			`"first_k_dense_replace":1,"n_routed_experts":4,"n_shared_experts":1,"num_experts_per_tok":2,"moe_intermediate_size":16,` +
+			`"norm_topk_prob":true,"routed_scaling_factor":2.5,"n_group":1,"topk_group":1,"num_nextn_predict_layers":1}`,
 	} {
 		f.Add([]byte(c))
 	}

@@ -72,6 +72,9 @@ var ggufTypes = map[gguf.GGMLType]bridge.DType{
 
 var blkTensor = regexp.MustCompile(`^blk\.(\d+)\.([a-z_]+)\.weight$`)
 
+// blkAnyTensor is any tensor of a block: its layer and the rest.
+var blkAnyTensor = regexp.MustCompile(`^blk\.(\d+)\.(.+)$`)
+
 // blkRouterBias is deepseek2's score-correction bias of a sigmoid router.
 var blkRouterBias = regexp.MustCompile(`^blk\.(\d+)\.exp_probs_b\.bias$`)
 
@@ -90,7 +93,8 @@ var projBiasKind = map[string]bridge.WeightKind{"q": bridge.WeightQBias, "k": br
 // (it permutes them for "llama"; DeepSeek's checkpoints are interleaved
 // in the rope tails of q and of the latent projection; Qwen models use its
 // NeoX rotation, which is rotate-half).
-var ggufArchitectures = map[string]struct{ interleaved, qkNorm, qkvBias, mla, granite, gemma bool }{
+var ggufArchitectures = map[string]struct{ interleaved, qkNorm, qkvBias, mla, granite, gemma, glm bool }{
+	"glm4moe":   {qkvBias: true, glm: true},
 	"gemma":     {gemma: true},
 	"gemma2":    {gemma: true},
 	"gemma3":    {gemma: true},
@@ -104,7 +108,7 @@ var ggufArchitectures = map[string]struct{ interleaved, qkNorm, qkvBias, mla, gr
 }
 
 // ggufArchitectureNames lists them for messages.
-const ggufArchitectureNames = "deepseek2, gemma, gemma2, gemma3, granite, llama, phi3, qwen2, qwen3, qwen3moe"
+const ggufArchitectureNames = "deepseek2, gemma, gemma2, gemma3, glm4moe, granite, llama, phi3, qwen2, qwen3, qwen3moe"
 
 // parseGGUF parses a GGUF file's header. The parser panics on some
 // corrupt headers (a size product that overflows); that panic is the
@@ -173,6 +177,18 @@ func loadGGUF(path string) (m *Model, err error) {
 		}
 		*f.dst = int(v)
 	}
+	if archInfo.glm {
+		// GLM-4.5: block_count counts the multi-token-prediction layers
+		// too, which the loader skips (model/glm.go).
+		nextn, err := num("nextn_predict_layers", 0, false)
+		if err != nil {
+			return nil, err
+		}
+		if nextn < 0 || nextn != float64(int32(nextn)) || int(nextn) >= shape.NumLayers {
+			return nil, fmt.Errorf("model %s: GGUF metadata %s.nextn_predict_layers = %v is not a count below block_count %d", path, arch, nextn, shape.NumLayers)
+		}
+		shape.NumLayers -= int(nextn)
+	}
 	kvHeads, err := num("attention.head_count_kv", float64(shape.NumHeads), false)
 	if err != nil {
 		return nil, err
@@ -196,7 +212,7 @@ func loadGGUF(path string) (m *Model, err error) {
 		if err := ggufMLA(path, arch, num, kvs, &shape); err != nil {
 			return nil, err
 		}
-	} else if err := ggufHeadDim(path, arch, num, kvs, &shape); err != nil {
+	} else if err := ggufHeadDim(path, arch, num, kvs, &shape, archInfo.glm); err != nil {
 		return nil, err
 	}
 	if af, err := num("rope.scaling.attn_factor", 1, false); err != nil {
@@ -262,8 +278,10 @@ func loadGGUF(path string) (m *Model, err error) {
 	return loadGGUFTensors(path, gf, arch, num, str, shape, int(ctx))
 }
 
-// ggufHeadDim reads a GQA model's head size.
-func ggufHeadDim(path, arch string, num func(string, float64, bool) (float64, error), kvs gguf.GGUFMetadataKVs, shape *bridge.ModelShape) error {
+// ggufHeadDim reads a GQA model's head size (and, where partial says the
+// architecture turns part of each head, a rope.dimension_count below
+// attention.key_length as its partial rotation).
+func ggufHeadDim(path, arch string, num func(string, float64, bool) (float64, error), kvs gguf.GGUFMetadataKVs, shape *bridge.ModelShape, partial bool) error {
 	// The head size: attention.key_length (Qwen3 writes it, and its heads
 	// need not tile the hidden size), else the RoPE dimension, else
 	// hidden / heads. RoPE must rotate the whole head, and V heads must be
@@ -276,8 +294,10 @@ func ggufHeadDim(path, arch string, num func(string, float64, bool) (float64, er
 		return err
 	} else if _, hasRope := kvs.Get(arch + ".rope.dimension_count"); !hasRope {
 		headDim = kl
+	} else if kl != headDim && partial && headDim < kl && int(headDim)%2 == 0 {
+		shape.PartialRotaryDim, headDim = int(headDim), kl
 	} else if kl != headDim {
-		return fmt.Errorf("model %s: attention.key_length %v differs from the RoPE dimension %v (partial RoPE is not supported)", path, kl, headDim)
+		return fmt.Errorf("model %s: attention.key_length %v differs from the RoPE dimension %v (partial RoPE is not supported for %s)", path, kl, headDim, arch)
 	}
 	if vl, err := num("attention.value_length", headDim, false); err != nil || vl != headDim {
 		return fmt.Errorf("model %s: attention.value_length %v differs from the key length %v (unequal K and V heads are not supported)", path, vl, headDim)
@@ -342,6 +362,11 @@ func loadGGUFTensors(path string, gf *gguf.GGUFFile, arch string, num func(strin
 	hasOutput := false
 	longRoPE := ""
 	for _, ti := range gf.TensorInfos {
+		if sm := blkAnyTensor.FindStringSubmatch(ti.Name); archInfo.glm && sm != nil && sm[2] == "attn_q_norm.weight" && atoi(sm[1]) < shape.NumLayers {
+			shape.QKNorm = true // (GLM-4.5 355B has q/k norms, -Air none)
+		}
+	}
+	for _, ti := range gf.TensorInfos {
 		if _, ok := ggufLongRoPE[ti.Name]; ok {
 			orig, err := num("rope.scaling.original_context_length", 0, false)
 			if err != nil {
@@ -356,6 +381,9 @@ func loadGGUFTensors(path string, gf *gguf.GGUFFile, arch string, num func(strin
 	}
 	for _, ti := range gf.TensorInfos {
 		kind, layer, expert, stacked := bridge.WeightKind(-1), -1, 0, false
+		if sm := blkAnyTensor.FindStringSubmatch(ti.Name); archInfo.glm && sm != nil && atoi(sm[1]) >= shape.NumLayers {
+			continue // a multi-token-prediction layer (model/glm.go)
+		}
 		if k, ok := ggufGlobalTensor[ti.Name]; ok {
 			kind = k
 			hasOutput = hasOutput || k == bridge.WeightLMHead
@@ -419,6 +447,9 @@ func loadGGUFTensors(path string, gf *gguf.GGUFFile, arch string, num func(strin
 		rows, cols, start, end, err := tensorSpan(ti, dt, base, align, int64(len(mm)))
 		if err != nil {
 			return nil, fmt.Errorf("model %s: %w", path, err)
+		}
+		if archInfo.glm && kind == bridge.WeightAttnPostNorm {
+			kind = bridge.WeightMLPNorm // GLM's post_attention_norm is the MLP's input norm
 		}
 		t := bridge.WeightTensor{Name: ti.Name, Kind: kind, Layer: layer, Expert: expert, DType: dt, Rows: rows, Cols: cols, Data: mm[start:end:end]}
 		if arch == "phi3" && kind == bridge.WeightUp && rows == 2*int64(shape.IntermediateSize) {
@@ -527,7 +558,7 @@ func (f closerFunc) Close() error { return f() }
 // expert_weights_norm, expert_weights_scale and the expert groups, with
 // leading_dense_block_count dense layers and shared experts.
 func ggufMoE(path, arch string, num func(string, float64, bool) (float64, error), kvs gguf.GGUFMetadataKVs, shape *bridge.ModelShape) error {
-	deepseek := arch == "deepseek2"
+	deepseek := arch == "deepseek2" || arch == "glm4moe" // (GLM-4.5's MoE is DeepSeek-V3's)
 	experts, err := num("expert_count", 0, false)
 	if err != nil {
 		return err
@@ -591,7 +622,11 @@ func ggufMoE(path, arch string, num func(string, float64, bool) (float64, error)
 	if shape.ExpertGroups <= 1 {
 		shape.ExpertGroups, shape.ExpertGroupsUsed = 0, 0 // one group: no limit
 	}
-	gating, err := num("expert_gating_func", 1, false)
+	defGating := 1.0
+	if arch == "glm4moe" {
+		defGating = 2 // sigmoid, llama.cpp's default for it
+	}
+	gating, err := num("expert_gating_func", defGating, false)
 	if err != nil {
 		return err
 	}

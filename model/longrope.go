@@ -82,8 +82,8 @@ func hfPartialRotary(c *hfModelConfig, s *bridge.ModelShape) error {
 		return nil
 	}
 	f := *c.PartialRotary
-	if c.ModelType != "phi3" {
-		return fmt.Errorf("partial_rotary_factor %v: partial RoPE is supported for phi3 only", f)
+	if c.ModelType != "phi3" && c.ModelType != "glm4_moe" {
+		return fmt.Errorf("partial_rotary_factor %v: partial RoPE is supported for phi3 and glm4_moe only", f)
 	}
 	dim := int(float64(s.HeadDim) * f)
 	if !(f > 0 && f < 1) || dim < 2 || dim%2 != 0 {

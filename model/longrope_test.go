@@ -126,7 +126,7 @@ func TestLongRoPERefusals(t *testing.T) {
 			c["original_max_position_embeddings"] = 32
 			c["rope_scaling"] = map[string]any{"type": "longrope", "long_factor": make([]float64, 8), "short_factor": make([]float64, 8)}
 		}), "long_factor[0] = 0"},
-		{"llama partial", writeHF(t, newTinyModel(17, true), hfOptions{config: func(c map[string]any) { c["partial_rotary_factor"] = 0.5 }}), "phi3 only"},
+		{"llama partial", writeHF(t, newTinyModel(17, true), hfOptions{config: func(c map[string]any) { c["partial_rotary_factor"] = 0.5 }}), "phi3 and glm4_moe only"},
 	} {
 		if _, err := Load(c.path); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s: got %v, want an error containing %q", c.name, err, c.want)

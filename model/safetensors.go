@@ -55,6 +55,9 @@ type hfModelConfig struct {
 	// OriginalMaxPositionEmbeddings: Phi-3's first training context
 	// (LongRoPE, model/longrope.go), read at the top level.
 	OriginalMaxPositionEmbeddings int `json:"original_max_position_embeddings"`
+	// GLM-4.5 (model/glm.go).
+	UseQKNorm             bool `json:"use_qk_norm"`
+	NumNextnPredictLayers int  `json:"num_nextn_predict_layers"`
 	// ropeFactors: LongRoPE's chosen divisors as a tensor (not JSON).
 	ropeFactors *bridge.WeightTensor
 	// multimodal: a Gemma 3 image-text checkpoint whose text decoder this
@@ -94,10 +97,10 @@ type hfModelConfig struct {
 }
 
 // hfModelTypes are the config.json model_type values this loader reads.
-var hfModelTypes = map[string]bool{"llama": true, "gemma": true, "gemma2": true, "gemma3_text": true, "gemma3": true, "granite": true, "mistral": true, "phi3": true, "qwen2": true, "qwen3": true, "qwen3_moe": true, "mixtral": true,
+var hfModelTypes = map[string]bool{"llama": true, "glm4_moe": true, "gemma": true, "gemma2": true, "gemma3_text": true, "gemma3": true, "granite": true, "mistral": true, "phi3": true, "qwen2": true, "qwen3": true, "qwen3_moe": true, "mixtral": true,
 	"deepseek_v2": true, "deepseek_v3": true, "kimi_k2": true}
 
-const hfModelTypeNames = "deepseek_v2, deepseek_v3, gemma, gemma2, gemma3 (its text decoder), gemma3_text, granite, kimi_k2, llama, mistral, mixtral, phi3, qwen2, qwen3, qwen3_moe"
+const hfModelTypeNames = "deepseek_v2, deepseek_v3, gemma, gemma2, gemma3 (its text decoder), gemma3_text, glm4_moe, granite, kimi_k2, llama, mistral, mixtral, phi3, qwen2, qwen3, qwen3_moe"
 
 // hfDeepSeek reports whether a model_type is DeepSeek's architecture.
 func hfDeepSeek(t string) bool { return t == "deepseek_v2" || t == "deepseek_v3" || t == "kimi_k2" }
@@ -138,6 +141,9 @@ var hfGlobalTensor = map[string]bridge.WeightKind{
 }
 
 var hfLayerName = regexp.MustCompile(`^model\.layers\.(\d+)\.(.+)\.weight$`)
+
+// hfAnyLayer is any tensor of a layer.
+var hfAnyLayer = regexp.MustCompile(`^model\.layers\.(\d+)\.`)
 
 // hfProjBias is a q, k or v projection's bias (Qwen2).
 var hfProjBias = regexp.MustCompile(`^model\.layers\.(\d+)\.self_attn\.([qkv])_proj\.bias$`)
@@ -183,7 +189,7 @@ func hfShape(dir string) (bridge.ModelShape, hfModelConfig, error) {
 	if c.HiddenAct != "" && c.HiddenAct != "silu" && !hfGemma(c.ModelType) {
 		return bad("hidden_act %q is not supported (Llama uses silu)", c.HiddenAct)
 	}
-	if c.AttentionBias || c.MLPBias {
+	if (c.AttentionBias && c.ModelType != "glm4_moe") || c.MLPBias {
 		return bad("attention_bias / mlp_bias are not supported")
 	}
 	if c.NumKeyValueHeads == 0 {
@@ -202,7 +208,7 @@ func hfShape(dir string) (bridge.ModelShape, hfModelConfig, error) {
 		s.HeadDim = c.HiddenSize / c.NumAttentionHeads
 	}
 	qwen3 := c.ModelType == "qwen3" || c.ModelType == "qwen3_moe"
-	if c.HeadDim != 0 && (qwen3 || c.ModelType == "llama" || c.ModelType == "mistral") {
+	if c.HeadDim != 0 && (qwen3 || c.ModelType == "llama" || c.ModelType == "mistral" || c.ModelType == "glm4_moe") {
 		s.HeadDim = c.HeadDim // the heads need not tile the hidden size (Qwen3, Mistral NeMo)
 	}
 	if c.ModelType == "granite" {
@@ -211,8 +217,10 @@ func hfShape(dir string) (bridge.ModelShape, hfModelConfig, error) {
 	} else if c.EmbeddingMultiplier != 0 || c.ResidualMultiplier != 0 || c.AttentionMultiplier != 0 || c.LogitsScaling != 0 {
 		return bad("embedding_multiplier, residual_multiplier, attention_multiplier and logits_scaling are Granite's (model_type granite), not %s's", c.ModelType)
 	}
-	if err := hfPartialRotary(&c, &s); err != nil {
-		return bad("%v", err)
+	if c.ModelType != "glm4_moe" { // (glm.go reads it after its head_dim)
+		if err := hfPartialRotary(&c, &s); err != nil {
+			return bad("%v", err)
+		}
 	}
 	if (c.ModelType == "mistral" || c.ModelType == "phi3") && len(c.SlidingWindow) > 0 && string(c.SlidingWindow) != "null" {
 		// Mistral 7B v0.1 attends to the last 4096 positions only, Phi-3
@@ -249,6 +257,11 @@ func hfShape(dir string) (bridge.ModelShape, hfModelConfig, error) {
 	}
 	if hfDeepSeek(c.ModelType) {
 		if err := hfDeepSeekShape(&c, &s); err != nil {
+			return bad("%v", err)
+		}
+	}
+	if c.ModelType == "glm4_moe" {
+		if err := hfGlm4MoeShape(&c, &s); err != nil {
 			return bad("%v", err)
 		}
 	}
@@ -361,8 +374,15 @@ func hfDeepSeekShape(c *hfModelConfig, s *bridge.ModelShape) error {
 	s.KVLoraRank, s.QKNopeHeadDim, s.QKRopeHeadDim, s.VHeadDim = c.KVLoraRank, c.QKNopeHeadDim, c.QKRopeHeadDim, c.VHeadDim
 	s.HeadDim = c.QKNopeHeadDim + c.QKRopeHeadDim
 	s.NumKVHeads = s.NumHeads
+	return hfDeepSeekMoE(c, s)
+}
+
+// hfDeepSeekMoE reads DeepSeek's mixture-of-experts fields (the ones GLM-4.5
+// shares): leading dense layers, routed and shared experts, the router's
+// scoring, top-k method with groups, renormalisation and scaling.
+func hfDeepSeekMoE(c *hfModelConfig, s *bridge.ModelShape) error {
 	if c.NRoutedExperts == 0 {
-		return nil // a dense DeepSeek model
+		return nil // a dense model
 	}
 	s.NumExperts, s.NumExpertsPerTok, s.MoEIntermediateSize = c.NRoutedExperts, c.NumExpertsPerTok, c.MoEIntermediateSize
 	s.NumSharedExperts, s.FirstDenseLayers = c.NSharedExperts, c.FirstKDenseReplace
@@ -485,6 +505,11 @@ func loadHF(dir string) (m *Model, err error) {
 				var skip bool
 				if name, skip = gemma3TextName(name); skip {
 					continue // the vision tower: this loader serves text
+				}
+			}
+			if sm := hfAnyLayer.FindStringSubmatch(name); sm != nil && cfg.NumNextnPredictLayers > 0 {
+				if l := atoi(sm[1]); l >= shape.NumLayers && l < shape.NumLayers+cfg.NumNextnPredictLayers {
+					continue // a multi-token-prediction layer (GLM-4.5; model/glm.go)
 				}
 			}
 			kind, layer, expert := bridge.WeightKind(-1), -1, 0

@@ -32,7 +32,7 @@ func TestMoECheckpointDigestAcrossRanks(t *testing.T) {
 	}
 	require.NoError(t, os.WriteFile(prompts, []byte(strings.Join(lines, "\n")+"\n"), 0o644))
 	dense := []string{"qwen2", "granite", "gemma2", "gemma3", "phi3-longrope"}
-	for _, arch := range append([]string{"qwen3moe", "mixtral", "deepseek2", "deepseek2-lite"}, dense...) {
+	for _, arch := range append([]string{"qwen3moe", "mixtral", "deepseek2", "deepseek2-lite", "glm4moe"}, dense...) {
 		t.Run(arch, func(t *testing.T) {
 			args := []string{"--engine", "cpu", "--model", filepath.Join("testdata", "moe", arch+".gguf"), "--prompts", prompts}
 			one := moeServe(t, bin, append(args, "--ranks", "1")...)

@@ -62,7 +62,7 @@ type moeReference struct {
 // logits to one engine (for the dense Qwen3: four engines, each with a
 // quarter of the prompts).
 func TestMoEAgainstLlamaCPP(t *testing.T) {
-	for _, arch := range []string{"qwen3moe", "mixtral", "qwen3", "qwen2", "phi3", "phi3-longrope", "granite", "deepseek2", "deepseek2-lite", "deepseek2-yarn"} {
+	for _, arch := range []string{"qwen3moe", "mixtral", "qwen3", "qwen2", "phi3", "phi3-longrope", "granite", "deepseek2", "deepseek2-lite", "deepseek2-yarn", "glm4moe"} {
 		t.Run(arch, func(t *testing.T) {
 			raw, err := os.ReadFile(filepath.Join("testdata", "moe", arch+".reference.json"))
 			require.NoError(t, err)
@@ -77,7 +77,7 @@ func TestMoEAgainstLlamaCPP(t *testing.T) {
 			require.Equal(t, arch == "granite", m.Shape.LogitScale == 16 && m.Shape.EmbeddingScale == 12 && m.Shape.ResidualScale == 0.22 && m.Shape.AttentionScale == 0.125,
 				"%s: Granite's multipliers %+v", ref.Model, m.Shape)
 			require.True(t, m.Shape.QKNorm == strings.HasPrefix(arch, "qwen3"), "%s: q/k norms", ref.Model)
-			require.True(t, m.Shape.QKVBias == (arch == "qwen2"), "%s: q/k/v biases", ref.Model)
+			require.True(t, m.Shape.QKVBias == (arch == "qwen2" || arch == "glm4moe"), "%s: q/k/v biases", ref.Model)
 			for _, p := range ref.Prompts {
 				require.Equal(t, p.PromptIDs, m.Tokenizer.Encode(p.Text, model.EncodeOptions{}), "%s: prompt token ids", p.Name)
 			}

@@ -46,6 +46,11 @@ Architectures (each file is a few hundred KB; the gemma ones are dense):
   gemma3    general.architecture gemma3: 6 layers, 0-4 sliding (window 8, rope
             base 10000), 5 global (rope base 1e6, linear scaling factor 8),
             per-head q/k norms, post norms, no soft-capping
+  glm4moe   general.architecture glm4moe (GLM-4.5-Air-like): 2 trunk layers + 1 MTP (nextn) layer
+            (block_count 3, nextn_predict_layers 1; llama.cpp skips the MTP layer), 4 heads / 2 KV
+            heads of 16 (heads x head_dim = 64 != hidden 32), q/k/v biases, no q/k norms, NeoX
+            RoPE on 8 of 16 channels (partial_rotary_factor 0.5), layer 0 dense, layer 1: 8 experts
+            top-2, 1 shared expert, sigmoid gating + exp_probs_b, norm, scale 2.5; untied output
 
 For the deepseek2 files the script also runs an independent float64 numpy
 forward written from Hugging Face's DeepSeek-V2/V3 modeling code (kv_b_proj
@@ -58,6 +63,10 @@ Gemma / Gemma2 / Gemma3 code (exact tanh GELU, where llama.cpp's CPU GELU reads
 an fp16 table and is off by ~1e-3) on llama.cpp's token path, stores its top-5
 per step as "f64_top", and prints its largest |logit - llama.cpp|, how often the
 soft caps bite and what the window / caps / rope scaling change (stderr).
+For glm4moe it runs a float64 numpy forward written from Hugging Face's GLM-4.5 code (modeling_glm4_moe.py)
+and prints its largest |logit - llama.cpp|, llama.cpp's n_layer / n_layer_nextn, then reruns llama.cpp on
+temporary copies (q/k/v biases zeroed, full rotation, exp_probs_b zeroed, the MTP layer's tensors perturbed)
+and prints how far each moves the stored top-5 logits over every prompt (stderr).
 For phi3-longrope it runs a float64 numpy forward written from Hugging Face's Phi-3 LongRoPE code and
 prints its largest |logit - llama.cpp|, then reruns llama.cpp on temporary copies (short factors, no
 factors, attn_factor 1, full rotation) and prints how far each moves the long prompt's top-5 (stderr).
@@ -75,7 +84,7 @@ flash attention off, so every operation is float32 (F32 weights: no activation
 quantisation).
 
 Usage: see scripts/reference/README.md ("MoE checkpoints", "DeepSeek (MLA) checkpoints", "Gemma checkpoints",
-"Phi-3 LongRoPE checkpoint");
+"Phi-3 LongRoPE checkpoint", "GLM-4.5 checkpoint");
 --arch NAME (repeatable) or --archs a,b,c writes only those files.
 """
 
@@ -159,6 +168,20 @@ DEEPSEEK = {
 DEEPSEEK["deepseek2-yarn"] = dict(DEEPSEEK["deepseek2"], rope_scaling=dict(
     type="yarn", factor=4.0, original_max_position_embeddings=32, mscale=1.0, mscale_all_dim=1.0,
     beta_fast=32.0, beta_slow=1.0))
+
+# GLM-4.5 (general.architecture glm4moe), shaped like GLM-4.5-Air. Field names follow Hugging Face's
+# config.json (Glm4MoeConfig): num_hidden_layers (here "layers") counts the trunk only; the converter
+# (conversion/glm.py: Glm4MoeModel) adds the num_nextn_predict_layers MTP layers to block_count and
+# writes them as ordinary blocks plus the blk.N.nextn.* tensors. No n_group / topk_group (GLM-4.5-Air's
+# are 1 / 1, a no-op), no q/k norms (GLM-4.5-Air has none), untied lm_head.
+GLM = {
+    "glm4moe": dict(arch="glm4moe", layers=2, num_nextn_predict_layers=1, hidden=32, heads=4, kv_heads=2,
+                    head_dim=16, partial_rotary_factor=0.5, attention_bias=True, use_qk_norm=False,
+                    first_k_dense_replace=1, intermediate_size=64, n_routed_experts=8, num_experts_per_tok=2,
+                    moe_intermediate_size=8, n_shared_experts=1, norm_topk_prob=True,
+                    routed_scaling_factor=2.5, context_length=512, theta=1000000.0, eps=1e-5, tied=False,
+                    seed=29011),
+}
 
 # Gemma family (dense, written by write_gguf): tied embeddings, GeGLU with the tanh GELU, the
 # embedding x sqrt(hidden), norm gains stored as the converter stores them (1 + w). Field names past
@@ -676,6 +699,306 @@ def check_deepseek(cfg, W, prompts):
     return worst
 
 
+def glm_weights(cfg):
+    """Random float32 weights in Hugging Face's Glm4MoeForCausalLM layout ([out][in] linear layers, experts
+    unstacked as the checkpoint has them but kept as one (E, ...) array each), keyed by the HF parameter name
+    without the "model." prefix. Layers from num_hidden_layers on are the MTP (nextn) layers: an ordinary
+    decoder block (always MoE here) plus embed_tokens, enorm, hnorm, eh_proj and shared_head.{norm,head}."""
+    rng = np.random.default_rng(cfg["seed"])
+    V, H, NH, NKV, D = len(tokenizer()[0]), cfg["hidden"], cfg["heads"], cfg["kv_heads"], cfg["head_dim"]
+    E, F, S, L = cfg["n_routed_experts"], cfg["moe_intermediate_size"], cfg["n_shared_experts"], cfg["layers"]
+
+    def mat(rows, cols, scale=None):
+        s = 1.0 / np.sqrt(cols) if scale is None else scale
+        return (rng.standard_normal((rows, cols)) * s).astype(np.float32)
+
+    def gain(n):
+        return (1.0 + 0.25 * rng.standard_normal(n)).astype(np.float32)
+
+    W = {"embed_tokens.weight": mat(V, H, 1.0)}
+    for l in range(L + cfg["num_nextn_predict_layers"]):
+        p = f"layers.{l}."
+        if l >= L:
+            # The MTP block's input: its own embedding of the next token, RMSNorms of that embedding and
+            # of the trunk's last hidden state, and eh_proj of the two concatenated back to hidden.
+            W[p + "embed_tokens.weight"] = mat(V, H, 1.0)
+            W[p + "enorm.weight"] = gain(H)
+            W[p + "hnorm.weight"] = gain(H)
+            W[p + "eh_proj.weight"] = mat(H, 2 * H)
+        W[p + "input_layernorm.weight"] = gain(H)
+        for n, rows in (("q", NH * D), ("k", NKV * D), ("v", NKV * D)):
+            W[p + f"self_attn.{n}_proj.weight"] = mat(rows, H)
+            # attention_bias: biases of unit scale, so that they move every logit.
+            W[p + f"self_attn.{n}_proj.bias"] = rng.standard_normal(rows).astype(np.float32)
+        W[p + "self_attn.o_proj.weight"] = mat(H, NH * D)
+        W[p + "post_attention_layernorm.weight"] = gain(H)
+        if l < cfg["first_k_dense_replace"]:
+            FF = cfg["intermediate_size"]
+            W[p + "mlp.gate_proj.weight"] = mat(FF, H)
+            W[p + "mlp.up_proj.weight"] = mat(FF, H)
+            W[p + "mlp.down_proj.weight"] = mat(H, FF)
+        else:
+            # Router logits of unit scale (sigmoid scores over ~(0.2, 0.8)); a non-negative correction
+            # bias of up to 0.2, enough to change the chosen pair of experts for many tokens.
+            W[p + "mlp.gate.weight"] = mat(E, H)
+            W[p + "mlp.gate.e_score_correction_bias"] = rng.uniform(0.0, 0.2, E).astype(np.float32)
+            W[p + "mlp.experts.gate_proj.weight"] = (rng.standard_normal((E, F, H)) / np.sqrt(H)).astype(np.float32)
+            W[p + "mlp.experts.up_proj.weight"] = (rng.standard_normal((E, F, H)) / np.sqrt(H)).astype(np.float32)
+            W[p + "mlp.experts.down_proj.weight"] = (rng.standard_normal((E, H, F)) / np.sqrt(F)).astype(np.float32)
+            W[p + "mlp.shared_experts.gate_proj.weight"] = mat(S * F, H)
+            W[p + "mlp.shared_experts.up_proj.weight"] = mat(S * F, H)
+            W[p + "mlp.shared_experts.down_proj.weight"] = mat(H, S * F)
+        if l >= L:
+            W[p + "shared_head.norm.weight"] = gain(H)
+            W[p + "shared_head.head.weight"] = mat(V, H, 3.0 / np.sqrt(H))
+    W["norm.weight"] = gain(H)
+    # Logits spread over several units so that near ties are rare.
+    W["lm_head.weight"] = mat(V, H, 3.0 / np.sqrt(H))
+    return W
+
+
+def write_glm_gguf(path, cfg, W, name):
+    """The GGUF that llama.cpp's converter (conversion/glm.py: Glm4MoeModel over
+    conversion/base.py: TextModel.set_gguf_parameters) writes for these weights, with this script's
+    byte-level tokenizer instead of GLM's: block_count = trunk + MTP layers, nextn_predict_layers,
+    rope.dimension_count = head_dim * partial_rotary_factor, no Q/K row permutation (NeoX RoPE),
+    post_attention_layernorm stored as blk.N.post_attention_norm, the experts stacked."""
+    import gguf
+    tokens, types, merges, eos = tokenizer()
+    V, H, NH, NKV, D = len(tokens), cfg["hidden"], cfg["heads"], cfg["kv_heads"], cfg["head_dim"]
+    L, N = cfg["layers"], cfg["num_nextn_predict_layers"]
+
+    w = gguf.GGUFWriter(path, cfg["arch"])
+    w.add_name(name)
+    # TextModel.set_gguf_parameters
+    w.add_block_count(L + N)
+    w.add_context_length(cfg["context_length"])
+    w.add_embedding_length(H)
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(NH)
+    w.add_head_count_kv(NKV)
+    w.add_rope_freq_base(cfg["theta"])
+    w.add_layer_norm_rms_eps(cfg["eps"])
+    w.add_expert_count(cfg["n_routed_experts"])  # (Glm4MoeModel writes it again, same value)
+    w.add_expert_used_count(cfg["num_experts_per_tok"])
+    w.add_key_length(D)  # head_dim: heads x head_dim = 64 != hidden 32
+    w.add_value_length(D)
+    w.add_file_type(0)  # ALL_F32
+    # Glm4MoeModel.set_gguf_parameters
+    w.add_rope_dimension_count(int(D * cfg["partial_rotary_factor"]))
+    w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
+    w.add_expert_shared_count(cfg["n_shared_experts"])
+    w.add_leading_dense_block_count(cfg["first_k_dense_replace"])
+    w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+    w.add_expert_weights_scale(cfg["routed_scaling_factor"])
+    w.add_expert_weights_norm(cfg["norm_topk_prob"])
+    w.add_nextn_predict_layers(N)
+    w.add_vocab_size(V)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("smollm")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    w.add_bos_token_id(eos)
+    w.add_eos_token_id(eos)
+    w.add_add_bos_token(False)
+
+    # numpy shape (rows, cols) is GGUF ne (cols, rows).
+    w.add_tensor("token_embd.weight", W["embed_tokens.weight"])
+    for l in range(L + N):
+        p, b = f"layers.{l}.", f"blk.{l}."
+        w.add_tensor(b + "attn_norm.weight", W[p + "input_layernorm.weight"])
+        for n in "qkv":
+            w.add_tensor(b + f"attn_{n}.weight", W[p + f"self_attn.{n}_proj.weight"])
+            w.add_tensor(b + f"attn_{n}.bias", W[p + f"self_attn.{n}_proj.bias"])
+        w.add_tensor(b + "attn_output.weight", W[p + "self_attn.o_proj.weight"])
+        # GLM4_MOE's tensor list has ATTN_POST_NORM, not FFN_NORM: the MLP's input norm.
+        w.add_tensor(b + "post_attention_norm.weight", W[p + "post_attention_layernorm.weight"])
+        if l < cfg["first_k_dense_replace"]:
+            for g in ("gate", "up", "down"):
+                w.add_tensor(b + f"ffn_{g}.weight", W[p + f"mlp.{g}_proj.weight"])
+        else:
+            w.add_tensor(b + "ffn_gate_inp.weight", W[p + "mlp.gate.weight"])
+            w.add_tensor(b + "exp_probs_b.bias", W[p + "mlp.gate.e_score_correction_bias"])
+            # Glm4MoeModel.modify_tensors stacks the experts down, gate, up
+            for g in ("down", "gate", "up"):
+                w.add_tensor(b + f"ffn_{g}_exps.weight", W[p + f"mlp.experts.{g}_proj.weight"])
+            for g in ("gate", "up", "down"):
+                w.add_tensor(b + f"ffn_{g}_shexp.weight", W[p + f"mlp.shared_experts.{g}_proj.weight"])
+        if l >= L:
+            w.add_tensor(b + "nextn.eh_proj.weight", W[p + "eh_proj.weight"])
+            w.add_tensor(b + "nextn.embed_tokens.weight", W[p + "embed_tokens.weight"])
+            w.add_tensor(b + "nextn.enorm.weight", W[p + "enorm.weight"])
+            w.add_tensor(b + "nextn.hnorm.weight", W[p + "hnorm.weight"])
+            w.add_tensor(b + "nextn.shared_head_head.weight", W[p + "shared_head.head.weight"])
+            w.add_tensor(b + "nextn.shared_head_norm.weight", W[p + "shared_head.norm.weight"])
+    w.add_tensor("output_norm.weight", W["norm.weight"])
+    w.add_tensor("output.weight", W["lm_head.weight"])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def glm_hf_forward(cfg, W, ids, stats=None):
+    """float64 logits [len(ids), vocab] computed as Hugging Face's GLM-4.5 modeling code does
+    (transformers' modeling_glm4_moe.py, Glm4MoeForCausalLM): q/k/v projections with biases, rotate_half
+    RoPE on the first head_dim * partial_rotary_factor channels of each head (the rest passed through),
+    inv_freq = 1 / theta^(2i / rotary_dim), Glm4MoeTopkRouter (sigmoid scores, top-k of scores +
+    e_score_correction_bias, weights = the unbiased scores, / (sum + 1e-20), x routed_scaling_factor) +
+    the shared expert; the MTP layers (index >= num_hidden_layers) take no part. A check on llama.cpp,
+    not a fixture."""
+    assert not cfg["use_qk_norm"]
+    W = {k: v.astype(np.float64) for k, v in W.items()}
+    T, NH, NKV, D, eps = len(ids), cfg["heads"], cfg["kv_heads"], cfg["head_dim"], cfg["eps"]
+    E, K = cfg["n_routed_experts"], cfg["num_experts_per_tok"]
+    R = int(D * cfg["partial_rotary_factor"])
+    inv_freq = 1.0 / cfg["theta"] ** (np.arange(0, R, 2) / R)
+    ang = np.arange(T)[:, None] * inv_freq[None, :]
+    emb = np.concatenate([ang, ang], axis=-1)
+    cos, sin = np.cos(emb), np.sin(emb)
+
+    def rms(x, g):
+        return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * g
+
+    def mlp(x, g, u, d):
+        a = x @ g.T
+        return (a / (1.0 + np.exp(-a)) * (x @ u.T)) @ d.T
+
+    def rope(x):  # x [heads, T, D]
+        xr, xp = x[..., :R], x[..., R:]
+        rot = np.concatenate([-xr[..., R // 2:], xr[..., :R // 2]], axis=-1)
+        return np.concatenate([xr * cos + rot * sin, xp], axis=-1)
+
+    mask = np.triu(np.full((T, T), -np.inf), 1)
+    x = W["embed_tokens.weight"][np.asarray(ids)]
+    for l in range(cfg["layers"]):
+        p = f"layers.{l}."
+        h = rms(x, W[p + "input_layernorm.weight"])
+        q, k, v = ((h @ W[p + f"self_attn.{n}_proj.weight"].T + W[p + f"self_attn.{n}_proj.bias"])
+                   .reshape(T, nh, D).transpose(1, 0, 2) for n, nh in (("q", NH), ("k", NKV), ("v", NKV)))
+        q, k = rope(q), rope(k)
+        k, v = np.repeat(k, NH // NKV, axis=0), np.repeat(v, NH // NKV, axis=0)
+        a = q @ k.transpose(0, 2, 1) * D ** -0.5 + mask
+        a = np.exp(a - a.max(-1, keepdims=True))
+        a /= a.sum(-1, keepdims=True)
+        x = x + (a @ v).transpose(1, 0, 2).reshape(T, NH * D) @ W[p + "self_attn.o_proj.weight"].T
+        h = rms(x, W[p + "post_attention_layernorm.weight"])
+        if l < cfg["first_k_dense_replace"]:
+            x = x + mlp(h, W[p + "mlp.gate_proj.weight"], W[p + "mlp.up_proj.weight"], W[p + "mlp.down_proj.weight"])
+            continue
+        scores = 1.0 / (1.0 + np.exp(-(h @ W[p + "mlp.gate.weight"].T)))
+        idx = np.argsort(-(scores + W[p + "mlp.gate.e_score_correction_bias"]), axis=-1, kind="stable")[:, :K]
+        wts = np.take_along_axis(scores, idx, axis=-1)
+        if cfg["norm_topk_prob"]:
+            wts = wts / (wts.sum(-1, keepdims=True) + 1e-20)
+        wts = wts * cfg["routed_scaling_factor"]
+        if stats is not None:
+            plain = np.argsort(-scores, axis=-1, kind="stable")[:, :K]
+            stats["routings"] = stats.get("routings", 0) + T
+            stats["bias_changed"] = stats.get("bias_changed", 0) + int(
+                (~(np.sort(plain, -1) == np.sort(idx, -1)).all(-1)).sum())
+        out = np.zeros_like(h)
+        gE, uE, dE = (W[p + f"mlp.experts.{n}_proj.weight"] for n in ("gate", "up", "down"))
+        for t in range(T):
+            for j in range(K):
+                e = idx[t, j]
+                out[t] += wts[t, j] * mlp(h[t], gE[e], uE[e], dE[e])
+        out += mlp(h, W[p + "mlp.shared_experts.gate_proj.weight"], W[p + "mlp.shared_experts.up_proj.weight"],
+                   W[p + "mlp.shared_experts.down_proj.weight"])
+        x = x + out
+    return rms(x, W["norm.weight"]) @ W["lm_head.weight"].T
+
+
+def check_glm(cfg, W, path, prompts):
+    """Prints (stderr only) the largest |float64 HF-convention logit - llama.cpp logit| over llama.cpp's
+    top-5 on every prompt, the gaps and routing statistics, llama.cpp's layer counts, then how far the
+    stored top-5 tokens' logits move (all prompts, on llama.cpp's token path) when llama.cpp runs
+    temporary copies without the q/k/v biases, with full rotation, without exp_probs_b, or with the
+    MTP layer's tensors perturbed (which llama.cpp does not load: nothing may change)."""
+    import tempfile
+    import llama_cpp
+    L = cfg["layers"]
+    seqs = [pr["prompt_ids"] + pr["tokens"][:-1] for pr in prompts]
+    worst, agree, steps, stats = 0.0, 0, 0, {}
+    for pr, seq in zip(prompts, seqs):
+        lg = glm_hf_forward(cfg, W, seq, stats)
+        n = len(pr["prompt_ids"])
+        for k, top in enumerate(pr["top"]):
+            row = lg[n - 1 + k]
+            worst = max(worst, max(abs(row[t] - v) for t, v in top))
+            steps += 1
+            order = np.argsort(-row, kind="stable")
+            if int(order[0]) == pr["tokens"][k]:
+                agree += 1
+            else:
+                print(f"  f64 check: {pr['name']} step {k}: argmax {int(order[0])} != llama.cpp {pr['tokens'][k]} "
+                      f"(llama.cpp gap {pr['gap'][k]:.2e})", file=sys.stderr)
+    print(f"  float64 HF-convention forward vs llama.cpp: max |logit diff| over llama.cpp's top-5 {worst:.2e}; "
+          f"f64 argmax == llama.cpp token at {agree}/{steps} steps; exp_probs_b changed the chosen experts in "
+          f"{stats['bias_changed']}/{stats['routings']} (token x MoE layer) routings", file=sys.stderr)
+    gaps = [g for pr in prompts for g in pr["gap"]]
+    top1 = [top[0][1] for pr in prompts for top in pr["top"]]
+    spread = [top[0][1] - top[-1][1] for pr in prompts for top in pr["top"]]
+    print(f"  gaps: min {min(gaps):.2e}, {sum(g < 1e-2 for g in gaps)}/{len(gaps)} below 1e-2, "
+          f"{sum(g < 1e-3 for g in gaps)} below 1e-3; top-1 logits {min(top1):.2f}..{max(top1):.2f}, "
+          f"top-1 - top-5 {min(spread):.2f}..{max(spread):.2f} (median {np.median(spread):.2f})", file=sys.stderr)
+
+    llm = open_llama(path)
+    print(f"  llama.cpp: n_layer {llama_cpp.llama_model_n_layer(llm.model)}, n_layer_nextn "
+          f"{llama_cpp.llama_model_n_layer_nextn(llm.model)} (block_count {L + cfg['num_nextn_predict_layers']})",
+          file=sys.stderr)
+    llm.close()
+
+    def llama_rows(p):
+        llm = open_llama(p)
+        rows = []
+        for seq in seqs:
+            llm.reset()
+            llm.eval(seq)
+            rows.append(np.array(llm.scores[:len(seq)], dtype=np.float64))
+        llm.close()
+        return rows
+
+    cols = [(i, len(pr["prompt_ids"]) - 1 + k, t) for i, pr in enumerate(prompts)
+            for k, top in enumerate(pr["top"]) for t, _ in top]
+
+    def diff(a, b):
+        return max(abs(a[i][r, t] - b[i][r, t]) for i, r, t in cols)
+
+    def flips(rows):
+        return sum(int(np.argmax(rows[i][len(pr["prompt_ids"]) - 1 + k])) != tok
+                   for i, pr in enumerate(prompts) for k, tok in enumerate(pr["tokens"]))
+
+    base = llama_rows(path)
+    stored = max(abs(base[i][len(pr["prompt_ids"]) - 1 + k, t] - v) for i, pr in enumerate(prompts)
+                 for k, top in enumerate(pr["top"]) for t, v in top)
+    print(f"  one-batch llama.cpp runs vs the stored token-by-token runs: {stored:.2e}", file=sys.stderr)
+
+    def mtp(key):
+        return key.startswith("layers.") and int(key.split(".")[1]) >= L
+
+    noise = np.random.default_rng(cfg["seed"] + 1)
+    variants = [
+        ("q/k/v biases zeroed", cfg,
+         {k: np.zeros_like(v) if k.endswith("_proj.bias") else v for k, v in W.items()}),
+        ("rope.dimension_count 16 (full rotation)", dict(cfg, partial_rotary_factor=1.0), W),
+        ("exp_probs_b zeroed", cfg,
+         {k: np.zeros_like(v) if k.endswith("e_score_correction_bias") else v for k, v in W.items()}),
+        (f"MTP layer's tensors perturbed (+ N(0, 1) noise on every blk.{L}.* tensor)", cfg,
+         {k: (v + noise.standard_normal(v.shape)).astype(np.float32) if mtp(k) else v for k, v in W.items()}),
+    ]
+    with tempfile.TemporaryDirectory() as tmp:
+        for what, vcfg, vW in variants:
+            p = os.path.join(tmp, "variant.gguf")
+            write_glm_gguf(p, vcfg, vW, os.path.splitext(os.path.basename(path))[0])
+            rows = llama_rows(p)
+            ref64 = [glm_hf_forward(vcfg, vW, seq) for seq in seqs]
+            print(f"  {what}: max |top-5 logit change| {diff(rows, base):.4g}, greedy tokens changed "
+                  f"{flips(rows)}/{steps}; llama.cpp vs the float64 forward with the same change "
+                  f"{diff(rows, ref64):.2e}", file=sys.stderr)
+
+
 def gemma_hf_forward(cfg, W, ids, stats=None):
     """float64 logits [len(ids), vocab] computed as Hugging Face's Gemma / Gemma2 / Gemma3 modeling code
     does (modeling_gemma.py, modeling_gemma2.py, modeling_gemma3.py), from the GGUF tensors: the
@@ -968,7 +1291,7 @@ def continuations(llm, prompts, add_bos=False, special=False):
 
 def main():
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    names = sorted(ARCHS) + sorted(GEMMA) + sorted(DEEPSEEK)
+    names = sorted(ARCHS) + sorted(GEMMA) + sorted(DEEPSEEK) + sorted(GLM)
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out-dir", default=os.path.join(root, "tests", "testdata", "moe"))
     ap.add_argument("--arch", action="append", choices=names, help="default: all")
@@ -983,12 +1306,15 @@ def main():
     import gguf
     import llama_cpp
     for name in chosen or names:
-        cfg = ARCHS.get(name) or GEMMA.get(name) or DEEPSEEK[name]
+        cfg = ARCHS.get(name) or GEMMA.get(name) or DEEPSEEK.get(name) or GLM[name]
         path = os.path.join(args.out_dir, name + ".gguf")
         print(f"{name}: writing {path}", file=sys.stderr)
         if name in DEEPSEEK:
             W = deepseek_weights(cfg)
             write_deepseek_gguf(path, cfg, W)
+        elif name in GLM:
+            W = glm_weights(cfg)
+            write_glm_gguf(path, cfg, W, name)
         else:
             W = write_gguf(path, cfg)
         prompts = run_llama(path)
@@ -998,6 +1324,8 @@ def main():
             check_gemma(cfg, W, prompts)
         if cfg.get("longrope"):
             check_longrope(cfg, W, path, prompts)
+        if name in GLM:
+            check_glm(cfg, W, path, prompts)
         ref = {
             "model": name + ".gguf",
             "architecture": cfg["arch"],
@@ -1018,6 +1346,10 @@ def main():
                 "512, more than rope.scaling.original_context_length 64: llama.cpp rotates by rope_factors_long "
                 "(at a context of at most 64 it would take rope_factors_short); cos and sin times "
                 "rope.scaling.attn_factor")
+        if name in GLM:
+            ref["conventions"]["mtp"] = (
+                "block_count 3 includes 1 MTP (nextn) layer, blk.2 with its blk.2.nextn.* tensors, which llama.cpp "
+                "does not load (nextn_predict_layers 1; n_layer 2): the logits are the 2 trunk layers' alone")
         if name in GEMMA:
             ref["conventions"]["f64_top"] = (
                 "per step, the top-5 [token, logit] of the float64 numpy forward written from Hugging Face's "
