@@ -128,3 +128,43 @@ func TestCrossFormatGlm4Moe(t *testing.T) {
 		}
 	}
 }
+
+// GLM's GGUF pre-tokenisers (llama.cpp's glm4/glm5, CHATGLM4's regex: Llama
+// 3's, with the contractions spelled out in ASCII) split the fixture's
+// 1 154 texts as llama-bpe does (the `tokenizers` library splits them so
+// too with CHATGLM4's regex), and their vocabularies have no BOS, as
+// llama.cpp gives them none, whatever the file says.
+func TestGlmPreTokenizer(t *testing.T) {
+	k, err := lookupPre("glm4")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, c := range readJSONL[pretokCase](t, "testdata/pretok_cases.jsonl") {
+		if c.Pre != "llama-bpe" {
+			continue
+		}
+		var got []string
+		k.split(c.Text, func(s string) { got = append(got, s) })
+		if strings.Join(got, "\x00") != strings.Join(c.Pieces, "\x00") {
+			t.Fatalf("glm4 %q: %q, want %q", c.Text, got, c.Pieces)
+		}
+		n++
+	}
+	if n != 1154 {
+		t.Fatalf("%d llama-bpe cases", n)
+	}
+	m := newTinyModel(81, true)
+	m.addBOS = true
+	tok := loadOK(t, writeGGUF(t, m, ggufOptions{kvs: func(kvs []ggufKV) []ggufKV {
+		for i := range kvs {
+			if kvs[i].key == "tokenizer.ggml.pre" {
+				kvs[i].val = "glm4"
+			}
+		}
+		return kvs
+	}})).Tokenizer
+	if tok.BOS() != -1 || len(tok.Encode("hi", EncodeOptions{AddSpecial: true})) != len(tok.Encode("hi", EncodeOptions{})) {
+		t.Fatalf("a glm4 vocabulary has BOS %d", tok.BOS())
+	}
+}

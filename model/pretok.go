@@ -59,10 +59,17 @@ var preNames = map[string]preKind{
 	"pixtral":          preLlama3,
 	"phi-2":            preGPT2,
 	"deepseek-v3":      preDeepSeek3,
-	"tekken":           preTekken,
-	"smollm":           preDigitsGPT2,
-	"starcoder":        preDigitsGPT2,
-	"refact":           preDigitsGPT2,
+	// GLM-4.5 and later (glm4, glm5: Llama 3's split and whole-word
+	// lookup), GLM-4 (chatglm-bpe: without the lookup); llama.cpp's
+	// CHATGLM4 regex spells out in ASCII the contractions preLlama3 folds
+	// in ASCII.
+	"glm4":        preLlama3,
+	"glm5":        preLlama3,
+	"chatglm-bpe": preDBRX,
+	"tekken":      preTekken,
+	"smollm":      preDigitsGPT2,
+	"starcoder":   preDigitsGPT2,
+	"refact":      preDigitsGPT2,
 }
 
 func supportedPre() string {

@@ -103,8 +103,17 @@ func TokenizerSpecFromGGUF(kvs gguf.GGUFMetadataKVs) (TokenizerSpec, error) {
 	if !spacePrefix {
 		spec.SpacePrefix = PrefixNever
 	}
+	if noBOSPre[spec.Pre] {
+		// llama.cpp's GLM vocabularies have no BOS whatever the file says
+		// (their templates write [gMASK]<sop> themselves).
+		spec.BOS, spec.AddBOS = -1, false
+	}
 	return spec, nil
 }
+
+// noBOSPre are the pre-tokenisers whose vocabularies llama.cpp gives no
+// BOS token.
+var noBOSPre = map[string]bool{"glm4": true, "glm5": true, "chatglm-bpe": true}
 
 // LoadGGUFTokenizer parses a GGUF file and builds its tokenizer.
 func LoadGGUFTokenizer(path string) (*Tokenizer, error) {
