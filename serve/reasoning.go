@@ -17,9 +17,11 @@ import (
 //   - qwen3: the thinking is there only when the answer opens with
 //     <think>, up to </think> (or the end of a cut answer); any other
 //     answer is all content (Qwen3 with enable_thinking false).
+//   - glm45: as qwen3 (GLM-4.5 to 4.7 write <think> themselves, and their
+//     templates close an empty one for enable_thinking false).
 
 // ReasoningParsers are the names --reasoning-parser takes.
-var ReasoningParsers = []string{"deepseek_r1", "qwen3"}
+var ReasoningParsers = []string{"deepseek_r1", "glm45", "qwen3"}
 
 const (
 	thinkStart = "<think>"
@@ -38,7 +40,7 @@ func newReasoningParser(name string) (*reasoningParser, error) {
 	switch name {
 	case "deepseek_r1":
 		return &reasoningParser{name: name, fromStart: true}, nil
-	case "qwen3":
+	case "qwen3", "glm45":
 		return &reasoningParser{name: name}, nil
 	}
 	return nil, fmt.Errorf("unknown reasoning parser %q (supported: %s)", name, strings.Join(ReasoningParsers, ", "))

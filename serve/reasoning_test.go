@@ -18,7 +18,7 @@ func TestReasoningSplit(t *testing.T) {
 	q3, err := newReasoningParser("qwen3")
 	require.NoError(t, err)
 	_, err = newReasoningParser("granite")
-	require.ErrorContains(t, err, "deepseek_r1, qwen3")
+	require.ErrorContains(t, err, "deepseek_r1, glm45, qwen3")
 	for _, c := range []struct {
 		text               string
 		r1Think, r1Content string
@@ -262,7 +262,7 @@ func TestStructuredOutputAfterThinking(t *testing.T) {
 				}
 				return m.Accepting()
 			}
-			open := map[string]string{"deepseek_r1": "", "qwen3": "<think>"}[parser]
+			open := map[string]string{"deepseek_r1": "", "qwen3": "<think>", "glm45": "<think>"}[parser]
 			for _, c := range []struct {
 				text string
 				ok   bool
@@ -272,7 +272,7 @@ func TestStructuredOutputAfterThinking(t *testing.T) {
 				{open + "x</think> y {}", false},
 				{open + "x</think>{}</think>", false},
 				{open + "x</think>\n</think>{}", false},
-				{"{\"a\": 1}", parser == "qwen3"}, // qwen3 may answer without thinking
+				{"{\"a\": 1}", parser != "deepseek_r1"}, // qwen3 and glm45 may answer without thinking
 			} {
 				require.Equal(t, c.ok, accepts(c.text), "%q", c.text)
 			}

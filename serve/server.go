@@ -377,7 +377,7 @@ func (s *Server) toolsFor(p *genParams, template string) *apiError {
 			return badRequest("tool_choice", "tool_choice \"auto\" (the default with tools) needs worker serve --enable-auto-tool-choice "+
 				"and --tool-call-parser; or send tool_choice \"none\"")
 		}
-		p.ToolParser, p.SpecialTokens = s.tools, true
+		p.ToolParser, p.SpecialTokens = s.tools.forRequest(p.Tools), true
 	}
 	if p.forced != nil {
 		p.ToolParser = p.forced.parser()

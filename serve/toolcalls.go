@@ -18,7 +18,7 @@ import (
 // 0 only: the ranks generate tokens as for any request.
 
 // ToolCallParsers are the names --tool-call-parser takes.
-var ToolCallParsers = []string{"deepseek_v3", "deepseek_v31", "hermes", "llama3_json", "mistral", "pythonic"}
+var ToolCallParsers = []string{"deepseek_v3", "deepseek_v31", "glm45", "glm47", "hermes", "llama3_json", "mistral", "pythonic"}
 
 // toolParser splits an answer into its content and its tool calls; ok
 // false when the text holds no call it can read (then the whole text is
@@ -31,6 +31,17 @@ type toolParser struct {
 	parse    func(text string) (content string, calls []openai.ToolCall, ok bool)
 	find     func(text string) (at, hold int)
 	anchored bool
+	// tools, when set, is the parser for a request's tools (a parser
+	// that reads arguments against their schema: glm45).
+	tools func(tools []any) *toolParser
+}
+
+// forRequest is the parser for a request with these tools.
+func (p *toolParser) forRequest(tools []any) *toolParser {
+	if p.tools == nil {
+		return p
+	}
+	return p.tools(tools)
 }
 
 // newToolParser is the parser named by --tool-call-parser.
@@ -46,6 +57,8 @@ func newToolParser(name string) (*toolParser, error) {
 		return &toolParser{name: name, parse: parseDeepSeek, find: findDeepSeek}, nil
 	case "pythonic":
 		return &toolParser{name: name, parse: parsePythonic, find: findPythonic, anchored: true}, nil
+	case "glm45", "glm47":
+		return newGLMParser(name, nil), nil
 	}
 	return nil, fmt.Errorf("unknown tool-call parser %q (supported: %s)", name, strings.Join(ToolCallParsers, ", "))
 }

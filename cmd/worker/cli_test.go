@@ -84,9 +84,9 @@ func TestToolFlagsRefused(t *testing.T) {
 		args []string
 		want string
 	}{
-		{append(slices.Clone(serve), "--enable-auto-tool-choice"), "--enable-auto-tool-choice needs --tool-call-parser (deepseek_v3, deepseek_v31, hermes, llama3_json, mistral, pythonic)"},
-		{append(slices.Clone(serve), "--enable-auto-tool-choice", "--tool-call-parser", "granite"), `--tool-call-parser must be one of deepseek_v3, deepseek_v31, hermes, llama3_json, mistral, pythonic, got "granite"`},
-		{append(slices.Clone(serve), "--reasoning-parser", "granite"), `--reasoning-parser must be one of deepseek_r1, qwen3, got "granite"`},
+		{append(slices.Clone(serve), "--enable-auto-tool-choice"), "--enable-auto-tool-choice needs --tool-call-parser (deepseek_v3, deepseek_v31, glm45, glm47, hermes, llama3_json, mistral, pythonic)"},
+		{append(slices.Clone(serve), "--enable-auto-tool-choice", "--tool-call-parser", "granite"), `--tool-call-parser must be one of deepseek_v3, deepseek_v31, glm45, glm47, hermes, llama3_json, mistral, pythonic, got "granite"`},
+		{append(slices.Clone(serve), "--reasoning-parser", "granite"), `--reasoning-parser must be one of deepseek_r1, glm45, qwen3, got "granite"`},
 		{append(slices.Clone(serve), "--tool-call-parser", "hermes"), "which needs --enable-auto-tool-choice too"},
 		{append(slices.Clone(serve), "--chat-template", "{{ messages }}"), "--chat-template needs a checkpoint with a tokenizer; --model tiny is a synthetic preset"},
 	} {
