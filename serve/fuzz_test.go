@@ -135,6 +135,7 @@ func FuzzToolCallText(f *testing.F) {
 		"<｜tool▁call▁begin｜>f<｜tool▁sep｜>{}<｜tool▁call▁end｜>",
 		`[get_weather(city="Rome", n=[1, 2.5, None]), now()]`,
 		`<|python_start|>[f(s='a\'b')]<|python_end|>`,
+		"x\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Rome</arg_value>\n<arg_key>n</arg_key><arg_value>[1, True]</arg_value>\n</tool_call>",
 	} {
 		f.Add(seed, uint8(3))
 	}
