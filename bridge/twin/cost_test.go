@@ -693,6 +693,19 @@ func TestSlidingWindowAttention(t *testing.T) {
 	} {
 		approx(t, "window pairs", windowPairs(tc.kv, tc.n, tc.w), tc.want)
 	}
+	// Gemma 3's form on llama-8b's geometry (a 1024 window on five layers
+	// of six): 64 decodes at depth 32k and an 8k chunk at depth 24k.
+	gemma3 := withWindow(1024, 6)
+	var dec []Work
+	for i := 0; i < 64; i++ {
+		dec = append(dec, Work{NewTokens: 1, KVBefore: 32768})
+	}
+	big := []Work{{NewTokens: 8192, KVBefore: 24576}}
+	for _, p := range []*Profile{full, gemma3} {
+		d, ch := p.StepCost(dec), p.StepCost(big)
+		t.Logf("window %d, pattern %d: 64 decodes at 32k: attention %.3f of %.3f ms; an 8k chunk at 24k: attention %.3f of %.3f ms",
+			p.Model.SlidingWindow, p.Model.SlidingWindowPattern, d.AttentionMS, d.MS(), ch.AttentionMS, ch.MS())
+	}
 	// Encoded and decoded whole (the virtual clock's record).
 	c := all.StepCost(deep)
 	back, err := DecodeStepCost(c.AppendBinary(nil))
