@@ -117,6 +117,29 @@ func TestHFDeepSeekRefusals(t *testing.T) {
 	}
 }
 
+// f32Values are an F32 weight's values (the fixtures are F32).
+func f32Values(t *testing.T, w bridge.WeightTensor) []float32 {
+	t.Helper()
+	if w.DType != bridge.DTypeF32 {
+		t.Fatalf("%s is %s; the test data is F32", w.Name, w.DType)
+	}
+	out := make([]float32, len(w.Data)/4)
+	for i := range out {
+		out[i] = math.Float32frombits(binary.LittleEndian.Uint32(w.Data[4*i:]))
+	}
+	return out
+}
+
+// stF32 is an F32 safetensors tensor of [rows][cols] (a vector when rows
+// is 1).
+func stF32(t *testing.T, name string, rows, cols int64, data []float32) stTensor {
+	shape := []int{int(rows), int(cols)}
+	if rows == 1 {
+		shape = []int{int(cols)}
+	}
+	return stTensor{name, "F32", shape, encode(t, "F32", data)}
+}
+
 // writeDeepSeekHF writes a loaded deepseek2 GGUF model as a Hugging Face
 // directory (F32, one shard) and returns it.
 func writeDeepSeekHF(t *testing.T, m *Model, edits ...func(cfg map[string]any)) string {
@@ -157,24 +180,9 @@ func writeDeepSeekHF(t *testing.T, m *Model, edits ...func(cfg map[string]any)) 
 	}
 	writeJSON(t, filepath.Join(dir, "config.json"), cfg)
 
-	f32 := func(w bridge.WeightTensor) []float32 {
-		if w.DType != bridge.DTypeF32 {
-			t.Fatalf("%s is %s; the test data is F32", w.Name, w.DType)
-		}
-		out := make([]float32, len(w.Data)/4)
-		for i := range out {
-			out[i] = math.Float32frombits(binary.LittleEndian.Uint32(w.Data[4*i:]))
-		}
-		return out
-	}
+	f32 := func(w bridge.WeightTensor) []float32 { return f32Values(t, w) }
 	var ts []stTensor
-	add := func(name string, rows, cols int64, data []float32) {
-		shape := []int{int(rows), int(cols)}
-		if rows == 1 {
-			shape = []int{int(cols)}
-		}
-		ts = append(ts, stTensor{name, "F32", shape, encode(t, "F32", data)})
-	}
+	add := func(name string, rows, cols int64, data []float32) { ts = append(ts, stF32(t, name, rows, cols, data)) }
 	layerNames := map[bridge.WeightKind]string{
 		bridge.WeightAttnNorm: "input_layernorm", bridge.WeightMLPNorm: "post_attention_layernorm",
 		bridge.WeightQA: "self_attn.q_a_proj", bridge.WeightQANorm: "self_attn.q_a_layernorm",

@@ -1,9 +1,7 @@
 package model
 
 import (
-	"encoding/binary"
 	"fmt"
-	"math"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -34,21 +32,9 @@ func writeGlmHF(t *testing.T, m *Model, edits ...func(cfg map[string]any)) strin
 		e(cfg)
 	}
 	writeJSON(t, filepath.Join(dir, "config.json"), cfg)
-	f32 := func(w bridge.WeightTensor) []float32 {
-		out := make([]float32, len(w.Data)/4)
-		for i := range out {
-			out[i] = math.Float32frombits(binary.LittleEndian.Uint32(w.Data[4*i:]))
-		}
-		return out
-	}
+	f32 := func(w bridge.WeightTensor) []float32 { return f32Values(t, w) }
 	var ts []stTensor
-	add := func(name string, rows, cols int64, data []float32) {
-		shape := []int{int(rows), int(cols)}
-		if rows == 1 {
-			shape = []int{int(cols)}
-		}
-		ts = append(ts, stTensor{name, "F32", shape, encode(t, "F32", data)})
-	}
+	add := func(name string, rows, cols int64, data []float32) { ts = append(ts, stF32(t, name, rows, cols, data)) }
 	names := map[bridge.WeightKind]string{
 		bridge.WeightAttnNorm: "input_layernorm.weight", bridge.WeightMLPNorm: "post_attention_layernorm.weight",
 		bridge.WeightQ: "self_attn.q_proj.weight", bridge.WeightK: "self_attn.k_proj.weight", bridge.WeightV: "self_attn.v_proj.weight",
@@ -60,9 +46,6 @@ func writeGlmHF(t *testing.T, m *Model, edits ...func(cfg map[string]any)) strin
 		bridge.WeightSharedDown: "mlp.shared_experts.down_proj.weight",
 	}
 	for _, w := range m.Tensors {
-		if w.DType != bridge.DTypeF32 {
-			t.Fatalf("%s is %s; the test data is F32", w.Name, w.DType)
-		}
 		lp := fmt.Sprintf("model.layers.%d.", w.Layer)
 		switch {
 		case w.Kind == bridge.WeightEmbedding:

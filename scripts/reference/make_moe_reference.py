@@ -678,20 +678,38 @@ def deepseek_hf_forward(cfg, W, ids, stats=None):
     return rms(x, W["norm.weight"]) @ W["lm_head.weight"].T
 
 
-def check_deepseek(cfg, W, prompts):
-    """Largest |numpy HF-convention logit - llama.cpp logit| over every recorded top-5, and routing stats."""
-    worst, stats = 0.0, {}
+def f64_agreement(prompts, forward, keep_top=False):
+    """Runs forward (seq -> float64 logits [positions][vocab]) over every prompt and llama.cpp's greedy
+    tokens; returns the largest |f64 - llama.cpp| over llama.cpp's recorded top-5, the steps where the
+    f64 argmax is llama.cpp's token, and the steps (each disagreement printed to stderr). keep_top: also
+    stores the f64 top-5 of every step in pr["f64_top"]."""
+    worst, agree, steps = 0.0, 0, 0
     for pr in prompts:
         seq = pr["prompt_ids"] + pr["tokens"][:-1]
-        lg = deepseek_hf_forward(cfg, W, seq, stats)
+        lg = forward(seq)
         n = len(pr["prompt_ids"])
+        if keep_top:
+            pr["f64_top"] = []
         for k, top in enumerate(pr["top"]):
             row = lg[n - 1 + k]
-            for t, v in top:
-                worst = max(worst, abs(row[t] - v))
-            if int(np.argmax(row)) != pr["tokens"][k]:
-                print(f"  numpy check: {pr['name']} step {k}: argmax {int(np.argmax(row))} != llama.cpp {pr['tokens'][k]}",
+            order = np.argsort(-row, kind="stable")
+            if keep_top:
+                pr["f64_top"].append([[int(t), float(row[t])] for t in order[:TOP_K]])
+            worst = max(worst, max(abs(row[t] - v) for t, v in top))
+            steps += 1
+            if int(order[0]) == pr["tokens"][k]:
+                agree += 1
+            else:
+                print(f"  f64 check: {pr['name']} step {k}: argmax {int(order[0])} != llama.cpp {pr['tokens'][k]} "
+                      f"(llama.cpp gap {pr['gap'][k]:.2e}, f64 gap {row[order[0]] - row[order[1]]:.2e})",
                       file=sys.stderr)
+    return worst, agree, steps
+
+
+def check_deepseek(cfg, W, prompts):
+    """Largest |numpy HF-convention logit - llama.cpp logit| over every recorded top-5, and routing stats."""
+    stats = {}
+    worst, _, _ = f64_agreement(prompts, lambda seq: deepseek_hf_forward(cfg, W, seq, stats))
     print(f"  numpy HF-convention forward vs llama.cpp: max |logit diff| over the top-5 {worst:.2e}; "
           f"routed choices changed by the bias {stats.get('bias_changed', 0)}/{stats.get('routings', 0)}, "
           f"by the groups {stats.get('groups_changed', 0)}/{stats.get('routings', 0)} (token x MoE layer)",
@@ -920,20 +938,8 @@ def check_glm(cfg, W, path, prompts):
     import llama_cpp
     L = cfg["layers"]
     seqs = [pr["prompt_ids"] + pr["tokens"][:-1] for pr in prompts]
-    worst, agree, steps, stats = 0.0, 0, 0, {}
-    for pr, seq in zip(prompts, seqs):
-        lg = glm_hf_forward(cfg, W, seq, stats)
-        n = len(pr["prompt_ids"])
-        for k, top in enumerate(pr["top"]):
-            row = lg[n - 1 + k]
-            worst = max(worst, max(abs(row[t] - v) for t, v in top))
-            steps += 1
-            order = np.argsort(-row, kind="stable")
-            if int(order[0]) == pr["tokens"][k]:
-                agree += 1
-            else:
-                print(f"  f64 check: {pr['name']} step {k}: argmax {int(order[0])} != llama.cpp {pr['tokens'][k]} "
-                      f"(llama.cpp gap {pr['gap'][k]:.2e})", file=sys.stderr)
+    stats = {}
+    worst, agree, steps = f64_agreement(prompts, lambda seq: glm_hf_forward(cfg, W, seq, stats))
     print(f"  float64 HF-convention forward vs llama.cpp: max |logit diff| over llama.cpp's top-5 {worst:.2e}; "
           f"f64 argmax == llama.cpp token at {agree}/{steps} steps; exp_probs_b changed the chosen experts in "
           f"{stats['bias_changed']}/{stats['routings']} (token x MoE layer) routings", file=sys.stderr)
@@ -1091,24 +1097,8 @@ def check_gemma(cfg, W, prompts):
     """Adds the float64 forward's top-5 on llama.cpp's token path to every prompt ("f64_top"); prints the
     largest |f64 - llama.cpp| over llama.cpp's top-5, the greedy agreement, how often the caps bite
     and how much each feature moves the logits (stderr only)."""
-    worst, agree, steps, stats = 0.0, 0, 0, {}
-    for pr in prompts:
-        seq = pr["prompt_ids"] + pr["tokens"][:-1]
-        lg = gemma_hf_forward(cfg, W, seq, stats)
-        n = len(pr["prompt_ids"])
-        pr["f64_top"] = []
-        for k, top in enumerate(pr["top"]):
-            row = lg[n - 1 + k]
-            order = np.argsort(-row, kind="stable")[:TOP_K]
-            pr["f64_top"].append([[int(t), float(row[t])] for t in order])
-            worst = max(worst, max(abs(row[t] - v) for t, v in top))
-            steps += 1
-            if int(order[0]) == pr["tokens"][k]:
-                agree += 1
-            else:
-                print(f"  f64 check: {pr['name']} step {k}: argmax {int(order[0])} != llama.cpp {pr['tokens'][k]} "
-                      f"(llama.cpp gap {pr['gap'][k]:.2e}, f64 gap {row[order[0]] - row[order[1]]:.2e})",
-                      file=sys.stderr)
+    stats = {}
+    worst, agree, steps = f64_agreement(prompts, lambda seq: gemma_hf_forward(cfg, W, seq, stats), keep_top=True)
     print(f"  float64 HF-convention forward vs llama.cpp: max |logit diff| over llama.cpp's top-5 {worst:.2e}; "
           f"f64 argmax == llama.cpp token at {agree}/{steps} steps", file=sys.stderr)
     if stats.get("scores"):
@@ -1193,21 +1183,7 @@ def check_longrope(cfg, W, path, prompts):
     top-5 on every prompt and the greedy agreement, then how much the long factors, the partial rotation
     and attn_factor move llama.cpp's logits of the stored top-5 tokens on the long prompt."""
     import tempfile
-    worst, agree, steps = 0.0, 0, 0
-    for pr in prompts:
-        seq = pr["prompt_ids"] + pr["tokens"][:-1]
-        lg = phi3_hf_forward(cfg, W, seq)
-        n = len(pr["prompt_ids"])
-        for k, top in enumerate(pr["top"]):
-            row = lg[n - 1 + k]
-            worst = max(worst, max(abs(row[t] - v) for t, v in top))
-            steps += 1
-            order = np.argsort(-row, kind="stable")
-            if int(order[0]) == pr["tokens"][k]:
-                agree += 1
-            else:
-                print(f"  f64 check: {pr['name']} step {k}: argmax {int(order[0])} != llama.cpp {pr['tokens'][k]} "
-                      f"(llama.cpp gap {pr['gap'][k]:.2e})", file=sys.stderr)
+    worst, agree, steps = f64_agreement(prompts, lambda seq: phi3_hf_forward(cfg, W, seq))
     print(f"  float64 HF-convention forward (long factors, attn_factor {longrope_attn_factor(cfg):.6f}) vs "
           f"llama.cpp: max |logit diff| over llama.cpp's top-5 {worst:.2e}; f64 argmax == llama.cpp token at "
           f"{agree}/{steps} steps", file=sys.stderr)
